@@ -1,0 +1,76 @@
+"""Small file helpers: atomic writes, reading length lists, bundled data."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import InvalidArgument
+
+__all__ = ["atomic_write_text", "read_lengths_input", "DATA_DIR", "EXAMPLE_GROUP"]
+
+DATA_DIR = Path(__file__).with_name("data")
+EXAMPLE_GROUP = DATA_DIR / "example_group.json"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_lengths_input(source: str | None) -> dict[str, Any]:
+    """Read predicted lengths from a file, ``-`` (stdin) or the bundled example (None).
+
+    Returns a dict with at least ``lengths``; a JSON object may also carry ``reserve_lengths``,
+    ``prompt_tokens``, ``max_new_tokens``, ``slots``, ``budget`` and a ``source`` note.
+    """
+    if source is None:
+        name, text = str(EXAMPLE_GROUP), EXAMPLE_GROUP.read_text(encoding="utf-8")
+    elif source == "-":
+        name, text = "<stdin>", sys.stdin.read()
+    else:
+        name = source
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument("lengths", source, f"a readable text file ({exc.__class__.__name__})") from None
+    stripped = text.strip()
+    if stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument("lengths", name, f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = {"lengths": data} if isinstance(data, list) else data
+        if not isinstance(data, dict) or "lengths" not in data:
+            raise InvalidArgument("lengths", name, "a JSON list, or an object with a 'lengths' list")
+        return data
+    tokens = [t for t in re.split(r"[\s,]+", stripped) if t]
+    try:
+        values = [float(t) for t in tokens]
+    except ValueError:
+        bad = next(t for t in tokens if not _is_number(t))
+        raise InvalidArgument("lengths", name, f"numbers separated by spaces, commas or newlines (found {bad!r})") from None
+    return {"lengths": values}
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,91 @@
+"""Frozen dataclasses are the single source of every CLI option.
+
+Each field's ``metadata`` carries its help text (and ``choices``); :func:`add_arguments` derives
+the argparse flags and defaults from the dataclass, and :func:`from_args` builds the dataclass
+back, so the library defaults, the CLI and the generated CLI reference cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from .memory import DTYPE_BYTES, FreeKV, PromptKV
+from .plan import GROUPINGS
+from .refill import RefillRule
+
+__all__ = ["PlanOptions", "ModelOptions", "add_arguments", "from_args"]
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How the model is deployed: the inputs of :meth:`ModelMemory.from_hf_config`."""
+
+    model: str | None = _opt(None, "a config.json path, a model directory, or a bundled preset name "
+                                   "(default: the input's 'model'; qwen3-1.7b where a budget needs one)")
+    dtype: str = _opt("bfloat16", "weights and activations dtype", choices=sorted(DTYPE_BYTES))
+    kv_dtype: str | None = _opt(None, "KV cache dtype, default --dtype", choices=sorted(DTYPE_BYTES))
+    block_size: int = _opt(1, "KV block size in tokens (vLLM 16, SGLang 1)")
+    prompt_kv: str = _opt("shared", "prompt KV held once (shared) or per sequence (copied)",
+                          choices=[e.value for e in PromptKV])
+    free_kv: str = _opt("finish", "when a finished sequence's KV is freed", choices=[e.value for e in FreeKV])
+
+
+@dataclass(frozen=True)
+class PlanOptions(ModelOptions):
+    """Plan one group from predicted lengths (slot queues or micro groups, expected steps)."""
+
+    lengths: str | None = _opt(
+        None,
+        "file of predicted lengths: numbers separated by spaces/commas/newlines, a JSON list, or a "
+        "JSON object with 'lengths' (and optionally reserve_lengths, prompt_tokens, max_new_tokens, "
+        "slots, budget); '-' reads stdin; default: the bundled example group",
+        positional=True,
+    )
+    slots: int | None = _opt(None, "most completions decoding at once (slots mode)")
+    budget: str | None = _opt(None, "memory budget for the group, e.g. 24GiB (budget mode; uses --model)")
+    prompt_tokens: int | None = _opt(None, "prompt length P in tokens (default: from the input, else 0)")
+    max_new_tokens: int | None = _opt(None, "L_max in tokens (default: from the input, else the longest length)")
+    eps: float = _opt(0.05, "FPTAS approximation parameter, 0 < eps <= 1")
+    refill: str = _opt("sjf", "runtime refill rule", choices=[r.value for r in RefillRule])
+    grouping: str = _opt("fptas", "how completions are grouped into slot queues / micro groups",
+                         choices=list(GROUPINGS))
+    json: bool = _opt(False, "print the plan as JSON instead of a table")
+    output: str | None = _opt(None, "also write the plan JSON to this file (atomically)")
+
+
+def _base_type(annotation: Any) -> type:
+    hint = annotation if not isinstance(annotation, str) else eval(annotation, vars(typing))  # noqa: S307
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per field of the dataclass ``cls`` (``positional`` fields become arguments)."""
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        kind = _base_type(f.type)
+        help_text = meta.get("help", "")
+        if meta.get("choices"):
+            help_text += ": " + ", ".join(meta["choices"])
+        if f.default not in (None, False):
+            help_text += f" (default: {f.default})"
+        if meta.get("positional"):
+            parser.add_argument(f.name, nargs="?", default=f.default, help=help_text)
+        elif kind is bool:
+            parser.add_argument("--" + f.name.replace("_", "-"), action="store_true", help=meta.get("help"))
+        else:
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
+                                choices=meta.get("choices"), help=help_text, metavar=f.name.upper())
+
+
+def from_args(cls: type, args: argparse.Namespace) -> Any:
+    """The dataclass ``cls`` built from parsed arguments."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,110 @@
+"""The ``lengthsched`` command: the bundled example, JSON output, atomic files, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lengthsched import Plan
+from lengthsched.cli import main
+from lengthsched.io import atomic_write_text
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_runs_the_bundled_example(capsys):
+    code, out, err = run(["plan"], capsys)
+    assert code == 0 and err == ""
+    assert "10 completions, slots mode, 4 slots" in out
+    assert "expected steps" in out and "lower bound" in out
+    assert "peak reserved" in out  # the example names a model
+
+
+def test_plan_json_round_trips(tmp_path, capsys):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("5, 3\n8 2\n")
+    code, out, _ = run(["plan", str(lengths), "--slots", "2", "--json"], capsys)
+    assert code == 0
+    plan = Plan.from_json(out)
+    assert plan.expected_steps == 10 and plan.lower_bound == 9
+
+
+def test_plan_reads_stdin_and_writes_output_atomically(tmp_path, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"lengths": [40, 10, 30], "prompt_tokens": 20})))
+    target = tmp_path / "plan.json"
+    code, out, _ = run(["plan", "-", "--budget", "4GiB", "--max-new-tokens", "64", "--output", str(target)], capsys)
+    assert code == 0 and "budget mode" in out
+    plan = Plan.from_json(target.read_text())
+    assert plan.prompt_tokens == 20 and plan.budget_bytes == 4 * 2**30 and plan.model == "Qwen/Qwen3-1.7B"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["plan", "--slots", "0"], "argument 'slots': got 0"),
+        (["plan", "--budget", "lots"], "argument 'budget': got 'lots'"),
+        (["plan", "--budget", "1GiB"], "argument 'budget_bytes'"),
+        (["plan", "--model", "gpt-9", "--slots", "2"], "argument 'model': got 'gpt-9'"),
+        (["plan", "/no/such/file", "--slots", "2"], "argument 'lengths': got '/no/such/file'"),
+        (["plan", "--eps", "0"], "argument 'eps'"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(args, fragment, capsys, tmp_path):
+    target = tmp_path / "plan.json"
+    code, out, err = run(args + ["--output", str(target)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and fragment in err and err.startswith("lengthsched plan: error:")
+    assert not target.exists(), "nothing is written on failure"
+
+
+def test_bad_lengths_file(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("4 -2 7")
+    code, _, err = run(["plan", str(bad), "--slots", "2"], capsys)
+    assert code == 2 and "argument 'lengths'" in err and "found -2" in err
+    bad.write_text('{"lengths": [1, 2')
+    code, _, err = run(["plan", str(bad), "--slots", "2"], capsys)
+    assert code == 2 and "valid JSON" in err
+
+
+def test_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--refill", "random"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice" in err
+
+
+def test_console_script_is_installed(tmp_path):
+    exe = shutil.which("lengthsched", path=str(Path(sys.executable).parent))
+    assert exe, "pip install -e . puts the lengthsched console script next to python"
+    result = subprocess.run([exe, "plan", "--slots", "3", "--json"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert Plan.from_json(result.stdout).slots == 3
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "plan.json"
+    target.write_text("old")
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
