@@ -50,6 +50,10 @@ def _short(value: Any, limit: int = 80) -> str:
 
 def check_int(name: str, value: Any, *, minimum: int | None = None) -> int:
     """Return ``value`` as an ``int``; bools, floats with a fraction and non-numbers are rejected."""
+    if type(value) is int or type(value) is np.int64:  # fast path: this runs per job in hot loops
+        if minimum is None or value >= minimum:
+            return int(value)
+        raise InvalidArgument(name, value, "an integer" + _min_text(minimum))
     if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, np.floating)):
         raise InvalidArgument(name, value, "an integer" + _min_text(minimum))
     if isinstance(value, (float, np.floating)):

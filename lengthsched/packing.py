@@ -45,7 +45,7 @@ def subset_sum(
     max_items: int | None = None,
     eps: float = 0.05,
     certify: bool = True,
-    max_states: int = 2_000_000,
+    max_states: int = 1_000_000,
 ) -> SubsetFill:
     """At most ``max_items`` items with size sum <= ``capacity``, fill >= (1 - eps) * optimum.
 
@@ -55,7 +55,8 @@ def subset_sum(
     keeping the smallest (so a merged state is never heavier than the one it stands for), and a
     state whose best completion cannot beat the incumbent is dropped. The incumbent is at least
     half the optimum, so the total loss is <= eps * optimum; states per count <= 2 n / eps + 1.
-    Beyond ``max_states`` states the greedy incumbent is returned (``algorithm="greedy"``).
+    Beyond ``max_states`` states (all steps together) the greedy incumbent is returned
+    (``algorithm="greedy"``).
     ``certify=False`` always runs the programme and raises :class:`StateLimitExceeded` instead.
     """
     p = as_lengths("sizes", sizes)
@@ -105,6 +106,7 @@ def _trimmed_dp(
     count = np.zeros(1, dtype=np.int64)
     total = np.zeros(1, dtype=np.int64)
     history: list[tuple[np.ndarray, np.ndarray]] = []
+    kept = 0
     for j, size in enumerate(sizes):
         take = (count < m) & (total + size <= capacity)
         parent = np.concatenate((np.arange(len(count)), np.nonzero(take)[0]))
@@ -121,7 +123,8 @@ def _trimmed_dp(
         cell = np.floor(s / delta).astype(np.int64)
         first = np.ones(len(c), dtype=bool)
         first[1:] = (c[1:] != c[:-1]) | (cell[1:] != cell[:-1])
-        if first.sum() > max_states:
+        kept += int(first.sum())
+        if kept > max_states:  # all steps together: the history is what holds memory
             raise StateLimitExceeded(f"subset_sum: more than max_states={max_states} DP states (n={n}); raise eps")
         history.append((parent[first], took[first]))
         count, total = c[first], s[first]

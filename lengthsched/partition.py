@@ -140,23 +140,31 @@ def karmarkar_karp(sizes: Sequence[int], k: int) -> Partition:
 
     Each job starts as a k-tuple of parts (itself and k - 1 empty parts). The two tuples with the
     largest spread (max - min load) are merged, pairing the heaviest part of one with the lightest
-    of the other, until one tuple is left.
+    of the other, until one tuple is left. Tuples store only their non-empty parts (the others
+    are implicit zeros), so early merges cost O(1) rather than O(k).
     """
     p, k = _check(sizes, k)
-    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
-    for i in range(len(p)):
-        tup = [(int(p[i]), [i])] + [(0, []) for _ in range(k - 1)]
-        heap.append((-int(p[i]), i, tup))
+    # A tuple: its non-empty parts as (load, members), heaviest first.
+    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = [
+        (-int(p[i]), i, [(int(p[i]), [i])]) for i in range(len(p))
+    ]
     heapq.heapify(heap)
     tiebreak = len(p)
     while len(heap) > 1:
-        _, _, a = heapq.heappop(heap)
-        _, _, b = heapq.heappop(heap)
-        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
+        a = heapq.heappop(heap)[2]
+        b = heapq.heappop(heap)[2]
+        # Part j of a pairs with part k - 1 - j of b (heaviest with lightest, counting empty parts).
+        merged = [
+            (load + b[k - 1 - j][0], members + b[k - 1 - j][1]) if k - 1 - j < len(b) else (load, members)
+            for j, (load, members) in enumerate(a)
+        ]
+        merged += [b[i] for i in range(len(b)) if k - 1 - i >= len(a)]
         merged.sort(key=lambda part: -part[0])
-        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tiebreak, merged))
+        low = merged[-1][0] if len(merged) == k else 0
+        heapq.heappush(heap, (low - merged[0][0], tiebreak, merged))
         tiebreak += 1
-    parts = [part for _, part in heap[0][2]]
+    parts = [members for _, members in heap[0][2]]
+    parts += [[] for _ in range(k - len(parts))]
     return _result(p, parts, "karmarkar_karp", _lower_bound(p, k))
 
 
@@ -172,14 +180,14 @@ def fptas(
     eps: float = 0.05,
     *,
     certify: bool = True,
-    max_states: int = 2_000_000,
+    max_states: int = 1_000_000,
 ) -> Partition:
     """A partition with makespan <= (1 + eps) * optimum, in time polynomial in n and 1/eps (fixed k).
 
     Method (Sahni-style dynamic programme with additive trimming):
 
-    1. Incumbent: the better of LPT and Karmarkar-Karp. With ``certify`` it is returned at once
-       when makespan <= (1 + eps) * lower bound, which already proves the guarantee.
+    1. Incumbent: LPT, then the better of LPT and Karmarkar-Karp. With ``certify`` an incumbent
+       is returned at once when makespan <= (1 + eps) * lower bound, which proves the guarantee.
     2. Jobs of size <= eps * LB ("small") are set aside; the others are processed largest first.
        A state is the sorted vector of part loads. States falling in the same cell of width
        delta = eps * LB / (2 n_large) in every coordinate are merged (error <= eps * LB / 2 in
@@ -190,15 +198,21 @@ def fptas(
        eps * LB beyond max(its makespan, the average load).
 
     So the result is within OPT + eps * LB <= (1 + eps) * OPT. The number of states is at most
-    (2 n / eps + 1)^k, polynomial for fixed k; :class:`StateLimitExceeded` is raised beyond
-    ``max_states`` so a caller can fall back to a heuristic instead of running out of memory.
+    (2 n / eps + 1)^k, polynomial for fixed k; :class:`StateLimitExceeded` is raised when one step
+    would generate, or all steps together would keep, more than ``max_states`` states (memory
+    stays around ``max_states * k * 40`` bytes), so a caller can fall back to a heuristic.
     """
     p, k = _check(sizes, k)
     eps = check_positive_float("eps", eps, maximum=1.0)
     lb = _lower_bound(p, k)
-    incumbent = best_heuristic(p, k)
     n = len(p)
+    incumbent = lpt(p, k)
     if n <= k or k == 1 or incumbent.makespan == lb:
+        return _relabel(incumbent, "fptas", proven=True)
+    if certify and incumbent.makespan <= (1 + eps) * lb:
+        return _relabel(incumbent, "fptas")  # LPT alone is certified: skip the costlier steps
+    incumbent = best_heuristic(p, k)
+    if incumbent.makespan == lb:
         return _relabel(incumbent, "fptas", proven=True)
     if certify and incumbent.makespan <= (1 + eps) * lb:
         return _relabel(incumbent, "fptas")
@@ -218,6 +232,11 @@ def _relabel(part: Partition, algorithm: str, proven: bool = False) -> Partition
                      part.proven_optimal or proven)
 
 
+def _state_limit(max_states: int, n: int, k: int) -> StateLimitExceeded:
+    return StateLimitExceeded(f"fptas: more than max_states={max_states} DP states (n={n}, k={k}); "
+                              "raise eps or use karmarkar_karp")
+
+
 def _trimmed_dp(
     p: np.ndarray, k: int, large: list[int], small: list[int], err: float, incumbent: int, max_states: int
 ) -> list[list[int]] | None:
@@ -231,8 +250,11 @@ def _trimmed_dp(
     states = np.zeros((1, k), dtype=np.int64)
     history: list[tuple[np.ndarray, np.ndarray]] = []
     cols_all = np.arange(k)
+    kept = 0
     for j, size in enumerate(sizes):
         m = len(states)
+        if m * k > max_states:
+            raise _state_limit(max_states, len(p), k)
         # Adding to a part whose load equals its left neighbour's gives the same sorted state.
         distinct = np.ones((m, k), dtype=bool)
         distinct[:, 1:] = states[:, 1:] != states[:, :-1]
@@ -252,11 +274,9 @@ def _trimmed_dp(
         cells = np.ascontiguousarray(np.floor(child / delta).astype(np.int64))
         _, first = np.unique(cells.view(np.dtype((np.void, 8 * k))).ravel(), return_index=True)
         first.sort()
-        if len(first) > max_states:
-            raise StateLimitExceeded(
-                f"fptas: more than max_states={max_states} DP states (n={len(p)}, k={k}); "
-                "raise eps or use karmarkar_karp"
-            )
+        kept += len(first)
+        if kept > max_states:
+            raise _state_limit(max_states, len(p), k)
         history.append((parent[first], col[first]))
         states = child[first]
     best = int(np.argmin(states[:, 0]))

@@ -71,6 +71,23 @@ class RefillQueue(ABC):
         self._ranks[job] = rank
         self._push(job, remaining)
 
+    def add_many(self, jobs: Any, remaining: Any, ranks: Any = None) -> None:
+        """Add many jobs at once in O(n) (one heapify); arguments as in :meth:`add`, as sequences."""
+        jobs = [check_int("job", j, minimum=0) for j in jobs]
+        remaining = [check_int("remaining", r, minimum=0) for r in remaining]
+        ranks = [None] * len(jobs) if ranks is None else [check_int("rank", r, minimum=0) for r in ranks]
+        if len(remaining) != len(jobs) or len(ranks) != len(jobs):
+            raise InvalidArgument("remaining", remaining, f"{len(jobs)} values, one per job")
+        if len(set(jobs)) != len(jobs) or any(j in self._entries for j in jobs):
+            raise InvalidArgument("jobs", jobs, "completions not already pending, each once")
+        for job, left, rank in zip(jobs, remaining, ranks):
+            self._ranks[job] = next(self._arrival) if rank is None or self.rule is RefillRule.FCFS else rank
+            entry = [self._key(job, left, self._ranks[job]), job, True]
+            self._entries[job] = entry
+            self._remaining[job] = left
+            self._heap.append(entry)
+        heapq.heapify(self._heap)
+
     def _push(self, job: int, remaining: int) -> None:
         entry = [self._key(job, remaining, self._ranks[job]), job, True]
         self._entries[job] = entry

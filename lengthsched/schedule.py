@@ -46,11 +46,11 @@ class GroupScheduler:
         predicted = [int(x) for x in lengths]
         for u, unit in enumerate(units):
             queue = make_refill_queue(rule)
-            for rank, job in enumerate(unit):
+            for job in unit:
                 if job in self._unit_of or not 0 <= job < len(predicted):
                     raise InvalidArgument("units", units, f"each completion 0..{len(predicted) - 1} at most once")
-                queue.add(job, predicted[job], rank)
                 self._unit_of[job] = u
+            queue.add_many(unit, [predicted[j] for j in unit], range(len(unit)))
             self._queues.append(queue)
             self._work.append(sum(predicted[j] for j in unit))
         self._first = 0  # earliest unit that may still hold pending completions

@@ -21,8 +21,8 @@ def reference_key(rule, job, remaining, rank, arrival):
 
 
 ops_st = st.lists(
-    st.tuples(st.sampled_from(["add", "pop", "remove", "update"]), st.integers(0, 15), st.integers(0, 50),
-              st.integers(0, 20)),
+    st.tuples(st.sampled_from(["add", "add_many", "pop", "remove", "update"]), st.integers(0, 15),
+              st.integers(0, 50), st.integers(0, 20)),
     max_size=60,
 )
 
@@ -38,6 +38,12 @@ def test_pop_order_matches_sorted_reference(rule, ops):
             queue.add(job, remaining, rank)
             model[job] = (remaining, rank, arrivals)
             arrivals += 1
+        elif op == "add_many":
+            jobs = [j for j in range(job, job + 3) if j not in model]
+            queue.add_many(jobs, [remaining + j for j in jobs], [rank + j for j in jobs])
+            for j in jobs:
+                model[j] = (remaining + j, rank + j, arrivals)
+                arrivals += 1
         elif op == "pop" and model:
             expected = min(model, key=lambda j: reference_key(rule, j, *model[j]))
             assert queue.peek() == expected
@@ -79,6 +85,11 @@ def test_queue_errors_name_the_job():
     assert queue.remaining(3) == 10
     with pytest.raises(InvalidArgument, match="argument 'job'"):
         queue.add(-1, 5)
+    with pytest.raises(InvalidArgument, match="argument 'jobs'"):
+        queue.add_many([7, 7], [1, 2])
+    with pytest.raises(InvalidArgument, match="argument 'remaining'"):
+        queue.add_many([7, 8], [1])
+    assert list(queue) == [3]  # rejected batches add nothing
     queue.pop()
     with pytest.raises(IndexError):
         queue.pop()
