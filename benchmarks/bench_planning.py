@@ -1,0 +1,203 @@
+"""Planning speed and quality benchmarks (results go to docs/benchmarks.md).
+
+Run from the repository root on an otherwise idle machine:
+
+    python benchmarks/bench_planning.py                 # full run, about 2 minutes
+    python benchmarks/bench_planning.py --quick         # smoke run (what the test suite does)
+
+It pins itself to one CPU core, reports medians over repetitions, and writes the tables as
+Markdown to stdout and as JSON to ``--out`` (default benchmarks/results/planning.json).
+Lengths come from the CASTILLO groups bundled in lengthsched/data (real Qwen2.5-7B completion
+lengths, resampled within one prompt for G > 10) and from a uniform distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import lengthsched
+from lengthsched import ModelMemory, partition, plan_group
+from lengthsched.io import DATA_DIR, atomic_write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores_visible": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "lengthsched": lengthsched.__version__, "platform": platform.platform()}
+
+
+def pin_one_core() -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def castillo_groups() -> list[list[int]]:
+    rows = [json.loads(line) for line in (DATA_DIR / "castillo_qwen2.5-7b_lengths.jsonl").read_text().splitlines()]
+    return [r["lengths"] for r in rows if max(r["lengths"]) < 15001]  # drop runaway samples at the cap
+
+
+def real_group(rng, groups, size: int) -> np.ndarray:
+    return rng.choice(groups[rng.integers(len(groups))], size=size)
+
+
+def uniform(rng, size: int) -> np.ndarray:
+    return rng.integers(1, 2048, size=size)
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def bench_plan_group(rng, groups, reps: int, instances: int) -> tuple[str, list]:
+    memory = ModelMemory.from_preset("qwen3-1.7b")
+    rows = []
+    # (G, slots, budget, reservation): slots mode, or budget mode reserving L_max or the true length.
+    cases = [(8, 4, None, None), (32, 8, None, None), (32, None, "24GiB", "max"), (32, None, "24GiB", "oracle"),
+             (128, 32, None, None), (1024, 64, None, None), (1024, 256, None, None),
+             (1024, None, "40GiB", "max"), (1024, None, "40GiB", "oracle")]
+    for g, slots, budget, reserve in cases:
+        lens = [real_group(rng, groups, g) for _ in range(instances)]
+
+        def kwargs_for(x):
+            kwargs = dict(max_new_tokens=4096, prompt_tokens=300)
+            if budget:
+                kwargs.update(budget_bytes=lengthsched.parse_bytes(budget), memory=memory,
+                              reserve_lengths=x if reserve == "oracle" else None)
+            else:
+                kwargs.update(slots=slots)
+            return kwargs
+
+        it = iter(range(10**9))
+
+        def one():
+            x = lens[next(it) % instances]
+            plan_group(x, **kwargs_for(x))
+
+        ms = median_ms(one, reps)
+        ratios = [plan_group(x, **kwargs_for(x)).ratio for x in lens]
+        rows.append([g, slots or "-", budget or "-", reserve or "-", ms, float(np.mean(ratios)), float(np.max(ratios))])
+    return table("plan_group latency (default path: FPTAS grouping, SJF refill), median ms; steps/LB under oracle lengths",
+                 ["G", "slots", "budget", "reserve", "median ms", "mean steps/LB", "max steps/LB"], rows), rows
+
+
+def bench_fptas(rng, reps: int, instances: int) -> tuple[str, list]:
+    rows = []
+
+    def run(label, n, k, eps, family):
+        data = [family(n) for _ in range(instances)]
+        it = iter(range(10**9))
+        auto = median_ms(lambda: partition.fptas(data[next(it) % instances], k, eps), reps)
+        it2 = iter(range(10**9))
+        dp = median_ms(lambda: partition.fptas(data[next(it2) % instances], k, eps, certify=False), reps)
+        rows.append([label, family.__name__, n, k, eps, auto, dp])
+
+    tight = lambda n: rng.integers(1, 100, size=n)  # noqa: E731 - few jobs per part: heuristics often miss
+    tight.__name__ = "tight"
+    unif = lambda n: uniform(rng, n)  # noqa: E731
+    unif.__name__ = "uniform"
+    run("target", 64, 4, 0.05, unif)
+    for n in (16, 32, 64, 128, 256):
+        run("n", n, 4, 0.05, unif)
+    for n in (8, 10, 12, 14):
+        run("n", n, 4, 0.05, tight)
+    for k in (2, 3, 4, 6, 8):
+        run("k", 64, k, 0.05, unif)
+    for k in (2, 3, 4):
+        run("k", 3 * k, k, 0.05, tight)
+    for eps in (0.2, 0.1, 0.05, 0.02, 0.01):
+        run("1/eps", 64, 4, eps, unif)
+    for eps in (0.2, 0.1, 0.05, 0.02, 0.01):
+        run("1/eps", 12, 4, eps, tight)
+    return table("FPTAS time, median ms (auto = certify by the lower bound first; dp = always run the programme)",
+                 ["varies", "lengths", "n", "k", "eps", "auto ms", "dp ms"], rows), rows
+
+
+def bench_quality(rng, groups, instances: int) -> tuple[str, list]:
+    algorithms = {
+        "lpt": lambda s, k: partition.lpt(s, k),
+        "karmarkar_karp": lambda s, k: partition.karmarkar_karp(s, k),
+        "fptas eps=0.05": lambda s, k: partition.fptas(s, k, 0.05),
+        "fptas eps=0.01": lambda s, k: partition.fptas(s, k, 0.01),
+    }
+    rows = []
+    for family, make in (("uniform", lambda n: uniform(rng, n)), ("castillo", lambda n: real_group(rng, groups, n))):
+        for n, k, reference in ((10, 3, "optimum"), (14, 4, "optimum"), (64, 8, "lower bound"),
+                                (1024, 64, "lower bound")):
+            data = [make(n) for _ in range(instances)]
+            if reference == "optimum":
+                refs = [partition.exact(x, k, time_limit_s=30).makespan for x in data]
+            else:
+                refs = [partition.lower_bound(x, k) for x in data]
+            for name, algorithm in algorithms.items():
+                ratios, limited = [], 0
+                for x, r in zip(data, refs):
+                    try:
+                        ratios.append(algorithm(x, k).makespan / r)
+                    except partition.StateLimitExceeded:  # plan_group falls back to the best heuristic
+                        limited += 1
+                        ratios.append(partition.best_heuristic(x, k).makespan / r)
+                rows.append([family, n, k, reference, name, float(np.mean(ratios)), float(np.max(ratios)),
+                             f"{limited}/{len(data)}"])
+    return table("Makespan quality: makespan / reference (CP-SAT optimum for small n, lower bound for large n); "
+                  "'state limit' counts FPTAS runs that stopped at max_states and fell back to the best heuristic",
+                  ["lengths", "n", "k", "reference", "algorithm", "mean ratio", "max ratio", "state limit"], rows), rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planning.json"))
+    args = parser.parse_args(argv)
+    pin_one_core()
+    rng = np.random.default_rng(2026)
+    groups = castillo_groups()
+    reps, instances = (3, 2) if args.quick else (200, 20)
+    info = machine()
+    sections, results = [], {"machine": info, "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:]))}
+    for name, (text, rows) in (
+        ("plan_group", bench_plan_group(rng, groups, reps, instances)),
+        ("fptas", bench_fptas(rng, max(3, reps // 4), instances)),
+        ("quality", bench_quality(rng, groups, 3 if args.quick else 30)),
+    ):
+        sections.append(text)
+        results[name] = rows
+    print(f"machine: {info['cpu']}, python {info['python']}, numpy {info['numpy']}, pinned to one core\n")
+    print("\n".join(sections))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
