@@ -6,7 +6,7 @@ import json
 import os
 import re
 import sys
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,22 @@ EXAMPLE_GROUP = DATA_DIR / "example_group.json"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part.
+
+    The new file gets the old file's permissions, or those a plain ``open`` gives (umask applies).
+    """
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path("."))
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with open(tmp, "x", encoding="utf-8") as handle:  # "x": never clobber another writer's file
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

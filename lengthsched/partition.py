@@ -180,6 +180,7 @@ def fptas(
     eps: float = 0.05,
     *,
     certify: bool = True,
+    prune: bool = True,
     max_states: int = 1_000_000,
 ) -> Partition:
     """A partition with makespan <= (1 + eps) * optimum, in time polynomial in n and 1/eps (fixed k).
@@ -201,6 +202,8 @@ def fptas(
     (2 n / eps + 1)^k, polynomial for fixed k; :class:`StateLimitExceeded` is raised when one step
     would generate, or all steps together would keep, more than ``max_states`` states (memory
     stays around ``max_states * k * 40`` bytes), so a caller can fall back to a heuristic.
+    ``certify=False`` skips the shortcut of step 1 and ``prune=False`` the incumbent pruning of
+    step 2 (slower, same guarantee; for tests and for measuring the programme itself).
     """
     p, k = _check(sizes, k)
     eps = check_positive_float("eps", eps, maximum=1.0)
@@ -220,7 +223,7 @@ def fptas(
     order = _descending(p)
     large = [int(i) for i in order if p[i] > err]
     small = [int(i) for i in order if p[i] <= err]
-    parts = _trimmed_dp(p, k, large, small, err, incumbent.makespan, max_states)
+    parts = _trimmed_dp(p, k, large, small, err, incumbent.makespan if prune else math.inf, max_states)
     if parts is None:
         return _relabel(incumbent, "fptas")
     candidate = _result(p, parts, "fptas", lb)
@@ -238,7 +241,7 @@ def _state_limit(max_states: int, n: int, k: int) -> StateLimitExceeded:
 
 
 def _trimmed_dp(
-    p: np.ndarray, k: int, large: list[int], small: list[int], err: float, incumbent: int, max_states: int
+    p: np.ndarray, k: int, large: list[int], small: list[int], err: float, incumbent: float, max_states: int
 ) -> list[list[int]] | None:
     """The trimmed DP over ``large`` jobs; returns parts, or None when every state was pruned."""
     if not large:

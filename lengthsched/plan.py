@@ -131,6 +131,8 @@ class Plan:
         if self.mode not in ("slots", "budget"):
             raise InvalidArgument("mode", self.mode, "'slots' or 'budget'")
         parse_rule(self.refill)
+        if self.grouping not in GROUPINGS + ("greedy",):
+            raise InvalidArgument("grouping", self.grouping, "one of " + ", ".join(GROUPINGS + ("greedy",)))
         flat = sorted(j for unit in self.units for j in unit)
         if flat != list(range(n)) or sorted(self.admission_order) != list(range(n)):
             raise InvalidArgument("units", self.units, f"each completion 0..{n - 1} exactly once")
@@ -150,7 +152,8 @@ def _field_from_json(name: str, value: Any) -> Any:
     if value is None and name in {"capacity_bytes", "reservation_bytes", "peak_reserved_bytes", "budget_bytes", "model"}:
         return None
     if name in _INT_TUPLES:
-        return tuple(int(v) for v in as_lengths(name, value, allow_empty=True))
+        minimum = 1 if name in ("lengths", "reserve_lengths", "expected_starts") else 0
+        return tuple(int(v) for v in as_lengths(name, value, minimum=minimum, allow_empty=True))
     if name == "units":
         if not isinstance(value, list):
             raise InvalidArgument(name, value, "a list of lists of completion indices")
@@ -269,7 +272,8 @@ def plan_group(
             units, algorithm = (tuple(range(n)),), "none"
         else:
             rounds = pack_micro_groups(res_bytes, capacity, max_items=k, eps=eps)
-            units, algorithm = tuple(r.items for r in rounds), rounds[0].algorithm
+            units = tuple(r.items for r in rounds)
+            algorithm = "greedy" if any(r.algorithm == "greedy" for r in rounds) else "fptas"
         lower = _budget_lower_bound(memory, pred, capacity, prompt_tokens)
         if slots is not None:
             lower = max(lower, _partition.lower_bound(pred, k))

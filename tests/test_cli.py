@@ -108,3 +108,11 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_atomic_write_gives_normal_permissions(tmp_path):
+    target = tmp_path / "fresh.json"
+    atomic_write_text(target, "x")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

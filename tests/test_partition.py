@@ -57,10 +57,10 @@ def test_exact_oracle_matches_brute_force(sizes, k):
     assert result.makespan == brute_force_optimum(sizes, k)
 
 
-@given(sizes=sizes_st, k=k_st, eps=eps_st, certify=st.booleans())
-def test_fptas_within_one_plus_eps_of_cp_sat(sizes, k, eps, certify):
+@given(sizes=sizes_st, k=k_st, eps=eps_st, certify=st.booleans(), prune=st.booleans())
+def test_fptas_within_one_plus_eps_of_cp_sat(sizes, k, eps, certify, prune):
     optimum = partition.exact(sizes, k).makespan
-    result = partition.fptas(sizes, k, eps, certify=certify)
+    result = partition.fptas(sizes, k, eps, certify=certify, prune=prune)
     assert result.makespan <= (1 + eps) * optimum + 1e-9
 
 

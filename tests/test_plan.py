@@ -144,6 +144,8 @@ def test_plan_json_is_self_describing():
         (lambda d: d.update(slots=-1), "slots"),
         (lambda d: d.update(refill="random"), "refill"),
         (lambda d: d.update(expected_starts=[1]), "expected_starts"),
+        (lambda d: d.update(lengths=[0, 3, 8, 2]), "lengths"),
+        (lambda d: d.update(grouping="magic"), "grouping"),
     ],
 )
 def test_from_json_rejects_bad_plans(mutate, name):
