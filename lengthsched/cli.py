@@ -101,15 +101,25 @@ def _longest(lengths: Any) -> int:
         raise InvalidArgument("lengths", lengths, "a non-empty list of token counts") from None
 
 
-COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
-    "plan": (PlanOptions, _cmd_plan),
+def _simulate_command() -> tuple[type, Callable[[Any], int]]:
+    from simulate.cli import run_simulate  # the simulator package; numpy-only at import time
+    from simulate.options import SimulateOptions
+
+    return SimulateOptions, run_simulate
+
+
+# Each command: a loader returning (options dataclass, runner); loaders keep imports lazy.
+COMMANDS: dict[str, Callable[[], tuple[type, Callable[[Any], int]]]] = {
+    "plan": lambda: (PlanOptions, _cmd_plan),
+    "simulate": _simulate_command,
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lengthsched", description="Length-aware scheduling for GRPO group rollouts.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, (cls, _) in COMMANDS.items():
+    for name, load in COMMANDS.items():
+        cls, _ = load()
         add_arguments(sub.add_parser(name, help=(cls.__doc__ or "").strip().splitlines()[0],
                                      description=cls.__doc__), cls)
     return parser
@@ -117,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cls, run = COMMANDS[args.command]
+    cls, run = COMMANDS[args.command]()
     try:
         return run(from_args(cls, args))
     except (LengthschedError, OSError, ImportError) as exc:

@@ -206,6 +206,13 @@ def test_group_scheduler_integrity_through_a_run():
     assert sorted(started) == list(range(7))
     with pytest.raises(InvalidArgument, match="argument 'job'"):
         sched.take(started[0])
+    # A preempted completion goes back to its own queue and is the next one its slot takes.
+    unit = next(u for u, members in enumerate(plan.units) if started[0] in members)
+    sched.requeue(started[0], 2)
+    sched.check_integrity()
+    assert sched.pending == 1 and sched.next_for_slot(unit) == started[0]
+    with pytest.raises(InvalidArgument, match="argument 'job'"):
+        sched.requeue(started[0], 2)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,25 @@
+"""simulate: a discrete-event simulator of group sampling policies (design/MODEL.md section 4).
+
+``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
+budget; :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces
+with a group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the comparison
+report behind ``lengthsched simulate`` in :mod:`simulate.report`.
+"""
+
+from .engine import Engine, SimulationError, Timeline
+from .policies import POLICIES, Problem, SimPolicy, make_policy
+from .run import SimResult, lower_bound, run_batch, run_group
+
+__all__ = [
+    "Engine",
+    "POLICIES",
+    "Problem",
+    "SimPolicy",
+    "SimResult",
+    "SimulationError",
+    "Timeline",
+    "lower_bound",
+    "make_policy",
+    "run_batch",
+    "run_group",
+]

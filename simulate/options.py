@@ -1,0 +1,49 @@
+"""The frozen options of ``lengthsched simulate`` (the CLI flags are derived from them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lengthsched.memory import DTYPE_BYTES
+from lengthsched.refill import RefillRule
+
+__all__ = ["SimulateOptions", "DEFAULT_POLICIES"]
+
+# The comparison table's default rows: every policy of MODEL.md section 4 once.
+DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware",
+                    "growth_aware_lpt", "growth_aware_fcfs", "vllm", "sglang", "reserve_max")
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    """Simulate sampling policies on a workload and compare steps, memory, preemptions and bias."""
+
+    model: str = _opt("qwen3-1.7b", "a config.json path, a model directory, or a bundled preset name")
+    dtype: str = _opt("bfloat16", "weights and activations dtype", choices=sorted(DTYPE_BYTES))
+    kv_dtype: str | None = _opt(None, "KV cache dtype, default --dtype", choices=sorted(DTYPE_BYTES))
+    budget: str = _opt("5GiB", "memory for one group: weights + activations of G sequences + KV (e.g. 24GiB)")
+    group_size: int = _opt(32, "G, completions per prompt")
+    max_new_tokens: int = _opt(4096, "L_max in tokens; longer lengths in the workload are clipped")
+    workload: str = _opt("castillo", "castillo (real groups), lmsys or azure (single-length traces with the "
+                                     "log-normal group model), or a trace .jsonl path")
+    groups: int = _opt(200, "how many groups (prompts) to simulate")
+    spread: float | None = _opt(None, "sigma of log length within a group for lmsys/azure "
+                                      "(default: fitted to CASTILLO)")
+    predictor: str = _opt("oracle", "predicted lengths: oracle, noisy:SIGMA (log-normal error), constant:TOKENS, "
+                                    "or trace (the trace's 'predicted')")
+    quantile: float = _opt(0.9, "predicted quantile that length_aware reserves")
+    policies: str = _opt(",".join(DEFAULT_POLICIES), "comma-separated policies to compare")
+    slots: int | None = _opt(None, "also cap how many sequences decode at once")
+    refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
+    seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream")
+    workers: int = _opt(0, "processes to use (0: all cores)")
+    sweep: str | None = _opt(None, "sweep one setting instead: group_size=8,16,32 | budget=4GiB,6GiB | "
+                                   "spread=0.05,0.2 | sigma=0,0.25,0.5 (noisy predictor error)")
+    json: bool = _opt(False, "print JSON instead of a table")
+    plot: str | None = _opt(None, "write PNG figures into this directory")
+    output: str | None = _opt(None, "also write the JSON results to this file (atomically)")

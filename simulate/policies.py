@@ -1,0 +1,410 @@
+"""The sampling policies of design/MODEL.md section 4, as deciders for the engine.
+
+Each policy gets a :class:`Problem` (true lengths, limits, predictions) and, at every event,
+decides admissions (and preemptions) through the :class:`~simulate.engine.Engine`. The refill
+rules and plans are those of ``lengthsched`` (``plan_group``, ``GroupScheduler``); nothing is
+re-implemented here. Engine baselines (vLLM-like, SGLang-like) live in ``simulate.baselines``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from lengthsched import GroupScheduler, InvalidArgument, ModelMemory, plan_group
+
+from .engine import Engine
+
+__all__ = ["Problem", "SimPolicy", "POLICIES", "make_policy", "TOKEN_MEMORY", "overflow_wakeup"]
+
+# One byte per KV token and nothing else: plans made in bytes are then plans in tokens.
+TOKEN_MEMORY = ModelMemory(name="tokens", layer_kv_bytes=(1,), layer_windows=(None,), weights_bytes=0,
+                           activation_bytes_per_sequence=0)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One simulation input. Lengths in tokens.
+
+    ``predicted``: point predictions per completion (None: no information, every completion is
+    predicted to reach ``max_new_tokens`` and starts in index order). ``reserve``: tokens to
+    reserve per completion (a predicted quantile); ``predictor``: an object of the
+    ``lengthsched.LengthPredictor`` protocol asked again, with the tokens generated so far as
+    prefix, when a completion outlives its prediction. ``stream``: draws the length of extra
+    completions for the dynamic-slot policy, ``stream(index) -> length``.
+    """
+
+    lengths: np.ndarray
+    max_new_tokens: int
+    prompt_len: int = 0
+    slots: int | None = None
+    budget_tokens: int | None = None
+    predicted: np.ndarray | None = None
+    reserve: np.ndarray | None = None
+    predictor: Any = None
+    refill: str = "sjf"
+    eps: float = 0.05
+    stream: Callable[[int], int] | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    def point(self) -> np.ndarray:
+        """Predicted lengths, or ``max_new_tokens`` for all when nothing is predicted."""
+        if self.predicted is None:
+            return np.full(self.n, self.max_new_tokens, dtype=np.int64)
+        return np.minimum(self.predicted, self.max_new_tokens)
+
+
+class SimPolicy:
+    """Base class: decides admissions at every event (see :meth:`Engine.run`)."""
+
+    name = "policy"
+    pads = False  # finished rows stay (decoding padding) until released, as in a padded batch
+    block_size = 1
+    promises_budget = False  # the engine raises if KV ever exceeds the budget
+    respects_slots = True  # the engine raises if more than ``slots`` sequences are live
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    def start(self, eng: Engine) -> None:
+        """Called once before the first decision (plans are made here)."""
+
+    def decide(self, eng: Engine) -> None:
+        raise NotImplementedError
+
+    def wakeup(self, eng: Engine) -> int | None:
+        """A step (after now) at which to decide again even if nothing finishes; None for none."""
+        return None
+
+    def pending(self, eng: Engine) -> int:
+        """Completions not yet finished and not live."""
+        return eng.n - len(eng.collected) - sum(1 for j in eng.origin if j in eng.running)
+
+
+def overflow_wakeup(eng: Engine, budget: int) -> int | None:
+    """The last step after which every live sequence can still grow by one token within
+    ``budget`` (token-granular KV): deciding then lets a policy preempt before it overflows."""
+    if not eng.origin:
+        return None
+    return eng.t + max(1, (budget - eng.kv_tokens()) // eng.live)
+
+
+def _slot_cap(problem: Problem, name: str) -> int:
+    """Slots of a policy that reserves ``max_new_tokens`` per sequence: min(slots, budget // L_max)."""
+    caps = []
+    if problem.slots is not None:
+        caps.append(problem.slots)
+    if problem.budget_tokens is not None:
+        per_budget = problem.budget_tokens // problem.max_new_tokens
+        if per_budget < 1:
+            raise InvalidArgument("budget_tokens", problem.budget_tokens,
+                                  f"at least max_new_tokens={problem.max_new_tokens} for policy '{name}'")
+        caps.append(per_budget)
+    if not caps:
+        raise InvalidArgument("slots", None, f"slots or budget_tokens for policy '{name}'")
+    return min(caps)
+
+
+class FullGroup(SimPolicy):
+    """All completions decode together from step 1 (ignores slots and budget)."""
+
+    name = "full"
+    respects_slots = False
+
+    def __init__(self, problem: Problem, padded: bool = True):
+        super().__init__(problem)
+        self.pads = padded
+        self.name = "full" if padded else "full_freed"
+
+    def decide(self, eng: Engine) -> None:
+        if eng.t == 0 and not eng.origin and not eng.collected:
+            for job in range(eng.n):
+                eng.admit(job)
+        elif self.pads and len(eng.collected) == eng.n:
+            for job in list(eng.origin):
+                eng.release(job)
+
+
+class MicroGroups(SimPolicy):
+    """Rounds of g consecutive completions as padded batches; a round ends with its longest."""
+
+    name = "micro"
+    pads = True
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
+        self.g = _slot_cap(problem, self.name)
+        self.promises_budget = problem.budget_tokens is not None and self.g * problem.max_new_tokens <= problem.budget_tokens
+        self.next = 0
+
+    def decide(self, eng: Engine) -> None:
+        if eng.origin and not eng.running:  # the whole round finished: free it
+            for job in list(eng.origin):
+                eng.release(job)
+        if not eng.origin and self.next < eng.n:
+            for job in range(self.next, min(self.next + self.g, eng.n)):
+                eng.admit(job)
+            self.next += self.g
+
+
+class FixedSlots(SimPolicy):
+    """g slots, each refilled at once with the next completion in index order (FCFS)."""
+
+    name = "fixed_slot"
+
+    def __init__(self, problem: Problem, name: str = "fixed_slot"):
+        super().__init__(problem)
+        self.name = name
+        self.g = _slot_cap(problem, name)
+        self.promises_budget = problem.budget_tokens is not None
+        self.sched = GroupScheduler([tuple(range(problem.n))], problem.point(), "fcfs")
+
+    def decide(self, eng: Engine) -> None:
+        while eng.live < self.g:
+            job = self.sched.next_in_order()
+            if job is None:
+                return
+            self.sched.take(job)
+            eng.admit(job)
+
+
+class DynamicSlots(SimPolicy):
+    """g slots refilled from an endless stream; collection stops when G have finished.
+
+    Biased towards short completions: a negative control, never for training data.
+    """
+
+    name = "dynamic_slot"
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
+        if problem.stream is None:
+            raise InvalidArgument("stream", None, "a length stream for policy 'dynamic_slot'")
+        self.g = _slot_cap(problem, self.name)
+        self.promises_budget = problem.budget_tokens is not None
+        self.target = problem.n
+        self.next = 0
+
+    def decide(self, eng: Engine) -> None:
+        if len(eng.collected) >= self.target:
+            eng.stop()
+            return
+        while eng.live < self.g:
+            job = self.next if self.next < eng.n else eng.spawn(self.problem.stream(self.next))
+            self.next += 1
+            eng.admit(job)
+
+    def pending(self, eng: Engine) -> int:
+        return 0
+
+
+class LengthAware(SimPolicy):
+    """The Infinite Sampling scheduler: ``plan_group`` on predicted lengths, refill by its rule.
+
+    Slots mode: FPTAS slot queues. Budget mode: each completion reserves its reserved length
+    (default: the predicted length); micro groups from the subset-sum FPTAS are admitted in
+    order while reservations fit. Overflow rule: a completion that outgrows its reservation keeps
+    running and holds what it has grown to; admissions wait; if live sequences alone would exceed
+    the budget at the next step, the most recently admitted one is preempted (it recomputes its
+    KV when admitted again), so the budget is never exceeded.
+    """
+
+    name = "length_aware"
+
+    def __init__(self, problem: Problem, refill: str | None = None):
+        super().__init__(problem)
+        self.refill = refill or problem.refill
+        self.name = "length_aware" if self.refill == "sjf" else f"length_aware_{self.refill}"
+        self.budget = problem.budget_tokens
+        self.promises_budget = self.budget is not None
+
+    def start(self, eng: Engine) -> None:
+        p = self.problem
+        predicted = p.point()
+        reserve = predicted if p.reserve is None else np.minimum(p.reserve, p.max_new_tokens)
+        # Without predictions there is nothing to plan with: one queue in index order.
+        order = {} if p.predicted is not None else {"grouping": "none", "refill": "fcfs"}
+        options = {"refill": self.refill, "eps": p.eps, "max_new_tokens": p.max_new_tokens, **order}
+        if self.budget is None:
+            self.plan = plan_group(predicted, slots=p.slots, **options)
+        else:
+            self.plan = plan_group(predicted, budget_bytes=self.budget, memory=TOKEN_MEMORY, slots=p.slots,
+                                   reserve_lengths=reserve, **options)
+        self.reserve = list(self.plan.reserve_lengths)
+        self.sched = GroupScheduler.from_plan(self.plan)
+        self.cap = self.plan.slots
+
+    def _next_step_usage(self, eng: Engine) -> int:
+        return sum(max(self.reserve[j], eng.age(j) + 1) for j in eng.origin)
+
+    def decide(self, eng: Engine) -> None:
+        if self.budget is None:
+            self._decide_slots(eng)
+            return
+        used = self._next_step_usage(eng)
+        # Overflow rule: keep the next step within the budget by preempting the newest.
+        while eng.running and eng.kv_tokens(eng.t + 1) > self.budget:
+            job = next(reversed(eng.running))
+            used -= max(self.reserve[job], eng.age(job) + 1)
+            eng.preempt(job)
+            self.sched.requeue(job, self.reserve[job])
+        while eng.live < self.cap:
+            job = self.sched.next_in_order()
+            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget:
+                return
+            self.sched.take(job)
+            used += max(self.reserve[job], eng.done[job] + 1)
+            eng.admit(job)
+
+    def _decide_slots(self, eng: Engine) -> None:
+        busy = set(eng.lane.values())
+        for lane in range(self.cap):
+            if lane in busy:
+                continue
+            job = self.sched.next_for_slot(lane)
+            if job is None:
+                return
+            self.sched.take(job)
+            eng.admit(job, lane)
+
+    def wakeup(self, eng: Engine) -> int | None:
+        return None if self.budget is None else overflow_wakeup(eng, self.budget)
+
+
+class GrowthAware(SimPolicy):
+    """Admit a completion only if the predicted KV curve stays under the budget at every future
+    step: each live sequence grows one token per step until its predicted length, then frees.
+
+    Candidates come in refill-rule order (``plan_group`` with ``grouping="none"``). Admission is
+    evaluated when a sequence finishes or reaches its predicted length. A sequence that outlives
+    its prediction is predicted again (the problem's predictor with its tokens so far as the
+    prefix; without a predictor it is assumed to run to ``max_new_tokens``). Overflow rule as in
+    :class:`LengthAware`: preempt the newest before the budget would be exceeded.
+    """
+
+    name = "growth_aware"
+    promises_budget = True
+
+    def __init__(self, problem: Problem, refill: str | None = None):
+        super().__init__(problem)
+        if problem.budget_tokens is None:
+            raise InvalidArgument("budget_tokens", None, "a KV budget for the growth-aware policies")
+        self.refill = refill or problem.refill
+        self.name = "growth_aware" if self.refill == "sjf" else f"growth_aware_{self.refill}"
+        self.budget = problem.budget_tokens
+        self.cap = problem.slots or problem.n
+
+    def start(self, eng: Engine) -> None:
+        p = self.problem
+        self.total = [int(x) for x in p.point()]  # predicted total length of each completion
+        plan = plan_group(self.total, slots=p.n, max_new_tokens=p.max_new_tokens, grouping="none",
+                          refill=self.refill if p.predicted is not None else "fcfs")
+        self.sched = GroupScheduler.from_plan(plan)
+
+    def _repredict(self, eng: Engine) -> None:
+        late = [j for j in eng.running if eng.age(j) >= self.total[j]]
+        if not late:
+            return
+        p = self.problem
+        if p.predictor is None:
+            for j in late:
+                self.total[j] = p.max_new_tokens
+            return
+        ages = [eng.age(j) for j in late]
+        again = p.predictor.predict(late, prefixes=ages).lengths
+        for j, age, left in zip(late, ages, again):
+            self.total[j] = min(p.max_new_tokens, age + max(1, int(left)))
+
+    def delay(self, eng: Engine, job: int) -> int | None:
+        """Fewest steps to wait before ``job`` can start with the predicted curve under the budget
+        at every future step (0: admit now); None if it cannot start before something ends."""
+        ages = np.fromiter((eng.age(j) for j in eng.running), dtype=np.int64, count=len(eng.running))
+        left_live = np.fromiter((self.total[j] for j in eng.running), dtype=np.int64, count=len(ages)) - ages
+        start = eng.done[job]
+        left = self.total[job] - start
+        if start + left > self.budget:
+            return None
+        if not len(ages):
+            return 0
+        # F(u): predicted KV of the live sequences at the end of step now + u, u = 1..H.
+        order = np.argsort(left_live)
+        r, a = left_live[order], ages[order]
+        horizon = int(r[-1])
+        u = np.arange(1, horizon + 1)
+        first = np.searchsorted(r, u, side="left")  # live sequences with r >= u are r[first:]
+        suffix = np.concatenate((np.cumsum(a[::-1])[::-1], [0]))
+        g = suffix[first] + (len(r) - first) * u + u  # F(u) + u
+        # Starting after d steps adds start + u - d at u in [d + 1, d + left]: the window's maximum of
+        # F + u is at its right end or just before a sequence ends (at u = r_j), since F + u only
+        # grows between those points.
+        d = np.arange(0, horizon + 1)[:, None]
+        right = np.minimum(d[:, 0] + left, horizon)
+        ends = np.unique(r)[None, :]
+        inside = (ends >= d + 1) & (ends <= right[:, None])
+        peak = np.where(inside, g[ends - 1], 0).max(axis=1)
+        peak = np.where(d[:, 0] + 1 <= horizon, np.maximum(peak, g[right - 1]), 0)
+        ok = np.nonzero(peak <= self.budget - start + d[:, 0])[0]
+        return int(ok[0]) if ok.size else None
+
+    def decide(self, eng: Engine) -> None:
+        self._repredict(eng)
+        while eng.running and eng.kv_tokens(eng.t + 1) > self.budget:
+            job = next(reversed(eng.running))
+            eng.preempt(job)
+            self.sched.requeue(job, self.total[job] - eng.done[job])
+        self.wait = None
+        while eng.live < self.cap:
+            job = self.sched.next_in_order()
+            if job is None:
+                return
+            wait = self.delay(eng, job)
+            if wait != 0:
+                self.wait = wait
+                return
+            self.sched.take(job)
+            eng.admit(job)
+
+    def wakeup(self, eng: Engine) -> int | None:
+        if not eng.running:
+            return None
+        # When a sequence is predicted to end, when the head of the queue fits, before an overflow.
+        wake = [eng.t + self.total[j] - eng.age(j) for j in eng.running]
+        if self.wait:
+            wake.append(eng.t + self.wait)
+        return min(min(wake), overflow_wakeup(eng, self.budget))
+
+
+def _baselines() -> dict[str, Callable[[Problem], SimPolicy]]:
+    from .baselines import SGLangLike, VLLMLike
+
+    return {"vllm": VLLMLike, "sglang": SGLangLike}
+
+
+POLICIES: dict[str, Callable[[Problem], SimPolicy]] = {
+    "full": lambda p: FullGroup(p, padded=True),
+    "full_freed": lambda p: FullGroup(p, padded=False),
+    "micro": MicroGroups,
+    "fixed_slot": FixedSlots,
+    "dynamic_slot": DynamicSlots,
+    "length_aware": LengthAware,
+    "length_aware_lpt": lambda p: LengthAware(p, "lpt"),
+    "length_aware_fcfs": lambda p: LengthAware(p, "fcfs"),
+    "growth_aware": GrowthAware,
+    "growth_aware_lpt": lambda p: GrowthAware(p, "lpt"),
+    "growth_aware_fcfs": lambda p: GrowthAware(p, "fcfs"),
+    "vllm": lambda p: _baselines()["vllm"](p),
+    "sglang": lambda p: _baselines()["sglang"](p),
+    "reserve_max": lambda p: FixedSlots(p, name="reserve_max"),
+}
+
+
+def make_policy(name: str, problem: Problem) -> SimPolicy:
+    """The policy ``name`` (one of :data:`POLICIES`) for ``problem``."""
+    if name not in POLICIES:
+        raise InvalidArgument("policy", name, "one of " + ", ".join(POLICIES))
+    return POLICIES[name](problem)

@@ -1,0 +1,201 @@
+"""The comparison behind ``lengthsched simulate``: every policy on the same groups, one table."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from lengthsched import (
+    ConstantLengthPredictor,
+    InvalidArgument,
+    ModelMemory,
+    NoisyOracleLengthPredictor,
+    parse_bytes,
+)
+from lengthsched.hfconfig import preset_names
+
+from .options import SimulateOptions
+from .policies import POLICIES
+from .run import SimResult, run_group
+from .workloads import Group, make_workload
+
+__all__ = ["PolicySummary", "Comparison", "compare", "format_table", "load_memory", "parse_policies",
+           "predictions_for"]
+
+
+def load_memory(opts: SimulateOptions) -> ModelMemory:
+    settings = dict(dtype=opts.dtype, kv_dtype=opts.kv_dtype)
+    if os.path.exists(opts.model):
+        return ModelMemory.from_hf_config(opts.model, **settings)
+    return ModelMemory.from_preset(opts.model, **settings) if opts.model in preset_names() else \
+        ModelMemory.from_preset(opts.model)  # raises with the list of presets
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if not names or unknown:
+        raise InvalidArgument("policies", text, "comma-separated names among " + ", ".join(POLICIES))
+    return names
+
+
+def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
+    """The ``predicted`` argument of run_group for a predictor spec and one group."""
+    kind, _, arg = spec.partition(":")
+    try:
+        if kind == "oracle" and not arg:
+            return group.lengths
+        if kind == "noisy":
+            return NoisyOracleLengthPredictor(group.lengths, sigma=float(arg), seed=seed + index)
+        if kind == "constant":
+            return ConstantLengthPredictor(int(arg))
+        if kind == "trace" and not arg:
+            if group.predicted is None:
+                raise InvalidArgument("predictor", spec, f"a 'predicted' field in group {group.prompt_id}")
+            return group.predicted
+    except ValueError:
+        pass
+    raise InvalidArgument("predictor", spec, "oracle, noisy:SIGMA, constant:TOKENS or trace")
+
+
+@dataclass(frozen=True)
+class PolicySummary:
+    """One row of the table: means are per group."""
+
+    policy: str
+    groups: int
+    steps: float
+    steps_vs_micro: float | None
+    steps_over_lower_bound: float
+    throughput: float
+    peak_kv_bytes: int
+    peak_total_bytes: int
+    within_budget: float
+    preemptions: float
+    recomputed_tokens: float
+    discarded_tokens: float
+    ks_statistic: float
+    planning_ms: float
+    decide_ms: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    options: dict
+    memory: dict
+    budget_bytes: int
+    rows: tuple[PolicySummary, ...]
+    note: str
+
+    def to_dict(self) -> dict:
+        return {"options": self.options, "memory": self.memory, "budget_bytes": self.budget_bytes,
+                "note": self.note, "policies": [dataclasses.asdict(r) for r in self.rows]}
+
+
+def _one_group(args: tuple) -> list[tuple[str, dict]]:
+    """Simulate every policy on one group (a picklable unit of work for the process pool)."""
+    opts, memory, budget_bytes, group, index, policies = args
+    budget_tokens = memory.kv_token_budget(budget_bytes, prompt_tokens=group.prompt_len, batch=len(group.lengths))
+    predicted = predictions_for(opts.predictor, group, index, opts.seed)
+    out = []
+    for policy in policies:
+        r: SimResult = run_group(group.lengths, policy, slots=opts.slots, budget_tokens=budget_tokens,
+                                 predicted=predicted, max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len,
+                                 seed=opts.seed + index, quantile=opts.quantile, refill=opts.refill)
+        c = memory.kv_bytes_per_token
+        total = (memory.weights_bytes + memory.activation_bytes(r.max_live)
+                 + c * (r.prompt_tokens + r.peak_kv_tokens))
+        out.append((policy, dict(steps=r.steps, lower=r.lower_bound, tokens=r.tokens, peak_kv=c * r.peak_kv_tokens,
+                                 total=total, preemptions=r.preemptions, recomputed=r.recomputed_tokens,
+                                 discarded=r.discarded_tokens, planning=r.planning_seconds,
+                                 decide=r.decide_seconds,
+                                 collected=r.collected_lengths, true=group.lengths)))
+    return out
+
+
+def run_units(units: Sequence[tuple], workers: int, progress: bool, label: str) -> list:
+    """Map :func:`_one_group` over work units, on ``workers`` processes, with a progress bar."""
+    from tqdm import tqdm
+
+    workers = os.cpu_count() or 1 if workers == 0 else workers
+    bar = dict(total=len(units), desc=label, disable=not progress, leave=False, unit="group")
+    if workers == 1 or len(units) < 4:
+        return [_one_group(u) for u in tqdm(units, **bar)]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(tqdm(pool.map(_one_group, units, chunksize=max(1, len(units) // (8 * workers))), **bar))
+
+
+def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tuple[PolicySummary, ...]:
+    from scipy.stats import ks_2samp
+
+    per = {p: [dict(m) for res in results for name, m in res if name == p] for p in policies}
+    micro = np.mean([m["steps"] for m in per["micro"]]) if "micro" in per else None
+    rows = []
+    for p in policies:
+        ms = per[p]
+        steps = np.array([m["steps"] for m in ms], dtype=float)
+        collected = np.concatenate([m["collected"] for m in ms])
+        true = np.concatenate([m["true"] for m in ms])
+        rows.append(PolicySummary(
+            policy=p,
+            groups=len(ms),
+            steps=float(steps.mean()),
+            steps_vs_micro=None if micro is None else float(steps.mean() / micro),
+            steps_over_lower_bound=float(np.mean(steps / np.array([m["lower"] for m in ms]))),
+            throughput=float(sum(m["tokens"] for m in ms) / steps.sum()),
+            peak_kv_bytes=int(max(m["peak_kv"] for m in ms)),
+            peak_total_bytes=int(max(m["total"] for m in ms)),
+            within_budget=float(np.mean([m["total"] <= budget_bytes for m in ms])),
+            preemptions=float(np.mean([m["preemptions"] for m in ms])),
+            recomputed_tokens=float(np.mean([m["recomputed"] for m in ms])),
+            discarded_tokens=float(np.mean([m["discarded"] for m in ms])),
+            ks_statistic=float(ks_2samp(collected, true, method="asymp").statistic),
+            planning_ms=float(1e3 * np.mean([m["planning"] for m in ms])),
+            decide_ms=float(1e3 * np.mean([m["decide"] for m in ms])),
+        ))
+    return tuple(rows)
+
+
+def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
+    """Run every policy of ``opts.policies`` on the same groups and summarise each."""
+    policies = parse_policies(opts.policies)
+    memory = load_memory(opts)
+    budget_bytes = parse_bytes(opts.budget)
+    groups = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=opts.groups,
+                           seed=opts.seed, spread=opts.spread)
+    units = [(opts, memory, budget_bytes, g, i, policies) for i, g in enumerate(groups)]
+    units[0][1].kv_token_budget(budget_bytes, prompt_tokens=max(g.prompt_len for g in groups),
+                                batch=opts.group_size)  # fail early, in this process, if the budget is too small
+    results = run_units(units, opts.workers, progress, "simulate")
+    rows = summarize(results, policies, budget_bytes)
+    note = (f"{len(groups)} groups of G={opts.group_size} from {opts.workload}, L_max={opts.max_new_tokens}, "
+            f"{memory.name} ({opts.dtype}), budget {budget_bytes / 2**30:.2f} GiB, predictor {opts.predictor}")
+    return Comparison(dataclasses.asdict(opts), memory.describe(), budget_bytes, rows, note)
+
+
+def format_table(comparison: Comparison) -> str:
+    """The comparison as an aligned text table."""
+    gib = 2**30
+    head = ["policy", "steps", "x micro", "steps/LB", "tok/step", "peak KV GiB", "peak GiB", "in budget",
+            "preempt", "recomputed", "KS", "plan ms", "decide ms"]
+    lines = [comparison.note, ""]
+    table = [head]
+    for r in comparison.rows:
+        table.append([r.policy, f"{r.steps:.0f}", "-" if r.steps_vs_micro is None else f"{r.steps_vs_micro:.3f}",
+                      f"{r.steps_over_lower_bound:.2f}", f"{r.throughput:.1f}", f"{r.peak_kv_bytes / gib:.2f}",
+                      f"{r.peak_total_bytes / gib:.2f}", f"{100 * r.within_budget:.0f}%", f"{r.preemptions:.1f}",
+                      f"{r.recomputed_tokens:.0f}", f"{r.ks_statistic:.3f}", f"{r.planning_ms:.2f}",
+                      f"{r.decide_ms:.2f}"])
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+    lines += ["", "steps and preemptions are means per group; peak columns are the maximum over groups; "
+                  "'in budget' is the share of groups whose peak fits; KS compares the collected lengths with the "
+                  "unbiased ones (0 = no bias); plan ms is the policy's planning before the first step, decide ms "
+                  "all its decisions during the run (CPU per group)."]
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""``run_group`` / ``run_batch``: one simulation API for every policy."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from lengthsched import InvalidArgument, LengthPredictor, partition
+from lengthsched.errors import as_lengths, check_int, check_positive_float
+
+from .engine import Engine, Timeline
+from .policies import Problem, make_policy
+
+__all__ = ["SimResult", "run_group", "run_batch", "lower_bound"]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulation measured. Tokens and decode steps.
+
+    ``tokens``: sum of the collected lengths; ``decoded_tokens``: tokens decoded, discarded ones
+    included (recomputation is a prefill and is counted in ``recomputed_tokens`` instead);
+    ``peak_kv_tokens``: KV held beyond the shared prompt(s), block rounded as the policy's engine
+    would; ``collected_lengths``: in finish order (the first G for the dynamic-slot policy).
+    """
+
+    policy: str
+    steps: int
+    lower_bound: int
+    tokens: int
+    decoded_tokens: int
+    peak_kv_tokens: int
+    prompt_tokens: int
+    preemptions: int
+    recomputed_tokens: int
+    discarded_tokens: int
+    collected_lengths: np.ndarray = field(repr=False)
+    max_live: int
+    planning_seconds: float
+    decide_seconds: float
+    budget_tokens: int | None
+    slots: int | None
+    timeline: Timeline | None = field(default=None, repr=False)
+
+    @property
+    def throughput(self) -> float:
+        """Collected tokens per decode step."""
+        return self.tokens / self.steps if self.steps else 0.0
+
+    @property
+    def ratio(self) -> float:
+        """steps / lower bound (a policy that breaks the limits, or collects a biased sample, can be < 1)."""
+        return self.steps / self.lower_bound
+
+    @property
+    def within_budget(self) -> bool:
+        return self.budget_tokens is None or self.peak_kv_tokens <= self.budget_tokens
+
+
+def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | None) -> int:
+    """MODEL.md section 5: max(max l, slot bound with k slots, sum l (l + 1) / (2 T))."""
+    bound = int(lengths.max())
+    if slots is not None:
+        bound = max(bound, partition.lower_bound(lengths, min(slots, len(lengths))))
+    if budget_tokens is not None:
+        bound = max(bound, math.ceil(int((lengths * (lengths + 1)).sum()) / (2 * budget_tokens)))
+    return bound
+
+
+def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: float, reserve: Any):
+    """(point predictions, reservations, predictor object) from what the caller passed."""
+    n = len(lengths)
+    if predicted is None:
+        point, predictor = None, None
+    elif isinstance(predicted, LengthPredictor) and not isinstance(predicted, (list, tuple, np.ndarray)):
+        predictor = predicted
+        out = predictor.predict(list(range(n)), quantiles=[quantile])
+        point = np.maximum(1, np.asarray(out.lengths, dtype=np.int64))
+        if reserve is None:
+            reserve = np.maximum(1, np.asarray(out.quantile(quantile), dtype=np.int64))
+    else:
+        predictor = None
+        point = as_lengths("predicted", predicted, minimum=1)
+        if len(point) != n:
+            raise InvalidArgument("predicted", predicted, f"{n} predicted lengths, one per completion")
+    if reserve is not None:
+        reserve = as_lengths("reserve", reserve, minimum=1)
+        if len(reserve) != n:
+            raise InvalidArgument("reserve", reserve, f"{n} reserved lengths, one per completion")
+        reserve = np.minimum(reserve, max_new)
+    return (None if point is None else np.minimum(point, max_new)), reserve, predictor
+
+
+def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predicted, max_new_tokens, seed,
+              reserve, quantile, refill, eps, record, prompt_total) -> SimResult:
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    if lengths.max() > max_new:
+        bad = int(np.argmax(lengths > max_new))
+        raise InvalidArgument("lengths", lengths, f"lengths <= max_new_tokens={max_new} (completion {bad} has "
+                                                  f"{int(lengths[bad])})")
+    slots = None if slots is None else check_int("slots", slots, minimum=1)
+    budget_tokens = None if budget_tokens is None else check_int("budget_tokens", budget_tokens, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    quantile = check_positive_float("quantile", quantile, maximum=0.999999)
+    point, reserve, predictor = _predictions(predicted, lengths, max_new, quantile, reserve)
+
+    def stream(index: int) -> int:
+        # Extra completions resample the group, each from its own stream (seed, index).
+        return int(lengths[np.random.default_rng([seed, index]).integers(len(lengths))])
+
+    problem = Problem(lengths=lengths, max_new_tokens=max_new, prompt_len=int(prompt_lens[0]), slots=slots,
+                      budget_tokens=budget_tokens, predicted=point, reserve=reserve, predictor=predictor,
+                      refill=refill, eps=eps, stream=stream)
+    sim = make_policy(policy, problem)
+    block = sim.block_size
+    tails = prompt_lens % block if block > 1 else None
+    eng = Engine(lengths, tails=tails, block_size=block, slots=slots if sim.respects_slots else None,
+                 budget_tokens=budget_tokens, enforce_budget=sim.promises_budget, record=record).run(sim)
+    collected = eng.lengths_array()[np.asarray(eng.collected, dtype=np.int64)]
+    return SimResult(
+        policy=sim.name,
+        steps=eng.t,
+        lower_bound=lower_bound(lengths, slots=slots, budget_tokens=budget_tokens),
+        tokens=int(collected.sum()),
+        decoded_tokens=eng.decoded_tokens,
+        peak_kv_tokens=eng.peak_kv,
+        prompt_tokens=prompt_total,
+        preemptions=eng.preemptions,
+        recomputed_tokens=eng.recomputed_tokens,
+        discarded_tokens=eng.discarded_tokens,
+        collected_lengths=collected,
+        max_live=eng.peak_live,
+        planning_seconds=eng.plan_seconds,
+        decide_seconds=eng.decide_seconds,
+        budget_tokens=budget_tokens,
+        slots=slots,
+        timeline=eng.timeline,
+    )
+
+
+def run_group(
+    lengths: Sequence[int],
+    policy: str,
+    *,
+    slots: int | None = None,
+    budget_tokens: int | None = None,
+    predicted: Any = None,
+    max_new_tokens: int,
+    prompt_len: int = 0,
+    seed: int = 0,
+    reserve: Any = None,
+    quantile: float = 0.9,
+    refill: str = "sjf",
+    eps: float = 0.05,
+    record: bool = False,
+) -> SimResult:
+    """Simulate generating one group of completions of true ``lengths`` (tokens) with ``policy``.
+
+    ``slots`` caps how many sequences decode at once; ``budget_tokens`` caps the KV tokens held
+    beyond the shared prompt; a policy takes either or both (``full`` ignores them).
+    ``predicted``: predicted lengths, or a ``LengthPredictor`` (asked with completion indices as
+    prompts; its ``quantile`` is the reservation unless ``reserve`` is given). Without predictions,
+    completions start in index order. ``seed`` seeds the dynamic-slot stream. ``record`` keeps a
+    :class:`Timeline` for figures.
+    """
+    true = as_lengths("lengths", lengths, minimum=1)
+    prompt_len = check_int("prompt_len", prompt_len, minimum=0)
+    return _simulate(true, np.full(len(true), prompt_len, dtype=np.int64), policy, slots=slots,
+                     budget_tokens=budget_tokens, predicted=predicted, max_new_tokens=max_new_tokens, seed=seed,
+                     reserve=reserve, quantile=quantile, refill=refill, eps=eps, record=record,
+                     prompt_total=prompt_len)
+
+
+def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
+    """Several groups sharing one budget: their completions are scheduled together.
+
+    ``groups``: objects with ``lengths`` and ``prompt_len`` (e.g. :class:`simulate.Group`); every
+    prompt's KV is held for the whole batch, outside ``budget_tokens``. Other arguments as
+    :func:`run_group`; ``predicted`` then covers all completions, group by group.
+    """
+    if not groups:
+        raise InvalidArgument("groups", groups, "at least one group")
+    lengths = np.concatenate([as_lengths("lengths", g.lengths, minimum=1) for g in groups])
+    prompts = np.concatenate([np.full(len(g.lengths), check_int("prompt_len", g.prompt_len, minimum=0))
+                              for g in groups])
+    prompt_total = sum(int(g.prompt_len) for g in groups)
+    options = dict(slots=None, budget_tokens=None, predicted=None, seed=0, reserve=None, quantile=0.9,
+                   refill="sjf", eps=0.05, record=False)
+    unknown = set(kwargs) - set(options) - {"max_new_tokens"}
+    if unknown:
+        raise InvalidArgument("kwargs", sorted(unknown), "arguments of run_group")
+    options.update(kwargs)
+    return _simulate(lengths, prompts, policy, prompt_total=prompt_total, **options)

@@ -1,0 +1,245 @@
+"""Workloads: groups of completion lengths to simulate.
+
+- :func:`castillo_groups`: REAL groups, the primary workload. CASTILLO sampled 10 completions
+  per prompt from Qwen2.5-7B-Instruct; a group of G > 10 resamples those 10 lengths with
+  replacement (G <= 10 takes G of them without replacement), from its own random stream.
+- :func:`trace_groups`: one-length-per-prompt traces (LMSYS-Chat vicuna-13b, Azure conversation
+  2023) turned into groups by a documented group model: the trace length is the prompt's median
+  length and the G lengths are ``median * exp(sigma * z)``, z ~ N(0, 1), with sigma the median
+  within-prompt standard deviation of log length in CASTILLO (:func:`castillo_spread`).
+- :func:`load_trace` / :func:`write_trace`: a JSON-lines trace format for a user's own rollout
+  logs, one group per line: ``{"prompt_id": ..., "prompt_tokens": P, "lengths": [...],
+  "predicted": [...]}`` (``predicted`` optional).
+
+Lengths above ``max_new_tokens`` are clipped to it (a completion stops at L_max), except in
+:func:`load_trace`, which rejects them: a logged length above the limit means a wrong limit.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from lengthsched import InvalidArgument, LengthschedError
+from lengthsched.errors import as_lengths, check_int, check_positive_float
+from lengthsched.io import DATA_DIR as CORE_DATA_DIR
+from lengthsched.io import atomic_write_text
+
+__all__ = [
+    "Group",
+    "TraceError",
+    "WORKLOADS",
+    "castillo_groups",
+    "castillo_spread",
+    "trace_groups",
+    "load_trace",
+    "write_trace",
+    "make_workload",
+]
+
+DATA_DIR = Path(__file__).with_name("data")
+CASTILLO_FILE = CORE_DATA_DIR / "castillo_qwen2.5-7b_lengths.jsonl"
+CASTILLO_CAP = 15001  # CASTILLO's marker of a sample that hit its 15,000-token limit
+
+
+class TraceError(LengthschedError):
+    """A trace file line is malformed; the message names the file, the line and the field."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One prompt's group: ``lengths`` (tokens) of its G completions, ``prompt_len`` (tokens),
+    optional ``predicted`` lengths, and where it came from."""
+
+    prompt_id: str
+    prompt_len: int
+    lengths: np.ndarray
+    predicted: np.ndarray | None = None
+    source: str = ""
+
+
+@lru_cache(maxsize=1)
+def _castillo_rows() -> tuple[dict, ...]:
+    with open(CASTILLO_FILE, encoding="utf-8") as handle:
+        return tuple(json.loads(line) for line in handle)
+
+
+def castillo_spread() -> float:
+    """Median over CASTILLO prompts of the standard deviation of log completion length."""
+    spreads = [np.std(np.log(r["lengths"])) for r in _castillo_rows() if max(r["lengths"]) < CASTILLO_CAP]
+    return float(np.median(spreads))
+
+
+def _resample(rng: np.random.Generator, lengths: Sequence[int], size: int) -> np.ndarray:
+    pool = np.asarray(lengths, dtype=np.int64)
+    return rng.choice(pool, size=size, replace=size > len(pool))
+
+
+def castillo_groups(
+    group_size: int = 32,
+    *,
+    max_new_tokens: int = 4096,
+    datasets: Iterable[str] | None = None,
+    splits: Iterable[str] | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[Group]:
+    """Real groups from CASTILLO (bundled), lengths clipped to ``max_new_tokens``.
+
+    ``datasets``: any of Apps, BigCodeBench, DS1000, Mbpp, DollyDataset (default all);
+    ``splits``: train / validate (default both); ``limit``: at most this many prompts, drawn at
+    random (seeded) from those selected.
+    """
+    group_size = check_int("group_size", group_size, minimum=1)
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    rows = list(_castillo_rows())
+    known = sorted({r["dataset"] for r in rows})
+    if datasets is not None:
+        wanted = set(datasets)
+        if not wanted or wanted - set(known):
+            raise InvalidArgument("datasets", sorted(wanted), "names among " + ", ".join(known))
+        rows = [r for r in rows if r["dataset"] in wanted]
+    if splits is not None:
+        wanted = set(splits)
+        if not wanted or wanted - {"train", "validate"}:
+            raise InvalidArgument("splits", sorted(wanted), "train and/or validate")
+        rows = [r for r in rows if r["split"] in wanted]
+    order = np.random.default_rng([seed, 0]).permutation(len(rows))
+    if limit is not None:
+        order = order[: check_int("limit", limit, minimum=1)]
+    groups = []
+    for i in order:
+        r = rows[int(i)]
+        rng = np.random.default_rng([seed, 1, int(i)])
+        lengths = np.minimum(_resample(rng, r["lengths"], group_size), max_new)
+        groups.append(Group(r["prompt_id"], int(r["prompt_tokens"]), lengths,
+                            source=f"castillo/{r['dataset']}/{r['split']}"))
+    return groups
+
+
+@lru_cache(maxsize=2)
+def _trace(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens, generated tokens) per request of a bundled single-length trace."""
+    if name == "lmsys":
+        with gzip.open(DATA_DIR / "lmsys_vicuna13b_lengths.txt.gz", "rt") as handle:
+            generated = np.array([int(x) for x in handle.read().split()], dtype=np.int64)
+        return np.zeros_like(generated), generated  # no prompt lengths in this trace
+    with gzip.open(DATA_DIR / "azure_conv_2023_lengths.csv.gz", "rt") as handle:
+        data = np.loadtxt(handle, delimiter=",", skiprows=1, dtype=np.int64)
+    return data[:, 0], data[:, 1]
+
+
+def trace_groups(
+    name: str,
+    group_size: int = 32,
+    *,
+    max_new_tokens: int = 4096,
+    spread: float | None = None,
+    limit: int | None = 500,
+    seed: int = 0,
+) -> list[Group]:
+    """Groups from a single-length trace (``lmsys`` or ``azure``) by the log-normal group model.
+
+    ``spread``: sigma of log length within a group (default :func:`castillo_spread`).
+    """
+    if name not in ("lmsys", "azure"):
+        raise InvalidArgument("name", name, "'lmsys' or 'azure'")
+    group_size = check_int("group_size", group_size, minimum=1)
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    sigma = castillo_spread() if spread is None else float(spread)
+    if not math.isfinite(sigma) or sigma < 0:
+        raise InvalidArgument("spread", spread, "a number >= 0 (sigma of log length)")
+    prompts, generated = _trace(name)
+    order = np.random.default_rng([seed, 0]).permutation(len(generated))
+    if limit is not None:
+        order = order[: check_int("limit", limit, minimum=1)]
+    groups = []
+    for i in order:
+        z = np.random.default_rng([seed, 2, int(i)]).standard_normal(group_size)
+        lengths = np.clip(np.rint(generated[i] * np.exp(sigma * z)), 1, max_new).astype(np.int64)
+        groups.append(Group(f"{name}-{int(i)}", int(prompts[i]), lengths, source=f"{name} (sigma {sigma:.3f})"))
+    return groups
+
+
+def _field(path: str, line: int, record: dict, name: str, check, required: bool = True) -> Any:
+    if name not in record:
+        if required:
+            raise TraceError(f"{path} line {line}: field '{name}' is missing")
+        return None
+    try:
+        return check(record[name])
+    except InvalidArgument as exc:
+        raise TraceError(f"{path} line {line}: field '{name}': {exc.expected}, got {record[name]!r:.60}") from None
+
+
+def load_trace(path: str | os.PathLike, *, max_new_tokens: int | None = None) -> list[Group]:
+    """Read a JSON-lines trace; errors name the file, the line and the field."""
+    path = str(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read the trace ({exc.__class__.__name__}: {exc})") from None
+    groups = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{path} line {number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise TraceError(f"{path} line {number}: expected a JSON object, got {type(record).__name__}")
+        lengths = _field(path, number, record, "lengths", lambda v: as_lengths("lengths", v, minimum=1))
+        prompt_len = _field(path, number, record, "prompt_tokens", lambda v: check_int("prompt_tokens", v, minimum=0))
+        prompt_id = _field(path, number, record, "prompt_id", lambda v: str(v))
+        predicted = _field(path, number, record, "predicted", lambda v: as_lengths("predicted", v, minimum=1),
+                           required=False)
+        if predicted is not None and len(predicted) != len(lengths):
+            raise TraceError(f"{path} line {number}: field 'predicted' has {len(predicted)} values for "
+                             f"{len(lengths)} lengths")
+        if max_new_tokens is not None and lengths.max() > max_new_tokens:
+            raise TraceError(f"{path} line {number}: field 'lengths' has {int(lengths.max())} > "
+                             f"max_new_tokens={max_new_tokens}")
+        groups.append(Group(prompt_id, prompt_len, lengths, predicted, source=path))
+    if not groups:
+        raise TraceError(f"{path}: the trace holds no groups")
+    return groups
+
+
+def write_trace(path: str | os.PathLike, groups: Sequence[Group]) -> None:
+    """Write groups as a JSON-lines trace (atomically)."""
+    lines = []
+    for g in groups:
+        record = {"prompt_id": g.prompt_id, "prompt_tokens": int(g.prompt_len),
+                  "lengths": [int(x) for x in g.lengths]}
+        if g.predicted is not None:
+            record["predicted"] = [int(x) for x in g.predicted]
+        lines.append(json.dumps(record))
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+WORKLOADS = ("castillo", "lmsys", "azure")
+
+
+def make_workload(name: str, group_size: int, *, max_new_tokens: int, limit: int | None, seed: int,
+                  spread: float | None = None) -> list[Group]:
+    """A named workload (:data:`WORKLOADS`) or a trace file path."""
+    if name == "castillo":
+        if spread is not None:
+            raise InvalidArgument("spread", spread, "no spread for the real CASTILLO groups")
+        return castillo_groups(group_size, max_new_tokens=max_new_tokens, limit=limit, seed=seed)
+    if name in ("lmsys", "azure"):
+        return trace_groups(name, group_size, max_new_tokens=max_new_tokens, spread=spread, limit=limit, seed=seed)
+    if not Path(name).exists():
+        raise InvalidArgument("workload", name, "castillo, lmsys, azure or a trace .jsonl path")
+    groups = load_trace(name, max_new_tokens=max_new_tokens)
+    return groups if limit is None else groups[:limit]

@@ -1,0 +1,67 @@
+"""``lengthsched simulate``: the table, JSON, sweeps, figures and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lengthsched.cli import main
+
+SMALL = ["simulate", "--groups", "4", "--group-size", "8", "--max-new-tokens", "1024", "--workers", "1"]
+
+
+def run(args, capsys):
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_table_lists_every_policy(capsys):
+    code, out, err = run(SMALL, capsys)
+    assert code == 0, err
+    for policy in ("full", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware", "vllm", "sglang",
+                   "reserve_max"):
+        assert f"\n{policy} " in out
+    assert "x micro" in out and "KS" in out and "plan ms" in out
+
+
+def test_json_and_output_file(tmp_path, capsys):
+    target = tmp_path / "sim.json"
+    code, out, _ = run(SMALL + ["--policies", "micro,growth_aware", "--json", "--output", str(target)], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert [r["policy"] for r in data["policies"]] == ["micro", "growth_aware"]
+    assert json.loads(target.read_text()) == data
+    assert data["policies"][0]["steps_vs_micro"] == 1.0
+
+
+def test_sweep(capsys):
+    code, out, _ = run(SMALL + ["--policies", "micro,growth_aware", "--sweep", "group_size=4,8"], capsys)
+    assert code == 0 and "group_size=4" in out and "group_size=8" in out
+
+
+def test_plot_writes_figures(tmp_path, capsys):
+    code, _, err = run(SMALL + ["--groups", "2", "--policies", "micro,growth_aware,vllm", "--plot", str(tmp_path)],
+                       capsys)
+    assert code == 0, err
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert {"gantt_micro.png", "gantt_growth_aware.png", "gantt_vllm.png", "memory.png",
+            "steps_vs_group_size.png", "steps_vs_budget.png"} <= set(names)
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--policies", "magic"], "argument 'policies'"),
+        (["--predictor", "psychic"], "argument 'predictor'"),
+        (["--sweep", "colour=red"], "argument 'sweep'"),
+        (["--budget", "1GiB"], "argument 'budget_bytes'"),
+        (["--workload", "nowhere.jsonl"], "argument 'workload'"),
+    ],
+)
+def test_errors_are_one_line(extra, fragment, capsys):
+    code, out, err = run(SMALL + extra, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and fragment in err

@@ -1,0 +1,102 @@
+"""Workloads: real CASTILLO groups, the group model for single-length traces, trace files."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from lengthsched import InvalidArgument
+from simulate.workloads import (
+    Group,
+    TraceError,
+    castillo_groups,
+    castillo_spread,
+    load_trace,
+    make_workload,
+    trace_groups,
+    write_trace,
+)
+
+
+def test_castillo_groups_are_real_and_resampled_within_one_prompt():
+    groups = castillo_groups(32, limit=20, seed=1)
+    assert len(groups) == 20
+    from simulate.workloads import _castillo_rows
+
+    by_id = {r["prompt_id"]: r for r in _castillo_rows()}
+    for g in groups:
+        assert len(g.lengths) == 32 and g.source.startswith("castillo/")
+        assert set(g.lengths.tolist()) <= set(min(x, 4096) for x in by_id[g.prompt_id]["lengths"])
+    small = castillo_groups(4, limit=5, seed=1)
+    for g in small:  # G <= 10 draws without replacement from the 10 real samples
+        real = sorted(min(x, 4096) for x in by_id[g.prompt_id]["lengths"])
+        assert all(real.count(x) >= g.lengths.tolist().count(x) for x in set(g.lengths.tolist()))
+
+
+def test_castillo_selection_and_determinism():
+    a = castillo_groups(16, datasets=["Mbpp"], splits=["validate"], limit=10, seed=3)
+    b = castillo_groups(16, datasets=["Mbpp"], splits=["validate"], limit=10, seed=3)
+    assert all(g.source == "castillo/Mbpp/validate" for g in a)
+    assert [g.lengths.tolist() for g in a] == [g.lengths.tolist() for g in b]
+    assert max(int(g.lengths.max()) for g in castillo_groups(16, max_new_tokens=300, limit=50)) <= 300
+    with pytest.raises(InvalidArgument, match="argument 'datasets'"):
+        castillo_groups(8, datasets=["ShareGPT"])
+    with pytest.raises(InvalidArgument, match="argument 'splits'"):
+        castillo_groups(8, splits=["test"])
+
+
+def test_group_model_for_single_length_traces():
+    sigma = castillo_spread()
+    assert 0.03 < sigma < 0.3
+    groups = trace_groups("lmsys", 64, limit=200, seed=0, spread=0.5)
+    logs = np.concatenate([np.log(g.lengths) - np.log(np.median(g.lengths)) for g in groups if g.lengths.min() > 20])
+    assert np.std(logs) == pytest.approx(0.5, rel=0.15)
+    azure = trace_groups("azure", 8, limit=5)
+    assert all(g.prompt_len > 0 for g in azure)
+    with pytest.raises(InvalidArgument, match="argument 'name'"):
+        trace_groups("sharegpt", 8)
+
+
+def test_trace_round_trip(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    groups = [Group("p1", 12, np.array([5, 9, 3]), np.array([4, 10, 3])), Group("p2", 0, np.array([7]))]
+    write_trace(path, groups)
+    again = load_trace(path)
+    assert [g.prompt_id for g in again] == ["p1", "p2"]
+    assert again[0].lengths.tolist() == [5, 9, 3] and again[0].predicted.tolist() == [4, 10, 3]
+    assert again[1].predicted is None and again[1].prompt_len == 0
+    assert make_workload(str(path), 3, max_new_tokens=16, limit=1, seed=0)[0].prompt_id == "p1"
+
+
+@pytest.mark.parametrize(
+    "line,fragment",
+    [
+        ('{"prompt_id": "a", "prompt_tokens": 3}', "line 2: field 'lengths' is missing"),
+        ('{"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, -1]}', "line 2: field 'lengths'"),
+        ('{"prompt_id": "a", "prompt_tokens": 3, "lengths": []}', "line 2: field 'lengths'"),
+        ('{"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, 900]}', "line 2: field 'lengths' has 900 > max_new_tokens"),
+        ('{"prompt_id": "a", "prompt_tokens": -3, "lengths": [4]}', "line 2: field 'prompt_tokens'"),
+        ('{"prompt_tokens": 3, "lengths": [4]}', "line 2: field 'prompt_id' is missing"),
+        ('{"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, 5], "predicted": [4]}', "line 2: field 'predicted'"),
+        ('{"prompt_id": "a", "prompt_tokens": 3, "lengths": [4, 5', "line 2: not valid JSON"),
+        ('[1, 2]', "line 2: expected a JSON object"),
+    ],
+)
+def test_bad_traces_name_the_line(tmp_path, line, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt_id": "ok", "prompt_tokens": 1, "lengths": [3]}) + "\n" + line + "\n")
+    with pytest.raises(TraceError, match=fragment.replace("[", r"\[")):
+        load_trace(path, max_new_tokens=512)
+
+
+def test_empty_and_missing_traces(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TraceError, match="holds no groups"):
+        load_trace(empty)
+    with pytest.raises(TraceError, match="cannot read"):
+        load_trace(tmp_path / "missing.jsonl")
+    with pytest.raises(InvalidArgument, match="argument 'workload'"):
+        make_workload("nowhere.jsonl", 4, max_new_tokens=16, limit=None, seed=0)
