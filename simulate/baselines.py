@@ -20,7 +20,7 @@ Prefill and recompute are not decode steps: they are counted as ``recomputed_tok
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from lengthsched import InvalidArgument
 
@@ -60,18 +60,14 @@ class VLLMLike(_Waiting):
                                   f"at least {longest * self.block_size} for policy 'vllm' (one sequence of "
                                   f"max_new_tokens plus the prompt's partial block, in blocks of 16)")
 
-    def _blocks_at(self, eng: Engine, at: int) -> int:
-        b = self.block_size
-        return sum(-(-(eng.tail[j] + at - eng.origin[j]) // b) for j in eng.origin)
-
     def decide(self, eng: Engine) -> None:
         nxt = eng.t + 1
-        used = self._blocks_at(eng, nxt)
+        used = eng.blocks(nxt)
         while used > self.blocks:  # the next step does not fit: preempt the newest
             job = next(reversed(eng.running))
-            used -= -(-(eng.tail[job] + nxt - eng.origin[job]) // self.block_size)
             eng.preempt(job)
             self.waiting.append(job)
+            used = eng.blocks(nxt)
         while self.waiting and eng.live < self.cap:
             job = self.waiting[-1]
             need = -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size)
@@ -85,13 +81,13 @@ class VLLMLike(_Waiting):
         """The last step before the blocks run out (each sequence takes a new block every 16 steps)."""
         if not eng.origin:
             return None
-        b = self.block_size
-        free = self.blocks - self._blocks_at(eng, eng.t)
-        # Steps from now until each sequence next needs a block: holding x tokens, at x + s = b * k + 1.
-        first = sorted((eng.origin[j] - eng.tail[j] - eng.t) % b + 1 for j in eng.origin)
-        rounds, extra = divmod(free, len(first))
-        need_step = rounds * b + first[extra]  # the (free + 1)-th block is needed at this step ahead
-        return eng.t + max(1, need_step - 1)
+        free = self.blocks - eng.blocks()
+        rounds, extra = divmod(free, eng.live)
+        for step, count in eng.first_block_needs():  # the (free + 1)-th new block is needed here
+            if extra < count:
+                return eng.t + max(1, rounds * self.block_size + step - 1)
+            extra -= count
+        raise AssertionError("unreachable: every live sequence needs a block within one block of steps")
 
 
 class SGLangLike(_Waiting):
@@ -110,46 +106,74 @@ class SGLangLike(_Waiting):
         return max(self.min_ratio, self.ratio0 - self.decay * (t - self.t0))
 
     def decide(self, eng: Engine) -> None:
-        lmax = self.problem.max_new_tokens
-        if eng.origin and eng.kv_tokens(eng.t + 1) > self.budget:
+        lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
+        used = eng.kv_tokens(nxt)
+        if used > budget:
             by_progress = sorted(eng.running, key=lambda j: (eng.age(j), j))
-            while by_progress and eng.kv_tokens(eng.t + 1) > self.budget:
+            while by_progress and used > budget:
                 job = by_progress.pop(0)  # the least advanced
                 eng.preempt(job)
                 self.waiting.append(job)
+                used = eng.kv_tokens(nxt)
             if eng.running:
-                decoded = sum(eng.age(j) for j in eng.running)
-                self.ratio0 = min(1.0, (decoded + self.retract_steps * eng.live) / (eng.live * lmax))
+                live = len(eng.origin)
+                self.ratio0 = min(1.0, (eng.sum_ages() + self.retract_steps * live) / (live * lmax))
                 self.t0 = eng.t
         ratio = self.ratio(eng.t)
-        used = eng.kv_tokens(eng.t + 1)
-        reserved = ratio * sum(lmax - eng.age(j) - 1 for j in eng.running)
-        while self.waiting and eng.live < self.cap:
-            job = self.waiting[-1]
-            need = eng.done[job] + 1
+        reserved = ratio * (len(eng.origin) * (lmax - 1) - eng.sum_ages())  # ratio x remaining max_new_tokens
+        waiting, done = self.waiting, eng.done
+        while waiting and len(eng.origin) < self.cap:
+            need = done[waiting[-1]] + 1
             hold = ratio * (lmax - need)
-            if used + need + reserved + hold > self.budget:
+            if used + need + reserved + hold > budget:
                 return
-            self.waiting.pop()
             used += need
             reserved += hold
-            eng.admit(job)
+            eng.admit(waiting.pop())
+
+    def admission_delay(self, used: float, left: float, n: int, need: int, horizon: int,
+                        start_ratio: float) -> int | None:
+        """Smallest d in [1, horizon] at which the head of the queue fits after d more steps, with
+        the live sequences grown by d tokens and the ratio decayed by d steps; None if none.
+
+        ``used``: tokens the live sequences hold next step; ``left``: their remaining
+        max_new_tokens; ``need``: the head's tokens at its first step; ``start_ratio``: the ratio now.
+        """
+        lmax, rmin, decay, budget = self.problem.max_new_tokens, self.min_ratio, self.decay, self.budget
+        fixed, rest = used + need, left + lmax - need
+
+        def total(d: int) -> float:
+            return fixed + n * d + max(rmin, start_ratio - decay * d) * (rest - n * d)
+
+        last_decay = int((start_ratio - rmin) / decay) if start_ratio > rmin else 0
+        best = None
+        if last_decay >= 1:  # while decaying: delta d^2 n + d (n (1 - r) - delta rest) + fixed + r rest - budget <= 0
+            a, b = decay * n, n * (1 - start_ratio) - decay * rest
+            c = fixed + start_ratio * rest - budget
+            disc = b * b - 4 * a * c
+            if disc >= 0:
+                low, high = (-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)
+                d = max(1, math.ceil(low))
+                if d <= min(high, last_decay):
+                    best = d
+        if best is None and total(last_decay + 1) <= budget:  # then the total only grows
+            best = last_decay + 1
+        if best is not None:  # guard the float roots with the exact test used by decide
+            while best > 1 and total(best - 1) <= budget:
+                best -= 1
+            while best <= horizon and total(best) > budget:
+                best += 1
+        return best if best is not None and best <= horizon else None
 
     def wakeup(self, eng: Engine) -> int | None:
         overflow = overflow_wakeup(eng, self.budget)
         if not self.waiting or not eng.running or eng.live >= self.cap:
             return overflow
         # As the ratio decays the head of the queue may fit before anything finishes: find when.
-        lmax = self.problem.max_new_tokens
         horizon = min(overflow, eng.next_finish() or overflow) - eng.t
         if horizon < 1:
             return overflow
-        job, n = self.waiting[-1], eng.live
-        used = eng.kv_tokens(eng.t + 1)
-        left = sum(lmax - eng.age(j) - 1 for j in eng.running)
-        need = eng.done[job] + 1
-        delta = np.arange(1, horizon + 1)
-        ratio = np.maximum(self.min_ratio, self.ratio0 - self.decay * (eng.t + delta - self.t0))
-        total = used + n * delta + need + ratio * (left - n * delta + lmax - need)
-        fits = np.nonzero(total <= self.budget)[0]
-        return eng.t + int(delta[fits[0]]) if fits.size else overflow
+        lmax = self.problem.max_new_tokens
+        delay = self.admission_delay(eng.kv_tokens(eng.t + 1), eng.live * (lmax - 1) - eng.sum_ages(), eng.live,
+                                     eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t))
+        return overflow if delay is None else eng.t + delay

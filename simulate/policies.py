@@ -331,6 +331,12 @@ class GrowthAware(SimPolicy):
             return None
         if not len(ages):
             return 0
+        # Starting now: the predicted total peaks where a live sequence is about to end, or where
+        # the newcomer ends; check those points first (the common case is a yes).
+        points = np.append(left_live[left_live <= left], min(left, int(left_live.max())))
+        grown = np.where(left_live[None, :] >= points[:, None], ages[None, :] + points[:, None], 0).sum(axis=1)
+        if (grown + start + points).max() <= self.budget:
+            return 0
         # F(u): predicted KV of the live sequences at the end of step now + u, u = 1..H.
         order = np.argsort(left_live)
         r, a = left_live[order], ages[order]

@@ -21,7 +21,8 @@ from lengthsched.hfconfig import preset_names
 
 from .options import SimulateOptions
 from .policies import POLICIES
-from .run import SimResult, run_group
+from .fast import FAST_POLICIES, slot_count, steps_and_peaks
+from .run import SimResult, lower_bound, run_group
 from .workloads import Group, make_workload
 
 __all__ = ["PolicySummary", "Comparison", "compare", "format_table", "load_memory", "parse_policies",
@@ -97,24 +98,54 @@ class Comparison:
                 "note": self.note, "policies": [dataclasses.asdict(r) for r in self.rows]}
 
 
+def _group_budget(memory: ModelMemory, budget_bytes: int, group: Group) -> int:
+    """KV tokens (beyond the prompt) a group may hold: what is left next to the weights, the
+    prompt and the activations of all G sequences."""
+    return memory.kv_token_budget(budget_bytes, prompt_tokens=group.prompt_len, batch=len(group.lengths))
+
+
+def _measures(memory: ModelMemory, group: Group, *, steps, lower, peak_kv_tokens, max_live, collected,
+              preemptions=0, recomputed=0, discarded=0, planning=0.0, decide=0.0) -> dict:
+    c = memory.kv_bytes_per_token
+    total = memory.weights_bytes + memory.activation_bytes(max_live) + c * (group.prompt_len + peak_kv_tokens)
+    return dict(steps=int(steps), lower=int(lower), tokens=int(collected.sum()), peak_kv=c * int(peak_kv_tokens),
+                total=int(total), preemptions=preemptions, recomputed=recomputed, discarded=discarded,
+                planning=planning, decide=decide, collected=collected, true=group.lengths)
+
+
 def _one_group(args: tuple) -> list[tuple[str, dict]]:
     """Simulate every policy on one group (a picklable unit of work for the process pool)."""
     opts, memory, budget_bytes, group, index, policies = args
-    budget_tokens = memory.kv_token_budget(budget_bytes, prompt_tokens=group.prompt_len, batch=len(group.lengths))
+    budget_tokens = _group_budget(memory, budget_bytes, group)
     predicted = predictions_for(opts.predictor, group, index, opts.seed)
     out = []
     for policy in policies:
         r: SimResult = run_group(group.lengths, policy, slots=opts.slots, budget_tokens=budget_tokens,
                                  predicted=predicted, max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len,
                                  seed=opts.seed + index, quantile=opts.quantile, refill=opts.refill)
-        c = memory.kv_bytes_per_token
-        total = (memory.weights_bytes + memory.activation_bytes(r.max_live)
-                 + c * (r.prompt_tokens + r.peak_kv_tokens))
-        out.append((policy, dict(steps=r.steps, lower=r.lower_bound, tokens=r.tokens, peak_kv=c * r.peak_kv_tokens,
-                                 total=total, preemptions=r.preemptions, recomputed=r.recomputed_tokens,
-                                 discarded=r.discarded_tokens, planning=r.planning_seconds,
-                                 decide=r.decide_seconds,
-                                 collected=r.collected_lengths, true=group.lengths)))
+        out.append((policy, _measures(memory, group, steps=r.steps, lower=r.lower_bound,
+                                      peak_kv_tokens=r.peak_kv_tokens, max_live=r.max_live,
+                                      collected=r.collected_lengths, preemptions=r.preemptions,
+                                      recomputed=r.recomputed_tokens, discarded=r.discarded_tokens,
+                                      planning=r.planning_seconds, decide=r.decide_seconds)))
+    return out
+
+
+def _fast(opts: SimulateOptions, memory: ModelMemory, budget_bytes: int, groups: Sequence[Group],
+          policy: str) -> list[tuple[str, dict]]:
+    """A slot policy on all groups at once (simulate.fast), bucketed by slot count."""
+    budgets = [_group_budget(memory, budget_bytes, g) for g in groups]
+    slots = [slot_count(policy, slots=opts.slots, budget_tokens=b, max_new_tokens=opts.max_new_tokens,
+                        group_size=len(g.lengths)) for g, b in zip(groups, budgets)]
+    out: list = [None] * len(groups)
+    for g in sorted(set(slots)):
+        idx = [i for i, k in enumerate(slots) if k == g]
+        res = steps_and_peaks(np.stack([groups[i].lengths for i in idx]), policy, g)
+        for j, i in enumerate(idx):
+            lower = lower_bound(groups[i].lengths, slots=opts.slots, budget_tokens=budgets[i])
+            out[i] = (policy, _measures(memory, groups[i], steps=res["steps"][j], lower=lower,
+                                        peak_kv_tokens=res["peak_kv"][j], max_live=res["max_live"][j],
+                                        collected=groups[i].lengths))
     return out
 
 
@@ -168,10 +199,16 @@ def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
     budget_bytes = parse_bytes(opts.budget)
     groups = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=opts.groups,
                            seed=opts.seed, spread=opts.spread)
-    units = [(opts, memory, budget_bytes, g, i, policies) for i, g in enumerate(groups)]
-    units[0][1].kv_token_budget(budget_bytes, prompt_tokens=max(g.prompt_len for g in groups),
-                                batch=opts.group_size)  # fail early, in this process, if the budget is too small
-    results = run_units(units, opts.workers, progress, "simulate")
+    memory.kv_token_budget(budget_bytes, prompt_tokens=max(g.prompt_len for g in groups),
+                           batch=opts.group_size)  # fail early, in this process, if the budget is too small
+    uniform = len({len(g.lengths) for g in groups}) == 1
+    fast = [p for p in policies if p in FAST_POLICIES and uniform]
+    slow = [p for p in policies if p not in fast]
+    results = run_units([(opts, memory, budget_bytes, g, i, slow) for i, g in enumerate(groups)], opts.workers,
+                        progress, "simulate") if slow else [[] for _ in groups]
+    for policy in fast:
+        for res, item in zip(results, _fast(opts, memory, budget_bytes, groups, policy)):
+            res.append(item)
     rows = summarize(results, policies, budget_bytes)
     note = (f"{len(groups)} groups of G={opts.group_size} from {opts.workload}, L_max={opts.max_new_tokens}, "
             f"{memory.name} ({opts.dtype}), budget {budget_bytes / 2**30:.2f} GiB, predictor {opts.predictor}")
