@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from enum import Enum
 from typing import Any, Iterator
 
-from .errors import InvalidArgument, LengthschedError, check_int
+from .errors import InvalidArgument, LengthschedError, as_lengths, check_int
 
 __all__ = [
     "RefillRule",
@@ -73,16 +73,22 @@ class RefillQueue(ABC):
 
     def add_many(self, jobs: Any, remaining: Any, ranks: Any = None) -> None:
         """Add many jobs at once in O(n) (one heapify); arguments as in :meth:`add`, as sequences."""
-        jobs = [check_int("job", j, minimum=0) for j in jobs]
-        remaining = [check_int("remaining", r, minimum=0) for r in remaining]
-        ranks = [None] * len(jobs) if ranks is None else [check_int("rank", r, minimum=0) for r in ranks]
-        if len(remaining) != len(jobs) or len(ranks) != len(jobs):
+        jobs = [int(j) for j in as_lengths("jobs", list(jobs), allow_empty=True)]
+        remaining = [int(r) for r in as_lengths("remaining", list(remaining), allow_empty=True)]
+        if len(remaining) != len(jobs):
             raise InvalidArgument("remaining", remaining, f"{len(jobs)} values, one per job")
+        if ranks is None or self.rule is RefillRule.FCFS:
+            ranks = [next(self._arrival) for _ in jobs]
+        else:
+            ranks = [int(r) for r in as_lengths("ranks", list(ranks), allow_empty=True)]
+            if len(ranks) != len(jobs):
+                raise InvalidArgument("ranks", ranks, f"{len(jobs)} values, one per job")
         if len(set(jobs)) != len(jobs) or any(j in self._entries for j in jobs):
             raise InvalidArgument("jobs", jobs, "completions not already pending, each once")
+        key = self._key
         for job, left, rank in zip(jobs, remaining, ranks):
-            self._ranks[job] = next(self._arrival) if rank is None or self.rule is RefillRule.FCFS else rank
-            entry = [self._key(job, left, self._ranks[job]), job, True]
+            self._ranks[job] = rank
+            entry = [key(job, left, rank), job, True]
             self._entries[job] = entry
             self._remaining[job] = left
             self._heap.append(entry)

@@ -72,7 +72,6 @@ class Engine:
         self._residues = [0] * block_size
         self.finished_at: list[int] = [0] * self.n
         self.collected: list[int] = []  # jobs in finish order
-        self.just_finished: list[int] = []
         self.preemptions = 0
         self.recomputed_tokens = 0
         self.discarded_tokens = 0
@@ -197,7 +196,8 @@ class Engine:
         self._epoch[job] += 1
         self.preemptions += 1
         self._remove(job, "preempted")
-        self._mark()
+        if self.timeline is not None:
+            self._mark()
 
     def release(self, job: int) -> None:
         """Free a finished row of a padded batch."""
@@ -226,23 +226,21 @@ class Engine:
     # ------------------------------------------------------------------ time
     def _advance(self, t_next: int, pads: bool) -> None:
         self.t = t_next
-        kv = self.kv_tokens()
+        kv = len(self.origin) * t_next - self._sum_origin if self._exact else self.kv_tokens()
         if kv > self.peak_kv:
             self.peak_kv = kv
         if self.timeline is not None:
             self.timeline.kv.append((t_next, kv))
         if self.enforce_budget and kv > self.budget:
             raise SimulationError(f"KV {kv} tokens > budget {self.budget} at step {t_next}")
-        self.just_finished = []
-        heap = self._heap
+        heap, epochs, starts = self._heap, self._epoch, self._run_start
         while heap and heap[0][0] == t_next:
             _, job, epoch = heapq.heappop(heap)
-            if epoch != self._epoch[job]:
+            if epoch != epochs[job]:
                 continue
             self.finished_at[job] = t_next
             self.collected.append(job)
-            self.just_finished.append(job)
-            self.decoded_tokens += t_next - self._run_start[job] + 1
+            self.decoded_tokens += t_next - starts[job] + 1
             if pads:
                 self.running.pop(job)  # the row stays, decoding padding, until released
                 if self.timeline is not None:
@@ -250,23 +248,26 @@ class Engine:
                     self._run_start[job] = t_next + 1
             else:
                 self._remove(job, "run")
-        self._mark()
+        if self.timeline is not None:
+            self._mark()
 
     def _mark(self) -> None:
         """Record the KV held now (after frees and preemptions) for the memory figure."""
-        if self.timeline is not None and self.timeline.kv and self.timeline.kv[-1] != (self.t, self.kv_tokens()):
-            self.timeline.kv.append((self.t, self.kv_tokens()))
+        now = (self.t, self.kv_tokens())
+        if self.timeline.kv[-1] != now:
+            self.timeline.kv.append(now)
 
     def run(self, policy: "SimPolicy") -> "Engine":
         """Run ``policy`` until every completion it launched has finished (or it stopped)."""
         clock = time.perf_counter
+        decide, wakeup, pads = policy.decide, policy.wakeup, policy.pads
         start = clock()
         policy.start(self)
         self.plan_seconds = clock() - start
         while True:
             start = clock()
-            policy.decide(self)
-            wake = None if self.stopped else policy.wakeup(self)
+            decide(self)
+            wake = None if self.stopped else wakeup(self)
             self.decide_seconds += clock() - start
             if self.stopped:
                 return self
@@ -284,7 +285,7 @@ class Engine:
                 t_next = wake if t_next is None else min(t_next, wake)
             if t_next is None:
                 raise SimulationError(f"{policy.name}: only padded rows are live and none was released")
-            self._advance(t_next, policy.pads)
+            self._advance(t_next, pads)
 
     def lengths_array(self) -> np.ndarray:
         return np.asarray(self.length, dtype=np.int64)

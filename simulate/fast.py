@@ -60,17 +60,30 @@ def schedule_many(lengths: np.ndarray, policy: str, g: int) -> tuple[np.ndarray,
 
 
 def steps_and_peaks(lengths: np.ndarray, policy: str, g: int) -> dict[str, np.ndarray]:
-    """Decode steps, peak KV tokens and most live rows of each group (arrays of length B)."""
+    """Decode steps, peak KV tokens and most live rows of each group (arrays of length B).
+
+    A row live from step s to step h (its release; a padded row keeps growing until then) holds
+    t - s + 1 tokens after step t, so the KV held after step t is n(t) (t + 1) - sum of s over the
+    n(t) live rows. It peaks at the end of some release step; n and the sums come from sorted
+    starts and releases, in O(G log G) per group.
+    """
     starts, release = schedule_many(lengths, policy, g)
-    padded = policy in ("full", "micro")
-    held_until = release if padded else starts + lengths - 1
-    grow = held_until - starts + 1 if padded else lengths  # a padded row keeps growing until released
-    # KV peaks at the end of some release step: evaluate there, chunked to bound memory.
-    peaks = np.zeros(len(lengths), dtype=np.int64)
-    chunk = max(1, 2_000_000 // max(1, lengths.shape[1] ** 2))
-    for lo in range(0, len(lengths), chunk):
-        s, h, gr = starts[lo:lo + chunk, None, :], held_until[lo:lo + chunk, None, :], grow[lo:lo + chunk, None, :]
-        at = held_until[lo:lo + chunk, :, None]  # (b, G, 1): candidate steps
-        live = (s <= at) & (at <= h)
-        peaks[lo:lo + chunk] = np.where(live, np.minimum(at - s + 1, gr), 0).sum(axis=2).max(axis=1)
-    return {"steps": release.max(axis=1), "peak_kv": peaks, "max_live": np.full(len(lengths), min(g, lengths.shape[1]))}
+    held_until = release if policy in ("full", "micro") else starts + lengths - 1
+    batch, size = lengths.shape
+    offset = (np.arange(batch, dtype=np.int64) * (int(held_until.max()) + 2))[:, None]
+    s_sorted = np.sort(starts, axis=1)
+    by_end = np.argsort(held_until, axis=1, kind="stable")
+    h_sorted = np.take_along_axis(held_until, by_end, axis=1)
+    s_by_end = np.take_along_axis(starts, by_end, axis=1)
+    zeros = np.zeros((batch, 1), dtype=np.int64)
+    s_prefix = np.concatenate((zeros, np.cumsum(s_sorted, axis=1)), axis=1).ravel()
+    e_prefix = np.concatenate((zeros, np.cumsum(s_by_end, axis=1)), axis=1).ravel()
+    at = held_until + offset  # candidate steps, made comparable across rows by the offset
+    rows = np.arange(batch)[:, None] * size
+    started = np.searchsorted((s_sorted + offset).ravel(), at.ravel(), side="right").reshape(batch, size) - rows
+    ended = np.searchsorted((h_sorted + offset).ravel(), at.ravel(), side="left").reshape(batch, size) - rows
+    base = np.arange(batch)[:, None] * (size + 1)
+    start_sum = s_prefix[base + started] - e_prefix[base + ended]
+    kv = (started - ended) * (held_until + 1) - start_sum
+    return {"steps": release.max(axis=1), "peak_kv": kv.max(axis=1),
+            "max_live": np.full(batch, min(g, size))}

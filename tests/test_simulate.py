@@ -202,3 +202,17 @@ def test_engine_refuses_a_policy_that_breaks_its_promise():
 
     with pytest.raises(SimulationError, match="budget"):
         Engine([10, 10], budget_tokens=5, enforce_budget=True).run(Greedy())
+
+
+@given(data=st.data(), size=st.integers(1, 12), g=st.integers(1, 6),
+       policy=st.sampled_from(["full", "full_freed", "micro", "fixed_slot", "reserve_max"]))
+def test_vectorised_fast_path_equals_the_engine(data, size, g, policy):
+    from simulate.fast import steps_and_peaks
+
+    batch = np.array(data.draw(st.lists(st.lists(st.integers(1, 60), min_size=size, max_size=size),
+                                        min_size=1, max_size=5)))
+    fast = steps_and_peaks(batch, policy, g)
+    for row, lengths in enumerate(batch):
+        limits = {"budget_tokens": g * 60} if policy == "reserve_max" else {"slots": g}
+        r = run_group(lengths, policy, max_new_tokens=60, **({} if policy.startswith("full") else limits))
+        assert (r.steps, r.peak_kv_tokens) == (fast["steps"][row], fast["peak_kv"][row])

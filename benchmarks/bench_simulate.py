@@ -1,0 +1,222 @@
+"""Simulator benchmarks: speed, the CASTILLO target, the paper's headline ratios, shared budgets.
+
+    python benchmarks/bench_simulate.py            # full run (a few minutes on 2 cores)
+    python benchmarks/bench_simulate.py --quick    # smoke run, what the test suite executes
+
+Markdown tables go to stdout, raw numbers to ``--out`` (default benchmarks/results/simulate.json).
+The speed section pins itself to one core; the others use every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from lengthsched import ModelMemory, NoisyOracleLengthPredictor
+from lengthsched.io import atomic_write_text
+from simulate import POLICIES, run_batch, run_group
+from simulate.fast import steps_and_peaks
+from simulate.workloads import castillo_groups, trace_groups
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# ---------------------------------------------------------------------------------------- speed
+def speed(quick: bool) -> tuple[str, list]:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    rows = []
+    lmax = 4096
+    for size in (32, 128, 1024):
+        count = max(2, (2000 if quick else 20000) // size)
+        groups = castillo_groups(size, limit=count, seed=1, max_new_tokens=lmax)
+        budget = 8 * lmax
+        for policy in POLICIES:
+            rates = []
+            for _ in range(1 if quick else 3):
+                start = time.perf_counter()
+                for g in groups:
+                    run_group(g.lengths, policy, budget_tokens=budget, max_new_tokens=lmax, prompt_len=g.prompt_len,
+                              predicted=g.lengths, slots=8 if policy in ("micro", "fixed_slot", "dynamic_slot") else None)
+                rates.append(count * size / (time.perf_counter() - start))
+            rows.append([size, policy, "engine", round(statistics.median(rates))])
+        batch = np.stack([g.lengths for g in castillo_groups(size, limit=max(2, (20000 if quick else 400000) // size),
+                                                                 seed=2, max_new_tokens=lmax)])
+        for policy in ("full", "micro", "fixed_slot", "reserve_max"):
+            rates = []
+            for _ in range(1 if quick else 3):
+                start = time.perf_counter()
+                steps_and_peaks(batch, policy, 8)
+                rates.append(batch.size / (time.perf_counter() - start))
+            rows.append([size, policy, "fast (vectorised)", round(statistics.median(rates))])
+    return table("Simulated completions per second, one core (CASTILLO lengths, L_max 4096, budget 8 x L_max "
+                 "KV tokens, 8 slots for micro / fixed / dynamic; fast = simulate.fast incl. peak KV)",
+                 ["G", "policy", "path", "completions / s"], rows), rows
+
+
+# ---------------------------------------------------------------------------------------- target
+TARGET_POLICIES = ("micro", "fixed_slot", "length_aware", "growth_aware", "growth_aware_lpt", "vllm", "sglang",
+                   "reserve_max", "full_freed")
+
+
+def _target_unit(args):
+    lengths, prompt_len, lmax, sigma, seed, policies = args
+    if sigma == 0:
+        predicted = lengths
+    else:
+        predicted = NoisyOracleLengthPredictor(lengths, sigma=sigma, seed=seed)
+    out = {}
+    for p in policies:
+        r = run_group(lengths, p, budget_tokens=8 * lmax, max_new_tokens=lmax, prompt_len=prompt_len,
+                      predicted=predicted, seed=seed)
+        out[p] = (r.steps, r.lower_bound, r.preemptions, r.recomputed_tokens, r.peak_kv_tokens)
+    return out
+
+
+def _pool_map(fn, units):
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(fn, units, chunksize=max(1, len(units) // 64)))
+
+
+def target(quick: bool) -> tuple[str, list]:
+    rows = []
+    limit = 40 if quick else None
+    for lmax in (1024, 4096):
+        groups = castillo_groups(32, max_new_tokens=lmax, limit=limit, seed=0)
+        for sigma in ((0.0,) if quick else (0.0, 0.25, 0.5, 1.0)):
+            policies = TARGET_POLICIES if sigma == 0 else ("micro", "length_aware", "growth_aware")
+            results = _pool_map(_target_unit, [(g.lengths, g.prompt_len, lmax, sigma, i, policies)
+                                               for i, g in enumerate(groups)])
+            micro = np.mean([r["micro"][0] for r in results])
+            for p in policies:
+                steps = np.array([r[p][0] for r in results], dtype=float)
+                rows.append([lmax, "oracle" if sigma == 0 else f"noisy sigma={sigma}", p, len(groups),
+                             float(steps.mean() / micro), float(np.mean(steps / [r[p][1] for r in results])),
+                             float(np.mean([r[p][2] for r in results])), float(np.mean([r[p][3] for r in results]))])
+    return table("CASTILLO groups, G = 32, budget = 8 x L_max KV tokens: mean steps relative to naive micro groups "
+                 "(g = budget // L_max = 8)",
+                 ["L_max", "predictor", "policy", "groups", "steps / micro", "steps / LB", "preemptions",
+                  "recomputed tokens"], rows), rows
+
+
+# ---------------------------------------------------------------------------------------- paper
+def _paper_unit(args):
+    lengths, prompt_len, lmax, g, sigma, seed = args
+    predicted = lengths if sigma == 0 else NoisyOracleLengthPredictor(lengths, sigma=sigma, seed=seed)
+    out = {}
+    for p in ("full", "micro", "fixed_slot", "length_aware"):
+        r = run_group(lengths, p, slots=None if p == "full" else g, max_new_tokens=lmax, prompt_len=prompt_len,
+                      predicted=predicted)
+        out[p] = (r.steps, r.peak_kv_tokens)
+    return out
+
+
+def paper(quick: bool) -> tuple[str, list]:
+    memory = ModelMemory.from_preset("qwen3-1.7b")
+    c, w = memory.kv_bytes_per_token, memory.weights_bytes
+    rows = []
+    lmax = 4096
+    n = 30 if quick else 500
+    for name in ("castillo", "lmsys", "azure"):
+        for size, g in ((32, 8), (128, 16)):
+            groups = (castillo_groups(size, max_new_tokens=lmax, limit=n, seed=0) if name == "castillo"
+                      else trace_groups(name, size, max_new_tokens=lmax, limit=n, seed=0))
+            for sigma in (0.0, 0.5):
+                res = _pool_map(_paper_unit, [(gr.lengths, gr.prompt_len, lmax, g, sigma, i)
+                                              for i, gr in enumerate(groups)])
+                mean = {p: np.mean([r[p][0] for r in res]) for p in res[0]}
+                prompt = np.mean([gr.prompt_len for gr in groups])
+                peak_full = np.mean([r["full"][1] for r in res])
+                peak_micro = np.mean([r["micro"][1] for r in res])
+                total_full = w + c * (prompt + peak_full)
+                total_micro = w + c * (prompt + peak_micro)
+                rows.append([name, size, g, "oracle" if sigma == 0 else "noisy 0.5",
+                             float(peak_micro / peak_full), float(total_micro / total_full),
+                             float(1 - mean["length_aware"] / mean["micro"]),
+                             float(1 - mean["fixed_slot"] / mean["micro"])])
+    return table("Headline ratios of the Infinite Sampling paper on real-trace workloads (Qwen3-1.7B bf16, "
+                 "L_max 4096, shared prompt, padded batches; g slots, no token budget)",
+                 ["workload", "G", "g", "predictor", "micro / full peak KV", "micro / full peak memory (with W)",
+                  "length-aware: fewer steps than micro", "fixed-slot: fewer steps than micro"], rows), rows
+
+
+# ---------------------------------------------------------------------------------------- batches
+def _batch_unit(args):
+    groups, lmax, policy = args
+    budget = 8 * lmax
+    prompts = sum(g.prompt_len for g in groups)
+    # One group after another: each holds only its own prompt, so it may use the others' prompt room.
+    sequential = sum(run_group(g.lengths, policy, budget_tokens=budget + prompts - g.prompt_len, max_new_tokens=lmax,
+                               prompt_len=g.prompt_len, predicted=g.lengths).steps for g in groups)
+    shared = run_batch(groups, policy, budget_tokens=budget, max_new_tokens=lmax,
+                       predicted=np.concatenate([g.lengths for g in groups])).steps
+    return sequential, shared
+
+
+def batches(quick: bool) -> tuple[str, list]:
+    rows = []
+    lmax = 1024
+    groups = castillo_groups(32, max_new_tokens=lmax, limit=40 if quick else 800, seed=5)
+    for k in (2, 4, 8):
+        chunks = [groups[i:i + k] for i in range(0, len(groups) - k + 1, k)]
+        for policy in ("growth_aware", "vllm", "micro"):
+            res = _pool_map(_batch_unit, [(chunk, lmax, policy) for chunk in chunks])
+            seq = np.mean([r[0] for r in res])
+            shared = np.mean([r[1] for r in res])
+            rows.append([k, policy, len(chunks), float(seq), float(shared), float(shared / seq)])
+    return table("Several prompts under one budget (CASTILLO, G = 32 each, L_max 1024, 8 x L_max KV tokens beyond "
+                 "all prompts): k groups one after another vs all k groups' completions scheduled together",
+                 ["groups k", "policy", "batches", "sequential steps", "shared-budget steps", "shared / sequential"],
+                 rows), rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
+    parser.add_argument("--sections", default="target,paper,batches,speed")
+    args = parser.parse_args(argv)
+    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+    results = {"machine": info, "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
+    texts = []
+    sections = {"target": target, "paper": paper, "batches": batches, "speed": speed}
+    for name in args.sections.split(","):
+        start = time.perf_counter()
+        text, rows = sections[name](args.quick)
+        results[name] = {"rows": rows, "seconds": round(time.perf_counter() - start, 1)}
+        texts.append(text)
+    print(f"machine: {info['cpu']}, {info['cores']} cores, python {info['python']}, numpy {info['numpy']}\n")
+    print("\n".join(texts))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

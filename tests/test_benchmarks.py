@@ -1,0 +1,31 @@
+"""The benchmark scripts still run (quick mode); their numbers live in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_simulator_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "simulate.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", "target,paper,batches", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert {"target", "paper", "batches"} <= set(data)
+    assert "steps / micro" in result.stdout
+
+
+def test_planning_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "planning.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
+                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "### FPTAS time" in result.stdout
+    data = json.loads(out.read_text())
+    assert {"machine", "plan_group", "fptas", "quality"} <= set(data)
