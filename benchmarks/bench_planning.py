@@ -15,38 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from common import ROOT, machine, pin_one_core, report, table
 
 import lengthsched
 from lengthsched import ModelMemory, partition, plan_group
-from lengthsched.io import DATA_DIR, atomic_write_text
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores_visible": os.cpu_count(), "python": platform.python_version(),
-            "numpy": np.__version__, "lengthsched": lengthsched.__version__, "platform": platform.platform()}
-
-
-def pin_one_core() -> None:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+from lengthsched.io import DATA_DIR
 
 
 def median_ms(fn, reps: int) -> float:
@@ -70,12 +49,6 @@ def real_group(rng, groups, size: int) -> np.ndarray:
 
 def uniform(rng, size: int) -> np.ndarray:
     return rng.integers(1, 2048, size=size)
-
-
-def table(title: str, header: list[str], rows: list[list]) -> str:
-    out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(out) + "\n"
 
 
 def bench_plan_group(rng, groups, reps: int, instances: int) -> tuple[str, list]:
@@ -189,20 +162,16 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(2026)
     groups = castillo_groups()
     reps, instances = (3, 2) if args.quick else (200, 20)
-    info = machine()
-    sections, results = [], {"machine": info, "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:]))}
+    results = {"machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:]))}
+    texts = []
     for name, (text, rows) in (
         ("plan_group", bench_plan_group(rng, groups, reps, instances)),
         ("fptas", bench_fptas(rng, max(3, reps // 4), instances)),
         ("quality", bench_quality(rng, groups, 3 if args.quick else 30)),
     ):
-        sections.append(text)
+        texts.append(text)
         results[name] = rows
-    print(f"machine: {info['cpu']}, python {info['python']}, numpy {info['numpy']}, pinned to one core\n")
-    print("\n".join(sections))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    report(results, texts, args.out, "pinned to one core")
     return 0
 
 

@@ -10,46 +10,23 @@ The speed section pins itself to one core; the others use every core.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import numpy as np
+from common import ROOT, machine, pin_one_core, report, table
 
 from lengthsched import ModelMemory, NoisyOracleLengthPredictor
-from lengthsched.io import atomic_write_text
 from simulate import POLICIES, run_batch, run_group
 from simulate.fast import steps_and_peaks
 from simulate.workloads import castillo_groups, trace_groups
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def table(title: str, header: list[str], rows: list[list]) -> str:
-    out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(out) + "\n"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 # ---------------------------------------------------------------------------------------- speed
 def speed(quick: bool) -> tuple[str, list]:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    pin_one_core()
     rows = []
     lmax = 4096
     for size in (32, 128, 1024):
@@ -201,8 +178,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
     parser.add_argument("--sections", default="target,paper,batches,speed")
     args = parser.parse_args(argv)
-    info = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
-    results = {"machine": info, "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
+    results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
     sections = {"target": target, "paper": paper, "batches": batches, "speed": speed}
     for name in args.sections.split(","):
@@ -210,11 +186,7 @@ def main(argv=None) -> int:
         text, rows = sections[name](args.quick)
         results[name] = {"rows": rows, "seconds": round(time.perf_counter() - start, 1)}
         texts.append(text)
-    print(f"machine: {info['cpu']}, {info['cores']} cores, python {info['python']}, numpy {info['numpy']}\n")
-    print("\n".join(texts))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    report(results, texts, args.out, "the speed section pinned to one core, the others on all cores")
     return 0
 
 

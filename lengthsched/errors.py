@@ -34,6 +34,9 @@ class InvalidArgument(LengthschedError):
         self.name, self.value, self.expected = name, value, expected
         super().__init__(f"argument '{name}': got {_short(value)}; expected {expected}")
 
+    def __reduce__(self):  # so that the error crosses process boundaries (worker pools) intact
+        return (type(self), (self.name, self.value, self.expected))
+
 
 class BudgetTooSmall(InvalidArgument):
     """A memory budget does not hold even one sequence next to the weights and the prompt."""

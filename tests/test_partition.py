@@ -145,3 +145,13 @@ def test_bad_input_names_the_argument(sizes, k, eps, name):
 
 def test_integral_floats_are_accepted():
     assert partition.lpt([3.0, 4.0], 2).makespan == 4
+
+
+def test_errors_survive_pickling():
+    import pickle
+
+    from lengthsched import BudgetTooSmall
+
+    for error in (InvalidArgument("k", 0, "an integer >= 1"), BudgetTooSmall("budget_bytes", 5, "more")):
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and str(again) == str(error) and again.name == error.name

@@ -65,3 +65,19 @@ def test_errors_are_one_line(extra, fragment, capsys):
     code, out, err = run(SMALL + extra, capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and fragment in err
+
+
+def test_errors_from_worker_processes_are_one_line(capsys):
+    args = ["simulate", "--groups", "4", "--group-size", "8", "--max-new-tokens", "1024", "--workers", "2",
+            "--policies", "micro,length_aware", "--predictor", "noisy:lots"]
+    code, out, err = run(args, capsys)
+    assert code == 2 and err.count("\n") == 1 and "argument 'predictor'" in err
+
+
+def test_multiprocess_results_equal_single_process(capsys):
+    args = ["simulate", "--groups", "6", "--group-size", "8", "--max-new-tokens", "1024", "--json",
+            "--policies", "micro,growth_aware,vllm"]
+    single = json.loads(run(args + ["--workers", "1"], capsys)[1])
+    multi = json.loads(run(args + ["--workers", "2"], capsys)[1])
+    strip = lambda d: [{k: v for k, v in row.items() if not k.endswith("_ms")} for row in d["policies"]]  # noqa: E731
+    assert strip(single) == strip(multi)

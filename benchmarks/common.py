@@ -1,0 +1,53 @@
+"""Helpers shared by the benchmark scripts: Markdown tables, the machine, writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+import lengthsched
+from lengthsched.io import atomic_write_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def table(title: str, header: list[str], rows: list[list]) -> str:
+    """A Markdown table with a ### title; floats with three decimals."""
+    out = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row) + " |" for row in rows]
+    return "\n".join(out) + "\n"
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores_visible": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "lengthsched": lengthsched.__version__, "platform": platform.platform()}
+
+
+def pin_one_core() -> None:
+    """Run on one CPU core, so that timings do not depend on scheduling across cores."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+def report(results: dict, texts: list[str], out: str | Path, note: str) -> None:
+    """Print the tables under a machine line and write ``results`` as JSON (atomically)."""
+    info = results["machine"]
+    print(f"machine: {info['cpu']}, {info['cores_visible']} cores visible, python {info['python']}, "
+          f"numpy {info['numpy']}; {note}\n")
+    print("\n".join(texts))
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(results, indent=1) + "\n")
