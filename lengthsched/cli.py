@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import InvalidArgument, LengthschedError
@@ -15,6 +14,10 @@ from .io import atomic_write_text, read_lengths_input
 from .memory import ModelMemory, parse_bytes
 from .options import ModelOptions, PlanOptions, add_arguments, from_args
 from .plan import Plan, plan_group
+
+# The simulator is numpy-only at import time; its report imports scipy, tqdm, matplotlib when run.
+from simulate.cli import run_simulate  # noqa: E402  (isort: the sibling package after our own)
+from simulate.options import SimulateOptions  # noqa: E402
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
 
@@ -28,15 +31,10 @@ class _Parser(argparse.ArgumentParser):
 
 def load_memory(opts: ModelOptions) -> ModelMemory:
     """The :class:`ModelMemory` described by ``opts`` (a config path, a directory or a preset)."""
-    settings = dict(dtype=opts.dtype, kv_dtype=opts.kv_dtype, block_size=opts.block_size,
-                    prompt_kv=opts.prompt_kv, free_kv=opts.free_kv)
     if opts.model is None:
         raise InvalidArgument("model", None, "a config.json path or a preset: " + ", ".join(preset_names()))
-    if Path(opts.model).exists():
-        return ModelMemory.from_hf_config(opts.model, **settings)
-    if opts.model in preset_names():
-        return ModelMemory.from_preset(opts.model, **settings)
-    raise InvalidArgument("model", opts.model, "an existing config.json path or a preset: " + ", ".join(preset_names()))
+    return ModelMemory.from_name(opts.model, opts.dtype, kv_dtype=opts.kv_dtype, block_size=opts.block_size,
+                                 prompt_kv=opts.prompt_kv, free_kv=opts.free_kv)
 
 
 def _gib(value: int) -> str:
@@ -101,25 +99,16 @@ def _longest(lengths: Any) -> int:
         raise InvalidArgument("lengths", lengths, "a non-empty list of token counts") from None
 
 
-def _simulate_command() -> tuple[type, Callable[[Any], int]]:
-    from simulate.cli import run_simulate  # the simulator package; numpy-only at import time
-    from simulate.options import SimulateOptions
-
-    return SimulateOptions, run_simulate
-
-
-# Each command: a loader returning (options dataclass, runner); loaders keep imports lazy.
-COMMANDS: dict[str, Callable[[], tuple[type, Callable[[Any], int]]]] = {
-    "plan": lambda: (PlanOptions, _cmd_plan),
-    "simulate": _simulate_command,
+COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
+    "plan": (PlanOptions, _cmd_plan),
+    "simulate": (SimulateOptions, run_simulate),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lengthsched", description="Length-aware scheduling for GRPO group rollouts.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, load in COMMANDS.items():
-        cls, _ = load()
+    for name, (cls, _) in COMMANDS.items():
         add_arguments(sub.add_parser(name, help=(cls.__doc__ or "").strip().splitlines()[0],
                                      description=cls.__doc__), cls)
     return parser
@@ -127,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cls, run = COMMANDS[args.command]()
+    cls, run = COMMANDS[args.command]
     try:
         return run(from_args(cls, args))
     except (LengthschedError, OSError, ImportError) as exc:

@@ -24,6 +24,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     The new file gets the old file's permissions, or those a plain ``open`` gives (umask applies).
     """
     target = Path(path)
+    if not target.name or target.is_dir():
+        raise IsADirectoryError(f"cannot write {str(path)!r}: it is a directory, expected a file path")
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "x", encoding="utf-8") as handle:  # "x": never clobber another writer's file

@@ -186,8 +186,15 @@ class ModelMemory:
     def from_preset(cls, name: str, dtype: str = "bfloat16", **options: Any) -> "ModelMemory":
         """Like :meth:`from_hf_config` for a config bundled in ``lengthsched/presets``."""
         if name not in preset_names():
-            raise InvalidArgument("model", name, "a config.json path or a preset: " + ", ".join(preset_names()))
+            raise InvalidArgument("model", name, "an existing config.json path or a preset: " + ", ".join(preset_names()))
         return cls.from_hf_config(PRESET_DIR / f"{name}.json", dtype, **options)
+
+    @classmethod
+    def from_name(cls, model: str, dtype: str = "bfloat16", **options: Any) -> "ModelMemory":
+        """From a ``config.json`` path, a model directory, or a bundled preset name."""
+        if isinstance(model, (str, os.PathLike)) and os.path.exists(model):
+            return cls.from_hf_config(model, dtype, **options)
+        return cls.from_preset(model, dtype, **options)
 
     def replace(self, **changes: Any) -> "ModelMemory":
         """A copy with some fields changed (validated like the constructor)."""

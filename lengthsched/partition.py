@@ -214,7 +214,8 @@ def fptas(
         return _relabel(incumbent, "fptas", proven=True)
     if certify and incumbent.makespan <= (1 + eps) * lb:
         return _relabel(incumbent, "fptas")  # LPT alone is certified: skip the costlier steps
-    incumbent = best_heuristic(p, k)
+    kk = karmarkar_karp(p, k)
+    incumbent = kk if kk.makespan < incumbent.makespan else incumbent
     if incumbent.makespan == lb:
         return _relabel(incumbent, "fptas", proven=True)
     if certify and incumbent.makespan <= (1 + eps) * lb:

@@ -288,7 +288,7 @@ def plan_group(
         budget_bytes=None if budget_bytes is None else int(budget_bytes),
         model=None if memory is None else memory.name,
     )
-    schedule = execute(draft)
+    schedule = execute(draft, memory=memory)  # memory: completions predicted past their reservation grow
     peak = None
     if memory is not None:
         live_res = np.asarray(memory.reservation_bytes(np.maximum(reserve, pred), prompt_tokens), dtype=np.int64)

@@ -33,7 +33,7 @@ class RefillRule(str, Enum):
 
     SJF = "sjf"  # smallest predicted remaining length first (minimises mean completion time)
     LPT = "lpt"  # largest predicted remaining length first (list-scheduling makespan rule)
-    FCFS = "fcfs"  # in the order completions were added (completion index for a group)
+    FCFS = "fcfs"  # in arrival order (completion index for a group)
     PLAN = "plan"  # in the order of the plan (rank given when added)
 
 
@@ -77,7 +77,7 @@ class RefillQueue(ABC):
         remaining = [int(r) for r in as_lengths("remaining", list(remaining), allow_empty=True)]
         if len(remaining) != len(jobs):
             raise InvalidArgument("remaining", remaining, f"{len(jobs)} values, one per job")
-        if ranks is None or self.rule is RefillRule.FCFS:
+        if ranks is None:
             ranks = [next(self._arrival) for _ in jobs]
         else:
             ranks = [int(r) for r in as_lengths("ranks", list(ranks), allow_empty=True)]
@@ -177,16 +177,13 @@ class LPTQueue(RefillQueue):
 
 
 class FCFSQueue(RefillQueue):
-    """First added, first out (a re-prediction does not move a job)."""
+    """First come, first served: by arrival rank (the order added unless a rank is given, so a
+    re-queued completion keeps its place); a re-prediction does not move a job."""
 
     rule = RefillRule.FCFS
 
     def _key(self, job: int, remaining: int, rank: int) -> tuple:
         return (rank, job)
-
-    def add(self, job: int, remaining: int, rank: int | None = None) -> None:
-        """Add ``job``; FCFS orders by arrival, so ``rank`` is ignored."""
-        super().add(job, remaining, None)
 
 
 class PlanOrderQueue(RefillQueue):

@@ -42,7 +42,6 @@ class GroupScheduler:
     def __init__(self, units: Any, lengths: Any, rule: str):
         self._queues: list[RefillQueue] = []
         self._unit_of: dict[int, int] = {}  # pending completions -> their unit
-        self._rank: dict[int, int] = {}
         self._work: list[int] = []
         predicted = [int(x) for x in lengths]
         for u, unit in enumerate(units):
@@ -53,9 +52,9 @@ class GroupScheduler:
                 self._unit_of[job] = u
             queue.add_many(unit, [predicted[j] for j in unit], range(len(unit)))
             self._queues.append(queue)
-            self._rank.update((j, r) for r, j in enumerate(unit))
             self._work.append(sum(predicted[j] for j in unit))
-        self._origin = dict(self._unit_of)  # the unit each completion belongs to, for requeue
+        # Where each completion belongs (unit, rank in it), for requeue after a preemption.
+        self._home = {j: (u, r) for u, unit in enumerate(units) for r, j in enumerate(unit)}
         self._first = 0  # earliest unit that may still hold pending completions
 
     @classmethod
@@ -93,10 +92,10 @@ class GroupScheduler:
     def requeue(self, job: int, remaining: int) -> None:
         """Put a started completion back as pending (it was preempted), with its predicted
         remaining length (tokens), into the unit it came from."""
-        unit = self._origin.get(job)
-        if unit is None or job in self._unit_of:
+        if job not in self._home or job in self._unit_of:
             raise InvalidArgument("job", job, "a started completion of this group")
-        self._queues[unit].add(job, remaining, rank=self._rank[job])
+        unit, rank = self._home[job]
+        self._queues[unit].add(job, remaining, rank=rank)
         self._unit_of[job] = unit
         self._work[unit] += int(remaining)
         self._first = min(self._first, unit)

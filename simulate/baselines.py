@@ -25,7 +25,7 @@ import math
 from lengthsched import InvalidArgument
 
 from .engine import Engine
-from .policies import Problem, SimPolicy, _slot_cap, overflow_wakeup
+from .policies import Problem, SimPolicy, overflow_wakeup
 
 __all__ = ["VLLMLike", "SGLangLike"]
 
@@ -37,8 +37,9 @@ class _Waiting(SimPolicy):
 
     def __init__(self, problem: Problem):
         super().__init__(problem)
+        if problem.budget_tokens is None:
+            raise InvalidArgument("budget_tokens", None, f"a KV budget for policy '{self.name}'")
         self.budget = problem.budget_tokens
-        _slot_cap(problem, self.name)  # validates that a budget of at least max_new_tokens is given
         self.cap = problem.slots or problem.n
         self.waiting: list[int] = list(range(problem.n - 1, -1, -1))  # a stack: the front is the end
 
@@ -53,12 +54,14 @@ class VLLMLike(_Waiting):
     def __init__(self, problem: Problem):
         super().__init__(problem)
         self.blocks = self.budget // self.block_size
-        tail = problem.prompt_len % self.block_size
-        longest = -(-(tail + problem.max_new_tokens) // self.block_size)
+
+    def start(self, eng: Engine) -> None:
+        # Every sequence must fit alone: its prompt tail plus its whole length, in whole blocks.
+        longest = max(-(-(tail + length) // self.block_size) for tail, length in zip(eng.tail, eng.length))
         if longest > self.blocks:
             raise InvalidArgument("budget_tokens", self.budget,
-                                  f"at least {longest * self.block_size} for policy 'vllm' (one sequence of "
-                                  f"max_new_tokens plus the prompt's partial block, in blocks of 16)")
+                                  f"at least {longest * self.block_size} for policy 'vllm' (the longest completion "
+                                  f"plus its prompt's partial block, in blocks of 16)")
 
     def decide(self, eng: Engine) -> None:
         nxt = eng.t + 1

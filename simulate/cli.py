@@ -11,8 +11,7 @@ from lengthsched import InvalidArgument, parse_bytes
 from lengthsched.io import atomic_write_text
 
 from .options import SimulateOptions
-from .report import compare, format_table, load_memory, parse_policies, predictions_for
-from .run import run_group
+from .report import compare, format_table, load_memory, parse_policies, simulate_group
 from .workloads import make_workload
 
 __all__ = ["run_simulate", "parse_sweep", "run_sweep"]
@@ -76,13 +75,10 @@ def _figures(opts: SimulateOptions, directory: Path, progress: bool) -> list[Pat
     budget_bytes = parse_bytes(opts.budget)
     group = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=1,
                           seed=opts.seed, spread=opts.spread)[0]
-    budget_tokens = memory.kv_token_budget(budget_bytes, prompt_tokens=group.prompt_len, batch=opts.group_size)
-    predicted = predictions_for(opts.predictor, group, 0, opts.seed)
-    results = [run_group(group.lengths, p, slots=opts.slots, budget_tokens=budget_tokens, predicted=predicted,
-                         max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len, seed=opts.seed,
-                         quantile=opts.quantile, refill=opts.refill, record=True) for p in policies]
+    results = [simulate_group(opts, memory, budget_bytes, group, 0, p, record=True) for p in policies]
+    budget_tokens = results[0].budget_tokens
     written = []
-    title = f"group {group.prompt_id} (G={opts.group_size}, budget {budget_tokens} KV tokens)"
+    title = f"group {group.prompt_id} (G={len(group.lengths)}, budget {budget_tokens} KV tokens)"
     for r in results:
         path = directory / f"gantt_{r.policy}.png"
         gantt(r, path, title)

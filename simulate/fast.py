@@ -12,19 +12,18 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 
+from .policies import slot_cap
+
 __all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks"]
 
 FAST_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "reserve_max")
 
 
 def slot_count(policy: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int, group_size: int) -> int:
-    """g of a slot policy, as the engine policies compute it (min(slots, budget // L_max))."""
+    """g of a slot policy, as the engine's policies compute it (``full`` runs all G at once)."""
     if policy in ("full", "full_freed"):
         return group_size
-    caps = [c for c in (slots, None if budget_tokens is None else budget_tokens // max_new_tokens) if c is not None]
-    if not caps or min(caps) < 1:
-        raise InvalidArgument("budget_tokens", budget_tokens, f"slots or a budget of at least max_new_tokens={max_new_tokens}")
-    return min(caps)
+    return slot_cap(policy, slots=slots, budget_tokens=budget_tokens, max_new_tokens=max_new_tokens)
 
 
 def schedule_many(lengths: np.ndarray, policy: str, g: int) -> tuple[np.ndarray, np.ndarray]:

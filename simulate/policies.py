@@ -17,7 +17,7 @@ from lengthsched import GroupScheduler, InvalidArgument, ModelMemory, plan_group
 
 from .engine import Engine
 
-__all__ = ["Problem", "SimPolicy", "POLICIES", "make_policy", "TOKEN_MEMORY", "overflow_wakeup"]
+__all__ = ["Problem", "SimPolicy", "POLICIES", "make_policy", "TOKEN_MEMORY", "overflow_wakeup", "slot_cap"]
 
 # One byte per KV token and nothing else: plans made in bytes are then plans in tokens.
 TOKEN_MEMORY = ModelMemory(name="tokens", layer_kv_bytes=(1,), layer_windows=(None,), weights_bytes=0,
@@ -94,20 +94,25 @@ def overflow_wakeup(eng: Engine, budget: int) -> int | None:
     return eng.t + max(1, (budget - eng.kv_tokens()) // eng.live)
 
 
-def _slot_cap(problem: Problem, name: str) -> int:
+def slot_cap(name: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int) -> int:
     """Slots of a policy that reserves ``max_new_tokens`` per sequence: min(slots, budget // L_max)."""
     caps = []
-    if problem.slots is not None:
-        caps.append(problem.slots)
-    if problem.budget_tokens is not None:
-        per_budget = problem.budget_tokens // problem.max_new_tokens
+    if slots is not None:
+        caps.append(slots)
+    if budget_tokens is not None:
+        per_budget = budget_tokens // max_new_tokens
         if per_budget < 1:
-            raise InvalidArgument("budget_tokens", problem.budget_tokens,
-                                  f"at least max_new_tokens={problem.max_new_tokens} for policy '{name}'")
+            raise InvalidArgument("budget_tokens", budget_tokens,
+                                  f"at least max_new_tokens={max_new_tokens} for policy '{name}'")
         caps.append(per_budget)
     if not caps:
         raise InvalidArgument("slots", None, f"slots or budget_tokens for policy '{name}'")
     return min(caps)
+
+
+def _slot_cap(problem: Problem, name: str) -> int:
+    return slot_cap(name, slots=problem.slots, budget_tokens=problem.budget_tokens,
+                    max_new_tokens=problem.max_new_tokens)
 
 
 class FullGroup(SimPolicy):
@@ -139,7 +144,7 @@ class MicroGroups(SimPolicy):
     def __init__(self, problem: Problem):
         super().__init__(problem)
         self.g = _slot_cap(problem, self.name)
-        self.promises_budget = problem.budget_tokens is not None and self.g * problem.max_new_tokens <= problem.budget_tokens
+        self.promises_budget = problem.budget_tokens is not None  # g <= budget // L_max then
         self.next = 0
 
     def decide(self, eng: Engine) -> None:
@@ -162,15 +167,12 @@ class FixedSlots(SimPolicy):
         self.name = name
         self.g = _slot_cap(problem, name)
         self.promises_budget = problem.budget_tokens is not None
-        self.sched = GroupScheduler([tuple(range(problem.n))], problem.point(), "fcfs")
+        self.next = 0  # nothing is ever preempted: index order is a counter
 
     def decide(self, eng: Engine) -> None:
-        while eng.live < self.g:
-            job = self.sched.next_in_order()
-            if job is None:
-                return
-            self.sched.take(job)
-            eng.admit(job)
+        while len(eng.origin) < self.g and self.next < eng.n:
+            eng.admit(self.next)
+            self.next += 1
 
 
 class DynamicSlots(SimPolicy):
@@ -192,6 +194,10 @@ class DynamicSlots(SimPolicy):
 
     def decide(self, eng: Engine) -> None:
         if len(eng.collected) >= self.target:
+            # Completions that finished on the same step as the G-th are beyond G: discarded.
+            for job in eng.collected[self.target:]:
+                eng.discarded_tokens += eng.length[job]
+            del eng.collected[self.target:]
             eng.stop()
             return
         while eng.live < self.g:
@@ -227,6 +233,8 @@ class LengthAware(SimPolicy):
         p = self.problem
         predicted = p.point()
         reserve = predicted if p.reserve is None else np.minimum(p.reserve, p.max_new_tokens)
+        if self.budget is not None:  # no reservation can exceed the budget: it then runs alone
+            reserve = np.minimum(reserve, self.budget)
         # Without predictions there is nothing to plan with: one queue in index order.
         order = {} if p.predicted is not None else {"grouping": "none", "refill": "fcfs"}
         options = {"refill": self.refill, "eps": p.eps, "max_new_tokens": p.max_new_tokens, **order}
@@ -252,7 +260,7 @@ class LengthAware(SimPolicy):
             job = next(reversed(eng.running))
             used -= max(self.reserve[job], eng.age(job) + 1)
             eng.preempt(job)
-            self.sched.requeue(job, self.reserve[job])
+            self.sched.requeue(job, max(1, self.plan.lengths[job] - eng.done[job]))
         while eng.live < self.cap:
             job = self.sched.next_in_order()
             if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget:
@@ -301,7 +309,8 @@ class GrowthAware(SimPolicy):
 
     def start(self, eng: Engine) -> None:
         p = self.problem
-        self.total = [int(x) for x in p.point()]  # predicted total length of each completion
+        # Predicted total length of each completion; one predicted beyond the budget runs alone.
+        self.total = [min(int(x), self.budget) for x in p.point()]
         plan = plan_group(self.total, slots=p.n, max_new_tokens=p.max_new_tokens, grouping="none",
                           refill=self.refill if p.predicted is not None else "fcfs")
         self.sched = GroupScheduler.from_plan(plan)
@@ -313,12 +322,12 @@ class GrowthAware(SimPolicy):
         p = self.problem
         if p.predictor is None:
             for j in late:
-                self.total[j] = p.max_new_tokens
+                self.total[j] = min(p.max_new_tokens, self.budget)
             return
         ages = [eng.age(j) for j in late]
         again = p.predictor.predict(late, prefixes=ages).lengths
         for j, age, left in zip(late, ages, again):
-            self.total[j] = min(p.max_new_tokens, age + max(1, int(left)))
+            self.total[j] = min(p.max_new_tokens, self.budget, age + max(1, int(left)))
 
     def delay(self, eng: Engine, job: int) -> int | None:
         """Fewest steps to wait before ``job`` can start with the predicted curve under the budget

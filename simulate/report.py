@@ -17,7 +17,7 @@ from lengthsched import (
     NoisyOracleLengthPredictor,
     parse_bytes,
 )
-from lengthsched.hfconfig import preset_names
+from lengthsched.errors import check_int
 
 from .options import SimulateOptions
 from .policies import POLICIES
@@ -26,15 +26,11 @@ from .run import SimResult, lower_bound, run_group
 from .workloads import Group, make_workload
 
 __all__ = ["PolicySummary", "Comparison", "compare", "format_table", "load_memory", "parse_policies",
-           "predictions_for"]
+           "predictions_for", "simulate_group"]
 
 
 def load_memory(opts: SimulateOptions) -> ModelMemory:
-    settings = dict(dtype=opts.dtype, kv_dtype=opts.kv_dtype)
-    if os.path.exists(opts.model):
-        return ModelMemory.from_hf_config(opts.model, **settings)
-    return ModelMemory.from_preset(opts.model, **settings) if opts.model in preset_names() else \
-        ModelMemory.from_preset(opts.model)  # raises with the list of presets
+    return ModelMemory.from_name(opts.model, opts.dtype, kv_dtype=opts.kv_dtype)
 
 
 def parse_policies(text: str) -> list[str]:
@@ -113,16 +109,21 @@ def _measures(memory: ModelMemory, group: Group, *, steps, lower, peak_kv_tokens
                 planning=planning, decide=decide, collected=collected, true=group.lengths)
 
 
+def simulate_group(opts: SimulateOptions, memory: ModelMemory, budget_bytes: int, group: Group, index: int,
+                   policy: str, *, record: bool = False) -> SimResult:
+    """``policy`` on one group as the comparison runs it (budget, predictor, seeds from ``opts``)."""
+    return run_group(group.lengths, policy, slots=opts.slots, budget_tokens=_group_budget(memory, budget_bytes, group),
+                     predicted=predictions_for(opts.predictor, group, index, opts.seed),
+                     max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len, seed=opts.seed + index,
+                     quantile=opts.quantile, refill=opts.refill, record=record)
+
+
 def _one_group(args: tuple) -> list[tuple[str, dict]]:
     """Simulate every policy on one group (a picklable unit of work for the process pool)."""
     opts, memory, budget_bytes, group, index, policies = args
-    budget_tokens = _group_budget(memory, budget_bytes, group)
-    predicted = predictions_for(opts.predictor, group, index, opts.seed)
     out = []
     for policy in policies:
-        r: SimResult = run_group(group.lengths, policy, slots=opts.slots, budget_tokens=budget_tokens,
-                                 predicted=predicted, max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len,
-                                 seed=opts.seed + index, quantile=opts.quantile, refill=opts.refill)
+        r = simulate_group(opts, memory, budget_bytes, group, index, policy)
         out.append((policy, _measures(memory, group, steps=r.steps, lower=r.lower_bound,
                                       peak_kv_tokens=r.peak_kv_tokens, max_live=r.max_live,
                                       collected=r.collected_lengths, preemptions=r.preemptions,
@@ -153,7 +154,7 @@ def run_units(units: Sequence[tuple], workers: int, progress: bool, label: str) 
     """Map :func:`_one_group` over work units, on ``workers`` processes, with a progress bar."""
     from tqdm import tqdm
 
-    workers = os.cpu_count() or 1 if workers == 0 else workers
+    workers = check_int("workers", workers, minimum=0) or os.cpu_count() or 1
     bar = dict(total=len(units), desc=label, disable=not progress, leave=False, unit="group")
     if workers == 1 or len(units) < 4:
         return [_one_group(u) for u in tqdm(units, **bar)]
@@ -199,8 +200,9 @@ def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
     budget_bytes = parse_bytes(opts.budget)
     groups = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=opts.groups,
                            seed=opts.seed, spread=opts.spread)
-    memory.kv_token_budget(budget_bytes, prompt_tokens=max(g.prompt_len for g in groups),
-                           batch=opts.group_size)  # fail early, in this process, if the budget is too small
+    # Fail early, here rather than in a worker: a budget too small, a predictor spec that is wrong.
+    _group_budget(memory, budget_bytes, max(groups, key=lambda g: (g.prompt_len, len(g.lengths))))
+    predictions_for(opts.predictor, groups[0], 0, opts.seed)
     uniform = len({len(g.lengths) for g in groups}) == 1
     fast = [p for p in policies if p in FAST_POLICIES and uniform]
     slow = [p for p in policies if p not in fast]

@@ -103,6 +103,9 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                                                   f"{int(lengths[bad])})")
     slots = None if slots is None else check_int("slots", slots, minimum=1)
     budget_tokens = None if budget_tokens is None else check_int("budget_tokens", budget_tokens, minimum=1)
+    if budget_tokens is not None and lengths.max() > budget_tokens:
+        raise InvalidArgument("budget_tokens", budget_tokens,
+                              f"at least the longest completion ({int(lengths.max())} tokens)")
     seed = check_int("seed", seed, minimum=0)
     quantile = check_positive_float("quantile", quantile, maximum=0.999999)
     point, reserve, predictor = _predictions(predicted, lengths, max_new, quantile, reserve)

@@ -116,3 +116,8 @@ def test_atomic_write_gives_normal_permissions(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_output_to_a_directory_is_one_line(tmp_path, capsys):
+    code, out, err = run(["plan", "--slots", "2", "--output", str(tmp_path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "is a directory" in err

@@ -104,6 +104,11 @@ def test_budget_lower_bound_is_model_md_token_bound():
     assert plan.lower_bound == 3 * 36 // 8 + 1  # ceil(108 / 8) = 14
 
 
+def test_plan_with_reservations_below_the_predictions():
+    plan = plan_group([10, 10, 10], budget_bytes=12, memory=unit_memory(), max_new_tokens=20, reserve_lengths=[4, 4, 4])
+    assert plan.expected_steps >= 10 and sorted(plan.admission_order) == [0, 1, 2]
+
+
 def test_outgrowing_a_reservation_runs_on_and_defers_admissions():
     memory = unit_memory()
     plan = plan_group([4, 4, 4], budget_bytes=8, memory=memory, max_new_tokens=20, reserve_lengths=[4, 4, 4],
@@ -251,3 +256,12 @@ def test_every_grouping_is_accepted_in_slots_mode():
         plan = plan_group(EXAMPLE, slots=2, max_new_tokens=8, grouping=grouping)
         assert plan.expected_steps in (10, 11)
         assert dataclasses.replace(plan) == plan
+
+
+def test_fcfs_requeue_keeps_the_completions_place():
+    sched = GroupScheduler([tuple(range(5))], [9, 9, 9, 9, 9], "fcfs")
+    for job in (0, 1, 2):
+        sched.take(job)
+    sched.requeue(2, 9)
+    sched.check_integrity()
+    assert sched.next_in_order() == 2

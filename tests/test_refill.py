@@ -12,10 +12,11 @@ from lengthsched.refill import FCFSQueue, LPTQueue, PlanOrderQueue, SJFQueue, pa
 
 
 def reference_key(rule, job, remaining, rank, arrival):
+    """Sort key of the reference model; ranks are always given in these tests."""
     return {
         RefillRule.SJF: (remaining, job),
         RefillRule.LPT: (-remaining, job),
-        RefillRule.FCFS: (arrival, job),
+        RefillRule.FCFS: (rank, job),  # the arrival rank given when added
         RefillRule.PLAN: (rank, job),
     }[rule]
 

@@ -139,6 +139,24 @@ def test_dynamic_slot_collects_g_and_discards_the_rest():
     r = run_group([50, 1, 1, 1], "dynamic_slot", slots=2, max_new_tokens=64, seed=0)
     assert len(r.collected_lengths) == 4 and r.discarded_tokens > 0
     assert r.decoded_tokens == r.tokens + r.discarded_tokens
+    # four finish on the step that reaches G = 2: only two are collected, the others discarded
+    tie = run_group([5, 5], "dynamic_slot", slots=4, max_new_tokens=10, seed=0)
+    assert tie.collected_lengths.tolist() == [5, 5] and tie.tokens == 10
+    assert tie.decoded_tokens == tie.tokens + tie.discarded_tokens == 20
+
+
+def test_predictions_beyond_the_budget_run_alone_instead_of_deadlocking():
+    lengths = [30, 40, 50]
+    for policy in ("growth_aware", "length_aware"):
+        r = run_group(lengths, policy, budget_tokens=60, max_new_tokens=4096, predicted=[4096] * 3)
+        assert sorted(r.collected_lengths.tolist()) == lengths and r.peak_kv_tokens <= 60
+
+
+def test_batches_check_every_prompt_whatever_the_order():
+    a, b = Group("a", 0, np.array([10, 10])), Group("b", 15, np.array([10, 10]))
+    for order in ([a, b], [b, a]):
+        with pytest.raises(InvalidArgument, match="argument 'budget_tokens'.*vllm"):
+            run_batch(order, "vllm", budget_tokens=16, max_new_tokens=16)
 
 
 @given(lengths=lengths_st, policy=st.sampled_from(sorted(POLICIES)), seed=st.integers(0, 5))
@@ -172,6 +190,9 @@ def test_groups_sharing_a_budget():
         (dict(lengths=[5, 3], policy="micro", slots=0), "slots"),
         (dict(lengths=[5, 3], policy="length_aware", slots=2, predicted=[5]), "predicted"),
         (dict(lengths=[5, 3], policy="vllm", budget_tokens=10), "budget_tokens"),
+        (dict(lengths=[5, 3], policy="vllm", slots=2), "budget_tokens"),
+        (dict(lengths=[5, 3], policy="sglang", slots=2), "budget_tokens"),
+        (dict(lengths=[5, 30], policy="growth_aware", budget_tokens=20, max_new_tokens=40), "budget_tokens"),
     ],
 )
 def test_bad_input_names_the_argument(kwargs, name):

@@ -59,6 +59,9 @@ def test_plot_writes_figures(tmp_path, capsys):
         (["--sweep", "colour=red"], "argument 'sweep'"),
         (["--budget", "1GiB"], "argument 'budget_bytes'"),
         (["--workload", "nowhere.jsonl"], "argument 'workload'"),
+        (["--policies", "micro,fixed_slot", "--predictor", "bogus"], "argument 'predictor'"),
+        (["--workers", "-1"], "argument 'workers'"),
+        (["--output", "/"], "is a directory"),
     ],
 )
 def test_errors_are_one_line(extra, fragment, capsys):
