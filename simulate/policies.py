@@ -83,7 +83,7 @@ class SimPolicy:
 
     def pending(self, eng: Engine) -> int:
         """Completions not yet finished and not live."""
-        return eng.n - len(eng.collected) - sum(1 for j in eng.origin if j in eng.running)
+        return eng.n - len(eng.collected) - len(eng.running)
 
 
 def overflow_wakeup(eng: Engine, budget: int) -> int | None:
@@ -232,7 +232,7 @@ class LengthAware(SimPolicy):
     def start(self, eng: Engine) -> None:
         p = self.problem
         predicted = p.point()
-        reserve = predicted if p.reserve is None else np.minimum(p.reserve, p.max_new_tokens)
+        reserve = predicted if p.reserve is None else p.reserve  # run_group clipped it to max_new_tokens
         if self.budget is not None:  # no reservation can exceed the budget: it then runs alone
             reserve = np.minimum(reserve, self.budget)
         # Without predictions there is nothing to plan with: one queue in index order.

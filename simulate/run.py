@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lengthsched import InvalidArgument, LengthPredictor, partition
+from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int, check_positive_float
 
 from .engine import Engine, Timeline
@@ -75,7 +75,7 @@ def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: fl
     n = len(lengths)
     if predicted is None:
         point, predictor = None, None
-    elif isinstance(predicted, LengthPredictor) and not isinstance(predicted, (list, tuple, np.ndarray)):
+    elif hasattr(predicted, "predict"):  # a LengthPredictor (a runtime Protocol check costs ~10 us a call)
         predictor = predicted
         out = predictor.predict(list(range(n)), quantiles=[quantile])
         point = np.maximum(1, np.asarray(out.lengths, dtype=np.int64))
@@ -91,7 +91,7 @@ def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: fl
         if len(reserve) != n:
             raise InvalidArgument("reserve", reserve, f"{n} reserved lengths, one per completion")
         reserve = np.minimum(reserve, max_new)
-    return (None if point is None else np.minimum(point, max_new)), reserve, predictor
+    return point, reserve, predictor  # Problem.point() clips predictions to max_new_tokens
 
 
 def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predicted, max_new_tokens, seed,
