@@ -18,6 +18,9 @@ from .plan import Plan, plan_group
 # The simulator is numpy-only at import time; its report imports scipy, tqdm, matplotlib when run.
 from simulate.cli import run_simulate  # noqa: E402  (isort: the sibling package after our own)
 from simulate.options import SimulateOptions  # noqa: E402
+# The predictor commands import torch / transformers only when they run.
+from predictor_training.cli import run_eval, run_predict, run_train  # noqa: E402
+from predictor_training.options import EvalOptions, PredictOptions, TrainOptions  # noqa: E402
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
 
@@ -102,6 +105,9 @@ def _longest(lengths: Any) -> int:
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "plan": (PlanOptions, _cmd_plan),
     "simulate": (SimulateOptions, run_simulate),
+    "train": (TrainOptions, run_train),
+    "predict": (PredictOptions, run_predict),
+    "eval-predictor": (EvalOptions, run_eval),
 }
 
 

@@ -16,7 +16,8 @@ def python_blocks(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
-def test_python_examples_run(path):
+def test_python_examples_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples that write files (a trained predictor) write them here
     for block in python_blocks(path):
         exec(compile(block, str(path), "exec"), {})  # noqa: S102 - our own documentation
 
@@ -24,5 +25,5 @@ def test_python_examples_run(path):
 def test_readme_names_the_commands_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    command = 'pip install -e ".[dev]" && pytest'
+    command = 'pip install torch==2.13.0 && pip install -e ".[dev]" && pytest'
     assert command in readme and command in ci

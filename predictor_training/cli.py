@@ -1,0 +1,149 @@
+"""Runners of ``lengthsched train``, ``predict`` and ``eval-predictor`` (torch is imported only here,
+when one of them runs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lengthsched.errors import InvalidArgument
+from lengthsched.io import atomic_write_text
+
+from .options import EvalOptions, PredictOptions, TrainOptions
+
+__all__ = ["run_train", "run_predict", "run_eval", "read_prompts"]
+
+
+def _need_train_extra() -> None:
+    try:
+        import datasets  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"{exc.name} is not installed: the predictor needs the train extra "
+                          "(pip install torch==2.13.0 'lengthsched[train]' for a CPU-only machine)") from None
+
+
+def run_train(opts: TrainOptions) -> int:
+    _need_train_extra()
+    from .training import format_summary, train
+
+    summary = train(opts, progress=sys.stderr.isatty())
+    if summary:
+        print(json.dumps(summary["evaluation"], indent=1) if opts.json else format_summary(summary))
+    return 0
+
+
+def read_prompts(source: str | None) -> list[dict[str, Any]]:
+    """Queries from a text file (one prompt per line) or JSON lines (``prompt``, optional ``prefix``,
+    ``prompt_tokens``); ``-`` or None reads stdin."""
+    name = "<stdin>" if source in (None, "-") else source
+    try:
+        text = sys.stdin.read() if source in (None, "-") else Path(source).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument("input", name, f"a readable text file ({exc.__class__.__name__})") from None
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise InvalidArgument("input", name, "at least one prompt (one per line, or JSON lines with 'prompt')")
+    out = []
+    for n, line in enumerate(lines, 1):
+        if line.lstrip().startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidArgument("input", f"{name}:{n}", f"a JSON object per line ({exc.msg})") from None
+            if not isinstance(rec.get("prompt"), str):
+                raise InvalidArgument("input", f"{name}:{n}", "a JSON object with a 'prompt' string")
+            out.append(rec)
+        else:
+            out.append({"prompt": line})
+    return out
+
+
+def _levels(text: str) -> list[float]:
+    try:
+        levels = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise InvalidArgument("quantiles", text, "comma-separated numbers strictly between 0 and 1") from None
+    for q in levels:
+        if not 0.0 < q < 1.0:
+            raise InvalidArgument("quantiles", q, "levels strictly between 0 and 1")
+    return levels
+
+
+def run_predict(opts: PredictOptions) -> int:
+    if not opts.model:
+        raise InvalidArgument("model", opts.model, "a predictor directory (--model DIR from `lengthsched train`)")
+    levels = _levels(opts.quantiles)
+    queries = read_prompts(opts.input)
+    _need_train_extra()
+    from .predictor import BertLengthPredictor
+
+    predictor = BertLengthPredictor.from_pretrained(opts.model, device=opts.device, batch_size=opts.batch_size)
+    counts = [q.get("prompt_tokens") for q in queries]
+    res = predictor.predict([q["prompt"] for q in queries],
+                            [q.get("prefix") for q in queries] if any("prefix" in q for q in queries) else None,
+                            quantiles=levels, prompt_tokens=None if None in counts else counts)
+    lines = []
+    for i in range(len(queries)):
+        rec = {"index": i, "remaining_tokens": int(res.lengths[i])}
+        rec.update({f"q{q:g}": int(res.quantiles[q][i]) for q in levels})
+        lines.append(json.dumps(rec))
+    text = "\n".join(lines) + "\n"
+    if opts.output:
+        atomic_write_text(opts.output, text)
+    sys.stdout.write(text)
+    return 0
+
+
+def run_eval(opts: EvalOptions) -> int:
+    if not opts.model:
+        raise InvalidArgument("model", opts.model, "one or more predictor directories (--model DIR[,DIR])")
+    _need_train_extra()
+    from .data import LabelConfig, load_sources
+    from .encoders import load_tokenizer
+    from .evaluate import BASELINES, format_table, noise_ceiling, predictor_predictions, score_by_source
+    from .predictor import BertLengthPredictor
+    from .training import load_splits, split_specs
+
+    dirs = [d.strip() for d in opts.model.split(",") if d.strip()]
+    predictors = [BertLengthPredictor.from_pretrained(d) for d in dirs]
+    first = predictors[0]
+    k = first.config.k if opts.k is None else opts.k
+    label_tok = load_tokenizer(opts.label_tokenizer, "label_tokenizer") if opts.label_tokenizer \
+        else first.label_tokenizer
+    if opts.data is None:
+        summary_path = Path(dirs[0]) / "training_summary.json"
+        if not summary_path.is_file():
+            raise InvalidArgument("data", None, f"evaluation data (--data), since {summary_path} is missing")
+        saved = json.loads(summary_path.read_text())["options"]
+        train_opts = TrainOptions(**{**saved, "k": k, "over_l_max": opts.over_l_max,
+                                     **({"limit": opts.limit} if opts.limit else {})})
+        splits = load_splits(train_opts, label_tok)
+        test, fit = splits["test"].to_dict(), splits["train"].to_dict()
+    else:
+        base = TrainOptions(data=opts.data, limit=opts.limit)
+        labels = LabelConfig(tokenizer=label_tok, k=k, l_max=first.config.l_max, over_l_max=opts.over_l_max)
+        test = load_sources(split_specs(opts.data, base, "data"), labels).to_dict()
+        fit = load_sources(split_specs(opts.train_data, base, "train_data"), labels).to_dict() \
+            if opts.train_data else None
+    l_max = first.config.l_max
+    results: dict[str, Any] = {}
+    for d, p in zip(dirs, predictors):
+        name = Path(d).name or d
+        pred = predictor_predictions(p, test, prompt_only=opts.prompt_only)
+        results[f"{name} (k={p.config.k})"] = score_by_source(pred, test["remaining"], test["source"], l_max)
+    if fit is not None:
+        for name, make in BASELINES.items():
+            results[name] = score_by_source(make().fit(fit).predict(test, (0.1, 0.5, 0.9), l_max),
+                                            test["remaining"], test["source"], l_max)
+    ceiling = noise_ceiling(test["remaining"], test["source"], l_max)
+    if ceiling:
+        results["ceiling"] = ceiling
+    text = json.dumps(results, indent=1)
+    if opts.output:
+        atomic_write_text(opts.output, text + "\n")
+    print(text if opts.json else format_table(results))
+    return 0

@@ -1,0 +1,91 @@
+"""The options of ``lengthsched train``, ``predict`` and ``eval-predictor`` (frozen dataclasses; the
+CLI flags are derived from them). Importing this module imports neither torch nor transformers, so
+``lengthsched --help`` stays light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lengthsched.options import _opt  # one helper makes every CLI option of the project
+
+__all__ = ["TrainOptions", "PredictOptions", "EvalOptions", "HEADS"]
+
+HEADS = ("regression", "quantile", "buckets-exact", "buckets-log")  # see predictor_training.model
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Train a length predictor (BERT-family encoder + length head) and evaluate it on held-out prompts."""
+
+    data: str | None = _opt(None, "training data, comma-separated: FILE, DIR, GLOB or FORMAT:PATH (formats: "
+                                  "castillo, lmsys, gsm8k, sharegpt, dolly, plain), or lmsys/lmsys-chat-1m")
+    eval_data: str | None = _opt(None, "evaluation data, same syntax (default: a hashed --test-fraction of --data); "
+                                       "prompts in both are split half and half by hash")
+    out: str = _opt("predictor", "output directory: the predictor, checkpoints/ and training_summary.json")
+    encoder: str = _opt("minilm", "minilm (pretrained, offline), tiny (built from a config), or a Hugging Face "
+                                  "name / local directory")
+    head: str = _opt("regression", "length head", choices=list(HEADS))
+    k: int = _opt(0, "generated tokens the predictor sees (token-conditioned prediction), policy tokens")
+    l_max: int = _opt(4096, "longest remaining length a label may have, tokens")
+    over_l_max: str = _opt("error", "a label above --l-max", choices=["error", "clip", "drop"])
+    label_tokenizer: str | None = _opt(None, "the POLICY model's tokenizer (name or directory) that counts labels "
+                                             "and cuts prefixes (default: the encoder's tokenizer)")
+    max_length: int = _opt(256, "encoder tokens per input (prompt truncated from the left)")
+    prefix_max_tokens: int = _opt(64, "encoder tokens kept of the k-token prefix")
+    epochs: float = _opt(3.0, "training epochs")
+    max_steps: int | None = _opt(None, "stop after this many optimizer steps (overrides --epochs)")
+    batch_size: int = _opt(16, "rows per device per step")
+    learning_rate: float = _opt(5e-5, "peak learning rate (linear decay, warmup)")
+    weight_decay: float = _opt(0.01, "AdamW weight decay")
+    warmup_ratio: float = _opt(0.06, "share of steps spent warming up")
+    test_fraction: float = _opt(0.1, "hashed share of prompts held out for the test (without --eval-data)")
+    validation_fraction: float = _opt(0.1, "hashed share of training prompts for early stopping (0: none)")
+    eval_steps: int | None = _opt(None, "validate every N steps (default: every epoch)")
+    patience: int = _opt(3, "early stopping: validations without improvement before stopping")
+    resume: bool = _opt(False, "resume from the last checkpoint in OUT/checkpoints")
+    seed: int = _opt(0, "seed of initialisation, shuffling and the hashed splits")
+    models: str | None = _opt(None, "LMSYS filter: comma-separated model names, e.g. vicuna-13b")
+    languages: str | None = _opt(None, "LMSYS filter: comma-separated languages, e.g. English")
+    all_turns: bool = _opt(False, "LMSYS: keep rows whose turn is not 1")
+    min_tokens: int = _opt(1, "drop completions shorter than this (mean of a prompt's samples), tokens")
+    max_tokens: int | None = _opt(None, "drop completions longer than this (mean of a prompt's samples), tokens")
+    limit: int | None = _opt(None, "rows kept per source (after filters)")
+    streaming: bool = _opt(False, "hub sources: stream instead of downloading the whole dataset")
+    num_proc: int = _opt(1, "processes for tokenisation (datasets.map)")
+    tiny_hidden: int = _opt(64, "tiny encoder: hidden size")
+    tiny_layers: int = _opt(2, "tiny encoder: layers")
+    cpu: bool = _opt(False, "train on the CPU even when a GPU is present")
+    json: bool = _opt(False, "print the summary as JSON instead of a table")
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """Predict remaining completion lengths with a trained predictor (JSON lines out)."""
+
+    input: str | None = _opt(None, "prompts: a text file (one prompt per line) or JSON lines with 'prompt' and "
+                                   "optional 'prefix' (text or the policy's token ids) and 'prompt_tokens'; "
+                                   "'-' or nothing reads stdin", positional=True)
+    model: str | None = _opt(None, "a directory written by `lengthsched train`")
+    quantiles: str = _opt("0.9", "comma-separated quantile levels to report besides the median")
+    batch_size: int = _opt(64, "prompts per forward pass")
+    device: str | None = _opt(None, "cpu, cuda, cuda:1, ... (default: cuda when available)")
+    output: str | None = _opt(None, "also write the JSON lines to this file (atomically)")
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """Evaluate trained predictors against the baselines and the noise ceiling, per dataset."""
+
+    model: str | None = _opt(None, "comma-separated predictor directories (e.g. a k=0 and a k>0 model)")
+    data: str | None = _opt(None, "evaluation data, same syntax as `train --data` (default: the first model's "
+                                  "own held-out test split, rebuilt from its training_summary.json)")
+    train_data: str | None = _opt(None, "data to fit the baselines on (default: the first model's training split "
+                                        "when --data is not given; no baselines otherwise)")
+    label_tokenizer: str | None = _opt(None, "the policy model's tokenizer for text responses (default: the one "
+                                             "saved with the model, else its encoder's)")
+    k: int | None = _opt(None, "label the data at this k (default: the first model's k)")
+    over_l_max: str = _opt("clip", "a label above the model's l_max", choices=["error", "clip", "drop"])
+    prompt_only: bool = _opt(False, "ask each model without the prefix and subtract its length (k=0 vs k>0)")
+    limit: int | None = _opt(None, "rows kept per source")
+    json: bool = _opt(False, "print JSON instead of a table")
+    output: str | None = _opt(None, "also write the JSON results to this file (atomically)")
