@@ -115,7 +115,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny encoder on the bundled sample")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--work", default="/tmp/lengthsched-bench-predictor", help="where the predictors are trained")
+    ap.add_argument("--work", default="/tmp/lengthsched-bench-predictor" + ("-quick" if "--quick" in sys.argv else ""),
+                    help="where the predictors are trained")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--limit", type=int, default=1000, help="rows per source file")

@@ -133,7 +133,8 @@ def run_eval(opts: EvalOptions) -> int:
     results: dict[str, Any] = {}
     for d, p in zip(dirs, predictors):
         name = Path(d).name or d
-        pred = predictor_predictions(p, test, prompt_only=opts.prompt_only)
+        # a k = 0 model never saw a prefix: it answers from the prompt, minus what was generated already
+        pred = predictor_predictions(p, test, prompt_only=opts.prompt_only or p.config.k == 0)
         results[f"{name} (k={p.config.k})"] = score_by_source(pred, test["remaining"], test["source"], l_max)
     if fit is not None:
         for name, make in BASELINES.items():

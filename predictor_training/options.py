@@ -85,7 +85,8 @@ class EvalOptions:
                                              "saved with the model, else its encoder's)")
     k: int | None = _opt(None, "label the data at this k (default: the first model's k)")
     over_l_max: str = _opt("clip", "a label above the model's l_max", choices=["error", "clip", "drop"])
-    prompt_only: bool = _opt(False, "ask each model without the prefix and subtract its length (k=0 vs k>0)")
+    prompt_only: bool = _opt(False, "ask every model without the prefix and subtract its length (a k=0 model "
+                                    "is always asked this way)")
     limit: int | None = _opt(None, "rows kept per source")
     json: bool = _opt(False, "print JSON instead of a table")
     output: str | None = _opt(None, "also write the JSON results to this file (atomically)")

@@ -29,3 +29,15 @@ def test_planning_benchmark_runs_quick(tmp_path):
     assert "### FPTAS time" in result.stdout
     data = json.loads(out.read_text())
     assert {"machine", "plan_group", "fptas", "quality"} <= set(data)
+
+
+def test_predictor_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "predictor.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_predictor.py"), "--quick",
+                             "--work", str(tmp_path / "work"), "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "### Prediction latency" in result.stdout and "### Remaining length after the first k=32" in result.stdout
+    data = json.loads(out.read_text())
+    assert {"machine", "k0", "k", "k_comparison", "latency"} <= set(data)
+    assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])

@@ -209,3 +209,16 @@ def test_hashed_splits_never_leak_and_are_deterministic():
     assert 200 < shared.count("test") < 300 and set(shared) == {"train", "test"}
     with pytest.raises(InvalidArgument, match="test_fraction"):
         assign_splits(ids, None, test_fraction=1.0, validation_fraction=0.0)
+
+
+def test_sharegpt_first_human_turn_and_its_reply(tmp_path, tok):
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps([
+        {"id": "s1", "conversations": [{"from": "system", "value": "be nice"}, {"from": "human", "value": "Hi there"},
+                                       {"from": "gpt", "value": "Hello! How can I help?"},
+                                       {"from": "human", "value": "Tell me more"}, {"from": "gpt", "value": "More."}]},
+        {"id": "s2", "conversations": [{"from": "human", "value": "Only a question"}]},  # no reply: skipped
+    ]))
+    ds = load_source(DataSpec(str(path)), LabelConfig(tokenizer=tok))
+    assert ds["id"] == ["s1"] and ds[0]["prompt"] == "Hi there" and ds[0]["source"] == "sharegpt"
+    assert ds[0]["lengths"] == [len(tok("Hello! How can I help?", add_special_tokens=False)["input_ids"]) + 1]
