@@ -16,14 +16,16 @@ from .options import EvalOptions, PredictOptions, TrainOptions
 __all__ = ["run_train", "run_predict", "run_eval", "read_prompts"]
 
 
-def _need_train_extra() -> None:
+def _need_train_extra(quiet: bool = False) -> None:
     try:
         import datasets  # noqa: F401
         import torch  # noqa: F401
-        import transformers  # noqa: F401
+        import transformers
     except ImportError as exc:
         raise ImportError(f"{exc.name} is not installed: the predictor needs the train extra "
                           "(pip install torch==2.13.0 'lengthsched[train]' for a CPU-only machine)") from None
+    if quiet:  # predict / eval print results, not weight-loading progress bars
+        transformers.utils.logging.disable_progress_bar()
 
 
 def run_train(opts: TrainOptions) -> int:
@@ -78,7 +80,7 @@ def run_predict(opts: PredictOptions) -> int:
         raise InvalidArgument("model", opts.model, "a predictor directory (--model DIR from `lengthsched train`)")
     levels = _levels(opts.quantiles)
     queries = read_prompts(opts.input)
-    _need_train_extra()
+    _need_train_extra(quiet=True)
     from .predictor import BertLengthPredictor
 
     predictor = BertLengthPredictor.from_pretrained(opts.model, device=opts.device, batch_size=opts.batch_size)
@@ -101,7 +103,7 @@ def run_predict(opts: PredictOptions) -> int:
 def run_eval(opts: EvalOptions) -> int:
     if not opts.model:
         raise InvalidArgument("model", opts.model, "one or more predictor directories (--model DIR[,DIR])")
-    _need_train_extra()
+    _need_train_extra(quiet=True)
     from .data import LabelConfig, load_sources
     from .encoders import load_tokenizer
     from .evaluate import BASELINES, format_table, noise_ceiling, predictor_predictions, score_by_source

@@ -282,3 +282,7 @@ def collate(batch: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]
             mask[i, : len(r["remaining"])] = 1
         out["labels"], out["label_mask"] = y, mask
     return out
+
+
+# Known to the Auto classes, so that AutoConfig / AutoTokenizer read a predictor directory quietly.
+AutoConfig.register(LengthPredictorConfig.model_type, LengthPredictorConfig, exist_ok=True)

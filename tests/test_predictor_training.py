@@ -249,3 +249,28 @@ def test_cli_wrong_schema_and_offline_hub_encoder(tmp_path, capsys, monkeypatch)
     assert main(["train", "--data", str(tmp_path / "p.jsonl"), "--encoder", "tiny", "--test-fraction", "0.0",
                  "--out", str(tmp_path / "o")]) == 2
     assert "split 'test' is empty" in capsys.readouterr().err
+
+
+def test_k_prefix_model_and_the_k0_comparison_from_the_cli(trained, tmp_path, capsys):
+    _, k0 = trained
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(120):
+        long = i % 2 == 0
+        n = int((300 if long else 20) * np.exp(0.1 * rng.standard_normal()))
+        opener = "Essay: " if long else "Short: "
+        rows.append({"id": str(i), "prompt": f"question {i % 7}", "response": opener + " ".join(["word"] * n)})
+    write_jsonl(tmp_path / "texts.jsonl", rows)
+    k4 = tmp_path / "k4"
+    assert main(["train", "--data", str(tmp_path / "texts.jsonl"), "--out", str(k4), "--encoder", "tiny", "--k", "4",
+                 "--label-tokenizer", "minilm", "--epochs", "8", "--learning-rate", "2e-3", "--max-length", "32",
+                 "--prefix-max-tokens", "8", "--l-max", "1024", "--tiny-hidden", "32", "--test-fraction", "0.3"]) == 0
+    assert (k4 / "label_tokenizer").is_dir()  # predict can count policy tokens offline
+    assert BertLengthPredictor.from_pretrained(k4).config.k == 4
+    capsys.readouterr()
+    assert main(["eval-predictor", "--model", f"{k0},{k4}", "--k", "4", "--data", str(tmp_path / "texts.jsonl"),
+                 "--label-tokenizer", "minilm", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"model (k=0)", "k4 (k=4)"} <= set(res) and res["k4 (k=4)"]["plain"]["n"] == 120
+    # the prefix reveals the length here ("Essay:" vs "Short:"), which the k = 4 model can use
+    assert res["k4 (k=4)"]["plain"]["kendall_tau_b"] > 0.5
