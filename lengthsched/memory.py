@@ -26,6 +26,7 @@ from .hfconfig import PRESET_DIR, load_config, preset_names, read_shapes
 __all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes"]
 
 DTYPE_BYTES: dict[str, Fraction] = {
+    "float64": Fraction(8), "fp64": Fraction(8),  # CPU reference runs (the sampler's equality tests)
     "float32": Fraction(4), "fp32": Fraction(4),
     "bfloat16": Fraction(2), "bf16": Fraction(2), "float16": Fraction(2), "fp16": Fraction(2),
     "float8": Fraction(1), "fp8": Fraction(1), "float8_e4m3fn": Fraction(1), "float8_e5m2": Fraction(1),

@@ -1,0 +1,393 @@
+"""``InfiniteSampler``: generate a GRPO group on a real transformer under a sampling policy.
+
+One group = one prompt and G completions. The prompt is prefilled once; every completion reads
+its KV by reference (``share_prompt_kv=True``) or holds a copy (the baseline). The policy is the
+simulator's own policy object (``simulate.make_policy``) driven through a
+:class:`~sampler.engine.LiveEngine`: it admits completions into slots, refills a finished slot
+at the next step, preempts (the preempted completion keeps its tokens and recomputes its KV when
+it is admitted again) and releases padded rows, exactly as in a simulation. The sampler executes
+one batched decode step at a time:
+
+1. the policy decides (admissions for the coming step, preemptions, releases);
+2. a newly admitted completion draws its first token from the prompt's last logits (no forward);
+   one readmitted after a preemption recomputes its KV in a forward of its own tokens; every other
+   live row (padded rows too, which decode EOS as a padded batch does) is in one batched forward
+   of its last token at its own position (prompt length + tokens it holds);
+3. each running completion samples from its own random stream (seed, group id, index);
+4. memory is counted: the bytes of KV tensors held (measured), next to the memory model's figure.
+
+Time and memory follow design/MODEL.md: a completion of length l is live for l steps; at the end
+of a step a sequence holds KV for every token it generated (the newest one's position allocated).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from lengthsched.errors import InvalidArgument, as_lengths, check_int
+from lengthsched.memory import ModelMemory
+from simulate.baselines import VLLMLike
+from simulate.engine import SimulationError
+from simulate.policies import POLICIES, Problem, make_policy
+
+from .attention import register
+from .engine import LiveEngine
+from .kv import KVStore
+from .sampling import SamplingParams, draw, make_generator, processed_logprobs
+
+__all__ = ["InfiniteSampler", "SampleResult", "StepRecord", "SAMPLER_POLICIES", "model_memory"]
+
+# Every policy of the simulator runs on the sampler; vllm rounds KV to blocks of 16 and shares only
+# the prompt's whole blocks, as the simulator models it.
+SAMPLER_POLICIES = tuple(POLICIES)
+
+_TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
+                 torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One decode step: ``live`` rows (padded ones included), ``running`` completions, ``kv_bytes``
+    of KV tensors held at the end of the step before finished sequences are freed (measured),
+    ``model_kv_bytes`` the memory model's figure for the same state, ``kv_tokens`` the engine's
+    count of KV tokens beyond the shared prompt."""
+
+    step: int
+    live: int
+    running: int
+    kv_bytes: int
+    model_kv_bytes: int
+    kv_tokens: int
+
+
+@dataclass
+class SampleResult:
+    """A generated group. ``completions[i]`` are the token ids of completion i (index order; for the
+    dynamic-slot control, the first G that finished), ``logprobs[i]`` the log-probability of each
+    token under the sampling distribution, ``lengths`` their lengths (tokens, stop token included)."""
+
+    policy: str
+    completions: list[list[int]]
+    logprobs: list[list[float]]
+    indices: list[int]
+    steps: int
+    peak_kv_bytes: int
+    peak_model_kv_bytes: int
+    peak_kv_tokens: int
+    preemptions: int
+    recomputed_tokens: int
+    discarded_tokens: int
+    decoded_tokens: int
+    prompt_tokens: int
+    wall_seconds: float
+    cuda_peak_bytes: int | None
+    records: list[StepRecord] = field(default_factory=list, repr=False)
+    texts: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(c) for c in self.completions]
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Collected completion tokens per second of wall time (prefill included)."""
+        return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def model_memory(model: Any, block_size: int = 1, share_prompt_kv: bool = True) -> ModelMemory:
+    """The ``lengthsched`` memory model of ``model`` as this sampler holds it (its dtype, its block size)."""
+    dtype = next(model.parameters()).dtype
+    if dtype not in _TORCH_DTYPES:
+        raise InvalidArgument("model", str(dtype), "a model in float32, float64, bfloat16 or float16")
+    name = _TORCH_DTYPES[dtype]
+    return ModelMemory.from_hf_config(model.config.to_dict(), name, kv_dtype=name, block_size=block_size,
+                                      prompt_kv="shared" if share_prompt_kv else "copied",
+                                      weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def _shape(model: Any) -> tuple[int, int, int]:
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, kv_heads, head_dim
+
+
+class InfiniteSampler:
+    """Generate groups of completions on ``model`` (a ``transformers`` causal LM) under ``policy``.
+
+    ``policy``: a simulator policy name (:data:`SAMPLER_POLICIES`): ``full`` (padded group),
+    ``micro``, ``fixed_slot``, ``dynamic_slot`` (the biased negative control), ``length_aware``
+    (plan by the FPTAS from predicted lengths, SJF refill; ``refill`` picks the rule),
+    ``growth_aware``, ``vllm``, ``sglang``, ``reserve_max``, ... ``slots``: most sequences decoding at
+    once. ``budget_bytes``: memory for the group (weights, activations and KV, as ``lengthsched``'s
+    memory model counts them); converted to a KV token budget. ``predictor``: a
+    ``lengthsched.LengthPredictor`` asked once per group (prompts: the prompt text when a
+    ``tokenizer`` is given, else completion indices) for point predictions and the ``quantile``
+    reserved. ``share_prompt_kv=False`` copies the prompt KV into every sequence (the baseline).
+    """
+
+    def __init__(self, model: Any, *, policy: str = "fixed_slot", slots: int | None = None,
+                 budget_bytes: int | None = None, predictor: Any = None, refill: str = "sjf",
+                 share_prompt_kv: bool = True, tokenizer: Any = None, quantile: float = 0.9, eps: float = 0.05):
+        if policy not in SAMPLER_POLICIES:
+            raise InvalidArgument("policy", policy, "one of " + ", ".join(SAMPLER_POLICIES))
+        if slots is not None:
+            check_int("slots", slots, minimum=1)
+        if budget_bytes is not None:
+            check_int("budget_bytes", budget_bytes, minimum=1)
+        if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
+            raise InvalidArgument("model", type(model).__name__, "a transformers causal language model")
+        if predictor is not None and not hasattr(predictor, "predict"):
+            raise InvalidArgument("predictor", type(predictor).__name__, "an object with predict() "
+                                  "(the lengthsched.LengthPredictor protocol)")
+        self.model = model
+        self.policy = policy
+        self.slots = slots
+        self.budget_bytes = budget_bytes
+        self.predictor = predictor
+        self.refill = refill
+        self.share_prompt_kv = bool(share_prompt_kv)
+        self.tokenizer = tokenizer
+        self.quantile = quantile
+        self.eps = eps
+        self.layers, self.kv_heads, self.head_dim = _shape(model)
+
+    # ------------------------------------------------------------------------------ checks
+    def _check(self, prompt_ids: Any, group_size: int, params: SamplingParams,
+               force_lengths: Any, predicted_lengths: Any) -> tuple[list[int], np.ndarray | None, np.ndarray | None]:
+        check_int("group_size", group_size, minimum=1)
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.view(-1).tolist()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InvalidArgument("prompt_ids", prompt_ids, "at least one token")
+        vocab = self.model.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidArgument("prompt_ids", max(prompt), f"token ids in [0, {vocab})")
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context is not None and len(prompt) + params.max_new_tokens > context:
+            raise InvalidArgument("prompt_ids", f"{len(prompt)} tokens + max_new_tokens {params.max_new_tokens}",
+                                  f"at most the model's context of {context} positions")
+        forced = None
+        if force_lengths is not None:
+            forced = as_lengths("force_lengths", force_lengths, minimum=1)
+            if len(forced) != group_size:
+                raise InvalidArgument("force_lengths", len(forced), f"{group_size} lengths, one per completion")
+            if forced.max() > params.max_new_tokens:
+                raise InvalidArgument("force_lengths", int(forced.max()), f"at most max_new_tokens={params.max_new_tokens}")
+            if not params.stop_token_ids:
+                raise InvalidArgument("stop_token_ids", (), "a stop token to force at the target length")
+        predicted = None
+        if predicted_lengths is not None:
+            predicted = as_lengths("predicted_lengths", predicted_lengths, minimum=1)
+            if len(predicted) != group_size:
+                raise InvalidArgument("predicted_lengths", len(predicted), f"{group_size}, one per completion")
+        return prompt, forced, predicted
+
+    def _stop_ids(self, stop_token_ids: Sequence[int] | None) -> tuple[int, ...]:
+        if stop_token_ids is not None:
+            return tuple(int(t) for t in stop_token_ids)
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.model.config, "eos_token_id", None)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def _predictions(self, prompt: list[int], group_size: int, predicted: np.ndarray | None):
+        if predicted is not None or self.predictor is None:
+            return predicted, None
+        queries = [self.tokenizer.decode(prompt)] * group_size if self.tokenizer is not None else list(range(group_size))
+        out = self.predictor.predict(queries, quantiles=[self.quantile])
+        return (np.maximum(1, np.asarray(out.lengths, dtype=np.int64)),
+                np.maximum(1, np.asarray(out.quantile(self.quantile), dtype=np.int64)))
+
+    # ------------------------------------------------------------------------------ run
+    def sample_group(self, prompt_ids: Any, group_size: int, *, max_new_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, top_k: int = 0, seed: int = 0, group_id: int = 0,
+                     force_lengths: Any = None, predicted_lengths: Any = None,
+                     stop_token_ids: Sequence[int] | None = None, record_steps: bool = True) -> SampleResult:
+        """Generate ``group_size`` completions of ``prompt_ids`` (token ids). Lengths in tokens.
+
+        ``force_lengths``: trace replay: completion i ends exactly at ``force_lengths[i]`` tokens (its
+        stop token forced there and masked before). ``predicted_lengths``: the length-aware
+        policies' predictions (else the sampler's predictor; else none). Every argument is checked
+        before any compute.
+        """
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p),
+                                top_k=top_k, stop_token_ids=self._stop_ids(stop_token_ids))
+        prompt, forced, predicted = self._check(prompt_ids, group_size, params, force_lengths, predicted_lengths)
+        check_int("seed", seed, minimum=0)
+        check_int("group_id", group_id, minimum=0)
+        P, G, L = len(prompt), group_size, params.max_new_tokens
+        sim_name = self.policy
+        block = VLLMLike.block_size if sim_name == "vllm" else 1  # the only engine model with blocks
+        memory = model_memory(self.model, block, self.share_prompt_kv)
+        budget_tokens = None
+        if self.budget_bytes is not None:
+            budget_tokens = memory.kv_token_budget(self.budget_bytes, prompt_tokens=P,
+                                                   batch=min(G, self.slots or G))
+            tail = P if not self.share_prompt_kv else (P % block if block > 1 else 0)
+            if budget_tokens < L + tail:
+                raise InvalidArgument("budget_bytes", self.budget_bytes,
+                                      f"room for one whole sequence: {L + tail} KV tokens beyond the prompt "
+                                      f"(max_new_tokens {L}), the budget leaves {budget_tokens}")
+        point, reserve = self._predictions(prompt, G, predicted)
+        truth = forced if forced is not None else np.full(G, L, dtype=np.int64)
+
+        def stream(index: int) -> int:  # extra completions of the dynamic-slot control
+            if forced is None:
+                return L
+            return int(forced[np.random.default_rng([seed, index]).integers(G)])
+
+        problem = Problem(lengths=truth, max_new_tokens=L, prompt_len=P, slots=self.slots,
+                          budget_tokens=budget_tokens, predicted=point, reserve=reserve, refill=self.refill,
+                          eps=self.eps, stream=stream)
+        policy = make_policy(sim_name, problem)  # raises on a missing slots / budget before any compute
+        device = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        store = KVStore(self.layers, self.kv_heads, self.head_dim, dtype, device, block_size=block,
+                        share_prompt=self.share_prompt_kv)
+        tails = None
+        if not self.share_prompt_kv:
+            tails = [P] * G
+        elif block > 1:
+            tails = [P % block] * G
+        eng = LiveEngine(truth, tails=tails, block_size=block, slots=self.slots if policy.respects_slots else None,
+                         budget_tokens=budget_tokens, enforce_budget=policy.promises_budget and self.share_prompt_kv)
+        previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(register())
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                records, state = self._run(policy, eng, store, prompt, params, forced, seed, group_id, memory,
+                                           record_steps)
+        finally:
+            self.model.set_attn_implementation(previous)
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = time.perf_counter() - started
+        collected = sorted(eng.collected)
+        tokens, logps = state
+        texts = None
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode(tokens[j], skip_special_tokens=True) for j in collected]
+        return SampleResult(
+            policy=policy.name, completions=[tokens[j] for j in collected], logprobs=[logps[j] for j in collected],
+            indices=collected, steps=eng.t, peak_kv_bytes=max((r.kv_bytes for r in records), default=0),
+            peak_model_kv_bytes=max((r.model_kv_bytes for r in records), default=0), peak_kv_tokens=eng.peak_kv,
+            preemptions=eng.preemptions, recomputed_tokens=eng.recomputed_tokens,
+            discarded_tokens=eng.discarded_tokens, decoded_tokens=eng.decoded_tokens, prompt_tokens=P,
+            wall_seconds=wall, cuda_peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
+            records=records if record_steps else [], texts=texts)
+
+    def _forward(self, store: KVStore, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        store.rows = rows
+        return self.model(input_ids=ids, position_ids=positions, use_cache=False, lengthsched_kv=store,
+                          logits_to_keep=1).logits[:, -1]
+
+    def _run(self, policy, eng: LiveEngine, store: KVStore, prompt: list[int], params: SamplingParams,
+             forced: np.ndarray | None, seed: int, group_id: int, memory: ModelMemory, record_steps: bool):
+        device = store.device
+        P = len(prompt)
+        store.mode = "prefill"
+        ids = torch.tensor([prompt], device=device)
+        first = self.model(input_ids=ids, position_ids=torch.arange(P, device=device).view(1, P), use_cache=False,
+                           lengthsched_kv=store, logits_to_keep=1).logits[:, -1]
+        store.mode = "extend"
+        first_lp = processed_logprobs(first, params)[0].cpu()
+        stops = set(params.stop_token_ids)
+        pad = params.stop_token_ids[0] if params.stop_token_ids else 0
+        tokens: dict[int, list[int]] = {}
+        logps: dict[int, list[float]] = {}
+        gens: dict[int, torch.Generator] = {}
+        records: list[StepRecord] = []
+
+        def sample(job: int, row_lp: torch.Tensor, raw: torch.Tensor | None) -> None:
+            toks = tokens[job]
+            n = len(toks) + 1  # the token drawn now is the n-th
+            lp = row_lp
+            if forced is not None:
+                target = int(eng.length[job])  # spawned completions of the dynamic-slot control too
+                if n == target:  # replay: the stop token is forced here
+                    tok = pad
+                    base = torch.log_softmax(raw.double() / max(params.temperature, 1e-6), -1) if raw is not None \
+                        else row_lp
+                    toks.append(tok)
+                    logps[job].append(float(base[tok]))
+                    eng.finish(job, eng.t + 1)
+                    return
+                lp = row_lp.clone()
+                lp[list(stops)] = float("-inf")  # no early end before the target
+                lp = lp - torch.logsumexp(lp, -1)
+            tok = draw(lp, gens[job])
+            toks.append(tok)
+            logps[job].append(float(lp[tok]))
+            if tok in stops or n >= params.max_new_tokens:
+                eng.finish(job, eng.t + 1)
+
+        policy.start(eng)
+        while True:
+            policy.decide(eng)
+            for job in [j for j in store.slots if j not in eng.origin]:
+                store.close_slot(job)  # preempted or released
+            if eng.stopped:
+                break
+            if not eng.origin:
+                if policy.pending(eng):
+                    raise SimulationError(f"{policy.name}: nothing live and nothing admitted at step {eng.t} "
+                                          f"with {policy.pending(eng)} completions pending")
+                break
+            step_rows = sorted(j for j in eng.origin if j in store.slots)
+            fresh = sorted(j for j in eng.origin if j not in store.slots)
+            for job in fresh:
+                store.open_slot(job)
+                if job not in gens:
+                    gens[job] = make_generator(seed, group_id, job)
+                    tokens[job], logps[job] = [], []
+                if not tokens[job]:
+                    sample(job, first_lp, first[0].cpu())
+                else:  # readmitted after a preemption: recompute its KV, then its next token
+                    done = tokens[job]
+                    store.reserve(job, len(done))
+                    logits = self._forward(store, [job], torch.tensor([done], device=device),
+                                           (P + torch.arange(len(done), device=device)).view(1, -1))
+                    sample(job, processed_logprobs(logits, params)[0].cpu(), logits[0].cpu())
+            if step_rows:
+                inputs, positions = [], []
+                for j in step_rows:
+                    running = j in eng.running
+                    inputs.append(tokens[j][-1] if running else pad)
+                    positions.append(P + store.slots[j].written - store.tail)
+                logits = self._forward(store, step_rows, torch.tensor(inputs, device=device).view(-1, 1),
+                                       torch.tensor(positions, device=device).view(-1, 1))
+                running_rows = [i for i, j in enumerate(step_rows) if j in eng.running]
+                if running_rows:
+                    lp = processed_logprobs(logits[running_rows], params).cpu()
+                    raw = logits[running_rows].cpu()
+                    for k, i in enumerate(running_rows):
+                        sample(step_rows[i], lp[k], raw[k])
+            nxt = eng.t + 1
+            for j in eng.origin:  # every live row now holds KV for each token it generated
+                store.reserve(j, nxt - eng.origin[j])
+            ages = [nxt - eng.origin[j] for j in eng.origin]
+            records.append(StepRecord(nxt, len(eng.origin), len(eng.running), store.held_bytes(),
+                                      memory.group_kv_bytes(ages, P), eng.kv_tokens(nxt)))
+            eng.step(policy.pads)
+            for job in [j for j in store.slots if j not in eng.origin]:
+                store.close_slot(job)  # finished (freed at once unless the policy pads)
+        return records, (tokens, logps)

@@ -1,0 +1,112 @@
+"""The KV the sampler holds: the prompt's KV once, and each slot's own KV, with exact byte counts.
+
+Layout. The prefill writes the prompt's K/V of every layer into ``prompt`` (``(1, kv_heads, P,
+head_dim)`` per layer). The first ``shared_len`` prompt tokens are attended by every slot BY
+REFERENCE (never copied): ``shared_len = P`` when the prompt KV is shared, 0 when it is copied
+(the baseline: every sequence holds its own copy of the prompt), and the prompt's whole blocks
+when an engine shares only full blocks. The remaining ``tail = P - shared_len`` prompt tokens are
+copied into each slot's own KV when it is admitted.
+
+A slot's own KV is one tensor ``(layers, 2, kv_heads, capacity, head_dim)`` whose capacity is its
+tokens rounded up to ``block_size``: the tail copy plus every token it has GENERATED, including the
+newest one whose K/V the next forward writes (the position is allocated when the token is sampled,
+as a paged engine allocates the slot of the next token). That is the count of design/MODEL.md
+section 3, so ``held_bytes()`` (the sum of ``nbytes`` of the tensors that exist) can be compared
+with the ``lengthsched`` memory model step by step. A finished slot's tensor is dropped at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["SlotKV", "KVStore"]
+
+
+@dataclass
+class SlotKV:
+    """One sequence's own KV: ``data[layer, 0 | 1, head, position, dim]``; ``written`` positions hold K/V."""
+
+    data: torch.Tensor
+    written: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.data.shape[3]
+
+
+@dataclass
+class KVStore:
+    """Per-layer prompt KV and per-slot own KV; ``rows`` says which slots the next forward runs."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    block_size: int = 1
+    share_prompt: bool = True
+    prompt_k: list[torch.Tensor] = field(default_factory=list)
+    prompt_v: list[torch.Tensor] = field(default_factory=list)
+    prompt_len: int = 0
+    shared_len: int = 0
+    slots: dict[int, SlotKV] = field(default_factory=dict)
+    mode: str = "prefill"  # "prefill" (batch 1, the prompt) or "extend" (rows of slots, new tokens)
+    rows: list[int] = field(default_factory=list)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of all layers for one token (bytes)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def tail(self) -> int:
+        return self.prompt_len - self.shared_len
+
+    # ---------------------------------------------------------------- prompt
+    def set_prompt(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        if layer == 0:
+            self.prompt_k, self.prompt_v = [], []
+            self.prompt_len = key.shape[2]
+            b = self.block_size
+            self.shared_len = (self.prompt_len // b * b if b > 1 else self.prompt_len) if self.share_prompt else 0
+        self.prompt_k.append(key.detach())
+        self.prompt_v.append(value.detach())
+
+    # ---------------------------------------------------------------- slots
+    def _rounded(self, tokens: int) -> int:
+        b = self.block_size
+        return -(-tokens // b) * b
+
+    def open_slot(self, slot: int) -> None:
+        """A new own KV for ``slot`` holding the prompt's tail copy (nothing generated yet)."""
+        tail = self.tail
+        data = torch.zeros((self.layers, 2, self.kv_heads, self._rounded(tail), self.head_dim), dtype=self.dtype,
+                           device=self.device)
+        for layer in range(self.layers):
+            data[layer, 0, :, :tail] = self.prompt_k[layer][0, :, self.shared_len:]
+            data[layer, 1, :, :tail] = self.prompt_v[layer][0, :, self.shared_len:]
+        self.slots[slot] = SlotKV(data, written=tail)
+
+    def reserve(self, slot: int, generated: int) -> None:
+        """Make room for ``generated`` tokens of the slot (block rounded): called after sampling."""
+        kv = self.slots[slot]
+        need = self._rounded(self.tail + generated)
+        if need > kv.capacity:
+            grown = torch.zeros((*kv.data.shape[:3], need, kv.data.shape[4]), dtype=self.dtype, device=self.device)
+            grown[:, :, :, : kv.written] = kv.data[:, :, :, : kv.written]
+            kv.data = grown
+
+    def close_slot(self, slot: int) -> None:
+        """Free the slot's KV (a finished or preempted sequence)."""
+        del self.slots[slot]
+
+    def held_bytes(self) -> int:
+        """Bytes of KV tensors held now: the shared prompt part once, plus every slot's own tensor."""
+        shared = self.shared_len * self.bytes_per_token if self.prompt_k else 0
+        return shared + sum(kv.data.nbytes for kv in self.slots.values())
+
+    def held_tokens(self) -> int:
+        """Token positions of the slots' own tensors (prompt tails and generated tokens, block rounded)."""
+        return sum(kv.capacity for kv in self.slots.values())

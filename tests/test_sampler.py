@@ -1,0 +1,195 @@
+"""The reference sampler on a tiny Qwen3 built from a config (CPU): exact attention, schedule
+independence, KV bytes against the memory model, replay against the simulator, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from lengthsched.errors import InvalidArgument, LengthschedError
+from sampler import InfiniteSampler, model_memory
+from sampler.attention import register
+from sampler.kv import KVStore
+from sampler.sampling import SamplingParams, draw, make_generator, processed_logprobs
+from simulate import run_group
+
+PROMPT = list(range(10, 30))  # 20 tokens
+FORCED = [7, 12, 3, 20, 9, 15, 4, 11, 30, 25]
+
+
+def tiny(dtype=torch.float32, seed: int = 0, kind: str = "qwen3"):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=3)
+    if kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    return model.eval().to(dtype)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+@pytest.mark.parametrize("share, block", [(True, 1), (False, 1), (True, 16), (True, 4)])
+def test_shared_prefix_attention_equals_the_plain_forward(kind, share, block):
+    """float64: prefill + incremental steps of slots at different progress (and a multi-token
+    recompute) give the logits of the ordinary full-sequence forward."""
+    m = tiny(torch.float64, kind=kind)
+    prompt = torch.tensor([PROMPT[:7]])
+    gens = [torch.tensor([5, 9, 11, 40, 2]), torch.tensor([8, 1, 60])]
+    with torch.no_grad():
+        refs = [m(torch.cat([prompt[0], g]).view(1, -1)).logits[0, 6:] for g in gens]
+        previous = m.config._attn_implementation
+        m.set_attn_implementation(register())
+        store = KVStore(2, 2, 16, torch.float64, torch.device("cpu"), block_size=block, share_prompt=share)
+        out = m(prompt, position_ids=torch.arange(7).view(1, -1), use_cache=False, lengthsched_kv=store).logits
+        assert torch.allclose(out[0, -1], refs[0][0], rtol=0, atol=1e-10)
+        store.mode = "extend"
+        store.open_slot(0)
+        store.open_slot(1)
+        for step in range(5):
+            rows = [s for s in (0, 1) if step < len(gens[s])]
+            for s in rows:
+                store.reserve(s, step + 1)
+            store.rows = rows
+            logits = m(torch.stack([gens[s][step] for s in rows]).view(-1, 1),
+                       position_ids=torch.tensor([[7 + step]] * len(rows)), use_cache=False, lengthsched_kv=store).logits
+            for i, s in enumerate(rows):
+                assert torch.allclose(logits[i, -1], refs[s][step + 1], rtol=0, atol=1e-10)
+        store.close_slot(1)  # a recompute: all of a slot's tokens in one forward
+        store.open_slot(1)
+        store.reserve(1, 3)
+        store.rows = [1]
+        logits = m(gens[1].view(1, -1), position_ids=(7 + torch.arange(3)).view(1, -1), use_cache=False,
+                   lengthsched_kv=store).logits
+        assert torch.allclose(logits[0], refs[1][1:], rtol=0, atol=1e-10)
+        m.set_attn_implementation(previous)
+
+
+def test_the_prompt_kv_is_held_once_when_shared():
+    m = tiny(torch.float64)
+    bpt = model_memory(m).kv_bytes_per_token
+    assert bpt == 2 * 2 * 2 * 16 * 8  # layers x K,V x kv heads x head dim x float64
+    shared = InfiniteSampler(m, policy="fixed_slot", slots=4).sample_group(PROMPT, 4, max_new_tokens=6, seed=0,
+                                                                           force_lengths=[6] * 4, stop_token_ids=[3])
+    copied = InfiniteSampler(m, policy="fixed_slot", slots=4, share_prompt_kv=False).sample_group(
+        PROMPT, 4, max_new_tokens=6, seed=0, force_lengths=[6] * 4, stop_token_ids=[3])
+    assert shared.peak_kv_bytes == (20 + 4 * 6) * bpt
+    assert copied.peak_kv_bytes == 4 * (20 + 6) * bpt
+    assert shared.completions == copied.completions  # same tokens either way (float64)
+    for res in (shared, copied):
+        assert all(r.kv_bytes == r.model_kv_bytes for r in res.records)
+
+
+POLICY_ARGS = {"full": {}, "full_freed": {}, "micro": {"slots": 3}, "fixed_slot": {"slots": 3},
+               "length_aware": {"slots": 3}, "length_aware_lpt": {"slots": 3}}
+
+
+def test_completions_do_not_depend_on_the_policy(model):
+    """fp32 on CPU: every policy samples the same G completions as the full group."""
+    predicted = [5, 40, 12, 30, 8, 25, 16, 20]
+    results = {p: InfiniteSampler(model, policy=p, **kw).sample_group(
+        PROMPT, 8, max_new_tokens=40, temperature=1.0, top_p=0.95, top_k=50, seed=7,
+        predicted_lengths=predicted if p.startswith("length") else None) for p, kw in POLICY_ARGS.items()}
+    base = results["full"]
+    assert len(set(map(len, base.completions))) > 1 or base.lengths[0] == 40
+    for name, res in results.items():
+        assert res.completions == base.completions, name
+        assert np.allclose(np.concatenate(res.logprobs), np.concatenate(base.logprobs), atol=1e-4), name
+        assert res.indices == list(range(8))
+    assert results["fixed_slot"].peak_kv_bytes < results["full"].peak_kv_bytes
+
+
+@pytest.mark.parametrize("policy, kwargs", [
+    ("full", {}), ("full_freed", {}), ("micro", {"slots": 3}), ("fixed_slot", {"slots": 3}),
+    ("length_aware", {"slots": 3}), ("length_aware", {"budget": 48}), ("growth_aware", {"budget": 48}),
+    ("vllm", {"budget": 48}), ("vllm", {"budget": 70}), ("sglang", {"budget": 70}), ("reserve_max", {"budget": 90}),
+    ("dynamic_slot", {"slots": 3}),
+])
+def test_trace_replay_matches_the_simulator_step_for_step(model, policy, kwargs):
+    mem = model_memory(model)
+    budget = kwargs.get("budget")
+    budget_bytes = None if budget is None else (mem.weights_bytes + mem.prompt_kv_bytes(20) + mem.activation_bytes(10)
+                                                + budget * mem.kv_bytes_per_token)
+    sampler = InfiniteSampler(model, policy=policy, slots=kwargs.get("slots"), budget_bytes=budget_bytes)
+    res = sampler.sample_group(PROMPT, 10, max_new_tokens=40, seed=3, force_lengths=FORCED, predicted_lengths=FORCED)
+    sim = run_group(FORCED, policy, max_new_tokens=40, prompt_len=20, slots=kwargs.get("slots"), budget_tokens=budget,
+                    predicted=FORCED, seed=3)
+    assert res.steps == sim.steps
+    assert res.peak_kv_tokens == sim.peak_kv_tokens
+    assert res.preemptions == sim.preemptions and res.recomputed_tokens == sim.recomputed_tokens
+    assert sorted(res.lengths) == sorted(sim.collected_lengths.tolist())
+    if policy != "dynamic_slot":
+        assert res.lengths == FORCED
+    # measured KV bytes equal the memory model at every step, and the engine's token count too
+    block = 16 if policy == "vllm" else 1
+    mem_b = model_memory(model, block)
+    for r in res.records:
+        assert r.kv_bytes == r.model_kv_bytes
+        assert r.kv_bytes == mem_b.prompt_kv_bytes(20) + r.kv_tokens * mem_b.kv_bytes_per_token
+
+
+def test_memory_is_freed_when_a_completion_finishes(model):
+    res = InfiniteSampler(model, policy="full_freed").sample_group(PROMPT, 4, max_new_tokens=30, seed=0,
+                                                                   force_lengths=[5, 10, 20, 30])
+    c = model_memory(model).kv_bytes_per_token
+    by_step = {r.step: r for r in res.records}
+    assert by_step[5].kv_bytes == (20 + 5 + 5 + 5 + 5) * c  # the 5-token completion still holds its KV at step 5
+    assert by_step[6].kv_bytes == (20 + 6 + 6 + 6) * c and by_step[6].live == 3  # and is gone at step 6
+    padded = InfiniteSampler(model, policy="full").sample_group(PROMPT, 4, max_new_tokens=30, seed=0,
+                                                                force_lengths=[5, 10, 20, 30])
+    assert {r.step: r for r in padded.records}[6].kv_bytes == (20 + 4 * 6) * c  # a padded row keeps growing
+    assert padded.completions == res.completions
+
+
+def test_sampling_controls_and_stop_tokens(model):
+    greedy = InfiniteSampler(model, policy="fixed_slot", slots=2).sample_group(PROMPT, 3, max_new_tokens=12,
+                                                                               temperature=0.0, seed=0)
+    assert greedy.completions[0] == greedy.completions[1] == greedy.completions[2]
+    assert all(lp == 0.0 for lp in greedy.logprobs[0])
+    res = InfiniteSampler(model, policy="fixed_slot", slots=4).sample_group(
+        PROMPT, 6, max_new_tokens=30, seed=5, stop_token_ids=list(range(0, 97, 4)))
+    for toks in res.completions:  # a completion ends with its first stop token, or at max_new_tokens
+        stops = [i for i, t in enumerate(toks) if t % 4 == 0]
+        assert (stops and stops[0] == len(toks) - 1) or (not stops and len(toks) == 30)
+    logits = torch.randn(3, 97, dtype=torch.float64)
+    lp = processed_logprobs(logits, SamplingParams(max_new_tokens=5, temperature=0.7, top_k=10, top_p=0.8))
+    assert torch.all(torch.isfinite(lp).sum(-1) <= 10)
+    assert torch.allclose(torch.logsumexp(lp, -1), torch.zeros(3, dtype=torch.float64))
+    ref = torch.softmax(logits / 0.7, -1)
+    kept = torch.isfinite(lp[0])
+    assert ref[0][kept].min() >= ref[0][~kept].max()  # top-k / top-p keep the most likely tokens
+    gen_a, gen_b = make_generator(1, 2, 3), make_generator(1, 2, 3)
+    assert [draw(lp[0], gen_a) for _ in range(5)] == [draw(lp[0], gen_b) for _ in range(5)]
+
+
+def test_bad_input_fails_before_any_compute(model):
+    s = InfiniteSampler(model, policy="fixed_slot", slots=2)
+    with pytest.raises(InvalidArgument, match="group_size"):
+        s.sample_group(PROMPT, 0, max_new_tokens=5)
+    with pytest.raises(InvalidArgument, match="context of 256"):
+        s.sample_group([5] * 250, 2, max_new_tokens=10)
+    with pytest.raises(InvalidArgument, match="prompt_ids"):
+        s.sample_group([], 2, max_new_tokens=5)
+    with pytest.raises(InvalidArgument, match="policy"):
+        InfiniteSampler(model, policy="magic")
+    with pytest.raises(LengthschedError, match="budget_bytes"):
+        InfiniteSampler(model, policy="length_aware", budget_bytes=1000).sample_group(PROMPT, 4, max_new_tokens=10)
+    mem = model_memory(model)
+    small = mem.weights_bytes + mem.prompt_kv_bytes(20) + mem.activation_bytes(4) + 5 * mem.kv_bytes_per_token
+    with pytest.raises(InvalidArgument, match="room for one whole sequence"):
+        InfiniteSampler(model, policy="vllm", budget_bytes=small).sample_group(PROMPT, 4, max_new_tokens=10)
+    with pytest.raises(InvalidArgument, match="slots"):
+        InfiniteSampler(model, policy="fixed_slot").sample_group(PROMPT, 4, max_new_tokens=10)
+    with pytest.raises(InvalidArgument, match="force_lengths"):
+        s.sample_group(PROMPT, 2, max_new_tokens=5, force_lengths=[3, 9])
+    with pytest.raises(InvalidArgument, match="temperature"):
+        s.sample_group(PROMPT, 2, max_new_tokens=5, temperature=-1)
+    assert model.config._attn_implementation != "lengthsched_shared_prefix"  # the model is left as it was
