@@ -21,6 +21,8 @@ from simulate.options import SimulateOptions  # noqa: E402
 # The predictor commands import torch / transformers only when they run.
 from predictor_training.cli import run_eval, run_predict, run_train  # noqa: E402
 from predictor_training.options import EvalOptions, PredictOptions, TrainOptions  # noqa: E402
+from sampler.cli import run_sample  # noqa: E402
+from sampler.options import SampleOptions  # noqa: E402
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
 
@@ -108,6 +110,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "train": (TrainOptions, run_train),
     "predict": (PredictOptions, run_predict),
     "eval-predictor": (EvalOptions, run_eval),
+    "sample": (SampleOptions, run_sample),
 }
 
 

@@ -82,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         elif kind is bool:
             parser.add_argument("--" + f.name.replace("_", "-"), action="store_true", help=meta.get("help"))
         else:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=f.default,
+            flags = [*meta.get("aliases", ()), "--" + f.name.replace("_", "-")]  # e.g. "-G" for --group-size
+            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,
                                 choices=meta.get("choices"), help=help_text, metavar=f.name.upper())
 
 

@@ -1,8 +1,25 @@
 """Reference sampler: Infinite Sampling on a real ``transformers`` causal LM, consuming the plans and
-running the simulator's policies (needs the ``sampler`` extra: torch, transformers)."""
+running the simulator's policies (needs the ``sampler`` extra: torch, transformers).
 
-from .core import SAMPLER_POLICIES, InfiniteSampler, SampleResult, StepRecord, model_memory
-from .sampling import SamplingParams, completion_seed
+Public names: ``InfiniteSampler``, ``SampleResult``, ``StepRecord``, ``SAMPLER_POLICIES``,
+``model_memory``, ``SamplingParams``, ``completion_seed``. Heavy modules import lazily, so
+``lengthsched --help`` does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["InfiniteSampler", "SampleResult", "StepRecord", "SAMPLER_POLICIES", "SamplingParams",
            "completion_seed", "model_memory"]
+
+_WHERE = {"InfiniteSampler": "core", "SampleResult": "core", "StepRecord": "core", "SAMPLER_POLICIES": "core",
+          "model_memory": "core", "SamplingParams": "sampling", "completion_seed": "sampling"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'sampler' has no attribute {name!r}")

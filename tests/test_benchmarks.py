@@ -41,3 +41,14 @@ def test_predictor_benchmark_runs_quick(tmp_path):
     data = json.loads(out.read_text())
     assert {"machine", "k0", "k", "k_comparison", "latency"} <= set(data)
     assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])
+
+
+def test_sampler_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "sampler.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sampler.py"), "--quick", "--out",
+                             str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {"machine", "device", "policies", "prompt_kv", "generate"} <= set(data)
+    for row in data["policies"]["rows"]:  # the sampler's steps and peak KV are the simulator's and the model's
+        assert row["steps"] == row["sim_steps"] and row["peak_kv_bytes"] == row["model_peak_kv_bytes"]

@@ -1,0 +1,42 @@
+"""The options of ``lengthsched sample`` (a frozen dataclass; the CLI flags are derived from it).
+Importing this module imports neither torch nor transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lengthsched.options import _opt
+from lengthsched.refill import RefillRule
+
+__all__ = ["SampleOptions", "TINY_MODEL"]
+
+TINY_MODEL = "tiny-qwen3"
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """Generate one GRPO group on a real model with a sampling policy; print steps, memory and speed."""
+
+    model: str = _opt(TINY_MODEL, f"a Hugging Face causal LM name or local directory; {TINY_MODEL} is a small "
+                                  "randomly initialised Qwen3-shaped model built from a config (offline, "
+                                  "gibberish text, real compute)")
+    prompt: str = _opt("Write a short poem about the sea.", "the prompt text")
+    group_size: int = _opt(8, "G, completions of the prompt", aliases=("-G",))
+    max_new_tokens: int = _opt(64, "L_max: most tokens per completion (stop token included)")
+    policy: str = _opt("length_aware", "a simulator policy the sampler runs: full, full_freed, micro, fixed_slot, "
+                                       "dynamic_slot, length_aware, growth_aware, vllm, sglang, reserve_max, ...")
+    slots: int | None = _opt(4, "most completions decoding at once")
+    budget: str | None = _opt(None, "memory for the group: weights + activations + KV, e.g. 10GiB")
+    lengths: str | None = _opt(None, "trace replay: comma-separated lengths (tokens), one per completion; each "
+                                     "completion ends exactly there, and length-aware policies plan with them")
+    predictor: str | None = _opt(None, "a predictor directory from `lengthsched train` for length-aware policies")
+    refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
+    copy_prompt_kv: bool = _opt(False, "hold a copy of the prompt KV per sequence (the baseline) instead of once")
+    temperature: float = _opt(1.0, "sampling temperature (0 = greedy)")
+    top_p: float = _opt(1.0, "nucleus sampling mass (1 = off)")
+    top_k: int = _opt(0, "top-k sampling (0 = off)")
+    seed: int = _opt(0, "seed of the per-completion random streams")
+    dtype: str = _opt("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
+    device: str | None = _opt(None, "cpu, cuda, cuda:1, ... (default: cuda when available)")
+    json: bool = _opt(False, "print JSON instead of a summary")
+    output: str | None = _opt(None, "also write the JSON result (completions included) to this file (atomically)")
