@@ -8,7 +8,7 @@ scores predictors against the baselines and the noise ceiling. Heavy modules imp
 
 from __future__ import annotations
 
-from typing import Any
+from lengthsched.lazy import lazy_getattr
 
 __all__ = ["BertLengthPredictor", "TrainOptions", "train", "DataSpec", "LabelConfig", "load_source",
            "load_sources"]
@@ -17,9 +17,4 @@ _WHERE = {"BertLengthPredictor": "predictor", "TrainOptions": "options", "train"
           "LabelConfig": "data", "load_source": "data", "load_sources": "data"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'predictor_training' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -8,7 +8,7 @@ Public names: ``InfiniteSampler``, ``SampleResult``, ``StepRecord``, ``SAMPLER_P
 
 from __future__ import annotations
 
-from typing import Any
+from lengthsched.lazy import lazy_getattr
 
 __all__ = ["InfiniteSampler", "SampleResult", "StepRecord", "SAMPLER_POLICIES", "SamplingParams",
            "completion_seed", "model_memory"]
@@ -17,9 +17,4 @@ _WHERE = {"InfiniteSampler": "core", "SampleResult": "core", "StepRecord": "core
           "model_memory": "core", "SamplingParams": "sampling", "completion_seed": "sampling"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'sampler' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
