@@ -23,7 +23,7 @@ of a step a sequence holds KV for every token it generated (the newest one's pos
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,7 +33,7 @@ from lengthsched.errors import InvalidArgument, as_lengths, check_int
 from lengthsched.memory import ModelMemory
 from simulate.baselines import VLLMLike
 from simulate.engine import SimulationError
-from simulate.policies import POLICIES, Problem, make_policy
+from simulate.policies import POLICIES, Problem, SimPolicy, make_policy
 
 from .attention import register
 from .engine import LiveEngine
@@ -103,6 +103,28 @@ class SampleResult:
         return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
 
 
+class _Probe(SimPolicy):
+    """Decode the first ``k`` tokens of every completion, ``cap`` at a time, then evict it (it keeps its
+    tokens); completions that end within k tokens are simply collected."""
+
+    name = "probe"
+
+    def __init__(self, problem: Problem, k: int, cap: int):
+        super().__init__(problem)
+        self.k, self.cap, self.next = k, cap, 0
+
+    def decide(self, eng: LiveEngine) -> None:
+        for job in list(eng.running):
+            if eng.age(job) >= self.k:
+                eng.preempt(job)
+        while eng.live < self.cap and self.next < eng.n:
+            eng.admit(self.next)
+            self.next += 1
+
+    def pending(self, eng: LiveEngine) -> int:
+        return eng.n - self.next
+
+
 def model_memory(model: Any, block_size: int = 1, share_prompt_kv: bool = True) -> ModelMemory:
     """The ``lengthsched`` memory model of ``model`` as this sampler holds it (its dtype, its block size)."""
     dtype = next(model.parameters()).dtype
@@ -134,11 +156,19 @@ class InfiniteSampler:
     ``lengthsched.LengthPredictor`` asked once per group (prompts: the prompt text when a
     ``tokenizer`` is given, else completion indices) for point predictions and the ``quantile``
     reserved. ``share_prompt_kv=False`` copies the prompt KV into every sequence (the baseline).
+
+    ``probe_tokens`` k > 0 (default: the predictor's own ``config.k``, 0 without one): token-conditioned
+    prediction for the length-aware policies. Every completion first decodes k tokens (in rounds
+    that fit the slots and the budget); it is then evicted, keeping its tokens; the predictor is asked
+    for its remaining length from the prompt and those k tokens; the plan is made from k + that; and
+    the completions resume by it, recomputing the KV of their k tokens (counted as preemptions and
+    recomputed tokens, and the probe's steps as decode steps).
     """
 
     def __init__(self, model: Any, *, policy: str = "fixed_slot", slots: int | None = None,
                  budget_bytes: int | None = None, predictor: Any = None, refill: str = "sjf",
-                 share_prompt_kv: bool = True, tokenizer: Any = None, quantile: float = 0.9, eps: float = 0.05):
+                 share_prompt_kv: bool = True, tokenizer: Any = None, quantile: float = 0.9, eps: float = 0.05,
+                 probe_tokens: int | None = None):
         if policy not in SAMPLER_POLICIES:
             raise InvalidArgument("policy", policy, "one of " + ", ".join(SAMPLER_POLICIES))
         if slots is not None:
@@ -161,6 +191,13 @@ class InfiniteSampler:
         self.quantile = quantile
         self.eps = eps
         self.layers, self.kv_heads, self.head_dim = _shape(model)
+        k = probe_tokens
+        if k is None:  # a token-conditioned predictor says how many tokens it wants to see
+            k = int(getattr(getattr(predictor, "config", None), "k", 0) or 0) if predictor is not None else 0
+        self.probe_tokens = check_int("probe_tokens", k, minimum=0)
+        if self.probe_tokens and (predictor is None or not policy.startswith("length_aware")):
+            raise InvalidArgument("probe_tokens", self.probe_tokens, "0 unless a predictor is given and the policy is "
+                                  "length_aware (the probe feeds the predictor the first tokens of every completion)")
 
     # ------------------------------------------------------------------------------ checks
     def _check(self, prompt_ids: Any, group_size: int, params: SamplingParams,
@@ -205,8 +242,8 @@ class InfiniteSampler:
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
     def _predictions(self, prompt: list[int], group_size: int, predicted: np.ndarray | None):
-        if predicted is not None or self.predictor is None:
-            return predicted, None
+        if predicted is not None or self.predictor is None or self.probe_tokens:
+            return predicted, None  # with a probe, the predictor is asked after the first k tokens
         queries = [self.tokenizer.decode(prompt)] * group_size if self.tokenizer is not None else list(range(group_size))
         out = self.predictor.predict(queries, quantiles=[self.quantile])
         return (np.maximum(1, np.asarray(out.lengths, dtype=np.int64)),
@@ -265,6 +302,9 @@ class InfiniteSampler:
             tails = [P % block] * G
         eng = LiveEngine(truth, tails=tails, block_size=block, slots=self.slots if policy.respects_slots else None,
                          budget_tokens=budget_tokens, enforce_budget=policy.promises_budget and self.share_prompt_kv)
+        first_policy, then = policy, None
+        if self.probe_tokens and predicted is None:
+            first_policy, then = self._probe_phase(problem, eng, prompt, budget_tokens, sim_name)
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation(register())
         cuda = device.type == "cuda"
@@ -274,8 +314,8 @@ class InfiniteSampler:
         started = time.perf_counter()
         try:
             with torch.inference_mode():
-                records, state = self._run(policy, eng, store, prompt, params, forced, seed, group_id, memory,
-                                           record_steps)
+                records, state, policy = self._run(first_policy, eng, store, prompt, params, forced, seed, group_id,
+                                                   memory, then)
         finally:
             self.model.set_attn_implementation(previous)
         if cuda:
@@ -300,8 +340,40 @@ class InfiniteSampler:
         return self.model(input_ids=ids, position_ids=positions, use_cache=False, lengthsched_kv=store,
                           logits_to_keep=1).logits[:, -1]
 
+    def _probe_phase(self, problem: Problem, eng: LiveEngine, prompt: list[int], budget_tokens: int | None,
+                     name: str):
+        """The probe policy, and the callback that predicts from the probed tokens and starts the plan."""
+        k, G, L = self.probe_tokens, problem.n, problem.max_new_tokens
+        if k >= L:
+            raise InvalidArgument("probe_tokens", k, f"fewer than max_new_tokens={L}")
+        cap = min(G, self.slots or G, (budget_tokens // k) if budget_tokens is not None else G)
+        probe = _Probe(problem, k, max(1, cap))
+
+        def then(tokens: dict[int, list[int]]):
+            point = np.full(G, L, dtype=np.int64)
+            reserve = np.full(G, L, dtype=np.int64)
+            live = [j for j in range(G) if not eng.finished_at[j]]
+            for j in range(G):
+                if eng.finished_at[j]:
+                    point[j] = reserve[j] = len(tokens[j])
+            if live:
+                text = self.tokenizer.decode(prompt) if self.tokenizer is not None else None
+                queries = [text] * len(live) if text is not None else live
+                out = self.predictor.predict(queries, [tokens[j] for j in live], quantiles=[self.quantile])
+                done = np.array([len(tokens[j]) for j in live], dtype=np.int64)
+                point[live] = done + np.maximum(1, np.asarray(out.lengths, dtype=np.int64))
+                reserve[live] = done + np.maximum(1, np.asarray(out.quantile(self.quantile), dtype=np.int64))
+            main = make_policy(name, replace(problem, predicted=np.minimum(point, L), reserve=np.minimum(reserve, L)))
+            main.start(eng)
+            for j in range(G):
+                if eng.finished_at[j]:
+                    main.sched.take(j)  # ended inside the probe: nothing left to schedule
+            return main
+
+        return probe, then
+
     def _run(self, policy, eng: LiveEngine, store: KVStore, prompt: list[int], params: SamplingParams,
-             forced: np.ndarray | None, seed: int, group_id: int, memory: ModelMemory, record_steps: bool):
+             forced: np.ndarray | None, seed: int, group_id: int, memory: ModelMemory, then: Any = None):
         device = store.device
         P = len(prompt)
         store.mode = "prefill"
@@ -351,6 +423,9 @@ class InfiniteSampler:
                 if policy.pending(eng):
                     raise SimulationError(f"{policy.name}: nothing live and nothing admitted at step {eng.t} "
                                           f"with {policy.pending(eng)} completions pending")
+                if then is not None:  # the probe is over: predict and plan, then run the plan
+                    policy, then = then(tokens), None
+                    continue
                 break
             step_rows = sorted(j for j in eng.origin if j in store.slots)
             fresh = sorted(j for j in eng.origin if j not in store.slots)
@@ -390,4 +465,4 @@ class InfiniteSampler:
             eng.step(policy.pads)
             for job in [j for j in store.slots if j not in eng.origin]:
                 store.close_slot(job)  # finished (freed at once unless the policy pads)
-        return records, (tokens, logps)
+        return records, (tokens, logps), policy

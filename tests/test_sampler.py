@@ -193,3 +193,45 @@ def test_bad_input_fails_before_any_compute(model):
     with pytest.raises(InvalidArgument, match="temperature"):
         s.sample_group(PROMPT, 2, max_new_tokens=5, temperature=-1)
     assert model.config._attn_implementation != "lengthsched_shared_prefix"  # the model is left as it was
+
+
+class _Recording:
+    """An oracle that records what it was asked (prompts, prefixes)."""
+
+    def __init__(self, lengths):
+        from lengthsched import OracleLengthPredictor
+
+        self.oracle = OracleLengthPredictor(lengths)
+        self.calls = []
+
+    def predict(self, prompts, prefixes=None, *, quantiles=()):
+        self.calls.append((list(prompts), None if prefixes is None else [list(p) for p in prefixes]))
+        return self.oracle.predict(prompts, prefixes, quantiles=quantiles)
+
+
+@pytest.mark.parametrize("extra", [{"slots": 3}, {"budget": 60}])
+def test_token_conditioned_prediction_probes_k_tokens_then_plans(extra):
+    """length_aware with probe_tokens=k: every completion decodes k tokens, is evicted, the predictor
+    sees those tokens, the plan runs; completions are unchanged (float64) and the cost is counted."""
+    m = tiny(torch.float64)
+    k = 4
+    budget_bytes = None
+    if "budget" in extra:
+        mem = model_memory(m)
+        budget_bytes = (mem.weights_bytes + mem.prompt_kv_bytes(20) + mem.activation_bytes(10)
+                        + extra["budget"] * mem.kv_bytes_per_token)
+    pred = _Recording(FORCED)
+    res = InfiniteSampler(m, policy="length_aware", slots=extra.get("slots"), budget_bytes=budget_bytes,
+                          predictor=pred, probe_tokens=k).sample_group(PROMPT, 10, max_new_tokens=40, seed=2,
+                                                                       force_lengths=FORCED)
+    full = InfiniteSampler(m, policy="full_freed").sample_group(PROMPT, 10, max_new_tokens=40, seed=2,
+                                                                force_lengths=FORCED)
+    assert res.completions == full.completions and res.lengths == FORCED
+    (queries, prefixes), = pred.calls
+    long_ones = [j for j, n in enumerate(FORCED) if n > k]
+    assert queries == long_ones and all(p == full.completions[j][:k] for j, p in zip(long_ones, prefixes))
+    assert res.preemptions == len(long_ones) and res.recomputed_tokens == k * len(long_ones)
+    assert res.policy == "length_aware"
+    assert all(r.kv_bytes == r.model_kv_bytes for r in res.records)
+    with pytest.raises(InvalidArgument, match="probe_tokens"):
+        InfiniteSampler(m, policy="fixed_slot", slots=2, probe_tokens=4)
