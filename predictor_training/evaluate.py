@@ -186,13 +186,24 @@ class TfidfBaseline(_ResidualQuantiles):
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import Ridge
 
-        self._vec = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=2, max_features=100_000)
-        x = self._vec.fit_transform(self._text(rows))
-        self._ridge = Ridge(alpha=self.alpha).fit(x, _log_target(rows["remaining"]))
+        y = _log_target(rows["remaining"])
+        texts = self._text(rows)
+        small = len(texts) < 50  # tiny training sets: keep rare and one-letter words too
+        self._vec = TfidfVectorizer(sublinear_tf=True, ngram_range=(1, 2), min_df=1 if small else 2,
+                                    max_features=100_000, token_pattern=r"(?u)\b\w+\b" if small else r"(?u)\b\w\w+\b")
+        try:
+            x = self._vec.fit_transform(texts)
+        except ValueError:  # no word at all in the training texts: nothing to regress on
+            self._vec, self._mean = None, float(np.mean(y))
+            self._fit_residuals(np.full(len(y), self._mean), rows["remaining"])
+            return self
+        self._ridge = Ridge(alpha=self.alpha).fit(x, y)
         self._fit_residuals(self._ridge.predict(x), rows["remaining"])
         return self
 
     def predict(self, rows: dict[str, list[Any]], levels: Sequence[float], l_max: int) -> Predictions:
+        if self._vec is None:
+            return self._predictions(np.full(len(rows["prompt"]), self._mean), levels, l_max)
         return self._predictions(self._ridge.predict(self._vec.transform(self._text(rows))), levels, l_max)
 
 

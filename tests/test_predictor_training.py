@@ -274,3 +274,31 @@ def test_k_prefix_model_and_the_k0_comparison_from_the_cli(trained, tmp_path, ca
     assert {"model (k=0)", "k4 (k=4)"} <= set(res) and res["k4 (k=4)"]["plain"]["n"] == 120
     # the prefix reveals the length here ("Essay:" vs "Short:"), which the k = 4 model can use
     assert res["k4 (k=4)"]["plain"]["kendall_tau_b"] > 0.5
+
+
+def test_the_sampler_plans_with_a_trained_predictor(trained, capsys):
+    """`lengthsched sample --predictor DIR`: a k = 0 predictor plans from the prompt text."""
+    _, out = trained
+    capsys.readouterr()
+    assert main(["sample", "--predictor", str(out), "-G", "4", "--policy", "length_aware", "--slots", "2",
+                 "--max-new-tokens", "12", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["policy"] == "length_aware" and len(summary["lengths"]) == 4 and summary["preemptions"] == 0
+
+
+def test_a_k_token_predictor_drives_the_sampler_probe(tmp_path):
+    from sampler import InfiniteSampler
+    from sampler.cli import ByteTokenizer, tiny_qwen3
+
+    rows = [{"id": str(i), "prompt": f"q {i}", "response": "x " * (5 + i)} for i in range(40)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    train(TrainOptions(data=str(tmp_path / "t.jsonl"), out=str(tmp_path / "k3"), encoder="tiny", k=3,
+                       label_tokenizer="minilm", epochs=1, max_length=24, prefix_max_tokens=6, l_max=256,
+                       tiny_hidden=16, test_fraction=0.25, validation_fraction=0.0), progress=False)
+    pred = BertLengthPredictor.from_pretrained(tmp_path / "k3")
+    model = tiny_qwen3()
+    sampler = InfiniteSampler(model, policy="length_aware", slots=2, predictor=pred, tokenizer=ByteTokenizer())
+    assert sampler.probe_tokens == 3  # taken from the predictor's config
+    res = sampler.sample_group(ByteTokenizer().encode("hello"), 4, max_new_tokens=10, seed=0,
+                               force_lengths=[2, 10, 6, 8], stop_token_ids=[ByteTokenizer.eos_token_id])
+    assert res.lengths == [2, 10, 6, 8] and res.preemptions == 3 and res.recomputed_tokens == 9
