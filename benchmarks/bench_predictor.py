@@ -4,12 +4,14 @@ k = 0 against k > 0, prediction latency per batch, training throughput.
     python benchmarks/bench_predictor.py --data-dir ../shared/data   # full run (about an hour on 2 cores)
     python benchmarks/bench_predictor.py --quick                     # smoke run on the bundled sample
 
-The full run trains the pretrained MiniLM encoder (``--encoder minilm``) on CASTILLO (the three
-``train`` files plus a hashed half of every ``validate`` file; the other half of each ``validate``
-file is the test set), GSM8K (train -> test) and the Dolly subset (validate -> test). GSM8K and
-Dolly responses are human-written and counted in the encoder's tokenizer (no policy model's
-tokenizer is available offline); CASTILLO counts are Qwen2.5-7B-Instruct tokens. Markdown tables go
-to stdout, raw numbers to ``--out`` (default benchmarks/results/predictor.json).
+A predictor is trained per policy model, as a user would. "castillo": the pretrained MiniLM encoder
+(``--encoder minilm``) on CASTILLO, whose lengths are Qwen2.5-7B-Instruct completions in its own
+tokens: the three ``train`` files plus a hashed half of every ``validate`` file; the other half of
+each ``validate`` file is the test set; at k = 0 and at k = ``--k`` (the longest and shortest
+samples, the only ones with text). "human": the same on GSM8K (train -> test) and the Dolly subset
+(validate -> test), whose responses are human-written and counted in the encoder's tokenizer (no
+policy tokenizer is available offline): a second, different "policy". Markdown tables go to
+stdout, raw numbers to ``--out`` (default benchmarks/results/predictor.json).
 """
 
 from __future__ import annotations
@@ -37,28 +39,31 @@ def _castillo(data: Path, split: str) -> list[str]:
             if n.endswith(split)]
 
 
-def sources(args: argparse.Namespace) -> tuple[str, str]:
+def sources(args: argparse.Namespace, which: str) -> tuple[str, str]:
     if args.quick:
-        sample = str(SAMPLE / "castillo_sample.json")
+        sample = str(SAMPLE / ("castillo_sample.json" if which == "castillo" else "gsm8k_sample.jsonl"))
         return sample, sample
     d = Path(args.data_dir)
-    train_files = _castillo(d, "_train") + _castillo(d, "_validate") + [
-        f"gsm8k:{d / 'gsm8k_train.jsonl'}", f"dolly:{d / 'dolly15k_subset_castillo_validate.json'}"]
-    eval_files = _castillo(d, "_validate") + [f"gsm8k:{d / 'gsm8k_test.jsonl'}",
-                                              f"dolly:{d / 'dolly15k_subset_castillo_test.json'}"]
-    return ",".join(train_files), ",".join(eval_files)
+    if which == "castillo":
+        return ",".join(_castillo(d, "_train") + _castillo(d, "_validate")), ",".join(_castillo(d, "_validate"))
+    return (f"gsm8k:{d / 'gsm8k_train.jsonl'},dolly:{d / 'dolly15k_subset_castillo_validate.json'}",
+            f"gsm8k:{d / 'gsm8k_test.jsonl'},dolly:{d / 'dolly15k_subset_castillo_test.json'}")
 
 
-def options(args: argparse.Namespace, k: int) -> TrainOptions:
-    data, eval_data = sources(args)
-    common = dict(data=data, eval_data=eval_data, out=str(Path(args.work) / f"k{k}"), k=k, l_max=4096,
+def options(args: argparse.Namespace, k: int, which: str = "castillo") -> TrainOptions:
+    data, eval_data = sources(args, which)
+    common = dict(data=data, eval_data=eval_data, out=str(Path(args.work) / f"{which}-k{k}"), k=k, l_max=4096,
                   over_l_max="clip", seed=0, head=args.head)
     if args.quick:
         return TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2, batch_size=16,
                             learning_rate=1e-3, max_length=96, prefix_max_tokens=32)
     return TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else 1, batch_size=16,
                         learning_rate=8e-5, max_length=args.max_length, prefix_max_tokens=48,
-                        limit=args.limit, num_proc=2)
+                        limit=args.limit if which == "human" else None, num_proc=2)
+
+
+ACCURACY_HEADER = ["source", "method", "pairs", "MAE", "RMSE", "SMAPE %", "tau-b", "spearman", "within 10",
+                   "within 1 bucket", "cover q0.9"]
 
 
 def accuracy_rows(summary: dict) -> list[list]:
@@ -117,9 +122,9 @@ def main() -> int:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--work", default="/tmp/lengthsched-bench-predictor" + ("-quick" if "--quick" in sys.argv else ""),
                     help="where the predictors are trained")
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--max-length", type=int, default=128)
-    ap.add_argument("--limit", type=int, default=1000, help="rows per source file")
+    ap.add_argument("--epochs", type=float, default=3.0)
+    ap.add_argument("--max-length", type=int, default=160)
+    ap.add_argument("--limit", type=int, default=1500, help="rows per GSM8K / Dolly file")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--head", default="regression")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / ("predictor-quick.json" if "--quick"
@@ -130,25 +135,28 @@ def main() -> int:
 
     s0 = train(options(args, 0), progress=False)
     results["k0"] = s0
-    texts.append(table("Accuracy on held-out prompts, k = 0 (tokens; pairs = every sample of every test prompt; "
-                       "ceiling = a sibling sample of the same prompt)",
-                       ["source", "method", "pairs", "MAE", "RMSE", "SMAPE %", "tau-b", "spearman", "within 10",
-                        "within 1 bucket", "cover q0.9"], accuracy_rows(s0)))
-    if not args.quick or args.k:
-        sk = train(options(args, args.k), progress=False)
-        results["k"] = sk
-        model0 = BertLengthPredictor.from_pretrained(options(args, 0).out, device="cpu")
-        text, rows = k_comparison(args, model0, sk)
-        results["k_comparison"] = rows
-        texts.append(text)
-    train_rows = [[f"k={s['options']['k']}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
+    texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
+                       "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
+                       ACCURACY_HEADER, accuracy_rows(s0)))
+    sk = train(options(args, args.k), progress=False)
+    results["k"] = sk
+    model0 = BertLengthPredictor.from_pretrained(options(args, 0).out, device="cpu")
+    text, rows = k_comparison(args, model0, sk)
+    results["k_comparison"] = rows
+    texts.append(text)
+    if not args.quick:
+        sh = train(options(args, 0, "human"), progress=False)
+        results["human"] = sh
+        texts.append(table("Accuracy on GSM8K and Dolly test prompts, k = 0 (human-written answers counted in the "
+                           "encoder's tokenizer; one sample per prompt, so no ceiling)",
+                           ACCURACY_HEADER, accuracy_rows(sh)))
+    train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
                    round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)]
-                  for s in (results["k0"], results.get("k")) if s]
+                  for s in (results["k0"], results.get("k"), results.get("human")) if s]
     texts.append(table("Training throughput", ["model", "encoder", "device", "rows", "steps", "seconds",
                                                "rows / s"], train_rows))
 
-    from datasets import load_dataset  # noqa: F401  (the test prompts come from the k0 summary's data)
-    prompts = [r for r in _test_prompts(options(args, 0))]
+    prompts = _test_prompts(options(args, 0))
     lat = []
     import torch
 
@@ -165,8 +173,7 @@ def main() -> int:
 def _test_prompts(opts: TrainOptions) -> list[str]:
     from predictor_training.encoders import load_tokenizer
 
-    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer") if opts.encoder != "tiny" \
-        else load_tokenizer(opts.label_tokenizer, "label_tokenizer")
+    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
     return list(load_splits(opts, label)["test"]["prompt"])[:256]
 
 

@@ -10,9 +10,9 @@ layer, where this function:
   K/V into each slot's own KV after what it already holds, and attends every query to
   [shared prompt KV ; the slot's own KV up to and including itself].
 
-The shared prompt is attended by reference: its scores ``q @ K_prompt^T`` broadcast over the rows
-(``(1, heads, P, dim)`` against ``(rows, heads, q, dim)``), so the prompt KV exists once however
-many slots read it. The scores of both parts are normalised by one softmax over their
+The shared prompt is attended by reference: the queries of all rows are folded into one matrix per
+KV head and multiplied with the prompt's keys once (``(kv, rows * q, dim) x (kv, dim, P)``), so the
+prompt KV exists once however many slots read it, and is read once per step. The scores of both parts are normalised by one softmax over their
 concatenation, which is exactly attention over the concatenated keys (cascade / shared-prefix
 attention); nothing of the prompt is copied. Grouped-query attention is handled by folding the
 query heads of one KV head together instead of repeating K/V.
@@ -113,11 +113,17 @@ def shared_prefix_attention(module: torch.nn.Module, query: torch.Tensor, key: t
     own_scores = own_scores.masked_fill(~allowed, float("-inf"))
     shared = store.shared_len
     if shared:
-        pk = store.prompt_k[layer][:, :, :shared]
-        pv = store.prompt_v[layer][:, :, :shared]
-        prefix_scores = q @ pk.transpose(-1, -2)  # (1, kv, D, P) broadcast over rows: no copy
+        pk = store.prompt_k[layer][0, :, :shared]  # (kv, P, D), read in place
+        pv = store.prompt_v[layer][0, :, :shared]
+        m = q.shape[2]
+        # Every row's queries against the one prompt: fold the rows into the query dimension, so it is
+        # one (kv, B*g*n, D) x (kv, D, P) product per KV head, with no copy of the prompt KV.
+        rows_q = q.transpose(0, 1).reshape(kv_heads, b * m, d)
+        prefix_scores = (rows_q @ pk.transpose(-1, -2)).reshape(kv_heads, b, m, shared).transpose(0, 1)
         probs = torch.softmax(torch.cat([prefix_scores, own_scores], dim=-1), dim=-1)
-        out = probs[..., :shared] @ pv + probs[..., shared:] @ own_v
+        prefix_probs = probs[..., :shared].transpose(0, 1).reshape(kv_heads, b * m, shared)
+        prefix_out = (prefix_probs @ pv).reshape(kv_heads, b, m, d).transpose(0, 1)
+        out = prefix_out + probs[..., shared:] @ own_v
     else:
         out = torch.softmax(own_scores, dim=-1) @ own_v
     out = out.reshape(b, h, n, d)
