@@ -235,3 +235,52 @@ def test_token_conditioned_prediction_probes_k_tokens_then_plans(extra):
     assert all(r.kv_bytes == r.model_kv_bytes for r in res.records)
     with pytest.raises(InvalidArgument, match="probe_tokens"):
         InfiniteSampler(m, policy="fixed_slot", slots=2, probe_tokens=4)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+REPLAY_POLICIES = ["full", "full_freed", "micro", "fixed_slot", "length_aware", "length_aware_lpt", "growth_aware",
+                   "vllm", "sglang", "reserve_max"]
+_TINY = {}
+
+
+def _tiny_once():
+    if "m" not in _TINY:
+        _TINY["m"] = tiny()
+    return _TINY["m"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 14), min_size=1, max_size=6), policy=st.sampled_from(REPLAY_POLICIES),
+       slots=st.integers(1, 4), extra=st.integers(0, 20), prompt=st.integers(1, 24), seed=st.integers(0, 3))
+def test_replay_invariants_on_random_groups(lengths, policy, slots, extra, prompt, seed):
+    """Any group, policy, slot count, budget and prompt length: the sampler's steps, peak KV tokens,
+    preemptions and collected lengths are the simulator's; measured KV bytes equal the memory model at
+    every step; the tokens are those of the full group."""
+    m = _tiny_once()
+    budget_policies = {"growth_aware", "vllm", "sglang", "reserve_max"}
+    uses_budget = policy in budget_policies or (policy.startswith("length_aware") and extra % 2 == 1)
+    prompt_ids = [(7 * i) % 90 + 5 for i in range(prompt)]
+    tail = prompt % 16 if policy == "vllm" else 0
+    budget = 16 + tail + extra + 16 if uses_budget else None  # >= one sequence of max_new_tokens (16) and its tail
+    mem = model_memory(m, 16 if policy == "vllm" else 1)
+    budget_bytes = None if budget is None else (mem.weights_bytes + mem.prompt_kv_bytes(prompt)
+                                                + mem.activation_bytes(min(len(lengths), slots if policy in (
+                                                    "micro", "fixed_slot", "length_aware", "length_aware_lpt")
+                                                    else len(lengths)))
+                                                + budget * mem.kv_bytes_per_token)
+    use_slots = None if policy in budget_policies or policy.startswith("full") else slots
+    sampler = InfiniteSampler(m, policy=policy, slots=use_slots, budget_bytes=budget_bytes)
+    res = sampler.sample_group(prompt_ids, len(lengths), max_new_tokens=16, seed=seed, force_lengths=lengths,
+                               predicted_lengths=lengths)
+    budget_tokens = None if budget_bytes is None else mem.kv_token_budget(
+        budget_bytes, prompt_tokens=prompt, batch=min(len(lengths), use_slots or len(lengths)))
+    sim = run_group(lengths, policy, max_new_tokens=16, prompt_len=prompt, slots=use_slots,
+                    budget_tokens=budget_tokens, predicted=lengths, seed=seed)
+    assert (res.steps, res.peak_kv_tokens, res.preemptions, res.recomputed_tokens) == \
+        (sim.steps, sim.peak_kv_tokens, sim.preemptions, sim.recomputed_tokens)
+    assert res.lengths == list(lengths)
+    assert all(r.kv_bytes == r.model_kv_bytes for r in res.records)
+    full = InfiniteSampler(m, policy="full_freed").sample_group(prompt_ids, len(lengths), max_new_tokens=16,
+                                                               seed=seed, force_lengths=lengths)
+    assert res.completions == full.completions
