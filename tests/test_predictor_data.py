@@ -222,3 +222,13 @@ def test_sharegpt_first_human_turn_and_its_reply(tmp_path, tok):
     ds = load_source(DataSpec(str(path)), LabelConfig(tokenizer=tok))
     assert ds["id"] == ["s1"] and ds[0]["prompt"] == "Hi there" and ds[0]["source"] == "sharegpt"
     assert ds[0]["lengths"] == [len(tok("Hello! How can I help?", add_special_tokens=False)["input_ids"]) + 1]
+
+
+def test_streaming_reads_the_same_rows(tmp_path, tok):
+    path = tmp_path / "lmsys.jsonl"
+    write_jsonl(path, lmsys_records())
+    labels = LabelConfig(tokenizer=tok)
+    eager = load_source(DataSpec(str(path), first_turn=False), labels)
+    streamed = load_source(DataSpec(str(path), first_turn=False, streaming=True), labels)
+    assert streamed.to_dict() == eager.to_dict()
+    assert load_source(DataSpec(str(path), streaming=True, limit=1), labels)["id"] == ["a"]
