@@ -146,6 +146,39 @@ def against_generate(args: argparse.Namespace, model) -> tuple[str, list]:
                  ["decoder", "sequences", "new tokens", "tokens / s", "speed vs generate"], rows), rows
 
 
+def learner(args: argparse.Namespace, model) -> tuple[str, list]:
+    """Prefix Grouper: one packed forward + backward of a group against G rows."""
+    import torch
+
+    from lengthsched import learner_tokens
+    from sampler.prefix_grouper import grouped_logprobs, naive_logprobs
+
+    rng = np.random.default_rng(3)
+    prompt = list(rng.integers(0, 200, size=args.learner_prompt))
+    comps = [list(rng.integers(0, 200, size=args.learner_new)) for _ in range(args.learner_group)]
+    rows, outs = [], {}
+    for name, fn in (("naive (G rows)", naive_logprobs), ("grouped (one packed sequence)", grouped_logprobs)):
+        times = []
+        for _ in range(args.reps):
+            model.zero_grad()
+            start = time.perf_counter()
+            lp = fn(model, prompt, comps)
+            torch.stack([x.sum() for x in lp]).sum().backward()
+            times.append(time.perf_counter() - start)
+        outs[name] = torch.cat([x.detach() for x in lp])
+        tokens = learner_tokens(len(prompt), [len(c) for c in comps], grouped=name.startswith("grouped"))
+        rows.append([name, args.learner_group, len(prompt), args.learner_new, tokens,
+                     round(statistics.median(times) * 1000, 1)])
+    diff = float((outs["naive (G rows)"] - outs["grouped (one packed sequence)"]).abs().max())
+    rows[1].append(round(rows[0][-1] / rows[1][-1], 3))
+    rows[0].append(1.0)
+    model.zero_grad()
+    return table(f"Learner forward + backward of one group ({device_name(model)}; median of {args.reps}; "
+                 f"max |log-prob difference| {diff:.1e})",
+                 ["forward", "G", "prompt tokens", "tokens per completion", "tokens processed", "ms",
+                  "speed vs naive"], rows), rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -161,19 +194,27 @@ def main() -> int:
     ap.add_argument("--long-prompt", type=int, default=2048)
     ap.add_argument("--short-new", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--learner-group", type=int, default=16)
+    ap.add_argument("--learner-prompt", type=int, default=512)
+    ap.add_argument("--learner-new", type=int, default=32)
+    ap.add_argument("--sections", default="policies,prompt_kv,generate,learner")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sampler.json"))
     args = ap.parse_args()
     if args.quick:
         args.group_size, args.slots, args.groups, args.scale, args.max_new_tokens = 8, 2, 1, 16, 64
         args.long_prompt, args.short_new, args.reps, args.max_prompt = 128, 4, 1, 64
+        args.learner_group, args.learner_prompt, args.learner_new = 4, 32, 8
     from sampler.cli import load_model
 
     model, tokenizer = load_model(args.model, args.dtype, args.device)
     args.stop = getattr(tokenizer, "eos_token_id", None) or 0
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "device": device_name(model)}
     texts = []
-    for name, fn in (("policies", policies), ("prompt_kv", shared_vs_copied), ("generate", against_generate)):
-        text, raw = fn(args, model)
+    sections = {"policies": policies, "prompt_kv": shared_vs_copied, "generate": against_generate, "learner": learner}
+    for name in args.sections.split(","):
+        if name not in sections:
+            ap.error(f"--sections: unknown section {name!r}; expected some of {', '.join(sections)}")
+        text, raw = sections[name](args, model)
         texts.append(text)
         results[name] = raw
     import torch

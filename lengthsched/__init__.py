@@ -17,7 +17,7 @@ Main entry points:
 
 from . import packing, partition, refill
 from .errors import BudgetTooSmall, ConfigError, InvalidArgument, LengthschedError
-from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, parse_bytes
+from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, learner_tokens, parse_bytes
 from .packing import MicroGroupBudget, SubsetFill, pack_micro_groups, subset_sum
 from .partition import Partition
 from .peaks import Policy, PolicyPeak, policy_peak
@@ -64,6 +64,7 @@ __all__ = [
     "pack_micro_groups",
     "packing",
     "parse_bytes",
+    "learner_tokens",
     "partition",
     "plan_group",
     "policy_peak",

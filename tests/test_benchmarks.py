@@ -49,6 +49,6 @@ def test_sampler_benchmark_runs_quick(tmp_path):
                              str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert {"machine", "device", "policies", "prompt_kv", "generate"} <= set(data)
+    assert {"machine", "device", "policies", "prompt_kv", "generate", "learner"} <= set(data)
     for row in data["policies"]["rows"]:  # the sampler's steps and peak KV are the simulator's and the model's
         assert row["steps"] == row["sim_steps"] and row["peak_kv_bytes"] == row["model_peak_kv_bytes"]
