@@ -32,28 +32,33 @@ from lengthsched.errors import InvalidArgument
 
 from .kv import KVStore
 
-__all__ = ["ATTENTION_NAME", "register", "shared_prefix_attention"]
+__all__ = ["ATTENTION_NAME", "register", "register_attention", "shared_prefix_attention"]
 
 ATTENTION_NAME = "lengthsched_shared_prefix"
-_registered = False
+_registered: set[str] = set()
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
-    """The mask function of our attention: masks are built inside the attention function."""
+    """The mask function of our attention functions: they build their masks themselves."""
     return None
 
 
-def register() -> str:
-    """Register the attention function and its (empty) mask function under :data:`ATTENTION_NAME`."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
+def register_attention(name: str, fn: Any) -> str:
+    """Register ``fn`` as the attention function ``name`` with an empty mask function of the same
+    name (without one, transformers would build a mask for an implementation it does not know)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
-        AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
-        AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
-        _registered = True
-    return ATTENTION_NAME
+    if name not in _registered:
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, _no_mask)
+        _registered.add(name)
+    return name
+
+
+def register() -> str:
+    """Register the shared-prefix attention under :data:`ATTENTION_NAME`; returns the name."""
+    return register_attention(ATTENTION_NAME, shared_prefix_attention)
 
 
 def _fold(q: torch.Tensor, kv_heads: int) -> torch.Tensor:

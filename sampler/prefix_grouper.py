@@ -24,10 +24,11 @@ import torch
 
 from lengthsched.errors import InvalidArgument
 
+from .attention import register_attention
+
 __all__ = ["GROUPED_ATTENTION_NAME", "GroupLayout", "grouped_logprobs", "naive_logprobs", "register_grouped"]
 
 GROUPED_ATTENTION_NAME = "lengthsched_prefix_grouper"
-_registered = False
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,6 @@ class GroupLayout:
         query_in_completion = (seg != 0).view(t, 1)
         # prompt keys: causal for prompt queries, all of them for completion queries; own segment: causal
         return (key_in_prompt & (causal | query_in_completion)) | (same & causal)
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -75,16 +72,8 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
 
 
 def register_grouped() -> str:
-    """Register the grouped attention and its (empty) mask function; returns the name."""
-    global _registered
-    if not _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-
-        AttentionInterface.register(GROUPED_ATTENTION_NAME, grouped_attention)
-        AttentionMaskInterface.register(GROUPED_ATTENTION_NAME, _no_mask)
-        _registered = True
-    return GROUPED_ATTENTION_NAME
+    """Register the grouped attention under :data:`GROUPED_ATTENTION_NAME`; returns the name."""
+    return register_attention(GROUPED_ATTENTION_NAME, grouped_attention)
 
 
 def _check(prompt_ids: Sequence[int], completions: Sequence[Sequence[int]]) -> tuple[list[int], list[list[int]]]:

@@ -18,8 +18,9 @@ def python_blocks(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", [p for p in DOCS if python_blocks(p)], ids=lambda p: p.name)
 def test_python_examples_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write files (a trained predictor) write them here
+    namespace: dict = {}  # the blocks of one page build on each other
     for block in python_blocks(path):
-        exec(compile(block, str(path), "exec"), {})  # noqa: S102 - our own documentation
+        exec(compile(block, str(path), "exec"), namespace)  # noqa: S102 - our own documentation
 
 
 def test_readme_names_the_commands_ci_runs():
