@@ -17,7 +17,8 @@ Main entry points:
 
 from . import packing, partition, refill
 from .errors import BudgetTooSmall, ConfigError, InvalidArgument, LengthschedError
-from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, learner_tokens, parse_bytes
+from .learner import LearnerCost, LearnerShapes, learner_cost, learner_micro_batches, learner_tokens
+from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, parse_bytes
 from .packing import MicroGroupBudget, SubsetFill, pack_micro_groups, subset_sum
 from .partition import Partition
 from .peaks import Policy, PolicyPeak, policy_peak
@@ -65,6 +66,10 @@ __all__ = [
     "packing",
     "parse_bytes",
     "learner_tokens",
+    "learner_cost",
+    "learner_micro_batches",
+    "LearnerShapes",
+    "LearnerCost",
     "partition",
     "plan_group",
     "policy_peak",

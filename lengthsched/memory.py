@@ -20,10 +20,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import BudgetTooSmall, InvalidArgument, as_lengths, check_int
+from .errors import BudgetTooSmall, InvalidArgument, check_int
 from .hfconfig import PRESET_DIR, load_config, preset_names, read_shapes
 
-__all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes", "learner_tokens"]
+__all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes"]
 
 DTYPE_BYTES: dict[str, Fraction] = {
     "float64": Fraction(8), "fp64": Fraction(8),  # CPU reference runs (the sampler's equality tests)
@@ -343,17 +343,6 @@ def _tokens(name: str, value: Any) -> np.ndarray:
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def learner_tokens(prompt_tokens: int, lengths: Any, *, grouped: bool) -> int:
-    """Tokens the learner's forward processes to score one group (tokens).
-
-    Naive: G rows of [prompt ; completion i], so G * P + sum(l). Grouped (Prefix Grouper, one packed
-    sequence [prompt ; c_1 ; ... ; c_G], ``sampler.prefix_grouper``): P + sum(l). Activations and
-    the KV written during the forward scale with these counts."""
-    p = check_int("prompt_tokens", prompt_tokens, minimum=0)
-    ls = as_lengths("lengths", lengths, minimum=1)
-    return int((p if grouped else p * len(ls)) + ls.sum())
 
 
 def parse_bytes(text: str | int, name: str = "budget") -> int:

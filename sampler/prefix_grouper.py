@@ -11,7 +11,7 @@ softmax attention, and autograd flows through it: log-probs and gradients equal 
 forward's (tested in float64 to 1e-10).
 
 Token counts: the grouped forward processes P + sum(l_i) tokens instead of G * P + sum(l_i); see
-:func:`lengthsched.memory.learner_tokens`.
+:mod:`lengthsched.learner`.
 """
 
 from __future__ import annotations
