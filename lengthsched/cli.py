@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from typing import Any, Callable, Sequence
 
@@ -12,7 +13,7 @@ from .errors import InvalidArgument, LengthschedError
 from .hfconfig import preset_names
 from .io import atomic_write_text, read_lengths_input
 from .memory import ModelMemory, parse_bytes
-from .options import ModelOptions, PlanOptions, add_arguments, from_args
+from .options import BudgetOptions, ModelOptions, PlanOptions, add_arguments, from_args
 from .plan import Plan, plan_group
 
 # The simulator is numpy-only at import time; its report imports scipy, tqdm, matplotlib when run.
@@ -104,9 +105,67 @@ def _longest(lengths: Any) -> int:
         raise InvalidArgument("lengths", lengths, "a non-empty list of token counts") from None
 
 
+def _cmd_budget(opts: BudgetOptions) -> int:
+    from .sgpo import BudgetConfig, plan_budget, read_profile
+
+    if opts.profile in (None, "-"):
+        lines, source = sys.stdin.read().splitlines(), "<stdin>"
+    else:
+        try:
+            with open(opts.profile, encoding="utf-8") as handle:
+                lines, source = handle.read().splitlines(), opts.profile
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument("profile", opts.profile, f"a readable JSON lines file ({exc.__class__.__name__})") \
+                from None
+    fields = {f.name for f in dataclasses.fields(BudgetConfig)}
+    cfg = BudgetConfig(**{k: v for k, v in dataclasses.asdict(opts).items() if k in fields})
+    profile = read_profile(lines, source)
+    plan = plan_budget(profile, cfg)
+    result = plan.to_dict()
+    epochs = []
+    if opts.simulate:
+        from simulate.epoch import compare_epochs
+
+        policies = [p.strip() for p in opts.simulate.split(",") if p.strip()]
+        epochs = compare_epochs(profile, plan, policies, max_new_tokens=opts.max_new_tokens, slots=opts.slots,
+                                budget_tokens=opts.kv_budget, seed=opts.seed)
+        result["epochs"] = [{"policy": r["policy"], "steps_ratio": r["steps_ratio"],
+                             "adaptive": dataclasses.asdict(r["adaptive"]) if r["adaptive"] else None,
+                             "fixed": dataclasses.asdict(r["fixed"])} for r in epochs]
+    text = json.dumps(result, indent=1)
+    if opts.output:
+        atomic_write_text(opts.output, text + "\n")
+    if opts.json:
+        print(text)
+        return 0
+    kept = plan.kept
+    reasons: dict[str, int] = {}
+    for p in plan.prompts:
+        reasons[p.reason] = reasons.get(p.reason, 0) + 1
+    sizes: dict[int, int] = {}
+    for p in kept:
+        sizes[p.group_size] = sizes.get(p.group_size, 0) + 1
+    print(f"{len(plan.prompts)} prompts profiled: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+    print(f"kept {len(kept)}; group sizes " + ", ".join(f"G={g}: {n}" for g, n in sorted(sizes.items())))
+    for i in range(cfg.phases):
+        phase = plan.phase(i)
+        if phase:
+            print(f"phase {i}: {len(phase)} prompts, success rate {phase[-1].success_rate:.2f}..{phase[0].success_rate:.2f}")
+    print(f"tokens: profiling {plan.profiling_tokens:,.0f} + training {plan.training_tokens:,.0f} = "
+          f"{plan.total_tokens:,.0f}; fixed G={cfg.baseline_group_size} baseline {plan.baseline_tokens:,.0f}; "
+          f"{plan.savings:.2f}x less")
+    for r in epochs:
+        a, f = r["adaptive"], r["fixed"]
+        print(f"epoch under {r['policy']}: {a.steps if a else 0:,} decode steps ({a.completions if a else 0} "
+              f"completions) vs {f.steps:,} ({f.completions}) with G={cfg.baseline_group_size}: "
+              f"{r['steps_ratio']:.3f}")
+    return 0
+
+
 COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
     "plan": (PlanOptions, _cmd_plan),
     "simulate": (SimulateOptions, run_simulate),
+    "budget": (BudgetOptions, _cmd_budget),
     "train": (TrainOptions, run_train),
     "predict": (PredictOptions, run_predict),
     "eval-predictor": (EvalOptions, run_eval),

@@ -17,7 +17,7 @@ from .memory import DTYPE_BYTES, FreeKV, PromptKV
 from .plan import GROUPINGS
 from .refill import RefillRule
 
-__all__ = ["PlanOptions", "ModelOptions", "add_arguments", "from_args"]
+__all__ = ["PlanOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args"]
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -59,6 +59,31 @@ class PlanOptions(ModelOptions):
                          choices=list(GROUPINGS))
     json: bool = _opt(False, "print the plan as JSON instead of a table")
     output: str | None = _opt(None, "also write the plan JSON to this file (atomically)")
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """Adaptive group sizes from a difficulty profile: keep, size and order prompts; compare compute."""
+
+    profile: str | None = _opt(None, "profile JSON lines: {id, outcomes: [0/1...] or solved + samples, lengths, "
+                                     "prompt_tokens}; '-' reads stdin", positional=True)
+    g_min: int = _opt(2, "smallest group size")
+    g_max: int = _opt(32, "largest group size (also for kept unsolved prompts)")
+    rule: str = _opt("pow2", "group size from the success rate p: pow2 (power of two <= 1/p) or ceil (ceil 1/p)",
+                     choices=["pow2", "ceil"])
+    drop_above: float = _opt(0.9, "drop prompts solved more often than this (trivial)")
+    unsolved_fraction: float = _opt(0.1, "share of never-solved prompts kept (seeded)")
+    phases: int = _opt(3, "curriculum phases, easy to hard")
+    baseline_group_size: int = _opt(16, "the fixed group size compared against")
+    default_length: int = _opt(512, "expected completion tokens where the profile has no lengths")
+    seed: int = _opt(0, "seed of the unsolved-prompt sample and of the simulated epoch's lengths")
+    simulate: str | None = _opt(None, "also simulate the epoch (adaptive vs fixed G) under these comma-separated "
+                                      "policies, e.g. fixed_slot,length_aware")
+    slots: int | None = _opt(None, "slots of the simulated epoch")
+    kv_budget: int | None = _opt(None, "KV token budget of the simulated epoch (tokens beyond the prompt)")
+    max_new_tokens: int = _opt(4096, "L_max of the simulated epoch, tokens")
+    json: bool = _opt(False, "print the plan as JSON")
+    output: str | None = _opt(None, "also write the JSON plan to this file (atomically)")
 
 
 def _base_type(annotation: Any) -> type:
