@@ -128,8 +128,12 @@ def shared_prefix_attention(module: torch.nn.Module, query: torch.Tensor, key: t
         probs = torch.softmax(torch.cat([prefix_scores, own_scores], dim=-1), dim=-1)
         prefix_probs = probs[..., :shared].transpose(0, 1).reshape(kv_heads, b * m, shared)
         prefix_out = (prefix_probs @ pv).reshape(kv_heads, b, m, d).transpose(0, 1)
-        out = prefix_out + probs[..., shared:] @ own_v
+        own_probs = probs[..., shared:]
+        out = prefix_out + own_probs @ own_v
     else:
-        out = torch.softmax(own_scores, dim=-1) @ own_v
+        own_probs = torch.softmax(own_scores, dim=-1)
+        out = own_probs @ own_v
+    if store.compression is not None:
+        store.add_scores(layer, rows, own_probs, lengths)
     out = out.reshape(b, h, n, d)
     return out.transpose(1, 2).contiguous(), None

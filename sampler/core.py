@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lengthsched.errors import InvalidArgument, as_lengths, check_int
-from lengthsched.memory import ModelMemory
+from lengthsched.memory import KVCompression, ModelMemory
 from simulate.baselines import VLLMLike
 from simulate.engine import SimulationError
 from simulate.policies import POLICIES, Problem, SimPolicy, make_policy
@@ -125,14 +125,15 @@ class _Probe(SimPolicy):
         return eng.n - self.next
 
 
-def model_memory(model: Any, block_size: int = 1, share_prompt_kv: bool = True) -> ModelMemory:
+def model_memory(model: Any, block_size: int = 1, share_prompt_kv: bool = True,
+                 compression: KVCompression | None = None) -> ModelMemory:
     """The ``lengthsched`` memory model of ``model`` as this sampler holds it (its dtype, its block size)."""
     dtype = next(model.parameters()).dtype
     if dtype not in _TORCH_DTYPES:
         raise InvalidArgument("model", str(dtype), "a model in float32, float64, bfloat16 or float16")
     name = _TORCH_DTYPES[dtype]
     return ModelMemory.from_hf_config(model.config.to_dict(), name, kv_dtype=name, block_size=block_size,
-                                      prompt_kv="shared" if share_prompt_kv else "copied",
+                                      prompt_kv="shared" if share_prompt_kv else "copied", compression=compression,
                                       weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
@@ -168,7 +169,7 @@ class InfiniteSampler:
     def __init__(self, model: Any, *, policy: str = "fixed_slot", slots: int | None = None,
                  budget_bytes: int | None = None, predictor: Any = None, refill: str = "sjf",
                  share_prompt_kv: bool = True, tokenizer: Any = None, quantile: float = 0.9, eps: float = 0.05,
-                 probe_tokens: int | None = None):
+                 probe_tokens: int | None = None, kv_compression: KVCompression | None = None):
         if policy not in SAMPLER_POLICIES:
             raise InvalidArgument("policy", policy, "one of " + ", ".join(SAMPLER_POLICIES))
         if slots is not None:
@@ -191,6 +192,13 @@ class InfiniteSampler:
         self.quantile = quantile
         self.eps = eps
         self.layers, self.kv_heads, self.head_dim = _shape(model)
+        if kv_compression is not None:
+            if not isinstance(kv_compression, KVCompression):
+                raise InvalidArgument("kv_compression", kv_compression, "a lengthsched.KVCompression(budget, interval)")
+            if not share_prompt_kv or policy == "vllm":
+                raise InvalidArgument("kv_compression", kv_compression, "a shared prompt KV and token-granular KV "
+                                      "(not with share_prompt_kv=False or the block-16 vllm policy)")
+        self.kv_compression = kv_compression
         k = probe_tokens
         if k is None:  # a token-conditioned predictor says how many tokens it wants to see
             k = int(getattr(getattr(predictor, "config", None), "k", 0) or 0) if predictor is not None else 0
@@ -269,7 +277,7 @@ class InfiniteSampler:
         P, G, L = len(prompt), group_size, params.max_new_tokens
         sim_name = self.policy
         block = VLLMLike.block_size if sim_name == "vllm" else 1  # the only engine model with blocks
-        memory = model_memory(self.model, block, self.share_prompt_kv)
+        memory = model_memory(self.model, block, self.share_prompt_kv, self.kv_compression)
         budget_tokens = None
         if self.budget_bytes is not None:
             budget_tokens = memory.kv_token_budget(self.budget_bytes, prompt_tokens=P,
@@ -294,7 +302,7 @@ class InfiniteSampler:
         device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype
         store = KVStore(self.layers, self.kv_heads, self.head_dim, dtype, device, block_size=block,
-                        share_prompt=self.share_prompt_kv)
+                        share_prompt=self.share_prompt_kv, compression=self.kv_compression)
         tails = None
         if not self.share_prompt_kv:
             tails = [P] * G
@@ -438,7 +446,7 @@ class InfiniteSampler:
                     sample(job, first_lp, first[0].cpu())
                 else:  # readmitted after a preemption: recompute its KV, then its next token
                     done = tokens[job]
-                    store.reserve(job, len(done))
+                    store.make_room(job, len(done))
                     logits = self._forward(store, [job], torch.tensor([done], device=device),
                                            (P + torch.arange(len(done), device=device)).view(1, -1))
                     sample(job, processed_logprobs(logits, params)[0].cpu(), logits[0].cpu())
@@ -447,7 +455,7 @@ class InfiniteSampler:
                 for j in step_rows:
                     running = j in eng.running
                     inputs.append(tokens[j][-1] if running else pad)
-                    positions.append(P + store.slots[j].written - store.tail)
+                    positions.append(P + (eng.t - eng.origin[j]) - 1)  # the fed token is the age-th
                 logits = self._forward(store, step_rows, torch.tensor(inputs, device=device).view(-1, 1),
                                        torch.tensor(positions, device=device).view(-1, 1))
                 running_rows = [i for i, j in enumerate(step_rows) if j in eng.running]

@@ -18,6 +18,7 @@ with the ``lengthsched`` memory model step by step. A finished slot's tensor is 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,10 +27,12 @@ __all__ = ["SlotKV", "KVStore"]
 
 @dataclass
 class SlotKV:
-    """One sequence's own KV: ``data[layer, 0 | 1, head, position, dim]``; ``written`` positions hold K/V."""
+    """One sequence's own KV: ``data[layer, 0 | 1, head, position, dim]``; ``written`` positions hold K/V;
+    ``scores[layer, position]``: attention the position received (kept only under compression)."""
 
     data: torch.Tensor
     written: int = 0
+    scores: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -54,6 +57,7 @@ class KVStore:
     slots: dict[int, SlotKV] = field(default_factory=dict)
     mode: str = "prefill"  # "prefill" (batch 1, the prompt) or "extend" (rows of slots, new tokens)
     rows: list[int] = field(default_factory=list)
+    compression: Any = None  # a lengthsched.KVCompression: retained generated tokens per sequence
 
     @property
     def bytes_per_token(self) -> int:
@@ -87,16 +91,65 @@ class KVStore:
         for layer in range(self.layers):
             data[layer, 0, :, :tail] = self.prompt_k[layer][0, :, self.shared_len:]
             data[layer, 1, :, :tail] = self.prompt_v[layer][0, :, self.shared_len:]
-        self.slots[slot] = SlotKV(data, written=tail)
+        scores = None
+        if self.compression is not None:
+            scores = torch.zeros((self.layers, data.shape[3]), dtype=torch.float32, device=self.device)
+        self.slots[slot] = SlotKV(data, written=tail, scores=scores)
+
+    def held_for(self, generated: int) -> int:
+        """Token positions a slot holds after ``generated`` tokens: its prompt tail plus the generated
+        tokens retained (all of them without compression), block rounded."""
+        kept = generated if self.compression is None else int(self.compression.retained(generated))
+        return self._rounded(self.tail + kept)
+
+    def make_room(self, slot: int, tokens: int) -> None:
+        """Room for ``tokens`` generated tokens whatever the compression (a recompute writes them all;
+        the next :meth:`reserve` compresses again)."""
+        kv = self.slots[slot]
+        need = self._rounded(self.tail + tokens)
+        if need > kv.capacity:
+            self._resize(kv, need)
+
+    def _resize(self, kv: SlotKV, need: int) -> None:
+        resized = torch.zeros((*kv.data.shape[:3], need, kv.data.shape[4]), dtype=self.dtype, device=self.device)
+        resized[:, :, :, : kv.written] = kv.data[:, :, :, : kv.written]
+        kv.data = resized
+        if kv.scores is not None:
+            scores = torch.zeros((self.layers, need), dtype=torch.float32, device=self.device)
+            scores[:, : kv.written] = kv.scores[:, : kv.written]
+            kv.scores = scores
 
     def reserve(self, slot: int, generated: int) -> None:
-        """Make room for ``generated`` tokens of the slot (block rounded): called after sampling."""
+        """Size the slot for ``generated`` tokens (called after sampling): grow it, or first compress
+        its written KV to the budget when the compressed cache is full."""
         kv = self.slots[slot]
-        need = self._rounded(self.tail + generated)
-        if need > kv.capacity:
-            grown = torch.zeros((*kv.data.shape[:3], need, kv.data.shape[4]), dtype=self.dtype, device=self.device)
-            grown[:, :, :, : kv.written] = kv.data[:, :, :, : kv.written]
-            kv.data = grown
+        need = self.held_for(generated)
+        if self.compression is not None and kv.written + 1 > need:
+            self.compress(slot, need - 1 - self.tail)
+        if need != kv.capacity:
+            self._resize(kv, need)
+
+    def compress(self, slot: int, keep: int) -> None:
+        """Keep the ``keep`` generated tokens of each layer that received the most attention since
+        they were written (R-KV / SnapKV style scores), in their original order; the prompt tail stays."""
+        kv = self.slots[slot]
+        tail, own = self.tail, kv.written - self.tail
+        if own <= keep:
+            return
+        for layer in range(self.layers):
+            idx = torch.topk(kv.scores[layer, tail: tail + own], keep).indices.sort().values + tail
+            kv.data[layer, :, :, tail: tail + keep] = kv.data[layer, :, :, idx]
+            kv.scores[layer, tail: tail + keep] = kv.scores[layer, idx]
+            kv.scores[layer, tail + keep:] = 0
+        kv.written = tail + keep
+
+    def add_scores(self, layer: int, rows: list[int], probs: torch.Tensor, lengths: list[int]) -> None:
+        """Accumulate the attention each own position received in this forward (summed over heads and
+        queries): ``probs`` (rows, kv heads, queries, own positions)."""
+        received = probs.detach().float().sum(dim=(1, 2))
+        for i, slot in enumerate(rows):
+            kv = self.slots[slot]
+            kv.scores[layer, : lengths[i]] += received[i, : lengths[i]]
 
     def close_slot(self, slot: int) -> None:
         """Free the slot's KV (a finished or preempted sequence)."""
