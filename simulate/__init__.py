@@ -8,7 +8,7 @@ report behind ``lengthsched simulate`` in :mod:`simulate.report`.
 
 from .engine import Engine, SimulationError, Timeline
 from .policies import POLICIES, Problem, SimPolicy, make_policy
-from .run import SimResult, lower_bound, run_batch, run_group
+from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
 __all__ = [
     "Engine",
@@ -22,4 +22,5 @@ __all__ = [
     "make_policy",
     "run_batch",
     "run_group",
+    "retained_kv_curve",
 ]

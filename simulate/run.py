@@ -14,7 +14,7 @@ from lengthsched.errors import as_lengths, check_int, check_positive_float
 from .engine import Engine, Timeline
 from .policies import Problem, make_policy
 
-__all__ = ["SimResult", "run_group", "run_batch", "lower_bound"]
+__all__ = ["SimResult", "run_group", "run_batch", "lower_bound", "retained_kv_curve"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class SimResult:
     budget_tokens: int | None
     slots: int | None
     timeline: Timeline | None = field(default=None, repr=False)
+    # With a compressed KV cache (run_group(compression=...)): the peak of the retained KV tokens.
+    peak_retained_kv_tokens: int | None = None
 
     @property
     def throughput(self) -> float:
@@ -68,6 +70,25 @@ def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | 
     if budget_tokens is not None:
         bound = max(bound, math.ceil(int((lengths * (lengths + 1)).sum()) / (2 * budget_tokens)))
     return bound
+
+
+def retained_kv_curve(timeline: Timeline, compression: Any, steps: int) -> np.ndarray:
+    """KV tokens held at the end of every step 0..steps when each sequence keeps only
+    ``compression.retained(generated)`` of its generated tokens (``lengthsched.KVCompression``):
+    sequences grow, are compressed back to the budget every ``interval`` tokens, and are freed as
+    the timeline's segments say (a preempted sequence keeps its tokens and resumes its count)."""
+    curve = np.zeros(steps + 1, dtype=np.int64)
+    by_job: dict[int, list[tuple[int, int]]] = {}
+    for job, _, first, last, _ in timeline.segments:
+        by_job.setdefault(job, []).append((first, last))
+    for segments in by_job.values():
+        age = 0
+        for first, last in sorted(segments):
+            n = last - first + 1
+            if n > 0:
+                curve[first: last + 1] += np.asarray(compression.retained(age + np.arange(1, n + 1)), dtype=np.int64)
+                age += n
+    return curve
 
 
 def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: float, reserve: Any):
@@ -95,7 +116,7 @@ def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: fl
 
 
 def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predicted, max_new_tokens, seed,
-              reserve, quantile, refill, eps, record, prompt_total) -> SimResult:
+              reserve, quantile, refill, eps, record, prompt_total, compression=None) -> SimResult:
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     if lengths.max() > max_new:
         bad = int(np.argmax(lengths > max_new))
@@ -119,6 +140,9 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                       refill=refill, eps=eps, stream=stream)
     sim = make_policy(policy, problem)
     block = sim.block_size
+    if compression is not None and block > 1:
+        raise InvalidArgument("compression", compression, f"token-granular KV (policy {policy!r} rounds to blocks)")
+    record = record or compression is not None
     tails = prompt_lens % block if block > 1 else None
     eng = Engine(lengths, tails=tails, block_size=block, slots=slots if sim.respects_slots else None,
                  budget_tokens=budget_tokens, enforce_budget=sim.promises_budget, record=record).run(sim)
@@ -141,6 +165,8 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
         budget_tokens=budget_tokens,
         slots=slots,
         timeline=eng.timeline,
+        peak_retained_kv_tokens=None if compression is None else
+        int(retained_kv_curve(eng.timeline, compression, eng.t).max(initial=0)),
     )
 
 
@@ -159,6 +185,7 @@ def run_group(
     refill: str = "sjf",
     eps: float = 0.05,
     record: bool = False,
+    compression: Any = None,
 ) -> SimResult:
     """Simulate generating one group of completions of true ``lengths`` (tokens) with ``policy``.
 
@@ -167,14 +194,16 @@ def run_group(
     ``predicted``: predicted lengths, or a ``LengthPredictor`` (asked with completion indices as
     prompts; its ``quantile`` is the reservation unless ``reserve`` is given). Without predictions,
     completions start in index order. ``seed`` seeds the dynamic-slot stream. ``record`` keeps a
-    :class:`Timeline` for figures.
+    :class:`Timeline` for figures. ``compression`` (a ``lengthsched.KVCompression``) also reports
+    ``peak_retained_kv_tokens``, the peak of the sparse (compressed) KV the same schedule holds
+    (:func:`retained_kv_curve`); the policy still decides by the uncompressed counts.
     """
     true = as_lengths("lengths", lengths, minimum=1)
     prompt_len = check_int("prompt_len", prompt_len, minimum=0)
     return _simulate(true, np.full(len(true), prompt_len, dtype=np.int64), policy, slots=slots,
                      budget_tokens=budget_tokens, predicted=predicted, max_new_tokens=max_new_tokens, seed=seed,
                      reserve=reserve, quantile=quantile, refill=refill, eps=eps, record=record,
-                     prompt_total=prompt_len)
+                     prompt_total=prompt_len, compression=compression)
 
 
 def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:

@@ -95,3 +95,23 @@ def test_a_sparse_rl_step_end_to_end(model):
     assert (corr.weights[corr.kept] != 1).any()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
     model.zero_grad()
+
+
+@pytest.mark.parametrize("policy, slots", [("fixed_slot", 3), ("length_aware", 2), ("full", None), ("micro", 2)])
+def test_the_simulator_knows_the_retained_kv_trajectory(model, policy, slots):
+    """The sampler's measured compressed KV, step by step, is the simulator's retained curve."""
+    from simulate import run_group
+    from simulate.run import retained_kv_curve
+
+    comp = KVCompression(budget=7, interval=3)
+    res = InfiniteSampler(model, policy=policy, slots=slots, kv_compression=comp).sample_group(
+        PROMPT, 6, max_new_tokens=60, seed=0, force_lengths=LENGTHS, predicted_lengths=LENGTHS,
+        stop_token_ids=[256])
+    sim = run_group(LENGTHS, policy, max_new_tokens=60, prompt_len=len(PROMPT), slots=slots, predicted=LENGTHS,
+                    compression=comp)
+    curve = retained_kv_curve(sim.timeline, comp, sim.steps)
+    c = model_memory(model).kv_bytes_per_token
+    for r in res.records:
+        assert r.kv_bytes == (len(PROMPT) + curve[r.step]) * c
+    assert sim.peak_retained_kv_tokens == max(curve) < sim.peak_kv_tokens
+    assert res.peak_kv_bytes == (len(PROMPT) + sim.peak_retained_kv_tokens) * c
