@@ -22,7 +22,7 @@ import sys
 import time
 
 import numpy as np
-from common import ROOT, machine, report, table
+from common import ROOT, machine, report, run_sections, table
 
 from simulate import run_group
 from simulate.workloads import castillo_groups
@@ -209,14 +209,9 @@ def main() -> int:
     model, tokenizer = load_model(args.model, args.dtype, args.device)
     args.stop = getattr(tokenizer, "eos_token_id", None) or 0
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "device": device_name(model)}
-    texts = []
     sections = {"policies": policies, "prompt_kv": shared_vs_copied, "generate": against_generate, "learner": learner}
-    for name in args.sections.split(","):
-        if name not in sections:
-            ap.error(f"--sections: unknown section {name!r}; expected some of {', '.join(sections)}")
-        text, raw = sections[name](args, model)
-        texts.append(text)
-        results[name] = raw
+    texts, raw = run_sections(ap, args, sections, model)
+    results.update(raw)
     import torch
 
     report(results, texts, args.out, f"torch {torch.__version__}, model {args.model} {args.dtype}")

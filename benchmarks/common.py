@@ -51,3 +51,15 @@ def report(results: dict, texts: list[str], out: str | Path, note: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(results, indent=1) + "\n")
+
+
+def run_sections(ap, args, sections: dict, *extra) -> tuple[list[str], dict]:
+    """Run the comma-separated ``args.sections`` (name -> fn(args, *extra) -> (markdown, raw))."""
+    texts, results = [], {}
+    for name in args.sections.split(","):
+        if name not in sections:
+            ap.error(f"--sections: unknown section {name!r}; expected some of {', '.join(sections)}")
+        text, raw = sections[name](args, *extra)
+        texts.append(text)
+        results[name] = raw
+    return texts, results

@@ -33,9 +33,30 @@ GROUPED_ATTENTION_NAME = "lengthsched_prefix_grouper"
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Segment of every packed position: 0 = the prompt, i + 1 = completion i."""
+    """Segment of every packed position: 0 = the prompt, i + 1 = completion i (prompt first, then the
+    completions one after another)."""
 
     segments: torch.Tensor  # (T,) long
+
+    @property
+    def prompt_len(self) -> int:
+        return int((self.segments == 0).sum())
+
+    @property
+    def lengths(self) -> list[int]:
+        return torch.bincount(self.segments)[1:].tolist()
+
+    @property
+    def index(self) -> torch.Tensor:
+        """(completions, longest) packed position of each completion token; -1 past a completion's end."""
+        lengths, p = self.lengths, self.prompt_len
+        width = max(lengths)
+        idx = torch.full((len(lengths), width), -1, dtype=torch.long, device=self.segments.device)
+        start = p
+        for i, n in enumerate(lengths):
+            idx[i, :n] = torch.arange(start, start + n, device=self.segments.device)
+            start += n
+        return idx
 
     def mask(self) -> torch.Tensor:
         """(T, T) boolean: may query q attend to key k."""
@@ -53,22 +74,52 @@ class GroupLayout:
 def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                       sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention of the packed sequence without a T x T mask: the prompt attends to itself causally;
+    the completions (padded to the longest, one row each) attend to the prompt's keys, read once for
+    all rows, and causally to their own keys; one softmax over both parts."""
     layout: GroupLayout | None = kwargs.get("lengthsched_group")
     if layout is None:
         raise InvalidArgument("lengthsched_group", None, "the GroupLayout passed to model(...)")
     if sliding_window is not None or kwargs.get("softcap") is not None:
         raise InvalidArgument("model", type(module).__name__, "plain causal attention (no sliding window, no soft-capping)")
-    b, h, t, d = query.shape
+    if query.shape[0] != 1:
+        raise InvalidArgument("query", tuple(query.shape), "one packed sequence (batch 1)")
+    _, h, t, d = query.shape
     kv_heads = key.shape[1]
+    g = h // kv_heads
     scale = scaling if scaling is not None else 1.0 / math.sqrt(d)
-    k = key.repeat_interleave(h // kv_heads, dim=1)
-    v = value.repeat_interleave(h // kv_heads, dim=1)
-    scores = (query @ k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~layout.mask().view(1, 1, t, t), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    p, lengths = layout.prompt_len, layout.lengths
+    n, width = len(lengths), max(lengths)
+    q, k, v = query[0], key[0], value[0]  # (heads, T, dim)
+    # the prompt: causal attention over itself
+    pq = q[:, :p].reshape(kv_heads, g * p, d) * scale
+    pk, pv = k[:, :p], v[:, :p]
+    causal = torch.ones((p, p), dtype=torch.bool, device=q.device).tril()
+    ps = (pq @ pk.transpose(-1, -2)).view(kv_heads, g, p, p).masked_fill(~causal, float("-inf"))
+    prompt_out = (torch.softmax(ps, -1) @ pv.unsqueeze(1)).reshape(h, p, d)
+    # the completions, one padded row each
+    index = layout.index  # (n, width) packed position of each completion token, -1 beyond its length
+    valid = index >= 0
+    safe = index.clamp(min=0)
+    cq = q[:, safe].permute(1, 0, 2, 3) * scale  # (n, heads, width, dim)
+    ck, cv = k[:, safe].permute(1, 0, 2, 3), v[:, safe].permute(1, 0, 2, 3)  # (n, kv, width, dim)
+    cqf = cq.reshape(n, kv_heads, g * width, d)
+    rows_q = cqf.transpose(0, 1).reshape(kv_heads, n * g * width, d)
+    prefix_scores = (rows_q @ pk.transpose(-1, -2)).reshape(kv_heads, n, g * width, p).transpose(0, 1)
+    own_scores = cqf @ ck.transpose(-1, -2)  # (n, kv, g*width, width)
+    own_ok = torch.ones((width, width), dtype=torch.bool, device=q.device).tril().unsqueeze(0) & valid.unsqueeze(1)
+    own_ok = own_ok.unsqueeze(1).expand(n, g, width, width).reshape(n, 1, g * width, width)
+    own_scores = own_scores.masked_fill(~own_ok, float("-inf"))
+    probs = torch.softmax(torch.cat([prefix_scores, own_scores], -1), -1)
     if dropout and module.training:
         probs = torch.nn.functional.dropout(probs, p=dropout)
-    return (probs @ v).transpose(1, 2).contiguous(), None
+    prefix_probs = probs[..., :p].transpose(0, 1).reshape(kv_heads, n * g * width, p)
+    comp_out = (prefix_probs @ pv).reshape(kv_heads, n, g * width, d).transpose(0, 1) + probs[..., p:] @ cv
+    comp_out = comp_out.reshape(n, h, width, d)
+    out = query.new_zeros((h, t, d))
+    out[:, :p] = prompt_out
+    out[:, index[valid]] = comp_out.permute(1, 0, 2, 3)[:, valid]
+    return out.unsqueeze(0).transpose(1, 2).contiguous(), None
 
 
 def register_grouped() -> str:

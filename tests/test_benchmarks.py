@@ -43,12 +43,23 @@ def test_predictor_benchmark_runs_quick(tmp_path):
     assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])
 
 
-def test_sampler_benchmark_runs_quick(tmp_path):
-    out = tmp_path / "sampler.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sampler.py"), "--quick", "--out",
-                             str(out)], capture_output=True, text=True, timeout=600)
+def run_quick(script: str, out) -> dict:
+    """Run ``benchmarks/<script> --quick --out OUT`` and return its JSON results."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_sampler_benchmark_runs_quick(tmp_path):
+    data = run_quick("bench_sampler.py", tmp_path / "sampler.json")
     assert {"machine", "device", "policies", "prompt_kv", "generate", "learner"} <= set(data)
     for row in data["policies"]["rows"]:  # the sampler's steps and peak KV are the simulator's and the model's
         assert row["steps"] == row["sim_steps"] and row["peak_kv_bytes"] == row["model_peak_kv_bytes"]
+
+
+def test_companions_benchmark_runs_quick(tmp_path):
+    data = run_quick("bench_companions.py", tmp_path / "companions.json")
+    assert {"machine", "sgpo", "sparse", "learner"} <= set(data)
+    dense, *compressed = data["sparse"]
+    assert all(c["peak_kv_bytes"] < dense["peak_kv_bytes"] for c in compressed)

@@ -1,0 +1,206 @@
+"""Companion-method benchmarks: sGPO compute ratios, sparse (compressed-KV) rollouts against dense,
+and the Prefix Grouper learner forward against the naive one.
+
+    python benchmarks/bench_companions.py --data-dir ../shared/data    # full run (minutes on 2 cores)
+    python benchmarks/bench_companions.py --quick                      # smoke run, what the tests execute
+    python benchmarks/bench_companions.py --device cuda --dtype bfloat16   # the same on a GPU machine
+
+Markdown tables go to stdout, raw numbers to ``--out`` (default benchmarks/results/companions.json).
+The model is the tiny Qwen3-shaped model of ``lengthsched sample`` (random weights, real compute).
+Peak memory of a learner forward + backward is the child process's peak resident set on the CPU
+(``ru_maxrss``) and ``torch.cuda.max_memory_allocated`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from common import ROOT, machine, report, run_sections, table
+
+from lengthsched import KVCompression
+from lengthsched.sgpo import BudgetConfig, ProfileRecord, plan_budget
+from simulate.epoch import compare_epochs
+
+
+# ----------------------------------------------------------------------------------------- sGPO
+def synthetic_profile(n: int, k: int, seed: int) -> list[ProfileRecord]:
+    """Success rates from Beta(0.4, 0.6) (many hard and many easy prompts, as RL datasets have),
+    k samples each, lengths log-normal around 400 tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p = rng.beta(0.4, 0.6)
+        out.append(ProfileRecord(f"s{i}", tuple(int(x) for x in rng.random(k) < p),
+                                 tuple(int(x) for x in np.maximum(1, rng.lognormal(np.log(400), 0.3, size=k))),
+                                 int(rng.integers(50, 300))))
+    return out
+
+
+def gsm8k_profile(data_dir: Path) -> list[ProfileRecord]:
+    """GSM8K test questions with the 4 GPT-3 solutions of the grade-school-math release: outcome =
+    is_correct, length = words of the solution x 1.3 (a token estimate). Four different generators,
+    not one policy sampled four times: a GSM8K-SHAPED profile."""
+    out = []
+    path = data_dir / "gsm8k_test_gpt3_example_model_solutions.jsonl"
+    for i, line in enumerate(path.read_text().splitlines()):
+        rec = json.loads(line)
+        sols = [rec[k] for k in ("6b_finetuning", "6b_verification", "175b_finetuning", "175b_verification")]
+        out.append(ProfileRecord(f"gsm8k-{i}", tuple(int(s["is_correct"]) for s in sols),
+                                 tuple(max(1, round(1.3 * len(s["solution"].split()))) for s in sols),
+                                 round(1.3 * len(rec["question"].split()))))
+    return out
+
+
+def sgpo(args: argparse.Namespace) -> tuple[str, list]:
+    profiles = [("synthetic (Beta(0.4, 0.6), k = 8)", synthetic_profile(60 if args.quick else 2000, 8, 0))]
+    if not args.quick:
+        profiles.append(("GSM8K-shaped (4 GPT-3 solutions per test question)", gsm8k_profile(Path(args.data_dir))))
+    rows, raw = [], []
+    for name, prof in profiles:
+        for rule in ("pow2", "ceil"):
+            cfg = BudgetConfig(g_min=2, g_max=32, rule=rule, baseline_group_size=16)
+            plan = plan_budget(prof, cfg)
+            epoch = compare_epochs(prof, plan, ["fixed_slot", "length_aware"], max_new_tokens=4096, slots=8)
+            rows.append([name, rule, len(prof), len(plan.kept), round(plan.profiling_tokens / 1e6, 3),
+                         round(plan.training_tokens / 1e6, 3), round(plan.baseline_tokens / 1e6, 3),
+                         round(plan.savings, 2), round(epoch[0]["steps_ratio"], 3), round(epoch[1]["steps_ratio"], 3)])
+            raw.append({"profile": name, "rule": rule, **{k: v for k, v in plan.to_dict().items() if k != "prompts"}})
+    return table("sGPO: tokens of profiling + training with adaptive group sizes against a fixed G = 16 "
+                 "(g in [2, 32]); simulated epoch decode steps adaptive / fixed with 8 slots",
+                 ["profile", "rule", "prompts", "kept", "profiling Mtok", "training Mtok", "baseline Mtok",
+                  "less compute", "steps fixed_slot", "steps length_aware"], rows), raw
+
+
+# ------------------------------------------------------------------------------------ Sparse-RL
+def sparse(args: argparse.Namespace) -> tuple[str, list]:
+    import torch
+
+    from sampler import InfiniteSampler
+    from sampler.cli import load_model
+
+    model, tok = load_model("tiny-qwen3", args.dtype, args.device)
+    n, g = args.sparse_new, args.sparse_group
+    prompt = list(np.random.default_rng(0).integers(0, 200, size=64))
+    InfiniteSampler(model, policy="fixed_slot", slots=2).sample_group(prompt, 2, max_new_tokens=4, seed=0)  # warm up
+    rows, raw = [], []
+    for budget in [None, *args.sparse_budgets]:
+        comp = None if budget is None else KVCompression(budget, args.sparse_interval)
+        res = InfiniteSampler(model, policy="fixed_slot", slots=g, kv_compression=comp).sample_group(
+            prompt, g, max_new_tokens=n, seed=0, force_lengths=[n] * g, stop_token_ids=[tok.eos_token_id],
+            record_steps=True)
+        rows.append(["dense" if budget is None else f"{budget} + {args.sparse_interval}", g, n,
+                     round(res.peak_kv_bytes / 2**20, 3), round(res.tokens_per_second, 1)])
+        raw.append({"budget": budget, "peak_kv_bytes": res.peak_kv_bytes, "tokens_per_second": res.tokens_per_second,
+                    "wall_seconds": res.wall_seconds})
+    dense = rows[0]
+    for r in rows:
+        r.append(round(r[3] / dense[3], 3))
+        r.append(round(r[4] / dense[4], 3))
+    return table(f"Sparse rollouts (compressed KV) against dense on the same model ({_device(model)}; G = {g} "
+                 f"sequences of {n} tokens, a 64-token prompt)",
+                 ["KV budget + interval", "sequences", "tokens each", "peak KV MiB", "tokens / s", "KV / dense",
+                  "speed / dense"], rows), raw
+
+
+# ------------------------------------------------------------------------------- Prefix Grouper
+def _learner_child(spec: str) -> None:
+    """Run one learner forward + backward in this process and print its measurements (JSON)."""
+    import time
+
+    import torch
+
+    from sampler.cli import load_model
+    from sampler.prefix_grouper import grouped_logprobs, naive_logprobs
+
+    s = json.loads(spec)
+    model, _ = load_model("tiny-qwen3", s["dtype"], s["device"])
+    rng = np.random.default_rng(0)
+    prompt = list(rng.integers(0, 200, s["P"]))
+    comps = [list(rng.integers(0, 200, s["l"])) for _ in range(s["G"])]
+    fn = grouped_logprobs if s["grouped"] else naive_logprobs
+    fn(model, prompt[:8], [c[:2] for c in comps[:2]])  # warm up (attention registration, first calls)
+    times = []
+    for _ in range(s["reps"]):
+        model.zero_grad()
+        if model.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        lp = fn(model, prompt, comps)
+        torch.stack([x.sum() for x in lp]).sum().backward()
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() if model.device.type == "cuda" else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": statistics.median(times), "peak_bytes": peak}))
+
+
+def learner(args: argparse.Namespace) -> tuple[str, list]:
+    from lengthsched import learner_tokens
+
+    rows, raw = [], []
+    for g in args.learner_groups:
+        for p in args.learner_prompts:
+            res = {}
+            for grouped in (False, True):
+                spec = json.dumps({"G": g, "P": p, "l": args.learner_new, "grouped": grouped, "reps": args.reps,
+                                   "dtype": args.dtype, "device": args.device})
+                out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
+                                     check=True)
+                res[grouped] = json.loads(out.stdout.strip().splitlines()[-1])
+            lengths = [args.learner_new] * g
+            rows.append([g, p, args.learner_new, learner_tokens(p, lengths, grouped=False),
+                         learner_tokens(p, lengths, grouped=True), round(res[False]["seconds"], 3),
+                         round(res[True]["seconds"], 3), round(res[False]["seconds"] / res[True]["seconds"], 2),
+                         round(res[False]["peak_bytes"] / 2**20), round(res[True]["peak_bytes"] / 2**20)])
+            raw.append({"G": g, "P": p, "naive": res[False], "grouped": res[True]})
+    return table(f"Prefix Grouper: learner forward + backward of one group against G naive rows (tiny Qwen3-shaped "
+                 f"model, {args.device or 'cpu'}; median of {args.reps}; peak = process peak resident memory on the "
+                 f"CPU, each run in its own process)",
+                 ["G", "prompt tokens", "tokens per completion", "naive tokens", "grouped tokens", "naive s",
+                  "grouped s", "speed-up", "naive peak MiB", "grouped peak MiB"], rows), raw
+
+
+def _device(model) -> str:
+    import torch
+
+    dev = next(model.parameters()).device
+    return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _learner_child(sys.argv[2])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--sections", default="sgpo,sparse,learner")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
+    args = ap.parse_args()
+    args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [256, 512, 1024], 32, 2048, 8
+    args.learner_groups, args.learner_prompts, args.learner_new = [8, 16, 32], [512, 1024, 2048, 4096], 64
+    if args.quick:
+        args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
+        args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
+    results = {"machine": machine(), "command": " ".join(["python", *sys.argv])}
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "learner": learner})
+    results.update(raw)
+    import torch
+
+    report(results, texts, args.out, f"torch {torch.__version__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
