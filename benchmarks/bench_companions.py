@@ -186,10 +186,16 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections", default="sgpo,sparse,learner")
+    ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
+    ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
+    ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
+    ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
     args = ap.parse_args()
-    args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [256, 512, 1024], 32, 2048, 8
-    args.learner_groups, args.learner_prompts, args.learner_new = [8, 16, 32], [512, 1024, 2048, 4096], 64
+    args.sparse_budgets, args.sparse_interval = [256, 512, 1024], 32
+    args.learner_groups = [int(x) for x in args.learner_groups.split(",")]
+    args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
+    args.learner_new = 64
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
