@@ -17,6 +17,7 @@ stdout, raw numbers to ``--out`` (default benchmarks/results/predictor.json).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -127,45 +128,62 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=1500, help="rows per GSM8K / Dolly file")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--head", default="regression")
+    ap.add_argument("--sections", default="castillo,k,human,latency",
+                    help="castillo (k = 0), k (k > 0 and the comparison), human (GSM8K + Dolly), latency")
+    ap.add_argument("--reuse", action="store_true",
+                    help="use predictors already trained in --work (their training_summary.json) instead of training")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / ("predictor-quick.json" if "--quick"
                                                                               in sys.argv else "predictor.json")))
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     texts, results = [], {"machine": machine(), "command": " ".join(["python", *sys.argv])}
 
-    s0 = train(options(args, 0), progress=False)
-    results["k0"] = s0
-    texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
-                       "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
-                       ACCURACY_HEADER, accuracy_rows(s0)))
-    sk = train(options(args, args.k), progress=False)
-    results["k"] = sk
-    model0 = BertLengthPredictor.from_pretrained(options(args, 0).out, device="cpu")
-    text, rows = k_comparison(args, model0, sk)
-    results["k_comparison"] = rows
-    texts.append(text)
-    if not args.quick:
-        sh = train(options(args, 0, "human"), progress=False)
+    def trained(opts: TrainOptions) -> dict:
+        summary = Path(opts.out) / "training_summary.json"
+        if args.reuse and summary.is_file():
+            return json.loads(summary.read_text())
+        return train(opts, progress=False)
+
+    wanted = set(args.sections.split(","))
+    unknown = wanted - {"castillo", "k", "human", "latency"}
+    if unknown:
+        ap.error(f"--sections: unknown {sorted(unknown)}")
+    if "castillo" in wanted:
+        s0 = trained(options(args, 0))
+        results["k0"] = s0
+        texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
+                           "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
+                           ACCURACY_HEADER, accuracy_rows(s0)))
+    if "k" in wanted:
+        sk = trained(options(args, args.k))
+        results["k"] = sk
+        model0 = BertLengthPredictor.from_pretrained(options(args, 0).out, device="cpu")
+        text, rows = k_comparison(args, model0, sk)
+        results["k_comparison"] = rows
+        texts.append(text)
+    if "human" in wanted and not args.quick:
+        sh = trained(options(args, 0, "human"))
         results["human"] = sh
         texts.append(table("Accuracy on GSM8K and Dolly test prompts, k = 0 (human-written answers counted in the "
                            "encoder's tokenizer; one sample per prompt, so no ceiling)",
                            ACCURACY_HEADER, accuracy_rows(sh)))
     train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
                    round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)]
-                  for s in (results["k0"], results.get("k"), results.get("human")) if s]
+                  for s in (results.get("k0"), results.get("k"), results.get("human")) if s]
     texts.append(table("Training throughput", ["model", "encoder", "device", "rows", "steps", "seconds",
                                                "rows / s"], train_rows))
 
-    prompts = _test_prompts(options(args, 0))
-    lat = []
     import torch
 
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        lat += latency(BertLengthPredictor.from_pretrained(options(args, 0).out, device=device), prompts, device)
-    results["latency"] = lat
-    texts.append(table("Prediction latency (median of 5, k = 0 model, test prompts, quantile 0.9 included)",
-                       ["device", "batch", "ms / batch", "prompts / s"], lat))
+    if "latency" in wanted:
+        prompts = _test_prompts(options(args, 0))
+        lat = []
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        for device in devices:
+            lat += latency(BertLengthPredictor.from_pretrained(options(args, 0).out, device=device), prompts, device)
+        results["latency"] = lat
+        texts.append(table("Prediction latency (median of 5, k = 0 model, test prompts, quantile 0.9 included)",
+                           ["device", "batch", "ms / batch", "prompts / s"], lat))
     report(results, texts, args.out, f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     return 0
 
