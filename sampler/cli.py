@@ -39,7 +39,7 @@ def tiny_qwen3(dtype: Any = None, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=768,
                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                         max_position_embeddings=4096, eos_token_id=ByteTokenizer.eos_token_id,
+                         max_position_embeddings=8192, eos_token_id=ByteTokenizer.eos_token_id,
                          tie_word_embeddings=True)
     model = Qwen3ForCausalLM(config).eval()
     return model.to(dtype) if dtype is not None else model
