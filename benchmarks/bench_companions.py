@@ -80,8 +80,6 @@ def sgpo(args: argparse.Namespace) -> tuple[str, list]:
 
 # ------------------------------------------------------------------------------------ Sparse-RL
 def sparse(args: argparse.Namespace) -> tuple[str, list]:
-    import torch
-
     from sampler import InfiniteSampler
     from sampler.cli import load_model
 

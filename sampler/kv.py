@@ -159,7 +159,3 @@ class KVStore:
         """Bytes of KV tensors held now: the shared prompt part once, plus every slot's own tensor."""
         shared = self.shared_len * self.bytes_per_token if self.prompt_k else 0
         return shared + sum(kv.data.nbytes for kv in self.slots.values())
-
-    def held_tokens(self) -> int:
-        """Token positions of the slots' own tensors (prompt tails and generated tokens, block rounded)."""
-        return sum(kv.capacity for kv in self.slots.values())
