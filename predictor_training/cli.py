@@ -106,7 +106,7 @@ def run_eval(opts: EvalOptions) -> int:
     _need_train_extra(quiet=True)
     from .data import LabelConfig, load_sources
     from .encoders import load_tokenizer
-    from .evaluate import BASELINES, format_table, noise_ceiling, predictor_predictions, score_by_source
+    from .evaluate import format_table, predictor_predictions, reference_results, score_by_source
     from .predictor import BertLengthPredictor
     from .training import load_splits, split_specs
 
@@ -138,13 +138,7 @@ def run_eval(opts: EvalOptions) -> int:
         # a k = 0 model never saw a prefix: it answers from the prompt, minus what was generated already
         pred = predictor_predictions(p, test, prompt_only=opts.prompt_only or p.config.k == 0)
         results[f"{name} (k={p.config.k})"] = score_by_source(pred, test["remaining"], test["source"], l_max)
-    if fit is not None:
-        for name, make in BASELINES.items():
-            results[name] = score_by_source(make().fit(fit).predict(test, (0.1, 0.5, 0.9), l_max),
-                                            test["remaining"], test["source"], l_max)
-    ceiling = noise_ceiling(test["remaining"], test["source"], l_max)
-    if ceiling:
-        results["ceiling"] = ceiling
+    results.update(reference_results(fit, test, l_max))
     text = json.dumps(results, indent=1)
     if opts.output:
         atomic_write_text(opts.output, text + "\n")

@@ -26,7 +26,7 @@ import numpy as np
 from lengthsched.errors import InvalidArgument
 
 __all__ = ["METRICS", "Predictions", "score", "score_by_source", "noise_ceiling", "ConstantBaseline",
-           "LinearBaseline", "TfidfBaseline", "BASELINES", "predictor_predictions", "format_table",
+           "LinearBaseline", "TfidfBaseline", "BASELINES", "predictor_predictions", "reference_results", "format_table",
            "log_bucket_edges"]
 
 METRICS = ("n", "mae", "rmse", "smape", "kendall_tau_b", "spearman", "within_10", "same_bucket",
@@ -223,6 +223,22 @@ def predictor_predictions(predictor: Any, rows: dict[str, list[Any]], levels: Se
     shift = np.asarray(rows["prefix_tokens"], dtype=np.int64) if prompt_only else 0
     return Predictions(np.maximum(res.lengths - shift, 1).astype(np.float64),
                        {q: np.maximum(res.quantiles[q] - shift, 1).astype(np.float64) for q in levels})
+
+
+def reference_results(fit_rows: dict[str, list[Any]] | None, test_rows: dict[str, list[Any]], l_max: int,
+                      levels: Sequence[float] = DEFAULT_LEVELS) -> dict[str, dict[str, dict[str, float]]]:
+    """What a predictor is compared with on ``test_rows``: every baseline fitted on ``fit_rows`` (none
+    without them) and the noise ceiling (where rows hold several samples), per source."""
+    truth, sources = test_rows["remaining"], test_rows["source"]
+    results = {}
+    if fit_rows is not None:
+        for name, make in BASELINES.items():
+            results[name] = score_by_source(make().fit(fit_rows).predict(test_rows, levels, l_max), truth, sources,
+                                            l_max)
+    ceiling = noise_ceiling(truth, sources, l_max)
+    if ceiling:
+        results["ceiling"] = ceiling
+    return results
 
 
 def format_table(results: dict[str, dict[str, dict[str, float]]], columns: Sequence[str] | None = None) -> str:

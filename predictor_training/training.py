@@ -26,7 +26,7 @@ from lengthsched.io import atomic_write_text
 
 from .data import DataError, DataSpec, LabelConfig, assign_splits, load_sources
 from .encoders import load_encoder_config, load_encoder_weights, load_tokenizer, tiny_encoder_config, train_wordpiece
-from .evaluate import BASELINES, DEFAULT_LEVELS, format_table, noise_ceiling, predictor_predictions, score_by_source
+from .evaluate import DEFAULT_LEVELS, format_table, predictor_predictions, reference_results, score_by_source
 from .model import LengthPredictorConfig, LengthPredictorModel, collate, encode_pairs, features
 from .options import TrainOptions
 from .predictor import BertLengthPredictor
@@ -212,11 +212,7 @@ def evaluate_all(predictor: Any, train_rows: Any, test_rows: Any, l_max: int,
     tr, te = train_rows.to_dict(), test_rows.to_dict()
     truth, sources = te["remaining"], te["source"]
     results = {"model": score_by_source(predictor_predictions(predictor, te, levels), truth, sources, l_max)}
-    for name, make in BASELINES.items():
-        results[name] = score_by_source(make().fit(tr).predict(te, levels, l_max), truth, sources, l_max)
-    ceiling = noise_ceiling(truth, sources, l_max)
-    if ceiling:
-        results["ceiling"] = ceiling
+    results.update(reference_results(tr, te, l_max, levels))
     return results
 
 

@@ -278,11 +278,11 @@ class InfiniteSampler:
         sim_name = self.policy
         block = VLLMLike.block_size if sim_name == "vllm" else 1  # the only engine model with blocks
         memory = model_memory(self.model, block, self.share_prompt_kv, self.kv_compression)
+        tail = P if not self.share_prompt_kv else P % block  # prompt tokens each sequence holds itself
         budget_tokens = None
         if self.budget_bytes is not None:
             budget_tokens = memory.kv_token_budget(self.budget_bytes, prompt_tokens=P,
                                                    batch=min(G, self.slots or G))
-            tail = P if not self.share_prompt_kv else (P % block if block > 1 else 0)
             if budget_tokens < L + tail:
                 raise InvalidArgument("budget_bytes", self.budget_bytes,
                                       f"room for one whole sequence: {L + tail} KV tokens beyond the prompt "
@@ -303,12 +303,7 @@ class InfiniteSampler:
         dtype = next(self.model.parameters()).dtype
         store = KVStore(self.layers, self.kv_heads, self.head_dim, dtype, device, block_size=block,
                         share_prompt=self.share_prompt_kv, compression=self.kv_compression)
-        tails = None
-        if not self.share_prompt_kv:
-            tails = [P] * G
-        elif block > 1:
-            tails = [P % block] * G
-        eng = LiveEngine(truth, tails=tails, block_size=block, slots=self.slots if policy.respects_slots else None,
+        eng = LiveEngine(truth, tails=[tail] * G if tail else None, block_size=block, slots=self.slots if policy.respects_slots else None,
                          budget_tokens=budget_tokens, enforce_budget=policy.promises_budget and self.share_prompt_kv)
         first_policy, then = policy, None
         if self.probe_tokens and predicted is None:
@@ -386,8 +381,7 @@ class InfiniteSampler:
         P = len(prompt)
         store.mode = "prefill"
         ids = torch.tensor([prompt], device=device)
-        first = self.model(input_ids=ids, position_ids=torch.arange(P, device=device).view(1, P), use_cache=False,
-                           lengthsched_kv=store, logits_to_keep=1).logits[:, -1]
+        first = self._forward(store, [], ids, torch.arange(P, device=device).view(1, P))
         store.mode = "extend"
         first_lp = processed_logprobs(first, params)[0].cpu()
         stops = set(params.stop_token_ids)
