@@ -17,10 +17,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from common import ROOT, machine, pin_one_core, report, table
+from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import ModelMemory, NoisyOracleLengthPredictor
 from simulate import POLICIES, run_batch, run_group
+from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.workloads import castillo_groups, trace_groups
 
@@ -51,9 +52,47 @@ def speed(quick: bool) -> tuple[str, list]:
                 steps_and_peaks(batch, policy, 8)
                 rates.append(batch.size / (time.perf_counter() - start))
             rows.append([size, policy, "fast (vectorised)", round(statistics.median(rates))])
+        for policy in COMPILED_POLICIES:
+            rows.append([size, policy, "compiled (1 thread)", _compiled_rate(size, policy, 1, quick)])
     return table("Simulated completions per second, one core (CASTILLO lengths, L_max 4096, budget 8 x L_max "
-                 "KV tokens, 8 slots for micro / fixed / dynamic; fast = simulate.fast incl. peak KV)",
-                 ["G", "policy", "path", "completions / s"], rows), rows
+                 "KV tokens, 8 slots for micro / fixed / dynamic; fast = simulate.fast incl. peak KV; compiled = "
+                 "simulate.compiled, Numba)", ["G", "policy", "path", "completions / s"], rows), rows
+
+
+def _compiled_rate(size: int, policy: str, threads: int, quick: bool) -> int:
+    """Completions per second of simulate.compiled.engine_many (median of 3, after a compiling call)."""
+    import numba
+
+    lmax = 4096
+    groups = castillo_groups(size, limit=max(2, (20000 if quick else 400000) // size), seed=2, max_new_tokens=lmax)
+    batch = np.stack([g.lengths for g in groups])
+    prompts = np.array([g.prompt_len for g in groups])
+    numba.set_num_threads(threads)
+    args = dict(budget_tokens=8 * lmax, max_new_tokens=lmax)
+    engine_many(batch[:2], policy, prompt_lens=prompts[:2], **args)  # compile (or load the cache)
+    rates = []
+    for _ in range(1 if quick else 3):
+        start = time.perf_counter()
+        engine_many(batch, policy, prompt_lens=prompts, **args)
+        rates.append(batch.size / (time.perf_counter() - start))
+    return round(statistics.median(rates))
+
+
+def scaling(quick: bool) -> tuple[str, list]:
+    """The compiled engine baselines on 1..all cores (groups spread over Numba threads)."""
+    unpin()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    rows = []
+    for size in (32, 1024):
+        for policy in COMPILED_POLICIES:
+            base = None
+            for threads in sorted({1, cores}):
+                rate = _compiled_rate(size, policy, threads, quick)
+                base = base or rate
+                rows.append([size, policy, threads, rate, round(rate / base, 2)])
+    return table("Compiled engine baselines (simulate.compiled) across threads: completions per second (CASTILLO "
+                 "lengths, L_max 4096, budget 8 x L_max KV tokens)",
+                 ["G", "policy", "threads", "completions / s", "x 1 thread"], rows), rows
 
 
 # ---------------------------------------------------------------------------------------- target
@@ -176,11 +215,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
-    parser.add_argument("--sections", default="target,paper,batches,speed")
+    parser.add_argument("--sections", default="target,paper,batches,speed,scaling")
     args = parser.parse_args(argv)
     results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
-    sections = {"target": target, "paper": paper, "batches": batches, "speed": speed}
+    sections = {"target": target, "paper": paper, "batches": batches, "speed": speed, "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()
         text, rows = sections[name](args.quick)

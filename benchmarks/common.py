@@ -36,10 +36,19 @@ def machine() -> dict:
             "numpy": np.__version__, "lengthsched": lengthsched.__version__, "platform": platform.platform()}
 
 
+_CORES = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+
+
 def pin_one_core() -> None:
     """Run on one CPU core, so that timings do not depend on scheduling across cores."""
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+
+def unpin() -> None:
+    """Run on every core this process was given again (after :func:`pin_one_core`)."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, _CORES)
 
 
 def report(results: dict, texts: list[str], out: str | Path, note: str) -> None:

@@ -324,7 +324,7 @@ def exact(
     hint = best_heuristic(p, k)
     if hint.makespan == lb:
         return _relabel(hint, "exact", proven=True)
-    n, total = len(p), int(p.sum())
+    n = len(p)
     model = cp_model.CpModel()
     order = _descending(p)
     x = {}

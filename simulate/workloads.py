@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError
-from lengthsched.errors import as_lengths, check_int, check_positive_float
+from lengthsched.errors import as_lengths, check_int
 from lengthsched.io import DATA_DIR as CORE_DATA_DIR
 from lengthsched.io import atomic_write_text
 

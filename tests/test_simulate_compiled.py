@@ -1,0 +1,97 @@
+"""The compiled engine baselines (simulate.compiled) equal the event engine, group for group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from simulate import SimulationError, run_group
+from simulate.compiled import COMPILED_POLICIES, engine_many
+
+FIELDS = ("steps", "peak_kv", "preemptions", "recomputed_tokens", "decoded_tokens", "max_live")
+
+
+def engine_row(lengths, policy, **kwargs):
+    """What run_group measures, in engine_many's field order (or the exception type it raises)."""
+    try:
+        r = run_group(lengths, policy, **kwargs)
+    except (InvalidArgument, SimulationError) as exc:
+        return type(exc)
+    return (r.steps, r.peak_kv_tokens, r.preemptions, r.recomputed_tokens, r.decoded_tokens, r.max_live)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), policy=st.sampled_from(COMPILED_POLICIES), size=st.integers(1, 24),
+       lmax=st.integers(4, 200), tight=st.floats(0.0, 1.0), slots=st.one_of(st.none(), st.integers(1, 24)))
+def test_engine_many_equals_the_event_engine(data, policy, size, lmax, tight, slots):
+    # Budgets from one longest completion (constant preemption) up to several times the group's need.
+    batch = np.array(data.draw(st.lists(st.lists(st.integers(1, lmax), min_size=size, max_size=size),
+                                        min_size=1, max_size=4)))
+    prompts = np.array(data.draw(st.lists(st.integers(0, 70), min_size=len(batch), max_size=len(batch))))
+    budget = int(batch.max() + 32 + tight * 4 * size * lmax)
+    kwargs = dict(budget_tokens=budget, max_new_tokens=lmax, slots=slots)
+    expected = [engine_row(lengths, policy, prompt_len=int(p), **kwargs) for lengths, p in zip(batch, prompts)]
+    try:
+        got = engine_many(batch, policy, prompt_lens=prompts, **kwargs)
+    except (InvalidArgument, SimulationError) as exc:
+        assert type(exc) in expected  # the first failing group fails the batch, as it fails run_group
+        return
+    for row, want in enumerate(expected):
+        assert tuple(int(got[k][row]) for k in FIELDS) == want
+
+
+@pytest.mark.parametrize("policy", COMPILED_POLICIES)
+def test_engine_many_on_a_preempting_castillo_batch(policy):
+    from simulate.workloads import castillo_groups
+
+    groups = castillo_groups(64, limit=3, seed=5, max_new_tokens=1024)
+    batch = np.stack([g.lengths for g in groups])
+    prompts = np.array([g.prompt_len for g in groups])
+    got = engine_many(batch, policy, budget_tokens=4 * 1024, max_new_tokens=1024, prompt_lens=prompts)
+    assert got["preemptions"].sum() > 0  # the hard case: a budget far below the group's need
+    for row, g in enumerate(groups):
+        want = engine_row(g.lengths, policy, budget_tokens=4 * 1024, max_new_tokens=1024, prompt_len=g.prompt_len)
+        assert tuple(int(got[k][row]) for k in FIELDS) == want
+        assert got["decoded_tokens"][row] >= g.lengths.sum()
+        assert got["peak_kv"][row] <= 4 * 1024
+
+
+def test_the_python_kernels_equal_the_compiled_ones():
+    from simulate import compiled
+
+    if not compiled.HAVE_NUMBA:
+        pytest.skip("numba not installed: the kernels already run as Python")
+    lengths = np.array([40, 7, 33, 21, 60, 5, 18, 44], dtype=np.int64)
+    for kernel, args in ((compiled._vllm_group, (lengths, 5, 96, 6, 16, 8)),
+                         (compiled._sglang_group, (lengths, 60, 64, 8, 0.7, 0.098, 0.005, 20))):
+        a, b = np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64)
+        assert kernel(*args, a) == kernel.py_func(*args, b) == 0
+        assert a.tolist() == b.tolist() and a[2] > 0  # it preempted
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(lengths=[[3, 4]], policy="fcfs"), "policy"),
+    (dict(lengths=[3, 4]), "lengths"),
+    (dict(lengths=[[3, 0]]), "lengths"),
+    (dict(lengths=[[3.5, 4]]), "lengths"),
+    (dict(lengths=[[3, 40]]), "lengths"),
+    (dict(lengths=[[3, 4]], budget_tokens=3), "budget_tokens"),
+    (dict(lengths=[[3, 4]], budget_tokens=20, prompt_lens=[15]), "budget_tokens"),  # 15 % 16 + 4 > 16
+    (dict(lengths=[[3, 4]], prompt_lens=[1, 2]), "prompt_lens"),
+    (dict(lengths=[[3, 4]], slots=0), "slots"),
+])
+def test_engine_many_rejects_bad_input_naming_the_argument(kwargs, name):
+    args = dict(policy="vllm", budget_tokens=64, max_new_tokens=32) | kwargs
+    with pytest.raises(InvalidArgument, match=f"argument '{name}'"):
+        engine_many(args.pop("lengths"), args.pop("policy"), **args)
+
+
+def test_engine_many_reports_a_stuck_sglang_group_like_the_engine():
+    # SGLang reserves 0.7 x max_new_tokens for a new request: 100 tokens cannot admit one of L_max 4096.
+    with pytest.raises(SimulationError):
+        run_group([50, 60], "sglang", budget_tokens=100, max_new_tokens=4096)
+    with pytest.raises(SimulationError, match="sglang: nothing live.*group 0"):
+        engine_many([[50, 60]], "sglang", budget_tokens=100, max_new_tokens=4096)
