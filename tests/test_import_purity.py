@@ -1,5 +1,6 @@
 """``import lengthsched`` (and every submodule) must not import torch, transformers or ortools;
-``import simulate`` must need nothing beyond numpy and lengthsched until a report is made."""
+``import simulate`` must need nothing beyond numpy and lengthsched until a report is made;
+``import lengthsched.integrations`` (the engine adapters) must not import vLLM or SGLang either."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import textwrap
 import pytest
 
 CORE_BLOCKED = ("torch", "transformers", "ortools", "scipy", "datasets", "matplotlib", "tqdm")
+ENGINES = ("vllm", "sglang")
 
 
 def imports_cleanly(package: str, blocked: tuple[str, ...]) -> subprocess.CompletedProcess:
@@ -32,11 +34,15 @@ def imports_cleanly(package: str, blocked: tuple[str, ...]) -> subprocess.Comple
         print("ok")
         """
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
 
 
-@pytest.mark.parametrize("package", ["lengthsched", "simulate"])
-def test_packages_import_nothing_heavy(package):
-    result = imports_cleanly(package, CORE_BLOCKED)
+@pytest.mark.parametrize(
+    ("package", "blocked"),
+    [("lengthsched", CORE_BLOCKED), ("simulate", CORE_BLOCKED), ("lengthsched.integrations", CORE_BLOCKED + ENGINES)],
+    ids=["lengthsched", "simulate", "lengthsched.integrations"],
+)
+def test_packages_import_nothing_heavy(package, blocked):
+    result = imports_cleanly(package, blocked)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
