@@ -25,6 +25,10 @@ class TrainOptions:
     encoder: str = _opt("minilm", "minilm (pretrained, offline), tiny (built from a config), or a Hugging Face "
                                   "name / local directory")
     head: str = _opt("regression", "length head", choices=list(HEADS))
+    init_from: str | None = _opt(None, "continue from a predictor trained earlier (a directory written by "
+                                       "`lengthsched train`): its encoder, head and tokenizers; --encoder is then "
+                                       "ignored, --head and --l-max must match it (e.g. retrain on fresh rollout "
+                                       "logs as the policy changes)")
     k: int = _opt(0, "generated tokens the predictor sees (token-conditioned prediction), policy tokens")
     l_max: int = _opt(4096, "longest remaining length a label may have, tokens")
     over_l_max: str = _opt("error", "a label above --l-max", choices=["error", "clip", "drop"])

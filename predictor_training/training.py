@@ -122,12 +122,20 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     if opts.resume and last is None:
         raise InvalidArgument("resume", str(ckpt_dir), "a checkpoint-N directory from an earlier run with --out")
 
-    tiny = opts.encoder == "tiny"
-    label_name = opts.label_tokenizer or (None if tiny else opts.encoder)
-    label_tok = load_tokenizer(label_name, "label_tokenizer") if label_name else None
+    previous = _previous(opts) if opts.init_from else None
+    tiny = opts.encoder == "tiny" and previous is None
+    if previous is not None and not opts.label_tokenizer:
+        label_name = previous.model.config.label_tokenizer
+        label_tok = previous.label_tokenizer if label_name != "counts in the data" else None
+    else:
+        label_name = opts.label_tokenizer or (None if tiny else opts.encoder)
+        label_tok = load_tokenizer(label_name, "label_tokenizer") if label_name else None
     splits = load_splits(opts, label_tok)
 
-    if tiny:
+    if previous is not None:
+        tokenizer = previous.tokenizer
+        encoder_cfg = dict(previous.model.config.encoder)
+    elif tiny:
         tokenizer = load_tokenizer(last, "encoder") if last else \
             train_wordpiece(list(splits["train"]["prompt"]) + [x for x in splits["train"]["prefix"] if x])
         encoder_cfg = tiny_encoder_config(len(tokenizer), opts.max_length, opts.tiny_hidden, opts.tiny_layers)
@@ -141,12 +149,15 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     if limit and opts.max_length > limit:
         raise InvalidArgument("max_length", opts.max_length, f"at most {limit}, the encoder's position limit")
     model = LengthPredictorModel(config)
-    if not tiny:
+    if previous is not None:
+        model.load_state_dict(previous.model.state_dict())  # encoder and head as trained before
+    elif not tiny:
         missing = model.encoder.load_state_dict(load_encoder_weights(opts.encoder), strict=False)
         if missing.missing_keys:
             raise InvalidArgument("encoder", opts.encoder, f"an encoder whose weights fit its config "
                                   f"(missing {missing.missing_keys[:3]})")
-    model.init_head_from_targets(splits["train"]["remaining"])
+    if previous is None:
+        model.init_head_from_targets(splits["train"]["remaining"])
 
     enc = {name: _encode(ds, tokenizer, config, opts.num_proc) for name, ds in splits.items() if len(ds)}
     has_val = "validation" in enc
@@ -189,7 +200,8 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     if not trainer.is_world_process_zero():
         return {}
 
-    predictor = BertLengthPredictor(trainer.model, tokenizer, label_tok if opts.label_tokenizer else None,
+    keep_label = opts.label_tokenizer or (previous is not None and label_tok is not None)
+    predictor = BertLengthPredictor(trainer.model, tokenizer, label_tok if keep_label else None,
                                     device=str(trainer.args.device))
     summary = {
         "options": asdict(opts),
@@ -204,6 +216,20 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     _save_atomically(predictor, out, summary)
     summary["wall_seconds"] = time.perf_counter() - started
     return summary
+
+
+def _previous(opts: TrainOptions) -> BertLengthPredictor:
+    """The predictor ``--init-from`` names, checked against the options that must agree with it."""
+    try:
+        previous = BertLengthPredictor.from_pretrained(opts.init_from, device="cpu")
+    except InvalidArgument as exc:
+        raise InvalidArgument("init_from", opts.init_from, exc.expected) from None
+    config = previous.model.config
+    for name, mine, theirs in (("head", opts.head, config.head), ("l_max", opts.l_max, config.l_max)):
+        if mine != theirs:
+            raise InvalidArgument(name, mine, f"{theirs!r}, the value of the predictor in --init-from "
+                                              f"{opts.init_from!r} (its head's outputs depend on it)")
+    return previous
 
 
 def evaluate_all(predictor: Any, train_rows: Any, test_rows: Any, l_max: int,

@@ -118,6 +118,29 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
         train(TrainOptions(**{**base, "out": str(tmp_path / "fresh")}, max_steps=3, resume=True), progress=False)
 
 
+def test_init_from_continues_a_trained_predictor(trained, tmp_path):
+    d, model_dir = trained
+    before = BertLengthPredictor.from_pretrained(model_dir)
+    prompts = ["write a detailed essay about rivers", "answer briefly about rivers"]
+    # A learning rate of ~0 keeps the weights: the continued predictor starts where the old one was.
+    base = dict(data=str(d / "train.jsonl"), eval_data=str(d / "test.jsonl"), init_from=str(model_dir),
+                max_length=32, prefix_max_tokens=8, l_max=1024, batch_size=16)
+    train(TrainOptions(**base, out=str(tmp_path / "same"), max_steps=1, learning_rate=1e-30), progress=False)
+    same = BertLengthPredictor.from_pretrained(tmp_path / "same")
+    np.testing.assert_allclose(same.predict(prompts).lengths, before.predict(prompts).lengths, rtol=1e-6)
+    # Real continued training moves it, and it still separates long from short prompts.
+    summary = train(TrainOptions(**base, out=str(tmp_path / "more"), max_steps=6, learning_rate=2e-3),
+                    progress=False)
+    assert summary["steps"] == 6
+    longer, shorter = BertLengthPredictor.from_pretrained(tmp_path / "more").predict(prompts).lengths
+    assert longer > 4 * shorter
+    for name, value in (("head", "quantile"), ("l_max", 2048)):
+        with pytest.raises(InvalidArgument, match=f"argument '{name}'.*init-from"):
+            train(TrainOptions(**{**base, name: value}, out=str(tmp_path / "bad")), progress=False)
+    with pytest.raises(InvalidArgument, match="argument 'init_from'.*written by `lengthsched train`"):
+        train(TrainOptions(**{**base, "init_from": str(tmp_path)}, out=str(tmp_path / "bad")), progress=False)
+
+
 @pytest.mark.parametrize("head", ["regression", "quantile", "buckets-exact", "buckets-log"])
 def test_every_head_trains_and_gives_ordered_quantiles(head):
     torch.manual_seed(0)
