@@ -85,7 +85,7 @@ API_MODULES = (
     "lengthsched.sgpo", "lengthsched.integrations",
     "simulate", "simulate.workloads", "simulate.fast", "simulate.compiled", "simulate.epoch",
     "predictor_training", "predictor_training.evaluate",
-    "sampler", "sampler.prefix_grouper", "sampler.correction",
+    "sampler", "sampler.prefix_grouper", "sampler.correction", "sampler.trl",
 )
 
 
