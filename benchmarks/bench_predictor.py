@@ -17,6 +17,7 @@ stdout, raw numbers to ``--out`` (default benchmarks/results/predictor.json).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -128,8 +129,13 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=1500, help="rows per GSM8K / Dolly file")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--head", default="regression")
-    ap.add_argument("--sections", default="castillo,k,human,latency",
-                    help="castillo (k = 0), k (k > 0 and the comparison), human (GSM8K + Dolly), latency")
+    ap.add_argument("--sections", default="castillo,longer,k,human,latency",
+                    help="castillo (k = 0), longer (the k = 0 model continued with longer inputs), k (k > 0 and "
+                         "the comparison), human (GSM8K + Dolly), latency")
+    ap.add_argument("--longer", default=None,
+                    help="stages of the 'longer' section, TOKENS:LR,...: each continues the previous model "
+                         "(--init-from) for one epoch with that many input tokens (default 320:3e-5,512:2e-5; "
+                         "--quick: 96:1e-3)")
     ap.add_argument("--reuse", action="store_true",
                     help="use predictors already trained in --work (their training_summary.json) instead of training")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / ("predictor-quick.json" if "--quick"
@@ -145,7 +151,7 @@ def main() -> int:
         return train(opts, progress=False)
 
     wanted = set(args.sections.split(","))
-    unknown = wanted - {"castillo", "k", "human", "latency"}
+    unknown = wanted - {"castillo", "longer", "k", "human", "latency"}
     if unknown:
         ap.error(f"--sections: unknown {sorted(unknown)}")
     if "castillo" in wanted:
@@ -154,6 +160,20 @@ def main() -> int:
         texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
                            "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
                            ACCURACY_HEADER, accuracy_rows(s0)))
+    if "longer" in wanted:
+        previous = options(args, 0)
+        stages = args.longer or ("96:1e-3" if args.quick else "320:3e-5,512:2e-5")
+        results["longer"] = []
+        for stage in stages.split(","):
+            tokens, lr = stage.split(":")
+            opts = dataclasses.replace(previous, init_from=previous.out, max_length=int(tokens), epochs=1.0,
+                                       learning_rate=float(lr), out=f"{options(args, 0).out}-{tokens}")
+            summary = trained(opts)
+            results["longer"].append(summary)
+            texts.append(table(f"Accuracy on held-out CASTILLO prompts, k = 0, continued for one epoch with "
+                               f"{tokens} input tokens (learning rate {lr}) from {Path(previous.out).name}",
+                               ACCURACY_HEADER, accuracy_rows(summary)))
+            previous = opts
     if "k" in wanted:
         sk = trained(options(args, args.k))
         results["k"] = sk
@@ -169,7 +189,8 @@ def main() -> int:
                            ACCURACY_HEADER, accuracy_rows(sh)))
     train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
                    round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)]
-                  for s in (results.get("k0"), results.get("k"), results.get("human")) if s]
+                  for s in (results.get("k0"), *results.get("longer", []), results.get("k"), results.get("human"))
+                  if s]
     texts.append(table("Training throughput", ["model", "encoder", "device", "rows", "steps", "seconds",
                                                "rows / s"], train_rows))
 

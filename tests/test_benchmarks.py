@@ -39,7 +39,8 @@ def test_predictor_benchmark_runs_quick(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "### Prediction latency" in result.stdout and "### Remaining length after the first k=32" in result.stdout
     data = json.loads(out.read_text())
-    assert {"machine", "k0", "k", "k_comparison", "latency"} <= set(data)
+    assert {"machine", "k0", "longer", "k", "k_comparison", "latency"} <= set(data)
+    assert data["longer"][0]["options"]["init_from"] == data["k0"]["options"]["out"]
     assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])
 
 
