@@ -102,6 +102,25 @@ def k_comparison(args: argparse.Namespace, model0: BertLengthPredictor, summary_
     return text, rows
 
 
+def versus_tfidf(opts: TrainOptions, resamples: int) -> tuple[str, list]:
+    """How much better than TF-IDF + ridge the predictor in ``opts.out`` ranks, per dataset: the
+    tau-b difference with a 95% paired bootstrap interval over test prompts."""
+    from predictor_training.encoders import load_tokenizer
+    from predictor_training.evaluate import DEFAULT_LEVELS, TfidfBaseline, tau_difference
+
+    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+    splits = load_splits(opts, label)
+    train_rows, test = splits["train"].to_dict(), splits["test"].to_dict()
+    model = predictor_predictions(BertLengthPredictor.from_pretrained(opts.out, device="cpu"), test).point
+    tfidf = TfidfBaseline().fit(train_rows).predict(test, DEFAULT_LEVELS, opts.l_max).point
+    res = tau_difference(model, tfidf, test["remaining"], test["source"], resamples=resamples)
+    rows = [[source, round(r["diff"], 3), round(r["low"], 3), round(r["high"], 3), r["p_not_better"]]
+            for source, r in sorted(res.items(), key=lambda kv: (kv[0] == "all", kv[0]))]
+    return table(f"{Path(opts.out).name}: tau-b of the model minus TF-IDF + ridge, 95% paired bootstrap over test "
+                 f"prompts ({resamples} resamples)", ["source", "difference", "low", "high", "P(not better)"],
+                 rows), rows
+
+
 def latency(predictor: BertLengthPredictor, prompts: list[str], device: str) -> list[list]:
     out = []
     for batch in (32, 256):
@@ -151,6 +170,7 @@ def main() -> int:
         return train(opts, progress=False)
 
     wanted = set(args.sections.split(","))
+    resamples = 100 if args.quick else 1000
     unknown = wanted - {"castillo", "longer", "k", "human", "latency"}
     if unknown:
         ap.error(f"--sections: unknown {sorted(unknown)}")
@@ -160,6 +180,8 @@ def main() -> int:
         texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
                            "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
                            ACCURACY_HEADER, accuracy_rows(s0)))
+        text, results["k0_vs_tfidf"] = versus_tfidf(options(args, 0), resamples)
+        texts.append(text)
     if "longer" in wanted:
         previous = options(args, 0)
         stages = args.longer or ("96:1e-3" if args.quick else "320:3e-5,512:2e-5")
@@ -173,6 +195,9 @@ def main() -> int:
             texts.append(table(f"Accuracy on held-out CASTILLO prompts, k = 0, continued for one epoch with "
                                f"{tokens} input tokens (learning rate {lr}) from {Path(previous.out).name}",
                                ACCURACY_HEADER, accuracy_rows(summary)))
+            text, rows = versus_tfidf(opts, resamples)
+            results.setdefault("longer_vs_tfidf", []).append(rows)
+            texts.append(text)
             previous = opts
     if "k" in wanted:
         sk = trained(options(args, args.k))

@@ -23,11 +23,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from lengthsched.errors import InvalidArgument
+from lengthsched.errors import InvalidArgument, check_int
 
 __all__ = ["METRICS", "Predictions", "score", "score_by_source", "noise_ceiling", "ConstantBaseline",
            "LinearBaseline", "TfidfBaseline", "BASELINES", "predictor_predictions", "reference_results", "format_table",
-           "log_bucket_edges"]
+           "log_bucket_edges", "tau_difference"]
 
 METRICS = ("n", "mae", "rmse", "smape", "kendall_tau_b", "spearman", "within_10", "same_bucket",
            "within_1_bucket")
@@ -112,6 +112,39 @@ def noise_ceiling(truth: Sequence[Sequence[int]], sources: Sequence[str], l_max:
         p = np.concatenate([np.roll(np.asarray(t, dtype=np.float64), -1) for t in rows])
         y = [[v] for t in rows for v in t]
         out[name] = score(Predictions(p), y, l_max)
+    return out
+
+
+def tau_difference(a: np.ndarray, b: np.ndarray, truth: Sequence[Sequence[int]], sources: Sequence[str], *,
+                   resamples: int = 1000, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Kendall tau-b of predictions ``a`` minus that of ``b`` on the same rows, per source and over
+    ``all``, with a 95% paired bootstrap interval that resamples whole prompts (rows), so the samples
+    of one prompt stay together: ``{"diff", "low", "high", "p_not_better"}`` (the share of resamples
+    where ``a`` does not rank better). Whether a predictor beats a baseline "clearly" is then a
+    statement about the interval, not about two point estimates."""
+    from scipy import stats
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if not (len(a) == len(b) == len(truth) == len(sources)):
+        raise InvalidArgument("a", len(a), f"{len(truth)} predictions, one per truth row, as many in b and sources")
+    resamples = check_int("resamples", resamples, minimum=1)
+    rng = np.random.default_rng(seed)
+    src = np.asarray(sources)
+
+    def tau(values: np.ndarray, idx: np.ndarray) -> float:
+        p, y = _pairs([truth[i] for i in idx], values[idx])
+        return 0.0 if np.ptp(p) == 0 or np.ptp(y) == 0 else float(stats.kendalltau(p, y, variant="b").statistic)
+
+    out = {}
+    for name in sorted(set(sources)) + (["all"] if len(set(sources)) > 1 else []):
+        idx = np.arange(len(src)) if name == "all" else np.flatnonzero(src == name)
+        diffs = np.empty(resamples)
+        for r in range(resamples):
+            pick = idx[rng.integers(len(idx), size=len(idx))]
+            diffs[r] = tau(a, pick) - tau(b, pick)
+        low, high = np.quantile(diffs, [0.025, 0.975])
+        out[name] = {"diff": tau(a, idx) - tau(b, idx), "low": float(low), "high": float(high),
+                     "p_not_better": float(np.mean(diffs <= 0))}
     return out
 
 

@@ -41,6 +41,7 @@ def test_predictor_benchmark_runs_quick(tmp_path):
     data = json.loads(out.read_text())
     assert {"machine", "k0", "longer", "k", "k_comparison", "latency"} <= set(data)
     assert data["longer"][0]["options"]["init_from"] == data["k0"]["options"]["out"]
+    assert data["k0_vs_tfidf"][-1][0] == "all" and len(data["longer_vs_tfidf"]) == 1
     assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])
 
 

@@ -325,3 +325,24 @@ def test_a_k_token_predictor_drives_the_sampler_probe(tmp_path):
     res = sampler.sample_group(ByteTokenizer().encode("hello"), 4, max_new_tokens=10, seed=0,
                                force_lengths=[2, 10, 6, 8], stop_token_ids=[ByteTokenizer.eos_token_id])
     assert res.lengths == [2, 10, 6, 8] and res.preemptions == 3 and res.recomputed_tokens == 9
+
+
+def test_tau_difference_bootstraps_whole_prompts():
+    from predictor_training.evaluate import Predictions, score, tau_difference
+
+    rng = np.random.default_rng(0)
+    means = rng.lognormal(5, 1, size=60)
+    truth = [[int(m * np.exp(0.1 * rng.standard_normal())) + 1 for _ in range(4)] for m in means]
+    sources = ["x"] * 30 + ["y"] * 30
+    good, noise = means, rng.permutation(means)
+    res = tau_difference(good, noise, truth, sources, resamples=200)
+    for name, idx in (("x", slice(0, 30)), ("y", slice(30, 60)), ("all", slice(0, 60))):
+        t = truth[idx]
+        want = score(Predictions(good[idx]), t, 4096)["kendall_tau_b"] - score(Predictions(noise[idx]), t, 4096)[
+            "kendall_tau_b"]
+        assert res[name]["diff"] == pytest.approx(want)
+        assert 0 < res[name]["low"] <= res[name]["diff"] <= res[name]["high"] and res[name]["p_not_better"] == 0
+    same = tau_difference(good, good, truth, sources, resamples=50)["all"]
+    assert same["diff"] == same["low"] == same["high"] == 0 and same["p_not_better"] == 1
+    with pytest.raises(InvalidArgument, match="argument 'a'"):
+        tau_difference(good[:3], good, truth, sources)
