@@ -273,16 +273,15 @@ def _sglang_group(length, budget, lmax, cap, init_ratio, rmin, decay, retract_st
         kv_now = nlive * t - sum_origin
         overflow = t + max(1, (budget - kv_now) // nlive)
         wake = overflow
+        nf = _next_finish(order, nlive, length, origin)
         if wtop > 0 and nlive < cap:
-            nf = _next_finish(order, nlive, length, origin)
             horizon = min(overflow, nf) - t
-            if horizon >= 1:
+            if horizon >= 1:  # ``ratio`` is still the ratio at step t: nothing changed it since decide
                 delay = _admission_delay(nlive * (t + 1) - sum_origin, nlive * (lmax - 1) - kv_now, nlive,
-                                         done[waiting[wtop - 1]] + 1, horizon,
-                                         max(rmin, ratio0 - decay * (t - t0)), lmax, rmin, decay, budget)
+                                         done[waiting[wtop - 1]] + 1, horizon, ratio, lmax, rmin, decay, budget)
                 if delay >= 0:
                     wake = t + delay
-        t_next = min(_next_finish(order, nlive, length, origin), wake)
+        t_next = min(nf, wake)
         # advance
         t = t_next
         kv = nlive * t - sum_origin
