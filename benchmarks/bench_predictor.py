@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import ROOT, machine, report, table
 
 from predictor_training.evaluate import predictor_predictions, score_by_source
@@ -59,9 +60,19 @@ def options(args: argparse.Namespace, k: int, which: str = "castillo") -> TrainO
     if args.quick:
         return TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2, batch_size=16,
                             learning_rate=1e-3, max_length=96, prefix_max_tokens=32)
-    return TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else 1, batch_size=16,
-                        learning_rate=8e-5, max_length=args.max_length, prefix_max_tokens=48,
-                        limit=args.limit if which == "human" else None, num_proc=2)
+    return TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else args.k_epochs,
+                        batch_size=args.batch_size, learning_rate=args.learning_rate, max_length=args.max_length,
+                        prefix_max_tokens=48, limit=args.limit if which == "human" else None, num_proc=2)
+
+
+def crossfit_options(args: argparse.Namespace, fold: int, seed: int) -> TrainOptions:
+    """The k = 0 CASTILLO recipe on test half ``fold`` (0 or 1) of the validate prompts with training
+    seed ``seed``; the split seed stays 0, so the models of one fold share their test prompts. Fold 0
+    with seed 0 is the ``castillo`` section's model."""
+    base = options(args, 0)
+    if (fold, seed) == (0, 0):
+        return base
+    return dataclasses.replace(base, seed=seed, split_seed=0, test_fold=fold, out=f"{base.out}-f{fold}-s{seed}")
 
 
 ACCURACY_HEADER = ["source", "method", "pairs", "MAE", "RMSE", "SMAPE %", "tau-b", "spearman", "within 10",
@@ -111,7 +122,7 @@ def versus_tfidf(opts: TrainOptions, resamples: int) -> tuple[str, list]:
     label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
     splits = load_splits(opts, label)
     train_rows, test = splits["train"].to_dict(), splits["test"].to_dict()
-    model = predictor_predictions(BertLengthPredictor.from_pretrained(opts.out, device="cpu"), test).point
+    model = predictor_predictions(BertLengthPredictor.from_pretrained(opts.out), test).point
     tfidf = TfidfBaseline().fit(train_rows).predict(test, DEFAULT_LEVELS, opts.l_max).point
     res = tau_difference(model, tfidf, test["remaining"], test["source"], resamples=resamples)
     rows = [[source, round(r["diff"], 3), round(r["low"], 3), round(r["high"], 3), r["p_not_better"]]
@@ -119,6 +130,96 @@ def versus_tfidf(opts: TrainOptions, resamples: int) -> tuple[str, list]:
     return table(f"{Path(opts.out).name}: tau-b of the model minus TF-IDF + ridge, 95% paired bootstrap over test "
                  f"prompts ({resamples} resamples)", ["source", "difference", "low", "high", "P(not better)"],
                  rows), rows
+
+
+def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list[str], dict]:
+    """Every CASTILLO validate prompt tested once: the recipe trained on each hashed half of the
+    validate files (``test_fold`` 0 and 1) and tested on the other, ``seeds`` models per half (an
+    ensemble: the geometric mean of their point predictions), against TF-IDF + ridge fitted on the same
+    training split. The per-prompt predictions are kept in ``WORK/crossfit_predictions.json`` (``--reuse``
+    reads them back), then scored and bootstrapped over all prompts of both halves."""
+    from predictor_training.encoders import load_tokenizer
+    from predictor_training.evaluate import DEFAULT_LEVELS, Predictions, TfidfBaseline, noise_ceiling, \
+        score_by_source, tau_difference
+
+    from lengthsched.io import atomic_write_text
+
+    cached = Path(args.work) / "crossfit_predictions.json"
+    if args.reuse and cached.is_file():
+        rows = json.loads(cached.read_text())
+    else:
+        rows = {"id": [], "source": [], "fold": [], "remaining": [], "tfidf": [],
+                **{f"seed{s}": [] for s in range(seeds)}}
+        for fold in (0, 1):
+            opts = crossfit_options(args, fold, 0)
+            label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+            splits = load_splits(opts, label)
+            test = splits["test"].to_dict()
+            rows["tfidf"] += TfidfBaseline().fit(splits["train"].to_dict()).predict(
+                test, DEFAULT_LEVELS, opts.l_max).point.tolist()
+            for seed in range(seeds):
+                model = BertLengthPredictor.from_pretrained(crossfit_options(args, fold, seed).out)
+                rows[f"seed{seed}"] += predictor_predictions(model, test).point.tolist()
+            for name in ("id", "source", "remaining"):
+                rows[name] += list(test[name])
+            rows["fold"] += [fold] * len(test["id"])
+        atomic_write_text(cached, json.dumps(rows) + "\n")
+    l_max = options(args, 0).l_max
+    truth, sources = rows["remaining"], rows["source"]
+    ensemble = np.exp(np.mean([np.log(rows[f"seed{s}"]) for s in range(seeds)], axis=0))
+    methods = {"model (seed 0)": np.asarray(rows["seed0"]), f"ensemble of {seeds}": ensemble,
+               "tfidf": np.asarray(rows["tfidf"])}
+    scores = {name: score_by_source(Predictions(pred, {}), truth, sources, l_max) for name, pred in methods.items()}
+    scores["ceiling"] = noise_ceiling(truth, sources, l_max)
+    ordered = sorted(scores["tfidf"], key=lambda src: (src == "all", src))
+    score_rows = [[src, name, int(m[src]["n"]), round(m[src]["mae"], 1), m[src]["kendall_tau_b"], m[src]["spearman"]]
+                  for src in ordered for name, m in scores.items() if src in m]
+    diffs = {name: tau_difference(methods[name], methods["tfidf"], truth, sources, resamples=resamples)
+             for name in ("model (seed 0)", f"ensemble of {seeds}")}
+    diff_rows = [[src, name, round(d[src]["diff"], 3), round(d[src]["low"], 3), round(d[src]["high"], 3),
+                  d[src]["p_not_better"]] for src in ordered for name, d in diffs.items()]
+    folds_n = [sum(f == k for f in rows["fold"]) for k in (0, 1)]
+    texts = [table(f"Cross-fitted accuracy on every CASTILLO validate prompt (k = 0; test halves of {folds_n[0]} and "
+                   f"{folds_n[1]} prompts, each predicted by models trained on the other half; ceiling = a sibling "
+                   f"sample)", ["source", "method", "pairs", "MAE", "tau-b", "spearman"], score_rows),
+             table(f"Cross-fitted tau-b minus TF-IDF + ridge, 95% paired bootstrap over all validate prompts "
+                   f"({resamples} resamples)", ["source", "predictor", "difference", "low", "high", "P(not better)"],
+                   diff_rows)]
+    return texts, {"scores": scores, "versus_tfidf": diff_rows, "prompts_per_fold": folds_n, "seeds": seeds}
+
+
+def _train_job(opts: TrainOptions, threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    return train(opts, progress=False)
+
+
+def train_all(args: argparse.Namespace, jobs: list[TrainOptions]) -> dict[str, dict]:
+    """Train the independent predictors (``--jobs`` at a time, each in its own process), or read their
+    summaries with ``--reuse``; returns summaries by output directory."""
+    done, todo = {}, []
+    for opts in {o.out: o for o in jobs}.values():
+        summary = Path(opts.out) / "training_summary.json"
+        if args.reuse and summary.is_file():
+            done[opts.out] = json.loads(summary.read_text())
+        else:
+            todo.append(opts)
+    if args.jobs > 1 and len(todo) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        with ProcessPoolExecutor(min(args.jobs, len(todo)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {o.out: pool.submit(_train_job, o, threads) for o in todo}
+            for out, f in futures.items():
+                done[out] = f.result()
+                print(f"trained {out} in {done[out]['wall_seconds']:.0f} s", file=sys.stderr)
+    else:
+        for o in todo:
+            done[o.out] = train(o, progress=False)
+            print(f"trained {o.out} in {done[o.out]['wall_seconds']:.0f} s", file=sys.stderr)
+    return done
 
 
 def latency(predictor: BertLengthPredictor, prompts: list[str], device: str) -> list[list]:
@@ -143,14 +244,22 @@ def main() -> int:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--work", default="/tmp/lengthsched-bench-predictor" + ("-quick" if "--quick" in sys.argv else ""),
                     help="where the predictors are trained")
-    ap.add_argument("--epochs", type=float, default=3.0)
-    ap.add_argument("--max-length", type=int, default=160)
+    ap.add_argument("--epochs", type=float, default=3.0, help="epochs of the k = 0 models")
+    ap.add_argument("--k-epochs", type=float, default=1.0, help="epochs of the k > 0 model")
+    ap.add_argument("--max-length", type=int, default=160, help="encoder input tokens")
+    ap.add_argument("--learning-rate", type=float, default=8e-5)
+    ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--limit", type=int, default=1500, help="rows per GSM8K / Dolly file")
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--head", default="regression")
     ap.add_argument("--sections", default="castillo,longer,k,human,latency",
-                    help="castillo (k = 0), longer (the k = 0 model continued with longer inputs), k (k > 0 and "
-                         "the comparison), human (GSM8K + Dolly), latency")
+                    help="castillo (k = 0), crossfit (k = 0 on both halves of the validate prompts, --seeds models "
+                         "each), longer (the k = 0 model continued with longer inputs), k (k > 0 and the "
+                         "comparison), human (GSM8K + Dolly), latency")
+    ap.add_argument("--seeds", type=int, default=3, help="crossfit: models per half (the ensemble)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="predictors trained at once, each in its own process (a GPU has room for several)")
+    ap.add_argument("--resamples", type=int, default=None, help="bootstrap resamples (default 1000; --quick 100)")
     ap.add_argument("--longer", default=None,
                     help="stages of the 'longer' section, TOKENS:LR,...: each continues the previous model "
                          "(--init-from) for one epoch with that many input tokens (default 320:3e-5,512:2e-5; "
@@ -170,18 +279,27 @@ def main() -> int:
         return train(opts, progress=False)
 
     wanted = set(args.sections.split(","))
-    resamples = 100 if args.quick else 1000
-    unknown = wanted - {"castillo", "longer", "k", "human", "latency"}
+    resamples = args.resamples or (100 if args.quick else 1000)
+    unknown = wanted - {"castillo", "crossfit", "longer", "k", "human", "latency"}
     if unknown:
         ap.error(f"--sections: unknown {sorted(unknown)}")
+    # the predictors that depend on no other one, trained first (--jobs at a time)
+    independent = ([options(args, 0)] if wanted & {"castillo", "crossfit", "longer", "k", "latency"} else []) + \
+        ([crossfit_options(args, f, s) for f in (0, 1) for s in range(args.seeds)] if "crossfit" in wanted else []) + \
+        ([options(args, args.k)] if "k" in wanted else []) + \
+        ([options(args, 0, "human")] if "human" in wanted and not args.quick else [])
+    summaries = train_all(args, independent)
     if "castillo" in wanted:
-        s0 = trained(options(args, 0))
+        s0 = summaries[options(args, 0).out]
         results["k0"] = s0
         texts.append(table("Accuracy on held-out CASTILLO prompts, k = 0 (Qwen2.5-7B-Instruct tokens; pairs = every "
                            "sample of every test prompt; ceiling = a sibling sample of the same prompt)",
                            ACCURACY_HEADER, accuracy_rows(s0)))
         text, results["k0_vs_tfidf"] = versus_tfidf(options(args, 0), resamples)
         texts.append(text)
+    if "crossfit" in wanted:
+        cf_texts, results["crossfit"] = crossfit(args, args.seeds, resamples)
+        texts += cf_texts
     if "longer" in wanted:
         previous = options(args, 0)
         stages = args.longer or ("96:1e-3" if args.quick else "320:3e-5,512:2e-5")
@@ -200,35 +318,39 @@ def main() -> int:
             texts.append(text)
             previous = opts
     if "k" in wanted:
-        sk = trained(options(args, args.k))
+        sk = summaries[options(args, args.k).out]
         results["k"] = sk
-        model0 = BertLengthPredictor.from_pretrained(options(args, 0).out, device="cpu")
+        model0 = BertLengthPredictor.from_pretrained(options(args, 0).out)
         text, rows = k_comparison(args, model0, sk)
         results["k_comparison"] = rows
         texts.append(text)
     if "human" in wanted and not args.quick:
-        sh = trained(options(args, 0, "human"))
+        sh = summaries[options(args, 0, "human").out]
         results["human"] = sh
         texts.append(table("Accuracy on GSM8K and Dolly test prompts, k = 0 (human-written answers counted in the "
                            "encoder's tokenizer; one sample per prompt, so no ceiling)",
                            ACCURACY_HEADER, accuracy_rows(sh)))
+    shown = [results.get("k0"), *results.get("longer", []), results.get("k"), results.get("human")]
+    shown += [summaries[o.out] for o in independent if summaries[o.out] not in shown]
     train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
-                   round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)]
-                  for s in (results.get("k0"), *results.get("longer", []), results.get("k"), results.get("human"))
-                  if s]
-    texts.append(table("Training throughput", ["model", "encoder", "device", "rows", "steps", "seconds",
-                                               "rows / s"], train_rows))
+                   round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)] for s in shown if s]
+    results["trainings"] = train_rows
+    texts.append(table("Training throughput" + (f" ({args.jobs} trainings at once)" if args.jobs > 1 else ""),
+                       ["model", "encoder", "device", "rows", "steps", "seconds", "rows / s"], train_rows))
 
     import torch
 
     if "latency" in wanted:
         prompts = _test_prompts(options(args, 0))
         lat = []
-        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        for device in devices:
-            lat += latency(BertLengthPredictor.from_pretrained(options(args, 0).out, device=device), prompts, device)
+        devices = [("cpu", None)] + ([("cuda", None), ("cuda", torch.bfloat16)] if torch.cuda.is_available() else [])
+        for device, dtype in devices:
+            predictor = BertLengthPredictor.from_pretrained(options(args, 0).out, device=device, dtype=dtype)
+            name = device if device == "cpu" else f"cuda: {torch.cuda.get_device_name()}"
+            lat += latency(predictor, prompts, name + (" bfloat16" if dtype is not None else ""))
         results["latency"] = lat
-        texts.append(table("Prediction latency (median of 5, k = 0 model, test prompts, quantile 0.9 included)",
+        texts.append(table(f"Prediction latency (median of 5, k = 0 model, {options(args, 0).max_length} input "
+                           f"tokens, test prompts, quantile 0.9 included)",
                            ["device", "batch", "ms / batch", "prompts / s"], lat))
     report(results, texts, args.out, f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     return 0

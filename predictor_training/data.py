@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ __all__ = [
     "detect_format",
     "split_of",
     "assign_splits",
+    "folds",
     "COLUMNS",
 ]
 
@@ -140,29 +142,48 @@ def _hash_unit(key: str, salt: str) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
-def split_of(prompt_id: str, test_fraction: float, validation_fraction: float = 0.0, seed: int = 0) -> str:
+def split_of(prompt_id: str, test_fraction: float, validation_fraction: float = 0.0, seed: int = 0,
+             fold: int = 0) -> str:
     """``train``, ``validation`` or ``test`` for a prompt id: a hash, so the same on every machine and
-    run, and the same for every row (sample, prefix) of one prompt."""
+    run, and the same for every row (sample, prefix) of one prompt.
+
+    The prompt's hash ``u`` is uniform in [0, 1); the test set is the slice
+    ``[fold * test_fraction, (fold + 1) * test_fraction)``, so folds ``0 .. ceil(1 / test_fraction) - 1``
+    are disjoint and together hold every prompt (cross-fitting: train once per fold). Validation takes
+    the first ``validation_fraction`` of what is left, counted from the end of the test slice."""
     u = _hash_unit(str(prompt_id), f"lengthsched-split-{seed}")
-    if u < test_fraction:
+    start = fold * test_fraction
+    if test_fraction > 0 and int(u // test_fraction) == fold:  # the slices partition [0, 1) exactly
         return "test"
-    if u < test_fraction + validation_fraction * (1.0 - test_fraction):
+    rest = (u - start - test_fraction) % 1.0  # in [0, 1 - test_fraction) for every prompt not in the test slice
+    if rest < validation_fraction * (1.0 - test_fraction):
         return "validation"
     return "train"
 
 
+def folds(test_fraction: float) -> int:
+    """How many disjoint test slices (``fold`` values) a test fraction gives: ``ceil(1 / test_fraction)``."""
+    return max(1, math.ceil(1.0 / test_fraction - 1e-9)) if test_fraction > 0 else 1
+
+
 def assign_splits(train_ids: Iterable[str], eval_ids: Iterable[str] | None, *, test_fraction: float,
-                  validation_fraction: float, seed: int = 0) -> dict[str, str]:
+                  validation_fraction: float, seed: int = 0, fold: int = 0) -> dict[str, str]:
     """The split of every prompt id. With no eval pool, a hashed ``test_fraction`` of the training
-    pool is held out. With an eval pool, its prompts are test, except prompts in both pools, which the
-    hash sends half to test and half to training. A prompt id never lands in two splits."""
+    pool is held out (the ``fold``-th slice, see :func:`split_of`). With an eval pool, its prompts are
+    test, except prompts in both pools, which the hash sends half to test and half to training (``fold``
+    0 or 1 picks which half). A prompt id never lands in two splits."""
     for name, value in (("test_fraction", test_fraction), ("validation_fraction", validation_fraction)):
         if not 0.0 <= value < 1.0:
             raise InvalidArgument(name, value, "a fraction in [0, 1)")
+    n = folds(test_fraction if eval_ids is None else 0.5)
+    if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)) or not 0 <= fold < n:
+        raise InvalidArgument("test_fold", fold, f"an integer in [0, {n - 1}]: the test set is one of {n} hashed "
+                              f"slices of the prompts" + (" (prompts in both pools split in halves)"
+                                                          if eval_ids is not None else ""))
     train_set, out = set(train_ids), {}
     if eval_ids is None:
         for pid in train_set:
-            out[pid] = split_of(pid, test_fraction, validation_fraction, seed)
+            out[pid] = split_of(pid, test_fraction, validation_fraction, seed, fold)
         return out
     eval_set = set(eval_ids)
     for pid in eval_set - train_set:
@@ -170,7 +191,7 @@ def assign_splits(train_ids: Iterable[str], eval_ids: Iterable[str] | None, *, t
     for pid in train_set - eval_set:
         out[pid] = split_of(pid, 0.0, validation_fraction, seed)
     for pid in train_set & eval_set:
-        out[pid] = split_of(pid, 0.5, validation_fraction, seed)
+        out[pid] = split_of(pid, 0.5, validation_fraction, seed, fold)
     return out
 
 

@@ -47,7 +47,12 @@ class TrainOptions:
     eval_steps: int | None = _opt(None, "validate every N steps (default: every epoch)")
     patience: int = _opt(3, "early stopping: validations without improvement before stopping")
     resume: bool = _opt(False, "resume from the last checkpoint in OUT/checkpoints")
-    seed: int = _opt(0, "seed of initialisation, shuffling and the hashed splits")
+    seed: int = _opt(0, "seed of initialisation, shuffling and (without --split-seed) the hashed splits")
+    split_seed: int | None = _opt(None, "seed of the hashed splits (default: --seed); fix it to train several "
+                                        "seeds on one split (an ensemble)")
+    test_fold: int = _opt(0, "which hashed slice of the prompts is the test set: 0 .. ceil(1 / --test-fraction) - 1, "
+                             "or 0 / 1 for the halves of prompts in both --data and --eval-data; train once per "
+                             "fold to test on every prompt (cross-fitting)")
     models: str | None = _opt(None, "LMSYS filter: comma-separated model names, e.g. vicuna-13b")
     languages: str | None = _opt(None, "LMSYS filter: comma-separated languages, e.g. English")
     all_turns: bool = _opt(False, "LMSYS: keep rows whose turn is not 1")

@@ -79,7 +79,7 @@ def load_splits(opts: TrainOptions, label_tokenizer: Any) -> dict[str, Any]:
     eval_pool = load_sources(eval_specs, labels) if eval_specs else None
     where = assign_splits(train_pool["id"], None if eval_pool is None else eval_pool["id"],
                           test_fraction=opts.test_fraction, validation_fraction=opts.validation_fraction,
-                          seed=opts.seed)
+                          seed=opts.seed if opts.split_seed is None else opts.split_seed, fold=opts.test_fold)
     out = {"train": train_pool.filter(lambda r: where[r["id"]] == "train"),
            "validation": train_pool.filter(lambda r: where[r["id"]] == "validation"),
            "test": (eval_pool or train_pool).filter(lambda r: where[r["id"]] == "test")}

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 pytest.importorskip("datasets")
 
 from predictor_training.data import (CASTILLO_CAP, DataError, DataSpec, LabelConfig, assign_splits, detect_format,
-                                     load_source, split_of, write_jsonl)
+                                     folds, load_source, split_of, write_jsonl)
 from predictor_training.encoders import load_tokenizer
 from predictor_training.model import encode_pairs
 
@@ -209,6 +212,39 @@ def test_hashed_splits_never_leak_and_are_deterministic():
     assert 200 < shared.count("test") < 300 and set(shared) == {"train", "test"}
     with pytest.raises(InvalidArgument, match="test_fraction"):
         assign_splits(ids, None, test_fraction=1.0, validation_fraction=0.0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([0.1, 0.2, 0.25, 0.3, 0.5]), st.sampled_from([0.0, 0.1, 0.2]), st.integers(0, 5))
+def test_test_folds_partition_the_prompts(tf, vf, seed):
+    """Cross-fitting: the test sets of the folds are disjoint and together hold every prompt; in each
+    fold the other prompts train or validate; fold 0 is the default split."""
+    ids = [f"p{i}" for i in range(600)]
+    n = folds(tf)
+    assert n == math.ceil(round(1 / tf, 9))
+    per_fold = [assign_splits(ids, None, test_fraction=tf, validation_fraction=vf, seed=seed, fold=f) for f in range(n)]
+    tested = [i for where in per_fold for i in ids if where[i] == "test"]
+    assert sorted(tested) == sorted(ids)  # each prompt is tested in exactly one fold
+    assert per_fold[0] == assign_splits(ids, None, test_fraction=tf, validation_fraction=vf, seed=seed)
+    for where in per_fold:
+        rest = [i for i in ids if where[i] != "test"]
+        share = sum(where[i] == "validation" for i in rest) / len(rest)
+        assert abs(share - vf) < 0.1
+    # prompts in both pools: fold 0 and fold 1 swap the halves
+    halves = [assign_splits(ids[:400], ids[200:], test_fraction=0.0, validation_fraction=vf, seed=seed, fold=f)
+              for f in (0, 1)]
+    for i in ids[200:400]:
+        assert (halves[0][i] == "test") != (halves[1][i] == "test")
+    assert all(h[i] == "test" for h in halves for i in ids[400:])
+
+
+def test_bad_test_fold_is_named():
+    with pytest.raises(InvalidArgument, match=r"test_fold.*\[0, 9\]"):
+        assign_splits(["a"], None, test_fraction=0.1, validation_fraction=0.0, fold=10)
+    with pytest.raises(InvalidArgument, match=r"test_fold.*\[0, 1\].*halves"):
+        assign_splits(["a"], ["a"], test_fraction=0.1, validation_fraction=0.0, fold=2)
+    with pytest.raises(InvalidArgument, match="test_fold"):
+        assign_splits(["a"], None, test_fraction=0.1, validation_fraction=0.0, fold=-1)
 
 
 def test_sharegpt_first_human_turn_and_its_reply(tmp_path, tok):
