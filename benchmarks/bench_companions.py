@@ -4,11 +4,18 @@ and the Prefix Grouper learner forward against the naive one.
     python benchmarks/bench_companions.py --data-dir ../shared/data    # full run (minutes on 2 cores)
     python benchmarks/bench_companions.py --quick                      # smoke run, what the tests execute
     python benchmarks/bench_companions.py --device cuda --dtype bfloat16   # the same on a GPU machine
+    python benchmarks/bench_companions.py --model random-qwen3-1.7b --device cuda --dtype bfloat16 \
+        --sections sparse,learner      # a real-size model without weights (see benchmarks/gpu_sampler.sh)
 
-Markdown tables go to stdout, raw numbers to ``--out`` (default benchmarks/results/companions.json).
-The model is the tiny Qwen3-shaped model of ``lengthsched sample`` (random weights, real compute).
-Peak memory of a learner forward + backward is the child process's peak resident set on the CPU
-(``ru_maxrss``) and ``torch.cuda.max_memory_allocated`` on a GPU.
+Markdown tables go to stdout, raw numbers to ``--out`` (default benchmarks/results/companions.json),
+rewritten after every section (``"complete": false`` until the last one is done). ``--model`` is a
+model of ``lengthsched sample``: by default its tiny Qwen3-shaped model; ``random-qwen3-0.6b`` /
+``random-qwen3-1.7b`` have the real shapes of Qwen3-0.6B / 1.7B (random weights: gibberish text,
+real compute and memory), or a Hugging Face name or directory. Peak memory of a learner forward +
+backward is the child process's peak resident set on the CPU (``ru_maxrss``; the weights included)
+and ``torch.cuda.max_memory_allocated`` on a GPU (weights and gradients included). Both learner
+forwards compute the logits of every position (prompt included), so with a large vocabulary
+(151936 for Qwen3) the naive forward's G x (P + l) x V logits weigh much of its time and memory.
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine, report, run_sections, table
+from common import ROOT, machine, report, run_sections, table, write_json
 
 from lengthsched import KVCompression
 from lengthsched.sgpo import BudgetConfig, ProfileRecord, plan_budget
+from sampler.options import TINY_MODEL
 from simulate.epoch import compare_epochs
 
 
@@ -83,7 +91,7 @@ def sparse(args: argparse.Namespace) -> tuple[str, list]:
     from sampler import InfiniteSampler
     from sampler.cli import load_model
 
-    model, tok = load_model("tiny-qwen3", args.dtype, args.device)
+    model, tok = load_model(args.model, args.dtype, args.device)
     n, g = args.sparse_new, args.sparse_group
     prompt = list(np.random.default_rng(0).integers(0, 200, size=64))
     InfiniteSampler(model, policy="fixed_slot", slots=2).sample_group(prompt, 2, max_new_tokens=4, seed=0)  # warm up
@@ -118,7 +126,7 @@ def _learner_child(spec: str) -> None:
     from sampler.prefix_grouper import grouped_logprobs, naive_logprobs
 
     s = json.loads(spec)
-    model, _ = load_model("tiny-qwen3", s["dtype"], s["device"])
+    model, _ = load_model(s["model"], s["dtype"], s["device"])
     rng = np.random.default_rng(0)
     prompt = list(rng.integers(0, 200, s["P"]))
     comps = [list(rng.integers(0, 200, s["l"])) for _ in range(s["G"])]
@@ -149,7 +157,7 @@ def learner(args: argparse.Namespace) -> tuple[str, list]:
             res = {}
             for grouped in (False, True):
                 spec = json.dumps({"G": g, "P": p, "l": args.learner_new, "grouped": grouped, "reps": args.reps,
-                                   "dtype": args.dtype, "device": args.device})
+                                   "model": args.model, "dtype": args.dtype, "device": args.device})
                 out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True,
                                      check=True)
                 res[grouped] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,17 +167,24 @@ def learner(args: argparse.Namespace) -> tuple[str, list]:
                          round(res[True]["seconds"], 3), round(res[False]["seconds"] / res[True]["seconds"], 2),
                          round(res[False]["peak_bytes"] / 2**20), round(res[True]["peak_bytes"] / 2**20)])
             raw.append({"G": g, "P": p, "naive": res[False], "grouped": res[True]})
-    return table(f"Prefix Grouper: learner forward + backward of one group against G naive rows (tiny Qwen3-shaped "
-                 f"model, {args.device or 'cpu'}; median of {args.reps}; peak = process peak resident memory on the "
-                 f"CPU, each run in its own process)",
+    peak = "CUDA max allocated" if str(args.device or "").startswith("cuda") else \
+        "process peak resident memory on the CPU"
+    return table(f"Prefix Grouper: learner forward + backward of one group against G naive rows ({args.model}, "
+                 f"{args.dtype}, {args.device or 'default device'}; median of {args.reps}; peak = {peak}, "
+                 f"each run in its own process)",
                  ["G", "prompt tokens", "tokens per completion", "naive tokens", "grouped tokens", "naive s",
                   "grouped s", "speed-up", "naive peak MiB", "grouped peak MiB"], rows), raw
 
 
 def _device(model) -> str:
+    return _device_of(str(next(model.parameters()).device))
+
+
+def _device_of(device: str | None) -> str:
+    """A device in words: the CUDA card's name, or the CPU threads (``None``: the default device)."""
     import torch
 
-    dev = next(model.parameters()).device
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
 
 
@@ -180,29 +195,35 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--model", default=TINY_MODEL, help="a model of `lengthsched sample`: tiny-qwen3, "
+                    "random-qwen3-0.6b, random-qwen3-1.7b (random weights, real shapes) or a HF name / directory")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections", default="sgpo,sparse,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
+    ap.add_argument("--sparse-budgets", default="256,512,1024", help="KV budgets (generated tokens) of the sparse rollouts")
+    ap.add_argument("--sparse-interval", type=int, default=32, help="compression interval (tokens)")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
+    ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
     args = ap.parse_args()
-    args.sparse_budgets, args.sparse_interval = [256, 512, 1024], 32
+    args.sparse_budgets = [int(x) for x in args.sparse_budgets.split(",")]
     args.learner_groups = [int(x) for x in args.learner_groups.split(",")]
     args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
-    args.learner_new = 64
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
-    results = {"machine": machine(), "command": " ".join(["python", *sys.argv])}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "learner": learner})
-    results.update(raw)
+    results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
+               "dtype": args.dtype, "device": _device_of(args.device), "complete": False}
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "learner": learner},
+                              checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
+    results.update(raw, complete=True)
     import torch
 
-    report(results, texts, args.out, f"torch {torch.__version__}")
+    report(results, texts, args.out, f"torch {torch.__version__}, model {args.model} {args.dtype}")
     return 0
 
 

@@ -5,13 +5,20 @@ copied prompt KV, and the sampler against ``model.generate`` on the same batch.
     python benchmarks/bench_sampler.py --quick         # smoke run, what the test suite executes
     python benchmarks/bench_sampler.py --model Qwen/Qwen3-1.7B --dtype bfloat16 --device cuda \
         --max-new-tokens 4096 --scale 1 --groups 4     # a GPU machine with the model
+    python benchmarks/bench_sampler.py --model random-qwen3-1.7b --dtype bfloat16 --device cuda \
+        --groups 1 --scale 16                          # a GPU machine without weights (benchmarks/gpu_sampler.sh)
+
+``--model``: a model of ``lengthsched sample``: tiny-qwen3 (the default), random-qwen3-0.6b or
+random-qwen3-1.7b (the real shapes of Qwen3-0.6B / 1.7B with random weights, built from a config:
+gibberish text, real compute and memory), or a Hugging Face name or directory.
 
 Workload: real CASTILLO groups (Qwen2.5-7B-Instruct completion lengths, bundled), G = 32, replayed
 with forced lengths (each completion ends exactly at its recorded length, divided by ``--scale`` so
 a CPU run stays short), so that every policy decodes the same completions and the steps match the
 simulator. Length-aware policies plan with the true lengths (an oracle predictor). Markdown tables
-go to stdout, raw numbers to ``--out`` (default benchmarks/results/sampler.json); the device (CPU
-model or GPU card) is recorded beside every number.
+go to stdout, raw numbers to ``--out`` (default benchmarks/results/sampler.json; rewritten after every
+section, ``"complete": false`` until the last one is done); the device (CPU model or GPU card) is
+recorded beside every number.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import sys
 import time
 
 import numpy as np
-from common import ROOT, machine, report, run_sections, table
+from common import ROOT, machine, report, run_sections, table, write_json
 
+from sampler.options import TINY_MODEL
 from simulate import run_group
 from simulate.workloads import castillo_groups
 
@@ -125,6 +133,9 @@ def against_generate(args: argparse.Namespace, model) -> tuple[str, list]:
     n, new = args.group_size, args.short_new
     dev = next(model.parameters()).device
     ids = torch.tensor([prompt] * n, device=dev)
+    with torch.inference_mode():  # warm up (first-call costs of generate)
+        model.generate(ids[:1, :8], attention_mask=torch.ones_like(ids[:1, :8]), do_sample=True, max_new_tokens=2,
+                       min_new_tokens=2, pad_token_id=args.stop)
     gen_times, ours = [], []
     for rep in range(args.reps):
         start = time.perf_counter()
@@ -157,13 +168,20 @@ def learner(args: argparse.Namespace, model) -> tuple[str, list]:
     prompt = list(rng.integers(0, 200, size=args.learner_prompt))
     comps = [list(rng.integers(0, 200, size=args.learner_new)) for _ in range(args.learner_group)]
     rows, outs = [], {}
+    cuda = next(model.parameters()).device.type == "cuda"
     for name, fn in (("naive (G rows)", naive_logprobs), ("grouped (one packed sequence)", grouped_logprobs)):
         times = []
+        model.zero_grad()  # warm up (first forward and backward of each kind)
+        torch.stack([x.sum() for x in fn(model, prompt[:8], [c[:2] for c in comps[:2]])]).sum().backward()
         for _ in range(args.reps):
             model.zero_grad()
+            if cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             lp = fn(model, prompt, comps)
             torch.stack([x.sum() for x in lp]).sum().backward()
+            if cuda:
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         outs[name] = torch.cat([x.detach() for x in lp])
         tokens = learner_tokens(len(prompt), [len(c) for c in comps], grouped=name.startswith("grouped"))
@@ -182,7 +200,8 @@ def learner(args: argparse.Namespace, model) -> tuple[str, list]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--model", default="tiny-qwen3")
+    ap.add_argument("--model", default=TINY_MODEL, help="a model of `lengthsched sample`: tiny-qwen3, "
+                    "random-qwen3-0.6b, random-qwen3-1.7b (random weights, real shapes) or a HF name / directory")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--group-size", type=int, default=32)
@@ -208,10 +227,12 @@ def main() -> int:
 
     model, tokenizer = load_model(args.model, args.dtype, args.device)
     args.stop = getattr(tokenizer, "eos_token_id", None) or 0
-    results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "device": device_name(model)}
+    results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "device": device_name(model),
+               "model": args.model, "dtype": args.dtype, "complete": False}
     sections = {"policies": policies, "prompt_kv": shared_vs_copied, "generate": against_generate, "learner": learner}
-    texts, raw = run_sections(ap, args, sections, model)
-    results.update(raw)
+    texts, raw = run_sections(ap, args, sections, model,
+                              checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
+    results.update(raw, complete=True)
     import torch
 
     report(results, texts, args.out, f"torch {torch.__version__}, model {args.model} {args.dtype}")

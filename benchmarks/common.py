@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,18 +59,34 @@ def report(results: dict, texts: list[str], out: str | Path, note: str) -> None:
     print(f"machine: {info['cpu']}, {info['cores_visible']} cores visible, python {info['python']}, "
           f"numpy {info['numpy']}; {note}\n")
     print("\n".join(texts))
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(results, indent=1) + "\n")
+    write_json(out, results)
 
 
-def run_sections(ap, args, sections: dict, *extra) -> tuple[list[str], dict]:
-    """Run the comma-separated ``args.sections`` (name -> fn(args, *extra) -> (markdown, raw))."""
-    texts, results = [], {}
-    for name in args.sections.split(","):
+def run_sections(ap, args, sections: dict, *extra, checkpoint=None) -> tuple[list[str], dict]:
+    """Run the comma-separated ``args.sections`` (name -> fn(args, *extra) -> (markdown, raw)); every name
+    is checked before any runs. ``checkpoint(results)``, when given, is called after each section with
+    the raw results so far, their ``section_seconds`` and their ``markdown`` tables, so a run cut off
+    by a timeout keeps the sections it finished; progress goes to stderr."""
+    names = args.sections.split(",")
+    for name in names:
         if name not in sections:
             ap.error(f"--sections: unknown section {name!r}; expected some of {', '.join(sections)}")
+    texts, results, seconds = [], {}, {}
+    for name in names:
+        start = time.perf_counter()
         text, raw = sections[name](args, *extra)
+        seconds[name] = round(time.perf_counter() - start, 2)
         texts.append(text)
         results[name] = raw
+        print(f"[{name}] done in {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+        if checkpoint is not None:
+            checkpoint({**results, "section_seconds": dict(seconds), "markdown": list(texts)})
+    results["section_seconds"] = seconds
     return texts, results
+
+
+def write_json(path: str | Path, results: dict) -> None:
+    """Write ``results`` as JSON (atomically), creating the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(results, indent=1) + "\n")

@@ -1,4 +1,12 @@
-"""``lengthsched sample``: one group on a real model, with the policy's steps, memory and speed."""
+"""``lengthsched sample``: one group on a real model, with the policy's steps, memory and speed.
+
+Models: a Hugging Face causal LM name or local directory, or a Qwen3 built from a config with random
+weights, offline (:data:`~sampler.options.CONFIG_MODELS`): ``tiny-qwen3`` (4 layers, hidden 256, a
+byte vocabulary; what the tests and CPU benchmarks run), ``random-qwen3-0.6b`` and
+``random-qwen3-1.7b`` (exactly the public shapes of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B: 28
+layers, 16 query heads, 8 KV heads of 128 dims, vocabulary 151936, tied embeddings). The random
+models' text is gibberish; their compute, KV and memory are those of the real models. They use the
+byte tokenizer (:class:`ByteTokenizer`: ids 0..255 and EOS 256, valid ids of either vocabulary)."""
 
 from __future__ import annotations
 
@@ -11,9 +19,9 @@ from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
 from lengthsched.memory import parse_bytes
 
-from .options import TINY_MODEL, SampleOptions
+from .options import CONFIG_MODELS, TINY_MODEL, SampleOptions
 
-__all__ = ["run_sample", "tiny_qwen3", "ByteTokenizer", "load_model"]
+__all__ = ["run_sample", "tiny_qwen3", "qwen3_config", "qwen3_from_config", "ByteTokenizer", "load_model"]
 
 
 class ByteTokenizer:
@@ -29,37 +37,77 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
 
+# The shapes of the Qwen3 models built from a config (random weights). The random-* entries are the
+# public config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B (rope_theta 1e6, 40960 positions, RMSNorm
+# eps 1e-6, tied embeddings, no sliding window); only the EOS id is the byte tokenizer's.
+_QWEN3_COMMON: dict[str, Any] = {
+    "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
+}
+_QWEN3_SHAPES: dict[str, dict[str, Any]] = {
+    TINY_MODEL: {"vocab_size": ByteTokenizer.vocab_size, "hidden_size": 256, "intermediate_size": 768,
+                 "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+                 "max_position_embeddings": 8192},
+    "random-qwen3-0.6b": {**_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072},
+    "random-qwen3-1.7b": {**_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144},
+}
+
+
+def qwen3_config(name: str, **overrides: Any) -> Any:
+    """The ``Qwen3Config`` of a model built from a config (:data:`~sampler.options.CONFIG_MODELS`);
+    ``overrides`` replace fields (a scaled-down copy for tests). Allocates nothing."""
+    from transformers import Qwen3Config
+
+    if name not in _QWEN3_SHAPES:
+        raise InvalidArgument("model", name, "one of " + ", ".join(CONFIG_MODELS))
+    fields = {**_QWEN3_SHAPES[name], "tie_word_embeddings": True, "use_sliding_window": False,
+              "sliding_window": None, "eos_token_id": ByteTokenizer.eos_token_id, **overrides}
+    return Qwen3Config(**fields)
+
+
+def qwen3_from_config(config: Any, dtype: Any = None, device: Any = None, seed: int = 0) -> Any:
+    """A ``Qwen3ForCausalLM`` of ``config`` with random weights (seeded), in eval mode, created directly on
+    ``device`` in ``dtype`` (torch's default dtype is set for the construction and restored): no float32
+    copy and no host-to-device transfer of a large model."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device if device is not None else "cpu"):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
 def tiny_qwen3(dtype: Any = None, seed: int = 0) -> Any:
     """A randomly initialised Qwen3-shaped causal LM (4 layers, hidden 256, 8 heads, 4 KV heads of
     32 dims, byte vocabulary) built from a config: no download. Its text is gibberish; its compute
     and memory are real."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=ByteTokenizer.vocab_size, hidden_size=256, intermediate_size=768,
-                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                         max_position_embeddings=8192, eos_token_id=ByteTokenizer.eos_token_id,
-                         tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(config).eval()
-    return model.to(dtype) if dtype is not None else model
+    return qwen3_from_config(qwen3_config(TINY_MODEL), dtype, seed=seed)
 
 
 def load_model(name: str, dtype: str, device: str | None) -> tuple[Any, Any]:
-    """(model, tokenizer) for a name, a directory, or :data:`TINY_MODEL`."""
+    """(model, tokenizer) for a Hugging Face name, a directory, or one of
+    :data:`~sampler.options.CONFIG_MODELS` (random weights built from a config, with :class:`ByteTokenizer`)."""
     import torch
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if name == TINY_MODEL:
-        return tiny_qwen3(torch_dtype).to(dev), ByteTokenizer()
+    if name in CONFIG_MODELS:
+        return qwen3_from_config(qwen3_config(name), torch_dtype, dev), ByteTokenizer()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch_dtype).to(dev).eval()
     except (OSError, ValueError) as exc:
-        hint = "" if Path(name).exists() else f"; without network access pass a local model directory, or {TINY_MODEL}"
+        hint = "" if Path(name).exists() else (f"; without network access pass a local model directory, or one of "
+                                               f"{', '.join(CONFIG_MODELS)} (random weights)")
         raise InvalidArgument("model", name, f"a loadable causal LM ({exc.__class__.__name__}: "
                               f"{str(exc).splitlines()[0][:140] if str(exc) else ''}){hint}") from None
     return model, tokenizer
@@ -129,7 +177,7 @@ def run_sample(opts: SampleOptions) -> int:
     if opts.json:
         print(json.dumps(summary))
         return 0
-    note = " (random weights built from a config: real compute, gibberish text)" if opts.model == TINY_MODEL else ""
+    note = " (random weights built from a config: real compute, gibberish text)" if opts.model in CONFIG_MODELS else ""
     lengths = sorted(res.lengths)
     print(f"model {opts.model}{note} on {summary['device']}, {opts.dtype}; policy {res.policy}, G={opts.group_size}, "
           f"prompt {res.prompt_tokens} tokens")

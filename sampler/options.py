@@ -8,9 +8,14 @@ from dataclasses import dataclass
 from lengthsched.options import _opt
 from lengthsched.refill import RefillRule
 
-__all__ = ["SampleOptions", "TINY_MODEL"]
+__all__ = ["SampleOptions", "TINY_MODEL", "RANDOM_MODELS", "CONFIG_MODELS"]
 
 TINY_MODEL = "tiny-qwen3"
+#: Qwen3 models of the public shapes of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B with random weights, built
+#: from a config (offline): gibberish text, real compute and memory (for GPU benchmarks without weights).
+RANDOM_MODELS = ("random-qwen3-0.6b", "random-qwen3-1.7b")
+#: Every model name built from a config instead of loaded (``sampler.cli.load_model``).
+CONFIG_MODELS = (TINY_MODEL, *RANDOM_MODELS)
 
 
 @dataclass(frozen=True)
@@ -19,7 +24,9 @@ class SampleOptions:
 
     model: str = _opt(TINY_MODEL, f"a Hugging Face causal LM name or local directory; {TINY_MODEL} is a small "
                                   "randomly initialised Qwen3-shaped model built from a config (offline, "
-                                  "gibberish text, real compute)")
+                                  f"gibberish text, real compute); {' and '.join(RANDOM_MODELS)} are random-weight "
+                                  "Qwen3 models of the real shapes of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B (offline, "
+                                  "byte tokenizer, gibberish text; real compute and memory)")
     prompt: str = _opt("Write a short poem about the sea.", "the prompt text")
     group_size: int = _opt(8, "G, completions of the prompt", aliases=("-G",))
     max_new_tokens: int = _opt(64, "L_max: most tokens per completion (stop token included)")
