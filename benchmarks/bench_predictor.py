@@ -58,11 +58,20 @@ def options(args: argparse.Namespace, k: int, which: str = "castillo") -> TrainO
     common = dict(data=data, eval_data=eval_data, out=str(Path(args.work) / f"{which}-k{k}"), k=k, l_max=4096,
                   over_l_max="clip", seed=0, head=args.head)
     if args.quick:
-        return TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2, batch_size=16,
-                            learning_rate=1e-3, max_length=96, prefix_max_tokens=32)
-    return TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else args.k_epochs,
+        return pretrained(args, TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2, batch_size=16,
+                                             learning_rate=1e-3, max_length=96, prefix_max_tokens=32), k, which)
+    opts = TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else args.k_epochs,
                         batch_size=args.batch_size, learning_rate=args.learning_rate, max_length=args.max_length,
                         prefix_max_tokens=48, limit=args.limit if which == "human" else None, num_proc=2)
+    return pretrained(args, opts, k, which)
+
+
+def pretrained(args: argparse.Namespace, opts: TrainOptions, k: int, which: str) -> TrainOptions:
+    """With ``--pretrain human`` the CASTILLO k = 0 models start from the GSM8K + Dolly predictor
+    (``init_from``) instead of the bare encoder, in their own directories."""
+    if args.pretrain != "human" or which != "castillo" or k != 0:
+        return opts
+    return dataclasses.replace(opts, init_from=options(args, 0, "human").out, out=f"{opts.out}-from-human")
 
 
 def crossfit_options(args: argparse.Namespace, fold: int, seed: int) -> TrainOptions:
@@ -165,6 +174,9 @@ def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list
             rows["fold"] += [fold] * len(test["id"])
         atomic_write_text(cached, json.dumps(rows) + "\n")
     l_max = options(args, 0).l_max
+    excluded = _seen_in_pretraining(args) if args.pretrain else set()
+    keep = [i for i, pid in enumerate(rows["id"]) if pid not in excluded]
+    rows = {name: [values[i] for i in keep] for name, values in rows.items()}
     truth, sources = rows["remaining"], rows["source"]
     ensemble = np.exp(np.mean([np.log(rows[f"seed{s}"]) for s in range(seeds)], axis=0))
     methods = {"model (seed 0)": np.asarray(rows["seed0"]), f"ensemble of {seeds}": ensemble,
@@ -179,13 +191,45 @@ def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list
     diff_rows = [[src, name, round(d[src]["diff"], 3), round(d[src]["low"], 3), round(d[src]["high"], 3),
                   d[src]["p_not_better"]] for src in ordered for name, d in diffs.items()]
     folds_n = [sum(f == k for f in rows["fold"]) for k in (0, 1)]
-    texts = [table(f"Cross-fitted accuracy on every CASTILLO validate prompt (k = 0; test halves of {folds_n[0]} and "
-                   f"{folds_n[1]} prompts, each predicted by models trained on the other half; ceiling = a sibling "
-                   f"sample)", ["source", "method", "pairs", "MAE", "tau-b", "spearman"], score_rows),
+    start = "pretrained on GSM8K + Dolly, " if args.pretrain else ""
+    dropped = f"; {len(excluded)} prompts also in the pretraining data left out" if args.pretrain else ""
+    texts = [table(f"Cross-fitted accuracy on every CASTILLO validate prompt (k = 0, {start}{args.max_length} input "
+                   f"tokens; test halves of {folds_n[0]} and {folds_n[1]} prompts, each predicted by models trained on "
+                   f"the other half{dropped}; ceiling = a sibling sample)",
+                   ["source", "method", "pairs", "MAE", "tau-b", "spearman"], score_rows),
              table(f"Cross-fitted tau-b minus TF-IDF + ridge, 95% paired bootstrap over all validate prompts "
                    f"({resamples} resamples)", ["source", "predictor", "difference", "low", "high", "P(not better)"],
                    diff_rows)]
-    return texts, {"scores": scores, "versus_tfidf": diff_rows, "prompts_per_fold": folds_n, "seeds": seeds}
+    return texts, {"scores": scores, "versus_tfidf": diff_rows, "prompts_per_fold": folds_n, "seeds": seeds,
+                   "left_out_as_seen_in_pretraining": sorted(excluded)}
+
+
+def _seen_in_pretraining(args: argparse.Namespace) -> set[str]:
+    """Ids of the CASTILLO validate prompts that the pretraining data (GSM8K + Dolly, whole files) also
+    holds: the same text, or the same first 60 characters (case and spacing ignored), which catches
+    Dolly's near-duplicates. They are left out of the cross-fitted test so that no test prompt was seen,
+    with any label, in training."""
+    import re
+
+    from predictor_training.data import LabelConfig, load_sources
+    from predictor_training.training import split_specs
+
+    def key(text: str) -> str:
+        return re.sub(r"\s+", " ", text).strip().lower()[:60]
+
+    human, castillo = options(args, 0, "human"), options(args, 0)
+    labels = LabelConfig(tokenizer=None, k=0, l_max=castillo.l_max, over_l_max="clip")
+    pool = load_sources(split_specs(human.data, dataclasses.replace(human, limit=None), "data"),
+                        dataclasses.replace(labels, tokenizer=_label_tokenizer(human)))
+    seen = {key(p) for p in pool["prompt"]}
+    tested = load_sources(split_specs(castillo.eval_data, castillo, "eval_data"), labels)
+    return {pid for pid, p in zip(tested["id"], tested["prompt"]) if key(p) in seen}
+
+
+def _label_tokenizer(opts: TrainOptions):
+    from predictor_training.encoders import load_tokenizer
+
+    return load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
 
 
 def _train_job(opts: TrainOptions, threads: int) -> dict:
@@ -256,6 +300,9 @@ def main() -> int:
                     help="castillo (k = 0), crossfit (k = 0 on both halves of the validate prompts, --seeds models "
                          "each), longer (the k = 0 model continued with longer inputs), k (k > 0 and the "
                          "comparison), human (GSM8K + Dolly), latency")
+    ap.add_argument("--pretrain", choices=["human"], default=None,
+                    help="start the CASTILLO k = 0 models from the GSM8K + Dolly predictor (trained first) instead "
+                         "of the bare encoder")
     ap.add_argument("--seeds", type=int, default=3, help="crossfit: models per half (the ensemble)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="predictors trained at once, each in its own process (a GPU has room for several)")
@@ -288,7 +335,9 @@ def main() -> int:
         ([crossfit_options(args, f, s) for f in (0, 1) for s in range(args.seeds)] if "crossfit" in wanted else []) + \
         ([options(args, args.k)] if "k" in wanted else []) + \
         ([options(args, 0, "human")] if "human" in wanted and not args.quick else [])
-    summaries = train_all(args, independent)
+    first = [options(args, 0, "human")] if args.pretrain == "human" else []
+    summaries = train_all(args, first)  # what the others start from
+    summaries.update(train_all(args, [o for o in independent if o not in first]))
     if "castillo" in wanted:
         s0 = summaries[options(args, 0).out]
         results["k0"] = s0
@@ -331,7 +380,7 @@ def main() -> int:
                            "encoder's tokenizer; one sample per prompt, so no ceiling)",
                            ACCURACY_HEADER, accuracy_rows(sh)))
     shown = [results.get("k0"), *results.get("longer", []), results.get("k"), results.get("human")]
-    shown += [summaries[o.out] for o in independent if summaries[o.out] not in shown]
+    shown += [summaries[out] for out in dict.fromkeys(o.out for o in first + independent) if summaries[out] not in shown]
     train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
                    round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)] for s in shown if s]
     results["trainings"] = train_rows

@@ -45,6 +45,29 @@ def test_predictor_benchmark_runs_quick(tmp_path):
     assert {"model", "tfidf", "linear", "constant", "ceiling"} <= set(data["k0"]["evaluation"])
 
 
+def test_predictor_benchmark_crossfit_from_human_quick(tmp_path):
+    """Cross-fitting tests every prompt of the eval file once (each half by models trained on the
+    other), the k = 0 models start from the GSM8K + Dolly predictor, prompts seen in pretraining are
+    left out of the scores."""
+    out, work = tmp_path / "predictor.json", tmp_path / "work"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_predictor.py"), "--quick", "--work",
+                             str(work), "--out", str(out), "--sections", "crossfit", "--pretrain", "human", "--seeds",
+                             "2", "--jobs", "2"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "### Cross-fitted tau-b minus TF-IDF" in result.stdout
+    cf = json.loads(out.read_text())["crossfit"]
+    preds = json.loads((work / "crossfit_predictions.json").read_text())
+    assert len(set(preds["id"])) == len(preds["id"]) and set(preds["fold"]) == {0, 1}
+    assert sum(cf["prompts_per_fold"]) + len(cf["left_out_as_seen_in_pretraining"]) == len(preds["id"])
+    assert set(cf["left_out_as_seen_in_pretraining"]) <= set(preds["id"])
+    assert {"model (seed 0)", "ensemble of 2", "tfidf", "ceiling"} <= set(cf["scores"])
+    for fold, seed in ((0, 0), (1, 1)):
+        name = "castillo-k0-from-human" + ("" if (fold, seed) == (0, 0) else f"-f{fold}-s{seed}")
+        opts = json.loads((work / name / "training_summary.json").read_text())["options"]
+        assert opts["init_from"] == str(work / "human-k0") and opts["test_fold"] == fold and opts["seed"] == seed
+        assert opts["split_seed"] in (None, 0)
+
+
 def run_quick(script: str, out) -> dict:
     """Run ``benchmarks/<script> --quick --out OUT`` and return its JSON results."""
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--out", str(out)],

@@ -268,3 +268,22 @@ def test_streaming_reads_the_same_rows(tmp_path, tok):
     streamed = load_source(DataSpec(str(path), first_turn=False, streaming=True), labels)
     assert streamed.to_dict() == eager.to_dict()
     assert load_source(DataSpec(str(path), streaming=True, limit=1), labels)["id"] == ["a"]
+
+
+def test_load_splits_fold_and_split_seed(tok):
+    """`--test-fold` swaps the halves of prompts in both pools; `--split-seed` keeps one split while
+    `--seed` varies (an ensemble tested on the same prompts)."""
+    from predictor_training.options import TrainOptions
+    from predictor_training.training import load_splits
+
+    base = TrainOptions(data=str(CASTILLO), eval_data=str(CASTILLO), validation_fraction=0.1)
+    test_ids = {}
+    for name, opts in {"f0": base, "f1": TrainOptions(**{**base.__dict__, "test_fold": 1}),
+                       "s1": TrainOptions(**{**base.__dict__, "seed": 1, "split_seed": 0}),
+                       "s1-own": TrainOptions(**{**base.__dict__, "seed": 1})}.items():
+        splits = load_splits(opts, tok)
+        test_ids[name] = set(splits["test"]["id"])
+        assert not test_ids[name] & (set(splits["train"]["id"]) | set(splits["validation"]["id"]))
+    assert test_ids["f0"].isdisjoint(test_ids["f1"])
+    assert len(test_ids["f0"] | test_ids["f1"]) == len(set(load_source(DataSpec(str(CASTILLO)), LabelConfig())["id"]))
+    assert test_ids["s1"] == test_ids["f0"] and test_ids["s1-own"] != test_ids["f0"]
