@@ -137,6 +137,19 @@ def _check(prompt_ids: Sequence[int], completions: Sequence[Sequence[int]]) -> t
     return prompt, comps
 
 
+def _logits_at(model: Any, keep: torch.Tensor, **inputs: Any) -> torch.Tensor:
+    """The model's logits at the sequence positions ``keep`` only (``(batch, len(keep), vocab)``).
+
+    Models whose forward takes ``logits_to_keep`` (transformers' causal LMs) apply the LM head to
+    those positions alone: with a vocabulary of 150k tokens the logits of the prompt positions would
+    otherwise dominate the learner's memory. Other models run in full and are sliced."""
+    import inspect
+
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        return model(**inputs, logits_to_keep=keep).logits
+    return model(**inputs).logits[:, keep]
+
+
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, -1) \
         .gather(-1, targets.view(-1, 1)).view(-1)
@@ -158,19 +171,23 @@ def grouped_logprobs(model: Any, prompt_ids: Sequence[int], completions: Sequenc
     longest = p + max(len(c) for c in comps)
     if context is not None and longest > context:
         raise InvalidArgument("completions", longest, f"prompt + completion within the model's {context} positions")
+    # token 0 of every completion is predicted at the prompt's last position, token j at its own j - 1:
+    # only those positions need logits (the prompt's other positions predict nothing the learner uses)
+    keep, start = [], p
+    for c in comps:
+        keep += [p - 1] + list(range(start, start + len(c) - 1))
+        start += len(c)
     previous = model.config._attn_implementation
     model.set_attn_implementation(register_grouped())
     try:
-        logits = model(input_ids=ids, position_ids=positions, use_cache=False,
-                       lengthsched_group=GroupLayout(segments)).logits[0]
+        logits = _logits_at(model, torch.tensor(keep, device=dev), input_ids=ids, position_ids=positions,
+                            use_cache=False, lengthsched_group=GroupLayout(segments))[0]
     finally:
         model.set_attn_implementation(previous)
-    out, start = [], p
+    out, row = [], 0
     for c in comps:
-        # token 0 of every completion is predicted at the prompt's last position; token j at its own j - 1
-        rows = torch.cat([logits[p - 1: p], logits[start: start + len(c) - 1]])
-        out.append(_token_logprobs(rows, torch.tensor(c, device=dev)))
-        start += len(c)
+        out.append(_token_logprobs(logits[row: row + len(c)], torch.tensor(c, device=dev)))
+        row += len(c)
     return out
 
 
@@ -185,5 +202,7 @@ def naive_logprobs(model: Any, prompt_ids: Sequence[int], completions: Sequence[
     for i, c in enumerate(comps):
         ids[i, : p + len(c)] = torch.tensor(prompt + c, device=dev)
         mask[i, : p + len(c)] = 1
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    return [_token_logprobs(logits[i, p - 1: p + len(c) - 1], torch.tensor(c, device=dev)) for i, c in enumerate(comps)]
+    # the logits of positions p - 1 .. width - 2 (every completion token's predictor), not the prompt's
+    logits = _logits_at(model, torch.arange(p - 1, width - 1, device=dev), input_ids=ids, attention_mask=mask,
+                        use_cache=False)
+    return [_token_logprobs(logits[i, : len(c)], torch.tensor(c, device=dev)) for i, c in enumerate(comps)]
