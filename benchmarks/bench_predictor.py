@@ -104,9 +104,7 @@ def accuracy_rows(summary: dict) -> list[list]:
 def k_comparison(args: argparse.Namespace, model0: BertLengthPredictor, summary_k: dict) -> tuple[str, list]:
     """The k = 0 model (prompt only, minus the k generated tokens) and the k > 0 model on the same rows."""
     opts = options(args, args.k)
-    from predictor_training.encoders import load_tokenizer
-
-    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+    label = _label_tokenizer(opts)
     test = load_splits(opts, label)["test"].to_dict()
     model_k = BertLengthPredictor.from_pretrained(opts.out)
     rows = []
@@ -125,10 +123,9 @@ def k_comparison(args: argparse.Namespace, model0: BertLengthPredictor, summary_
 def versus_tfidf(opts: TrainOptions, resamples: int) -> tuple[str, list]:
     """How much better than TF-IDF + ridge the predictor in ``opts.out`` ranks, per dataset: the
     tau-b difference with a 95% paired bootstrap interval over test prompts."""
-    from predictor_training.encoders import load_tokenizer
     from predictor_training.evaluate import DEFAULT_LEVELS, TfidfBaseline, tau_difference
 
-    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+    label = _label_tokenizer(opts)
     splits = load_splits(opts, label)
     train_rows, test = splits["train"].to_dict(), splits["test"].to_dict()
     model = predictor_predictions(BertLengthPredictor.from_pretrained(opts.out), test).point
@@ -147,7 +144,6 @@ def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list
     ensemble: the geometric mean of their point predictions), against TF-IDF + ridge fitted on the same
     training split. The per-prompt predictions are kept in ``WORK/crossfit_predictions.json`` (``--reuse``
     reads them back), then scored and bootstrapped over all prompts of both halves."""
-    from predictor_training.encoders import load_tokenizer
     from predictor_training.evaluate import DEFAULT_LEVELS, Predictions, TfidfBaseline, noise_ceiling, \
         score_by_source, tau_difference
 
@@ -161,7 +157,7 @@ def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list
                 **{f"seed{s}": [] for s in range(seeds)}}
         for fold in (0, 1):
             opts = crossfit_options(args, fold, 0)
-            label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+            label = _label_tokenizer(opts)
             splits = load_splits(opts, label)
             test = splits["test"].to_dict()
             rows["tfidf"] += TfidfBaseline().fit(splits["train"].to_dict()).predict(
@@ -227,6 +223,7 @@ def _seen_in_pretraining(args: argparse.Namespace) -> set[str]:
 
 
 def _label_tokenizer(opts: TrainOptions):
+    """The tokenizer that counts a recipe's labels and cuts its prefixes."""
     from predictor_training.encoders import load_tokenizer
 
     return load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
@@ -319,12 +316,6 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     texts, results = [], {"machine": machine(), "command": " ".join(["python", *sys.argv])}
 
-    def trained(opts: TrainOptions) -> dict:
-        summary = Path(opts.out) / "training_summary.json"
-        if args.reuse and summary.is_file():
-            return json.loads(summary.read_text())
-        return train(opts, progress=False)
-
     wanted = set(args.sections.split(","))
     resamples = args.resamples or (100 if args.quick else 1000)
     unknown = wanted - {"castillo", "crossfit", "longer", "k", "human", "latency"}
@@ -357,7 +348,7 @@ def main() -> int:
             tokens, lr = stage.split(":")
             opts = dataclasses.replace(previous, init_from=previous.out, max_length=int(tokens), epochs=1.0,
                                        learning_rate=float(lr), out=f"{options(args, 0).out}-{tokens}")
-            summary = trained(opts)
+            summary = train_all(args, [opts])[opts.out]
             results["longer"].append(summary)
             texts.append(table(f"Accuracy on held-out CASTILLO prompts, k = 0, continued for one epoch with "
                                f"{tokens} input tokens (learning rate {lr}) from {Path(previous.out).name}",
@@ -406,9 +397,7 @@ def main() -> int:
 
 
 def _test_prompts(opts: TrainOptions) -> list[str]:
-    from predictor_training.encoders import load_tokenizer
-
-    label = load_tokenizer(opts.label_tokenizer or opts.encoder, "label_tokenizer")
+    label = _label_tokenizer(opts)
     return list(load_splits(opts, label)["test"]["prompt"])[:256]
 
 
