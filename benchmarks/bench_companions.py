@@ -14,8 +14,8 @@ model of ``lengthsched sample``: by default its tiny Qwen3-shaped model; ``rando
 real compute and memory), or a Hugging Face name or directory. Peak memory of a learner forward +
 backward is the child process's peak resident set on the CPU (``ru_maxrss``; the weights included)
 and ``torch.cuda.max_memory_allocated`` on a GPU (weights and gradients included). Both learner
-forwards compute the logits of every position (prompt included), so with a large vocabulary
-(151936 for Qwen3) the naive forward's G x (P + l) x V logits weigh much of its time and memory.
+forwards apply the LM head only at the positions that predict completion tokens (G x l x V logits
+for the naive rows, sum(l) x V grouped).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine, report, run_sections, table, write_json
+from common import ROOT, device_name, machine, report, run_sections, table, write_json
 
 from lengthsched import KVCompression
 from lengthsched.sgpo import BudgetConfig, ProfileRecord, plan_budget
@@ -109,7 +109,7 @@ def sparse(args: argparse.Namespace) -> tuple[str, list]:
     for r in rows:
         r.append(round(r[3] / dense[3], 3))
         r.append(round(r[4] / dense[4], 3))
-    return table(f"Sparse rollouts (compressed KV) against dense on the same model ({_device(model)}; G = {g} "
+    return table(f"Sparse rollouts (compressed KV) against dense on the same model ({device_name(model)}; G = {g} "
                  f"sequences of {n} tokens, a 64-token prompt)",
                  ["KV budget + interval", "sequences", "tokens each", "peak KV MiB", "tokens / s", "KV / dense",
                   "speed / dense"], rows), raw
@@ -176,18 +176,6 @@ def learner(args: argparse.Namespace) -> tuple[str, list]:
                   "grouped s", "speed-up", "naive peak MiB", "grouped peak MiB"], rows), raw
 
 
-def _device(model) -> str:
-    return _device_of(str(next(model.parameters()).device))
-
-
-def _device_of(device: str | None) -> str:
-    """A device in words: the CUDA card's name, or the CPU threads (``None``: the default device)."""
-    import torch
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-
-
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _learner_child(sys.argv[2])
@@ -217,7 +205,7 @@ def main() -> int:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
-               "dtype": args.dtype, "device": _device_of(args.device), "complete": False}
+               "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)

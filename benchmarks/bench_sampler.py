@@ -29,20 +29,11 @@ import sys
 import time
 
 import numpy as np
-from common import ROOT, machine, report, run_sections, table, write_json
+from common import ROOT, device_name, machine, report, run_sections, table, write_json
 
 from sampler.options import TINY_MODEL
 from simulate import run_group
 from simulate.workloads import castillo_groups
-
-
-def device_name(model) -> str:
-    import torch
-
-    dev = next(model.parameters()).device
-    if dev.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(dev)}"
-    return f"cpu ({torch.get_num_threads()} threads)"
 
 
 def workload(args: argparse.Namespace) -> list:

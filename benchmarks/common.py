@@ -24,6 +24,17 @@ def table(title: str, header: list[str], rows: list[list]) -> str:
     return "\n".join(out) + "\n"
 
 
+def device_name(where=None) -> str:
+    """A torch device in words, for table titles: the CUDA card's name or the CPU's threads. ``where``
+    is a model (its parameters' device), a device or its name, or ``None`` (the default device)."""
+    import torch
+
+    if hasattr(where, "parameters"):
+        where = next(where.parameters()).device
+    dev = torch.device(where or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+
+
 def machine() -> dict:
     """What the numbers were measured on."""
     cpu = platform.processor() or "unknown"
