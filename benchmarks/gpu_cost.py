@@ -1,0 +1,321 @@
+"""Measure engine-step times of a Qwen3-1.7B-shaped model on one GPU and calibrate lengthsched.cost.
+
+Run on a GPU machine through ``benchmarks/gpu_cost.sh`` (which bounds the time and records the
+card), or directly:
+
+    python benchmarks/gpu_cost.py                              # cuda, bf16, the full grid
+    python benchmarks/gpu_cost.py --device cpu --quick         # tiny model and grid: checks the code path only
+
+The model has the shapes of ``lengthsched/presets/qwen3-1.7b.json`` and random weights, built with
+``transformers`` from that config (``AutoModelForCausalLM.from_config``, attn_implementation
+"sdpa"; nothing is downloaded). Steps are timed the way an engine runs them:
+
+- decode: ``rows`` sequences each add one token after a context of ``ctx`` tokens. The KV of the
+  context lives in static per-layer buffers filled with random values (no prefill needed); a
+  registered attention function writes the new token's K and V into the last slot and runs
+  ``torch.nn.functional.scaled_dot_product_attention`` (GQA) over the whole buffer, so each row
+  attends ``ctx`` tokens: kv_tokens_read = rows x ctx;
+- prefill: one prompt of ``T`` tokens, causal SDPA, K and V written to the buffers, logits of the
+  last token only (as engines do): prefill_context = T (T + 1) / 2.
+
+Each step is captured as a CUDA graph where capture works (as vLLM and SGLang replay decode
+steps; ``--eager`` to skip) and timed with CUDA events: ``--warmup`` runs, then the median of
+``--reps``. Every measured step is appended to a JSON lines file as soon as it is measured (keys of
+:func:`lengthsched.cost.read_samples`), so a run cut off by a time-out keeps what it measured.
+Then :meth:`StepCost.fit_and_validate` fits on a seeded half of the steps and the report (held-out
+errors of the fitted model and of the unfitted preset of this card) goes to ``--out``, by default
+``benchmarks/results/cost_gpu_<card>.json``. A CPU run's numbers are not GPU evidence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from common import ROOT, machine, write_json
+
+from lengthsched.cost import StepCost, error_stats, read_samples
+from lengthsched.hfconfig import PRESET_DIR
+from lengthsched.memory import ModelMemory
+
+ATTENTION = "lengthsched_cost_static_kv"
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def preset_for(card: str) -> str:
+    """The GPU preset of a CUDA device name (H100 when nothing matches; the report names the card)."""
+    lower = card.lower()
+    for name in ("h200", "h100", "a100", "l40s", "b200"):
+        if name in lower:
+            return name
+    return "h100"
+
+
+class StaticKV:
+    """Per-layer K / V buffers (views into one allocation) and the attention that uses them."""
+
+    def __init__(self, torch, layers: int, kv_heads: int, head_dim: int, max_tokens: int, dtype, device):
+        self.torch, self.kv_heads, self.head_dim = torch, kv_heads, head_dim
+        self.store = torch.randn((2, layers, max_tokens * kv_heads * head_dim), dtype=dtype, device=device)
+        self.k = self.v = None
+        self.decode = True
+        try:
+            q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 2, 4)
+            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+            self.gqa = True
+        except (TypeError, RuntimeError):  # torch < 2.5: repeat the KV heads (a copy)
+            self.gqa = False
+
+    def shape(self, rows: int, ctx: int, decode: bool) -> None:
+        """Use the first rows x ctx tokens of each layer's buffer as a (rows, kv_heads, ctx, head_dim) cache."""
+        n = rows * self.kv_heads * ctx * self.head_dim
+        view = (rows, self.kv_heads, ctx, self.head_dim)
+        self.k = [self.store[0, i, :n].view(view) for i in range(self.store.shape[1])]
+        self.v = [self.store[1, i, :n].view(view) for i in range(self.store.shape[1])]
+        self.decode = decode
+
+    def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        kb, vb = self.k[module.layer_idx], self.v[module.layer_idx]
+        if self.decode:  # the new token goes to the last slot; attend to the whole context
+            kb[:, :, -1:].copy_(key)
+            vb[:, :, -1:].copy_(value)
+            k, v, causal = kb, vb, False
+        else:  # prefill: write the prompt's K and V, attend causally within it
+            kb[:, :, : key.shape[2]].copy_(key)
+            vb[:, :, : value.shape[2]].copy_(value)
+            k, v, causal = key, value, True
+        if self.gqa:
+            out = sdpa(query, k, v, is_causal=causal, scale=scaling, enable_gqa=True)
+        else:
+            groups = query.shape[1] // k.shape[1]
+            out = sdpa(query, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=causal,
+                       scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+
+def build_model(torch, fields: dict, dtype, device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(fields["model_type"], **{k: v for k, v in fields.items() if k != "model_type"})
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval()
+
+
+def register(kv: StaticKV) -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, kv.attention)
+
+
+class Timer:
+    """Median seconds of a step: CUDA graph replay where capture works, else eager; CUDA events on a GPU."""
+
+    def __init__(self, torch, device, warmup: int, reps: int, graphs: bool):
+        self.torch, self.cuda = torch, device.type == "cuda"
+        self.warmup, self.reps, self.graphs = warmup, reps, graphs and device.type == "cuda"
+
+    def _once(self, fn) -> float:
+        if not self.cuda:
+            start = time.perf_counter()
+            fn()
+            return time.perf_counter() - start
+        start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def time(self, fn) -> tuple[float, float, bool]:
+        """(median, min) seconds over the reps, and whether a CUDA graph was replayed."""
+        torch, graph = self.torch, None
+        if self.graphs:
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(self.warmup):
+                        fn()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+            except Exception as exc:  # noqa: BLE001 - any capture failure: measure eagerly from now on
+                print(f"CUDA graph capture failed ({type(exc).__name__}: {str(exc)[:200]}); timing eagerly",
+                      file=sys.stderr, flush=True)
+                self.graphs, graph = False, None
+                torch.cuda.synchronize()
+        run = graph.replay if graph is not None else fn
+        for _ in range(self.warmup):
+            run()
+        times = [self._once(run) for _ in range(self.reps)]
+        del graph
+        return statistics.median(times), min(times), run is not fn
+
+
+def forward_fn(torch, model, ids, positions, keep_last: bool):
+    # A ready 4-D mask is passed through as is by every transformers version, so no mask is built (mask
+    # building may read tensors on the host, which a CUDA graph capture forbids); the attention ignores it.
+    mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
+    kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False)
+    if keep_last:
+        kwargs["logits_to_keep"] = 1
+
+    def step():
+        return model(**kwargs).logits
+
+    return step
+
+
+def measure(args, torch, model, fields: dict, device, samples_path: Path, deadline: float) -> dict:
+    layers, kv_heads, head_dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
+    dtype = next(model.parameters()).dtype
+    kv_per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
+    needed = max(max(args.rows) * max(args.contexts), max(args.prefills))
+    max_tokens = max(min(needed, int(args.kv_budget_gib * 2**30 // kv_per_token)), max(args.prefills))
+    kv = StaticKV(torch, layers, kv_heads, head_dim, max_tokens, dtype, device)
+    register(kv)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(ATTENTION)
+    else:  # older transformers
+        model.config._attn_implementation = ATTENTION
+    timer = Timer(torch, device, args.warmup, args.reps, not args.eager)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    points = [("prefill", 1, t) for t in args.prefills]  # few and short: first, so a time-out keeps both kinds
+    points += [("decode", r, c) for c in args.contexts for r in args.rows if r * c <= max_tokens]
+    skipped = [(r, c) for c in args.contexts for r in args.rows if r * c > max_tokens]
+    done, graphs, stopped = 0, 0, None
+    with samples_path.open("w", encoding="utf-8") as out, torch.inference_mode():
+        for kind, rows, n in points:
+            if time.monotonic() > deadline:
+                stopped = f"time budget reached after {done} of {len(points)} steps"
+                break
+            decode = kind == "decode"
+            kv.shape(rows, n, decode)
+            length = 1 if decode else n
+            ids = torch.randint(fields["vocab_size"], (rows, length), device=device, generator=gen)
+            positions = (torch.full((rows, 1), n - 1, device=device) if decode
+                         else torch.arange(n, device=device).unsqueeze(0))
+            median, best, graphed = timer.time(forward_fn(torch, model, ids, positions, keep_last=not decode))
+            row = {"decode_rows": rows if decode else 0, "kv_tokens_read": rows * n if decode else 0,
+                   "prefill_tokens": 0 if decode else n, "prefill_context": 0 if decode else n * (n + 1) // 2,
+                   "seconds": median, "min_seconds": best, "kind": kind, "context": n if decode else 0,
+                   "reps": args.reps, "cuda_graph": graphed}
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            done += 1
+            graphs += graphed
+            print(f"{kind:>7} rows {rows:>4} tokens {n:>5}: {median * 1e3:9.3f} ms{' (graph)' if graphed else ''}",
+                  flush=True)
+    del kv
+    return {"steps_measured": done, "steps_planned": len(points), "cuda_graph_steps": graphs,
+            "skipped_over_kv_budget": skipped, "stopped": stopped, "kv_budget_tokens": max_tokens}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
+    ap.add_argument("--quick", action="store_true", help="tiny model (hidden 64, 2 layers) and a tiny grid")
+    ap.add_argument("--rows", type=ints, default=None, help="decode rows, comma-separated (default 1,2,4,...,256)")
+    ap.add_argument("--contexts", type=ints, default=None, help="context tokens per row (default 128,...,4096)")
+    ap.add_argument("--prefills", type=ints, default=None, help="prefill tokens (default 128,...,8192)")
+    ap.add_argument("--kv-budget-gib", type=float, default=32.0,
+                    help="largest KV buffer; bigger grid points are skipped")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--budget-seconds", type=float, default=420.0, help="stop measuring after this long, then fit")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"),
+                    help="folder of the report cost_gpu_<card>.json and the steps cost_gpu_<card>.jsonl")
+    ap.add_argument("--out", default=None, help="report JSON path (instead of --out-dir/cost_gpu_<card>.json)")
+    ap.add_argument("--samples", default=None, help="measured steps, JSON lines (default: --out with .jsonl)")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+
+    import torch
+    import transformers
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device (use --device cpu --quick to check the code path)")
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    preset = preset_for(card)
+    matched = device.type == "cuda" and preset in card.lower()
+    slug = preset if matched else re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-")
+    out = Path(args.out or Path(args.out_dir) / f"cost_gpu_{slug}.json")
+    samples_path = Path(args.samples or out.with_suffix(".jsonl"))
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
+    quick = args.quick
+    args.rows = args.rows or ([1, 2, 4] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    args.contexts = args.contexts or ([16, 32] if quick else [128, 256, 512, 1024, 2048, 4096])
+    args.prefills = args.prefills or ([16, 32, 64] if quick else [128, 256, 512, 1024, 2048, 4096, 8192])
+    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
+
+    preset_cfg = json.loads((PRESET_DIR / "qwen3-1.7b.json").read_text(encoding="utf-8"))
+    cfg = {k: v for k, v in preset_cfg.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
+    if quick:
+        cfg.update(TINY)
+    name = "tiny-qwen3-cost" if quick else preset_cfg["_name_or_path"]
+    torch.manual_seed(args.seed)
+    model = build_model(torch, cfg, dtype, device)
+    print(f"{card}: {'tiny' if quick else 'Qwen3-1.7B'}-shaped model, {dtype_name}, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters; preset {preset}", flush=True)
+
+    deadline = start + args.budget_seconds
+    info = measure(args, torch, model, cfg, device, samples_path, deadline)
+    del model
+    measured = read_samples(samples_path)["seconds"].size if info["steps_measured"] else 0
+
+    memory = ModelMemory.from_hf_config({**cfg, "_name_or_path": name}, dtype_name)
+    prior = StepCost.from_gpu(memory, preset, config=cfg)
+    results = {"machine": machine(), "card": card, "device": str(device), "preset": preset,
+               "preset_matches_card": preset in card.lower(), "dtype": dtype_name,
+               "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+               "model": "tiny-qwen3 (--quick)" if quick else "Qwen3-1.7B shapes, random weights",
+               "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+               "grid": {"rows": args.rows, "contexts": args.contexts, "prefills": args.prefills},
+               "samples_file": str(samples_path), **info,
+               "note": "CPU run: checks the code path, not GPU evidence" if device.type != "cuda" else None}
+    if measured >= 6:
+        samples = read_samples(samples_path)
+        fitted, report = prior.fit_and_validate(samples, train_fraction=0.5, seed=args.seed)
+        results["fit"] = report
+        results["fitted"] = json.loads(fitted.to_json())
+        results["unfitted_all_steps"] = {  # the unfitted presets on every measured step
+            other: error_stats(StepCost.from_gpu(memory, other, config=cfg).errors(samples))
+            for other in sorted({preset, "h100", "h200"})}
+        h = report["held_out"]
+        p = report["prior_held_out"]
+        print(f"fitted {report['parameters']}; held-out |rel err| median {h['median']:.3f} max {h['max']:.3f}; "
+              f"unfitted {preset} preset median {p['median']:.3f} max {p['max']:.3f}")
+    else:
+        results["fit"] = None
+        print(f"only {measured} steps measured: no fit", file=sys.stderr)
+    results["seconds_total"] = round(time.monotonic() - start, 1)
+    write_json(out, results)
+    print(f"wrote {out} and {samples_path} ({results['seconds_total']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

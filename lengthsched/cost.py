@@ -1,0 +1,648 @@
+"""A roofline price for one engine step, in seconds (numpy only).
+
+One engine step runs ``decode_rows`` decode rows (each adds one token and reads its whole KV
+context) and ``prefill_tokens`` prefill tokens (first prefill of prompts, prompt tails,
+recomputation of preempted sequences). :class:`StepCost` prices it as
+
+    seconds = overhead + max(bytes / (bandwidth * bandwidth_efficiency),
+                             flops / (peak_flops * compute_efficiency)) + comm      (0 for an empty step)
+
+per GPU, with (tokens = decode_rows + prefill_tokens; ``tp`` = tensor-parallel degree)
+
+    bytes = (weights_bytes + kv_bytes_per_token * (kv_tokens_read + tokens)
+             + activation_bytes_per_token * tokens) / tp
+    flops = (2 * active_parameters * tokens + 2 * lm_head_parameters * decode_rows
+             + attention_flops_per_kv_token * (kv_tokens_read + prefill_context)) / tp
+    comm  = 2 * num_layers * (allreduce_latency_seconds
+             + 2 (tp - 1) / tp * hidden_size * dtype_bytes * tokens / link_bandwidth)   (tp > 1 only)
+
+Units: seconds, bytes, FLOPs, tokens. ``kv_tokens_read`` is the sum over the decode rows of the
+context each attends (its own new token included); ``prefill_context`` the same sum over the
+prefill tokens (a whole causal prompt of T tokens: T (T + 1) / 2). The KV each new token writes is
+charged as ``kv_bytes_per_token`` per token. What is modelled and what is not is listed in
+docs/cost.md; in short:
+
+- weights are read once per step that does anything (an untied input-embedding table is not
+  counted: it is gathered, not streamed); MoE experts are all charged (true once the batch touches
+  them all, an overestimate for a handful of rows); the LM head runs for decode rows only (engines
+  compute prompt logits only at a prompt's last token, a cost ignored here);
+- activations: each per-layer activation of :class:`~lengthsched.hfconfig.ModelShapes`
+  (``activation_elements``) is written once and read once, per token and layer; fp32 logits and
+  the sampler are not charged;
+- attention FLOPs are ``2 x layers x query heads x (qk head dim + v head dim)`` per attended
+  (query, key) pair (QK^T and PV); sliding windows are ignored in FLOPs and bytes (a row past a
+  window is charged its whole context, unless the caller caps ``kv_tokens_read``);
+- tensor parallelism divides bytes and FLOPs evenly by ``tp`` (hidden-size activations are in fact
+  replicated, a small share) and adds two ring all-reduces of the hidden state per layer, not
+  overlapped with compute.
+
+The three fitted parameters (``overhead_seconds``, ``bandwidth_efficiency``,
+``compute_efficiency``) default to unfitted priors for an optimised engine that replays decode
+steps as CUDA graphs (vLLM, SGLang): see :data:`DEFAULT_OVERHEAD_SECONDS`. :meth:`StepCost.fit`
+calibrates them on measured steps (:func:`read_samples`, ``lengthsched cost fit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import InvalidArgument, check_int, check_positive_float
+from .hfconfig import PRESET_DIR, _moe_layers, load_config, preset_names, read_shapes
+from .memory import DTYPE_BYTES, ModelMemory
+
+__all__ = ["StepCost", "GPUSpec", "GPU_PRESETS", "read_samples", "error_stats", "SAMPLE_COLUMNS",
+           "DEFAULT_OVERHEAD_SECONDS", "DEFAULT_BANDWIDTH_EFFICIENCY", "DEFAULT_COMPUTE_EFFICIENCY",
+           "DEFAULT_ALLREDUCE_LATENCY_SECONDS"]
+
+#: Unfitted prior of the fixed cost of one step (seconds). With CUDA graphs a decode step is one
+#: graph replay, so kernel launches cost almost nothing; what stays is the engine's per-step host
+#: work that the GPU waits for (scheduling, input preparation, sampling, output processing), a few
+#: hundred microseconds in vLLM V1 / SGLang. 0.5 ms is a prior, not a measurement: fit it.
+DEFAULT_OVERHEAD_SECONDS = 0.5e-3
+#: Unfitted prior: share of the datasheet HBM bandwidth that large weight and KV reads reach.
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.75
+#: Unfitted prior: share of the datasheet dense bf16 FLOP/s that large GEMMs reach.
+DEFAULT_COMPUTE_EFFICIENCY = 0.65
+#: Unfitted prior: latency of one small all-reduce over NVLink (seconds), custom all-reduce kernels.
+DEFAULT_ALLREDUCE_LATENCY_SECONDS = 8e-6
+
+#: Columns of a measured step: the first four are required, ``prefill_context`` defaults to 0.
+SAMPLE_COLUMNS = ("decode_rows", "kv_tokens_read", "prefill_tokens", "seconds", "prefill_context")
+_FORMAT, _VERSION = "lengthsched.step_cost", 1
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Datasheet numbers of one GPU: ``bandwidth`` HBM bytes/s, ``peak_flops`` dense bf16 tensor FLOP/s
+    (no sparsity), ``link_bandwidth`` GPU-to-GPU bytes/s per direction (what a ring all-reduce uses)."""
+
+    name: str
+    description: str
+    bandwidth: float
+    peak_flops: float
+    link_bandwidth: float
+
+
+GPU_PRESETS: dict[str, GPUSpec] = {
+    # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column),
+    # https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
+    "a100": GPUSpec("a100", "NVIDIA A100 80GB SXM",
+                    bandwidth=2.039e12,       # "GPU Memory Bandwidth 2,039GB/s"
+                    peak_flops=312e12,        # "BFLOAT16 Tensor Core 312 TFLOPS | 624 TFLOPS*" (* sparsity)
+                    link_bandwidth=300e9),    # "NVLink: 600GB/s" (bidirectional) / 2
+    # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column),
+    # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+    "h100": GPUSpec("h100", "NVIDIA H100 SXM 80GB",
+                    bandwidth=3.35e12,        # "GPU Memory Bandwidth 3.35TB/s"
+                    peak_flops=989.4e12,      # "BFLOAT16 Tensor Core 1,979 teraFLOPS*" (* sparsity) / 2
+                    link_bandwidth=450e9),    # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+    # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/
+    "h200": GPUSpec("h200", "NVIDIA H200 SXM 141GB",
+                    bandwidth=4.8e12,         # "GPU Memory Bandwidth 4.8TB/s"
+                    peak_flops=989.4e12,      # "BFLOAT16 Tensor Core 1,979 TFLOPS*" (* sparsity) / 2
+                    link_bandwidth=450e9),    # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+    # NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
+    "l40s": GPUSpec("l40s", "NVIDIA L40S 48GB (PCIe, no NVLink)",
+                    bandwidth=864e9,          # "Memory Bandwidth 864GB/s"
+                    peak_flops=362.05e12,     # "BF16 Tensor Core 362.05 | 733* TFLOPS" (* sparsity)
+                    link_bandwidth=32e9),     # "PCIe Gen4 x16: 64GB/s bidirectional" / 2
+    # NVIDIA HGX B200 (1,000 W per GPU), https://www.nvidia.com/en-us/data-center/hgx/ : per-GPU figures
+    # of the 8-GPU board, as also listed in NVIDIA's Blackwell datasheet
+    "b200": GPUSpec("b200", "NVIDIA B200 (HGX, 1000 W)",
+                    bandwidth=8e12,           # "HBM3e ... 8TB/s" per GPU (64 TB/s per 8-GPU board)
+                    peak_flops=2.25e15,       # "FP16/BF16 Tensor Core 4.5 PFLOPS*" (* sparsity) / 2
+                    link_bandwidth=900e9),    # "NVLink 5: 1.8TB/s" (bidirectional) / 2
+}
+
+
+def _gpu(name: Any) -> GPUSpec:
+    if not isinstance(name, str) or name.lower() not in GPU_PRESETS:
+        raise InvalidArgument("gpu", name, "one of the GPU presets: " + ", ".join(GPU_PRESETS))
+    return GPU_PRESETS[name.lower()]
+
+
+def _nonneg_float(name: str, value: Any) -> float:
+    ok = isinstance(value, (numbers.Real, np.floating)) and not isinstance(value, (bool, np.bool_))
+    out = float(value) if ok else math.nan
+    if not (math.isfinite(out) and out >= 0):
+        raise InvalidArgument(name, value, "a finite number >= 0")
+    return out
+
+
+def _tokens(name: str, value: Any) -> np.ndarray:
+    """A non-negative finite token count (scalar or array) as float64."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(name, value, "numbers >= 0 (tokens)") from None
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise InvalidArgument(name, value, "numbers >= 0 (tokens)")
+    out = arr.astype(np.float64)
+    if out.size and not (np.all(np.isfinite(out)) and out.min() >= 0):
+        raise InvalidArgument(name, value, "finite numbers >= 0 (tokens)")
+    return out
+
+
+def _out(value: np.ndarray, scalar: bool) -> Any:
+    return float(value) if scalar else value
+
+
+def _lin_sum(alpha: np.ndarray, beta: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """sum_{i=lo}^{hi} (alpha + beta i), 0 where hi < lo."""
+    count = np.maximum(hi - lo + 1, 0.0)
+    return count * alpha + beta * (lo + hi) * count / 2
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The roofline step-cost model of the module docstring; fields are per model and GPU, not per GPU shard.
+
+    Model numbers: ``weights_bytes`` bytes of weights a step reads; ``active_parameters``
+    parameters each token multiplies through in the decoder layers (MoE: the routed experts a
+    token activates); ``lm_head_parameters`` vocabulary x hidden (the LM head, paid per decode row);
+    ``kv_bytes_per_token`` KV bytes per token over all layers; ``attention_flops_per_kv_token``
+    FLOPs per attended (query, key) pair over all layers; ``activation_bytes_per_token``
+    activation bytes moved per token; ``num_layers``, ``hidden_size``, ``dtype_bytes`` (the
+    all-reduce message). GPU numbers: ``gpu``, ``bandwidth`` (bytes/s), ``peak_flops`` (FLOP/s),
+    ``link_bandwidth`` (bytes/s per direction). ``tp``: tensor-parallel degree. Fitted:
+    ``overhead_seconds``, ``bandwidth_efficiency``, ``compute_efficiency``;
+    ``allreduce_latency_seconds`` is a prior, not fitted.
+
+    Build it with :meth:`from_gpu` or :meth:`from_model`.
+    """
+
+    model: str
+    gpu: str
+    bandwidth: float
+    peak_flops: float
+    link_bandwidth: float
+    weights_bytes: int
+    active_parameters: int
+    lm_head_parameters: int
+    kv_bytes_per_token: int
+    attention_flops_per_kv_token: int
+    activation_bytes_per_token: int
+    num_layers: int
+    hidden_size: int
+    dtype_bytes: float = 2.0
+    tp: int = 1
+    overhead_seconds: float = DEFAULT_OVERHEAD_SECONDS
+    bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    allreduce_latency_seconds: float = DEFAULT_ALLREDUCE_LATENCY_SECONDS
+
+    def __post_init__(self) -> None:
+        for name in ("model", "gpu"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise InvalidArgument(name, getattr(self, name), "a non-empty string")
+        for name in ("bandwidth", "peak_flops", "link_bandwidth", "dtype_bytes", "bandwidth_efficiency",
+                     "compute_efficiency"):
+            object.__setattr__(self, name, check_positive_float(name, getattr(self, name)))
+        for name in ("overhead_seconds", "allreduce_latency_seconds"):
+            object.__setattr__(self, name, _nonneg_float(name, getattr(self, name)))
+        for name in ("weights_bytes", "active_parameters", "lm_head_parameters", "kv_bytes_per_token",
+                     "attention_flops_per_kv_token", "activation_bytes_per_token"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=0))
+        for name in ("num_layers", "hidden_size", "tp"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=1))
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_gpu(cls, memory: ModelMemory, gpu: str = "h100", *, tp: int = 1,
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, **overrides: Any) -> "StepCost":
+        """The unfitted model of ``memory``'s model on a preset ``gpu`` (:data:`GPU_PRESETS`).
+
+        Bytes come from ``memory`` (its dtypes, weights and KV sizes); head counts, hidden size and
+        the MoE routing come from the model's ``config.json``: ``config`` (a dict, a path or a
+        bundled preset name), by default the bundled preset whose ``_name_or_path`` or file name is
+        ``memory.name``. ``tp``: tensor-parallel degree. ``overrides``: any field, e.g.
+        ``overhead_seconds=1e-3`` or ``bandwidth_efficiency=0.8``.
+        """
+        if not isinstance(memory, ModelMemory):
+            raise InvalidArgument("memory", memory, "a ModelMemory")
+        spec = _gpu(gpu)
+        check_int("tp", tp, minimum=1)
+        cfg = load_config(_config_path(config) if config is not None else _bundled_config(memory.name))
+        shapes = read_shapes(cfg)
+        heads = int(cfg["num_attention_heads"])
+        if cfg.get("kv_lora_rank"):  # MLA: attention over the cached latent (absorbed) or the decompressed heads
+            rank, rope = int(cfg["kv_lora_rank"]), int(cfg["qk_rope_head_dim"])
+            kv_dtype_bytes = DTYPE_BYTES[memory.kv_dtype.lower()]
+            if memory.layer_kv_bytes[0] == math.ceil((rank + rope) * kv_dtype_bytes):
+                qk_dim, v_dim = rank + rope, rank
+            else:
+                qk_dim, v_dim = int(cfg["qk_nope_head_dim"]) + rope, int(cfg["v_head_dim"])
+        else:
+            qk_dim = v_dim = int(cfg.get("head_dim") or shapes.hidden_size // heads)
+        embed = shapes.vocab_size * shapes.hidden_size
+        tied = bool(cfg.get("tie_word_embeddings", False))
+        moe, experts, width, _ = _moe_layers(cfg, shapes.num_layers)
+        top_k = int(cfg.get("num_experts_per_tok") or experts)
+        inactive = sum(moe) * 3 * shapes.hidden_size * width * max(experts - top_k, 0)
+        body = shapes.num_parameters - embed * (1 if tied else 2) - shapes.hidden_size - inactive
+        dtype_bytes = float(DTYPE_BYTES[memory.dtype.lower()])
+        values = dict(
+            model=memory.name, gpu=spec.name, bandwidth=spec.bandwidth, peak_flops=spec.peak_flops,
+            link_bandwidth=spec.link_bandwidth,
+            weights_bytes=max(memory.weights_bytes - (0 if tied else math.ceil(embed * dtype_bytes)), 0),
+            active_parameters=max(body, 0), lm_head_parameters=embed,
+            kv_bytes_per_token=memory.kv_bytes_per_token,
+            attention_flops_per_kv_token=2 * shapes.num_layers * heads * (qk_dim + v_dim),
+            activation_bytes_per_token=math.ceil(2 * shapes.num_layers * shapes.activation_elements * dtype_bytes),
+            num_layers=shapes.num_layers, hidden_size=shapes.hidden_size, dtype_bytes=dtype_bytes, tp=tp,
+        )
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise InvalidArgument("overrides", unknown, "field names of StepCost: "
+                                  + ", ".join(f.name for f in dataclasses.fields(cls)))
+        return cls(**{**values, **overrides})
+
+    @classmethod
+    def from_model(cls, model: str | os.PathLike, gpu: str = "h100", *, dtype: str = "bfloat16",
+                   kv_dtype: str | None = None, tp: int = 1, **overrides: Any) -> "StepCost":
+        """:meth:`from_gpu` for a bundled preset name, a ``config.json`` path or a model directory."""
+        memory = ModelMemory.from_name(model, dtype, kv_dtype=kv_dtype)
+        return cls.from_gpu(memory, gpu, tp=tp, config=_config_path(model), **overrides)
+
+    def replace(self, **changes: Any) -> "StepCost":
+        """A copy with some fields changed (validated like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    # ----------------------------------------------------------------- pricing
+    def _terms(self, rows, kv, prefill, context) -> tuple[np.ndarray, ...]:
+        """(memory seconds at efficiency 1, compute seconds at efficiency 1, comm seconds, active)."""
+        tokens = rows + prefill
+        active = tokens > 0
+        nbytes = (self.weights_bytes * active + self.kv_bytes_per_token * (kv + tokens)
+                  + self.activation_bytes_per_token * tokens)
+        flops = (2.0 * self.active_parameters * tokens + 2.0 * self.lm_head_parameters * rows
+                 + float(self.attention_flops_per_kv_token) * (kv + context))
+        memory = nbytes / (self.tp * self.bandwidth)
+        compute = flops / (self.tp * self.peak_flops)
+        return memory, compute, np.where(active, self._comm(tokens), 0.0), active
+
+    def _comm(self, tokens, steps=1.0):
+        """All-reduce seconds of ``steps`` steps (1 by default) that carry ``tokens`` tokens in all."""
+        if self.tp == 1:
+            return np.zeros_like(tokens * steps)
+        message = self.hidden_size * self.dtype_bytes * tokens
+        ring = 2 * (self.tp - 1) / self.tp * message / self.link_bandwidth
+        return 2 * self.num_layers * (steps * self.allreduce_latency_seconds + ring)
+
+    def seconds(self, decode_rows: Any, kv_tokens_read: Any, prefill_tokens: Any = 0, prefill_context: Any = 0) -> Any:
+        """Modelled seconds of engine steps (numpy broadcasting; a float for scalar inputs).
+
+        ``decode_rows`` rows decoding one token each, reading ``kv_tokens_read`` KV tokens in all
+        (the sum of their contexts); ``prefill_tokens`` tokens prefilled, attending
+        ``prefill_context`` (query, key) pairs in all. A step with no row and no prefill token costs 0.
+        """
+        return self.breakdown(decode_rows, kv_tokens_read, prefill_tokens, prefill_context)["seconds"]
+
+    def breakdown(self, decode_rows: Any, kv_tokens_read: Any, prefill_tokens: Any = 0,
+                  prefill_context: Any = 0) -> dict[str, Any]:
+        """The terms of :meth:`seconds`: ``bytes`` and ``flops`` per GPU, ``memory_seconds`` and
+        ``compute_seconds`` (after the efficiencies), ``comm_seconds``, ``seconds`` and
+        ``compute_bound`` (the compute term is the larger)."""
+        args = [_tokens(n, v) for n, v in zip(("decode_rows", "kv_tokens_read", "prefill_tokens", "prefill_context"),
+                                              (decode_rows, kv_tokens_read, prefill_tokens, prefill_context))]
+        scalar = all(a.ndim == 0 for a in args)
+        memory, compute, comm, active = self._terms(*args)
+        mem_s, comp_s = memory / self.bandwidth_efficiency, compute / self.compute_efficiency
+        total = np.where(active, self.overhead_seconds + np.maximum(mem_s, comp_s) + comm, 0.0)
+        out = {"bytes": memory * self.bandwidth, "flops": compute * self.peak_flops,  # per GPU
+               "memory_seconds": mem_s, "compute_seconds": comp_s, "comm_seconds": comm, "seconds": total}
+        out = {k: _out(np.asarray(v, dtype=np.float64), scalar) for k, v in out.items()}
+        bound = active & (comp_s > mem_s)
+        out["compute_bound"] = bool(bound) if scalar else bound
+        return out
+
+    def segment_seconds(self, steps: Any, rows: Any, kv_first: Any, prefill_tokens: Any = 0,
+                        prefill_context: Any = 0) -> Any:
+        """Sum of :meth:`seconds` over ``steps`` consecutive steps of ``rows`` decode rows (vectorised).
+
+        Step i (0-based) reads ``kv_first + i * rows`` KV tokens (every row grows by one token per
+        step); ``prefill_tokens`` / ``prefill_context`` happen in the first step only. Closed form:
+        both roofline terms are linear in i, so the max switches regime at most once; the steps on
+        each side of the crossover are summed as arithmetic series.
+        """
+        steps_a = _tokens("steps", steps)
+        if steps_a.size and np.any(steps_a != np.floor(steps_a)):
+            raise InvalidArgument("steps", steps, "whole numbers of steps >= 0")
+        rows_a, kv_a = _tokens("rows", rows), _tokens("kv_first", kv_first)
+        pf_a, pc_a = _tokens("prefill_tokens", prefill_tokens), _tokens("prefill_context", prefill_context)
+        scalar = all(a.ndim == 0 for a in (steps_a, rows_a, kv_a, pf_a, pc_a))
+        steps_a, rows_a, kv_a, pf_a, pc_a = np.broadcast_arrays(steps_a, rows_a, kv_a, pf_a, pc_a)
+        first = np.where(steps_a > 0, self.seconds(rows_a, kv_a, pf_a, pc_a), 0.0)
+        # Following steps i = 1 .. n: memory m0 + mb i, compute f0 + fb i (seconds, after efficiencies).
+        n = np.where(rows_a > 0, np.maximum(steps_a - 1, 0.0), 0.0)
+        mem_scale = 1.0 / (self.tp * self.bandwidth * self.bandwidth_efficiency)
+        comp_scale = 1.0 / (self.tp * self.peak_flops * self.compute_efficiency)
+        c, a = float(self.kv_bytes_per_token), float(self.activation_bytes_per_token)
+        m0 = (self.weights_bytes + c * (kv_a + rows_a) + a * rows_a) * mem_scale
+        mb = c * rows_a * mem_scale
+        attn = float(self.attention_flops_per_kv_token)
+        f0 = ((2.0 * self.active_parameters + 2.0 * self.lm_head_parameters) * rows_a + attn * kv_a) * comp_scale
+        fb = attn * rows_a * comp_scale
+        d0, dd = m0 - f0, mb - fb  # memory-bound where d0 + dd i >= 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = -d0 / dd
+        # Split point s: [1, s-1] and [s, n] lie on either side of the crossover.
+        x = np.nan_to_num(x, nan=0.0)  # only where dd == 0, which uses s_flat
+        s_up = np.clip(np.ceil(x), 1, n + 1)  # dd > 0: compute bound before s, memory bound from s
+        s_down = np.clip(np.floor(x) + 1, 1, n + 1)  # dd < 0: memory bound before s, compute bound from s
+        s_flat = np.where(d0 >= 0, 1.0, n + 1)  # dd == 0: all memory bound (s = 1) or none
+        one = np.ones_like(n)
+        mem_rising = _lin_sum(f0, fb, one, s_up - 1) + _lin_sum(m0, mb, s_up, n)
+        mem_falling = _lin_sum(m0, mb, one, s_down - 1) + _lin_sum(f0, fb, s_down, n)
+        flat = _lin_sum(f0, fb, one, s_flat - 1) + _lin_sum(m0, mb, s_flat, n)
+        roof = np.where(dd > 0, mem_rising, np.where(dd < 0, mem_falling, flat))
+        rest = n * (self.overhead_seconds + self._comm(rows_a)) + roof
+        return _out(first + np.where(n > 0, rest, 0.0), scalar)
+
+    def lower_bound_seconds(self, *, steps: Any, decode_tokens: Any, kv_tokens_read: Any, prefill_tokens: Any = 0,
+                            prefill_context: Any = 0) -> Any:
+        """A lower bound on the summed :meth:`seconds` of any ``steps`` steps (at least) that together
+        decode ``decode_tokens`` tokens reading ``kv_tokens_read`` KV tokens and prefill ``prefill_tokens``
+        tokens attending ``prefill_context`` pairs, however the work is split between steps.
+
+        Each of the ``steps`` steps pays the overhead, reads the weights and (tp > 1) the all-reduce
+        latencies; the bytes, FLOPs and all-reduce volume of the tokens are the same whatever the
+        split; and a sum of maxima is at least the maximum of the sums:
+        ``steps * overhead + max(total bytes / bandwidth, total FLOPs / compute) + comm`` (seconds).
+        """
+        n = _tokens("steps", steps)
+        rows, kv = _tokens("decode_tokens", decode_tokens), _tokens("kv_tokens_read", kv_tokens_read)
+        pf, pc = _tokens("prefill_tokens", prefill_tokens), _tokens("prefill_context", prefill_context)
+        scalar = all(a.ndim == 0 for a in (n, rows, kv, pf, pc))
+        tokens = rows + pf
+        nbytes = (n * self.weights_bytes + self.kv_bytes_per_token * (kv + tokens)
+                  + self.activation_bytes_per_token * tokens)
+        flops = (2.0 * self.active_parameters * tokens + 2.0 * self.lm_head_parameters * rows
+                 + float(self.attention_flops_per_kv_token) * (kv + pc))
+        memory = nbytes / (self.tp * self.bandwidth * self.bandwidth_efficiency)
+        compute = flops / (self.tp * self.peak_flops * self.compute_efficiency)
+        comm = self._comm(tokens, n)  # the latency once per step, the volume once per token
+        return _out(n * self.overhead_seconds + np.maximum(memory, compute) + comm, scalar)
+
+    def decode_compute_bound_rows(self, context: Any) -> Any:
+        """Fewest decode rows per step from which a pure decode step is compute bound, when every row
+        attends ``context`` tokens; ``inf`` where it never is (long contexts: attention reads
+        ``kv_bytes_per_token`` bytes per ``attention_flops_per_kv_token`` FLOPs, far below the ridge).
+        A float (or array of floats) holding whole numbers."""
+        ctx = _tokens("context", context)
+        per_row_mem = (self.kv_bytes_per_token * (ctx + 1) + self.activation_bytes_per_token) / (
+            self.bandwidth * self.bandwidth_efficiency)
+        per_row_comp = (2.0 * (self.active_parameters + self.lm_head_parameters)
+                        + float(self.attention_flops_per_kv_token) * ctx) / (self.peak_flops * self.compute_efficiency)
+        gain = per_row_comp - per_row_mem
+        fixed = self.weights_bytes / (self.bandwidth * self.bandwidth_efficiency)
+        crossover = fixed / np.where(gain > 0, gain, 1.0)  # rows where the two terms are equal
+        rows = np.where(gain > 0, np.maximum(np.ceil(crossover - 1e-9 * np.maximum(crossover, 1.0)), 1.0), np.inf)
+        return _out(rows, ctx.ndim == 0)
+
+    # ----------------------------------------------------------------- calibration
+    def errors(self, samples: Any) -> np.ndarray:
+        """Signed relative errors ``modelled / measured - 1`` of measured steps (see :meth:`fit`)."""
+        cols = _columns(samples)
+        pred = self.seconds(*(cols[k] for k in ("decode_rows", "kv_tokens_read", "prefill_tokens", "prefill_context")))
+        return np.asarray(pred, dtype=np.float64) / cols["seconds"] - 1.0
+
+    def fit(self, samples: Any) -> "StepCost":
+        """This model with ``overhead_seconds``, ``bandwidth_efficiency`` and ``compute_efficiency`` fitted.
+
+        ``samples``: measured steps with columns :data:`SAMPLE_COLUMNS` (``prefill_context``
+        optional): a dict of columns, a list of dicts, a numpy structured array, or an (N, 4|5)
+        array in the order decode_rows, kv_tokens_read, prefill_tokens, seconds[, prefill_context].
+        Minimises the sum of squared relative errors. Given which steps are memory bound, the model
+        is linear in (overhead, 1 / bandwidth_efficiency, 1 / compute_efficiency), so every split of
+        the steps by their bytes / FLOPs ratio is solved by weighted least squares and the best
+        split (judged by the true, max-based error) is then refined by alternating assignment and
+        solve. Bounds: overhead >= 0 and efficiencies <= 1 (the datasheet numbers are peaks; a
+        parameter that would cross its bound is pinned to it). A regime with no step keeps this
+        model's efficiency (capped at 1). Without steps whose KV reads or activations vary, the
+        overhead and the weight-read time are hardly separable; the bound then decides.
+        """
+        cols = _columns(samples)
+        t = cols["seconds"]
+        memory, compute, comm, active = self._terms(cols["decode_rows"], cols["kv_tokens_read"],
+                                                    cols["prefill_tokens"], cols["prefill_context"])
+        if not np.all(active):
+            bad = int(np.flatnonzero(~active)[0])
+            raise InvalidArgument("samples", f"row {bad}", "steps with decode_rows + prefill_tokens > 0")
+        if t.size < 3:
+            raise InvalidArgument("samples", int(t.size), "at least 3 measured steps (3 parameters are fitted)")
+        prior = np.array([self.overhead_seconds, 1 / self.bandwidth_efficiency, 1 / self.compute_efficiency])
+
+        def objective(p: np.ndarray) -> float:
+            pred = p[0] + np.maximum(memory * p[1], compute * p[2]) + comm
+            return float(np.sum(((pred - t) / t) ** 2))
+
+        bounds = np.array([0.0, 1.0, 1.0])  # overhead >= 0; 1 / efficiency >= 1 (datasheet numbers are peaks)
+
+        def solve(mem: np.ndarray) -> np.ndarray | None:
+            design = np.stack([np.ones_like(t), memory * mem, compute * ~mem], axis=1) / t[:, None]
+            target = (t - comm) / t
+            p = np.maximum(prior, bounds)
+            free = [0] + [j for j, m in ((1, mem), (2, ~mem)) if m.any()]
+            while free:  # active set: a parameter past its bound is pinned there and the rest re-solved
+                fixed = [j for j in range(3) if j not in free]
+                rhs = target - design[:, fixed] @ p[fixed]
+                p[free] = np.linalg.lstsq(design[:, free], rhs, rcond=None)[0]
+                out = [j for j in free if p[j] < bounds[j]]
+                if not out:
+                    break
+                p[out] = bounds[out]
+                free = [j for j in free if j not in out]
+            return p if np.all(np.isfinite(p)) else None
+
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(compute > 0, memory / compute, np.inf)
+        cuts = np.unique(ratio)
+        if cuts.size > 256:
+            cuts = np.unique(np.quantile(cuts, np.linspace(0, 1, 256)))
+        thresholds = np.concatenate([[-np.inf], (cuts[:-1] + cuts[1:]) / 2, [np.inf]])
+        best, best_obj = prior, objective(prior)
+        for thr in thresholds:  # memory bound where memory * u >= compute * v, i.e. ratio >= v / u
+            p = solve(ratio >= thr)
+            if p is not None and objective(p) < best_obj:
+                best, best_obj = p, objective(p)
+        for _ in range(50):  # alternate: regimes of the current parameters, then solve
+            p = solve(memory * best[1] >= compute * best[2])
+            if p is None or objective(p) >= best_obj * (1 - 1e-12):
+                break
+            best, best_obj = p, objective(p)
+        return self.replace(overhead_seconds=float(best[0]), bandwidth_efficiency=float(1 / best[1]),
+                            compute_efficiency=float(1 / best[2]))
+
+    def fit_and_validate(self, samples: Any, train_fraction: float = 0.5, seed: int = 0) -> tuple["StepCost", dict]:
+        """Fit on a seeded random ``train_fraction`` of the samples and report relative errors.
+
+        Returns the fitted model and a report: ``parameters`` (fitted) and ``prior_parameters``;
+        ``train``, ``held_out`` (fitted model) and ``prior_train``, ``prior_held_out`` (this model),
+        each ``{n, median, p90, max}`` of absolute relative errors (None where there is no sample);
+        ``compute_bound_train``: training steps the fitted model calls compute bound.
+        """
+        cols = _columns(samples)
+        n = cols["seconds"].size
+        frac = check_positive_float("train_fraction", train_fraction, maximum=1.0)
+        check_int("seed", seed, minimum=0)
+        n_train = int(round(frac * n))
+        if n_train < 3:
+            raise InvalidArgument("train_fraction", train_fraction,
+                                  f"a fraction that leaves at least 3 of the {n} samples for fitting")
+        order = np.random.default_rng(seed).permutation(n)
+        train = {k: v[order[:n_train]] for k, v in cols.items()}
+        held = {k: v[order[n_train:]] for k, v in cols.items()}
+        fitted = self.fit(train)
+        b = fitted.breakdown(train["decode_rows"], train["kv_tokens_read"], train["prefill_tokens"],
+                             train["prefill_context"])
+        report = {
+            "n_samples": int(n), "train_fraction": frac, "seed": int(seed),
+            "parameters": fitted.parameters(), "prior_parameters": self.parameters(),
+            "train": error_stats(fitted.errors(train)), "held_out": error_stats(fitted.errors(held)),
+            "prior_train": error_stats(self.errors(train)), "prior_held_out": error_stats(self.errors(held)),
+            "compute_bound_train": int(np.sum(b["compute_bound"])),
+        }
+        return fitted, report
+
+    def parameters(self) -> dict[str, float]:
+        """The three fitted parameters."""
+        return {"overhead_seconds": self.overhead_seconds, "bandwidth_efficiency": self.bandwidth_efficiency,
+                "compute_efficiency": self.compute_efficiency}
+
+    # ----------------------------------------------------------------- JSON
+    def to_json(self) -> str:
+        """Every field as a JSON object with a ``format`` and ``version`` key (:meth:`from_json` reads it)."""
+        return json.dumps({"format": _FORMAT, "version": _VERSION, **dataclasses.asdict(self)}, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "StepCost":
+        """The model written by :meth:`to_json`; every field is validated as by the constructor."""
+        try:
+            data = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as exc:
+            raise InvalidArgument("cost", str(text)[:60], f"a step-cost JSON object ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise InvalidArgument("cost", data, f"a JSON object with \"format\": \"{_FORMAT}\"")
+        if data.get("version") != _VERSION:
+            raise InvalidArgument("version", data.get("version"), f"{_VERSION} (the version this lengthsched writes)")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        body = {k: v for k, v in data.items() if k not in ("format", "version")}
+        unknown = sorted(set(body) - set(fields))
+        if unknown:
+            raise InvalidArgument("cost", unknown, "only the fields " + ", ".join(fields))
+        missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in body]
+        if missing:
+            raise InvalidArgument("cost", sorted(body), "every field; missing " + ", ".join(missing))
+        return cls(**body)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary: every field plus the derived per-step weight-read time (seconds)."""
+        return {**dataclasses.asdict(self), "weights_read_seconds": self.weights_bytes / (
+            self.tp * self.bandwidth * self.bandwidth_efficiency)}
+
+
+# --------------------------------------------------------------------------- samples
+def error_stats(errors: Any) -> dict[str, Any]:
+    """``{n, median, p90, max}`` of the absolute values of relative errors (None for an empty set)."""
+    e = np.abs(np.asarray(errors, dtype=np.float64))
+    if e.size == 0:
+        return {"n": 0, "median": None, "p90": None, "max": None}
+    return {"n": int(e.size), "median": float(np.median(e)), "p90": float(np.quantile(e, 0.9)), "max": float(e.max())}
+
+
+def _columns(samples: Any) -> dict[str, np.ndarray]:
+    """Measured steps as float64 columns :data:`SAMPLE_COLUMNS` (validated)."""
+    required = SAMPLE_COLUMNS[:4]
+    expected = ("measured steps: a dict of columns, a list of dicts, a structured array or an (N, 4|5) array "
+                "with " + ", ".join(required) + " [, prefill_context]")
+    if isinstance(samples, np.ndarray) and samples.dtype.names:
+        samples = {name: samples[name] for name in samples.dtype.names}
+    if isinstance(samples, Mapping):
+        raw = dict(samples)
+    elif isinstance(samples, (list, tuple)) and samples and all(isinstance(s, Mapping) for s in samples):
+        missing = [k for k in required if not all(k in s for s in samples)]
+        if missing:
+            raise InvalidArgument("samples", samples, expected + f" (missing {missing[0]!r})")
+        raw = {k: [s.get(k, 0) for s in samples] for k in SAMPLE_COLUMNS}
+    else:
+        try:
+            arr = np.asarray(samples, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidArgument("samples", samples, expected) from None
+        if arr.ndim != 2 or arr.shape[1] not in (4, 5):
+            raise InvalidArgument("samples", samples, expected)
+        raw = {k: arr[:, j] for j, k in enumerate(SAMPLE_COLUMNS[: arr.shape[1]])}
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise InvalidArgument("samples", sorted(raw), expected + f" (missing {missing[0]!r})")
+    raw.setdefault("prefill_context", 0)
+    cols = {k: _tokens(k, raw[k]) for k in SAMPLE_COLUMNS}
+    n = cols["seconds"].size
+    if cols["seconds"].ndim != 1 or n == 0:
+        raise InvalidArgument("seconds", raw["seconds"], "a non-empty 1-D column")
+    cols = {k: np.broadcast_to(v, (n,)).copy() if v.ndim == 0 else v for k, v in cols.items()}
+    for k, v in cols.items():
+        if v.shape != (n,):
+            raise InvalidArgument(k, raw[k], f"a 1-D column of {n} values (as 'seconds')")
+    if np.any(cols["seconds"] <= 0):
+        raise InvalidArgument("seconds", raw["seconds"], "measured times > 0 (seconds)")
+    return cols
+
+
+def read_samples(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Measured steps from a JSON lines file, one object per line with the keys :data:`SAMPLE_COLUMNS`
+    (``prefill_context`` optional, other keys ignored, blank lines skipped); returns the columns."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument("samples", str(path), f"a readable JSON lines file ({exc.__class__.__name__})") from None
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f" ({path}, line {number})"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument("samples", line, f"a JSON object per line ({exc.msg}){where}") from None
+        if not isinstance(row, dict):
+            raise InvalidArgument("samples", line, "a JSON object per line" + where)
+        for key in SAMPLE_COLUMNS:
+            if key not in row and key != "prefill_context":
+                raise InvalidArgument("samples", line, f"the key {key!r}{where}")
+            value = row.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                    or (key == "seconds" and value <= 0):
+                bound = "> 0" if key == "seconds" else ">= 0"
+                raise InvalidArgument("samples", line, f"{key}: a number {bound}{where}")
+        rows.append(row)
+    if not rows:
+        raise InvalidArgument("samples", str(path), "at least one measured step")
+    return _columns(rows)
+
+
+# --------------------------------------------------------------------------- configs
+def _config_path(model: Any) -> Any:
+    """A config dict/path as given, or the bundled preset's path for a preset name."""
+    if isinstance(model, (str, os.PathLike)) and not os.path.exists(model) and str(model) in preset_names():
+        return PRESET_DIR / f"{model}.json"
+    return model
+
+
+def _bundled_config(name: str) -> Path:
+    for stem in preset_names():
+        path = PRESET_DIR / f"{stem}.json"
+        if stem == name or json.loads(path.read_text(encoding="utf-8")).get("_name_or_path") == name:
+            return path
+    raise InvalidArgument("config", None, f"the config.json of model {name!r} (a dict, a path or a preset: "
+                          + ", ".join(preset_names()) + ")")

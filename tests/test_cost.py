@@ -1,0 +1,425 @@
+"""The step-cost model (lengthsched.cost): presets, physics, the closed-form segment sum, the fit,
+JSON, measured-step files, the ``cost`` CLI functions and the two benchmark scripts (quick)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument, ModelMemory
+from lengthsched.cost import GPU_PRESETS, StepCost, read_samples
+from lengthsched.cost_cli import COST_COMMANDS, CostFitOptions, CostShowOptions, run_cost_fit, run_cost_show
+from lengthsched.hfconfig import preset_names
+from lengthsched.options import add_arguments, from_args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def qwen(name: str = "qwen3-8b", gpu: str = "h100", **kw) -> StepCost:
+    return StepCost.from_model(name, gpu, **kw)
+
+
+# ------------------------------------------------------------------------------------------ presets
+@pytest.mark.parametrize("gpu", sorted(GPU_PRESETS))
+def test_every_preset_builds_for_every_bundled_model(gpu):
+    spec = GPU_PRESETS[gpu]
+    assert spec.bandwidth > 1e11 and spec.peak_flops > 1e14 and spec.link_bandwidth > 1e9
+    assert spec.peak_flops / spec.bandwidth > 100  # every card's ridge is far above decode's intensity
+    for model in preset_names():
+        for tp in (1, 2):
+            c = StepCost.from_model(model, gpu, tp=tp)
+            for name in ("weights_bytes", "active_parameters", "lm_head_parameters", "kv_bytes_per_token",
+                         "attention_flops_per_kv_token", "activation_bytes_per_token", "num_layers", "hidden_size"):
+                assert getattr(c, name) > 0, (model, name)
+            assert c.gpu == gpu and c.tp == tp and c.seconds(4, 4 * 512, 64, 64 * 65 // 2) > 0
+
+
+def test_model_numbers_of_qwen3():
+    small, big = qwen("qwen3-1.7b"), qwen("qwen3-8b")
+    memory = ModelMemory.from_preset("qwen3-1.7b")
+    assert small.weights_bytes == memory.weights_bytes  # tied embeddings: the table is the LM head, read
+    assert small.lm_head_parameters == 151936 * 2048
+    assert small.active_parameters == memory.num_parameters - 151936 * 2048 - 2048  # decoder layers
+    assert small.kv_bytes_per_token == 114_688
+    assert small.attention_flops_per_kv_token == 4 * 28 * 16 * 128
+    # untied: the input-embedding table is gathered, not streamed
+    assert big.weights_bytes == ModelMemory.from_preset("qwen3-8b").weights_bytes - 2 * 151936 * 4096
+    assert abs(big.active_parameters - 6.95e9) < 0.01e9  # Qwen3-8B's published non-embedding count
+
+
+def test_moe_counts_activated_experts_only():
+    c = qwen("deepseek-v2-lite")
+    assert 2.3e9 < c.active_parameters + c.lm_head_parameters < 2.5e9  # "2.4B activated" of 15.7B
+    assert c.weights_bytes > 2 * 15e9  # every expert is read
+
+
+def test_from_gpu_finds_the_bundled_config_and_takes_overrides():
+    memory = ModelMemory.from_preset("qwen3-1.7b")
+    assert StepCost.from_gpu(memory) == qwen("qwen3-1.7b")
+    c = StepCost.from_gpu(memory, "H200", overhead_seconds=1e-3, compute_efficiency=0.5)
+    assert (c.gpu, c.overhead_seconds, c.compute_efficiency) == ("h200", 1e-3, 0.5)
+    hand_made = memory.replace(name="my-model")
+    with pytest.raises(InvalidArgument, match="'config'"):
+        StepCost.from_gpu(hand_made)
+    assert StepCost.from_gpu(hand_made, config="qwen3-1.7b").active_parameters == c.active_parameters
+
+
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda: qwen(gpu="v100"), "gpu"),
+    (lambda: qwen(gpu=3), "gpu"),
+    (lambda: qwen(tp=0), "tp"),
+    (lambda: qwen(tp=1.5), "tp"),
+    (lambda: qwen(bogus=1), "overrides"),
+    (lambda: qwen(bandwidth_efficiency=0), "bandwidth_efficiency"),
+    (lambda: qwen(overhead_seconds=-1e-3), "overhead_seconds"),
+    (lambda: qwen().seconds(-1, 0), "decode_rows"),
+    (lambda: qwen().seconds(1, [10, -5]), "kv_tokens_read"),
+    (lambda: qwen().seconds(1, 10, math.nan), "prefill_tokens"),
+    (lambda: qwen().seconds(1, 10, 0, "x"), "prefill_context"),
+    (lambda: qwen().segment_seconds(1.5, 1, 0), "steps"),
+    (lambda: qwen().segment_seconds(2, -1, 0), "rows"),
+    (lambda: qwen().decode_compute_bound_rows(-1), "context"),
+])
+def test_bad_input_names_the_argument(call, name):
+    with pytest.raises(InvalidArgument) as info:
+        call()
+    assert f"'{name}'" in str(info.value)
+
+
+def test_bad_gpu_lists_the_presets():
+    with pytest.raises(InvalidArgument) as info:
+        qwen(gpu="tpu")
+    assert all(name in str(info.value) for name in GPU_PRESETS)
+
+
+# ------------------------------------------------------------------------------------------ physics
+def test_one_decode_row_is_weight_read_bound():
+    c = qwen()
+    expected = c.overhead_seconds + c.weights_bytes / (c.bandwidth * c.bandwidth_efficiency)
+    assert c.seconds(1, 128) == pytest.approx(expected, rel=0.01)
+    assert not c.breakdown(1, 128)["compute_bound"]
+
+
+def test_empty_step_costs_nothing_and_arrays_broadcast():
+    c = qwen()
+    assert c.seconds(0, 0) == 0.0 and c.seconds(0, 1000) == 0.0
+    out = c.seconds(np.array([[1], [8]]), np.array([256, 1024]) * 8)
+    assert out.shape == (2, 2) and out.dtype == np.float64 and np.all(out > 0)
+    assert isinstance(c.seconds(1, 10), float)
+
+
+def test_time_grows_with_rows_context_and_prefill():
+    c = qwen()
+    rows = np.arange(1, 600, 7)
+    for ctx in (0, 64, 1024, 16384):
+        assert np.all(np.diff(c.seconds(rows, rows * ctx)) >= 0)
+    ctx = np.arange(0, 50000, 997)
+    assert np.all(np.diff(c.seconds(32, 32 * ctx)) >= 0)
+    tokens = np.arange(1, 20000, 301)
+    assert np.all(np.diff(c.seconds(0, 0, tokens, tokens * (tokens + 1) // 2)) >= 0)
+    assert c.seconds(8, 8000, 512) > c.seconds(8, 8000)
+
+
+def test_decode_turns_compute_bound_where_the_helper_says():
+    c = qwen()
+    r = c.decode_compute_bound_rows(256)
+    assert 1 < r < math.inf and r == int(r)
+    r = int(r)
+    at, before = c.breakdown(r, r * 256), c.breakdown(r - 1, (r - 1) * 256)
+    assert at["compute_seconds"] >= at["memory_seconds"] and before["compute_seconds"] < before["memory_seconds"]
+    # at long contexts attention reads ~kv bytes per few FLOPs: never compute bound
+    assert c.decode_compute_bound_rows(16384) == math.inf
+    assert not c.breakdown(10**6, 10**6 * 16384)["compute_bound"]
+    assert np.array_equal(c.decode_compute_bound_rows([256, 16384]), [r, math.inf])
+
+
+def test_prefill_is_compute_bound_and_tensor_parallel_adds_communication():
+    c1, c2 = qwen(), qwen(tp=2)
+    assert c1.breakdown(0, 0, 4096, 4096 * 4097 // 2)["compute_bound"]
+    b1, b2 = c1.breakdown(16, 16 * 1024), c2.breakdown(16, 16 * 1024)
+    assert b2["bytes"] == pytest.approx(b1["bytes"] / 2) and b2["flops"] == pytest.approx(b1["flops"] / 2)
+    assert b1["comm_seconds"] == 0 and b2["comm_seconds"] >= 2 * 36 * c2.allreduce_latency_seconds
+    assert b2["seconds"] == pytest.approx(c2.overhead_seconds + b2["memory_seconds"] + b2["comm_seconds"])
+
+
+# ------------------------------------------------------------------------------------------ segments
+def step_sum(c: StepCost, steps, rows, kv, pf, pc) -> float:
+    i = np.arange(int(steps))
+    first = i == 0
+    return math.fsum(np.atleast_1d(c.seconds(rows, kv + i * rows, np.where(first, pf, 0), np.where(first, pc, 0))))
+
+
+costs = st.builds(
+    StepCost, model=st.just("m"), gpu=st.just("h100"), bandwidth=st.floats(1e11, 1e13),
+    peak_flops=st.floats(1e13, 1e16), link_bandwidth=st.floats(1e9, 1e12),
+    weights_bytes=st.integers(0, 10**11), active_parameters=st.integers(0, 10**10),
+    lm_head_parameters=st.integers(0, 10**9), kv_bytes_per_token=st.integers(0, 10**6),
+    attention_flops_per_kv_token=st.integers(0, 10**8), activation_bytes_per_token=st.integers(0, 10**7),
+    num_layers=st.integers(1, 100), hidden_size=st.integers(1, 10**4), tp=st.integers(1, 8),
+    overhead_seconds=st.floats(0, 1e-2), bandwidth_efficiency=st.floats(0.05, 1), compute_efficiency=st.floats(0.05, 1))
+
+
+@given(costs, st.integers(0, 300), st.integers(0, 4096), st.integers(0, 10**7), st.integers(0, 10**5),
+       st.integers(0, 10**9))
+def test_segment_equals_the_sum_of_its_steps(c, steps, rows, kv_first, pf, pc):
+    expected = step_sum(c, steps, rows, kv_first, pf, pc)
+    got = c.segment_seconds(steps, rows, kv_first, pf, pc)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+def test_segment_crossing_over_in_the_middle_both_ways():
+    c = qwen()
+    # many rows, short contexts: compute bound first, then the growing KV makes it memory bound
+    rows, kv, steps = 4000, 0, 400
+    first, last = c.breakdown(rows, kv), c.breakdown(rows, kv + (steps - 1) * rows)
+    assert first["compute_bound"] and not last["compute_bound"]
+    assert c.segment_seconds(steps, rows, kv) == pytest.approx(step_sum(c, steps, rows, kv, 0, 0), rel=1e-12)
+    # no KV bytes but attention FLOPs: memory bound first, compute bound later
+    d = c.replace(kv_bytes_per_token=0, attention_flops_per_kv_token=10**8)
+    rows, steps = 64, 2000
+    first, last = d.breakdown(rows, rows), d.breakdown(rows, rows + (steps - 1) * rows)
+    assert not first["compute_bound"] and last["compute_bound"]
+    assert d.segment_seconds(steps, rows, rows) == pytest.approx(step_sum(d, steps, rows, rows, 0, 0), rel=1e-12)
+
+
+def test_segment_edge_cases_and_vectorisation():
+    c = qwen(tp=2)
+    assert c.segment_seconds(0, 8, 100, 512, 512 * 513 // 2) == 0.0
+    prefill_only = c.seconds(0, 0, 512, 512 * 513 // 2)
+    assert c.segment_seconds(50, 0, 0, 512, 512 * 513 // 2) == pytest.approx(prefill_only)  # later steps cost 0
+    assert c.segment_seconds(1, 8, 800) == pytest.approx(c.seconds(8, 800))
+    steps, rows, kv = np.array([0, 1, 7, 100]), np.array([4, 0, 16, 256]), np.array([0, 10, 4096, 10**5])
+    got = c.segment_seconds(steps, rows, kv, 128)
+    assert got.shape == (4,)
+    assert np.allclose(got, [c.segment_seconds(int(s), int(r), int(k), 128) for s, r, k in zip(steps, rows, kv)],
+                       rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ fitting
+def synthetic(truth: StepCost, noise: float = 0.0, seed: int = 1) -> dict:
+    grid = [(r, r * ctx, 0, 0) for r in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) for ctx in (16, 128, 1024, 4096)]
+    grid += [(0, 0, t, t * (t + 1) // 2) for t in (128, 512, 2048, 8192)] + [(4, 4 * 2048, 256, 256 * 257 // 2)]
+    a = np.array(grid, dtype=np.float64)
+    t = truth.seconds(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+    t = t * (1 + noise * np.random.default_rng(seed).standard_normal(t.size))
+    return {"decode_rows": a[:, 0], "kv_tokens_read": a[:, 1], "prefill_tokens": a[:, 2],
+            "prefill_context": a[:, 3], "seconds": t}
+
+
+TRUTH = dict(overhead_seconds=0.3e-3, bandwidth_efficiency=0.82, compute_efficiency=0.55)
+
+
+def test_fit_recovers_known_parameters_exactly_without_noise():
+    prior = qwen()
+    fitted = prior.fit(synthetic(prior.replace(**TRUTH)))
+    for name, value in TRUTH.items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=1e-6)
+    assert np.max(np.abs(fitted.errors(synthetic(prior.replace(**TRUTH))))) < 1e-6
+
+
+def test_fit_with_noise_and_held_out_report():
+    prior = qwen("qwen3-1.7b", tp=2)
+    samples = synthetic(prior.replace(**TRUTH), noise=0.005)
+    fitted, report = prior.fit_and_validate(samples, train_fraction=0.5, seed=0)
+    assert fitted.bandwidth_efficiency == pytest.approx(0.82, rel=0.03)
+    assert fitted.compute_efficiency == pytest.approx(0.55, rel=0.03)
+    assert fitted.overhead_seconds == pytest.approx(0.3e-3, rel=0.25)
+    assert report["held_out"]["n"] + report["train"]["n"] == len(samples["seconds"])
+    assert report["held_out"]["median"] < 0.01 and report["held_out"]["max"] < 0.03
+    assert report["prior_held_out"]["median"] > 0.05  # the priors are off: the fit matters
+    assert report["compute_bound_train"] > 0
+    again = prior.fit_and_validate(samples, train_fraction=0.5, seed=0)
+    assert again[0] == fitted and again[1] == report  # the split is deterministic
+    assert prior.fit_and_validate(samples, seed=1)[1]["held_out"] != report["held_out"]
+
+
+def test_fit_accepts_every_sample_layout():
+    prior = qwen("qwen3-1.7b")
+    cols = synthetic(prior.replace(**TRUTH))
+    names = ("decode_rows", "kv_tokens_read", "prefill_tokens", "seconds", "prefill_context")
+    rows = [dict(zip(names, v)) for v in zip(*(cols[n] for n in names))]
+    table = np.stack([cols[n] for n in names], axis=1)
+    structured = np.array([tuple(r.values()) for r in rows], dtype=[(n, "f8") for n in names])
+    expected = prior.fit(cols)
+    for layout in (rows, table, structured):
+        assert prior.fit(layout) == expected
+    decode_only = {k: v[:44] for k, v in cols.items() if k != "prefill_context"}  # 4 columns, no prefill
+    assert prior.fit(table[:44, :4]) == prior.fit(decode_only)
+
+
+def test_fit_rejects_bad_samples():
+    prior = qwen()
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        prior.fit({"decode_rows": [0, 1, 2], "kv_tokens_read": [0, 1, 2], "prefill_tokens": [0, 0, 0],
+                   "seconds": [1e-3, 1e-3, 1e-3]})  # an empty step
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        prior.fit({"decode_rows": [1], "kv_tokens_read": [1], "prefill_tokens": [0], "seconds": [1e-3]})
+    with pytest.raises(InvalidArgument, match="'seconds'"):
+        prior.fit({"decode_rows": [1, 2, 3], "kv_tokens_read": [1, 2, 3], "prefill_tokens": [0, 0, 0],
+                   "seconds": [1e-3, 0, 1e-3]})
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        prior.fit([{"decode_rows": 1, "seconds": 1e-3}])
+    with pytest.raises(InvalidArgument, match="'train_fraction'"):
+        prior.fit_and_validate(synthetic(prior), train_fraction=0.01)
+
+
+# ------------------------------------------------------------------------------------------ JSON and files
+def test_json_round_trip_and_validation():
+    c = qwen(tp=4).fit(synthetic(qwen(tp=4).replace(**TRUTH)))
+    text = c.to_json()
+    assert StepCost.from_json(text) == c
+    data = json.loads(text)
+    assert data["version"] == 1 and data["format"] == "lengthsched.step_cost"
+    for change, name in (({"version": 2}, "version"), ({"bandwidth": -1.0}, "bandwidth"), ({"tp": "2"}, "tp"),
+                         ({"extra": 1}, "cost"), ({"format": "x"}, "cost")):
+        with pytest.raises(InvalidArgument, match=f"'{name}'"):
+            StepCost.from_json(json.dumps({**data, **change}))
+    del data["weights_bytes"]
+    with pytest.raises(InvalidArgument, match="weights_bytes"):
+        StepCost.from_json(json.dumps(data))
+    with pytest.raises(InvalidArgument, match="'cost'"):
+        StepCost.from_json("not json")
+
+
+def write_samples(path: Path, cols: dict) -> None:
+    lines = []
+    for i in range(len(cols["seconds"])):
+        row = {k: (float(v[i]) if k == "seconds" else int(v[i])) for k, v in cols.items()}
+        lines.append(json.dumps({**row, "kind": "decode"}))
+    path.write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n")
+
+
+def test_read_samples(tmp_path):
+    cols = synthetic(qwen().replace(**TRUTH))
+    good = tmp_path / "steps.jsonl"
+    write_samples(good, cols)
+    read = read_samples(good)
+    assert all(np.allclose(read[k], cols[k]) for k in cols)
+    bad = tmp_path / "bad.jsonl"
+    for line, what in (("{not json", "JSON"),
+                       ('{"decode_rows": 1, "kv_tokens_read": 2, "seconds": 1}', "prefill_tokens"),
+                       ('{"decode_rows": -1, "kv_tokens_read": 2, "prefill_tokens": 0, "seconds": 1}', "decode_rows"),
+                       ('{"decode_rows": 1, "kv_tokens_read": 2, "prefill_tokens": 0, "seconds": 0}', "seconds"),
+                       ("[1, 2]", "object")):
+        bad.write_text(good.read_text().splitlines()[0] + "\n\n" + line + "\n")
+        with pytest.raises(InvalidArgument) as info:
+            read_samples(bad)
+        message = str(info.value)
+        assert str(bad) in message and "line 3" in message and what in message
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        read_samples(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(InvalidArgument, match="at least one"):
+        read_samples(tmp_path / "empty.jsonl")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_cost_fit_and_show(tmp_path, capsys):
+    truth = qwen("qwen3-1.7b").replace(**TRUTH)
+    steps, out = tmp_path / "measured.jsonl", tmp_path / "cost.json"
+    write_samples(steps, synthetic(truth, noise=0.002))
+    assert run_cost_fit(CostFitOptions(samples=str(steps), out=str(out), model="qwen3-1.7b", gpu="h100")) == 0
+    text = capsys.readouterr().out
+    assert "fitted, held out" in text and "preset, held out" in text and "compute_efficiency" in text
+    fitted = StepCost.from_json(out.read_text())
+    assert fitted.compute_efficiency == pytest.approx(0.55, rel=0.05)
+    assert run_cost_fit(CostFitOptions(samples=str(steps), json=True, train_fraction=0.75, seed=3)) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["held_out"]["n"] == 12 and report["held_out"]["median"] < 0.01
+
+    assert run_cost_show(CostShowOptions(cost=str(out))) == 0
+    text = capsys.readouterr().out
+    assert "decode turns compute bound" in text and "16384" in text and "8192 tokens" in text
+    assert run_cost_show(CostShowOptions(model="qwen3-8b", gpu="h100", json=True)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["decode"]) == 7 * 4 and len(data["prefill"]) == 3
+    assert data["compute_bound_from_rows"]["256"] == int(qwen().decode_compute_bound_rows(256))
+    assert data["compute_bound_from_rows"]["16384"] is None
+    cell = next(d for d in data["decode"] if d["rows"] == 64 and d["context"] == 1024)
+    assert cell["ms"] == pytest.approx(qwen().seconds(64, 64 * 1024) * 1e3)
+
+
+def test_cost_cli_bad_input(tmp_path):
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        run_cost_fit(CostFitOptions())
+    with pytest.raises(InvalidArgument, match="'cost'"):
+        run_cost_show(CostShowOptions(cost=str(tmp_path / "cost.json"), model="qwen3-8b"))
+    with pytest.raises(InvalidArgument, match="'cost'"):
+        run_cost_show(CostShowOptions(cost=str(tmp_path / "missing.json")))
+    with pytest.raises(InvalidArgument, match="'gpu'"):
+        run_cost_show(CostShowOptions(gpu="v100"))
+
+
+def test_cost_options_build_argparse_parsers():
+    assert set(COST_COMMANDS) == {"fit", "show"}
+    for name, (cls, run) in COST_COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=f"lengthsched cost {name}")
+        add_arguments(parser, cls)
+        assert callable(run) and (cls.__doc__ or "").strip().splitlines()[0]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, CostFitOptions)
+    opts = from_args(CostFitOptions, parser.parse_args(["m.jsonl", "--out", "c.json", "--gpu", "h200", "--tp", "2",
+                                                        "--train-fraction", "0.7"]))
+    assert opts == CostFitOptions(samples="m.jsonl", out="c.json", gpu="h200", tp=2, train_fraction=0.7)
+
+
+# ------------------------------------------------------------------------------------------ benchmarks
+def test_vidur_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "cost_vidur.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cost.py"), "--quick", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "### Vidur operator profiles" in result.stdout
+    data = json.loads(out.read_text())
+    rows = data["vidur"]["rows"]
+    assert {(r["tp"], r["variant"]) for r in rows} == {(1, "linear"), (1, "layer"), (2, "linear"), (2, "layer")}
+    for r in rows:
+        assert r["points"] == 259 and r["unfitted"]["median"] < 0.5 and r["fitted_held_out"]["n"] == 129
+    summary = data["vidur"]["summary"]["linear"]
+    assert summary["fitted_held_out"]["median"] < summary["unfitted"]["median"]
+
+
+def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
+                             "--reps", "2", "--warmup", "1", "--out-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    samples = read_samples(tmp_path / "cost_gpu_cpu.jsonl")
+    assert samples["seconds"].size == 3 * 2 + 3 and np.all(samples["seconds"] > 0)
+    report = json.loads((tmp_path / "cost_gpu_cpu.json").read_text())
+    assert report["card"] == "cpu" and report["steps_measured"] == 9 and "not GPU evidence" in report["note"]
+    assert report["fit"]["held_out"]["n"] > 0 and set(report["unfitted_all_steps"]) == {"h100", "h200"}
+    assert StepCost.from_json(json.dumps(report["fitted"])).model == "tiny-qwen3-cost"
+
+
+@given(costs, st.lists(st.tuples(st.integers(1, 50), st.integers(0, 512), st.integers(0, 10**6),
+                                 st.integers(0, 4096), st.integers(0, 10**7)), min_size=1, max_size=5))
+def test_lower_bound_is_below_every_split_of_the_work(c, segments):
+    steps, rows, kv, pf, pc = (np.array(x, dtype=np.float64) for x in zip(*segments))
+    active = np.where(rows > 0, steps, (pf > 0).astype(np.float64))  # steps that do something
+    total = float(np.sum(c.segment_seconds(steps, rows, kv, pf, pc)))
+    decoded = float(np.sum(rows * steps))
+    read = float(np.sum(np.where(rows > 0, steps * kv + rows * steps * (steps - 1) / 2, 0)))  # rows = 0: no reads
+    pc = np.where(rows + pf > 0, pc, 0)  # an empty segment attends nothing
+    bound = c.lower_bound_seconds(steps=active.sum(), decode_tokens=decoded, kv_tokens_read=read,
+                                  prefill_tokens=pf.sum(), prefill_context=pc.sum())
+    assert bound <= total * (1 + 1e-9) + 1e-300
+
+
+def test_lower_bound_is_tight_for_one_step():
+    c = qwen(tp=2)
+    for rows, kv, pf in ((1, 128, 0), (4000, 4000 * 16, 0), (0, 0, 4096)):
+        pc = pf * (pf + 1) // 2
+        assert c.lower_bound_seconds(steps=1, decode_tokens=rows, kv_tokens_read=kv, prefill_tokens=pf,
+                                     prefill_context=pc) == pytest.approx(c.seconds(rows, kv, pf, pc), rel=1e-12)
+    with pytest.raises(InvalidArgument, match="'steps'"):
+        c.lower_bound_seconds(steps=-1, decode_tokens=1, kv_tokens_read=1)
