@@ -20,6 +20,7 @@ import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import ModelMemory, NoisyOracleLengthPredictor
+from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
@@ -140,6 +141,59 @@ def target(quick: bool) -> tuple[str, list]:
                   "recomputed tokens"], rows), rows
 
 
+# ---------------------------------------------------------------------------------------- seconds
+SECONDS_POLICIES = ("micro", "fixed_slot", "length_aware", "growth_aware", "growth_aware_lpt", "vllm", "sglang",
+                    "reserve_max")
+SECONDS_MODELS = ("qwen3-1.7b", "qwen3-8b")
+
+
+def _seconds_unit(args):
+    """One group under every policy; its step log priced for every model (the decisions, made in
+    KV tokens, do not depend on the model: only the price of each step does)."""
+    lengths, prompt_len, lmax, sigma, seed, costs = args
+    predicted = lengths if sigma == 0 else NoisyOracleLengthPredictor(lengths, sigma=sigma, seed=seed)
+    out = {}
+    for p in SECONDS_POLICIES:
+        r = run_group(lengths, p, budget_tokens=8 * lmax, max_new_tokens=lmax, prompt_len=prompt_len,
+                      predicted=predicted, seed=seed, cost=costs[0])
+        priced = [r.seconds] + [r.step_log.seconds(c) for c in costs[1:]]
+        bounds = [lower_bound_seconds(c, lengths, context=prompt_len, steps=r.lower_bound, prompt_lens=[prompt_len])
+                  for c in costs]
+        out[p] = (priced, bounds, r.steps, r.lower_bound, r.preemptions, r.recomputed_tokens)
+    return out
+
+
+def seconds(quick: bool) -> tuple[str, list]:
+    """The CASTILLO table in modelled seconds (H100 preset) for Qwen3-1.7B and Qwen3-8B."""
+    from lengthsched.cost import StepCost
+
+    costs = tuple(StepCost.from_model(m, "h100") for m in SECONDS_MODELS)
+    rows = []
+    limit = 40 if quick else 1200
+    for lmax in (1024, 4096):
+        groups = castillo_groups(32, max_new_tokens=lmax, limit=limit, seed=0)
+        for sigma in ((0.0,) if quick else (0.0, 0.5)):
+            results = _pool_map(_seconds_unit, [(g.lengths, g.prompt_len, lmax, sigma, i, costs)
+                                                for i, g in enumerate(groups)])
+            for m, model in enumerate(SECONDS_MODELS):
+                secs = {p: np.array([r[p][0][m] for r in results]) for p in SECONDS_POLICIES}
+                steps = {p: np.array([r[p][2] for r in results], dtype=float) for p in SECONDS_POLICIES}
+                by_secs = sorted(SECONDS_POLICIES, key=lambda p: secs[p].mean())
+                by_steps = sorted(SECONDS_POLICIES, key=lambda p: steps[p].mean())
+                for p in SECONDS_POLICIES:
+                    rows.append([model, lmax, "oracle" if sigma == 0 else f"noisy sigma={sigma}", p, len(groups),
+                                 float(secs[p].mean()), float(secs[p].mean() / secs["vllm"].mean()),
+                                 float(np.mean(secs[p] / [r[p][1][m] for r in results])),
+                                 by_secs.index(p) + 1, by_steps.index(p) + 1,
+                                 float(np.mean(steps[p] / [r[p][3] for r in results])),
+                                 float(np.mean([r[p][4] for r in results])),
+                                 float(np.mean([r[p][5] for r in results]))])
+    return table("CASTILLO groups in modelled seconds (H100 preset, unfitted), G = 32, budget = 8 x L_max KV tokens, "
+                 "prefill chunk 8192: mean seconds per group, ranks by seconds and by steps",
+                 ["model", "L_max", "predictor", "policy", "groups", "seconds", "x vllm", "seconds / LB",
+                  "rank (seconds)", "rank (steps)", "steps / LB", "preemptions", "recomputed tokens"], rows), rows
+
+
 # ---------------------------------------------------------------------------------------- paper
 def _paper_unit(args):
     lengths, prompt_len, lmax, g, sigma, seed = args
@@ -215,11 +269,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
-    parser.add_argument("--sections", default="target,paper,batches,speed,scaling")
+    parser.add_argument("--sections", default="target,seconds,paper,batches,speed,scaling")
     args = parser.parse_args(argv)
     results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
-    sections = {"target": target, "paper": paper, "batches": batches, "speed": speed, "scaling": scaling}
+    sections = {"target": target, "seconds": seconds, "paper": paper, "batches": batches, "speed": speed,
+                "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()
         text, rows = sections[name](args.quick)

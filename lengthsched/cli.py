@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from importlib import import_module
 from typing import Any, Callable, Sequence
 
 from .errors import InvalidArgument, LengthschedError
@@ -15,15 +16,6 @@ from .io import atomic_write_text, read_lengths_input
 from .memory import ModelMemory, parse_bytes
 from .options import BudgetOptions, ModelOptions, PlanOptions, add_arguments, from_args
 from .plan import Plan, plan_group
-
-# The simulator is numpy-only at import time; its report imports scipy, tqdm, matplotlib when run.
-from simulate.cli import run_simulate  # noqa: E402  (isort: the sibling package after our own)
-from simulate.options import SimulateOptions  # noqa: E402
-# The predictor commands import torch / transformers only when they run.
-from predictor_training.cli import run_eval, run_predict, run_train  # noqa: E402
-from predictor_training.options import EvalOptions, PredictOptions, TrainOptions  # noqa: E402
-from sampler.cli import run_sample  # noqa: E402
-from sampler.options import SampleOptions  # noqa: E402
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
 
@@ -162,33 +154,66 @@ def _cmd_budget(opts: BudgetOptions) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[type, Callable[[Any], int]]] = {
-    "plan": (PlanOptions, _cmd_plan),
-    "simulate": (SimulateOptions, run_simulate),
-    "budget": (BudgetOptions, _cmd_budget),
-    "train": (TrainOptions, run_train),
-    "predict": (PredictOptions, run_predict),
-    "eval-predictor": (EvalOptions, run_eval),
-    "sample": (SampleOptions, run_sample),
+# Subcommands, found lazily: ``lengthsched`` imports none of its sibling packages (simulate,
+# predictor_training, sampler); a command's options dataclass and its function are imported by
+# name ("module:attribute") when the parser is built or the command runs. A group (``cost``)
+# names a table {subcommand: (options, function)} of its own.
+COMMANDS: dict[str, tuple[str, str] | str] = {
+    "plan": ("lengthsched.options:PlanOptions", "lengthsched.cli:_cmd_plan"),
+    "simulate": ("simulate.options:SimulateOptions", "simulate.cli:run_simulate"),
+    "budget": ("lengthsched.options:BudgetOptions", "lengthsched.cli:_cmd_budget"),
+    "cost": "lengthsched.cost_cli:COST_COMMANDS",
+    "train": ("predictor_training.options:TrainOptions", "predictor_training.cli:run_train"),
+    "predict": ("predictor_training.options:PredictOptions", "predictor_training.cli:run_predict"),
+    "eval-predictor": ("predictor_training.options:EvalOptions", "predictor_training.cli:run_eval"),
+    "sample": ("sampler.options:SampleOptions", "sampler.cli:run_sample"),
 }
+
+
+def _load(spec: str) -> Any:
+    """The object named ``"module:attribute"``."""
+    module, _, attr = spec.partition(":")
+    return getattr(import_module(module), attr)
+
+
+def _table(entry: tuple[str, str] | str) -> dict[str, tuple[type, Callable[[Any], int] | str]]:
+    """A group's {subcommand: (options class, function)}; for a plain command {"": (class, "module:fn")}."""
+    if isinstance(entry, str):
+        return _load(entry)
+    return {"": (_load(entry[0]), entry[1])}
+
+
+def _summary(cls: type) -> str:
+    return (cls.__doc__ or "").strip().splitlines()[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="lengthsched", description="Length-aware scheduling for GRPO group rollouts.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, (cls, _) in COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=(cls.__doc__ or "").strip().splitlines()[0],
-                                     description=cls.__doc__), cls)
+    for name, entry in COMMANDS.items():
+        table = _table(entry)
+        if "" in table:
+            add_arguments(sub.add_parser(name, help=_summary(table[""][0]), description=table[""][0].__doc__),
+                          table[""][0])
+            continue
+        about = "; ".join(f"{subname}: {_summary(cls)}" for subname, (cls, _) in table.items())
+        inner = sub.add_parser(name, help=about, description=about).add_subparsers(
+            dest="subcommand", required=True, parser_class=_Parser)
+        for subname, (cls, _) in table.items():
+            add_arguments(inner.add_parser(subname, help=_summary(cls), description=cls.__doc__), cls)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cls, run = COMMANDS[args.command]
+    table = _table(COMMANDS[args.command])
+    cls, run = table[getattr(args, "subcommand", None) or ""]
+    run = _load(run) if isinstance(run, str) else run
+    label = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
     try:
         return run(from_args(cls, args))
     except (LengthschedError, OSError, ImportError) as exc:
-        print(f"lengthsched {args.command}: error: {exc}", file=sys.stderr)
+        print(f"lengthsched {label}: error: {exc}", file=sys.stderr)
         return 2
 
 

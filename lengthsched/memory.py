@@ -1,4 +1,4 @@
-"""The memory model of design/MODEL.md section 3: ``M = W + A(b) + KV``.
+"""The memory model of docs/model.md section 3: ``M = W + A(b) + KV``.
 
 All sizes are bytes and all lengths are tokens. One :class:`ModelMemory` describes a model as an
 engine deploys it (weight and KV dtypes, block size, whether the prompt KV is shared, when a
@@ -272,7 +272,7 @@ class ModelMemory:
         return self.sequence_kv_bytes(tokens, prompt_tokens) + self.activation_bytes_per_sequence
 
     def peak(self, policy: str, lengths: Any, **kwargs: Any) -> "PolicyPeak":  # noqa: F821
-        """Peak memory of a sampling policy of MODEL.md section 4; see :func:`lengthsched.peaks.policy_peak`."""
+        """Peak memory of a sampling policy of docs/model.md section 4; see :func:`lengthsched.peaks.policy_peak`."""
         from .peaks import policy_peak
 
         return policy_peak(self, policy, lengths, **kwargs)

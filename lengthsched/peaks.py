@@ -1,4 +1,4 @@
-"""Peak memory and step count of each sampling policy of design/MODEL.md section 4, for given lengths.
+"""Peak memory and step count of each sampling policy of docs/model.md section 4, for given lengths.
 
 Every policy is turned into a :class:`~lengthsched.schedule.Schedule` (when each completion runs
 and when its KV is released) and measured with the exact bytes-held curve of the memory model, so
@@ -28,16 +28,15 @@ import numpy as np
 from .errors import InvalidArgument, as_lengths, check_int
 from .memory import FreeKV, ModelMemory
 from .plan import plan_group
+from .runtime.registry import POLICIES
 from .schedule import Schedule, execute, held_bytes
 
 __all__ = ["Policy", "PolicyPeak", "policy_peak"]
 
 
-class Policy(str, Enum):
-    FULL = "full"
-    MICRO = "micro"
-    CONTINUOUS = "continuous"
-    LENGTH_AWARE = "length_aware"
+# The policies with an analytic schedule, as lengthsched.runtime.POLICIES names them here
+# (``continuous`` is the registry's ``fixed_slot``).
+Policy = Enum("Policy", [(spec.peaks.upper(), spec.peaks) for spec in POLICIES.values() if spec.peaks], type=str)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
 """``plan_group``: predicted lengths in, a :class:`Plan` that any engine can consume out.
 
-Two modes (design/MODEL.md sections 4 and 6):
+Two modes (docs/model.md sections 4 and 6):
 
 - slots mode (``slots=k``): the group is split into k slot queues by a balanced partition of the
   predicted lengths (the FPTAS by default); a slot runs its queue back to back in refill-rule
   order and takes work from the busiest queue when its own is empty.
 - budget mode (``budget_bytes`` + ``memory``): every completion reserves the bytes of its reserved
   length (``reserve_lengths``, e.g. a predicted quantile; default ``max_new_tokens``) plus its
-  activation share; the group is packed into memory-feasible micro groups by the
+  activation share. Or, in KV tokens (``budget_tokens``, no memory model: what a runtime that
+  already converted its budget plans with), every completion reserves its reserved length in
+  tokens. The group is packed into memory-feasible micro groups by the
   cardinality-constrained subset-sum FPTAS and admitted micro group by micro group, in refill-rule
   order within one, as reservations free (``slots`` then caps how many decode at once).
 
@@ -65,6 +67,19 @@ class Plan:
     peak_reserved_bytes: int | None = None
     budget_bytes: int | None = None
     model: str | None = None
+    # Budget mode in KV tokens (plan_group(budget_tokens=...)): capacity and reservations in tokens.
+    capacity_tokens: int | None = None
+    reservation_tokens: tuple[int, ...] | None = None
+
+    @property
+    def capacity(self) -> int | None:
+        """What the reservations are packed into: ``capacity_bytes`` or ``capacity_tokens`` (None in slots mode)."""
+        return self.capacity_bytes if self.capacity_bytes is not None else self.capacity_tokens
+
+    @property
+    def reservations(self) -> tuple[int, ...] | None:
+        """Per completion, what it reserves in the unit of :attr:`capacity` (None in slots mode)."""
+        return self.reservation_bytes if self.reservation_bytes is not None else self.reservation_tokens
 
     @property
     def ratio(self) -> float:
@@ -139,17 +154,23 @@ class Plan:
         for name in ("reserve_lengths", "expected_starts"):
             if len(getattr(self, name)) != n:
                 raise InvalidArgument(name, getattr(self, name), f"{n} values, one per completion")
-        if (self.mode == "budget") != (self.capacity_bytes is not None and self.reservation_bytes is not None):
-            raise InvalidArgument("capacity_bytes", self.capacity_bytes, "set (with reservation_bytes) in budget mode only")
+        in_bytes = self.capacity_bytes is not None and self.reservation_bytes is not None
+        in_tokens = self.capacity_tokens is not None and self.reservation_tokens is not None
+        if (self.mode == "budget") != (in_bytes or in_tokens) or (in_bytes and in_tokens):
+            raise InvalidArgument("capacity_bytes", self.capacity_bytes, "set (with reservation_bytes), or "
+                                  "capacity_tokens with reservation_tokens, in budget mode only")
 
 
-_INT_TUPLES = {"lengths", "reserve_lengths", "admission_order", "expected_starts", "reservation_bytes"}
+_INT_TUPLES = {"lengths", "reserve_lengths", "admission_order", "expected_starts", "reservation_bytes",
+               "reservation_tokens"}
 _INTS = {"max_new_tokens", "prompt_tokens", "slots", "expected_steps", "lower_bound",
-         "capacity_bytes", "peak_reserved_bytes", "budget_bytes"}
+         "capacity_bytes", "peak_reserved_bytes", "budget_bytes", "capacity_tokens"}
+_OPTIONAL = {"capacity_bytes", "reservation_bytes", "peak_reserved_bytes", "budget_bytes", "model", "capacity_tokens",
+             "reservation_tokens"}
 
 
 def _field_from_json(name: str, value: Any) -> Any:
-    if value is None and name in {"capacity_bytes", "reservation_bytes", "peak_reserved_bytes", "budget_bytes", "model"}:
+    if value is None and name in _OPTIONAL:
         return None
     if name in _INT_TUPLES:
         minimum = 1 if name in ("lengths", "reserve_lengths", "expected_starts") else 0
@@ -192,11 +213,47 @@ def _slot_partition(grouping: str, lengths: np.ndarray, k: int, eps: float) -> t
     return part.parts, part.algorithm, part.lower_bound
 
 
-def _budget_lower_bound(memory: ModelMemory, lengths: np.ndarray, capacity: int, prompt_tokens: int) -> int:
-    """Steps >= (sum over completions of bytes x steps held) / capacity, and >= the longest one."""
-    per_age = np.asarray(memory.reservation_bytes(np.arange(int(lengths.max()) + 1), prompt_tokens), dtype=np.int64)
+def _budget_lower_bound(memory: ModelMemory | None, lengths: np.ndarray, capacity: int, prompt_tokens: int) -> int:
+    """Steps >= (sum over completions of bytes x steps held) / capacity, and >= the longest one.
+    Without ``memory`` the capacity is in KV tokens and a sequence of age a holds a tokens."""
+    ages = np.arange(int(lengths.max()) + 1)
+    per_age = ages if memory is None else np.asarray(memory.reservation_bytes(ages, prompt_tokens), dtype=np.int64)
     area = np.cumsum(per_age) - per_age[0]  # area[l] = bytes held summed over ages 1..l
     return max(int(lengths.max()), -(-int(area[lengths].sum()) // capacity))
+
+
+def _byte_reservations(memory: ModelMemory | None, budget_bytes: int, reserve: np.ndarray,
+                       prompt_tokens: int) -> tuple[int, np.ndarray]:
+    """(capacity, per-completion reservation), both in bytes, for budget mode in bytes."""
+    if memory is None:
+        raise InvalidArgument("memory", None, "a ModelMemory when budget_bytes is given")
+    capacity = memory.free_bytes(budget_bytes, prompt_tokens)
+    res_bytes = np.asarray(memory.reservation_bytes(reserve, prompt_tokens), dtype=np.int64)
+    if int(res_bytes.max()) > capacity:
+        worst = int(np.argmax(res_bytes))
+        raise BudgetTooSmall(
+            "budget_bytes", budget_bytes,
+            f"at least {int(budget_bytes) - capacity + int(res_bytes[worst])} bytes to hold completion "
+            f"{worst} with {int(reserve[worst])} reserved tokens next to weights and prompt ({memory.name})",
+        )
+    return capacity, res_bytes
+
+
+def _budget_units(grouping: str, pred: np.ndarray, reservations: np.ndarray, capacity: int, k: int, eps: float,
+                  memory: ModelMemory | None, prompt_tokens: int) -> tuple[tuple[tuple[int, ...], ...], str, int]:
+    """Micro groups packed into ``capacity`` (bytes, or KV tokens when ``memory`` is None), the
+    algorithm that made them and the budget lower bound on steps."""
+    if int(reservations.max()) > capacity:  # only reachable in tokens: bytes were checked with their message
+        worst = int(np.argmax(reservations))
+        raise BudgetTooSmall("budget_tokens", capacity,
+                             f"at least {int(reservations[worst])} KV tokens to hold completion {worst}'s reservation")
+    if grouping == "none":
+        units, algorithm = (tuple(range(len(pred))),), "none"
+    else:
+        rounds = pack_micro_groups(reservations, capacity, max_items=k, eps=eps)
+        units = tuple(r.items for r in rounds)
+        algorithm = "greedy" if any(r.algorithm == "greedy" for r in rounds) else "fptas"
+    return units, algorithm, _budget_lower_bound(memory, pred, capacity, prompt_tokens)
 
 
 def plan_group(
@@ -211,6 +268,7 @@ def plan_group(
     refill: str = "sjf",
     reserve_lengths: Any = None,
     grouping: str = "fptas",
+    budget_tokens: int | None = None,
 ) -> Plan:
     """Plan one group of completions from their predicted lengths.
 
@@ -222,6 +280,10 @@ def plan_group(
         budget_bytes: total memory for the group (weights + activations + KV, bytes); needs
             ``memory``. Budget mode.
         memory: the :class:`ModelMemory`; with ``slots`` alone it fills ``peak_reserved_bytes``.
+        budget_tokens: budget mode in KV tokens instead of bytes: the KV tokens (beyond the
+            shared prompt) the group may hold; each completion reserves its reserved length in
+            tokens. Excludes ``budget_bytes``; ``memory`` (optional) then only fills
+            ``peak_reserved_bytes``. Convert a byte budget with ``ModelMemory.kv_token_budget``.
         prompt_tokens: P (tokens), for the memory model.
         eps: approximation parameter of the FPTAS (0 < eps <= 1).
         refill: ``sjf``, ``lpt``, ``fcfs`` or ``plan`` (see :mod:`lengthsched.refill`).
@@ -244,37 +306,31 @@ def plan_group(
     prompt_tokens = check_int("prompt_tokens", prompt_tokens, minimum=0)
     if grouping not in GROUPINGS:
         raise InvalidArgument("grouping", grouping, "one of " + ", ".join(GROUPINGS))
-    if slots is None and budget_bytes is None:
-        raise InvalidArgument("slots", None, "slots, or budget_bytes with memory")
+    if budget_tokens is not None:
+        if budget_bytes is not None:
+            raise InvalidArgument("budget_tokens", budget_tokens, "None when budget_bytes is given (one budget)")
+        budget_tokens = check_int("budget_tokens", budget_tokens, minimum=1)
+    if slots is None and budget_bytes is None and budget_tokens is None:
+        raise InvalidArgument("slots", None, "slots, or budget_bytes with memory, or budget_tokens")
     k = n if slots is None else min(check_int("slots", slots, minimum=1), n)
     if memory is not None and not isinstance(memory, ModelMemory):
         raise InvalidArgument("memory", memory, "a lengthsched.ModelMemory")
-    capacity = res_bytes = None
-    if budget_bytes is None:
+    capacity = res_bytes = res_tokens = None
+    if budget_bytes is None and budget_tokens is None:
         mode = "slots"
         units, algorithm, lower = _slot_partition(grouping, pred, k, eps)
     else:
         mode = "budget"
-        if memory is None:
-            raise InvalidArgument("memory", None, "a ModelMemory when budget_bytes is given")
         if grouping not in ("fptas", "none"):
             raise InvalidArgument("grouping", grouping, "'fptas' or 'none' in budget mode")
-        capacity = memory.free_bytes(budget_bytes, prompt_tokens)
-        res_bytes = np.asarray(memory.reservation_bytes(reserve, prompt_tokens), dtype=np.int64)
-        if int(res_bytes.max()) > capacity:
-            worst = int(np.argmax(res_bytes))
-            raise BudgetTooSmall(
-                "budget_bytes", budget_bytes,
-                f"at least {int(budget_bytes) - capacity + int(res_bytes[worst])} bytes to hold completion "
-                f"{worst} with {int(reserve[worst])} reserved tokens next to weights and prompt ({memory.name})",
-            )
-        if grouping == "none":
-            units, algorithm = (tuple(range(n)),), "none"
+        if budget_tokens is not None:
+            capacity, reservations = budget_tokens, reserve
+            res_tokens = reserve
         else:
-            rounds = pack_micro_groups(res_bytes, capacity, max_items=k, eps=eps)
-            units = tuple(r.items for r in rounds)
-            algorithm = "greedy" if any(r.algorithm == "greedy" for r in rounds) else "fptas"
-        lower = _budget_lower_bound(memory, pred, capacity, prompt_tokens)
+            capacity, reservations = _byte_reservations(memory, budget_bytes, reserve, prompt_tokens)
+            res_bytes = reservations
+        units, algorithm, lower = _budget_units(grouping, pred, reservations, capacity, k, eps,
+                                                None if budget_tokens is not None else memory, prompt_tokens)
         if slots is not None:
             lower = max(lower, _partition.lower_bound(pred, k))
     units = tuple(_ordered(u, rule, pred) for u in units)
@@ -283,12 +339,15 @@ def plan_group(
         lengths=tuple(int(x) for x in pred), reserve_lengths=tuple(int(x) for x in reserve),
         max_new_tokens=max_new, prompt_tokens=prompt_tokens, slots=k, units=units,
         admission_order=(), expected_starts=(), expected_steps=0, lower_bound=1, eps=eps,
-        capacity_bytes=None if capacity is None else int(capacity),
+        capacity_bytes=None if res_bytes is None else int(capacity),
         reservation_bytes=None if res_bytes is None else tuple(int(x) for x in res_bytes),
+        capacity_tokens=None if res_tokens is None else int(capacity),
+        reservation_tokens=None if res_tokens is None else tuple(int(x) for x in res_tokens),
         budget_bytes=None if budget_bytes is None else int(budget_bytes),
         model=None if memory is None else memory.name,
     )
-    schedule = execute(draft, memory=memory)  # memory: completions predicted past their reservation grow
+    # memory: completions predicted past their reservation grow (in tokens they grow without one)
+    schedule = execute(draft, memory=None if budget_tokens is not None else memory)
     peak = None
     if memory is not None:
         live_res = np.asarray(memory.reservation_bytes(np.maximum(reserve, pred), prompt_tokens), dtype=np.int64)

@@ -59,10 +59,13 @@ def cli_reference() -> str:
 
     parser = build_parser()
     out = [CLI_HEADER]
-    commands = _subcommands(parser)
+    commands = {}
+    for name, sub in _subcommands(parser).items():  # a group (lengthsched cost fit|show) lists each subcommand
+        inner = _subcommands(sub)
+        commands.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
     out.append("| command | what it does |\n|---|---|")
     for name, sub in commands.items():
-        out.append(f"| [`lengthsched {name}`](#lengthsched-{name}) | {_cell((sub.description or '').splitlines()[0])} |")
+        out.append(f"| [`lengthsched {name}`](#lengthsched-{name.replace(' ', '-')}) | {_cell((sub.description or '').splitlines()[0])} |")
     for name, sub in commands.items():
         out.append(f"\n## lengthsched {name}\n")
         out.append(" ".join((sub.description or "").split()) + "\n")
@@ -82,7 +85,7 @@ needs the `simulate` extra to report; `predictor_training` and `sampler` need Py
 # Modules whose public names (``__all__``) make up the API page, in reading order.
 API_MODULES = (
     "lengthsched", "lengthsched.partition", "lengthsched.packing", "lengthsched.refill", "lengthsched.learner",
-    "lengthsched.sgpo", "lengthsched.integrations",
+    "lengthsched.sgpo", "lengthsched.integrations", "lengthsched.runtime", "lengthsched.cost",
     "simulate", "simulate.workloads", "simulate.fast", "simulate.compiled", "simulate.epoch",
     "predictor_training", "predictor_training.evaluate",
     "sampler", "sampler.prefix_grouper", "sampler.correction", "sampler.trl",

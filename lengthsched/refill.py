@@ -29,7 +29,7 @@ __all__ = [
 
 
 class RefillRule(str, Enum):
-    """The rules of MODEL.md section 6."""
+    """The rules of docs/model.md section 6."""
 
     SJF = "sjf"  # smallest predicted remaining length first (minimises mean completion time)
     LPT = "lpt"  # largest predicted remaining length first (list-scheduling makespan rule)

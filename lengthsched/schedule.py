@@ -8,7 +8,7 @@
   plan's expected steps, with true lengths what a misprediction costs.
 - account: :func:`held_bytes` is the exact bytes-held curve of a schedule under a memory model.
 
-Time follows MODEL.md section 2: a completion of length l started at step s is active on steps
+Time follows docs/model.md section 2: a completion of length l started at step s is active on steps
 s .. s + l - 1, and a slot freed at the end of step t is refilled at step t + 1.
 """
 
@@ -152,10 +152,11 @@ def execute(plan: "Plan", lengths: Any = None, *, memory: "ModelMemory | None" =
 
     Every completion runs for exactly its length. Budget mode admits the next completion only
     while the reservations of the live ones (a completion that outgrows its reservation holds
-    what it has actually grown to) plus its own fit ``plan.capacity_bytes``; otherwise admissions
+    what it has actually grown to) plus its own fit ``plan.capacity`` (bytes, or KV tokens for a
+    plan made with ``budget_tokens``); otherwise admissions
     wait for the next finish ("extend and defer"). Live completions are never preempted, so the
     held bytes can exceed the budget after mispredictions: :func:`held_bytes` measures that.
-    ``memory`` is needed for budget-mode growth when a true length exceeds its reservation.
+    ``memory`` is needed for budget-mode growth in bytes when a true length exceeds its reservation.
     """
     n = len(plan.lengths)
     true = np.asarray(plan.lengths, dtype=np.int64) if lengths is None else as_lengths("lengths", lengths, minimum=1)
@@ -166,10 +167,12 @@ def execute(plan: "Plan", lengths: Any = None, *, memory: "ModelMemory | None" =
     lanes = np.zeros(n, dtype=np.int64)
     order: list[int] = []
     finishing: list[tuple[int, int, int]] = []  # (last step, lane, job)
-    budget = plan.capacity_bytes is not None
-    reserve = np.asarray(plan.reservation_bytes if budget else (), dtype=np.int64)
+    capacity = plan.capacity
+    budget = capacity is not None
+    reserve = np.asarray(plan.reservations if budget else (), dtype=np.int64)
+    in_tokens = plan.capacity_tokens is not None
     grows = budget and bool(np.any(true > np.asarray(plan.reserve_lengths)))
-    if grows and memory is None:
+    if grows and memory is None and not in_tokens:
         raise InvalidArgument("memory", None, "a ModelMemory: a true length exceeds its reservation")
     live: dict[int, int] = {}  # job -> start step
     free_slots = list(range(plan.slots))
@@ -179,11 +182,11 @@ def execute(plan: "Plan", lengths: Any = None, *, memory: "ModelMemory | None" =
         if grows:  # a completion that outgrew its reservation holds what it has grown to next step
             jobs = np.fromiter(live, dtype=np.int64, count=len(live))
             ages = np.minimum(t + 2 - np.fromiter(live.values(), dtype=np.int64, count=len(live)), true[jobs])
-            held = np.asarray(memory.reservation_bytes(ages, plan.prompt_tokens), dtype=np.int64)
+            held = ages if in_tokens else np.asarray(memory.reservation_bytes(ages, plan.prompt_tokens), dtype=np.int64)
             used = int(np.maximum(reserve[jobs], held).sum())
         while free_slots:
             job = sched.next_in_order() if budget else sched.next_for_slot(free_slots[0])
-            if job is None or (budget and used + reserve[job] > plan.capacity_bytes):
+            if job is None or (budget and used + reserve[job] > capacity):
                 break
             slot = heapq.heappop(free_slots)
             sched.take(job)

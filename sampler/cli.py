@@ -149,6 +149,16 @@ def run_sample(opts: SampleOptions) -> int:
     transformers.utils.logging.disable_progress_bar()
     from .core import InfiniteSampler
 
+    cost = None
+    if opts.cost:
+        from lengthsched.cost import StepCost
+
+        try:
+            with open(opts.cost, encoding="utf-8") as handle:
+                cost = StepCost.from_json(handle.read())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidArgument("cost", opts.cost, f"a readable step-cost JSON file ({exc.__class__.__name__})") \
+                from None
     predictor = None
     if opts.predictor:
         from predictor_training.predictor import BertLengthPredictor
@@ -170,7 +180,10 @@ def run_sample(opts: SampleOptions) -> int:
         "tokens_per_second": res.tokens_per_second, "peak_kv_bytes": res.peak_kv_bytes,
         "peak_model_kv_bytes": res.peak_model_kv_bytes, "cuda_peak_bytes": res.cuda_peak_bytes,
         "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens, "lengths": res.lengths,
+        "step_seconds": res.step_seconds, "model_seconds": None if cost is None else res.model_seconds(cost),
     }
+    if opts.steps_out:
+        atomic_write_text(opts.steps_out, "".join(json.dumps(row) + "\n" for row in res.step_samples()))
     if opts.output:
         atomic_write_text(opts.output, json.dumps({**summary, "completions": res.completions, "texts": res.texts,
                                                    "logprobs": res.logprobs}) + "\n")
@@ -187,6 +200,9 @@ def run_sample(opts: SampleOptions) -> int:
     cuda = "" if res.cuda_peak_bytes is None else f"; CUDA peak allocated {res.cuda_peak_bytes / 2**20:.1f} MiB"
     print(f"peak KV held {res.peak_kv_bytes / 2**20:.3f} MiB (memory model {res.peak_model_kv_bytes / 2**20:.3f} MiB)"
           f"; preemptions {res.preemptions}{cuda}")
+    modelled = "" if cost is None else (f"; modelled {summary['model_seconds']:.3f} s ({cost.model} on {cost.gpu}, "
+                                        f"{summary['model_seconds'] / max(res.step_seconds, 1e-12) - 1:+.1%})")
+    print(f"decode steps measured {res.step_seconds:.3f} s{modelled}")
     if res.texts:
         print(f"completion 0: {res.texts[0][:120]!r}")
     sys.stdout.flush()

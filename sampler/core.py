@@ -2,8 +2,8 @@
 
 One group = one prompt and G completions. The prompt is prefilled once; every completion reads
 its KV by reference (``share_prompt_kv=True``) or holds a copy (the baseline). The policy is the
-simulator's own policy object (``simulate.make_policy``) driven through a
-:class:`~sampler.engine.LiveEngine`: it admits completions into slots, refills a finished slot
+simulator's own policy object (``lengthsched.runtime.make_policy``) driven through the runtime's
+:class:`~lengthsched.runtime.Engine` by its public stepping API: it admits completions into slots, refills a finished slot
 at the next step, preempts (the preempted completion keeps its tokens and recomputes its KV when
 it is admitted again) and releases padded rows, exactly as in a simulation. The sampler executes
 one batched decode step at a time:
@@ -16,7 +16,7 @@ one batched decode step at a time:
 3. each running completion samples from its own random stream (seed, group id, index);
 4. memory is counted: the bytes of KV tensors held (measured), next to the memory model's figure.
 
-Time and memory follow design/MODEL.md: a completion of length l is live for l steps; at the end
+Time and memory follow the model of docs/model.md: a completion of length l is live for l steps; at the end
 of a step a sequence holds KV for every token it generated (the newest one's position allocated).
 """
 
@@ -31,20 +31,17 @@ import torch
 
 from lengthsched.errors import InvalidArgument, as_lengths, check_int
 from lengthsched.memory import KVCompression, ModelMemory
-from simulate.baselines import VLLMLike
-from simulate.engine import SimulationError
-from simulate.policies import POLICIES, Problem, SimPolicy, make_policy
+from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, VLLMLike, kv_budget_tokens, make_policy
 
 from .attention import register
-from .engine import LiveEngine
 from .kv import KVStore
 from .sampling import SamplingParams, draw, make_generator, processed_logprobs
 
 __all__ = ["InfiniteSampler", "SampleResult", "StepRecord", "SAMPLER_POLICIES", "model_memory"]
 
-# Every policy of the simulator runs on the sampler; vllm rounds KV to blocks of 16 and shares only
-# the prompt's whole blocks, as the simulator models it.
-SAMPLER_POLICIES = tuple(POLICIES)
+# The policies of the registry that run on the sampler (all of them); vllm rounds KV to blocks of 16
+# and shares only the prompt's whole blocks, as the simulator models it.
+SAMPLER_POLICIES = tuple(name for name, spec in POLICIES.items() if spec.sampler)
 
 _TORCH_DTYPES = {torch.float32: "float32", torch.float64: "float64", torch.bfloat16: "bfloat16",
                  torch.float16: "float16"}
@@ -55,7 +52,8 @@ class StepRecord:
     """One decode step: ``live`` rows (padded ones included), ``running`` completions, ``kv_bytes``
     of KV tensors held at the end of the step before finished sequences are freed (measured),
     ``model_kv_bytes`` the memory model's figure for the same state, ``kv_tokens`` the engine's
-    count of KV tokens beyond the shared prompt."""
+    count of KV tokens beyond the shared prompt; then what the step computed and its measured time
+    (the samples a step-cost model is calibrated on: ``lengthsched.cost``)."""
 
     step: int
     live: int
@@ -63,6 +61,13 @@ class StepRecord:
     kv_bytes: int
     model_kv_bytes: int
     kv_tokens: int
+    # What the step did and how long it took: rows in the batched decode forward, KV tokens it
+    # read (see _GroupRun.account), tokens prefilled (recomputation after a preemption), and the
+    # measured wall seconds of the step (admit + decode + account; after a CUDA sync on a GPU).
+    decode_rows: int = 0
+    kv_tokens_read: int = 0
+    prefill_tokens: int = 0
+    seconds: float = 0.0
 
 
 @dataclass
@@ -102,6 +107,26 @@ class SampleResult:
         """Collected completion tokens per second of wall time (prefill included)."""
         return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
 
+    @property
+    def step_seconds(self) -> float:
+        """Measured seconds of the decode steps (the sum over :attr:`records`; the prompt's prefill
+        and the policy's planning excluded)."""
+        return float(sum(r.seconds for r in self.records))
+
+    def model_seconds(self, cost: Any) -> float:
+        """What the step-cost model ``cost`` (a ``lengthsched.cost.StepCost``) says the same steps
+        take: each record priced by its decode rows, KV tokens read and prefilled tokens. Put it next
+        to :attr:`step_seconds` (measured) to see the model's error on this run."""
+        if not self.records:
+            return 0.0
+        cols = np.array([(r.decode_rows, r.kv_tokens_read, r.prefill_tokens) for r in self.records], dtype=np.int64)
+        return float(np.sum(cost.seconds(cols[:, 0], cols[:, 1], cols[:, 2])))
+
+    def step_samples(self) -> list[dict]:
+        """The measured steps as calibration samples (``lengthsched cost fit`` reads them as JSON lines)."""
+        return [{"decode_rows": r.decode_rows, "kv_tokens_read": r.kv_tokens_read, "prefill_tokens": r.prefill_tokens,
+                 "seconds": r.seconds} for r in self.records]
+
 
 class _Probe(SimPolicy):
     """Decode the first ``k`` tokens of every completion, ``cap`` at a time, then evict it (it keeps its
@@ -113,7 +138,7 @@ class _Probe(SimPolicy):
         super().__init__(problem)
         self.k, self.cap, self.next = k, cap, 0
 
-    def decide(self, eng: LiveEngine) -> None:
+    def decide(self, eng: Engine) -> None:
         for job in list(eng.running):
             if eng.age(job) >= self.k:
                 eng.preempt(job)
@@ -121,7 +146,7 @@ class _Probe(SimPolicy):
             eng.admit(self.next)
             self.next += 1
 
-    def pending(self, eng: LiveEngine) -> int:
+    def pending(self, eng: Engine) -> int:
         return eng.n - self.next
 
 
@@ -281,8 +306,8 @@ class InfiniteSampler:
         tail = P if not self.share_prompt_kv else P % block  # prompt tokens each sequence holds itself
         budget_tokens = None
         if self.budget_bytes is not None:
-            budget_tokens = memory.kv_token_budget(self.budget_bytes, prompt_tokens=P,
-                                                   batch=min(G, self.slots or G))
+            budget_tokens = kv_budget_tokens(memory, self.budget_bytes, prompt_tokens=P, group_size=G,
+                                             slots=self.slots)
             if budget_tokens < L + tail:
                 raise InvalidArgument("budget_bytes", self.budget_bytes,
                                       f"room for one whole sequence: {L + tail} KV tokens beyond the prompt "
@@ -303,8 +328,9 @@ class InfiniteSampler:
         dtype = next(self.model.parameters()).dtype
         store = KVStore(self.layers, self.kv_heads, self.head_dim, dtype, device, block_size=block,
                         share_prompt=self.share_prompt_kv, compression=self.kv_compression)
-        eng = LiveEngine(truth, tails=[tail] * G if tail else None, block_size=block, slots=self.slots if policy.respects_slots else None,
-                         budget_tokens=budget_tokens, enforce_budget=policy.promises_budget and self.share_prompt_kv)
+        eng = Engine(truth, tails=[tail] * G if tail else None, block_size=block,
+                     slots=self.slots if policy.respects_slots else None, budget_tokens=budget_tokens,
+                     enforce_budget=policy.promises_budget and self.share_prompt_kv)
         first_policy, then = policy, None
         if self.probe_tokens and predicted is None:
             first_policy, then = self._probe_phase(problem, eng, prompt, budget_tokens, sim_name)
@@ -343,7 +369,7 @@ class InfiniteSampler:
         return self.model(input_ids=ids, position_ids=positions, use_cache=False, lengthsched_kv=store,
                           logits_to_keep=1).logits[:, -1]
 
-    def _probe_phase(self, problem: Problem, eng: LiveEngine, prompt: list[int], budget_tokens: int | None,
+    def _probe_phase(self, problem: Problem, eng: Engine, prompt: list[int], budget_tokens: int | None,
                      name: str):
         """The probe policy, and the callback that predicts from the probed tokens and starts the plan."""
         k, G, L = self.probe_tokens, problem.n, problem.max_new_tokens
@@ -367,7 +393,7 @@ class InfiniteSampler:
                 point[live] = done + np.maximum(1, np.asarray(out.lengths, dtype=np.int64))
                 reserve[live] = done + np.maximum(1, np.asarray(out.quantile(self.quantile), dtype=np.int64))
             main = make_policy(name, replace(problem, predicted=np.minimum(point, L), reserve=np.minimum(reserve, L)))
-            main.start(eng)
+            eng.start(main)
             for j in range(G):
                 if eng.finished_at[j]:
                     main.sched.take(j)  # ended inside the probe: nothing left to schedule
@@ -375,96 +401,151 @@ class InfiniteSampler:
 
         return probe, then
 
-    def _run(self, policy, eng: LiveEngine, store: KVStore, prompt: list[int], params: SamplingParams,
+    def _run(self, policy, eng: Engine, store: KVStore, prompt: list[int], params: SamplingParams,
              forced: np.ndarray | None, seed: int, group_id: int, memory: ModelMemory, then: Any = None):
-        device = store.device
-        P = len(prompt)
-        store.mode = "prefill"
-        ids = torch.tensor([prompt], device=device)
-        first = self._forward(store, [], ids, torch.arange(P, device=device).view(1, P))
-        store.mode = "extend"
-        first_lp = processed_logprobs(first, params)[0].cpu()
-        stops = set(params.stop_token_ids)
-        pad = params.stop_token_ids[0] if params.stop_token_ids else 0
-        tokens: dict[int, list[int]] = {}
-        logps: dict[int, list[float]] = {}
-        gens: dict[int, torch.Generator] = {}
-        records: list[StepRecord] = []
-
-        def sample(job: int, row_lp: torch.Tensor, raw: torch.Tensor | None) -> None:
-            toks = tokens[job]
-            n = len(toks) + 1  # the token drawn now is the n-th
-            lp = row_lp
-            if forced is not None:
-                target = int(eng.length[job])  # spawned completions of the dynamic-slot control too
-                if n == target:  # replay: the stop token is forced here
-                    tok = pad
-                    base = torch.log_softmax(raw.double() / max(params.temperature, 1e-6), -1) if raw is not None \
-                        else row_lp
-                    toks.append(tok)
-                    logps[job].append(float(base[tok]))
-                    eng.finish(job, eng.t + 1)
-                    return
-                lp = row_lp.clone()
-                lp[list(stops)] = float("-inf")  # no early end before the target
-                lp = lp - torch.logsumexp(lp, -1)
-            tok = draw(lp, gens[job])
-            toks.append(tok)
-            logps[job].append(float(lp[tok]))
-            if tok in stops or n >= params.max_new_tokens:
-                eng.finish(job, eng.t + 1)
-
-        policy.start(eng)
+        """Drive ``policy`` through the engine, one real decode step at a time (see the module doc)."""
+        run = _GroupRun(self, eng, store, prompt, params, forced, seed, group_id, memory)
+        eng.start(policy)
         while True:
-            policy.decide(eng)
-            for job in [j for j in store.slots if j not in eng.origin]:
-                store.close_slot(job)  # preempted or released
-            if eng.stopped:
-                break
-            if not eng.origin:
-                if policy.pending(eng):
-                    raise SimulationError(f"{policy.name}: nothing live and nothing admitted at step {eng.t} "
-                                          f"with {policy.pending(eng)} completions pending")
-                if then is not None:  # the probe is over: predict and plan, then run the plan
-                    policy, then = then(tokens), None
+            more = eng.decide(policy)
+            run.close_freed()  # preempted or released
+            if not more:
+                if then is not None and not eng.stopped:  # the probe is over: predict and plan, then run it
+                    policy, then = then(run.tokens), None
                     continue
                 break
-            step_rows = sorted(j for j in eng.origin if j in store.slots)
-            fresh = sorted(j for j in eng.origin if j not in store.slots)
-            for job in fresh:
-                store.open_slot(job)
-                if job not in gens:
-                    gens[job] = make_generator(seed, group_id, job)
-                    tokens[job], logps[job] = [], []
-                if not tokens[job]:
-                    sample(job, first_lp, first[0].cpu())
-                else:  # readmitted after a preemption: recompute its KV, then its next token
-                    done = tokens[job]
-                    store.make_room(job, len(done))
-                    logits = self._forward(store, [job], torch.tensor([done], device=device),
-                                           (P + torch.arange(len(done), device=device)).view(1, -1))
-                    sample(job, processed_logprobs(logits, params)[0].cpu(), logits[0].cpu())
-            if step_rows:
-                inputs, positions = [], []
-                for j in step_rows:
-                    running = j in eng.running
-                    inputs.append(tokens[j][-1] if running else pad)
-                    positions.append(P + (eng.t - eng.origin[j]) - 1)  # the fed token is the age-th
-                logits = self._forward(store, step_rows, torch.tensor(inputs, device=device).view(-1, 1),
+            fresh, step_rows = run.split_rows()
+            started = run.clock()
+            prefill = run.admit(fresh)
+            run.decode(step_rows)
+            run.account(policy, started, step_rows, prefill_tokens=prefill)
+        return run.records, (run.tokens, run.logps), policy
+
+
+class _GroupRun:
+    """The state of one group being generated, and the three parts of a step: admit (first tokens
+    and recomputation), decode (one batched forward of the live rows), account (KV, records, time)."""
+
+    def __init__(self, sampler: InfiniteSampler, eng: Engine, store: KVStore, prompt: list[int],
+                 params: SamplingParams, forced: np.ndarray | None, seed: int, group_id: int, memory: ModelMemory):
+        self.sampler, self.eng, self.store, self.params, self.forced = sampler, eng, store, params, forced
+        self.seed, self.group_id, self.memory = seed, group_id, memory
+        self.device = store.device
+        self.P = len(prompt)
+        self.cuda = self.device.type == "cuda"
+        self.stops = set(params.stop_token_ids)
+        self.pad = params.stop_token_ids[0] if params.stop_token_ids else 0
+        self.tokens: dict[int, list[int]] = {}
+        self.logps: dict[int, list[float]] = {}
+        self.gens: dict[int, torch.Generator] = {}
+        self.records: list[StepRecord] = []
+        store.mode = "prefill"
+        started = self.clock()
+        ids = torch.tensor([prompt], device=self.device)
+        self.first = sampler._forward(store, [], ids, torch.arange(self.P, device=self.device).view(1, self.P))
+        store.mode = "extend"
+        self.first_lp = processed_logprobs(self.first, params)[0].cpu()
+        self.first_raw = self.first[0].cpu()
+        self.prefill_seconds = self.clock() - started  # the prompt's prefill, before step 1
+
+    def clock(self) -> float:
+        """Wall time (seconds), after the GPU's queued work is done."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def split_rows(self) -> tuple[list[int], list[int]]:
+        """(rows admitted for the coming step, live rows that already hold their KV)."""
+        slots, origin = self.store.slots, self.eng.origin
+        return sorted(j for j in origin if j not in slots), sorted(j for j in origin if j in slots)
+
+    def close_freed(self) -> None:
+        """Drop the KV of every slot whose sequence is no longer live (finished, preempted, released)."""
+        for job in [j for j in self.store.slots if j not in self.eng.origin]:
+            self.store.close_slot(job)
+
+    def sample(self, job: int, row_lp: torch.Tensor, raw: torch.Tensor | None) -> None:
+        """Draw ``job``'s next token from its own stream (forced to stop at its length in replay)."""
+        params, forced, eng = self.params, self.forced, self.eng
+        toks = self.tokens[job]
+        n = len(toks) + 1  # the token drawn now is the n-th
+        lp = row_lp
+        if forced is not None:
+            target = int(eng.length[job])  # spawned completions of the dynamic-slot control too
+            if n == target:  # replay: the stop token is forced here
+                tok = self.pad
+                base = torch.log_softmax(raw.double() / max(params.temperature, 1e-6), -1) if raw is not None \
+                    else row_lp
+                toks.append(tok)
+                self.logps[job].append(float(base[tok]))
+                eng.finish(job, eng.t + 1)
+                return
+            lp = row_lp.clone()
+            lp[list(self.stops)] = float("-inf")  # no early end before the target
+            lp = lp - torch.logsumexp(lp, -1)
+        tok = draw(lp, self.gens[job])
+        toks.append(tok)
+        self.logps[job].append(float(lp[tok]))
+        if tok in self.stops or n >= params.max_new_tokens:
+            eng.finish(job, eng.t + 1)
+
+    def admit(self, fresh: list[int]) -> int:
+        """Open the KV of newly admitted rows: a new completion draws its first token from the
+        prompt's last logits (no forward); one readmitted after a preemption recomputes its KV in a
+        forward of its own tokens, then draws its next. Returns the tokens prefilled (recomputed)."""
+        store, device, prefill = self.store, self.device, 0
+        for job in fresh:
+            store.open_slot(job)
+            if job not in self.gens:
+                self.gens[job] = make_generator(self.seed, self.group_id, job)
+                self.tokens[job], self.logps[job] = [], []
+            if not self.tokens[job]:
+                self.sample(job, self.first_lp, self.first_raw)
+                continue
+            done = self.tokens[job]
+            prefill += len(done)  # before sample() appends the next token to the same list
+            store.make_room(job, len(done))
+            logits = self.sampler._forward(store, [job], torch.tensor([done], device=device),
+                                           (self.P + torch.arange(len(done), device=device)).view(1, -1))
+            self.sample(job, processed_logprobs(logits, self.params)[0].cpu(), logits[0].cpu())
+        return prefill
+
+    def decode(self, rows: list[int]) -> None:
+        """One batched forward of every live row's last token at its own position (padded rows feed
+        the pad token, as a padded batch does); running rows sample their next token."""
+        if not rows:
+            return
+        eng, device = self.eng, self.device
+        inputs, positions = [], []
+        for j in rows:
+            inputs.append(self.tokens[j][-1] if j in eng.running else self.pad)
+            positions.append(self.P + (eng.t - eng.origin[j]) - 1)  # the fed token is the age-th
+        logits = self.sampler._forward(self.store, rows, torch.tensor(inputs, device=device).view(-1, 1),
                                        torch.tensor(positions, device=device).view(-1, 1))
-                running_rows = [i for i, j in enumerate(step_rows) if j in eng.running]
-                if running_rows:
-                    lp = processed_logprobs(logits[running_rows], params).cpu()
-                    raw = logits[running_rows].cpu()
-                    for k, i in enumerate(running_rows):
-                        sample(step_rows[i], lp[k], raw[k])
-            nxt = eng.t + 1
-            for j in eng.origin:  # every live row now holds KV for each token it generated
-                store.reserve(j, nxt - eng.origin[j])
-            ages = [nxt - eng.origin[j] for j in eng.origin]
-            records.append(StepRecord(nxt, len(eng.origin), len(eng.running), store.held_bytes(),
-                                      memory.group_kv_bytes(ages, P), eng.kv_tokens(nxt)))
-            eng.step(policy.pads)
-            for job in [j for j in store.slots if j not in eng.origin]:
-                store.close_slot(job)  # finished (freed at once unless the policy pads)
-        return records, (tokens, logps), policy
+        running_rows = [i for i, j in enumerate(rows) if j in eng.running]
+        if running_rows:
+            lp = processed_logprobs(logits[running_rows], self.params).cpu()
+            raw = logits[running_rows].cpu()
+            for k, i in enumerate(running_rows):
+                self.sample(rows[i], lp[k], raw[k])
+
+    def account(self, policy: SimPolicy, started: float, rows: list[int], *, prefill_tokens: int) -> None:
+        """Allocate the KV of every live row's newest token, record the step (measured bytes next to
+        the memory model's; measured seconds next to what the step did), advance the engine one
+        step and free what finished. ``rows``: the rows of the batched decode forward."""
+        eng, store = self.eng, self.store
+        nxt = eng.t + 1
+        for j in eng.origin:  # every live row now holds KV for each token it generated
+            store.reserve(j, nxt - eng.origin[j])
+        ages = [nxt - eng.origin[j] for j in eng.origin]
+        # KV the decode forward read: each row's own tokens (the newest included) and its prompt tail,
+        # the shared prompt once (the shared-prefix attention reads it once for all rows).
+        own = sum(nxt - eng.origin[j] + store.tail for j in rows)
+        kv_read = own + (store.shared_len if rows else 0)
+        seconds = self.clock() - started
+        self.records.append(StepRecord(nxt, len(eng.origin), len(eng.running), store.held_bytes(),
+                                       self.memory.group_kv_bytes(ages, self.P), eng.kv_tokens(nxt),
+                                       decode_rows=len(rows), kv_tokens_read=kv_read,
+                                       prefill_tokens=prefill_tokens, seconds=seconds))
+        eng.step(policy.pads)
+        self.close_freed()  # finished (freed at once unless the policy pads)

@@ -10,7 +10,7 @@ copied into each slot's own KV when it is admitted.
 A slot's own KV is one tensor ``(layers, 2, kv_heads, capacity, head_dim)`` whose capacity is its
 tokens rounded up to ``block_size``: the tail copy plus every token it has GENERATED, including the
 newest one whose K/V the next forward writes (the position is allocated when the token is sampled,
-as a paged engine allocates the slot of the next token). That is the count of design/MODEL.md
+as a paged engine allocates the slot of the next token). That is the count of docs/model.md
 section 3, so ``held_bytes()`` (the sum of ``nbytes`` of the tensors that exist) can be compared
 with the ``lengthsched`` memory model step by step. A finished slot's tensor is dropped at once.
 """

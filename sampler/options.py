@@ -45,5 +45,9 @@ class SampleOptions:
     seed: int = _opt(0, "seed of the per-completion random streams")
     dtype: str = _opt("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
     device: str | None = _opt(None, "cpu, cuda, cuda:1, ... (default: cuda when available)")
+    cost: str | None = _opt(None, "a step-cost JSON (lengthsched cost fit) to print the modelled seconds of the "
+                                  "same steps next to the measured ones")
+    steps_out: str | None = _opt(None, "write every measured step (rows, KV read, prefill tokens, seconds) as JSON "
+                                       "lines to this file: samples for lengthsched cost fit")
     json: bool = _opt(False, "print JSON instead of a summary")
     output: str | None = _opt(None, "also write the JSON result (completions included) to this file (atomically)")

@@ -277,11 +277,12 @@ class SamplerRollout:
 def _check_policy(policy: str, slots: int | None, budget_bytes: int | None, refill: str) -> None:
     """Raise now, not at the first training step, when the policy lacks the slots or budget it needs."""
     from lengthsched.refill import parse_rule
-    from simulate.policies import POLICIES, Problem, make_policy
+    from lengthsched.runtime import Problem, make_policy, policy_names
 
     parse_rule(refill)
-    if policy not in POLICIES:
-        raise InvalidArgument("policy", policy, "one of " + ", ".join(p for p in POLICIES if p != "dynamic_slot"))
+    training = policy_names(sampler=True, unbiased=True)  # not the biased stop-at-G control
+    if policy not in training and policy != "dynamic_slot":
+        raise InvalidArgument("policy", policy, "one of " + ", ".join(training))
     if slots is not None:
         check_int("slots", slots, minimum=1)
     if budget_bytes is not None:

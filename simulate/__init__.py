@@ -1,4 +1,4 @@
-"""simulate: a discrete-event simulator of group sampling policies (design/MODEL.md section 4).
+"""simulate: a discrete-event simulator of group sampling policies (docs/model.md section 4).
 
 ``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
 budget; :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces
@@ -6,8 +6,8 @@ with a group model, JSON-lines trace files) are in :mod:`simulate.workloads`; th
 report behind ``lengthsched simulate`` in :mod:`simulate.report`.
 """
 
-from .engine import Engine, SimulationError, Timeline
-from .policies import POLICIES, Problem, SimPolicy, make_policy
+# The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
+from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
 __all__ = [

@@ -51,17 +51,19 @@ def run_sweep(opts: SimulateOptions, key: str, values: list, *, progress: bool) 
 def format_sweep(sweep: dict) -> str:
     values = sweep["values"]
     policies = [row["policy"] for row in sweep["comparisons"][0]["policies"]]
+    by_policy = [{row["policy"]: row for row in comp["policies"]} for comp in sweep["comparisons"]]
     head = ["policy"] + [f"{sweep['sweep']}={v}" for v in values]
     table = [head]
-    for i, policy in enumerate(policies):
+    for policy in policies:
         cells = []
-        for comp in sweep["comparisons"]:
-            row = comp["policies"][i]
-            ratio = row["steps_vs_micro"]
-            cells.append(f"{row['steps']:.0f}" + ("" if ratio is None else f" ({ratio:.2f})"))
+        for rows in by_policy:
+            row = rows[policy]
+            ratio = row["seconds_vs_vllm"]
+            over = "" if row["within_budget"] >= 1.0 else " *"
+            cells.append(f"{row['seconds']:.2f}" + ("" if ratio is None else f" ({ratio:.2f})") + over)
         table.append([policy] + cells)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines = [sweep["comparisons"][0]["note"], "mean decode steps per group (x naive micro groups)", ""]
+    lines = [sweep["comparisons"][0]["note"], "mean modelled seconds per group (x vllm); * breaks the budget", ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in table]
     return "\n".join(lines)
 
@@ -94,11 +96,12 @@ def _figures(opts: SimulateOptions, directory: Path, progress: bool) -> list[Pat
     }
     for key, values in sweeps.items():
         sweep = run_sweep(small, key, values, progress=progress)
-        steps = {row["policy"]: [c["policies"][i]["steps"] for c in sweep["comparisons"]]
-                 for i, row in enumerate(sweep["comparisons"][0]["policies"])}
+        seconds = {row["policy"]: [next(r["seconds"] for r in c["policies"] if r["policy"] == row["policy"])
+                                 for c in sweep["comparisons"]]
+                 for row in sweep["comparisons"][0]["policies"]}
         labels = values if key != "budget" else [f"{int(v) / 2**30:.1f} GiB" for v in values]
-        path = directory / f"steps_vs_{key}.png"
-        sweep_lines(labels, steps, key.replace("_", " "), path, f"decode steps vs {key.replace('_', ' ')}")
+        path = directory / f"seconds_vs_{key}.png"
+        sweep_lines(labels, seconds, key.replace("_", " "), path, f"modelled seconds per group vs {key.replace('_', ' ')}")
         written.append(path)
     return written
 

@@ -21,8 +21,8 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
-from .baselines import SGLangLike, VLLMLike
-from .engine import SimulationError
+from lengthsched.runtime import POLICIES, SGLangLike, SimulationError, VLLMLike
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, prompt_prefill_log
 
 try:  # numba is in the `simulate` extra; without it the kernels run as Python
     from numba import njit, prange
@@ -38,10 +38,10 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
 
 __all__ = ["COMPILED_POLICIES", "HAVE_NUMBA", "engine_many"]
 
-COMPILED_POLICIES = ("vllm", "sglang")
+COMPILED_POLICIES = tuple(n for n, spec in POLICIES.items() if spec.compiled)  # vllm, sglang
 
-# Per-group outputs, in this column order.
-_FIELDS = ("steps", "peak_kv", "preemptions", "recomputed_tokens", "decoded_tokens", "max_live")
+# Per-group outputs, in this column order; "events" counts the rows of the step log (runs of steps).
+_FIELDS = ("steps", "peak_kv", "preemptions", "recomputed_tokens", "decoded_tokens", "max_live", "events")
 _OK, _OVER_BUDGET, _STUCK = 0, 1, 2
 
 
@@ -116,6 +116,23 @@ def _preempt(job, t, done, origin, run_start, counters):
 
 
 @njit(cache=True)
+def _log_run(log, counters, t, t_next, order, nlive, origin, ctx, pf, pfc):
+    """Record the run of steps t + 1 .. t_next (Engine.advance's StepLog row) when ``log`` has room
+    (the first pass only counts them)."""
+    k = counters[6]
+    if k < log.shape[0]:
+        ages = 0
+        for i in range(nlive):
+            ages += t + 1 - origin[order[i]]
+        log[k, 0] = t_next - t
+        log[k, 1] = nlive
+        log[k, 2] = ages + nlive * ctx
+        log[k, 3] = pf
+        log[k, 4] = pfc
+    counters[6] = k + 1
+
+
+@njit(cache=True)
 def _next_finish(order, nlive, length, origin):
     best = -1
     for i in range(nlive):
@@ -127,9 +144,11 @@ def _next_finish(order, nlive, length, origin):
 
 
 @njit(cache=True)
-def _vllm_group(length, tail_len, budget, total_blocks, b, cap, counters):
-    """One group under the vLLM-like policy (simulate.baselines.VLLMLike); fills ``counters``
-    (steps, peak KV tokens, preemptions, recomputed, decoded, most live) and returns a status."""
+def _vllm_group(length, tail_len, ctx, budget, total_blocks, b, cap, chunk, counters, log):
+    """One group under the vLLM-like policy (lengthsched.runtime.baselines.VLLMLike); fills
+    ``counters`` (steps, peak KV tokens, preemptions, recomputed, decoded, most live, log rows),
+    writes the step log into ``log`` when it has room, and returns a status. ``ctx``: prompt
+    tokens each row attends; ``chunk``: most tokens prefilled in a step (0: no limit)."""
     n = length.shape[0]
     tail = np.full(n, tail_len, dtype=np.int64)
     done, origin, run_start, order, waiting = _state(n)
@@ -146,13 +165,20 @@ def _vllm_group(length, tail_len, budget, total_blocks, b, cap, counters):
             waiting[wtop] = job
             wtop += 1
             used = _blocks(order, nlive, tail, origin, nxt, b)
+        pf, pfc, blocked = 0, 0, False
         while wtop > 0 and nlive < cap:
             job = waiting[wtop - 1]
             need = (tail[job] + done[job] + 1 + b - 1) // b
             if used + need > total_blocks:
                 break
+            p = tail[job] + done[job]  # Engine.can_prefill
+            if p > 0 and chunk > 0 and pf > 0 and pf + p > chunk:
+                blocked = True
+                break
             wtop -= 1
             used += need
+            pf += p
+            pfc += p * (ctx - tail[job]) + p * (p + 1) // 2
             nlive = _admit(job, t, done, origin, run_start, order, nlive, counters)
         if nlive == 0:
             counters[0] = t
@@ -176,7 +202,10 @@ def _vllm_group(length, tail_len, budget, total_blocks, b, cap, counters):
         t_next = _next_finish(order, nlive, length, origin)
         if wake >= 0 and wake < t_next:
             t_next = wake
+        if blocked:  # admissions wait for the next step's prefill budget
+            t_next = t + 1
         # advance
+        _log_run(log, counters, t, t_next, order, nlive, origin, ctx, pf, pfc)
         t = t_next
         kv = b * _blocks(order, nlive, tail, origin, t, b)
         counters[1] = max(counters[1], kv)
@@ -224,8 +253,9 @@ def _admission_delay(used, left, n, need, horizon, start_ratio, lmax, rmin, deca
 
 
 @njit(cache=True)
-def _sglang_group(length, budget, lmax, cap, init_ratio, rmin, decay, retract_steps, counters):
-    """One group under the SGLang-like policy (simulate.baselines.SGLangLike); token-granular KV."""
+def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, counters, log):
+    """One group under the SGLang-like policy (lengthsched.runtime.baselines.SGLangLike); token-granular
+    KV; arguments and outputs as :func:`_vllm_group`."""
     n = length.shape[0]
     done, origin, run_start, order, waiting = _state(n)
     keys = np.empty(n, dtype=np.int64)
@@ -255,12 +285,19 @@ def _sglang_group(length, budget, lmax, cap, init_ratio, rmin, decay, retract_st
                 t0 = t
         ratio = max(rmin, ratio0 - decay * (t - t0))
         reserved = ratio * (nlive * (lmax - 1) - (nlive * t - sum_origin))
+        pf, pfc, blocked = 0, 0, False
         while wtop > 0 and nlive < cap:
             job = waiting[wtop - 1]
             need = done[job] + 1
             hold = ratio * (lmax - need)
             if used + need + reserved + hold > budget:
                 break
+            p = done[job]  # Engine.can_prefill (no prompt tail: token-granular KV)
+            if p > 0 and chunk > 0 and pf > 0 and pf + p > chunk:
+                blocked = True
+                break
+            pf += p
+            pfc += p * ctx + p * (p + 1) // 2
             used += need
             reserved += hold
             wtop -= 1
@@ -282,7 +319,10 @@ def _sglang_group(length, budget, lmax, cap, init_ratio, rmin, decay, retract_st
                 if delay >= 0:
                     wake = t + delay
         t_next = min(nf, wake)
+        if blocked:
+            t_next = t + 1
         # advance
+        _log_run(log, counters, t, t_next, order, nlive, origin, ctx, pf, pfc)
         t = t_next
         kv = nlive * t - sum_origin
         counters[1] = max(counters[1], kv)
@@ -294,27 +334,36 @@ def _sglang_group(length, budget, lmax, cap, init_ratio, rmin, decay, retract_st
 
 
 @njit(cache=True, parallel=True)
-def _vllm_many(lengths, tails, budget, total_blocks, b, cap, out, status):
+def _vllm_many(lengths, tails, ctx, budget, total_blocks, b, cap, chunk, out, status, logs, offsets):
     for g in prange(lengths.shape[0]):
-        status[g] = _vllm_group(lengths[g], tails[g], budget, total_blocks, b, cap, out[g])
+        status[g] = _vllm_group(lengths[g], tails[g], ctx[g], budget, total_blocks, b, cap, chunk, out[g],
+                                logs[offsets[g]:offsets[g + 1]])
 
 
 @njit(cache=True, parallel=True)
-def _sglang_many(lengths, budget, lmax, cap, init_ratio, rmin, decay, retract_steps, out, status):
+def _sglang_many(lengths, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, out, status,
+                 logs, offsets):
     for g in prange(lengths.shape[0]):
-        status[g] = _sglang_group(lengths[g], budget, lmax, cap, init_ratio, rmin, decay, retract_steps, out[g])
+        status[g] = _sglang_group(lengths[g], ctx[g], budget, lmax, cap, chunk, init_ratio, rmin, decay,
+                                  retract_steps, out[g], logs[offsets[g]:offsets[g + 1]])
 
 
 def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int, prompt_lens=None,
-                slots: int | None = None) -> dict[str, np.ndarray]:
+                slots: int | None = None, cost=None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+                seconds: bool = True) -> dict[str, np.ndarray]:
     """Simulate B groups of G completions under an engine baseline, as ``run_group`` would one by one.
 
     ``lengths``: (B, G) true lengths in tokens; ``policy``: "vllm" or "sglang"; ``budget_tokens``:
     KV tokens beyond the shared prompt; ``prompt_lens``: (B,) prompt tokens per group (vLLM copies
-    each prompt's partial last block into every sequence); ``slots``: most sequences decoding at
-    once (default: no cap). Returns arrays of length B: ``steps`` (decode steps), ``peak_kv``
-    (tokens, block rounded for vLLM), ``preemptions``, ``recomputed_tokens``, ``decoded_tokens``,
-    ``max_live``. Raises what ``run_group`` raises for the same inputs.
+    each prompt's partial last block into every sequence; every decode row reads its prompt);
+    ``slots``: most sequences decoding at once (default: no cap); ``prefill_chunk``: most tokens
+    prefilled in one step (None: no limit). Returns arrays of length B: ``steps`` (decode steps),
+    ``peak_kv`` (tokens, block rounded for vLLM), ``preemptions``, ``recomputed_tokens``,
+    ``decoded_tokens``, ``max_live``, ``events`` (runs of steps in the step log) and, with
+    ``seconds``, ``seconds``: the modelled seconds under ``cost`` (a ``lengthsched.cost.StepCost``;
+    default Qwen3-1.7B on the H100 preset), equal to ``run_group``'s. Seconds take a second pass that
+    writes every group's step log (the first one counts its rows). Raises what ``run_group`` raises
+    for the same inputs.
     """
     if policy not in COMPILED_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(COMPILED_POLICIES))
@@ -333,13 +382,12 @@ def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int
         raise InvalidArgument("budget_tokens", budget, f"at least the longest completion ({longest} tokens)")
     batch, size = arr.shape
     cap = size if slots is None else check_int("slots", slots, minimum=1)
-    out = np.zeros((batch, len(_FIELDS)), dtype=np.int64)
-    status = np.zeros(batch, dtype=np.int64)
+    chunk = 0 if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
+    prompts = np.zeros(batch, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
+    if prompts.shape != (batch,) or (prompts < 0).any():
+        raise InvalidArgument("prompt_lens", prompt_lens, f"{batch} prompt lengths >= 0, one per group")
     if policy == "vllm":
         b = VLLMLike.block_size
-        prompts = np.zeros(batch, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
-        if prompts.shape != (batch,) or (prompts < 0).any():
-            raise InvalidArgument("prompt_lens", prompt_lens, f"{batch} prompt lengths >= 0, one per group")
         tails = prompts % b
         blocks = budget // b
         need = int((-(-(tails[:, None] + arr) // b)).max())
@@ -347,15 +395,34 @@ def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int
             raise InvalidArgument("budget_tokens", budget,
                                   f"at least {need * b} for policy 'vllm' (the longest completion "
                                   f"plus its prompt's partial block, in blocks of 16)")
-        _vllm_many(arr, tails, budget, blocks, b, cap, out, status)
+
+        def run(logs, offsets):
+            _vllm_many(arr, tails, prompts, budget, blocks, b, cap, chunk, out, status, logs, offsets)
     else:
         p = SGLangLike
         decay = (p.init_ratio - p.min_ratio) / p.decay_steps
-        _sglang_many(arr, budget, lmax, cap, p.init_ratio, p.min_ratio, decay, p.retract_steps, out, status)
+
+        def run(logs, offsets):
+            _sglang_many(arr, prompts, budget, lmax, cap, chunk, p.init_ratio, p.min_ratio, decay, p.retract_steps,
+                         out, status, logs, offsets)
+
+    out = np.zeros((batch, len(_FIELDS)), dtype=np.int64)
+    status = np.zeros(batch, dtype=np.int64)
+    run(np.zeros((0, 5), dtype=np.int64), np.zeros(batch + 1, dtype=np.int64))  # counts the step log's rows
     bad = np.flatnonzero(status)
     if bad.size:
         g = int(bad[0])
         why = "KV above the budget" if status[g] == _OVER_BUDGET else "nothing live and nothing admitted"
         raise SimulationError(f"{policy}: {why} at step {int(out[g, 0])} in group {g} "
                               f"(budget_tokens={budget}, max_new_tokens={lmax})")
-    return {name: out[:, i].copy() for i, name in enumerate(_FIELDS)}
+    result = {name: out[:, i].copy() for i, name in enumerate(_FIELDS)}
+    if seconds:
+        offsets = np.concatenate(([0], np.cumsum(result["events"])))
+        logs = np.zeros((int(offsets[-1]), 5), dtype=np.int64)
+        out[:] = 0
+        run(logs, offsets)
+        cost = default_cost() if cost is None else cost
+        priced = np.asarray(cost.segment_seconds(*logs.T), dtype=np.float64)
+        result["seconds"] = np.add.reduceat(priced, offsets[:-1]) + np.array(
+            [prompt_prefill_log([q], prefill_chunk).seconds(cost) for q in prompts])
+    return result

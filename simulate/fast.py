@@ -12,11 +12,12 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 
-from .policies import slot_cap
+from lengthsched.runtime import POLICIES, slot_cap
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, prompt_prefill_log
 
-__all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks"]
+__all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks", "seconds_many"]
 
-FAST_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "reserve_max")
+FAST_POLICIES = tuple(n for n, spec in POLICIES.items() if spec.fast)  # full, full_freed, micro, fixed_slot, reserve_max
 
 
 def slot_count(policy: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int, group_size: int) -> int:
@@ -86,3 +87,32 @@ def steps_and_peaks(lengths: np.ndarray, policy: str, g: int) -> dict[str, np.nd
     kv = (started - ended) * (held_until + 1) - start_sum
     return {"steps": release.max(axis=1), "peak_kv": kv.max(axis=1),
             "max_live": np.full(batch, min(g, size))}
+
+
+def seconds_many(lengths: np.ndarray, policy: str, g: int, cost, *, prompt_lens=None,
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+    """Modelled seconds of each group (array of length B) under ``cost`` (a ``lengthsched.cost.StepCost``),
+    as ``run_group`` prices it: every step's decode rows (padded rows included) reading their prompt
+    and the tokens they hold, plus the prompt's first prefill. ``prompt_lens``: (B,) tokens.
+
+    Per-step rows and KV read come from difference arrays over the starts and releases; each step
+    is priced on its own (the event engine sums runs of steps in closed form: the same seconds).
+    """
+    starts, release = schedule_many(lengths, policy, g)
+    held_until = release if policy in ("full", "micro") else starts + lengths - 1
+    batch, _ = lengths.shape
+    prompts = np.zeros(batch, dtype=np.int64) if prompt_lens is None else np.asarray(prompt_lens, dtype=np.int64)
+    horizon = int(held_until.max()) + 2
+    rows = np.zeros((batch, horizon), dtype=np.int64)
+    first = np.zeros((batch, horizon), dtype=np.int64)
+    index = np.arange(batch)[:, None]
+    np.add.at(rows, (index, starts), 1)
+    np.add.at(rows, (index, held_until + 1), -1)
+    np.add.at(first, (index, starts), starts)
+    np.add.at(first, (index, held_until + 1), -starts)
+    rows, first = np.cumsum(rows, axis=1), np.cumsum(first, axis=1)
+    t = np.arange(horizon)[None, :]
+    kv = rows * (t + 1) - first + rows * prompts[:, None]  # a row started at s holds t - s + 1 tokens at t
+    decode = np.asarray(cost.seconds(rows, kv, 0), dtype=np.float64).sum(axis=1)
+    prefill = np.array([prompt_prefill_log([p], prefill_chunk).seconds(cost) for p in prompts])
+    return decode + prefill

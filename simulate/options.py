@@ -10,7 +10,7 @@ from lengthsched.refill import RefillRule
 
 __all__ = ["SimulateOptions", "DEFAULT_POLICIES"]
 
-# The comparison table's default rows: every policy of MODEL.md section 4 once.
+# The comparison table's default rows: every policy of docs/model.md section 4 once.
 DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware",
                     "growth_aware_lpt", "growth_aware_fcfs", "vllm", "sglang", "reserve_max")
 
@@ -39,6 +39,10 @@ class SimulateOptions:
     quantile: float = _opt(0.9, "predicted quantile that length_aware reserves")
     policies: str = _opt(",".join(DEFAULT_POLICIES), "comma-separated policies to compare")
     slots: int | None = _opt(None, "also cap how many sequences decode at once")
+    gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",
+                    choices=["a100", "h100", "h200", "l40s", "b200"])
+    cost: str | None = _opt(None, "a fitted step-cost JSON (lengthsched cost fit) instead of the --gpu preset")
+    prefill_chunk: int = _opt(8192, "most tokens prefilled in one step (vLLM's max_num_batched_tokens)")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream")
     workers: int = _opt(0, "processes to use (0: all cores)")

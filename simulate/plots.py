@@ -55,16 +55,16 @@ def memory_over_time(results: Sequence[SimResult], budget_tokens: int, path: Pat
     _save(plt, fig, ax, path, title, "decode step", "KV tokens held")
 
 
-def sweep_lines(values: Sequence, steps: dict[str, Sequence[float]], xlabel: str, path: Path, title: str) -> None:
-    """Mean decode steps per group against a swept setting, one line per policy."""
+def sweep_lines(values: Sequence, seconds: dict[str, Sequence[float]], xlabel: str, path: Path, title: str) -> None:
+    """Mean modelled seconds per group against a swept setting, one line per policy."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = np.arange(len(values))
-    for policy, ys in steps.items():
+    for policy, ys in seconds.items():
         ax.plot(x, ys, marker="o", label=policy)
     ax.set_xticks(x, [str(v) for v in values])
     ax.set_yscale("log")
-    _save(plt, fig, ax, path, title, xlabel, "decode steps per group (mean)")
+    _save(plt, fig, ax, path, title, xlabel, "modelled seconds per group (mean)")
 
 
 def _save(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> None:

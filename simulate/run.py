@@ -11,16 +11,21 @@ import numpy as np
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int, check_positive_float
 
-from .engine import Engine, Timeline
-from .policies import Problem, make_policy
+from lengthsched.runtime import Engine, Problem, StepLog, Timeline, make_policy
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, lower_bound_seconds, prompt_prefill_log
 
 __all__ = ["SimResult", "run_group", "run_batch", "lower_bound", "retained_kv_curve"]
 
 
 @dataclass(frozen=True)
 class SimResult:
-    """What one simulation measured. Tokens and decode steps.
+    """What one simulation measured. Seconds (modelled), tokens and decode steps.
 
+    ``seconds``: modelled wall time of the run under ``cost`` (a ``lengthsched.cost.StepCost``, named
+    in ``cost_name``): every decode step priced by what it does (its rows, the KV they read, the
+    tokens it prefills: prompt tails and recomputation after a preemption), plus the first prefill
+    of the prompts; ``lower_bound_seconds``: no schedule of these lengths can be faster (see
+    ``lengthsched.runtime.timing``); ``prefill_tokens``: tokens prefilled in all (prompts included).
     ``tokens``: sum of the collected lengths; ``decoded_tokens``: tokens decoded, discarded ones
     included (recomputation is a prefill and is counted in ``recomputed_tokens`` instead);
     ``peak_kv_tokens``: KV held beyond the shared prompt(s), block rounded as the policy's engine
@@ -46,10 +51,25 @@ class SimResult:
     timeline: Timeline | None = field(default=None, repr=False)
     # With a compressed KV cache (run_group(compression=...)): the peak of the retained KV tokens.
     peak_retained_kv_tokens: int | None = None
+    seconds: float = 0.0
+    lower_bound_seconds: float = 0.0
+    prefill_tokens: int = 0
+    cost_name: str = ""
+    step_log: StepLog | None = field(default=None, repr=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Collected tokens per modelled second."""
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def seconds_ratio(self) -> float:
+        """seconds / lower bound in seconds (>= 1 for every run that stays within its limits)."""
+        return self.seconds / self.lower_bound_seconds if self.lower_bound_seconds else 0.0
 
     @property
     def throughput(self) -> float:
-        """Collected tokens per decode step."""
+        """Collected tokens per decode step (:attr:`tokens_per_second` is the rate users pay for)."""
         return self.tokens / self.steps if self.steps else 0.0
 
     @property
@@ -63,7 +83,7 @@ class SimResult:
 
 
 def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | None) -> int:
-    """MODEL.md section 5: max(max l, slot bound with k slots, sum l (l + 1) / (2 T))."""
+    """docs/model.md section 5: max(max l, slot bound with k slots, sum l (l + 1) / (2 T))."""
     bound = int(lengths.max())
     if slots is not None:
         bound = max(bound, partition.lower_bound(lengths, min(slots, len(lengths))))
@@ -116,7 +136,8 @@ def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: fl
 
 
 def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predicted, max_new_tokens, seed,
-              reserve, quantile, refill, eps, record, prompt_total, compression=None) -> SimResult:
+              reserve, quantile, refill, eps, record, prompts, compression=None, cost=None,
+              prefill_chunk=DEFAULT_PREFILL_CHUNK) -> SimResult:
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     if lengths.max() > max_new:
         bad = int(np.argmax(lengths > max_new))
@@ -129,6 +150,8 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                               f"at least the longest completion ({int(lengths.max())} tokens)")
     seed = check_int("seed", seed, minimum=0)
     quantile = check_positive_float("quantile", quantile, maximum=0.999999)
+    prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
+    cost = _cost(cost)
     point, reserve, predictor = _predictions(predicted, lengths, max_new, quantile, reserve)
 
     def stream(index: int) -> int:
@@ -145,16 +168,19 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
     record = record or compression is not None
     tails = prompt_lens % block if block > 1 else None
     eng = Engine(lengths, tails=tails, block_size=block, slots=slots if sim.respects_slots else None,
-                 budget_tokens=budget_tokens, enforce_budget=sim.promises_budget, record=record).run(sim)
+                 budget_tokens=budget_tokens, enforce_budget=sim.promises_budget, record=record, context=prompt_lens,
+                 prefill_chunk=prefill_chunk).run(sim)
     collected = eng.lengths_array()[np.asarray(eng.collected, dtype=np.int64)]
+    steps_bound = lower_bound(lengths, slots=slots, budget_tokens=budget_tokens)
+    log = _concat(prompt_prefill_log(prompts, prefill_chunk), eng.step_log())
     return SimResult(
         policy=sim.name,
         steps=eng.t,
-        lower_bound=lower_bound(lengths, slots=slots, budget_tokens=budget_tokens),
+        lower_bound=steps_bound,
         tokens=int(collected.sum()),
         decoded_tokens=eng.decoded_tokens,
         peak_kv_tokens=eng.peak_kv,
-        prompt_tokens=prompt_total,
+        prompt_tokens=int(np.sum(prompts)),
         preemptions=eng.preemptions,
         recomputed_tokens=eng.recomputed_tokens,
         discarded_tokens=eng.discarded_tokens,
@@ -167,7 +193,27 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
         timeline=eng.timeline,
         peak_retained_kv_tokens=None if compression is None else
         int(retained_kv_curve(eng.timeline, compression, eng.t).max(initial=0)),
+        seconds=log.seconds(cost),
+        lower_bound_seconds=lower_bound_seconds(cost, lengths, context=prompt_lens, steps=steps_bound, prompt_lens=prompts),
+        prefill_tokens=int(log.prefill_tokens.sum()),
+        cost_name=f"{cost.model} on {cost.gpu}" + (f" x{cost.tp}" if cost.tp > 1 else ""),
+        step_log=log,
     )
+
+
+def _cost(cost: Any):
+    """The step-cost model of a run: ``cost`` (a ``lengthsched.cost.StepCost``) or the default."""
+    if cost is None:
+        return default_cost()
+    if not hasattr(cost, "segment_seconds") or not hasattr(cost, "lower_bound_seconds"):
+        raise InvalidArgument("cost", cost, "a lengthsched.cost.StepCost (or None for the default "
+                                            "Qwen3-1.7B on the H100 preset)")
+    return cost
+
+
+def _concat(*logs: StepLog) -> StepLog:
+    return StepLog(*(np.concatenate([getattr(log, f) for log in logs]) for f in
+                     ("steps", "rows", "kv_first", "prefill_tokens", "prefill_context")))
 
 
 def run_group(
@@ -186,6 +232,8 @@ def run_group(
     eps: float = 0.05,
     record: bool = False,
     compression: Any = None,
+    cost: Any = None,
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
 ) -> SimResult:
     """Simulate generating one group of completions of true ``lengths`` (tokens) with ``policy``.
 
@@ -197,13 +245,17 @@ def run_group(
     :class:`Timeline` for figures. ``compression`` (a ``lengthsched.KVCompression``) also reports
     ``peak_retained_kv_tokens``, the peak of the sparse (compressed) KV the same schedule holds
     (:func:`retained_kv_curve`); the policy still decides by the uncompressed counts.
+    ``cost``: the ``lengthsched.cost.StepCost`` that prices the run in seconds (default: Qwen3-1.7B
+    on the H100 preset); ``prefill_chunk``: most tokens prefilled in one step (vLLM's
+    ``max_num_batched_tokens``, default 8192; None: no limit). Every decode row reads its prompt's
+    KV (as paged-attention kernels do: once per row).
     """
     true = as_lengths("lengths", lengths, minimum=1)
     prompt_len = check_int("prompt_len", prompt_len, minimum=0)
     return _simulate(true, np.full(len(true), prompt_len, dtype=np.int64), policy, slots=slots,
                      budget_tokens=budget_tokens, predicted=predicted, max_new_tokens=max_new_tokens, seed=seed,
                      reserve=reserve, quantile=quantile, refill=refill, eps=eps, record=record,
-                     prompt_total=prompt_len, compression=compression)
+                     prompts=[prompt_len], compression=compression, cost=cost, prefill_chunk=prefill_chunk)
 
 
 def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
@@ -218,11 +270,10 @@ def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
     lengths = np.concatenate([as_lengths("lengths", g.lengths, minimum=1) for g in groups])
     prompts = np.concatenate([np.full(len(g.lengths), check_int("prompt_len", g.prompt_len, minimum=0))
                               for g in groups])
-    prompt_total = sum(int(g.prompt_len) for g in groups)
     options = dict(slots=None, budget_tokens=None, predicted=None, seed=0, reserve=None, quantile=0.9,
-                   refill="sjf", eps=0.05, record=False)
+                   refill="sjf", eps=0.05, record=False, cost=None, prefill_chunk=DEFAULT_PREFILL_CHUNK)
     unknown = set(kwargs) - set(options) - {"max_new_tokens"}
     if unknown:
         raise InvalidArgument("kwargs", sorted(unknown), "arguments of run_group")
     options.update(kwargs)
-    return _simulate(lengths, prompts, policy, prompt_total=prompt_total, **options)
+    return _simulate(lengths, prompts, policy, prompts=[int(g.prompt_len) for g in groups], **options)

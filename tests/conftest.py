@@ -18,7 +18,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def unit_memory(**changes) -> ModelMemory:
-    """One byte per KV token, no weights, no activations: bytes == tokens (MODEL.md examples)."""
+    """One byte per KV token, no weights, no activations: bytes == tokens (docs/model.md examples)."""
     base = dict(name="unit", layer_kv_bytes=(1,), layer_windows=(None,), weights_bytes=0,
                 activation_bytes_per_sequence=0)
     base.update(changes)

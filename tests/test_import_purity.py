@@ -1,4 +1,5 @@
-"""``import lengthsched`` (and every submodule) must not import torch, transformers or ortools;
+"""``import lengthsched`` (and every submodule) must not import torch, transformers or ortools, nor
+its sibling packages (simulate, predictor_training, sampler: the CLI finds them lazily);
 ``import simulate`` must need nothing beyond numpy and lengthsched until a report is made;
 ``import lengthsched.integrations`` (the engine adapters) must not import vLLM or SGLang either."""
 
@@ -11,6 +12,7 @@ import textwrap
 import pytest
 
 CORE_BLOCKED = ("torch", "transformers", "ortools", "scipy", "datasets", "matplotlib", "tqdm")
+SIBLINGS = ("simulate", "predictor_training", "sampler")
 ENGINES = ("vllm", "sglang")
 
 
@@ -39,7 +41,8 @@ def imports_cleanly(package: str, blocked: tuple[str, ...]) -> subprocess.Comple
 
 @pytest.mark.parametrize(
     ("package", "blocked"),
-    [("lengthsched", CORE_BLOCKED), ("simulate", CORE_BLOCKED), ("lengthsched.integrations", CORE_BLOCKED + ENGINES)],
+    [("lengthsched", CORE_BLOCKED + SIBLINGS), ("simulate", CORE_BLOCKED),
+     ("lengthsched.integrations", CORE_BLOCKED + ENGINES + SIBLINGS)],
     ids=["lengthsched", "simulate", "lengthsched.integrations"],
 )
 def test_packages_import_nothing_heavy(package, blocked):

@@ -211,7 +211,7 @@ def test_priorities_follow_the_plan_and_an_engine_reproduces_its_starts(lengths,
 
 
 def test_sjf_plan_starts_shortest_predicted_first():
-    plan = ls.plan_group([5, 3, 8, 2], slots=2, max_new_tokens=8)  # MODEL.md section 8 lengths
+    plan = ls.plan_group([5, 3, 8, 2], slots=2, max_new_tokens=8)  # docs/model.md section 8 lengths
     assert plan.admission_order == (3, 1, 2, 0) and vllm_priorities(plan) == (3, 1, 2, 0)
     assert vllm_priorities(plan, base=10) == (13, 11, 12, 10)
     assert sglang_priorities(plan, low_values_first=False) == (0, 2, 1, 3)

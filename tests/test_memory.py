@@ -1,4 +1,4 @@
-"""The memory model against hand-computed values (MODEL.md section 3)."""
+"""The memory model against hand-computed values (docs/model.md section 3)."""
 
 from __future__ import annotations
 

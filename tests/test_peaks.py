@@ -1,4 +1,4 @@
-"""Policy peaks and step counts against MODEL.md section 8 and the section 4 table."""
+"""Policy peaks and step counts against docs/model.md section 8 and the section 4 table."""
 
 from __future__ import annotations
 

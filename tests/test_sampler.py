@@ -284,3 +284,34 @@ def test_replay_invariants_on_random_groups(lengths, policy, slots, extra, promp
     full = InfiniteSampler(m, policy="full_freed").sample_group(prompt_ids, len(lengths), max_new_tokens=16,
                                                                seed=seed, force_lengths=lengths)
     assert res.completions == full.completions
+
+
+def test_step_records_say_what_each_step_computed_and_how_long_it_took(model, tmp_path):
+    """Every step records its decode rows, the KV they read, the tokens it recomputed and its wall
+    seconds; the records are calibration samples for lengthsched.cost, priced by any StepCost."""
+    from lengthsched.cost import StepCost, read_samples
+    from lengthsched.io import atomic_write_text
+
+    forced = [30, 28, 26, 24]
+    memory = model_memory(model)
+    budget = memory.weights_bytes + memory.prompt_kv_bytes(len(PROMPT)) + memory.activation_bytes(4) \
+        + 64 * memory.kv_bytes_per_token
+    res = InfiniteSampler(model, policy="vllm", budget_bytes=budget).sample_group(
+        PROMPT, 4, max_new_tokens=32, force_lengths=forced, stop_token_ids=[3])
+    assert res.preemptions > 0
+    assert len(res.records) == res.steps and all(r.seconds > 0 for r in res.records)
+    assert sum(r.prefill_tokens for r in res.records) == res.recomputed_tokens
+    first = res.records[0]
+    assert first.decode_rows == 0  # the first tokens come from the prompt's logits, no forward
+    later = res.records[1]
+    # The prompt's whole blocks are read once; each row reads its copy of the partial block and its
+    # own tokens (the newest included).
+    tail = len(PROMPT) % 16
+    assert later.kv_tokens_read == len(PROMPT) - tail + (2 + tail) * later.decode_rows
+    assert res.step_seconds == pytest.approx(sum(r.seconds for r in res.records))
+    path = tmp_path / "steps.jsonl"
+    atomic_write_text(path, "".join(__import__("json").dumps(s) + "\n" for s in res.step_samples()))
+    samples = read_samples(path)
+    assert len(samples["seconds"]) == res.steps
+    cost = StepCost.from_gpu(memory, "h100", config=model.config.to_dict())
+    assert res.model_seconds(cost) > 0

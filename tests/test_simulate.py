@@ -202,7 +202,7 @@ def test_bad_input_names_the_argument(kwargs, name):
 
 
 def test_engine_refuses_a_policy_that_breaks_its_promise():
-    from simulate.engine import Engine
+    from lengthsched.runtime import Engine
 
     class Greedy:
         name, pads, block_size, promises_budget, respects_slots = "greedy", False, 1, True, True

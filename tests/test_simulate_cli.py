@@ -23,7 +23,8 @@ def test_default_table_lists_every_policy(capsys):
     for policy in ("full", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware", "vllm", "sglang",
                    "reserve_max"):
         assert f"\n{policy} " in out
-    assert "x micro" in out and "KS" in out and "plan ms" in out
+    assert "x vllm" in out and "seconds" in out and "KS" in out and "plan ms" in out
+    assert "fastest within budget:" in out
 
 
 def test_json_and_output_file(tmp_path, capsys):
@@ -31,9 +32,13 @@ def test_json_and_output_file(tmp_path, capsys):
     code, out, _ = run(SMALL + ["--policies", "micro,growth_aware", "--json", "--output", str(target)], capsys)
     assert code == 0
     data = json.loads(out)
-    assert [r["policy"] for r in data["policies"]] == ["micro", "growth_aware"]
+    rows = {r["policy"]: r for r in data["policies"]}
+    assert set(rows) == {"micro", "growth_aware"}
     assert json.loads(target.read_text()) == data
-    assert data["policies"][0]["steps_vs_micro"] == 1.0
+    assert rows["micro"]["steps_vs_micro"] == 1.0
+    # Ordered by modelled seconds among the policies within budget.
+    ok = [r["seconds"] for r in data["policies"] if r["within_budget"] >= 1.0]
+    assert ok == sorted(ok)
 
 
 def test_sweep(capsys):
@@ -47,7 +52,7 @@ def test_plot_writes_figures(tmp_path, capsys):
     assert code == 0, err
     names = sorted(p.name for p in tmp_path.iterdir())
     assert {"gantt_micro.png", "gantt_growth_aware.png", "gantt_vllm.png", "memory.png",
-            "steps_vs_group_size.png", "steps_vs_budget.png"} <= set(names)
+            "seconds_vs_group_size.png", "seconds_vs_budget.png"} <= set(names)
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
 
 

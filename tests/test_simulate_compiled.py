@@ -65,11 +65,15 @@ def test_the_python_kernels_equal_the_compiled_ones():
     if not compiled.HAVE_NUMBA:
         pytest.skip("numba not installed: the kernels already run as Python")
     lengths = np.array([40, 7, 33, 21, 60, 5, 18, 44], dtype=np.int64)
-    for kernel, args in ((compiled._vllm_group, (lengths, 5, 96, 6, 16, 8)),
-                         (compiled._sglang_group, (lengths, 60, 64, 8, 0.7, 0.098, 0.005, 20))):
-        a, b = np.zeros(6, dtype=np.int64), np.zeros(6, dtype=np.int64)
-        assert kernel(*args, a) == kernel.py_func(*args, b) == 0
+    # (lengths, prompt tail, prompt tokens, budget, blocks, block, cap, prefill chunk) and
+    # (lengths, prompt tokens, budget, L_max, cap, prefill chunk, ratio settings), then counters and a step log.
+    for kernel, args in ((compiled._vllm_group, (lengths, 5, 37, 96, 6, 16, 8, 40)),
+                         (compiled._sglang_group, (lengths, 37, 60, 64, 8, 40, 0.7, 0.098, 0.005, 20))):
+        a, b = np.zeros(7, dtype=np.int64), np.zeros(7, dtype=np.int64)
+        log_a, log_b = np.zeros((200, 5), dtype=np.int64), np.zeros((200, 5), dtype=np.int64)
+        assert kernel(*args, a, log_a) == kernel.py_func(*args, b, log_b) == 0
         assert a.tolist() == b.tolist() and a[2] > 0  # it preempted
+        assert log_a.tolist() == log_b.tolist() and log_a[:, 3].sum() > 0  # and recomputed
 
 
 @pytest.mark.parametrize("kwargs, name", [

@@ -10,9 +10,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulate.baselines import SGLangLike
-from simulate.engine import Engine
-from simulate.policies import GrowthAware, Problem
+from lengthsched.runtime.baselines import SGLangLike
+from lengthsched.runtime.engine import Engine
+from lengthsched.runtime.policies import GrowthAware, Problem
 
 
 def brute_delay(ages, remaining, start, left, budget):

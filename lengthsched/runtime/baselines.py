@@ -15,15 +15,16 @@ arriving at once), not the engines themselves:
   KV recomputed later) and the ratio is reset to (tokens decoded + 20 x running) / (running x
   max_new_tokens).
 
-Prefill and recompute are not decode steps: they are counted as ``recomputed_tokens``, not time.
+A resumed request recomputes its KV in the step after its readmission (priced by the step-cost
+model as prefill tokens of that step; ``Engine.can_prefill`` keeps a step within the prefill
+chunk, as vLLM's token budget does) and is counted in ``recomputed_tokens``.
 """
 
 from __future__ import annotations
 
 import math
 
-from lengthsched import InvalidArgument
-
+from ..errors import InvalidArgument
 from .engine import Engine
 from .policies import Problem, SimPolicy, overflow_wakeup
 
@@ -74,7 +75,7 @@ class VLLMLike(_Waiting):
         while self.waiting and eng.live < self.cap:
             job = self.waiting[-1]
             need = -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size)
-            if used + need > self.blocks:
+            if used + need > self.blocks or not eng.can_prefill(job):
                 return
             self.waiting.pop()
             used += need
@@ -128,7 +129,7 @@ class SGLangLike(_Waiting):
         while waiting and len(eng.origin) < self.cap:
             need = done[waiting[-1]] + 1
             hold = ratio * (lmax - need)
-            if used + need + reserved + hold > budget:
+            if used + need + reserved + hold > budget or not eng.can_prefill(waiting[-1]):
                 return
             used += need
             reserved += hold

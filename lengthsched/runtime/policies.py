@@ -1,9 +1,10 @@
-"""The sampling policies of design/MODEL.md section 4, as deciders for the engine.
+"""The sampling policies (docs/model.md), as deciders for the engine.
 
 Each policy gets a :class:`Problem` (true lengths, limits, predictions) and, at every event,
-decides admissions (and preemptions) through the :class:`~simulate.engine.Engine`. The refill
-rules and plans are those of ``lengthsched`` (``plan_group``, ``GroupScheduler``); nothing is
-re-implemented here. Engine baselines (vLLM-like, SGLang-like) live in ``simulate.baselines``.
+decides admissions (and preemptions) through the :class:`~lengthsched.runtime.engine.Engine`. The
+refill rules and plans are those of ``lengthsched`` (``plan_group``, ``GroupScheduler``); nothing
+is re-implemented here. Engine baselines (vLLM-like, SGLang-like) live in
+:mod:`lengthsched.runtime.baselines`; every policy is named in :data:`lengthsched.runtime.POLICIES`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lengthsched import GroupScheduler, InvalidArgument, ModelMemory, plan_group
-
+from ..errors import InvalidArgument
+from ..plan import plan_group
+from ..schedule import GroupScheduler
 from .engine import Engine
 
-__all__ = ["Problem", "SimPolicy", "POLICIES", "make_policy", "TOKEN_MEMORY", "overflow_wakeup", "slot_cap"]
-
-# One byte per KV token and nothing else: plans made in bytes are then plans in tokens.
-TOKEN_MEMORY = ModelMemory(name="tokens", layer_kv_bytes=(1,), layer_windows=(None,), weights_bytes=0,
-                           activation_bytes_per_sequence=0)
+__all__ = ["Problem", "SimPolicy", "overflow_wakeup", "slot_cap", "FullGroup", "MicroGroups", "FixedSlots",
+           "DynamicSlots", "LengthAware", "GrowthAware"]
 
 
 @dataclass(frozen=True)
@@ -241,8 +240,8 @@ class LengthAware(SimPolicy):
         if self.budget is None:
             self.plan = plan_group(predicted, slots=p.slots, **options)
         else:
-            self.plan = plan_group(predicted, budget_bytes=self.budget, memory=TOKEN_MEMORY, slots=p.slots,
-                                   reserve_lengths=reserve, **options)
+            self.plan = plan_group(predicted, budget_tokens=self.budget, slots=p.slots, reserve_lengths=reserve,
+                                   **options)
         self.reserve = list(self.plan.reserve_lengths)
         self.sched = GroupScheduler.from_plan(self.plan)
         self.cap = self.plan.slots
@@ -263,7 +262,7 @@ class LengthAware(SimPolicy):
             self.sched.requeue(job, max(1, self.plan.lengths[job] - eng.done[job]))
         while eng.live < self.cap:
             job = self.sched.next_in_order()
-            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget:
+            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget or not eng.can_prefill(job):
                 return
             self.sched.take(job)
             used += max(self.reserve[job], eng.done[job] + 1)
@@ -375,7 +374,7 @@ class GrowthAware(SimPolicy):
         self.wait = None
         while eng.live < self.cap:
             job = self.sched.next_in_order()
-            if job is None:
+            if job is None or not eng.can_prefill(job):
                 return
             wait = self.delay(eng, job)
             if wait != 0:
@@ -392,34 +391,3 @@ class GrowthAware(SimPolicy):
         if self.wait:
             wake.append(eng.t + self.wait)
         return min(min(wake), overflow_wakeup(eng, self.budget))
-
-
-def _baselines() -> dict[str, Callable[[Problem], SimPolicy]]:
-    from .baselines import SGLangLike, VLLMLike
-
-    return {"vllm": VLLMLike, "sglang": SGLangLike}
-
-
-POLICIES: dict[str, Callable[[Problem], SimPolicy]] = {
-    "full": lambda p: FullGroup(p, padded=True),
-    "full_freed": lambda p: FullGroup(p, padded=False),
-    "micro": MicroGroups,
-    "fixed_slot": FixedSlots,
-    "dynamic_slot": DynamicSlots,
-    "length_aware": LengthAware,
-    "length_aware_lpt": lambda p: LengthAware(p, "lpt"),
-    "length_aware_fcfs": lambda p: LengthAware(p, "fcfs"),
-    "growth_aware": GrowthAware,
-    "growth_aware_lpt": lambda p: GrowthAware(p, "lpt"),
-    "growth_aware_fcfs": lambda p: GrowthAware(p, "fcfs"),
-    "vllm": lambda p: _baselines()["vllm"](p),
-    "sglang": lambda p: _baselines()["sglang"](p),
-    "reserve_max": lambda p: FixedSlots(p, name="reserve_max"),
-}
-
-
-def make_policy(name: str, problem: Problem) -> SimPolicy:
-    """The policy ``name`` (one of :data:`POLICIES`) for ``problem``."""
-    if name not in POLICIES:
-        raise InvalidArgument("policy", name, "one of " + ", ".join(POLICIES))
-    return POLICIES[name](problem)

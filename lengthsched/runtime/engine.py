@@ -1,6 +1,6 @@
 """The discrete-event engine: it advances time and memory; a policy decides; the result accounts.
 
-Time follows design/MODEL.md section 2. The engine jumps from event to event: a completion
+Time follows the step model of docs/model.md: a completion of length l is live for l decode steps. The engine jumps from event to event: a completion
 finishes, or the policy asked to be woken (a reservation is about to overflow, a block runs out,
 a predicted finish). Between events every live sequence grows by one token per step, so the KV
 held is non-decreasing and its peak is reached at the next event: checking memory at events is
@@ -10,6 +10,14 @@ A policy talks to the engine through ``admit``, ``preempt`` (the sequence keeps 
 generated and recomputes their KV when it is admitted again, as vLLM and SGLang do), ``release``
 (a finished row of a padded batch), ``spawn`` (a new completion drawn from the stream) and
 ``stop`` (collection is over; live sequences are discarded).
+
+The engine is driven through a public stepping API, the same for the simulator and the reference
+sampler (which executes one real decode step at a time and reveals finishes as it samples them)::
+
+    eng.start(policy)
+    while eng.decide(policy):                # the policy admits / preempts / releases
+        eng.advance(eng.next_event(), policy.pads)   # or eng.step(policy.pads): one step
+        # a live consumer calls eng.finish(job, step) when it learns that job ended at step
 """
 
 from __future__ import annotations
@@ -21,12 +29,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lengthsched import LengthschedError
+from ..errors import LengthschedError
 
 if TYPE_CHECKING:
     from .policies import SimPolicy
 
-__all__ = ["Engine", "SimulationError", "Timeline"]
+__all__ = ["Engine", "SimulationError", "StepLog", "Timeline"]
 
 
 class SimulationError(LengthschedError):
@@ -42,19 +50,62 @@ class Timeline:
     kv: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """What every decode step did, as runs of steps with the same live rows (what a step-cost model
+    prices: ``lengthsched.cost.StepCost.segment_seconds``). Run i covers ``steps[i]`` consecutive
+    steps with ``rows[i]`` decode rows (padded rows included); its first step reads ``kv_first[i]``
+    KV tokens and each later one ``rows[i]`` more (every row grows one token a step); its first step
+    also prefills ``prefill_tokens[i]`` tokens (prompt tails, recomputation after a preemption)
+    attending ``prefill_context[i]`` token pairs in all."""
+
+    steps: np.ndarray
+    rows: np.ndarray
+    kv_first: np.ndarray
+    prefill_tokens: np.ndarray
+    prefill_context: np.ndarray
+
+    def seconds(self, cost) -> float:
+        """Modelled seconds of these steps under ``cost`` (a ``lengthsched.cost.StepCost``)."""
+        if not len(self.steps):
+            return 0.0
+        return float(np.sum(cost.segment_seconds(self.steps, self.rows, self.kv_first, self.prefill_tokens,
+                                                 self.prefill_context)))
+
+
 class Engine:
     """State of one simulation. Units: tokens and decode steps.
 
     ``lengths``: true length of each completion; ``tails``: tokens of the prompt's partial block
     each sequence holds on its own (0 for block size 1); ``block_size``: KV rounding of the policy;
     ``budget_tokens`` / ``slots``: limits the engine enforces for policies that promise them.
+
+    Time in seconds is left to a step-cost model; the engine records what each step does
+    (:meth:`step_log`): ``context``: prompt tokens each decode row of a completion attends (its KV
+    read per step, as paged-attention kernels read a shared prompt once per row); ``shared_read``:
+    KV tokens read once per step whatever the rows (a shared-prefix kernel reading the prompt once);
+    ``prefill_chunk``: most tokens prefilled in one step (vLLM's ``max_num_batched_tokens``; None:
+    no limit). A resumed completion recomputes its KV (its prompt tail and every token it had) in
+    the step after its admission, and decodes its next token in that same step, as vLLM V1 does
+    when the recomputation fits the step; policies ask :meth:`can_prefill` before admitting so
+    that a step never prefills more than ``prefill_chunk`` tokens (what does not fit waits for the
+    next step, as a waiting request does in vLLM when the step's token budget is spent).
     """
 
     def __init__(self, lengths, *, tails=None, block_size: int = 1, slots: int | None = None,
-                 budget_tokens: int | None = None, enforce_budget: bool = False, record: bool = False):
+                 budget_tokens: int | None = None, enforce_budget: bool = False, record: bool = False,
+                 context=None, shared_read: int = 0, prefill_chunk: int | None = None):
         self.length: list[int] = [int(x) for x in lengths]
         self.n = len(self.length)
         self.tail: list[int] = [0] * self.n if tails is None else [int(x) for x in tails]
+        self.context: list[int] = [0] * self.n if context is None else [int(x) for x in context]
+        self.shared_read = int(shared_read)
+        self.prefill_chunk = prefill_chunk
+        self._context_sum = 0  # context of the live rows
+        self._prefill_next = 0  # tokens to prefill in the coming step (admissions of this decision)
+        self._prefill_ctx_next = 0
+        self._prefill_full = False  # an admission waited for the prefill budget: decide again next step
+        self._log: list[tuple[int, int, int, int, int]] = []  # (steps, rows, kv_first, prefill, context)
         self.block = block_size
         self._exact = block_size == 1 and not any(self.tail)
         self.slots = slots
@@ -83,6 +134,7 @@ class Engine:
         self.stopped = False
         self.plan_seconds = 0.0  # in the policy's start (planning)
         self.decide_seconds = 0.0  # in its decisions and wake-ups, over the whole run
+        self.wake: int | None = None  # the step the policy asked to be woken at (after decide)
         self.timeline = Timeline() if record else None
         self._run_start: dict[int, int] = {}
 
@@ -139,8 +191,16 @@ class Engine:
             raise SimulationError(f"job {job} admitted while live or after it finished")
         if self.slots is not None and len(self.origin) >= self.slots:
             raise SimulationError(f"admitting job {job} exceeds slots={self.slots} at step {self.t}")
+        need = self.prefill_need(job)
+        if need and self.prefill_chunk is not None and self._prefill_next and self._prefill_next + need > self.prefill_chunk:
+            raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step {self.t + 1}, "
+                                  f"more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
+        self._prefill_next += need
+        # The recomputed tokens attend the cached prompt prefix and, causally, each other.
+        self._prefill_ctx_next += need * (self.context[job] - self.tail[job]) + need * (need + 1) // 2
         origin = self.t - self.done[job]
         self.recomputed_tokens += self.done[job]
+        self._context_sum += self.context[job]
         self.origin[job] = origin
         self.running[job] = None
         self._sum_origin += origin
@@ -165,6 +225,22 @@ class Engine:
         if len(self.origin) > self.peak_live:
             self.peak_live = len(self.origin)
 
+    def prefill_need(self, job: int) -> int:
+        """Tokens ``job`` prefills when admitted: its prompt tail, and what it had generated if it was
+        preempted (recomputed)."""
+        return self.tail[job] + self.done[job]
+
+    def can_prefill(self, job: int) -> bool:
+        """Whether admitting ``job`` now keeps the next step within ``prefill_chunk`` prefilled tokens
+        (a lone admission larger than the chunk is allowed). When not, the engine decides again at
+        the next step, when the budget is free."""
+        need = self.prefill_need(job)
+        if not need or self.prefill_chunk is None or not self._prefill_next \
+                or self._prefill_next + need <= self.prefill_chunk:
+            return True
+        self._prefill_full = True
+        return False
+
     def _new_lane(self) -> int:
         self._next_lane += 1
         return self._next_lane - 1
@@ -173,6 +249,7 @@ class Engine:
         origin = self.origin.pop(job)
         self.running.pop(job, None)
         self._sum_origin -= origin
+        self._context_sum -= self.context[job]
         if not self._exact:
             q, r = divmod(self.tail[job] - origin, self.block)
             self._sum_q -= q
@@ -202,10 +279,11 @@ class Engine:
 
     def spawn(self, length: int) -> int:
         """A new completion (from the stream) of the given true length; returns its index."""
-        for seq in (self.length, self.tail, self.done, self._epoch, self.finished_at):
+        for seq in (self.length, self.tail, self.done, self._epoch, self.finished_at, self.context):
             seq.append(0)
         self.length[-1] = int(length)
         self.tail[-1] = self.tail[0] if self.n else 0
+        self.context[-1] = self.context[0] if self.n else 0
         self.n += 1
         return self.n - 1
 
@@ -219,7 +297,16 @@ class Engine:
         self.stopped = True
 
     # ------------------------------------------------------------------ time
-    def _advance(self, t_next: int, pads: bool) -> None:
+    def advance(self, t_next: int, pads: bool) -> None:
+        """Jump to the end of step ``t_next``: every live sequence grows by one token per step;
+        memory is accounted and the completions that end by then are collected. ``pads``: a
+        finished row stays (decoding padding) until the policy releases it."""
+        if t_next <= self.t:
+            raise SimulationError(f"advancing to step {t_next}, which is not after step {self.t}")
+        rows = len(self.origin)
+        self._log.append((t_next - self.t, rows, self.sum_ages(self.t + 1) + self._context_sum + self.shared_read,
+                          self._prefill_next, self._prefill_ctx_next))
+        self._prefill_next = self._prefill_ctx_next = 0
         self.t = t_next
         kv = self.kv_tokens()
         if kv > self.peak_kv:
@@ -252,35 +339,70 @@ class Engine:
         if self.timeline.kv[-1] != now:
             self.timeline.kv.append(now)
 
+    def step(self, pads: bool) -> None:
+        """Advance one decode step (a live consumer that executes steps one at a time)."""
+        self.advance(self.t + 1, pads)
+
+    def finish(self, job: int, step: int) -> None:
+        """Reveal that live ``job`` generated its last token at ``step`` (the step being completed):
+        a live consumer learns lengths by sampling; the simulator knows them up front."""
+        age = step - self.origin[job]
+        if self.length[job] == age:
+            return  # already scheduled (a forced length, or max_new_tokens)
+        self.length[job] = age
+        self._epoch[job] += 1
+        heapq.heappush(self._heap, (step, job, self._epoch[job]))
+
+    def start(self, policy: "SimPolicy") -> None:
+        """Let ``policy`` plan (timed as planning)."""
+        start = time.perf_counter()
+        policy.start(self)
+        self.plan_seconds += time.perf_counter() - start
+
+    def decide(self, policy: "SimPolicy") -> bool:
+        """One decision round before the next step: ``policy`` admits, preempts, releases and says
+        when to wake it. True while there is work to run; False once the run is over (the policy
+        stopped, or nothing is live or pending). Raises if work is pending that nothing can start."""
+        start = time.perf_counter()
+        self._prefill_full = False
+        policy.decide(self)
+        self.wake = None if self.stopped else policy.wakeup(self)
+        if self._prefill_full and not self.stopped:  # admissions wait for the next step's prefill budget
+            self.wake = self.t + 1
+        self.decide_seconds += time.perf_counter() - start
+        if self.stopped:
+            return False
+        if not self.origin:
+            if policy.pending(self):
+                raise SimulationError(
+                    f"{policy.name}: nothing live and nothing admitted at step {self.t} "
+                    f"with {policy.pending(self)} completions pending"
+                )
+            return False
+        return True
+
+    def next_event(self) -> int:
+        """The next step at which something happens: a completion finishes or the policy wakes."""
+        t_next, wake = self.next_finish(), self.wake
+        if wake is not None:
+            if wake <= self.t:
+                raise SimulationError(f"wake-up at step {wake} is not after step {self.t}")
+            t_next = wake if t_next is None else min(t_next, wake)
+        if t_next is None:
+            raise SimulationError(f"only padded rows are live at step {self.t} and none was released")
+        return t_next
+
     def run(self, policy: "SimPolicy") -> "Engine":
         """Run ``policy`` until every completion it launched has finished (or it stopped)."""
-        clock = time.perf_counter
-        decide, wakeup, pads = policy.decide, policy.wakeup, policy.pads
-        start = clock()
-        policy.start(self)
-        self.plan_seconds = clock() - start
-        while True:
-            start = clock()
-            decide(self)
-            wake = None if self.stopped else wakeup(self)
-            self.decide_seconds += clock() - start
-            if self.stopped:
-                return self
-            if not self.origin:
-                if policy.pending(self):
-                    raise SimulationError(
-                        f"{policy.name}: nothing live and nothing admitted at step {self.t} "
-                        f"with {policy.pending(self)} completions pending"
-                    )
-                return self
-            t_next = self.next_finish()
-            if wake is not None:
-                if wake <= self.t:
-                    raise SimulationError(f"{policy.name}: wake-up at step {wake} is not after step {self.t}")
-                t_next = wake if t_next is None else min(t_next, wake)
-            if t_next is None:
-                raise SimulationError(f"{policy.name}: only padded rows are live and none was released")
-            self._advance(t_next, pads)
+        self.start(policy)
+        while self.decide(policy):
+            self.advance(self.next_event(), policy.pads)
+        return self
+
+    def step_log(self) -> StepLog:
+        """What the steps so far did (see :class:`StepLog`)."""
+        log = np.asarray(self._log, dtype=np.int64).reshape(-1, 5)
+        return StepLog(*(log[:, i].copy() for i in range(5)))
 
     def lengths_array(self) -> np.ndarray:
         return np.asarray(self.length, dtype=np.int64)

@@ -1,0 +1,95 @@
+"""The one registry of sampling policies: name -> :class:`PolicySpec` (what it is, what it supports).
+
+Every other list of policies derives from :data:`POLICIES`: the simulator's vectorised
+(``simulate.fast``) and compiled (``simulate.compiled``) paths, the reference sampler's policies,
+the analytic peaks of :mod:`lengthsched.peaks`. A spec is callable: ``POLICIES[name](problem)``
+builds the policy object for one :class:`~lengthsched.runtime.policies.Problem`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidArgument
+from .baselines import SGLangLike, VLLMLike
+from .policies import (DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem,
+                       SimPolicy)
+
+__all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One sampling policy and what it supports.
+
+    ``budget``: it runs within a KV token budget (the engine then checks it never exceeds it);
+    ``needs_budget``: it cannot run without one; ``slots``: it honours a cap on live sequences;
+    ``fast`` / ``compiled``: ``simulate.fast`` (numpy over groups) / ``simulate.compiled`` (Numba)
+    give the same results as the event engine; ``sampler``: the reference sampler runs it;
+    ``unbiased``: it collects exactly the completions it launched (False for the stop-at-G control);
+    ``peaks``: its name in :func:`lengthsched.peaks.policy_peak` (analytic steps and peak memory).
+    """
+
+    name: str
+    cls: type[SimPolicy]
+    summary: str
+    options: tuple[tuple[str, Any], ...] = ()
+    budget: bool = True
+    needs_budget: bool = False
+    slots: bool = True
+    fast: bool = False
+    compiled: bool = False
+    sampler: bool = True
+    unbiased: bool = True
+    peaks: str | None = None
+
+    def __call__(self, problem: Problem) -> SimPolicy:
+        return self.cls(problem, **dict(self.options))
+
+
+def _specs(*specs: PolicySpec) -> dict[str, PolicySpec]:
+    return {s.name: s for s in specs}
+
+
+POLICIES: dict[str, PolicySpec] = _specs(
+    PolicySpec("full", FullGroup, "all G decode together as one padded batch", (("padded", True),),
+               budget=False, slots=False, fast=True, peaks="full"),
+    PolicySpec("full_freed", FullGroup, "all G together, each freed when it finishes", (("padded", False),),
+               budget=False, slots=False, fast=True),
+    PolicySpec("micro", MicroGroups, "rounds of g as padded batches", fast=True, peaks="micro"),
+    PolicySpec("fixed_slot", FixedSlots, "g slots refilled in index order", fast=True, peaks="continuous"),
+    PolicySpec("dynamic_slot", DynamicSlots, "g slots from an endless stream, stop at G (biased control)",
+               unbiased=False),
+    PolicySpec("length_aware", LengthAware, "FPTAS plan on predicted lengths, SJF refill", peaks="length_aware"),
+    PolicySpec("length_aware_lpt", LengthAware, "FPTAS plan, longest-first refill", (("refill", "lpt"),)),
+    PolicySpec("length_aware_fcfs", LengthAware, "FPTAS plan, index-order refill", (("refill", "fcfs"),)),
+    PolicySpec("growth_aware", GrowthAware, "admit while the predicted KV curve fits, SJF", needs_budget=True),
+    PolicySpec("growth_aware_lpt", GrowthAware, "growth-aware admission, longest first", (("refill", "lpt"),),
+               needs_budget=True),
+    PolicySpec("growth_aware_fcfs", GrowthAware, "growth-aware admission, index order", (("refill", "fcfs"),),
+               needs_budget=True),
+    PolicySpec("vllm", VLLMLike, "vLLM-like: blocks of 16, FCFS, preempt the newest", needs_budget=True,
+               compiled=True),
+    PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
+               needs_budget=True, compiled=True),
+    PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
+               fast=True),
+)
+
+
+def policy_names(**supports: bool) -> tuple[str, ...]:
+    """Names of the policies whose specs have every given flag, e.g. ``policy_names(fast=True)``."""
+    fields = PolicySpec.__dataclass_fields__
+    unknown = [k for k in supports if k not in fields or fields[k].type not in ("bool", bool)]
+    if unknown:
+        raise InvalidArgument("supports", unknown, "flags of PolicySpec: budget, needs_budget, slots, fast, "
+                                                   "compiled, sampler, unbiased")
+    return tuple(n for n, s in POLICIES.items() if all(getattr(s, k) == v for k, v in supports.items()))
+
+
+def make_policy(name: str, problem: Problem) -> SimPolicy:
+    """The policy ``name`` (one of :data:`POLICIES`) for ``problem``."""
+    if name not in POLICIES:
+        raise InvalidArgument("policy", name, "one of " + ", ".join(POLICIES))
+    return POLICIES[name](problem)
