@@ -1,9 +1,13 @@
-"""Step-cost model (lengthsched.cost) against measured GPU operator times (results go to docs/cost.md).
+"""Step-cost model (lengthsched.cost) against measured step times (results go to docs/cost.md).
 
-Run from the repository root (data processing only, a few seconds; no GPU needed):
+Run from the repository root:
 
-    python benchmarks/bench_cost.py                 # every profile and tensor-parallel degree
+    python benchmarks/bench_cost.py                 # section vidur: every profile and degree (data, seconds)
     python benchmarks/bench_cost.py --quick         # one profile, degrees 1 and 2 (what the test suite runs)
+    python benchmarks/bench_cost.py --sections cpu  # section cpu: the reference sampler on CPU (about 2 minutes)
+    python benchmarks/bench_cost.py --sections cpu --quick   # a smoke run of it (seconds; the test suite runs it)
+
+``--out`` defaults to benchmarks/results/cost_<sections>.json (cost_vidur.json, cost_cpu.json).
 
 Section ``vidur``: Vidur's profiles (microsoft/vidur, MIT; shipped in benchmarks/data/vidur, see
 its README) give the measured GPU time of each non-attention operator of ONE decoder layer on one
@@ -23,7 +27,27 @@ measured per-layer time (sum of the operators' medians) at every num_tokens:
 Errors are |modelled / measured - 1|. "unfitted" = the GPU preset's priors (bandwidth efficiency
 0.75, compute efficiency 0.65) with zero overhead (these are GPU kernel times, not engine steps);
 "fitted" = :meth:`StepCost.fit` on every other num_tokens point (even positions in increasing
-order), errors on the other half. Writes ``--out`` (default benchmarks/results/cost_vidur.json).
+order), errors on the other half.
+
+Section ``cpu``: the reference sampler (sampler.core.InfiniteSampler) generates groups on CPU with
+Qwen3-shaped models built from a config (random weights, byte vocabulary, float32, one PyTorch
+thread) and records every step's decode rows, KV tokens read, prefilled tokens and measured wall
+seconds (SampleResult.step_samples). The runs (CPU_RUNS) spread group size, slots, prompt length,
+shared / copied prompt KV and policy (fixed_slot, the padded full group, vllm under a tight KV budget
+so that preemptions produce recomputation steps), all with forced lengths (trace replay: the steps
+are deterministic), and each run is repeated (``--repeats``) with the same steps, keeping the
+fastest time of each step. Steps that ran no forward (decode_rows = prefill_tokens = 0: every live
+row was newly admitted and drew its first token from the prompt's logits) are left out of the fits
+and errors: the model prices them at 0 by definition and their time is the sampler's Python
+bookkeeping; their count and time are reported. The prior is StepCost.from_gpu(model_memory(model),
+"h100", config=..., bandwidth=CPU_BANDWIDTH, peak_flops=CPU_PEAK_FLOPS,
+overhead_seconds=CPU_OVERHEAD_PER_LAYER x layers).replace(gpu="cpu") (``gpu`` is from_gpu's
+positional preset argument, so it cannot be an override), rough CPU upper bounds (the fit caps the
+efficiencies at 1). Three held-out checks, per model and pooled: ``random`` (fit_and_validate: a
+seeded random half of the steps), ``by_run`` (fit on the even-numbered runs of the model, errors on
+the steps of the odd-numbered ones) and ``transfer`` (the parameters fitted on another model's
+even runs, errors on this model's odd runs); and the error of each run's total
+(SampleResult.model_seconds against the measured forward steps' sum).
 """
 
 from __future__ import annotations
@@ -31,6 +55,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import json
 import sys
 from pathlib import Path
 
@@ -162,18 +187,313 @@ def section_vidur(args) -> tuple[str, dict]:
     return text, {"rows": raw, "summary": summary}
 
 
+# --------------------------------------------------------------------------- section cpu
+#: Models of section cpu: (name, overrides of qwen3_config("tiny-qwen3") (byte vocabulary of 257, tied
+#: embeddings, random weights), factor on the runs' generation lengths so that the larger models run fewer steps).
+CPU_MODELS = (
+    ("tiny-qwen3", {}, 1.0),  # 4 layers, hidden 256, MLP 768, 8 query / 4 KV heads of 32: 12.9 MB in float32
+    ("qwen3-h512-l8", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                           num_key_value_heads=4, head_dim=64), 0.5),  # 101 MB
+    ("qwen3-h1024-l8", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=64), 0.25),  # 404 MB
+)
+#: Runs of section cpu, numbered from 0; the even ones train the by-run fit, the odd ones test it.
+#: G: completions, P: prompt tokens, L: max_new_tokens (times the model's factor), forced lengths spread
+#: over [0.15 L, L] (one completion at L); copied: prompt KV copied into every sequence (share_prompt_kv=False:
+#: each row reads its own prompt copy, so KV reads grow with rows); budget: KV tokens beyond the shared
+#: prompt, as a multiple of L (vllm: a tight budget, so that completions are preempted and recompute their KV).
+CPU_RUNS = (
+    dict(policy="fixed_slot", G=8, slots=1, P=16, L=64),      # one-row steps
+    dict(policy="fixed_slot", G=8, slots=2, P=32, L=64),
+    dict(policy="fixed_slot", G=16, slots=8, P=64, L=64),
+    dict(policy="fixed_slot", G=16, slots=4, P=128, L=64),
+    dict(policy="full", G=16, P=32, L=64),                    # the padded group: all G rows every step
+    dict(policy="full", G=32, P=64, L=48),
+    dict(policy="fixed_slot", G=16, slots=16, P=512, L=48, copied=True),
+    dict(policy="fixed_slot", G=24, slots=8, P=256, L=48, copied=True),
+    dict(policy="vllm", G=16, P=40, L=64, budget=2.5),        # preemptions: recomputation steps (a prompt
+    dict(policy="vllm", G=24, P=24, L=64, budget=3.0),        # tail of 8 tokens: sequences cross a block early)
+    dict(policy="fixed_slot", G=32, slots=32, P=16, L=32),    # the largest batch
+    dict(policy="fixed_slot", G=48, slots=24, P=64, L=32),
+)
+#: --quick: the first two models, these runs (shorter), one repeat.
+CPU_QUICK_RUNS = (
+    dict(policy="fixed_slot", G=4, slots=1, P=16, L=16),
+    dict(policy="fixed_slot", G=8, slots=4, P=64, L=16),
+    dict(policy="vllm", G=8, P=24, L=24, budget=2.0),
+    dict(policy="full", G=8, P=32, L=16, copied=True),
+)
+#: Rough CPU priors: generous upper bounds for one core of an x86 server CPU (the fit caps the efficiencies
+#: at 1, so a prior below what a step reaches would pin them). Bandwidth: one core streams 10-30 GB/s from
+#: DRAM and more from L2/L3, 100 GB/s bounds both; FLOP/s: AVX-512, 2 FMA ports x 16 fp32 lanes x 2 FLOPs x
+#: 3.5 GHz = 224 GFLOP/s; overhead: eager PyTorch dispatches some 25 operators per decoder layer at tens of
+#: microseconds each, plus the sampler's Python: about 0.5 ms per layer. The default efficiencies (0.75, 0.65)
+#: of from_gpu are kept as the priors' efficiencies.
+CPU_BANDWIDTH = 100e9
+CPU_PEAK_FLOPS = 224e9
+CPU_OVERHEAD_PER_LAYER = 0.5e-3
+STEP_KINDS = ("with recomputation", "decode, shared prompt", "decode, copied prompt")
+STOP = 256  # the byte tokenizer's EOS (sampler.cli.ByteTokenizer), the configs' eos_token_id
+
+
+def _cpu_lengths(run: dict, index: int, L: int) -> list[int]:
+    rng = np.random.default_rng(index)
+    lengths = np.maximum(1, np.round(L * rng.uniform(0.15, 1.0, run["G"]))).astype(int)
+    lengths[rng.integers(run["G"])] = L
+    return [int(x) for x in lengths]
+
+
+def _cpu_run(model, memory_of, run: dict, index: int, scale: float, repeats: int) -> tuple[dict, list, object]:
+    """One run, ``repeats`` times with the same forced lengths and seed (the same steps); returns its
+    description, its steps as [decode_rows, kv_tokens_read, prefill_tokens, fastest seconds] and the
+    last SampleResult."""
+    from lengthsched.runtime import decode_batch, kv_budget_tokens
+    from sampler import InfiniteSampler
+
+    G, P, slots = run["G"], run["P"], run.get("slots")
+    L = max(8, int(round(run["L"] * scale)))
+    lengths = _cpu_lengths(run, index, L)
+    prompt = [int(t) for t in np.random.default_rng(1000 + index).integers(0, 256, size=P)]
+    budget_bytes = budget_tokens = None
+    if run.get("budget"):
+        mem = memory_of(16 if run["policy"] == "vllm" else 1)
+        budget_tokens = max(int(round(run["budget"] * L)), L + P % 16 + 16)
+        budget_bytes = (mem.weights_bytes + mem.prompt_kv_bytes(P) + mem.activation_bytes(decode_batch(G, slots))
+                        + budget_tokens * mem.kv_bytes_per_token)
+        budget_tokens = kv_budget_tokens(mem, budget_bytes, prompt_tokens=P, group_size=G, slots=slots)
+    sampler = InfiniteSampler(model, policy=run["policy"], slots=slots, budget_bytes=budget_bytes,
+                              share_prompt_kv=not run.get("copied", False))
+    steps, res = None, None
+    for _ in range(repeats):
+        res = sampler.sample_group(prompt, G, max_new_tokens=L, seed=index, force_lengths=lengths,
+                                   stop_token_ids=[STOP])
+        now = [[r.decode_rows, r.kv_tokens_read, r.prefill_tokens, r.seconds] for r in res.records]
+        if steps is None:
+            steps = now
+        else:
+            if [s[:3] for s in steps] != [s[:3] for s in now]:
+                raise RuntimeError(f"run {index}: a repeat took other steps (forced lengths should fix them)")
+            steps = [s[:3] + [min(s[3], n[3])] for s, n in zip(steps, now)]
+    info = {"policy": run["policy"], "group_size": G, "slots": slots, "prompt_tokens": P, "max_new_tokens": L,
+            "prompt_kv": "copied" if run.get("copied") else "shared", "budget_tokens": budget_tokens,
+            "lengths": lengths, "steps": res.steps, "preemptions": res.preemptions,
+            "recomputed_tokens": res.recomputed_tokens,
+            "recorded_prefill_tokens": int(sum(s[2] for s in steps)),
+            "decode_rows": int(sum(s[0] for s in steps))}
+    return info, steps, res
+
+
+def _cols(steps: list) -> dict:
+    a = np.asarray(steps, dtype=np.float64).reshape(-1, 4)
+    return {"decode_rows": a[:, 0], "kv_tokens_read": a[:, 1], "prefill_tokens": a[:, 2], "seconds": a[:, 3]}
+
+
+def _pct(stats: dict) -> list:
+    return [stats["n"]] + [100 * stats[k] if stats[k] is not None else "-" for k in ("median", "p90", "max")]
+
+
+def section_cpu(args) -> tuple[str, dict]:
+    import torch
+
+    from sampler import model_memory
+    from sampler.cli import qwen3_config, qwen3_from_config
+
+    torch.set_num_threads(args.threads)
+    models = CPU_MODELS[:2] if args.quick else CPU_MODELS
+    plan = CPU_QUICK_RUNS if args.quick else CPU_RUNS
+    repeats = 1 if args.quick else args.repeats
+    per_model, all_runs = {}, []
+    for name, overrides, scale in models:
+        config = qwen3_config("tiny-qwen3", **overrides)
+        model = qwen3_from_config(config, torch.float32, seed=0)
+        layers = config.num_hidden_layers
+
+        def memory_of(block, model=model):
+            return model_memory(model, block)
+
+        memory = memory_of(1)
+        # CPU priors; from_gpu takes the GPU preset positionally, so the device name is set afterwards
+        prior = StepCost.from_gpu(memory, "h100", config=config.to_dict(), bandwidth=CPU_BANDWIDTH,
+                                  peak_flops=CPU_PEAK_FLOPS, overhead_seconds=CPU_OVERHEAD_PER_LAYER * layers,
+                                  ).replace(gpu="cpu", model=name)
+        _cpu_run(model, memory_of, dict(policy="fixed_slot", G=4, slots=4, P=16, L=8), 99, 1.0, 1)  # warm-up
+        runs = []
+        for index, run in enumerate(plan):
+            info, steps, res = _cpu_run(model, memory_of, run, index, scale, repeats)
+            forward = [s for s in steps if s[0] + s[2] > 0]
+            idle = [s[3] for s in steps if s[0] + s[2] == 0]
+            info.update(model=name, run=index, split="train" if index % 2 == 0 else "test",
+                        forward_steps=len(forward), idle_steps=len(idle), idle_seconds=float(sum(idle)),
+                        all_step_seconds=float(sum(s[3] for s in steps)),
+                        forward_step_seconds=float(sum(s[3] for s in forward)),
+                        prior_model_seconds=res.model_seconds(prior), step_samples=steps)
+            runs.append((info, forward, res))
+            print(f"[cpu] {name} run {index}: {info['steps']} steps, {info['forward_step_seconds']:.2f} s",
+                  file=sys.stderr, flush=True)
+        samples = _cols([s for _, f, _ in runs for s in f])
+        train = _cols([s for info, f, _ in runs if info["split"] == "train" for s in f])
+        test = _cols([s for info, f, _ in runs if info["split"] == "test" for s in f])
+        test_kind = np.array([STEP_KINDS[0] if s[2] > 0 else STEP_KINDS[1 + (info["prompt_kv"] == "copied")]
+                              for info, f, _ in runs if info["split"] == "test" for s in f])
+        fitted_random, random_report = prior.fit_and_validate(samples, train_fraction=0.5, seed=0)
+        n = samples["seconds"].size  # the same seeded split as fit_and_validate, for the signed errors
+        held = np.random.default_rng(0).permutation(n)[int(round(0.5 * n)):]
+        held_cols = {k: v[held] for k, v in samples.items()}
+        random_errors = {"prior": prior.errors(held_cols), "fitted": fitted_random.errors(held_cols)}
+        assert error_stats(random_errors["fitted"]) == random_report["held_out"]
+        fitted_run = prior.fit(train)
+        run_errors = {"prior": prior.errors(test), "fitted": fitted_run.errors(test)}
+        kind_errors = {k: {w: e[test_kind == k] for w, e in run_errors.items()} for k in STEP_KINDS}
+        for info, _, res in runs:
+            measured = info["forward_step_seconds"]
+            info["fitted_by_run_model_seconds"] = res.model_seconds(fitted_run)
+            info["fitted_random_model_seconds"] = res.model_seconds(fitted_random)
+            for key in ("prior", "fitted_by_run", "fitted_random"):
+                info[f"{key}_total_error"] = info[f"{key}_model_seconds"] / measured - 1
+        idle = [s for info, _, _ in runs for s in info["step_samples"] if s[0] + s[2] == 0]
+        per_model[name] = {
+            "config": {k: getattr(config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                       "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                       "vocab_size")},
+            "weights_bytes": memory.weights_bytes, "kv_bytes_per_token": memory.kv_bytes_per_token,
+            "length_factor": scale, "prior": json.loads(prior.to_json()),
+            "forward_steps": int(n), "idle_steps": len(idle),
+            "idle_step_seconds_median": float(np.median([s[3] for s in idle])) if idle else None,
+            "idle_share_of_step_seconds": float(sum(s[3] for s in idle)
+                                                / sum(i["all_step_seconds"] for i, _, _ in runs)),
+            "random": {**random_report, "prior_held_out": error_stats(random_errors["prior"])},
+            "by_run": {"train_runs": [i["run"] for i, _, _ in runs if i["split"] == "train"],
+                       "test_runs": [i["run"] for i, _, _ in runs if i["split"] == "test"],
+                       "n_train": int(train["seconds"].size), "parameters": fitted_run.parameters(),
+                       "train": error_stats(fitted_run.errors(train)), "held_out": error_stats(run_errors["fitted"]),
+                       "prior_held_out": error_stats(run_errors["prior"]),
+                       "total_held_out": error_stats([i["fitted_by_run_total_error"] for i, _, _ in runs
+                                                      if i["split"] == "test"]),
+                       "prior_total": error_stats([i["prior_total_error"] for i, _, _ in runs]),
+                       "held_out_by_step_kind": {k: {w: error_stats(e) for w, e in v.items()}
+                                                 for k, v in kind_errors.items()}},
+            "_errors": {"random": random_errors, "by_run": run_errors, "kinds": kind_errors},
+            "_prior": prior, "_fitted_run": fitted_run, "_fitted_random": fitted_random, "_test": test,
+        }
+        all_runs += [info for info, _, _ in runs]
+        del model
+    # transfer: the parameters fitted on another model's training runs, errors on this model's test runs
+    for name, m in per_model.items():
+        m["_errors"]["transfer"] = {"prior": [], "fitted": []}
+        m["transfer"] = {}
+        for other, o in per_model.items():
+            if other == name:
+                continue
+            moved = m["_prior"].replace(**o["_fitted_run"].parameters())
+            err = moved.errors(m["_test"])
+            m["transfer"][other] = {"parameters": o["_fitted_run"].parameters(), "held_out": error_stats(err)}
+            m["_errors"]["transfer"]["prior"].extend(m["_errors"]["by_run"]["prior"].tolist())
+            m["_errors"]["transfer"]["fitted"].extend(err.tolist())
+    kinds = ("random", "by_run", "transfer")
+    pooled = {k: {w: error_stats(np.concatenate([np.asarray(m["_errors"][k][w], dtype=np.float64)
+                                                  for m in per_model.values()])) for w in ("prior", "fitted")}
+              for k in kinds}
+    pooled["by_run_step_kind"] = {k: {w: error_stats(np.concatenate([m["_errors"]["kinds"][k][w]
+                                                                       for m in per_model.values()]))
+                                      for w in ("prior", "fitted")} for k in STEP_KINDS}
+    for k, v in pooled["by_run_step_kind"].items():
+        signed = np.concatenate([m["_errors"]["kinds"][k]["fitted"] for m in per_model.values()])
+        v["fitted_signed_median"] = float(np.median(signed)) if signed.size else None
+    test_totals = [i["fitted_by_run_total_error"] for i in all_runs if i["split"] == "test"]
+    pooled["run_totals"] = {"prior": error_stats([i["prior_total_error"] for i in all_runs]),
+                            "fitted_by_run_held_out": error_stats(test_totals)}
+    # ------------------------------------------------------------------ tables
+    device = f"{machine()['cpu']}, float32, torch {torch.__version__}, {torch.get_num_threads()} thread(s)"
+    model_rows = []
+    for name, m in per_model.items():
+        c = m["config"]
+        model_rows.append([name, c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"],
+                           f"{c['num_attention_heads']}/{c['num_key_value_heads']}x{c['head_dim']}",
+                           round(m["weights_bytes"] / 1e6, 1), m["kv_bytes_per_token"], m["forward_steps"],
+                           m["idle_steps"], 1e3 * (m["idle_step_seconds_median"] or 0.0),
+                           100 * m["idle_share_of_step_seconds"]])
+    text = table(f"CPU step costs of the reference sampler ({device}; steps are the fastest of "
+                 f"{repeats} repeat(s)): models",
+                 ["model", "layers", "hidden", "MLP", "heads (q/kv x dim)", "weights MB", "KV B/token",
+                  "forward steps", "idle steps", "idle step median ms", "idle share of step time %"], model_rows)
+    rows = []
+    for i in all_runs:
+        rows.append([i["model"], i["run"], i["split"], i["policy"], i["group_size"], i["slots"] or "-",
+                     i["prompt_tokens"], i["prompt_kv"], i["max_new_tokens"], i["steps"], i["forward_steps"],
+                     i["preemptions"], i["recomputed_tokens"], i["forward_step_seconds"],
+                     100 * i["prior_total_error"], 100 * i["fitted_by_run_total_error"]])
+    text += "\n" + table("Runs (forced lengths; train / test of the by-run split): measured seconds of the forward "
+                         "steps and the error of the modelled total (SampleResult.model_seconds), signed %",
+                         ["model", "run", "split", "policy", "G", "slots", "prompt", "prompt KV", "L", "steps",
+                          "forward steps", "preemptions", "recomputed", "measured s", "prior total err %",
+                          "by-run fitted total err %"], rows)
+    err_rows = []
+    for name, m in list(per_model.items()) + [("pooled", None)]:
+        for kind in kinds:
+            if m is None:
+                st = pooled[kind]
+            else:
+                e = m["_errors"][kind]
+                st = {w: error_stats(e[w]) for w in ("prior", "fitted")}
+            err_rows.append([name, kind] + _pct(st["prior"]) + _pct(st["fitted"])[1:])
+    text += "\n" + table("Held-out steps: |relative error| in % (random = a seeded half of the steps; by_run = fit "
+                         "on the even runs, errors on the odd runs; transfer = parameters fitted on the other "
+                         "model(s)' even runs, errors on this model's odd runs, once per other model)",
+                         ["model", "split", "held-out steps", "prior median %", "prior p90 %", "prior max %",
+                          "fitted median %", "fitted p90 %", "fitted max %"], err_rows)
+    text += "\n" + table("By-run held-out steps of all models by kind: |relative error| in % (signed: median of "
+                         "modelled / measured - 1)",
+                         ["steps", "held-out steps", "prior median %", "prior p90 %", "prior max %",
+                          "fitted median %", "fitted p90 %", "fitted max %", "fitted signed median %"],
+                         [[k] + _pct(v["prior"]) + _pct(v["fitted"])[1:]
+                          + [100 * v["fitted_signed_median"] if v["fitted_signed_median"] is not None else "-"]
+                          for k, v in pooled["by_run_step_kind"].items()])
+    par_rows = []
+    for name, m in per_model.items():
+        for kind, fitted in (("prior", m["_prior"]), ("random", m["_fitted_random"]), ("by_run", m["_fitted_run"])):
+            p = fitted.parameters()
+            par_rows.append([name, kind, 1e3 * p["overhead_seconds"], p["bandwidth_efficiency"],
+                             fitted.bandwidth * p["bandwidth_efficiency"] / 1e9, p["compute_efficiency"],
+                             fitted.peak_flops * p["compute_efficiency"] / 1e9,
+                             1e3 * fitted.seconds(1, 64), 1e3 * fitted.seconds(32, 32 * 64)])
+    text += "\n" + table("Fitted parameters (prior: bandwidth 100 GB/s, 224 GFLOP/s, 0.5 ms per layer)",
+                         ["model", "fit", "overhead ms", "bandwidth eff", "effective GB/s", "compute eff",
+                          "effective GFLOP/s", "ms: 1 row, context 64", "ms: 32 rows, context 64 each"], par_rows)
+    tot = pooled["run_totals"]
+    text += (f"\nRun totals: prior |error| median {100 * tot['prior']['median']:.1f}% over {tot['prior']['n']} runs; "
+             f"by-run fitted on held-out runs median {100 * tot['fitted_by_run_held_out']['median']:.1f}%, "
+             f"max {100 * tot['fitted_by_run_held_out']['max']:.1f}% over {tot['fitted_by_run_held_out']['n']} runs\n")
+    for m in per_model.values():
+        for key in [k for k in m if k.startswith("_")]:
+            del m[key]
+    raw = {"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtype": "float32",
+           "repeats": repeats,
+           "priors": {"bandwidth": CPU_BANDWIDTH, "peak_flops": CPU_PEAK_FLOPS,
+                      "overhead_seconds_per_layer": CPU_OVERHEAD_PER_LAYER},
+           "models": per_model, "pooled": pooled, "runs": all_runs}
+    return text, raw
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="one profile, tensor-parallel degrees 1 and 2 (smoke test)")
-    parser.add_argument("--sections", default="vidur", help="comma-separated sections: vidur")
+    parser.add_argument("--sections", default="vidur", help="comma-separated sections: vidur, cpu")
     parser.add_argument("--data", default=str(DATA), help="folder of the Vidur profiles")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cost_vidur.json"))
+    parser.add_argument("--threads", type=int, default=1, help="section cpu: PyTorch CPU threads")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="section cpu: runs of each group (the same steps); each step keeps its fastest time")
+    parser.add_argument("--out", default=None,
+                        help="results JSON (default benchmarks/results/cost_<sections joined by _>.json)")
     args = parser.parse_args(argv)
-    texts, results = run_sections(parser, args, {"vidur": section_vidur})
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / "results" / f"cost_{args.sections.replace(',', '_')}.json")
+    texts, results = run_sections(parser, args, {"vidur": section_vidur, "cpu": section_cpu})
     results = {"machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                **results}
-    report(results, texts, args.out, "data, not timing: the numbers do not depend on this machine")
+    note = ("data, not timing: the numbers do not depend on this machine" if "cpu" not in results
+            else "section cpu times steps on this machine")
+    report(results, texts, args.out, note)
     return 0
 
 

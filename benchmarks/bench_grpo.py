@@ -29,6 +29,7 @@ from common import ROOT, machine, report, table
 
 from lengthsched.errors import InvalidArgument
 from lengthsched.memory import parse_bytes
+from lengthsched.runtime import kv_budget_tokens
 
 
 def one_run(options: dict) -> dict:
@@ -75,7 +76,7 @@ def budget_for(args: argparse.Namespace) -> tuple[int, int, object]:
             raise InvalidArgument("kv_fraction", args.kv_fraction,
                                   f"at least 1/G = {1 / args.group_size:.3f}: room for one whole sequence")
         budget = toy_budget_bytes(model, kv_tokens=tokens, prompt_tokens=prompt, group_size=args.group_size)
-    return budget, memory.kv_token_budget(budget, prompt_tokens=prompt, batch=args.group_size), memory
+    return budget, kv_budget_tokens(memory, budget, prompt_tokens=prompt, group_size=args.group_size), memory
 
 
 def label(run: dict) -> str:

@@ -163,35 +163,81 @@ def _seconds_unit(args):
     return out
 
 
+def _time_stats(results: list, policies: tuple, m: int) -> dict[str, list]:
+    """Per policy, priced for model m: mean seconds, x vllm, mean seconds / LB, rank by seconds, rank
+    by steps, mean steps / LB (``results``: per unit, policy -> (seconds per model, bounds per model,
+    steps, step bound, ...))."""
+    secs = {p: np.array([r[p][0][m] for r in results]) for p in policies}
+    steps = {p: np.array([r[p][2] for r in results], dtype=float) for p in policies}
+    by_secs = sorted(policies, key=lambda p: secs[p].mean())
+    by_steps = sorted(policies, key=lambda p: steps[p].mean())
+    return {p: [float(secs[p].mean()), float(secs[p].mean() / secs["vllm"].mean()),
+                float(np.mean(secs[p] / [r[p][1][m] for r in results])), by_secs.index(p) + 1,
+                by_steps.index(p) + 1, float(np.mean(steps[p] / [r[p][3] for r in results]))]
+            for p in policies}
+
+
 def seconds(quick: bool) -> tuple[str, list]:
     """The CASTILLO table in modelled seconds (H100 preset) for Qwen3-1.7B and Qwen3-8B."""
     from lengthsched.cost import StepCost
 
     costs = tuple(StepCost.from_model(m, "h100") for m in SECONDS_MODELS)
     rows = []
-    limit = 40 if quick else 1200
+    limit = 40 if quick else None
     for lmax in (1024, 4096):
         groups = castillo_groups(32, max_new_tokens=lmax, limit=limit, seed=0)
         for sigma in ((0.0,) if quick else (0.0, 0.5)):
             results = _pool_map(_seconds_unit, [(g.lengths, g.prompt_len, lmax, sigma, i, costs)
                                                 for i, g in enumerate(groups)])
             for m, model in enumerate(SECONDS_MODELS):
-                secs = {p: np.array([r[p][0][m] for r in results]) for p in SECONDS_POLICIES}
-                steps = {p: np.array([r[p][2] for r in results], dtype=float) for p in SECONDS_POLICIES}
-                by_secs = sorted(SECONDS_POLICIES, key=lambda p: secs[p].mean())
-                by_steps = sorted(SECONDS_POLICIES, key=lambda p: steps[p].mean())
-                for p in SECONDS_POLICIES:
+                for p, stats in _time_stats(results, SECONDS_POLICIES, m).items():
                     rows.append([model, lmax, "oracle" if sigma == 0 else f"noisy sigma={sigma}", p, len(groups),
-                                 float(secs[p].mean()), float(secs[p].mean() / secs["vllm"].mean()),
-                                 float(np.mean(secs[p] / [r[p][1][m] for r in results])),
-                                 by_secs.index(p) + 1, by_steps.index(p) + 1,
-                                 float(np.mean(steps[p] / [r[p][3] for r in results])),
-                                 float(np.mean([r[p][4] for r in results])),
+                                 *stats, float(np.mean([r[p][4] for r in results])),
                                  float(np.mean([r[p][5] for r in results]))])
     return table("CASTILLO groups in modelled seconds (H100 preset, unfitted), G = 32, budget = 8 x L_max KV tokens, "
                  "prefill chunk 8192: mean seconds per group, ranks by seconds and by steps",
                  ["model", "L_max", "predictor", "policy", "groups", "seconds", "x vllm", "seconds / LB",
                   "rank (seconds)", "rank (steps)", "steps / LB", "preemptions", "recomputed tokens"], rows), rows
+
+
+BATCH_POLICIES = ("micro", "fixed_slot", "length_aware", "growth_aware", "growth_aware_lpt", "vllm", "sglang")
+
+
+def _seconds_batch_unit(args):
+    """A batch of prompts sharing one budget under every policy, priced for every model."""
+    groups, lmax, factor, costs = args
+    lengths = np.concatenate([g.lengths for g in groups])
+    prompts = np.concatenate([np.full(len(g.lengths), g.prompt_len) for g in groups])
+    out = {}
+    for p in BATCH_POLICIES:
+        r = run_batch(groups, p, budget_tokens=factor * lmax, max_new_tokens=lmax, predicted=lengths, cost=costs[0])
+        priced = [r.seconds] + [r.step_log.seconds(c) for c in costs[1:]]
+        bounds = [lower_bound_seconds(c, lengths, context=prompts, steps=r.lower_bound,
+                                      prompt_lens=[g.prompt_len for g in groups]) for c in costs]
+        out[p] = (priced, bounds, r.steps, r.lower_bound, r.preemptions, r.recomputed_tokens, r.tokens)
+    return out
+
+
+def seconds_batches(quick: bool) -> tuple[str, list]:
+    """Batches of 16 prompts x G = 16 under a tight shared budget, where preemption is frequent."""
+    from lengthsched.cost import StepCost
+
+    costs = tuple(StepCost.from_model(m, "h100") for m in SECONDS_MODELS)
+    lmax, size, per = 4096, 16, 16
+    groups = castillo_groups(size, max_new_tokens=lmax, limit=(2 if quick else 30) * per, seed=7)
+    batches = [groups[i:i + per] for i in range(0, len(groups) - per + 1, per)]
+    rows = []
+    for factor in ((2,) if quick else (2, 4)):
+        results = _pool_map(_seconds_batch_unit, [(b, lmax, factor, costs) for b in batches])
+        for m, model in enumerate(SECONDS_MODELS):
+            for p, stats in _time_stats(results, BATCH_POLICIES, m).items():
+                rows.append([model, f"{factor} x L_max", p, len(batches), *stats,
+                             float(np.mean([r[p][5] for r in results])),
+                             float(np.mean([r[p][5] / r[p][6] for r in results]))])
+    return table("Batches of 16 CASTILLO prompts x G = 16 under one shared KV budget (L_max 4096, oracle lengths, "
+                 "H100 preset): mean modelled seconds per batch, ranks by seconds and by steps",
+                 ["model", "budget", "policy", "batches", "seconds", "x vllm", "seconds / LB", "rank (seconds)",
+                  "rank (steps)", "steps / LB", "recomputed tokens", "recomputed / generated"], rows), rows
 
 
 # ---------------------------------------------------------------------------------------- paper
@@ -269,11 +315,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
-    parser.add_argument("--sections", default="target,seconds,paper,batches,speed,scaling")
+    parser.add_argument("--sections", default="target,seconds,seconds_batches,paper,batches,speed,scaling")
     args = parser.parse_args(argv)
     results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
-    sections = {"target": target, "seconds": seconds, "paper": paper, "batches": batches, "speed": speed,
+    sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()

@@ -224,8 +224,9 @@ class StepCost:
         Bytes come from ``memory`` (its dtypes, weights and KV sizes); head counts, hidden size and
         the MoE routing come from the model's ``config.json``: ``config`` (a dict, a path or a
         bundled preset name), by default the bundled preset whose ``_name_or_path`` or file name is
-        ``memory.name``. ``tp``: tensor-parallel degree. ``overrides``: any field, e.g.
-        ``overhead_seconds=1e-3`` or ``bandwidth_efficiency=0.8``.
+        ``memory.name``. ``tp``: tensor-parallel degree. ``overrides``: any field but ``gpu`` (the
+        preset's name, which ``.replace(gpu=...)`` renames), e.g. ``overhead_seconds=1e-3``,
+        ``bandwidth=100e9``.
         """
         if not isinstance(memory, ModelMemory):
             raise InvalidArgument("memory", memory, "a ModelMemory")

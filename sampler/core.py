@@ -68,6 +68,7 @@ class StepRecord:
     kv_tokens_read: int = 0
     prefill_tokens: int = 0
     seconds: float = 0.0
+    prefill_context: int = 0  # (query, key) pairs the prefilled tokens attend: the prompt and each other
 
 
 @dataclass
@@ -119,13 +120,14 @@ class SampleResult:
         to :attr:`step_seconds` (measured) to see the model's error on this run."""
         if not self.records:
             return 0.0
-        cols = np.array([(r.decode_rows, r.kv_tokens_read, r.prefill_tokens) for r in self.records], dtype=np.int64)
-        return float(np.sum(cost.seconds(cols[:, 0], cols[:, 1], cols[:, 2])))
+        cols = np.array([(r.decode_rows, r.kv_tokens_read, r.prefill_tokens, r.prefill_context)
+                         for r in self.records], dtype=np.int64)
+        return float(np.sum(cost.seconds(cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])))
 
     def step_samples(self) -> list[dict]:
         """The measured steps as calibration samples (``lengthsched cost fit`` reads them as JSON lines)."""
         return [{"decode_rows": r.decode_rows, "kv_tokens_read": r.kv_tokens_read, "prefill_tokens": r.prefill_tokens,
-                 "seconds": r.seconds} for r in self.records]
+                 "prefill_context": r.prefill_context, "seconds": r.seconds} for r in self.records]
 
 
 class _Probe(SimPolicy):
@@ -304,14 +306,7 @@ class InfiniteSampler:
         block = VLLMLike.block_size if sim_name == "vllm" else 1  # the only engine model with blocks
         memory = model_memory(self.model, block, self.share_prompt_kv, self.kv_compression)
         tail = P if not self.share_prompt_kv else P % block  # prompt tokens each sequence holds itself
-        budget_tokens = None
-        if self.budget_bytes is not None:
-            budget_tokens = kv_budget_tokens(memory, self.budget_bytes, prompt_tokens=P, group_size=G,
-                                             slots=self.slots)
-            if budget_tokens < L + tail:
-                raise InvalidArgument("budget_bytes", self.budget_bytes,
-                                      f"room for one whole sequence: {L + tail} KV tokens beyond the prompt "
-                                      f"(max_new_tokens {L}), the budget leaves {budget_tokens}")
+        budget_tokens = self._budget_tokens(memory, P, G, L + tail)
         point, reserve = self._predictions(prompt, G, predicted)
         truth = forced if forced is not None else np.full(G, L, dtype=np.int64)
 
@@ -350,6 +345,12 @@ class InfiniteSampler:
         if cuda:
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - started
+        return self._result(policy, eng, records, state, P, wall,
+                            torch.cuda.max_memory_allocated(device) if cuda else None, record_steps)
+
+    def _result(self, policy: SimPolicy, eng: Engine, records: list, state: tuple, P: int, wall: float,
+                cuda_peak: int | None, record_steps: bool) -> SampleResult:
+        """The collected completions (index order) and what the run measured."""
         collected = sorted(eng.collected)
         tokens, logps = state
         texts = None
@@ -361,8 +362,19 @@ class InfiniteSampler:
             peak_model_kv_bytes=max((r.model_kv_bytes for r in records), default=0), peak_kv_tokens=eng.peak_kv,
             preemptions=eng.preemptions, recomputed_tokens=eng.recomputed_tokens,
             discarded_tokens=eng.discarded_tokens, decoded_tokens=eng.decoded_tokens, prompt_tokens=P,
-            wall_seconds=wall, cuda_peak_bytes=torch.cuda.max_memory_allocated(device) if cuda else None,
-            records=records if record_steps else [], texts=texts)
+            wall_seconds=wall, cuda_peak_bytes=cuda_peak, records=records if record_steps else [], texts=texts)
+
+    def _budget_tokens(self, memory: ModelMemory, P: int, G: int, one_sequence: int) -> int | None:
+        """The group's KV token budget (None without ``budget_bytes``); raises if it cannot hold one
+        whole sequence (``one_sequence`` tokens: max_new_tokens and the prompt tail it holds)."""
+        if self.budget_bytes is None:
+            return None
+        tokens = kv_budget_tokens(memory, self.budget_bytes, prompt_tokens=P, group_size=G, slots=self.slots)
+        if tokens < one_sequence:
+            raise InvalidArgument("budget_bytes", self.budget_bytes,
+                                  f"room for one whole sequence: {one_sequence} KV tokens beyond the prompt "
+                                  f"(max_new_tokens and the prompt tail), the budget leaves {tokens}")
+        return tokens
 
     def _forward(self, store: KVStore, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         store.rows = rows
@@ -416,9 +428,9 @@ class InfiniteSampler:
                 break
             fresh, step_rows = run.split_rows()
             started = run.clock()
-            prefill = run.admit(fresh)
+            prefill, context = run.admit(fresh)
             run.decode(step_rows)
-            run.account(policy, started, step_rows, prefill_tokens=prefill)
+            run.account(policy, started, step_rows, prefill_tokens=prefill, prefill_context=context)
         return run.records, (run.tokens, run.logps), policy
 
 
@@ -489,11 +501,12 @@ class _GroupRun:
         if tok in self.stops or n >= params.max_new_tokens:
             eng.finish(job, eng.t + 1)
 
-    def admit(self, fresh: list[int]) -> int:
+    def admit(self, fresh: list[int]) -> tuple[int, int]:
         """Open the KV of newly admitted rows: a new completion draws its first token from the
         prompt's last logits (no forward); one readmitted after a preemption recomputes its KV in a
-        forward of its own tokens, then draws its next. Returns the tokens prefilled (recomputed)."""
-        store, device, prefill = self.store, self.device, 0
+        forward of its own tokens, then draws its next. Returns the tokens prefilled (recomputed)
+        and the (query, key) pairs they attend (the prompt, causally each other)."""
+        store, device, prefill, context = self.store, self.device, 0, 0
         for job in fresh:
             store.open_slot(job)
             if job not in self.gens:
@@ -503,12 +516,14 @@ class _GroupRun:
                 self.sample(job, self.first_lp, self.first_raw)
                 continue
             done = self.tokens[job]
-            prefill += len(done)  # before sample() appends the next token to the same list
+            n = len(done)  # before sample() appends the next token to the same list
+            prefill += n
+            context += n * self.P + n * (n + 1) // 2
             store.make_room(job, len(done))
             logits = self.sampler._forward(store, [job], torch.tensor([done], device=device),
                                            (self.P + torch.arange(len(done), device=device)).view(1, -1))
             self.sample(job, processed_logprobs(logits, self.params)[0].cpu(), logits[0].cpu())
-        return prefill
+        return prefill, context
 
     def decode(self, rows: list[int]) -> None:
         """One batched forward of every live row's last token at its own position (padded rows feed
@@ -529,7 +544,8 @@ class _GroupRun:
             for k, i in enumerate(running_rows):
                 self.sample(rows[i], lp[k], raw[k])
 
-    def account(self, policy: SimPolicy, started: float, rows: list[int], *, prefill_tokens: int) -> None:
+    def account(self, policy: SimPolicy, started: float, rows: list[int], *, prefill_tokens: int,
+                prefill_context: int) -> None:
         """Allocate the KV of every live row's newest token, record the step (measured bytes next to
         the memory model's; measured seconds next to what the step did), advance the engine one
         step and free what finished. ``rows``: the rows of the batched decode forward."""
@@ -538,14 +554,15 @@ class _GroupRun:
         for j in eng.origin:  # every live row now holds KV for each token it generated
             store.reserve(j, nxt - eng.origin[j])
         ages = [nxt - eng.origin[j] for j in eng.origin]
-        # KV the decode forward read: each row's own tokens (the newest included) and its prompt tail,
-        # the shared prompt once (the shared-prefix attention reads it once for all rows).
-        own = sum(nxt - eng.origin[j] + store.tail for j in rows)
+        # KV the decode forward read: each row's prompt tail and the tokens it generated before this step
+        # (the one it feeds included), the shared prompt once (the shared-prefix attention reads it once).
+        own = sum(nxt - eng.origin[j] - 1 + store.tail for j in rows)
         kv_read = own + (store.shared_len if rows else 0)
         seconds = self.clock() - started
         self.records.append(StepRecord(nxt, len(eng.origin), len(eng.running), store.held_bytes(),
                                        self.memory.group_kv_bytes(ages, self.P), eng.kv_tokens(nxt),
                                        decode_rows=len(rows), kv_tokens_read=kv_read,
-                                       prefill_tokens=prefill_tokens, seconds=seconds))
+                                       prefill_tokens=prefill_tokens, seconds=seconds,
+                                       prefill_context=prefill_context))
         eng.step(policy.pads)
         self.close_freed()  # finished (freed at once unless the policy pads)

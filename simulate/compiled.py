@@ -121,9 +121,9 @@ def _log_run(log, counters, t, t_next, order, nlive, origin, ctx, pf, pfc):
     (the first pass only counts them)."""
     k = counters[6]
     if k < log.shape[0]:
-        ages = 0
+        ages = 0  # tokens the rows attend besides their prompts at step t + 1 (their earlier ones)
         for i in range(nlive):
-            ages += t + 1 - origin[order[i]]
+            ages += t - origin[order[i]]
         log[k, 0] = t_next - t
         log[k, 1] = nlive
         log[k, 2] = ages + nlive * ctx

@@ -112,7 +112,8 @@ def seconds_many(lengths: np.ndarray, policy: str, g: int, cost, *, prompt_lens=
     np.add.at(first, (index, held_until + 1), -starts)
     rows, first = np.cumsum(rows, axis=1), np.cumsum(first, axis=1)
     t = np.arange(horizon)[None, :]
-    kv = rows * (t + 1) - first + rows * prompts[:, None]  # a row started at s holds t - s + 1 tokens at t
+    # A row started at s produces its (t - s + 1)-th token at step t, attending its prompt and t - s earlier ones.
+    kv = rows * t - first + rows * prompts[:, None]
     decode = np.asarray(cost.seconds(rows, kv, 0), dtype=np.float64).sum(axis=1)
     prefill = np.array([prompt_prefill_log([p], prefill_chunk).seconds(cost) for p in prompts])
     return decode + prefill

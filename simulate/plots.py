@@ -36,7 +36,8 @@ def gantt(result: SimResult, path: Path, title: str) -> None:
         ax.barh(lane, width, left=first - 1, height=0.8, color=color, edgecolor="white", linewidth=0.3)
     ax.set_xlabel("decode step")
     ax.set_ylabel("slot")
-    ax.set_title(f"{title}\n{result.policy}: {result.steps} steps, {result.preemptions} preemptions "
+    ax.set_title(f"{title}\n{result.policy}: {result.seconds:.2f} s modelled, {result.steps} steps, "
+                 f"{result.preemptions} preemptions "
                  "(grey: padding, red: preempted run)", fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()

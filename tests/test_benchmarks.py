@@ -88,3 +88,40 @@ def test_companions_benchmark_runs_quick(tmp_path):
     assert {"machine", "sgpo", "sparse", "learner"} <= set(data)
     dense, *compressed = data["sparse"]
     assert all(c["peak_kv_bytes"] < dense["peak_kv_bytes"] for c in compressed)
+
+
+def test_cost_benchmark_cpu_section_runs_quick(tmp_path):
+    """Section cpu of bench_cost.py: the reference sampler's measured CPU steps, fitted and checked on
+    held-out steps (a random half, held-out runs, another model's parameters) and whole runs."""
+    import math
+
+    out = tmp_path / "cost_cpu.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cost.py"), "--sections", "cpu",
+                             "--quick", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "### Held-out steps" in result.stdout and "### Fitted parameters" in result.stdout
+    data = json.loads(out.read_text())
+    assert {"machine", "command", "cpu", "section_seconds"} <= set(data)
+    cpu = data["cpu"]
+    assert cpu["dtype"] == "float32" and cpu["threads"] == 1 and len(cpu["models"]) >= 2
+
+    def finite(stats):
+        return stats["n"] > 0 and all(math.isfinite(stats[k]) and stats[k] >= 0 for k in ("median", "p90", "max"))
+
+    for name, m in cpu["models"].items():
+        assert m["forward_steps"] > 0 and m["prior"]["gpu"] == "cpu" and m["prior"]["model"] == name
+        for kind in ("random", "by_run"):
+            assert finite(m[kind]["held_out"]) and finite(m[kind]["prior_held_out"]), (name, kind)
+            p = m[kind]["parameters"]
+            assert p["overhead_seconds"] >= 0
+            assert 0 < p["bandwidth_efficiency"] <= 1 and 0 < p["compute_efficiency"] <= 1
+        assert finite(m["by_run"]["total_held_out"])
+        assert all(finite(t["held_out"]) for t in m["transfer"].values())
+    for kind in ("random", "by_run", "transfer"):
+        assert finite(cpu["pooled"][kind]["prior"]) and finite(cpu["pooled"][kind]["fitted"])
+    runs = cpu["runs"]
+    assert {r["split"] for r in runs} == {"train", "test"}
+    assert any(r["preemptions"] > 0 and r["recorded_prefill_tokens"] > 0 for r in runs)  # recomputation steps
+    for r in runs:
+        assert r["forward_step_seconds"] > 0 and math.isfinite(r["fitted_by_run_total_error"])
+        assert len(r["step_samples"]) == r["steps"]

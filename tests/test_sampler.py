@@ -304,10 +304,10 @@ def test_step_records_say_what_each_step_computed_and_how_long_it_took(model, tm
     first = res.records[0]
     assert first.decode_rows == 0  # the first tokens come from the prompt's logits, no forward
     later = res.records[1]
-    # The prompt's whole blocks are read once; each row reads its copy of the partial block and its
-    # own tokens (the newest included).
+    # The prompt's whole blocks are read once; each row reads its copy of the partial block and the
+    # token it generated at step 1 (the one it feeds).
     tail = len(PROMPT) % 16
-    assert later.kv_tokens_read == len(PROMPT) - tail + (2 + tail) * later.decode_rows
+    assert later.kv_tokens_read == len(PROMPT) - tail + (1 + tail) * later.decode_rows
     assert res.step_seconds == pytest.approx(sum(r.seconds for r in res.records))
     path = tmp_path / "steps.jsonl"
     atomic_write_text(path, "".join(__import__("json").dumps(s) + "\n" for s in res.step_samples()))

@@ -24,7 +24,7 @@ TIGHT = COST.replace(peak_flops=2e12, overhead_seconds=1e-4)
 def test_one_completion_alone_is_its_prefill_and_its_decode_steps():
     prompt, length = 300, 40
     r = run_group([length], "full_freed", max_new_tokens=64, prompt_len=prompt)
-    decode = sum(COST.seconds(1, prompt + a) for a in range(1, length + 1))
+    decode = sum(COST.seconds(1, prompt + a - 1) for a in range(1, length + 1))
     prefill = COST.seconds(0, 0, prompt, prompt * (prompt + 1) // 2)
     assert r.seconds == pytest.approx(decode + prefill, rel=1e-12)
     assert r.prefill_tokens == prompt and r.cost_name == "Qwen/Qwen3-1.7B on h100"

@@ -55,7 +55,8 @@ class StepLog:
     """What every decode step did, as runs of steps with the same live rows (what a step-cost model
     prices: ``lengthsched.cost.StepCost.segment_seconds``). Run i covers ``steps[i]`` consecutive
     steps with ``rows[i]`` decode rows (padded rows included); its first step reads ``kv_first[i]``
-    KV tokens and each later one ``rows[i]`` more (every row grows one token a step); its first step
+    KV tokens (a row producing its a-th token reads its prompt context and its a - 1 earlier tokens)
+    and each later one ``rows[i]`` more (every row grows one token a step); its first step
     also prefills ``prefill_tokens[i]`` tokens (prompt tails, recomputation after a preemption)
     attending ``prefill_context[i]`` token pairs in all."""
 
@@ -303,8 +304,9 @@ class Engine:
         finished row stays (decoding padding) until the policy releases it."""
         if t_next <= self.t:
             raise SimulationError(f"advancing to step {t_next}, which is not after step {self.t}")
+        # A row producing its a-th token attends its context and its a - 1 earlier tokens (the one it feeds included).
         rows = len(self.origin)
-        self._log.append((t_next - self.t, rows, self.sum_ages(self.t + 1) + self._context_sum + self.shared_read,
+        self._log.append((t_next - self.t, rows, self.sum_ages(self.t) + self._context_sum + self.shared_read,
                           self._prefill_next, self._prefill_ctx_next))
         self._prefill_next = self._prefill_ctx_next = 0
         self.t = t_next

@@ -10,8 +10,8 @@ The engine records what every decode step does (:class:`~lengthsched.runtime.eng
   ``S * overhead + max(total bytes / bandwidth, total FLOPs / compute)`` at the model's
   efficiencies (the sum of maxima is at least the maximum of sums), where ``S`` is the lower
   bound on decode steps and the totals count only the work every schedule must do: each
-  completion of length l attends ``context + a`` KV tokens at its a-th token (a = 1..l), and every
-  prompt is prefilled once. Recomputation, padding and the steps a policy wastes only add to it.
+  completion of length l attends ``context + a - 1`` KV tokens when it produces its a-th token
+  (a = 1..l), and every prompt is prefilled once. Recomputation, padding and the steps a policy wastes only add to it.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), s
     lengths = np.asarray(lengths, dtype=np.int64)
     ctx = np.broadcast_to(np.asarray(context, dtype=np.int64), lengths.shape)
     prompts = np.asarray(prompt_lens, dtype=np.int64)
-    kv = int((lengths * ctx + lengths * (lengths + 1) // 2).sum()) + shared_read * int(steps)
+    kv = int((lengths * ctx + lengths * (lengths - 1) // 2).sum()) + shared_read * int(steps)
     return float(cost.lower_bound_seconds(steps=int(steps), decode_tokens=int(lengths.sum()), kv_tokens_read=kv,
                                           prefill_tokens=int(prompts.sum()),
                                           prefill_context=int((prompts * (prompts + 1) // 2).sum())))
