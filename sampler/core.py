@@ -3,9 +3,10 @@
 One group = one prompt and G completions. The prompt is prefilled once; every completion reads
 its KV by reference (``share_prompt_kv=True``) or holds a copy (the baseline). The policy is the
 simulator's own policy object (``lengthsched.runtime.make_policy``) driven through the runtime's
-:class:`~lengthsched.runtime.Engine` by its public stepping API: it admits completions into slots, refills a finished slot
-at the next step, preempts (the preempted completion keeps its tokens and recomputes its KV when
-it is admitted again) and releases padded rows, exactly as in a simulation. The sampler executes
+:class:`~lengthsched.runtime.Engine` by its public stepping API: it admits completions into slots,
+refills a finished slot at the next step, preempts (the preempted completion keeps its tokens and
+recomputes its KV when it is admitted again) and releases padded rows, exactly as in a
+simulation. The sampler executes
 one batched decode step at a time:
 
 1. the policy decides (admissions for the coming step, preemptions, releases);

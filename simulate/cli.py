@@ -101,7 +101,8 @@ def _figures(opts: SimulateOptions, directory: Path, progress: bool) -> list[Pat
                  for row in sweep["comparisons"][0]["policies"]}
         labels = values if key != "budget" else [f"{int(v) / 2**30:.1f} GiB" for v in values]
         path = directory / f"seconds_vs_{key}.png"
-        sweep_lines(labels, seconds, key.replace("_", " "), path, f"modelled seconds per group vs {key.replace('_', ' ')}")
+        label = key.replace("_", " ")
+        sweep_lines(labels, seconds, label, path, f"modelled seconds per group vs {label}")
         written.append(path)
     return written
 

@@ -17,7 +17,8 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, prompt_prefill_log
 
 __all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks", "seconds_many"]
 
-FAST_POLICIES = tuple(n for n, spec in POLICIES.items() if spec.fast)  # full, full_freed, micro, fixed_slot, reserve_max
+# full, full_freed, micro, fixed_slot, reserve_max
+FAST_POLICIES = tuple(n for n, spec in POLICIES.items() if spec.fast)
 
 
 def slot_count(policy: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int, group_size: int) -> int:

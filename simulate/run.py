@@ -194,7 +194,8 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
         peak_retained_kv_tokens=None if compression is None else
         int(retained_kv_curve(eng.timeline, compression, eng.t).max(initial=0)),
         seconds=log.seconds(cost),
-        lower_bound_seconds=lower_bound_seconds(cost, lengths, context=prompt_lens, steps=steps_bound, prompt_lens=prompts),
+        lower_bound_seconds=lower_bound_seconds(cost, lengths, context=prompt_lens, steps=steps_bound,
+                                                prompt_lens=prompts),
         prefill_tokens=int(log.prefill_tokens.sum()),
         cost_name=f"{cost.model} on {cost.gpu}" + (f" x{cost.tp}" if cost.tp > 1 else ""),
         step_log=log,

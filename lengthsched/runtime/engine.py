@@ -1,10 +1,10 @@
 """The discrete-event engine: it advances time and memory; a policy decides; the result accounts.
 
-Time follows the step model of docs/model.md: a completion of length l is live for l decode steps. The engine jumps from event to event: a completion
-finishes, or the policy asked to be woken (a reservation is about to overflow, a block runs out,
-a predicted finish). Between events every live sequence grows by one token per step, so the KV
-held is non-decreasing and its peak is reached at the next event: checking memory at events is
-exact.
+Time follows the step model of docs/model.md: a completion of length l is live for l decode
+steps. The engine jumps from event to event: a completion finishes, or the policy asked to be
+woken (a reservation is about to overflow, a block runs out, a predicted finish). Between events
+every live sequence grows by one token per step, so the KV held is non-decreasing and its peak is
+reached at the next event: checking memory at events is exact.
 
 A policy talks to the engine through ``admit``, ``preempt`` (the sequence keeps the tokens it
 generated and recomputes their KV when it is admitted again, as vLLM and SGLang do), ``release``
@@ -193,9 +193,9 @@ class Engine:
         if self.slots is not None and len(self.origin) >= self.slots:
             raise SimulationError(f"admitting job {job} exceeds slots={self.slots} at step {self.t}")
         need = self.prefill_need(job)
-        if need and self.prefill_chunk is not None and self._prefill_next and self._prefill_next + need > self.prefill_chunk:
-            raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step {self.t + 1}, "
-                                  f"more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
+        if not self._prefill_fits(need):
+            raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step "
+                                  f"{self.t + 1}, more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
         self._prefill_next += need
         # The recomputed tokens attend the cached prompt prefix and, causally, each other.
         self._prefill_ctx_next += need * (self.context[job] - self.tail[job]) + need * (need + 1) // 2
@@ -235,12 +235,15 @@ class Engine:
         """Whether admitting ``job`` now keeps the next step within ``prefill_chunk`` prefilled tokens
         (a lone admission larger than the chunk is allowed). When not, the engine decides again at
         the next step, when the budget is free."""
-        need = self.prefill_need(job)
-        if not need or self.prefill_chunk is None or not self._prefill_next \
-                or self._prefill_next + need <= self.prefill_chunk:
+        if self._prefill_fits(self.prefill_need(job)):
             return True
         self._prefill_full = True
         return False
+
+    def _prefill_fits(self, need: int) -> bool:
+        """Whether ``need`` more prefill tokens fit the coming step (the first admission always does)."""
+        return not need or self.prefill_chunk is None or not self._prefill_next \
+            or self._prefill_next + need <= self.prefill_chunk
 
     def _new_lane(self) -> int:
         self._next_lane += 1

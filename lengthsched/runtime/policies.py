@@ -262,7 +262,8 @@ class LengthAware(SimPolicy):
             self.sched.requeue(job, max(1, self.plan.lengths[job] - eng.done[job]))
         while eng.live < self.cap:
             job = self.sched.next_in_order()
-            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget or not eng.can_prefill(job):
+            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget \
+                    or not eng.can_prefill(job):
                 return
             self.sched.take(job)
             used += max(self.reserve[job], eng.done[job] + 1)
