@@ -13,12 +13,15 @@ Main entry points:
 - :func:`plan_group` -> :class:`Plan` -- the plan an engine consumes (JSON round trip).
 - :mod:`lengthsched.schedule` -- decide / execute / account a plan step by step.
 - :mod:`lengthsched.predictor` -- the length-predictor protocol and oracles.
+- :class:`OnlineLengthPredictor` -- lengths from the prompt's finished and running siblings and its
+  earlier rollout steps (:mod:`lengthsched.online`).
 """
 
 from . import packing, partition, refill
 from .errors import BudgetTooSmall, ConfigError, InvalidArgument, LengthschedError
 from .learner import LearnerCost, LearnerShapes, learner_cost, learner_micro_batches, learner_tokens
 from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, parse_bytes
+from .online import OnlineLengthPredictor
 from .packing import MicroGroupBudget, SubsetFill, pack_micro_groups, subset_sum
 from .partition import Partition
 from .peaks import Policy, PolicyPeak, policy_peak
@@ -49,6 +52,7 @@ __all__ = [
     "MicroGroupBudget",
     "ModelMemory",
     "NoisyOracleLengthPredictor",
+    "OnlineLengthPredictor",
     "OracleLengthPredictor",
     "Partition",
     "Plan",

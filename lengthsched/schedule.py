@@ -66,6 +66,10 @@ class GroupScheduler:
         """Completions not started yet."""
         return len(self._unit_of)
 
+    def pending_jobs(self) -> list[int]:
+        """The completions not started yet (in no particular order)."""
+        return list(self._unit_of)
+
     def next_for_slot(self, slot: int) -> int | None:
         """The completion a freed ``slot`` should start (not yet taken), or None if none is pending."""
         if slot < len(self._queues) and len(self._queues[slot]):

@@ -25,7 +25,9 @@ Formats (``FORMATS``) and what they need:
 ``sharegpt``  ``id`` and ``conversations`` [{from: human|gpt, value}]: the first human turn and its reply.
 ``dolly``     ``instruction`` / ``context`` / ``response``.
 ``plain``     JSON lines with ``prompt`` and ``response`` or ``response_length`` (tokens), optional ``id``,
-              ``prefix`` (text already generated) and ``prompt_tokens``: a user's own rollout logs.
+              ``prefix`` (text already generated) and ``prompt_tokens``: a user's own rollout logs. A
+              ``step`` (the rollout step) may be present: training ignores it; the online evaluation
+              (``lengthsched eval-predictor --online``) replays a prompt's steps as its history.
 
 The k-token prefix of a text response is cut with the label (policy) tokenizer. With a response
 length only (``response_length``, CASTILLO samples without text) no prefix exists; such rows are

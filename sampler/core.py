@@ -277,11 +277,19 @@ class InfiniteSampler:
             return ()
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
+    def _queries(self, prompt: list[int], group_size: int) -> list:
+        """What the predictor is asked about: the prompt (its tokens, for a predictor that learns
+        online and must recognise the prompt again; else its text with a tokenizer), or indices."""
+        if hasattr(self.predictor, "observe"):
+            return [tuple(prompt)] * group_size
+        if self.tokenizer is not None:
+            return [self.tokenizer.decode(prompt)] * group_size
+        return list(range(group_size))
+
     def _predictions(self, prompt: list[int], group_size: int, predicted: np.ndarray | None):
         if predicted is not None or self.predictor is None or self.probe_tokens:
             return predicted, None  # with a probe, the predictor is asked after the first k tokens
-        queries = [self.tokenizer.decode(prompt)] * group_size if self.tokenizer is not None else list(range(group_size))
-        out = self.predictor.predict(queries, quantiles=[self.quantile])
+        out = self.predictor.predict(self._queries(prompt, group_size), quantiles=[self.quantile])
         return (np.maximum(1, np.asarray(out.lengths, dtype=np.int64)),
                 np.maximum(1, np.asarray(out.quantile(self.quantile), dtype=np.int64)))
 
@@ -316,9 +324,11 @@ class InfiniteSampler:
                 return L
             return int(forced[np.random.default_rng([seed, index]).integers(G)])
 
+        online = hasattr(self.predictor, "observe") and predicted is None  # told of siblings as they finish
         problem = Problem(lengths=truth, max_new_tokens=L, prompt_len=P, slots=self.slots,
                           budget_tokens=budget_tokens, predicted=point, reserve=reserve, refill=self.refill,
-                          eps=self.eps, stream=stream)
+                          eps=self.eps, stream=stream, predictor=self.predictor if online else None,
+                          prompt_ids=tuple(self._queries(prompt, G)) if online else None, quantile=self.quantile)
         policy = make_policy(sim_name, problem)  # raises on a missing slots / budget before any compute
         device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype

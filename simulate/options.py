@@ -35,7 +35,8 @@ class SimulateOptions:
     spread: float | None = _opt(None, "sigma of log length within a group for lmsys/azure "
                                       "(default: fitted to CASTILLO)")
     predictor: str = _opt("oracle", "predicted lengths: oracle, noisy:SIGMA (log-normal error), constant:TOKENS, "
-                                    "or trace (the trace's 'predicted')")
+                                    "trace (the trace's 'predicted'), or online / online:TOKENS (learns from "
+                                    "each group's finished siblings, from a constant prior)")
     quantile: float = _opt(0.9, "predicted quantile that length_aware reserves")
     policies: str = _opt(",".join(DEFAULT_POLICIES), "comma-separated policies to compare")
     slots: int | None = _opt(None, "also cap how many sequences decode at once")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from functools import lru_cache
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -56,9 +57,36 @@ def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
             if group.predicted is None:
                 raise InvalidArgument("predictor", spec, f"a 'predicted' field in group {group.prompt_id}")
             return group.predicted
+        if kind == "online":
+            return _online_predictor(int(arg) if arg else None)
     except ValueError:
         pass
-    raise InvalidArgument("predictor", spec, "oracle, noisy:SIGMA, constant:TOKENS or trace")
+    raise InvalidArgument("predictor", spec, "oracle, noisy:SIGMA, constant:TOKENS, trace, online or online:TOKENS")
+
+
+def _online_predictor(prior: int | None) -> Any:
+    """A fresh ``OnlineLengthPredictor`` for one group: it knows nothing of the prompt but a constant
+    prior (TOKENS, or the CASTILLO mean) and learns from the group's siblings as they finish. Its
+    spreads are fitted on the bundled CASTILLO validate groups."""
+    from lengthsched import OnlineLengthPredictor
+
+    spreads = _castillo_spreads()
+    if prior is not None and prior < 1:
+        raise ValueError("a prior of at least 1 token")
+    return OnlineLengthPredictor(prior=prior if prior is not None else spreads["mean_length"],
+                                 within_sigma=spreads["within_sigma"], prior_sigma=spreads["prior_sigma"],
+                                 residual_quantiles=spreads["residual_quantiles"])
+
+
+@lru_cache(maxsize=1)
+def _castillo_spreads() -> dict:
+    from lengthsched.online import fit_spreads
+
+    from .workloads import castillo_validate_lengths
+
+    groups = castillo_validate_lengths()
+    mean = float(np.exp(np.mean([np.log(g).mean() for g in groups])))
+    return {**fit_spreads(groups, [mean] * len(groups)), "mean_length": mean}
 
 
 @dataclass(frozen=True)

@@ -111,14 +111,16 @@ def retained_kv_curve(timeline: Timeline, compression: Any, steps: int) -> np.nd
     return curve
 
 
-def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: float, reserve: Any):
-    """(point predictions, reservations, predictor object) from what the caller passed."""
+def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: float, reserve: Any,
+                 prompt_ids: tuple | None = None):
+    """(point predictions, reservations, predictor object) from what the caller passed. A predictor
+    is asked about ``prompt_ids`` (one per completion) or, without them, completion indices."""
     n = len(lengths)
     if predicted is None:
         point, predictor = None, None
     elif hasattr(predicted, "predict"):  # a LengthPredictor (a runtime Protocol check costs ~10 us a call)
         predictor = predicted
-        out = predictor.predict(list(range(n)), quantiles=[quantile])
+        out = predictor.predict(list(prompt_ids) if prompt_ids is not None else list(range(n)), quantiles=[quantile])
         point = np.maximum(1, np.asarray(out.lengths, dtype=np.int64))
         if reserve is None:
             reserve = np.maximum(1, np.asarray(out.quantile(quantile), dtype=np.int64))
@@ -137,7 +139,7 @@ def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: fl
 
 def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predicted, max_new_tokens, seed,
               reserve, quantile, refill, eps, record, prompts, compression=None, cost=None,
-              prefill_chunk=DEFAULT_PREFILL_CHUNK) -> SimResult:
+              prefill_chunk=DEFAULT_PREFILL_CHUNK, prompt_ids=None) -> SimResult:
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     if lengths.max() > max_new:
         bad = int(np.argmax(lengths > max_new))
@@ -152,7 +154,8 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
     quantile = check_positive_float("quantile", quantile, maximum=0.999999)
     prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
     cost = _cost(cost)
-    point, reserve, predictor = _predictions(predicted, lengths, max_new, quantile, reserve)
+    keys = None if prompt_ids is None or not hasattr(predicted, "observe") else tuple(prompt_ids)
+    point, reserve, predictor = _predictions(predicted, lengths, max_new, quantile, reserve, keys)
 
     def stream(index: int) -> int:
         # Extra completions resample the group, each from its own stream (seed, index).
@@ -160,7 +163,7 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
 
     problem = Problem(lengths=lengths, max_new_tokens=max_new, prompt_len=int(prompt_lens[0]), slots=slots,
                       budget_tokens=budget_tokens, predicted=point, reserve=reserve, predictor=predictor,
-                      refill=refill, eps=eps, stream=stream)
+                      refill=refill, eps=eps, stream=stream, prompt_ids=keys, quantile=quantile)
     sim = make_policy(policy, problem)
     block = sim.block_size
     if compression is not None and block > 1:
@@ -235,6 +238,7 @@ def run_group(
     compression: Any = None,
     cost: Any = None,
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+    prompt_id: Any = 0,
 ) -> SimResult:
     """Simulate generating one group of completions of true ``lengths`` (tokens) with ``policy``.
 
@@ -249,14 +253,17 @@ def run_group(
     ``cost``: the ``lengthsched.cost.StepCost`` that prices the run in seconds (default: Qwen3-1.7B
     on the H100 preset); ``prefill_chunk``: most tokens prefilled in one step (vLLM's
     ``max_num_batched_tokens``, default 8192; None: no limit). Every decode row reads its prompt's
-    KV (as paged-attention kernels do: once per row).
+    KV (as paged-attention kernels do: once per row). ``prompt_id``: the group's prompt key, what a
+    predictor that learns online (``lengthsched.OnlineLengthPredictor``) is asked about and told
+    of finished siblings; other predictors are asked with completion indices.
     """
     true = as_lengths("lengths", lengths, minimum=1)
     prompt_len = check_int("prompt_len", prompt_len, minimum=0)
     return _simulate(true, np.full(len(true), prompt_len, dtype=np.int64), policy, slots=slots,
                      budget_tokens=budget_tokens, predicted=predicted, max_new_tokens=max_new_tokens, seed=seed,
                      reserve=reserve, quantile=quantile, refill=refill, eps=eps, record=record,
-                     prompts=[prompt_len], compression=compression, cost=cost, prefill_chunk=prefill_chunk)
+                     prompts=[prompt_len], compression=compression, cost=cost, prefill_chunk=prefill_chunk,
+                     prompt_ids=[prompt_id] * len(true))
 
 
 def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
@@ -264,7 +271,8 @@ def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
 
     ``groups``: objects with ``lengths`` and ``prompt_len`` (e.g. :class:`simulate.Group`); every
     prompt's KV is held for the whole batch, outside ``budget_tokens``. Other arguments as
-    :func:`run_group`; ``predicted`` then covers all completions, group by group.
+    :func:`run_group`; ``predicted`` then covers all completions, group by group (a predictor that
+    learns online is asked about each group's ``prompt_id``, or its index in ``groups``).
     """
     if not groups:
         raise InvalidArgument("groups", groups, "at least one group")
@@ -277,4 +285,5 @@ def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
     if unknown:
         raise InvalidArgument("kwargs", sorted(unknown), "arguments of run_group")
     options.update(kwargs)
-    return _simulate(lengths, prompts, policy, prompts=[int(g.prompt_len) for g in groups], **options)
+    keys = [getattr(g, "prompt_id", i) for i, g in enumerate(groups) for _ in range(len(g.lengths))]
+    return _simulate(lengths, prompts, policy, prompts=[int(g.prompt_len) for g in groups], prompt_ids=keys, **options)

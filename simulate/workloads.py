@@ -9,7 +9,9 @@
   within-prompt standard deviation of log length in CASTILLO (:func:`castillo_spread`).
 - :func:`load_trace` / :func:`write_trace`: a JSON-lines trace format for a user's own rollout
   logs, one group per line: ``{"prompt_id": ..., "prompt_tokens": P, "lengths": [...],
-  "predicted": [...]}`` (``predicted`` optional).
+  "predicted": [...], "step": S}`` (``predicted`` and ``step``, the rollout step the group was
+  drawn in, optional: the same prompt in several steps is its history, which
+  ``lengthsched.OnlineLengthPredictor`` learns from).
 
 Lengths above ``max_new_tokens`` are clipped to it (a completion stops at L_max), except in
 :func:`load_trace`, which rejects them: a logged length above the limit means a wrong limit.
@@ -38,7 +40,7 @@ __all__ = [
     "TraceError",
     "WORKLOADS",
     "castillo_groups",
-    "castillo_spread",
+    "castillo_spread", "castillo_validate_lengths",
     "trace_groups",
     "load_trace",
     "write_trace",
@@ -64,12 +66,18 @@ class Group:
     lengths: np.ndarray
     predicted: np.ndarray | None = None
     source: str = ""
+    step: int | None = None  # the rollout step it was drawn in (rollout logs), if known
 
 
 @lru_cache(maxsize=1)
 def _castillo_rows() -> tuple[dict, ...]:
     with open(CASTILLO_FILE, encoding="utf-8") as handle:
         return tuple(json.loads(line) for line in handle)
+
+
+def castillo_validate_lengths() -> list[list[int]]:
+    """The sibling lengths (tokens) of every bundled CASTILLO prompt of the validate split."""
+    return [list(r["lengths"]) for r in _castillo_rows() if r.get("split") == "validate"]
 
 
 def castillo_spread() -> float:
@@ -206,10 +214,11 @@ def load_trace(path: str | os.PathLike, *, max_new_tokens: int | None = None) ->
         if predicted is not None and len(predicted) != len(lengths):
             raise TraceError(f"{path} line {number}: field 'predicted' has {len(predicted)} values for "
                              f"{len(lengths)} lengths")
+        step = _field(path, number, record, "step", lambda v: check_int("step", v, minimum=0), required=False)
         if max_new_tokens is not None and lengths.max() > max_new_tokens:
             raise TraceError(f"{path} line {number}: field 'lengths' has {int(lengths.max())} > "
                              f"max_new_tokens={max_new_tokens}")
-        groups.append(Group(prompt_id, prompt_len, lengths, predicted, source=path))
+        groups.append(Group(prompt_id, prompt_len, lengths, predicted, source=path, step=step))
     if not groups:
         raise TraceError(f"{path}: the trace holds no groups")
     return groups
@@ -223,6 +232,8 @@ def write_trace(path: str | os.PathLike, groups: Sequence[Group]) -> None:
                   "lengths": [int(x) for x in g.lengths]}
         if g.predicted is not None:
             record["predicted"] = [int(x) for x in g.predicted]
+        if g.step is not None:
+            record["step"] = int(g.step)
         lines.append(json.dumps(record))
     atomic_write_text(path, "\n".join(lines) + "\n")
 

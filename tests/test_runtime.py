@@ -126,3 +126,58 @@ def test_the_token_path_checks_its_budget():
     with pytest.raises(InvalidArgument, match="budget_tokens"):
         plan_group([5, 5], max_new_tokens=10, budget_tokens=40, budget_bytes=100,
                    memory=ModelMemory.from_preset("qwen3-1.7b"))
+
+
+def _online(**options):
+    from lengthsched import OnlineLengthPredictor
+
+    return OnlineLengthPredictor(prior=400, within_sigma=0.15, prior_sigma=0.6, **options)
+
+
+@pytest.mark.parametrize("policy", ["length_aware", "growth_aware", "growth_aware_lpt"])
+def test_an_online_predictor_learns_from_finished_siblings_during_the_run(policy):
+    """The runtime tells the predictor every finish, and the running siblings' progress, and asks it
+    again about the pending (and, growth-aware, running) siblings after each finish."""
+    from lengthsched import OnlineLengthPredictor
+    from simulate import run_group
+
+    class Spy(OnlineLengthPredictor):
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.calls, self.finished, self.censored = [], 0, 0
+
+        def observe(self, prompt, length, *, finished=True, completion=None, step=None):
+            self.finished += finished
+            self.censored += not finished
+            super().observe(prompt, length, finished=finished, completion=completion, step=step)
+
+        def predict(self, prompts, prefixes=None, *, quantiles=()):
+            self.calls.append((self.finished, len(prompts)))
+            return super().predict(prompts, prefixes, quantiles=quantiles)
+
+    lengths = [900, 950, 880, 920, 60, 910, 930, 890]
+    spy = Spy(prior=400, within_sigma=0.15, prior_sigma=0.6)
+    r = run_group(lengths, policy, budget_tokens=3000, max_new_tokens=1024, predicted=spy, prompt_id="p")
+    assert sorted(r.collected_lengths) == sorted(lengths)
+    assert spy.finished == len(lengths) and spy.censored > 0  # every finish once; running ones censored
+    assert spy.calls[0] == (0, len(lengths))  # the plan, before anything is known
+    assert any(done > 0 and asked > 0 for done, asked in spy.calls)  # asked again once siblings finished
+    mean, _ = spy.belief("p")
+    assert abs(np.exp(mean) - np.exp(np.mean(np.log(lengths)))) < 0.2 * np.mean(lengths)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(5, 200), min_size=3, max_size=10), bump=st.integers(1, 100),
+       policy=st.sampled_from(["length_aware", "growth_aware"]))
+def test_decisions_never_depend_on_a_length_not_yet_revealed(lengths, bump, policy):
+    """Lengthen the last completion to finish: every decision before it finishes is the same."""
+    from simulate import run_group
+
+    last = int(np.argmax(lengths))
+    longer = list(lengths)
+    longer[last] += bump
+    runs = [run_group(ls, policy, budget_tokens=max(longer) + 150, max_new_tokens=512, predicted=_online(),
+                      prompt_id="p", record=True) for ls in (lengths, longer)]
+    reveal = min(min(s[3] for s in r.timeline.segments if s[0] == last and s[4] == "run") for r in runs)
+    before = [sorted(s[:3] for s in r.timeline.segments if s[2] < reveal) for r in runs]
+    assert before[0] == before[1]

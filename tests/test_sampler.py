@@ -315,3 +315,33 @@ def test_step_records_say_what_each_step_computed_and_how_long_it_took(model, tm
     assert len(samples["seconds"]) == res.steps
     cost = StepCost.from_gpu(memory, "h100", config=model.config.to_dict())
     assert res.model_seconds(cost) > 0
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(1, 14), min_size=2, max_size=6),
+       policy=st.sampled_from(["length_aware", "growth_aware", "growth_aware_lpt"]), extra=st.integers(0, 20),
+       prior=st.integers(2, 14))
+def test_an_online_predictor_makes_the_same_decisions_in_sampler_and_simulator(lengths, policy, extra, prior):
+    """A predictor that learns from finished siblings during the run (OnlineLengthPredictor) is told the
+    same events and asked the same questions by the sampler and the simulator: replay gives the same
+    steps, preemptions and recomputation."""
+    from lengthsched import OnlineLengthPredictor
+
+    m = _tiny_once()
+    prompt_ids = [(7 * i) % 90 + 5 for i in range(9)]
+    budget = 16 + extra + 16
+    mem = model_memory(m)
+    budget_bytes = (mem.weights_bytes + mem.prompt_kv_bytes(9) + mem.activation_bytes(len(lengths))
+                    + budget * mem.kv_bytes_per_token)
+
+    def fresh():
+        return OnlineLengthPredictor(prior=prior, within_sigma=0.3, prior_sigma=0.8, max_new_tokens=16)
+
+    res = InfiniteSampler(m, policy=policy, budget_bytes=budget_bytes, predictor=fresh()).sample_group(
+        prompt_ids, len(lengths), max_new_tokens=16, force_lengths=lengths)
+    budget_tokens = mem.kv_token_budget(budget_bytes, prompt_tokens=9, batch=len(lengths))
+    sim = run_group(lengths, policy, max_new_tokens=16, prompt_len=9, budget_tokens=budget_tokens,
+                    predicted=fresh(), prompt_id=tuple(prompt_ids))
+    assert (res.steps, res.peak_kv_tokens, res.preemptions, res.recomputed_tokens) == \
+        (sim.steps, sim.peak_kv_tokens, sim.preemptions, sim.recomputed_tokens)
+    assert res.lengths == list(lengths)

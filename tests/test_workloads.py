@@ -100,3 +100,16 @@ def test_empty_and_missing_traces(tmp_path):
         load_trace(tmp_path / "missing.jsonl")
     with pytest.raises(InvalidArgument, match="argument 'workload'"):
         make_workload("nowhere.jsonl", 4, max_new_tokens=16, limit=None, seed=0)
+
+
+def test_a_trace_keeps_the_rollout_step(tmp_path):
+    """Rollout logs carry the step a group was drawn in, so a prompt's history can be replayed."""
+    from simulate.workloads import Group, load_trace, write_trace
+
+    path = tmp_path / "log.jsonl"
+    write_trace(path, [Group("p", 10, np.array([5, 6]), step=3), Group("p", 10, np.array([7, 8]))])
+    groups = load_trace(path)
+    assert [g.step for g in groups] == [3, None]
+    path.write_text('{"prompt_id": "p", "prompt_tokens": 1, "lengths": [3], "step": -1}\n')
+    with pytest.raises(Exception, match="line 1: field 'step'"):
+        load_trace(path)

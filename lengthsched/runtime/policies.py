@@ -31,7 +31,12 @@ class Problem:
     predicted to reach ``max_new_tokens`` and starts in index order). ``reserve``: tokens to
     reserve per completion (a predicted quantile); ``predictor``: an object of the
     ``lengthsched.LengthPredictor`` protocol asked again, with the tokens generated so far as
-    prefix, when a completion outlives its prediction. ``stream``: draws the length of extra
+    prefix, when a completion outlives its prediction. A predictor that learns online (one with
+    ``observe``, e.g. ``lengthsched.OnlineLengthPredictor``) is also told, at every decision, which
+    completions finished (exact lengths) and how far the running ones are (censored), and the
+    pending completions are predicted again after a sibling finishes. ``prompt_ids``: the prompt
+    key of each completion, what the predictor is asked about (None: completion indices).
+    ``quantile``: the predicted quantile reserved. ``stream``: draws the length of extra
     completions for the dynamic-slot policy, ``stream(index) -> length``.
     """
 
@@ -46,10 +51,21 @@ class Problem:
     refill: str = "sjf"
     eps: float = 0.05
     stream: Callable[[int], int] | None = None
+    prompt_ids: tuple | None = None
+    quantile: float = 0.9
 
     @property
     def n(self) -> int:
         return len(self.lengths)
+
+    def query(self, jobs: Any) -> list:
+        """What a predictor is asked about for these completions: their prompt keys, or their indices."""
+        return [self.prompt_ids[j] for j in jobs] if self.prompt_ids is not None else [int(j) for j in jobs]
+
+    @property
+    def online(self) -> bool:
+        """Whether the predictor learns from what happens during the run (it has ``observe``)."""
+        return self.predictor is not None and hasattr(self.predictor, "observe")
 
     def point(self) -> np.ndarray:
         """Predicted lengths, or ``max_new_tokens`` for all when nothing is predicted."""
@@ -69,6 +85,33 @@ class SimPolicy:
 
     def __init__(self, problem: Problem):
         self.problem = problem
+        self._fed = 0  # completions already reported to an online predictor
+
+    def observe_events(self, eng: Engine) -> bool:
+        """Tell an online predictor what happened since the last decision: every completion that
+        finished (its exact length) and, when one did, the progress of every running one (censored:
+        at least that many tokens). Returns whether a completion finished."""
+        p = self.problem
+        if not p.online:
+            return False
+        new = eng.collected[self._fed:]
+        self._fed = len(eng.collected)
+        for job in new:
+            p.predictor.observe(p.query([job])[0], eng.length[job], completion=job)
+        if new:
+            for job in eng.running:
+                p.predictor.observe(p.query([job])[0], eng.age(job), finished=False, completion=job)
+        return bool(new)
+
+    def predict_again(self, eng: Engine, jobs: list[int], progress: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(point, quantile) predictions of the TOTAL length of ``jobs`` that have generated ``progress``
+        tokens, from the problem's predictor, capped at ``max_new_tokens``."""
+        p = self.problem
+        out = p.predictor.predict(p.query(jobs), prefixes=progress, quantiles=[p.quantile])
+        done = np.asarray(progress, dtype=np.int64)
+        point = np.minimum(done + np.maximum(1, np.asarray(out.lengths, dtype=np.int64)), p.max_new_tokens)
+        upper = np.minimum(done + np.maximum(1, np.asarray(out.quantile(p.quantile), dtype=np.int64)), p.max_new_tokens)
+        return point, upper
 
     def start(self, eng: Engine) -> None:
         """Called once before the first decision (plans are made here)."""
@@ -243,13 +286,27 @@ class LengthAware(SimPolicy):
             self.plan = plan_group(predicted, budget_tokens=self.budget, slots=p.slots, reserve_lengths=reserve,
                                    **options)
         self.reserve = list(self.plan.reserve_lengths)
+        self.point = list(self.plan.lengths)
         self.sched = GroupScheduler.from_plan(self.plan)
         self.cap = self.plan.slots
 
     def _next_step_usage(self, eng: Engine) -> int:
         return sum(max(self.reserve[j], eng.age(j) + 1) for j in eng.origin)
 
+    def _refresh(self, eng: Engine) -> None:
+        """After a sibling finished, predict the pending completions again (SJF order, reservations)."""
+        jobs = self.sched.pending_jobs()
+        if not jobs:
+            return
+        point, upper = self.predict_again(eng, jobs, [eng.done[j] for j in jobs])
+        for j, total, high in zip(jobs, point.tolist(), upper.tolist()):
+            self.point[j] = total
+            self.reserve[j] = high if self.budget is None else min(high, self.budget)
+            self.sched.update_prediction(j, max(1, total - eng.done[j]))
+
     def decide(self, eng: Engine) -> None:
+        if self.observe_events(eng):
+            self._refresh(eng)
         if self.budget is None:
             self._decide_slots(eng)
             return
@@ -259,7 +316,7 @@ class LengthAware(SimPolicy):
             job = next(reversed(eng.running))
             used -= max(self.reserve[job], eng.age(job) + 1)
             eng.preempt(job)
-            self.sched.requeue(job, max(1, self.plan.lengths[job] - eng.done[job]))
+            self.sched.requeue(job, max(1, self.point[job] - eng.done[job]))
         while eng.live < self.cap:
             job = self.sched.next_in_order()
             if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget \
@@ -324,10 +381,22 @@ class GrowthAware(SimPolicy):
             for j in late:
                 self.total[j] = min(p.max_new_tokens, self.budget)
             return
-        ages = [eng.age(j) for j in late]
-        again = p.predictor.predict(late, prefixes=ages).lengths
-        for j, age, left in zip(late, ages, again):
-            self.total[j] = min(p.max_new_tokens, self.budget, age + max(1, int(left)))
+        point, _ = self.predict_again(eng, late, [eng.age(j) for j in late])
+        for j, total in zip(late, point.tolist()):
+            self.total[j] = min(self.budget, total)
+
+    def _refresh(self, eng: Engine) -> None:
+        """After a sibling finished, predict every pending and running completion again."""
+        pending = self.sched.pending_jobs()
+        running = list(eng.running)
+        jobs = pending + running
+        if not jobs:
+            return
+        point, _ = self.predict_again(eng, jobs, [eng.done[j] for j in pending] + [eng.age(j) for j in running])
+        for j, total in zip(jobs, point.tolist()):
+            self.total[j] = min(self.budget, total)
+        for j in pending:
+            self.sched.update_prediction(j, max(1, self.total[j] - eng.done[j]))
 
     def delay(self, eng: Engine, job: int) -> int | None:
         """Fewest steps to wait before ``job`` can start with the predicted curve under the budget
@@ -367,6 +436,8 @@ class GrowthAware(SimPolicy):
         return int(ok[0]) if ok.size else None
 
     def decide(self, eng: Engine) -> None:
+        if self.observe_events(eng):
+            self._refresh(eng)
         self._repredict(eng)
         while eng.running and eng.kv_tokens(eng.t + 1) > self.budget:
             job = next(reversed(eng.running))

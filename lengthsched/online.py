@@ -1,0 +1,385 @@
+"""Online length prediction from siblings and history (numpy only).
+
+GRPO draws G completions of one prompt, reveals their lengths as they finish and revisits every
+prompt each epoch. :class:`OnlineLengthPredictor` keeps, per prompt, a normal belief over the
+prompt's mean log length and updates it in closed form:
+
+- **prior**: any ``LengthPredictor`` (the trained BERT predictor, a constant, a regression on the
+  prompt length), a number, or a mapping prompt -> tokens, asked once per prompt; its error in log
+  space has spread ``prior_sigma`` (learnt from data by :meth:`OnlineLengthPredictor.fit`). Without a
+  prior the running mean of everything observed so far serves (empirical Bayes), and before any
+  observation ``default_length``;
+- **siblings**: a completion's log length is normal around the prompt's mean with spread
+  ``within_sigma`` (learnt). A finished sibling is an exact observation (normal-normal conjugacy:
+  precisions add, O(1) per update);
+- **running siblings** are censored: a completion that has generated k tokens and not finished has
+  log length > log(k + 1). Approximation (documented and tested): each censored sibling adds a
+  pseudo-observation at its conditional mean E[y | y > c] under the current predictive, weighted by
+  the Fisher information a censored normal observation carries, h(z) (h(z) - z) with z the
+  standardised censoring point and h the normal hazard (0 when c is far below the mean: no
+  information; 1 when far above: as good as an exact observation). One scoring step, no iteration;
+- **history**: observations of the same prompt in earlier rollout steps, weighted by
+  ``forgetting ** (steps ago)``, so a policy whose lengths drift under RL is followed; with
+  ``drift=True`` a global per-step drift of log length is estimated from prompts seen in
+  consecutive steps and added to older observations;
+- **per completion**: the predictive of its total length is the belief plus the sibling spread,
+  truncated to what it has already generated; quantiles of its remaining length come from that
+  truncated log-normal.
+
+``predict(prompts, prefixes)`` follows the ``LengthPredictor`` protocol (a prefix is the
+completion's progress: token ids or a count) and is vectorised over the queries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import InvalidArgument, check_int, check_positive_float
+from .predictor import LengthPrediction, _check_quantiles, _prefix_lengths
+
+__all__ = ["OnlineLengthPredictor", "fit_spreads"]
+
+_NORMAL = NormalDist()
+_cdf = np.frompyfunc(_NORMAL.cdf, 1, 1)
+_pdf = np.frompyfunc(_NORMAL.pdf, 1, 1)
+
+
+def _inv_cdf(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    return np.frompyfunc(_NORMAL.inv_cdf, 1, 1)(p).astype(np.float64)
+
+
+def _phi(x: np.ndarray) -> np.ndarray:
+    return _cdf(np.asarray(x, dtype=np.float64)).astype(np.float64)
+
+
+def _hazard(z: np.ndarray) -> np.ndarray:
+    """phi(z) / (1 - Phi(z)), computed stably for large z (where it tends to z)."""
+    z = np.asarray(z, dtype=np.float64)
+    tail = 1.0 - _phi(z)
+    dens = _pdf(z).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(tail > 1e-12, dens / np.maximum(tail, 1e-300), z + 1.0 / np.maximum(z, 1e-12))
+    return h
+
+
+@dataclass
+class _Prompt:
+    """The belief's sufficient statistics for one prompt (log lengths)."""
+
+    prior_mean: float
+    step: int = 0
+    n: int = 0  # finished siblings of the current step
+    total: float = 0.0  # their sum of log lengths
+    hist_weight: float = 0.0  # decayed weights of earlier steps' observations
+    hist_total: float = 0.0  # weighted sum of their log lengths
+    hist_steps: float = 0.0  # weighted sum of their steps (for the drift correction)
+    running: dict[Hashable, int] = field(default_factory=dict)  # completion -> tokens generated so far
+
+
+_GRID = np.linspace(0.0005, 0.9995, 1999)  # probabilities at which an empirical residual law is kept
+
+
+class _Residuals:
+    """The law of a sibling's standardised log length around its prompt's mean: the standard normal,
+    or an empirical law learnt from data (heavy-tailed on real completions: a few run far longer),
+    kept as its quantile function on a fixed grid; cdf and inverse by interpolation."""
+
+    def __init__(self, quantiles: Sequence[float] | None = None):
+        self.values = None if quantiles is None else np.asarray(quantiles, dtype=np.float64)
+        if self.values is not None and (len(self.values) != len(_GRID) or np.any(np.diff(self.values) < 0)):
+            raise InvalidArgument("residual_quantiles", f"{len(self.values)} values",
+                                  f"{len(_GRID)} non-decreasing quantiles (from fit_spreads)")
+
+    def cdf(self, z: np.ndarray) -> np.ndarray:
+        if self.values is None:
+            return _phi(z)
+        return np.interp(z, self.values, _GRID, left=0.0, right=1.0)
+
+    def inv(self, p: np.ndarray) -> np.ndarray:
+        if self.values is None:
+            return _inv_cdf(p)
+        return np.interp(np.clip(p, _GRID[0], _GRID[-1]), _GRID, self.values)
+
+    def mixed(self, share: np.ndarray) -> "_Mixed":
+        """The law of (belief error + sibling residual) / its sd, where ``share`` of the variance is the
+        belief's (normal) and the rest the sibling's (this law): approximated by mixing the two quantile
+        functions in proportion to their standard deviations' shares (exact at share 0 and 1)."""
+        return _Mixed(self, np.asarray(share, dtype=np.float64))
+
+
+class _Mixed:
+    """Quantile-mixture of the standard normal and an empirical residual law (see ``_Residuals.mixed``)."""
+
+    def __init__(self, law: _Residuals, share: np.ndarray):
+        self.law, self.a = law, np.sqrt(share) / (np.sqrt(share) + np.sqrt(1.0 - share))
+
+    def inv(self, p: np.ndarray) -> np.ndarray:
+        return self.a * _inv_cdf(p) + (1.0 - self.a) * self.law.inv(p)
+
+    def cdf(self, z: np.ndarray) -> np.ndarray:
+        """By bisection on the monotone quantile function (vectorised, 50 halvings)."""
+        z = np.asarray(z, dtype=np.float64)
+        lo, hi = np.zeros_like(z), np.ones_like(z)
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            below = self.inv(mid) < z
+            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+        return (lo + hi) / 2
+
+
+def fit_spreads(groups: Iterable[Sequence[int]], prior_lengths: Iterable[float] | None = None) -> dict[str, Any]:
+    """Spreads of the log-normal model from groups of sibling lengths (tokens, >= 2 per group).
+
+    ``within_sigma``: pooled within-group standard deviation of log length (unbiased);
+    ``residual_quantiles``: the empirical law of the standardised residuals (the predictive's shape:
+    real sibling lengths are far from normal in their tails). With
+    ``prior_lengths`` (one prediction per group, tokens): ``prior_sigma``, the spread of the
+    prior's error on a group's mean log length, its sampling noise (within^2 / n) taken out; and
+    ``prior_bias``, the mean of that error (add it to the prior's log). Returns a dict."""
+    logs = [np.log(np.asarray(g, dtype=np.float64)) for g in groups]
+    if not logs or any(len(g) < 2 or np.any(~np.isfinite(g)) for g in logs):
+        raise InvalidArgument("groups", f"{len(logs)} groups", "groups of at least 2 lengths >= 1 token each")
+    ss = sum(float(((g - g.mean()) ** 2).sum()) for g in logs)
+    dof = sum(len(g) - 1 for g in logs)
+    within = math.sqrt(ss / dof)
+    # Residuals from each group's own mean are narrower by sqrt((n - 1) / n): undo it.
+    z = np.concatenate([(g - g.mean()) * math.sqrt(len(g) / (len(g) - 1)) for g in logs]) / within
+    out: dict[str, Any] = {"within_sigma": within, "residual_quantiles": np.quantile(z, _GRID).tolist()}
+    if prior_lengths is not None:
+        prior = np.log(np.asarray(list(prior_lengths), dtype=np.float64))
+        if len(prior) != len(logs) or np.any(~np.isfinite(prior)):
+            raise InvalidArgument("prior_lengths", f"{len(prior)} values", f"{len(logs)} positive predictions, "
+                                                                            "one per group")
+        err = np.array([g.mean() for g in logs]) - prior
+        noise = np.mean([within ** 2 / len(g) for g in logs])
+        out["prior_bias"] = float(err.mean())
+        out["prior_sigma"] = math.sqrt(max(float(err.var(ddof=1)) - noise, 1e-4)) if len(err) > 1 else 0.5
+    return out
+
+
+class OnlineLengthPredictor:
+    """Predicts a completion's length from its prompt's prior, its finished and running siblings, and
+    the prompt's earlier rollout steps (see the module docstring). Tokens everywhere; beliefs in log
+    tokens.
+
+    ``prior``: a ``LengthPredictor``, a number of tokens, a mapping prompt -> tokens, or None.
+    ``prior_sigma``: spread of the prior's error in log space; ``prior_bias``: its mean (added to
+    the prior's log). ``within_sigma``: spread of siblings' log lengths around their prompt's mean.
+    ``forgetting`` in (0, 1]: weight of an observation from k rollout steps ago is forgetting**k.
+    ``drift``: estimate a global per-step drift of log length and apply it to older observations.
+    ``default_length``: the prior mean before anything is known (no prior, nothing observed).
+    ``max_new_tokens``: cap of every prediction (a completion cannot be longer).
+    ``residual_quantiles``: the shape of a sibling's standardised log length (from :func:`fit_spreads`;
+    default normal); the predictive quantiles use it, the belief updates stay normal.
+    ``censor_iterations``: scoring steps of the censored update.
+    """
+
+    def __init__(self, prior: Any = None, *, prior_sigma: float = 0.6, prior_bias: float = 0.0,
+                 within_sigma: float = 0.2, forgetting: float = 0.5, drift: bool = False,
+                 default_length: int = 512, max_new_tokens: int | None = None, censor_iterations: int = 3,
+                 residual_quantiles: Sequence[float] | None = None):
+        if prior is not None and not (hasattr(prior, "predict") or isinstance(prior, Mapping)
+                                      or isinstance(prior, (int, float, np.integer, np.floating))):
+            raise InvalidArgument("prior", type(prior).__name__, "a LengthPredictor, a number of tokens, a mapping "
+                                                                 "prompt -> tokens, or None")
+        if isinstance(prior, (int, float, np.integer, np.floating)):
+            check_positive_float("prior", prior)
+        self.prior = prior
+        self.prior_sigma = check_positive_float("prior_sigma", prior_sigma)
+        self.prior_bias = float(prior_bias)
+        if not math.isfinite(self.prior_bias):
+            raise InvalidArgument("prior_bias", prior_bias, "a finite number (log tokens)")
+        self.within_sigma = check_positive_float("within_sigma", within_sigma)
+        self.forgetting = check_positive_float("forgetting", forgetting, maximum=1.0)
+        self.drift = bool(drift)
+        self.default_length = check_int("default_length", default_length, minimum=1)
+        self.max_new_tokens = None if max_new_tokens is None else check_int("max_new_tokens", max_new_tokens,
+                                                                            minimum=1)
+        self.censor_iterations = check_int("censor_iterations", censor_iterations, minimum=1)
+        self.residuals = _Residuals(residual_quantiles)
+        self.step = 0
+        self._prompts: dict[Hashable, _Prompt] = {}
+        self._sum_log = 0.0  # every finished observation, for the empirical prior
+        self._count = 0
+        self._drift_sum = 0.0  # step-to-step changes of prompts' mean log length (drift estimate)
+        self._drift_weight = 0.0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def fit(cls, groups: Mapping[Hashable, Sequence[int]], prior: Any = None, **options: Any) -> "OnlineLengthPredictor":
+        """A predictor whose spreads are learnt from training ``groups`` (prompt -> sibling lengths,
+        tokens): ``within_sigma`` always; with a ``prior``, its ``prior_sigma`` and ``prior_bias`` on
+        these prompts. ``options`` as the constructor (explicit values win)."""
+        if not isinstance(groups, Mapping) or not groups:
+            raise InvalidArgument("groups", type(groups).__name__, "a non-empty mapping prompt -> sibling lengths")
+        keys = list(groups)
+        priors = None
+        if prior is not None:
+            probe = cls(prior, default_length=options.get("default_length", 512))
+            priors = np.exp(probe._prior_means(keys))
+        spreads = fit_spreads([groups[k] for k in keys], priors)
+        return cls(prior, **{**spreads, **options})
+
+    # ------------------------------------------------------------------ observations
+    def set_step(self, step: int) -> None:
+        """Start rollout step ``step`` (>= the current one): observations from now on belong to it."""
+        step = check_int("step", step, minimum=0)
+        if step < self.step:
+            raise InvalidArgument("step", step, f"at least the current step {self.step}")
+        self.step = step
+
+    def observe(self, prompt: Hashable, length: int, *, finished: bool = True, completion: Hashable = None,
+                step: int | None = None) -> None:
+        """Record that a completion of ``prompt`` finished with ``length`` tokens, or (``finished=False``)
+        that ``completion`` has generated ``length`` tokens so far. ``step``: the rollout step (default
+        the current one; a later one starts it). O(1)."""
+        length = check_int("length", length, minimum=1 if finished else 0)
+        if step is not None:
+            if check_int("step", step, minimum=0) > self.step:
+                self.set_step(step)
+        step = self.step if step is None else step
+        state = self._state(prompt)
+        if step < state.step:
+            raise InvalidArgument("step", step, f"at least step {state.step}, the latest seen for this prompt")
+        if step > state.step:
+            self._roll(state, step)
+        if not finished:
+            if completion is None:
+                raise InvalidArgument("completion", None, "an id of the running completion (finished=False)")
+            state.running[completion] = length
+            return
+        if completion is not None:
+            state.running.pop(completion, None)
+        y = math.log(length)
+        state.n += 1
+        state.total += y
+        self._sum_log += y
+        self._count += 1
+
+    def _state(self, prompt: Hashable) -> _Prompt:
+        state = self._prompts.get(prompt)
+        if state is None:
+            state = _Prompt(prior_mean=float(self._prior_means([prompt])[0]), step=self.step)
+            self._prompts[prompt] = state
+        return state
+
+    def _roll(self, state: _Prompt, step: int) -> None:
+        """Move the prompt's current-step observations into its history, decayed to ``step``."""
+        decay = self.forgetting ** (step - state.step)
+        if state.n and state.hist_weight > 0:  # a prompt seen in two steps: evidence of drift
+            previous = state.hist_total / state.hist_weight
+            gap = state.step - state.hist_steps / state.hist_weight
+            if gap > 0:
+                self._drift_sum += (state.total / state.n - previous) * state.n
+                self._drift_weight += gap * state.n
+        state.hist_weight = (state.hist_weight + state.n) * decay
+        state.hist_total = (state.hist_total + state.total) * decay
+        state.hist_steps = (state.hist_steps + state.n * state.step) * decay
+        state.n, state.total, state.step = 0, 0.0, step
+        state.running.clear()
+
+    def _prior_means(self, prompts: Sequence[Hashable]) -> np.ndarray:
+        """Prior mean log length of each prompt (the prior's prediction, bias-corrected)."""
+        prior = self.prior
+        if prior is None:
+            mean = self._sum_log / self._count if self._count else math.log(self.default_length)
+            return np.full(len(prompts), mean)
+        if isinstance(prior, Mapping):
+            missing = [p for p in prompts if p not in prior]
+            if missing:
+                raise InvalidArgument("prompts", missing[:3], "prompts the prior mapping knows")
+            values = np.array([float(prior[p]) for p in prompts])
+        elif hasattr(prior, "predict"):
+            values = np.asarray(prior.predict(list(prompts)).lengths, dtype=np.float64)
+        else:
+            values = np.full(len(prompts), float(prior))
+        if np.any(~np.isfinite(values)) or np.any(values <= 0):
+            raise InvalidArgument("prior", values[:3].tolist(), "positive, finite predictions (tokens)")
+        return np.log(values) + self.prior_bias
+
+    @property
+    def drift_per_step(self) -> float:
+        """The estimated drift of log length per rollout step (0 without ``drift``)."""
+        if not self.drift or not self._drift_weight:
+            return 0.0
+        return self._drift_sum / self._drift_weight
+
+    # ------------------------------------------------------------------ beliefs
+    def belief(self, prompt: Hashable) -> tuple[float, float]:
+        """(mean, variance) of the prompt's mean log length now, from the prior, its history and
+        its finished siblings (running siblings are added by :meth:`predict`)."""
+        state = self._state(prompt)
+        if state.step < self.step:
+            self._roll(state, self.step)
+        return self._belief(state)
+
+    def _belief(self, state: _Prompt) -> tuple[float, float]:
+        w2 = self.within_sigma ** 2
+        precision = 1.0 / self.prior_sigma ** 2 + (state.hist_weight + state.n) / w2
+        hist = state.hist_total
+        if state.hist_weight and self.drift:
+            hist += self.drift_per_step * (state.hist_weight * state.step - state.hist_steps)
+        mean = (state.prior_mean / self.prior_sigma ** 2 + (hist + state.total) / w2) / precision
+        return mean, 1.0 / precision
+
+    def _with_running(self, state: _Prompt) -> tuple[float, float]:
+        """The belief after the censored pseudo-observations of the prompt's running siblings."""
+        mean0, var0 = mean, var = self._belief(state)
+        if not state.running:
+            return mean, var
+        cut = np.log(np.fromiter(state.running.values(), dtype=np.float64) + 1.0)
+        w2 = self.within_sigma ** 2
+        for _ in range(self.censor_iterations):  # a few scoring steps from the updated belief
+            sd = math.sqrt(var + w2)
+            z = (cut - mean) / sd
+            h = _hazard(z)
+            weight = np.clip(h * (h - z), 0.0, 1.0)
+            value = mean + sd * h  # E[y | y > cut]
+            precision = 1.0 / var0 + float(weight.sum()) / w2
+            mean, var = (mean0 / var0 + float((weight * value).sum()) / w2) / precision, 1.0 / precision
+        return mean, var
+
+    # ------------------------------------------------------------------ the protocol
+    def predict(self, prompts: Sequence[Hashable], prefixes: Sequence[Any] | None = None, *,
+                quantiles: Sequence[float] = ()) -> LengthPrediction:
+        """Remaining tokens of a completion of each ``prompts[i]`` that has generated ``prefixes[i]``
+        (token ids or a count; None = nothing yet): the median of its predictive, truncated to more
+        than it has generated, and the requested quantiles of it. Vectorised over the queries."""
+        qs = _check_quantiles(quantiles)
+        done = _prefix_lengths(prompts, prefixes)
+        unseen = [p for p in dict.fromkeys(prompts) if p not in self._prompts]
+        if unseen:  # one batched call to the prior for every new prompt
+            for p, m in zip(unseen, self._prior_means(unseen)):
+                self._prompts[p] = _Prompt(prior_mean=float(m), step=self.step)
+        beliefs = {}
+        for p in dict.fromkeys(prompts):
+            state = self._prompts[p]
+            if state.step < self.step:
+                self._roll(state, self.step)
+            beliefs[p] = self._with_running(state)
+        mean = np.array([beliefs[p][0] for p in prompts], dtype=np.float64)
+        sd = np.sqrt(np.array([beliefs[p][1] for p in prompts], dtype=np.float64) + self.within_sigma ** 2)
+        # Truncate to y > log(done + 1) for a completion still running after `done` tokens.
+        var = np.array([beliefs[p][1] for p in prompts], dtype=np.float64)
+        law = self.residuals.mixed(var / (var + self.within_sigma ** 2)) if self.residuals.values is not None \
+            else self.residuals
+        low = np.where(done > 0, law.cdf((np.log(done + 1.0) - mean) / sd), 0.0)
+
+        def remaining(q: float, rounding) -> np.ndarray:
+            total = np.exp(mean + sd * law.inv(low + q * (1.0 - low)))
+            if self.max_new_tokens is not None:
+                total = np.minimum(total, self.max_new_tokens)
+            return np.maximum(1, rounding(total - done)).astype(np.int64)
+
+        return LengthPrediction(remaining(0.5, np.rint), {q: remaining(q, np.ceil) for q in qs})
+
+    def __repr__(self) -> str:
+        return (f"OnlineLengthPredictor(prior={type(self.prior).__name__}, prior_sigma={self.prior_sigma:.3f}, "
+                f"within_sigma={self.within_sigma:.3f}, forgetting={self.forgetting}, drift={self.drift}, "
+                f"{len(self._prompts)} prompts, step {self.step})")
