@@ -32,7 +32,7 @@ import torch
 
 from lengthsched.errors import InvalidArgument, as_lengths, check_int
 from lengthsched.memory import KVCompression, ModelMemory
-from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, VLLMLike, kv_budget_tokens, make_policy
+from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, kv_budget_tokens, make_policy
 
 from .attention import register
 from .kv import KVStore
@@ -223,7 +223,7 @@ class InfiniteSampler:
         if kv_compression is not None:
             if not isinstance(kv_compression, KVCompression):
                 raise InvalidArgument("kv_compression", kv_compression, "a lengthsched.KVCompression(budget, interval)")
-            if not share_prompt_kv or policy == "vllm":
+            if not share_prompt_kv or POLICIES[policy].cls.block_size > 1:
                 raise InvalidArgument("kv_compression", kv_compression, "a shared prompt KV and token-granular KV "
                                       "(not with share_prompt_kv=False or the block-16 vllm policy)")
         self.kv_compression = kv_compression
@@ -312,7 +312,7 @@ class InfiniteSampler:
         check_int("group_id", group_id, minimum=0)
         P, G, L = len(prompt), group_size, params.max_new_tokens
         sim_name = self.policy
-        block = VLLMLike.block_size if sim_name == "vllm" else 1  # the only engine model with blocks
+        block = POLICIES[sim_name].cls.block_size  # the vLLM models round KV to blocks of 16
         memory = model_memory(self.model, block, self.share_prompt_kv, self.kv_compression)
         tail = P if not self.share_prompt_kv else P % block  # prompt tokens each sequence holds itself
         budget_tokens = self._budget_tokens(memory, P, G, L + tail)

@@ -22,13 +22,14 @@ chunk, as vLLM's token budget does) and is counted in ``recomputed_tokens``.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from ..errors import InvalidArgument
 from .engine import Engine
 from .policies import Problem, SimPolicy, overflow_wakeup
 
-__all__ = ["VLLMLike", "SGLangLike"]
+__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "SGLangLike"]
 
 
 class _Waiting(SimPolicy):
@@ -64,20 +65,34 @@ class VLLMLike(_Waiting):
                                   f"at least {longest * self.block_size} for policy 'vllm' (the longest completion "
                                   f"plus its prompt's partial block, in blocks of 16)")
 
+    # The waiting queue and the victim (vLLM V1 FCFS): a stack whose top is the front; a preempted
+    # request goes back to the front; the victim is the newest running request.
+    def _head(self) -> int:
+        return self.waiting[-1]
+
+    def _take(self) -> None:
+        self.waiting.pop()
+
+    def _requeue(self, job: int) -> None:
+        self.waiting.append(job)
+
+    def _victim(self, eng: Engine) -> int:
+        return next(reversed(eng.running))
+
     def decide(self, eng: Engine) -> None:
         nxt = eng.t + 1
         used = eng.blocks(nxt)
-        while used > self.blocks:  # the next step does not fit: preempt the newest
-            job = next(reversed(eng.running))
+        while used > self.blocks:  # the next step does not fit: preempt a victim
+            job = self._victim(eng)
             eng.preempt(job)
-            self.waiting.append(job)
+            self._requeue(job)
             used = eng.blocks(nxt)
         while self.waiting and eng.live < self.cap:
-            job = self.waiting[-1]
+            job = self._head()
             need = -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size)
             if used + need > self.blocks or not eng.can_prefill(job):
                 return
-            self.waiting.pop()
+            self._take()
             used += need
             eng.admit(job)
 
@@ -92,6 +107,52 @@ class VLLMLike(_Waiting):
                 return eng.t + max(1, rounds * self.block_size + step - 1)
             extra -= count
         raise AssertionError("unreachable: every live sequence needs a block within one block of steps")
+
+
+class VLLMPriority(VLLMLike):
+    """vLLM V1 with ``scheduling_policy="priority"`` (vllm/v1/core/sched/scheduler.py and
+    request_queue.py, vLLM 0.1x-0.33 V1 scheduler): waiting requests are served in (priority,
+    arrival) order, a lower value first; a waiting request never preempts a running one to get in;
+    when a running request cannot get its next block, the victim is the running request with the
+    largest (priority, arrival), which goes back to the waiting queue (``prepend_request`` of the
+    priority queue pushes it onto the heap).
+
+    Priorities come from the predictions: minus the predicted length in tokens (longest first, the
+    order that shortens a rollout's tail; equal predictions share a priority and go by arrival);
+    without predictions all are equal and the order is arrival (completion index), as with FCFS but
+    with the priority victim rule.
+    """
+
+    name = "vllm_priority"
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
+        # A request's priority is minus its predicted length (tokens): equal predictions tie.
+        self.priority = [-int(x) for x in problem.point()] if problem.predicted is not None else [0] * problem.n
+        self.waiting = [(self.priority[j], j, j) for j in range(problem.n)]
+        heapq.heapify(self.waiting)
+
+    def _head(self) -> int:
+        return self.waiting[0][2]
+
+    def _take(self) -> None:
+        heapq.heappop(self.waiting)
+
+    def _requeue(self, job: int) -> None:
+        heapq.heappush(self.waiting, (self.priority[job], job, job))
+
+    def _victim(self, eng: Engine) -> int:
+        return max(eng.running, key=lambda j: (self.priority[j], j))
+
+
+class PlacedLongestFirst(VLLMPriority):
+    """The project's rollout policy: it places groups on replicas itself, by the partitioning core
+    over their predicted work (``simulate.run_rollout``), and runs each replica as vLLM's priority
+    scheduler with longest-predicted-first priorities (fill the KV pool, overcommit, preempt the
+    lowest priority). On one replica it is :class:`VLLMPriority`."""
+
+    name = "placed_lpt"
+    places_groups = True
 
 
 class SGLangLike(_Waiting):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from .baselines import SGLangLike, VLLMLike
+from .baselines import PlacedLongestFirst, SGLangLike, VLLMLike, VLLMPriority
 from .policies import (DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem,
                        SimPolicy)
 
@@ -28,7 +28,8 @@ class PolicySpec:
     ``fast`` / ``compiled``: ``simulate.fast`` (numpy over groups) / ``simulate.compiled`` (Numba)
     give the same results as the event engine; ``sampler``: the reference sampler runs it;
     ``unbiased``: it collects exactly the completions it launched (False for the stop-at-G control);
-    ``peaks``: its name in :func:`lengthsched.peaks.policy_peak` (analytic steps and peak memory).
+    ``peaks``: its name in :func:`lengthsched.peaks.policy_peak` (analytic steps and peak memory);
+    ``places_groups``: in a rollout over several replicas it places the groups itself (a router is ignored).
     """
 
     name: str
@@ -43,6 +44,7 @@ class PolicySpec:
     sampler: bool = True
     unbiased: bool = True
     peaks: str | None = None
+    places_groups: bool = False
 
     def __call__(self, problem: Problem) -> SimPolicy:
         return self.cls(problem, **dict(self.options))
@@ -71,6 +73,10 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True),
     PolicySpec("vllm", VLLMLike, "vLLM-like: blocks of 16, FCFS, preempt the newest", needs_budget=True,
                compiled=True),
+    PolicySpec("vllm_priority", VLLMPriority, "vLLM V1 priority scheduling, longest predicted first",
+               needs_budget=True),
+    PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
+               "scheduling, longest predicted first", needs_budget=True, places_groups=True),
     PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
                needs_budget=True, compiled=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
@@ -84,7 +90,7 @@ def policy_names(**supports: bool) -> tuple[str, ...]:
     unknown = [k for k in supports if k not in fields or fields[k].type not in ("bool", bool)]
     if unknown:
         raise InvalidArgument("supports", unknown, "flags of PolicySpec: budget, needs_budget, slots, fast, "
-                                                   "compiled, sampler, unbiased")
+                                                   "compiled, sampler, unbiased, places_groups")
     return tuple(n for n, s in POLICIES.items() if all(getattr(s, k) == v for k, v in supports.items()))
 
 

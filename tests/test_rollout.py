@@ -1,0 +1,98 @@
+"""simulate.run_rollout: B prompts x G completions on R replicas, routers, and the priority policies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from lengthsched.runtime import POLICIES, policy_names
+from simulate import ROUTERS, route, run_batch, run_group, run_rollout
+from simulate.workloads import Group, castillo_groups
+
+
+def _groups(sizes, seed=0, prompt=30):
+    rng = np.random.default_rng(seed)
+    return [Group(f"p{i}", prompt + i, rng.integers(5, 120, size=n)) for i, n in enumerate(sizes)]
+
+
+def test_routers_place_requests_as_verl_and_openrlhf_do():
+    groups = _groups([4, 4, 4])
+    assert route(groups, "least_loaded", 3).tolist() == [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]
+    assert route(groups, "group_round_robin", 2).tolist() == [0] * 4 + [1] * 4 + [0] * 4
+    predicted = np.array([100] * 4 + [10] * 4 + [90] * 4)
+    placed = route(groups, "least_loaded", 2, predicted, places_groups=True)
+    assert len({tuple(placed[i * 4:(i + 1) * 4]) for i in range(3)}) >= 2  # whole groups, spread
+    assert all(len(set(placed[i * 4:(i + 1) * 4])) == 1 for i in range(3))
+    assert placed[0] != placed[8]  # the two heavy groups on different replicas
+    with pytest.raises(InvalidArgument, match="router"):
+        route(groups, "random", 2)
+
+
+def test_one_replica_is_a_batch_whose_pool_holds_the_prompts():
+    groups = _groups([5, 3])
+    budget = 400
+    r = run_rollout(groups, "vllm", budget_tokens=budget, max_new_tokens=128)
+    b = run_batch(groups, "vllm", budget_tokens=budget - sum(g.prompt_len for g in groups), max_new_tokens=128)
+    assert (r.seconds, r.steps, r.preemptions, r.recomputed_tokens) == (b.seconds, b.steps, b.preemptions,
+                                                                        b.recomputed_tokens)
+    assert r.replica_seconds == (b.seconds,) and r.slowest_share == 1.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), replicas=st.integers(1, 4),
+       policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "growth_aware_lpt", "sglang"]),
+       router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3))
+def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed):
+    groups = _groups(sizes, seed)
+    flat = np.concatenate([g.lengths for g in groups])
+    budget = int(flat.max()) + sum(g.prompt_len for g in groups) + 48 + room
+    predicted = np.maximum(1, (flat * np.exp(np.random.default_rng(seed).normal(0, 0.5, len(flat))))).astype(int)
+    try:
+        r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=budget, max_new_tokens=128,
+                        predicted=predicted)
+    except Exception as exc:  # sglang's reservation can refuse a tight pool, as run_group does
+        assert policy == "sglang" and "nothing live" in str(exc)
+        return
+    assert r.seconds == max(r.replica_seconds) and len(r.replica_seconds) == replicas
+    assert [list(x) for x in r.collected_lengths] == [list(g.lengths) for g in groups]
+    assert r.seconds >= r.lower_bound_seconds * (1 - 1e-12)
+    assert r.tokens == int(flat.sum()) and r.tokens_per_second > 0
+
+
+def test_priority_scheduling_admits_the_longest_predicted_first():
+    lengths = [10, 50, 20, 40]
+    r = run_group(lengths, "vllm_priority", budget_tokens=64, max_new_tokens=64, predicted=lengths, record=True)
+    starts = {job: first for job, _, first, _, kind in r.timeline.segments}
+    assert starts[1] == 1  # the longest predicted runs from the first step
+    fcfs = run_group(lengths, "vllm", budget_tokens=64, max_new_tokens=64, record=True)
+    assert {job: f for job, _, f, _, _ in fcfs.timeline.segments}[0] == 1  # FCFS starts in index order
+
+
+def test_bad_rollout_inputs_name_the_argument():
+    groups = _groups([3, 3])
+    for kwargs, name in ((dict(replicas=0), "replicas"), (dict(router="x"), "router"),
+                         (dict(predicted=[1, 2]), "predicted"), (dict(budget_tokens=10), "budget_tokens"),
+                         (dict(policy="dynamic_slot"), "policy"), (dict(policy="nope"), "policy")):
+        args = dict(policy="vllm", budget_tokens=2000, max_new_tokens=128) | kwargs
+        with pytest.raises(InvalidArgument, match=name):
+            run_rollout(groups, **args)
+    with pytest.raises(InvalidArgument, match="groups"):
+        run_rollout([], "vllm", budget_tokens=100, max_new_tokens=10)
+
+
+def test_the_registry_names_the_rollout_policies():
+    assert {"vllm", "vllm_priority", "sglang", "placed_lpt"} <= set(POLICIES)
+    assert policy_names(places_groups=True) == ("placed_lpt",)
+
+
+def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
+    """verl spreads every group over the replicas, so each replica holds every prompt: with a small
+    pool that leaves little room for the completions; placing whole groups does not."""
+    groups = castillo_groups(16, max_new_tokens=1024, limit=32, seed=3)
+    common = dict(replicas=4, budget_tokens=4 * 1024 + sum(g.prompt_len for g in groups) // 2, max_new_tokens=1024)
+    spread = run_rollout(groups, "vllm", router="least_loaded", **common)
+    whole = run_rollout(groups, "vllm", router="group_round_robin", **common)
+    assert whole.seconds < spread.seconds
