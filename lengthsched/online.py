@@ -13,11 +13,11 @@ prompt's mean log length and updates it in closed form:
   ``within_sigma`` (learnt). A finished sibling is an exact observation (normal-normal conjugacy:
   precisions add, O(1) per update);
 - **running siblings** are censored: a completion that has generated k tokens and not finished has
-  log length > log(k + 1). Approximation (documented and tested): each censored sibling adds a
-  pseudo-observation at its conditional mean E[y | y > c] under the current predictive, weighted by
-  the Fisher information a censored normal observation carries, h(z) (h(z) - z) with z the
-  standardised censoring point and h the normal hazard (0 when c is far below the mean: no
-  information; 1 when far above: as good as an exact observation). One scoring step, no iteration;
+  log length > log(k + 1). With censored siblings the belief is no longer normal: it is computed
+  exactly on a grid of the prompt's mean log length (the normal belief times each running
+  sibling's survival probability), and the predictive of a completion is the mixture over that
+  grid. The same exact mixture serves every completion with progress of its own, truncated to
+  what it has generated (so a long-running completion keeps a finite, ordered tail);
 - **history**: observations of the same prompt in earlier rollout steps, weighted by
   ``forgetting ** (steps ago)``, so a policy whose lengths drift under RL is followed; with
   ``drift=True`` a global per-step drift of log length is estimated from prompts seen in
@@ -44,9 +44,11 @@ from .predictor import LengthPrediction, _check_quantiles, _prefix_lengths
 
 __all__ = ["OnlineLengthPredictor", "fit_spreads"]
 
+_POSTERIOR_POINTS = 81  # grid of the prompt's mean log length when running siblings are censored
+_PREDICTIVE_POINTS = 300  # grid of log total length for the truncated predictive
+
 _NORMAL = NormalDist()
 _cdf = np.frompyfunc(_NORMAL.cdf, 1, 1)
-_pdf = np.frompyfunc(_NORMAL.pdf, 1, 1)
 
 
 def _inv_cdf(p: np.ndarray) -> np.ndarray:
@@ -56,16 +58,6 @@ def _inv_cdf(p: np.ndarray) -> np.ndarray:
 
 def _phi(x: np.ndarray) -> np.ndarray:
     return _cdf(np.asarray(x, dtype=np.float64)).astype(np.float64)
-
-
-def _hazard(z: np.ndarray) -> np.ndarray:
-    """phi(z) / (1 - Phi(z)), computed stably for large z (where it tends to z)."""
-    z = np.asarray(z, dtype=np.float64)
-    tail = 1.0 - _phi(z)
-    dens = _pdf(z).astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = np.where(tail > 1e-12, dens / np.maximum(tail, 1e-300), z + 1.0 / np.maximum(z, 1e-12))
-    return h
 
 
 @dataclass
@@ -83,6 +75,16 @@ class _Prompt:
 
 
 _GRID = np.linspace(0.0005, 0.9995, 1999)  # probabilities at which an empirical residual law is kept
+_TABLE_Z = np.linspace(-40.0, 40.0, 32001)  # standardised residuals at which log-survivals are tabulated
+_erfc = np.frompyfunc(math.erfc, 1, 1)
+
+
+def _log_sf_normal(z: np.ndarray) -> np.ndarray:
+    """log P(N(0, 1) > z), accurate far into the upper tail (erfc; asymptotic beyond z = 37)."""
+    z = np.asarray(z, dtype=np.float64)
+    direct = np.log(np.maximum(0.5 * _erfc(np.minimum(z, 37.0) / math.sqrt(2.0)).astype(np.float64), 1e-320))
+    far = -0.5 * z * z - np.log(np.maximum(z, 1.0) * math.sqrt(2 * math.pi))
+    return np.where(z > 37.0, far, direct)
 
 
 class _Residuals:
@@ -95,6 +97,22 @@ class _Residuals:
         if self.values is not None and (len(self.values) != len(_GRID) or np.any(np.diff(self.values) < 0)):
             raise InvalidArgument("residual_quantiles", f"{len(self.values)} values",
                                   f"{len(_GRID)} non-decreasing quantiles (from fit_spreads)")
+        # log P(Z > z) on a fine grid: the empirical law inside its range, normal-shaped tails outside
+        # it (scaled to meet it), so far tails stay finite and ordered (no collapse to "1 token left").
+        z = _TABLE_Z
+        log_sf_normal = _log_sf_normal(z)
+        if self.values is None:
+            self._log_sf = log_sf_normal
+        else:
+            lo, hi = self.values[0], self.values[-1]
+            inside = np.log(np.maximum(1.0 - np.interp(z, self.values, _GRID), 1e-300))
+            upper = math.log(1.0 - _GRID[-1]) + log_sf_normal - float(_log_sf_normal(np.array([hi]))[0])
+            below = 1.0 - _GRID[0] * np.exp(_log_sf_normal(-z) - float(_log_sf_normal(np.array([-lo]))[0]))
+            self._log_sf = np.where(z > hi, upper, np.where(z < lo, np.log(np.clip(below, 1e-300, 1.0)), inside))
+
+    def log_sf(self, z: np.ndarray) -> np.ndarray:
+        """log P(Z > z), vectorised (table lookup)."""
+        return np.interp(z, _TABLE_Z, self._log_sf, left=0.0, right=self._log_sf[-1] - (z.max() - _TABLE_Z[-1]) ** 2)
 
     def cdf(self, z: np.ndarray) -> np.ndarray:
         if self.values is None:
@@ -177,12 +195,11 @@ class OnlineLengthPredictor:
     ``max_new_tokens``: cap of every prediction (a completion cannot be longer).
     ``residual_quantiles``: the shape of a sibling's standardised log length (from :func:`fit_spreads`;
     default normal); the predictive quantiles use it, the belief updates stay normal.
-    ``censor_iterations``: scoring steps of the censored update.
     """
 
     def __init__(self, prior: Any = None, *, prior_sigma: float = 0.6, prior_bias: float = 0.0,
                  within_sigma: float = 0.2, forgetting: float = 0.5, drift: bool = False,
-                 default_length: int = 512, max_new_tokens: int | None = None, censor_iterations: int = 3,
+                 default_length: int = 512, max_new_tokens: int | None = None,
                  residual_quantiles: Sequence[float] | None = None):
         if prior is not None and not (hasattr(prior, "predict") or isinstance(prior, Mapping)
                                       or isinstance(prior, (int, float, np.integer, np.floating))):
@@ -201,7 +218,6 @@ class OnlineLengthPredictor:
         self.default_length = check_int("default_length", default_length, minimum=1)
         self.max_new_tokens = None if max_new_tokens is None else check_int("max_new_tokens", max_new_tokens,
                                                                             minimum=1)
-        self.censor_iterations = check_int("censor_iterations", censor_iterations, minimum=1)
         self.residuals = _Residuals(residual_quantiles)
         self.step = 0
         self._prompts: dict[Hashable, _Prompt] = {}
@@ -328,22 +344,40 @@ class OnlineLengthPredictor:
         mean = (state.prior_mean / self.prior_sigma ** 2 + (hist + state.total) / w2) / precision
         return mean, 1.0 / precision
 
-    def _with_running(self, state: _Prompt) -> tuple[float, float]:
-        """The belief after the censored pseudo-observations of the prompt's running siblings."""
-        mean0, var0 = mean, var = self._belief(state)
-        if not state.running:
-            return mean, var
-        cut = np.log(np.fromiter(state.running.values(), dtype=np.float64) + 1.0)
-        w2 = self.within_sigma ** 2
-        for _ in range(self.censor_iterations):  # a few scoring steps from the updated belief
-            sd = math.sqrt(var + w2)
-            z = (cut - mean) / sd
-            h = _hazard(z)
-            weight = np.clip(h * (h - z), 0.0, 1.0)
-            value = mean + sd * h  # E[y | y > cut]
-            precision = 1.0 / var0 + float(weight.sum()) / w2
-            mean, var = (mean0 / var0 + float((weight * value).sum()) / w2) / precision, 1.0 / precision
-        return mean, var
+    def _grid(self, state: _Prompt) -> tuple[np.ndarray, np.ndarray]:
+        """The posterior of the prompt's mean log length on a grid (points, weights): the normal
+        belief from prior, history and finished siblings, times the exact censored likelihood of every
+        running sibling (P(its log length > log(progress + 1)) under the residual law)."""
+        mean, var = self._belief(state)
+        sd, w = math.sqrt(var), self.within_sigma
+        cuts = np.log(np.array([k for k in state.running.values() if k > 0], dtype=np.float64) + 1.0)
+        top = max(mean + 6 * sd, float(cuts.max()) + 4 * w) if len(cuts) else mean + 6 * sd
+        mu = np.linspace(mean - 6 * sd, top, _POSTERIOR_POINTS)
+        logw = -0.5 * ((mu - mean) / sd) ** 2
+        if len(cuts):
+            logw = logw + self.residuals.log_sf((cuts[None, :] - mu[:, None]) / w).sum(axis=1)
+        weight = np.exp(logw - logw.max())
+        return mu, weight / weight.sum()
+
+    def _mixture_totals(self, state: _Prompt, done: np.ndarray, qs: Sequence[float]) -> dict[float, np.ndarray]:
+        """Quantiles of log total length of completions of one prompt that are still running after
+        ``done`` tokens, under the grid posterior: exact truncation of the mixture predictive."""
+        mu, weight = self._grid(state)
+        w = self.within_sigma
+        cut = np.where(done > 0, np.log(done + 1.0), -np.inf)
+        lo = mu[0] - 10 * w
+        hi = max(mu[-1], float(cut.max()) if np.isfinite(cut).any() else mu[-1]) + 12 * w
+        y = np.linspace(lo, hi, _PREDICTIVE_POINTS)
+        terms = np.log(np.maximum(weight, 1e-300))[None, :] + self.residuals.log_sf((y[:, None] - mu[None, :]) / w)
+        top = terms.max(axis=1)
+        log_sf = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))  # log P(Y > y), decreasing
+        log_sf = np.minimum.accumulate(log_sf)
+        start = np.where(np.isfinite(cut), np.interp(np.where(np.isfinite(cut), cut, lo), y, log_sf), 0.0)
+        out = {}
+        for q in qs:
+            target = start + math.log1p(-q)  # P(Y > y | Y > cut) = 1 - q
+            out[q] = np.interp(-target, -log_sf, y)
+        return out
 
     # ------------------------------------------------------------------ the protocol
     def predict(self, prompts: Sequence[Hashable], prefixes: Sequence[Any] | None = None, *,
@@ -362,7 +396,7 @@ class OnlineLengthPredictor:
             state = self._prompts[p]
             if state.step < self.step:
                 self._roll(state, self.step)
-            beliefs[p] = self._with_running(state)
+            beliefs[p] = self._belief(state)
         mean = np.array([beliefs[p][0] for p in prompts], dtype=np.float64)
         sd = np.sqrt(np.array([beliefs[p][1] for p in prompts], dtype=np.float64) + self.within_sigma ** 2)
         # Truncate to y > log(done + 1) for a completion still running after `done` tokens.
@@ -371,8 +405,24 @@ class OnlineLengthPredictor:
             else self.residuals
         low = np.where(done > 0, law.cdf((np.log(done + 1.0) - mean) / sd), 0.0)
 
+        levels = sorted({0.5, *qs})
+        log_total = {q: mean + sd * law.inv(low + q * (1.0 - low)) for q in levels}
+        # Completions of a prompt with running siblings, or with progress of their own: the exact
+        # (grid) posterior and truncated mixture predictive.
+        rows_of: dict[Hashable, list[int]] = {}
+        for i, p in enumerate(prompts):
+            rows_of.setdefault(p, []).append(i)
+        for p, rows in rows_of.items():
+            state = self._prompts[p]
+            informative = any(k > 0 for k in state.running.values())  # progress 0 tells nothing
+            rows = [i for i in rows if informative or done[i] > 0]
+            if rows:
+                exact = self._mixture_totals(state, done[rows], levels)
+                for q in levels:
+                    log_total[q][rows] = exact[q]
+
         def remaining(q: float, rounding) -> np.ndarray:
-            total = np.exp(mean + sd * law.inv(low + q * (1.0 - low)))
+            total = np.exp(log_total[q])
             if self.max_new_tokens is not None:
                 total = np.minimum(total, self.max_new_tokens)
             return np.maximum(1, rounding(total - done)).astype(np.int64)

@@ -87,7 +87,7 @@ API_MODULES = (
     "lengthsched", "lengthsched.partition", "lengthsched.packing", "lengthsched.refill", "lengthsched.learner",
     "lengthsched.sgpo", "lengthsched.integrations", "lengthsched.runtime", "lengthsched.cost",
     "simulate", "simulate.workloads", "simulate.fast", "simulate.compiled", "simulate.epoch",
-    "predictor_training", "predictor_training.evaluate",
+    "predictor_training", "predictor_training.evaluate", "predictor_training.online_eval",
     "sampler", "sampler.prefix_grouper", "sampler.correction", "sampler.trl",
 )
 

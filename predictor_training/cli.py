@@ -1,8 +1,9 @@
 """Runners of ``lengthsched train``, ``predict`` and ``eval-predictor`` (torch is imported only here,
-when one of them runs)."""
+when one of them runs; ``eval-predictor --online`` never imports it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from lengthsched.io import atomic_write_text
 
 from .options import EvalOptions, PredictOptions, TrainOptions
 
-__all__ = ["run_train", "run_predict", "run_eval", "read_prompts"]
+__all__ = ["run_train", "run_predict", "run_eval", "run_online_eval", "read_prompts"]
 
 
 def _need_train_extra(quiet: bool = False) -> None:
@@ -100,7 +101,68 @@ def run_predict(opts: PredictOptions) -> int:
     return 0
 
 
+_ONLINE_ONLY = ("online_prior", "split", "siblings", "bootstrap", "drift_steps", "growth", "seed")
+
+
+def run_online_eval(opts: EvalOptions) -> int:
+    """``eval-predictor --online DATA``: the online predictor's cross-fitted evaluation (and the drift
+    experiment with ``--drift-steps``), without torch."""
+    from .online_eval import (check_targets, drift_experiment, evaluate_online, format_drift, format_online,
+                              format_targets, limit_groups, load_groups, load_prior)
+
+    for name in ("model", "data", "train_data", "label_tokenizer"):
+        if getattr(opts, name):
+            raise InvalidArgument(name, getattr(opts, name), "nothing with --online (the online predictor needs no "
+                                                             "trained model nor labelled data)")
+    if opts.k is not None or opts.prompt_only:
+        raise InvalidArgument("k" if opts.k is not None else "prompt_only", opts.k if opts.k is not None else True,
+                              "nothing with --online")
+    splits = None if opts.split is None else [s.strip() for s in opts.split.split(",") if s.strip()]
+    if splits is not None and not splits:
+        raise InvalidArgument("split", opts.split, "comma-separated split names, e.g. validate")
+    groups = load_groups(opts.online, splits=splits, argument="online")
+    if opts.limit is not None:
+        groups = limit_groups(groups, opts.limit)
+    try:
+        siblings = [int(t) for t in opts.siblings.split(",") if t.strip()]
+    except ValueError:
+        raise InvalidArgument("siblings", opts.siblings, "comma-separated integers >= -1") from None
+    if not siblings or min(siblings) < -1:
+        raise InvalidArgument("siblings", opts.siblings, "comma-separated integers >= -1 (-1: all but one)")
+    prior: Any = opts.online_prior
+    if prior not in ("none", "regression"):
+        prior = load_prior(prior, argument="online_prior")
+    name = Path(opts.online_prior).name
+    evaluation = evaluate_online(groups, siblings=siblings, prior=prior, bootstrap=opts.bootstrap, seed=opts.seed,
+                                 prior_name=name)
+    drift = None
+    if opts.drift_steps:
+        if opts.drift_steps < 2:
+            raise InvalidArgument("drift_steps", opts.drift_steps, "0 (skip) or at least 2 steps")
+        drift = drift_experiment(groups, steps=opts.drift_steps, growth=opts.growth, prior=prior, seed=opts.seed,
+                                 burn_in=min(3, opts.drift_steps - 1), prior_name=name)
+    targets = check_targets(evaluation, drift)
+    results = {"evaluation": evaluation, "drift": drift, "targets": targets}
+    text = json.dumps(results, indent=1)
+    if opts.output:
+        atomic_write_text(opts.output, text + "\n")
+    if opts.json:
+        print(text)
+    else:
+        parts = [format_online(evaluation)] + ([format_drift(drift)] if drift else []) + \
+            ["targets (the issue's)\n\n" + format_targets(targets)]
+        print("\n\n".join(parts))
+    return 0
+
+
 def run_eval(opts: EvalOptions) -> int:
+    if opts.online is not None:
+        return run_online_eval(opts)
+    defaults = {f.name: f.default for f in dataclasses.fields(EvalOptions)}
+    for name in _ONLINE_ONLY:
+        default = defaults[name]
+        if getattr(opts, name) != default:
+            raise InvalidArgument(name, getattr(opts, name), f"the default ({default}) without --online")
     if not opts.model:
         raise InvalidArgument("model", opts.model, "one or more predictor directories (--model DIR[,DIR])")
     _need_train_extra(quiet=True)

@@ -96,6 +96,23 @@ class EvalOptions:
     over_l_max: str = _opt("clip", "a label above the model's l_max", choices=["error", "clip", "drop"])
     prompt_only: bool = _opt(False, "ask every model without the prefix and subtract its length (a k=0 model "
                                     "is always asked this way)")
-    limit: int | None = _opt(None, "rows kept per source")
+    limit: int | None = _opt(None, "rows kept per source (with --online: prompts kept per dataset, the first in "
+                                   "the file)")
     json: bool = _opt(False, "print JSON instead of a table")
     output: str | None = _opt(None, "also write the JSON results to this file (atomically)")
+    online: str | None = _opt(None, "evaluate the online predictor (lengthsched.online: siblings and history, no "
+                                    "PyTorch) instead of trained models, on this JSON-lines file of sibling groups: "
+                                    "CASTILLO lines or rollout traces (prompt_id, prompt_tokens, lengths, optional "
+                                    "step and split); cross-fitted on hashed halves of the prompts (docs/online.md)")
+    online_prior: str = _opt("none", "--online: the prior: none (running mean of all lengths seen), regression "
+                                     "(log length on log prompt tokens, fitted on the other half) or a JSON file "
+                                     "{prompt_id: tokens} (or columns id, seed0, seed1, ...: their geometric mean)")
+    split: str | None = _opt(None, "--online: keep lines whose 'split' is one of these (comma-separated), e.g. "
+                                   "validate")
+    siblings: str = _opt("0,1,2,4,5,-1", "--online: comma-separated numbers of siblings revealed (-1: all but one)")
+    bootstrap: int = _opt(200, "--online: resamples of prompts for the 95% interval of tau-b (0: none)")
+    drift_steps: int = _opt(0, "--online: also run the drift experiment over this many simulated RL steps (0: "
+                               "skip)")
+    growth: float = _opt(0.03, "--online: the drift experiment's growth of the mean length per step")
+    seed: int = _opt(0, "--online: seed of the halves, the random reveal order, the history split and the drift "
+                        "draws")

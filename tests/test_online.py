@@ -1,0 +1,433 @@
+"""The online length predictor (lengthsched.online) and its evaluation (predictor_training.online_eval):
+closed-form updates, censoring, history, drift, the protocol, the data loader, the cross-fitted
+evaluation, the drift experiment, ``eval-predictor --online`` and its independence from torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched.cli import main
+from lengthsched.errors import InvalidArgument
+from lengthsched.online import OnlineLengthPredictor, fit_spreads
+from lengthsched.predictor import LengthPredictor
+from predictor_training.online_eval import (TARGETS, PromptGroup, check_targets, drift_experiment, evaluate_online,
+                                            format_drift, format_online, limit_groups, load_groups, load_prior)
+
+ROOT = Path(__file__).resolve().parent.parent
+CASTILLO = ROOT / "lengthsched" / "data" / "castillo_qwen2.5-7b_lengths.jsonl"
+FAST = settings(max_examples=60, deadline=None)
+
+
+def lognormal_groups(n: int, size: int = 10, *, within: float = 0.18, seed: int = 0) -> dict[str, list[int]]:
+    """``n`` prompts whose mean log length is N(6, 0.8) and whose samples scatter by ``within`` (about
+    CASTILLO's spreads: 0.8 between prompts, 0.18 within)."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(6.0, 0.8, n)
+    return {f"p{i}": np.maximum(1, np.rint(np.exp(m + within * rng.standard_normal(size)))).astype(int).tolist()
+            for i, m in enumerate(means)}
+
+
+def closed_form(prior_tokens: float, prior_sigma: float, within: float, logs: list[float],
+                weights: list[float] | None = None) -> tuple[float, float]:
+    weights = [1.0] * len(logs) if weights is None else weights
+    precision = 1 / prior_sigma ** 2 + sum(weights) / within ** 2
+    mean = (math.log(prior_tokens) / prior_sigma ** 2 + sum(w * y for w, y in zip(weights, logs)) / within ** 2)
+    return mean / precision, 1 / precision
+
+
+# ---------------------------------------------------------------------------------------------- the predictor
+@FAST
+@given(st.floats(20, 5000), st.floats(0.1, 2.0), st.floats(0.05, 1.0), st.lists(st.integers(1, 20000), max_size=8))
+def test_belief_is_the_normal_posterior(prior, prior_sigma, within, lengths):
+    p = OnlineLengthPredictor(prior, prior_sigma=prior_sigma, within_sigma=within)
+    for i, y in enumerate(lengths):
+        p.observe("x", y, completion=i)
+    mean, var = p.belief("x")
+    want_mean, want_var = closed_form(prior, prior_sigma, within, [math.log(y) for y in lengths])
+    assert mean == pytest.approx(want_mean, rel=1e-9, abs=1e-9) and var == pytest.approx(want_var, rel=1e-9)
+    # with the normal residual law the point prediction is the predictive median exp(mean)
+    assert p.predict(["x"]).lengths[0] == max(1, round(math.exp(mean)))
+
+
+def test_a_finished_sibling_pulls_the_prediction_towards_it():
+    base = OnlineLengthPredictor(400, prior_sigma=0.5, within_sigma=0.2).predict(["x"]).lengths[0]
+    for y in (50, 3000):
+        p = OnlineLengthPredictor(400, prior_sigma=0.5, within_sigma=0.2)
+        p.observe("x", y)
+        after = p.predict(["x"]).lengths[0]
+        assert min(base, y) < after < max(base, y)
+        assert abs(after - y) < abs(base - y)
+
+
+@FAST
+@given(st.integers(10, 5000), st.lists(st.integers(1, 5000), max_size=4), st.integers(0, 20000), st.booleans())
+def test_a_running_sibling_never_lowers_the_prediction_of_a_fresh_one(prior, finished, running, empirical):
+    spreads = fit_spreads(list(lognormal_groups(50, seed=1).values())) if empirical else {"within_sigma": 0.3}
+    p = OnlineLengthPredictor(prior, prior_sigma=0.6, **spreads)
+    for i, y in enumerate(finished):
+        p.observe("x", y, completion=i)
+    before = p.predict(["x"], quantiles=[0.9])
+    p.observe("x", running, finished=False, completion="r")
+    after = p.predict(["x"], quantiles=[0.9])
+    assert after.lengths[0] >= before.lengths[0]
+
+
+def test_a_running_sibling_never_lowers_the_prediction_of_a_long_running_one():
+    p = OnlineLengthPredictor(401, prior_sigma=0.5, within_sigma=0.3)
+    before = p.predict(["x"], [1073]).lengths[0]
+    p.observe("x", 372, finished=False, completion="r")
+    assert p.predict(["x"], [1073]).lengths[0] >= before
+
+
+@FAST
+@given(st.integers(10, 3000), st.lists(st.integers(1, 3000), max_size=4), st.integers(0, 20000), st.booleans())
+def test_quantiles_are_monotone_and_above_the_point_and_the_total_exceeds_progress(prior, finished, progress,
+                                                                                    empirical):
+    spreads = fit_spreads(list(lognormal_groups(50, seed=2).values())) if empirical else {"within_sigma": 0.3}
+    p = OnlineLengthPredictor(prior, prior_sigma=0.6, **spreads)
+    for i, y in enumerate(finished):
+        p.observe("x", y, completion=i)
+    levels = [0.1, 0.5, 0.75, 0.9, 0.99]
+    res = p.predict(["x", "x"], [0, progress], quantiles=levels)
+    for i in range(2):
+        qs = [int(res.quantile(q)[i]) for q in levels]
+        assert qs == sorted(qs)
+        assert all(q >= res.lengths[i] for q in qs[1:])
+        assert res.lengths[i] >= 1  # predicted total = progress + remaining > progress
+
+
+def test_a_straggler_keeps_a_positive_upper_quantile():
+    p = OnlineLengthPredictor(500, prior_sigma=0.1, within_sigma=0.2)
+    res = p.predict(["x"], [3000], quantiles=[0.9])
+    assert res.quantile(0.9)[0] > 1
+
+
+@pytest.mark.parametrize("forgetting", [1.0, 0.5])
+def test_history_weights_decay_with_forgetting(forgetting):
+    p = OnlineLengthPredictor(300, prior_sigma=0.5, within_sigma=0.2, forgetting=forgetting)
+    p.observe("x", 100, step=0)
+    p.observe("x", 200, step=1)
+    mean, var = p.belief("x")
+    want = closed_form(300, 0.5, 0.2, [math.log(100), math.log(200)], [forgetting, 1.0])
+    assert (mean, var) == pytest.approx(want, rel=1e-9)
+    p.set_step(3)  # two steps later: the step-0 sample weighs forgetting**3, the step-1 one forgetting**2
+    want = closed_form(300, 0.5, 0.2, [math.log(100), math.log(200)], [forgetting ** 3, forgetting ** 2])
+    assert p.belief("x") == pytest.approx(want, rel=1e-9)
+
+
+def test_steps_only_move_forward():
+    p = OnlineLengthPredictor(300)
+    p.observe("x", 100, step=2)
+    assert p.step == 2
+    with pytest.raises(InvalidArgument, match="'step'"):
+        p.set_step(1)
+    with pytest.raises(InvalidArgument, match="'step'"):
+        p.observe("x", 100, step=1)
+    p.observe("y", 100, step=5)  # a later step starts it for everyone
+    assert p.step == 5
+
+
+def test_drift_is_estimated_from_prompts_seen_in_consecutive_steps():
+    rng = np.random.default_rng(0)
+    growth = math.log(1.05)
+    flat = OnlineLengthPredictor(300, within_sigma=0.2, drift=False)
+    tracked = OnlineLengthPredictor(300, within_sigma=0.2, drift=True)
+    for step in range(6):
+        for i in range(30):
+            for y in np.exp(5.5 + 0.01 * i + growth * step + 0.2 * rng.standard_normal(8)):
+                for p in (flat, tracked):
+                    p.observe(f"p{i}", max(1, int(round(y))), step=step)
+    tracked.set_step(6)
+    flat.set_step(6)
+    assert flat.drift_per_step == 0.0
+    assert tracked.drift_per_step == pytest.approx(growth, abs=0.01)
+    # the drift-corrected belief sits nearer the current level (step 6) than the flat one
+    truth = 5.5 + growth * 6
+    assert abs(tracked.belief("p0")[0] - truth) < abs(flat.belief("p0")[0] - truth)
+
+
+@pytest.mark.parametrize(("call", "name"), [
+    (lambda: OnlineLengthPredictor("abc"), "prior"),
+    (lambda: OnlineLengthPredictor(-5), "prior"),
+    (lambda: OnlineLengthPredictor(within_sigma=0), "within_sigma"),
+    (lambda: OnlineLengthPredictor(prior_sigma=float("nan")), "prior_sigma"),
+    (lambda: OnlineLengthPredictor(prior_bias=float("inf")), "prior_bias"),
+    (lambda: OnlineLengthPredictor(forgetting=1.5), "forgetting"),
+    (lambda: OnlineLengthPredictor(default_length=0), "default_length"),
+    (lambda: OnlineLengthPredictor(max_new_tokens=0), "max_new_tokens"),
+    (lambda: OnlineLengthPredictor(residual_quantiles=[0.0, 1.0]), "residual_quantiles"),
+    (lambda: OnlineLengthPredictor().observe("x", 0), "length"),
+    (lambda: OnlineLengthPredictor().observe("x", 2.5), "length"),
+    (lambda: OnlineLengthPredictor().observe("x", 10, finished=False), "completion"),
+    (lambda: OnlineLengthPredictor().predict(["x"], quantiles=[1.0]), "quantiles"),
+    (lambda: OnlineLengthPredictor().predict(["x"], [1, 2]), "prefixes"),
+    (lambda: OnlineLengthPredictor({"a": 10}).predict(["b"]), "prompts"),
+    (lambda: OnlineLengthPredictor.fit({}), "groups"),
+    (lambda: fit_spreads([[5]]), "groups"),
+    (lambda: fit_spreads([[5, 6]], [1.0, 2.0]), "prior_lengths"),
+])
+def test_bad_inputs_name_the_argument(call, name):
+    with pytest.raises(InvalidArgument, match=f"'{name}'"):
+        call()
+
+
+def test_fit_recovers_the_spreads():
+    groups = lognormal_groups(400, within=0.3, seed=3)
+    fitted = OnlineLengthPredictor.fit(groups)
+    assert fitted.within_sigma == pytest.approx(0.3, rel=0.05)
+    # a prior whose log error is N(0.2, 0.4): its bias and spread come back
+    rng = np.random.default_rng(4)
+    prior = {p: float(np.exp(np.mean(np.log(v)) + 0.2 + 0.4 * rng.standard_normal())) for p, v in groups.items()}
+    fitted = OnlineLengthPredictor.fit(groups, prior, forgetting=0.7)
+    assert fitted.prior_bias == pytest.approx(-0.2, abs=0.06)
+    assert fitted.prior_sigma == pytest.approx(0.4, rel=0.15)
+    assert fitted.forgetting == 0.7  # explicit options win
+
+
+def test_it_is_a_length_predictor():
+    p = OnlineLengthPredictor(ConstantPrior())
+    assert isinstance(p, LengthPredictor)
+    res = p.predict(["a", "b"], [None, [1, 2, 3]], quantiles=[0.9])
+    assert res.lengths.shape == (2,) and res.quantile(0.9).shape == (2,)
+
+
+class ConstantPrior:
+    def predict(self, prompts, prefixes=None, *, quantiles=()):
+        from lengthsched.predictor import LengthPrediction
+
+        return LengthPrediction(np.full(len(prompts), 250))
+
+
+# ---------------------------------------------------------------------------------------------- data
+def write(path: Path, lines: list) -> Path:
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_load_groups_reads_castillo_and_traces_with_history(tmp_path):
+    groups = load_groups(CASTILLO, splits=["validate"])
+    assert len(groups) == 1422 and all(len(g.lengths) == 10 and g.split == "validate" for g in groups.values())
+    assert len(limit_groups(groups, 3)) == 15  # 3 per dataset
+    trace = write(tmp_path / "trace.jsonl", [
+        {"prompt_id": "a", "prompt_tokens": 12, "lengths": [10, 20], "step": 0},
+        {"prompt_id": "b", "prompt_tokens": 5, "lengths": [7, 9, 11], "predicted": [8, 8, 8]},
+        "",
+        {"prompt_id": "a", "prompt_tokens": 12, "lengths": [30, 40], "step": 3, "split": "train"},
+        {"prompt_id": "a", "prompt_tokens": 12, "lengths": [50], "step": 3},
+    ])
+    groups = load_groups(trace)
+    assert list(groups) == ["a", "b"]
+    assert sorted(groups["a"].steps) == [0, 3] and groups["a"].steps[3].tolist() == [30, 40, 50]
+    assert groups["a"].lengths.tolist() == [10, 20, 30, 40, 50] and groups["a"].prompt_tokens == 12
+
+
+def test_load_groups_reads_the_simulators_rollout_traces(tmp_path):
+    from simulate.workloads import Group, write_trace
+
+    path = tmp_path / "rollout.jsonl"
+    write_trace(path, [Group("a", 5, np.array([3, 4]), step=0), Group("a", 5, np.array([5, 6]), step=2),
+                       Group("b", 7, np.array([1, 2]), predicted=np.array([2, 2]))])
+    groups = load_groups(path)
+    assert {s: v.tolist() for s, v in groups["a"].steps.items()} == {0: [3, 4], 2: [5, 6]}
+    assert groups["b"].steps[0].tolist() == [1, 2] and groups["b"].prompt_tokens == 7
+
+
+@pytest.mark.parametrize(("line", "what"), [
+    ("{not json", "JSON"),
+    ('["a list"]', "JSON object"),
+    ({"lengths": [1, 2]}, "prompt_id"),
+    ({"prompt_id": "a"}, "lengths"),
+    ({"prompt_id": "a", "lengths": [0, 5]}, "lengths"),
+    ({"prompt_id": "a", "lengths": [5, 6], "step": -1}, "step"),
+    ({"prompt_id": "a", "lengths": [5, 6], "step": 1.5}, "step"),
+    ({"prompt_id": "a", "lengths": [5, 6], "prompt_tokens": "many"}, "prompt_tokens"),
+    ({"prompt_id": "a", "lengths": [5, 6], "predicted": [5]}, "predicted"),
+    ({"prompt_id": "a", "lengths": [5, 6], "split": 3}, "split"),
+])
+def test_load_groups_names_the_file_and_line_of_a_bad_line(tmp_path, line, what):
+    path = write(tmp_path / "bad.jsonl", [{"prompt_id": "ok", "lengths": [3, 4]}, line])
+    with pytest.raises(InvalidArgument, match="'online'") as info:
+        load_groups(path, argument="online")
+    assert f"{path} line 2" in str(info.value) and what in str(info.value)
+
+
+def test_load_groups_and_load_prior_reject_unusable_files(tmp_path):
+    with pytest.raises(InvalidArgument, match="readable"):
+        load_groups(tmp_path / "missing.jsonl")
+    with pytest.raises(InvalidArgument, match="at least one group"):
+        load_groups(write(tmp_path / "empty.jsonl", [""]))
+    with pytest.raises(InvalidArgument, match="split"):
+        load_groups(write(tmp_path / "t.jsonl", [{"prompt_id": "a", "lengths": [1, 2], "split": "train"}]),
+                    splits=["validate"])
+    prior = tmp_path / "prior.json"
+    prior.write_text(json.dumps({"id": ["a", "b"], "seed0": [100, 400], "seed1": [400, 100], "fold": [0, 1]}))
+    assert load_prior(prior) == pytest.approx({"a": 200.0, "b": 200.0})
+    prior.write_text(json.dumps({"a": 10, "b": -1}))
+    with pytest.raises(InvalidArgument, match="'prior'"):
+        load_prior(prior)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+@pytest.fixture(scope="module")
+def clean_evaluation():
+    return evaluate_online(lognormal_groups(300, seed=5), siblings=(0, 1, 5, -1), bootstrap=20)
+
+
+def test_evaluate_online_meets_the_targets_on_clean_lognormal_groups(clean_evaluation):
+    ev = clean_evaluation
+    rows = {(r["order"], r["siblings"], r["history"], r["method"]): r for r in ev["rows"]}
+    assert ev["protocol"]["prompts"] == 300 and len(ev["fitted"]) == 2
+    assert ev["fitted"][0]["within_sigma"] == pytest.approx(0.18, rel=0.1)
+    one, five = rows[("finish", "1", False, "online")], rows[("finish", "5", False, "online")]
+    assert one["pairs"] == 300 * 9 and five["pairs"] == 300 * 5
+    assert one["tau_b"] >= TARGETS["tau_one"] and five["tau_b"] >= TARGETS["tau_five"]
+    assert one["tau_b_ci"][0] < one["tau_b"] < one["tau_b_ci"][1]
+    lo, hi = TARGETS["coverage"]
+    for r in ev["rows"]:
+        if r["method"] == "online":
+            assert lo <= r["coverage"] <= hi, r  # calibrated in every reveal order on data the model fits
+        if r["method"] == "online" and r["order"] == "random" and not r["history"]:
+            assert r["tau_b"] >= rows[(r["order"], r["siblings"], False, "ceiling")]["tau_b"] - 0.01
+    # history: 5 earlier samples rank the current ones better than one sibling revealed at random
+    assert rows[("-", "0", True, "online")]["tau_b"] > rows[("random", "1", False, "online")]["tau_b"]
+    assert rows[("-", "0", False, "prior")]["tau_b"] < 0.2  # the running mean alone ranks nothing
+    # with history the groups hold 5: all but one is 4, and -1 is not repeated as its own row
+    assert {r["siblings"] for r in ev["rows"] if r["history"]} == {"0", "1", "n-1"}
+    met = {t["target"]: t["met"] for t in check_targets(ev)}
+    assert met["tau-b >= 0.80 after one finished sibling"] and met["tau-b >= 0.85 with five finished siblings"]
+    assert "finish" in format_online(ev) and "n-1" in format_online(ev)
+
+
+def test_finish_order_coverage_after_one_sibling_on_clean_groups(clean_evaluation):
+    row = next(r for r in clean_evaluation["rows"] if r["method"] == "online" and r["order"] == "finish"
+               and r["siblings"] == "1" and not r["history"])
+    assert row["coverage"] >= TARGETS["coverage"][0]
+
+
+def test_evaluate_online_with_priors_and_trace_history():
+    rng = np.random.default_rng(6)
+    groups = {}
+    for i in range(120):
+        tokens = int(rng.integers(20, 2000))
+        mean = 2.0 + 0.6 * math.log(tokens) + 0.3 * rng.standard_normal()
+        steps = {s: np.maximum(1, np.rint(np.exp(mean + 0.05 * s + 0.2 * rng.standard_normal(4)))).astype(np.int64)
+                 for s in (0, 2, 3)}
+        groups[f"p{i}"] = PromptGroup(f"p{i}", steps, tokens)
+    reg = evaluate_online(groups, siblings=(0, 1), prior="regression", bootstrap=0)
+    none = evaluate_online(groups, siblings=(0, 1), prior="none", bootstrap=0)
+    pick = lambda ev, h: next(r for r in ev["rows"] if r["siblings"] == "0" and r["history"] == h)  # noqa: E731
+    assert pick(reg, False)["tau_b"] > 0.3 > pick(none, False)["tau_b"]  # the regression ranks prompts, a mean cannot
+    assert pick(reg, True)["pairs"] == 120 * 4 * 2  # steps 2 and 3 have history; step 0 has none
+    assert pick(reg, False)["pairs"] == 120 * 4 * 3
+    mapping = {p: float(np.exp(np.mean(np.log(g.lengths)))) for p, g in groups.items()}
+    oracle = evaluate_online(groups, siblings=(0,), prior=mapping, bootstrap=0, history=(False,), prior_name="oracle")
+    assert oracle["rows"][0]["prior"] == "oracle" and oracle["rows"][0]["tau_b"] > pick(reg, False)["tau_b"]
+    with pytest.raises(InvalidArgument, match="'prior'"):
+        evaluate_online(groups, prior={"p0": 10.0})
+    with pytest.raises(InvalidArgument, match="'prior'"):
+        evaluate_online(groups, prior="bert")
+    with pytest.raises(InvalidArgument, match="'orders'"):
+        evaluate_online(groups, orders=("sorted",))
+    with pytest.raises(InvalidArgument, match="'siblings'"):
+        evaluate_online(groups, siblings=(-2,))
+    with pytest.raises(InvalidArgument, match="'groups'"):
+        evaluate_online({"a": [5, 6]})
+
+
+def test_drift_experiment_follows_growth_where_a_frozen_predictor_falls_behind():
+    groups = lognormal_groups(60, seed=7)
+    res = drift_experiment(groups, steps=8, growth=0.05, forgettings=(1.0, 0.5), burn_in=3)
+    by = {c["name"]: c for c in res["configs"]}
+    assert set(by) == {"forgetting 1", "forgetting 1, drift", "forgetting 0.5", "forgetting 0.5, drift",
+                       "frozen after step 0"}
+    tracked, frozen = by["forgetting 0.5, drift"], by["frozen after step 0"]
+    assert tracked["per_step"][-1]["drift_per_step"] == pytest.approx(math.log(1.05), abs=0.01)
+    assert tracked["max_ratio_after_burn_in"] <= TARGETS["drift_ratio"]
+    assert frozen["max_ratio_after_burn_in"] > by["forgetting 1"]["max_ratio_after_burn_in"] > 1.2  # both lag
+    assert len(tracked["per_step"]) == 8
+    assert tracked["per_step"][5]["mean_length"] > tracked["per_step"][0]["mean_length"]
+    assert check_targets(drift=res)[0]["met"]
+    assert "frozen" in format_drift(res)
+    with pytest.raises(InvalidArgument, match="'burn_in'"):
+        drift_experiment(groups, steps=3, burn_in=3)
+
+
+# ---------------------------------------------------------------------------------------------- the command
+@pytest.fixture()
+def small_trace(tmp_path) -> Path:
+    groups = lognormal_groups(60, seed=8)
+    return write(tmp_path / "groups.jsonl", [{"prompt_id": p, "prompt_tokens": 100 + i, "lengths": v}
+                                             for i, (p, v) in enumerate(groups.items())])
+
+
+def test_cli_online_prints_tables_and_json(small_trace, tmp_path, capsys):
+    assert main(["eval-predictor", "--online", str(small_trace), "--bootstrap", "0", "--siblings", "0,1,5"]) == 0
+    out = capsys.readouterr().out
+    assert "online predictor, prior none: 60 prompts" in out and "targets" in out and "| finish |" in out
+    out_file = tmp_path / "res.json"
+    assert main(["eval-predictor", "--online", str(small_trace), "--bootstrap", "0", "--siblings", "1",
+                 "--online-prior", "regression", "--drift-steps", "4", "--json", "--output", str(out_file)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out_file.read_text())
+    assert printed["evaluation"]["protocol"]["prior"] == "regression" and len(printed["drift"]["configs"]) == 9
+
+
+@pytest.mark.parametrize(("args", "name"), [
+    (["--online", "missing.jsonl"], "online"),
+    (["--online", "{trace}", "--siblings", "one"], "siblings"),
+    (["--online", "{trace}", "--online-prior", "missing.json"], "online_prior"),
+    (["--online", "{trace}", "--model", "pred"], "model"),
+    (["--online", "{trace}", "--split", "validate"], "online"),
+    (["--online", "{trace}", "--drift-steps", "1"], "drift_steps"),
+    (["--drift-steps", "5"], "drift_steps"),
+])
+def test_cli_online_bad_input_names_the_flag(small_trace, capsys, args, name):
+    args = [a.replace("{trace}", str(small_trace)) for a in args]
+    assert main(["eval-predictor", *args, "--bootstrap", "0"] if "--online" in args else
+                ["eval-predictor", *args]) == 2
+    assert f"argument '{name}'" in capsys.readouterr().err
+
+
+def test_the_online_path_never_imports_torch(small_trace):
+    code = textwrap.dedent(f"""
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("torch", "transformers", "datasets", "sklearn", "accelerate"):
+                    raise ImportError("blocked heavy import: " + name)
+                return None
+
+        sys.meta_path.insert(0, Block())
+        import predictor_training.online_eval
+        from lengthsched.cli import main
+        assert main(["eval-predictor", "--online", {str(small_trace)!r}, "--bootstrap", "0", "--siblings", "1",
+                     "--drift-steps", "3"]) == 0
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "datasets"))
+        assert not leaked, leaked
+        print("ok")
+        """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_the_benchmark_runs_quick(tmp_path):
+    out = tmp_path / "online.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_online.py"), "--quick", "--out",
+                             str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {"machine", "siblings", "drift"} <= set(data)
+    assert {"none", "regression"} <= set(data["siblings"]["evaluations"])
+    assert "### Targets (siblings)" in result.stdout and "### Drift" in result.stdout
