@@ -296,6 +296,49 @@ def rollout(quick: bool) -> tuple[str, list]:
                   "seconds / LB", "slowest share", "recomputed / generated"], rows), rows
 
 
+def _rollout_online_unit(args):
+    prompts, replicas, factor, seed = args
+    from lengthsched import OnlineLengthPredictor
+    from lengthsched.online import fit_spreads
+    from simulate.workloads import castillo_validate_lengths
+
+    lmax, size = 4096, 16
+    groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
+    rng = np.random.default_rng(seed)
+    prior = {g.prompt_id: max(1, int(np.median(g.lengths) * np.exp(0.5 * rng.standard_normal()))) for g in groups}
+    flat = np.concatenate([np.full(size, prior[g.prompt_id]) for g in groups])
+    spreads = fit_spreads(castillo_validate_lengths())
+    out = {}
+    for policy, router in (("vllm", "least_loaded"), ("vllm_priority", "least_loaded"), ("placed_lpt", None)):
+        for name, pred in (("prompt-only", flat), ("online", OnlineLengthPredictor(prior=prior, prior_sigma=0.5,
+                                                                                   **spreads))):
+            if policy == "vllm" and name == "online":
+                continue
+            try:
+                out[(policy, name)] = run_rollout(groups, policy, replicas=replicas, router=router,
+                                                  budget_tokens=factor * lmax, max_new_tokens=lmax,
+                                                  predicted=pred).seconds
+            except Exception:
+                out[(policy, name)] = None
+    return out
+
+
+def rollout_online(quick: bool) -> tuple[str, list]:
+    """Rollout makespan with the online predictor (learns from finished siblings on each replica)
+    against the same prompt-level predictions frozen, for the priority-based policies."""
+    grid = [(16, 4, 16)] if quick else [(b, r, f) for b in (64, 256) for r in (4, 8) for f in (16, 64)]
+    results = _pool_map(_rollout_online_unit, [(b, r, f, 11) for b, r, f in grid])
+    rows = []
+    for (b, r, f), out in zip(grid, results):
+        base = out[("vllm", "prompt-only")]
+        for (policy, name), sec in out.items():
+            rows.append([b, r, f"{f} x L_max", policy, name, "fails" if sec is None else float(sec),
+                         "-" if sec is None or base is None else float(sec / base)])
+    return table("Rollout steps (CASTILLO, G = 16, L_max 4096, H100 preset): prompt-level predictions (log-normal "
+                 "sigma 0.5) frozen vs an OnlineLengthPredictor with them as its prior",
+                 ["prompts", "replicas", "budget", "policy", "predictions", "seconds", "x vllm + verl"], rows), rows
+
+
 # ---------------------------------------------------------------------------------------- paper
 def _paper_unit(args):
     lengths, prompt_len, lmax, g, sigma, seed = args
@@ -371,11 +414,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
-    parser.add_argument("--sections", default="target,seconds,seconds_batches,rollout,paper,batches,speed,scaling")
+    parser.add_argument("--sections",
+                        default="target,seconds,seconds_batches,rollout,rollout_online,paper,batches,speed,scaling")
     args = parser.parse_args(argv)
     results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
+                "rollout_online": rollout_online,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -24,6 +24,7 @@ take: an engine may evict a finished group's prompt); each replica is simulated 
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -113,7 +114,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     ``lengthsched.runtime.POLICIES``), placed by ``router`` (:data:`ROUTERS`, default
     ``least_loaded``) unless the policy places groups itself. ``budget_tokens``: each replica's KV
     pool in tokens, prompts included. ``predicted``: predicted lengths per completion, flattened in
-    group order (a prompt-level predictor gives siblings the same number), or None. ``cost``: the
+    group order (a prompt-level predictor gives siblings the same number), or None, or a predictor
+    that learns online (``lengthsched.OnlineLengthPredictor``, asked about each group's
+    ``prompt_id``): each replica then runs a copy of it that learns from the siblings finishing there
+    (placement uses its predictions before anything finished). ``cost``: the
     step-cost model (default Qwen3-1.7B on the H100 preset). Returns a :class:`RolloutResult`."""
     if not groups:
         raise InvalidArgument("groups", groups, "at least one group")
@@ -130,8 +134,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
     lengths = [as_lengths("lengths", g.lengths, minimum=1) for g in groups]
     flat = np.concatenate(lengths)
-    pred = None
-    if predicted is not None:
+    pred, online = None, None
+    if hasattr(predicted, "observe"):  # a predictor that learns online: a copy per replica learns there
+        online = predicted
+        keys = [g.prompt_id for g, x in zip(groups, lengths) for _ in range(len(x))]
+        pred = np.maximum(1, np.asarray(online.predict(keys).lengths, dtype=np.int64))
+    elif predicted is not None:
         pred = as_lengths("predicted", predicted, minimum=1)
         if len(pred) != len(flat):
             raise InvalidArgument("predicted", f"{len(pred)} values", f"{len(flat)}, one per completion in group order")
@@ -152,9 +160,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                                   f"room on replica {r} for its {len(hosted)} prompts ({prompts} tokens) and its "
                                   f"longest completion ({int(flat[mine].max())} tokens)")
         sub = [Group(groups[g].prompt_id, groups[g].prompt_len, flat[mine[owner[mine] == g]]) for g in hosted]
-        res = run_batch(sub, policy, budget_tokens=room, max_new_tokens=max_new,
-                        predicted=None if pred is None else np.concatenate([pred[mine[owner[mine] == g]] for g in hosted]),
-                        cost=cost, seed=seed + r, prefill_chunk=prefill_chunk)
+        if online is not None:
+            given = copy.deepcopy(online)
+        else:
+            given = None if pred is None else np.concatenate([pred[mine[owner[mine] == g]] for g in hosted])
+        res = run_batch(sub, policy, budget_tokens=room, max_new_tokens=max_new, predicted=given, cost=cost,
+                        seed=seed + r, prefill_chunk=prefill_chunk)
         if len(res.collected_lengths) != len(mine):
             raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
         results.append(res)

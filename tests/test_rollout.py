@@ -96,3 +96,16 @@ def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
     spread = run_rollout(groups, "vllm", router="least_loaded", **common)
     whole = run_rollout(groups, "vllm", router="group_round_robin", **common)
     assert whole.seconds < spread.seconds
+
+
+def test_a_rollout_with_an_online_predictor_learns_per_replica_and_leaves_the_callers_alone():
+    from lengthsched import OnlineLengthPredictor
+
+    groups = _groups([6, 6, 6, 6], seed=4)
+    online = OnlineLengthPredictor(prior={g.prompt_id: 60 for g in groups}, within_sigma=0.3, prior_sigma=0.5)
+    for policy, router in (("vllm_priority", "least_loaded"), ("placed_lpt", None)):
+        r = run_rollout(groups, policy, replicas=2, router=router, budget_tokens=2000, max_new_tokens=128,
+                        predicted=online)
+        assert [list(x) for x in r.collected_lengths] == [list(g.lengths) for g in groups]
+        assert r.seconds >= r.lower_bound_seconds
+    assert not online._prompts or all(s.n == 0 for s in online._prompts.values())  # copies learnt, not it

@@ -144,6 +144,20 @@ class VLLMPriority(VLLMLike):
     def _victim(self, eng: Engine) -> int:
         return max(eng.running, key=lambda j: (self.priority[j], j))
 
+    def decide(self, eng: Engine) -> None:
+        changed = self.observe_events(eng)
+        if changed:  # a sibling finished: an online predictor sharpened, re-prioritise its prompt
+            waiting = self.of_prompts([entry[2] for entry in self.waiting], changed)
+            running = self.of_prompts(list(eng.running), changed)
+            if waiting or running:
+                point, _ = self.predict_again(eng, waiting + running,
+                                              [eng.done[j] for j in waiting] + [eng.age(j) for j in running])
+                for j, total in zip(waiting + running, point.tolist()):
+                    self.priority[j] = -int(total)
+                self.waiting = [(self.priority[j], j, j) for _, _, j in self.waiting]
+                heapq.heapify(self.waiting)
+        super().decide(eng)
+
 
 class PlacedLongestFirst(VLLMPriority):
     """The project's rollout policy: it places groups on replicas itself, by the partitioning core

@@ -87,21 +87,32 @@ class SimPolicy:
         self.problem = problem
         self._fed = 0  # completions already reported to an online predictor
 
-    def observe_events(self, eng: Engine) -> bool:
+    def observe_events(self, eng: Engine) -> set:
         """Tell an online predictor what happened since the last decision: every completion that
-        finished (its exact length) and, when one did, the progress of every running one (censored:
-        at least that many tokens). Returns whether a completion finished."""
+        finished (its exact length) and the progress of the running siblings of those prompts
+        (censored: at least that many tokens). Returns the prompts (predictor keys) that changed:
+        empty when nothing finished."""
         p = self.problem
         if not p.online:
-            return False
+            return set()
         new = eng.collected[self._fed:]
         self._fed = len(eng.collected)
+        changed = set()
         for job in new:
-            p.predictor.observe(p.query([job])[0], eng.length[job], completion=job)
-        if new:
+            key = p.query([job])[0]
+            changed.add(key)
+            p.predictor.observe(key, eng.length[job], completion=job)
+        if changed:
             for job in eng.running:
-                p.predictor.observe(p.query([job])[0], eng.age(job), finished=False, completion=job)
-        return bool(new)
+                key = p.query([job])[0]
+                if key in changed:
+                    p.predictor.observe(key, eng.age(job), finished=False, completion=job)
+        return changed
+
+    def of_prompts(self, jobs: list[int], keys: set) -> list[int]:
+        """The completions among ``jobs`` whose prompt is one of ``keys``."""
+        query = self.problem.query
+        return [j for j, k in zip(jobs, query(jobs)) if k in keys]
 
     def predict_again(self, eng: Engine, jobs: list[int], progress: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(point, quantile) predictions of the TOTAL length of ``jobs`` that have generated ``progress``
@@ -293,9 +304,9 @@ class LengthAware(SimPolicy):
     def _next_step_usage(self, eng: Engine) -> int:
         return sum(max(self.reserve[j], eng.age(j) + 1) for j in eng.origin)
 
-    def _refresh(self, eng: Engine) -> None:
-        """After a sibling finished, predict the pending completions again (SJF order, reservations)."""
-        jobs = self.sched.pending_jobs()
+    def _refresh(self, eng: Engine, changed: set) -> None:
+        """After a sibling finished, predict its prompt's pending completions again (SJF order, reservations)."""
+        jobs = self.of_prompts(self.sched.pending_jobs(), changed)
         if not jobs:
             return
         point, upper = self.predict_again(eng, jobs, [eng.done[j] for j in jobs])
@@ -305,8 +316,9 @@ class LengthAware(SimPolicy):
             self.sched.update_prediction(j, max(1, total - eng.done[j]))
 
     def decide(self, eng: Engine) -> None:
-        if self.observe_events(eng):
-            self._refresh(eng)
+        changed = self.observe_events(eng)
+        if changed:
+            self._refresh(eng, changed)
         if self.budget is None:
             self._decide_slots(eng)
             return
@@ -385,10 +397,10 @@ class GrowthAware(SimPolicy):
         for j, total in zip(late, point.tolist()):
             self.total[j] = min(self.budget, total)
 
-    def _refresh(self, eng: Engine) -> None:
-        """After a sibling finished, predict every pending and running completion again."""
-        pending = self.sched.pending_jobs()
-        running = list(eng.running)
+    def _refresh(self, eng: Engine, changed: set) -> None:
+        """After a sibling finished, predict its prompt's pending and running completions again."""
+        pending = self.of_prompts(self.sched.pending_jobs(), changed)
+        running = self.of_prompts(list(eng.running), changed)
         jobs = pending + running
         if not jobs:
             return
@@ -436,8 +448,9 @@ class GrowthAware(SimPolicy):
         return int(ok[0]) if ok.size else None
 
     def decide(self, eng: Engine) -> None:
-        if self.observe_events(eng):
-            self._refresh(eng)
+        changed = self.observe_events(eng)
+        if changed:
+            self._refresh(eng, changed)
         self._repredict(eng)
         while eng.running and eng.kv_tokens(eng.t + 1) > self.budget:
             job = next(reversed(eng.running))
