@@ -29,7 +29,12 @@ refill, the length-aware plan, under a memory budget: any sampler policy but the
   Settings the sampler cannot honour (``min_p``, ``repetition_penalty``, ``generation_kwargs``,
   images) raise :class:`~lengthsched.errors.InvalidArgument`.
 - **Tokenisation.** TRL's own (``trainer._tokenize_prompts``: the chat template for conversational
-  prompts), or ``tokenizer`` when given.
+  prompts, tools, ``chat_template_kwargs``), or ``tokenizer`` when given, applied with the same
+  rule from the trainer's public ``chat_template``, ``tools`` and ``chat_template_kwargs``.
+
+For TRL's own vLLM generation (``use_vllm=True``) see
+:func:`lengthsched.integrations.trl_vllm.make_vllm_rollout_func`: the plan's priorities through the
+trainer's vLLM engine instead of this reference sampler.
 
 The rest of this module is a verifiable toy task for an end-to-end GRPO run on a CPU, fully offline
 (a word-level tokenizer trained with ``tokenizers``, a tiny Qwen3 built from a config, one-digit
@@ -50,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from lengthsched.errors import InvalidArgument, check_int
+from lengthsched.integrations.trl_vllm import fold_groups, tokenize_like_trl
 
 __all__ = [
     "TRL_VERSION",
@@ -211,20 +217,10 @@ class SamplerRollout:
         }
 
     def _tokenize(self, prompts: list, trainer: Any) -> list[list[int]]:
-        if self.tokenizer is None and hasattr(trainer, "_tokenize_prompts"):
-            ids, images, fields = trainer._tokenize_prompts(prompts)  # TRL's own: chat template, tools, kwargs
-            if images is not None or fields:
-                raise InvalidArgument("prompts", "multimodal prompts", "text prompts (the sampler is text-only)")
-            return [list(map(int, p)) for p in ids]
-        tok = self.tokenizer if self.tokenizer is not None else trainer.processing_class
-        out = []
-        for prompt in prompts:
-            if isinstance(prompt, str):
-                out.append(list(tok(text=prompt)["input_ids"]))
-            else:  # conversational: a list of messages
-                out.append(list(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=True)["input_ids"]))
-        return out
+        """TRL's tokenisation (``lengthsched.integrations.trl_vllm.tokenize_like_trl``): the trainer's
+        own ``_tokenize_prompts``, or with ``tokenizer`` the same rule from the trainer's public
+        ``chat_template``, ``tools`` and ``chat_template_kwargs``."""
+        return tokenize_like_trl(prompts, trainer, self.tokenizer)
 
     # ------------------------------------------------------------------ the rollout
     def __call__(self, prompts: Sequence[Any], trainer: Any) -> dict[str, list]:
@@ -298,20 +294,9 @@ def _check_policy(policy: str, slots: int | None, budget_bytes: int | None, refi
 
 def _runs(prompts: list, group_size: int, offset: int) -> list[tuple[int, int, int]]:
     """(start, stop, group) of each group in ``prompts``: position ``offset + i`` of the global
-    generation batch belongs to group ``(offset + i) // G``; every prompt of a group must be equal."""
-    runs: list[tuple[int, int, int]] = []
-    for i, prompt in enumerate(prompts):
-        group = (offset + i) // group_size
-        if runs and runs[-1][2] == group:
-            start = runs[-1][0]
-            if prompt != prompts[start]:
-                raise InvalidArgument("prompts", f"prompt {i} differs from prompt {start} of its group",
-                                      f"each prompt repeated num_generations={group_size} times in a row "
-                                      "(TRL's RepeatSampler order)")
-            runs[-1] = (start, i + 1, group)
-        else:
-            runs.append((i, i + 1, group))
-    return runs
+    generation batch belongs to group ``(offset + i) // G``; every prompt of a group must be equal
+    (``lengthsched.integrations.trl_vllm.fold_groups``)."""
+    return fold_groups(prompts, group_size, offset)
 
 
 def make_rollout_func(model_or_sampler: Any = None, tokenizer: Any = None, *, policy: str | None = None,
@@ -446,10 +431,12 @@ def _peak_rss() -> int | None:
 
 def toy_trainer(rollout: Any, output_dir: str | Path, *, steps: int = 2, group_size: int = 8,
                 prompts_per_step: int = 2, max_new_tokens: int = 16, dtype: str = "float32", seed: int = 0,
-                learning_rate: float = 1e-2, hidden_size: int = 64, layers: int = 2) -> Any:
+                learning_rate: float = 1e-2, hidden_size: int = 64, layers: int = 2,
+                grpo_kwargs: dict | None = None) -> Any:
     """A ``trl.GRPOTrainer`` on the toy task (CPU, no logging, nothing saved to ``output_dir``) whose
     groups come from ``rollout``: ``group_size`` completions of ``prompts_per_step`` prompts per
-    optimizer step, for ``steps`` steps; model and data order seeded by ``seed``."""
+    optimizer step, for ``steps`` steps; model and data order seeded by ``seed``. ``grpo_kwargs``:
+    further ``GRPOConfig`` fields (e.g. ``use_vllm=True`` with a vLLM rollout)."""
     import warnings
 
     import torch
@@ -471,7 +458,8 @@ def toy_trainer(rollout: Any, output_dir: str | Path, *, steps: int = 2, group_s
             output_dir=str(output_dir), report_to="none", use_cpu=True, bf16=False, seed=seed,
             per_device_train_batch_size=group_size * prompts_per_step, num_generations=group_size,
             max_completion_length=max_new_tokens, max_steps=steps, learning_rate=learning_rate, logging_steps=1,
-            save_strategy="no", gradient_checkpointing=False, disable_tqdm=True, dataloader_num_workers=0)
+            save_strategy="no", gradient_checkpointing=False, disable_tqdm=True, dataloader_num_workers=0,
+            **(grpo_kwargs or {}))
         trainer = trl.GRPOTrainer(model=model, reward_funcs=toy_reward, args=args, processing_class=tokenizer,
                                   train_dataset=toy_dataset(max(64, steps * prompts_per_step), seed),
                                   rollout_func=rollout)

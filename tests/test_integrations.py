@@ -1,15 +1,20 @@
-"""The vLLM and SGLang adapters (lengthsched.integrations), against the engines' documented
-argument shapes: small fake engines record every call and list-schedule requests the way the
-engines' priority queues order them. No engine, no GPU (see docs/howto-vllm.md, howto-sglang.md)."""
+"""The vLLM and SGLang adapters (lengthsched.integrations), against the engines' code (vLLM 0.33.0,
+SGLang 0.5.23): small fake engines with the real signatures record every call and list-schedule
+requests the way the engines' queues order them (vLLM V1 ignores priorities under FCFS; SGLang
+takes one priority per call). A test checks the fakes' signatures against the real classes
+wherever an engine is importable. No engine, no GPU (see docs/howto-vllm.md, howto-sglang.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import py_compile
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,9 @@ import lengthsched as ls
 from lengthsched import BudgetTooSmall, InvalidArgument
 from lengthsched.integrations import (
     ENGINE_FIXED_OVERHEAD_BYTES,
-    SGLANG_NO_PRIORITY_PREEMPTION,
+    PriorityIgnoredWarning,
+    decode_replica,
+    agenerate_group_sglang,
     agenerate_group_vllm,
     default_overhead_bytes,
     engine_memory,
@@ -30,14 +37,19 @@ from lengthsched.integrations import (
     generate_group_vllm,
     plan_concurrency,
     plan_kv_bytes,
+    plan_rollout,
     request_order,
     request_ranks,
     sglang_calls,
+    sglang_page_size,
     sglang_priorities,
     sglang_requests,
     sglang_setup,
+    vllm_block_size,
     vllm_priorities,
     vllm_requests,
+    vllm_scheduling_policy,
+    vllm_serve_args,
     vllm_setup,
 )
 from lengthsched.integrations.demo import (
@@ -88,44 +100,61 @@ class FakeOutput:
     finished: bool = True
 
 
-class FakeLLM:
-    """``vllm.LLM`` as documented: ``LLM(model, **engine args)`` and ``generate(prompts,
-    sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-    tokenization_kwargs=None)``; outputs in prompt order. Priority scheduling serves the lowest
-    ``(priority, arrival)`` first; a non-zero priority under ``fcfs`` is an error, as in vLLM."""
+def vllm_config(policy: str = "fcfs", block_size: int = 16) -> SimpleNamespace:
+    """The parts of a ``VllmConfig`` the adapter reads (vllm/config/scheduler.py, cache.py, 0.33.0)."""
+    return SimpleNamespace(scheduler_config=SimpleNamespace(policy=policy),
+                           cache_config=SimpleNamespace(block_size=block_size))
 
-    def __init__(self, model: str, *, scheduling_policy: str = "fcfs", gpu_memory_utilization: float = 0.9,
-                 max_num_seqs: int = 128, block_size: int | None = None, enable_prefix_caching: bool | None = None,
-                 max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None,
-                 true_lengths: list[int] | None = None):
+
+class FakeLLM:
+    """``vllm.LLM`` of vLLM 0.33.0 (vllm/entrypoints/llm.py): ``LLM(model, **engine args)`` and
+    ``generate(prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
+    tokenization_kwargs=None, mm_processor_kwargs=None)``; outputs in prompt order. Requests arrive
+    in list order; ``scheduling_policy="priority"`` serves the lowest ``(priority, arrival)`` first,
+    the default ``"fcfs"`` serves by arrival and ignores priorities without an error (V1's
+    FCFSRequestQueue). The engine reports its config at ``llm_engine.vllm_config``."""
+
+    def __init__(self, model: str, *, scheduling_policy: str = "fcfs", gpu_memory_utilization: float = 0.92,
+                 max_num_seqs: int = 128, max_num_active_seqs: int | None = None, block_size: int | None = None,
+                 enable_prefix_caching: bool | None = None, max_model_len: int | None = None,
+                 kv_cache_memory_bytes: int | None = None, tensor_parallel_size: int = 1,
+                 true_lengths: list[int] | None = None, backend_block_size: int = 16):
         assert 0 < gpu_memory_utilization <= 1
-        self.model, self.policy, self.max_num_seqs = model, scheduling_policy, max_num_seqs
+        assert max_num_active_seqs is None or max_num_active_seqs <= max_num_seqs  # vllm/config/scheduler.py
+        self.model, self.policy = model, scheduling_policy
+        self.running_cap = max_num_active_seqs or max_num_seqs
         self.true_lengths = true_lengths
         self.calls: list[dict] = []
+        # The backend's preferred size unless the user set one (platforms/interface.py).
+        self.llm_engine = SimpleNamespace(vllm_config=vllm_config(scheduling_policy, block_size or backend_block_size))
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-                 tokenization_kwargs=None):
+                 tokenization_kwargs=None, mm_processor_kwargs=None):
         self.calls.append({"prompts": prompts, "sampling_params": sampling_params, "priority": priority})
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         priority = [0] * len(prompts) if priority is None else priority
         if len(priority) != len(prompts) or len(params) != len(prompts):
             raise ValueError("priority and sampling_params must have one entry per prompt")
-        if self.policy != "priority" and any(priority):
-            raise ValueError(f"Got priority {max(priority)} but Priority scheduling is not enabled.")
         durations = [1 if self.true_lengths is None or p.seed is None else self.true_lengths[p.seed] for p in params]
-        starts = list_schedule([(p, i) for i, p in enumerate(priority)], durations, self.max_num_seqs)
+        keys = [(p, i) if self.policy == "priority" else (i,) for i, p in enumerate(priority)]
+        starts = list_schedule(keys, durations, self.running_cap)
         return [FakeOutput(q, p, r, s) for q, p, r, s in zip(prompts, params, priority, starts)]
 
 
 class FakeAsyncLLM:
-    """``vllm.AsyncLLM.generate(prompt, sampling_params, request_id, *, priority=0, ...)``: an
-    async generator of outputs, the last one finished."""
+    """``vllm.AsyncLLM.generate(prompt, sampling_params, request_id, *, prompt_text=None,
+    lora_request=None, tokenization_kwargs=None, trace_headers=None, priority=0,
+    data_parallel_rank=None, session_id=None, kv_hints=None, reasoning_ended=None,
+    reasoning_parser_kwargs=None)`` (vllm/v1/engine/async_llm.py, 0.33.0): an async generator of
+    outputs, the last one finished."""
 
-    def __init__(self):
+    def __init__(self, policy: str = "priority"):
         self.calls: list[dict] = []
+        self.vllm_config = vllm_config(policy)
 
-    async def generate(self, prompt, sampling_params, request_id, *, lora_request=None, trace_headers=None,
-                       priority=0, data_parallel_rank=None):
+    async def generate(self, prompt, sampling_params, request_id, *, prompt_text=None, lora_request=None,
+                       tokenization_kwargs=None, trace_headers=None, priority=0, data_parallel_rank=None,
+                       session_id=None, kv_hints=None, reasoning_ended=None, reasoning_parser_kwargs=None):
         self.calls.append({"prompt": prompt, "params": sampling_params, "request_id": request_id, "priority": priority})
         await asyncio.sleep(0)
         yield FakeOutput(prompt, sampling_params, priority, 0, finished=False)
@@ -133,43 +162,62 @@ class FakeAsyncLLM:
 
 
 class FakeSGLangEngine:
-    """``sglang.Engine`` as documented: ``Engine(model_path, **server args)``; ``generate`` and
-    ``async_generate(prompt=None, sampling_params=None, input_ids=None, ..., priority=None)`` take
-    ONE ``priority: Optional[int]`` per call and return a dict with ``meta_info``."""
+    """``sglang.Engine`` of SGLang 0.5.23 (python/sglang/srt/entrypoints/engine.py):
+    ``Engine(model_path, **server args)``; ``generate`` and ``async_generate(prompt=None,
+    sampling_params=None, input_ids=None, ..., rid=None, session_params=None, priority=None, ...)``
+    take ONE ``priority: Optional[int]`` per call and return a dict with ``meta_info``;
+    ``get_server_info()`` reports the resolved server arguments (``page_size``)."""
 
     def __init__(self, model_path: str, *, mem_fraction_static: float | None = None,
                  max_running_requests: int | None = None, enable_priority_scheduling: bool = False,
                  schedule_low_priority_values_first: bool = False, schedule_policy: str = "fcfs",
-                 priority_scheduling_preemption_threshold: int = 10, page_size: int = 1,
-                 max_total_tokens: int | None = None, event_loop: bool = False):
+                 disable_priority_preemption: bool = False, priority_scheduling_preemption_threshold: int = 10,
+                 retraction_policy: str = "length", page_size: int | None = None,
+                 max_total_tokens: int | None = None, tp_size: int = 1, event_loop: bool = False,
+                 backend_page_size: int = 1):
         assert mem_fraction_static is None or 0 < mem_fraction_static < 1
+        assert retraction_policy in ("length", "priority")
+        if retraction_policy == "priority" and not enable_priority_scheduling:  # arg_groups/validation_hook.py
+            raise ValueError("--retraction-policy priority requires --enable-priority-scheduling")
+        if enable_priority_scheduling and schedule_policy not in ("fcfs", "lof"):
+            raise ValueError("To use priority scheduling, schedule_policy must be 'fcfs' or 'lof'.")
         self.low_first = schedule_low_priority_values_first
         self.max_running_requests = max_running_requests
+        self.page_size = page_size or backend_page_size
         self.calls: list[dict] = []
         if event_loop:
             self.loop = asyncio.new_event_loop()
 
-    def _record(self, prompt, sampling_params, input_ids, priority) -> dict:
+    def get_server_info(self) -> dict:
+        return {"page_size": self.page_size, "max_total_num_tokens": 1 << 20}
+
+    def _record(self, prompt, sampling_params, input_ids, priority, lora_path=None) -> dict:
         if priority is not None and not isinstance(priority, int):
             raise TypeError("GenerateReqInput.priority is Optional[int]: one priority per call")
         self.calls.append({"prompt": prompt, "input_ids": input_ids, "sampling_params": sampling_params,
-                           "priority": priority})
+                           "priority": priority, "lora_path": lora_path})
         return {"text": "", "meta_info": {"completion_tokens": sampling_params.get("seed", 0), "priority": priority}}
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, stream=False,
-                 rid=None, priority=None):
-        return self._record(prompt, sampling_params, input_ids, priority)
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False, lora_path=None,
+                 stream=False, rid=None, session_params=None, priority=None):
+        return self._record(prompt, sampling_params, input_ids, priority, lora_path)
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
-                             stream=False, rid=None, priority=None):
+                             lora_path=None, stream=False, rid=None, session_params=None, priority=None):
         await asyncio.sleep(0)
-        return self._record(prompt, sampling_params, input_ids, priority)
+        return self._record(prompt, sampling_params, input_ids, priority, lora_path)
+
+    def group_calls(self) -> list[dict]:
+        """The calls after the prefix warm-up (the first call when it asked for one token)."""
+        warm = self.calls and self.calls[0]["sampling_params"] == {"max_new_tokens": 1}
+        return self.calls[1:] if warm else self.calls
 
     def start_order(self) -> list[int]:
-        """Call indices in the order the waiting queue serves them: priority (larger first unless
-        ``schedule_low_priority_values_first``), then arrival."""
+        """Indices into :meth:`group_calls` in the order the waiting queue serves them: priority
+        (larger first unless ``schedule_low_priority_values_first``), then arrival."""
         sign = 1 if self.low_first else -1
-        return sorted(range(len(self.calls)), key=lambda i: (sign * self.calls[i]["priority"], i))
+        calls = self.group_calls()
+        return sorted(range(len(calls)), key=lambda i: (sign * calls[i]["priority"], i))
 
 
 def per_completion_params(n: int) -> list[FakeSamplingParams]:
@@ -207,7 +255,8 @@ def test_priorities_follow_the_plan_and_an_engine_reproduces_its_starts(lengths,
     # The same through SGLang's larger-first default.
     engine = FakeSGLangEngine("m", enable_priority_scheduling=True)
     generate_group_sglang(engine, "p", plan, [{"seed": j} for j in range(len(lengths))], low_values_first=False)
-    assert [engine.calls[i]["sampling_params"]["seed"] for i in engine.start_order()] == list(plan.admission_order)
+    calls = engine.group_calls()
+    assert [calls[i]["sampling_params"]["seed"] for i in engine.start_order()] == list(plan.admission_order)
 
 
 def test_sjf_plan_starts_shortest_predicted_first():
@@ -232,10 +281,23 @@ def test_generate_group_vllm_sends_g_requests_of_one_prompt_in_plan_order():
     assert llm.calls[-1]["prompts"] == ["text prompt"] * 4 and llm.calls[-1]["sampling_params"] == [shared] * 4
 
 
-def test_vllm_rejects_priorities_without_the_priority_policy():
-    llm = FakeLLM("m")  # scheduling_policy defaults to fcfs, as in vLLM
-    with pytest.raises(ValueError, match="Priority scheduling is not enabled"):
-        generate_group_vllm(llm, "p", [5, 3], FakeSamplingParams())
+def test_fcfs_vllm_ignores_priorities_without_error_and_the_adapter_warns():
+    # vLLM 0.33.0 V1: no check rejects a non-zero priority under "fcfs" (that was V0's); the
+    # FCFSRequestQueue serves by arrival. The adapter warns, and still submits in the plan's order,
+    # so inside one call FCFS starts every completion when the plan does.
+    plan = ls.plan_group([5, 3, 8, 2], slots=2, max_new_tokens=8)
+    llm = FakeLLM("m", max_num_seqs=2, true_lengths=[5, 3, 8, 2])  # scheduling_policy defaults to fcfs
+    assert vllm_scheduling_policy(llm) == "fcfs"
+    with pytest.warns(PriorityIgnoredWarning, match="scheduling_policy='fcfs'"):
+        outputs = generate_group_vllm(llm, "p", plan, per_completion_params(4))
+    assert llm.calls[0]["priority"] == [0, 1, 2, 3]  # passed on, ignored by the engine
+    assert [o.start for o in outputs] == list(plan.expected_starts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a priority engine: no warning
+        generate_group_vllm(FakeLLM("m", scheduling_policy="priority"), "p", plan, per_completion_params(4))
+        generate_group_vllm(SimpleNamespace(generate=lambda *a, **k: [None] * 2), "p", [1, 2], FakeSamplingParams())
+    with pytest.warns(PriorityIgnoredWarning):
+        asyncio.run(agenerate_group_vllm(FakeAsyncLLM(policy="fcfs"), "p", [5, 3], FakeSamplingParams()))
 
 
 def test_agenerate_group_vllm_streams_one_request_per_completion():
@@ -258,15 +320,27 @@ def test_vllm_requests_shape():
 
 # ----------------------------------------------------------------------------- SGLang call shapes
 @pytest.mark.parametrize("event_loop", [False, True], ids=["asyncio.run", "engine.loop"])
-def test_generate_group_sglang_one_call_per_completion(event_loop):
+def test_generate_group_sglang_warms_the_prefix_then_one_call_per_completion(event_loop):
     engine = FakeSGLangEngine("m", enable_priority_scheduling=True, schedule_low_priority_values_first=True,
                               event_loop=event_loop)
-    outputs = generate_group_sglang(engine, "Why?", [5, 3, 8, 2], [{"max_new_tokens": 8, "seed": j} for j in range(4)])
-    assert [c["prompt"] for c in engine.calls] == ["Why?"] * 4 and all(c["input_ids"] is None for c in engine.calls)
-    assert [c["sampling_params"]["seed"] for c in engine.calls] == [3, 1, 0, 2]  # created in the plan's order
-    assert [c["priority"] for c in engine.calls] == [0, 1, 2, 3]
+    outputs = generate_group_sglang(engine, "Why?", [5, 3, 8, 2], [{"max_new_tokens": 8, "seed": j} for j in range(4)],
+                                    lora_path="adapter", stream=False)
+    # SGLang 0.5.23 under fcfs does not share a prompt inside one prefill batch: one 1-token request
+    # of the prompt at the group's first priority goes first, with the cache-selecting kwargs only.
+    warm = engine.calls[0]
+    assert warm["prompt"] == "Why?" and warm["sampling_params"] == {"max_new_tokens": 1} and warm["priority"] == 0
+    assert warm["lora_path"] == "adapter"
+    calls = engine.group_calls()
+    assert len(engine.calls) == 5 and len(calls) == 4
+    assert [c["prompt"] for c in calls] == ["Why?"] * 4 and all(c["input_ids"] is None for c in calls)
+    assert [c["sampling_params"]["seed"] for c in calls] == [3, 1, 0, 2]  # created in the plan's order
+    assert [c["priority"] for c in calls] == [0, 1, 2, 3]
     assert [o["meta_info"]["completion_tokens"] for o in outputs] == [0, 1, 2, 3]  # back in completion order
-    assert [engine.calls[i]["sampling_params"]["seed"] for i in engine.start_order()] == [3, 1, 0, 2]
+    assert [calls[i]["sampling_params"]["seed"] for i in engine.start_order()] == [3, 1, 0, 2]
+    cold = FakeSGLangEngine("m", enable_priority_scheduling=True)
+    asyncio.run(agenerate_group_sglang(cold, [7, 8], [2, 1], {"max_new_tokens": 4}, warm_prefix=False,
+                                       low_values_first=False))
+    assert len(cold.calls) == 2 and cold.calls[0]["input_ids"] == [7, 8] and cold.calls[0]["priority"] == 1
     if event_loop:
         engine.loop.close()
 
@@ -312,17 +386,61 @@ def test_vllm_setup_by_hand_on_qwen3_1_7b():
     assert setup.weights_bytes == W and setup.overhead_bytes == GIB and setup.gpu_memory_bytes == 80 * GIB
     # (3_441_149_952 + 508_297_216 + 1_073_741_824) / 85_899_345_920 = 0.058477..., rounded up.
     assert setup.fraction == 0.0585
+    # The pool in exact bytes (the plan's unit) by default, the fraction for vLLM's start-up free-memory
+    # check, and no block_size: the attention backend keeps its own (vllm/platforms/interface.py, 0.33.0).
     assert setup.engine_kwargs == {
-        "scheduling_policy": "priority", "gpu_memory_utilization": 0.0585, "max_num_seqs": 2, "block_size": 16,
-        "enable_prefix_caching": True, "max_model_len": 2348,
+        "scheduling_policy": "priority", "gpu_memory_utilization": 0.0585, "max_num_seqs": 2,
+        "enable_prefix_caching": True, "max_model_len": 2348, "kv_cache_memory_bytes": 508_297_216,
     }
     assert setup.priorities == plan.priorities() and setup.order == plan.admission_order
-    pinned = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB, pin_kv_cache=True)
-    assert pinned.engine_kwargs["kv_cache_memory_bytes"] == 508_297_216
-    FakeLLM("Qwen/Qwen3-1.7B", **pinned.engine_kwargs)  # the keyword names vLLM documents
+    llm = FakeLLM("Qwen/Qwen3-1.7B", **setup.engine_kwargs)  # vLLM 0.33.0's keyword names
+    assert vllm_block_size(llm) == 16
+    fallback = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB, kv_pool="utilization")
+    assert "kv_cache_memory_bytes" not in fallback.engine_kwargs
+    assert fallback.engine_kwargs["gpu_memory_utilization"] == 0.0585
     # Default overhead: the memory model's decode activations of 2 sequences + 2 GiB.
     assert default_overhead_bytes(QWEN, 2) == 2 * 648_704 + ENGINE_FIXED_OVERHEAD_BYTES
     assert vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB).overhead_bytes == 2 * 648_704 + 2 * GIB
+
+
+def test_vllm_setup_reads_the_engines_block_size_back():
+    plan = ls.plan_group([652, 799, 1473, 768], slots=2, max_new_tokens=2048, prompt_tokens=300)
+    llm = FakeLLM("m", **vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB).engine_kwargs, backend_block_size=32)
+    assert vllm_block_size(llm) == 32  # the backend chose 32; the setup did not force 16
+    setup = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB, block_size=vllm_block_size(llm))
+    # 32-token blocks: 288 shared prompt tokens (9 blocks), each live completion 2048 + 12 -> 65 blocks
+    # (2080 tokens), the null block 32: the same plan needs more KV.
+    assert setup.kv_bytes == (288 + 2 * 2080 + 32) * C and setup.memory.block_size == 32
+    assert "block_size" not in setup.engine_kwargs
+    assert vllm_block_size(SimpleNamespace()) is None and vllm_scheduling_policy(object()) is None
+    assert vllm_block_size(FakeAsyncLLM()) == 16 and vllm_scheduling_policy(FakeAsyncLLM()) == "priority"
+
+
+def test_vllm_setup_concurrency_as_max_num_active_seqs_and_tensor_parallel():
+    plan = ls.plan_group([652, 799, 1473, 768], slots=2, max_new_tokens=2048, prompt_tokens=300)
+    active = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB,
+                        concurrency_arg="max_num_active_seqs", max_num_seqs=64)
+    # vLLM 0.33.0: max_num_active_seqs caps admission into RUNNING and keeps the runner sized for max_num_seqs.
+    assert active.engine_kwargs["max_num_active_seqs"] == 2 and active.engine_kwargs["max_num_seqs"] == 64
+    FakeLLM("m", **active.engine_kwargs)
+    only_active = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, concurrency_arg="max_num_active_seqs")
+    assert "max_num_seqs" not in only_active.engine_kwargs
+    with pytest.raises(InvalidArgument, match="argument 'max_num_seqs'"):
+        vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, concurrency_arg="max_num_active_seqs", max_num_seqs=1)
+    # Two GPUs: weights and pool split evenly; kv_cache_memory_bytes is per GPU.
+    tp2 = vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB, tensor_parallel_size=2)
+    assert tp2.kv_bytes == 508_297_216 and tp2.kv_bytes_per_gpu == 254_148_608
+    assert tp2.engine_kwargs["kv_cache_memory_bytes"] == 254_148_608 and tp2.engine_kwargs["tensor_parallel_size"] == 2
+    # (1_720_574_976 + 254_148_608 + 1_073_741_824) / 85_899_345_920 = 0.035489..., rounded up.
+    assert tp2.fraction == 0.0355 and tp2.weights_bytes_per_gpu == W // 2
+    assert vllm_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, concurrency=6).engine_kwargs["max_num_seqs"] == 6
+
+
+def test_vllm_serve_args_are_the_engine_kwargs_as_flags():
+    assert vllm_serve_args({"scheduling_policy": "priority", "kv_cache_memory_bytes": 100,
+                            "enable_prefix_caching": True, "enforce_eager": False, "quantization": None}) == [
+        "--scheduling-policy", "priority", "--kv-cache-memory-bytes", "100", "--enable-prefix-caching",
+        "--no-enforce-eager"]
 
 
 def test_sglang_setup_by_hand_on_qwen3_1_7b():
@@ -332,15 +450,27 @@ def test_sglang_setup_by_hand_on_qwen3_1_7b():
     assert setup.kv_bytes == 4396 * C == 504_168_448
     # mem_fraction_static = (W + KV pool) / total = 3_945_318_400 / 85_899_345_920 = 0.045929..., rounded up.
     assert setup.fraction == 0.046
+    # No page_size (backends rewrite it); preemption by priority disabled rather than a large threshold
+    # (priorities are int64 and an unset one is +-sys.maxsize: SGLang 0.5.23 managers/scheduler.py);
+    # decode retraction by priority (managers/schedule_batch.py).
     assert setup.engine_kwargs == {
         "enable_priority_scheduling": True, "schedule_low_priority_values_first": True, "schedule_policy": "fcfs",
-        "priority_scheduling_preemption_threshold": SGLANG_NO_PRIORITY_PREEMPTION, "mem_fraction_static": 0.046,
-        "max_running_requests": 2, "page_size": 1, "max_total_tokens": 4396,
+        "disable_priority_preemption": True, "retraction_policy": "priority", "mem_fraction_static": 0.046,
+        "max_running_requests": 2, "max_total_tokens": 4396,
     }
-    FakeSGLangEngine("Qwen/Qwen3-1.7B", **setup.engine_kwargs)  # the server-argument names SGLang documents
-    high_first = sglang_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, low_values_first=False)
+    engine = FakeSGLangEngine("Qwen/Qwen3-1.7B", **setup.engine_kwargs, backend_page_size=64)
+    assert sglang_page_size(engine) == 64 and sglang_page_size({"page_size": 16}) == 16
+    assert sglang_page_size(SimpleNamespace()) is None
+    paged = sglang_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, overhead_bytes=GIB, page_size=sglang_page_size(engine))
+    # 64-token pages: 256 shared prompt tokens (4 pages), each live completion 2048 + 44 -> 33 pages.
+    assert paged.kv_bytes == (256 + 2 * 2112) * C and "page_size" not in paged.engine_kwargs
+    high_first = sglang_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, low_values_first=False, retraction_policy=None)
     assert high_first.engine_kwargs["schedule_low_priority_values_first"] is False
+    assert "retraction_policy" not in high_first.engine_kwargs
     assert high_first.priorities == tuple(3 - r for r in plan.priorities())
+    with pytest.raises(ValueError, match="requires --enable-priority-scheduling"):
+        FakeSGLangEngine("m", retraction_policy="priority")  # why sglang_setup passes both
+    assert sglang_setup(plan, QWEN, gpu_memory_bytes=80 * GIB, tensor_parallel_size=2).engine_kwargs["tp_size"] == 2
 
 
 def test_plan_kv_bytes_is_the_peak_of_reserved_kv_over_the_plans_steps():
@@ -412,6 +542,30 @@ def test_budgets_that_do_not_fit_say_so():
         (lambda: plan_slots(QWEN, 8 * GIB, group_size=0, prompt_tokens=10, max_new_tokens=10), "group_size"),
         (lambda: asyncio.run(agenerate_group_vllm(FakeAsyncLLM(), "p", [1], FakeSamplingParams(), request_id="")),
          "request_id"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            kv_pool="gpu"), "kv_pool"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            concurrency_arg="slots"), "concurrency_arg"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            max_num_seqs=8), "max_num_seqs"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            tensor_parallel_size=0), "tensor_parallel_size"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            block_size=0), "block_size"),
+        (lambda: vllm_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                            concurrency=0), "concurrency"),
+        (lambda: sglang_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                              retraction_policy="newest"), "retraction_policy"),
+        (lambda: sglang_setup(ls.plan_group([1], slots=1, max_new_tokens=4), QWEN, gpu_memory_bytes=GIB,
+                              page_size=0), "page_size"),
+        (lambda: vllm_serve_args(["--x"]), "engine_kwargs"),
+        (lambda: plan_rollout([], []), "group_keys"),
+        (lambda: plan_rollout(["a", "b"], [1]), "predicted"),
+        (lambda: plan_rollout(["a"], [-1]), "predicted"),
+        (lambda: plan_rollout(["a"], [1], replicas=0), "replicas"),
+        (lambda: plan_rollout(["a"], [1], replicas=2, base=3), "base"),
+        (lambda: plan_rollout([["a"]], [1]), "group_keys"),
+        (lambda: plan_rollout(["a"], [1]).rows_on(1), "replica"),
     ],
 )
 def test_bad_input_names_the_argument(call, name):
@@ -419,6 +573,78 @@ def test_bad_input_names_the_argument(call, name):
         call()
     assert err.value.name == name and err.value.expected
     assert f"argument '{name}'" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- a rollout step on replicas
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12), replicas=st.integers(1, 4), data=st.data())
+def test_plan_rollout_places_whole_groups_and_orders_each_replica_longest_first(sizes, replicas, data):
+    from simulate.rollout import route
+    from simulate.workloads import Group
+
+    predicted = [data.draw(st.lists(st.integers(0, 500), min_size=n, max_size=n)) for n in sizes]
+    keys = [f"uid-{g}" for g, n in enumerate(sizes) for _ in range(n)]
+    flat = [x for group in predicted for x in group]
+    plan = plan_rollout(keys, flat, replicas=replicas)
+    # The placement of simulate.run_rollout's placed_lpt policy (the project's rollout policy).
+    groups = [Group(str(g), 10, np.ones(n, dtype=np.int64)) for g, n in enumerate(sizes)]
+    assert list(plan.replica) == list(route(groups, "least_loaded", replicas, np.asarray(flat), places_groups=True))
+    assert len(set(plan.priority)) == len(keys)  # unique: verl's full_determinism request ids use them
+    for row, key in enumerate(keys):
+        assert plan.replica[row] == plan.group_replica[plan.group[row]]  # a group never spreads
+        assert decode_replica(plan.priority[row], replicas) == plan.replica[row]
+    for r in range(replicas):
+        rows = plan.rows_on(r)
+        assert [(-flat[i], i) for i in rows] == sorted((-flat[i], i) for i in rows)  # longest predicted first
+        assert plan.replica_work[r] == sum(flat[i] for i in rows)
+    assert sorted(plan.submission_order()) == list(range(len(keys)))
+    assert [plan.priority[i] for i in plan.submission_order()] == sorted(plan.priority)
+
+
+def test_plan_rollout_by_hand():
+    # Two groups of 3 (uids a, b; rows interleaved) on 2 replicas: work a = 60, b = 30.
+    plan = plan_rollout(["a", "b", "a", "b", "a", "b"], [10, 5, 30, 20, 20, 5], replicas=2, base=4)
+    assert plan.group_keys == ("a", "b") and plan.group == (0, 1, 0, 1, 0, 1)
+    assert plan.group_replica == (0, 1) and plan.replica_work == (60, 30)
+    # Replica 0 runs a's rows 2 (30), 4 (20), 0 (10): ranks 0, 1, 2 -> priorities 4 + 2 x rank + 0.
+    assert plan.priority == (8, 7, 4, 5, 6, 9)
+    assert plan.rows_on(0) == (2, 4, 0) and plan.rows_on(1) == (3, 1, 5)
+    assert decode_replica(plan.priority[3], 2) == 1 and decode_replica(-1, 2) is None
+    assert decode_replica(np.int64(7), 2) == 1 and decode_replica(None, 2) is None and decode_replica(True, 2) is None
+    one = plan_rollout(["a", "a", "b"], [3, 9, 1])
+    assert one.priority == (1, 0, 2) and one.replicas == 1
+
+
+# ----------------------------------------------------------------------------- the fakes against the engines
+def _accepts(fake, real, names):
+    """Every keyword in ``names`` is a parameter of both callables."""
+    fake_params, real_params = inspect.signature(fake).parameters, inspect.signature(real).parameters
+    missing = [n for n in names if n not in real_params]
+    assert not missing, f"{real.__qualname__} lacks {missing}"
+    assert all(n in fake_params for n in names)
+
+
+def test_fake_vllm_matches_vllm_signatures():
+    vllm = pytest.importorskip("vllm")
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    _accepts(FakeLLM.generate, vllm.LLM.generate, ["prompts", "sampling_params", "use_tqdm", "priority"])
+    _accepts(FakeAsyncLLM.generate, AsyncLLM.generate, ["prompt", "sampling_params", "request_id", "priority"])
+    from vllm.config import CacheConfig, SchedulerConfig
+
+    for name in ("kv_cache_memory_bytes", "block_size", "gpu_memory_utilization"):
+        assert name in CacheConfig.__dataclass_fields__
+    for name in ("policy", "max_num_seqs", "max_num_active_seqs"):
+        assert name in SchedulerConfig.__dataclass_fields__
+
+
+def test_fake_sglang_matches_sglang_signatures():
+    pytest.importorskip("sglang")
+    from sglang.srt.entrypoints.engine import Engine
+
+    _accepts(FakeSGLangEngine.async_generate, Engine.async_generate,
+             ["prompt", "sampling_params", "input_ids", "lora_path", "stream", "rid", "priority"])
+    _accepts(FakeSGLangEngine.generate, Engine.generate, ["prompt", "sampling_params", "input_ids", "priority"])
 
 
 # ----------------------------------------------------------------------------- examples

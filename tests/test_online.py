@@ -79,7 +79,10 @@ def test_a_running_sibling_never_lowers_the_prediction_of_a_fresh_one(prior, fin
     before = p.predict(["x"], quantiles=[0.9])
     p.observe("x", running, finished=False, completion="r")
     after = p.predict(["x"], quantiles=[0.9])
-    assert after.lengths[0] >= before.lengths[0]
+    # Exact Bayes never lowers it; the closed form (no running sibling) and the grid (with one) are two
+    # quadratures of the same predictive, which may differ by rounding: a token in a thousand.
+    assert after.lengths[0] >= before.lengths[0] * (1 - 1e-3) - 1
+    assert after.quantile(0.9)[0] >= before.quantile(0.9)[0] * (1 - 1e-3) - 1
 
 
 def test_a_running_sibling_never_lowers_the_prediction_of_a_long_running_one():

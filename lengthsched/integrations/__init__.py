@@ -1,23 +1,38 @@
-"""Engine adapters: run a lengthsched plan on vLLM or SGLang through request priorities.
+"""Engine and framework adapters: run a lengthsched plan on vLLM or SGLang through request
+priorities, and plug the planner into verl and TRL's vLLM generation.
 
-Importing this package imports neither engine (nor torch): the adapters build the arguments and
-call methods on engine objects the caller created. A group of G completions of one prompt
+Importing this package imports neither engine, framework nor torch: the adapters build the
+arguments and call methods on objects the caller created. A group of G completions of one prompt
 becomes G requests (n=1 each; the engine's prefix cache shares the prompt KV) whose priorities
 follow the plan's admission order, so the engine starts them in the order the plan does; the
-memory helpers turn a KV budget (bytes) and the plan's slot count into engine arguments.
+memory helpers turn a KV budget (bytes) and the plan's slot count into engine arguments. Every
+claim about an engine is modelled on its code (vLLM 0.33.0, SGLang 0.5.23, TRL 1.16.0, verl 0.9.1;
+each module's docstring names the files).
 
 - vLLM: :func:`vllm_priorities`, :func:`vllm_requests`, :func:`generate_group_vllm`,
-  :func:`agenerate_group_vllm`, :func:`vllm_setup` (``gpu_memory_utilization``,
-  ``max_num_seqs``, ``scheduling_policy="priority"``). Lower priority values run first.
+  :func:`agenerate_group_vllm`, :func:`vllm_setup` (``kv_cache_memory_bytes``,
+  ``gpu_memory_utilization``, ``max_num_seqs`` or ``max_num_active_seqs``,
+  ``scheduling_policy="priority"``), :func:`vllm_block_size`, :func:`vllm_scheduling_policy`,
+  :func:`vllm_serve_args`. Lower priority values run first; an FCFS engine ignores priorities
+  (:class:`PriorityIgnoredWarning`).
 - SGLang: :func:`sglang_priorities`, :func:`sglang_requests`, :func:`sglang_calls`,
-  :func:`generate_group_sglang`, :func:`agenerate_group_sglang`, :func:`sglang_setup`
-  (``mem_fraction_static``, ``max_running_requests``, ``enable_priority_scheduling``).
-- Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM block-16 /
-  SGLang token-granular KV), :func:`plan_kv_bytes`, :func:`plan_concurrency`,
-  :func:`default_overhead_bytes`, :class:`EngineSetup`, :class:`GroupRequests`.
+  :func:`generate_group_sglang`, :func:`agenerate_group_sglang` (prefix warm-up first),
+  :func:`sglang_setup` (``mem_fraction_static``, ``max_running_requests``,
+  ``enable_priority_scheduling``, ``disable_priority_preemption``, ``retraction_policy``),
+  :func:`sglang_page_size`.
+- A rollout step on replicas: :func:`plan_rollout` -> :class:`RolloutPlan` (groups placed by
+  predicted work, longest predicted first per replica, the replica encoded in the priority).
+- verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
+  :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
+- TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
+  :func:`trl_vllm_engine_args` (:mod:`lengthsched.integrations.trl_vllm`).
+- Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM blocks /
+  SGLang pages), :func:`plan_kv_bytes`, :func:`plan_concurrency`, :func:`default_overhead_bytes`,
+  :class:`EngineSetup`, :class:`GroupRequests`.
 
-These paths were tested against the engines' documented argument shapes with fake engine
-objects, not against a real engine (see docs/howto-vllm.md and docs/howto-sglang.md).
+These paths were tested with the engines faked at their API boundary and, for verl, against
+verl's real classes with the engine calls faked below them; none was run on a GPU here (see
+docs/howto-vllm.md, howto-sglang.md, howto-verl.md, howto-trl.md).
 """
 
 from .base import (
@@ -32,46 +47,72 @@ from .base import (
     request_order,
     request_ranks,
 )
+from .rollout import RolloutPlan, decode_replica, place_groups, plan_rollout
 from .sglang_adapter import (
-    SGLANG_NO_PRIORITY_PREEMPTION,
+    SGLANG_RETRACTION_POLICIES,
     agenerate_group_sglang,
     generate_group_sglang,
     sglang_calls,
+    sglang_page_size,
     sglang_priorities,
     sglang_requests,
     sglang_setup,
 )
+from .trl_vllm import make_vllm_rollout_func, trl_vllm_config, trl_vllm_engine_args
+from .verl import PlannedLoadBalancer, verl_rollout_config
 from .vllm_adapter import (
+    VLLM_CONCURRENCY_ARGS,
+    VLLM_KV_POOLS,
     VLLM_NULL_BLOCKS,
+    PriorityIgnoredWarning,
     agenerate_group_vllm,
     generate_group_vllm,
+    vllm_block_size,
     vllm_priorities,
     vllm_requests,
+    vllm_scheduling_policy,
+    vllm_serve_args,
     vllm_setup,
 )
 
 __all__ = [
     "ENGINE_BLOCK_SIZES",
     "ENGINE_FIXED_OVERHEAD_BYTES",
-    "SGLANG_NO_PRIORITY_PREEMPTION",
+    "SGLANG_RETRACTION_POLICIES",
+    "VLLM_CONCURRENCY_ARGS",
+    "VLLM_KV_POOLS",
     "VLLM_NULL_BLOCKS",
     "EngineSetup",
     "GroupRequests",
+    "PlannedLoadBalancer",
+    "PriorityIgnoredWarning",
+    "RolloutPlan",
     "agenerate_group_sglang",
     "agenerate_group_vllm",
+    "decode_replica",
     "default_overhead_bytes",
     "engine_memory",
     "generate_group_sglang",
     "generate_group_vllm",
+    "make_vllm_rollout_func",
+    "place_groups",
     "plan_concurrency",
     "plan_kv_bytes",
+    "plan_rollout",
     "request_order",
     "request_ranks",
     "sglang_calls",
+    "sglang_page_size",
     "sglang_priorities",
     "sglang_requests",
     "sglang_setup",
+    "trl_vllm_config",
+    "trl_vllm_engine_args",
+    "verl_rollout_config",
+    "vllm_block_size",
     "vllm_priorities",
     "vllm_requests",
+    "vllm_scheduling_policy",
+    "vllm_serve_args",
     "vllm_setup",
 ]

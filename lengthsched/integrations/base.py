@@ -30,7 +30,11 @@ __all__ = [
     "request_ranks",
 ]
 
-# Tokens per KV block: vLLM's default block size, SGLang's default page size.
+# Tokens per KV block the memory arithmetic assumes when the engine's own is not known: vLLM's
+# CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py, 0.33.0; an attention backend may prefer
+# another, see vllm/platforms/interface.py update_block_size_for_backend) and SGLang's page size 1
+# (server_args page_size None -> 1 for the default backends, 0.5.23; some backends rewrite it).
+# Read the engine's real size back (vllm_block_size, sglang_page_size) and pass it as block_size.
 ENGINE_BLOCK_SIZES = {"vllm": 16, "sglang": 1}
 
 # Memory an engine uses beyond weights, KV and the decode activations of its batch (bytes): CUDA
@@ -143,9 +147,10 @@ def token_ids(value: Any) -> list[int] | None:
 
 # ----------------------------------------------------------------------------- memory
 def engine_memory(memory: ModelMemory, engine: str, *, block_size: int | None = None) -> ModelMemory:
-    """``memory`` as ``engine`` holds KV: blocks of ``ENGINE_BLOCK_SIZES[engine]`` tokens (vLLM 16,
-    SGLang 1; ``block_size`` overrides), the prompt KV shared by the group (vLLM prefix caching
-    shares whole blocks only, SGLang's radix cache every token), KV freed when a sequence finishes."""
+    """``memory`` as ``engine`` holds KV: blocks of ``block_size`` tokens (default
+    ``ENGINE_BLOCK_SIZES[engine]``: vLLM 16, SGLang 1; pass the size the engine reports), the prompt
+    KV shared by the group (vLLM prefix caching shares whole blocks only, SGLang's radix cache whole
+    pages), KV freed when a sequence finishes."""
     if not isinstance(memory, ModelMemory):
         raise InvalidArgument("memory", memory, "a lengthsched.ModelMemory")
     if engine not in ENGINE_BLOCK_SIZES:
@@ -210,9 +215,10 @@ class EngineSetup:
     ``engine_kwargs`` go to ``vllm.LLM(model, **engine_kwargs)`` or
     ``sglang.Engine(model_path=..., **engine_kwargs)``. ``priorities[j]`` is the priority of
     completion j in the engine's own convention; ``order`` lists completions in submission order.
-    Memory (bytes): ``gpu_memory_bytes`` of one GPU, ``weights_bytes`` W, ``kv_bytes`` the KV pool
-    the arguments provide for, ``overhead_bytes`` activations, CUDA graphs and the rest;
-    ``fraction`` is the memory fraction passed to the engine.
+    Memory (bytes): ``gpu_memory_bytes`` of one GPU, ``weights_bytes`` W and ``kv_bytes`` the KV
+    pool of the whole model (split over ``tensor_parallel_size`` GPUs: :attr:`kv_bytes_per_gpu`),
+    ``overhead_bytes`` activations, CUDA graphs and the rest on each GPU; ``fraction`` is the
+    per-GPU memory fraction passed to the engine.
     """
 
     engine: str
@@ -226,6 +232,19 @@ class EngineSetup:
     overhead_bytes: int
     fraction: float
     memory: ModelMemory = field(repr=False)
+    tensor_parallel_size: int = 1
+
+    @property
+    def kv_bytes_per_gpu(self) -> int:
+        """The KV pool on each GPU (bytes): ``kv_bytes`` split evenly over the tensor-parallel GPUs,
+        rounded up (KV heads are sharded across them; a model with fewer KV heads than GPUs
+        replicates heads and needs more than this)."""
+        return -(-self.kv_bytes // self.tensor_parallel_size)
+
+    @property
+    def weights_bytes_per_gpu(self) -> int:
+        """The weights on each GPU (bytes), split evenly over the tensor-parallel GPUs, rounded up."""
+        return -(-self.weights_bytes // self.tensor_parallel_size)
 
 
 def engine_setup(
@@ -241,15 +260,18 @@ def engine_setup(
     engine_kwargs: Callable[[ModelMemory, int, float, int], dict[str, Any]],
     block_size: int | None = None,
     reserved_blocks: int = 0,
+    tensor_parallel_size: int = 1,
+    concurrency: int | None = None,
 ) -> EngineSetup:
     """The :class:`EngineSetup` of ``plan`` on ``engine``, validated.
 
     The KV pool is ``kv_budget_bytes`` or, by default, :func:`plan_kv_bytes` plus
-    ``reserved_blocks`` blocks the engine keeps out of use. The memory fraction is
-    (W + KV pool [+ overhead]) / GPU memory, rounded up to 4 decimals; ``engine_kwargs(memory,
-    kv pool, fraction, running cap)`` builds the engine's arguments (and may raise); the running
-    cap is :func:`plan_concurrency`. Raises
-    :class:`~lengthsched.BudgetTooSmall` when W + KV pool + overhead exceeds the GPU.
+    ``reserved_blocks`` blocks the engine keeps out of use (whole model). Per GPU, with W and the
+    pool split over ``tensor_parallel_size`` GPUs, the memory fraction is (W + KV pool) / tp
+    [+ overhead], over the GPU's memory, rounded up to 4 decimals; ``engine_kwargs(memory, kv
+    pool, fraction, running cap)`` builds the engine's arguments (and may raise); the running cap
+    is ``concurrency`` or :func:`plan_concurrency`. Raises :class:`~lengthsched.BudgetTooSmall` when a GPU's share of
+    W + KV pool plus the overhead exceeds its memory.
     """
     check_plan(plan)
     mem = engine_memory(memory, engine, block_size=block_size)
@@ -258,16 +280,19 @@ def engine_setup(
         kv = plan_kv_bytes(plan, mem) + reserved_blocks * mem.kv_bytes(mem.block_size)
     else:
         kv = parse_bytes(kv_budget_bytes, "kv_budget_bytes")
-    running = plan_concurrency(plan)
+    running = plan_concurrency(plan) if concurrency is None else check_int("concurrency", concurrency, minimum=1)
+    tp = check_int("tensor_parallel_size", tensor_parallel_size, minimum=1)
     if overhead_bytes is None:
         overhead = default_overhead_bytes(mem, running)
     else:
         overhead = check_int("overhead_bytes", overhead_bytes, minimum=0)
-    need = mem.weights_bytes + kv + overhead
+    weights, pool = -(-mem.weights_bytes // tp), -(-kv // tp)
+    need = weights + pool + overhead
     if need > gpu:
+        per_gpu = f" per GPU of {tp}" if tp > 1 else ""
         raise BudgetTooSmall(
             "gpu_memory_bytes", gpu,
-            f"at least {need} bytes = weights {mem.weights_bytes} + KV pool {kv} + overhead {overhead} "
+            f"at least {need} bytes = weights {weights} + KV pool {pool} + overhead {overhead}{per_gpu} "
             f"({mem.name}, {engine})",
         )
     fraction = fraction_up(need if fraction_includes_overhead else need - overhead, gpu)
@@ -275,4 +300,5 @@ def engine_setup(
         engine=engine, engine_kwargs=engine_kwargs(mem, kv, fraction, running), priorities=tuple(priorities),
         order=request_order(plan), gpu_memory_bytes=gpu, weights_bytes=mem.weights_bytes, kv_bytes=kv,
         kv_tokens=kv // mem.kv_bytes_per_token, overhead_bytes=overhead, fraction=fraction, memory=mem,
+        tensor_parallel_size=tp,
     )

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Print the verl rollout settings that run a lengthsched plan: Hydra overrides and the router YAML.
+
+Runs anywhere lengthsched does (numpy only; no verl, no GPU): it only computes settings. The
+launch script examples/verl_grpo_lengthsched.sh passes its output to verl's trainer on a GPU
+cluster (NOT run where lengthsched is developed). Written against verl 0.9.1 and vLLM 0.33.0.
+
+Each replica runs --groups-per-replica groups of G completions at once, each group planned with
+--slots slots (every completion may reach --max-new-tokens); the KV pool is what those plans hold
+at their peak (kv_cache_memory_bytes, per GPU), or --kv-budget.
+
+    python examples/verl_config.py --preset qwen3-1.7b --group-size 16 --slots 8 --groups-per-replica 8
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import lengthsched as ls
+from lengthsched.integrations.verl import verl_rollout_config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="qwen3-1.7b", help="a lengthsched ModelMemory preset")
+    parser.add_argument("--group-size", "-G", type=int, default=16, help="completions per prompt (rollout.n)")
+    parser.add_argument("--slots", type=int, default=8, help="completions of one group running at once")
+    parser.add_argument("--groups-per-replica", type=int, default=8, help="groups a replica runs at once")
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="data.max_prompt_length (tokens)")
+    parser.add_argument("--max-new-tokens", type=int, default=2048, help="rollout.response_length (tokens)")
+    parser.add_argument("--gpu-memory", default="80GiB", help="memory of one GPU")
+    parser.add_argument("--kv-budget", default=None,
+                        help="KV pool of a replica (whole model, bytes); default: what the plans hold at their peak")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="rollout.tensor_model_parallel_size")
+    parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
+    parser.add_argument("--router-yaml", default="lengthsched_router.yaml", help="where to write the router file")
+    args = parser.parse_args(argv)
+
+    memory = ls.ModelMemory.from_preset(args.preset)
+    plan = ls.plan_group([args.max_new_tokens] * args.group_size, slots=args.slots,
+                         max_new_tokens=args.max_new_tokens, prompt_tokens=args.prompt_tokens)
+    config = verl_rollout_config(plan, memory, gpu_memory_bytes=args.gpu_memory, kv_budget_bytes=args.kv_budget,
+                                 groups_per_replica=args.groups_per_replica, engine=args.engine,
+                                 tensor_parallel_size=args.tensor_parallel_size, router_config_path=args.router_yaml,
+                                 max_model_len=args.prompt_tokens + args.max_new_tokens)
+    Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")
+    print("\n".join(config.overrides()))
+
+
+if __name__ == "__main__":
+    main()

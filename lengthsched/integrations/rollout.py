@@ -1,0 +1,169 @@
+"""A rollout step on engine replicas: which replica runs each group, and each request's priority.
+
+The project's rollout policy (``placed_lpt`` in :mod:`lengthsched.runtime`, simulated by
+``simulate.run_rollout``) places whole groups on replicas by the partitioning core over their
+predicted work and runs every replica as vLLM's priority scheduler with the longest predicted
+completion first. :func:`plan_rollout` computes that placement and those priorities for a batch as
+a framework hands it over (one row per completion, a group key per row); the verl and TRL
+integrations send it to the engines. Numpy only.
+
+Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower runs first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import partition
+from ..errors import InvalidArgument, as_lengths, check_int
+
+__all__ = ["RolloutPlan", "decode_replica", "observe_lengths", "place_groups", "plan_rollout", "predict_lengths"]
+
+# Engines take 64-bit signed priorities (vLLM's OpenAI protocol and SGLang's tokenizer manager
+# both reject values outside [-2**63, 2**63)).
+_INT64_MAX = 2**63 - 1
+
+
+def place_groups(work: Any, replicas: int) -> tuple[int, ...]:
+    """The replica of each group: the better of LPT and Karmarkar-Karp on the groups' predicted
+    work (tokens; a group's work is the sum of its completions' predicted lengths, at least 1),
+    the rule of ``simulate.run_rollout`` for a policy that places groups itself (``placed_lpt``).
+    One replica: every group on replica 0."""
+    sizes = as_lengths("work", work, minimum=0)
+    replicas = check_int("replicas", replicas, minimum=1)
+    if replicas == 1:
+        return (0,) * len(sizes)
+    of_group = [0] * len(sizes)
+    for r, part in enumerate(partition.best_heuristic(np.maximum(sizes, 1), replicas).parts):
+        for g in part:
+            of_group[g] = r
+    return tuple(of_group)
+
+
+def decode_replica(priority: Any, replicas: int) -> int | None:
+    """The replica a priority made by :func:`plan_rollout` names (``priority mod replicas``), or
+    None when ``priority`` is not a non-negative integer (a request that was not planned)."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)) or priority < 0:
+        return None
+    return int(priority) % check_int("replicas", replicas, minimum=1)
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The plan of one rollout step: per row (completion, in the batch's order) its ``group``
+    (index into ``group_keys``), ``replica`` and engine ``priority``; per group its key and
+    replica; per replica its predicted work (tokens).
+
+    ``priority = rank x replicas + replica``: ``rank`` orders the rows of one replica (0 first:
+    the longest predicted, ties by row), so on every replica a lower value runs first (vLLM's
+    convention) and :func:`decode_replica` recovers the replica from the priority alone (how the
+    verl router learns where a request goes).
+    """
+
+    replicas: int
+    group: tuple[int, ...]
+    replica: tuple[int, ...]
+    priority: tuple[int, ...]
+    rank: tuple[int, ...]
+    predicted: tuple[int, ...]
+    group_keys: tuple[Hashable, ...]
+    group_replica: tuple[int, ...]
+    replica_work: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def rows_on(self, replica: int) -> tuple[int, ...]:
+        """Rows placed on ``replica``, in the order it should start them (ascending priority)."""
+        replica = check_int("replica", replica, minimum=0)
+        if replica >= self.replicas:
+            raise InvalidArgument("replica", replica, f"an index below replicas={self.replicas}")
+        rows = [i for i, r in enumerate(self.replica) if r == replica]
+        return tuple(sorted(rows, key=lambda i: self.priority[i]))
+
+    def submission_order(self) -> tuple[int, ...]:
+        """Every row, ascending priority (rank-major, then replica): the order to submit requests
+        in, so that an engine that admits by arrival (FCFS) also starts them in the plan's order."""
+        return tuple(sorted(range(len(self.priority)), key=lambda i: self.priority[i]))
+
+
+def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: int = 1, base: int = 0) -> RolloutPlan:
+    """Plan a rollout step: place whole groups on ``replicas`` by predicted work
+    (:func:`place_groups`) and order each replica's rows longest predicted first.
+
+    Args:
+        group_keys: per row (one completion), the key of its group (verl's ``uid``, a prompt);
+            rows of one group need not be adjacent. Groups are numbered by first appearance.
+        predicted: per row, its predicted length (tokens, >= 0).
+        replicas: engine replicas (>= 1).
+        base: added to every priority (>= 0, a multiple of ``replicas`` so that
+            :func:`decode_replica` still reads the replica), e.g. to keep calls' priorities apart.
+    """
+    keys = list(group_keys) if not isinstance(group_keys, (str, bytes)) else None
+    if not keys:
+        raise InvalidArgument("group_keys", group_keys, "a non-empty sequence of group keys, one per row")
+    pred = as_lengths("predicted", predicted, minimum=0)
+    if len(pred) != len(keys):
+        raise InvalidArgument("predicted", f"{len(pred)} values", f"{len(keys)} values, one per row of group_keys")
+    replicas = check_int("replicas", replicas, minimum=1)
+    base = check_int("base", base, minimum=0)
+    if base % replicas:
+        raise InvalidArgument("base", base, f"a multiple of replicas={replicas} (the replica is priority mod replicas)")
+    index: dict[Hashable, int] = {}
+    try:
+        group = [index.setdefault(k, len(index)) for k in keys]
+    except TypeError as exc:  # an unhashable key
+        raise InvalidArgument("group_keys", type(exc).__name__, "hashable keys (strings, ints)") from None
+    work = np.zeros(len(index), dtype=np.int64)
+    np.add.at(work, group, pred)
+    group_replica = place_groups(work, replicas)
+    replica = [group_replica[g] for g in group]
+    rank = [0] * len(keys)
+    for r in range(replicas):
+        rows = sorted((i for i in range(len(keys)) if replica[i] == r), key=lambda i: (-int(pred[i]), i))
+        for k, i in enumerate(rows):
+            rank[i] = k
+    priority = [base + rank[i] * replicas + replica[i] for i in range(len(keys))]
+    if priority and max(priority) > _INT64_MAX:
+        raise InvalidArgument("base", base, "small enough that every priority fits a signed 64-bit integer")
+    replica_work = [0] * replicas
+    for g, r in enumerate(group_replica):
+        replica_work[r] += int(work[g])
+    return RolloutPlan(replicas=replicas, group=tuple(group), replica=tuple(replica), priority=tuple(priority),
+                       rank=tuple(rank), predicted=tuple(int(x) for x in pred), group_keys=tuple(index),
+                       group_replica=group_replica, replica_work=tuple(replica_work))
+
+
+def predict_lengths(predictor: Any, queries: Sequence[Any], *, max_new_tokens: int | None = None) -> np.ndarray:
+    """``predictor.predict(queries).lengths`` as int64 tokens (rounded, at least 0, at most
+    ``max_new_tokens`` when given); :class:`InvalidArgument` names ``predictor`` when it returns
+    the wrong count or a non-finite value."""
+    if not hasattr(predictor, "predict"):
+        raise InvalidArgument("predictor", type(predictor).__name__,
+                              "an object with predict() (lengthsched.LengthPredictor)")
+    lengths = np.asarray(getattr(predictor.predict(list(queries)), "lengths", None), dtype=np.float64)
+    if lengths.shape != (len(queries),) or not np.all(np.isfinite(lengths)):
+        raise InvalidArgument("predictor", type(predictor).__name__,
+                              f"a predict() that returns {len(queries)} finite lengths (tokens), one per query")
+    lengths = np.maximum(np.rint(lengths), 0)
+    if max_new_tokens is not None:
+        lengths = np.minimum(lengths, check_int("max_new_tokens", max_new_tokens, minimum=1))
+    return lengths.astype(np.int64)
+
+
+def observe_lengths(predictor: Any, queries: Sequence[Any], lengths: Sequence[int], *, step: int | None = None) -> int:
+    """Feed finished lengths (tokens) to a predictor that learns online (one with ``observe``, such
+    as :class:`~lengthsched.OnlineLengthPredictor`): ``observe(queries[i], lengths[i], step=step)``.
+    Lengths below 1 count as 1. Returns how many were fed (0 for a predictor without ``observe``)."""
+    observe = getattr(predictor, "observe", None)
+    if not callable(observe):
+        return 0
+    if len(queries) != len(lengths):
+        raise InvalidArgument("lengths", f"{len(lengths)} values", f"{len(queries)} values, one per query")
+    for query, length in zip(queries, lengths):
+        observe(query, max(1, int(length)), step=step)
+    return len(queries)

@@ -1,0 +1,489 @@
+"""verl: plan every rollout batch, route each group to its planned replica, forward priorities.
+
+Modelled on verl 0.9.1's own code (the wheel's sources; tested against its real classes where verl
+installs, see tests/test_verl.py and docs/howto-verl.md; not run on a GPU cluster). Files are
+under ``verl/``:
+
+- ``trainer/ppo/ray_trainer.py`` gives every prompt a ``uid``, repeats it ``rollout.n`` times in
+  a row (``repeat(interleave=True)``) and calls ``async_rollout_manager.generate_sequences`` of the
+  class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (default
+  ``experimental/agent_loop/agent_loop.py``, ``AgentLoopManager``).
+- ``AgentLoopManager.generate_sequences`` fills ``non_tensor_batch["priority"]`` with
+  ``arange(len(batch))`` only when the column is missing, then splits the batch over its agent-loop
+  workers; each row's ``priority`` reaches ``SingleTurnAgentLoop.run`` / ``ToolAgentLoop.run`` and
+  ``LLMServerClient.generate(..., priority=...)`` (``workers/rollout/llm_server.py``).
+- ``LLMServerClient.generate`` passes its keyword arguments, ``priority`` included, to
+  ``_acquire_server``, which hands the fields the router declares in ``require_acquire_fields``
+  to ``acquire_server`` of the router actor; then it forwards ``priority`` to the vLLM server
+  (``workers/rollout/vllm_rollout/vllm_async_server.py``: ``AsyncLLM.generate(..., priority=)``)
+  when it is non-zero and the rollout is vLLM; SGLang servers never get it.
+- The default router (``workers/rollout/router.py``, ``GlobalRequestLoadBalancer``) sends each
+  new request to a server with the fewest requests in flight (random among ties): one group's
+  samples spread over the replicas. ``rollout.router_config_path`` names a YAML whose
+  ``router_class`` replaces it (``_create_plugin_extension``: ``ray.remote(cls).remote(servers,
+  yaml_config)``).
+- vLLM runs ``rollout.scheduling_policy`` (default ``"fcfs"``: priorities ignored),
+  ``max_num_seqs``, ``gpu_memory_utilization``, ``enable_prefix_caching``, ``max_model_len``, and
+  ``engine_kwargs.vllm`` last, over all of them (``vllm_async_server.py``, ``launch_server``).
+
+This module supplies:
+
+- :class:`RolloutPlanner`: per batch, groups rows by ``uid``, predicts each group's length
+  (default :class:`~lengthsched.OnlineLengthPredictor`, fed with the finished lengths of earlier
+  steps), plans with :func:`~lengthsched.integrations.plan_rollout` (the project's rollout policy
+  ``placed_lpt``: whole groups placed on replicas by predicted work, longest predicted first on
+  each) and writes the plan's priorities into ``non_tensor_batch["priority"]``;
+- ``LengthschedAgentLoopManager`` (made on first access, from verl's ``AgentLoopManager``: needs
+  verl): runs the planner before verl's own ``generate_sequences``, so verl forwards the planned
+  priorities, and feeds the planner afterwards;
+- :class:`PlannedLoadBalancer`: a router (verl's ``RequestLoadBalancer`` protocol, plain Python)
+  that reads the replica from a request's priority (``priority mod replicas``) and sends it there,
+  sticky per request id (multi-turn), least-loaded for requests without a planned priority;
+- :func:`verl_rollout_config`: a plan and a memory budget as verl rollout settings and Hydra
+  overrides.
+
+Importing this module imports neither verl, Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int
+from ..memory import ModelMemory
+from ..plan import Plan
+from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
+from .rollout import RolloutPlan, decode_replica, observe_lengths, plan_rollout, predict_lengths
+from .sglang_adapter import sglang_setup
+from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
+
+__all__ = [
+    "MANAGER_CLASS",
+    "ROUTER_CLASS",
+    "VERL_VERSION",
+    "PlannedLoadBalancer",
+    "RolloutPlanner",
+    "VerlRolloutConfig",
+    "make_agent_loop_manager_class",
+    "prompt_key",
+    "verl_rollout_config",
+]
+
+VERL_VERSION = "0.9.1"  # the version the contract above was read from and tested with
+MANAGER_CLASS = "lengthsched.integrations.verl.LengthschedAgentLoopManager"
+ROUTER_CLASS = "lengthsched.integrations.verl.PlannedLoadBalancer"
+# verl's router LRU size (workers/rollout/router.py, DEFAULT_ROUTING_CACHE_SIZE).
+_STICKY_ENTRIES = 10000
+
+
+# ----------------------------------------------------------------------------- the router
+class PlannedLoadBalancer:
+    """A verl 0.9.1 router (the ``RequestLoadBalancer`` protocol of ``workers/rollout/router.py``)
+    that sends a request to the replica its priority names.
+
+    ``servers``: server id -> actor handle, in replica order (verl passes the replicas' addresses
+    in rank order). ``config``: the router YAML as a dict (verl's plugin path passes it; unused).
+    A request whose ``priority`` is a non-negative integer goes to server ``priority mod
+    len(servers)`` (:func:`~lengthsched.integrations.decode_replica`, the encoding of
+    :func:`~lengthsched.integrations.plan_rollout`); any other request to a server with the fewest
+    requests in flight (the first such, so it is deterministic). A request id seen before goes
+    where it went (multi-turn conversations keep their prefix cache), unless that server left.
+    Plain Python: verl wraps it in ``ray.remote``.
+    """
+
+    def __init__(self, servers: Mapping[str, Any], config: Mapping[str, Any] | None = None, *,
+                 max_cache_size: int = _STICKY_ENTRIES, full_determinism: bool = False):
+        if not isinstance(servers, Mapping):
+            raise InvalidArgument("servers", type(servers).__name__, "a mapping server id -> actor handle")
+        self.config = dict(config or {})
+        self._servers: dict[str, Any] = dict(servers)
+        self._inflight: dict[str, int] = {sid: 0 for sid in self._servers}
+        self._sticky: OrderedDict[str, str] = OrderedDict()
+        self._max_cache_size = check_int("max_cache_size", max_cache_size, minimum=1)
+        self.planned = 0  # requests routed by their priority
+        self.unplanned = 0  # requests routed to the least loaded server
+
+    def require_acquire_fields(self) -> list[str]:
+        """The ``generate()`` keyword this router reads at acquire time: ``priority``."""
+        return ["priority"]
+
+    def require_release_fields(self) -> list[str]:
+        """Nothing beyond the server id at release."""
+        return []
+
+    def acquire_server(self, request_id: str, priority: Any = None) -> tuple[str, Any]:
+        """``(server id, handle)`` for a request: sticky, else the planned replica, else the least
+        loaded. Raises RuntimeError when no server is registered (verl's text, which its fully-async
+        client retries on)."""
+        sid = self._sticky.get(request_id)
+        if sid is not None and sid in self._inflight:
+            self._sticky.move_to_end(request_id)
+        else:
+            if not self._inflight:
+                raise RuntimeError("No available servers in load balancer")
+            ids = list(self._inflight)
+            replica = decode_replica(priority, len(ids))
+            if replica is None:
+                self.unplanned += 1
+                sid = min(ids, key=lambda s: self._inflight[s])
+            else:
+                self.planned += 1
+                sid = ids[replica]
+            self._sticky[request_id] = sid
+            self._sticky.move_to_end(request_id)
+            while len(self._sticky) > self._max_cache_size:
+                self._sticky.popitem(last=False)
+        self._inflight[sid] += 1
+        return sid, self._servers[sid]
+
+    def release_server(self, server_id: str, request_id: str | None = None) -> None:
+        """One request on ``server_id`` finished."""
+        if self._inflight.get(server_id, 0) > 0:
+            self._inflight[server_id] -= 1
+
+    def add_servers(self, servers: Mapping[str, Any]) -> None:
+        """Register servers (appended to the replica order)."""
+        for sid, handle in servers.items():
+            self._servers[sid] = handle
+            self._inflight.setdefault(sid, 0)
+
+    def remove_servers(self, server_ids: Sequence[str]) -> None:
+        """Unregister servers; their sticky requests go elsewhere next time."""
+        for sid in server_ids:
+            self._servers.pop(sid, None)
+            self._inflight.pop(sid, None)
+
+    def get_all_servers(self) -> list[str]:
+        """Registered server ids, in replica order (the order priorities are decoded against)."""
+        return list(self._inflight)
+
+    def get_inflight_count(self, server_id: str) -> int:
+        """Requests in flight on ``server_id``."""
+        return self._inflight.get(server_id, 0)
+
+    def get_total_inflight(self) -> int:
+        """Requests in flight on all servers."""
+        return sum(self._inflight.values())
+
+    def clear_sticky_cache(self) -> dict:
+        """Forget where request ids went (verl calls this at phase switches)."""
+        cleared = len(self._sticky)
+        self._sticky.clear()
+        return {"cleared_entries": cleared, "server_loads": dict(self._inflight)}
+
+    def get_status(self) -> dict:
+        """Loads and routing counts, for debugging."""
+        return {"servers": dict(self._inflight), "total_inflight": self.get_total_inflight(),
+                "active_servers": len(self._inflight), "registered_handles": list(self._servers),
+                "planned": self.planned, "unplanned": self.unplanned}
+
+
+# ----------------------------------------------------------------------------- the planner
+def prompt_key(prompt: Any) -> str:
+    """A stable text key of a verl ``raw_prompt`` (a string, or a list of chat messages, possibly as
+    a numpy object array): the same prompt in a later epoch gets the same key, so an online
+    predictor learns from its history. It is also the query given to the predictor."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, np.ndarray):
+        prompt = prompt.tolist()
+    try:
+        return json.dumps(prompt, sort_keys=True, default=str, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("raw_prompt", type(prompt).__name__, "a string or JSON-like chat messages") from exc
+
+
+class RolloutPlanner:
+    """Plans verl rollout batches and learns from their lengths (numpy only; verl-independent).
+
+    ``predictor``: a ``LengthPredictor`` asked once per group with :func:`prompt_key` of its
+    ``raw_prompt``; default :class:`~lengthsched.OnlineLengthPredictor` (``default_length`` tokens
+    before anything is known, capped at ``max_new_tokens``). A predictor with ``observe`` is fed
+    every row's response length after each training batch (not after validation batches, whose
+    sampling differs), one rollout step per batch.
+    """
+
+    def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None):
+        if max_new_tokens is not None:
+            max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+        if predictor is None:
+            from ..online import OnlineLengthPredictor
+
+            length = default_length if default_length is not None else max(1, (max_new_tokens or 1024) // 2)
+            predictor = OnlineLengthPredictor(default_length=check_int("default_length", length, minimum=1),
+                                              max_new_tokens=max_new_tokens)
+        elif not hasattr(predictor, "predict"):
+            raise InvalidArgument("predictor", type(predictor).__name__,
+                                  "an object with predict() (the lengthsched.LengthPredictor protocol)")
+        self.predictor = predictor
+        self.max_new_tokens = max_new_tokens
+        self.steps = 0
+        self.last_plan: RolloutPlan | None = None
+
+    def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int) -> tuple[RolloutPlan, list[str]]:
+        """The plan of a batch's rows (``uid`` per row; ``raw_prompt`` per row, else the uid is the
+        key) on ``replicas``, and each row's prompt key."""
+        if "uid" not in non_tensor_batch:
+            raise InvalidArgument("non_tensor_batch", sorted(non_tensor_batch), "a 'uid' column (verl's group id)")
+        uids = [u.item() if isinstance(u, np.generic) else u for u in np.asarray(non_tensor_batch["uid"]).tolist()]
+        prompts = non_tensor_batch.get("raw_prompt")
+        keys = [prompt_key(p) for p in prompts] if prompts is not None else [str(u) for u in uids]
+        if len(keys) != len(uids):
+            raise InvalidArgument("raw_prompt", f"{len(keys)} rows", f"{len(uids)} rows, one per uid")
+        first: dict[Hashable, int] = {}
+        for i, u in enumerate(uids):
+            first.setdefault(u, i)
+        per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
+                                                    max_new_tokens=self.max_new_tokens)))
+        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas)
+        self.last_plan = plan
+        return plan, keys
+
+    def plan_batch(self, batch: Any, replicas: int) -> tuple[RolloutPlan, list[str]]:
+        """:meth:`plan` on ``batch.non_tensor_batch`` (a verl ``DataProto``), writing the plan's
+        priorities into its ``"priority"`` column (int64), where verl's manager keeps them."""
+        plan, keys = self.plan(batch.non_tensor_batch, replicas)
+        batch.non_tensor_batch["priority"] = np.asarray(plan.priority, dtype=np.int64)
+        return plan, keys
+
+    def observe(self, keys: Sequence[str], lengths: Sequence[int]) -> int:
+        """Feed one training batch's response lengths (tokens, per row) to the predictor as the next
+        rollout step. Returns the rows fed (0 for a predictor without ``observe``)."""
+        self.steps += 1
+        return observe_lengths(self.predictor, keys, lengths, step=self.steps)
+
+
+def response_lengths(output: Any) -> list[int]:
+    """Tokens the model generated per row of a verl output batch: the sum of ``response_mask``
+    (1 for LLM tokens, 0 for tool tokens and padding: agent_loop.py ``_postprocess``)."""
+    mask = output.batch["response_mask"]
+    sums = mask.sum(-1)
+    return [int(x) for x in np.asarray(getattr(sums, "cpu", lambda: sums)())]
+
+
+def _load_object(spec: str) -> Any:
+    """``"package.module:name"`` or ``"package.module.name"`` -> the object."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise InvalidArgument("lengthsched.predictor", spec, "'module:callable' returning a LengthPredictor")
+    module, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise InvalidArgument("lengthsched.predictor", spec, f"an importable 'module:callable' ({exc})") from None
+
+
+def _options(config: Any) -> dict[str, Any]:
+    """The ``lengthsched`` section of a verl trainer config (a DictConfig or a mapping), as a dict."""
+    section = config.get("lengthsched", None) if hasattr(config, "get") else None
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise InvalidArgument("lengthsched", type(section).__name__, "a mapping of lengthsched options")
+    return {key: section[key] for key in section}
+
+
+def planner_from_config(config: Any) -> RolloutPlanner:
+    """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
+    ('module:callable' returning a LengthPredictor, or absent for the online predictor),
+    ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``."""
+    options = _options(config)
+    predictor = options.get("predictor")
+    if predictor is not None:
+        made = _load_object(predictor)
+        predictor = made() if isinstance(made, type) or (callable(made) and not hasattr(made, "predict")) else made
+    try:
+        limit = int(config.actor_rollout_ref.rollout.response_length)
+    except (AttributeError, TypeError, ValueError):
+        limit = None
+    return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"))
+
+
+def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
+    """``LengthschedAgentLoopManager``: ``base`` (verl's ``AgentLoopManager``) whose
+    ``generate_sequences`` plans the batch first (:class:`RolloutPlanner`, built from the trainer
+    config's ``lengthsched`` section), lets verl run it with the planned priorities, then feeds the
+    planner the response lengths (training batches) and adds ``lengthsched/*`` timings.
+
+    The number of replicas comes from ``lengthsched.replicas`` or else the router
+    (``llm_client._load_balancer.get_all_servers``, the one private attribute of verl 0.9.1 this
+    uses). ``auto_await``: verl's decorator (``verl.utils.ray_utils.auto_await``), so that the
+    method can be called with or without ``await`` as verl's own is.
+    """
+    wrap = auto_await if auto_await is not None else (lambda f: f)
+
+    class LengthschedAgentLoopManager(base):  # type: ignore[misc, valid-type]
+        """verl's AgentLoopManager with a lengthsched plan per batch (lengthsched.integrations.verl)."""
+
+        def lengthsched_planner(self) -> RolloutPlanner:
+            """The planner (built once from the trainer config)."""
+            planner = getattr(self, "_lengthsched_planner", None)
+            if planner is None:
+                planner = self._lengthsched_planner = planner_from_config(self.config)
+            return planner
+
+        async def lengthsched_replicas(self) -> int:
+            """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
+            configured = _options(self.config).get("replicas")
+            if configured is not None:
+                return check_int("lengthsched.replicas", configured, minimum=1)
+            router = getattr(self.llm_client, "_load_balancer", None)
+            if router is None:
+                return 1
+            return max(1, len(await router.get_all_servers.remote()))
+
+        @wrap
+        async def generate_sequences(self, prompts: Any) -> Any:
+            planner = self.lengthsched_planner()
+            plan, keys = planner.plan_batch(prompts, await self.lengthsched_replicas())
+            output = await super().generate_sequences(prompts)
+            if not prompts.meta_info.get("validate", False):
+                planner.observe(keys, response_lengths(output))
+            work = np.asarray(plan.replica_work, dtype=np.float64)
+            timing = output.meta_info.setdefault("timing", {})
+            timing["lengthsched/replicas"] = plan.replicas
+            timing["lengthsched/predicted_work_max_over_mean"] = float(work.max() / work.mean()) if work.sum() else 1.0
+            return output
+
+    LengthschedAgentLoopManager.__module__ = __name__
+    return LengthschedAgentLoopManager
+
+
+_MANAGER: type | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``LengthschedAgentLoopManager`` is made from verl's ``AgentLoopManager`` on first access
+    (verl loads it by name: ``agent.agent_loop_manager_class``), so importing this module needs no verl."""
+    global _MANAGER
+    if name != "LengthschedAgentLoopManager":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _MANAGER is None:
+        try:
+            agent_loop = importlib.import_module("verl.experimental.agent_loop.agent_loop")
+            ray_utils = importlib.import_module("verl.utils.ray_utils")
+        except ImportError as exc:
+            raise ImportError(f"verl is not installed: pip install 'lengthsched[verl]' (verl=={VERL_VERSION}): "
+                              f"{exc}") from None
+        _MANAGER = make_agent_loop_manager_class(agent_loop.AgentLoopManager, ray_utils.auto_await)
+    return _MANAGER
+
+
+# ----------------------------------------------------------------------------- configuration
+@dataclass(frozen=True)
+class VerlRolloutConfig:
+    """verl rollout settings for a plan: ``rollout`` (nested, under ``actor_rollout_ref.rollout``),
+    ``extra`` (top-level sections: ``lengthsched``), ``router_yaml`` (the text of the router
+    file ``rollout.router_config_path`` names) and the engine :class:`EngineSetup` they came from."""
+
+    rollout: dict[str, Any]
+    extra: dict[str, Any]
+    router_yaml: str
+    setup: EngineSetup
+
+    def overrides(self) -> list[str]:
+        """Hydra command-line overrides for ``python -m verl.trainer.main_ppo``: keys verl's schema
+        lacks (``engine_kwargs.<engine>.*``, ``agent.agent_loop_manager_class``, ``lengthsched.*``)
+        get a ``+``."""
+        out: list[str] = []
+        known_sections = ("engine_kwargs", "agent")
+        for key, value in _flatten(self.rollout):
+            new = key.split(".")[0] in known_sections and key.count(".") >= 1
+            out.append(f"{'+' if new else ''}actor_rollout_ref.rollout.{key}={_hydra_value(value)}")
+        for key, value in _flatten(self.extra):
+            out.append(f"+{key}={_hydra_value(value)}")
+        return out
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            out += _flatten(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _hydra_value(value: Any) -> str:
+    if value is True or value is False:
+        return str(value).lower()
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def verl_rollout_config(
+    plan: Plan,
+    memory: ModelMemory,
+    *,
+    gpu_memory_bytes: int | str,
+    kv_budget_bytes: int | str | None = None,
+    groups_per_replica: int = 1,
+    engine: str = "vllm",
+    tensor_parallel_size: int = 1,
+    overhead_bytes: int | None = None,
+    max_model_len: int | None = None,
+    router_config_path: str = "lengthsched_router.yaml",
+    predictor: str | None = None,
+) -> VerlRolloutConfig:
+    """verl 0.9.1 rollout settings that run ``plan`` (one group's plan) ``groups_per_replica``
+    times at once on every replica, in a memory budget.
+
+    The running cap is ``groups_per_replica x plan_concurrency(plan)`` (``rollout.max_num_seqs``,
+    which verl passes to vLLM's ``max_num_seqs`` and SGLang's ``max_running_requests``); the KV pool
+    (whole model, bytes) is ``kv_budget_bytes`` or ``groups_per_replica x plan_kv_bytes`` (+ vLLM's
+    null block), given to vLLM per GPU as ``engine_kwargs.vllm.kv_cache_memory_bytes`` and to SGLang
+    as ``engine_kwargs.sglang.max_total_tokens``; ``rollout.gpu_memory_utilization`` is the
+    per-GPU fraction of :func:`vllm_setup` / :func:`sglang_setup` (for SGLang verl passes it as
+    ``mem_fraction_static``). vLLM also gets ``scheduling_policy="priority"`` and prefix caching;
+    SGLang gets no priority settings, as verl 0.9.1 does not forward priorities to it (the
+    router still places its groups). Both get the manager (``agent.agent_loop_manager_class``) and
+    the router (``router_config_path``, whose text is ``router_yaml``); ``predictor`` goes to
+    ``lengthsched.predictor`` ('module:callable').
+    """
+    check_plan(plan)
+    if engine not in ("vllm", "sglang"):
+        raise InvalidArgument("engine", engine, "vllm or sglang")
+    groups = check_int("groups_per_replica", groups_per_replica, minimum=1)
+    if not isinstance(router_config_path, str) or not router_config_path:
+        raise InvalidArgument("router_config_path", router_config_path, "a path for the router YAML")
+    if predictor is not None and (not isinstance(predictor, str) or not predictor):
+        raise InvalidArgument("predictor", predictor, "'module:callable' returning a LengthPredictor, or None")
+    running = groups * plan_concurrency(plan)
+    mem = engine_memory(memory, engine)
+    if kv_budget_bytes is None:
+        reserved = VLLM_NULL_BLOCKS * mem.kv_bytes(mem.block_size) if engine == "vllm" else 0
+        kv_budget_bytes = groups * plan_kv_bytes(plan, mem) + reserved
+    if engine == "vllm":
+        setup = vllm_setup(plan, memory, gpu_memory_bytes=gpu_memory_bytes, kv_budget_bytes=kv_budget_bytes,
+                           overhead_bytes=overhead_bytes, max_model_len=max_model_len,
+                           tensor_parallel_size=tensor_parallel_size, concurrency=running)
+        kw = setup.engine_kwargs
+        rollout: dict[str, Any] = {
+            "name": "vllm", "scheduling_policy": "priority", "max_num_seqs": running,
+            "gpu_memory_utilization": kw["gpu_memory_utilization"], "enable_prefix_caching": True,
+            "max_model_len": kw["max_model_len"], "tensor_model_parallel_size": setup.tensor_parallel_size,
+            "engine_kwargs": {"vllm": {"kv_cache_memory_bytes": kw["kv_cache_memory_bytes"]}},
+        }
+    else:
+        setup = sglang_setup(plan, memory, gpu_memory_bytes=gpu_memory_bytes, kv_budget_bytes=kv_budget_bytes,
+                             overhead_bytes=overhead_bytes, pin_kv_cache=True,
+                             tensor_parallel_size=tensor_parallel_size, concurrency=running)
+        kw = setup.engine_kwargs
+        rollout = {
+            "name": "sglang", "max_num_seqs": running, "gpu_memory_utilization": kw["mem_fraction_static"],
+            "tensor_model_parallel_size": setup.tensor_parallel_size,
+            "engine_kwargs": {"sglang": {"max_total_tokens": kw["max_total_tokens"]}},
+        }
+    rollout["agent"] = {"agent_loop_manager_class": MANAGER_CLASS}
+    rollout["router_config_path"] = router_config_path
+    extra = {"lengthsched": {"predictor": predictor}} if predictor is not None else {}
+    return VerlRolloutConfig(rollout=rollout, extra=extra, router_yaml=f"router_class: {ROUTER_CLASS}\n", setup=setup)
+

@@ -1,0 +1,554 @@
+"""lengthsched.integrations.verl: the planner, the router, the agent-loop manager and the config helper.
+
+Two layers. Without verl (CI, this project's venv): fakes built from verl 0.9.1's signatures and
+behaviour (the manager's ``generate_sequences``, ``LLMServerClient.generate``, a vLLM server that
+records what it is sent) carry a whole rollout batch from the manager to the engines. Where verl
+0.9.1 is importable (``pip install 'lengthsched[verl]'``: it installs on a CPU next to the CPU build
+of torch), the same checks run against verl's real classes (``AgentLoopManager``,
+``LLMServerClient``, ``DataProto``, the router plugin loader, the Hydra config), with only the Ray
+actors and the inference servers faked, and the fakes' signatures are compared with verl's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+import lengthsched as ls
+from lengthsched import InvalidArgument
+from lengthsched.integrations import plan_rollout
+from lengthsched.integrations import verl as lv
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN = ls.ModelMemory.from_preset("qwen3-1.7b")
+C = 114_688  # Qwen3-1.7B KV bytes per token
+
+
+def _verl_importable() -> bool:
+    try:
+        importlib.import_module("verl.experimental.agent_loop.agent_loop")
+        importlib.import_module("verl.workers.rollout.router")
+    except Exception:  # noqa: BLE001 - verl absent, or installed without the modules its router needs
+        return False
+    return True
+
+
+VERL = _verl_importable()
+requires_verl = pytest.mark.skipif(not VERL, reason="verl 0.9.1 is not importable (pip install 'lengthsched[verl]')")
+
+
+# ----------------------------------------------------------------------------- Ray and verl stand-ins
+class _Done:
+    """An awaitable that is already resolved (what awaiting a finished Ray ObjectRef gives)."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __await__(self):
+        return self.value
+        yield  # noqa: unreachable - makes this a generator
+
+
+class Remote:
+    """A Ray actor handle: ``handle.method.remote(*args, **kwargs)`` runs the method at once (as Ray
+    runs it whether or not the caller awaits: verl's release is fire-and-forget) and returns an
+    awaitable of its result."""
+
+    def __init__(self, obj: Any):
+        self._obj = obj
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._obj, name)
+
+        def remote(*args: Any, **kwargs: Any) -> Any:
+            out = method(*args, **kwargs)
+            return out if inspect.isawaitable(out) else _Done(out)
+
+        return SimpleNamespace(remote=remote)
+
+
+class FakeVLLMServer:
+    """verl 0.9.1's vLLM server actor (workers/rollout/vllm_rollout/vllm_async_server.py):
+    ``generate(prompt_ids, sampling_params, request_id, image_data=None, video_data=None,
+    audio_data=None, mm_processor_kwargs=None, priority=0, kv_transfer_params=None)``. It records
+    each request in arrival order and answers with a completion of the prompt's true length."""
+
+    def __init__(self, name: str, true_length):
+        self.name, self.true_length = name, true_length
+        self.requests: list[dict] = []
+
+    def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None, audio_data=None,
+                 mm_processor_kwargs=None, priority=0, kv_transfer_params=None):
+        self.requests.append({"prompt_ids": list(prompt_ids), "priority": priority, "request_id": request_id})
+        return SimpleNamespace(token_ids=[7] * self.true_length(prompt_ids), log_probs=None, extra_fields={},
+                               num_preempted=0, routed_experts=None, stop_reason="stop")
+
+    def admission_order(self) -> list[dict]:
+        """Requests in the order vLLM's priority queue starts them: (priority, arrival)."""
+        return [r for _, r in sorted(enumerate(self.requests), key=lambda x: (x[1]["priority"], x[0]))]
+
+
+class FakeLLMServerClient:
+    """verl 0.9.1's ``LLMServerClient.generate(request_id, *, prompt_ids, sampling_params, ...,
+    **kwargs)`` (workers/rollout/llm_server.py): the router gets the fields it declares from the
+    keyword arguments (``priority`` among them); the server gets ``priority`` when it is non-zero and
+    the rollout is vLLM, and a fresh request id."""
+
+    def __init__(self, config: Any, load_balancer_handle: Any = None, **kwargs: Any):
+        self.config, self._load_balancer = config, load_balancer_handle
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
+                       audio_data=None, mm_processor_kwargs=None, **kwargs):
+        declared = await self._load_balancer.require_acquire_fields.remote()
+        fields = {name: kwargs[name] for name in declared if name in kwargs}
+        server_id, server = await self._load_balancer.acquire_server.remote(request_id=request_id, **fields)
+        try:
+            priority = kwargs.pop("priority", 0)
+            rollout = self.config.actor_rollout_ref.rollout.name
+            extra = {"priority": priority} if priority != 0 and rollout == "vllm" else {}
+            return await server.generate.remote(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids,
+                                                sampling_params=sampling_params, **extra)
+        finally:
+            self._load_balancer.release_server.remote(server_id=server_id, request_id=request_id)
+
+
+class FakeBatch:
+    """The parts of verl's ``DataProto`` the manager uses: ``non_tensor_batch`` (numpy arrays per
+    row), ``batch`` (``response_mask`` per row), ``meta_info``, ``chunk`` and ``concat``."""
+
+    def __init__(self, non_tensor_batch: dict, batch: dict | None = None, meta_info: dict | None = None):
+        self.non_tensor_batch, self.batch, self.meta_info = non_tensor_batch, batch or {}, meta_info or {}
+
+    def __len__(self) -> int:
+        return len(next(iter(self.non_tensor_batch.values())))
+
+    def chunk(self, chunks: int) -> list["FakeBatch"]:
+        size = -(-len(self) // chunks)
+        return [FakeBatch({k: v[i:i + size] for k, v in self.non_tensor_batch.items()}, meta_info=dict(self.meta_info))
+                for i in range(0, len(self), size)]
+
+    @staticmethod
+    def concat(parts: list["FakeBatch"]) -> "FakeBatch":
+        ntb = {k: np.concatenate([p.non_tensor_batch[k] for p in parts]) for k in parts[0].non_tensor_batch}
+        batch = {k: np.concatenate([p.batch[k] for p in parts]) for k in parts[0].batch}
+        return FakeBatch(ntb, batch, dict(parts[0].meta_info))
+
+
+class FakeAgentLoopManager:
+    """verl 0.9.1's ``AgentLoopManager`` (experimental/agent_loop/agent_loop.py): ``__init__(config,
+    llm_client, teacher_client=None, reward_loop_worker_handles=None)``; ``generate_sequences``
+    fills ``priority`` with ``arange`` only when the column is missing, splits the batch over its
+    workers and concatenates what they return."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.config, self.llm_client = config, llm_client
+        self.agent_loop_workers: list = []
+
+    async def generate_sequences(self, prompts):
+        if "priority" not in prompts.non_tensor_batch:
+            prompts.non_tensor_batch["priority"] = np.arange(len(prompts), dtype=np.int64)
+        chunks = prompts.chunk(len(self.agent_loop_workers))
+        outputs = await asyncio.gather(*[worker.generate_sequences.remote(chunk)
+                                         for worker, chunk in zip(self.agent_loop_workers, chunks)])
+        output = FakeBatch.concat(outputs)
+        output.meta_info = {"timing": {}}
+        return output
+
+
+class Worker:
+    """An agent-loop worker running verl's single-turn loop: each row's ``priority`` (``int(priority)``,
+    as ``SingleTurnAgentLoop.run`` does) goes to ``client.generate`` with a fresh request id; the
+    output carries each row's ``response_mask``. ``real`` builds verl ``DataProto`` outputs."""
+
+    def __init__(self, client: Any, width: int, real: bool = False):
+        self.client, self.width, self.real = client, width, real
+
+    async def generate_sequences(self, batch):
+        rows = range(len(batch))
+        outs = await asyncio.gather(*[
+            self.client.generate(uuid.uuid4().hex, prompt_ids=list(batch.non_tensor_batch["prompt_ids"][i]),
+                                 sampling_params={}, priority=int(batch.non_tensor_batch["priority"][i]))
+            for i in rows])
+        mask = np.zeros((len(batch), self.width), dtype=np.int64)
+        for i, out in enumerate(outs):
+            mask[i, :len(out.token_ids)] = 1
+        if not self.real:
+            return FakeBatch(dict(batch.non_tensor_batch), {"response_mask": mask}, {})
+        import torch
+        from verl.protocol import DataProto
+
+        n = len(batch)
+        tensors = {"prompts": torch.ones(n, 4, dtype=torch.long), "response_mask": torch.as_tensor(mask),
+                   "attention_mask": torch.cat([torch.ones(n, 4, dtype=torch.long), torch.as_tensor(mask)], dim=1)}
+        metrics = [{"generate_sequences": 0.1, "tool_calls": 0.0, "compute_score": 0.0, "num_preempted": 0}] * n
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(batch.non_tensor_batch),
+                                   meta_info={"metrics": metrics})
+
+
+class Config(dict):
+    """A trainer config with attribute access, like the OmegaConf DictConfig verl passes around."""
+
+    def __getattr__(self, name: str) -> Any:
+        value = self[name]
+        return Config(value) if isinstance(value, dict) else value
+
+
+def trainer_config(response_length: int = 512, name: str = "vllm", **lengthsched: Any) -> Any:
+    data = {"actor_rollout_ref": {"model": {}, "rollout": {"name": name, "response_length": response_length,
+                                                           "full_determinism": False}}}
+    if lengthsched:
+        data["lengthsched"] = lengthsched
+    if VERL:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(data)
+    return Config(data)
+
+
+# A step of 6 prompts x 4 samples; each prompt's completions have the true lengths below (tokens).
+TRUE = {f"q{k}": n for k, n in enumerate([400, 60, 300, 50, 200, 80])}
+G = 4
+
+
+def rollout_batch(real: bool, step: int, validate: bool = False) -> Any:
+    uids = np.repeat(np.array([f"s{step}-u{k}" for k in range(len(TRUE))], dtype=object), G)
+    prompts = [[{"role": "user", "content": q}] for q in TRUE for _ in range(G)]
+    raw = np.empty(len(prompts), dtype=object)
+    raw[:] = prompts
+    ids = np.empty(len(prompts), dtype=object)
+    ids[:] = [[k + 1] for k in range(len(TRUE)) for _ in range(G)]
+    ntb = {"uid": uids, "raw_prompt": raw, "prompt_ids": ids}
+    meta = {"global_steps": step, "validate": validate}
+    if not real:
+        return FakeBatch(ntb, meta_info=meta)
+    import torch
+    from verl.protocol import DataProto
+
+    return DataProto.from_dict(tensors={"input_ids": torch.zeros(len(prompts), 2, dtype=torch.long)}, non_tensors=ntb,
+                               meta_info=meta)
+
+
+def true_length(prompt_ids) -> int:
+    return list(TRUE.values())[prompt_ids[0] - 1]
+
+
+def run_pipeline(real: bool, replicas: int = 3, steps: int = 2):
+    """A manager (ours over verl's or the fake base) with ``replicas`` fake vLLM servers behind our
+    router and verl's client; returns the manager, the servers and the per-step outputs."""
+    servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(replicas)}
+    router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
+    config = trainer_config(response_length=512)
+    if real:
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        client = LLMServerClient(config=config, load_balancer_handle=Remote(router))
+        manager_cls = lv.LengthschedAgentLoopManager
+    else:
+        client = FakeLLMServerClient(config, load_balancer_handle=Remote(router))
+        manager_cls = lv.make_agent_loop_manager_class(FakeAgentLoopManager)
+    manager = manager_cls(config, client)
+    manager.agent_loop_workers = [Remote(Worker(client, width=512, real=real)) for _ in range(2)]
+    outputs, requests = [], []
+    for step in range(1, steps + 1):
+        for s in servers.values():
+            s.requests.clear()
+        batch = rollout_batch(real, step)
+        out = manager.generate_sequences(batch) if real else asyncio.run(manager.generate_sequences(batch))
+        outputs.append((batch, out))
+        requests.append({sid: list(s.requests) for sid, s in servers.items()})
+    return manager, router, servers, outputs, requests
+
+
+# ----------------------------------------------------------------------------- the pipeline
+def _check_pipeline(real: bool) -> None:
+    manager, router, servers, outputs, requests = run_pipeline(real)
+    planner = manager.lengthsched_planner()
+    assert planner.steps == 2  # both training batches fed the predictor
+    for (batch, out), sent in zip(outputs, requests):
+        priority = np.asarray(batch.non_tensor_batch["priority"])
+        assert priority.dtype == np.int64 and len(set(priority.tolist())) == len(priority)
+        # Every group's samples went to one replica: the one its priority names.
+        by_prompt: dict[int, set[str]] = {}
+        for sid, reqs in sent.items():
+            for r in reqs:
+                by_prompt.setdefault(r["prompt_ids"][0], set()).add(sid)
+        assert all(len(s) == 1 for s in by_prompt.values()) and len(by_prompt) == len(TRUE)
+        assert router.get_total_inflight() == 0
+        assert out.meta_info["timing"]["lengthsched/replicas"] == 3
+    # Step 2 knows every prompt's length from step 1: groups balanced by work (q0's 400 alone on one
+    # replica: the optimal makespan) and on each replica the longest predicted starts first, its
+    # priority forwarded to vLLM.
+    plan = planner.last_plan
+    true_work = [0] * plan.replicas
+    for key, replica in zip(plan.group_keys, plan.group_replica):
+        true_work[replica] += G * list(TRUE.values())[int(key.split("-u")[1])]
+    assert max(true_work) == G * 400 and sum(true_work) == G * sum(TRUE.values())  # optimal: q0 alone is the max
+    assert 1.0 <= outputs[1][1].meta_info["timing"]["lengthsched/predicted_work_max_over_mean"] < 1.2
+    for sid, reqs in requests[1].items():
+        started = [true_length(r["prompt_ids"]) for r in servers[sid].admission_order()]
+        assert started == sorted(started, reverse=True) and len(started) > 0
+        zeros = [r for r in reqs if r["priority"] == 0]
+        assert len(zeros) <= 1  # priority 0 is vLLM's default, which verl does not send
+    assert router.planned == 2 * len(TRUE) * G and router.unplanned == 0
+
+
+def test_manager_plans_routes_and_forwards_priorities_through_verls_path_fakes():
+    _check_pipeline(real=False)
+
+
+@requires_verl
+def test_manager_plans_routes_and_forwards_priorities_through_verls_real_classes():
+    _check_pipeline(real=True)
+
+
+def test_validation_batches_are_planned_but_do_not_feed_the_predictor():
+    manager, *_ = run_pipeline(real=False, steps=1)
+    planner = manager.lengthsched_planner()
+    batch = rollout_batch(False, 9, validate=True)
+    asyncio.run(manager.generate_sequences(batch))
+    assert planner.steps == 1 and "priority" in batch.non_tensor_batch
+
+
+def test_without_the_planner_verls_priorities_spread_a_group():
+    # verl's own priorities (arange) through our router: request k to replica k mod R, as verl's
+    # least-loaded router spreads a group; the plan is what keeps a group together.
+    servers = {f"s{r}": FakeVLLMServer(f"s{r}", true_length) for r in range(3)}
+    router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
+    client = FakeLLMServerClient(trainer_config(), load_balancer_handle=Remote(router))
+    manager = FakeAgentLoopManager(trainer_config(), client)
+    manager.agent_loop_workers = [Remote(Worker(client, width=512))]
+    asyncio.run(manager.generate_sequences(rollout_batch(False, 1)))
+    assert all({r["prompt_ids"][0] for r in s.requests} == set(range(1, 7)) for s in servers.values())
+
+
+# ----------------------------------------------------------------------------- the router
+def test_router_routes_by_priority_sticks_to_sessions_and_balances_the_rest():
+    handles = {"a": "A", "b": "B", "c": "C"}
+    lb = lv.PlannedLoadBalancer(handles, {"router_class": lv.ROUTER_CLASS}, max_cache_size=2)
+    assert lb.require_acquire_fields() == ["priority"] and lb.require_release_fields() == []
+    assert lb.acquire_server("r1", priority=4) == ("b", "B")  # 4 mod 3
+    assert lb.acquire_server("r1", priority=0) == ("b", "B")  # a second turn stays where the first went
+    assert lb.acquire_server("r2", priority=np.int64(6)) == ("a", "A")
+    assert lb.get_inflight_count("b") == 2 and lb.get_total_inflight() == 3
+    # Unplanned (no priority, negative): the least loaded, first on ties.
+    assert lb.acquire_server("r3") == ("c", "C") and lb.acquire_server("r4", priority=-1)[0] in ("a", "c")
+    lb.release_server("b")
+    lb.release_server("b")
+    lb.release_server("b")  # never below zero
+    assert lb.get_inflight_count("b") == 0
+    assert lb.get_status()["planned"] == 2 and lb.get_status()["unplanned"] == 2
+    # The LRU keeps max_cache_size sessions; a removed server's sessions go elsewhere.
+    assert lb.acquire_server("r1", priority=4)[0] == "b"  # r1 was evicted (cache of 2): routed again
+    lb.remove_servers(["b"])
+    assert lb.get_all_servers() == ["a", "c"] and lb.acquire_server("r1", priority=5)[0] == "c"  # 5 mod 2
+    lb.add_servers({"d": "D"})
+    assert lb.get_all_servers() == ["a", "c", "d"]
+    assert lb.clear_sticky_cache()["cleared_entries"] > 0
+    empty = lv.PlannedLoadBalancer({})
+    with pytest.raises(RuntimeError, match="No available servers in load balancer"):
+        empty.acquire_server("x", priority=1)
+    with pytest.raises(InvalidArgument, match="argument 'servers'"):
+        lv.PlannedLoadBalancer(["a"])
+
+
+# ----------------------------------------------------------------------------- the planner
+def test_planner_groups_by_uid_and_predicts_per_prompt():
+    planner = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), max_new_tokens=64)
+    batch = rollout_batch(False, 1)
+    plan, keys = planner.plan_batch(batch, replicas=2)
+    assert plan.predicted == (64,) * 24  # capped at the response length
+    assert len(plan.group_keys) == 6 and sorted(plan.replica_work) == [3 * 4 * 64] * 2
+    assert keys[0] == lv.prompt_key([{"role": "user", "content": "q0"}]) == '[{"content": "q0", "role": "user"}]'
+    assert batch.non_tensor_batch["priority"].tolist() == list(plan.priority)
+    assert lv.prompt_key("text") == "text" and lv.prompt_key(np.array([{"a": 1}], dtype=object)) == '[{"a": 1}]'
+    assert planner.observe(keys, [5] * 24) == 0  # a constant predictor learns nothing
+    online = lv.RolloutPlanner(max_new_tokens=512)
+    assert online.predictor.default_length == 256
+    with pytest.raises(InvalidArgument, match="argument 'non_tensor_batch'"):
+        planner.plan({"raw_prompt": np.array(["x"])}, 1)
+    with pytest.raises(InvalidArgument, match="argument 'predictor'"):
+        lv.RolloutPlanner(object())
+    wrong_count = lv.RolloutPlanner(SimpleNamespace(predict=lambda queries: SimpleNamespace(lengths=[1.0])))
+    with pytest.raises(InvalidArgument, match="argument 'predictor'"):
+        wrong_count.plan(rollout_batch(False, 1).non_tensor_batch, 1)
+
+
+@pytest.fixture
+def predictors(monkeypatch):
+    """A module ``lengthsched_test_predictors`` with a predictor factory ``make``."""
+    monkeypatch.setitem(sys.modules, "lengthsched_test_predictors",
+                        SimpleNamespace(make=lambda: ls.ConstantLengthPredictor(32)))
+
+
+def test_planner_from_config_loads_a_predictor_factory(predictors):
+    config = trainer_config(response_length=128, predictor="lengthsched.predictor:ConstantLengthPredictor")
+    with pytest.raises(TypeError):  # the class needs its length: give a factory
+        lv.planner_from_config(config)
+    planner = lv.planner_from_config(trainer_config(response_length=128, predictor="lengthsched_test_predictors:make"))
+    assert isinstance(planner.predictor, ls.ConstantLengthPredictor) and planner.max_new_tokens == 128
+    assert isinstance(lv.planner_from_config(trainer_config()).predictor, ls.OnlineLengthPredictor)
+    with pytest.raises(InvalidArgument, match="argument 'lengthsched.predictor'"):
+        lv.planner_from_config(trainer_config(predictor="no.such.module:thing"))
+
+
+def test_the_manager_needs_verl_only_when_asked_for():
+    if VERL:
+        assert lv.LengthschedAgentLoopManager.__module__ == "lengthsched.integrations.verl"
+    else:
+        with pytest.raises(ImportError, match=r"verl is not installed: pip install 'lengthsched\[verl\]'"):
+            lv.LengthschedAgentLoopManager  # noqa: B018 - the attribute access is the test
+    with pytest.raises(AttributeError):
+        lv.NoSuchThing  # noqa: B018
+
+
+# ----------------------------------------------------------------------------- configuration
+def test_verl_rollout_config_by_hand():
+    # One group: 16 completions, 8 slots, each reserving 2048 tokens, prompt 512; 8 groups per replica.
+    plan = ls.plan_group([2048] * 16, slots=8, max_new_tokens=2048, prompt_tokens=512)
+    config = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8,
+                                    predictor="lengthsched_test_predictors:make")
+    r = config.rollout
+    # KV: per group 512 shared prompt tokens + 8 live x 2048 (16-token blocks: 2048 each), x 8 groups,
+    # + the null block = (8 x (512 + 8 x 2048) + 16) x 114688 bytes.
+    assert config.setup.kv_bytes == (8 * (512 + 8 * 2048) + 16) * C == 15_503_982_592
+    assert r["engine_kwargs"] == {"vllm": {"kv_cache_memory_bytes": 15_503_982_592}}
+    assert r["max_num_seqs"] == 64 and r["scheduling_policy"] == "priority" and r["enable_prefix_caching"] is True
+    assert r["gpu_memory_utilization"] == config.setup.fraction and r["max_model_len"] == 2560
+    assert r["agent"] == {"agent_loop_manager_class": lv.MANAGER_CLASS}
+    assert r["router_config_path"] == "lengthsched_router.yaml"
+    assert config.router_yaml == "router_class: lengthsched.integrations.verl.PlannedLoadBalancer\n"
+    assert config.overrides() == [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.scheduling_policy=priority",
+        "actor_rollout_ref.rollout.max_num_seqs=64",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={config.setup.fraction}",
+        "actor_rollout_ref.rollout.enable_prefix_caching=true",
+        "actor_rollout_ref.rollout.max_model_len=2560",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=15503982592",
+        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={lv.MANAGER_CLASS}",
+        "actor_rollout_ref.rollout.router_config_path=lengthsched_router.yaml",
+        "+lengthsched.predictor=lengthsched_test_predictors:make",
+    ]
+    tp2 = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, tensor_parallel_size=2)
+    assert tp2.rollout["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 15_503_982_592 // 2
+    assert tp2.rollout["tensor_model_parallel_size"] == 2
+    sg = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=2, engine="sglang")
+    assert sg.rollout["engine_kwargs"] == {"sglang": {"max_total_tokens": 2 * (512 + 8 * 2048)}}
+    assert "scheduling_policy" not in sg.rollout and sg.rollout["max_num_seqs"] == 16
+    assert sg.rollout["gpu_memory_utilization"] == sg.setup.engine_kwargs["mem_fraction_static"]
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"engine": "tgi"}, "engine"),
+    ({"groups_per_replica": 0}, "groups_per_replica"),
+    ({"router_config_path": ""}, "router_config_path"),
+    ({"predictor": 3}, "predictor"),
+    ({"gpu_memory_bytes": "1GiB"}, "gpu_memory_bytes"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+])
+def test_verl_rollout_config_names_bad_arguments(kwargs, name):
+    plan = ls.plan_group([2048] * 4, slots=2, max_new_tokens=2048, prompt_tokens=512)
+    with pytest.raises(InvalidArgument) as err:
+        lv.verl_rollout_config(plan, QWEN, **{"gpu_memory_bytes": "80GiB", **kwargs})
+    assert err.value.name == name
+    with pytest.raises(InvalidArgument, match="argument 'plan'"):
+        lv.verl_rollout_config([1, 2], QWEN, gpu_memory_bytes="80GiB")
+
+
+def test_example_verl_config_prints_the_overrides(tmp_path):
+    script = ROOT / "examples" / "verl_config.py"
+    router = tmp_path / "router.yaml"
+    result = subprocess.run([sys.executable, str(script), "--group-size", "8", "--slots", "4", "--router-yaml",
+                             str(router)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "actor_rollout_ref.rollout.scheduling_policy=priority" in result.stdout
+    assert router.read_text() == (ROOT / "examples" / "verl_router.yaml").read_text().splitlines()[-1] + "\n"
+    launch = (ROOT / "examples" / "verl_grpo_lengthsched.sh").read_text()
+    assert "NOT run" in launch and "examples/verl_config.py" in launch
+    assert subprocess.run(["bash", "-n", str(ROOT / "examples" / "verl_grpo_lengthsched.sh")]).returncode == 0
+
+
+# ----------------------------------------------------------------------------- verl's own code
+@requires_verl
+def test_router_loads_through_verls_plugin_path_and_follows_its_protocol(tmp_path):
+    from verl.workers.rollout.router import RequestLoadBalancer, _load_router_yaml, _resolve_router_class
+
+    path = tmp_path / "router.yaml"
+    path.write_text(lv.verl_rollout_config(ls.plan_group([64], slots=1, max_new_tokens=64), QWEN,
+                                           gpu_memory_bytes="80GiB").router_yaml)
+    config = _load_router_yaml(str(path))
+    cls = _resolve_router_class(config["router_class"])
+    assert cls is lv.PlannedLoadBalancer
+    lb = cls({"a": 1, "b": 2}, config)  # _create_plugin_extension: ray.remote(cls).remote(servers, yaml_config)
+    protocol = [name for name in vars(RequestLoadBalancer) if not name.startswith("_")]
+    assert set(protocol) <= set(dir(lb))
+    for name in protocol:
+        theirs = inspect.signature(getattr(RequestLoadBalancer, name)).parameters
+        ours = inspect.signature(getattr(cls, name)).parameters
+        assert [p for p in theirs if p not in ("self", "extra")] == [p for p in ours if p not in ("self", "priority")]
+
+
+@requires_verl
+def test_rollout_config_composes_with_verls_hydra_config(predictors):
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    plan = ls.plan_group([2048] * 16, slots=8, max_new_tokens=2048, prompt_tokens=512)
+    config = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8,
+                                    predictor="lengthsched_test_predictors:make")
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=config.overrides())
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's own RolloutConfig validation
+    assert rollout.scheduling_policy == "priority" and rollout.max_num_seqs == 64
+    assert rollout.engine_kwargs["vllm"] == {"kv_cache_memory_bytes": 15_503_982_592}
+    assert rollout.agent.agent_loop_manager_class == lv.MANAGER_CLASS
+    assert isinstance(lv.planner_from_config(cfg).predictor, ls.ConstantLengthPredictor)
+
+
+@requires_verl
+def test_fakes_match_verls_signatures():
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+    from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    def names(f):
+        return list(inspect.signature(f).parameters)
+
+    assert names(FakeAgentLoopManager.__init__) == names(AgentLoopManager.__init__)
+    assert names(FakeAgentLoopManager.generate_sequences) == names(AgentLoopManager.generate_sequences)
+    assert names(FakeLLMServerClient.generate) == names(inspect.unwrap(LLMServerClient.generate))
+    assert names(FakeLLMServerClient.__init__)[:3] == names(LLMServerClient.__init__)[:3]
+    for loop in (SingleTurnAgentLoop, ToolAgentLoop):  # both hand the row's priority on
+        assert "priority" in inspect.signature(loop.run).parameters
+    source = inspect.getsource(AgentLoopManager.generate_sequences)
+    assert 'if "priority" not in prompts.non_tensor_batch' in source  # verl keeps the planner's column
+    import verl
+
+    # Importing the vLLM server needs vLLM; its signature is read as text.
+    server = (Path(verl.__file__).parent / "workers" / "rollout" / "vllm_rollout" / "vllm_async_server.py").read_text()
+    assert "priority: int = 0," in server and "priority=priority," in server
+    assert names(FakeVLLMServer.generate)[1:] == ["prompt_ids", "sampling_params", "request_id", "image_data",
+                                                  "video_data", "audio_data", "mm_processor_kwargs", "priority",
+                                                  "kv_transfer_params"]
+    assert "def generate(\n        self,\n        prompt_ids: list[int],\n        sampling_params" in server
+
+
+def test_plan_priorities_reach_vllm_under_verls_nonzero_rule():
+    # verl forwards only non-zero priorities to vLLM; plan_rollout's rank-0 row on replica 0 has
+    # priority 0, vLLM's default, so the engine sees the plan's order either way.
+    plan = plan_rollout(["a"] * 3 + ["b"] * 3, [5, 9, 1, 4, 4, 4], replicas=2)
+    zero = [i for i, p in enumerate(plan.priority) if p == 0]
+    assert len(zero) == 1 and plan.replica[zero[0]] == 0 and plan.rank[zero[0]] == 0
