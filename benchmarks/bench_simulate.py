@@ -247,6 +247,7 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("vllm_priority + verl routing", "vllm_priority", "least_loaded", "realistic"),
     ("placed_lpt", "placed_lpt", None, "realistic"),
     ("placed_lpt (oracle)", "placed_lpt", None, "oracle"),
+    ("placed_adaptive", "placed_adaptive", None, "realistic"),
     ("sglang + verl routing", "sglang", "least_loaded", None),
 )
 

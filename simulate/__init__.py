@@ -9,6 +9,13 @@ report behind ``lengthsched simulate`` in :mod:`simulate.report`.
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 from .rollout import ROUTERS, RolloutResult, route, run_rollout
+
+#: The recommended policy (a name in ``lengthsched.runtime.POLICIES``, usable by ``run_group``,
+#: ``run_batch`` and ``run_rollout``): the one that is never slower than vLLM FCFS with verl's routing
+#: in modelled seconds over the rollout grid of docs/benchmarks.md ("Rollout steps": 48 settings; 3.3%
+#: faster on average, up to 5x where prompts would crowd the pools) and runs where that baseline
+#: cannot. It misses the issue's goal of 10% on average: see docs/benchmarks.md.
+DEFAULT_POLICY = "placed_adaptive"
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
 __all__ = [
@@ -24,6 +31,7 @@ __all__ = [
     "run_batch",
     "run_group",
     "run_rollout",
+    "DEFAULT_POLICY",
     "RolloutResult",
     "ROUTERS",
     "route",

@@ -14,7 +14,9 @@ replicas by a router, or by the policy itself when it plans the placement:
 - ``group_round_robin``, OpenRLHF's: a whole group (its G samples) to one engine, round robin.
 - a policy with ``places_groups`` (``placed_lpt``) balances the groups' predicted work over the
   replicas with the partitioning core (the better of LPT and Karmarkar-Karp, on predicted tokens),
-  and ignores ``router``.
+  and ignores ``router``; ``placed_adaptive`` spreads requests as verl does unless holding every
+  prompt on every replica would take more than a quarter of a replica's pool, then places whole
+  groups as ``placed_lpt`` does (both over vLLM's FCFS engine for ``placed_adaptive``).
 
 Simplifications (documented in docs/simulate.md): placement is decided once at the start (no
 rebalancing while replicas drain; Seer-like context-aware scheduling is not modelled yet); a
@@ -86,11 +88,18 @@ class RolloutResult:
 
 
 def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.ndarray | None = None,
-          places_groups: bool = False) -> np.ndarray:
+          places_groups: bool = False, prompt_share: float | None = None, budget_tokens: int | None = None
+          ) -> np.ndarray:
     """The replica of every completion (flattened in group order) for ``router``, or the policy's own
-    placement by predicted group work when ``places_groups``."""
+    placement by predicted group work when ``places_groups``. With ``prompt_share`` (the adaptive
+    placement) groups are spread as verl spreads them unless every prompt held on every replica would
+    take more than that share of ``budget_tokens``."""
     sizes = [len(g.lengths) for g in groups]
     total = sum(sizes)
+    if places_groups and prompt_share is not None:
+        held = sum(int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0)
+        places_groups = budget_tokens is not None and held > prompt_share * budget_tokens
+        router = "least_loaded"
     if places_groups:
         work = np.array([int(predicted[s:s + n].sum()) if predicted is not None else n
                          for s, n in zip(np.cumsum([0] + sizes[:-1]), sizes)], dtype=np.int64)
@@ -144,7 +153,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         if len(pred) != len(flat):
             raise InvalidArgument("predicted", f"{len(pred)} values", f"{len(flat)}, one per completion in group order")
     cost = default_cost() if cost is None else cost
-    placement = route(groups, router, replicas, pred, spec.places_groups)
+    placement = route(groups, router, replicas, pred, spec.places_groups,
+                      getattr(spec.cls, "PROMPT_SHARE", None), budget)
     owner = np.repeat(np.arange(len(groups)), [len(x) for x in lengths])
     results, replica_seconds = [], []
     for r in range(replicas):

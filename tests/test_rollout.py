@@ -85,7 +85,7 @@ def test_bad_rollout_inputs_name_the_argument():
 
 def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "placed_lpt"} <= set(POLICIES)
-    assert policy_names(places_groups=True) == ("placed_lpt",)
+    assert policy_names(places_groups=True) == ("placed_lpt", "placed_adaptive")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -109,3 +109,20 @@ def test_a_rollout_with_an_online_predictor_learns_per_replica_and_leaves_the_ca
         assert [list(x) for x in r.collected_lengths] == [list(g.lengths) for g in groups]
         assert r.seconds >= r.lower_bound_seconds
     assert not online._prompts or all(s.n == 0 for s in online._prompts.values())  # copies learnt, not it
+
+
+def test_the_recommended_policy_spreads_like_verl_unless_prompts_would_crowd_the_pool():
+    from simulate import DEFAULT_POLICY
+
+    assert DEFAULT_POLICY in POLICIES and POLICIES[DEFAULT_POLICY].places_groups
+    groups = castillo_groups(16, max_new_tokens=1024, limit=32, seed=3)
+    prompts = sum(g.prompt_len for g in groups)
+    roomy = dict(replicas=4, budget_tokens=8 * prompts, max_new_tokens=1024)
+    ours = run_rollout(groups, DEFAULT_POLICY, **roomy)
+    verl = run_rollout(groups, "vllm", router="least_loaded", **roomy)
+    assert ours.placement.tolist() == verl.placement.tolist() and ours.seconds == verl.seconds
+    tight = dict(replicas=4, budget_tokens=prompts // 2 + 4 * 1024, max_new_tokens=1024)
+    ours = run_rollout(groups, DEFAULT_POLICY, **tight)
+    assert all(len(set(ours.placement[i * 16:(i + 1) * 16])) == 1 for i in range(len(groups)))  # whole groups
+    assert ours.seconds < run_rollout(groups, "vllm", router="least_loaded", **tight).seconds
+    assert run_group([5, 9, 3], DEFAULT_POLICY, budget_tokens=64, max_new_tokens=16).steps > 0

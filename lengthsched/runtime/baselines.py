@@ -29,7 +29,7 @@ from ..errors import InvalidArgument
 from .engine import Engine
 from .policies import Problem, SimPolicy, overflow_wakeup
 
-__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "SGLangLike"]
+__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "AdaptivePlacement", "SGLangLike"]
 
 
 class _Waiting(SimPolicy):
@@ -167,6 +167,18 @@ class PlacedLongestFirst(VLLMPriority):
 
     name = "placed_lpt"
     places_groups = True
+
+
+class AdaptivePlacement(VLLMLike):
+    """The project's adaptive rollout placement over vLLM's FCFS engine: a group's requests are spread
+    over the replicas (as verl routes them) unless holding every prompt on every replica would take
+    more than ``PROMPT_SHARE`` of a replica's KV pool; then whole groups are placed by predicted work
+    (the partitioning core), so each prompt is held once (``simulate.rollout.route``). On one replica
+    it is :class:`VLLMLike`."""
+
+    name = "placed_adaptive"
+    places_groups = True
+    PROMPT_SHARE = 0.25
 
 
 class SGLangLike(_Waiting):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from .baselines import PlacedLongestFirst, SGLangLike, VLLMLike, VLLMPriority
+from .baselines import AdaptivePlacement, PlacedLongestFirst, SGLangLike, VLLMLike, VLLMPriority
 from .policies import (DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem,
                        SimPolicy)
 
@@ -77,6 +77,8 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True),
     PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
                "scheduling, longest predicted first", needs_budget=True, places_groups=True),
+    PolicySpec("placed_adaptive", AdaptivePlacement, "vLLM FCFS; groups spread over replicas unless their prompts "
+               "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True),
     PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
                needs_budget=True, compiled=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
