@@ -48,16 +48,11 @@ _POSTERIOR_POINTS = 81  # grid of the prompt's mean log length when running sibl
 _PREDICTIVE_POINTS = 300  # grid of log total length for the truncated predictive
 
 _NORMAL = NormalDist()
-_cdf = np.frompyfunc(_NORMAL.cdf, 1, 1)
 
 
 def _inv_cdf(p: np.ndarray) -> np.ndarray:
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
     return np.frompyfunc(_NORMAL.inv_cdf, 1, 1)(p).astype(np.float64)
-
-
-def _phi(x: np.ndarray) -> np.ndarray:
-    return _cdf(np.asarray(x, dtype=np.float64)).astype(np.float64)
 
 
 @dataclass
@@ -90,7 +85,7 @@ def _log_sf_normal(z: np.ndarray) -> np.ndarray:
 class _Residuals:
     """The law of a sibling's standardised log length around its prompt's mean: the standard normal,
     or an empirical law learnt from data (heavy-tailed on real completions: a few run far longer),
-    kept as its quantile function on a fixed grid; cdf and inverse by interpolation."""
+    kept as its quantile function on a fixed grid (inverse by interpolation) and its tabulated log-survival."""
 
     def __init__(self, quantiles: Sequence[float] | None = None):
         self.values = None if quantiles is None else np.asarray(quantiles, dtype=np.float64)
@@ -114,11 +109,6 @@ class _Residuals:
         """log P(Z > z), vectorised (table lookup)."""
         return np.interp(z, _TABLE_Z, self._log_sf, left=0.0, right=self._log_sf[-1] - (z.max() - _TABLE_Z[-1]) ** 2)
 
-    def cdf(self, z: np.ndarray) -> np.ndarray:
-        if self.values is None:
-            return _phi(z)
-        return np.interp(z, self.values, _GRID, left=0.0, right=1.0)
-
     def inv(self, p: np.ndarray) -> np.ndarray:
         if self.values is None:
             return _inv_cdf(p)
@@ -139,16 +129,6 @@ class _Mixed:
 
     def inv(self, p: np.ndarray) -> np.ndarray:
         return self.a * _inv_cdf(p) + (1.0 - self.a) * self.law.inv(p)
-
-    def cdf(self, z: np.ndarray) -> np.ndarray:
-        """By bisection on the monotone quantile function (vectorised, 50 halvings)."""
-        z = np.asarray(z, dtype=np.float64)
-        lo, hi = np.zeros_like(z), np.ones_like(z)
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            below = self.inv(mid) < z
-            lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-        return (lo + hi) / 2
 
 
 def fit_spreads(groups: Iterable[Sequence[int]], prior_lengths: Iterable[float] | None = None) -> dict[str, Any]:
@@ -398,15 +378,14 @@ class OnlineLengthPredictor:
                 self._roll(state, self.step)
             beliefs[p] = self._belief(state)
         mean = np.array([beliefs[p][0] for p in prompts], dtype=np.float64)
-        sd = np.sqrt(np.array([beliefs[p][1] for p in prompts], dtype=np.float64) + self.within_sigma ** 2)
-        # Truncate to y > log(done + 1) for a completion still running after `done` tokens.
         var = np.array([beliefs[p][1] for p in prompts], dtype=np.float64)
+        sd = np.sqrt(var + self.within_sigma ** 2)
+        # Completions that have generated nothing, of prompts without running siblings: the closed
+        # form (normal belief, residual law); every other one is replaced below by the exact path.
         law = self.residuals.mixed(var / (var + self.within_sigma ** 2)) if self.residuals.values is not None \
             else self.residuals
-        low = np.where(done > 0, law.cdf((np.log(done + 1.0) - mean) / sd), 0.0)
-
         levels = sorted({0.5, *qs})
-        log_total = {q: mean + sd * law.inv(low + q * (1.0 - low)) for q in levels}
+        log_total = {q: mean + sd * law.inv(np.full(len(prompts), q)) for q in levels}
         # Completions of a prompt with running siblings, or with progress of their own: the exact
         # (grid) posterior and truncated mixture predictive.
         rows_of: dict[Hashable, list[int]] = {}
