@@ -57,6 +57,7 @@ import numpy as np
 
 from .errors import InvalidArgument, check_int, check_positive_float
 from .hfconfig import PRESET_DIR, _moe_layers, load_config, preset_names, read_shapes
+from .io import read_json_objects
 from .memory import DTYPE_BYTES, ModelMemory
 
 __all__ = ["StepCost", "GPUSpec", "GPU_PRESETS", "read_samples", "error_stats", "SAMPLE_COLUMNS",
@@ -603,29 +604,17 @@ def _columns(samples: Any) -> dict[str, np.ndarray]:
 def read_samples(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Measured steps from a JSON lines file, one object per line with the keys :data:`SAMPLE_COLUMNS`
     (``prefill_context`` optional, other keys ignored, blank lines skipped); returns the columns."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument("samples", str(path), f"a readable JSON lines file ({exc.__class__.__name__})") from None
     rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, row in read_json_objects(path, "samples"):
         where = f" ({path}, line {number})"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidArgument("samples", line, f"a JSON object per line ({exc.msg}){where}") from None
-        if not isinstance(row, dict):
-            raise InvalidArgument("samples", line, "a JSON object per line" + where)
         for key in SAMPLE_COLUMNS:
             if key not in row and key != "prefill_context":
-                raise InvalidArgument("samples", line, f"the key {key!r}{where}")
+                raise InvalidArgument("samples", row, f"the key {key!r}{where}")
             value = row.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
                     or (key == "seconds" and value <= 0):
                 bound = "> 0" if key == "seconds" else ">= 0"
-                raise InvalidArgument("samples", line, f"{key}: a number {bound}{where}")
+                raise InvalidArgument("samples", row, f"{key}: a number {bound}{where}")
         rows.append(row)
     if not rows:
         raise InvalidArgument("samples", str(path), "at least one measured step")

@@ -8,11 +8,11 @@ import re
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import InvalidArgument
 
-__all__ = ["atomic_write_text", "read_lengths_input", "DATA_DIR", "EXAMPLE_GROUP"]
+__all__ = ["atomic_write_text", "read_lengths_input", "read_json_objects", "DATA_DIR", "EXAMPLE_GROUP"]
 
 DATA_DIR = Path(__file__).with_name("data")
 EXAMPLE_GROUP = DATA_DIR / "example_group.json"
@@ -38,6 +38,27 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_json_objects(path: str | os.PathLike, argument: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSON-lines file. An unreadable file, a line
+    that is not JSON or not a JSON object raises :class:`InvalidArgument` naming ``argument`` and, for
+    a line, ``"<path> line <n>"``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(argument, str(path), f"a readable JSON-lines file ({exc.__class__.__name__})") from None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(argument, f"{path} line {number}", f"a JSON object per line ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise InvalidArgument(argument, f"{path} line {number}",
+                                  f"a JSON object per line, not {type(record).__name__}")
+        yield number, record
 
 
 def read_lengths_input(source: str | None) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from typing import Any, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from lengthsched.errors import InvalidArgument, as_lengths, check_int, check_positive_float
+from lengthsched.io import read_json_objects
 from lengthsched.online import OnlineLengthPredictor, fit_spreads
 
 __all__ = ["PromptGroup", "load_groups", "load_prior", "limit_groups", "evaluate_online", "drift_experiment",
@@ -93,21 +94,9 @@ def load_groups(path: str | Path, *, splits: Iterable[str] | None = None, argume
     these. Lines of one prompt at the same step are merged. A bad line raises
     :class:`~lengthsched.errors.InvalidArgument` naming ``argument``, the path and the line number."""
     name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(argument, name, f"a readable JSON-lines file ({exc.__class__.__name__})") from None
     wanted = None if splits is None else set(splits)
     groups: dict[str, PromptGroup] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _bad(argument, name, number, f"a JSON object per line ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise _bad(argument, name, number, f"a JSON object per line, not {type(rec).__name__}")
+    for number, rec in read_json_objects(path, argument):
         if "prompt_id" not in rec or isinstance(rec["prompt_id"], (dict, list)) or rec["prompt_id"] is None:
             raise _bad(argument, name, number, "a 'prompt_id' (string or number)")
         if "lengths" not in rec:
