@@ -21,14 +21,7 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 TOTAL=${TOTAL:-570}            # seconds for the whole script
 T_MEASURE=${T_MEASURE:-360}    # seconds of measuring inside gpu_cost.py (model build and fit come on top)
-QUICK_ARG=()
-if [ -n "${QUICK:-}" ]; then QUICK_ARG=(--quick); fi
-
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1
-cd "$(dirname "$0")/.." || exit 1
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-START=$SECONDS
+. "$(dirname "$0")/gpu_common.sh"
 
 {
     echo "== $(date -u +%FT%TZ) $(hostname); device $DEVICE; budget ${TOTAL}s"
@@ -42,7 +35,7 @@ if torch.cuda.is_available():
 "
 } 2>&1 | tee "$OUT/env.log"
 
-LEFT=$((TOTAL - (SECONDS - START) - 5))
+LEFT=$(($(left) - 5))
 echo "== gpu_cost (timeout ${LEFT}s)" | tee "$OUT/gpu_cost.log"
 timeout -k 5 "$LEFT" "$PY" -u benchmarks/gpu_cost.py --device "$DEVICE" --budget-seconds "$T_MEASURE" \
     --out-dir "$OUT" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/gpu_cost.log"

@@ -23,16 +23,7 @@ DTYPE=${DTYPE:-bfloat16}
 TOTAL=${TOTAL:-145}              # seconds for the whole script
 T_SAMPLER=${T_SAMPLER:-80}       # most seconds for bench_sampler
 T_COMPANIONS=${T_COMPANIONS:-55} # seconds kept for bench_companions
-QUICK_ARG=()
-if [ -n "${QUICK:-}" ]; then QUICK_ARG=(--quick); fi
-
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 1
-cd "$(dirname "$0")/.." || exit 1
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-START=$SECONDS
-left() { echo $((TOTAL - (SECONDS - START))); }
-min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
+. "$(dirname "$0")/gpu_common.sh"
 
 run() {  # run NAME SECONDS CMD...: CMD under timeout, output to the screen and OUT/NAME.log
     local name=$1 secs=$2
