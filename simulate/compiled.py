@@ -22,7 +22,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
 from lengthsched.runtime import POLICIES, SGLangLike, SimulationError, VLLMLike
-from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, prompt_prefill_log
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, prompt_prefill_seconds
 
 try:  # numba is in the `simulate` extra; without it the kernels run as Python
     from numba import njit, prange
@@ -423,6 +423,5 @@ def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int
         run(logs, offsets)
         cost = default_cost() if cost is None else cost
         priced = np.asarray(cost.segment_seconds(*logs.T), dtype=np.float64)
-        result["seconds"] = np.add.reduceat(priced, offsets[:-1]) + np.array(
-            [prompt_prefill_log([q], prefill_chunk).seconds(cost) for q in prompts])
+        result["seconds"] = np.add.reduceat(priced, offsets[:-1]) + prompt_prefill_seconds(cost, prompts, prefill_chunk)
     return result

@@ -13,7 +13,7 @@ import numpy as np
 from lengthsched import InvalidArgument
 
 from lengthsched.runtime import POLICIES, slot_cap
-from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, prompt_prefill_log
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, prompt_prefill_seconds
 
 __all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks", "seconds_many"]
 
@@ -116,5 +116,4 @@ def seconds_many(lengths: np.ndarray, policy: str, g: int, cost, *, prompt_lens=
     # A row started at s produces its (t - s + 1)-th token at step t, attending its prompt and t - s earlier ones.
     kv = rows * t - first + rows * prompts[:, None]
     decode = np.asarray(cost.seconds(rows, kv, 0), dtype=np.float64).sum(axis=1)
-    prefill = np.array([prompt_prefill_log([p], prefill_chunk).seconds(cost) for p in prompts])
-    return decode + prefill
+    return decode + prompt_prefill_seconds(cost, prompts, prefill_chunk)

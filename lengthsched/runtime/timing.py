@@ -22,7 +22,8 @@ import numpy as np
 
 from .engine import StepLog
 
-__all__ = ["DEFAULT_COST", "DEFAULT_PREFILL_CHUNK", "default_cost", "prompt_prefill_log", "lower_bound_seconds"]
+__all__ = ["DEFAULT_COST", "DEFAULT_PREFILL_CHUNK", "default_cost", "prompt_prefill_log", "prompt_prefill_seconds",
+           "lower_bound_seconds"]
 
 #: The model and GPU preset every comparison is priced on unless told otherwise: the main job's
 #: model, Qwen3-1.7B in bf16, on one H100 SXM (``lengthsched.cost``'s unfitted preset).
@@ -69,6 +70,12 @@ def prompt_prefill_log(prompt_lens, chunk: int | None) -> StepLog:
     n = len(tokens)
     zeros = np.zeros(n, dtype=np.int64)
     return StepLog(np.ones(n, dtype=np.int64), zeros, zeros.copy(), tokens.astype(np.int64), context.astype(np.int64))
+
+
+def prompt_prefill_seconds(cost, prompt_lens, chunk: int | None) -> np.ndarray:
+    """Seconds of each prompt's first prefill on its own (one group each), under ``cost``."""
+    return np.array([prompt_prefill_log([p], chunk).seconds(cost) for p in np.asarray(prompt_lens).reshape(-1)],
+                    dtype=np.float64)
 
 
 def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), shared_read: int = 0) -> float:
