@@ -49,9 +49,10 @@ import json
 import math
 import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -219,7 +220,7 @@ class StepCost:
     # ----------------------------------------------------------------- construction
     @classmethod
     def from_gpu(cls, memory: ModelMemory, gpu: str = "h100", *, tp: int = 1,
-                 config: str | os.PathLike | Mapping[str, Any] | None = None, **overrides: Any) -> "StepCost":
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, **overrides: Any) -> StepCost:
         """The unfitted model of ``memory``'s model on a preset ``gpu`` (:data:`GPU_PRESETS`).
 
         Bytes come from ``memory`` (its dtypes, weights and KV sizes); head counts, hidden size and
@@ -270,12 +271,12 @@ class StepCost:
 
     @classmethod
     def from_model(cls, model: str | os.PathLike, gpu: str = "h100", *, dtype: str = "bfloat16",
-                   kv_dtype: str | None = None, tp: int = 1, **overrides: Any) -> "StepCost":
+                   kv_dtype: str | None = None, tp: int = 1, **overrides: Any) -> StepCost:
         """:meth:`from_gpu` for a bundled preset name, a ``config.json`` path or a model directory."""
         memory = ModelMemory.from_name(model, dtype, kv_dtype=kv_dtype)
         return cls.from_gpu(memory, gpu, tp=tp, config=_config_path(model), **overrides)
 
-    def replace(self, **changes: Any) -> "StepCost":
+    def replace(self, **changes: Any) -> StepCost:
         """A copy with some fields changed (validated like the constructor)."""
         return dataclasses.replace(self, **changes)
 
@@ -418,7 +419,7 @@ class StepCost:
         pred = self.seconds(*(cols[k] for k in ("decode_rows", "kv_tokens_read", "prefill_tokens", "prefill_context")))
         return np.asarray(pred, dtype=np.float64) / cols["seconds"] - 1.0
 
-    def fit(self, samples: Any) -> "StepCost":
+    def fit(self, samples: Any) -> StepCost:
         """This model with ``overhead_seconds``, ``bandwidth_efficiency`` and ``compute_efficiency`` fitted.
 
         ``samples``: measured steps with columns :data:`SAMPLE_COLUMNS` (``prefill_context``
@@ -485,7 +486,7 @@ class StepCost:
         return self.replace(overhead_seconds=float(best[0]), bandwidth_efficiency=float(1 / best[1]),
                             compute_efficiency=float(1 / best[2]))
 
-    def fit_and_validate(self, samples: Any, train_fraction: float = 0.5, seed: int = 0) -> tuple["StepCost", dict]:
+    def fit_and_validate(self, samples: Any, train_fraction: float = 0.5, seed: int = 0) -> tuple[StepCost, dict]:
         """Fit on a seeded random ``train_fraction`` of the samples and report relative errors.
 
         Returns the fitted model and a report: ``parameters`` (fitted) and ``prior_parameters``;
@@ -527,7 +528,7 @@ class StepCost:
         return json.dumps({"format": _FORMAT, "version": _VERSION, **dataclasses.asdict(self)}, indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "StepCost":
+    def from_json(cls, text: str) -> StepCost:
         """The model written by :meth:`to_json`; every field is validated as by the constructor."""
         try:
             data = json.loads(text)

@@ -17,8 +17,9 @@ the grouped forward.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class LearnerShapes:
     width: int
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> "LearnerShapes":
+    def from_hf_config(cls, config: Any) -> LearnerShapes:
         """From a ``config.json`` path, a model directory, a dict, or a bundled preset name."""
         from .hfconfig import PRESET_DIR, preset_names, read_shapes
 

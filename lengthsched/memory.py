@@ -13,10 +13,11 @@ import dataclasses
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -154,7 +155,7 @@ class ModelMemory:
         mla_latent_cache: bool = True,
         weights_bytes: int | None = None,
         activation_bytes_per_sequence: int | None = None,
-    ) -> "ModelMemory":
+    ) -> ModelMemory:
         """Build the memory model of a Hugging Face causal LM from its ``config.json``.
 
         ``config``: a dict, a path to ``config.json`` or a model directory. ``dtype``: weights and
@@ -184,20 +185,20 @@ class ModelMemory:
         )
 
     @classmethod
-    def from_preset(cls, name: str, dtype: str = "bfloat16", **options: Any) -> "ModelMemory":
+    def from_preset(cls, name: str, dtype: str = "bfloat16", **options: Any) -> ModelMemory:
         """Like :meth:`from_hf_config` for a config bundled in ``lengthsched/presets``."""
         if name not in preset_names():
             raise InvalidArgument("model", name, "an existing config.json path or a preset: " + ", ".join(preset_names()))
         return cls.from_hf_config(PRESET_DIR / f"{name}.json", dtype, **options)
 
     @classmethod
-    def from_name(cls, model: str, dtype: str = "bfloat16", **options: Any) -> "ModelMemory":
+    def from_name(cls, model: str, dtype: str = "bfloat16", **options: Any) -> ModelMemory:
         """From a ``config.json`` path, a model directory, or a bundled preset name."""
         if isinstance(model, (str, os.PathLike)) and os.path.exists(model):
             return cls.from_hf_config(model, dtype, **options)
         return cls.from_preset(model, dtype, **options)
 
-    def replace(self, **changes: Any) -> "ModelMemory":
+    def replace(self, **changes: Any) -> ModelMemory:
         """A copy with some fields changed (validated like the constructor)."""
         return dataclasses.replace(self, **changes)
 
@@ -271,7 +272,7 @@ class ModelMemory:
         """
         return self.sequence_kv_bytes(tokens, prompt_tokens) + self.activation_bytes_per_sequence
 
-    def peak(self, policy: str, lengths: Any, **kwargs: Any) -> "PolicyPeak":  # noqa: F821
+    def peak(self, policy: str, lengths: Any, **kwargs: Any) -> PolicyPeak:  # noqa: F821
         """Peak memory of a sampling policy of docs/model.md section 4; see :func:`lengthsched.peaks.policy_peak`."""
         from .peaks import policy_peak
 

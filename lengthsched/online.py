@@ -33,9 +33,10 @@ completion's progress: token ids or a count) and is vectorised over the queries.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class _Residuals:
             return _inv_cdf(p)
         return np.interp(np.clip(p, _GRID[0], _GRID[-1]), _GRID, self.values)
 
-    def mixed(self, share: np.ndarray) -> "_Mixed":
+    def mixed(self, share: np.ndarray) -> _Mixed:
         """The law of (belief error + sibling residual) / its sd, where ``share`` of the variance is the
         belief's (normal) and the rest the sibling's (this law): approximated by mixing the two quantile
         functions in proportion to their standard deviations' shares (exact at share 0 and 1)."""
@@ -208,7 +209,7 @@ class OnlineLengthPredictor:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def fit(cls, groups: Mapping[Hashable, Sequence[int]], prior: Any = None, **options: Any) -> "OnlineLengthPredictor":
+    def fit(cls, groups: Mapping[Hashable, Sequence[int]], prior: Any = None, **options: Any) -> OnlineLengthPredictor:
         """A predictor whose spreads are learnt from training ``groups`` (prompt -> sibling lengths,
         tokens): ``within_sigma`` always; with a ``prior``, its ``prior_sigma`` and ``prior_bias`` on
         these prompts. ``options`` as the constructor (explicit values win)."""

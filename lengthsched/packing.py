@@ -9,8 +9,9 @@ at a time (``try_add(item, size) -> item | None``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

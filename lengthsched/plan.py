@@ -121,7 +121,7 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "Plan":
+    def from_json(cls, text: str | bytes) -> Plan:
         """Parse :meth:`to_json` output; raises :class:`InvalidArgument` naming the bad field."""
         try:
             data = json.loads(text)

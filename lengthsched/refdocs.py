@@ -16,8 +16,9 @@ import importlib
 import inspect
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .io import atomic_write_text
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InvalidArgument, LengthschedError, as_lengths, check_int
 

@@ -58,7 +58,7 @@ class GroupScheduler:
         self._first = 0  # earliest unit that may still hold pending completions
 
     @classmethod
-    def from_plan(cls, plan: "Plan") -> "GroupScheduler":
+    def from_plan(cls, plan: Plan) -> GroupScheduler:
         return cls(plan.units, plan.lengths, plan.refill)
 
     @property
@@ -151,7 +151,7 @@ class Schedule:
         return int(np.cumsum(events[:, 1]).max())
 
 
-def execute(plan: "Plan", lengths: Any = None, *, memory: "ModelMemory | None" = None) -> Schedule:
+def execute(plan: Plan, lengths: Any = None, *, memory: ModelMemory | None = None) -> Schedule:
     """Run ``plan`` with true ``lengths`` (default: its predicted lengths) to a :class:`Schedule`.
 
     Every completion runs for exactly its length. Budget mode admits the next completion only
@@ -216,7 +216,7 @@ def execute(plan: "Plan", lengths: Any = None, *, memory: "ModelMemory | None" =
 
 def held_bytes(
     schedule: Schedule,
-    memory: "ModelMemory",
+    memory: ModelMemory,
     prompt_tokens: int,
     *,
     with_activations: bool = True,

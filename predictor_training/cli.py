@@ -107,8 +107,17 @@ _ONLINE_ONLY = ("online_prior", "split", "siblings", "bootstrap", "drift_steps",
 def run_online_eval(opts: EvalOptions) -> int:
     """``eval-predictor --online DATA``: the online predictor's cross-fitted evaluation (and the drift
     experiment with ``--drift-steps``), without torch."""
-    from .online_eval import (check_targets, drift_experiment, evaluate_online, format_drift, format_online,
-                              format_targets, limit_groups, load_groups, load_prior)
+    from .online_eval import (
+        check_targets,
+        drift_experiment,
+        evaluate_online,
+        format_drift,
+        format_online,
+        format_targets,
+        limit_groups,
+        load_groups,
+        load_prior,
+    )
 
     for name in ("model", "data", "train_data", "label_tokenizer"):
         if getattr(opts, name):

@@ -40,9 +40,10 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class DataSpec:
     streaming: bool = False
 
     @classmethod
-    def parse(cls, text: str, **filters: Any) -> "DataSpec":
+    def parse(cls, text: str, **filters: Any) -> DataSpec:
         """``FORMAT:PATH`` or ``PATH`` (format detected), e.g. ``gsm8k:data/train.jsonl``."""
         fmt, sep, rest = text.partition(":")
         if sep and fmt in FORMATS:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from lengthsched.errors import InvalidArgument
 

@@ -18,8 +18,9 @@ quantiles come from the quantiles of its training residuals in log space.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -173,7 +174,7 @@ class ConstantBaseline(_ResidualQuantiles):
 
     name = "constant"
 
-    def fit(self, rows: dict[str, list[Any]]) -> "ConstantBaseline":
+    def fit(self, rows: dict[str, list[Any]]) -> ConstantBaseline:
         samples = np.concatenate([np.asarray(r, dtype=np.float64) for r in rows["remaining"]])
         self._log = float(np.log(max(np.median(samples), 1.0)))
         self._fit_residuals(np.full(len(rows["remaining"]), self._log), rows["remaining"])
@@ -193,7 +194,7 @@ class LinearBaseline(_ResidualQuantiles):
         return np.column_stack([np.ones(len(rows["prompt"])), np.log1p(np.asarray(rows["prompt_tokens"], float)),
                                 np.log1p(np.asarray(rows["prefix_tokens"], float))])
 
-    def fit(self, rows: dict[str, list[Any]]) -> "LinearBaseline":
+    def fit(self, rows: dict[str, list[Any]]) -> LinearBaseline:
         x, y = self._x(rows), _log_target(rows["remaining"])
         self._coef = np.linalg.lstsq(x, y, rcond=None)[0]
         self._fit_residuals(x @ self._coef, rows["remaining"])
@@ -215,7 +216,7 @@ class TfidfBaseline(_ResidualQuantiles):
     def _text(rows: dict[str, list[Any]]) -> list[str]:
         return [p + ("\n" + x if x else "") for p, x in zip(rows["prompt"], rows["prefix"])]
 
-    def fit(self, rows: dict[str, list[Any]]) -> "TfidfBaseline":
+    def fit(self, rows: dict[str, list[Any]]) -> TfidfBaseline:
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import Ridge
 

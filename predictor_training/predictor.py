@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class BertLengthPredictor:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | None = None, batch_size: int = 64,
-                        dtype: Any = None) -> "BertLengthPredictor":
+                        dtype: Any = None) -> BertLengthPredictor:
         """Load a directory written by ``lengthsched train`` (or :func:`save`)."""
         from transformers import AutoTokenizer
 

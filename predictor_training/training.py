@@ -16,10 +16,10 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
-
+from typing import Any
 
 from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text

@@ -24,8 +24,9 @@ of a step a sequence holds KV for every token it generated (the newest one's pos
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -17,8 +17,9 @@ Token counts: the grouped forward processes P + sum(l_i) tokens instead of G * P
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

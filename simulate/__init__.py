@@ -8,6 +8,7 @@ report behind ``lengthsched simulate`` in :mod:`simulate.report`.
 
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
+
 from .rollout import ROUTERS, RolloutResult, route, run_rollout
 
 #: The recommended policy (a name in ``lengthsched.runtime.POLICIES``, usable by ``run_group``,

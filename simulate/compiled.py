@@ -20,7 +20,6 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
-
 from lengthsched.runtime import POLICIES, SGLangLike, SimulationError, VLLMLike
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, prompt_prefill_seconds
 

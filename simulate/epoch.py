@@ -11,8 +11,9 @@ within-prompt spread fitted to CASTILLO (``simulate.workloads``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 
 from lengthsched import InvalidArgument
-
 from lengthsched.runtime import POLICIES, slot_cap
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, prompt_prefill_seconds
 

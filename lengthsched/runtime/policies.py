@@ -9,8 +9,9 @@ is re-implemented here. Engine baselines (vLLM-like, SGLang-like) live in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -13,8 +13,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .baselines import AdaptivePlacement, PlacedLongestFirst, SGLangLike, VLLMLike, VLLMPriority
-from .policies import (DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem,
-                       SimPolicy)
+from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
 
