@@ -31,8 +31,14 @@ from pathlib import Path
 from common import ROOT, machine, report, run_sections, table
 
 from lengthsched.io import DATA_DIR
-from predictor_training.online_eval import (check_targets, drift_experiment, evaluate_online, limit_groups,
-                                            load_groups, load_prior)
+from predictor_training.online_eval import (
+    check_targets,
+    drift_experiment,
+    evaluate_online,
+    limit_groups,
+    load_groups,
+    load_prior,
+)
 
 CASTILLO = DATA_DIR / "castillo_qwen2.5-7b_lengths.jsonl"
 BERT = ROOT / "benchmarks" / "results" / "crossfit_h200_pretrain.json"

@@ -144,10 +144,15 @@ def crossfit(args: argparse.Namespace, seeds: int, resamples: int) -> tuple[list
     ensemble: the geometric mean of their point predictions), against TF-IDF + ridge fitted on the same
     training split. The per-prompt predictions are kept in ``WORK/crossfit_predictions.json`` (``--reuse``
     reads them back), then scored and bootstrapped over all prompts of both halves."""
-    from predictor_training.evaluate import DEFAULT_LEVELS, Predictions, TfidfBaseline, noise_ceiling, \
-        score_by_source, tau_difference
-
     from lengthsched.io import atomic_write_text
+    from predictor_training.evaluate import (
+        DEFAULT_LEVELS,
+        Predictions,
+        TfidfBaseline,
+        noise_ceiling,
+        score_by_source,
+        tau_difference,
+    )
 
     cached = Path(args.work) / "crossfit_predictions.json"
     if args.reuse and cached.is_file():

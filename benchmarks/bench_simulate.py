@@ -26,6 +26,7 @@ from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.workloads import castillo_groups, trace_groups
 
+
 # ---------------------------------------------------------------------------------------- speed
 def speed(quick: bool) -> tuple[str, list]:
     pin_one_core()

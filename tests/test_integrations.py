@@ -14,8 +14,8 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,9 +28,9 @@ from lengthsched import BudgetTooSmall, InvalidArgument
 from lengthsched.integrations import (
     ENGINE_FIXED_OVERHEAD_BYTES,
     PriorityIgnoredWarning,
-    decode_replica,
     agenerate_group_sglang,
     agenerate_group_vllm,
+    decode_replica,
     default_overhead_bytes,
     engine_memory,
     generate_group_sglang,

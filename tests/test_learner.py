@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lengthsched import LearnerShapes, learner_cost, learner_micro_batches, learner_tokens
 from lengthsched.errors import BudgetTooSmall, InvalidArgument

@@ -20,8 +20,18 @@ from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument
 from lengthsched.online import OnlineLengthPredictor, fit_spreads
 from lengthsched.predictor import LengthPredictor
-from predictor_training.online_eval import (TARGETS, PromptGroup, check_targets, drift_experiment, evaluate_online,
-                                            format_drift, format_online, limit_groups, load_groups, load_prior)
+from predictor_training.online_eval import (
+    TARGETS,
+    PromptGroup,
+    check_targets,
+    drift_experiment,
+    evaluate_online,
+    format_drift,
+    format_online,
+    limit_groups,
+    load_groups,
+    load_prior,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CASTILLO = ROOT / "lengthsched" / "data" / "castillo_qwen2.5-7b_lengths.jsonl"

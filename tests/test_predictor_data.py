@@ -13,12 +13,21 @@ from hypothesis import strategies as st
 pytest.importorskip("torch")
 pytest.importorskip("datasets")
 
-from predictor_training.data import (CASTILLO_CAP, DataError, DataSpec, LabelConfig, assign_splits, detect_format,
-                                     folds, load_source, split_of, write_jsonl)
+from lengthsched.errors import InvalidArgument
+from predictor_training.data import (
+    CASTILLO_CAP,
+    DataError,
+    DataSpec,
+    LabelConfig,
+    assign_splits,
+    detect_format,
+    folds,
+    load_source,
+    split_of,
+    write_jsonl,
+)
 from predictor_training.encoders import load_tokenizer
 from predictor_training.model import encode_pairs
-
-from lengthsched.errors import InvalidArgument
 
 DATA = Path(__file__).resolve().parent.parent / "predictor_training" / "data"
 CASTILLO = DATA / "castillo_sample.json"

@@ -14,14 +14,20 @@ from scipy import stats
 
 from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument
-from lengthsched.predictor import LengthPrediction, LengthPredictor
 from lengthsched.plan import plan_group
+from lengthsched.predictor import LengthPrediction, LengthPredictor
 from predictor_training.data import write_jsonl
-from predictor_training.evaluate import (ConstantBaseline, LinearBaseline, Predictions, TfidfBaseline, noise_ceiling,
-                                         score, score_by_source)
-from predictor_training.model import (LengthPredictorConfig, LengthPredictorModel, bucket_edges,
-                                      distribution_quantiles)
 from predictor_training.encoders import tiny_encoder_config
+from predictor_training.evaluate import (
+    ConstantBaseline,
+    LinearBaseline,
+    Predictions,
+    TfidfBaseline,
+    noise_ceiling,
+    score,
+    score_by_source,
+)
+from predictor_training.model import LengthPredictorConfig, LengthPredictorModel, bucket_edges, distribution_quantiles
 from predictor_training.options import TrainOptions
 from predictor_training.predictor import BertLengthPredictor
 from predictor_training.training import train

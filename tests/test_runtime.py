@@ -9,8 +9,16 @@ from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument, ModelMemory, plan_group
 from lengthsched.peaks import Policy
-from lengthsched.runtime import (POLICIES, Engine, PolicySpec, Problem, decode_batch, kv_budget_tokens, make_policy,
-                                 policy_names)
+from lengthsched.runtime import (
+    POLICIES,
+    Engine,
+    PolicySpec,
+    Problem,
+    decode_batch,
+    kv_budget_tokens,
+    make_policy,
+    policy_names,
+)
 
 
 def test_every_list_of_policies_derives_from_the_registry():

@@ -237,7 +237,8 @@ def test_token_conditioned_prediction_probes_k_tokens_then_plans(extra):
         InfiniteSampler(m, policy="fixed_slot", slots=2, probe_tokens=4)
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 REPLAY_POLICIES = ["full", "full_freed", "micro", "fixed_slot", "length_aware", "length_aware_lpt", "growth_aware",
                    "vllm", "sglang", "reserve_max"]

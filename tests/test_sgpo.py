@@ -7,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument

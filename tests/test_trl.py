@@ -268,7 +268,7 @@ class FakeVLLM:
     ``llm_engine.vllm_config`` / ``model_config`` / the weight loader TRL's sync calls;
     ``reset_prefix_cache``. Completions: digit tokens then EOS, of :func:`fake_length`."""
 
-    instances: list["FakeVLLM"] = []
+    instances: list[FakeVLLM] = []
     eos = 1
 
     def __init__(self, model=None, **engine_args):

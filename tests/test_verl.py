@@ -132,13 +132,13 @@ class FakeBatch:
     def __len__(self) -> int:
         return len(next(iter(self.non_tensor_batch.values())))
 
-    def chunk(self, chunks: int) -> list["FakeBatch"]:
+    def chunk(self, chunks: int) -> list[FakeBatch]:
         size = -(-len(self) // chunks)
         return [FakeBatch({k: v[i:i + size] for k, v in self.non_tensor_batch.items()}, meta_info=dict(self.meta_info))
                 for i in range(0, len(self), size)]
 
     @staticmethod
-    def concat(parts: list["FakeBatch"]) -> "FakeBatch":
+    def concat(parts: list[FakeBatch]) -> FakeBatch:
         ntb = {k: np.concatenate([p.non_tensor_batch[k] for p in parts]) for k in parts[0].non_tensor_batch}
         batch = {k: np.concatenate([p.batch[k] for p in parts]) for k in parts[0].batch}
         return FakeBatch(ntb, batch, dict(parts[0].meta_info))
