@@ -191,7 +191,8 @@ def main() -> int:
     ap.add_argument("--sections", default="sgpo,sparse,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
-    ap.add_argument("--sparse-budgets", default="256,512,1024", help="KV budgets (generated tokens) of the sparse rollouts")
+    ap.add_argument("--sparse-budgets", default="256,512,1024",
+                    help="KV budgets (generated tokens) of the sparse rollouts")
     ap.add_argument("--sparse-interval", type=int, default=32, help="compression interval (tokens)")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")

@@ -58,28 +58,28 @@ def bench_plan_group(rng, groups, reps: int, instances: int) -> tuple[str, list]
     cases = [(8, 4, None, None), (32, 8, None, None), (32, None, "24GiB", "max"), (32, None, "24GiB", "oracle"),
              (128, 32, None, None), (1024, 64, None, None), (1024, 256, None, None),
              (1024, None, "40GiB", "max"), (1024, None, "40GiB", "oracle")]
+    def kwargs_for(x, slots, budget, reserve):
+        kwargs = dict(max_new_tokens=4096, prompt_tokens=300)
+        if budget:
+            kwargs.update(budget_bytes=lengthsched.parse_bytes(budget), memory=memory,
+                          reserve_lengths=x if reserve == "oracle" else None)
+        else:
+            kwargs.update(slots=slots)
+        return kwargs
+
     for g, slots, budget, reserve in cases:
         lens = [real_group(rng, groups, g) for _ in range(instances)]
-
-        def kwargs_for(x):
-            kwargs = dict(max_new_tokens=4096, prompt_tokens=300)
-            if budget:
-                kwargs.update(budget_bytes=lengthsched.parse_bytes(budget), memory=memory,
-                              reserve_lengths=x if reserve == "oracle" else None)
-            else:
-                kwargs.update(slots=slots)
-            return kwargs
-
         it = iter(range(10**9))
 
-        def one():
+        def one(lens=lens, it=it, case=(slots, budget, reserve)):
             x = lens[next(it) % instances]
-            plan_group(x, **kwargs_for(x))
+            plan_group(x, **kwargs_for(x, *case))
 
         ms = median_ms(one, reps)
-        ratios = [plan_group(x, **kwargs_for(x)).ratio for x in lens]
+        ratios = [plan_group(x, **kwargs_for(x, slots, budget, reserve)).ratio for x in lens]
         rows.append([g, slots or "-", budget or "-", reserve or "-", ms, float(np.mean(ratios)), float(np.max(ratios))])
-    return table("plan_group latency (default path: FPTAS grouping, SJF refill), median ms; steps/LB under oracle lengths",
+    return table("plan_group latency (default path: FPTAS grouping, SJF refill), median ms; "
+                 "steps/LB under oracle lengths",
                  ["G", "slots", "budget", "reserve", "median ms", "mean steps/LB", "max steps/LB"], rows), rows
 
 

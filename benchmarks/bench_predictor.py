@@ -58,8 +58,9 @@ def options(args: argparse.Namespace, k: int, which: str = "castillo") -> TrainO
     common = dict(data=data, eval_data=eval_data, out=str(Path(args.work) / f"{which}-k{k}"), k=k, l_max=4096,
                   over_l_max="clip", seed=0, head=args.head)
     if args.quick:
-        return pretrained(args, TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2, batch_size=16,
-                                             learning_rate=1e-3, max_length=96, prefix_max_tokens=32), k, which)
+        return pretrained(args, TrainOptions(**common, encoder="tiny", label_tokenizer="minilm", epochs=2,
+                                             batch_size=16, learning_rate=1e-3, max_length=96, prefix_max_tokens=32),
+                          k, which)
     opts = TrainOptions(**common, encoder="minilm", epochs=args.epochs if k == 0 else args.k_epochs,
                         batch_size=args.batch_size, learning_rate=args.learning_rate, max_length=args.max_length,
                         prefix_max_tokens=48, limit=args.limit if which == "human" else None, num_proc=2)
@@ -376,9 +377,11 @@ def main() -> int:
                            "encoder's tokenizer; one sample per prompt, so no ceiling)",
                            ACCURACY_HEADER, accuracy_rows(sh)))
     shown = [results.get("k0"), *results.get("longer", []), results.get("k"), results.get("human")]
-    shown += [summaries[out] for out in dict.fromkeys(o.out for o in first + independent) if summaries[out] not in shown]
-    train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"], s["steps"],
-                   round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)] for s in shown if s]
+    shown += [summaries[out] for out in dict.fromkeys(o.out for o in first + independent)
+              if summaries[out] not in shown]
+    train_rows = [[f"{Path(s['options']['out']).name}", s["options"]["encoder"], s["device"], s["train_rows"],
+                   s["steps"], round(s["train_seconds"], 1), round(s["train_samples_per_second"], 2)]
+                  for s in shown if s]
     results["trainings"] = train_rows
     texts.append(table("Training throughput" + (f" ({args.jobs} trainings at once)" if args.jobs > 1 else ""),
                        ["model", "encoder", "device", "rows", "steps", "seconds", "rows / s"], train_rows))

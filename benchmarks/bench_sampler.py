@@ -37,7 +37,8 @@ from simulate.workloads import castillo_groups
 
 
 def workload(args: argparse.Namespace) -> list:
-    groups = castillo_groups(args.group_size, limit=args.groups, seed=11, max_new_tokens=args.scale * args.max_new_tokens)
+    groups = castillo_groups(args.group_size, limit=args.groups, seed=11,
+                             max_new_tokens=args.scale * args.max_new_tokens)
     for g in groups:
         g.lengths[:] = np.maximum(1, -(-g.lengths // args.scale))
     return groups

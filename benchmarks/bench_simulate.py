@@ -37,12 +37,13 @@ def speed(quick: bool) -> tuple[str, list]:
         groups = castillo_groups(size, limit=count, seed=1, max_new_tokens=lmax)
         budget = 8 * lmax
         for policy in POLICIES:
+            slots = 8 if policy in ("micro", "fixed_slot", "dynamic_slot") else None
             rates = []
             for _ in range(1 if quick else 3):
                 start = time.perf_counter()
                 for g in groups:
                     run_group(g.lengths, policy, budget_tokens=budget, max_new_tokens=lmax, prompt_len=g.prompt_len,
-                              predicted=g.lengths, slots=8 if policy in ("micro", "fixed_slot", "dynamic_slot") else None)
+                              predicted=g.lengths, slots=slots)
                 rates.append(count * size / (time.perf_counter() - start))
             rows.append([size, policy, "engine", round(statistics.median(rates))])
         batch = np.stack([g.lengths for g in castillo_groups(size, limit=max(2, (20000 if quick else 400000) // size),

@@ -32,7 +32,9 @@ def device_name(where=None) -> str:
     if hasattr(where, "parameters"):
         where = next(where.parameters()).device
     dev = torch.device(where or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return f"cuda: {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    if dev.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(dev)}"
+    return f"cpu ({torch.get_num_threads()} threads)"
 
 
 def machine() -> dict:

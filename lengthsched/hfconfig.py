@@ -157,7 +157,8 @@ def read_shapes(cfg: Mapping[str, Any], *, mla_latent_cache: bool = True) -> Mod
         q_rank = _get_int(cfg, "q_lora_rank", None)
         q_out = heads * (nope + rope)
         q_params = hidden * q_out if q_rank is None else hidden * q_rank + q_rank + q_rank * q_out
-        attn = q_params + hidden * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim) + heads * v_dim * hidden
+        attn = (q_params + hidden * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim)
+                + heads * v_dim * hidden)
         per_token = kv_rank + rope if mla_latent_cache else heads * (nope + rope) + heads * v_dim
         qkv_width = q_out + kv_rank + rope
     else:

@@ -188,7 +188,8 @@ class ModelMemory:
     def from_preset(cls, name: str, dtype: str = "bfloat16", **options: Any) -> ModelMemory:
         """Like :meth:`from_hf_config` for a config bundled in ``lengthsched/presets``."""
         if name not in preset_names():
-            raise InvalidArgument("model", name, "an existing config.json path or a preset: " + ", ".join(preset_names()))
+            raise InvalidArgument("model", name,
+                                  "an existing config.json path or a preset: " + ", ".join(preset_names()))
         return cls.from_hf_config(PRESET_DIR / f"{name}.json", dtype, **options)
 
     @classmethod

@@ -199,7 +199,8 @@ def _ordered(unit: tuple[int, ...], rule: RefillRule, lengths: np.ndarray) -> tu
     return tuple(int(j) for j in (unit if key is None else sorted(unit, key=key)))
 
 
-def _slot_partition(grouping: str, lengths: np.ndarray, k: int, eps: float) -> tuple[tuple[tuple[int, ...], ...], str, int]:
+def _slot_partition(grouping: str, lengths: np.ndarray, k: int,
+                    eps: float) -> tuple[tuple[tuple[int, ...], ...], str, int]:
     """Slot queues, the algorithm that made them, and a lower bound on the slot makespan."""
     if grouping == "none":
         return (tuple(range(len(lengths))),), "none", _partition.lower_bound(lengths, k)

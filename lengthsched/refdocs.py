@@ -66,7 +66,9 @@ def cli_reference() -> str:
         commands.update({f"{name} {k}": v for k, v in inner.items()} if inner else {name: sub})
     out.append("| command | what it does |\n|---|---|")
     for name, sub in commands.items():
-        out.append(f"| [`lengthsched {name}`](#lengthsched-{name.replace(' ', '-')}) | {_cell((sub.description or '').splitlines()[0])} |")
+        anchor = name.replace(" ", "-")
+        summary = _cell((sub.description or "").splitlines()[0])
+        out.append(f"| [`lengthsched {name}`](#lengthsched-{anchor}) | {summary} |")
     for name, sub in commands.items():
         out.append(f"\n## lengthsched {name}\n")
         out.append(" ".join((sub.description or "").split()) + "\n")

@@ -231,8 +231,8 @@ def held_bytes(
     steps = schedule.steps
     per_age = np.asarray(memory.sequence_kv_bytes(np.arange(int(lengths.max()) + 1), prompt_tokens))
     curve = np.zeros(steps + 2, dtype=np.int64)
-    for s, l in zip(starts.tolist(), lengths.tolist()):
-        curve[s: s + l] += per_age[1: l + 1]
+    for s, n in zip(starts.tolist(), lengths.tolist()):
+        curve[s: s + n] += per_age[1: n + 1]
     if with_activations:
         live = np.zeros(steps + 2, dtype=np.int64)
         np.add.at(live, starts, 1)

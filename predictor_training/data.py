@@ -387,7 +387,7 @@ def _label_rows(rows: list[tuple[str, str, Row]], labels: LabelConfig, path: str
     given_prefix = [i for i, (_, _, r) in enumerate(rows) if r[5] is not None]
     prefix_counts = dict(zip(given_prefix, _count(tok, [rows[i][2][5] for i in given_prefix]))) \
         if given_prefix else {}
-    for i, (source, fmt, (pid, prompt, text, lengths, ptok, prefix)) in enumerate(rows):
+    for i, (source, _fmt, (pid, prompt, _text, lengths, ptok, prefix)) in enumerate(rows):
         ids = text_ids[i]
         if lengths is None:
             lengths = [len(ids) + 1]  # + EOS

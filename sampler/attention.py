@@ -12,10 +12,10 @@ layer, where this function:
 
 The shared prompt is attended by reference: the queries of all rows are folded into one matrix per
 KV head and multiplied with the prompt's keys once (``(kv, rows * q, dim) x (kv, dim, P)``), so the
-prompt KV exists once however many slots read it, and is read once per step. The scores of both parts are normalised by one softmax over their
-concatenation, which is exactly attention over the concatenated keys (cascade / shared-prefix
-attention); nothing of the prompt is copied. Grouped-query attention is handled by folding the
-query heads of one KV head together instead of repeating K/V.
+prompt KV exists once however many slots read it, and is read once per step. The scores of both
+parts are normalised by one softmax over their concatenation, which is exactly attention over the
+concatenated keys (cascade / shared-prefix attention); nothing of the prompt is copied. Grouped-query
+attention is handled by folding the query heads of one KV head together instead of repeating K/V.
 
 Only plain causal softmax attention is supported (Qwen2/3, Llama, Mistral without sliding
 windows); a layer with a sliding window or logit soft-capping raises a clear error.

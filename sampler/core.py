@@ -258,7 +258,8 @@ class InfiniteSampler:
             if len(forced) != group_size:
                 raise InvalidArgument("force_lengths", len(forced), f"{group_size} lengths, one per completion")
             if forced.max() > params.max_new_tokens:
-                raise InvalidArgument("force_lengths", int(forced.max()), f"at most max_new_tokens={params.max_new_tokens}")
+                raise InvalidArgument("force_lengths", int(forced.max()),
+                                      f"at most max_new_tokens={params.max_new_tokens}")
             if not params.stop_token_ids:
                 raise InvalidArgument("stop_token_ids", (), "a stop token to force at the target length")
         predicted = None

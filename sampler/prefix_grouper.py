@@ -82,7 +82,8 @@ def grouped_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if layout is None:
         raise InvalidArgument("lengthsched_group", None, "the GroupLayout passed to model(...)")
     if sliding_window is not None or kwargs.get("softcap") is not None:
-        raise InvalidArgument("model", type(module).__name__, "plain causal attention (no sliding window, no soft-capping)")
+        raise InvalidArgument("model", type(module).__name__,
+                              "plain causal attention (no sliding window, no soft-capping)")
     if query.shape[0] != 1:
         raise InvalidArgument("query", tuple(query.shape), "one packed sequence (batch 1)")
     _, h, t, d = query.shape

@@ -20,7 +20,8 @@ __all__ = ["FAST_POLICIES", "slot_count", "schedule_many", "steps_and_peaks", "s
 FAST_POLICIES = tuple(n for n, spec in POLICIES.items() if spec.fast)
 
 
-def slot_count(policy: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int, group_size: int) -> int:
+def slot_count(policy: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int,
+               group_size: int) -> int:
     """g of a slot policy, as the engine's policies compute it (``full`` runs all G at once)."""
     if policy in ("full", "full_freed"):
         return group_size

@@ -77,7 +77,7 @@ def test_weighting_reduces_the_error_of_an_expectation_under_the_dense_policy():
     f = torch.linspace(0, 1, vocab, dtype=torch.float64) ** 2
     truth = float((p * f).sum())
     err_plain, err_weighted = [], []
-    for trial in range(200):
+    for _ in range(200):
         x = torch.multinomial(q, 400, replacement=True, generator=g).view(1, -1)
         corr = correction_weights(torch.log(p)[x], torch.log(q)[x], band=None)
         err_plain.append(abs(float(f[x].mean()) - truth))

@@ -590,7 +590,7 @@ def test_plan_rollout_places_whole_groups_and_orders_each_replica_longest_first(
     groups = [Group(str(g), 10, np.ones(n, dtype=np.int64)) for g, n in enumerate(sizes)]
     assert list(plan.replica) == list(route(groups, "least_loaded", replicas, np.asarray(flat), places_groups=True))
     assert len(set(plan.priority)) == len(keys)  # unique: verl's full_determinism request ids use them
-    for row, key in enumerate(keys):
+    for row in range(len(keys)):
         assert plan.replica[row] == plan.group_replica[plan.group[row]]  # a group never spreads
         assert decode_replica(plan.priority[row], replicas) == plan.replica[row]
     for r in range(replicas):

@@ -36,7 +36,8 @@ def test_cost_counts_tokens_and_attention_pairs(p, lengths):
 
 def test_ratio_tends_to_one_over_g_as_the_prompt_dominates():
     g = 16
-    ratios = [learner_cost(SHAPES, p, [8] * g, grouped=True).flops / learner_cost(SHAPES, p, [8] * g, grouped=False).flops
+    ratios = [learner_cost(SHAPES, p, [8] * g, grouped=True).flops
+              / learner_cost(SHAPES, p, [8] * g, grouped=False).flops
               for p in (10, 100, 1000, 10000, 100000)]
     assert all(a > b for a, b in zip(ratios, ratios[1:]))
     assert ratios[-1] == pytest.approx(1 / g, rel=0.01)

@@ -60,7 +60,8 @@ def test_shared_prefix_attention_equals_the_plain_forward(kind, share, block):
                 store.reserve(s, step + 1)
             store.rows = rows
             logits = m(torch.stack([gens[s][step] for s in rows]).view(-1, 1),
-                       position_ids=torch.tensor([[7 + step]] * len(rows)), use_cache=False, lengthsched_kv=store).logits
+                       position_ids=torch.tensor([[7 + step]] * len(rows)), use_cache=False,
+                       lengthsched_kv=store).logits
             for i, s in enumerate(rows):
                 assert torch.allclose(logits[i, -1], refs[s][step + 1], rtol=0, atol=1e-10)
         store.close_slot(1)  # a recompute: all of a slot's tokens in one forward

@@ -74,7 +74,7 @@ def test_conservation_budget_and_lower_bound(lengths, policy, budget, slots, sig
     assert r.discarded_tokens == 0
     assert (r.recomputed_tokens > 0) <= (r.preemptions > 0)
     runs = {}
-    for job, lane, first, last, kind in r.timeline.segments:
+    for job, _lane, first, last, kind in r.timeline.segments:
         if kind in ("run", "preempted"):
             runs[job] = runs.get(job, 0) + last - first + 1
     assert sorted(runs) == list(range(len(lengths)))

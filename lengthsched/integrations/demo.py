@@ -130,7 +130,8 @@ class DemoRun:
     model_steps: int
 
 
-def _timed(run_group: Callable[[Any], tuple[Sequence[int], int | None]], order: Any) -> tuple[list[int], float, int | None]:
+def _timed(run_group: Callable[[Any], tuple[Sequence[int], int | None]],
+           order: Any) -> tuple[list[int], float, int | None]:
     start = time.perf_counter()
     lengths, steps = run_group(order)
     return [int(x) for x in lengths], time.perf_counter() - start, steps
