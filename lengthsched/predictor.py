@@ -108,18 +108,28 @@ def _stable_hash(key: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") >> 1
 
 
+#: The largest ``sigma`` of :class:`NoisyOracleLengthPredictor` (log-normal error of log length).
+MAX_SIGMA = 5.0
+#: The largest length a noisy prediction takes (2**53 tokens): the error is capped in log space.
+MAX_PREDICTED_TOKENS = 2**53
+_LOG_MAX_PREDICTED = math.log(MAX_PREDICTED_TOKENS)
+
+
 class NoisyOracleLengthPredictor(OracleLengthPredictor):
     """The oracle with multiplicative log-normal error: remaining * exp(sigma * z), z ~ N(0, 1).
 
     z is drawn from a random stream seeded by (seed, prompt), so a prompt always gets the same
     error whatever else is asked and in whatever order. Quantiles are calibrated to this error
     model: the q-quantile is the prediction times exp(sigma * Phi^-1(q)). Predictions are rounded
-    to whole tokens, at least 1 while the completion is unfinished.
+    to whole tokens, at least 1 while the completion is unfinished. ``sigma`` is at most
+    :data:`MAX_SIGMA` (5: one standard deviation is already a factor of 150), and the error is
+    capped in log space at :data:`MAX_PREDICTED_TOKENS`, so a prediction is never a negative or
+    overflowed integer.
     """
 
     def __init__(self, lengths: Mapping[Hashable, int] | Sequence[int], sigma: float, seed: int = 0):
         super().__init__(lengths)
-        self.sigma = check_positive_float("sigma", sigma)
+        self.sigma = check_positive_float("sigma", sigma, maximum=MAX_SIGMA)
         self.seed = check_int("seed", seed, minimum=0)
 
     def _noise(self, prompts: Sequence[Any]) -> np.ndarray:
@@ -128,13 +138,18 @@ class NoisyOracleLengthPredictor(OracleLengthPredictor):
     def predict(self, prompts: Sequence[Any], prefixes: Sequence[Any] | None = None, *,
                 quantiles: Sequence[float] = ()) -> LengthPrediction:
         remaining = self._true_remaining(prompts, prefixes)
-        raw = remaining * np.exp(self.sigma * self._noise(prompts))
-        point = np.where(remaining > 0, np.maximum(1, np.rint(raw)), 0).astype(np.int64)
+        raw = remaining * np.exp(np.minimum(self.sigma * self._noise(prompts), _LOG_MAX_PREDICTED))
+        point = self._tokens(remaining, np.rint(raw))
         out = {}
         for q in _check_quantiles(quantiles):
-            scale = math.exp(self.sigma * NormalDist().inv_cdf(q))
-            out[q] = np.where(remaining > 0, np.maximum(1, np.ceil(raw * scale)), 0).astype(np.int64)
+            scale = math.exp(self.sigma * NormalDist().inv_cdf(q))  # sigma <= 5: at most exp(36)
+            out[q] = self._tokens(remaining, np.ceil(raw * scale))
         return LengthPrediction(point, out)
+
+    @staticmethod
+    def _tokens(remaining: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """Whole tokens in [1, MAX_PREDICTED_TOKENS]; 0 where nothing remains."""
+        return np.where(remaining > 0, np.clip(value, 1, MAX_PREDICTED_TOKENS), 0).astype(np.int64)
 
 
 class ConstantLengthPredictor:
