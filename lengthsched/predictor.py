@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Hashable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -38,7 +39,8 @@ class LengthPrediction:
     def quantile(self, q: float) -> np.ndarray:
         """The predicted q-quantile of the remaining length (tokens), as requested from ``predict``."""
         if q not in self.quantiles:
-            raise InvalidArgument("q", q, "one of the quantiles requested: " + ", ".join(map(str, sorted(self.quantiles))))
+            raise InvalidArgument("q", q, "one of the quantiles requested: "
+                                  + ", ".join(map(str, sorted(self.quantiles))))
         return self.quantiles[q]
 
 

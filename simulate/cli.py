@@ -11,10 +11,20 @@ from lengthsched import InvalidArgument, parse_bytes
 from lengthsched.io import atomic_write_text
 
 from .options import SimulateOptions
-from .report import compare, format_table, load_memory, parse_policies, simulate_group
-from .workloads import make_workload
+from .report import (
+    check_options,
+    clipped_notice,
+    compare,
+    format_table,
+    load_memory,
+    parse_policies,
+    render_setting,
+    simulate_group,
+    workload_groups,
+)
+from .workloads import WORKLOADS
 
-__all__ = ["run_simulate", "parse_sweep", "run_sweep"]
+__all__ = ["run_simulate", "parse_sweep", "run_sweep", "format_sweep"]
 
 SWEEPS = {"group_size": int, "budget": str, "spread": float, "sigma": float, "max_new_tokens": int}
 
@@ -42,13 +52,30 @@ def _with(opts: SimulateOptions, key: str, value) -> SimulateOptions:
 
 def run_sweep(opts: SimulateOptions, key: str, values: list, *, progress: bool) -> dict:
     """One comparison per value of ``key``; returns {"sweep", "values", "comparisons"}."""
+    if key == "group_size" and opts.workload not in WORKLOADS:
+        raise InvalidArgument("sweep", f"group_size={','.join(map(str, values))}",
+                              f"another setting: a trace file ({opts.workload}) keeps its groups' logged sizes")
+    if key == "sigma" and not str(opts.predictor).startswith(("oracle", "noisy")):
+        raise InvalidArgument("sweep", f"sigma={','.join(map(str, values))}",
+                              f"no --predictor (it is {opts.predictor}): the sigma sweep sets the noisy predictor")
     comparisons = []
     for value in values:
         comparisons.append(compare(_with(opts, key, value), progress=progress).to_dict())
     return {"sweep": key, "values": values, "comparisons": comparisons}
 
 
+def _merged_setting(comparisons: list[dict]) -> str:
+    """The comparisons' common header; a part that differs shows every value ("G=4, 8, 16")."""
+    first = comparisons[0]["setting"]
+    parts = []
+    for i, (key, template, value) in enumerate(first):
+        values = list(dict.fromkeys(c["setting"][i][2] for c in comparisons))
+        parts.append((key, template, value if len(values) == 1 else ", ".join(values) + " (swept)"))
+    return render_setting(parts)
+
+
 def format_sweep(sweep: dict) -> str:
+    """A sweep as a table: one row per policy, one column per swept value, a verdict per value."""
     values = sweep["values"]
     policies = [row["policy"] for row in sweep["comparisons"][0]["policies"]]
     by_policy = [{row["policy"]: row for row in comp["policies"]} for comp in sweep["comparisons"]]
@@ -61,10 +88,21 @@ def format_sweep(sweep: dict) -> str:
             ratio = row["seconds_vs_vllm"]
             over = "" if row["within_budget"] >= 1.0 else " *"
             cells.append(f"{row['seconds']:.2f}" + ("" if ratio is None else f" ({ratio:.2f})") + over)
-        table.append([policy] + cells)
+        table.append([policy + (" *" if any(r[policy]["within_budget"] < 1.0 for r in by_policy) else "")]
+                     + cells)
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines = [sweep["comparisons"][0]["note"], "mean modelled seconds per group (x vllm); * breaks the budget", ""]
+    lines = [_merged_setting(sweep["comparisons"]), ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in table]
+    verdicts = []
+    for value, rows in zip(values, by_policy):
+        ok = [r for r in rows.values() if r["within_budget"] >= 1.0]
+        over = [r["policy"] for r in rows.values() if r["within_budget"] < 1.0]
+        best = f"{min(ok, key=lambda r: r['seconds'])['policy']} fastest within budget" if ok else \
+            "no policy within budget"
+        verdicts.append(f"{sweep['sweep']}={value}: {best}" + (f", {len(over)} over budget" if over else ""))
+    lines += ["", "verdict: " + "; ".join(verdicts), "",
+              "cells: mean modelled seconds per group (in brackets: / vllm's seconds); * = over budget: some group's "
+              "peak memory is above the budget (a policy marked * is over budget at some value)"]
     return "\n".join(lines)
 
 
@@ -72,39 +110,74 @@ def _figures(opts: SimulateOptions, directory: Path, progress: bool) -> list[Pat
     from .plots import gantt, memory_over_time, sweep_lines
 
     directory.mkdir(parents=True, exist_ok=True)
+    check_options(opts)
     policies = parse_policies(opts.policies)
     memory = load_memory(opts)
-    budget_bytes = parse_bytes(opts.budget)
-    group = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=1,
-                          seed=opts.seed, spread=opts.spread)[0]
+    budget_bytes = parse_bytes(opts.budget, "budget")
+    group = workload_groups(opts, 1)[0]
     results = [simulate_group(opts, memory, budget_bytes, group, 0, p, record=True) for p in policies]
     budget_tokens = results[0].budget_tokens
+    budget = f"budget {_gib(budget_bytes)} = {budget_tokens} KV tokens"
     written = []
-    title = f"group {group.prompt_id} (G={len(group.lengths)}, budget {budget_tokens} KV tokens)"
+    title = f"group {group.prompt_id} (G={len(group.lengths)}, {budget})"
     for r in results:
         path = directory / f"gantt_{r.policy}.png"
         gantt(r, path, title)
         written.append(path)
     path = directory / "memory.png"
-    memory_over_time(results, budget_tokens, path, f"KV held over time, {title}")
+    memory_over_time(results, budget_tokens, path, f"KV held over time, {title}", budget_label=budget)
     written.append(path)
     small = dataclasses.replace(opts, groups=min(opts.groups, 40))
     spare = budget_bytes - memory.weights_bytes
-    sweeps = {
-        "group_size": [8, 16, 32, 64, 128],
-        "budget": [str(int(memory.weights_bytes + f * spare)) for f in (0.5, 1, 2, 4)],
-    }
+    sweeps = {"budget": [_gib(memory.weights_bytes + f * spare) for f in (0.5, 1, 2, 4)]}
+    if opts.workload in WORKLOADS:  # a trace file keeps its own group sizes
+        sweeps = {"group_size": [8, 16, 32, 64, 128], **sweeps}
+    groups = workload_groups(small, small.groups)
     for key, values in sweeps.items():
+        if key == "budget":  # only the budgets that hold every group (the smallest may not)
+            values = [v for v in values if _holds(small, memory, v, groups, policies)]
         sweep = run_sweep(small, key, values, progress=progress)
         seconds = {row["policy"]: [next(r["seconds"] for r in c["policies"] if r["policy"] == row["policy"])
-                                 for c in sweep["comparisons"]]
-                 for row in sweep["comparisons"][0]["policies"]}
-        labels = values if key != "budget" else [f"{int(v) / 2**30:.1f} GiB" for v in values]
+                                   for c in sweep["comparisons"]]
+                   for row in sweep["comparisons"][0]["policies"]}
         path = directory / f"seconds_vs_{key}.png"
-        label = key.replace("_", " ")
-        sweep_lines(labels, seconds, label, path, f"modelled seconds per group vs {label}")
+        label = "budget (GiB, as --budget takes it)" if key == "budget" else key.replace("_", " ")
+        sweep_lines(values, seconds, label, path, f"modelled seconds per group vs {key.replace('_', ' ')}")
         written.append(path)
     return written
+
+
+def _gib(value: float) -> str:
+    """Bytes as ``--budget`` takes them: ``"5.00GiB"``."""
+    return f"{value / 2**30:.2f}GiB"
+
+
+def _holds(opts: SimulateOptions, memory, budget: str, groups, policies) -> bool:
+    from lengthsched import BudgetTooSmall
+
+    from .report import check_budget
+
+    try:
+        check_budget(opts, memory, parse_bytes(budget, "budget"), groups, policies)
+    except BudgetTooSmall:
+        return False
+    return True
+
+
+def _notices(result: dict, quantile: float) -> list[str]:
+    """The clipped-predictions notice: one line, for a comparison or a whole sweep."""
+    if "comparisons" not in result:
+        line = clipped_notice(result.get("clipped_predictions", {}), quantile)
+        return [line] if line else []
+    parts = []
+    for value, comp in zip(result["values"], result["comparisons"]):
+        c = comp.get("clipped_predictions", {})
+        if c.get("point") or c.get("reserve"):
+            parts.append(f"{result['sweep']}={value}: {c['point']} of {c['of']} predicted, {c['reserve']} reserved")
+    if not parts:
+        return []
+    return [f"notice: predictions above --max-new-tokens were clipped to it ({quantile:g}-quantiles reserved): "
+            + "; ".join(parts)]
 
 
 def run_simulate(opts: SimulateOptions) -> int:
@@ -114,6 +187,7 @@ def run_simulate(opts: SimulateOptions) -> int:
             __import__(module)
         except ImportError:
             raise ImportError(f"lengthsched simulate needs {module}: pip install 'lengthsched[simulate]'") from None
+    check_options(opts)
     progress = sys.stderr.isatty()
     if opts.sweep:
         key, values = parse_sweep(opts.sweep)
@@ -122,6 +196,8 @@ def run_simulate(opts: SimulateOptions) -> int:
     else:
         comparison = compare(opts, progress=progress)
         result, text = comparison.to_dict(), format_table(comparison)
+    for line in _notices(result, opts.quantile):
+        print(f"lengthsched simulate: {line}", file=sys.stderr)
     payload = json.dumps(result, indent=1, default=_jsonable)
     if opts.output:
         atomic_write_text(opts.output, payload + "\n")

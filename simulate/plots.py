@@ -1,4 +1,8 @@
-"""Figures of ``lengthsched simulate --plot DIR`` (matplotlib, written as PNG files)."""
+"""Figures of ``lengthsched simulate --plot DIR`` (matplotlib, written as PNG files).
+
+Every policy has one colour, the same in every figure (:func:`policy_color`); every colour of a
+Gantt chart is in its legend or its colour bar.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,32 @@ from pathlib import Path
 
 import numpy as np
 
+from lengthsched.runtime.registry import policy_names
+
 from .run import SimResult
 
-__all__ = ["gantt", "memory_over_time", "sweep_lines"]
+__all__ = ["PALETTE", "policy_color", "gantt", "gantt_figure", "memory_over_time", "sweep_lines"]
 
-_COLORS = {"run": None, "pad": "#dddddd", "preempted": "#d62728", "discarded": "#7f7f7f"}
+# 20 distinct colours: matplotlib's tab10, then the light halves of tab20 and four darker extras.
+# Policies take them in registry order, so a policy keeps its colour in every figure and run.
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79",
+    "#637939", "#8c6d31", "#843c39", "#7b4173",
+)
+
+# Gantt bars that are not a completed run: their colours are outside the length colour map.
+_KINDS = {"pad": ("#dddddd", "padding (a finished row kept in its padded batch)"),
+          "preempted": ("#d62728", "run cut by a preemption (resumed later by recomputing its tokens)"),
+          "discarded": ("#000000", "run discarded when collection stopped at G (dynamic_slot)")}
+
+
+def policy_color(policy: str) -> str:
+    """The colour of ``policy`` in every figure: distinct for every registered policy."""
+    names = policy_names()
+    if policy in names:
+        return PALETTE[names.index(policy) % len(PALETTE)]
+    return PALETTE[-1 - sum(map(ord, policy)) % 4]  # not registered: one of the extras, still stable
 
 
 def _pyplot():
@@ -23,36 +48,61 @@ def _pyplot():
     return plt
 
 
-def gantt(result: SimResult, path: Path, title: str) -> None:
-    """One bar per run of a completion on its slot (lane); colour = the completion's length."""
+def gantt_figure(result: SimResult, title: str):
+    """The Gantt chart of one run as a matplotlib figure: one bar per run of a completion on its slot
+    (lane); a completed run is coloured by its tokens (colour bar), padding, preempted and discarded
+    runs by kind (legend)."""
     plt = _pyplot()
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch
+
     segments = result.timeline.segments
-    lengths = np.array([s[3] - s[2] + 1 for s in segments])
+    lanes = max((s[1] for s in segments), default=0) + 1
+    fig, ax = plt.subplots(figsize=(10, 0.25 * lanes + 1.8))
     cmap = plt.get_cmap("viridis")
-    fig, ax = plt.subplots(figsize=(10, 0.25 * (max(s[1] for s in segments) + 1) + 1.5))
-    longest = max(1, int(result.collected_lengths.max()))
-    for (job, lane, first, last, kind), width in zip(segments, lengths):
-        color = _COLORS[kind] or cmap(min(1.0, width / longest))
+    longest = max(1, int(result.collected_lengths.max(initial=1)))
+    norm = Normalize(vmin=1, vmax=longest)
+    kinds = set()
+    for _, lane, first, last, kind in segments:
+        width = last - first + 1
+        if kind in _KINDS:
+            color = _KINDS[kind][0]
+            kinds.add(kind)
+        else:
+            color = cmap(norm(min(width, longest)))
         ax.barh(lane, width, left=first - 1, height=0.8, color=color, edgecolor="white", linewidth=0.3)
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.01)
+    bar.set_label("decode run: tokens decoded in it")
+    if kinds:
+        ax.legend(handles=[Patch(facecolor=_KINDS[k][0], label=_KINDS[k][1]) for k in _KINDS if k in kinds],
+                  fontsize=7, loc="upper right")
     ax.set_xlabel("decode step")
     ax.set_ylabel("slot")
     ax.set_title(f"{title}\n{result.policy}: {result.seconds:.2f} s modelled, {result.steps} steps, "
-                 f"{result.preemptions} preemptions "
-                 "(grey: padding, red: preempted run)", fontsize=9)
+                 f"{result.preemptions} preemptions", fontsize=9)
     ax.invert_yaxis()
     fig.tight_layout()
+    return fig
+
+
+def gantt(result: SimResult, path: Path, title: str) -> None:
+    """Write :func:`gantt_figure` as a PNG."""
+    plt = _pyplot()
+    fig = gantt_figure(result, title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def memory_over_time(results: Sequence[SimResult], budget_tokens: int, path: Path, title: str) -> None:
+def memory_over_time(results: Sequence[SimResult], budget_tokens: int, path: Path, title: str,
+                     budget_label: str = "budget") -> None:
     """KV tokens held (beyond the prompt) after each step, per policy, against the budget."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in results:
         steps, kv = zip(*r.timeline.kv)
-        ax.plot(steps, kv, label=f"{r.policy} ({r.steps} steps)", linewidth=1.2)
-    ax.axhline(budget_tokens, color="black", linestyle="--", linewidth=1, label="budget")
+        ax.plot(steps, kv, label=f"{r.policy} ({r.steps} steps)", linewidth=1.2, color=policy_color(r.policy))
+    ax.axhline(budget_tokens, color="black", linestyle="--", linewidth=1, label=budget_label)
     _save(plt, fig, ax, path, title, "decode step", "KV tokens held")
 
 
@@ -62,7 +112,7 @@ def sweep_lines(values: Sequence, seconds: dict[str, Sequence[float]], xlabel: s
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = np.arange(len(values))
     for policy, ys in seconds.items():
-        ax.plot(x, ys, marker="o", label=policy)
+        ax.plot(x, ys, marker="o", label=policy, color=policy_color(policy))
     ax.set_xticks(x, [str(v) for v in values])
     ax.set_yscale("log")
     _save(plt, fig, ax, path, title, xlabel, "modelled seconds per group (mean)")

@@ -3,32 +3,39 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from functools import lru_cache
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
 from lengthsched import (
+    BudgetTooSmall,
     ConstantLengthPredictor,
     InvalidArgument,
     ModelMemory,
     NoisyOracleLengthPredictor,
     parse_bytes,
 )
-from lengthsched.errors import check_int
+from lengthsched.errors import check_int, check_positive_float
+from lengthsched.predictor import MAX_SIGMA
 from lengthsched.runtime import POLICIES, kv_budget_tokens
 from lengthsched.runtime.timing import lower_bound_seconds
 
-from .options import SimulateOptions
 from .fast import FAST_POLICIES, seconds_many, slot_count, steps_and_peaks
+from .options import SimulateOptions
 from .run import SimResult, lower_bound, run_group
-from .workloads import Group, make_workload
+from .workloads import WORKLOADS, Group, make_workload
 
-__all__ = ["PolicySummary", "Comparison", "compare", "format_table", "load_memory", "parse_policies",
-           "predictions_for", "simulate_group"]
+__all__ = ["PolicySummary", "Comparison", "compare", "check_options", "format_table", "load_memory",
+           "parse_policies", "predictions_for", "simulate_group", "workload_groups", "LEGEND"]
+
+#: G of the named workloads when ``--group-size`` is not given (a trace file keeps its own sizes).
+DEFAULT_GROUP_SIZE = 32
 
 
 def load_memory(opts: SimulateOptions) -> ModelMemory:
@@ -36,32 +43,88 @@ def load_memory(opts: SimulateOptions) -> ModelMemory:
 
 
 def parse_policies(text: str) -> list[str]:
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if not names or unknown:
-        raise InvalidArgument("policies", text, "comma-separated names among " + ", ".join(POLICIES))
+    """``"micro,vllm"`` -> ["micro", "vllm"]: known names, no empty entry, none twice."""
+    names = [p.strip() for p in str(text).split(",")]
+    unknown = [p for p in names if p and p not in POLICIES]
+    expected = "comma-separated names among " + ", ".join(POLICIES)
+    if not any(names) or unknown:
+        raise InvalidArgument("policies", text, expected)
+    if "" in names:
+        raise InvalidArgument("policies", text, expected + ", without empty entries")
+    twice = sorted({p for p in names if names.count(p) > 1})
+    if twice:
+        raise InvalidArgument("policies", text, expected + ", each once (" + ", ".join(twice) + " twice)")
     return names
 
 
+PREDICTOR_SPECS = "oracle, noisy:SIGMA (0 < SIGMA <= 5), constant:TOKENS, trace, online or online:TOKENS"
+
+
 def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
-    """The ``predicted`` argument of run_group for a predictor spec and one group."""
-    kind, _, arg = spec.partition(":")
+    """The ``predicted`` argument of run_group for a predictor spec and one group: the true or the
+    trace's lengths, or a predictor whose every answer is checked (finite, >= 0)."""
+    kind, _, arg = str(spec).partition(":")
+    if kind == "oracle" and not arg:
+        return group.lengths
+    if kind == "trace" and not arg:
+        if group.predicted is None:
+            where = ("the workload " + repr(group.source)) if group.source else "the workload"
+            raise InvalidArgument("predictor", spec,
+                                  f"a 'predicted' field on every line of a trace file, but group {group.prompt_id} "
+                                  f"of {where} has none (or another predictor: oracle, noisy:SIGMA, "
+                                  "constant:TOKENS, online)")
+        return group.predicted
+    if kind == "noisy":
+        try:
+            sigma = float(arg)
+        except ValueError:
+            sigma = math.nan
+        if not (0 < sigma <= MAX_SIGMA):  # NaN fails too
+            raise InvalidArgument("predictor", spec, f"noisy:SIGMA with 0 < SIGMA <= {MAX_SIGMA:g} (the "
+                                                     "standard deviation of the log-normal error of log length)")
+        return CheckedPredictor(NoisyOracleLengthPredictor(group.lengths, sigma=sigma, seed=seed + index), spec)
     try:
-        if kind == "oracle" and not arg:
-            return group.lengths
-        if kind == "noisy":
-            return NoisyOracleLengthPredictor(group.lengths, sigma=float(arg), seed=seed + index)
         if kind == "constant":
-            return ConstantLengthPredictor(int(arg))
-        if kind == "trace" and not arg:
-            if group.predicted is None:
-                raise InvalidArgument("predictor", spec, f"a 'predicted' field in group {group.prompt_id}")
-            return group.predicted
+            return CheckedPredictor(ConstantLengthPredictor(int(arg)), spec)
         if kind == "online":
-            return _online_predictor(int(arg) if arg else None)
-    except ValueError:
+            return CheckedPredictor(_online_predictor(int(arg) if arg else None), spec)
+    except (ValueError, InvalidArgument):
         pass
-    raise InvalidArgument("predictor", spec, "oracle, noisy:SIGMA, constant:TOKENS, trace, online or online:TOKENS")
+    raise InvalidArgument("predictor", spec, PREDICTOR_SPECS)
+
+
+def check_predictions(values: Any, spec: str, what: str = "predicted lengths") -> np.ndarray:
+    """``values`` as an array, if every one is a finite number >= 0; else one error naming --predictor."""
+    array = np.asarray(values)
+    if array.dtype.kind not in "iuf":
+        raise InvalidArgument("predictor", spec, f"numeric {what}; it gave {array.dtype} values")
+    bad = ~np.isfinite(array) | (array < 0) if array.dtype.kind == "f" else array < 0
+    if bad.any():
+        raise InvalidArgument("predictor", spec, f"finite {what} >= 0; it gave {array[bad][0]!r} "
+                                                 f"({int(bad.sum())} of {array.size} bad)")
+    return array
+
+
+class CheckedPredictor:
+    """A length predictor whose every answer is checked by :func:`check_predictions` (an overflowed,
+    negative or NaN prediction is an error naming ``--predictor``, never silently clipped). Other
+    attributes (``observe`` of an online predictor) are the wrapped predictor's."""
+
+    def __init__(self, inner: Any, spec: str):
+        self.inner, self.spec = inner, spec
+
+    def predict(self, prompts, prefixes=None, *, quantiles=()):
+        out = self.inner.predict(prompts, prefixes, quantiles=quantiles)
+        check_predictions(out.lengths, self.spec)
+        for q, values in out.quantiles.items():
+            check_predictions(values, self.spec, f"predicted {q}-quantiles")
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
 
 
 def _online_predictor(prior: int | None) -> Any:
@@ -121,10 +184,15 @@ class Comparison:
     budget_bytes: int
     rows: tuple[PolicySummary, ...]
     note: str
+    # The note's parts, [key, template, value]: what was actually run (format_sweep merges them).
+    setting: tuple = ()
+    # Predictions above max_new_tokens, clipped to it: {"point": n, "reserve": n, "of": n}.
+    clipped: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"options": self.options, "memory": self.memory, "budget_bytes": self.budget_bytes,
-                "note": self.note, "policies": [dataclasses.asdict(r) for r in self.rows]}
+                "note": self.note, "setting": [list(p) for p in self.setting], "clipped_predictions": self.clipped,
+                "policies": [dataclasses.asdict(r) for r in self.rows]}
 
 
 def _group_budget(memory: ModelMemory, budget_bytes: int, group: Group, slots: int | None = None) -> int:
@@ -256,48 +324,202 @@ def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tupl
     return tuple(rows)
 
 
+def check_options(opts: SimulateOptions) -> None:
+    """Reject bad options before any work, each error naming its flag (``--seed``: 'seed')."""
+    check_int("seed", opts.seed, minimum=0)
+    check_int("groups", opts.groups, minimum=1)
+    check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
+    check_int("prefill_chunk", opts.prefill_chunk, minimum=1)
+    check_int("workers", opts.workers, minimum=0)
+    if opts.group_size is not None:
+        check_int("group_size", opts.group_size, minimum=1)
+    if opts.slots is not None:
+        check_int("slots", opts.slots, minimum=1)
+    check_positive_float("quantile", opts.quantile, maximum=0.999999)
+    parse_policies(opts.policies)
+    parse_bytes(opts.budget, "budget")
+
+
+def workload_groups(opts: SimulateOptions, limit: int | None) -> list[Group]:
+    """The groups ``opts`` describes (``--workload``, ``--group-size``, ``--groups`` as ``limit``).
+    A trace file keeps its groups' logged sizes: ``--group-size`` with one only checks that every
+    group has that many completions (an error otherwise, never silently ignored)."""
+    named = opts.workload in WORKLOADS
+    if not named and not os.path.exists(opts.workload):
+        raise InvalidArgument("workload", opts.workload, ", ".join(WORKLOADS) + " or a trace .jsonl path")
+    group_size = DEFAULT_GROUP_SIZE if opts.group_size is None else opts.group_size
+    groups = make_workload(opts.workload, group_size, max_new_tokens=opts.max_new_tokens, limit=limit,
+                           seed=opts.seed, spread=opts.spread)
+    if not named and opts.group_size is not None:
+        other = next((g for g in groups if len(g.lengths) != opts.group_size), None)
+        if other is not None:
+            raise InvalidArgument("group_size", opts.group_size,
+                                  f"the trace's own group size: a trace file keeps the sizes its groups were logged "
+                                  f"with (group {other.prompt_id} of {opts.workload} has {len(other.lengths)}, "
+                                  f"sizes {group_sizes(groups)}); leave --group-size out")
+    return groups
+
+
+def group_sizes(groups: Sequence[Group]) -> str:
+    """``"32"``, or ``"4..16"`` for a trace of groups of several sizes."""
+    sizes = sorted({len(g.lengths) for g in groups})
+    return str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
+
+
+# Policies that reserve max_new_tokens per sequence (lengthsched.runtime.slot_cap): the budget must
+# hold L_max KV tokens for them; every other policy needs the group's longest completion.
+_RESERVE_L_MAX = {"micro", "fixed_slot", "dynamic_slot", "reserve_max"}
+
+
+def _needed_tokens(group: Group, policies: Sequence[str], max_new_tokens: int) -> int:
+    return max_new_tokens if _RESERVE_L_MAX.intersection(policies) else int(group.lengths.max())
+
+
+def _fits(memory: ModelMemory, budget_bytes: int, groups: Sequence[Group], policies, opts) -> Group | None:
+    """The first group whose KV budget is below what it needs, or None."""
+    for g in groups:
+        try:
+            tokens = _group_budget(memory, budget_bytes, g, opts.slots)
+        except BudgetTooSmall:
+            return g
+        if tokens < _needed_tokens(g, policies, opts.max_new_tokens):
+            return g
+    return None
+
+
+def check_budget(opts: SimulateOptions, memory: ModelMemory, budget_bytes: int, groups: Sequence[Group],
+                 policies: Sequence[str]) -> None:
+    """Every group's KV budget holds what the policies need (its longest completion, or L_max for the
+    policies that reserve it); else one error naming --budget and the smallest budget that does."""
+    short = _fits(memory, budget_bytes, groups, policies, opts)
+    if short is None:
+        return
+    low, high = budget_bytes, max(2 * budget_bytes, 2**30)
+    while _fits(memory, high, groups, policies, opts) is not None:
+        low, high = high, 2 * high
+        if high > 2**60:
+            raise BudgetTooSmall("budget", opts.budget, "a budget that holds a group (none up to 1 EiB does)")
+    while high - low > 2**20:  # to a MiB
+        mid = (low + high) // 2
+        low, high = (low, mid) if _fits(memory, mid, groups, policies, opts) is None else (mid, high)
+    reserving = sorted(_RESERVE_L_MAX.intersection(policies))
+    need = (f"KV for L_max={opts.max_new_tokens} tokens per sequence (reserved by {', '.join(reserving)})"
+            if reserving else "KV for each group's longest completion")
+    raise BudgetTooSmall("budget", opts.budget,
+                         f"at least {high / 2**30:.2f}GiB for {memory.name} ({opts.dtype}): the weights, the "
+                         f"activations of the decode batch, the prompt KV and {need}; group {short.prompt_id} "
+                         f"({short.prompt_len} prompt tokens, longest completion {int(short.lengths.max())}) "
+                         "does not fit")
+
+
+def _clipped_predictions(opts: SimulateOptions, groups: Sequence[Group]) -> dict:
+    """Ask the predictor about every group as the run does (checking each answer) and count the
+    predicted lengths and reserved quantiles above max_new_tokens (the runtime clips them to it)."""
+    point = reserve = total = 0
+    for i, g in enumerate(groups):
+        predicted = predictions_for(opts.predictor, g, i, opts.seed)
+        if hasattr(predicted, "predict"):
+            out = predicted.predict(list(range(len(g.lengths))), quantiles=[opts.quantile])
+            lengths, reserved = out.lengths, out.quantile(opts.quantile)
+        else:
+            lengths = reserved = check_predictions(predicted, opts.predictor)
+        point += int(np.sum(np.asarray(lengths) > opts.max_new_tokens))
+        reserve += int(np.sum(np.asarray(reserved) > opts.max_new_tokens))
+        total += len(g.lengths)
+    return {"point": point, "reserve": reserve, "of": total, "max_new_tokens": opts.max_new_tokens}
+
+
+def clipped_notice(clipped: dict, quantile: float) -> str | None:
+    """One line saying how many predictions were above --max-new-tokens, or None if none were."""
+    if not clipped or not (clipped.get("point") or clipped.get("reserve")):
+        return None
+    return (f"notice: {clipped['point']} of {clipped['of']} predicted lengths and {clipped['reserve']} of "
+            f"{clipped['of']} reserved {quantile:g}-quantiles are above --max-new-tokens "
+            f"{clipped['max_new_tokens']} and were clipped to it")
+
+
+def _setting(opts: SimulateOptions, groups: Sequence[Group], memory: ModelMemory, budget_bytes: int, cost) -> tuple:
+    parts = [("groups", "{} groups", str(len(groups))), ("group_size", "of G={}", group_sizes(groups)),
+             ("workload", "from {}", opts.workload)]
+    if opts.spread is not None:
+        parts.append(("spread", "spread {}", f"{opts.spread:g}"))
+    parts += [("max_new_tokens", "L_max={}", str(opts.max_new_tokens)),
+              ("model", "{}", f"{memory.name} ({opts.dtype})"),
+              ("budget", "budget {}", f"{budget_bytes / 2**30:.2f} GiB")]
+    if opts.slots is not None:
+        parts.append(("slots", "at most {} sequences at once", str(opts.slots)))
+    parts += [("predictor", "predictor {}", str(opts.predictor)),
+              ("cost", "seconds modelled for {}", f"{cost.model} on {cost.gpu}"
+               + (" (fitted)" if opts.cost else " (unfitted preset)")),
+              ("prefill_chunk", "prefill chunk {} tokens", str(opts.prefill_chunk))]
+    return tuple(parts)
+
+
+def render_setting(parts: Sequence[Sequence[str]]) -> str:
+    """The one-line header: "4 groups of G=8 from castillo, L_max=1024, ..."."""
+    texts = [template.format(value) for _, template, value in parts]
+    return " ".join(texts[:3]) + ", " + ", ".join(texts[3:])
+
+
 def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
     """Run every policy of ``opts.policies`` on the same groups and summarise each."""
+    check_options(opts)
     policies = parse_policies(opts.policies)
     memory = load_memory(opts)
-    budget_bytes = parse_bytes(opts.budget)
-    groups = make_workload(opts.workload, opts.group_size, max_new_tokens=opts.max_new_tokens, limit=opts.groups,
-                           seed=opts.seed, spread=opts.spread)
-    # Fail early, here rather than in a worker: a budget too small, a predictor spec that is wrong.
-    _group_budget(memory, budget_bytes, max(groups, key=lambda g: (g.prompt_len, len(g.lengths))), opts.slots)
-    predictions_for(opts.predictor, groups[0], 0, opts.seed)
+    budget_bytes = parse_bytes(opts.budget, "budget")
+    groups = workload_groups(opts, opts.groups)
+    # Fail early, here rather than in a worker: a budget too small, a predictor spec that is wrong,
+    # a prediction that is negative or not finite.
+    check_budget(opts, memory, budget_bytes, groups, policies)
+    clipped = _clipped_predictions(opts, groups)
     uniform = len({len(g.lengths) for g in groups}) == 1
     fast = [p for p in policies if p in FAST_POLICIES and uniform]
     slow = [p for p in policies if p not in fast]
     cost = load_cost(opts, memory)
-    results = run_units([(opts, memory, budget_bytes, g, i, slow, cost) for i, g in enumerate(groups)], opts.workers,
-                        progress, "simulate") if slow else [[] for _ in groups]
-    for policy in fast:
-        for res, item in zip(results, _fast(opts, memory, budget_bytes, groups, policy, cost)):
-            res.append(item)
+    try:
+        results = run_units([(opts, memory, budget_bytes, g, i, slow, cost) for i, g in enumerate(groups)],
+                            opts.workers, progress, "simulate") if slow else [[] for _ in groups]
+        for policy in fast:
+            for res, item in zip(results, _fast(opts, memory, budget_bytes, groups, policy, cost)):
+                res.append(item)
+    except BudgetTooSmall as exc:  # a check of the runtime that check_budget did not foresee
+        raise BudgetTooSmall("budget", opts.budget, exc.expected) from None
+    except InvalidArgument as exc:
+        if exc.name not in ("budget_tokens", "budget_bytes"):
+            raise
+        raise BudgetTooSmall("budget", opts.budget, f"a larger budget ({exc.name} {exc.value}: "
+                                                    f"{exc.expected})") from None
     rows = summarize(results, policies, budget_bytes)
     # Fastest first among the policies that keep every group within the budget, then the others.
     rows = tuple(sorted(rows, key=lambda r: (r.within_budget < 1.0, r.seconds)))
-    note = (f"{len(groups)} groups of G={opts.group_size} from {opts.workload}, L_max={opts.max_new_tokens}, "
-            f"{memory.name} ({opts.dtype}), budget {budget_bytes / 2**30:.2f} GiB, predictor {opts.predictor}; "
-            f"seconds modelled for {cost.model} on {cost.gpu}" + (" (fitted)" if opts.cost else " (unfitted preset)")
-            + f", prefill chunk {opts.prefill_chunk} tokens")
-    return Comparison(dataclasses.asdict(opts), memory.describe(), budget_bytes, rows, note)
+    setting = _setting(opts, groups, memory, budget_bytes, cost)
+    return Comparison(dataclasses.asdict(opts), memory.describe(), budget_bytes, rows, render_setting(setting),
+                      setting, clipped if any(predicted_by(policies)) else {})
+
+
+def predicted_by(policies: Sequence[str]) -> list[str]:
+    """The policies among ``policies`` that use predicted lengths."""
+    return [p for p in policies if p not in _BLIND]
 
 
 def headline(comparison: Comparison) -> str:
-    """One line: the fastest policy within budget, its gain over vllm, and how far predictions were oracle."""
+    """The verdict line: the fastest policy within budget, its gain over vllm, which policies break the
+    budget, and whether predictions were the true lengths."""
     ok = [r for r in comparison.rows if r.within_budget >= 1.0]
+    over = [r.policy for r in comparison.rows if r.within_budget < 1.0]
+    breaks = (f"{len(over)} of {len(comparison.rows)} policies break the budget in some group (marked *): "
+              + ", ".join(over)) if over else "every policy kept every group within the budget"
     if not ok:
-        return "no policy kept every group within the budget"
+        return f"verdict: no policy kept every group within the budget ({breaks}); raise --budget or lower --group-size"
     best = min(ok, key=lambda r: r.seconds)
-    line = (f"fastest within budget: {best.policy}, {best.seconds:.2f} s per group "
+    line = (f"verdict: fastest within budget: {best.policy}, {best.seconds:.2f} s per group "
             f"({best.seconds_over_lower_bound:.2f}x the lower bound)")
     vllm = next((r for r in comparison.rows if r.policy == "vllm"), None)
     if vllm is not None and best.policy != "vllm":
         gain = vllm.seconds / best.seconds - 1
         line += (f"; {abs(gain):.1%} {'faster' if gain >= 0 else 'slower'} than vllm ({vllm.seconds:.2f} s, "
                  f"recomputing {vllm.recomputed_tokens:.0f} tokens per group)")
+    line += "; " + breaks
     predictor = comparison.options.get("predictor", "")
     if str(predictor).startswith("oracle") and best.policy not in _BLIND:
         line += "; predictions are the true lengths (oracle): a best case, not what a trained predictor gets"
@@ -307,20 +529,36 @@ def headline(comparison: Comparison) -> str:
 # Policies that use no predicted lengths (the oracle note does not apply to them).
 _BLIND = {"full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "vllm", "sglang", "reserve_max"}
 
-LEGEND = ("seconds: modelled wall time per group (every step priced by its rows, the KV they read and the tokens it "
-          "prefills, prompts and recomputation included); x vllm: seconds / vllm's; s/LB: seconds over the lower "
-          "bound in seconds; tok/s: collected tokens per modelled second; steps: decode steps per group; steps/LB: "
-          "steps over the step lower bound; peak columns: the maximum over groups; in budget: share of groups whose "
-          "peak fits (rows marked * break the budget and are listed last); preempt, recomputed: per group; KS: "
-          "collected lengths against the unbiased ones (0 = no bias); plan ms / decide ms: the policy's CPU time "
-          "per group before and during the run. Rows are ordered by seconds.")
+#: The table's columns and the legend line of each, in order.
+COLUMNS: dict[str, str] = {
+    "policy": "the sampling policy (lengthsched.runtime.POLICIES); * = breaks the budget in some group "
+              "(such rows are listed last)",
+    "seconds": "mean modelled wall time per group: every step priced by its rows, the KV they read and the "
+               "tokens it prefills (prompts and recomputation included)",
+    "x vllm": "seconds / vllm's seconds (below 1: faster than vllm; '-' without a vllm row)",
+    "s/LB": "seconds over the lower bound in seconds (1 = nothing left to gain)",
+    "tok/s": "collected tokens per modelled second",
+    "steps": "mean decode steps per group",
+    "steps/LB": "steps over the step lower bound (docs/model.md section 5)",
+    "peak KV GiB": "the most KV cache held at once beyond the shared prompt (max over groups)",
+    "peak GiB": "the most memory held at once: weights + activations of the live rows + prompt KV + KV "
+                "(max over groups), to compare with the budget",
+    "in budget": "share of groups whose peak GiB fits the budget",
+    "preempt": "mean preemptions per group",
+    "recomputed": "mean tokens recomputed per group after preemptions",
+    "KS": "Kolmogorov-Smirnov statistic of the collected lengths against the unbiased ones (0 = no bias)",
+    "plan ms": "the policy's CPU time per group before the first step",
+    "decide ms": "the policy's CPU time per group for its decisions during the run",
+}
+
+#: The legend under the table: one line per column.
+LEGEND = "\n".join(f"  {name}: {text}" for name, text in COLUMNS.items())
 
 
 def format_table(comparison: Comparison) -> str:
-    """The comparison as an aligned text table, fastest first, with a legend and a headline."""
+    """The comparison as an aligned text table, fastest first, with a verdict and a legend line per column."""
     gib = 2**30
-    head = ["policy", "seconds", "x vllm", "s/LB", "tok/s", "steps", "steps/LB", "peak KV GiB", "peak GiB",
-            "in budget", "preempt", "recomputed", "KS", "plan ms", "decide ms"]
+    head = list(COLUMNS)
     lines = [comparison.note, ""]
     table = [head]
     for r in comparison.rows:
@@ -333,6 +571,7 @@ def format_table(comparison: Comparison) -> str:
                       f"{r.decide_ms:.2f}"])
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
-    lines += ["", headline(comparison), "", LEGEND]
+        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))))
+    lines += ["", headline(comparison), "", "columns (rows ordered by seconds, those within budget first):", LEGEND]
     return "\n".join(lines)

@@ -62,7 +62,7 @@ def test_plot_writes_figures(tmp_path, capsys):
         (["--policies", "magic"], "argument 'policies'"),
         (["--predictor", "psychic"], "argument 'predictor'"),
         (["--sweep", "colour=red"], "argument 'sweep'"),
-        (["--budget", "1GiB"], "argument 'budget_bytes'"),
+        (["--budget", "1GiB"], "argument 'budget'"),
         (["--workload", "nowhere.jsonl"], "argument 'workload'"),
         (["--policies", "micro,fixed_slot", "--predictor", "bogus"], "argument 'predictor'"),
         (["--workers", "-1"], "argument 'workers'"),
