@@ -1,33 +1,39 @@
 """Online length prediction from siblings and history (numpy only).
 
 GRPO draws G completions of one prompt, reveals their lengths as they finish and revisits every
-prompt each epoch. :class:`OnlineLengthPredictor` keeps, per prompt, a normal belief over the
-prompt's mean log length and updates it in closed form:
+prompt each epoch. :class:`OnlineLengthPredictor` keeps, per prompt, a belief over the prompt's mean
+log length ``mu`` and its sibling spread ``sigma`` (log tokens):
 
 - **prior**: any ``LengthPredictor`` (the trained BERT predictor, a constant, a regression on the
-  prompt length), a number, or a mapping prompt -> tokens, asked once per prompt; its error in log
-  space has spread ``prior_sigma`` (learnt from data by :meth:`OnlineLengthPredictor.fit`). Without a
-  prior the running mean of everything observed so far serves (empirical Bayes), and before any
-  observation ``default_length``;
-- **siblings**: a completion's log length is normal around the prompt's mean with spread
-  ``within_sigma`` (learnt). A finished sibling is an exact observation (normal-normal conjugacy:
-  precisions add, O(1) per update);
+  prompt length), a number, or a mapping prompt -> tokens, asked once per prompt; ``mu`` is the
+  prior's log plus an error whose law is a mixture of normals (one normal of spread ``prior_sigma``
+  by default; fitted on data by :meth:`OnlineLengthPredictor.fit`: real prompts' mean log lengths
+  are skewed). Without a prior the running mean of everything observed (decayed with
+  ``forgetting`` across rollout steps) serves (empirical Bayes), and before any observation
+  ``default_length``;
+- **spread**: ``sigma`` is one value ``within_sigma`` by default, or per prompt, drawn from a
+  discrete law fitted on data (prompts differ several-fold in how much their siblings scatter), and
+  learnt from the prompt's own siblings;
+- **siblings**: a completion's log length is ``mu + sigma * e``, ``e`` standard normal (or an
+  empirical residual law with a single spread). Finished siblings are exact observations: given the
+  prior's mixture component and ``sigma`` the update is normal-normal conjugate, so the belief is a
+  mixture of normals in closed form (sufficient statistics: count, sum and sum of squares; O(1) per
+  observation);
 - **running siblings** are censored: a completion that has generated k tokens and not finished has
-  log length > log(k + 1). With censored siblings the belief is no longer normal: it is computed
-  exactly on a grid of the prompt's mean log length (the normal belief times each running
-  sibling's survival probability), and the predictive of a completion is the mixture over that
-  grid. The same exact mixture serves every completion with progress of its own, truncated to
-  what it has generated (so a long-running completion keeps a finite, ordered tail);
+  log length > log(k + 1). The belief is then computed exactly on a grid of ``mu`` per ``sigma``
+  (the closed-form belief times each running sibling's survival probability). A completion's own
+  progress (``predict(..., completions=...)``) is not evidence about its siblings' law in its own
+  prediction: it truncates its predictive instead;
 - **history**: observations of the same prompt in earlier rollout steps, weighted by
   ``forgetting ** (steps ago)``, so a policy whose lengths drift under RL is followed; with
   ``drift=True`` a global per-step drift of log length is estimated from prompts seen in
   consecutive steps and added to older observations;
-- **per completion**: the predictive of its total length is the belief plus the sibling spread,
-  truncated to what it has already generated; quantiles of its remaining length come from that
-  truncated log-normal.
+- **per completion**: the predictive of its total length is the mixture over the belief of the
+  sibling law, truncated to more than what it has already generated; quantiles of its remaining
+  length come from it.
 
-``predict(prompts, prefixes)`` follows the ``LengthPredictor`` protocol (a prefix is the
-completion's progress: token ids or a count) and is vectorised over the queries.
+``predict(prompts, prefixes, *, quantiles, completions)`` follows the ``LengthPredictor`` protocol (a
+prefix is the completion's progress: token ids or a count) and is vectorised over the queries.
 """
 
 from __future__ import annotations
@@ -45,8 +51,13 @@ from .predictor import LengthPrediction, _check_quantiles, _prefix_lengths
 
 __all__ = ["OnlineLengthPredictor", "fit_spreads"]
 
-_POSTERIOR_POINTS = 81  # grid of the prompt's mean log length when running siblings are censored
-_PREDICTIVE_POINTS = 300  # grid of log total length for the truncated predictive
+_SINGLE_POINTS = 81  # grid of mu when censored siblings are present and the spread is one value
+_POINTS_PER_SPREAD = 40  # the same per spread value of a spread law
+_PREDICTIVE_POINTS = 64  # grid of log total length bracketing the predictive's quantiles
+_BISECTIONS = 14  # bisection steps on the exact mixture inside a bracket
+_CHUNK = 4_000_000  # elements of one [queries, grid, components] block of the predictive
+_SPREADS = 16  # values of a fitted spread law
+_COMPONENTS = 4  # normals of a fitted prior law
 
 _NORMAL = NormalDist()
 
@@ -60,13 +71,20 @@ def _inv_cdf(p: np.ndarray) -> np.ndarray:
 class _Prompt:
     """The belief's sufficient statistics for one prompt (log lengths)."""
 
-    prior_mean: float
+    prior_mean: float | None  # None: the empirical running mean (no prior)
     step: int = 0
     n: int = 0  # finished siblings of the current step
     total: float = 0.0  # their sum of log lengths
+    squares: float = 0.0  # their sum of squared log lengths
     hist_weight: float = 0.0  # decayed weights of earlier steps' observations
     hist_total: float = 0.0  # weighted sum of their log lengths
+    hist_squares: float = 0.0  # weighted sum over earlier steps of n_s * (step mean)^2
+    hist_groups: float = 0.0  # weighted count of earlier steps with observations
+    hist_ss: float = 0.0  # within-step sums of squares of earlier steps (spread evidence)
+    hist_dof: float = 0.0  # their degrees of freedom
     hist_steps: float = 0.0  # weighted sum of their steps (for the drift correction)
+    hist_steps_y: float = 0.0  # weighted sum of step * log length
+    hist_steps_sq: float = 0.0  # weighted sum of step ** 2
     running: dict[Hashable, int] = field(default_factory=dict)  # completion -> tokens generated so far
 
 
@@ -86,7 +104,7 @@ def _log_sf_normal(z: np.ndarray) -> np.ndarray:
 class _Residuals:
     """The law of a sibling's standardised log length around its prompt's mean: the standard normal,
     or an empirical law learnt from data (heavy-tailed on real completions: a few run far longer),
-    kept as its quantile function on a fixed grid (inverse by interpolation) and its tabulated log-survival."""
+    kept as its quantile function on a fixed grid and its tabulated log-survival."""
 
     def __init__(self, quantiles: Sequence[float] | None = None):
         self.values = None if quantiles is None else np.asarray(quantiles, dtype=np.float64)
@@ -106,60 +124,140 @@ class _Residuals:
             below = 1.0 - _GRID[0] * np.exp(_log_sf_normal(-z) - float(_log_sf_normal(np.array([-lo]))[0]))
             self._log_sf = np.where(z > hi, upper, np.where(z < lo, np.log(np.clip(below, 1e-300, 1.0)), inside))
 
+    @property
+    def normal(self) -> bool:
+        return self.values is None
+
     def log_sf(self, z: np.ndarray) -> np.ndarray:
-        """log P(Z > z), vectorised (table lookup)."""
-        return np.interp(z, _TABLE_Z, self._log_sf, left=0.0, right=self._log_sf[-1] - (z.max() - _TABLE_Z[-1]) ** 2)
+        """log P(Z > z), vectorised (table lookup; beyond the table the normal tail's slope)."""
+        z = np.asarray(z, dtype=np.float64)
+        inside = np.interp(z, _TABLE_Z, self._log_sf, left=0.0, right=self._log_sf[-1])
+        top = _TABLE_Z[-1]
+        return np.where(z > top, self._log_sf[-1] - 0.5 * (np.minimum(z, 1e150) ** 2 - top * top), inside)
 
     def inv(self, p: np.ndarray) -> np.ndarray:
         if self.values is None:
             return _inv_cdf(p)
         return np.interp(np.clip(p, _GRID[0], _GRID[-1]), _GRID, self.values)
 
-    def mixed(self, share: np.ndarray) -> _Mixed:
-        """The law of (belief error + sibling residual) / its sd, where ``share`` of the variance is the
-        belief's (normal) and the rest the sibling's (this law): approximated by mixing the two quantile
-        functions in proportion to their standard deviations' shares (exact at share 0 and 1)."""
-        return _Mixed(self, np.asarray(share, dtype=np.float64))
+
+def _logsumexp(a: np.ndarray, axis: int) -> np.ndarray:
+    top = np.max(a, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return np.squeeze(top, axis=axis) + np.log(np.sum(np.exp(a - top), axis=axis))
 
 
-class _Mixed:
-    """Quantile-mixture of the standard normal and an empirical residual law (see ``_Residuals.mixed``)."""
+def _fit_spread_law(logs: Sequence[np.ndarray], points: int = _SPREADS, iterations: int = 400,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The law of a prompt's sibling spread ``sigma`` (sd of log length), as weights on ``points``
+    log-spaced values: the nonparametric maximum likelihood (EM) of the groups' within sums of
+    squares, ``SS_g ~ sigma^2 chi^2(n_g - 1)``."""
+    dof = np.array([len(g) - 1 for g in logs], dtype=np.float64)
+    ss = np.array([float(((g - g.mean()) ** 2).sum()) for g in logs])
+    sd = np.sqrt(ss / dof)
+    positive = sd[sd > 0]
+    lo = max(0.005, 0.5 * float(np.quantile(positive, 0.01))) if len(positive) else 0.005
+    hi = max(2.0 * float(np.quantile(sd, 0.99)), 2.0 * lo)
+    values = np.exp(np.linspace(math.log(lo), math.log(hi), points))
+    loglik = -dof[:, None] * np.log(values)[None, :] - ss[:, None] / (2.0 * values[None, :] ** 2)
+    loglik -= loglik.max(axis=1, keepdims=True)
+    lik = np.exp(loglik)
+    weights = np.full(points, 1.0 / points)
+    for _ in range(iterations):
+        post = lik * weights
+        post /= post.sum(axis=1, keepdims=True)
+        weights = post.mean(axis=0)
+    return values, weights
 
-    def __init__(self, law: _Residuals, share: np.ndarray):
-        self.law, self.a = law, np.sqrt(share) / (np.sqrt(share) + np.sqrt(1.0 - share))
 
-    def inv(self, p: np.ndarray) -> np.ndarray:
-        return self.a * _inv_cdf(p) + (1.0 - self.a) * self.law.inv(p)
+def _fit_prior_law(errors: np.ndarray, noise: np.ndarray, components: int = _COMPONENTS, iterations: int = 300,
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A mixture of ``components`` normals (offsets, scales, weights) for the prior's error on a
+    prompt's mean log length, fitted by EM to the groups' errors ``errors`` observed with sampling
+    noise of variance ``noise`` (per group; taken out of the scales)."""
+    x = np.asarray(errors, dtype=np.float64)
+    v = np.asarray(noise, dtype=np.float64)
+    k = max(1, min(components, len(x) // 20))
+    floor = max(0.02, 0.05 * float(np.std(x)))
+    offsets = np.quantile(x, (np.arange(k) + 0.5) / k)
+    scales = np.full(k, max(float(np.std(x)) / k, floor))
+    weights = np.full(k, 1.0 / k)
+    for _ in range(iterations):
+        var = scales[None, :] ** 2 + v[:, None]
+        logr = np.log(weights)[None, :] - 0.5 * np.log(var) - (x[:, None] - offsets[None, :]) ** 2 / (2 * var)
+        logr -= logr.max(axis=1, keepdims=True)
+        r = np.exp(logr)
+        r /= r.sum(axis=1, keepdims=True)
+        mass = r.sum(axis=0) + 1e-12
+        weights = mass / mass.sum()
+        offsets = (r * x[:, None]).sum(axis=0) / mass
+        spread = (r * ((x[:, None] - offsets[None, :]) ** 2 - v[:, None])).sum(axis=0) / mass
+        scales = np.sqrt(np.maximum(spread, floor ** 2))
+    return offsets, scales, weights
 
 
-def fit_spreads(groups: Iterable[Sequence[int]], prior_lengths: Iterable[float] | None = None) -> dict[str, Any]:
+def fit_spreads(groups: Iterable[Sequence[int]], prior_lengths: Iterable[float] | None = None, *,
+                laws: bool = False) -> dict[str, Any]:
     """Spreads of the log-normal model from groups of sibling lengths (tokens, >= 2 per group).
 
     ``within_sigma``: pooled within-group standard deviation of log length (unbiased);
-    ``residual_quantiles``: the empirical law of the standardised residuals (the predictive's shape:
-    real sibling lengths are far from normal in their tails). With
-    ``prior_lengths`` (one prediction per group, tokens): ``prior_sigma``, the spread of the
-    prior's error on a group's mean log length, its sampling noise (within^2 / n) taken out; and
-    ``prior_bias``, the mean of that error (add it to the prior's log). Returns a dict."""
+    ``residual_quantiles``: the empirical law of the standardised residuals around the pooled spread
+    (the predictive's shape with one spread: real sibling lengths are far from normal in their
+    tails). With ``prior_lengths`` (one prediction per group, tokens): ``prior_sigma``, the spread of
+    the prior's error on a group's mean log length, its sampling noise (within^2 / n) taken out; and
+    ``prior_bias``, the mean of that error (add it to the prior's log).
+
+    ``laws=True`` fits the per-prompt model instead of the pooled residual law (``residual_quantiles``
+    is None): ``spread_values`` / ``spread_weights``, the law of a prompt's own spread (EM on the
+    groups' within sums of squares), and with ``prior_lengths`` ``prior_offsets`` / ``prior_scales``
+    / ``prior_weights``, a mixture of normals for the prior's error (after ``prior_bias``), fitted
+    with each group mean's sampling noise taken out. Returns a dict of constructor arguments."""
     logs = [np.log(np.asarray(g, dtype=np.float64)) for g in groups]
     if not logs or any(len(g) < 2 or np.any(~np.isfinite(g)) for g in logs):
         raise InvalidArgument("groups", f"{len(logs)} groups", "groups of at least 2 lengths >= 1 token each")
     ss = sum(float(((g - g.mean()) ** 2).sum()) for g in logs)
     dof = sum(len(g) - 1 for g in logs)
-    within = math.sqrt(ss / dof)
-    # Residuals from each group's own mean are narrower by sqrt((n - 1) / n): undo it.
-    z = np.concatenate([(g - g.mean()) * math.sqrt(len(g) / (len(g) - 1)) for g in logs]) / within
-    out: dict[str, Any] = {"within_sigma": within, "residual_quantiles": np.quantile(z, _GRID).tolist()}
+    within = max(math.sqrt(ss / dof), 1e-3)
+    out: dict[str, Any] = {"within_sigma": within}
+    if laws:
+        values, weights = _fit_spread_law(logs)
+        out |= {"residual_quantiles": None, "spread_values": values.tolist(), "spread_weights": weights.tolist()}
+        mean_var = float((weights * values ** 2).sum())
+    else:
+        # Residuals from each group's own mean are narrower by sqrt((n - 1) / n): undo it.
+        z = np.concatenate([(g - g.mean()) * math.sqrt(len(g) / (len(g) - 1)) for g in logs]) / within
+        out["residual_quantiles"] = np.quantile(z, _GRID).tolist()
+        mean_var = within ** 2
     if prior_lengths is not None:
         prior = np.log(np.asarray(list(prior_lengths), dtype=np.float64))
         if len(prior) != len(logs) or np.any(~np.isfinite(prior)):
             raise InvalidArgument("prior_lengths", f"{len(prior)} values", f"{len(logs)} positive predictions, "
                                                                             "one per group")
         err = np.array([g.mean() for g in logs]) - prior
-        noise = np.mean([within ** 2 / len(g) for g in logs])
+        noise = np.array([mean_var / len(g) for g in logs])
         out["prior_bias"] = float(err.mean())
-        out["prior_sigma"] = math.sqrt(max(float(err.var(ddof=1)) - noise, 1e-4)) if len(err) > 1 else 0.5
+        out["prior_sigma"] = math.sqrt(max(float(err.var(ddof=1)) - float(noise.mean()), 1e-4)) \
+            if len(err) > 1 else 0.5
+        if laws and len(err) > 1:
+            offsets, scales, weights = _fit_prior_law(err - out["prior_bias"], noise)
+            out |= {"prior_offsets": offsets.tolist(), "prior_scales": scales.tolist(),
+                    "prior_weights": weights.tolist()}
     return out
+
+
+def _law(name: str, values: Sequence[float] | None, weights: Sequence[float] | None, positive: bool,
+         ) -> tuple[np.ndarray, np.ndarray] | None:
+    if values is None and weights is None:
+        return None
+    if values is None or weights is None:
+        raise InvalidArgument(name, "one of values and weights", "both (from fit_spreads(..., laws=True)) or neither")
+    v = np.asarray(values, dtype=np.float64).ravel()
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if (not len(v) or len(v) != len(w) or np.any(~np.isfinite(v)) or np.any(~np.isfinite(w)) or np.any(w < 0)
+            or w.sum() <= 0 or (positive and np.any(v <= 0))):
+        raise InvalidArgument(name, f"{len(v)} values, {len(w)} weights",
+                              "equally many finite values" + (" > 0" if positive else "") + " and weights >= 0")
+    return v, w / w.sum()
 
 
 class OnlineLengthPredictor:
@@ -169,19 +267,30 @@ class OnlineLengthPredictor:
 
     ``prior``: a ``LengthPredictor``, a number of tokens, a mapping prompt -> tokens, or None.
     ``prior_sigma``: spread of the prior's error in log space; ``prior_bias``: its mean (added to
-    the prior's log). ``within_sigma``: spread of siblings' log lengths around their prompt's mean.
-    ``forgetting`` in (0, 1]: weight of an observation from k rollout steps ago is forgetting**k.
+    the prior's log). ``prior_offsets`` / ``prior_scales`` / ``prior_weights``: a mixture of normals
+    for that error instead of N(0, prior_sigma^2) (from :func:`fit_spreads` with ``laws=True``).
+    ``within_sigma``: spread of siblings' log lengths around their prompt's mean; ``spread_values`` /
+    ``spread_weights``: a law of that spread per prompt instead (learnt from each prompt's siblings).
+    ``forgetting`` in (0, 1]: weight of an observation from k rollout steps ago is forgetting**k (the
+    empirical prior's running mean decays alike). ``spread_forgetting``: the same for the evidence
+    about a prompt's spread (its earlier steps' scatter around their own step means, which a drift of
+    the mean leaves alone; 1: kept whole).
     ``drift``: estimate a global per-step drift of log length and apply it to older observations.
     ``default_length``: the prior mean before anything is known (no prior, nothing observed).
     ``max_new_tokens``: cap of every prediction (a completion cannot be longer).
-    ``residual_quantiles``: the shape of a sibling's standardised log length (from :func:`fit_spreads`;
-    default normal); the predictive quantiles use it, the belief updates stay normal.
+    ``residual_quantiles``: the shape of a sibling's standardised log length with one spread (from
+    :func:`fit_spreads`; default normal); the predictive and the censored updates use it, the
+    finished siblings' updates stay normal. Not with a spread law (its residuals are normal).
     """
 
     def __init__(self, prior: Any = None, *, prior_sigma: float = 0.6, prior_bias: float = 0.0,
-                 within_sigma: float = 0.2, forgetting: float = 0.5, drift: bool = False,
+                 within_sigma: float = 0.2, forgetting: float = 0.5, spread_forgetting: float = 1.0,
+                 drift: bool = False,
                  default_length: int = 512, max_new_tokens: int | None = None,
-                 residual_quantiles: Sequence[float] | None = None):
+                 residual_quantiles: Sequence[float] | None = None,
+                 spread_values: Sequence[float] | None = None, spread_weights: Sequence[float] | None = None,
+                 prior_offsets: Sequence[float] | None = None, prior_scales: Sequence[float] | None = None,
+                 prior_weights: Sequence[float] | None = None):
         if prior is not None and not (hasattr(prior, "predict") or isinstance(prior, Mapping)
                                       or isinstance(prior, (int, float, np.integer, np.floating))):
             raise InvalidArgument("prior", type(prior).__name__, "a LengthPredictor, a number of tokens, a mapping "
@@ -195,32 +304,67 @@ class OnlineLengthPredictor:
             raise InvalidArgument("prior_bias", prior_bias, "a finite number (log tokens)")
         self.within_sigma = check_positive_float("within_sigma", within_sigma)
         self.forgetting = check_positive_float("forgetting", forgetting, maximum=1.0)
+        self.spread_forgetting = check_positive_float("spread_forgetting", spread_forgetting, maximum=1.0)
         self.drift = bool(drift)
         self.default_length = check_int("default_length", default_length, minimum=1)
         self.max_new_tokens = None if max_new_tokens is None else check_int("max_new_tokens", max_new_tokens,
                                                                             minimum=1)
+        spread = _law("spread_values", spread_values, spread_weights, positive=True)
+        if spread is not None and residual_quantiles is not None:
+            raise InvalidArgument("residual_quantiles", "with a spread law", "None: with spread_values the "
+                                                                              "residuals given the spread are normal")
         self.residuals = _Residuals(residual_quantiles)
+        if prior_offsets is None and prior_scales is None and prior_weights is None:
+            law = None
+        else:
+            if prior_scales is None or prior_offsets is None or prior_weights is None:
+                raise InvalidArgument("prior_offsets", "part of a prior law", "prior_offsets, prior_scales and "
+                                                                              "prior_weights together, or none")
+            law = _law("prior_offsets", prior_offsets, prior_weights, positive=False)
+            scales = np.asarray(prior_scales, dtype=np.float64).ravel()
+            if len(scales) != len(law[0]) or np.any(~np.isfinite(scales)) or np.any(scales <= 0):
+                raise InvalidArgument("prior_scales", f"{len(scales)} values", f"{len(law[0])} positive scales")
+        # The prior x spread components (flattened): offset and scale of the prior's error, spread, log weight.
+        offsets, scales, pw = (np.zeros(1), np.array([self.prior_sigma]), np.ones(1)) if law is None else \
+            (law[0], scales, law[1])
+        sv, sw = (np.array([self.within_sigma]), np.ones(1)) if spread is None else spread
+        self._c_offset = np.repeat(offsets, len(sv))
+        self._c_scale = np.repeat(scales, len(sv))
+        self._c_sigma = np.tile(sv, len(offsets))
+        with np.errstate(divide="ignore"):
+            self._c_logw = np.log(np.repeat(pw, len(sv)) * np.tile(sw, len(offsets)))
+        self._spread_values, self._n_prior = sv, len(offsets)
+        self._simple = law is None and spread is None  # the one-normal, one-spread model (closed-form belief)
+        self._prior_law = None if law is None else (offsets.tolist(), scales.tolist(), law[1].tolist())
+        self._spread_law = None if spread is None else (sv.tolist(), sw.tolist())
+        self._offsets: dict[float, float] = {}  # predictive quantiles of a prompt with nothing known, around its prior
         self.step = 0
         self._prompts: dict[Hashable, _Prompt] = {}
-        self._sum_log = 0.0  # every finished observation, for the empirical prior
-        self._count = 0
+        self._sum_log = 0.0  # every finished observation, decayed across steps, for the empirical prior
+        self._count = 0.0
         self._drift_sum = 0.0  # step-to-step changes of prompts' mean log length (drift estimate)
         self._drift_weight = 0.0
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def fit(cls, groups: Mapping[Hashable, Sequence[int]], prior: Any = None, **options: Any) -> OnlineLengthPredictor:
-        """A predictor whose spreads are learnt from training ``groups`` (prompt -> sibling lengths,
-        tokens): ``within_sigma`` always; with a ``prior``, its ``prior_sigma`` and ``prior_bias`` on
-        these prompts. ``options`` as the constructor (explicit values win)."""
+        """A predictor whose laws are learnt from training ``groups`` (prompt -> sibling lengths,
+        tokens): the per-prompt spread law always; the prior's error law (``prior_bias``,
+        ``prior_sigma`` and the mixture) on these prompts, around the ``prior`` or, without one,
+        around the groups' mean log length (where the empirical running mean settles). ``options`` as
+        the constructor (explicit values win)."""
         if not isinstance(groups, Mapping) or not groups:
             raise InvalidArgument("groups", type(groups).__name__, "a non-empty mapping prompt -> sibling lengths")
         keys = list(groups)
-        priors = None
         if prior is not None:
             probe = cls(prior, default_length=options.get("default_length", 512))
             priors = np.exp(probe._prior_means(keys))
-        spreads = fit_spreads([groups[k] for k in keys], priors)
+        else:
+            centre = float(np.mean(np.concatenate([np.log(np.asarray(groups[k], dtype=np.float64)) for k in keys])))
+            priors = np.full(len(keys), math.exp(centre))
+        spreads = fit_spreads([groups[k] for k in keys], priors, laws=True)
+        if prior is None:
+            spreads.pop("prior_bias")  # the empirical prior takes no bias
         return cls(prior, **{**spreads, **options})
 
     # ------------------------------------------------------------------ observations
@@ -229,6 +373,10 @@ class OnlineLengthPredictor:
         step = check_int("step", step, minimum=0)
         if step < self.step:
             raise InvalidArgument("step", step, f"at least the current step {self.step}")
+        if step > self.step:
+            decay = self.forgetting ** (step - self.step)
+            self._sum_log *= decay
+            self._count *= decay
         self.step = step
 
     def observe(self, prompt: Hashable, length: int, *, finished: bool = True, completion: Hashable = None,
@@ -256,13 +404,16 @@ class OnlineLengthPredictor:
         y = math.log(length)
         state.n += 1
         state.total += y
-        self._sum_log += y
-        self._count += 1
+        state.squares += y * y
+        weight = self.forgetting ** (self.step - step)  # an observation of an earlier step counts decayed
+        self._sum_log += weight * y
+        self._count += weight
 
     def _state(self, prompt: Hashable) -> _Prompt:
         state = self._prompts.get(prompt)
         if state is None:
-            state = _Prompt(prior_mean=float(self._prior_means([prompt])[0]), step=self.step)
+            mean = None if self.prior is None else float(self._prior_means([prompt])[0])
+            state = _Prompt(prior_mean=mean, step=self.step)
             self._prompts[prompt] = state
         return state
 
@@ -275,18 +426,26 @@ class OnlineLengthPredictor:
             if gap > 0:
                 self._drift_sum += (state.total / state.n - previous) * state.n
                 self._drift_weight += gap * state.n
+        s = state.step
+        between = state.total ** 2 / state.n if state.n else 0.0
+        keep = self.spread_forgetting ** (step - state.step)
+        state.hist_ss = (state.hist_ss + max(state.squares - between, 0.0)) * keep
+        state.hist_dof = (state.hist_dof + max(state.n - 1, 0)) * keep
+        state.hist_groups = (state.hist_groups + (1 if state.n else 0)) * decay
         state.hist_weight = (state.hist_weight + state.n) * decay
         state.hist_total = (state.hist_total + state.total) * decay
-        state.hist_steps = (state.hist_steps + state.n * state.step) * decay
-        state.n, state.total, state.step = 0, 0.0, step
+        state.hist_squares = (state.hist_squares + between) * decay
+        state.hist_steps = (state.hist_steps + state.n * s) * decay
+        state.hist_steps_y = (state.hist_steps_y + state.total * s) * decay
+        state.hist_steps_sq = (state.hist_steps_sq + state.n * s * s) * decay
+        state.n, state.total, state.squares, state.step = 0, 0.0, 0.0, step
         state.running.clear()
 
     def _prior_means(self, prompts: Sequence[Hashable]) -> np.ndarray:
         """Prior mean log length of each prompt (the prior's prediction, bias-corrected)."""
         prior = self.prior
         if prior is None:
-            mean = self._sum_log / self._count if self._count else math.log(self.default_length)
-            return np.full(len(prompts), mean)
+            return np.full(len(prompts), self._empirical_mean())
         if isinstance(prior, Mapping):
             missing = [p for p in prompts if p not in prior]
             if missing:
@@ -300,6 +459,12 @@ class OnlineLengthPredictor:
             raise InvalidArgument("prior", values[:3].tolist(), "positive, finite predictions (tokens)")
         return np.log(values) + self.prior_bias
 
+    def _empirical_mean(self) -> float:
+        return self._sum_log / self._count if self._count > 0 else math.log(self.default_length)
+
+    def _centre(self, state: _Prompt) -> float:
+        return self._empirical_mean() if state.prior_mean is None else state.prior_mean
+
     @property
     def drift_per_step(self) -> float:
         """The estimated drift of log length per rollout step (0 without ``drift``)."""
@@ -308,6 +473,50 @@ class OnlineLengthPredictor:
         return self._drift_sum / self._drift_weight
 
     # ------------------------------------------------------------------ beliefs
+    def _data(self, state: _Prompt) -> np.ndarray:
+        """The likelihood's statistics of the prompt's log lengths, history (decayed, drift-corrected)
+        and this step's finished siblings: about the mean, the weight N, the weighted sum T, the
+        weighted sum of n_s * (step mean)^2 Q and the weighted count of steps E; about the spread, the
+        within-step sums of squares SS and their degrees of freedom D. [N, T, Q, E, SS, D]."""
+        between = state.total ** 2 / state.n if state.n else 0.0
+        n = state.hist_weight + state.n
+        t = state.hist_total + state.total
+        q = state.hist_squares + between
+        e = state.hist_groups + (1 if state.n else 0)
+        ss = state.hist_ss + max(state.squares - between, 0.0)
+        dof = state.hist_dof + max(state.n - 1, 0)
+        if state.hist_weight and self.drift:
+            d, s = self.drift_per_step, state.step
+            ages = s * state.hist_weight - state.hist_steps  # sum of w * (s - s_i)
+            ages_y = s * state.hist_total - state.hist_steps_y
+            ages_sq = s * s * state.hist_weight - 2 * s * state.hist_steps + state.hist_steps_sq
+            t += d * ages
+            q += 2 * d * ages_y + d * d * ages_sq
+        return np.array([n, t, q, e, ss, dof])
+
+    def _components(self, centre: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The belief of each prompt (rows; ``data`` its :meth:`_data` rows) as a mixture over the prior
+        x spread components (columns): mean and variance of ``mu`` given the component, and the
+        component's normalised log weight (its prior weight times the marginal likelihood of the
+        data). Closed form (conjugacy)."""
+        n, t, q, e, ss_within, dof = (data[:, i] for i in range(6))
+        m0 = centre[:, None] + self._c_offset[None, :]
+        b2 = self._c_scale[None, :] ** 2
+        s2 = self._c_sigma[None, :] ** 2
+        n_ = n[:, None]
+        precision = 1.0 / b2 + n_ / s2
+        var = 1.0 / precision
+        mean = var * (m0 / b2 + t[:, None] / s2)
+        safe = np.maximum(n_, 1e-12)
+        ybar = t[:, None] / safe
+        ss = np.maximum(q[:, None] - t[:, None] ** 2 / safe, 0.0) + ss_within[:, None]
+        pred = b2 + s2 / safe
+        loglik = (-(dof + e - 1.0)[:, None] * np.log(self._c_sigma[None, :]) - ss / (2 * s2)
+                  - 0.5 * np.log(pred) - (ybar - m0) ** 2 / (2 * pred))
+        logw = self._c_logw[None, :] + np.where(n_ > 0, loglik, 0.0)
+        logw = logw - _logsumexp(logw, axis=1)[:, None]
+        return mean, var, logw
+
     def belief(self, prompt: Hashable) -> tuple[float, float]:
         """(mean, variance) of the prompt's mean log length now, from the prior, its history and
         its finished siblings (running siblings are added by :meth:`predict`)."""
@@ -317,89 +526,210 @@ class OnlineLengthPredictor:
         return self._belief(state)
 
     def _belief(self, state: _Prompt) -> tuple[float, float]:
-        w2 = self.within_sigma ** 2
-        precision = 1.0 / self.prior_sigma ** 2 + (state.hist_weight + state.n) / w2
-        hist = state.hist_total
-        if state.hist_weight and self.drift:
-            hist += self.drift_per_step * (state.hist_weight * state.step - state.hist_steps)
-        mean = (state.prior_mean / self.prior_sigma ** 2 + (hist + state.total) / w2) / precision
-        return mean, 1.0 / precision
+        data = self._data(state)
+        n, t = data[0], data[1]
+        centre = self._centre(state)
+        if self._simple:
+            w2, b2 = self.within_sigma ** 2, self.prior_sigma ** 2
+            precision = 1.0 / b2 + n / w2
+            return (centre / b2 + t / w2) / precision, 1.0 / precision
+        mean, var, logw = self._components(np.array([centre]), data[None, :])
+        w = np.exp(logw[0])
+        m = float((w * mean[0]).sum())
+        return m, float((w * (var[0] + mean[0] ** 2)).sum() - m * m)
 
-    def _grid(self, state: _Prompt) -> tuple[np.ndarray, np.ndarray]:
-        """The posterior of the prompt's mean log length on a grid (points, weights): the normal
-        belief from prior, history and finished siblings, times the exact censored likelihood of every
-        running sibling (P(its log length > log(progress + 1)) under the residual law)."""
-        mean, var = self._belief(state)
-        sd, w = math.sqrt(var), self.within_sigma
-        cuts = np.log(np.array([k for k in state.running.values() if k > 0], dtype=np.float64) + 1.0)
-        top = max(mean + 6 * sd, float(cuts.max()) + 4 * w) if len(cuts) else mean + 6 * sd
-        mu = np.linspace(mean - 6 * sd, top, _POSTERIOR_POINTS)
-        logw = -0.5 * ((mu - mean) / sd) ** 2
-        if len(cuts):
-            logw = logw + self.residuals.log_sf((cuts[None, :] - mu[:, None]) / w).sum(axis=1)
-        weight = np.exp(logw - logw.max())
-        return mu, weight / weight.sum()
+    def _grid(self, mean: np.ndarray, var: np.ndarray, logw: np.ndarray, cuts: np.ndarray, counts: np.ndarray,
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The exact posterior of (mu, sigma) of one prompt on a grid: its closed-form belief (a mixture
+        of normals over the components) times the survival of every running sibling (``cuts``: log of
+        progress + 1, ``counts`` siblings each). Returns grid points (mu, sigma, log weight), flat."""
+        k, spreads = self._n_prior, self._spread_values
+        points = _SINGLE_POINTS if len(spreads) == 1 else _POINTS_PER_SPREAD
+        mean, var, logw = (a.reshape(k, len(spreads)) for a in (mean, var, logw))
+        mus, sigmas, logws = [], [], []
+        for j, sigma in enumerate(spreads):
+            alive = logw[:, j] > logw.max() - 30.0
+            if not alive.any():
+                continue
+            m, v, lw = mean[alive, j], var[alive, j], logw[alive, j]
+            sd = np.sqrt(v)
+            lo, hi = float((m - 6 * sd).min()), float((m + 6 * sd).max())
+            if len(cuts):
+                hi = max(hi, float(cuts.max()) + 4 * sigma)
 
-    def _mixture_totals(self, state: _Prompt, done: np.ndarray, qs: Sequence[float]) -> dict[float, np.ndarray]:
-        """Quantiles of log total length of completions of one prompt that are still running after
-        ``done`` tokens, under the grid posterior: exact truncation of the mixture predictive."""
-        mu, weight = self._grid(state)
-        w = self.within_sigma
-        cut = np.where(done > 0, np.log(done + 1.0), -np.inf)
-        lo = mu[0] - 10 * w
-        hi = max(mu[-1], float(cut.max()) if np.isfinite(cut).any() else mu[-1]) + 12 * w
-        y = np.linspace(lo, hi, _PREDICTIVE_POINTS)
-        terms = np.log(np.maximum(weight, 1e-300))[None, :] + self.residuals.log_sf((y[:, None] - mu[None, :]) / w)
-        top = terms.max(axis=1)
-        log_sf = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))  # log P(Y > y), decreasing
-        log_sf = np.minimum.accumulate(log_sf)
-        start = np.where(np.isfinite(cut), np.interp(np.where(np.isfinite(cut), cut, lo), y, log_sf), 0.0)
-        out = {}
-        for q in qs:
-            target = start + math.log1p(-q)  # P(Y > y | Y > cut) = 1 - q
-            out[q] = np.interp(-target, -log_sf, y)
+            def density(mu: np.ndarray) -> np.ndarray:
+                dens = _logsumexp(lw[None, :] - 0.5 * np.log(v)[None, :] - (mu[:, None] - m[None, :]) ** 2
+                                  / (2 * v[None, :]), axis=1)
+                if len(cuts):
+                    dens = dens + (counts[None, :] * self.residuals.log_sf((cuts[None, :] - mu[:, None]) / sigma)
+                                   ).sum(axis=1)
+                return dens
+
+            mu = np.linspace(lo, hi, points)
+            dens = density(mu)
+            if len(cuts):  # the censored posterior may be far narrower than the range: zoom in on its mass
+                keep = np.nonzero(dens > dens.max() - 30.0)[0]
+                step = mu[1] - mu[0]
+                lo2, hi2 = mu[keep[0]] - step, mu[keep[-1]] + step
+                if hi2 - lo2 < 0.5 * (hi - lo):
+                    mu = np.linspace(lo2, hi2, points)
+                    dens = density(mu)
+            mus.append(mu)
+            sigmas.append(np.full(points, sigma))
+            logws.append(dens + math.log(mu[1] - mu[0]))
+        mu, sigma, lw = np.concatenate(mus), np.concatenate(sigmas), np.concatenate(logws)
+        return mu, sigma, lw - _logsumexp(lw, axis=0)
+
+    def _quantiles(self, loc: np.ndarray, scale: np.ndarray, logw: np.ndarray, cut: np.ndarray,
+                   levels: Sequence[float]) -> dict[float, np.ndarray]:
+        """Quantiles of log total length for rows of mixtures (``loc``, ``scale``, ``logw``: [rows,
+        components], the sibling law's location and scale per component) truncated to ``> cut`` (-inf:
+        no truncation): P(Y > y | Y > cut) = sum_c w_c P(e > (y - loc_c) / scale_c) / (the same at cut),
+        read off a grid of y. Vectorised over rows."""
+        rows = len(loc)
+        out = {q: np.empty(rows) for q in levels}
+        if not rows:
+            return out
+        finite = np.isfinite(cut)
+        if loc.shape[1] == 1 and self.residuals.normal and not finite.any():  # one normal: exact
+            for q in levels:
+                out[q] = loc[:, 0] + scale[:, 0] * float(_inv_cdf(np.array([q]))[0])
+            return out
+        with np.errstate(invalid="ignore"):
+            shifted = logw + np.where(finite[:, None], self.residuals.log_sf((cut[:, None] - loc) / scale), 0.0)
+        start = _logsumexp(shifted, axis=1)  # log P(Y > cut)
+        alive = shifted > (shifted.max(axis=1, keepdims=True) - 30.0)
+        big = np.where(alive, scale, 0.0).max(axis=1)
+        lo = np.where(finite, cut, np.where(alive, loc - 7 * scale, np.inf).min(axis=1))
+        hi = np.where(alive, loc + 7 * scale, -np.inf).max(axis=1)
+        hi = np.where(finite, np.maximum(hi, cut + 7 * big), hi)
+        grid = np.linspace(0.0, 1.0, _PREDICTIVE_POINTS)
+        per = max(1, _CHUNK // max(1, _PREDICTIVE_POINTS * loc.shape[1]))
+        for a in range(0, rows, per):
+            b = min(rows, a + per)
+            y = lo[a:b, None] + (hi[a:b] - lo[a:b])[:, None] * grid[None, :]
+            terms = logw[a:b, None, :] + self.residuals.log_sf((y[:, :, None] - loc[a:b, None, :])
+                                                               / scale[a:b, None, :])
+            log_sf = np.minimum.accumulate(_logsumexp(terms, axis=2), axis=1)  # log P(Y > y), decreasing
+            for q in levels:
+                target = start[a:b] + math.log1p(-q)  # P(Y > y | Y > cut) = 1 - q
+                # bracket on the grid, then bisection on the exact mixture (the grid alone is coarse)
+                above = np.clip((log_sf > target[:, None]).sum(axis=1), 1, _PREDICTIVE_POINTS - 1)
+                left, right = y[np.arange(b - a), above - 1], y[np.arange(b - a), above]
+                for _ in range(_BISECTIONS):
+                    mid = 0.5 * (left + right)
+                    value = _logsumexp(logw[a:b] + self.residuals.log_sf((mid[:, None] - loc[a:b]) / scale[a:b]),
+                                       axis=1)
+                    high = value > target
+                    left, right = np.where(high, mid, left), np.where(high, right, mid)
+                out[q][a:b] = 0.5 * (left + right)
         return out
+
+    def _prior_offsets(self, levels: Sequence[float]) -> dict[float, float]:
+        """Predictive quantiles of a prompt with nothing known, around its prior mean (cached)."""
+        missing = [q for q in levels if q not in self._offsets]
+        if missing:
+            mean, var, logw = self._components(np.zeros(1), np.zeros((1, 6)))
+            if self.residuals.normal:
+                got = self._quantiles(mean, np.sqrt(var + self._c_sigma[None, :] ** 2), logw, np.array([-np.inf]),
+                                      missing)
+            else:
+                mu, sigma, lw = self._grid(mean[0], var[0], logw[0], np.zeros(0), np.zeros(0))
+                got = self._quantiles(mu[None], sigma[None], lw[None], np.array([-np.inf]), missing)
+            self._offsets.update({q: float(v[0]) for q, v in got.items()})
+        return {q: self._offsets[q] for q in levels}
 
     # ------------------------------------------------------------------ the protocol
     def predict(self, prompts: Sequence[Hashable], prefixes: Sequence[Any] | None = None, *,
-                quantiles: Sequence[float] = ()) -> LengthPrediction:
+                quantiles: Sequence[float] = (), completions: Sequence[Hashable] | None = None,
+                ) -> LengthPrediction:
         """Remaining tokens of a completion of each ``prompts[i]`` that has generated ``prefixes[i]``
         (token ids or a count; None = nothing yet): the median of its predictive, truncated to more
-        than it has generated, and the requested quantiles of it. Vectorised over the queries."""
+        than it has generated, and the requested quantiles of it. ``completions[i]`` (optional; None
+        = a fresh one): the completion asked about, so that its own observed progress
+        (``observe(..., finished=False, completion=c)``) is not counted as a sibling's evidence but
+        as its own lower bound (the larger of it and the prefix). Vectorised over the queries."""
         qs = _check_quantiles(quantiles)
         done = _prefix_lengths(prompts, prefixes)
+        if completions is not None and len(completions) != len(prompts):
+            raise InvalidArgument("completions", f"{len(completions)} ids", f"{len(prompts)}, one per prompt")
         unseen = [p for p in dict.fromkeys(prompts) if p not in self._prompts]
         if unseen:  # one batched call to the prior for every new prompt
-            for p, m in zip(unseen, self._prior_means(unseen)):
-                self._prompts[p] = _Prompt(prior_mean=float(m), step=self.step)
-        beliefs = {}
-        for p in dict.fromkeys(prompts):
-            state = self._prompts[p]
-            if state.step < self.step:
-                self._roll(state, self.step)
-            beliefs[p] = self._belief(state)
-        mean = np.array([beliefs[p][0] for p in prompts], dtype=np.float64)
-        var = np.array([beliefs[p][1] for p in prompts], dtype=np.float64)
-        sd = np.sqrt(var + self.within_sigma ** 2)
-        # Completions that have generated nothing, of prompts without running siblings: the closed
-        # form (normal belief, residual law); every other one is replaced below by the exact path.
-        law = self.residuals.mixed(var / (var + self.within_sigma ** 2)) if self.residuals.values is not None \
-            else self.residuals
+            means = [None] * len(unseen) if self.prior is None else self._prior_means(unseen)
+            for p, m in zip(unseen, means):
+                self._prompts[p] = _Prompt(prior_mean=None if m is None else float(m), step=self.step)
         levels = sorted({0.5, *qs})
-        log_total = {q: mean + sd * law.inv(np.full(len(prompts), q)) for q in levels}
-        # Completions of a prompt with running siblings, or with progress of their own: the exact
-        # (grid) posterior and truncated mixture predictive.
         rows_of: dict[Hashable, list[int]] = {}
         for i, p in enumerate(prompts):
             rows_of.setdefault(p, []).append(i)
+        log_total = {q: np.empty(len(prompts)) for q in levels}
+        own = np.zeros(len(prompts), dtype=np.int64)  # each query's own observed progress (if running)
+        offsets = None
+        closed: list[tuple[Hashable, list[int]]] = []  # prompts without informative running siblings
+        exact: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]] = []  # grid posteriors
         for p, rows in rows_of.items():
             state = self._prompts[p]
-            informative = any(k > 0 for k in state.running.values())  # progress 0 tells nothing
-            rows = [i for i in rows if informative or done[i] > 0]
-            if rows:
-                exact = self._mixture_totals(state, done[rows], levels)
-                for q in levels:
-                    log_total[q][rows] = exact[q]
+            if state.step < self.step:
+                self._roll(state, self.step)
+            if completions is not None:
+                for i in rows:
+                    own[i] = state.running.get(completions[i], 0) if completions[i] is not None else 0
+                    done[i] = max(done[i], own[i])
+            informative = {c: k for c, k in state.running.items() if k > 0}
+            if not informative and state.hist_weight + state.n == 0:
+                empty = [i for i in rows if done[i] == 0]
+                if empty:
+                    offsets = offsets or self._prior_offsets(levels)
+                    for q in levels:
+                        log_total[q][empty] = self._centre(state) + offsets[q]
+                rows = [i for i in rows if done[i] > 0]
+                if not rows:
+                    continue
+            if not informative and self.residuals.normal:
+                closed.append((p, rows))
+                continue
+            # censored siblings (or a non-normal residual law): the grid posterior, without each
+            # query's own censored observation
+            mean, var, logw = self._components(np.array([self._centre(state)]), self._data(state)[None, :])
+            cuts, counts = np.unique(np.log(np.array(list(informative.values()), dtype=np.float64) + 1.0),
+                                     return_counts=True)
+            mu, sigma, lw = self._grid(mean[0], var[0], logw[0], cuts, counts.astype(np.float64))
+            groups: dict[int, list[int]] = {}
+            for i in rows:
+                groups.setdefault(int(own[i]) if completions is not None and
+                                  informative.get(completions[i], 0) > 0 else 0, []).append(i)
+            for k, members in groups.items():
+                w = lw
+                if k > 0:  # take the query's own censored observation out of the belief
+                    w = lw - self.residuals.log_sf((math.log(k + 1.0) - mu) / sigma)
+                    w = w - _logsumexp(w, axis=0)
+                exact.append((mu, sigma, w, members))
+        if closed:
+            prompts_c = [p for p, _ in closed]
+            data = np.array([self._data(self._prompts[p]) for p in prompts_c], dtype=np.float64).reshape(-1, 6)
+            centre = np.array([self._centre(self._prompts[p]) for p in prompts_c])
+            mean, var, logw = self._components(centre, data)
+            index = np.repeat(np.arange(len(closed)), [len(r) for _, r in closed])
+            rows = np.concatenate([np.asarray(r, dtype=np.int64) for _, r in closed])
+            cut = np.where(done[rows] > 0, np.log(done[rows] + 1.0), -np.inf)
+            got = self._quantiles(mean[index], np.sqrt(var + self._c_sigma[None, :] ** 2)[index], logw[index], cut,
+                                  levels)
+            for q in levels:
+                log_total[q][rows] = got[q]
+        if exact:
+            width = max(len(mu) for mu, _, _, _ in exact)
+            count = sum(len(m) for _, _, _, m in exact)
+            loc, scale, lw = np.zeros((count, width)), np.ones((count, width)), np.full((count, width), -np.inf)
+            rows, r = np.empty(count, dtype=np.int64), 0
+            for mu, sigma, w, members in exact:
+                for i in members:
+                    loc[r, :len(mu)], scale[r, :len(mu)], lw[r, :len(mu)] = mu, sigma, w
+                    rows[r] = i
+                    r += 1
+            cut = np.where(done[rows] > 0, np.log(done[rows] + 1.0), -np.inf)
+            got = self._quantiles(loc, scale, lw, cut, levels)
+            for q in levels:
+                log_total[q][rows] = got[q]
 
         def remaining(q: float, rounding) -> np.ndarray:
             total = np.exp(log_total[q])
@@ -410,6 +740,8 @@ class OnlineLengthPredictor:
         return LengthPrediction(remaining(0.5, np.rint), {q: remaining(q, np.ceil) for q in qs})
 
     def __repr__(self) -> str:
+        spread = f"within_sigma={self.within_sigma:.3f}" if self._spread_law is None else \
+            f"a spread law over {len(self._spread_values)} values"
         return (f"OnlineLengthPredictor(prior={type(self.prior).__name__}, prior_sigma={self.prior_sigma:.3f}, "
-                f"within_sigma={self.within_sigma:.3f}, forgetting={self.forgetting}, drift={self.drift}, "
+                f"{spread}, forgetting={self.forgetting}, drift={self.drift}, "
                 f"{len(self._prompts)} prompts, step {self.step})")

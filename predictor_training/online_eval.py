@@ -248,20 +248,22 @@ def _prior_lengths(spec: Any, fit: Mapping[str, PromptGroup], prompts: Mapping[s
     raise InvalidArgument("prior", spec, "'none', 'regression' or a mapping prompt_id -> tokens")
 
 
-def _spreads(fit: Mapping[str, PromptGroup], prior: dict | None) -> dict[str, Any]:
+def _spreads(fit: Mapping[str, PromptGroup], prior: dict | None, laws: bool = True) -> dict[str, Any]:
     """Spreads fitted on the fit half: one group per (prompt, step) with >= 2 samples. Without a prior
-    the prior's spread is measured around the fit half's mean log length (what the empirical running
-    mean converges to); ``fit()`` would leave it at its default."""
+    the prior's law is measured around the fit half's mean log length (what the empirical running
+    mean converges to), as ``OnlineLengthPredictor.fit`` does. ``laws``: the per-prompt spread law and
+    the prior's mixture law (``fit_spreads(..., laws=True)``), else one spread and the pooled residual
+    law."""
     keys = [(p, s) for p, g in fit.items() for s, v in g.steps.items() if len(v) >= 2]
     if not keys:
         raise InvalidArgument("groups", f"{len(fit)} prompts in the fit half", "groups of at least 2 samples")
     samples = [fit[p].steps[s] for p, s in keys]
     if prior is None:
         centre = math.exp(float(np.mean(np.log(np.concatenate(samples)))))
-        out = fit_spreads(samples, [centre] * len(samples))
+        out = fit_spreads(samples, [centre] * len(samples), laws=laws)
         out.pop("prior_bias")  # the empirical prior takes no bias
         return out
-    return fit_spreads(samples, [prior[p] for p, _ in keys])
+    return fit_spreads(samples, [prior[p] for p, _ in keys], laws=laws)
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -333,10 +335,13 @@ def _replay(timeline: list[_Episode], predictor: OnlineLengthPredictor, order: s
                 stat = float(ep.lengths[shown].min())
             else:
                 stat = float(np.mean(known)) if known else math.nan
-            queries.append((ep.key, progress))
+            # a running sibling is asked about as itself: its own progress bounds it, and is no
+            # evidence about its siblings' law (they are all at the same progress: one query)
+            queries.append((ep.key, progress, int(hidden[0]) if progress else None))
             pending.append((ep, hidden, progress, stat))
         if queries:
-            res = predictor.predict([q[0] for q in queries], [q[1] for q in queries], quantiles=[quantile])
+            res = predictor.predict([q[0] for q in queries], [q[1] for q in queries], quantiles=[quantile],
+                                    completions=[q[2] for q in queries])
             upper = res.quantile(quantile)
             for i, (ep, hidden, progress, stat) in enumerate(pending):
                 m = len(hidden)
@@ -412,7 +417,8 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
                     siblings: Sequence[int] = (0, 1, 2, 4, 5, -1), orders: Sequence[str] = ORDERS,
                     history: Sequence[bool] = (False, True), prior: Any = "none",
                     options: Mapping[str, Any] | None = None, bootstrap: int = 200,
-                    quantile: float = QUANTILE, prior_name: str | None = None) -> dict[str, Any]:
+                    quantile: float = QUANTILE, prior_name: str | None = None, laws: bool = True,
+                    ) -> dict[str, Any]:
     """Cross-fitted evaluation of the online predictor (the protocol is the module docstring's).
 
     ``groups``: ``{prompt_id: PromptGroup}`` (from :func:`load_groups`), ``{prompt_id: lengths}`` or
@@ -421,6 +427,8 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
     prompt tokens, fitted on the fit half) or a mapping prompt_id -> tokens. ``options``: extra
     :class:`OnlineLengthPredictor` arguments (e.g. ``forgetting``). ``bootstrap``: resamples of prompts
     for the 95% interval of tau-b (0: none). ``prior_name``: how the tables name a mapping prior.
+    ``laws``: fit the per-prompt spread law and the prior's mixture law (the default), else the
+    single-spread model with the pooled residual law.
 
     Returns ``{"rows": [...], "fitted": [...], "protocol": {...}}``; a row holds prior, order,
     siblings, history, method (``online``, ``prior``, ``ceiling``), statistic, tau_b, tau_b_ci, mae,
@@ -449,7 +457,7 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
     setups = []
     for fit, test in halves:
         tokens = _prior_lengths(prior, fit, {**fit, **test})
-        spreads = {**_spreads(fit, None if tokens is None else {p: tokens[p] for p in fit}), **options}
+        spreads = {**_spreads(fit, None if tokens is None else {p: tokens[p] for p in fit}, laws), **options}
         setups.append((fit, test, tokens, spreads))
 
     def run(order: str, k: int, hist: bool) -> dict[str, np.ndarray]:
@@ -491,7 +499,7 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
                **{k: v for k, v in spreads.items() if k != "residual_quantiles"}}
               for fit, test, _, spreads in setups]
     protocol = {"fit_fraction": fit_fraction, "seed": seed, "siblings": ks, "orders": orders, "history": history,
-                "prior": prior_name, "options": options, "bootstrap": bootstrap, "quantile": quantile,
+                "prior": prior_name, "options": options, "bootstrap": bootstrap, "quantile": quantile, "laws": laws,
                 "prompts": len(groups), "samples": int(sum(len(g.lengths) for g in groups.values()))}
     return {"rows": rows, "fitted": fitted, "protocol": protocol}
 
