@@ -1,5 +1,10 @@
 """The ``lengthsched`` command. Subcommands register here; each prints one readable line and exits
-non-zero on bad input (exit 2) instead of a traceback."""
+non-zero on bad input (exit 2) instead of a traceback, and one line with exit 130 on Ctrl-C.
+
+What :func:`main` does for every command, so that no command has to: output paths (see
+:func:`lengthsched.options.check_outputs`) are checked before the command runs, and an
+:class:`InvalidArgument` that names an option field is printed with the flag the user typed
+(``argument 'max_new_tokens' (--max-new-tokens): ...``)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from .errors import InvalidArgument, LengthschedError
 from .hfconfig import preset_names
 from .io import atomic_write_text, read_lengths_input
 from .memory import ModelMemory, parse_bytes
-from .options import BudgetOptions, ModelOptions, PlanOptions, add_arguments, from_args
+from .options import BudgetOptions, ModelOptions, PlanOptions, add_arguments, check_outputs, flag_name, from_args
 from .plan import Plan, plan_group
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
@@ -60,33 +65,69 @@ def format_plan(plan: Plan, note: str | None = None) -> str:
     return "\n".join(lines)
 
 
+#: Keys a JSON object given to ``plan`` may carry (``source`` is a note printed above the table).
+PLAN_INPUT_KEYS = ("lengths", "reserve_lengths", "prompt_tokens", "max_new_tokens", "slots", "budget", "model",
+                   "source")
+
+
+def _note(command: str, text: str) -> None:
+    print(f"lengthsched {command}: note: {text}", file=sys.stderr)
+
+
+def _reading_stdin(command: str, what: str) -> None:
+    """Say so when a command is about to wait on a terminal for its input."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        _note(command, f"reading {what} from stdin (end it with Ctrl-D)")
+
+
 def _cmd_plan(opts: PlanOptions) -> int:
+    if opts.lengths == "-":
+        _reading_stdin("plan", "the predicted lengths")
     data = read_lengths_input(opts.lengths)
+    name = "<stdin>" if opts.lengths == "-" else (opts.lengths or "the bundled example")
+    unknown = sorted(set(data) - set(PLAN_INPUT_KEYS))
+    if unknown:
+        raise InvalidArgument("lengths", name, f"a JSON object with only the keys {', '.join(PLAN_INPUT_KEYS)} "
+                                               f"(unknown: {', '.join(map(repr, unknown))})")
     pick = lambda name: getattr(opts, name) if getattr(opts, name) is not None else data.get(name)  # noqa: E731
     budget = pick("budget")
-    slots = pick("slots") if budget is None or opts.slots is not None else None
+    slots = pick("slots")
+    note = None
+    if opts.budget is not None and opts.slots is None and data.get("slots") is not None:
+        # --budget asks for budget mode: the input's slots (a slots-mode setting) is not a cap unless asked for
+        note = (f"the input's slots ({data['slots']}) is not used under --budget; pass --slots {data['slots']} "
+                "to cap the decoding completions too")
+        slots = None
     if slots is None and budget is None:
         raise InvalidArgument("slots", None, "--slots or --budget (or 'slots' / 'budget' in the input)")
     lengths = data["lengths"]
     max_new = pick("max_new_tokens")
     model = pick("model") or (DEFAULT_MODEL if budget is not None else None)
     memory = None if model is None else load_memory(dataclasses.replace(opts, model=model))
-    plan = plan_group(
-        lengths,
-        max_new_tokens=max_new if max_new is not None else _longest(lengths),
-        slots=slots,
-        budget_bytes=None if budget is None else parse_bytes(budget),
-        memory=memory,
-        prompt_tokens=pick("prompt_tokens") or 0,
-        eps=opts.eps,
-        refill=opts.refill,
-        reserve_lengths=data.get("reserve_lengths"),
-        grouping=opts.grouping,
-    )
+    budget_bytes = None if budget is None else parse_bytes(budget)
+    try:
+        plan = plan_group(
+            lengths,
+            max_new_tokens=max_new if max_new is not None else _longest(lengths),
+            slots=slots,
+            budget_bytes=budget_bytes,
+            memory=memory,
+            prompt_tokens=pick("prompt_tokens") or 0,
+            eps=opts.eps,
+            refill=opts.refill,
+            reserve_lengths=data.get("reserve_lengths"),
+            grouping=opts.grouping,
+        )
+    except InvalidArgument as exc:
+        if exc.name == "budget_bytes":  # the library's name; the user typed --budget (or 'budget' in the input)
+            raise type(exc)("budget", budget, exc.expected) from None
+        raise
+    if note:
+        _note("plan", note)
     text = plan.to_json(indent=2)
-    if opts.output:
-        atomic_write_text(opts.output, text + "\n")
     print(text if opts.json else format_plan(plan, data.get("source")))
+    if opts.output is not None:  # after printing: a failed write does not lose the plan
+        atomic_write_text(opts.output, text + "\n")
     return 0
 
 
@@ -98,9 +139,19 @@ def _longest(lengths: Any) -> int:
 
 
 def _cmd_budget(opts: BudgetOptions) -> int:
+    from .errors import check_int
     from .sgpo import BudgetConfig, plan_budget, read_profile
 
+    if not opts.simulate:  # these set the simulated epoch only
+        for name in ("slots", "kv_budget"):
+            if getattr(opts, name) is not None:
+                raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --simulate POLICIES "
+                                                                  "(it sets the simulated epoch)")
+    check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
+    if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
+        raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")
     if opts.profile in (None, "-"):
+        _reading_stdin("budget", "the profile")
         lines, source = sys.stdin.read().splitlines(), "<stdin>"
     else:
         try:
@@ -125,11 +176,14 @@ def _cmd_budget(opts: BudgetOptions) -> int:
                              "adaptive": dataclasses.asdict(r["adaptive"]) if r["adaptive"] else None,
                              "fixed": dataclasses.asdict(r["fixed"])} for r in epochs]
     text = json.dumps(result, indent=1)
-    if opts.output:
+    print(text if opts.json else _format_budget(plan, cfg, epochs))
+    if opts.output is not None:  # after printing: a failed write does not lose the plan
         atomic_write_text(opts.output, text + "\n")
-    if opts.json:
-        print(text)
-        return 0
+    return 0
+
+
+def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]]) -> str:
+    """The table of ``lengthsched budget``."""
     kept = plan.kept
     reasons: dict[str, int] = {}
     for p in plan.prompts:
@@ -137,21 +191,22 @@ def _cmd_budget(opts: BudgetOptions) -> int:
     sizes: dict[int, int] = {}
     for p in kept:
         sizes[p.group_size] = sizes.get(p.group_size, 0) + 1
-    print(f"{len(plan.prompts)} prompts profiled: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
-    print(f"kept {len(kept)}; group sizes " + ", ".join(f"G={g}: {n}" for g, n in sorted(sizes.items())))
+    lines = [f"{len(plan.prompts)} prompts profiled: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())),
+             f"kept {len(kept)}; group sizes " + ", ".join(f"G={g}: {n}" for g, n in sorted(sizes.items()))]
     for i in range(cfg.phases):
         phase = plan.phase(i)
         if phase:
-            print(f"phase {i}: {len(phase)} prompts, success rate {phase[-1].success_rate:.2f}..{phase[0].success_rate:.2f}")
-    print(f"tokens: profiling {plan.profiling_tokens:,.0f} + training {plan.training_tokens:,.0f} = "
-          f"{plan.total_tokens:,.0f}; fixed G={cfg.baseline_group_size} baseline {plan.baseline_tokens:,.0f}; "
-          f"{plan.savings:.2f}x less")
+            lines.append(f"phase {i}: {len(phase)} prompts, success rate "
+                         f"{phase[-1].success_rate:.2f}..{phase[0].success_rate:.2f}")
+    lines.append(f"tokens: profiling {plan.profiling_tokens:,.0f} + training {plan.training_tokens:,.0f} = "
+                 f"{plan.total_tokens:,.0f}; fixed G={cfg.baseline_group_size} baseline {plan.baseline_tokens:,.0f}; "
+                 f"{plan.savings:.2f}x less")
     for r in epochs:
         a, f = r["adaptive"], r["fixed"]
-        print(f"epoch under {r['policy']}: {a.steps if a else 0:,} decode steps ({a.completions if a else 0} "
-              f"completions) vs {f.steps:,} ({f.completions}) with G={cfg.baseline_group_size}: "
-              f"{r['steps_ratio']:.3f}")
-    return 0
+        lines.append(f"epoch under {r['policy']}: {a.steps if a else 0:,} decode steps ({a.completions if a else 0} "
+                     f"completions) vs {f.steps:,} ({f.completions}) with G={cfg.baseline_group_size}: "
+                     f"{r['steps_ratio']:.3f}")
+    return "\n".join(lines)
 
 
 # Subcommands, found lazily: ``lengthsched`` imports none of its sibling packages (simulate,
@@ -187,8 +242,26 @@ def _summary(cls: type) -> str:
     return (cls.__doc__ or "").strip().splitlines()[0]
 
 
+EPILOG = """examples:
+  lengthsched plan                                 plan the bundled example group (10 completions, 4 slots)
+  lengthsched plan lengths.txt --budget 24GiB --model qwen3-8b
+                                                   plan your predicted lengths under a memory budget
+  lengthsched simulate --groups 20                 compare the sampling policies on real CASTILLO groups
+  lengthsched budget profile.jsonl                 adaptive group sizes from a difficulty profile
+  lengthsched cost show --model qwen3-8b --gpu h100
+                                                   modelled step times of one model on one GPU
+  lengthsched COMMAND --help                       every flag of a command, with its default
+
+Bad input prints one line naming the flag and exits with status 2; Ctrl-C exits with 130.
+Reference: docs/cli.md; start with docs/quickstart.md."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="lengthsched", description="Length-aware scheduling for GRPO group rollouts.")
+    from . import __version__
+
+    parser = _Parser(prog="lengthsched", description="Length-aware scheduling for GRPO group rollouts.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"lengthsched {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, entry in COMMANDS.items():
         table = _table(entry)
@@ -204,17 +277,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_flag(exc: InvalidArgument, cls: type) -> str:
+    """The message of ``exc``, naming the flag as well when its argument is an option field of ``cls``
+    (a positional field is named as it is: it has no flag)."""
+    field = next((f for f in dataclasses.fields(cls) if f.name == exc.name), None) \
+        if dataclasses.is_dataclass(cls) else None
+    text = str(exc)
+    if field is None or field.metadata.get("positional"):
+        return text
+    return text.replace(f"argument '{exc.name}'", f"argument '{exc.name}' ({flag_name(exc.name)})", 1)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    table = _table(COMMANDS[args.command])
-    cls, run = table[getattr(args, "subcommand", None) or ""]
-    run = _load(run) if isinstance(run, str) else run
-    label = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
+    label = ""
     try:
-        return run(from_args(cls, args))
-    except (LengthschedError, OSError, ImportError) as exc:
-        print(f"lengthsched {label}: error: {exc}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        table = _table(COMMANDS[args.command])
+        cls, run = table[getattr(args, "subcommand", None) or ""]
+        run = _load(run) if isinstance(run, str) else run
+        label = " ".join(filter(None, (args.command, getattr(args, "subcommand", None))))
+        try:
+            opts = from_args(cls, args)
+            check_outputs(opts)  # before the run: a long run must not be lost to an unwritable path
+            return run(opts)
+        except InvalidArgument as exc:
+            print(f"lengthsched {label}: error: {_with_flag(exc, cls)}", file=sys.stderr)
+            return 2
+        except (LengthschedError, OSError, ImportError) as exc:
+            print(f"lengthsched {label}: error: {exc}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print(f"lengthsched{' ' + label if label else ''}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

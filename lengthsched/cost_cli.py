@@ -40,8 +40,9 @@ class CostFitOptions:
     """
 
     samples: str | None = _opt(None, "JSON lines of measured steps: {decode_rows, kv_tokens_read, prefill_tokens, "
-                                     "seconds[, prefill_context]} per line", positional=True)
-    out: str | None = _opt(None, "write the fitted model JSON here (atomically); read it with cost show --cost")
+                                     "seconds[, prefill_context]} per line", positional=True, required=True)
+    out: str | None = _opt(None, "write the fitted model JSON here (atomically); read it with cost show --cost",
+                           output="file")
     model: str = _opt(DEFAULT_MODEL, "a config.json path, a model directory, or a bundled preset name")
     gpu: str = _opt(DEFAULT_GPU, "GPU preset (datasheet bandwidth and dense bf16 FLOP/s)", choices=list(GPU_PRESETS))
     dtype: str = _opt("bfloat16", "weights and activations dtype", choices=sorted(DTYPE_BYTES))
@@ -79,10 +80,11 @@ def run_cost_fit(opts: CostFitOptions) -> int:
     fitted, report = prior.fit_and_validate(samples, train_fraction=opts.train_fraction, seed=opts.seed)
     report = {"model": prior.model, "gpu": prior.gpu, "tp": prior.tp, "samples": str(opts.samples), **report}
     if opts.out is not None:
-        atomic_write_text(opts.out, fitted.to_json())
         report["out"] = str(opts.out)
     if opts.json:
         print(json.dumps(report, indent=1))
+        if opts.out is not None:  # after printing: a failed write does not lose the report
+            atomic_write_text(opts.out, fitted.to_json())
         return 0
     n = report["n_samples"]
     print(f"{prior.model} on {prior.gpu} (tp {prior.tp}): {n} measured steps, "
@@ -98,6 +100,7 @@ def run_cost_fit(opts: CostFitOptions) -> int:
         s = report[key]
         print(f"{label:<22}{_fmt(s['median']):>9}{_fmt(s['p90']):>9}{_fmt(s['max']):>9}")
     if opts.out is not None:
+        atomic_write_text(opts.out, fitted.to_json())
         print(f"wrote {opts.out}")
     return 0
 

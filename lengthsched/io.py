@@ -22,7 +22,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part.
 
     The new file gets the old file's permissions, or those a plain ``open`` gives (umask applies).
+    An ``OSError`` names ``path`` (never the hidden temporary file next to it) and keeps its type.
     """
+    if not os.fspath(path).strip():
+        raise FileNotFoundError("cannot write '': an empty path, expected a file path")
     target = Path(path)
     if not target.name or target.is_dir():
         raise IsADirectoryError(f"cannot write {str(path)!r}: it is a directory, expected a file path")
@@ -35,6 +38,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if target.exists():
             os.chmod(tmp, target.stat().st_mode & 0o7777)
         os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        reason = exc.strerror or str(exc)
+        raise type(exc)(f"cannot write {str(path)!r}: {reason}") from exc
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

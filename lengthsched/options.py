@@ -3,21 +3,30 @@
 Each field's ``metadata`` carries its help text (and ``choices``); :func:`add_arguments` derives
 the argparse flags and defaults from the dataclass, and :func:`from_args` builds the dataclass
 back, so the library defaults, the CLI and the generated CLI reference cannot drift apart.
+
+Metadata keys a field may carry: ``help``, ``choices``, ``aliases`` (extra flags such as ``-G``),
+``positional=True`` (an argument, not a flag), ``required=True`` (the command cannot run without
+it: argparse enforces it and the help says so), and ``output="file"`` or ``output="dir"`` (a path
+the command writes: :func:`check_outputs` rejects an unwritable one before the command runs; fields
+named ``output``, ``steps_out`` (files), ``plot`` and ``out`` (directories) are outputs without it).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import InvalidArgument
 from .memory import DTYPE_BYTES, FreeKV, PromptKV
 from .plan import GROUPINGS
 from .refill import RefillRule
 
-__all__ = ["PlanOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args"]
+__all__ = ["PlanOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args", "flag_name",
+           "output_fields", "check_output_path", "check_outputs"]
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -58,7 +67,7 @@ class PlanOptions(ModelOptions):
     grouping: str = _opt("fptas", "how completions are grouped into slot queues / micro groups",
                          choices=list(GROUPINGS))
     json: bool = _opt(False, "print the plan as JSON instead of a table")
-    output: str | None = _opt(None, "also write the plan JSON to this file (atomically)")
+    output: str | None = _opt(None, "also write the plan JSON to this file (atomically)", output="file")
 
 
 @dataclass(frozen=True)
@@ -66,7 +75,8 @@ class BudgetOptions:
     """Adaptive group sizes from a difficulty profile: keep, size and order prompts; compare compute."""
 
     profile: str | None = _opt(None, "profile JSON lines: {id, outcomes: [0/1...] or solved + samples, lengths, "
-                                     "prompt_tokens}; '-' reads stdin", positional=True)
+                                     "prompt_tokens}; '-' (or nothing, when stdin is a pipe) reads stdin",
+                               positional=True)
     g_min: int = _opt(2, "smallest group size")
     g_max: int = _opt(32, "largest group size (also for kept unsolved prompts)")
     rule: str = _opt("pow2", "group size from the success rate p: pow2 (power of two <= 1/p) or ceil (ceil 1/p)",
@@ -79,11 +89,12 @@ class BudgetOptions:
     seed: int = _opt(0, "seed of the unsolved-prompt sample and of the simulated epoch's lengths")
     simulate: str | None = _opt(None, "also simulate the epoch (adaptive vs fixed G) under these comma-separated "
                                       "policies, e.g. fixed_slot,length_aware")
-    slots: int | None = _opt(None, "slots of the simulated epoch")
-    kv_budget: int | None = _opt(None, "KV token budget of the simulated epoch (tokens beyond the prompt)")
+    slots: int | None = _opt(None, "slots of the simulated epoch (with --simulate)")
+    kv_budget: int | None = _opt(None, "KV token budget of the simulated epoch, tokens beyond the prompt "
+                                       "(with --simulate)")
     max_new_tokens: int = _opt(4096, "L_max of the simulated epoch, tokens")
     json: bool = _opt(False, "print the plan as JSON")
-    output: str | None = _opt(None, "also write the JSON plan to this file (atomically)")
+    output: str | None = _opt(None, "also write the JSON plan to this file (atomically)", output="file")
 
 
 def _base_type(annotation: Any) -> type:
@@ -92,26 +103,91 @@ def _base_type(annotation: Any) -> type:
     return args[0] if args else hint
 
 
+def flag_name(name: str) -> str:
+    """The command-line flag of the option field ``name``: ``max_new_tokens`` -> ``--max-new-tokens``."""
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one flag per field of the dataclass ``cls`` (``positional`` fields become arguments)."""
+    """Add one flag per field of the dataclass ``cls`` (``positional`` fields become arguments).
+
+    Every flag's help shows its default (when it is not None / False) and ``(required)`` for a
+    field marked ``required=True``, which argparse then enforces.
+    """
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
         kind = _base_type(f.type)
         help_text = meta.get("help", "")
+        required = bool(meta.get("required"))
         if meta.get("choices"):
             help_text += ": " + ", ".join(meta["choices"])
-        if f.default not in (None, False):
+        if required:
+            help_text += " (required)"
+        elif f.default is not None and f.default is not False:  # 0 is a default to show, unlike False
             help_text += f" (default: {f.default})"
         if meta.get("positional"):
-            parser.add_argument(f.name, nargs="?", default=f.default, help=help_text)
+            parser.add_argument(f.name, nargs=None if required else "?", default=f.default, help=help_text)
         elif kind is bool:
-            parser.add_argument("--" + f.name.replace("_", "-"), action="store_true", help=meta.get("help"))
+            parser.add_argument(flag_name(f.name), action="store_true", help=meta.get("help"))
         else:
-            flags = [*meta.get("aliases", ()), "--" + f.name.replace("_", "-")]  # e.g. "-G" for --group-size
-            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,
+            flags = [*meta.get("aliases", ()), flag_name(f.name)]  # e.g. "-G" for --group-size
+            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default, required=required,
                                 choices=meta.get("choices"), help=help_text, metavar=f.name.upper())
 
 
 def from_args(cls: type, args: argparse.Namespace) -> Any:
     """The dataclass ``cls`` built from parsed arguments."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+#: Fields that are output paths by their name alone (``output="file"|"dir"`` metadata overrides).
+OUTPUT_NAMES = {"output": "file", "steps_out": "file", "plot": "dir", "out": "dir"}
+
+
+def output_fields(cls: type) -> dict[str, str]:
+    """{field name: ``"file"`` or ``"dir"``} for every field of ``cls`` that names a path it writes."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        kind = f.metadata.get("output", OUTPUT_NAMES.get(f.name))
+        if kind in ("file", "dir"):
+            out[f.name] = kind
+    return out
+
+
+def _writable_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def check_output_path(name: str, value: Any, kind: str = "file") -> None:
+    """Raise :class:`InvalidArgument` naming ``name`` unless ``value`` can be written as a ``kind``
+    (``"file"``: its directory exists and is writable and it is not a directory; ``"dir"``: it is
+    a writable directory, or the nearest existing directory above it is writable)."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise InvalidArgument(name, value, f"a {kind} path to write, not empty")
+    path = os.path.abspath(os.fspath(value))
+    if kind == "dir":
+        probe = path
+        while not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            raise InvalidArgument(name, value, f"a directory path ({probe!r} is a file, not a directory)")
+        if not _writable_dir(probe):
+            raise InvalidArgument(name, value, f"a directory path this user can write ({probe!r} is not writable)")
+        return
+    if os.path.isdir(path):
+        raise InvalidArgument(name, value, "a file path to write (it is a directory)")
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise InvalidArgument(name, value, f"a file path in an existing directory ({parent!r} does not exist)")
+    if not _writable_dir(parent):
+        raise InvalidArgument(name, value, f"a file path in a directory this user can write ({parent!r} is not "
+                                           "writable)")
+
+
+def check_outputs(opts: Any) -> None:
+    """Check every output path of the options ``opts`` (see :func:`output_fields`) before a command runs,
+    so that a long run is not lost to a path it cannot write. Unset (None) outputs are skipped."""
+    for name, kind in output_fields(type(opts)).items():
+        value = getattr(opts, name)
+        if value is not None:
+            check_output_path(name, value, kind)

@@ -186,6 +186,14 @@ def plan_budget(profile: Sequence[ProfileRecord], config: BudgetConfig | None = 
     return BudgetPlan([PromptBudget(**d) for d in decisions], profiling, training, baseline, cfg)
 
 
+def _field_int(name: str, value: Any, minimum: int, where: str) -> int:
+    """``value`` as an int >= ``minimum``; the error names the field and the line."""
+    try:
+        return check_int(name, value, minimum=minimum)
+    except InvalidArgument:
+        raise InvalidArgument(name, value, f"an integer >= {minimum} at {where}") from None
+
+
 def read_profile(lines: Iterable[str], source: str = "<profile>") -> list[ProfileRecord]:
     """Profile records from JSON lines: ``{"id", "outcomes": [0/1...] | "solved": n, "samples": k,
     "lengths": [...], "prompt_tokens": n}`` (``outcomes`` or ``solved`` + ``samples``)."""
@@ -201,17 +209,26 @@ def read_profile(lines: Iterable[str], source: str = "<profile>") -> list[Profil
         if not isinstance(rec, dict) or "id" not in rec:
             raise InvalidArgument("profile", where, "a JSON object with an 'id'")
         if "outcomes" in rec:
-            outcomes = tuple(int(bool(o)) for o in rec["outcomes"])
+            raw = rec["outcomes"]
+            if not isinstance(raw, list) or not raw:
+                raise InvalidArgument("outcomes", raw, f"a non-empty list of 0/1 at {where}")
+            for o in raw:  # true / false are accepted as 1 / 0; anything else (2, "yes", 0.5) is an error
+                if not (isinstance(o, (bool, int, float)) and o in (0, 1)):
+                    raise InvalidArgument("outcomes", o, f"0 (not solved) or 1 (solved) for every sample at {where}")
+            outcomes = tuple(int(o) for o in raw)
         elif "solved" in rec and "samples" in rec:
-            k = check_int("samples", rec["samples"], minimum=1)
-            s = check_int("solved", rec["solved"], minimum=0)
+            k = _field_int("samples", rec["samples"], 1, where)
+            s = _field_int("solved", rec["solved"], 0, where)
             if s > k:
                 raise InvalidArgument("solved", s, f"at most samples={k} at {where}")
             outcomes = (1,) * s + (0,) * (k - s)
         else:
             raise InvalidArgument("profile", where, "'outcomes' (a list of 0/1) or 'solved' and 'samples'")
-        out.append(ProfileRecord(str(rec["id"]), outcomes, tuple(int(x) for x in rec.get("lengths", ())),
-                                 int(rec.get("prompt_tokens", 0))))
+        lengths = rec.get("lengths", [])
+        if not isinstance(lengths, list):
+            raise InvalidArgument("lengths", lengths, f"a list of token counts at {where}")
+        out.append(ProfileRecord(str(rec["id"]), outcomes, tuple(_field_int("lengths", x, 1, where) for x in lengths),
+                                 _field_int("prompt_tokens", rec.get("prompt_tokens", 0), 0, where)))
     if not out:
         raise InvalidArgument("profile", source, "at least one JSON line")
     return out

@@ -54,10 +54,10 @@ def test_plan_reads_stdin_and_writes_output_atomically(tmp_path, capsys, monkeyp
 @pytest.mark.parametrize(
     "args,fragment",
     [
-        (["plan", "--slots", "0"], "argument 'slots': got 0"),
-        (["plan", "--budget", "lots"], "argument 'budget': got 'lots'"),
-        (["plan", "--budget", "1GiB"], "argument 'budget_bytes'"),
-        (["plan", "--model", "gpt-9", "--slots", "2"], "argument 'model': got 'gpt-9'"),
+        (["plan", "--slots", "0"], "argument 'slots' (--slots): got 0"),
+        (["plan", "--budget", "lots"], "argument 'budget' (--budget): got 'lots'"),
+        (["plan", "--budget", "1GiB"], "argument 'budget' (--budget): got '1GiB'"),
+        (["plan", "--model", "gpt-9", "--slots", "2"], "argument 'model' (--model): got 'gpt-9'"),
         (["plan", "/no/such/file", "--slots", "2"], "argument 'lengths': got '/no/such/file'"),
         (["plan", "--eps", "0"], "argument 'eps'"),
     ],
