@@ -12,8 +12,9 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Sequence
 from importlib import import_module
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .errors import InvalidArgument, LengthschedError
 from .hfconfig import preset_names
@@ -103,9 +104,9 @@ def _cmd_plan(opts: PlanOptions) -> int:
     lengths = data["lengths"]
     max_new = pick("max_new_tokens")
     model = pick("model") or (DEFAULT_MODEL if budget is not None else None)
-    memory = None if model is None else load_memory(dataclasses.replace(opts, model=model))
-    budget_bytes = None if budget is None else parse_bytes(budget)
     try:
+        memory = None if model is None else load_memory(dataclasses.replace(opts, model=model))
+        budget_bytes = None if budget is None else parse_bytes(budget)
         plan = plan_group(
             lengths,
             max_new_tokens=max_new if max_new is not None else _longest(lengths),
@@ -119,8 +120,12 @@ def _cmd_plan(opts: PlanOptions) -> int:
             grouping=opts.grouping,
         )
     except InvalidArgument as exc:
-        if exc.name == "budget_bytes":  # the library's name; the user typed --budget (or 'budget' in the input)
-            raise type(exc)("budget", budget, exc.expected) from None
+        key = "budget" if exc.name == "budget_bytes" else exc.name  # the library's name for what the user gave
+        if key in PLAN_INPUT_KEYS and key != "lengths" and getattr(opts, key, None) is None and key in data:
+            # the value came from the input file, not from a flag: say where it is
+            raise type(exc)(f"{key}' in '{name}", data[key], exc.expected) from None
+        if key != exc.name:
+            raise type(exc)(key, budget, exc.expected) from None
         raise
     if note:
         _note("plan", note)

@@ -9,9 +9,10 @@ subcommand to its options class and runner, which return the exit code and raise
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cost import GPU_PRESETS, StepCost, read_samples
 from .errors import InvalidArgument

@@ -7,8 +7,9 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InvalidArgument
 
@@ -99,7 +100,8 @@ def read_lengths_input(source: str | None) -> dict[str, Any]:
         values = [float(t) for t in tokens]
     except ValueError:
         bad = next(t for t in tokens if not _is_number(t))
-        raise InvalidArgument("lengths", name, f"numbers separated by spaces, commas or newlines (found {bad!r})") from None
+        raise InvalidArgument("lengths", name,
+                              f"numbers separated by spaces, commas or newlines (found {bad!r})") from None
     return {"lengths": values}
 
 

@@ -302,6 +302,20 @@ def test_plan_budget_error_names_the_flag_not_budget_bytes(capsys):
     assert code == 2 and "(--budget)" in err and "budget_bytes" not in err
 
 
+@pytest.mark.parametrize("record,key", [
+    ({"lengths": [3, 4], "slots": 0}, "slots"),
+    ({"lengths": [3, 4], "budget": "1GiB"}, "budget"),
+    ({"lengths": [3, 4], "slots": 2, "prompt_tokens": -5}, "prompt_tokens"),
+    ({"lengths": [3, 4], "slots": 2, "model": "gpt-9"}, "model"),
+])
+def test_plan_errors_on_a_value_from_the_input_name_the_file_not_a_flag(record, key, tmp_path, capsys):
+    path = tmp_path / "group.json"
+    path.write_text(json.dumps(record))
+    code, _, err = run(["plan", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"argument '{key}' in '{path}'" in err and f"--{key.replace('_', '-')}" not in err
+
+
 def test_an_error_on_a_positional_argument_is_not_given_a_flag(capsys):
     code, _, err = run(["plan", "/no/such/file", "--slots", "2"], capsys)
     assert code == 2 and "argument 'lengths': got" in err and "--lengths" not in err
