@@ -20,7 +20,16 @@ from .errors import InvalidArgument, LengthschedError
 from .hfconfig import preset_names
 from .io import atomic_write_text, read_lengths_input
 from .memory import ModelMemory, parse_bytes
-from .options import BudgetOptions, ModelOptions, PlanOptions, add_arguments, check_outputs, flag_name, from_args
+from .options import (
+    BudgetOptions,
+    ModelOptions,
+    PlanOptions,
+    add_arguments,
+    check_outputs,
+    flag_name,
+    from_args,
+    reads_stdin,
+)
 from .plan import Plan, plan_group
 
 __all__ = ["main", "build_parser", "load_memory", "DEFAULT_MODEL"]
@@ -75,15 +84,7 @@ def _note(command: str, text: str) -> None:
     print(f"lengthsched {command}: note: {text}", file=sys.stderr)
 
 
-def _reading_stdin(command: str, what: str) -> None:
-    """Say so when a command is about to wait on a terminal for its input."""
-    if sys.stdin is not None and sys.stdin.isatty():
-        _note(command, f"reading {what} from stdin (end it with Ctrl-D)")
-
-
 def _cmd_plan(opts: PlanOptions) -> int:
-    if opts.lengths == "-":
-        _reading_stdin("plan", "the predicted lengths")
     data = read_lengths_input(opts.lengths)
     name = "<stdin>" if opts.lengths == "-" else (opts.lengths or "the bundled example")
     unknown = sorted(set(data) - set(PLAN_INPUT_KEYS))
@@ -156,7 +157,6 @@ def _cmd_budget(opts: BudgetOptions) -> int:
     if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
         raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")
     if opts.profile in (None, "-"):
-        _reading_stdin("budget", "the profile")
         lines, source = sys.stdin.read().splitlines(), "<stdin>"
     else:
         try:
@@ -304,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             opts = from_args(cls, args)
             check_outputs(opts)  # before the run: a long run must not be lost to an unwritable path
+            if sys.stdin is not None and sys.stdin.isatty():  # never wait on a terminal without saying so
+                for name in reads_stdin(opts):
+                    _note(label, f"reading {name.upper()} from stdin (type it, then Ctrl-D; or pass a file)")
             return run(opts)
         except InvalidArgument as exc:
             print(f"lengthsched {label}: error: {_with_flag(exc, cls)}", file=sys.stderr)

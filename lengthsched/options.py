@@ -8,7 +8,9 @@ Metadata keys a field may carry: ``help``, ``choices``, ``aliases`` (extra flags
 ``positional=True`` (an argument, not a flag), ``required=True`` (the command cannot run without
 it: argparse enforces it and the help says so), and ``output="file"`` or ``output="dir"`` (a path
 the command writes: :func:`check_outputs` rejects an unwritable one before the command runs; fields
-named ``output``, ``steps_out`` (files), ``plot`` and ``out`` (directories) are outputs without it).
+named ``output``, ``steps_out`` (files), ``plot`` and ``out`` (directories) are outputs without it),
+and, on a positional field, ``stdin="-"`` (``-`` reads stdin) or ``stdin="-|none"`` (so does leaving
+it out): :func:`stdin_fields`; a positional whose help mentions stdin is read so without it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .plan import GROUPINGS
 from .refill import RefillRule
 
 __all__ = ["PlanOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args", "flag_name",
-           "output_fields", "check_output_path", "check_outputs"]
+           "output_fields", "check_output_path", "check_outputs", "stdin_fields", "reads_stdin"]
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -76,7 +78,7 @@ class BudgetOptions:
 
     profile: str | None = _opt(None, "profile JSON lines: {id, outcomes: [0/1...] or solved + samples, lengths, "
                                      "prompt_tokens}; '-' (or nothing, when stdin is a pipe) reads stdin",
-                               positional=True)
+                               positional=True, stdin="-")  # nothing on a terminal is an error, not a wait
     g_min: int = _opt(2, "smallest group size")
     g_max: int = _opt(32, "largest group size (also for kept unsolved prompts)")
     rule: str = _opt("pow2", "group size from the success rate p: pow2 (power of two <= 1/p) or ceil (ceil 1/p)",
@@ -191,3 +193,25 @@ def check_outputs(opts: Any) -> None:
         value = getattr(opts, name)
         if value is not None:
             check_output_path(name, value, kind)
+
+
+def stdin_fields(cls: type) -> dict[str, bool]:
+    """{positional field name: whether leaving it out also reads stdin} for every positional field of
+    ``cls`` that reads stdin (metadata ``stdin``, else a help text that mentions stdin: "'-' or nothing
+    reads stdin" counts as both)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("positional"):
+            continue
+        mode = f.metadata.get("stdin")
+        if mode is None and "stdin" in f.metadata.get("help", ""):
+            mode = "-|none" if "nothing reads stdin" in f.metadata["help"] else "-"
+        if mode:
+            out[f.name] = mode == "-|none"
+    return out
+
+
+def reads_stdin(opts: Any) -> list[str]:
+    """The positional fields of ``opts`` that will be read from stdin as given (``-``, or left out)."""
+    return [name for name, when_none in stdin_fields(type(opts)).items()
+            if getattr(opts, name) == "-" or (when_none and getattr(opts, name) is None)]

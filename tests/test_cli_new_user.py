@@ -219,10 +219,22 @@ def test_budget_without_a_profile_on_a_terminal_says_what_it_needs(capsys, monke
 def test_reading_stdin_from_a_terminal_is_announced(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", _Tty('{"id": "a", "outcomes": [1, 0]}\n'))
     code, out, err = run(["budget", "-"], capsys)
-    assert code == 0 and "reading the profile from stdin" in err
+    assert code == 0 and "reading PROFILE from stdin" in err
     monkeypatch.setattr(sys, "stdin", _Tty("5 3 8 2"))
     code, out, err = run(["plan", "-", "--slots", "2"], capsys)
-    assert code == 0 and "reading the predicted lengths from stdin" in err
+    assert code == 0 and "reading LENGTHS from stdin" in err
+
+
+def test_every_positional_that_reads_stdin_is_announced():
+    """main() announces stdin for any command whose positional says it reads stdin (predict too)."""
+    from lengthsched.options import stdin_fields
+
+    found = {}
+    for name, entry in COMMANDS.items():
+        for cls, _ in _table(entry).values():
+            found.update({f"{name} {field}": none for field, none in stdin_fields(cls).items()})
+    assert found["plan lengths"] is False and found["budget profile"] is False
+    assert found["predict input"] is True
 
 
 def test_budget_reads_a_piped_profile_without_an_argument(capsys, monkeypatch):
