@@ -28,7 +28,7 @@ from lengthsched.errors import InvalidArgument, check_int
 
 __all__ = ["METRICS", "Predictions", "score", "score_by_source", "noise_ceiling", "ConstantBaseline",
            "LinearBaseline", "TfidfBaseline", "BASELINES", "predictor_predictions", "reference_results", "format_table",
-           "log_bucket_edges", "tau_difference"]
+           "format_legend", "verdict", "log_bucket_edges", "tau_difference"]
 
 METRICS = ("n", "mae", "rmse", "smape", "kendall_tau_b", "spearman", "within_10", "same_bucket",
            "within_1_bucket")
@@ -273,6 +273,54 @@ def reference_results(fit_rows: dict[str, list[Any]] | None, test_rows: dict[str
     if ceiling:
         results["ceiling"] = ceiling
     return results
+
+
+#: One line per column of :func:`format_table` (and per row kind), for the legend under the table.
+LEGEND = {
+    "n": "n: (prediction, sample) pairs scored; a prompt with several samples counts once per sample",
+    "mae": "mae / rmse: mean absolute / root mean square error, tokens (lower is better)",
+    "smape": "smape: symmetric error 2|p-y|/(p+y), percent (lower is better)",
+    "kendall_tau_b": "tau_b / spearman: rank agreement of predictions and true lengths, -1..1 (higher is better; "
+                     "what a scheduler needs)",
+    "within_10": "within_10: share within +-10 tokens",
+    "same_bucket": "same_bucket / within_1_bucket: share in the same / a neighbouring log-spaced length bucket",
+    "coverage": "coverage@q: share of samples at or below the predicted q-quantile (calibrated: q)",
+    "methods": "rows: the model; constant (the training median), linear (log length on log prompt/prefix length), "
+               "tfidf (words + ridge): baselines fitted on the training split; ceiling: a sibling sample as the "
+               "prediction (the noise ceiling)",
+}
+
+
+def format_legend(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The legend of :func:`format_table`'s columns and rows."""
+    has_cov = any(k.startswith("coverage@") for m in results.values() for s in m.values() for k in s)
+    keys = ["methods", "n", "mae", "smape", "kendall_tau_b", "within_10", "same_bucket"] + \
+        (["coverage"] if has_cov else [])
+    return "\n".join("  " + LEGEND[k] for k in keys)
+
+
+def verdict(results: dict[str, dict[str, dict[str, float]]], model: str) -> str:
+    """One line: whether ``model`` beat every baseline (``constant``, ``linear``, ``tfidf``) on MAE and on
+    Kendall tau-b over all test rows."""
+    baselines = [b for b in BASELINES if b in results]
+    if model not in results or not baselines:
+        return f"{model}: no baselines to compare with (they need training data: --train-data)"
+    source = "all" if "all" in results[model] else next(iter(results[model]))
+    mine = results[model][source]
+    lost = []
+    for b in baselines:
+        theirs = results[b].get(source)
+        if theirs is None:
+            continue
+        if not mine["mae"] < theirs["mae"]:
+            lost.append(f"{b} on mae ({mine['mae']:.1f} vs {theirs['mae']:.1f})")
+        if not mine["kendall_tau_b"] > theirs["kendall_tau_b"]:
+            lost.append(f"{b} on tau_b ({mine['kendall_tau_b']:.3f} vs {theirs['kendall_tau_b']:.3f})")
+    if not lost:
+        best = min(results[b][source]["mae"] for b in baselines if source in results[b])
+        return (f"verdict: {model} beats every baseline ({', '.join(baselines)}) on mae and tau_b over {source} "
+                f"test rows (mae {mine['mae']:.1f} vs the best baseline's {best:.1f})")
+    return f"verdict: {model} does NOT beat every baseline over {source} test rows: behind " + "; ".join(lost)
 
 
 def format_table(results: dict[str, dict[str, dict[str, float]]], columns: Sequence[str] | None = None) -> str:

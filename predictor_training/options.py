@@ -4,11 +4,15 @@ CLI flags are derived from them). Importing this module imports neither torch no
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from lengthsched.errors import InvalidArgument
 from lengthsched.options import _opt  # one helper makes every CLI option of the project
 
-__all__ = ["TrainOptions", "PredictOptions", "EvalOptions", "HEADS"]
+__all__ = ["TrainOptions", "PredictOptions", "EvalOptions", "HEADS", "check_device", "resolve_device", "check_train",
+           "check_out"]
 
 HEADS = ("regression", "quantile", "buckets-exact", "buckets-log")  # see predictor_training.model
 
@@ -21,7 +25,10 @@ class TrainOptions:
                                   "castillo, lmsys, gsm8k, sharegpt, dolly, plain), or lmsys/lmsys-chat-1m")
     eval_data: str | None = _opt(None, "evaluation data, same syntax (default: a hashed --test-fraction of --data); "
                                        "prompts in both are split half and half by hash")
-    out: str = _opt("predictor", "output directory: the predictor, checkpoints/ and training_summary.json")
+    out: str = _opt("predictor", "output directory: the predictor, checkpoints/, training_summary.json and "
+                                 "train.log (refused if it holds a predictor already, unless --overwrite or "
+                                 "--resume)")
+    overwrite: bool = _opt(False, "replace the predictor in --out when it holds one already")
     encoder: str = _opt("minilm", "minilm (pretrained, offline), tiny (built from a config), or a Hugging Face "
                                   "name / local directory")
     head: str = _opt("regression", "length head", choices=list(HEADS))
@@ -65,6 +72,8 @@ class TrainOptions:
     tiny_layers: int = _opt(2, "tiny encoder: layers")
     cpu: bool = _opt(False, "train on the CPU even when a GPU is present")
     json: bool = _opt(False, "print the summary as JSON instead of a table")
+    verbose: bool = _opt(False, "show the Trainer's progress and log lines and the tokenizer notices here instead "
+                                "of only in OUT/train.log")
 
 
 @dataclass(frozen=True)
@@ -116,3 +125,79 @@ class EvalOptions:
     growth: float = _opt(0.03, "--online: the drift experiment's growth of the mean length per step")
     seed: int = _opt(0, "--online: seed of the halves, the random reveal order, the history split and the drift "
                         "draws")
+
+
+_DEVICE = re.compile(r"(cpu|cuda|cuda:\d+|mps)")
+DEVICE_CHOICES = "one of cpu, cuda, cuda:N (N a GPU index), mps"
+
+
+def check_device(device: str | None, flag: str = "device") -> str | None:
+    """``device`` if it is spelled as torch names a device (checked without importing torch)."""
+    if device is not None and not _DEVICE.fullmatch(device):
+        raise InvalidArgument(flag, device, DEVICE_CHOICES)
+    return device
+
+
+def resolve_device(device: str | None, flag: str = "device") -> str:
+    """The device to run on: ``device`` when this machine has it (else a one-line error), else cuda
+    when available, else cpu. Imports torch."""
+    import torch
+
+    check_device(device, flag)
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise InvalidArgument(flag, device, f"a device this machine has: CUDA is not available in this PyTorch "
+                                                f"build (torch {torch.__version__}); pass --device cpu")
+        if not torch.cuda.is_available():
+            raise InvalidArgument(flag, device, "a device this machine has: no CUDA GPU is visible; pass --device cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise InvalidArgument(flag, device, f"a device this machine has: cuda:0 .. cuda:"
+                                                f"{torch.cuda.device_count() - 1}")
+    elif device == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise InvalidArgument(flag, device, "a device this machine has: MPS is not available here; pass "
+                                                "--device cpu")
+    return device
+
+
+def check_train(opts: TrainOptions) -> None:
+    """The numbers of ``opts`` in range (without importing torch); errors name the flag."""
+    import math
+
+    if not opts.data:
+        raise InvalidArgument("data", opts.data, "at least one training source (--data)")
+    for name, lo in (("k", 0), ("l_max", 1), ("batch_size", 1), ("patience", 1), ("num_proc", 1),
+                     ("tiny_hidden", 8), ("tiny_layers", 1), ("max_length", 2), ("prefix_max_tokens", 0),
+                     ("seed", 0), ("split_seed", 0), ("test_fold", 0), ("eval_steps", 1), ("max_steps", 1),
+                     ("min_tokens", 0), ("max_tokens", 1), ("limit", 1)):
+        v = getattr(opts, name)
+        if v is not None and v < lo:
+            raise InvalidArgument(name, v, f"an integer >= {lo}")
+    if not (opts.epochs > 0 and math.isfinite(opts.epochs)):
+        raise InvalidArgument("epochs", opts.epochs, "a number > 0")
+    if not (opts.learning_rate > 0 and math.isfinite(opts.learning_rate)):
+        raise InvalidArgument("learning_rate", opts.learning_rate, "a number > 0")
+    for name in ("weight_decay", "warmup_ratio"):
+        v = getattr(opts, name)
+        if not (0 <= v and math.isfinite(v)) or (name == "warmup_ratio" and v >= 1):
+            raise InvalidArgument(name, v, "a number >= 0" + (" and < 1" if name == "warmup_ratio" else ""))
+    for name in ("test_fraction", "validation_fraction"):
+        if not 0 <= getattr(opts, name) < 1:
+            raise InvalidArgument(name, getattr(opts, name), "a share >= 0 and < 1")
+    if opts.k > opts.l_max:
+        raise InvalidArgument("k", opts.k, f"at most --l-max {opts.l_max}")
+
+
+def check_out(opts: TrainOptions) -> None:
+    """``--out`` is a directory path that holds no predictor yet (or ``--overwrite`` / ``--resume``)."""
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument("out", opts.out, "a directory path (a file is in the way)")
+    if (out / "config.json").is_file() and not (opts.overwrite or opts.resume):
+        raise InvalidArgument("out", opts.out, "a directory without a predictor: it holds one already (pass "
+                                                 "--overwrite to replace it, --resume to continue its training, or "
+                                                 "another --out)")

@@ -24,11 +24,19 @@ from typing import Any
 from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
 
-from .data import DataError, DataSpec, LabelConfig, assign_splits, load_sources
+from .data import FORMATS, DataError, DataSpec, LabelConfig, _looks_like_hub_name, assign_splits, load_sources
 from .encoders import load_encoder_config, load_encoder_weights, load_tokenizer, tiny_encoder_config, train_wordpiece
-from .evaluate import DEFAULT_LEVELS, format_table, predictor_predictions, reference_results, score_by_source
+from .evaluate import (
+    DEFAULT_LEVELS,
+    format_legend,
+    format_table,
+    predictor_predictions,
+    reference_results,
+    score_by_source,
+    verdict,
+)
 from .model import LengthPredictorConfig, LengthPredictorModel, collate, encode_pairs, features
-from .options import TrainOptions
+from .options import TrainOptions, check_out, check_train
 from .predictor import BertLengthPredictor
 
 __all__ = ["TrainOptions", "train", "load_splits", "split_specs", "SUMMARY_FILE"]
@@ -54,21 +62,35 @@ def _csv(text: str | None) -> list[str]:
 
 
 def _check(opts: TrainOptions) -> None:
-    if not opts.data:
-        raise InvalidArgument("data", opts.data, "at least one training source (--data)")
-    for name, lo in (("k", 0), ("l_max", 1), ("batch_size", 1), ("patience", 1), ("num_proc", 1),
-                     ("tiny_hidden", 8), ("tiny_layers", 1)):
-        v = getattr(opts, name)
-        if v < lo:
-            raise InvalidArgument(name, v, f"an integer >= {lo}")
-    if not (opts.epochs > 0 and math.isfinite(opts.epochs)):
-        raise InvalidArgument("epochs", opts.epochs, "a number > 0")
-    if opts.max_steps is not None and opts.max_steps < 1:
-        raise InvalidArgument("max_steps", opts.max_steps, "an integer >= 1")
-    if not opts.learning_rate > 0:
-        raise InvalidArgument("learning_rate", opts.learning_rate, "a number > 0")
-    if opts.k > opts.l_max:
-        raise InvalidArgument("k", opts.k, f"at most l_max={opts.l_max}")
+    check_train(opts)
+    check_out(opts)
+
+
+def _absolute_sources(text: str | None) -> str | None:
+    """``--data`` / ``--eval-data`` with every local path made absolute (hub names kept), so that the
+    saved summary still finds the data from another working directory."""
+    if text is None:
+        return None
+    parts = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        fmt, sep, rest = part.partition(":")
+        prefix, path = (fmt + sep, rest) if sep and fmt in FORMATS else ("", part)
+        local = Path(path).exists() or (any(ch in path for ch in "*?[") and not _looks_like_hub_name(path))
+        parts.append(prefix + (os.path.abspath(path) if local else path))
+    return ",".join(parts)
+
+
+def _saved_options(opts: TrainOptions) -> dict[str, Any]:
+    """The options as saved in the summary: paths absolute, so that ``eval-predictor --model DIR``
+    works from any directory."""
+    saved = asdict(opts)
+    saved["data"], saved["eval_data"] = _absolute_sources(opts.data), _absolute_sources(opts.eval_data)
+    for name in ("out", "init_from", "label_tokenizer"):
+        if saved[name] and Path(saved[name]).exists():
+            saved[name] = os.path.abspath(saved[name])
+    return saved
 
 
 def load_splits(opts: TrainOptions, label_tokenizer: Any) -> dict[str, Any]:
@@ -115,8 +137,6 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     set_seed(opts.seed)
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise InvalidArgument("out", opts.out, "a directory path (a file is in the way)")
     ckpt_dir = out / "checkpoints"
     last = get_last_checkpoint(str(ckpt_dir)) if opts.resume and ckpt_dir.is_dir() else None
     if opts.resume and last is None:
@@ -129,7 +149,8 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
         label_tok = previous.label_tokenizer if label_name != "counts in the data" else None
     else:
         label_name = opts.label_tokenizer or (None if tiny else opts.encoder)
-        label_tok = load_tokenizer(label_name, "label_tokenizer") if label_name else None
+        label_tok = load_tokenizer(label_name, "label_tokenizer" if opts.label_tokenizer else "encoder") \
+            if label_name else None
     splits = load_splits(opts, label_tok)
 
     if previous is not None:
@@ -204,7 +225,7 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     predictor = BertLengthPredictor(trainer.model, tokenizer, label_tok if keep_label else None,
                                     device=str(trainer.args.device))
     summary = {
-        "options": asdict(opts),
+        "options": _saved_options(opts),
         "train_rows": len(splits["train"]), "validation_rows": len(splits["validation"]),
         "test_rows": len(splits["test"]),
         "steps": int(result.global_step), "train_seconds": float(result.metrics.get("train_runtime", 0.0)),
@@ -266,4 +287,4 @@ def format_summary(summary: dict[str, Any]) -> str:
     head = (f"trained {summary['steps']} steps on {summary['train_rows']} rows "
             f"({summary['train_samples_per_second']:.1f} rows/s, {summary['device']}); "
             f"test {summary['test_rows']} rows; saved to {summary['options']['out']}")
-    return head + "\n" + format_table(ev)
+    return "\n".join([head, "", format_table(ev), "", format_legend(ev), "", verdict(ev, "model")])

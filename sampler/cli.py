@@ -19,7 +19,7 @@ from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
 from lengthsched.memory import parse_bytes
 
-from .options import CONFIG_MODELS, TINY_MODEL, SampleOptions
+from .options import CONFIG_MODELS, MAX_GROUP_SIZE, PREDICTING_POLICIES, SAMPLE_POLICIES, TINY_MODEL, SampleOptions
 
 __all__ = ["run_sample", "tiny_qwen3", "qwen3_config", "qwen3_from_config", "ByteTokenizer", "load_model"]
 
@@ -93,11 +93,14 @@ def tiny_qwen3(dtype: Any = None, seed: int = 0) -> Any:
 
 def load_model(name: str, dtype: str, device: str | None) -> tuple[Any, Any]:
     """(model, tokenizer) for a Hugging Face name, a directory, or one of
-    :data:`~sampler.options.CONFIG_MODELS` (random weights built from a config, with :class:`ByteTokenizer`)."""
+    :data:`~sampler.options.CONFIG_MODELS` (random weights built from a config, with :class:`ByteTokenizer`).
+    ``device`` (default: cuda when available) must be one this machine has."""
     import torch
 
+    from predictor_training.options import resolve_device
+
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = torch.device(resolve_device(device))
     if name in CONFIG_MODELS:
         return qwen3_from_config(qwen3_config(name), torch_dtype, dev), ByteTokenizer()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -134,12 +137,60 @@ def _lengths(text: str | None, group_size: int) -> list[int] | None:
     return out
 
 
-def run_sample(opts: SampleOptions) -> int:
+class _ClipCounter:
+    """A predictor that counts the predictions above ``cap`` (the policies clip them to
+    --max-new-tokens), so that the command can say how many were clipped."""
+
+    def __init__(self, predictor: Any, cap: int):
+        self._predictor, self._cap = predictor, cap
+        self.clipped = self.total = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._predictor, name)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        import numpy as np
+
+        out = self._predictor.predict(*args, **kwargs)
+        lengths = np.asarray(out.lengths)
+        self.clipped += int((lengths > self._cap).sum())
+        self.total += int(lengths.size)
+        return out
+
+
+def _note(text: str) -> None:
+    print(f"lengthsched sample: note: {text}", file=sys.stderr)
+
+
+def _check_group_size(group_size: int, max_new_tokens: int) -> None:
+    """G within what one process holds: every completion's tokens, log-probabilities and state."""
     from lengthsched.errors import check_int
 
-    check_int("group_size", opts.group_size, minimum=1)
+    check_int("group_size", group_size, minimum=1)
+    if group_size > MAX_GROUP_SIZE:
+        need = group_size * (1024 + 64 * max(int(max_new_tokens), 1))  # ~1 KiB of state + 64 B per token held
+        raise InvalidArgument("group_size", group_size,
+                              f"at most {MAX_GROUP_SIZE:,} completions: the sampler holds every completion's "
+                              f"tokens, log-probabilities and state in this process (G={group_size:,} would need "
+                              f"about {need / 2**30:,.0f} GiB of host memory, {group_size * max_new_tokens:,} tokens) "
+                              f"and decodes the group step by step; model such groups with `lengthsched simulate`")
+
+
+def run_sample(opts: SampleOptions) -> int:
+    # every argument checked before torch is imported (seconds)
+    from lengthsched.errors import check_int
+    from predictor_training.options import check_device
+
+    if opts.policy not in SAMPLE_POLICIES:  # argparse checks it too; this is for run_sample(SampleOptions(...))
+        raise InvalidArgument("policy", opts.policy, "one of " + ", ".join(SAMPLE_POLICIES))
+    check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
+    _check_group_size(opts.group_size, opts.max_new_tokens)
     forced = _lengths(opts.lengths, opts.group_size)
     budget = None if opts.budget is None else parse_bytes(opts.budget)
+    check_device(opts.device)
+    if opts.predictor and not (Path(opts.predictor) / "config.json").is_file():
+        what = "no such directory" if not Path(opts.predictor).exists() else "no config.json in it"
+        raise InvalidArgument("predictor", opts.predictor, f"a directory written by `lengthsched train` ({what})")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -147,7 +198,19 @@ def run_sample(opts: SampleOptions) -> int:
         raise ImportError(f"{exc.name} is not installed: the sampler needs the sampler extra "
                           "(pip install torch==2.13.0 'lengthsched[sampler]' for a CPU-only machine)") from None
     transformers.utils.logging.disable_progress_bar()
+    from predictor_training.options import resolve_device
+
     from .core import InfiniteSampler
+
+    device = resolve_device(opts.device)  # one this machine has, before any note or work
+    if opts.policy in PREDICTING_POLICIES and not opts.predictor and forced is None:
+        _note(f"--policy {opts.policy} plans with predicted lengths and has none here (no --predictor, no "
+              f"--lengths): every completion is predicted at --max-new-tokens "
+              f"{opts.max_new_tokens}, so it schedules in index order"
+              + (" (as fixed_slot does)" if opts.policy.startswith("length_aware") else ""))
+    elif opts.predictor and opts.policy not in PREDICTING_POLICIES:
+        _note(f"--predictor has no effect under --policy {opts.policy}, which uses no predictions (length-aware "
+              f"ones: {', '.join(PREDICTING_POLICIES)})")
 
     cost = None
     if opts.cost:
@@ -163,8 +226,11 @@ def run_sample(opts: SampleOptions) -> int:
     if opts.predictor:
         from predictor_training.predictor import BertLengthPredictor
 
-        predictor = BertLengthPredictor.from_pretrained(opts.predictor)
-    model, tokenizer = load_model(opts.model, opts.dtype, opts.device)
+        try:
+            predictor = _ClipCounter(BertLengthPredictor.from_pretrained(opts.predictor), opts.max_new_tokens)
+        except InvalidArgument as exc:  # the library names its argument 'model'; the user typed --predictor
+            raise InvalidArgument("predictor", opts.predictor, exc.expected) from None
+    model, tokenizer = load_model(opts.model, opts.dtype, device)
     sampler = InfiniteSampler(model, policy=opts.policy, slots=opts.slots, budget_bytes=budget, predictor=predictor,
                               refill=opts.refill, share_prompt_kv=not opts.copy_prompt_kv, tokenizer=tokenizer)
     prompt = _encode(tokenizer, opts.prompt)
@@ -182,28 +248,37 @@ def run_sample(opts: SampleOptions) -> int:
         "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens, "lengths": res.lengths,
         "step_seconds": res.step_seconds, "model_seconds": None if cost is None else res.model_seconds(cost),
     }
+    if opts.json:
+        print(json.dumps(summary))
+    else:
+        print(_format_summary(opts, summary, res, cost))
+    sys.stdout.flush()
+    if predictor is not None and predictor.clipped:
+        _note(f"{predictor.clipped} of {predictor.total} predicted lengths were above --max-new-tokens "
+              f"{opts.max_new_tokens} and were clipped to it")
+    # written after the result is printed: a failing path loses nothing
     if opts.steps_out:
         atomic_write_text(opts.steps_out, "".join(json.dumps(row) + "\n" for row in res.step_samples()))
     if opts.output:
         atomic_write_text(opts.output, json.dumps({**summary, "completions": res.completions, "texts": res.texts,
                                                    "logprobs": res.logprobs}) + "\n")
-    if opts.json:
-        print(json.dumps(summary))
-        return 0
+    return 0
+
+
+def _format_summary(opts: SampleOptions, summary: dict[str, Any], res: Any, cost: Any) -> str:
     note = " (random weights built from a config: real compute, gibberish text)" if opts.model in CONFIG_MODELS else ""
     lengths = sorted(res.lengths)
-    print(f"model {opts.model}{note} on {summary['device']}, {opts.dtype}; policy {res.policy}, G={opts.group_size}, "
-          f"prompt {res.prompt_tokens} tokens")
-    print(f"decode steps {res.steps}; tokens {res.tokens} (lengths min {lengths[0]}, median "
-          f"{lengths[len(lengths) // 2]}, max {lengths[-1]}); {res.tokens_per_second:.1f} tokens/s "
-          f"({res.wall_seconds:.2f} s)")
+    lines = [f"model {opts.model}{note} on {summary['device']}, {opts.dtype}; policy {res.policy}, "
+             f"G={opts.group_size}, prompt {res.prompt_tokens} tokens",
+             f"decode steps {res.steps}; tokens {res.tokens} (lengths min {lengths[0]}, median "
+             f"{lengths[len(lengths) // 2]}, max {lengths[-1]}); {res.tokens_per_second:.1f} tokens/s "
+             f"({res.wall_seconds:.2f} s)"]
     cuda = "" if res.cuda_peak_bytes is None else f"; CUDA peak allocated {res.cuda_peak_bytes / 2**20:.1f} MiB"
-    print(f"peak KV held {res.peak_kv_bytes / 2**20:.3f} MiB (memory model {res.peak_model_kv_bytes / 2**20:.3f} MiB)"
-          f"; preemptions {res.preemptions}{cuda}")
+    lines.append(f"peak KV held {res.peak_kv_bytes / 2**20:.3f} MiB (memory model "
+                 f"{res.peak_model_kv_bytes / 2**20:.3f} MiB); preemptions {res.preemptions}{cuda}")
     modelled = "" if cost is None else (f"; modelled {summary['model_seconds']:.3f} s ({cost.model} on {cost.gpu}, "
                                         f"{summary['model_seconds'] / max(res.step_seconds, 1e-12) - 1:+.1%})")
-    print(f"decode steps measured {res.step_seconds:.3f} s{modelled}")
+    lines.append(f"decode steps measured {res.step_seconds:.3f} s{modelled}")
     if res.texts:
-        print(f"completion 0: {res.texts[0][:120]!r}")
-    sys.stdout.flush()
-    return 0
+        lines.append(f"completion 0: {res.texts[0][:120]!r}")
+    return "\n".join(lines)

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from lengthsched.options import _opt
 from lengthsched.refill import RefillRule
+from lengthsched.runtime.registry import policy_names
 
-__all__ = ["SampleOptions", "TINY_MODEL", "RANDOM_MODELS", "CONFIG_MODELS"]
+__all__ = ["SampleOptions", "TINY_MODEL", "RANDOM_MODELS", "CONFIG_MODELS", "SAMPLE_POLICIES", "PREDICTING_POLICIES",
+           "MAX_GROUP_SIZE"]
 
 TINY_MODEL = "tiny-qwen3"
 #: Qwen3 models of the public shapes of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B with random weights, built
@@ -16,6 +18,15 @@ TINY_MODEL = "tiny-qwen3"
 RANDOM_MODELS = ("random-qwen3-0.6b", "random-qwen3-1.7b")
 #: Every model name built from a config instead of loaded (``sampler.cli.load_model``).
 CONFIG_MODELS = (TINY_MODEL, *RANDOM_MODELS)
+#: The policies the reference sampler runs (``--policy`` choices).
+SAMPLE_POLICIES = policy_names(sampler=True)
+#: Those that plan with predicted lengths; without a predictor or ``--lengths`` every completion is
+#: predicted at ``--max-new-tokens`` (so length_aware schedules in index order, as fixed_slot does).
+PREDICTING_POLICIES = tuple(n for n in SAMPLE_POLICIES if n.startswith(("length_aware", "growth_aware", "placed_"))
+                            or n.endswith("_priority"))
+#: The largest group ``lengthsched sample`` takes: it keeps every completion's tokens and state in one
+#: process and decodes one step at a time (G = 20000 of 4 tokens already takes minutes on a CPU).
+MAX_GROUP_SIZE = 65536
 
 
 @dataclass(frozen=True)
@@ -28,10 +39,11 @@ class SampleOptions:
                                   "Qwen3 models of the real shapes of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B (offline, "
                                   "byte tokenizer, gibberish text; real compute and memory)")
     prompt: str = _opt("Write a short poem about the sea.", "the prompt text")
-    group_size: int = _opt(8, "G, completions of the prompt", aliases=("-G",))
+    group_size: int = _opt(8, f"G, completions of the prompt (at most {MAX_GROUP_SIZE})", aliases=("-G",))
     max_new_tokens: int = _opt(64, "L_max: most tokens per completion (stop token included)")
-    policy: str = _opt("length_aware", "a simulator policy the sampler runs: full, full_freed, micro, fixed_slot, "
-                                       "dynamic_slot, length_aware, growth_aware, vllm, sglang, reserve_max, ...")
+    policy: str = _opt("length_aware", "the sampling policy (length-aware ones plan with --predictor or --lengths; "
+                                       "without either they have no predictions and say so)",
+                       choices=list(SAMPLE_POLICIES))
     slots: int | None = _opt(4, "most completions decoding at once")
     budget: str | None = _opt(None, "memory for the group: weights + activations + KV, e.g. 10GiB")
     lengths: str | None = _opt(None, "trace replay: comma-separated lengths (tokens), one per completion; each "
