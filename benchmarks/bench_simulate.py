@@ -247,33 +247,50 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("vllm + verl routing", "vllm", "least_loaded", None),
     ("vllm + group round robin", "vllm", "group_round_robin", None),
     ("vllm_priority + verl routing", "vllm_priority", "least_loaded", "realistic"),
-    ("placed_lpt", "placed_lpt", None, "realistic"),
-    ("placed_lpt (oracle)", "placed_lpt", None, "oracle"),
-    ("placed_adaptive", "placed_adaptive", None, "realistic"),
+    ("vllm_priority + verl routing (oracle)", "vllm_priority", "least_loaded", "oracle"),
     ("sglang + verl routing", "sglang", "least_loaded", None),
+    ("sglang_priority + verl routing", "sglang_priority", "least_loaded", "realistic"),
+    ("seer", "seer", None, None),
+    ("placed_adaptive", "placed_adaptive", None, "realistic"),
+    ("steal", "steal", None, "realistic"),
+    ("steal (constant)", "steal", None, "constant"),
+    ("steal (oracle)", "steal", None, "oracle"),
 )
+ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
+                for f in (2, 4, 8, 16, 64)]
+CONSTANT_PREDICTION = 300  # tokens, every completion: a predictor that knows nothing of the prompt
+
+
+def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax: int = 4096):
+    """(groups, realistic, oracle, constant predictions) of one rollout setting: CASTILLO groups (the
+    bundled train and validate prompts) or the long-tail workload (LMSYS prompt medians, within-group
+    log-sd 1.0, as reasoning RL at temperature 1); realistic = a prompt-level predictor of log-normal
+    error sigma 0.5 on the prompt's median, the same for all siblings."""
+    if workload == "castillo":
+        groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
+    else:
+        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0)
+    rng = np.random.default_rng(seed)
+    oracle = np.concatenate([g.lengths for g in groups])
+    realistic = np.concatenate([np.full(len(g.lengths), max(1, int(np.median(g.lengths)
+                                                                    * np.exp(0.5 * rng.standard_normal()))))
+                                for g in groups])
+    return groups, realistic, oracle, np.full(len(oracle), CONSTANT_PREDICTION)
 
 
 def _rollout_unit(args):
     workload, prompts, replicas, factor, seed = args
-    lmax, size = 4096, 16
-    if workload == "castillo":
-        groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
-    else:  # long tail: LMSYS prompt medians, within-group log-sd 1.0 (reasoning RL at temperature 1)
-        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0)
-    rng = np.random.default_rng(seed)
-    oracle = np.concatenate([g.lengths for g in groups])
-    # A prompt-level predictor of realistic error: log-normal sigma 0.5 on the prompt's median, shared by siblings.
-    realistic = np.concatenate([np.full(size, max(1, int(np.median(g.lengths) * np.exp(0.5 * rng.standard_normal()))))
-                                for g in groups])
+    lmax = 4096
+    groups, realistic, oracle, constant = rollout_groups(workload, prompts, seed, lmax=lmax)
     out = {}
     for label, policy, router, pred in ROLLOUT_RUNS:
-        p = {"oracle": oracle, "realistic": realistic, None: None}[pred]
+        p = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}[pred]
         try:
             r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=factor * lmax,
                             max_new_tokens=lmax, predicted=p)
-            out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens)
-        except Exception:  # a pool too small for the policy (every prompt held on every replica, sglang's reserve)
+            out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
+                          r.recomputed_tokens)
+        except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
             out[label] = None
     return out
 
@@ -281,8 +298,7 @@ def _rollout_unit(args):
 def rollout(quick: bool) -> tuple[str, list]:
     """Rollout steps (B prompts x 16 on R replicas) in modelled seconds, per policy and router."""
     rows = []
-    grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else [
-        (w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8) for f in (4, 16, 64)]
+    grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
     results = _pool_map(_rollout_unit, [(w, b, r, f, 11) for w, b, r, f in grid])
     for (w, b, r, f), out in zip(grid, results):
         base = out["vllm + verl routing"]
@@ -292,11 +308,31 @@ def rollout(quick: bool) -> tuple[str, list]:
                          "fails" if v is None else float(v[0]),
                          "-" if v is None or base is None else float(v[0] / base[0]),
                          "-" if v is None else float(v[0] / v[1]),
-                         "-" if v is None else float(v[2]), "-" if v is None else float(v[3])])
-    return table("Rollout steps in modelled seconds (Qwen3-1.7B, H100 preset, L_max 4096, G = 16, budget per replica "
+                         "-" if v is None else float(v[2]), "-" if v is None else float(v[3]),
+                         "-" if v is None or base is None or not base[4] else float(v[4] / base[4])])
+    summary = _rollout_summary(rows)
+    text = table("Rollout steps in modelled seconds (Qwen3-1.7B, H100 preset, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
                  ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
-                  "seconds / LB", "slowest share", "recomputed / generated"], rows), rows
+                  "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
+    return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
+
+
+def _rollout_summary(rows: list) -> tuple[str, list]:
+    """Per policy over the settings: mean and worst ratio to vLLM + verl routing (settings where both
+    ran), settings slower, mean seconds / LB, mean recomputed tokens relative to vLLM's."""
+    out = []
+    for label, *_ in ROLLOUT_RUNS:
+        mine = [r for r in rows if r[4] == label and r[6] != "-"]
+        ratios = [r[6] for r in mine]
+        fails = sum(1 for r in rows if r[4] == label and r[5] == "fails")
+        recomputed = [r[10] for r in mine if r[10] != "-"]
+        out.append([label, len(mine), fails, float(np.mean(ratios)), float(np.max(ratios)),
+                    sum(1 for x in ratios if x > 1 + 1e-9), float(np.mean([r[7] for r in mine])),
+                    float(np.mean(recomputed)) if recomputed else "-"])
+    return table("Rollout grid summary (every setting of the table below): makespan relative to vLLM FCFS with "
+                 "verl routing", ["policy", "settings", "fails", "mean x vllm + verl", "worst x vllm + verl",
+                                  "settings slower", "mean seconds / LB", "mean recomputed x vllm"], out), out
 
 
 def _rollout_online_unit(args):
@@ -429,7 +465,8 @@ def main(argv=None) -> int:
     for name in args.sections.split(","):
         start = time.perf_counter()
         text, rows = sections[name](args.quick)
-        results[name] = {"rows": rows, "seconds": round(time.perf_counter() - start, 1)}
+        results[name] = (rows if isinstance(rows, dict) else {"rows": rows}) | {
+            "seconds": round(time.perf_counter() - start, 1)}
         texts.append(text)
     report(results, texts, args.out, "the speed section pinned to one core, the others on all cores")
     return 0

@@ -371,6 +371,56 @@ class StepCost:
         rest = n * (self.overhead_seconds + self._comm(rows_a)) + roof
         return _out(first + np.where(n > 0, rest, 0.0), scalar)
 
+    def segment_seconds_float(self, steps: int, rows: int, kv_first: int, prefill_tokens: int = 0,
+                              prefill_context: int = 0) -> float:
+        """:meth:`segment_seconds` of one run of steps, in plain float arithmetic (no checks, no numpy:
+        ~50x faster per call, for simulators that price every event as it happens). Inputs are trusted
+        token counts; ``tests/test_cost.py`` checks it equals :meth:`segment_seconds`."""
+        if steps <= 0:
+            return 0.0
+        tp, bw, pk = self.tp, self.bandwidth, self.peak_flops
+        c, a, attn = float(self.kv_bytes_per_token), float(self.activation_bytes_per_token), \
+            float(self.attention_flops_per_kv_token)
+        dense = 2.0 * self.active_parameters
+        head = 2.0 * self.lm_head_parameters
+
+        def comm(tokens: float, n: float = 1.0) -> float:
+            if tp == 1:
+                return 0.0
+            ring = 2 * (tp - 1) / tp * (self.hidden_size * self.dtype_bytes * tokens) / self.link_bandwidth
+            return 2 * self.num_layers * (n * self.allreduce_latency_seconds + ring)
+
+        tokens = rows + prefill_tokens
+        first = 0.0
+        if tokens > 0:
+            memory = (self.weights_bytes + c * (kv_first + tokens) + a * tokens) / (tp * bw)
+            compute = (dense * tokens + head * rows + attn * (kv_first + prefill_context)) / (tp * pk)
+            first = self.overhead_seconds + max(memory / self.bandwidth_efficiency,
+                                                compute / self.compute_efficiency) + comm(tokens)
+        n = float(steps - 1) if rows > 0 else 0.0
+        if n <= 0:
+            return first
+        mem_scale = 1.0 / (tp * bw * self.bandwidth_efficiency)
+        comp_scale = 1.0 / (tp * pk * self.compute_efficiency)
+        m0, mb = (self.weights_bytes + c * (kv_first + rows) + a * rows) * mem_scale, c * rows * mem_scale
+        f0, fb = ((dense + head) * rows + attn * kv_first) * comp_scale, attn * rows * comp_scale
+        d0, dd = m0 - f0, mb - fb
+
+        def lin(alpha: float, beta: float, lo: float, hi: float) -> float:
+            count = max(hi - lo + 1, 0.0)
+            return count * alpha + beta * (lo + hi) * count / 2
+
+        if dd > 0:
+            s = min(max(math.ceil(-d0 / dd), 1.0), n + 1)
+            roof = lin(f0, fb, 1.0, s - 1) + lin(m0, mb, s, n)
+        elif dd < 0:
+            s = min(max(math.floor(-d0 / dd) + 1, 1.0), n + 1)
+            roof = lin(m0, mb, 1.0, s - 1) + lin(f0, fb, s, n)
+        else:
+            s = 1.0 if d0 >= 0 else n + 1
+            roof = lin(f0, fb, 1.0, s - 1) + lin(m0, mb, s, n)
+        return first + n * (self.overhead_seconds + comm(rows)) + roof
+
     def lower_bound_seconds(self, *, steps: Any, decode_tokens: Any, kv_tokens_read: Any, prefill_tokens: Any = 0,
                             prefill_context: Any = 0) -> Any:
         """A lower bound on the summed :meth:`seconds` of any ``steps`` steps (at least) that together

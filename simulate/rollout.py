@@ -18,15 +18,24 @@ replicas by a router, or by the policy itself when it plans the placement:
   prompt on every replica would take more than a quarter of a replica's pool, then places whole
   groups as ``placed_lpt`` does (both over vLLM's FCFS engine for ``placed_adaptive``).
 
-Simplifications (documented in docs/simulate.md): placement is decided once at the start (no
-rebalancing while replicas drain; Seer-like context-aware scheduling is not modelled yet); a
-replica holds the prompts of all its groups for the whole step (an upper bound on the memory they
-take: an engine may evict a finished group's prompt); each replica is simulated by ``run_batch``.
+- a policy with ``dispatch`` (``seer``, ``dispatch_lpt``: :mod:`lengthsched.runtime.dispatch`)
+  places nothing up front: the requests not yet started wait in one global queue and a replica
+  pulls the next one whenever its pool has room, so work moves to the replicas that drain first.
+  The replicas then run on one clock in modelled seconds (each step priced by the step-cost model
+  as it happens), so a replica pulls exactly when it would in time.
+
+Every replica's pool holds prompts as an engine does (``Engine.hold_prompts``): a prompt's KV is
+prefilled at the first admission of one of its completions there and held until the last one
+placed there finishes; prompts no running request references are evicted before a running request
+is preempted (vLLM and SGLang evict unreferenced cached blocks first) and prefilled again if needed.
+Routed placements run each replica on its own (nothing couples them); a started request stays on
+its replica (Seer's migration of running requests through a global KV pool is not modelled).
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,10 +45,11 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
-from lengthsched.runtime import POLICIES
-from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, lower_bound_seconds
+from lengthsched.runtime import POLICIES, Engine, Problem, Timeline, make_policy
+from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
 
-from .run import run_batch
+from .run import _cost, _predictions
 from .workloads import Group
 
 __all__ = ["ROUTERS", "RolloutResult", "run_rollout", "route"]
@@ -54,7 +64,10 @@ class RolloutResult:
     ``preemptions``, ``recomputed_tokens``, ``prefill_tokens``: summed over replicas;
     ``lower_bound_seconds``: no placement and schedule can finish sooner; ``collected_lengths``:
     per group, in index order (tokens); ``placement``: the replica of every completion, flattened
-    in group order."""
+    in group order; ``prompt_loads``: prompt prefills (a prompt on each replica that runs one of its
+    completions, again after an eviction); ``peak_kv_tokens``: each replica's peak KV, prompts
+    included; ``timelines`` (with ``record=True``) and ``clocks`` (each replica's (step, seconds)
+    at every event) serve figures."""
 
     policy: str
     router: str
@@ -71,6 +84,16 @@ class RolloutResult:
     cost_name: str
     collected_lengths: tuple[np.ndarray, ...] = field(repr=False)
     placement: np.ndarray = field(repr=False)
+    prompt_loads: int = 0
+    peak_kv_tokens: tuple[int, ...] = ()
+    timelines: tuple[Timeline | None, ...] = field(default=(), repr=False)
+    clocks: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), repr=False)
+
+    def seconds_at(self, replica: int, steps: Any) -> np.ndarray:
+        """Modelled seconds at the end of decode step(s) ``steps`` of ``replica`` (for figures: steps of
+        its timeline), interpolated within runs of steps priced together."""
+        ends, secs = self.clocks[replica]
+        return np.interp(np.asarray(steps, dtype=np.float64), ends, secs)
 
     @property
     def tokens_per_second(self) -> float:
@@ -116,84 +139,211 @@ def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.nda
     raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
 
 
+
 def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router: str | None = None,
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
-                prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> RolloutResult:
+                prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
-    ``lengthsched.runtime.POLICIES``), placed by ``router`` (:data:`ROUTERS`, default
-    ``least_loaded``) unless the policy places groups itself. ``budget_tokens``: each replica's KV
-    pool in tokens, prompts included. ``predicted``: predicted lengths per completion, flattened in
-    group order (a prompt-level predictor gives siblings the same number), or None, or a predictor
-    that learns online (``lengthsched.OnlineLengthPredictor``, asked about each group's
-    ``prompt_id``): each replica then runs a copy of it that learns from the siblings finishing there
-    (placement uses its predictions before anything finished). ``cost``: the
-    step-cost model (default Qwen3-1.7B on the H100 preset). Returns a :class:`RolloutResult`."""
+    ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
+    default ``least_loaded``) unless the policy places or dispatches requests itself.
+    ``budget_tokens``: each replica's KV pool in tokens, prompts included (see the module
+    docstring). ``predicted``: predicted lengths per completion, flattened in group order (a
+    prompt-level predictor gives siblings the same number), or None, or a predictor that learns
+    online (``lengthsched.OnlineLengthPredictor``, asked about each group's ``prompt_id``): routed
+    replicas each run a copy of it that learns from the siblings finishing there, dispatching
+    policies share one. ``cost``: the step-cost model (default Qwen3-1.7B on the H100 preset);
+    ``seed`` is accepted for symmetry with ``run_batch`` (these engines draw nothing at random);
+    ``record`` keeps each replica's :class:`~lengthsched.runtime.Timeline` for figures. Returns a
+    :class:`RolloutResult`."""
     if not groups:
         raise InvalidArgument("groups", groups, "at least one group")
     if policy not in POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(POLICIES))
     spec = POLICIES[policy]
-    if not spec.unbiased:
-        raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
+    if not spec.rollout:
+        raise InvalidArgument("policy", policy, "a policy that runs rollouts (prompts in the pool): "
+                                                + ", ".join(n for n, s in POLICIES.items() if s.rollout))
     replicas = check_int("replicas", replicas, minimum=1)
     budget = check_int("budget_tokens", budget_tokens, minimum=1)
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_int("seed", seed, minimum=0)
+    prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:
         raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
     lengths = [as_lengths("lengths", g.lengths, minimum=1) for g in groups]
     flat = np.concatenate(lengths)
-    pred, online = None, None
-    if hasattr(predicted, "observe"):  # a predictor that learns online: a copy per replica learns there
-        online = predicted
-        keys = [g.prompt_id for g, x in zip(groups, lengths) for _ in range(len(x))]
-        pred = np.maximum(1, np.asarray(online.predict(keys).lengths, dtype=np.int64))
-    elif predicted is not None:
-        pred = as_lengths("predicted", predicted, minimum=1)
-        if len(pred) != len(flat):
-            raise InvalidArgument("predicted", f"{len(pred)} values", f"{len(flat)}, one per completion in group order")
-    cost = default_cost() if cost is None else cost
-    placement = route(groups, router, replicas, pred, spec.places_groups,
-                      getattr(spec.cls, "PROMPT_SHARE", None), budget)
-    owner = np.repeat(np.arange(len(groups)), [len(x) for x in lengths])
-    results, replica_seconds = [], []
+    if flat.max() > max_new:
+        raise InvalidArgument("lengths", int(flat.max()), f"lengths <= max_new_tokens={max_new}")
+    sizes = [len(x) for x in lengths]
+    owner = np.repeat(np.arange(len(groups)), sizes)
+    prompt_lens = np.array([check_int("prompt_len", g.prompt_len, minimum=0) for g in groups], dtype=np.int64)
+    keys = [getattr(g, "prompt_id", i) for i, g in enumerate(groups)]
+    job_keys = tuple(keys[g] for g in owner.tolist())
+    cost = _cost(cost)
+    online = predicted if hasattr(predicted, "observe") else None
+    pred, _, _ = _predictions(predicted, flat, max_new, 0.9, None, job_keys)
+    block = spec.cls.block_size
+    tails = prompt_lens % block if block > 1 else np.zeros(len(groups), dtype=np.int64)
+    prompt_kv = prompt_lens - tails
+    # Every request must fit an empty pool: its prompt's blocks, its tail and its whole length.
+    need = prompt_kv[owner] + -(-(tails[owner] + flat) // block) * block
+    if need.max() > budget:
+        bad = int(np.argmax(need))
+        prompt = int(prompt_lens[owner[bad]])
+        raise InvalidArgument("budget_tokens", budget, f"at least {int(need[bad])} tokens: completion {bad} "
+                                                       f"({int(flat[bad])} tokens) with its prompt ({prompt} tokens) "
+                                                       f"in blocks of {block}")
+    common = dict(flat=flat, owner=owner, tails=tails, prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred,
+                  job_keys=job_keys, max_new=max_new, budget=budget, prefill_chunk=prefill_chunk, record=record,
+                  cost=cost)
+    if spec.dispatch:
+        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, **common)
+        used_router = "dispatch"
+    else:
+        placement = route(groups, router, replicas, pred, spec.places_groups,
+                          getattr(spec.cls, "PROMPT_SHARE", None), budget)
+        engines, clocks = _run_routed(policy, placement, online, replicas, **common)
+        used_router = "placed" if spec.places_groups else router
+    collected = np.zeros(len(flat), dtype=bool)
+    for eng in engines:
+        collected[np.asarray(eng.collected, dtype=np.int64)] = True
+    if not collected.all():
+        raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
+    replica_seconds = tuple(float(secs[-1]) for _, secs in clocks)
+    return RolloutResult(
+        policy=policy, router=used_router, replicas=replicas,
+        seconds=max(replica_seconds), replica_seconds=replica_seconds,
+        steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
+        recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
+        prefill_tokens=sum(int(eng.step_log().prefill_tokens.sum()) for eng in engines),
+        lower_bound_seconds=_lower_bound(cost, flat, prompt_lens[owner], prompt_lens, budget, replicas),
+        tokens=int(flat.sum()), budget_tokens=budget, cost_name=f"{cost.model} on {cost.gpu}"
+        + (f" x{cost.tp}" if cost.tp > 1 else ""),
+        collected_lengths=tuple(lengths), placement=placement,
+        prompt_loads=sum(eng.prompt_loads for eng in engines),
+        peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
+        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
+
+
+def _lower_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, budget: int,
+                 replicas: int) -> float:
+    """Makespan >= the mean replica's share of all the work (each prompt prefilled once), and >= one
+    longest completion alone."""
+    steps_bound = max(int(flat.max()), math.ceil(int((flat * (flat + 1)).sum()) / (2 * budget)))
+    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound,
+                                prompt_lens=[int(x) for x in prompt_lens]) / replicas
+    longest = int(np.argmax(flat))
+    alone = lower_bound_seconds(cost, flat[longest:longest + 1], context=int(context[longest]),
+                                steps=int(flat[longest]), prompt_lens=[int(context[longest])])
+    return max(share, alone)
+
+
+def _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:
+    eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
+                 enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
+    eng.hold_prompts(owner, prompt_kv)
+    return eng
+
+
+def _clock(eng: Engine, cost) -> tuple[np.ndarray, np.ndarray]:
+    """(step at the end of each run of steps, modelled seconds then), starting at (0, 0)."""
+    log = eng.step_log()
+    ends = np.concatenate([[0], np.cumsum(log.steps)])
+    secs = np.concatenate([[0.0], np.cumsum(cost.segment_seconds(log.steps, log.rows, log.kv_first,
+                                                                  log.prefill_tokens, log.prefill_context))])
+    return ends, secs
+
+
+def _run_routed(policy, placement, online, replicas, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys,
+                max_new, budget, prefill_chunk, record, cost):
+    """Each replica on its own, with the requests ``placement`` gives it."""
+    engines, clocks = [], []
     for r in range(replicas):
         mine = np.flatnonzero(placement == r)
-        if not len(mine):
-            replica_seconds.append(0.0)
+        if not len(mine):  # a replica that got nothing
+            engines.append(Engine([], budget_tokens=budget))
+            clocks.append((np.zeros(1), np.zeros(1)))
             continue
-        hosted = sorted(set(owner[mine].tolist()))
-        prompts = sum(int(groups[g].prompt_len) for g in hosted)
-        room = budget - prompts
-        if room < int(flat[mine].max()):
-            raise InvalidArgument("budget_tokens", budget,
-                                  f"room on replica {r} for its {len(hosted)} prompts ({prompts} tokens) and its "
-                                  f"longest completion ({int(flat[mine].max())} tokens)")
-        sub = [Group(groups[g].prompt_id, groups[g].prompt_len, flat[mine[owner[mine] == g]]) for g in hosted]
-        if online is not None:
-            given = copy.deepcopy(online)
-        else:
-            given = None if pred is None else np.concatenate([pred[mine[owner[mine] == g]] for g in hosted])
-        res = run_batch(sub, policy, budget_tokens=room, max_new_tokens=max_new, predicted=given, cost=cost,
-                        seed=seed + r, prefill_chunk=prefill_chunk)
-        if len(res.collected_lengths) != len(mine):
-            raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
-        results.append(res)
-        replica_seconds.append(res.seconds)
-    steps_bound = max(int(flat.max()), math.ceil(int((flat * (flat + 1)).sum()) / (2 * budget)))
-    prompts_once = [int(g.prompt_len) for g in groups]
-    context = np.concatenate([np.full(len(x), int(g.prompt_len)) for x, g in zip(lengths, groups)])
-    # Makespan >= the mean replica's share of all the work, and >= one longest completion alone.
-    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts_once) / replicas
-    longest = int(np.argmax(flat))
-    alone = lower_bound_seconds(cost, flat[longest:longest + 1], context=int(context[longest]), steps=int(flat[longest]),
-                                prompt_lens=[int(context[longest])])
-    return RolloutResult(
-        policy=policy, router="placed" if spec.places_groups else router, replicas=replicas,
-        seconds=max(replica_seconds), replica_seconds=tuple(replica_seconds),
-        steps=max(r.steps for r in results), preemptions=sum(r.preemptions for r in results),
-        recomputed_tokens=sum(r.recomputed_tokens for r in results),
-        prefill_tokens=sum(r.prefill_tokens for r in results), lower_bound_seconds=max(share, alone),
-        tokens=int(flat.sum()), budget_tokens=budget, cost_name=results[0].cost_name,
-        collected_lengths=tuple(lengths), placement=placement)
+        hosted, local = np.unique(owner[mine], return_inverse=True)
+        problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
+                          predicted=None if pred is None else pred[mine],
+                          predictor=None if online is None else copy.deepcopy(online),
+                          prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
+        sim = make_policy(policy, problem)
+        eng = _engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget, prefill_chunk,
+                      record, sim.block_size)
+        for job in range(len(mine)):
+            eng.claim(job)
+        eng.run(sim)
+        eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
+        engines.append(eng)
+        clocks.append(_clock(eng, cost))
+    return engines, clocks
+
+
+def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
+                  job_keys, max_new, budget, prefill_chunk, record, cost):
+    """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
+    from each other's queues (``steal``)."""
+    cls = POLICIES[policy].cls
+    if cls.STEALS:  # placed as verl routes, or whole groups by predicted work; replicas steal later
+        placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
+        queue = GroupQueue(np.zeros(0, dtype=np.int64), [])
+    else:  # Seer: nothing is known of a group before its probe finishes
+        queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)
+    problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred,
+                      predictor=None if online is None else copy.deepcopy(online), prompt_ids=job_keys)
+    engines, pols = [], []
+    for r in range(replicas):
+        pol = cls(problem, queue, r, keys)
+        eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size)
+        eng.start(pol)
+        engines.append(eng)
+        pols.append(pol)
+    if cls.STEALS:
+        board = []
+        for r, (pol, eng) in enumerate(zip(pols, engines)):
+            mine = np.flatnonzero(placed == r).tolist()
+            pol.waiting = mine[::-1]  # a stack: the front is the end
+            board.append(pol.waiting)
+            for job in mine:
+                eng.claim(job)
+        for pol in pols:
+            pol.board, pol.engines, pol.pols = board, engines, pols
+    dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
+    heap = [(0.0, r) for r in range(replicas)]
+    idle: set[int] = set()
+    ends: list[list] = [[0] for _ in range(replicas)]
+    secs: list[list] = [[0.0] for _ in range(replicas)]
+
+    def wake(others, now):  # idle replicas that may find work now start again
+        for other in others:
+            if other in idle:
+                idle.discard(other)
+                heapq.heappush(heap, (now, other))
+                ends[other].append(engines[other].t)  # idle until now
+                secs[other].append(now)
+
+    while heap:
+        now, r = heapq.heappop(heap)
+        wake(dispatcher.assign(), now)
+        eng, pol = engines[r], pols[r]
+        if not eng.decide(pol):
+            idle.add(r)
+            continue
+        if cls.STEALS and pol.blocked and idle:  # work waits here for memory: the idle may steal it
+            wake(list(idle), now)
+        eng.advance(eng.next_event(), pol.pads)
+        now += cost.segment_seconds_float(*eng.log_entry())
+        ends[r].append(eng.t)
+        secs[r].append(now)
+        heapq.heappush(heap, (now, r))
+    if len(queue):
+        raise InvalidArgument("policy", policy, "a dispatching policy that starts every request")
+    placement = np.zeros(len(flat), dtype=np.int64)
+    for r, eng in enumerate(engines):
+        placement[np.asarray(eng.collected, dtype=np.int64)] = r  # where each finished
+    clocks = [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(ends, secs)]
+    return engines, clocks, placement

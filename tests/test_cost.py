@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument, ModelMemory
@@ -423,3 +423,13 @@ def test_lower_bound_is_tight_for_one_step():
                                      prefill_context=pc) == pytest.approx(c.seconds(rows, kv, pf, pc), rel=1e-12)
     with pytest.raises(InvalidArgument, match="'steps'"):
         c.lower_bound_seconds(steps=-1, decode_tokens=1, kv_tokens_read=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.integers(0, 5000), rows=st.integers(0, 600), kv=st.integers(0, 10**7), prefill=st.integers(0, 20000),
+       context=st.integers(0, 10**8), tp=st.sampled_from([1, 2, 8]), gpu=st.sampled_from(["h100", "a100", "l40s"]))
+def test_the_float_segment_price_is_the_vectorised_one(steps, rows, kv, prefill, context, tp, gpu):
+    """StepCost.segment_seconds_float (what simulators price every event with) equals segment_seconds."""
+    cost = qwen("qwen3-8b", gpu, tp=tp)
+    exact = float(cost.segment_seconds(steps, rows, kv, prefill, context))
+    assert cost.segment_seconds_float(steps, rows, kv, prefill, context) == pytest.approx(exact, rel=1e-12, abs=1e-15)

@@ -31,24 +31,53 @@ def test_routers_place_requests_as_verl_and_openrlhf_do():
         route(groups, "random", 2)
 
 
-def test_one_replica_is_a_batch_whose_pool_holds_the_prompts():
+def test_a_prompt_is_held_from_its_first_admission_to_its_last_finish_on_a_replica():
+    """Engine.hold_prompts: a group's prompt KV enters the pool (and is prefilled) with its first admitted
+    completion and leaves when every completion of the group claimed there has finished."""
+    from lengthsched.runtime import Engine
+
+    eng = Engine([3, 5, 4], budget_tokens=100, context=[10, 10, 7])
+    eng.hold_prompts([0, 0, 1], [10, 7])
+    for job in range(3):
+        eng.claim(job)
+    assert eng.kv_tokens() == 0 and eng.load_need(0) == 10
+    eng.admit(0)
+    assert eng.prefill_need(1) == 0 and eng.load_need(1) == 0  # the sibling shares the held prompt
+    eng.advance(1, False)
+    assert eng.kv_tokens() == 10 + 1 and eng.step_log().prefill_tokens.tolist() == [10]
+    eng.admit(2)
+    eng.advance(3, False)  # job 0 finished; job 1 (group 0) never started: the prompt stays
+    assert list(eng.held_groups()) == [0, 1] and eng.kv_tokens() == 10 + 7 + 2
+    assert eng.evict_idle() == 10 and list(eng.held_groups()) == [1]  # nothing of group 0 is live
+    eng.admit(1)  # prefilled again
+    eng.advance(5, False)  # job 2 finished: group 1's prompt leaves
+    assert list(eng.held_groups()) == [0] and eng.prompt_loads == 3
+    eng.advance(8, False)
+    assert eng.kv_tokens() == 0 and not list(eng.held_groups())
+
+
+def test_one_replica_with_a_roomy_pool_is_vllm_on_the_batch():
     groups = _groups([5, 3])
-    budget = 400
-    r = run_rollout(groups, "vllm", budget_tokens=budget, max_new_tokens=128)
-    b = run_batch(groups, "vllm", budget_tokens=budget - sum(g.prompt_len for g in groups), max_new_tokens=128)
-    assert (r.seconds, r.steps, r.preemptions, r.recomputed_tokens) == (b.seconds, b.steps, b.preemptions,
-                                                                        b.recomputed_tokens)
-    assert r.replica_seconds == (b.seconds,) and r.slowest_share == 1.0
+    r = run_rollout(groups, "vllm", budget_tokens=4000, max_new_tokens=128)
+    b = run_batch(groups, "vllm", budget_tokens=4000, max_new_tokens=128)
+    assert (r.steps, r.preemptions, r.recomputed_tokens) == (b.steps, b.preemptions, b.recomputed_tokens)
+    prompts = sum(g.prompt_len - g.prompt_len % 16 for g in groups)  # whole blocks; the tails are per sequence
+    assert r.prompt_loads == 2 and b.peak_kv_tokens < max(r.peak_kv_tokens) <= b.peak_kv_tokens + prompts
+    assert r.replica_seconds == (r.seconds,) and r.slowest_share == 1.0
+    for policy in ("seer", "steal"):  # on one replica they are engines of their own: every completion collected
+        one = run_rollout(groups, policy, budget_tokens=4000, max_new_tokens=128, predicted=np.full(8, 50))
+        assert [list(x) for x in one.collected_lengths] == [list(g.lengths) for g in groups]
 
 
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), replicas=st.integers(1, 4),
-       policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "growth_aware_lpt", "sglang"]),
+       policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "placed_adaptive", "sglang", "sglang_priority",
+                               "seer", "steal"]),
        router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3))
 def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed):
     groups = _groups(sizes, seed)
     flat = np.concatenate([g.lengths for g in groups])
-    budget = int(flat.max()) + sum(g.prompt_len for g in groups) + 48 + room
+    budget = int(flat.max()) + max(g.prompt_len for g in groups) + 48 + room
     predicted = np.maximum(1, (flat * np.exp(np.random.default_rng(seed).normal(0, 0.5, len(flat))))).astype(int)
     try:
         r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=budget, max_new_tokens=128,
@@ -57,6 +86,7 @@ def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas
         assert policy == "sglang" and "nothing live" in str(exc)
         return
     assert r.seconds == max(r.replica_seconds) and len(r.replica_seconds) == replicas
+    assert max(r.peak_kv_tokens) <= budget and set(r.placement.tolist()) <= set(range(replicas))
     assert [list(x) for x in r.collected_lengths] == [list(g.lengths) for g in groups]
     assert r.seconds >= r.lower_bound_seconds * (1 - 1e-12)
     assert r.tokens == int(flat.sum()) and r.tokens_per_second > 0
@@ -75,7 +105,8 @@ def test_bad_rollout_inputs_name_the_argument():
     groups = _groups([3, 3])
     for kwargs, name in ((dict(replicas=0), "replicas"), (dict(router="x"), "router"),
                          (dict(predicted=[1, 2]), "predicted"), (dict(budget_tokens=10), "budget_tokens"),
-                         (dict(policy="dynamic_slot"), "policy"), (dict(policy="nope"), "policy")):
+                         (dict(policy="dynamic_slot"), "policy"), (dict(policy="nope"), "policy"),
+                         (dict(policy="growth_aware"), "policy")):
         args = dict(policy="vllm", budget_tokens=2000, max_new_tokens=128) | kwargs
         with pytest.raises(InvalidArgument, match=name):
             run_rollout(groups, **args)
@@ -84,18 +115,20 @@ def test_bad_rollout_inputs_name_the_argument():
 
 
 def test_the_registry_names_the_rollout_policies():
-    assert {"vllm", "vllm_priority", "sglang", "placed_lpt"} <= set(POLICIES)
-    assert policy_names(places_groups=True) == ("placed_lpt", "placed_adaptive")
+    assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
+    assert policy_names(places_groups=True) == ("placed_lpt", "placed_adaptive", "seer", "steal")
+    assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_adaptive", "sglang",
+                                          "sglang_priority", "seer", "steal")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
-    """verl spreads every group over the replicas, so each replica holds every prompt: with a small
-    pool that leaves little room for the completions; placing whole groups does not."""
+    """verl spreads every group over the replicas, so each replica loads every prompt; placing whole
+    groups loads each once."""
     groups = castillo_groups(16, max_new_tokens=1024, limit=32, seed=3)
-    common = dict(replicas=4, budget_tokens=4 * 1024 + sum(g.prompt_len for g in groups) // 2, max_new_tokens=1024)
+    common = dict(replicas=4, budget_tokens=2 * 1024 + max(g.prompt_len for g in groups), max_new_tokens=1024)
     spread = run_rollout(groups, "vllm", router="least_loaded", **common)
     whole = run_rollout(groups, "vllm", router="group_round_robin", **common)
-    assert whole.seconds < spread.seconds
+    assert whole.prompt_loads < spread.prompt_loads and whole.prefill_tokens < spread.prefill_tokens
 
 
 def test_a_rollout_with_an_online_predictor_learns_per_replica_and_leaves_the_callers_alone():

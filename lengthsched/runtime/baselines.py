@@ -22,6 +22,7 @@ chunk, as vLLM's token budget does) and is counted in ``recomputed_tokens``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 
@@ -29,7 +30,7 @@ from ..errors import InvalidArgument
 from .engine import Engine
 from .policies import Problem, SimPolicy, overflow_wakeup
 
-__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "AdaptivePlacement", "SGLangLike"]
+__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "AdaptivePlacement", "SGLangLike", "SGLangPriority"]
 
 
 class _Waiting(SimPolicy):
@@ -59,7 +60,11 @@ class VLLMLike(_Waiting):
 
     def start(self, eng: Engine) -> None:
         # Every sequence must fit alone: its prompt tail plus its whole length, in whole blocks.
-        longest = max(-(-(tail + length) // self.block_size) for tail, length in zip(eng.tail, eng.length))
+        # (with prompts in the pool, Engine.hold_prompts, its prompt's whole blocks too)
+        if not eng.n:
+            return
+        longest = max(-(-(eng.tail[j] + eng.length[j]) // self.block_size) + eng.load_need(j) // self.block_size
+                      for j in range(eng.n))
         if longest > self.blocks:
             raise InvalidArgument("budget_tokens", self.budget,
                                   f"at least {longest * self.block_size} for policy 'vllm' (the longest completion "
@@ -82,6 +87,8 @@ class VLLMLike(_Waiting):
     def decide(self, eng: Engine) -> None:
         nxt = eng.t + 1
         used = eng.blocks(nxt)
+        if used > self.blocks and eng.evict_idle():  # cached prompts nothing references go first
+            used = eng.blocks(nxt)
         while used > self.blocks:  # the next step does not fit: preempt a victim
             job = self._victim(eng)
             eng.preempt(job)
@@ -89,12 +96,19 @@ class VLLMLike(_Waiting):
             used = eng.blocks(nxt)
         while self.waiting and eng.live < self.cap:
             job = self._head()
-            need = -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size)
+            need = self._blocks_needed(eng, job)
+            if used + need > self.blocks and eng.evict_idle():
+                used, need = eng.blocks(nxt), self._blocks_needed(eng, job)
             if used + need > self.blocks or not eng.can_prefill(job):
                 return
             self._take()
             used += need
             eng.admit(job)
+
+    def _blocks_needed(self, eng: Engine, job: int) -> int:
+        """Blocks admitting ``job`` takes at its first step: its tail, recomputed tokens and next token,
+        and its prompt's whole blocks when they are not held (prompts in the pool)."""
+        return -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size) + eng.load_need(job) // self.block_size
 
     def wakeup(self, eng: Engine) -> int | None:
         """The last step before the blocks run out (each sequence takes a new block every 16 steps)."""
@@ -199,6 +213,8 @@ class SGLangLike(_Waiting):
     def decide(self, eng: Engine) -> None:
         lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
         used = eng.kv_tokens(nxt)
+        if used > budget and eng.evict_idle():  # cached prompts nothing references go first
+            used = eng.kv_tokens(nxt)
         if used > budget:
             by_progress = sorted(eng.running, key=lambda j: (eng.age(j), j))
             while by_progress and used > budget:
@@ -214,8 +230,11 @@ class SGLangLike(_Waiting):
         reserved = ratio * (len(eng.origin) * (lmax - 1) - eng.sum_ages())  # ratio x remaining max_new_tokens
         waiting, done = self.waiting, eng.done
         while waiting and len(eng.origin) < self.cap:
-            need = done[waiting[-1]] + 1
-            hold = ratio * (lmax - need)
+            need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
+            hold = ratio * (lmax - done[waiting[-1]] - 1)
+            if used + need + reserved + hold > budget and eng.evict_idle():
+                used = eng.kv_tokens(nxt)
+                need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
             if used + need + reserved + hold > budget or not eng.can_prefill(waiting[-1]):
                 return
             used += need
@@ -223,15 +242,16 @@ class SGLangLike(_Waiting):
             eng.admit(waiting.pop())
 
     def admission_delay(self, used: float, left: float, n: int, need: int, horizon: int,
-                        start_ratio: float) -> int | None:
+                        start_ratio: float, load: int = 0) -> int | None:
         """Smallest d in [1, horizon] at which the head of the queue fits after d more steps, with
         the live sequences grown by d tokens and the ratio decayed by d steps; None if none.
 
         ``used``: tokens the live sequences hold next step; ``left``: their remaining
-        max_new_tokens; ``need``: the head's tokens at its first step; ``start_ratio``: the ratio now.
+        max_new_tokens; ``need``: the head's tokens at its first step; ``start_ratio``: the ratio now;
+        ``load``: its prompt's KV when not held (prompts in the pool).
         """
         lmax, rmin, decay, budget = self.problem.max_new_tokens, self.min_ratio, self.decay, self.budget
-        fixed, rest = used + need, left + lmax - need
+        fixed, rest = used + need + load, left + lmax - need
 
         def total(d: int) -> float:
             return fixed + n * d + max(rmin, start_ratio - decay * d) * (rest - n * d)
@@ -266,5 +286,46 @@ class SGLangLike(_Waiting):
             return overflow
         lmax = self.problem.max_new_tokens
         delay = self.admission_delay(eng.kv_tokens(eng.t + 1), eng.live * (lmax - 1) - eng.sum_ages(), eng.live,
-                                     eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t))
+                                     eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t),
+                                     eng.load_need(self.waiting[-1]))
         return overflow if delay is None else eng.t + delay
+
+
+class SGLangPriority(SGLangLike):
+    """SGLang with ``--enable-priority-scheduling`` and ``--retraction-policy priority``
+    (python/sglang/srt/managers/schedule_policy.py and schedule_batch.py ``retract_decode`` /
+    ``_get_decode_retraction_order``, SGLang 0.5.x): the waiting queue is served highest priority
+    first (ties by arrival), admission keeps SGLang's decaying reservation, and when the next step
+    does not fit the request retracted first is the lowest priority, then the least decode progress.
+    Priorities are the predicted lengths (longest first); priority preemption of running requests
+    by an arriving one is off (``--disable-priority-preemption``: every request arrives at once)."""
+
+    name = "sglang_priority"
+
+    def __init__(self, problem: Problem):
+        super().__init__(problem)
+        self.priority = [int(x) for x in problem.point()] if problem.predicted is not None else [0] * problem.n
+        # A stack whose top is the front: lowest priority at the bottom, ties by arrival.
+        self.waiting = sorted(range(problem.n), key=lambda j: (self.priority[j], -j))
+
+    def decide(self, eng: Engine) -> None:
+        lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
+        if eng.kv_tokens(nxt) > budget:
+            eng.evict_idle()  # cached prompts nothing references go first
+        if eng.kv_tokens(nxt) > budget:
+            order = sorted(eng.running, key=lambda j: (self.priority[j], eng.age(j), -j))
+            while order and eng.kv_tokens(nxt) > budget:
+                job = order.pop(0)  # the lowest priority, the least advanced
+                eng.preempt(job)
+                self._requeue(job)
+            if eng.running:
+                live = len(eng.origin)
+                self.ratio0 = min(1.0, (eng.sum_ages() + self.retract_steps * live) / (live * lmax))
+                self.t0 = eng.t
+        super().decide(eng)
+
+    def _requeue(self, job: int) -> None:
+        """Back into the waiting queue at its priority's place (before later arrivals of equal priority)."""
+        key = (self.priority[job], -job)
+        waiting, keys = self.waiting, [(self.priority[j], -j) for j in self.waiting]
+        waiting.insert(bisect.bisect_left(keys, key), job)

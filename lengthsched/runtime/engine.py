@@ -138,6 +138,14 @@ class Engine:
         self.wake: int | None = None  # the step the policy asked to be woken at (after decide)
         self.timeline = Timeline() if record else None
         self._run_start: dict[int, int] = {}
+        # Prompt KV held in the pool (see hold_prompts); off: prompts are outside the budget.
+        self._group: list[int] | None = None
+        self._prompt_kv: list[int] = []  # per group: KV tokens its shared prompt holds (whole blocks)
+        self._left: list[int] = []  # per group: claimed completions here not yet finished
+        self._live_of: list[int] = []  # per group: live rows here
+        self._held: dict[int, None] = {}  # groups whose prompt KV is held now
+        self._prompt_held = 0  # their KV tokens
+        self.prompt_loads = 0  # prompt prefills (first admission, or again after an eviction)
 
     # ------------------------------------------------------------------ views
     def age(self, job: int) -> int:
@@ -147,7 +155,7 @@ class Engine:
     def kv_tokens(self, at: int | None = None) -> int:
         """KV tokens held by live sequences at the end of step ``at`` (default now)."""
         at = self.t if at is None else at
-        return self.sum_ages(at) if self._exact else self.block * self.blocks(at)
+        return (self.sum_ages(at) + self._prompt_held) if self._exact else self.block * self.blocks(at)
 
     def blocks(self, at: int | None = None) -> int:
         """KV blocks held by live sequences at the end of step ``at``, in O(block size).
@@ -158,7 +166,8 @@ class Engine:
         at = self.t if at is None else at
         b, res, n = self.block, self._residues, len(self.origin)
         k, m = divmod(at, b)
-        return self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0)
+        return (self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0)
+                + self._prompt_held // b)
 
     def first_block_needs(self) -> list[tuple[int, int]]:
         """(steps from now until a sequence next needs a new block, how many sequences), by step."""
@@ -196,9 +205,19 @@ class Engine:
         if not self._prefill_fits(need):
             raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step "
                                   f"{self.t + 1}, more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
-        self._prefill_next += need
+        load = self.load_need(job)
+        if load:  # the group's first row here: its shared prompt is prefilled (causally) and held
+            group = self._group[job]
+            self._held[group] = None
+            self._prompt_held += load
+            self.prompt_loads += 1
+            self._prefill_ctx_next += load * (load + 1) // 2
+            need -= load
+        self._prefill_next += need + load
         # The recomputed tokens attend the cached prompt prefix and, causally, each other.
         self._prefill_ctx_next += need * (self.context[job] - self.tail[job]) + need * (need + 1) // 2
+        if self._group is not None:
+            self._live_of[self._group[job]] += 1
         origin = self.t - self.done[job]
         self.recomputed_tokens += self.done[job]
         self._context_sum += self.context[job]
@@ -227,9 +246,67 @@ class Engine:
             self.peak_live = len(self.origin)
 
     def prefill_need(self, job: int) -> int:
-        """Tokens ``job`` prefills when admitted: its prompt tail, and what it had generated if it was
-        preempted (recomputed)."""
-        return self.tail[job] + self.done[job]
+        """Tokens ``job`` prefills when admitted: its prompt tail, what it had generated if it was
+        preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`)."""
+        return self.tail[job] + self.done[job] + self.load_need(job)
+
+    # ------------------------------------------------------------------ prompts in the pool
+    def hold_prompts(self, groups, prompt_kv) -> None:
+        """Count prompts in the KV pool, as an engine replica of a rollout does: ``groups[job]`` is the
+        group (prompt) of each completion, ``prompt_kv[g]`` the KV tokens group g's shared prompt holds
+        (its whole blocks; the partial block is each sequence's ``tail``). A group's prompt is
+        prefilled and held from the first admission of one of its completions claimed here
+        (:meth:`claim`) until every claimed one has finished; :meth:`evict_idle` drops the prompts of
+        groups with no live row (as an engine evicts unreferenced cached blocks under pressure),
+        prefilled again at the next admission."""
+        self._group = [int(g) for g in groups]
+        if len(self._group) != self.n:
+            raise SimulationError(f"{len(self._group)} groups for {self.n} completions")
+        self._prompt_kv = [int(x) for x in prompt_kv]
+        if any(x % self.block for x in self._prompt_kv):
+            raise SimulationError(f"prompt KV {self._prompt_kv} is not whole blocks of {self.block}")
+        self._left = [0] * len(self._prompt_kv)
+        self._live_of = [0] * len(self._prompt_kv)
+
+    def claim(self, job: int) -> None:
+        """``job`` runs on this engine: its group's prompt stays held until it has finished."""
+        if self._group is not None:
+            self._left[self._group[job]] += 1
+
+    def unclaim(self, job: int) -> None:
+        """``job``, claimed here but never admitted, moves to another engine."""
+        if self._group is not None:
+            group = self._group[job]
+            self._left[group] -= 1
+            if not self._left[group] and group in self._held:
+                self._unload(group)
+
+    def load_need(self, job: int) -> int:
+        """KV tokens (and prefill tokens) admitting ``job`` adds for its group's prompt: 0 when held
+        or when prompts are outside the pool."""
+        if self._group is None:
+            return 0
+        group = self._group[job]
+        return 0 if group in self._held else self._prompt_kv[group]
+
+    def evict_idle(self) -> int:
+        """Drop the prompt KV of held groups with no live row here; returns the tokens freed."""
+        idle = [g for g in self._held if not self._live_of[g]]
+        return sum(self._unload(g) for g in idle)
+
+    def _unload(self, group: int) -> int:
+        del self._held[group]
+        self._prompt_held -= self._prompt_kv[group]
+        return self._prompt_kv[group]
+
+    def held_groups(self):
+        """The groups whose prompt KV is held here now (a view, in load order)."""
+        return self._held.keys()
+
+    @property
+    def prompt_kv_held(self) -> int:
+        """KV tokens the held prompts take now (0 when prompts are outside the pool)."""
+        return self._prompt_held
 
     def can_prefill(self, job: int) -> bool:
         """Whether admitting ``job`` now keeps the next step within ``prefill_chunk`` prefilled tokens
@@ -239,6 +316,11 @@ class Engine:
             return True
         self._prefill_full = True
         return False
+
+    @property
+    def prefill_limited(self) -> bool:
+        """Whether an admission of the current decision waited for the next step's prefill budget."""
+        return self._prefill_full
 
     def _prefill_fits(self, need: int) -> bool:
         """Whether ``need`` more prefill tokens fit the coming step (the first admission always does)."""
@@ -258,6 +340,8 @@ class Engine:
             q, r = divmod(self.tail[job] - origin, self.block)
             self._sum_q -= q
             self._residues[r] -= 1
+        if self._group is not None:
+            self._live_of[self._group[job]] -= 1
         lane = self.lane.pop(job)
         heapq.heappush(self._free_lanes, lane)
         if self.timeline is not None:
@@ -321,12 +405,18 @@ class Engine:
         if self.enforce_budget and kv > self.budget:
             raise SimulationError(f"KV {kv} tokens > budget {self.budget} at step {t_next}")
         heap, epochs, starts = self._heap, self._epoch, self._run_start
+        freed_prompts: list[int] = []
         while heap and heap[0][0] == t_next:
             _, job, epoch = heapq.heappop(heap)
             if epoch != epochs[job]:
                 continue
             self.finished_at[job] = t_next
             self.collected.append(job)
+            if self._group is not None:
+                group = self._group[job]
+                self._left[group] -= 1
+                if not self._left[group] and group in self._held:
+                    freed_prompts.append(group)
             self.decoded_tokens += t_next - starts[job] + 1
             if pads:
                 self.running.pop(job)  # the row stays, decoding padding, until released
@@ -335,6 +425,8 @@ class Engine:
                     self._run_start[job] = t_next + 1
             else:
                 self._remove(job, "run")
+        for group in freed_prompts:  # the group's last claimed completion here finished
+            self._unload(group)
         if self.timeline is not None:
             self._mark()
 
@@ -358,13 +450,13 @@ class Engine:
         self._epoch[job] += 1
         heapq.heappush(self._heap, (step, job, self._epoch[job]))
 
-    def start(self, policy: "SimPolicy") -> None:
+    def start(self, policy: SimPolicy) -> None:
         """Let ``policy`` plan (timed as planning)."""
         start = time.perf_counter()
         policy.start(self)
         self.plan_seconds += time.perf_counter() - start
 
-    def decide(self, policy: "SimPolicy") -> bool:
+    def decide(self, policy: SimPolicy) -> bool:
         """One decision round before the next step: ``policy`` admits, preempts, releases and says
         when to wake it. True while there is work to run; False once the run is over (the policy
         stopped, or nothing is live or pending). Raises if work is pending that nothing can start."""
@@ -397,12 +489,17 @@ class Engine:
             raise SimulationError(f"only padded rows are live at step {self.t} and none was released")
         return t_next
 
-    def run(self, policy: "SimPolicy") -> "Engine":
+    def run(self, policy: SimPolicy) -> Engine:
         """Run ``policy`` until every completion it launched has finished (or it stopped)."""
         self.start(policy)
         while self.decide(policy):
             self.advance(self.next_event(), policy.pads)
         return self
+
+    def log_entry(self, index: int = -1) -> tuple[int, int, int, int, int]:
+        """One run of steps of :meth:`step_log` as (steps, rows, kv_first, prefill_tokens,
+        prefill_context), the last by default (what the latest :meth:`advance` did)."""
+        return self._log[index]
 
     def step_log(self) -> StepLog:
         """What the steps so far did (see :class:`StepLog`)."""

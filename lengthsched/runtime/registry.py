@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from .baselines import AdaptivePlacement, PlacedLongestFirst, SGLangLike, VLLMLike, VLLMPriority
+from .baselines import AdaptivePlacement, PlacedLongestFirst, SGLangLike, SGLangPriority, VLLMLike, VLLMPriority
+from .dispatch import SeerLike, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -28,7 +29,11 @@ class PolicySpec:
     give the same results as the event engine; ``sampler``: the reference sampler runs it;
     ``unbiased``: it collects exactly the completions it launched (False for the stop-at-G control);
     ``peaks``: its name in :func:`lengthsched.peaks.policy_peak` (analytic steps and peak memory);
-    ``places_groups``: in a rollout over several replicas it places the groups itself (a router is ignored).
+    ``places_groups``: in a rollout over several replicas it places the groups itself (a router is ignored);
+    ``rollout``: ``simulate.run_rollout`` runs it (it counts prompts in the KV pool);
+    ``dispatch``: a rollout policy that moves work between replicas as they free up (a global queue,
+    or stealing), so ``simulate.run_rollout`` runs its replicas on one clock; on one engine
+    (``run_group`` / ``run_batch``, the sampler) it runs alone over its own queue.
     """
 
     name: str
@@ -44,6 +49,8 @@ class PolicySpec:
     unbiased: bool = True
     peaks: str | None = None
     places_groups: bool = False
+    rollout: bool = False
+    dispatch: bool = False
 
     def __call__(self, problem: Problem) -> SimPolicy:
         return self.cls(problem, **dict(self.options))
@@ -71,15 +78,23 @@ POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("growth_aware_fcfs", GrowthAware, "growth-aware admission, index order", (("refill", "fcfs"),),
                needs_budget=True),
     PolicySpec("vllm", VLLMLike, "vLLM-like: blocks of 16, FCFS, preempt the newest", needs_budget=True,
-               compiled=True),
+               compiled=True, rollout=True),
     PolicySpec("vllm_priority", VLLMPriority, "vLLM V1 priority scheduling, longest predicted first",
-               needs_budget=True),
+               needs_budget=True, rollout=True),
     PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
-               "scheduling, longest predicted first", needs_budget=True, places_groups=True),
+               "scheduling, longest predicted first", needs_budget=True, places_groups=True, rollout=True),
     PolicySpec("placed_adaptive", AdaptivePlacement, "vLLM FCFS; groups spread over replicas unless their prompts "
-               "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True),
+               "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True,
+               rollout=True),
     PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
-               needs_budget=True, compiled=True),
+               needs_budget=True, compiled=True, rollout=True),
+    PolicySpec("sglang_priority", SGLangPriority, "SGLang priority scheduling and retraction, longest predicted "
+               "first", needs_budget=True, rollout=True),
+    PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
+               "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("steal", WorkStealing, "placed as verl routes (whole groups by predicted work when prompts would "
+               "crowd the pool), vLLM FCFS per replica, a replica with room steals from the fullest queue",
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
                fast=True),
 )
@@ -91,7 +106,7 @@ def policy_names(**supports: bool) -> tuple[str, ...]:
     unknown = [k for k in supports if k not in fields or fields[k].type not in ("bool", bool)]
     if unknown:
         raise InvalidArgument("supports", unknown, "flags of PolicySpec: budget, needs_budget, slots, fast, "
-                                                   "compiled, sampler, unbiased, places_groups")
+                                                   "compiled, sampler, unbiased, places_groups, rollout, dispatch")
     return tuple(n for n, s in POLICIES.items() if all(getattr(s, k) == v for k, v in supports.items()))
 
 

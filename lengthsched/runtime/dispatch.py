@@ -1,0 +1,313 @@
+"""Rollout policies that dispatch requests to engine replicas as they free up, from one global queue.
+
+A router (verl's, OpenRLHF's) fixes every request's replica when the step starts; a replica that
+drains early then idles while another works through its tail. The policies here move work between
+replicas while the step runs, so they run on one clock (``simulate.run_rollout`` prices every step
+in modelled seconds as it happens). Each replica is vLLM's engine (blocks of 16, a request admitted
+while its next block is free, preempted requests back to the front of its own queue).
+
+- :class:`SeerLike` (``seer``): the context-aware scheduling of Seer (arXiv 2511.14617, section 4.3:
+  "speculative" requests first, then approximate longest-first over groups). One probe completion
+  per group is dispatched first (group order); a group's length estimate is the longest of its
+  finished completions (``max_new_tokens`` until one finished, so groups not yet probed go
+  early); the other requests go longest-estimated group first. Seer's divided rollout also
+  migrates running requests in chunks through a global KV pool (Mooncake); that migration is not
+  modelled: a started request stays on its replica (preempted ones resume there).
+- :class:`WorkStealing` (``steal``): the project's policy. The requests start placed as verl routes
+  them (each request to the next replica) unless every prompt held on every replica would take more
+  than a quarter of a replica's pool; then whole groups are placed by predicted work (the
+  partitioning core), so each prompt is held once. Each replica is vLLM's engine over its own
+  queue (FCFS, eager admission, the newest preempted). A replica whose queue is empty while its live
+  requests, grown to their predicted lengths, leave room in its pool steals from the back of the
+  queue of the replica with the most predicted work waiting: work moves to the replicas that drain
+  first. A stolen request that was preempted carries its generated tokens (text) and is recomputed
+  where it lands, as it would have been where it was; no KV moves.
+
+Policies see predictions and what happened (admissions, progress, finishes), never a length that
+has not been revealed (``tests/test_rollout.py`` changes unrevealed lengths and checks the decisions
+up to the change are the same).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .baselines import VLLMLike
+from .engine import Engine
+from .policies import Problem
+
+__all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "WorkStealing"]
+
+
+class GroupQueue:
+    """The requests of a rollout step not yet started, by group, shared by the replicas.
+
+    ``groups``: the group of every completion (global index); ``estimates``: each group's estimated
+    length in tokens (the order: longest first, ties by group index). A group may have a ``probe``
+    (its first request) that goes before every other request. Updating an estimate is O(log B)
+    (a heap with lazy invalidation); pulling the head is amortised O(log B)."""
+
+    def __init__(self, groups: Sequence[int], estimates: Sequence[float], probes: bool = False):
+        self.group = np.asarray(groups, dtype=np.int64)
+        count = int(self.group.max()) + 1 if len(self.group) else 0
+        self.unstarted: list[list[int]] = [[] for _ in range(count)]
+        for job in range(len(self.group) - 1, -1, -1):  # a stack per group: its lowest index on top
+            self.unstarted[int(self.group[job])].append(job)
+        self.estimate = [float(x) for x in estimates]
+        self._version = [0] * count
+        self._heap = [(-self.estimate[g], g, 0) for g in range(count) if self.unstarted[g]]
+        heapq.heapify(self._heap)
+        self.probes: list[int] = [g for g in range(count) if self.unstarted[g]][::-1] if probes else []
+        self.left = len(self.group)
+        self.longest_finished = [0] * count  # per group: its longest finished request so far (tokens)
+
+    def __len__(self) -> int:
+        return self.left
+
+    def update(self, group: int, estimate: float) -> None:
+        """Set ``group``'s estimated length (tokens)."""
+        if estimate == self.estimate[group]:
+            return
+        self.estimate[group] = float(estimate)
+        self._version[group] += 1
+        if self.unstarted[group]:
+            heapq.heappush(self._heap, (-float(estimate), group, self._version[group]))
+
+    def head_group(self) -> int | None:
+        """The group whose request goes next (a pending probe first), or None when all started."""
+        while self.probes and not self.unstarted[self.probes[-1]]:
+            self.probes.pop()
+        if self.probes:
+            return self.probes[-1]
+        heap = self._heap
+        while heap and (heap[0][2] != self._version[heap[0][1]] or not self.unstarted[heap[0][1]]):
+            heapq.heappop(heap)
+        return heap[0][1] if heap else None
+
+    def peek(self, group: int) -> int:
+        """The next request of ``group`` (it must have one)."""
+        return self.unstarted[group][-1]
+
+    def take(self, group: int) -> int:
+        """Remove and return the next request of ``group``."""
+        job = self.unstarted[group].pop()
+        self.left -= 1
+        if self.probes and self.probes[-1] == group:
+            self.probes.pop()
+        return job
+
+
+class PullReplica(VLLMLike):
+    """One replica of a dispatching rollout: vLLM's engine (blocks of 16, FCFS over its own waiting
+    queue, preempted requests back to its front) whose waiting queue the :class:`Dispatcher` feeds.
+
+    Subclasses say how loaded the replica is (:meth:`load`), whether one more request fits
+    (:meth:`fits`), which group goes next to it (:meth:`choose`), how they learn from finishes
+    (:meth:`learn`) and may pick another victim (``_victim``)."""
+
+    PROBES = False  # the queue sends one probe request per group first
+    STEALS = False
+
+    def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
+                 keys: Sequence[Any] = ()):
+        super().__init__(problem)
+        self.keys = list(keys)  # the prompt key of every group
+        self._alone = queue is None  # one engine on its own (run_group / run_batch): its own queue
+        if queue is None:  # the groups are the problem's prompts (completion indices without prompt ids)
+            ids = problem.query(range(problem.n))
+            index: dict = {}
+            groups = [index.setdefault(k, len(index)) for k in ids]
+            queue = GroupQueue(groups, [float(problem.max_new_tokens)] * len(index), probes=self.PROBES)
+        self.queue = queue
+        self.replica = replica
+        self.waiting = []  # this replica's queue (a stack: the front is the end)
+        self._seen = 0  # finished requests already reported to learn()
+        self.eng: Engine | None = None
+        self.expected = np.full(problem.n, float(problem.max_new_tokens))  # per request: its expected total length
+        self.reserved = 0.0  # sum of the expected totals of its unfinished requests (tokens)
+        self.groups_here: dict[int, int] = {}  # group -> its unfinished requests here
+
+    def start(self, eng: Engine) -> None:
+        """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
+        self.eng = eng
+        if self._alone:
+            super().start(eng)
+
+    def pending(self, eng: Engine) -> int:
+        return len(self.waiting)
+
+    def expect(self, job: int) -> float:
+        """The expected total length (tokens) of ``job`` when it is dispatched."""
+        return float(self.queue.estimate[int(self.queue.group[job])])
+
+    def load(self) -> float:
+        """How loaded the replica is (lower gets the next request)."""
+        raise NotImplementedError
+
+    def fits(self, job: int) -> bool:
+        """Whether the replica takes ``job`` now."""
+        raise NotImplementedError
+
+    def choose(self, head: int) -> int:
+        """The group whose request goes to this replica, given the queue's ``head`` group."""
+        return head
+
+    def take(self, job: int) -> None:
+        """``job`` is dispatched here: to the back of this replica's queue."""
+        self.waiting.insert(0, job)
+        self.expected[job] = self.expect(job)
+        self.reserved += self.expected[job]
+        group = int(self.queue.group[job])
+        self.groups_here[group] = self.groups_here.get(group, 0) + 1
+        self.eng.claim(job)
+
+    def learn(self, eng: Engine, finished: list[int]) -> None:
+        """``finished``: requests of this replica that finished since the last decision."""
+
+    def decide(self, eng: Engine) -> None:
+        new = eng.collected[self._seen:]
+        self._seen = len(eng.collected)
+        for job in new:
+            self.reserved -= self.expected[job]
+            group = int(self.queue.group[job])
+            self.groups_here[group] -= 1
+            if not self.groups_here[group]:
+                del self.groups_here[group]
+        if new:
+            self.learn(eng, new)
+        if self._alone:
+            Dispatcher(self.queue, [self]).assign()
+        super().decide(eng)
+
+
+class Dispatcher:
+    """Feeds the replicas' queues from the shared :class:`GroupQueue`: the head request goes to the
+    least loaded replica that takes it (:meth:`PullReplica.load`, :meth:`PullReplica.fits`), until
+    none does. Called before every decision of any replica (``simulate.run_rollout`` runs the
+    replicas on one clock in modelled seconds)."""
+
+    def __init__(self, queue: GroupQueue, replicas: Sequence[PullReplica]):
+        self.queue, self.replicas = queue, list(replicas)
+
+    def assign(self) -> list[int]:
+        """Dispatch what fits now; returns the replicas that got requests."""
+        queue, got = self.queue, []
+        while True:
+            head = queue.head_group()
+            if head is None:
+                return got
+            best, best_load, best_group = None, 0.0, head
+            for pol in self.replicas:
+                group = pol.choose(head)
+                job = queue.peek(group)
+                if not pol.fits(job):
+                    continue
+                load = pol.load() - (pol.AFFINITY_BONUS if group in pol.groups_here else 0.0)
+                if best is None or load < best_load:
+                    best, best_load, best_group = pol, load, group
+            if best is None:
+                return got
+            best.take(queue.take(best_group))
+            got.append(best.replica)
+
+
+class SeerLike(PullReplica):
+    """Seer's context-aware scheduling over a global queue (see the module docstring): probes first,
+    then the group with the longest finished completion first; each request to the replica with
+    the fewest requests, up to vLLM's ``max_num_seqs`` (256) each; vLLM's victim (the newest)."""
+
+    name = "seer"
+    PROBES = True
+    MAX_SEQS = 256  # vLLM's max_num_seqs: requests an engine takes at once
+    AFFINITY_BONUS = 0.0
+
+    def load(self) -> float:
+        return float(len(self.groups_here) and sum(self.groups_here.values()))
+
+    def fits(self, job: int) -> bool:
+        return sum(self.groups_here.values()) < self.MAX_SEQS
+
+    def learn(self, eng: Engine, finished: list[int]) -> None:
+        queue = self.queue
+        for job in finished:
+            group = int(queue.group[job])
+            queue.longest_finished[group] = max(queue.longest_finished[group], eng.length[job])
+            queue.update(group, queue.longest_finished[group])
+
+
+class WorkStealing(VLLMLike):
+    """The project's rollout policy (see the module docstring): placed as verl routes requests, or as
+    whole groups by predicted work when prompts would crowd the pools; vLLM's engine per replica; a
+    replica with an empty queue and predicted room steals from the back of the fullest queue.
+    ``board`` (every replica's queue, stacks whose front is the end) and ``engines`` are shared and
+    set by the caller, which places the requests (``simulate.rollout.route``)."""
+
+    name = "steal"
+    PROBES = False
+    STEALS = True
+    PROMPT_SHARE = 0.25  # spread as verl does unless every prompt on every replica takes more of a pool
+    ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
+    STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
+
+    def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
+                 keys: Sequence[Any] = ()):
+        super().__init__(problem)  # on its own (run_group / run_batch): vLLM FCFS over every request
+        self.queue, self.replica, self.keys = queue, replica, list(keys)
+        self.board: list[list[int]] = []  # set by the caller in a rollout: every replica's waiting stack
+        self.engines: list[Engine] = []  # set by the caller
+        self.pols: list[WorkStealing] = []  # set by the caller
+        self.blocked = False  # its queue waits for memory (not for the prefill budget): others may steal
+        self.work = np.asarray(problem.point(), dtype=np.float64)  # predicted tokens per request
+
+    def start(self, eng: Engine) -> None:
+        """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
+        if not self.board:
+            super().start(eng)
+
+    def decide(self, eng: Engine) -> None:
+        super().decide(eng)
+        while self.board and not self.waiting and self._room(eng) and self._steal(eng):
+            super().decide(eng)
+        self.blocked = bool(self.waiting) and not eng.prefill_limited
+
+    def _room(self, eng: Engine) -> bool:
+        """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
+        if eng.live >= self.cap:
+            return False
+        work = self.work
+        expected = sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running)
+        return expected + eng.prompt_kv_held < self.ROOM * self.blocks * self.block_size
+
+    def _steal(self, eng: Engine) -> bool:
+        """Move requests from the back of the fullest other queue to this one; False if none."""
+        best, best_work = None, 0.0
+        for r, stack in enumerate(self.board):
+            if r == self.replica or not self.pols[r].blocked:
+                continue
+            done = self.engines[r].done
+            work = sum(max(1.0, self.work[j] - done[j]) for j in stack)
+            if work > best_work:
+                best, best_work = r, work
+        if best is None:
+            return False
+        stack, done, want, got = self.board[best], self.engines[best].done, self.STEAL_SHARE * best_work, 0.0
+        taken = []
+        i = 0
+        while i < len(stack) and (not taken or got < want):
+            job = stack[i]
+            del stack[i]
+            taken.append(job)
+            got += max(1.0, self.work[job] - done[job])
+        if not taken:
+            return False
+        for job in reversed(taken):  # the stolen requests keep their order, behind nothing
+            self.waiting.insert(0, job)
+        for job in taken:
+            eng.claim(job)
+            eng.done[job], done[job] = done[job], 0  # its tokens so far travel with it
+            self.engines[best].unclaim(job)
+        return True
