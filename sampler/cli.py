@@ -19,7 +19,15 @@ from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
 from lengthsched.memory import parse_bytes
 
-from .options import CONFIG_MODELS, MAX_GROUP_SIZE, PREDICTING_POLICIES, SAMPLE_POLICIES, TINY_MODEL, SampleOptions
+from .options import (
+    CONFIG_MODELS,
+    MAX_GROUP_SIZE,
+    PREDICTING_POLICIES,
+    SAMPLE_POLICIES,
+    TINY_MODEL,
+    UNPREDICTED_POLICIES,
+    SampleOptions,
+)
 
 __all__ = ["run_sample", "tiny_qwen3", "qwen3_config", "qwen3_from_config", "ByteTokenizer", "load_model"]
 
@@ -202,16 +210,16 @@ def run_sample(opts: SampleOptions) -> int:
 
     from .core import InfiniteSampler
 
-    device = resolve_device(opts.device)  # one this machine has, before any note or work
+    device = resolve_device(opts.device)  # one this machine has, before any work
+    notes: list[str] = []
     if opts.policy in PREDICTING_POLICIES and not opts.predictor and forced is None:
-        _note(f"--policy {opts.policy} plans with predicted lengths and has none here (no --predictor, no "
-              f"--lengths): every completion is predicted at --max-new-tokens "
-              f"{opts.max_new_tokens}, so it schedules in index order"
-              + (" (as fixed_slot does)" if opts.policy.startswith("length_aware") else ""))
-    elif opts.predictor and opts.policy not in PREDICTING_POLICIES:
-        _note(f"--predictor has no effect under --policy {opts.policy}, which uses no predictions (length-aware "
-              f"ones: {', '.join(PREDICTING_POLICIES)})")
-
+        notes.append(f"--policy {opts.policy} plans with predicted lengths and has none here (no --predictor, "
+                     f"no --lengths): every completion is predicted at --max-new-tokens {opts.max_new_tokens}, "
+                     "so it schedules in index order"
+                     + (" (as fixed_slot does)" if opts.policy.startswith("length_aware") else ""))
+    elif opts.predictor and opts.policy in UNPREDICTED_POLICIES:
+        notes.append(f"--predictor has no effect under --policy {opts.policy}, which uses no predictions "
+                     f"(length-aware ones: {', '.join(PREDICTING_POLICIES)})")
     cost = None
     if opts.cost:
         from lengthsched.cost import StepCost
@@ -253,6 +261,8 @@ def run_sample(opts: SampleOptions) -> int:
     else:
         print(_format_summary(opts, summary, res, cost))
     sys.stdout.flush()
+    for note in notes:  # after the result: an error before it stays one line
+        _note(note)
     if predictor is not None and predictor.clipped:
         _note(f"{predictor.clipped} of {predictor.total} predicted lengths were above --max-new-tokens "
               f"{opts.max_new_tokens} and were clipped to it")

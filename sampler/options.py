@@ -10,6 +10,7 @@ from lengthsched.refill import RefillRule
 from lengthsched.runtime.registry import policy_names
 
 __all__ = ["SampleOptions", "TINY_MODEL", "RANDOM_MODELS", "CONFIG_MODELS", "SAMPLE_POLICIES", "PREDICTING_POLICIES",
+           "UNPREDICTED_POLICIES",
            "MAX_GROUP_SIZE"]
 
 TINY_MODEL = "tiny-qwen3"
@@ -24,6 +25,9 @@ SAMPLE_POLICIES = policy_names(sampler=True)
 #: predicted at ``--max-new-tokens`` (so length_aware schedules in index order, as fixed_slot does).
 PREDICTING_POLICIES = tuple(n for n in SAMPLE_POLICIES if n.startswith(("length_aware", "growth_aware", "placed_"))
                             or n.endswith("_priority"))
+#: Those that use no predictions at all (a predictor has no effect on them).
+UNPREDICTED_POLICIES = tuple(n for n in ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "vllm", "sglang",
+                                         "reserve_max") if n in SAMPLE_POLICIES)
 #: The largest group ``lengthsched sample`` takes: it keeps every completion's tokens and state in one
 #: process and decodes one step at a time (G = 20000 of 4 tokens already takes minutes on a CPU).
 MAX_GROUP_SIZE = 65536

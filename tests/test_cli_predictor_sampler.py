@@ -333,3 +333,10 @@ def test_train_verbose_shows_the_trainer_and_overwrite_replaces(trained, tmp_pat
     assert "'loss'" in out + err  # the Trainer's own lines, on the terminal with --verbose
     assert "verdict:" in out
     assert (target / "train.log").read_text() == (model / "train.log").read_text()  # nothing went to the log
+
+
+def test_a_predictor_under_a_policy_that_uses_none_says_so(trained, capsys):
+    _, model, _, _ = trained
+    code, _, err = run(["sample", "--predictor", str(model), "-G", "2", "--max-new-tokens", "3", "--policy",
+                        "fixed_slot", "--slots", "1"], capsys)
+    assert code == 0 and "--predictor has no effect under --policy fixed_slot" in err

@@ -31,7 +31,6 @@ def test_replay_json_and_output_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["sample", "--policy", "magic"], "policy"),
     (["sample", "-G", "3", "--lengths", "1,2"], "one per completion"),
     (["sample", "--budget", "1KiB", "--policy", "length_aware"], "budget_bytes"),
     (["sample", "-G", "0"], "group_size"),
