@@ -10,10 +10,10 @@ what a test does, so that test bodies stay as they are:
 - ``subprocess``: spawns a process (a CLI entry point, a benchmark, a shell block of the docs).
   Found from the source: the test, or a helper or fixture of its module it uses, calls ``subprocess``.
 - ``slow``: takes more than about a second on two cores (measured with ``--durations``): the
-  :data:`SLOW_MODULES` and :data:`SLOW_TESTS` lists.
+  :data:`SLOW_MODULES`, :data:`SLOW_TESTS` and :data:`SLOW_FIXTURES` lists.
 
-The fast lane (README) is ``pytest -m "not slow" --hypothesis-profile=dev``; CI runs everything with
-the "ci" profile (the default here).
+The fast lane (README) is ``pytest -m "not slow"``, which loads the light Hypothesis profile "dev"
+unless a profile is named; CI runs everything with the "ci" profile (the default here).
 """
 
 from __future__ import annotations
@@ -40,13 +40,74 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
+def pytest_configure(config):
+    # The fast lane (-m "not slow") takes the light profile unless one is named (HYPOTHESIS_PROFILE or
+    # --hypothesis-profile); a plain `pytest`, as in CI, keeps "ci".
+    named = os.environ.get("HYPOTHESIS_PROFILE") or config.getoption("hypothesis_profile", None)
+    if not named and "not slow" in (config.getoption("markexpr", "") or ""):
+        settings.load_profile("dev")
+
 MARKERS = ("slow", "torch", "subprocess")
 
 #: Whole modules that are slow (every test in them, or the few they hold, take seconds).
-SLOW_MODULES: frozenset[str] = frozenset()
+SLOW_MODULES = frozenset({
+    "test_benchmarks.py",  # each runs a benchmark script --quick: 10 to 50 s
+    "test_sparse_rollouts.py",  # sparse rollouts of a random model, each 20 to 60 s
+})
 
 #: Slow tests, as "module.py::test_name" (every parametrization) or "module.py::test_name[id]".
-SLOW_TESTS: frozenset[str] = frozenset()
+SLOW_TESTS = frozenset({
+    "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
+    "test_docs.py::test_page_runs",  # each page's commands, in processes: seconds to minutes a page
+    "test_import_purity.py::test_packages_import_nothing_heavy",
+    "test_cli_predictor_sampler.py::test_a_predictor_under_a_policy_that_uses_none_says_so",
+    "test_cli_predictor_sampler.py::test_length_aware_without_predictions_says_it_has_none",
+    "test_cli_predictor_sampler.py::test_sample_notes_predictions_clipped_to_max_new_tokens",
+    "test_cli_predictor_sampler.py::test_train_verbose_shows_the_trainer_and_overwrite_replaces",
+    "test_online.py::test_a_running_sibling_never_lowers_the_prediction_of_a_fresh_one",
+    "test_online.py::test_cli_online_bad_input_names_the_flag[args5-drift_steps]",
+    "test_online.py::test_cli_online_prints_tables_and_json",
+    "test_online.py::test_drift_experiment_follows_growth_where_a_frozen_predictor_falls_behind",
+    "test_online.py::test_evaluate_online_with_priors_and_trace_history",
+    "test_online.py::test_predictions_exceed_progress_and_quantiles_are_ordered_with_laws",
+    "test_online.py::test_the_benchmark_runs_quick",
+    "test_online.py::test_the_online_path_never_imports_torch",
+    "test_online.py::test_quantiles_are_monotone_and_above_the_point_and_the_total_exceeds_progress",
+    "test_predictor_training.py::test_tau_difference_bootstraps_whole_prompts",
+    "test_prefix_grouper.py::test_logprobs_and_every_gradient_equal_the_naive_forward",
+    "test_predictor_training.py::test_a_k_token_predictor_drives_the_sampler_probe",
+    "test_predictor_training.py::test_resume_continues_from_the_last_checkpoint",
+    "test_random_models.py::test_scaled_down_preset_runs_the_sampler",
+    "test_runtime.py::test_an_online_predictor_learns_from_finished_siblings_during_the_run",
+    "test_runtime.py::test_decisions_never_depend_on_a_length_not_yet_revealed",  # 15 s even at 20 examples
+    "test_sampler.py::test_an_online_predictor_makes_the_same_decisions_in_sampler_and_simulator",
+    "test_sampler.py::test_completions_do_not_depend_on_the_policy",
+    "test_sampler.py::test_memory_is_freed_when_a_completion_finishes",
+    "test_sampler.py::test_replay_invariants_on_random_groups",
+    "test_sampler.py::test_sampling_controls_and_stop_tokens",
+    "test_sampler.py::test_step_records_say_what_each_step_computed_and_how_long_it_took",
+    "test_sampler.py::test_the_prompt_kv_is_held_once_when_shared",
+    "test_sampler.py::test_token_conditioned_prediction_probes_k_tokens_then_plans",
+    "test_sampler.py::test_trace_replay_matches_the_simulator_step_for_step",
+    "test_sampler_cli.py::test_offline_default_says_it_is_a_random_model",
+    "test_sampler_cli.py::test_replay_json_and_output_file",
+    "test_seconds.py::test_the_compiled_path_gives_the_engines_seconds",
+    "test_simulate_cli.py::test_plot_writes_figures",
+    "test_simulate_cli_new_user.py::test_plot_titles_give_the_budget_in_gib",
+    "test_simulate_compiled.py::test_engine_many_equals_the_event_engine",
+    "test_trl.py::test_grpo_benchmark_runs_quick",
+    "test_trl.py::test_vllm_rollout_generates_through_trls_colocated_engine_in_the_plans_order",
+})
+
+#: Fixtures that take seconds to build, as "module.py::fixture": every test using one is slow (marking only
+#: the first user would move the cost to the next).
+SLOW_FIXTURES = frozenset({
+    "test_predictor_training.py::trained",  # trains a predictor: tens of seconds
+    "test_online.py::clean_evaluation",  # evaluate_online over 300 groups with bootstrap
+    "test_online.py::mixed_evaluation",
+    "test_trl.py::runs",  # two toy GRPO runs
+})
 
 #: Tests that need torch without importing it themselves (a spawned script or CLI command does).
 TORCH_TESTS = frozenset({
@@ -130,13 +191,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.torch)
         if name in spawn_funcs:
             item.add_marker(pytest.mark.subprocess)
-        if item.path.name in SLOW_MODULES or _listed(SLOW_TESTS, item):
+        fixtures = {f"{item.path.name}::{f}" for f in getattr(item, "fixturenames", ())}
+        if item.path.name in SLOW_MODULES or _listed(SLOW_TESTS, item) or fixtures & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
-        used |= {item.path.name, f"{item.path.name}::{name}", f"{item.path.name}::{item.name}"}
+        used |= {item.path.name, f"{item.path.name}::{name}", f"{item.path.name}::{item.name}"} | fixtures
     config.stash[LANES] = {
         "modules": {item.path.name for item in items},
         "count": {m: sum(1 for item in items if item.get_closest_marker(m)) for m in MARKERS} | {"all": len(items)},
-        "unused": {entry for entry in SLOW_MODULES | SLOW_TESTS | TORCH_TESTS
+        "unused": {entry for entry in SLOW_MODULES | SLOW_TESTS | SLOW_FIXTURES | TORCH_TESTS
                    if entry.split("::")[0] in {item.path.name for item in items} and entry not in used},
     }
 

@@ -1,5 +1,5 @@
 """The test lanes (README): markers registered and strict, the lists in conftest.py naming real tests,
-and a fast lane (``pytest -m "not slow" --hypothesis-profile=dev``) that keeps most of the suite."""
+and a fast lane (``pytest -m "not slow"``, light Hypothesis profile) that keeps most of the suite."""
 
 from __future__ import annotations
 
