@@ -276,8 +276,8 @@ def test_bad_arguments_are_rejected_without_importing_torch(trained, tmp_path, a
     (tmp_path / "x.jsonl").write_text('{"prompt": "a", "response_length": 3}\n')
     (tmp_path / "BAD").write_text('{"prompt": "a", "prompt_tokens": -3}\n')
     argv = [str(model) if a == "MODEL" else a for a in argv]
-    code = ("import sys\nfrom lengthsched.cli import main\nrc = main(%r)\n"
-            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)" % argv)
+    code = (f"import sys\nfrom lengthsched.cli import main\nrc = main({argv!r})\n"
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split() == ["2", "False", "False"], done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
