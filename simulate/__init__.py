@@ -10,15 +10,16 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
-from .rollout import ROUTERS, RolloutResult, route, run_rollout
+from .rollout import ROUTERS, RolloutResult, place_by_time, route, run_rollout
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
 #: The recommended policy (a name in ``lengthsched.runtime.POLICIES``, usable by ``run_group``,
-#: ``run_batch`` and ``run_rollout``): the one that is never slower than vLLM FCFS with verl's routing
-#: in modelled seconds over the rollout grid of docs/benchmarks.md ("Rollout steps": 48 settings; 3.3%
-#: faster on average, up to 5x where prompts would crowd the pools) and runs where that baseline
-#: cannot. It misses the issue's goal of 10% on average: see docs/benchmarks.md.
-DEFAULT_POLICY = "placed_adaptive"
+#: ``run_batch`` and ``run_rollout``): the fastest on average over the rollout grid of
+#: docs/benchmarks.md ("Rollout steps": 90 settings, modelled seconds), ahead of vLLM FCFS with
+#: verl's routing, vLLM and SGLang priority scheduling and the Seer-like anchor. It is slower than
+#: vLLM + verl on a few settings and misses the goal of 10% on average: see docs/benchmarks.md.
+#: On one engine (``run_group``, ``run_batch``) it is vLLM's FCFS engine.
+DEFAULT_POLICY = "steal"
 
 __all__ = [
     "Engine",
@@ -37,5 +38,6 @@ __all__ = [
     "RolloutResult",
     "ROUTERS",
     "route",
+    "place_by_time",
     "retained_kv_curve",
 ]

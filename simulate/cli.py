@@ -10,7 +10,7 @@ from pathlib import Path
 from lengthsched import InvalidArgument, parse_bytes
 from lengthsched.io import atomic_write_text
 
-from .options import SimulateOptions
+from .options import SimulateOptions, resolve, rollout_mode
 from .report import (
     check_options,
     clipped_notice,
@@ -187,7 +187,10 @@ def run_simulate(opts: SimulateOptions) -> int:
             __import__(module)
         except ImportError:
             raise ImportError(f"lengthsched simulate needs {module}: pip install 'lengthsched[simulate]'") from None
+    if rollout_mode(opts):
+        return _run_rollout_step(opts)
     check_options(opts)
+    opts = resolve(opts)
     progress = sys.stderr.isatty()
     if opts.sweep:
         key, values = parse_sweep(opts.sweep)
@@ -205,6 +208,22 @@ def run_simulate(opts: SimulateOptions) -> int:
         for path in _figures(opts, Path(opts.plot), progress):
             print(f"wrote {path}", file=sys.stderr)
     print(payload if opts.json else text)
+    return 0
+
+
+def _run_rollout_step(opts: SimulateOptions) -> int:
+    """``--prompts`` / ``--replicas``: one rollout step, every policy and router, one table."""
+    from .rollout_report import check_rollout_options, compare_rollout, format_rollout, rollout_figures
+
+    opts = check_rollout_options(opts)
+    comparison = compare_rollout(opts)
+    payload = json.dumps(comparison.to_dict(), indent=1, default=_jsonable)
+    if opts.output:
+        atomic_write_text(opts.output, payload + "\n")
+    if opts.plot:
+        for path in rollout_figures(opts, Path(opts.plot)):
+            print(f"wrote {path}", file=sys.stderr)
+    print(payload if opts.json else format_rollout(comparison))
     return 0
 
 

@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from lengthsched.memory import DTYPE_BYTES
 from lengthsched.refill import RefillRule
 
-__all__ = ["SimulateOptions", "DEFAULT_POLICIES"]
+__all__ = ["SimulateOptions", "DEFAULT_POLICIES", "ROLLOUT_POLICIES", "resolve", "rollout_mode"]
 
 # The comparison table's default rows: every policy of docs/model.md section 4 once.
 DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware",
                     "growth_aware_lpt", "growth_aware_fcfs", "vllm", "sglang", "reserve_max")
+
+
+# The rollout table's default rows (--prompts / --replicas): the engines' schedulers, Seer, the project's.
+ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_adaptive", "steal")
+
+# Defaults that depend on the mode: one group at a time, or one RL rollout step.
+GROUP_DEFAULTS = {"model": "qwen3-1.7b", "budget": "5GiB", "policies": ",".join(DEFAULT_POLICIES),
+                  "predictor": "oracle"}
+# verl's example rollout config: gpu_memory_utilization 0.5 of an 80 GiB H100 per replica.
+ROLLOUT_DEFAULTS = {"model": "qwen3-8b", "budget": "40GiB", "policies": ",".join(ROLLOUT_POLICIES),
+                    "predictor": "prompt:0.5", "prompts": 64, "replicas": 4, "group_size": 16,
+                    "routers": "least_loaded,group_round_robin"}
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -23,11 +36,15 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 class SimulateOptions:
     """Simulate sampling policies on a workload and compare steps, memory, preemptions and bias."""
 
-    model: str = _opt("qwen3-1.7b", "a config.json path, a model directory, or a bundled preset name")
+    model: str | None = _opt(None, "a config.json path, a model directory, or a bundled preset name (default "
+                                   "qwen3-1.7b; qwen3-8b for a rollout step)")
     dtype: str = _opt("bfloat16", "weights and activations dtype", choices=sorted(DTYPE_BYTES))
     kv_dtype: str | None = _opt(None, "KV cache dtype, default --dtype", choices=sorted(DTYPE_BYTES))
-    budget: str = _opt("5GiB", "memory for one group: weights + activations of G sequences + KV (e.g. 24GiB)")
-    group_size: int | None = _opt(None, "G, completions per prompt (default: 32 for castillo, lmsys and azure; a "
+    budget: str | None = _opt(None, "memory for one group: weights + activations of G sequences + KV (default "
+                                    "5GiB); for a rollout step, each replica's (default 40GiB: 0.5 of an 80 GiB "
+                                    "GPU, verl's gpu_memory_utilization)")
+    group_size: int | None = _opt(None, "G, completions per prompt (default: 32 for castillo, lmsys and azure, 16 "
+                                        "in a rollout step; a "
                                         "trace file keeps its groups' logged sizes: --group-size with one is only "
                                         "checked against them)")
     max_new_tokens: int = _opt(4096, "L_max in tokens; longer lengths in the workload are clipped to it, and so "
@@ -37,13 +54,21 @@ class SimulateOptions:
     groups: int = _opt(200, "how many groups (prompts) to simulate")
     spread: float | None = _opt(None, "sigma of log length within a group for lmsys/azure "
                                       "(default: fitted to CASTILLO)")
-    predictor: str = _opt("oracle", "predicted lengths: oracle, noisy:SIGMA (log-normal error, 0 < SIGMA <= 5), "
-                                    "constant:TOKENS, "
+    predictor: str | None = _opt(None, "predicted lengths (default oracle; prompt:0.5 in a rollout step): oracle, "
+                                       "noisy:SIGMA (log-normal error, 0 < SIGMA <= 5), prompt:SIGMA (one "
+                                       "prediction per prompt, log-normal error on its median), constant:TOKENS, "
                                     "trace (the trace's 'predicted'), or online / online:TOKENS (learns from "
                                     "each group's finished siblings, from a constant prior)")
     quantile: float = _opt(0.9, "predicted quantile that length_aware reserves")
-    policies: str = _opt(",".join(DEFAULT_POLICIES), "comma-separated policies to compare, each once "
-                                                      "(lengthsched.runtime.POLICIES)")
+    policies: str | None = _opt(None, "comma-separated policies to compare, each once "
+                                      "(lengthsched.runtime.POLICIES; default: " + ",".join(DEFAULT_POLICIES)
+                                + "; in a rollout step " + ",".join(ROLLOUT_POLICIES) + ")")
+    prompts: int | None = _opt(None, "simulate one RL rollout step of this many prompts x G on --replicas engine "
+                                     "replicas instead of groups one at a time (default 64 when --replicas is given)")
+    replicas: int | None = _opt(None, "engine replicas of the rollout step (default 4 when --prompts is given)")
+    routers: str | None = _opt(None, "routers tried for the policies that do not place requests themselves, "
+                                     "comma-separated: least_loaded (verl), group_round_robin (OpenRLHF) (default "
+                                     "both)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",
                     choices=["a100", "h100", "h200", "l40s", "b200"])
@@ -58,3 +83,14 @@ class SimulateOptions:
     json: bool = _opt(False, "print JSON instead of a table")
     plot: str | None = _opt(None, "write PNG figures into this directory")
     output: str | None = _opt(None, "also write the JSON results to this file (atomically)")
+
+
+def rollout_mode(opts: SimulateOptions) -> bool:
+    """Whether ``opts`` describe one rollout step (``--prompts`` or ``--replicas`` given)."""
+    return opts.prompts is not None or opts.replicas is not None
+
+
+def resolve(opts: SimulateOptions) -> SimulateOptions:
+    """``opts`` with every mode-dependent default (None) filled in for its mode."""
+    defaults = ROLLOUT_DEFAULTS if rollout_mode(opts) else GROUP_DEFAULTS
+    return dataclasses.replace(opts, **{k: v for k, v in defaults.items() if getattr(opts, k) is None})

@@ -15,7 +15,8 @@ from lengthsched.runtime.registry import policy_names
 
 from .run import SimResult
 
-__all__ = ["PALETTE", "policy_color", "gantt", "gantt_figure", "memory_over_time", "sweep_lines"]
+__all__ = ["PALETTE", "policy_color", "gantt", "gantt_figure", "memory_over_time", "sweep_lines", "rollout_gantt",
+           "rollout_kv"]
 
 # 20 distinct colours: matplotlib's tab10, then the light halves of tab20 and four darker extras.
 # Policies take them in registry order, so a policy keeps its colour in every figure and run.
@@ -116,6 +117,59 @@ def sweep_lines(values: Sequence, seconds: dict[str, Sequence[float]], xlabel: s
     ax.set_xticks(x, [str(v) for v in values])
     ax.set_yscale("log")
     _save(plt, fig, ax, path, title, xlabel, "modelled seconds per group (mean)")
+
+
+def rollout_gantt(result, path: Path, title: str) -> None:
+    """One rollout step (a ``simulate.RolloutResult`` run with ``record=True``) as a Gantt chart per
+    replica, in modelled seconds: one row per replica, a bar per run of a completion (stacked on the
+    replica's lanes), coloured by its prompt (colour bar: the group's index in the step), preempted
+    runs in red (legend)."""
+    plt = _pyplot()
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.patches import Patch
+
+    sizes = [len(x) for x in result.collected_lengths]
+    group_of = np.repeat(np.arange(len(sizes)), sizes)
+    lanes = [max((s[1] for s in t.segments), default=0) + 1 for t in result.timelines]
+    fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 1.2 + sum(0.02 * n + 0.6 for n in lanes)), sharex=True,
+                             squeeze=False)
+    cmap, norm = plt.get_cmap("viridis"), Normalize(vmin=0, vmax=max(1, len(sizes) - 1))
+    preempted = False
+    for r, (ax, timeline) in enumerate(zip(axes[:, 0], result.timelines)):
+        for job, lane, first, last, kind in timeline.segments:
+            start, end = result.seconds_at(r, [first - 1, last])
+            cut = kind == "preempted"
+            preempted |= cut
+            ax.barh(lane, end - start, left=start, height=1.0, linewidth=0,
+                    color=_KINDS["preempted"][0] if cut else cmap(norm(group_of[job])))
+        ax.set_ylabel(f"replica {r}\n{result.replica_seconds[r]:.2f} s", fontsize=7)
+        ax.set_yticks([])
+        ax.invert_yaxis()
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes[:, 0].tolist(), pad=0.01)
+    bar.set_label("prompt (group index in the step)")
+    handles = [Patch(facecolor=_KINDS["preempted"][0], label=_KINDS["preempted"][1])] if preempted else []
+    if handles:
+        axes[0, 0].legend(handles=handles, fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("modelled seconds")
+    axes[0, 0].set_title(f"{title}\n{result.preemptions} preemptions, {result.recomputed_tokens:,} tokens recomputed, "
+                         f"{result.prompt_loads} prompt loads", fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rollout_kv(results: dict, pool_tokens: int, path: Path, title: str) -> None:
+    """KV tokens held (prompts included) on every replica over modelled seconds, one colour per
+    policy (the same as in every figure), one line per replica, against the pool."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for policy, result in results.items():
+        for r, timeline in enumerate(result.timelines):
+            steps, kv = zip(*timeline.kv)
+            ax.plot(result.seconds_at(r, steps), kv, linewidth=0.9, color=policy_color(policy), alpha=0.8,
+                    label=f"{policy} ({result.seconds:.2f} s), one line per replica" if r == 0 else None)
+    ax.axhline(pool_tokens, color="black", linestyle="--", linewidth=1, label="each replica's pool")
+    _save(plt, fig, ax, path, title, "modelled seconds", "KV tokens held")
 
 
 def _save(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> None:

@@ -27,7 +27,7 @@ from lengthsched.runtime import POLICIES, kv_budget_tokens
 from lengthsched.runtime.timing import lower_bound_seconds
 
 from .fast import FAST_POLICIES, seconds_many, slot_count, steps_and_peaks
-from .options import SimulateOptions
+from .options import SimulateOptions, resolve
 from .run import SimResult, lower_bound, run_group
 from .workloads import WORKLOADS, Group, make_workload
 
@@ -57,7 +57,15 @@ def parse_policies(text: str) -> list[str]:
     return names
 
 
-PREDICTOR_SPECS = "oracle, noisy:SIGMA (0 < SIGMA <= 5), constant:TOKENS, trace, online or online:TOKENS"
+PREDICTOR_SPECS = ("oracle, noisy:SIGMA (0 < SIGMA <= 5), prompt:SIGMA (0 <= SIGMA <= 5), constant:TOKENS, trace, "
+                   "online or online:TOKENS")
+
+
+def prompt_prediction(group: Group, sigma: float, seed: int, index: int) -> int:
+    """A prompt-level prediction: the group's median length times a log-normal error of ``sigma``
+    (seeded by ``seed`` and the group's ``index``), the same for every sibling (tokens, >= 1)."""
+    z = np.random.default_rng([seed, index]).standard_normal()
+    return max(1, int(min(2.0**53, float(np.median(group.lengths)) * math.exp(sigma * z))))
 
 
 def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
@@ -74,6 +82,15 @@ def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
                                   f"of {where} has none (or another predictor: oracle, noisy:SIGMA, "
                                   "constant:TOKENS, online)")
         return group.predicted
+    if kind == "prompt":
+        try:
+            sigma = float(arg)
+        except ValueError:
+            sigma = math.nan
+        if not (0 <= sigma <= MAX_SIGMA):
+            raise InvalidArgument("predictor", spec, f"prompt:SIGMA with 0 <= SIGMA <= {MAX_SIGMA:g} (the standard "
+                                                     "deviation of the log-normal error on the prompt's median)")
+        return np.full(len(group.lengths), prompt_prediction(group, sigma, seed, index), dtype=np.int64)
     if kind == "noisy":
         try:
             sigma = float(arg)
@@ -326,6 +343,7 @@ def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tupl
 
 def check_options(opts: SimulateOptions) -> None:
     """Reject bad options before any work, each error naming its flag (``--seed``: 'seed')."""
+    opts = resolve(opts)
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
@@ -463,6 +481,7 @@ def render_setting(parts: Sequence[Sequence[str]]) -> str:
 
 def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
     """Run every policy of ``opts.policies`` on the same groups and summarise each."""
+    opts = resolve(opts)
     check_options(opts)
     policies = parse_policies(opts.policies)
     memory = load_memory(opts)

@@ -111,6 +111,46 @@ class RolloutResult:
         return self.seconds / self.lower_bound_seconds if self.lower_bound_seconds else 0.0
 
 
+def place_by_time(groups: Sequence[Group], replicas: int, predicted: np.ndarray | None, budget_tokens: int,
+                  cost, max_new_tokens: int) -> np.ndarray:
+    """The replica of every completion (flattened in group order), placed to balance the replicas'
+    predicted seconds: the longest predicted first, each to the replica whose estimate grows least.
+    A replica's estimate is ``W x max(longest, area / pool) + c x KV read``: ``W`` a decode step that
+    reads only the weights, ``c`` the seconds per KV token read (both from ``cost``), ``longest`` its
+    longest predicted completion (steps it runs at least), ``area`` the KV token-steps its completions
+    hold (a prompt once per group there) and ``KV read`` what its rows read. The longest completions
+    land on different replicas and the short ones fill the replicas whose tails are shortest.
+    (``WorkStealing.PLACE = "time"``: measured against the default in docs/benchmarks.md.)"""
+    sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
+    owner = np.repeat(np.arange(len(groups)), sizes)
+    pred = np.full(len(owner), float(max_new_tokens)) if predicted is None else np.minimum(
+        np.asarray(predicted, dtype=np.float64), max_new_tokens)
+    prompts = np.array([float(g.prompt_len) for g in groups])
+    units = [np.array([j]) for j in range(len(owner))]
+    weights = float(cost.seconds(1, 0))
+    per_token = (float(cost.seconds(1, 10**7)) - weights) / 10**7
+    longest, area, read = np.zeros(replicas), np.zeros(replicas), np.zeros(replicas)
+    here: list[set] = [set() for _ in range(replicas)]
+    placement = np.zeros(len(owner), dtype=np.int64)
+    order = sorted(range(len(units)), key=lambda u: (-float(pred[units[u]].max()), int(units[u][0])))
+    for u in order:  # the longest predicted first, siblings together
+        jobs = units[u]
+        group = int(owner[jobs[0]])
+        lengths = pred[jobs]
+        own = float(np.sum(lengths * (lengths + 1) / 2))
+        p = prompts[group]
+        prompt_area = np.array([0.0 if group in h else p * float(lengths.max()) for h in here])
+        new_long = np.maximum(longest, float(lengths.max()))
+        new_area = area + own + prompt_area
+        new_read = read + own + p * float(lengths.sum())
+        estimate = weights * np.maximum(new_long, new_area / budget_tokens) + per_token * new_read
+        r = int(np.argmin(estimate))
+        placement[jobs] = r
+        longest[r], area[r], read[r] = new_long[r], new_area[r], new_read[r]
+        here[r].add(group)
+    return placement
+
+
 def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.ndarray | None = None,
           places_groups: bool = False, prompt_share: float | None = None, budget_tokens: int | None = None
           ) -> np.ndarray:
@@ -278,6 +318,8 @@ def _run_routed(policy, placement, online, replicas, *, flat, owner, tails, prom
             eng.claim(job)
         eng.run(sim)
         eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
+        if eng.timeline is not None:
+            eng.timeline.segments = [(int(mine[j]), *rest) for j, *rest in eng.timeline.segments]
         engines.append(eng)
         clocks.append(_clock(eng, cost))
     return engines, clocks
@@ -289,7 +331,10 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
     if cls.STEALS:  # placed as verl routes, or whole groups by predicted work; replicas steal later
-        placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
+        if cls.PLACE == "time":
+            placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
+        else:
+            placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])
     else:  # Seer: nothing is known of a group before its probe finishes
         queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)

@@ -250,6 +250,7 @@ class WorkStealing(VLLMLike):
     PROBES = False
     STEALS = True
     PROMPT_SHARE = 0.25  # spread as verl does unless every prompt on every replica takes more of a pool
+    PLACE = "route"  # "route": as verl, or whole groups when prompts crowd; "time": simulate.rollout.place_by_time
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
 

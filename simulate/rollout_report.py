@@ -1,0 +1,247 @@
+"""``lengthsched simulate --prompts B --replicas R``: one RL rollout step, every policy and router.
+
+The step is B prompts x G completions on R engine replicas, each with the memory ``--budget``
+(weights, the activations of a decode batch and a KV pool that holds the prompts too). Every
+policy runs on the same completions with the same predictions (``--predictor``); the policies that
+do not place requests themselves run once per router (``--routers``). vLLM FCFS with verl's routing
+always runs: it is what the headline compares with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lengthsched import InvalidArgument, LengthschedError, parse_bytes
+from lengthsched.errors import check_int
+from lengthsched.runtime import POLICIES
+
+from .options import SimulateOptions, resolve
+from .report import load_cost, load_memory, parse_policies, predictions_for, workload_groups
+from .rollout import ROUTERS, RolloutResult, run_rollout
+
+__all__ = ["RolloutRow", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_pool_tokens",
+           "ROLLOUT_LEGEND", "BASELINE"]
+
+#: The comparison's reference: vLLM FCFS with verl's routing (each request to the next replica).
+BASELINE = ("vllm", "least_loaded")
+#: Requests vLLM sizes its activation memory for (``max_num_seqs`` of verl's example config is 1024;
+#: the activations of 256 decode rows are what a replica keeps next to its pool here).
+DECODE_ROWS = 256
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    """One policy (with one router) on the step; ``error`` says why it could not run (else None)."""
+
+    policy: str
+    router: str
+    result: RolloutResult | None
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.router in ("placed", "dispatch") else f"{self.policy} + {self.router}"
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result
+        out: dict[str, Any] = {"policy": self.policy, "router": self.router, "error": self.error}
+        if r is not None:
+            out.update(seconds=r.seconds, replica_seconds=list(r.replica_seconds),
+                       tokens_per_second=r.tokens_per_second, slowest_share=r.slowest_share, preemptions=r.preemptions,
+                       recomputed_tokens=r.recomputed_tokens, prefill_tokens=r.prefill_tokens,
+                       prompt_loads=r.prompt_loads, lower_bound_seconds=r.lower_bound_seconds,
+                       seconds_over_lower_bound=r.seconds_ratio, steps=r.steps,
+                       peak_kv_tokens=list(r.peak_kv_tokens))
+        return out
+
+
+@dataclass(frozen=True)
+class RolloutComparison:
+    """Every row on the same step; ``setting``: the header line."""
+
+    options: dict
+    setting: str
+    pool_tokens: int
+    rows: tuple[RolloutRow, ...]
+
+    @property
+    def baseline(self) -> RolloutRow | None:
+        return next((r for r in self.rows if (r.policy, r.router) == BASELINE and r.result), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"options": self.options, "setting": self.setting, "pool_tokens": self.pool_tokens,
+                "rows": [r.to_dict() for r in self.rows], "verdict": rollout_headline(self)}
+
+
+def rollout_pool_tokens(opts: SimulateOptions, memory, budget_bytes: int) -> int:
+    """KV tokens of each replica's pool: its memory less the weights and the activations of
+    :data:`DECODE_ROWS` decode rows (prompts are held inside the pool)."""
+    return memory.kv_token_budget(budget_bytes, prompt_tokens=0, batch=DECODE_ROWS)
+
+
+def _routers(opts: SimulateOptions) -> list[str]:
+    names = [r.strip() for r in str(opts.routers).split(",")]
+    if not all(names) or any(r not in ROUTERS for r in names) or len(set(names)) != len(names):
+        raise InvalidArgument("routers", opts.routers, "comma-separated routers among " + ", ".join(ROUTERS)
+                              + ", each once")
+    return names
+
+
+def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
+    """The resolved options of a rollout step; flags that have no effect on one are errors."""
+    opts = resolve(opts)
+    check_int("prompts", opts.prompts, minimum=1)
+    check_int("replicas", opts.replicas, minimum=1)
+    for flag, value in (("sweep", opts.sweep), ("slots", opts.slots)):
+        if value is not None:
+            raise InvalidArgument(flag, value, f"no --{flag.replace('_', '-')} with --prompts / --replicas (a rollout "
+                                               "step has no slot cap and no sweep)")
+    policies = parse_policies(opts.policies)
+    bad = [p for p in policies if not POLICIES[p].rollout]
+    if bad:
+        raise InvalidArgument("policies", opts.policies, "policies that run rollout steps: "
+                              + ", ".join(n for n, s in POLICIES.items() if s.rollout) + f" (not {', '.join(bad)})")
+    _routers(opts)
+    if str(opts.predictor).startswith(("noisy", "online", "trace")):
+        raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA or constant:TOKENS for a rollout "
+                                                           "step (per-completion predictors: run groups instead)")
+    return opts
+
+
+def compare_rollout(opts: SimulateOptions) -> RolloutComparison:
+    """Run every policy (and router) of ``opts`` on one rollout step."""
+    opts = check_rollout_options(opts)
+    memory = load_memory(opts)
+    budget_bytes = parse_bytes(opts.budget, "budget")
+    try:
+        pool = rollout_pool_tokens(opts, memory, budget_bytes)
+    except LengthschedError as exc:
+        raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
+                                                     f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
+    groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
+    predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
+                                for i, g in enumerate(groups)])
+    cost = load_cost(opts, memory)
+    runs = [BASELINE]
+    for policy in parse_policies(opts.policies):
+        for router in ([None] if POLICIES[policy].places_groups else _routers(opts)):
+            if (policy, router) != BASELINE:
+                runs.append((policy, router))
+    rows = []
+    for policy, router in runs:
+        try:
+            result = run_rollout(groups, policy, replicas=opts.replicas, router=router, budget_tokens=pool,
+                                 max_new_tokens=opts.max_new_tokens, predicted=predicted, cost=cost, seed=opts.seed,
+                                 prefill_chunk=opts.prefill_chunk)
+            rows.append(RolloutRow(policy, result.router, result))
+        except LengthschedError as exc:  # a pool too small for a completion, or a policy that gives up
+            if (policy, router) == BASELINE and "budget_tokens" in str(exc):
+                raise InvalidArgument("budget", opts.budget, f"a larger replica memory: {exc}") from None
+            rows.append(RolloutRow(policy, router or "placed", None, str(exc)))
+    rows.sort(key=lambda r: (r.result is None, r.result.seconds if r.result else math.inf))
+    work = int(sum(int(np.sum(g.lengths)) for g in groups))
+    setting = (f"{len(groups)} prompts x G={len(groups[0].lengths)} from {opts.workload} ({work:,} tokens to "
+               f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {memory.name} "
+               f"({opts.dtype}) with {budget_bytes / 2**30:.2f} GiB each = a pool of {pool:,} KV tokens (prompts "
+               f"inside), predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
+    return RolloutComparison(dataclasses.asdict(opts), setting, pool, tuple(rows))
+
+
+#: The rollout table's columns and the legend line of each.
+ROLLOUT_COLUMNS: dict[str, str] = {
+    "policy": "the scheduling policy (+ the router that placed its requests; none: it places or dispatches them)",
+    "seconds": "modelled makespan of the step: the last replica's last token (every step priced by its rows, "
+               "the KV they read and the tokens it prefills)",
+    "x vllm+verl": "seconds / the seconds of vLLM FCFS with verl's routing (below 1: faster)",
+    "s/LB": "seconds over the lower bound in seconds (1 = nothing left to gain)",
+    "tok/s": "generated tokens per modelled second, all replicas together",
+    "slowest": "the slowest replica's seconds over the mean replica's (1 = balanced)",
+    "preempt": "preemptions, all replicas",
+    "recomputed": "tokens recomputed after preemptions, all replicas",
+    "prompt loads": "prompt prefills: each prompt on each replica that runs one of its completions (again after "
+                    "an eviction)",
+}
+ROLLOUT_LEGEND = "\n".join(f"  {name}: {text}" for name, text in ROLLOUT_COLUMNS.items())
+
+
+def rollout_headline(comparison: RolloutComparison) -> str:
+    """The verdict: the fastest policy and its gain over vLLM FCFS + verl routing, and who failed."""
+    done = [r for r in comparison.rows if r.result is not None]
+    failed = [r.label for r in comparison.rows if r.result is None]
+    base = comparison.baseline
+    best = min(done, key=lambda r: r.result.seconds)
+    line = (f"verdict: fastest: {best.label}, {best.result.seconds:.2f} s "
+            f"({best.result.seconds_ratio:.2f}x the lower bound)")
+    if base is not None and best is not base:
+        gain = base.result.seconds / best.result.seconds - 1
+        line += (f"; {gain:.1%} faster than vllm + least_loaded (vLLM FCFS, verl's routing: "
+                 f"{base.result.seconds:.2f} s)")
+    elif base is not None:
+        line += "; no policy beat vLLM FCFS with verl's routing on this step"
+    if failed:
+        line += f"; could not run: {', '.join(failed)}"
+    if str(comparison.options.get("predictor", "")).startswith("oracle"):
+        line += "; predictions are the true lengths (oracle): a best case"
+    return line
+
+
+def format_rollout(comparison: RolloutComparison) -> str:
+    """The comparison as an aligned table, fastest first, with the verdict and a legend line per column."""
+    base = comparison.baseline
+    head = list(ROLLOUT_COLUMNS)
+    table = [head]
+    for row in comparison.rows:
+        r = row.result
+        if r is None:
+            table.append([row.label, "fails"] + ["-"] * (len(head) - 2))
+            continue
+        ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
+        table.append([row.label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
+                      f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    lines = [comparison.setting, ""]
+    lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
+              for t in table]
+    errors = [f"  {r.label}: {r.error}" for r in comparison.rows if r.error]
+    if errors:
+        lines += ["", "could not run:"] + errors
+    lines += ["", rollout_headline(comparison), "", "columns:", ROLLOUT_LEGEND]
+    return "\n".join(lines)
+
+
+def rollout_figures(opts: SimulateOptions, directory, policies: Sequence[str] | None = None) -> list:
+    """Figures of one rollout step: a Gantt per replica (in seconds) for the recommended policy and
+    for vLLM + verl routing, and the KV held over time of every replica under both."""
+    from . import DEFAULT_POLICY
+    from .plots import rollout_gantt, rollout_kv
+
+    opts = check_rollout_options(opts)
+    memory = load_memory(opts)
+    budget_bytes = parse_bytes(opts.budget, "budget")
+    pool = rollout_pool_tokens(opts, memory, budget_bytes)
+    groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
+    predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
+                                for i, g in enumerate(groups)])
+    cost = load_cost(opts, memory)
+    directory.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for policy, router in ((BASELINE[0], BASELINE[1]), (DEFAULT_POLICY, None)):
+        results[policy] = run_rollout(groups, policy, replicas=opts.replicas, router=router, budget_tokens=pool,
+                                      max_new_tokens=opts.max_new_tokens, predicted=predicted, cost=cost,
+                                      seed=opts.seed, prefill_chunk=opts.prefill_chunk, record=True)
+    paths = []
+    for policy, result in results.items():
+        path = directory / f"rollout_gantt_{policy}.png"
+        rollout_gantt(result, path, f"{policy}: {len(groups)} prompts x G={len(groups[0].lengths)} on "
+                                    f"{opts.replicas} replicas ({result.seconds:.2f} s)")
+        paths.append(path)
+    path = directory / "rollout_kv.png"
+    rollout_kv(results, pool, path, f"KV held per replica ({pool:,}-token pools, prompts inside)")
+    paths.append(path)
+    return paths

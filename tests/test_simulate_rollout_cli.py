@@ -1,0 +1,55 @@
+"""``lengthsched simulate --prompts B --replicas R``: one rollout step, every policy and router."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lengthsched.cli import main
+
+SMALL = ["simulate", "--prompts", "8", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+         "--model", "qwen3-1.7b", "--budget", "4GiB"]
+
+
+def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl_routing(capsys):
+    assert main(SMALL) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("8 prompts x G=8 from castillo") and "on 2 replicas of" in out
+    rows = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "verdict"))]
+    for policy in ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_adaptive", "steal"):
+        assert policy in rows
+    assert "vllm + group_round_robin" in out and "vllm + least_loaded" in out
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: fastest: "))
+    assert "vllm + least_loaded" in verdict or "no policy beat" in verdict
+    for column in ("seconds", "x vllm+verl", "s/LB", "tok/s", "slowest", "preempt", "recomputed", "prompt loads"):
+        assert f"  {column}: " in out  # a legend line for every column
+
+
+def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
+    assert main(SMALL + ["--json", "--policies", "vllm,steal", "--routers", "least_loaded"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {(r["policy"], r["router"]) for r in data["rows"]} == {("vllm", "least_loaded"), ("steal", "dispatch")}
+    assert data["options"]["replicas"] == 2 and data["verdict"].startswith("verdict: ")
+    from simulate.options import SimulateOptions, resolve
+
+    step = resolve(SimulateOptions(prompts=64))
+    assert (step.replicas, step.group_size, step.model, step.budget, step.predictor) == (4, 16, "qwen3-8b", "40GiB",
+                                                                                         "prompt:0.5")
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--sweep", "group_size=4,8"], "sweep"), (["--slots", "4"], "slots"), (["--policies", "micro"], "policies"),
+    (["--predictor", "noisy:0.5"], "predictor"), (["--routers", "random"], "routers"), (["--prompts", "0"], "prompts"),
+    (["--budget", "1GiB"], "budget"),
+])
+def test_bad_rollout_options_are_one_line_naming_the_flag(capsys, extra, flag):
+    assert main(SMALL + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{flag}'" in err
+
+
+def test_rollout_figures_have_a_gantt_per_replica_and_kv_over_time(tmp_path, capsys):
+    assert main(SMALL + ["--plot", str(tmp_path), "--policies", "vllm,steal"]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["rollout_gantt_steal.png", "rollout_gantt_vllm.png", "rollout_kv.png"]
