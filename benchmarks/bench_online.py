@@ -16,7 +16,10 @@ lengths observed), ``regression`` (log length on log prompt tokens, fitted on th
 benchmarks/results/crossfit_h200_pretrain.json: the geometric mean of seeds 0 and 1 per prompt,
 each made by models that never saw the prompt; the 6 prompts that run saw in pretraining and the
 prompts it lacks, the 10 with a sample at CASTILLO's 15,000-token cap, are left out of that prior's
-rows; ``none`` runs again on the same 1,406 prompts to compare MAE). Section ``drift``:
+rows; ``none`` runs again on the same 1,406 prompts to compare MAE). The model: the per-prompt spread
+law and the prior's mixture law fitted on the other half (``fit_spreads(..., laws=True)``), the
+forgetting rate fitted on the other half's history (``fit_forgetting``), and the history rows once
+more at the predictor's default forgetting 0.5. Section ``drift``:
 :func:`predictor_training.online_eval.drift_experiment`, 20 simulated RL steps with +3% mean length
 per step, every prompt alike and with per-prompt growth spread 0.02 (growth_i = 0.03 + 0.02 z).
 """
@@ -95,6 +98,10 @@ def section_siblings(args) -> tuple[str, dict]:
         # CASTILLO's 15,000-token cap): MAE compares like with like
         evaluations["none, bert's prompts"] = evaluate_online(bert[1], siblings=SIBLINGS, prior="none", bootstrap=0,
                                                               seed=args.seed, prior_name="none, bert's prompts")
+    # the history rows at the predictor's default forgetting (0.5) instead of the rate fitted on the fit half
+    evaluations["none, forgetting 0.5"] = evaluate_online(groups, siblings=SIBLINGS, history=(True,), bootstrap=0,
+                                                          seed=args.seed, options={"forgetting": 0.5},
+                                                          prior_name="none, forgetting 0.5")
     n = len(groups)
     texts = [_main_table(evaluations["none"], f"Online predictor, prior none: {n} CASTILLO validate prompts x 10 "
                                               "samples, cross-fitted")]
@@ -107,7 +114,18 @@ def section_siblings(args) -> tuple[str, dict]:
                                 "yes" if r["history"] else "no", r["tau_b"], r["mae"], r["coverage"]])
     texts.append(table("The three priors (finish order; k = 0 without history is the prior alone)",
                        ["prior", "prompts", "order", "siblings", "history", "tau-b", "MAE", "cov q0.9"], compare))
-    targets = [t for name, ev in evaluations.items() if name != "none, bert's prompts" for t in check_targets(ev)]
+    fitted = [[name, ", ".join(f"{f['forgetting']:g}" for f in ev["fitted"]),
+               ", ".join(f"{f['within_sigma']:.3f}" for f in ev["fitted"]),
+               ", ".join(str(len(f.get("prior_offsets", [0]))) for f in ev["fitted"])] for name, ev in evaluations.items()]
+    texts.append(table("Fitted on each half (forgetting: fitted on the fit half's history unless set)",
+                       ["evaluation", "forgetting", "pooled within sigma", "prior components"], fitted))
+    history = [[name, r["order"], r["siblings"], r["tau_b"], r["mae"], r["coverage"]]
+               for name in ("none", "none, forgetting 0.5") for r in evaluations[name]["rows"]
+               if r["method"] == "online" and r["history"]]
+    texts.append(table("History: the fitted forgetting against the default 0.5 (prior none)",
+                       ["evaluation", "order", "siblings", "tau-b", "MAE", "cov q0.9"], history))
+    targets = [t for name, ev in evaluations.items() if name not in ("none, bert's prompts", "none, forgetting 0.5")
+               for t in check_targets(ev)]
     texts.append(table("Targets (siblings)", ["target", "prior", "value", "met"],
                        [[t["target"], t["prior"], t["value"] if not isinstance(t["value"], list)
                          else f"{t['value'][0]:.3f}..{t['value'][1]:.3f}", "met" if t["met"] else "NOT met"]

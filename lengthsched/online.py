@@ -49,7 +49,7 @@ import numpy as np
 from .errors import InvalidArgument, check_int, check_positive_float
 from .predictor import LengthPrediction, _check_quantiles, _prefix_lengths
 
-__all__ = ["OnlineLengthPredictor", "fit_spreads"]
+__all__ = ["OnlineLengthPredictor", "fit_spreads", "fit_forgetting"]
 
 _SINGLE_POINTS = 81  # grid of mu when censored siblings are present and the spread is one value
 _POINTS_PER_SPREAD = 40  # the same per spread value of a spread law
@@ -745,3 +745,51 @@ class OnlineLengthPredictor:
         return (f"OnlineLengthPredictor(prior={type(self.prior).__name__}, prior_sigma={self.prior_sigma:.3f}, "
                 f"{spread}, forgetting={self.forgetting}, drift={self.drift}, "
                 f"{len(self._prompts)} prompts, step {self.step})")
+
+
+def fit_forgetting(histories: Mapping[Hashable, Mapping[int, Sequence[int]]], prior: Any = None, *,
+                   rates: Sequence[float] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3), **options: Any,
+                   ) -> tuple[float, dict[float, float]]:
+    """The forgetting rate that best predicts each step of a prompt from its earlier ones: for each
+    rate, :class:`OnlineLengthPredictor` (``prior``, ``options``) replays ``histories`` (prompt ->
+    {step: lengths}) step by step and scores every length of a step that has an earlier one by its
+    log predictive density before the step is observed (normal sibling residuals). Returns the best
+    rate and the mean log score of each. A policy whose lengths drift gets a smaller rate; lengths
+    that do not drift, 1 (or near)."""
+    if not isinstance(histories, Mapping) or not histories:
+        raise InvalidArgument("histories", type(histories).__name__, "a non-empty mapping prompt -> {step: lengths}")
+    rates = [check_positive_float("rates", r, maximum=1.0) for r in rates]
+    if not rates:
+        raise InvalidArgument("rates", rates, "at least one forgetting rate in (0, 1]")
+    steps = sorted({check_int("step", s, minimum=0) for h in histories.values() for s in h})
+    scores = {}
+    for rate in rates:
+        predictor = OnlineLengthPredictor(prior, **{**options, "forgetting": rate})
+        total, count = 0.0, 0
+        seen: set = set()
+        for step in steps:
+            predictor.set_step(step)
+            asked = [p for p, h in histories.items() if step in h and p in seen]
+            if asked:
+                states = [predictor._state(p) for p in asked]
+                for state in states:
+                    if state.step < step:
+                        predictor._roll(state, step)
+                centre = np.array([predictor._centre(st) for st in states])
+                mean, var, logw = predictor._components(centre, np.array([predictor._data(st) for st in states]))
+                scale2 = var + predictor._c_sigma[None, :] ** 2
+                for i, p in enumerate(asked):
+                    y = np.log(np.asarray(histories[p][step], dtype=np.float64))
+                    dens = (logw[i][None, :] - 0.5 * np.log(2 * math.pi * scale2[i])[None, :]
+                            - (y[:, None] - mean[i][None, :]) ** 2 / (2 * scale2[i][None, :]))
+                    total += float(_logsumexp(dens, axis=1).sum())
+                    count += len(y)
+            for p, h in histories.items():
+                if step in h:
+                    for length in h[step]:
+                        predictor.observe(p, int(length), step=step)
+                    seen.add(p)
+        if not count:
+            raise InvalidArgument("histories", f"{len(histories)} prompts", "some prompt seen in two steps or more")
+        scores[rate] = total / count
+    return max(scores, key=scores.get), scores

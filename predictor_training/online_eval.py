@@ -8,14 +8,17 @@ with an optional integer ``step`` (the rollout step; default 0) and ``split``. S
 prompt at different steps are its history.
 
 Protocol of :func:`evaluate_online` (cross-fitted): the prompts are split in two halves by a hash of
-their id; the spreads (``within_sigma``, the residual law, and the prior's ``prior_sigma`` /
-``prior_bias``) and the regression prior are fitted on one half and the other half is evaluated,
-then the other way round; the two evaluations are pooled. In each group of a prompt's current step,
-``k`` siblings are revealed and the others predicted:
+their id; the laws (the per-prompt spread law and the prior's mixture law, ``prior_sigma`` /
+``prior_bias``; with ``laws=False`` one spread and the pooled residual law), the forgetting rate
+(:func:`~lengthsched.online.fit_forgetting` on the fit half's history, unless ``options`` sets it)
+and the regression prior are fitted on one half and the other half is evaluated, then the other way
+round; the two evaluations are pooled. In each group of a prompt's current step, ``k`` siblings are
+revealed and the others predicted:
 
 - order ``finish``: the ``k`` shortest are revealed (GRPO sees siblings finish shortest first); the
-  others are observed as running with progress ``t`` = the k-th shortest length and predicted with
-  prefix ``t``; predicted total = t + predicted remaining;
+  others are observed as running with progress ``t`` = the k-th shortest length and each is asked
+  about as itself (``completions=``: its progress ``t`` bounds it, its siblings' progress is
+  evidence); predicted total = t + predicted remaining;
 - order ``random``: ``k`` random siblings (seeded) are revealed; the others are predicted from the
   start (no progress);
 - ``k = -1``: all but one.
@@ -54,7 +57,7 @@ import numpy as np
 
 from lengthsched.errors import InvalidArgument, as_lengths, check_int, check_positive_float
 from lengthsched.io import read_json_objects
-from lengthsched.online import OnlineLengthPredictor, fit_spreads
+from lengthsched.online import OnlineLengthPredictor, fit_forgetting, fit_spreads
 
 __all__ = ["PromptGroup", "load_groups", "load_prior", "limit_groups", "evaluate_online", "drift_experiment",
            "regression_prior", "check_targets", "format_online", "format_drift", "format_targets", "TARGETS"]
@@ -425,7 +428,8 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
     ``{prompt_id: {step: lengths}}``. ``siblings``: how many siblings are revealed (``-1``: all but
     one). ``prior``: ``"none"`` (the empirical running mean), ``"regression"`` (log length on log
     prompt tokens, fitted on the fit half) or a mapping prompt_id -> tokens. ``options``: extra
-    :class:`OnlineLengthPredictor` arguments (e.g. ``forgetting``). ``bootstrap``: resamples of prompts
+    :class:`OnlineLengthPredictor` arguments (e.g. ``forgetting``; without it the rate is fitted on
+    the fit half's history by :func:`~lengthsched.online.fit_forgetting`). ``bootstrap``: resamples of prompts
     for the 95% interval of tau-b (0: none). ``prior_name``: how the tables name a mapping prior.
     ``laws``: fit the per-prompt spread law and the prior's mixture law (the default), else the
     single-spread model with the pooled residual law.
@@ -458,6 +462,12 @@ def evaluate_online(groups: Mapping[str, Any], *, fit_fraction: float = 0.5, see
     for fit, test in halves:
         tokens = _prior_lengths(prior, fit, {**fit, **test})
         spreads = {**_spreads(fit, None if tokens is None else {p: tokens[p] for p in fit}, laws), **options}
+        if "forgetting" not in options and any(history):  # the rate fitted on the fit half's history
+            histories: dict = {}
+            for ep in _timeline(fit, True, seed):
+                histories.setdefault(ep.key, {})[ep.step] = ep.lengths
+            prior_map = None if tokens is None else {p: tokens[p] for p in histories}
+            spreads["forgetting"] = fit_forgetting(histories, prior_map, **spreads)[0]
         setups.append((fit, test, tokens, spreads))
 
     def run(order: str, k: int, hist: bool) -> dict[str, np.ndarray]:

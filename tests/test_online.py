@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument
-from lengthsched.online import OnlineLengthPredictor, fit_spreads
+from lengthsched.online import OnlineLengthPredictor, fit_forgetting, fit_spreads
 from lengthsched.predictor import LengthPredictor
 from predictor_training.online_eval import (
     TARGETS,
@@ -585,3 +585,49 @@ def test_the_empirical_prior_follows_the_running_mean_with_forgetting():
     want = math.exp((w * 50 * math.log(100) + 50 * math.log(1000)) / (w * 50 + 50))
     assert p.predict(["early"]).lengths[0] == pytest.approx(want, abs=1)
     assert p.predict(["late"]).lengths[0] == pytest.approx(want, abs=1)
+
+
+# ---------------------------------------------------------------------------------------------- forgetting
+def test_fit_forgetting_keeps_history_without_drift_and_forgets_under_drift():
+    rng = np.random.default_rng(11)
+    means = rng.normal(6.0, 0.6, 60)
+
+    def histories(walk: float) -> dict:
+        out, m = {}, means.copy()
+        for step in range(5):
+            for i in range(60):
+                out.setdefault(f"p{i}", {})[step] = np.exp(m[i] + 0.15 * rng.standard_normal(4)).round().astype(int) + 1
+            m = m + walk * rng.standard_normal(60)  # each prompt's mean wanders between steps
+        return out
+
+    options = fit_spreads(list(lognormal_groups(100, seed=2).values()), [400] * 100, laws=True)
+    flat, scores = fit_forgetting(histories(0.0), 400, **options)
+    assert flat >= 0.9 and set(scores) == {1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3}
+    wandering, _ = fit_forgetting(histories(0.4), 400, **options)
+    assert wandering <= 0.6
+    with pytest.raises(InvalidArgument, match="'histories'"):
+        fit_forgetting({"a": {0: [10, 20]}}, 400)  # no prompt with two steps: nothing to score
+
+
+def test_the_evaluation_fits_the_forgetting_on_the_fit_half_unless_given():
+    groups = lognormal_groups(60, seed=12)
+    fitted = evaluate_online(groups, siblings=(0,), history=(True,), orders=("random",), bootstrap=0)
+    assert all(f["forgetting"] >= 0.8 for f in fitted["fitted"])  # a split of one step: nothing drifts
+    given = evaluate_online(groups, siblings=(0,), history=(True,), orders=("random",), bootstrap=0,
+                            options={"forgetting": 0.5})
+    assert all(f["forgetting"] == 0.5 for f in given["fitted"])
+
+
+@pytest.mark.parametrize("fitted", [False, True])
+def test_predict_with_completions_is_the_same_in_one_call_or_one_by_one(fitted):
+    p = OnlineLengthPredictor.fit(mixed_groups(200, seed=13)) if fitted else OnlineLengthPredictor(300)
+    p.observe("x", 200)
+    p.observe("x", 300, finished=False, completion="c1")
+    p.observe("x", 900, finished=False, completion="c2")
+    p.observe("y", 50, finished=False, completion="c1")  # the same id under another prompt is another completion
+    asks = [("x", "c1"), ("x", "c2"), ("x", None), ("y", "c1"), ("y", None), ("z", None)]
+    together = p.predict([a for a, _ in asks], quantiles=[0.9], completions=[c for _, c in asks])
+    for i, (prompt, completion) in enumerate(asks):
+        alone = p.predict([prompt], quantiles=[0.9], completions=[completion])
+        assert together.lengths[i] == alone.lengths[0] and together.quantile(0.9)[i] == alone.quantile(0.9)[0]
+    assert together.lengths[1] < together.lengths[0]  # c2 is further along: less of it is left
