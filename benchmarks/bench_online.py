@@ -116,7 +116,8 @@ def section_siblings(args) -> tuple[str, dict]:
                        ["prior", "prompts", "order", "siblings", "history", "tau-b", "MAE", "cov q0.9"], compare))
     fitted = [[name, ", ".join(f"{f['forgetting']:g}" for f in ev["fitted"]),
                ", ".join(f"{f['within_sigma']:.3f}" for f in ev["fitted"]),
-               ", ".join(str(len(f.get("prior_offsets", [0]))) for f in ev["fitted"])] for name, ev in evaluations.items()]
+               ", ".join(str(len(f.get("prior_offsets", [0]))) for f in ev["fitted"])]
+              for name, ev in evaluations.items()]
     texts.append(table("Fitted on each half (forgetting: fitted on the fit half's history unless set)",
                        ["evaluation", "forgetting", "pooled within sigma", "prior components"], fitted))
     history = [[name, r["order"], r["siblings"], r["tau_b"], r["mae"], r["coverage"]]

@@ -204,7 +204,7 @@ def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replic
     a = run_rollout(groups, policy, **common)
     finish = {}
     for r, t in enumerate(a.timelines):
-        for job, _, first, last, kind in t.segments:
+        for job, _, _first, last, kind in t.segments:
             if kind == "run":
                 finish[job] = float(a.seconds_at(r, last))
     cut = float(np.median(list(finish.values())))
