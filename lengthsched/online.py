@@ -597,6 +597,13 @@ class OnlineLengthPredictor:
             return out
         with np.errstate(invalid="ignore"):
             shifted = logw + np.where(finite[:, None], self.residuals.log_sf((cut[:, None] - loc) / scale), 0.0)
+        # Components below e^-30 of the heaviest one (after truncation) cannot move a quantile: every term
+        # of the predictive above the cut is at most the component's truncated weight. Keep the others.
+        alive = shifted > (shifted.max(axis=1, keepdims=True) - 30.0)
+        width = int(alive.sum(axis=1).max())
+        if width < loc.shape[1]:
+            keep = np.argsort(~alive, axis=1, kind="stable")[:, :width]
+            loc, scale, logw, shifted = (np.take_along_axis(a, keep, axis=1) for a in (loc, scale, logw, shifted))
         start = _logsumexp(shifted, axis=1)  # log P(Y > cut)
         alive = shifted > (shifted.max(axis=1, keepdims=True) - 30.0)
         big = np.where(alive, scale, 0.0).max(axis=1)
