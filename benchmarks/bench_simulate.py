@@ -311,11 +311,68 @@ def rollout(quick: bool) -> tuple[str, list]:
                          "-" if v is None else float(v[2]), "-" if v is None else float(v[3]),
                          "-" if v is None or base is None or not base[4] else float(v[4] / base[4])])
     summary = _rollout_summary(rows)
+    if not quick:
+        _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
     text = table("Rollout steps in modelled seconds (Qwen3-1.7B, H100 preset, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
                  ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
                   "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
     return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
+
+
+def _rollout_figure(rows: list, path) -> None:
+    """Makespan / lower bound of every setting, per policy (one dot per setting, one colour per workload)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [label for label, *_ in ROLLOUT_RUNS]
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    rng = np.random.default_rng(0)
+    for workload, color in (("castillo", "#1f77b4"), ("long tail", "#ff7f0e")):
+        for i, label in enumerate(labels):
+            ys = [r[7] for r in rows if r[4] == label and r[0] == workload and r[7] != "-"]
+            ax.scatter(i + rng.uniform(-0.25, 0.25, len(ys)), ys, s=9, color=color, alpha=0.6,
+                       label=workload if i == 0 else None)
+    for i, label in enumerate(labels):
+        ys = [r[7] for r in rows if r[4] == label and r[7] != "-"]
+        ax.plot([i - 0.35, i + 0.35], [np.mean(ys)] * 2, color="black", linewidth=1.5,
+                label="mean over the settings" if i == 0 else None)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("modelled makespan / lower bound")
+    ax.set_title("Rollout steps: makespan over the lower bound, one dot per setting (B x 16 on R replicas, "
+                 "Qwen3-1.7B, H100 preset)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rollout_speed(quick: bool) -> tuple[str, list]:
+    """Wall time of one simulated rollout step of 256 prompts x 16 on 8 replicas, per policy, one core."""
+    pin_one_core()
+    rows = []
+    for workload in ("castillo", "long tail"):
+        groups, realistic, _, _ = rollout_groups(workload, 64 if quick else 256, 11)
+        for factor in ((4,) if quick else (2, 4, 16, 64)):
+            for label, policy, router, pred in ROLLOUT_RUNS:
+                if pred in ("oracle", "constant"):
+                    continue
+                p = realistic if pred == "realistic" else None
+                times = []
+                for _ in range(1 if quick else 3):
+                    start = time.perf_counter()
+                    run_rollout(groups, policy, replicas=8, router=router, budget_tokens=factor * 4096,
+                                max_new_tokens=4096, predicted=p)
+                    times.append(time.perf_counter() - start)
+                rows.append([workload, f"{factor} x L_max", label, statistics.median(times)])
+    unpin()
+    worst = max(r[3] for r in rows)
+    return table(f"Simulating one rollout step of {64 if quick else 256} prompts x 16 on 8 replicas: wall seconds "
+                 f"per policy on one core (median of 3); the slowest takes {worst:.2f} s",
+                 ["workload", "budget", "policy", "wall seconds"], rows), rows
 
 
 def _rollout_summary(rows: list) -> tuple[str, list]:
@@ -365,7 +422,7 @@ def _rollout_online_unit(args):
 def rollout_online(quick: bool) -> tuple[str, list]:
     """Rollout makespan with the online predictor (learns from finished siblings on each replica)
     against the same prompt-level predictions frozen, for the priority-based policies."""
-    grid = [(16, 4, 16)] if quick else [(b, r, f) for b in (64, 256) for r in (4, 8) for f in (16, 64)]
+    grid = [(16, 4, 16)] if quick else [(b, r, f) for b in (64, 256) for r in (4, 8) for f in (4, 16)]
     results = _pool_map(_rollout_online_unit, [(b, r, f, 11) for b, r, f in grid])
     rows = []
     for (b, r, f), out in zip(grid, results):
@@ -454,12 +511,13 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
     parser.add_argument("--sections",
-                        default="target,seconds,seconds_batches,rollout,rollout_online,paper,batches,speed,scaling")
+                        default="target,seconds,seconds_batches,rollout,rollout_online,rollout_speed,paper,batches,"
+                                "speed,scaling")
     args = parser.parse_args(argv)
     results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
-                "rollout_online": rollout_online,
+                "rollout_online": rollout_online, "rollout_speed": rollout_speed,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -7,6 +7,11 @@ completion first. :func:`plan_rollout` computes that placement and those priorit
 a framework hands it over (one row per completion, a group key per row); the verl and TRL
 integrations send it to the engines. Numpy only.
 
+The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``): the same
+placement when prompts would crowd the pools (else verl's spreading), plus replicas that steal
+waiting requests from each other as they drain. Stealing needs the framework to hold requests back
+and resubmit them elsewhere; these integrations do not do that yet (a static plan is what they send).
+
 Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower runs first).
 """
 
