@@ -82,8 +82,9 @@ def test_code_blocks_use_the_fences_the_tests_know():
 def test_readme_names_the_commands_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    command = 'pip install torch==2.13.0 && pip install -e ".[dev]" && pytest'
-    assert command in readme and command in ci
+    install = 'pip install torch==2.13.0 && pip install -e ".[dev]"'
+    assert f"{install} && pytest" in readme
+    assert f"{install} && ruff check . && pytest" in ci and "ruff check ." in readme  # CI lints, then tests
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the pages are generated with Python 3.11 "
