@@ -557,7 +557,7 @@ class OnlineLengthPredictor:
             if len(cuts):
                 hi = max(hi, float(cuts.max()) + 4 * sigma)
 
-            def density(mu: np.ndarray) -> np.ndarray:
+            def density(mu: np.ndarray, m=m, v=v, lw=lw, sigma=sigma) -> np.ndarray:
                 dens = _logsumexp(lw[None, :] - 0.5 * np.log(v)[None, :] - (mu[:, None] - m[None, :]) ** 2
                                   / (2 * v[None, :]), axis=1)
                 if len(cuts):
