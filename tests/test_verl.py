@@ -56,7 +56,7 @@ class _Done:
 
     def __await__(self):
         return self.value
-        yield  # noqa: unreachable - makes this a generator
+        yield  # unreachable: makes this a generator
 
 
 class Remote:
