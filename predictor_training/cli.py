@@ -160,6 +160,8 @@ def _check_query(rec: dict[str, Any], where: str) -> None:
 def _read_queries(source: str | None) -> list[tuple[str, dict[str, Any]]]:
     """(where: "input FILE line N", query) per non-blank line of ``source``."""
     name = "<stdin>" if source in (None, "-") else source
+    if source in (None, "-") and sys.stdin is not None and sys.stdin.isatty():
+        print("lengthsched predict: note: reading prompts from stdin (end with Ctrl-D)", file=sys.stderr)
     try:
         text = sys.stdin.read() if source in (None, "-") else Path(source).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -5,6 +5,7 @@ imported; a train table that explains itself; notices where something has no eff
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from predictor_training.cli import run_predict
 from predictor_training.data import write_jsonl
 from predictor_training.options import PredictOptions
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPICS = ["rivers", "stars", "bread", "trains", "music", "chess", "rain", "glass", "salt", "owls"]
 
 
@@ -278,7 +280,9 @@ def test_bad_arguments_are_rejected_without_importing_torch(trained, tmp_path, a
     argv = [str(model) if a == "MODEL" else a for a in argv]
     code = (f"import sys\nfrom lengthsched.cli import main\nrc = main({argv!r})\n"
             "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=env)
     assert done.stdout.split() == ["2", "False", "False"], done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
