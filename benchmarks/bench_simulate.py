@@ -405,7 +405,8 @@ def _rollout_online_unit(args):
     flat = np.concatenate([np.full(size, prior[g.prompt_id]) for g in groups])
     spreads = fit_spreads(castillo_validate_lengths())
     out = {}
-    for policy, router in (("vllm", "least_loaded"), ("vllm_priority", "least_loaded"), ("placed_lpt", None)):
+    for policy, router in (("vllm", "least_loaded"), ("vllm_priority", "least_loaded"), ("placed_lpt", None),
+                           ("steal", None)):
         for name, pred in (("prompt-only", flat), ("online", OnlineLengthPredictor(prior=prior, prior_sigma=0.5,
                                                                                    **spreads))):
             if policy == "vllm" and name == "online":

@@ -355,8 +355,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             board.append(pol.waiting)
             for job in mine:
                 eng.claim(job)
+        work = pols[0].work  # one array: what a replica learns of a prompt, every replica uses
         for pol in pols:
-            pol.board, pol.engines, pol.pols = board, engines, pols
+            pol.board, pol.engines, pol.pols, pol.work = board, engines, pols, work
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
     heap = [(0.0, r) for r in range(replicas)]
     idle: set[int] = set()

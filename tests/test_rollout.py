@@ -136,7 +136,7 @@ def test_a_rollout_with_an_online_predictor_learns_per_replica_and_leaves_the_ca
 
     groups = _groups([6, 6, 6, 6], seed=4)
     online = OnlineLengthPredictor(prior={g.prompt_id: 60 for g in groups}, within_sigma=0.3, prior_sigma=0.5)
-    for policy, router in (("vllm_priority", "least_loaded"), ("placed_lpt", None)):
+    for policy, router in (("vllm_priority", "least_loaded"), ("placed_lpt", None), ("steal", None)):
         r = run_rollout(groups, policy, replicas=2, router=router, budget_tokens=2000, max_new_tokens=128,
                         predicted=online)
         assert [list(x) for x in r.collected_lengths] == [list(g.lengths) for g in groups]

@@ -270,10 +270,28 @@ class WorkStealing(VLLMLike):
             super().start(eng)
 
     def decide(self, eng: Engine) -> None:
+        if self.board and self.problem.online:
+            self._learn(eng)
         super().decide(eng)
         while self.board and not self.waiting and self._room(eng) and self._steal(eng):
             super().decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
+
+    def _learn(self, eng: Engine) -> None:
+        """Tell the shared online predictor what finished here; predict again the waiting requests (on
+        every replica) of the prompts that changed. ``work`` is shared by the replicas."""
+        changed = self.observe_events(eng)
+        if not changed:
+            return
+        jobs, progress = [], []
+        for r, stack in enumerate(self.board):
+            done = self.engines[r].done
+            for job in self.of_prompts(stack, changed):
+                jobs.append(job)
+                progress.append(done[job])
+        if jobs:
+            point, _ = self.predict_again(eng, jobs, progress)
+            self.work[jobs] = point
 
     def _room(self, eng: Engine) -> bool:
         """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
