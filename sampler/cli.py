@@ -166,6 +166,12 @@ class _ClipCounter:
         return out
 
 
+#: The sampler's argument names that differ from the flags of ``lengthsched sample``: (the flag's
+#: field, the option that holds the value the user typed).
+_FLAG_OF = {"budget_bytes": ("budget", "budget"), "force_lengths": ("lengths", "lengths"),
+            "predicted_lengths": ("lengths", "lengths"), "prompt_ids": ("prompt", "prompt")}
+
+
 def _note(text: str) -> None:
     print(f"lengthsched sample: note: {text}", file=sys.stderr)
 
@@ -239,14 +245,21 @@ def run_sample(opts: SampleOptions) -> int:
         except InvalidArgument as exc:  # the library names its argument 'model'; the user typed --predictor
             raise InvalidArgument("predictor", opts.predictor, exc.expected) from None
     model, tokenizer = load_model(opts.model, opts.dtype, device)
-    sampler = InfiniteSampler(model, policy=opts.policy, slots=opts.slots, budget_bytes=budget, predictor=predictor,
-                              refill=opts.refill, share_prompt_kv=not opts.copy_prompt_kv, tokenizer=tokenizer)
-    prompt = _encode(tokenizer, opts.prompt)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    res = sampler.sample_group(prompt, opts.group_size, max_new_tokens=opts.max_new_tokens,
-                               temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, seed=opts.seed,
-                               force_lengths=forced, predicted_lengths=forced,
-                               stop_token_ids=None if eos is None else [eos])
+    try:
+        sampler = InfiniteSampler(model, policy=opts.policy, slots=opts.slots, budget_bytes=budget,
+                                  predictor=predictor, refill=opts.refill, share_prompt_kv=not opts.copy_prompt_kv,
+                                  tokenizer=tokenizer)
+        prompt = _encode(tokenizer, opts.prompt)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        res = sampler.sample_group(prompt, opts.group_size, max_new_tokens=opts.max_new_tokens,
+                                   temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k, seed=opts.seed,
+                                   force_lengths=forced, predicted_lengths=forced,
+                                   stop_token_ids=None if eos is None else [eos])
+    except InvalidArgument as exc:  # the library's argument names -> the flags the user typed
+        if exc.name in _FLAG_OF:
+            name, value = _FLAG_OF[exc.name]
+            raise type(exc)(name, getattr(opts, value), exc.expected) from None
+        raise
     summary = {
         "model": opts.model, "device": str(next(model.parameters()).device), "dtype": opts.dtype,
         "policy": res.policy, "group_size": opts.group_size, "prompt_tokens": res.prompt_tokens,

@@ -344,3 +344,12 @@ def test_a_predictor_under_a_policy_that_uses_none_says_so(trained, capsys):
     code, _, err = run(["sample", "--predictor", str(model), "-G", "2", "--max-new-tokens", "3", "--policy",
                         "fixed_slot", "--slots", "1"], capsys)
     assert code == 0 and "--predictor has no effect under --policy fixed_slot" in err
+
+
+@pytest.mark.parametrize("argv, name, value", [
+    (["--budget", "1KiB"], "budget", "'1KiB'"),
+    (["-G", "2", "--lengths", "2,9", "--max-new-tokens", "4"], "lengths", "'2,9'"),
+])
+def test_sample_errors_name_the_flag_not_the_library_argument(argv, name, value, capsys):
+    err = one_line_error(["sample", *argv], capsys, f"argument '{name}'", f"got {value}")
+    assert "budget_bytes" not in err and "force_lengths" not in err

@@ -32,7 +32,7 @@ def test_replay_json_and_output_file(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["sample", "-G", "3", "--lengths", "1,2"], "one per completion"),
-    (["sample", "--budget", "1KiB", "--policy", "length_aware"], "budget_bytes"),
+    (["sample", "--budget", "1KiB", "--policy", "length_aware"], "argument 'budget'"),
     (["sample", "-G", "0"], "group_size"),
     (["sample", "--model", "nobody/no-such-model"], "without network access pass a local model directory"),
 ])
