@@ -177,6 +177,9 @@ def check_train(opts: TrainOptions) -> None:
         v = getattr(opts, name)
         if v is not None and v < lo:
             raise InvalidArgument(name, v, f"an integer >= {lo}")
+    for name in ("seed", "split_seed"):  # numpy and torch seeds are 32-bit
+        if getattr(opts, name) is not None and getattr(opts, name) >= 2**32:
+            raise InvalidArgument(name, getattr(opts, name), f"an integer 0 .. {2**32 - 1}")
     if not (opts.epochs > 0 and math.isfinite(opts.epochs)):
         raise InvalidArgument("epochs", opts.epochs, "a number > 0")
     if not (opts.learning_rate > 0 and math.isfinite(opts.learning_rate)):
