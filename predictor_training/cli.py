@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import math
+import shutil
 import sys
 import warnings
 from collections.abc import Iterator
@@ -102,13 +103,20 @@ def run_train(opts: TrainOptions) -> int:
 
     out = Path(opts.out)
     log = out / "train.log"
+    created = not out.exists()
     if not opts.verbose:
         out.mkdir(parents=True, exist_ok=True)
         if sys.stderr.isatty():  # a person waits: say where the progress went (an error stays one line)
             print(f"training; the Trainer's log goes to {log} (--verbose shows it here)", file=sys.stderr,
                   flush=True)
-    with _log_into(log, opts.verbose):
-        summary = train(opts, progress=sys.stderr.isatty() and opts.verbose)
+    try:
+        with _log_into(log, opts.verbose):
+            summary = train(opts, progress=sys.stderr.isatty() and opts.verbose)
+    except BaseException:
+        # Nothing half-written: a directory this run made that holds only its log goes again.
+        if created and out.is_dir() and {p.name for p in out.iterdir()} <= {"train.log"}:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     if summary:
         text = json.dumps(summary["evaluation"], indent=1) if opts.json else format_summary(summary)
         print(text + ("" if opts.json or opts.verbose else f"\nlog: {log}"))

@@ -267,9 +267,11 @@ def test_cli_errors_are_one_line(argv, message, capsys, tmp_path, monkeypatch):
 
 def test_cli_wrong_schema_and_offline_hub_encoder(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # the default --out (predictor) lands here, not in the checkout
     write_jsonl(tmp_path / "g.jsonl", [{"question": "q"}])
     assert main(["train", "--data", f"gsm8k:{tmp_path / 'g.jsonl'}", "--encoder", "tiny"]) == 2
     assert "field 'answer' missing" in capsys.readouterr().err
+    assert not (tmp_path / "predictor").exists()  # a failed run leaves no directory it made behind
     write_jsonl(tmp_path / "p.jsonl", synthetic_rows(20, 3))
     assert main(["train", "--data", str(tmp_path / "p.jsonl"), "--encoder", "bert-base-uncased",
                  "--label-tokenizer", "minilm", "--out", str(tmp_path / "o")]) == 2
