@@ -27,7 +27,7 @@ from lengthsched.runtime import POLICIES, kv_budget_tokens
 from lengthsched.runtime.timing import lower_bound_seconds
 
 from .fast import FAST_POLICIES, seconds_many, slot_count, steps_and_peaks
-from .options import SimulateOptions, resolve
+from .options import SimulateOptions, resolve, rollout_mode
 from .run import SimResult, lower_bound, run_group
 from .workloads import WORKLOADS, Group, make_workload
 
@@ -344,6 +344,9 @@ def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tupl
 def check_options(opts: SimulateOptions) -> None:
     """Reject bad options before any work, each error naming its flag (``--seed``: 'seed')."""
     opts = resolve(opts)
+    if opts.routers is not None and not rollout_mode(opts):
+        raise InvalidArgument("routers", opts.routers, "--prompts or --replicas with it (routers place a rollout "
+                                                       "step's requests on replicas; groups run one at a time)")
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)

@@ -53,3 +53,9 @@ def test_rollout_figures_have_a_gantt_per_replica_and_kv_over_time(tmp_path, cap
     assert main(SMALL + ["--plot", str(tmp_path), "--policies", "vllm,steal"]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["rollout_gantt_steal.png", "rollout_gantt_vllm.png", "rollout_kv.png"]
+
+
+def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
+    assert main(["simulate", "--groups", "2", "--routers", "least_loaded"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'routers'" in err and "--prompts or --replicas" in err
