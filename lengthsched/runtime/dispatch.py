@@ -106,8 +106,8 @@ class PullReplica(VLLMLike):
     queue, preempted requests back to its front) whose waiting queue the :class:`Dispatcher` feeds.
 
     Subclasses say how loaded the replica is (:meth:`load`), whether one more request fits
-    (:meth:`fits`), which group goes next to it (:meth:`choose`), how they learn from finishes
-    (:meth:`learn`) and may pick another victim (``_victim``)."""
+    (:meth:`fits`), how they learn from finishes (:meth:`learn`) and may pick another victim
+    (``_victim``)."""
 
     PROBES = False  # the queue sends one probe request per group first
     STEALS = False
@@ -127,9 +127,7 @@ class PullReplica(VLLMLike):
         self.waiting = []  # this replica's queue (a stack: the front is the end)
         self._seen = 0  # finished requests already reported to learn()
         self.eng: Engine | None = None
-        self.expected = np.full(problem.n, float(problem.max_new_tokens))  # per request: its expected total length
-        self.reserved = 0.0  # sum of the expected totals of its unfinished requests (tokens)
-        self.groups_here: dict[int, int] = {}  # group -> its unfinished requests here
+        self.unfinished = 0  # requests dispatched here and not finished
 
     def start(self, eng: Engine) -> None:
         """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
@@ -140,10 +138,6 @@ class PullReplica(VLLMLike):
     def pending(self, eng: Engine) -> int:
         return len(self.waiting)
 
-    def expect(self, job: int) -> float:
-        """The expected total length (tokens) of ``job`` when it is dispatched."""
-        return float(self.queue.estimate[int(self.queue.group[job])])
-
     def load(self) -> float:
         """How loaded the replica is (lower gets the next request)."""
         raise NotImplementedError
@@ -152,17 +146,10 @@ class PullReplica(VLLMLike):
         """Whether the replica takes ``job`` now."""
         raise NotImplementedError
 
-    def choose(self, head: int) -> int:
-        """The group whose request goes to this replica, given the queue's ``head`` group."""
-        return head
-
     def take(self, job: int) -> None:
         """``job`` is dispatched here: to the back of this replica's queue."""
         self.waiting.insert(0, job)
-        self.expected[job] = self.expect(job)
-        self.reserved += self.expected[job]
-        group = int(self.queue.group[job])
-        self.groups_here[group] = self.groups_here.get(group, 0) + 1
+        self.unfinished += 1
         self.eng.claim(job)
 
     def learn(self, eng: Engine, finished: list[int]) -> None:
@@ -171,12 +158,7 @@ class PullReplica(VLLMLike):
     def decide(self, eng: Engine) -> None:
         new = eng.collected[self._seen:]
         self._seen = len(eng.collected)
-        for job in new:
-            self.reserved -= self.expected[job]
-            group = int(self.queue.group[job])
-            self.groups_here[group] -= 1
-            if not self.groups_here[group]:
-                del self.groups_here[group]
+        self.unfinished -= len(new)
         if new:
             self.learn(eng, new)
         if self._alone:
@@ -200,18 +182,14 @@ class Dispatcher:
             head = queue.head_group()
             if head is None:
                 return got
-            best, best_load, best_group = None, 0.0, head
+            job = queue.peek(head)
+            best, best_load = None, 0.0
             for pol in self.replicas:
-                group = pol.choose(head)
-                job = queue.peek(group)
-                if not pol.fits(job):
-                    continue
-                load = pol.load() - (pol.AFFINITY_BONUS if group in pol.groups_here else 0.0)
-                if best is None or load < best_load:
-                    best, best_load, best_group = pol, load, group
+                if pol.fits(job) and (best is None or pol.load() < best_load):
+                    best, best_load = pol, pol.load()
             if best is None:
                 return got
-            best.take(queue.take(best_group))
+            best.take(queue.take(head))
             got.append(best.replica)
 
 
@@ -223,13 +201,12 @@ class SeerLike(PullReplica):
     name = "seer"
     PROBES = True
     MAX_SEQS = 256  # vLLM's max_num_seqs: requests an engine takes at once
-    AFFINITY_BONUS = 0.0
 
     def load(self) -> float:
-        return float(len(self.groups_here) and sum(self.groups_here.values()))
+        return float(self.unfinished)
 
     def fits(self, job: int) -> bool:
-        return sum(self.groups_here.values()) < self.MAX_SEQS
+        return self.unfinished < self.MAX_SEQS
 
     def learn(self, eng: Engine, finished: list[int]) -> None:
         queue = self.queue
