@@ -184,6 +184,13 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"{base.result.seconds:.2f} s)")
     elif base is not None:
         line += "; no policy beat vLLM FCFS with verl's routing on this step"
+    from . import DEFAULT_POLICY
+
+    ours = next((r for r in done if r.policy == DEFAULT_POLICY), None)
+    if ours is not None and ours is not best and base is not None:
+        line += (f"; the recommended {DEFAULT_POLICY} (simulate.DEFAULT_POLICY, the fastest on average over the "
+                 f"benchmark grid): {ours.result.seconds:.2f} s, {ours.result.seconds / base.result.seconds:.3f} x "
+                 "vllm + least_loaded")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):

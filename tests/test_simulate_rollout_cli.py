@@ -22,6 +22,7 @@ def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl
     assert "vllm + group_round_robin" in out and "vllm + least_loaded" in out
     verdict = next(line for line in out.splitlines() if line.startswith("verdict: fastest: "))
     assert "vllm + least_loaded" in verdict or "no policy beat" in verdict
+    assert verdict.startswith("verdict: fastest: steal") or "the recommended steal" in verdict
     for column in ("seconds", "x vllm+verl", "s/LB", "tok/s", "slowest", "preempt", "recomputed", "prompt loads"):
         assert f"  {column}: " in out  # a legend line for every column
 
