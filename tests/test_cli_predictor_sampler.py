@@ -142,8 +142,9 @@ def test_predict_prints_its_result_even_when_writing_the_output_fails(trained, t
 # ------------------------------------------------------------------------------- 2. numbers of train
 
 
-@pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", "4294967296"), ("--split-seed", "-2"), ("--test-fold", "-1"),
-                                         ("--eval-steps", "0"), ("--limit", "0"), ("--warmup-ratio", "1.5")])
+@pytest.mark.parametrize("flag, value", [("--seed", "-1"), ("--seed", "4294967296"), ("--split-seed", "-2"),
+                                         ("--test-fold", "-1"), ("--eval-steps", "0"), ("--limit", "0"),
+                                         ("--warmup-ratio", "1.5")])
 def test_train_rejects_out_of_range_numbers_before_torch(flag, value, tmp_path, capsys):
     (tmp_path / "x.jsonl").write_text('{"prompt": "a", "response_length": 3}\n')
     name = flag[2:].replace("-", "_")
