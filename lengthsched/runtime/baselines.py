@@ -216,11 +216,11 @@ class SGLangLike(_Waiting):
         if used > budget and eng.evict_idle():  # cached prompts nothing references go first
             used = eng.kv_tokens(nxt)
         if used > budget:
-            by_progress = sorted(eng.running, key=lambda j: (eng.age(j), j))
-            while by_progress and used > budget:
-                job = by_progress.pop(0)  # the least advanced
+            order = sorted(eng.running, key=lambda j: self._retraction_key(eng, j))
+            while order and used > budget:
+                job = order.pop(0)  # the least preferred: the least advanced
                 eng.preempt(job)
-                self.waiting.append(job)
+                self._requeue(job)
                 used = eng.kv_tokens(nxt)
             if eng.running:
                 live = len(eng.origin)
@@ -240,6 +240,14 @@ class SGLangLike(_Waiting):
             used += need
             reserved += hold
             eng.admit(waiting.pop())
+
+    def _retraction_key(self, eng: Engine, job: int) -> tuple:
+        """The retraction order (smallest first): the least advanced, ties by arrival."""
+        return eng.age(job), job
+
+    def _requeue(self, job: int) -> None:
+        """A retracted request goes back to the front of the waiting queue."""
+        self.waiting.append(job)
 
     def admission_delay(self, used: float, left: float, n: int, need: int, horizon: int,
                         start_ratio: float, load: int = 0) -> int | None:
@@ -308,21 +316,9 @@ class SGLangPriority(SGLangLike):
         # A stack whose top is the front: lowest priority at the bottom, ties by arrival.
         self.waiting = sorted(range(problem.n), key=lambda j: (self.priority[j], -j))
 
-    def decide(self, eng: Engine) -> None:
-        lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
-        if eng.kv_tokens(nxt) > budget:
-            eng.evict_idle()  # cached prompts nothing references go first
-        if eng.kv_tokens(nxt) > budget:
-            order = sorted(eng.running, key=lambda j: (self.priority[j], eng.age(j), -j))
-            while order and eng.kv_tokens(nxt) > budget:
-                job = order.pop(0)  # the lowest priority, the least advanced
-                eng.preempt(job)
-                self._requeue(job)
-            if eng.running:
-                live = len(eng.origin)
-                self.ratio0 = min(1.0, (eng.sum_ages() + self.retract_steps * live) / (live * lmax))
-                self.t0 = eng.t
-        super().decide(eng)
+    def _retraction_key(self, eng: Engine, job: int) -> tuple:
+        """The lowest priority first, then the least decode progress, then the latest arrival."""
+        return self.priority[job], eng.age(job), -job
 
     def _requeue(self, job: int) -> None:
         """Back into the waiting queue at its priority's place (before later arrivals of equal priority)."""
