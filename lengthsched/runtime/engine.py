@@ -274,12 +274,16 @@ class Engine:
             self._left[self._group[job]] += 1
 
     def unclaim(self, job: int) -> None:
-        """``job``, claimed here but never admitted, moves to another engine."""
+        """``job``, claimed here but never admitted (or preempted), moves to another engine."""
         if self._group is not None:
-            group = self._group[job]
-            self._left[group] -= 1
-            if not self._left[group] and group in self._held:
-                self._unload(group)
+            self._drop_claim(self._group[job])
+
+    def _drop_claim(self, group: int) -> None:
+        """One claimed completion of ``group`` is done here (finished or gone): the group's prompt
+        leaves the pool with its last one."""
+        self._left[group] -= 1
+        if not self._left[group] and group in self._held:
+            self._unload(group)
 
     def load_need(self, job: int) -> int:
         """KV tokens (and prefill tokens) admitting ``job`` adds for its group's prompt: 0 when held
@@ -405,7 +409,6 @@ class Engine:
         if self.enforce_budget and kv > self.budget:
             raise SimulationError(f"KV {kv} tokens > budget {self.budget} at step {t_next}")
         heap, epochs, starts = self._heap, self._epoch, self._run_start
-        freed_prompts: list[int] = []
         while heap and heap[0][0] == t_next:
             _, job, epoch = heapq.heappop(heap)
             if epoch != epochs[job]:
@@ -413,10 +416,7 @@ class Engine:
             self.finished_at[job] = t_next
             self.collected.append(job)
             if self._group is not None:
-                group = self._group[job]
-                self._left[group] -= 1
-                if not self._left[group] and group in self._held:
-                    freed_prompts.append(group)
+                self._drop_claim(self._group[job])
             self.decoded_tokens += t_next - starts[job] + 1
             if pads:
                 self.running.pop(job)  # the row stays, decoding padding, until released
@@ -425,8 +425,6 @@ class Engine:
                     self._run_start[job] = t_next + 1
             else:
                 self._remove(job, "run")
-        for group in freed_prompts:  # the group's last claimed completion here finished
-            self._unload(group)
         if self.timeline is not None:
             self._mark()
 
