@@ -213,15 +213,14 @@ def run_simulate(opts: SimulateOptions) -> int:
 
 def _run_rollout_step(opts: SimulateOptions) -> int:
     """``--prompts`` / ``--replicas``: one rollout step, every policy and router, one table."""
-    from .rollout_report import check_rollout_options, compare_rollout, format_rollout, rollout_figures
+    from .rollout_report import compare_rollout, format_rollout, rollout_figures
 
-    opts = check_rollout_options(opts)
-    comparison = compare_rollout(opts)
+    comparison = compare_rollout(opts, record=bool(opts.plot))
     payload = json.dumps(comparison.to_dict(), indent=1, default=_jsonable)
     if opts.output:
         atomic_write_text(opts.output, payload + "\n")
     if opts.plot:
-        for path in rollout_figures(opts, Path(opts.plot)):
+        for path in rollout_figures(comparison, Path(opts.plot)):
             print(f"wrote {path}", file=sys.stderr)
     print(payload if opts.json else format_rollout(comparison))
     return 0

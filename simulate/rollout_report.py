@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,8 +24,8 @@ from .options import SimulateOptions, resolve
 from .report import load_cost, load_memory, parse_policies, predictions_for, workload_groups
 from .rollout import ROUTERS, RolloutResult, run_rollout
 
-__all__ = ["RolloutRow", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_pool_tokens",
-           "ROLLOUT_LEGEND", "BASELINE"]
+__all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
+           "rollout_figures", "rollout_pool_tokens", "ROLLOUT_LEGEND", "BASELINE"]
 
 #: The comparison's reference: vLLM FCFS with verl's routing (each request to the next replica).
 BASELINE = ("vllm", "least_loaded")
@@ -69,6 +68,7 @@ class RolloutComparison:
     setting: str
     pool_tokens: int
     rows: tuple[RolloutRow, ...]
+    step: RolloutStep | None = field(default=None, repr=False)  # what the rows ran on
 
     @property
     def baseline(self) -> RolloutRow | None:
@@ -114,8 +114,29 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     return opts
 
 
-def compare_rollout(opts: SimulateOptions) -> RolloutComparison:
-    """Run every policy (and router) of ``opts`` on one rollout step."""
+@dataclass(frozen=True)
+class RolloutStep:
+    """What every row of a rollout comparison runs on: the resolved options, the model's memory, each
+    replica's memory (bytes) and KV pool (tokens), the groups, their predictions and the step cost."""
+
+    opts: SimulateOptions
+    memory: Any
+    budget_bytes: int
+    pool: int
+    groups: list
+    predicted: np.ndarray
+    cost: Any
+
+    def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
+        """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
+        o = self.opts
+        return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
+                           max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
+                           prefill_chunk=o.prefill_chunk, record=record)
+
+
+def rollout_step(opts: SimulateOptions) -> RolloutStep:
+    """The :class:`RolloutStep` ``opts`` describe (checked: a flag that has no effect is an error)."""
     opts = check_rollout_options(opts)
     memory = load_memory(opts)
     budget_bytes = parse_bytes(opts.budget, "budget")
@@ -127,7 +148,14 @@ def compare_rollout(opts: SimulateOptions) -> RolloutComparison:
     groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
     predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
                                 for i, g in enumerate(groups)])
-    cost = load_cost(opts, memory)
+    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory))
+
+
+def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutComparison:
+    """Run every policy (and router) of ``opts`` on one rollout step; ``record`` keeps every row's
+    timelines (what :func:`rollout_figures` draws)."""
+    step = rollout_step(opts)
+    opts = step.opts
     runs = [BASELINE]
     for policy in parse_policies(opts.policies):
         for router in ([None] if POLICIES[policy].places_groups else _routers(opts)):
@@ -136,21 +164,20 @@ def compare_rollout(opts: SimulateOptions) -> RolloutComparison:
     rows = []
     for policy, router in runs:
         try:
-            result = run_rollout(groups, policy, replicas=opts.replicas, router=router, budget_tokens=pool,
-                                 max_new_tokens=opts.max_new_tokens, predicted=predicted, cost=cost, seed=opts.seed,
-                                 prefill_chunk=opts.prefill_chunk)
+            result = step.run(policy, router, record=record)
             rows.append(RolloutRow(policy, result.router, result))
         except LengthschedError as exc:  # a pool too small for a completion, or a policy that gives up
             if (policy, router) == BASELINE and "budget_tokens" in str(exc):
                 raise InvalidArgument("budget", opts.budget, f"a larger replica memory: {exc}") from None
             rows.append(RolloutRow(policy, router or "placed", None, str(exc)))
     rows.sort(key=lambda r: (r.result is None, r.result.seconds if r.result else math.inf))
+    groups, cost = step.groups, step.cost
     work = int(sum(int(np.sum(g.lengths)) for g in groups))
     setting = (f"{len(groups)} prompts x G={len(groups[0].lengths)} from {opts.workload} ({work:,} tokens to "
-               f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {memory.name} "
-               f"({opts.dtype}) with {budget_bytes / 2**30:.2f} GiB each = a pool of {pool:,} KV tokens (prompts "
-               f"inside), predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
-    return RolloutComparison(dataclasses.asdict(opts), setting, pool, tuple(rows))
+               f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {step.memory.name} "
+               f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
+               f"(prompts inside), predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
+    return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step)
 
 
 #: The rollout table's columns and the legend line of each.
@@ -222,33 +249,30 @@ def format_rollout(comparison: RolloutComparison) -> str:
     return "\n".join(lines)
 
 
-def rollout_figures(opts: SimulateOptions, directory, policies: Sequence[str] | None = None) -> list:
+def rollout_figures(comparison: RolloutComparison, directory) -> list:
     """Figures of one rollout step: a Gantt per replica (in seconds) for the recommended policy and
-    for vLLM + verl routing, and the KV held over time of every replica under both."""
+    for vLLM + verl routing, and the KV held over time of every replica under both. Rows the
+    comparison recorded (``compare_rollout(..., record=True)``) are drawn as they are; a missing one
+    is run on the comparison's step."""
     from . import DEFAULT_POLICY
     from .plots import rollout_gantt, rollout_kv
 
-    opts = check_rollout_options(opts)
-    memory = load_memory(opts)
-    budget_bytes = parse_bytes(opts.budget, "budget")
-    pool = rollout_pool_tokens(opts, memory, budget_bytes)
-    groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
-    predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
-                                for i, g in enumerate(groups)])
-    cost = load_cost(opts, memory)
+    step = comparison.step
     directory.mkdir(parents=True, exist_ok=True)
     results = {}
-    for policy, router in ((BASELINE[0], BASELINE[1]), (DEFAULT_POLICY, None)):
-        results[policy] = run_rollout(groups, policy, replicas=opts.replicas, router=router, budget_tokens=pool,
-                                      max_new_tokens=opts.max_new_tokens, predicted=predicted, cost=cost,
-                                      seed=opts.seed, prefill_chunk=opts.prefill_chunk, record=True)
+    for policy, router in (BASELINE, (DEFAULT_POLICY, None)):
+        row = next((r for r in comparison.rows if r.result is not None and r.policy == policy
+                    and (router is None or r.router == router) and r.result.timelines
+                    and r.result.timelines[0] is not None), None)
+        results[policy] = row.result if row is not None else step.run(policy, router, record=True)
     paths = []
+    groups = step.groups
     for policy, result in results.items():
         path = directory / f"rollout_gantt_{policy}.png"
         rollout_gantt(result, path, f"{policy}: {len(groups)} prompts x G={len(groups[0].lengths)} on "
-                                    f"{opts.replicas} replicas ({result.seconds:.2f} s)")
+                                    f"{step.opts.replicas} replicas ({result.seconds:.2f} s)")
         paths.append(path)
     path = directory / "rollout_kv.png"
-    rollout_kv(results, pool, path, f"KV held per replica ({pool:,}-token pools, prompts inside)")
+    rollout_kv(results, step.pool, path, f"KV held per replica ({step.pool:,}-token pools, prompts inside)")
     paths.append(path)
     return paths
