@@ -398,11 +398,10 @@ def _rollout_online_unit(args):
     from lengthsched.online import fit_spreads
     from simulate.workloads import castillo_validate_lengths
 
-    lmax, size = 4096, 16
-    groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
-    rng = np.random.default_rng(seed)
-    prior = {g.prompt_id: max(1, int(np.median(g.lengths) * np.exp(0.5 * rng.standard_normal()))) for g in groups}
-    flat = np.concatenate([np.full(size, prior[g.prompt_id]) for g in groups])
+    lmax = 4096
+    groups, flat, _, _ = rollout_groups("castillo", prompts, seed, lmax=lmax)  # flat: the realistic predictions
+    starts = np.cumsum([0] + [len(g.lengths) for g in groups[:-1]])
+    prior = {g.prompt_id: int(flat[s]) for g, s in zip(groups, starts)}
     spreads = fit_spreads(castillo_validate_lengths())
     out = {}
     for policy, router in (("vllm", "least_loaded"), ("vllm_priority", "least_loaded"), ("placed_lpt", None),
