@@ -116,8 +116,8 @@ class PullReplica(VLLMLike):
                  keys: Sequence[Any] = ()):
         super().__init__(problem)
         self.keys = list(keys)  # the prompt key of every group
-        self._alone = queue is None  # one engine on its own (run_group / run_batch): its own queue
-        if queue is None:  # the groups are the problem's prompts (completion indices without prompt ids)
+        alone = queue is None  # one engine on its own (run_group / run_batch): its own queue
+        if alone:  # the groups are the problem's prompts (completion indices without prompt ids)
             ids = problem.query(range(problem.n))
             index: dict = {}
             groups = [index.setdefault(k, len(index)) for k in ids]
@@ -128,11 +128,12 @@ class PullReplica(VLLMLike):
         self._seen = 0  # finished requests already reported to learn()
         self.eng: Engine | None = None
         self.unfinished = 0  # requests dispatched here and not finished
+        self._own = Dispatcher(queue, [self]) if alone else None  # what feeds it on its own
 
     def start(self, eng: Engine) -> None:
         """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
         self.eng = eng
-        if self._alone:
+        if self._own is not None:
             super().start(eng)
 
     def pending(self, eng: Engine) -> int:
@@ -161,8 +162,8 @@ class PullReplica(VLLMLike):
         self.unfinished -= len(new)
         if new:
             self.learn(eng, new)
-        if self._alone:
-            Dispatcher(self.queue, [self]).assign()
+        if self._own is not None:
+            self._own.assign()
         super().decide(eng)
 
 
