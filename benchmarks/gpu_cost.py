@@ -1,4 +1,4 @@
-"""Measure engine-step times of a Qwen3-1.7B-shaped model on one GPU and calibrate lengthsched.cost.
+"""Measure engine-step times of a Qwen3-shaped model on one GPU and calibrate lengthsched.cost.
 
 Run on a GPU machine through ``benchmarks/gpu_cost.sh`` (which bounds the time and records the
 card), or directly:
@@ -6,7 +6,8 @@ card), or directly:
     python benchmarks/gpu_cost.py                              # cuda, bf16, the full grid
     python benchmarks/gpu_cost.py --device cpu --quick         # tiny model and grid: checks the code path only
 
-The model has the shapes of ``lengthsched/presets/qwen3-1.7b.json`` and random weights, built with
+The model has the shapes of ``lengthsched/presets/<--model>.json`` (default qwen3-1.7b; qwen3-8b is
+the rollout step's default model) and random weights, built with
 ``transformers`` from that config (``AutoModelForCausalLM.from_config``, attn_implementation
 "sdpa"; nothing is downloaded). Steps are timed the way an engine runs them:
 
@@ -233,6 +234,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
+    ap.add_argument("--model", default="qwen3-1.7b",
+                    help="a preset of lengthsched/presets (its shapes, random weights); default qwen3-1.7b")
     ap.add_argument("--quick", action="store_true", help="tiny model (hidden 64, 2 layers) and a tiny grid")
     ap.add_argument("--rows", type=ints, default=None, help="decode rows, comma-separated (default 1,2,4,...,256)")
     ap.add_argument("--contexts", type=ints, default=None, help="context tokens per row (default 128,...,4096)")
@@ -261,6 +264,8 @@ def main(argv=None) -> int:
     preset = preset_for(card)
     matched = device.type == "cuda" and preset in card.lower()
     slug = preset if matched else re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-")
+    if args.model != "qwen3-1.7b":
+        slug += "_" + re.sub(r"[^a-z0-9.]+", "-", args.model.lower())
     out = Path(args.out or Path(args.out_dir) / f"cost_gpu_{slug}.json")
     samples_path = Path(args.samples or out.with_suffix(".jsonl"))
     samples_path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,14 +276,19 @@ def main(argv=None) -> int:
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
 
-    preset_cfg = json.loads((PRESET_DIR / "qwen3-1.7b.json").read_text(encoding="utf-8"))
+    preset_path = PRESET_DIR / f"{args.model}.json"
+    if not preset_path.is_file():
+        ap.error(f"--model {args.model!r}: no such preset; expected one of "
+                 f"{sorted(p.stem for p in PRESET_DIR.glob('*.json'))}")
+    preset_cfg = json.loads(preset_path.read_text(encoding="utf-8"))
     cfg = {k: v for k, v in preset_cfg.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
     if quick:
         cfg.update(TINY)
     name = "tiny-qwen3-cost" if quick else preset_cfg["_name_or_path"]
     torch.manual_seed(args.seed)
     model = build_model(torch, cfg, dtype, device)
-    print(f"{card}: {'tiny' if quick else 'Qwen3-1.7B'}-shaped model, {dtype_name}, "
+    shapes = "tiny" if quick else preset_cfg["_name_or_path"]
+    print(f"{card}: {shapes}-shaped model, {dtype_name}, "
           f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters; preset {preset}", flush=True)
 
     deadline = start + args.budget_seconds
@@ -291,7 +301,7 @@ def main(argv=None) -> int:
     results = {"machine": machine(), "card": card, "device": str(device), "preset": preset,
                "preset_matches_card": preset in card.lower(), "dtype": dtype_name,
                "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-               "model": "tiny-qwen3 (--quick)" if quick else "Qwen3-1.7B shapes, random weights",
+               "model": "tiny-qwen3 (--quick)" if quick else f"{preset_cfg['_name_or_path']} shapes, random weights",
                "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
                "grid": {"rows": args.rows, "contexts": args.contexts, "prefills": args.prefills},
                "samples_file": str(samples_path), **info,

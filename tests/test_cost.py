@@ -399,6 +399,28 @@ def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
     assert report["card"] == "cpu" and report["steps_measured"] == 9 and "not GPU evidence" in report["note"]
     assert report["fit"]["held_out"]["n"] > 0 and set(report["unfitted_all_steps"]) == {"h100", "h200"}
     assert StepCost.from_json(json.dumps(report["fitted"])).model == "tiny-qwen3-cost"
+    other = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
+                            "--model", "qwen3-8b", "--reps", "1", "--warmup", "0", "--out-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 0, other.stderr[-3000:]
+    assert (tmp_path / "cost_gpu_cpu_qwen3-8b.json").is_file() and (tmp_path / "cost_gpu_cpu_qwen3-8b.jsonl").is_file()
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
+                          "--model", "no-such-model", "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "--model 'no-such-model'" in bad.stderr and "qwen3-8b" in bad.stderr
+
+
+@pytest.mark.parametrize("model, report", [("qwen3-1.7b", "cost_gpu_h100"), ("qwen3-8b", "cost_gpu_h100_qwen3-8b")])
+def test_h100_calibration_files_load_and_reproduce_their_report(model, report):
+    """The recorded H100 run (docs/cost.md, level (c)): the shipped StepCost file is the report's fit,
+    and it prices the recorded steps within the reported errors."""
+    results = ROOT / "benchmarks" / "results"
+    data = json.loads((results / f"{report}.json").read_text())
+    cost = StepCost.from_json((results / f"stepcost_h100_{model}.json").read_text())
+    assert cost.parameters() == pytest.approx({k: data["fitted"][k] for k in cost.parameters()})
+    assert "H100" in data["card"] and data["fit"]["held_out"]["median"] < 0.10
+    errors = np.abs(cost.errors(read_samples(results / f"{report}.jsonl")))
+    assert errors.size == data["steps_measured"] and np.median(errors) < 0.10
 
 
 @given(costs, st.lists(st.tuples(st.integers(1, 50), st.integers(0, 512), st.integers(0, 10**6),
