@@ -2,6 +2,8 @@
 
 ``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
 budget; ``run_rollout`` an RL rollout step (many groups on several engine replicas);
+``search_placement`` the best placement of a rollout's requests a search finds with the true
+lengths (an oracle: what placement could buy);
 :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces with a
 group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the comparison report behind
 ``lengthsched simulate`` in :mod:`simulate.report`.
@@ -10,6 +12,7 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
+from .headroom import PlacementSearch, search_placement
 from .rollout import ROUTERS, RolloutResult, place_by_time, route, run_rollout
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
@@ -40,4 +43,6 @@ __all__ = [
     "route",
     "place_by_time",
     "retained_kv_curve",
+    "PlacementSearch",
+    "search_placement",
 ]

@@ -182,7 +182,8 @@ def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.nda
 
 def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router: str | None = None,
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
-                prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False) -> RolloutResult:
+                prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
+                placement: Any = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -194,8 +195,67 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     replicas each run a copy of it that learns from the siblings finishing there, dispatching
     policies share one. ``cost``: the step-cost model (default Qwen3-1.7B on the H100 preset);
     ``seed`` is accepted for symmetry with ``run_batch`` (these engines draw nothing at random);
-    ``record`` keeps each replica's :class:`~lengthsched.runtime.Timeline` for figures. Returns a
-    :class:`RolloutResult`."""
+    ``record`` keeps each replica's :class:`~lengthsched.runtime.Timeline` for figures.
+    ``placement``: the replica (0 to ``replicas - 1``) of every completion, flattened in group
+    order, instead of the router's: your own router's placement, evaluated (not with a policy that
+    places or dispatches requests itself). Returns a :class:`RolloutResult`."""
+    spec, groups, lengths, flat, owner, keys, common = _prepare(
+        groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record)
+    router = "least_loaded" if router is None else router
+    if router not in ROUTERS:
+        raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
+    online = predicted if hasattr(predicted, "observe") else None
+    cost = common["cost"]
+    if placement is not None:
+        if spec.dispatch or spec.places_groups:
+            raise InvalidArgument("placement", "an array", f"no placement with policy {policy!r}, which places "
+                                                           "or dispatches requests itself")
+        placement = _check_placement(placement, len(flat), replicas)
+    if spec.dispatch:
+        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, **common)
+        used_router = "dispatch"
+    else:
+        if placement is None:
+            placement = route(groups, router, replicas, common["pred"], spec.places_groups,
+                              getattr(spec.cls, "PROMPT_SHARE", None), common["budget"])
+            used_router = "placed" if spec.places_groups else router
+        else:
+            used_router = "given"
+        engines, clocks = _run_routed(policy, placement, online, replicas, **common)
+    collected = np.zeros(len(flat), dtype=bool)
+    for eng in engines:
+        collected[np.asarray(eng.collected, dtype=np.int64)] = True
+    if not collected.all():
+        raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
+    replica_seconds = tuple(float(secs[-1]) for _, secs in clocks)
+    prompt_lens = common["prompt_lens"]
+    return RolloutResult(
+        policy=policy, router=used_router, replicas=replicas,
+        seconds=max(replica_seconds), replica_seconds=replica_seconds,
+        steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
+        recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
+        prefill_tokens=sum(int(eng.step_log().prefill_tokens.sum()) for eng in engines),
+        lower_bound_seconds=_lower_bound(cost, flat, prompt_lens[owner], prompt_lens, common["budget"], replicas),
+        tokens=int(flat.sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
+        + (f" x{cost.tp}" if cost.tp > 1 else ""),
+        collected_lengths=tuple(lengths), placement=placement,
+        prompt_loads=sum(eng.prompt_loads for eng in engines),
+        peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
+        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
+
+
+def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
+    arr = np.asarray(placement)
+    ok = arr.shape == (n,) and np.issubdtype(arr.dtype, np.integer)
+    if not ok or (n and (arr.min() < 0 or arr.max() >= replicas)):
+        raise InvalidArgument("placement", placement if arr.size <= 8 else f"an array of shape {arr.shape}",
+                              f"{n} integers in [0, {replicas - 1}] (a replica per completion, in group order)")
+    return arr.astype(np.int64)
+
+
+def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record):
+    """Check a rollout's arguments; (spec, groups, lengths per group, flat lengths, owner group per
+    completion, prompt keys, the keyword arguments the replica runners share)."""
     if not groups:
         raise InvalidArgument("groups", groups, "at least one group")
     if policy not in POLICIES:
@@ -204,14 +264,11 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     if not spec.rollout:
         raise InvalidArgument("policy", policy, "a policy that runs rollouts (prompts in the pool): "
                                                 + ", ".join(n for n, s in POLICIES.items() if s.rollout))
-    replicas = check_int("replicas", replicas, minimum=1)
+    check_int("replicas", replicas, minimum=1)
     budget = check_int("budget_tokens", budget_tokens, minimum=1)
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_int("seed", seed, minimum=0)
     prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
-    router = "least_loaded" if router is None else router
-    if router not in ROUTERS:
-        raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
     lengths = [as_lengths("lengths", g.lengths, minimum=1) for g in groups]
     flat = np.concatenate(lengths)
     if flat.max() > max_new:
@@ -222,7 +279,6 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     keys = [getattr(g, "prompt_id", i) for i, g in enumerate(groups)]
     job_keys = tuple(keys[g] for g in owner.tolist())
     cost = _cost(cost)
-    online = predicted if hasattr(predicted, "observe") else None
     pred, _, _ = _predictions(predicted, flat, max_new, 0.9, None, job_keys)
     block = spec.cls.block_size
     tails = prompt_lens % block if block > 1 else np.zeros(len(groups), dtype=np.int64)
@@ -238,33 +294,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     common = dict(flat=flat, owner=owner, tails=tails, prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred,
                   job_keys=job_keys, max_new=max_new, budget=budget, prefill_chunk=prefill_chunk, record=record,
                   cost=cost)
-    if spec.dispatch:
-        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, **common)
-        used_router = "dispatch"
-    else:
-        placement = route(groups, router, replicas, pred, spec.places_groups,
-                          getattr(spec.cls, "PROMPT_SHARE", None), budget)
-        engines, clocks = _run_routed(policy, placement, online, replicas, **common)
-        used_router = "placed" if spec.places_groups else router
-    collected = np.zeros(len(flat), dtype=bool)
-    for eng in engines:
-        collected[np.asarray(eng.collected, dtype=np.int64)] = True
-    if not collected.all():
-        raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
-    replica_seconds = tuple(float(secs[-1]) for _, secs in clocks)
-    return RolloutResult(
-        policy=policy, router=used_router, replicas=replicas,
-        seconds=max(replica_seconds), replica_seconds=replica_seconds,
-        steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
-        recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
-        prefill_tokens=sum(int(eng.step_log().prefill_tokens.sum()) for eng in engines),
-        lower_bound_seconds=_lower_bound(cost, flat, prompt_lens[owner], prompt_lens, budget, replicas),
-        tokens=int(flat.sum()), budget_tokens=budget, cost_name=f"{cost.model} on {cost.gpu}"
-        + (f" x{cost.tp}" if cost.tp > 1 else ""),
-        collected_lengths=tuple(lengths), placement=placement,
-        prompt_loads=sum(eng.prompt_loads for eng in engines),
-        peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
-        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
+    return spec, groups, lengths, flat, owner, keys, common
 
 
 def _lower_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, budget: int,
@@ -299,30 +329,33 @@ def _clock(eng: Engine, cost) -> tuple[np.ndarray, np.ndarray]:
 def _run_routed(policy, placement, online, replicas, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys,
                 max_new, budget, prefill_chunk, record, cost):
     """Each replica on its own, with the requests ``placement`` gives it."""
-    engines, clocks = [], []
-    for r in range(replicas):
-        mine = np.flatnonzero(placement == r)
-        if not len(mine):  # a replica that got nothing
-            engines.append(Engine([], budget_tokens=budget))
-            clocks.append((np.zeros(1), np.zeros(1)))
-            continue
-        hosted, local = np.unique(owner[mine], return_inverse=True)
-        problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
-                          predicted=None if pred is None else pred[mine],
-                          predictor=None if online is None else copy.deepcopy(online),
-                          prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
-        sim = make_policy(policy, problem)
-        eng = _engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget, prefill_chunk,
-                      record, sim.block_size)
-        for job in range(len(mine)):
-            eng.claim(job)
-        eng.run(sim)
-        eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
-        if eng.timeline is not None:
-            eng.timeline.segments = [(int(mine[j]), *rest) for j, *rest in eng.timeline.segments]
-        engines.append(eng)
-        clocks.append(_clock(eng, cost))
-    return engines, clocks
+    runs = [_run_replica(policy, np.flatnonzero(placement == r), online, flat=flat, owner=owner, tails=tails,
+                         prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred, job_keys=job_keys, max_new=max_new,
+                         budget=budget, prefill_chunk=prefill_chunk, record=record, cost=cost)
+            for r in range(replicas)]
+    return [eng for eng, _ in runs], [clock for _, clock in runs]
+
+
+def _run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
+                 prefill_chunk, record, cost):
+    """One replica running the requests ``mine`` (global indices) under ``policy``: (engine, clock)."""
+    if not len(mine):  # a replica that got nothing
+        return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
+    hosted, local = np.unique(owner[mine], return_inverse=True)
+    problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
+                      predicted=None if pred is None else pred[mine],
+                      predictor=None if online is None else copy.deepcopy(online),
+                      prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
+    sim = make_policy(policy, problem)
+    eng = _engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget, prefill_chunk,
+                  record, sim.block_size)
+    for job in range(len(mine)):
+        eng.claim(job)
+    eng.run(sim)
+    eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
+    if eng.timeline is not None:
+        eng.timeline.segments = [(int(mine[j]), *rest) for j, *rest in eng.timeline.segments]
+    return eng, _clock(eng, cost)
 
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails, prompt_kv, prompt_lens, pred,

@@ -234,3 +234,53 @@ def test_sglang_priority_serves_and_keeps_the_longest_predicted():
     cut = [job for job, _, _, _, kind in r.timeline.segments if kind == "preempted"]
     assert all(lengths[j] <= min(lengths[k] for k in (1, 3)) for j in cut)  # the lowest priority is retracted
     assert sorted(r.collected_lengths.tolist()) == sorted(lengths)
+
+
+def test_a_given_placement_is_run_as_given_and_checked():
+    groups = _groups([4, 3, 5], seed=3)
+    common = dict(replicas=3, budget_tokens=2000, max_new_tokens=200)
+    verl = route(groups, "least_loaded", 3)
+    default = run_rollout(groups, "vllm", **common)
+    assert run_rollout(groups, "vllm", placement=verl, **common).seconds == default.seconds
+    mine = np.array([0] * 4 + [1] * 3 + [2] * 5)
+    given_ = run_rollout(groups, "vllm", placement=mine, **common)
+    assert given_.router == "given" and given_.placement.tolist() == mine.tolist()
+    assert given_.seconds == run_rollout(groups, "vllm", router="group_round_robin", **common).seconds
+    for bad in (mine[:-1], np.r_[mine[:-1], 3], mine.astype(float), np.r_[mine[:-1], -1]):
+        with pytest.raises(InvalidArgument, match="placement"):
+            run_rollout(groups, "vllm", placement=bad, **common)
+    for policy in ("steal", "seer", "placed_lpt"):
+        with pytest.raises(InvalidArgument, match="placement.*places or dispatches"):
+            run_rollout(groups, policy, placement=mine, **common)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=6), replicas=st.integers(2, 4),
+       room=st.sampled_from([300, 2000]), policy=st.sampled_from(["vllm", "vllm_priority"]), seed=st.integers(0, 50))
+def test_the_oracle_placement_search_reproduces_and_never_loses_to_its_starts(sizes, replicas, room, policy, seed):
+    """search_placement's placement, run again, gives its seconds; they are no worse than verl's spread
+    or than the best of its starts, and it stays within its simulation budget."""
+    from simulate.headroom import search_placement
+
+    groups = _groups(sizes, seed=seed)
+    common = dict(replicas=replicas, budget_tokens=room, max_new_tokens=200)
+    found = search_placement(groups, policy=policy, evaluations=30, seed=seed, **common)
+    oracle = np.concatenate([g.lengths for g in groups])
+    again = run_rollout(groups, policy, placement=found.placement, predicted=oracle, **common)
+    assert again.seconds == pytest.approx(found.seconds, rel=1e-12)
+    assert found.seconds <= found.start_seconds * (1 + 1e-12)
+    assert found.seconds <= run_rollout(groups, policy, predicted=oracle, **common).seconds * (1 + 1e-12)
+    assert found.evaluations <= 30 and found.start in ("spread", "groups", "time")
+    assert again.seconds >= again.lower_bound_seconds * (1 - 1e-9)
+
+
+def test_the_placement_search_checks_its_arguments():
+    from simulate.headroom import search_placement
+
+    groups = _groups([3, 3])
+    with pytest.raises(InvalidArgument, match="policy"):
+        search_placement(groups, replicas=2, budget_tokens=2000, max_new_tokens=200, policy="steal")
+    with pytest.raises(InvalidArgument, match="evaluations"):
+        search_placement(groups, replicas=2, budget_tokens=2000, max_new_tokens=200, evaluations=-1)
+    with pytest.raises(InvalidArgument, match="budget_tokens"):
+        search_placement(groups, replicas=2, budget_tokens=10, max_new_tokens=200)
