@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
@@ -278,16 +279,34 @@ def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax:
     return groups, realistic, oracle, np.full(len(oracle), CONSTANT_PREDICTION)
 
 
+ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model
+
+
+def _rollout_cost(text: str | None):
+    from lengthsched.cost import StepCost
+
+    return None if text is None else StepCost.from_json(text)
+
+
+def _cost_label() -> str:
+    """What prices the rollout sections: the default, or the --cost file's model and card."""
+    if ROLLOUT_COST is None:
+        return "Qwen3-1.7B, H100 preset"
+    cost = _rollout_cost(ROLLOUT_COST)
+    return f"{cost.model.split('/')[-1]}, step cost fitted on {cost.gpu.upper()} steps (--cost)"
+
+
 def _rollout_unit(args):
-    workload, prompts, replicas, factor, seed = args
+    workload, prompts, replicas, factor, seed, cost_text = args
     lmax = 4096
+    cost = _rollout_cost(cost_text)
     groups, realistic, oracle, constant = rollout_groups(workload, prompts, seed, lmax=lmax)
     out = {}
     for label, policy, router, pred in ROLLOUT_RUNS:
         p = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}[pred]
         try:
             r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=factor * lmax,
-                            max_new_tokens=lmax, predicted=p)
+                            max_new_tokens=lmax, predicted=p, cost=cost)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
                           r.recomputed_tokens)
         except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
@@ -299,7 +318,7 @@ def rollout(quick: bool) -> tuple[str, list]:
     """Rollout steps (B prompts x 16 on R replicas) in modelled seconds, per policy and router."""
     rows = []
     grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
-    results = _pool_map(_rollout_unit, [(w, b, r, f, 11) for w, b, r, f in grid])
+    results = _pool_map(_rollout_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
     for (w, b, r, f), out in zip(grid, results):
         base = out["vllm + verl routing"]
         for label, *_ in ROLLOUT_RUNS:
@@ -311,9 +330,9 @@ def rollout(quick: bool) -> tuple[str, list]:
                          "-" if v is None else float(v[2]), "-" if v is None else float(v[3]),
                          "-" if v is None or base is None or not base[4] else float(v[4] / base[4])])
     summary = _rollout_summary(rows)
-    if not quick:
+    if not quick and ROLLOUT_COST is None:  # the figure of docs/benchmarks.md is the default cost's
         _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
-    text = table("Rollout steps in modelled seconds (Qwen3-1.7B, H100 preset, L_max 4096, G = 16, budget per replica "
+    text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
                  ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
                   "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
@@ -343,7 +362,7 @@ def _rollout_figure(rows: list, path) -> None:
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("modelled makespan / lower bound")
     ax.set_title("Rollout steps: makespan over the lower bound, one dot per setting (B x 16 on R replicas, "
-                 "Qwen3-1.7B, H100 preset)", fontsize=9)
+                 f"{_cost_label()})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -393,7 +412,7 @@ def _rollout_summary(rows: list) -> tuple[str, list]:
 
 
 def _rollout_online_unit(args):
-    prompts, replicas, factor, seed = args
+    prompts, replicas, factor, seed, cost_text = args
     from lengthsched import OnlineLengthPredictor
     from lengthsched.online import fit_spreads
     from simulate.workloads import castillo_validate_lengths
@@ -403,6 +422,7 @@ def _rollout_online_unit(args):
     starts = np.cumsum([0] + [len(g.lengths) for g in groups[:-1]])
     prior = {g.prompt_id: int(flat[s]) for g, s in zip(groups, starts)}
     spreads = fit_spreads(castillo_validate_lengths())
+    cost = _rollout_cost(cost_text)
     out = {}
     for policy, router in (("vllm", "least_loaded"), ("vllm_priority", "least_loaded"), ("placed_lpt", None),
                            ("steal", None)):
@@ -413,7 +433,7 @@ def _rollout_online_unit(args):
             try:
                 out[(policy, name)] = run_rollout(groups, policy, replicas=replicas, router=router,
                                                   budget_tokens=factor * lmax, max_new_tokens=lmax,
-                                                  predicted=pred).seconds
+                                                  predicted=pred, cost=cost).seconds
             except Exception:
                 out[(policy, name)] = None
     return out
@@ -423,16 +443,59 @@ def rollout_online(quick: bool) -> tuple[str, list]:
     """Rollout makespan with the online predictor (learns from finished siblings on each replica)
     against the same prompt-level predictions frozen, for the priority-based policies."""
     grid = [(16, 4, 16)] if quick else [(b, r, f) for b in (64, 256) for r in (4, 8) for f in (4, 16)]
-    results = _pool_map(_rollout_online_unit, [(b, r, f, 11) for b, r, f in grid])
+    results = _pool_map(_rollout_online_unit, [(b, r, f, 11, ROLLOUT_COST) for b, r, f in grid])
     rows = []
     for (b, r, f), out in zip(grid, results):
         base = out[("vllm", "prompt-only")]
         for (policy, name), sec in out.items():
             rows.append([b, r, f"{f} x L_max", policy, name, "fails" if sec is None else float(sec),
                          "-" if sec is None or base is None else float(sec / base)])
-    return table("Rollout steps (CASTILLO, G = 16, L_max 4096, H100 preset): prompt-level predictions (log-normal "
+    return table(f"Rollout steps (CASTILLO, G = 16, L_max 4096, {_cost_label()}): prompt-level predictions (log-normal "
                  "sigma 0.5) frozen vs an OnlineLengthPredictor with them as its prior",
                  ["prompts", "replicas", "budget", "policy", "predictions", "seconds", "x vllm + verl"], rows), rows
+
+
+HEADROOM_EVALUATIONS = 200  # replica simulations of the placement search per setting
+
+
+def _rollout_headroom_unit(args):
+    workload, prompts, replicas, factor, seed, cost_text, evaluations = args
+    from simulate.headroom import search_placement
+
+    lmax = 4096
+    cost = _rollout_cost(cost_text)
+    groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed, lmax=lmax)
+    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=cost)
+    base = run_rollout(groups, "vllm", **common)
+    steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+    steal_oracle = run_rollout(groups, "steal", predicted=oracle, **common).seconds
+    found = search_placement(groups, policy="vllm", evaluations=evaluations, seed=seed, **common)
+    return (base.seconds, base.lower_bound_seconds, steal, steal_oracle, found.seconds, found.start,
+            found.start_seconds, found.accepted)
+
+
+def rollout_headroom(quick: bool) -> tuple[str, list]:
+    """What a placement chosen with every true length (simulate.headroom.search_placement over vLLM
+    FCFS replicas) buys against vLLM + verl, beside steal and the lower bound, on the multi-replica
+    settings of the rollout grid."""
+    grid = [("castillo", 16, 4, 4)] if quick else [s for s in ROLLOUT_GRID if s[2] > 1]
+    evaluations = 20 if quick else HEADROOM_EVALUATIONS
+    results = _pool_map(_rollout_headroom_unit, [(w, b, r, f, 11, ROLLOUT_COST, evaluations) for w, b, r, f in grid])
+    rows = []
+    for (w, b, r, f), (base, lb, steal, steal_oracle, found, start, start_seconds, accepted) in zip(grid, results):
+        rows.append([w, b, r, f"{f} x L_max", base, lb / base, steal / base, steal_oracle / base,
+                     start_seconds / base, found / base, start, accepted])
+    mean = [float(np.mean([row[i] for row in rows])) for i in range(5, 10)]
+    summary = table(f"Rollout headroom ({_cost_label()}; {len(rows)} multi-replica settings of the grid): mean "
+                    "makespan relative to vLLM FCFS + verl routing",
+                    ["lower bound", "steal", "steal (oracle)", "oracle placement: best start",
+                     "oracle placement: searched"], [mean])
+    text = table(f"Rollout headroom per setting ({_cost_label()}): makespan / vLLM + verl; the oracle placement "
+                 f"knows every true length (best of 3 starts, then {evaluations} replica simulations of local "
+                 "search; vLLM FCFS on every replica)",
+                 ["workload", "prompts", "replicas", "budget", "vllm + verl seconds", "lower bound", "steal",
+                  "steal (oracle)", "oracle start", "oracle searched", "start", "moves kept"], rows)
+    return summary + "\n\n" + text, {"rows": rows, "summary": mean}
 
 
 # ---------------------------------------------------------------------------------------- paper
@@ -511,13 +574,22 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
     parser.add_argument("--sections",
-                        default="target,seconds,seconds_batches,rollout,rollout_online,rollout_speed,paper,batches,"
+                        default="target,seconds,seconds_batches,rollout,rollout_online,rollout_speed,rollout_headroom,paper,batches,"
                                 "speed,scaling")
+    parser.add_argument("--cost", default=None,
+                        help="a fitted step-cost JSON (lengthsched.cost.StepCost.to_json, e.g. "
+                             "benchmarks/results/stepcost_h100_qwen3-8b.json) for the rollout sections "
+                             "instead of the default Qwen3-1.7B on the unfitted H100 preset")
     args = parser.parse_args(argv)
-    results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:]))}
+    global ROLLOUT_COST
+    if args.cost is not None:
+        ROLLOUT_COST = Path(args.cost).read_text(encoding="utf-8")
+        _rollout_cost(ROLLOUT_COST)  # a bad file fails here, before any section runs
+    results = {"machine": machine(), "command": " ".join(["bench_simulate.py"] + (argv or sys.argv[1:])),
+               "cost": args.cost}
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
-                "rollout_online": rollout_online, "rollout_speed": rollout_speed,
+                "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -21,6 +21,21 @@ def test_simulator_benchmark_runs_quick(tmp_path):
     assert "steps / micro" in result.stdout
 
 
+def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
+    out = tmp_path / "rollout.json"
+    cost = ROOT / "benchmarks" / "results" / "stepcost_h100_qwen3-8b.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", "rollout,rollout_headroom", "--cost", str(cost), "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "Qwen3-8B, step cost fitted on H100 steps (--cost)" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["cost"] == str(cost)
+    (row,) = data["rollout_headroom"]["rows"]
+    lower_bound, steal, searched = row[5], row[6], row[9]
+    assert lower_bound <= searched <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
+
+
 def test_planning_benchmark_runs_quick(tmp_path):
     out = tmp_path / "planning.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
