@@ -171,12 +171,12 @@ class Timer:
         return statistics.median(times), min(times), run is not fn
 
 
-def forward_fn(torch, model, ids, positions, keep_last: bool):
+def forward_fn(torch, model, ids, positions, keep_last: bool, compiled: bool = False):
     # A ready 4-D mask is passed through as is by every transformers version, so no mask is built (mask
     # building may read tensors on the host, which a CUDA graph capture forbids); the attention ignores it.
     mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
     kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False)
-    if keep_last:
+    if keep_last or compiled:  # a decode row has one position: the same logits (and one call signature)
         kwargs["logits_to_keep"] = 1
 
     def step():
@@ -198,6 +198,14 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
     else:  # older transformers
         model.config._attn_implementation = ATTENTION
     timer = Timer(torch, device, args.warmup, args.reps, not args.eager)
+    runner = model
+    if args.compile:  # one graph for every shape (dynamic), recompiled as few times as dynamo needs
+        import torch._dynamo
+
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        runner = torch.compile(model, dynamic=True)
     gen = torch.Generator(device=device).manual_seed(args.seed)
     points = [("prefill", 1, t) for t in args.prefills]  # few and short: first, so a time-out keeps both kinds
     points += [("decode", r, c) for c in args.contexts for r in args.rows if r * c <= max_tokens]
@@ -214,11 +222,12 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
             ids = torch.randint(fields["vocab_size"], (rows, length), device=device, generator=gen)
             positions = (torch.full((rows, 1), n - 1, device=device) if decode
                          else torch.arange(n, device=device).unsqueeze(0))
-            median, best, graphed = timer.time(forward_fn(torch, model, ids, positions, keep_last=not decode))
+            median, best, graphed = timer.time(forward_fn(torch, runner, ids, positions, keep_last=not decode,
+                                                                     compiled=bool(args.compile)))
             row = {"decode_rows": rows if decode else 0, "kv_tokens_read": rows * n if decode else 0,
                    "prefill_tokens": 0 if decode else n, "prefill_context": 0 if decode else n * (n + 1) // 2,
                    "seconds": median, "min_seconds": best, "kind": kind, "context": n if decode else 0,
-                   "reps": args.reps, "cuda_graph": graphed}
+                   "reps": args.reps, "cuda_graph": graphed, "compiled": bool(args.compile)}
             out.write(json.dumps(row) + "\n")
             out.flush()
             done += 1
@@ -245,6 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the forward (dynamic shapes; fused elementwise kernels, closer to an "
+                         "engine's than the eager forward's); the report is named ..._compiled")
     ap.add_argument("--budget-seconds", type=float, default=420.0, help="stop measuring after this long, then fit")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"),
@@ -266,6 +278,8 @@ def main(argv=None) -> int:
     slug = preset if matched else re.sub(r"[^a-z0-9]+", "-", card.lower()).strip("-")
     if args.model != "qwen3-1.7b":
         slug += "_" + re.sub(r"[^a-z0-9.]+", "-", args.model.lower())
+    if args.compile:
+        slug += "_compiled"
     out = Path(args.out or Path(args.out_dir) / f"cost_gpu_{slug}.json")
     samples_path = Path(args.samples or out.with_suffix(".jsonl"))
     samples_path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +316,7 @@ def main(argv=None) -> int:
                "preset_matches_card": preset in card.lower(), "dtype": dtype_name,
                "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
                "model": "tiny-qwen3 (--quick)" if quick else f"{preset_cfg['_name_or_path']} shapes, random weights",
+               "compiled": bool(args.compile),
                "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
                "grid": {"rows": args.rows, "contexts": args.contexts, "prefills": args.prefills},
                "samples_file": str(samples_path), **info,
