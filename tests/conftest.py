@@ -59,6 +59,7 @@ SLOW_MODULES = frozenset({
 #: Slow tests, as "module.py::test_name" (every parametrization) or "module.py::test_name[id]".
 SLOW_TESTS = frozenset({
     "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
+    "test_cost.py::test_gpu_cost_script_compiles_the_forward_on_cpu_quick",
     "test_docs.py::test_page_runs",  # each page's commands, in processes: seconds to minutes a page
     "test_import_purity.py::test_packages_import_nothing_heavy",
     "test_cli_predictor_sampler.py::test_a_predictor_under_a_policy_that_uses_none_says_so",
@@ -117,6 +118,7 @@ TORCH_TESTS = frozenset({
     "test_benchmarks.py::test_companions_benchmark_runs_quick",
     "test_benchmarks.py::test_cost_benchmark_cpu_section_runs_quick",
     "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
+    "test_cost.py::test_gpu_cost_script_compiles_the_forward_on_cpu_quick",
     "test_docs.py::test_reference_pages_match_the_code",  # documents predictor_training.model
     "test_runtime.py::test_every_list_of_policies_derives_from_the_registry",  # imports sampler.core
     # pages whose runnable blocks train, predict or sample

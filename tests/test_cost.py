@@ -410,6 +410,18 @@ def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
     assert bad.returncode == 2 and "--model 'no-such-model'" in bad.stderr and "qwen3-8b" in bad.stderr
 
 
+def test_gpu_cost_script_compiles_the_forward_on_cpu_quick(tmp_path):
+    """--compile: torch.compile'd forward (dynamic shapes), its own report name, every step marked."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
+                             "--compile", "--reps", "1", "--warmup", "1", "--rows", "1,2", "--contexts", "16",
+                             "--prefills", "16,32", "--out-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = (tmp_path / "cost_gpu_cpu_compiled.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line)["compiled"] for line in lines)
+    assert json.loads((tmp_path / "cost_gpu_cpu_compiled.json").read_text())["compiled"] is True
+
+
 @pytest.mark.parametrize("model, report", [("qwen3-1.7b", "cost_gpu_h100"), ("qwen3-8b", "cost_gpu_h100_qwen3-8b")])
 def test_h100_calibration_files_load_and_reproduce_their_report(model, report):
     """The recorded H100 run (docs/cost.md, level (c)): the shipped StepCost file is the report's fit,
