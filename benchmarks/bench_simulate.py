@@ -469,33 +469,45 @@ def _rollout_headroom_unit(args):
     base = run_rollout(groups, "vllm", **common)
     steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     steal_oracle = run_rollout(groups, "steal", predicted=oracle, **common).seconds
-    found = search_placement(groups, policy="vllm", evaluations=evaluations, seed=seed, **common)
-    return (base.seconds, base.lower_bound_seconds, steal, steal_oracle, found.seconds, found.start,
-            found.start_seconds, found.accepted)
+    priority_oracle = run_rollout(groups, "vllm_priority", predicted=oracle, **common).seconds
+    fcfs = search_placement(groups, policy="vllm", evaluations=evaluations, seed=seed, **common)
+    priority = search_placement(groups, policy="vllm_priority", evaluations=evaluations, seed=seed, **common)
+    return (base.seconds, base.lower_bound_seconds, steal, steal_oracle, priority_oracle, fcfs.seconds,
+            priority.seconds, fcfs.start, fcfs.accepted + priority.accepted)
+
+
+HEADROOM_COLUMNS = ["lower bound", "steal", "steal (oracle)", "vllm_priority (oracle)",
+                    "oracle placement + vLLM FCFS", "oracle placement + vLLM priority (oracle)", "best oracle"]
 
 
 def rollout_headroom(quick: bool) -> tuple[str, list]:
-    """What a placement chosen with every true length (simulate.headroom.search_placement over vLLM
-    FCFS replicas) buys against vLLM + verl, beside steal and the lower bound, on the multi-replica
-    settings of the rollout grid."""
-    grid = [("castillo", 16, 4, 4)] if quick else [s for s in ROLLOUT_GRID if s[2] > 1]
+    """What knowing every true length could buy: placements searched with the true lengths
+    (simulate.headroom.search_placement, over vLLM FCFS and over vLLM priority replicas) and the
+    oracle-predicted policies, against vLLM + verl, beside steal and the lower bound, on every
+    setting of the rollout grid (one replica: nothing to place; the search returns verl's)."""
+    grid = [("castillo", 16, 4, 4), ("castillo", 16, 1, 4)] if quick else ROLLOUT_GRID
     evaluations = 20 if quick else HEADROOM_EVALUATIONS
     results = _pool_map(_rollout_headroom_unit, [(w, b, r, f, 11, ROLLOUT_COST, evaluations) for w, b, r, f in grid])
     rows = []
-    for (w, b, r, f), (base, lb, steal, steal_oracle, found, start, start_seconds, accepted) in zip(grid, results):
-        rows.append([w, b, r, f"{f} x L_max", base, lb / base, steal / base, steal_oracle / base,
-                     start_seconds / base, found / base, start, accepted])
-    mean = [float(np.mean([row[i] for row in rows])) for i in range(5, 10)]
-    summary = table(f"Rollout headroom ({_cost_label()}; {len(rows)} multi-replica settings of the grid): mean "
-                    "makespan relative to vLLM FCFS + verl routing",
-                    ["lower bound", "steal", "steal (oracle)", "oracle placement: best start",
-                     "oracle placement: searched"], [mean])
-    text = table(f"Rollout headroom per setting ({_cost_label()}): makespan / vLLM + verl; the oracle placement "
-                 f"knows every true length (best of 3 starts, then {evaluations} replica simulations of local "
-                 "search; vLLM FCFS on every replica)",
-                 ["workload", "prompts", "replicas", "budget", "vllm + verl seconds", "lower bound", "steal",
-                  "steal (oracle)", "oracle start", "oracle searched", "start", "moves kept"], rows)
-    return summary + "\n\n" + text, {"rows": rows, "summary": mean}
+    for (w, b, r, f), out in zip(grid, results):
+        base, lb, steal, steal_oracle, priority_oracle, fcfs, priority, start, moves = out
+        oracles = [steal_oracle, priority_oracle, fcfs, priority]
+        rows.append([w, b, r, f"{f} x L_max", base, lb / base, steal / base,
+                     *(x / base for x in oracles), min(oracles) / base, start, moves])
+    summary = []
+    for label, keep in (("every setting", lambda row: True), ("several replicas", lambda row: row[2] > 1),
+                        ("one replica", lambda row: row[2] == 1)):
+        mine = [row for row in rows if keep(row)]
+        if mine:
+            summary.append([label, len(mine)] + [float(np.mean([row[i] for row in mine])) for i in range(5, 12)])
+    text = table(f"Rollout headroom ({_cost_label()}): mean makespan relative to vLLM FCFS + verl routing; "
+                 "'oracle' rows know every true length", ["settings", "count"] + HEADROOM_COLUMNS, summary)
+    text += "\n\n" + table(
+        f"Rollout headroom per setting ({_cost_label()}): makespan / vLLM + verl; oracle placements: best of 3 "
+        f"starts, then {evaluations} replica simulations of local search",
+        ["workload", "prompts", "replicas", "budget", "vllm + verl seconds"] + HEADROOM_COLUMNS
+        + ["FCFS search start", "moves kept"], rows)
+    return text, {"rows": rows, "summary": summary}
 
 
 # ---------------------------------------------------------------------------------------- paper

@@ -31,9 +31,11 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
     assert "Qwen3-8B, step cost fitted on H100 steps (--cost)" in result.stdout
     data = json.loads(out.read_text())
     assert data["cost"] == str(cost)
-    (row,) = data["rollout_headroom"]["rows"]
-    lower_bound, steal, searched = row[5], row[6], row[9]
-    assert lower_bound <= searched <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
+    rows = data["rollout_headroom"]["rows"]
+    assert [row[2] for row in rows] == [4, 1]  # replicas
+    for row in rows:
+        lower_bound, steal, fcfs, priority, best = row[5], row[6], row[9], row[10], row[11]
+        assert lower_bound <= best <= min(fcfs, priority) and fcfs <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
 
 
 def test_planning_benchmark_runs_quick(tmp_path):
