@@ -25,7 +25,7 @@ from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.workloads import castillo_groups, trace_groups
+from simulate.workloads import castillo_file_groups, castillo_groups, trace_groups
 
 
 # ---------------------------------------------------------------------------------------- speed
@@ -269,6 +269,8 @@ def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax:
     error sigma 0.5 on the prompt's median, the same for all siblings."""
     if workload == "castillo":
         groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
+    elif workload.startswith("file:"):  # --groups-file: a CASTILLO file of held-out prompts
+        groups = castillo_file_groups(workload[5:], size, max_new_tokens=lmax, limit=prompts, seed=seed)
     else:
         groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0)
     rng = np.random.default_rng(seed)
@@ -316,8 +318,42 @@ def _rollout_unit(args):
 
 def rollout(quick: bool) -> tuple[str, list]:
     """Rollout steps (B prompts x 16 on R replicas) in modelled seconds, per policy and router."""
-    rows = []
     grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
+    rows = _rollout_rows(grid)
+    summary = _rollout_summary(rows)
+    if not quick and ROLLOUT_COST is None:  # the figure of docs/benchmarks.md is the default cost's
+        _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
+    text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
+                 "with the prompts inside): makespan per policy and router",
+                 ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
+                  "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
+    return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
+
+
+GROUPS_FILE: str | None = None  # --groups-file: held-out CASTILLO prompts for rollout_heldout
+
+
+def rollout_heldout(quick: bool) -> tuple[str, list]:
+    """The CASTILLO half of the rollout grid on prompts from --groups-file (held out: not the
+    bundled train / validate prompts the policies were tuned on)."""
+    if GROUPS_FILE is None:
+        raise SystemExit("--sections rollout_heldout needs --groups-file (a CASTILLO JSON file)")
+    name = "file:" + GROUPS_FILE
+    grid = [(name, 16, 4, 4)] if quick else [(name, b, r, f) for _, b, r, f in ROLLOUT_GRID if _ == "castillo"]
+    rows = _rollout_rows(grid)
+    label = castillo_file_groups(GROUPS_FILE, 1, limit=1)[0].source.split("/")[1] + " (held out)"
+    for row in rows:
+        row[0] = label
+    summary = _rollout_summary(rows)
+    text = table(f"Rollout steps on held-out prompts ({Path(GROUPS_FILE).name}; {_cost_label()}, L_max 4096, "
+                 "G = 16): makespan per policy and router",
+                 ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
+                  "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
+    return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1], "file": Path(GROUPS_FILE).name}
+
+
+def _rollout_rows(grid) -> list:
+    rows = []
     results = _pool_map(_rollout_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
     for (w, b, r, f), out in zip(grid, results):
         base = out["vllm + verl routing"]
@@ -329,14 +365,7 @@ def rollout(quick: bool) -> tuple[str, list]:
                          "-" if v is None else float(v[0] / v[1]),
                          "-" if v is None else float(v[2]), "-" if v is None else float(v[3]),
                          "-" if v is None or base is None or not base[4] else float(v[4] / base[4])])
-    summary = _rollout_summary(rows)
-    if not quick and ROLLOUT_COST is None:  # the figure of docs/benchmarks.md is the default cost's
-        _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
-    text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
-                 "with the prompts inside): makespan per policy and router",
-                 ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
-                  "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
-    return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
+    return rows
 
 
 def _rollout_figure(rows: list, path) -> None:
@@ -592,8 +621,15 @@ def main(argv=None) -> int:
                         help="a fitted step-cost JSON (lengthsched.cost.StepCost.to_json, e.g. "
                              "benchmarks/results/stepcost_h100_qwen3-8b.json) for the rollout sections "
                              "instead of the default Qwen3-1.7B on the unfitted H100 preset")
+    parser.add_argument("--groups-file", default=None,
+                        help="a CASTILLO JSON file of held-out prompts for --sections rollout_heldout (e.g. "
+                             "../shared/data/castillo/preproc_ShareGPT_validate_Qwen--Qwen2.5-7B-Instruct-1M.json; "
+                             "not shipped: its prompts have no clear license)")
     args = parser.parse_args(argv)
-    global ROLLOUT_COST
+    global ROLLOUT_COST, GROUPS_FILE
+    if args.groups_file is not None:
+        castillo_file_groups(args.groups_file, 16, limit=1)  # a bad file fails here, before any section runs
+        GROUPS_FILE = str(args.groups_file)
     if args.cost is not None:
         ROLLOUT_COST = Path(args.cost).read_text(encoding="utf-8")
         _rollout_cost(ROLLOUT_COST)  # a bad file fails here, before any section runs
@@ -602,6 +638,7 @@ def main(argv=None) -> int:
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
+                "rollout_heldout": rollout_heldout,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -3,6 +3,8 @@
 - :func:`castillo_groups`: REAL groups, the primary workload. CASTILLO sampled 10 completions
   per prompt from Qwen2.5-7B-Instruct; a group of G > 10 resamples those 10 lengths with
   replacement (G <= 10 takes G of them without replacement), from its own random stream.
+- :func:`castillo_file_groups`: the same from a CASTILLO file of your own (a split or a dataset
+  that is not bundled).
 - :func:`trace_groups`: one-length-per-prompt traces (LMSYS-Chat vicuna-13b, Azure conversation
   2023) turned into groups by a documented group model: the trace length is the prompt's median
   length and the G lengths are ``median * exp(sigma * z)``, z ~ N(0, 1), with sigma the median
@@ -41,6 +43,7 @@ __all__ = [
     "TraceError",
     "WORKLOADS",
     "castillo_groups",
+    "castillo_file_groups",
     "castillo_spread", "castillo_validate_lengths",
     "trace_groups",
     "load_trace",
@@ -121,6 +124,13 @@ def castillo_groups(
         if not wanted or wanted - {"train", "validate"}:
             raise InvalidArgument("splits", sorted(wanted), "train and/or validate")
         rows = [r for r in rows if r["split"] in wanted]
+    return _sample_groups(rows, group_size, max_new, limit, seed)
+
+
+def _sample_groups(rows: Sequence[dict], group_size: int, max_new: int, limit: int | None, seed: int) -> list[Group]:
+    """Groups of ``group_size`` from rows with ``prompt_id``, ``prompt_tokens``, ``lengths``,
+    ``dataset`` and ``split``: ``limit`` rows drawn at random (seeded), each resampled from its own
+    random stream (see the module docstring)."""
     order = np.random.default_rng([seed, 0]).permutation(len(rows))
     if limit is not None:
         order = order[: check_int("limit", limit, minimum=1)]
@@ -132,6 +142,43 @@ def castillo_groups(
         groups.append(Group(r["prompt_id"], int(r["prompt_tokens"]), lengths,
                             source=f"castillo/{r['dataset']}/{r['split']}"))
     return groups
+
+
+def castillo_file_groups(
+    path: str | os.PathLike,
+    group_size: int = 32,
+    *,
+    max_new_tokens: int = 4096,
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[Group]:
+    """Real groups from a CASTILLO file of your own, as :func:`castillo_groups` draws them from the
+    bundled one: ``path`` is one of CASTILLO's preprocessed files (a JSON list, one object per
+    prompt with ``prompt_id``, ``input_size`` in tokens, ``output_sizes``: the lengths of its
+    sampled completions in tokens, and optionally ``dataset``), e.g. a split or a dataset that is
+    not bundled (CASTILLO's ShareGPT prompts have no clear license, so they are not shipped:
+    evaluate on them locally). Lengths are clipped to ``max_new_tokens``."""
+    group_size = check_int("group_size", group_size, minimum=1)
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    file = Path(path)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidArgument("path", str(path), f"a readable CASTILLO JSON file ({exc.strerror})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgument("path", str(path), f"a CASTILLO JSON file (not JSON: {exc})") from None
+    if not isinstance(data, list) or not data:
+        raise InvalidArgument("path", str(path), "a JSON list of CASTILLO prompts (one object per prompt)")
+    rows = []
+    for k, item in enumerate(data):
+        where = f"{file.name}, prompt {k}"
+        if not isinstance(item, dict) or not {"prompt_id", "input_size", "output_sizes"} <= set(item):
+            raise InvalidArgument("path", where, "an object with prompt_id, input_size and output_sizes")
+        lengths = as_lengths(f"output_sizes ({where})", item["output_sizes"], minimum=1)
+        prompt = check_int(f"input_size ({where})", item["input_size"], minimum=0)
+        rows.append({"prompt_id": str(item["prompt_id"])[:16], "prompt_tokens": prompt, "lengths": lengths,
+                     "dataset": str(item.get("dataset", file.stem)), "split": "file"})
+    return _sample_groups(rows, group_size, max_new, limit, seed)
 
 
 @lru_cache(maxsize=2)

@@ -38,6 +38,27 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
         assert lower_bound <= best <= min(fcfs, priority) and fcfs <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
 
 
+def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
+    from simulate.workloads import _castillo_rows
+
+    rows = [r for r in _castillo_rows() if r["dataset"] == "DollyDataset"][:40]
+    groups = tmp_path / "preproc_DollyDataset.json"
+    groups.write_text(json.dumps([{"prompt_id": r["prompt_id"], "input_size": r["prompt_tokens"],
+                                   "output_sizes": r["lengths"], "dataset": "DollyDataset"} for r in rows]))
+    out = tmp_path / "heldout.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", "rollout_heldout", "--groups-file", str(groups), "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())["rollout_heldout"]
+    assert data["file"] == groups.name and {row[0] for row in data["rows"]} == {"DollyDataset (held out)"}
+    assert {row[4] for row in data["rows"]} >= {"steal", "vllm + verl routing", "seer"}
+    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                              "--sections", "rollout_heldout", "--out", str(out)], capture_output=True, text=True,
+                             timeout=600)
+    assert missing.returncode != 0 and "--groups-file" in missing.stderr
+
+
 def test_planning_benchmark_runs_quick(tmp_path):
     out = tmp_path / "planning.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",

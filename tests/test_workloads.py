@@ -11,6 +11,7 @@ from lengthsched import InvalidArgument
 from simulate.workloads import (
     Group,
     TraceError,
+    castillo_file_groups,
     castillo_groups,
     castillo_spread,
     load_trace,
@@ -45,6 +46,33 @@ def test_castillo_selection_and_determinism():
         castillo_groups(8, datasets=["ShareGPT"])
     with pytest.raises(InvalidArgument, match="argument 'splits'"):
         castillo_groups(8, splits=["test"])
+
+
+def test_castillo_file_groups_read_a_file_of_your_own_as_the_bundled_one_is_read(tmp_path):
+    """A CASTILLO file (its own schema: input_size, output_sizes) gives the groups castillo_groups
+    draws from the same prompts in the bundled file (same order, same resampling streams)."""
+    from simulate.workloads import _castillo_rows
+
+    rows = [r for r in _castillo_rows() if r["dataset"] == "Mbpp" and r["split"] == "validate"]
+    path = tmp_path / "preproc_Mbpp_validate.json"
+    path.write_text(json.dumps([{"prompt_id": r["prompt_id"], "input_size": r["prompt_tokens"],
+                                 "output_sizes": r["lengths"], "dataset": "Mbpp", "prompt_text": "..."}
+                                for r in rows]))
+    mine = castillo_file_groups(path, 16, max_new_tokens=300, limit=10, seed=3)
+    bundled = castillo_groups(16, datasets=["Mbpp"], splits=["validate"], max_new_tokens=300, limit=10, seed=3)
+    assert [g.prompt_id for g in mine] == [g.prompt_id for g in bundled]
+    assert [g.lengths.tolist() for g in mine] == [g.lengths.tolist() for g in bundled]
+    assert [g.prompt_len for g in mine] == [g.prompt_len for g in bundled]
+    assert all(g.source == "castillo/Mbpp/file" for g in mine)
+    for content, match in (("not json", "not JSON"), ("[]", "JSON list"), ('[{"prompt_id": "a"}]', "output_sizes"),
+                           ('[{"prompt_id": "a", "input_size": 3, "output_sizes": [0, 4]}]', "output_sizes"),
+                           ('[{"prompt_id": "a", "input_size": -1, "output_sizes": [4]}]', "input_size")):
+        bad = tmp_path / "bad.json"
+        bad.write_text(content)
+        with pytest.raises(InvalidArgument, match=match):
+            castillo_file_groups(bad, 4)
+    with pytest.raises(InvalidArgument, match="argument 'path'"):
+        castillo_file_groups(tmp_path / "missing.json", 4)
 
 
 def test_group_model_for_single_length_traces():
