@@ -566,6 +566,7 @@ def test_budgets_that_do_not_fit_say_so():
         (lambda: plan_rollout(["a"], [1], replicas=2, base=3), "base"),
         (lambda: plan_rollout([["a"]], [1]), "group_keys"),
         (lambda: plan_rollout(["a"], [1]).rows_on(1), "replica"),
+        (lambda: plan_rollout(["a"], [1], placement="lpt"), "placement"),
     ],
 )
 def test_bad_input_names_the_argument(call, name):
@@ -577,21 +578,29 @@ def test_bad_input_names_the_argument(call, name):
 
 # ----------------------------------------------------------------------------- a rollout step on replicas
 @settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12), replicas=st.integers(1, 4), data=st.data())
-def test_plan_rollout_places_whole_groups_and_orders_each_replica_longest_first(sizes, replicas, data):
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12), replicas=st.integers(1, 4),
+       placement=st.sampled_from(["spread", "groups"]), data=st.data())
+def test_plan_rollout_places_as_the_simulator_and_orders_each_replica_longest_first(sizes, replicas, placement,
+                                                                                     data):
     from simulate.rollout import route
     from simulate.workloads import Group
 
     predicted = [data.draw(st.lists(st.integers(0, 500), min_size=n, max_size=n)) for n in sizes]
     keys = [f"uid-{g}" for g, n in enumerate(sizes) for _ in range(n)]
     flat = [x for group in predicted for x in group]
-    plan = plan_rollout(keys, flat, replicas=replicas)
-    # The placement of simulate.run_rollout's placed_lpt policy (the project's rollout policy).
+    plan = plan_rollout(keys, flat, replicas=replicas, placement=placement)
+    assert plan.placement == placement
+    # The placement of simulate.run_rollout: verl's routing (vllm_priority + least_loaded) or placed_lpt.
     groups = [Group(str(g), 10, np.ones(n, dtype=np.int64)) for g, n in enumerate(sizes)]
-    assert list(plan.replica) == list(route(groups, "least_loaded", replicas, np.asarray(flat), places_groups=True))
+    simulated = route(groups, "least_loaded", replicas, np.asarray(flat), places_groups=placement == "groups")
+    assert list(plan.replica) == list(simulated)
     assert len(set(plan.priority)) == len(keys)  # unique: verl's full_determinism request ids use them
     for row in range(len(keys)):
-        assert plan.replica[row] == plan.group_replica[plan.group[row]]  # a group never spreads
+        if placement == "groups":
+            assert plan.replica[row] == plan.group_replica[plan.group[row]]  # a group never spreads
+        else:
+            assert plan.replica[row] == row % replicas
+            assert plan.group_replica[plan.group[row]] in (plan.replica[row], -1)
         assert decode_replica(plan.priority[row], replicas) == plan.replica[row]
     for r in range(replicas):
         rows = plan.rows_on(r)
@@ -601,9 +610,26 @@ def test_plan_rollout_places_whole_groups_and_orders_each_replica_longest_first(
     assert [plan.priority[i] for i in plan.submission_order()] == sorted(plan.priority)
 
 
+def test_a_spread_plan_runs_in_the_simulator_as_vllm_priority_with_verls_routing():
+    """The spread plan's placement and per-replica order are those simulate.run_rollout gives
+    vllm_priority under least_loaded routing: the same makespan when the plan is run as given."""
+    from simulate import run_rollout
+    from simulate.workloads import castillo_groups
+
+    groups = castillo_groups(8, limit=12, seed=2)
+    flat = np.concatenate([np.full(len(g.lengths), int(np.median(g.lengths))) for g in groups])
+    keys = [g.prompt_id for g in groups for _ in g.lengths]
+    plan = plan_rollout(keys, flat, replicas=3)
+    common = dict(replicas=3, budget_tokens=4 * 2048, max_new_tokens=2048, predicted=flat)
+    routed = run_rollout(groups, "vllm_priority", router="least_loaded", **common)
+    given = run_rollout(groups, "vllm_priority", placement=np.asarray(plan.replica), **common)
+    assert given.seconds == routed.seconds
+
+
 def test_plan_rollout_by_hand():
     # Two groups of 3 (uids a, b; rows interleaved) on 2 replicas: work a = 60, b = 30.
-    plan = plan_rollout(["a", "b", "a", "b", "a", "b"], [10, 5, 30, 20, 20, 5], replicas=2, base=4)
+    plan = plan_rollout(["a", "b", "a", "b", "a", "b"], [10, 5, 30, 20, 20, 5], replicas=2, base=4,
+                        placement="groups")
     assert plan.group_keys == ("a", "b") and plan.group == (0, 1, 0, 1, 0, 1)
     assert plan.group_replica == (0, 1) and plan.replica_work == (60, 30)
     # Replica 0 runs a's rows 2 (30), 4 (20), 0 (10): ranks 0, 1, 2 -> priorities 4 + 2 x rank + 0.
@@ -613,6 +639,12 @@ def test_plan_rollout_by_hand():
     assert decode_replica(np.int64(7), 2) == 1 and decode_replica(None, 2) is None and decode_replica(True, 2) is None
     one = plan_rollout(["a", "a", "b"], [3, 9, 1])
     assert one.priority == (1, 0, 2) and one.replicas == 1
+    # Spread (the default): rows 0, 2, 4 on replica 0 (10, 30, 20), rows 1, 3, 5 on replica 1 (5, 20, 5).
+    spread = plan_rollout(["a", "b", "a", "b", "a", "b"], [10, 5, 30, 20, 20, 5], replicas=2)
+    assert spread.replica == (0, 1, 0, 1, 0, 1) and spread.group_replica == (0, 1)
+    assert spread.rows_on(0) == (2, 4, 0) and spread.rows_on(1) == (3, 1, 5) and spread.replica_work == (60, 30)
+    mixed = plan_rollout(["a", "a", "b"], [3, 9, 1], replicas=2)
+    assert mixed.group_replica == (-1, 0) and mixed.replica == (0, 1, 0)
 
 
 # ----------------------------------------------------------------------------- the fakes against the engines

@@ -242,12 +242,12 @@ def true_length(prompt_ids) -> int:
     return list(TRUE.values())[prompt_ids[0] - 1]
 
 
-def run_pipeline(real: bool, replicas: int = 3, steps: int = 2):
+def run_pipeline(real: bool, replicas: int = 3, steps: int = 2, placement: str | None = None):
     """A manager (ours over verl's or the fake base) with ``replicas`` fake vLLM servers behind our
     router and verl's client; returns the manager, the servers and the per-step outputs."""
     servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(replicas)}
     router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
-    config = trainer_config(response_length=512)
+    config = trainer_config(response_length=512, **({} if placement is None else {"placement": placement}))
     if real:
         from verl.workers.rollout.llm_server import LLMServerClient
 
@@ -271,7 +271,7 @@ def run_pipeline(real: bool, replicas: int = 3, steps: int = 2):
 
 # ----------------------------------------------------------------------------- the pipeline
 def _check_pipeline(real: bool) -> None:
-    manager, router, servers, outputs, requests = run_pipeline(real)
+    manager, router, servers, outputs, requests = run_pipeline(real, placement="groups")
     planner = manager.lengthsched_planner()
     assert planner.steps == 2  # both training batches fed the predictor
     for (batch, out), sent in zip(outputs, requests):
@@ -304,6 +304,25 @@ def _check_pipeline(real: bool) -> None:
 
 def test_manager_plans_routes_and_forwards_priorities_through_verls_path_fakes():
     _check_pipeline(real=False)
+
+
+def test_by_default_the_plan_spreads_groups_as_verl_does_and_orders_each_replica_longest_first():
+    manager, router, servers, outputs, requests = run_pipeline(real=False)
+    plan = manager.lengthsched_planner().last_plan
+    assert plan.placement == "spread" and plan.replica == tuple(i % 3 for i in range(len(TRUE) * G))
+    for sent in requests:
+        by_prompt: dict[int, set[str]] = {}
+        for sid, reqs in sent.items():
+            for r in reqs:
+                by_prompt.setdefault(r["prompt_ids"][0], set()).add(sid)
+        assert all(len(s) == 3 for s in by_prompt.values())  # G = 4 samples over the 3 replicas
+        assert sorted(len(reqs) for reqs in sent.values()) == [8, 8, 8]
+    for sid in servers:  # step 2 knows every prompt's length: the longest starts first on every replica
+        started = [true_length(r["prompt_ids"]) for r in servers[sid].admission_order()]
+        assert started == sorted(started, reverse=True) and len(started) == 8
+    assert router.planned == 2 * len(TRUE) * G and router.unplanned == 0
+    with pytest.raises(InvalidArgument, match="placement"):
+        lv.planner_from_config(trainer_config(placement="lpt"))
 
 
 @requires_verl

@@ -20,8 +20,9 @@ each module's docstring names the files).
   :func:`sglang_setup` (``mem_fraction_static``, ``max_running_requests``,
   ``enable_priority_scheduling``, ``disable_priority_preemption``, ``retraction_policy``),
   :func:`sglang_page_size`.
-- A rollout step on replicas: :func:`plan_rollout` -> :class:`RolloutPlan` (groups placed by
-  predicted work, longest predicted first per replica, the replica encoded in the priority).
+- A rollout step on replicas: :func:`plan_rollout` -> :class:`RolloutPlan` (rows spread over the
+  replicas as verl routes them, or whole groups placed by predicted work; longest predicted first
+  per replica, the replica encoded in the priority).
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
@@ -47,7 +48,7 @@ from .base import (
     request_order,
     request_ranks,
 )
-from .rollout import RolloutPlan, decode_replica, place_groups, plan_rollout
+from .rollout import PLACEMENTS, RolloutPlan, decode_replica, place_groups, plan_rollout
 from .sglang_adapter import (
     SGLANG_RETRACTION_POLICIES,
     agenerate_group_sglang,
@@ -96,6 +97,7 @@ __all__ = [
     "generate_group_vllm",
     "make_vllm_rollout_func",
     "place_groups",
+    "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",
     "plan_rollout",

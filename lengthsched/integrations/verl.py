@@ -30,8 +30,9 @@ This module supplies:
 
 - :class:`RolloutPlanner`: per batch, groups rows by ``uid``, predicts each group's length
   (default :class:`~lengthsched.OnlineLengthPredictor`, fed with the finished lengths of earlier
-  steps), plans with :func:`~lengthsched.integrations.plan_rollout` (the project's rollout policy
-  ``placed_lpt``: whole groups placed on replicas by predicted work, longest predicted first on
+  steps), plans with :func:`~lengthsched.integrations.plan_rollout` (by default each group's samples
+  spread over the replicas as verl's router spreads them, ``lengthsched.placement=groups`` for whole
+  groups placed by predicted work; longest predicted first on
   each) and writes the plan's priorities into ``non_tensor_batch["priority"]``;
 - ``LengthschedAgentLoopManager`` (made on first access, from verl's ``AgentLoopManager``: needs
   verl): runs the planner before verl's own ``generate_sequences``, so verl forwards the planned
@@ -60,7 +61,7 @@ from ..errors import InvalidArgument, check_int
 from ..memory import ModelMemory
 from ..plan import Plan
 from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
-from .rollout import RolloutPlan, decode_replica, observe_lengths, plan_rollout, predict_lengths
+from .rollout import PLACEMENTS, RolloutPlan, decode_replica, observe_lengths, plan_rollout, predict_lengths
 from .sglang_adapter import sglang_setup
 from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 
@@ -207,10 +208,15 @@ class RolloutPlanner:
     ``raw_prompt``; default :class:`~lengthsched.OnlineLengthPredictor` (``default_length`` tokens
     before anything is known, capped at ``max_new_tokens``). A predictor with ``observe`` is fed
     every row's response length after each training batch (not after validation batches, whose
-    sampling differs), one rollout step per batch.
+    sampling differs), one rollout step per batch. ``placement``: :func:`plan_rollout`'s, ``spread``
+    (verl's routing, the default) or ``groups`` (whole groups by predicted work).
     """
 
-    def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None):
+    def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
+                 placement: str = "spread"):
+        if placement not in PLACEMENTS:
+            raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
+        self.placement = placement
         if max_new_tokens is not None:
             max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
         if predictor is None:
@@ -242,7 +248,7 @@ class RolloutPlanner:
             first.setdefault(u, i)
         per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
                                                     max_new_tokens=self.max_new_tokens)))
-        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas)
+        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=self.placement)
         self.last_plan = plan
         return plan, keys
 
@@ -292,7 +298,8 @@ def _options(config: Any) -> dict[str, Any]:
 def planner_from_config(config: Any) -> RolloutPlanner:
     """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
     ('module:callable' returning a LengthPredictor, or absent for the online predictor),
-    ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``."""
+    ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``,
+    ``lengthsched.placement`` (``spread``, the default, or ``groups``)."""
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
@@ -302,7 +309,8 @@ def planner_from_config(config: Any) -> RolloutPlanner:
         limit = int(config.actor_rollout_ref.rollout.response_length)
     except (AttributeError, TypeError, ValueError):
         limit = None
-    return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"))
+    return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
+                          placement=options.get("placement", "spread"))
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
