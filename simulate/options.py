@@ -69,6 +69,9 @@ class SimulateOptions:
     routers: str | None = _opt(None, "routers tried for the policies that do not place requests themselves, "
                                      "comma-separated: least_loaded (verl), group_round_robin (OpenRLHF) (default "
                                      "both)")
+    headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
+                                 "true length known (an oracle: what placement could buy at most over vLLM FCFS "
+                                 "replicas; simulate.search_placement) and report it apart from the policies")
     slots: int | None = _opt(None, "also cap how many sequences decode at once")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",
                     choices=["a100", "h100", "h200", "l40s", "b200"])

@@ -347,6 +347,9 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.routers is not None and not rollout_mode(opts):
         raise InvalidArgument("routers", opts.routers, "--prompts or --replicas with it (routers place a rollout "
                                                        "step's requests on replicas; groups run one at a time)")
+    if opts.headroom and not rollout_mode(opts):
+        raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
+                                                "placement on replicas)")
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)

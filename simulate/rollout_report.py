@@ -69,6 +69,7 @@ class RolloutComparison:
     pool_tokens: int
     rows: tuple[RolloutRow, ...]
     step: RolloutStep | None = field(default=None, repr=False)  # what the rows ran on
+    oracle: RolloutRow | None = None  # --headroom: vLLM FCFS on the placement searched with the true lengths
 
     @property
     def baseline(self) -> RolloutRow | None:
@@ -76,7 +77,8 @@ class RolloutComparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"options": self.options, "setting": self.setting, "pool_tokens": self.pool_tokens,
-                "rows": [r.to_dict() for r in self.rows], "verdict": rollout_headline(self)}
+                "rows": [r.to_dict() for r in self.rows], "verdict": rollout_headline(self),
+                "oracle_placement": None if self.oracle is None else self.oracle.to_dict()}
 
 
 def rollout_pool_tokens(opts: SimulateOptions, memory, budget_bytes: int) -> int:
@@ -177,7 +179,27 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {step.memory.name} "
                f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
                f"(prompts inside), predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
-    return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step)
+    oracle = _oracle_row(step) if opts.headroom else None
+    return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
+
+
+#: Replica simulations the --headroom search runs after its starting placements.
+HEADROOM_EVALUATIONS = 200
+
+
+def _oracle_row(step: RolloutStep) -> RolloutRow:
+    """vLLM FCFS on the placement :func:`simulate.search_placement` finds with the true lengths."""
+    from .headroom import search_placement
+
+    o = step.opts
+    common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
+                  prefill_chunk=o.prefill_chunk)
+    try:
+        found = search_placement(step.groups, policy="vllm", evaluations=HEADROOM_EVALUATIONS, seed=o.seed, **common)
+        result = run_rollout(step.groups, "vllm", placement=found.placement, seed=o.seed, **common)
+    except LengthschedError as exc:
+        return RolloutRow("vllm", "oracle placement", None, str(exc))
+    return RolloutRow("vllm", "oracle placement", result)
 
 
 #: The rollout table's columns and the legend line of each.
@@ -222,6 +244,13 @@ def rollout_headline(comparison: RolloutComparison) -> str:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):
         line += "; predictions are the true lengths (oracle): a best case"
+    oracle = comparison.oracle
+    if oracle is not None and oracle.result is not None and base is not None:
+        gain = base.result.seconds / oracle.result.seconds - 1
+        line += (f"; with every length known in advance (oracle), a searched placement over vLLM FCFS takes "
+                 f"{oracle.result.seconds:.2f} s ({gain:.1%} faster than vllm + least_loaded, "
+                 f"{oracle.result.seconds_ratio:.2f}x the lower bound): what placement could buy at most here, as "
+                 "far as the search finds")
     return line
 
 
@@ -238,11 +267,18 @@ def format_rollout(comparison: RolloutComparison) -> str:
         ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
         table.append([row.label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
                       f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
+    oracle = comparison.oracle
+    if oracle is not None and oracle.result is not None:
+        r = oracle.result
+        ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
+        table.append(["oracle (not a policy): " + oracle.label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}",
+                      f"{r.tokens_per_second:,.0f}", f"{r.slowest_share:.3f}", str(r.preemptions),
+                      f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
               for t in table]
-    errors = [f"  {r.label}: {r.error}" for r in comparison.rows if r.error]
+    errors = [f"  {r.label}: {r.error}" for r in comparison.rows + ((oracle,) if oracle else ()) if r.error]
     if errors:
         lines += ["", "could not run:"] + errors
     lines += ["", rollout_headline(comparison), "", "columns:", ROLLOUT_LEGEND]

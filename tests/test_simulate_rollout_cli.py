@@ -60,3 +60,27 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     assert main(["simulate", "--groups", "2", "--routers", "least_loaded"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'routers'" in err and "--prompts or --replicas" in err
+
+
+def test_headroom_reports_the_oracle_placement_apart_from_the_policies(capsys):
+    assert main(SMALL + ["--headroom", "--policies", "vllm,steal", "--routers", "least_loaded"]) == 0
+    out = capsys.readouterr().out
+    oracle = [line for line in out.splitlines() if line.startswith("oracle (not a policy): vllm + oracle placement")]
+    assert len(oracle) == 1
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert "with every length known in advance (oracle)" in verdict and not verdict.startswith("verdict: fastest: "
+                                                                                                "vllm + oracle")
+    assert main(SMALL + ["--headroom", "--json", "--policies", "vllm", "--routers", "least_loaded"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    base = next(r for r in data["rows"] if (r["policy"], r["router"]) == ("vllm", "least_loaded"))
+    found = data["oracle_placement"]
+    assert found["router"] == "oracle placement" and found["seconds"] <= base["seconds"] * (1 + 1e-12)
+    assert found["seconds"] >= found["lower_bound_seconds"] * (1 - 1e-9)
+    assert main(SMALL + ["--json", "--policies", "vllm", "--routers", "least_loaded"]) == 0
+    assert json.loads(capsys.readouterr().out)["oracle_placement"] is None
+
+
+def test_headroom_without_a_rollout_step_is_an_error_naming_it(capsys):
+    assert main(["simulate", "--groups", "2", "--headroom"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'headroom'" in err and "--prompts or --replicas" in err
