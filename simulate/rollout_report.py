@@ -259,21 +259,16 @@ def format_rollout(comparison: RolloutComparison) -> str:
     base = comparison.baseline
     head = list(ROLLOUT_COLUMNS)
     table = [head]
-    for row in comparison.rows:
+    oracle = comparison.oracle
+    for row in comparison.rows + ((oracle,) if oracle is not None and oracle.result is not None else ()):
         r = row.result
         if r is None:
             table.append([row.label, "fails"] + ["-"] * (len(head) - 2))
             continue
         ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
-        table.append([row.label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
+        label = row.label if row is not oracle else "oracle (not a policy): " + row.label
+        table.append([label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
                       f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
-    oracle = comparison.oracle
-    if oracle is not None and oracle.result is not None:
-        r = oracle.result
-        ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
-        table.append(["oracle (not a policy): " + oracle.label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}",
-                      f"{r.tokens_per_second:,.0f}", f"{r.slowest_share:.3f}", str(r.preemptions),
-                      f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
