@@ -330,6 +330,50 @@ def rollout(quick: bool) -> tuple[str, list]:
     return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
 
 
+WATERMARKS = (None, 3.0, 2.0, 1.5, 1.2, 1.0)  # steal's admission watermark, x the pool (None: vLLM's eager rule)
+
+
+def _rollout_watermark_unit(args):
+    workload, prompts, replicas, factor, seed, cost_text = args
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    lmax = 4096
+    cost = _rollout_cost(cost_text)
+    groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed, lmax=lmax)
+    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=cost)
+    base = run_rollout(groups, "vllm", **common)
+    out = {"base": (base.seconds, base.recomputed_tokens)}
+    try:
+        for name, pred in (("realistic", realistic), ("oracle", oracle)):
+            for w in WATERMARKS:
+                WorkStealing.WATERMARK = w
+                r = run_rollout(groups, "steal", predicted=pred, **common)
+                out[(name, w)] = (r.seconds, r.recomputed_tokens)
+    finally:
+        WorkStealing.WATERMARK = None
+    return out
+
+
+def rollout_watermark(quick: bool) -> tuple[str, list]:
+    """Recomputation against time: steal with an admission watermark (admit only while the running
+    requests' predicted peak KV and the new one's stay under W x the pool), over the rollout grid."""
+    grid = [("castillo", 16, 4, 2)] if quick else ROLLOUT_GRID
+    results = _pool_map(_rollout_watermark_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
+    base_recomputed = sum(o["base"][1] for o in results)
+    rows = []
+    for name in ("realistic", "oracle"):
+        for w in WATERMARKS:
+            ratios = np.array([o[(name, w)][0] / o["base"][0] for o in results])
+            recomputed = sum(o[(name, w)][1] for o in results)
+            rows.append([name, "off (vLLM's eager admission)" if w is None else f"{w:g} x pool", len(ratios),
+                         float(ratios.mean()), float(ratios.max()), int((ratios > 1 + 1e-9).sum()),
+                         float(recomputed / base_recomputed) if base_recomputed else "-"])
+    return table(f"Recomputation against time ({_cost_label()}): steal with an admission watermark over the rollout "
+                 "grid, relative to vLLM FCFS + verl routing",
+                 ["predictions", "watermark", "settings", "mean x vllm + verl", "worst", "settings slower",
+                  "recomputed tokens x vllm (all settings)"], rows), rows
+
+
 GROUPS_FILE: str | None = None  # --groups-file: held-out CASTILLO prompts for rollout_heldout
 
 
@@ -615,7 +659,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulate.json"))
     parser.add_argument("--sections",
-                        default="target,seconds,seconds_batches,rollout,rollout_online,rollout_speed,rollout_headroom,paper,batches,"
+                        default="target,seconds,seconds_batches,rollout,rollout_online,rollout_speed,rollout_headroom,rollout_watermark,"
+                                "paper,batches,"
                                 "speed,scaling")
     parser.add_argument("--cost", default=None,
                         help="a fitted step-cost JSON (lengthsched.cost.StepCost.to_json, e.g. "
@@ -638,7 +683,7 @@ def main(argv=None) -> int:
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
-                "rollout_heldout": rollout_heldout,
+                "rollout_heldout": rollout_heldout, "rollout_watermark": rollout_watermark,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -284,3 +284,27 @@ def test_the_placement_search_checks_its_arguments():
         search_placement(groups, replicas=2, budget_tokens=2000, max_new_tokens=200, evaluations=-1)
     with pytest.raises(InvalidArgument, match="budget_tokens"):
         search_placement(groups, replicas=2, budget_tokens=10, max_new_tokens=200)
+
+
+def test_the_admission_watermark_trades_recomputation_for_time():
+    """WorkStealing.WATERMARK: admit only while the running requests' predicted peak KV stays under
+    W x the pool. Off, steal is unchanged; at 1.0 with the true lengths nothing is preempted in a pool
+    where vLLM's eager admission preempts; every completion is collected either way."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups = castillo_groups(8, limit=12, seed=4)
+    oracle = np.concatenate([g.lengths for g in groups])
+    common = dict(replicas=2, budget_tokens=3 * 2048, max_new_tokens=2048, predicted=oracle)
+    eager = run_rollout(groups, "steal", **common)
+    assert WorkStealing.WATERMARK is None and eager.preemptions > 0
+    try:
+        WorkStealing.WATERMARK = 1.0
+        safe = run_rollout(groups, "steal", **common)
+        WorkStealing.WATERMARK = 2.0
+        between = run_rollout(groups, "steal", **common)
+    finally:
+        WorkStealing.WATERMARK = None
+    assert safe.preemptions == 0 and safe.recomputed_tokens == 0
+    assert safe.recomputed_tokens <= between.recomputed_tokens <= eager.recomputed_tokens
+    assert [x.tolist() for x in safe.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert run_rollout(groups, "steal", **common).seconds == eager.seconds

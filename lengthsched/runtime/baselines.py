@@ -94,6 +94,7 @@ class VLLMLike(_Waiting):
             eng.preempt(job)
             self._requeue(job)
             used = eng.blocks(nxt)
+        room = self._admission_room(eng)  # None: vLLM's rule alone (free blocks, the running cap)
         while self.waiting and eng.live < self.cap:
             job = self._head()
             need = self._blocks_needed(eng, job)
@@ -101,9 +102,22 @@ class VLLMLike(_Waiting):
                 used, need = eng.blocks(nxt), self._blocks_needed(eng, job)
             if used + need > self.blocks or not eng.can_prefill(job):
                 return
+            if room is not None and eng.running:
+                room -= self._admission_need(eng, job)
+                if room < 0:
+                    return
             self._take()
             used += need
             eng.admit(job)
+
+    def _admission_room(self, eng: Engine) -> float | None:
+        """Tokens the admissions of this decision may add, by a subclass's own measure
+        (:meth:`_admission_need`); None (vLLM): no limit beyond free blocks."""
+        return None
+
+    def _admission_need(self, eng: Engine, job: int) -> float:
+        """What admitting ``job`` takes of :meth:`_admission_room`."""
+        return 0.0
 
     def _blocks_needed(self, eng: Engine, job: int) -> int:
         """Blocks admitting ``job`` takes at its first step: its tail, recomputed tokens and next token,

@@ -231,6 +231,10 @@ class WorkStealing(VLLMLike):
     PLACE = "route"  # "route": as verl, or whole groups when prompts crowd; "time": simulate.rollout.place_by_time
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
+    # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
+    # their predicted lengths, and the new one stay under WATERMARK x the pool. Fewer preemptions and
+    # recomputed tokens for a longer makespan (docs/benchmarks.md, "Recomputation against time").
+    WATERMARK: float | None = None
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -278,6 +282,16 @@ class WorkStealing(VLLMLike):
         work = self.work
         expected = sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running)
         return expected + eng.prompt_kv_held < self.ROOM * self.blocks * self.block_size
+
+    def _admission_room(self, eng: Engine) -> float | None:
+        if self.WATERMARK is None:
+            return None
+        work = self.work
+        held = sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
+        return self.WATERMARK * self.blocks * self.block_size - held
+
+    def _admission_need(self, eng: Engine, job: int) -> float:
+        return max(float(self.work[job]), eng.done[job] + 1) + eng.tail[job]
 
     def _steal(self, eng: Engine) -> bool:
         """Move requests from the back of the fullest other queue to this one; False if none."""
