@@ -60,6 +60,11 @@ SLOW_MODULES = frozenset({
 SLOW_TESTS = frozenset({
     "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
     "test_cost.py::test_gpu_cost_script_compiles_the_forward_on_cpu_quick",
+    # A hub name without network: each waits 20-50 s for the Hugging Face hub client to give up.
+    "test_predictor_training.py::test_cli_wrong_schema_and_offline_hub_encoder",
+    "test_sampler_cli.py::test_errors_are_one_line[argv3-without network access pass a local model directory]",
+    "test_cli_predictor_sampler.py::test_train_names_the_encoder_flag",
+    "test_predictor_data.py::test_hub_name_offline_says_what_to_pass_instead",
     "test_docs.py::test_page_runs",  # each page's commands, in processes: seconds to minutes a page
     "test_import_purity.py::test_packages_import_nothing_heavy",
     "test_cli_predictor_sampler.py::test_a_predictor_under_a_policy_that_uses_none_says_so",
