@@ -106,12 +106,14 @@ def run_train(opts: TrainOptions) -> int:
     created = not out.exists()
     if not opts.verbose:
         out.mkdir(parents=True, exist_ok=True)
-        if sys.stderr.isatty():  # a person waits: say where the progress went (an error stays one line)
+        if sys.stderr.isatty():  # a person waits: say where the log went (an error stays one line)
             print(f"training; the Trainer's log goes to {log} (--verbose shows it here)", file=sys.stderr,
                   flush=True)
+    terminal = sys.stderr  # the Trainer's output goes to the log: one bar of steps stays on the terminal
     try:
         with _log_into(log, opts.verbose):
-            summary = train(opts, progress=sys.stderr.isatty() and opts.verbose)
+            summary = train(opts, progress=sys.stderr.isatty() and opts.verbose,
+                            bar=terminal if terminal.isatty() and not opts.verbose else None)
     except BaseException:
         # Nothing half-written: a directory this run made that holds only its log goes again.
         if created and out.is_dir() and {p.name for p in out.iterdir()} <= {"train.log"}:

@@ -127,8 +127,35 @@ def _encode(ds: Any, tokenizer: Any, config: LengthPredictorConfig, num_proc: in
                   remove_columns=[c for c in ds.column_names if c not in keep])
 
 
-def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
-    """Train, save the predictor into ``opts.out`` and return the summary (also written as JSON)."""
+def _step_bar(stream: Any):
+    """A ``TrainerCallback`` drawing one tqdm bar of optimizer steps on ``stream`` (the terminal, while
+    the Trainer's own output goes to the log file)."""
+    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    class StepBar(TrainerCallback):
+        bar = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc="training", unit="step",
+                            file=stream)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+    return StepBar()
+
+
+def train(opts: TrainOptions, progress: bool = True, bar: Any = None) -> dict[str, Any]:
+    """Train, save the predictor into ``opts.out`` and return the summary (also written as JSON).
+    ``progress``: the Trainer's own tqdm bars (where its output goes); ``bar``: a text stream that gets
+    one bar of optimizer steps (the CLI passes the terminal when the Trainer's output goes to its log)."""
     import torch
     from transformers import EarlyStoppingCallback, Trainer, TrainingArguments, set_seed
     from transformers.trainer_utils import get_last_checkpoint
@@ -215,7 +242,8 @@ def train(opts: TrainOptions, progress: bool = True) -> dict[str, Any]:
     trainer = Trainer(
         model=model, args=args, train_dataset=enc["train"], eval_dataset=enc.get("validation"),
         data_collator=functools.partial(collate, pad_id=pad), processing_class=tokenizer,
-        callbacks=[EarlyStoppingCallback(early_stopping_patience=opts.patience)] if has_val else [],
+        callbacks=([EarlyStoppingCallback(early_stopping_patience=opts.patience)] if has_val else [])
+        + ([_step_bar(bar)] if bar is not None else []),
     )
     result = trainer.train(resume_from_checkpoint=last)
     if not trainer.is_world_process_zero():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -116,8 +117,10 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     base = dict(data=str(tmp_path / "d.jsonl"), out=str(tmp_path / "m"), encoder="tiny", tiny_hidden=16,
                 max_length=24, prefix_max_tokens=4, l_max=1024, test_fraction=0.25, validation_fraction=0.0,
                 batch_size=8, eval_steps=3)
-    first = train(TrainOptions(**base, max_steps=3), progress=False)
+    bar = io.StringIO()
+    first = train(TrainOptions(**base, max_steps=3), progress=False, bar=bar)
     assert first["steps"] == 3
+    assert "training" in bar.getvalue() and "3/3" in bar.getvalue()  # one bar of optimizer steps
     second = train(TrainOptions(**base, max_steps=6, resume=True), progress=False)
     assert second["steps"] == 6
     with pytest.raises(InvalidArgument, match="resume"):
