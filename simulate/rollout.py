@@ -299,15 +299,39 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
 
 def _lower_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, budget: int,
                  replicas: int) -> float:
-    """Makespan >= the mean replica's share of all the work (each prompt prefilled once), and >= one
-    longest completion alone."""
+    """A lower bound on the makespan (seconds) of any schedule of the step, the largest of:
+
+    - the mean replica's share of all the work (each prompt prefilled once), over at least
+      ``max(longest, KV area / pool)`` steps in all;
+    - the longest completion alone;
+    - for the m longest completions (the shortest of them ``l_m`` tokens), held by some k <= min(R, m)
+      replicas each of which runs at least ``l_m`` steps: the larger of the k replicas' mean share of
+      those m completions over ``k * l_m`` steps, and every replica's mean share of all the work over
+      at least ``k * l_m`` steps in all; the smaller over k (any k may be the one), the largest over m.
+      It counts the steps' fixed costs (overhead, weight reads) once per replica that runs them.
+    """
     steps_bound = max(int(flat.max()), math.ceil(int((flat * (flat + 1)).sum()) / (2 * budget)))
-    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound,
-                                prompt_lens=[int(x) for x in prompt_lens]) / replicas
+    prompts = [int(x) for x in prompt_lens]
+    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts) / replicas
     longest = int(np.argmax(flat))
     alone = lower_bound_seconds(cost, flat[longest:longest + 1], context=int(context[longest]),
                                 steps=int(flat[longest]), prompt_lens=[int(context[longest])])
-    return max(share, alone)
+    order = np.argsort(-flat, kind="stable")
+    lengths, ctx = flat[order].astype(np.int64), np.asarray(context, dtype=np.int64)[order]
+    tokens = np.cumsum(lengths)
+    kv = np.cumsum(lengths * ctx + lengths * (lengths - 1) // 2)
+    m = np.arange(1, len(lengths) + 1)
+    pl = np.asarray(prompts, dtype=np.int64)
+    n = len(lengths)
+    everything = dict(decode_tokens=np.full(n, tokens[-1]), kv_tokens_read=np.full(n, kv[-1]),
+                      prefill_tokens=np.full(n, pl.sum()), prefill_context=np.full(n, (pl * (pl + 1) // 2).sum()))
+    threshold = np.full(n, np.inf)
+    for k in range(1, replicas + 1):
+        steps = k * lengths
+        held = cost.lower_bound_seconds(steps=steps, decode_tokens=tokens, kv_tokens_read=kv) / k
+        total = cost.lower_bound_seconds(steps=np.maximum(steps, steps_bound), **everything) / replicas
+        threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held, total), np.inf))
+    return max(share, alone, float(threshold.max()))
 
 
 def _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:

@@ -308,3 +308,24 @@ def test_the_admission_watermark_trades_recomputation_for_time():
     assert safe.recomputed_tokens <= between.recomputed_tokens <= eager.recomputed_tokens
     assert [x.tolist() for x in safe.collected_lengths] == [g.lengths.tolist() for g in groups]
     assert run_rollout(groups, "steal", **common).seconds == eager.seconds
+
+
+def test_the_bound_counts_a_steps_fixed_cost_on_every_replica_that_runs_it():
+    """Two long completions and many short ones on 2 replicas: each replica holding a long one runs its
+    1,000 steps, so the bound is above both 'the mean share' and 'the longest alone' - and still below
+    the best placement the oracle search finds and every policy."""
+    from lengthsched.runtime.timing import default_cost, lower_bound_seconds
+    from simulate import search_placement
+
+    groups = [Group("long", 0, np.array([1000, 1000])), *(Group(f"s{i}", 0, np.full(4, 300)) for i in range(50))]
+    common = dict(replicas=2, budget_tokens=64 * 1024, max_new_tokens=1024)
+    r = run_rollout(groups, "vllm", **common)
+    flat = np.concatenate([g.lengths for g in groups])
+    cost = default_cost()
+    share = lower_bound_seconds(cost, flat, context=0, steps=1000) / 2
+    alone = lower_bound_seconds(cost, flat[:1], context=0, steps=1000)
+    assert r.lower_bound_seconds > max(share, alone) * 1.01
+    best = search_placement(groups, evaluations=40, **common)
+    assert r.lower_bound_seconds <= best.seconds
+    for policy in ("vllm", "vllm_priority", "steal", "seer", "placed_lpt"):
+        assert run_rollout(groups, policy, predicted=flat, **common).seconds >= r.lower_bound_seconds
