@@ -275,20 +275,22 @@ class WorkStealing(VLLMLike):
             point, _ = self.predict_again(eng, jobs, progress)
             self.work[jobs] = point
 
+    def _predicted_peak(self, eng: Engine) -> float:
+        """KV tokens the running requests hold once grown to their predicted lengths (at least their
+        age), prompts included."""
+        work = self.work
+        return sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
+
     def _room(self, eng: Engine) -> bool:
         """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
         if eng.live >= self.cap:
             return False
-        work = self.work
-        expected = sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running)
-        return expected + eng.prompt_kv_held < self.ROOM * self.blocks * self.block_size
+        return self._predicted_peak(eng) < self.ROOM * self.blocks * self.block_size
 
     def _admission_room(self, eng: Engine) -> float | None:
         if self.WATERMARK is None:
             return None
-        work = self.work
-        held = sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
-        return self.WATERMARK * self.blocks * self.block_size - held
+        return self.WATERMARK * self.blocks * self.block_size - self._predicted_peak(eng)
 
     def _admission_need(self, eng: Engine, job: int) -> float:
         return max(float(self.work[job]), eng.done[job] + 1) + eng.tail[job]
