@@ -350,13 +350,10 @@ def _clock(eng: Engine, cost) -> tuple[np.ndarray, np.ndarray]:
     return ends, secs
 
 
-def _run_routed(policy, placement, online, replicas, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys,
-                max_new, budget, prefill_chunk, record, cost):
-    """Each replica on its own, with the requests ``placement`` gives it."""
-    runs = [_run_replica(policy, np.flatnonzero(placement == r), online, flat=flat, owner=owner, tails=tails,
-                         prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred, job_keys=job_keys, max_new=max_new,
-                         budget=budget, prefill_chunk=prefill_chunk, record=record, cost=cost)
-            for r in range(replicas)]
+def _run_routed(policy, placement, online, replicas, **common):
+    """Each replica on its own, with the requests ``placement`` gives it (``common``: as for
+    :func:`_run_replica`)."""
+    runs = [_run_replica(policy, np.flatnonzero(placement == r), online, **common) for r in range(replicas)]
     return [eng for eng, _ in runs], [clock for _, clock in runs]
 
 
