@@ -111,6 +111,14 @@ class RolloutPlan:
         return tuple(sorted(range(len(self.priority)), key=lambda i: self.priority[i]))
 
 
+def check_placement(placement: Any) -> str:
+    """``placement`` if it is one of :data:`PLACEMENTS`, else :class:`InvalidArgument` naming it."""
+    if placement not in PLACEMENTS:
+        raise InvalidArgument("placement", placement, "'spread' (verl's: row i to replica i mod replicas) or "
+                                                      "'groups' (whole groups by predicted work)")
+    return placement
+
+
 def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: int = 1, base: int = 0,
                  placement: str = "spread") -> RolloutPlan:
     """Plan a rollout step: place the rows on ``replicas`` and order each replica's rows longest
@@ -137,9 +145,7 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
     base = check_int("base", base, minimum=0)
     if base % replicas:
         raise InvalidArgument("base", base, f"a multiple of replicas={replicas} (the replica is priority mod replicas)")
-    if placement not in PLACEMENTS:
-        raise InvalidArgument("placement", placement, "'spread' (verl's: row i to replica i mod replicas) or "
-                                                      "'groups' (whole groups by predicted work)")
+    check_placement(placement)
     index: dict[Hashable, int] = {}
     try:
         group = [index.setdefault(k, len(index)) for k in keys]

@@ -61,7 +61,7 @@ from ..errors import InvalidArgument, check_int
 from ..memory import ModelMemory
 from ..plan import Plan
 from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
-from .rollout import PLACEMENTS, RolloutPlan, decode_replica, observe_lengths, plan_rollout, predict_lengths
+from .rollout import RolloutPlan, check_placement, decode_replica, observe_lengths, plan_rollout, predict_lengths
 from .sglang_adapter import sglang_setup
 from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 
@@ -214,9 +214,7 @@ class RolloutPlanner:
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
                  placement: str = "spread"):
-        if placement not in PLACEMENTS:
-            raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
-        self.placement = placement
+        self.placement = check_placement(placement)
         if max_new_tokens is not None:
             max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
         if predictor is None:
