@@ -89,8 +89,8 @@ def search_placement(groups: Sequence[Any], *, replicas: int, budget_tokens: int
     used = accepted = 0
     while replicas > 1 and used + 2 <= evaluations:
         slow = int(np.argmax(best_secs))
-        if len(members[slow]) <= 1 and rng.random() < 0.5:
-            break  # one request alone: nothing to move off it (only swaps for shorter ones help)
+        if len(members[slow]) <= 1:
+            break  # the slowest runs one request alone: wherever it goes, its replica takes as long
         other = int(np.argmin(best_secs)) if rng.random() < 0.5 else int(rng.choice(
             [r for r in range(replicas) if r != slow]))
         mine, theirs = members[slow], members[other]
