@@ -298,17 +298,22 @@ def _cost_label() -> str:
     return f"{cost.model.split('/')[-1]}, step cost fitted on {cost.gpu.upper()} steps (--cost)"
 
 
-def _rollout_unit(args):
-    workload, prompts, replicas, factor, seed, cost_text = args
+def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, seed: int, cost_text: str | None):
+    """(groups, realistic, oracle, constant predictions, run_rollout's keyword arguments) of one setting
+    of the rollout grid: L_max 4096, a pool of ``factor`` x L_max per replica, the --cost model."""
     lmax = 4096
-    cost = _rollout_cost(cost_text)
     groups, realistic, oracle, constant = rollout_groups(workload, prompts, seed, lmax=lmax)
+    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=_rollout_cost(cost_text))
+    return groups, realistic, oracle, constant, common
+
+
+def _rollout_unit(args):
+    groups, realistic, oracle, constant, common = _rollout_setting(*args)
     out = {}
     for label, policy, router, pred in ROLLOUT_RUNS:
         p = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}[pred]
         try:
-            r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=factor * lmax,
-                            max_new_tokens=lmax, predicted=p, cost=cost)
+            r = run_rollout(groups, policy, router=router, predicted=p, **common)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
                           r.recomputed_tokens)
         except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
@@ -334,13 +339,9 @@ WATERMARKS = (None, 3.0, 2.0, 1.5, 1.2, 1.0)  # steal's admission watermark, x t
 
 
 def _rollout_watermark_unit(args):
-    workload, prompts, replicas, factor, seed, cost_text = args
     from lengthsched.runtime.dispatch import WorkStealing
 
-    lmax = 4096
-    cost = _rollout_cost(cost_text)
-    groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed, lmax=lmax)
-    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=cost)
+    groups, realistic, oracle, _, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
     try:
@@ -532,13 +533,11 @@ HEADROOM_EVALUATIONS = 200  # replica simulations of the placement search per se
 
 
 def _rollout_headroom_unit(args):
-    workload, prompts, replicas, factor, seed, cost_text, evaluations = args
     from simulate.headroom import search_placement
 
-    lmax = 4096
-    cost = _rollout_cost(cost_text)
-    groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed, lmax=lmax)
-    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=cost)
+    *setting, evaluations = args
+    seed = setting[4]  # the search's random choices follow the setting's seed
+    groups, realistic, oracle, _, common = _rollout_setting(*setting)
     base = run_rollout(groups, "vllm", **common)
     steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     steal_oracle = run_rollout(groups, "steal", predicted=oracle, **common).seconds
