@@ -433,18 +433,34 @@ class StepCost:
         ``steps * overhead + max(total bytes / bandwidth, total FLOPs / compute) + comm`` (seconds).
         """
         n = _tokens("steps", steps)
+        parts = self.lower_bound_parts(decode_tokens, kv_tokens_read, prefill_tokens, prefill_context)
+        scalar = n.ndim == 0 and all(np.ndim(v) == 0 for v in parts.values())
+        total = (n * parts["step_seconds"] + np.maximum(n * parts["step_memory_seconds"] + parts["memory_seconds"],
+                                                        parts["compute_seconds"]) + parts["comm_seconds"])
+        return _out(np.asarray(total, dtype=np.float64), scalar)
+
+    def lower_bound_parts(self, decode_tokens: Any, kv_tokens_read: Any, prefill_tokens: Any = 0,
+                          prefill_context: Any = 0) -> dict[str, Any]:
+        """The terms of :meth:`lower_bound_seconds` (seconds, after the efficiencies; numpy broadcasting):
+        per step, ``step_seconds`` (the overhead and, tp > 1, the all-reduce latencies) and
+        ``step_memory_seconds`` (reading the weights); for the tokens, ``memory_seconds`` (KV and
+        activation bytes), ``compute_seconds`` (FLOPs) and ``comm_seconds`` (all-reduce volume).
+        ``lower_bound_seconds(steps=n, ...) = n * step_seconds + max(n * step_memory_seconds +
+        memory_seconds, compute_seconds) + comm_seconds``; both the memory and the compute side grow
+        linearly with the tokens, so a lower bound may split the work between replicas."""
         rows, kv = _tokens("decode_tokens", decode_tokens), _tokens("kv_tokens_read", kv_tokens_read)
         pf, pc = _tokens("prefill_tokens", prefill_tokens), _tokens("prefill_context", prefill_context)
-        scalar = all(a.ndim == 0 for a in (n, rows, kv, pf, pc))
         tokens = rows + pf
-        nbytes = (n * self.weights_bytes + self.kv_bytes_per_token * (kv + tokens)
-                  + self.activation_bytes_per_token * tokens)
+        mem_scale = 1.0 / (self.tp * self.bandwidth * self.bandwidth_efficiency)
+        nbytes = self.kv_bytes_per_token * (kv + tokens) + self.activation_bytes_per_token * tokens
         flops = (2.0 * self.active_parameters * tokens + 2.0 * self.lm_head_parameters * rows
                  + float(self.attention_flops_per_kv_token) * (kv + pc))
-        memory = nbytes / (self.tp * self.bandwidth * self.bandwidth_efficiency)
-        compute = flops / (self.tp * self.peak_flops * self.compute_efficiency)
-        comm = self._comm(tokens, n)  # the latency once per step, the volume once per token
-        return _out(n * self.overhead_seconds + np.maximum(memory, compute) + comm, scalar)
+        latency = 2 * self.num_layers * self.allreduce_latency_seconds if self.tp > 1 else 0.0
+        return {"step_seconds": self.overhead_seconds + latency,
+                "step_memory_seconds": self.weights_bytes * mem_scale,
+                "memory_seconds": nbytes * mem_scale,
+                "compute_seconds": flops / (self.tp * self.peak_flops * self.compute_efficiency),
+                "comm_seconds": self._comm(tokens, 0.0)}
 
     def decode_compute_bound_rows(self, context: Any) -> Any:
         """Fewest decode rows per step from which a pure decode step is compute bound, when every row

@@ -449,6 +449,22 @@ def test_lower_bound_is_below_every_split_of_the_work(c, segments):
     assert bound <= total * (1 + 1e-9) + 1e-300
 
 
+@given(costs, st.integers(0, 5000), st.integers(0, 10**6), st.integers(0, 10**9), st.integers(0, 10**5))
+def test_lower_bound_parts_add_up_to_the_bound_and_are_linear_in_the_tokens(c, steps, rows, kv, pf):
+    """lower_bound_parts: the per-step and per-token terms the rollout's packing bound splits between
+    replicas; recombined they are lower_bound_seconds, and the token terms of two halves add up."""
+    pc = pf * (pf + 1) // 2
+    p = c.lower_bound_parts(rows, kv, pf, pc)
+    again = steps * p["step_seconds"] + max(steps * p["step_memory_seconds"] + p["memory_seconds"],
+                                            p["compute_seconds"]) + p["comm_seconds"]
+    bound = c.lower_bound_seconds(steps=steps, decode_tokens=rows, kv_tokens_read=kv, prefill_tokens=pf,
+                                  prefill_context=pc)
+    assert again == pytest.approx(bound, rel=1e-12, abs=1e-300)
+    half = c.lower_bound_parts(rows / 2, kv / 2, pf / 2, pc / 2)
+    for key in ("memory_seconds", "compute_seconds", "comm_seconds"):
+        assert 2 * half[key] == pytest.approx(p[key], rel=1e-12, abs=1e-300)
+
+
 def test_lower_bound_is_tight_for_one_step():
     c = qwen(tp=2)
     for rows, kv, pf in ((1, 128, 0), (4000, 4000 * 16, 0), (0, 0, 4096)):
