@@ -3,8 +3,10 @@
 :func:`search_placement` looks for the placement of a rollout's requests on its replicas that
 minimises the modelled makespan when every replica runs a routed engine policy (vLLM FCFS, or
 vLLM's priority policy with the true lengths as priorities: longest first), knowing every
-completion's TRUE length. It starts from the best of three placements (verl's spread, whole groups
-balanced by true tokens, :func:`simulate.place_by_time` with true lengths) and then moves or swaps
+completion's TRUE length. It starts from the best of six placements (verl's spread, whole groups
+balanced by true tokens, :func:`simulate.place_by_time` with true lengths, and
+:func:`simulate.place_by_length_class` with true lengths for ``lam`` 0, 0.5 and 1: the longest
+completions gathered on few replicas) and then moves or swaps
 single requests between the slowest replica and another one, keeping a change when the slower of
 the two replicas finishes earlier than the slowest did. Routed replicas do not interact, so each
 try simulates only the two replicas it changes.
@@ -28,7 +30,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
-from .rollout import _prepare, _run_replica, place_by_time, route
+from .rollout import _prepare, _run_replica, place_by_length_class, place_by_time, route
 
 __all__ = ["PlacementSearch", "search_placement"]
 
@@ -39,7 +41,8 @@ SEARCH_POLICIES = ("vllm", "vllm_priority")
 class PlacementSearch:
     """The best placement found. ``placement``: the replica of every completion (flattened in
     group order); ``seconds``: its modelled makespan; ``replica_seconds``: each replica's;
-    ``start``: the starting placement it came from (``spread``, ``groups`` or ``time``) and
+    ``start``: the starting placement it came from (``spread``, ``groups``, ``time`` or ``classes``
+    followed by the ``lam`` of :func:`simulate.place_by_length_class`) and
     ``start_seconds`` its makespan; ``evaluations``: replica simulations run; ``accepted``: changes
     kept."""
 
@@ -78,7 +81,8 @@ def search_placement(groups: Sequence[Any], *, replicas: int, budget_tokens: int
         "spread": route(groups, "least_loaded", replicas),
         "groups": route(groups, "least_loaded", replicas, flat, True),
         "time": place_by_time(groups, replicas, flat, common["budget"], common["cost"], common["max_new"]),
-    }
+    } | {f"classes {lam:g}": place_by_length_class(groups, replicas, flat, common["budget"], common["cost"], lam)
+         for lam in (0.0, 0.5, 1.0)}
     best_name, best, best_secs = None, None, None
     for name, placement in starts.items():
         secs = [run(np.flatnonzero(placement == r)) for r in range(replicas)]

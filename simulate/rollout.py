@@ -52,7 +52,7 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_second
 from .run import _cost, _predictions
 from .workloads import Group
 
-__all__ = ["ROUTERS", "RolloutResult", "run_rollout", "route"]
+__all__ = ["ROUTERS", "RolloutResult", "place_by_length_class", "run_rollout", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin")
 
@@ -235,7 +235,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
         recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
         prefill_tokens=sum(int(eng.step_log().prefill_tokens.sum()) for eng in engines),
-        lower_bound_seconds=_lower_bound(cost, flat, prompt_lens[owner], prompt_lens, common["budget"], replicas),
+        lower_bound_seconds=_lower_bound(cost, flat, owner, prompt_lens, common["budget"], replicas),
         tokens=int(flat.sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
         + (f" x{cost.tp}" if cost.tp > 1 else ""),
         collected_lengths=tuple(lengths), placement=placement,
@@ -297,20 +297,29 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     return spec, groups, lengths, flat, owner, keys, common
 
 
-def _lower_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, budget: int,
+def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndarray, budget: int,
                  replicas: int) -> float:
     """A lower bound on the makespan (seconds) of any schedule of the step, the largest of:
 
     - the mean replica's share of all the work (each prompt prefilled once), over at least
-      ``max(longest, KV area / pool)`` steps in all;
+      ``max(longest, KV area / pool)`` steps in all; the KV area (token-steps) counts each completion's
+      own tokens (``l (l + 1) / 2``) and each prompt held while its longest completion runs;
     - the longest completion alone;
     - for the m longest completions (the shortest of them ``l_m`` tokens), held by some k <= min(R, m)
       replicas each of which runs at least ``l_m`` steps: the larger of the k replicas' mean share of
       those m completions over ``k * l_m`` steps, and every replica's mean share of all the work over
-      at least ``k * l_m`` steps in all; the smaller over k (any k may be the one), the largest over m.
-      It counts the steps' fixed costs (overhead, weight reads) once per replica that runs them.
+      at least ``k * l_m`` steps in all; the smaller over k (any k may be the one), the largest over m;
+    - :func:`_packing_bound`: the work split between the replicas as well as it can be, each
+      replica paying the fixed cost of as many steps as its longest completion (or its KV area
+      over the pool) needs.
+
+    It counts the steps' fixed costs (overhead, weight reads) once per replica that runs them.
     """
-    steps_bound = max(int(flat.max()), math.ceil(int((flat * (flat + 1)).sum()) / (2 * budget)))
+    context = prompt_lens[owner]
+    group_longest = np.zeros(len(prompt_lens), dtype=np.int64)
+    np.maximum.at(group_longest, owner, flat)
+    prompt_area = int((prompt_lens * group_longest).sum())  # each prompt held while its longest completion runs
+    steps_bound = max(int(flat.max()), math.ceil((int((flat * (flat + 1) // 2).sum()) + prompt_area) / budget))
     prompts = [int(x) for x in prompt_lens]
     share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts) / replicas
     longest = int(np.argmax(flat))
@@ -331,7 +340,131 @@ def _lower_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.nd
         held = cost.lower_bound_seconds(steps=steps, decode_tokens=tokens, kv_tokens_read=kv) / k
         total = cost.lower_bound_seconds(steps=np.maximum(steps, steps_bound), **everything) / replicas
         threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held, total), np.inf))
-    return max(share, alone, float(threshold.max()))
+    packed = _packing_bound(cost, flat, context, prompt_lens, prompt_lens * group_longest, budget, replicas)
+    return max(share, alone, float(threshold.max()), packed)
+
+
+def _packing_items(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
+                   budget: int):
+    """The items of :func:`_packing_bound`, longest first: (order, lengths (tokens), the cost model's
+    per-step terms, per-item memory / compute / all-reduce seconds and KV area over the pool (steps)).
+    Completions come first in ``order`` (indices into ``flat``), then the prompts (length 0)."""
+    fl = np.asarray(flat, dtype=np.float64)
+    ctx = np.asarray(context, dtype=np.float64)
+    pl = np.asarray(prompt_lens, dtype=np.float64)
+    none = np.zeros(len(pl))
+    parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([fl * ctx + fl * (fl - 1) / 2, none]),
+                                   np.concatenate([np.zeros(len(fl)), pl]),
+                                   np.concatenate([np.zeros(len(fl)), pl * (pl + 1) / 2]))
+    lengths = np.concatenate([fl, none])
+    area = np.concatenate([fl * (fl + 1) / 2, np.asarray(prompt_area, dtype=np.float64)]) / budget
+    order = np.argsort(-lengths, kind="stable")
+    terms = [np.broadcast_to(parts[k], lengths.shape)[order] for k in ("memory_seconds", "compute_seconds",
+                                                                       "comm_seconds")]
+    return order, lengths[order], parts, terms, area[order]
+
+
+def _packing_mix(parts, terms, area, lam: float, mu: float) -> tuple[np.ndarray, float]:
+    """(each item's work in seconds, the seconds ``C`` per step of a replica's longest completion)
+    under the relaxation (lam, mu) of :func:`_packing_bound`."""
+    memory, compute, comm = terms
+    per_step = parts["step_seconds"] + mu * parts["step_memory_seconds"]
+    return mu * memory + (1 - mu) * compute + comm + (1 - lam) * per_step * area, lam * per_step
+
+
+def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
+                   budget: int, replicas: int, mixes: int = 5) -> float:
+    """A lower bound (seconds) on the makespan: the best split of the work between ``replicas``
+    replicas, where a replica's seconds are at least those of its steps' fixed costs plus its
+    tokens' work, and its steps at least its longest completion and its KV area over ``budget``.
+
+    Relaxed so that it can be solved exactly: (1) ``max(a, b) >= lam a + (1 - lam) b``, both for
+    the steps (longest completion vs KV area / pool, ``lam``) and for a step's roofline (the
+    memory side with the weight reads vs the compute side, ``mu``), which makes every replica's
+    seconds ``C * (its longest completion) + (the sum of its items' work)``; (2) a completion's work
+    may be split between replicas (each part pays for a replica that runs as many steps as the
+    whole completion). Prompts (prefilled once, held while their longest completion runs) are
+    items of length 0. For a makespan ``T`` the fewest replicas are then found greedily: fill a
+    replica, whose room is ``T - C * (length of its first item)``, with the longest items first
+    (moving a longer item's work into a replica in exchange for a shorter one's never raises
+    another replica's longest item). The bound is the largest over the ``mixes x mixes`` grid of
+    (lam, mu) of the smallest ``T`` the greedy fits in ``replicas`` replicas (bisection; the value
+    returned is one the greedy refuses)."""
+    _, lengths, parts, terms, area = _packing_items(cost, flat, context, prompt_lens, prompt_area, budget)
+    best = 0.0
+    grid = np.linspace(0.0, 1.0, mixes)
+    for mu in grid:
+        for lam in grid:
+            work, c = _packing_mix(parts, terms, area, lam, mu)
+            cum = np.concatenate([[0.0], np.cumsum(work)])
+            lo, hi = best, c * lengths[0] + cum[-1]  # one replica holding everything fits
+            if _fractional_fits(cum, lengths, c, lo, replicas):
+                continue
+            while hi - lo > 1e-9 * hi:
+                mid = (lo + hi) / 2
+                lo, hi = (lo, mid) if _fractional_fits(cum, lengths, c, mid, replicas) else (mid, hi)
+            best = lo
+    return best
+
+
+def _fractional_fits(cum: np.ndarray, lengths: np.ndarray, c: float, t: float, replicas: int) -> bool:
+    """Whether the greedy of :func:`_packing_bound` fits the items (cumulative work ``cum``, lengths
+    ``lengths``, longest first) in ``replicas`` replicas of makespan ``t``."""
+    pos = 0.0
+    for _ in range(replicas):
+        item = min(int(np.searchsorted(cum, pos, side="right")) - 1, len(lengths) - 1)
+        room = t - c * lengths[item]
+        if room <= 0:
+            return False
+        pos += room
+        if pos >= cum[-1]:
+            return True
+    return False
+
+
+def place_by_length_class(groups: Sequence[Group], replicas: int, lengths: Any, budget_tokens: int, cost,
+                          lam: float = 1.0) -> np.ndarray:
+    """The replica of every completion (flattened in group order) that the greedy of the lower bound
+    (:func:`_packing_bound`, with ``mu = 1`` and ``lam``) builds from ``lengths``: completions sorted
+    longest first, each replica takes the next ones in that order while its estimate
+    ``C x (its longest) + (its work)`` stays within a makespan ``T``, the smallest ``T`` for which
+    ``replicas`` replicas suffice (bisection). So the longest completions share few replicas, whose
+    steps are cheap, and the replicas of short completions run few steps: a replica pays a step's
+    fixed cost (overhead, weight reads) for as many steps as its longest completion.
+
+    An oracle device: with the true lengths it comes close to the bound, but it needs every
+    completion's length within ~10-20% (docs/benchmarks.md, "Headroom"); with a prompt-level
+    predictor it is far slower than verl's spread. ``lam`` (0 to 1) weighs the longest completion
+    (1) against the KV area over the pool (0) as a replica's steps."""
+    lam = float(lam)
+    if not 0.0 <= lam <= 1.0:
+        raise InvalidArgument("lam", lam, "a weight from 0 to 1")
+    lengths = np.asarray(lengths, dtype=np.float64)
+    sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
+    if lengths.shape != (int(sizes.sum()),):
+        raise InvalidArgument("lengths", f"shape {lengths.shape}", f"({int(sizes.sum())},): one per completion")
+    owner = np.repeat(np.arange(len(groups)), sizes)
+    context = np.array([float(g.prompt_len) for g in groups])[owner]
+    order, ls, parts, terms, area = _packing_items(cost, lengths, context, np.zeros(0), np.zeros(0), budget_tokens)
+    work, c = _packing_mix(parts, terms, area, lam, 1.0)
+
+    def bins(t: float) -> np.ndarray:
+        out = np.empty(len(work), dtype=np.int64)
+        k, load, room = 0, 0.0, t - c * ls[0]
+        for i in range(len(work)):
+            if load > 0 and load + work[i] / 2 > room:  # the next replica, unless the item's midpoint fits
+                k, load, room = k + 1, 0.0, t - c * ls[i]
+            out[i] = k
+            load += work[i]
+        return out
+
+    lo, hi = 0.0, c * ls[0] + float(work.sum())
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if bins(mid)[-1] < replicas else (mid, hi)
+    placement = np.empty(len(lengths), dtype=np.int64)
+    placement[order] = bins(hi)
+    return placement
 
 
 def _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:

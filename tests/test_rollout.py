@@ -270,7 +270,8 @@ def test_the_oracle_placement_search_reproduces_and_never_loses_to_its_starts(si
     assert again.seconds == pytest.approx(found.seconds, rel=1e-12)
     assert found.seconds <= found.start_seconds * (1 + 1e-12)
     assert found.seconds <= run_rollout(groups, policy, predicted=oracle, **common).seconds * (1 + 1e-12)
-    assert found.evaluations <= 30 and found.start in ("spread", "groups", "time")
+    assert found.evaluations <= 30
+    assert found.start in ("spread", "groups", "time", "classes 0", "classes 0.5", "classes 1")
     assert again.seconds >= again.lower_bound_seconds * (1 - 1e-9)
 
 
@@ -329,3 +330,102 @@ def test_the_bound_counts_a_steps_fixed_cost_on_every_replica_that_runs_it():
     assert r.lower_bound_seconds <= best.seconds
     for policy in ("vllm", "vllm_priority", "steal", "seer", "placed_lpt"):
         assert run_rollout(groups, policy, predicted=flat, **common).seconds >= r.lower_bound_seconds
+
+
+def _replica_bound(cost, flat, owner, prompt_lens, budget, mine):
+    """Seconds no schedule of the completions ``mine`` on one replica beats: its steps are at least its
+    longest completion and its KV area (own tokens, prompts held while their longest runs) over the pool."""
+    from lengthsched.runtime.timing import lower_bound_seconds
+
+    if not len(mine):
+        return 0.0
+    groups = np.unique(owner[mine])
+    longest = {g: int(flat[mine][owner[mine] == g].max()) for g in groups}
+    area = int((flat[mine] * (flat[mine] + 1) // 2).sum()) + sum(int(prompt_lens[g]) * longest[g] for g in groups)
+    steps = max(int(flat[mine].max()), -(-area // budget))
+    return lower_bound_seconds(cost, flat[mine], context=prompt_lens[owner[mine]], steps=steps,
+                               prompt_lens=[int(prompt_lens[g]) for g in groups])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 400), min_size=1, max_size=6), prompts=st.lists(st.integers(0, 300), min_size=3,
+                                                                                           max_size=3),
+       replicas=st.integers(1, 3), room=st.integers(0, 2000), data=st.data())
+def test_the_packing_bound_is_below_the_best_assignment_of_its_per_replica_bounds(lengths, prompts, replicas, room,
+                                                                                 data):
+    """The packing relaxation (:func:`simulate.rollout._packing_bound`) never exceeds the exact minimum,
+    over every assignment of completions to replicas (enumerated), of the slowest replica's own bound."""
+    import itertools
+
+    from lengthsched.runtime.timing import default_cost
+    from simulate.rollout import _packing_bound
+
+    flat = np.array(lengths, dtype=np.int64)
+    owner = np.array(data.draw(st.lists(st.integers(0, 2), min_size=len(flat), max_size=len(flat))), dtype=np.int64)
+    prompt_lens = np.array(prompts, dtype=np.int64)
+    budget = int(flat.max()) + int(prompt_lens.max()) + room
+    cost = default_cost()
+    longest = np.zeros(3, dtype=np.int64)
+    np.maximum.at(longest, owner, flat)
+    present = np.isin(np.arange(3), owner)
+    bound = _packing_bound(cost, flat, prompt_lens[owner], prompt_lens[present], (prompt_lens * longest)[present],
+                           budget, replicas)
+    exact = min(max(_replica_bound(cost, flat, owner, prompt_lens, budget, np.flatnonzero(np.array(a) == r))
+                    for r in range(replicas))
+                for a in itertools.product(range(replicas), repeat=len(flat)))
+    assert 0 < bound <= exact * (1 + 1e-9)
+
+
+def test_the_packing_bound_is_exact_for_equal_completions_on_a_roomy_pool():
+    """n equal completions on R replicas with room for everything: every replica runs L steps and a
+    share n / R of the work, which the greedy finds exactly (for the best of its roofline weights)."""
+    from lengthsched.runtime.timing import default_cost
+    from simulate.rollout import _packing_bound
+
+    cost = default_cost()
+    n, length, replicas = 24, 500, 4
+    flat = np.full(n, length)
+    got = _packing_bound(cost, flat, np.zeros(n), np.zeros(0), np.zeros(0), 10**9, replicas)
+    parts = cost.lower_bound_parts(length, length * (length - 1) / 2)
+    expected = max((parts["step_seconds"] + mu * parts["step_memory_seconds"]) * length
+                   + n * (mu * parts["memory_seconds"] + (1 - mu) * parts["compute_seconds"]) / replicas
+                   for mu in np.linspace(0, 1, 5))
+    assert expected * (1 - 1e-6) <= got <= expected * (1 + 1e-12)  # within the bisection's tolerance, never above
+
+
+def test_the_bound_holds_prompts_while_their_longest_completion_runs():
+    """One replica, long prompts, a pool of two prompts: a prompt's KV held while its group runs makes
+    the KV area (and so the steps) larger than the completions' own tokens do, and the bound counts it."""
+    from lengthsched.runtime.timing import default_cost, lower_bound_seconds
+
+    groups = [Group(f"p{i}", 1000, np.full(4, 100)) for i in range(8)]
+    common = dict(budget_tokens=2 * 1000 + 800, max_new_tokens=128)
+    r = run_rollout(groups, "vllm", **common)
+    flat = np.concatenate([g.lengths for g in groups])
+    own = lower_bound_seconds(default_cost(), flat, context=1000, steps=-(-int((flat * (flat + 1) // 2).sum())
+                                                                          // common["budget_tokens"]),
+                              prompt_lens=[1000] * 8)
+    assert r.lower_bound_seconds > own * 1.2 and r.seconds >= r.lower_bound_seconds
+
+
+def test_placing_by_length_class_gathers_the_longest_completions():
+    """Two long completions among many short ones on two replicas: the length classes put both long
+    ones on one replica (its steps are cheap: few rows) and the short ones on the other, which verl's
+    spread cannot (each replica then runs 1,000 steps with half the work)."""
+    from lengthsched.runtime.timing import default_cost
+    from simulate import place_by_length_class
+
+    groups = [Group("long", 0, np.array([1000, 1000])), *(Group(f"s{i}", 0, np.full(4, 300)) for i in range(50))]
+    flat = np.concatenate([g.lengths for g in groups])
+    common = dict(replicas=2, budget_tokens=64 * 1024, max_new_tokens=1024)
+    classes = place_by_length_class(groups, 2, flat, common["budget_tokens"], default_cost())
+    assert classes[0] == classes[1] and set(classes[2:].tolist()) == {1 - classes[0]}
+    order = np.argsort(-flat, kind="stable")
+    assert np.all(np.diff(classes[order]) >= 0)  # contiguous classes, longest first
+    gathered = run_rollout(groups, "vllm", placement=classes, **common)
+    spread = run_rollout(groups, "vllm", **common)
+    assert gathered.seconds < 0.95 * spread.seconds and gathered.seconds >= gathered.lower_bound_seconds
+    with pytest.raises(InvalidArgument, match="lam"):
+        place_by_length_class(groups, 2, flat, 1024, default_cost(), lam=2)
+    with pytest.raises(InvalidArgument, match="lengths"):
+        place_by_length_class(groups, 2, flat[:3], 1024, default_cost())
