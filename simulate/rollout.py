@@ -45,6 +45,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
+from lengthsched.placement import fractional_fits, length_classes, packing_items, packing_mix
 from lengthsched.runtime import POLICIES, Engine, Problem, Timeline, make_policy
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -344,34 +345,6 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
     return max(share, alone, float(threshold.max()), packed)
 
 
-def _packing_items(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
-                   budget: int):
-    """The items of :func:`_packing_bound`, longest first: (order, lengths (tokens), the cost model's
-    per-step terms, per-item memory / compute / all-reduce seconds and KV area over the pool (steps)).
-    Completions come first in ``order`` (indices into ``flat``), then the prompts (length 0)."""
-    fl = np.asarray(flat, dtype=np.float64)
-    ctx = np.asarray(context, dtype=np.float64)
-    pl = np.asarray(prompt_lens, dtype=np.float64)
-    none = np.zeros(len(pl))
-    parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([fl * ctx + fl * (fl - 1) / 2, none]),
-                                   np.concatenate([np.zeros(len(fl)), pl]),
-                                   np.concatenate([np.zeros(len(fl)), pl * (pl + 1) / 2]))
-    lengths = np.concatenate([fl, none])
-    area = np.concatenate([fl * (fl + 1) / 2, np.asarray(prompt_area, dtype=np.float64)]) / budget
-    order = np.argsort(-lengths, kind="stable")
-    terms = [np.broadcast_to(parts[k], lengths.shape)[order] for k in ("memory_seconds", "compute_seconds",
-                                                                       "comm_seconds")]
-    return order, lengths[order], parts, terms, area[order]
-
-
-def _packing_mix(parts, terms, area, lam: float, mu: float) -> tuple[np.ndarray, float]:
-    """(each item's work in seconds, the seconds ``C`` per step of a replica's longest completion)
-    under the relaxation (lam, mu) of :func:`_packing_bound`."""
-    memory, compute, comm = terms
-    per_step = parts["step_seconds"] + mu * parts["step_memory_seconds"]
-    return mu * memory + (1 - mu) * compute + comm + (1 - lam) * per_step * area, lam * per_step
-
-
 def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
                    budget: int, replicas: int, mixes: int = 5) -> float:
     """A lower bound (seconds) on the makespan: the best split of the work between ``replicas``
@@ -390,81 +363,38 @@ def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.
     another replica's longest item). The bound is the largest over the ``mixes x mixes`` grid of
     (lam, mu) of the smallest ``T`` the greedy fits in ``replicas`` replicas (bisection; the value
     returned is one the greedy refuses)."""
-    _, lengths, parts, terms, area = _packing_items(cost, flat, context, prompt_lens, prompt_area, budget)
+    _, lengths, parts, terms, area = packing_items(cost, flat, context, budget, prompt_lens, prompt_area)
     best = 0.0
     grid = np.linspace(0.0, 1.0, mixes)
     for mu in grid:
         for lam in grid:
-            work, c = _packing_mix(parts, terms, area, lam, mu)
+            work, c = packing_mix(parts, terms, area, lam, mu)
             cum = np.concatenate([[0.0], np.cumsum(work)])
             lo, hi = best, c * lengths[0] + cum[-1]  # one replica holding everything fits
-            if _fractional_fits(cum, lengths, c, lo, replicas):
+            if fractional_fits(cum, lengths, c, lo, replicas):
                 continue
             while hi - lo > 1e-9 * hi:
                 mid = (lo + hi) / 2
-                lo, hi = (lo, mid) if _fractional_fits(cum, lengths, c, mid, replicas) else (mid, hi)
+                lo, hi = (lo, mid) if fractional_fits(cum, lengths, c, mid, replicas) else (mid, hi)
             best = lo
     return best
 
 
-def _fractional_fits(cum: np.ndarray, lengths: np.ndarray, c: float, t: float, replicas: int) -> bool:
-    """Whether the greedy of :func:`_packing_bound` fits the items (cumulative work ``cum``, lengths
-    ``lengths``, longest first) in ``replicas`` replicas of makespan ``t``."""
-    pos = 0.0
-    for _ in range(replicas):
-        item = min(int(np.searchsorted(cum, pos, side="right")) - 1, len(lengths) - 1)
-        room = t - c * lengths[item]
-        if room <= 0:
-            return False
-        pos += room
-        if pos >= cum[-1]:
-            return True
-    return False
-
-
 def place_by_length_class(groups: Sequence[Group], replicas: int, lengths: Any, budget_tokens: int, cost,
                           lam: float = 1.0) -> np.ndarray:
-    """The replica of every completion (flattened in group order) that the greedy of the lower bound
-    (:func:`_packing_bound`, with ``mu = 1`` and ``lam``) builds from ``lengths``: completions sorted
-    longest first, each replica takes the next ones in that order while its estimate
-    ``C x (its longest) + (its work)`` stays within a makespan ``T``, the smallest ``T`` for which
-    ``replicas`` replicas suffice (bisection). So the longest completions share few replicas, whose
-    steps are cheap, and the replicas of short completions run few steps: a replica pays a step's
-    fixed cost (overhead, weight reads) for as many steps as its longest completion.
-
-    An oracle device: with the true lengths it comes close to the bound, but it needs every
-    completion's length within ~10-20% (docs/benchmarks.md, "Headroom"); with a prompt-level
-    predictor it is far slower than verl's spread. ``lam`` (0 to 1) weighs the longest completion
-    (1) against the KV area over the pool (0) as a replica's steps."""
-    lam = float(lam)
-    if not 0.0 <= lam <= 1.0:
-        raise InvalidArgument("lam", lam, "a weight from 0 to 1")
-    lengths = np.asarray(lengths, dtype=np.float64)
+    """The replica of every completion (flattened in group order) by
+    :func:`lengthsched.placement.length_classes` on ``lengths`` (the true lengths for an oracle, or
+    predictions): the completions sorted longest first and cut into one contiguous class per replica,
+    so that the longest share few replicas (their steps are cheap: few rows) and the replicas of
+    short completions run few steps (a replica pays a step's fixed cost for as many steps as its
+    longest completion). ``lam`` (0 to 1) weighs a replica's longest completion (1) against its KV
+    area over the pool (0)."""
     sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
+    lengths = np.asarray(lengths)
     if lengths.shape != (int(sizes.sum()),):
         raise InvalidArgument("lengths", f"shape {lengths.shape}", f"({int(sizes.sum())},): one per completion")
-    owner = np.repeat(np.arange(len(groups)), sizes)
-    context = np.array([float(g.prompt_len) for g in groups])[owner]
-    order, ls, parts, terms, area = _packing_items(cost, lengths, context, np.zeros(0), np.zeros(0), budget_tokens)
-    work, c = _packing_mix(parts, terms, area, lam, 1.0)
-
-    def bins(t: float) -> np.ndarray:
-        out = np.empty(len(work), dtype=np.int64)
-        k, load, room = 0, 0.0, t - c * ls[0]
-        for i in range(len(work)):
-            if load > 0 and load + work[i] / 2 > room:  # the next replica, unless the item's midpoint fits
-                k, load, room = k + 1, 0.0, t - c * ls[i]
-            out[i] = k
-            load += work[i]
-        return out
-
-    lo, hi = 0.0, c * ls[0] + float(work.sum())
-    while hi - lo > 1e-9 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if bins(mid)[-1] < replicas else (mid, hi)
-    placement = np.empty(len(lengths), dtype=np.int64)
-    placement[order] = bins(hi)
-    return placement
+    context = np.repeat(np.array([g.prompt_len for g in groups], dtype=np.int64), sizes)
+    return length_classes(lengths, context, replicas=replicas, budget_tokens=budget_tokens, cost=cost, lam=lam)
 
 
 def _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:

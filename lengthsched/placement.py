@@ -1,0 +1,125 @@
+"""Length classes: placing a rollout step's completions on engine replicas by their lengths.
+
+An engine replica pays a decode step's fixed cost (the launch overhead and reading the weights) for
+as many steps as its longest completion runs, whatever else it runs. Spreading every group over
+every replica (verl) makes every replica run about as many steps as the longest completion of the
+step, each under a share of the whole load. Gathering the longest completions on few replicas (their
+steps are cheap: few rows) and giving the short ones to replicas that then run few steps can finish
+the step sooner: :func:`length_classes` sorts the completions longest first and cuts that order into
+one contiguous class per replica, the classes sized so that every replica's estimate
+
+    ``C x (its longest completion) + (the work of its tokens)``   (seconds)
+
+stays under the smallest makespan ``T`` that ``replicas`` replicas can hold (a bisection on ``T``).
+``C`` and the work come from the step-cost model (:meth:`lengthsched.cost.StepCost.lower_bound_parts`);
+``lam`` weighs a replica's longest completion (1) against its KV area over its pool (0: a replica
+whose pool is full runs as many steps as its completions' token-steps over the pool).
+
+The same items and greedy, relaxed so that a completion's work may be split, give a lower bound on
+any schedule's makespan (``simulate.rollout``). The placement is only as good as the lengths it is
+given: with siblings' lengths known to ~10% (the same prompts one epoch earlier, through
+:class:`lengthsched.OnlineLengthPredictor`) it beats verl's spread; with a prompt-only predictor's
+error (log-normal sigma 0.5) it is far slower (docs/benchmarks.md, "Length classes").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgument, check_int
+
+__all__ = ["length_classes"]
+
+
+def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, prompt_lens: Any = (),
+                  prompt_area: Any = ()) -> tuple[np.ndarray, np.ndarray, dict, list, np.ndarray]:
+    """The items of the length-class greedy, longest first: (``order``: indices, completions first,
+    then the prompts; their lengths in tokens; ``cost``'s per-step terms; per item its memory, compute
+    and all-reduce seconds; its KV area over the pool, in steps). A completion of ``l`` tokens after a
+    prompt of ``context`` tokens decodes ``l`` tokens reading ``l * context + l (l - 1) / 2`` KV tokens
+    and holds ``l (l + 1) / 2`` token-steps; a prompt (length 0) is prefilled once and holds
+    ``prompt_area`` token-steps."""
+    fl = np.asarray(lengths, dtype=np.float64)
+    ctx = np.asarray(context, dtype=np.float64)
+    pl = np.asarray(prompt_lens, dtype=np.float64)
+    none, zero = np.zeros(len(pl)), np.zeros(len(fl))
+    parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([fl * ctx + fl * (fl - 1) / 2, none]),
+                                   np.concatenate([zero, pl]), np.concatenate([zero, pl * (pl + 1) / 2]))
+    every = np.concatenate([fl, none])
+    area = np.concatenate([fl * (fl + 1) / 2, np.asarray(prompt_area, dtype=np.float64)]) / budget_tokens
+    order = np.argsort(-every, kind="stable")
+    terms = [np.broadcast_to(parts[k], every.shape)[order] for k in ("memory_seconds", "compute_seconds",
+                                                                      "comm_seconds")]
+    return order, every[order], parts, terms, area[order]
+
+
+def packing_mix(parts: dict, terms: list, area: np.ndarray, lam: float, mu: float) -> tuple[np.ndarray, float]:
+    """(each item's work in seconds, ``C``: seconds per step of a replica's longest completion) when a
+    replica's steps are weighed as ``lam x longest + (1 - lam) x area / pool`` and a step's roofline
+    as ``mu x memory side (with the weight reads) + (1 - mu) x compute side``."""
+    memory, compute, comm = terms
+    per_step = parts["step_seconds"] + mu * parts["step_memory_seconds"]
+    return mu * memory + (1 - mu) * compute + comm + (1 - lam) * per_step * area, lam * per_step
+
+
+def fractional_fits(cum: np.ndarray, lengths: np.ndarray, c: float, t: float, replicas: int) -> bool:
+    """Whether items (cumulative work ``cum``, starting at 0; ``lengths`` longest first), their work
+    split where needed, fit ``replicas`` replicas of makespan ``t`` when each replica holds the next
+    items and has room ``t - c x (length of its first item)``."""
+    pos = 0.0
+    for _ in range(replicas):
+        item = min(int(np.searchsorted(cum, pos, side="right")) - 1, len(lengths) - 1)
+        room = t - c * lengths[item]
+        if room <= 0:
+            return False
+        pos += room
+        if pos >= cum[-1]:
+            return True
+    return False
+
+
+def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: int, cost: Any,
+                   lam: float = 1.0) -> np.ndarray:
+    """The replica (0 to ``replicas - 1``) of every completion: contiguous classes of the completions
+    sorted longest first (replica 0 the longest), sized by the greedy of the module docstring.
+
+    Args:
+        lengths: per completion, its (predicted) length in tokens.
+        context: per completion, its prompt's length in tokens.
+        replicas: engine replicas (>= 1).
+        budget_tokens: each replica's KV pool in tokens.
+        cost: a :class:`lengthsched.cost.StepCost` (seconds of a step).
+        lam: 0 to 1, how a replica's steps are weighed: its longest completion (1) against its KV
+            area over the pool (0).
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if lengths.ndim != 1 or not len(lengths) or not np.all(np.isfinite(lengths)) or lengths.min() < 0:
+        raise InvalidArgument("lengths", f"an array of shape {lengths.shape}", "one length >= 0 per completion")
+    context = np.broadcast_to(np.asarray(context, dtype=np.float64), lengths.shape)
+    replicas = check_int("replicas", replicas, minimum=1)
+    budget = check_int("budget_tokens", budget_tokens, minimum=1)
+    lam = float(lam)
+    if not 0.0 <= lam <= 1.0:
+        raise InvalidArgument("lam", lam, "a weight from 0 to 1")
+    order, ls, parts, terms, area = packing_items(cost, lengths, context, budget)
+    work, c = packing_mix(parts, terms, area, lam, 1.0)
+
+    def classes(t: float) -> np.ndarray:
+        out = np.empty(len(work), dtype=np.int64)
+        k, load, room = 0, 0.0, t - c * ls[0]
+        for i in range(len(work)):
+            if load > 0 and load + work[i] / 2 > room:  # the next replica, unless the item's midpoint fits
+                k, load, room = k + 1, 0.0, t - c * ls[i]
+            out[i] = k
+            load += work[i]
+        return out
+
+    lo, hi = 0.0, c * ls[0] + float(work.sum())  # one replica holding everything
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if classes(mid)[-1] < replicas else (mid, hi)
+    placement = np.empty(len(lengths), dtype=np.int64)
+    placement[order] = classes(hi)
+    return placement

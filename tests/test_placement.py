@@ -1,0 +1,54 @@
+"""lengthsched.placement.length_classes: contiguous classes of the completions sorted longest first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from lengthsched.placement import length_classes
+from lengthsched.runtime.timing import default_cost
+
+COST = default_cost()
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 4000), min_size=1, max_size=80), replicas=st.integers(1, 8),
+       budget=st.integers(4096, 10**6), lam=st.sampled_from([0.0, 0.5, 1.0]), prompt=st.integers(0, 2000))
+def test_classes_are_contiguous_in_length_and_use_at_most_the_replicas(lengths, replicas, budget, lam, prompt):
+    flat = np.array(lengths)
+    placed = length_classes(flat, prompt, replicas=replicas, budget_tokens=budget, cost=COST, lam=lam)
+    assert placed.shape == flat.shape and placed.min() == 0 and placed.max() < replicas
+    order = np.argsort(-flat, kind="stable")
+    assert np.all(np.diff(placed[order]) >= 0)  # replica 0 the longest, then shorter and shorter classes
+    assert placed[int(np.argmax(flat))] == 0
+
+
+def test_the_longest_share_a_replica_when_the_rest_is_much_work():
+    """Two completions of 1,000 tokens and 200 of 300 on 2 replicas with room for everything: the two
+    long ones go together (their replica runs 1,000 cheap steps) and the short ones to the other,
+    which runs 300 steps; with a replica to spare for each, the long ones are apart."""
+    flat = np.array([1000, 1000] + [300] * 200)
+    placed = length_classes(flat, 0, replicas=2, budget_tokens=10**6, cost=COST)
+    assert placed[0] == placed[1] == 0 and np.all(placed[2:] == 1)
+    flat = np.array([3000, 3000] + [100] * 200)
+    placed = length_classes(flat, 100, replicas=4, budget_tokens=10**6, cost=COST)
+    assert placed[:2].tolist() == [0, 1] and set(placed[2:].tolist()) == {2, 3}
+
+
+def test_one_replica_takes_everything():
+    assert length_classes([5, 50, 500], [10, 10, 10], replicas=1, budget_tokens=4096, cost=COST).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(lengths=[]), "lengths"), (dict(lengths=[1, -2]), "lengths"),
+                                          (dict(lengths=[[1, 2]]), "lengths"), (dict(replicas=0), "replicas"),
+                                          (dict(budget_tokens=0), "budget_tokens"), (dict(lam=1.5), "lam"),
+                                          (dict(lengths=[1.0, float("nan")]), "lengths")])
+def test_bad_inputs_name_the_argument(kwargs, name):
+    args = dict(lengths=[10, 20], context=0, replicas=2, budget_tokens=4096, cost=COST) | kwargs
+    lengths = args.pop("lengths")
+    context = args.pop("context")
+    with pytest.raises(InvalidArgument, match=f"'{name}'"):
+        length_classes(lengths, context, **args)
