@@ -103,12 +103,15 @@ def castillo_groups(
     splits: Iterable[str] | None = None,
     limit: int | None = None,
     seed: int = 0,
+    epoch: int = 0,
 ) -> list[Group]:
     """Real groups from CASTILLO (bundled), lengths clipped to ``max_new_tokens``.
 
     ``datasets``: any of Apps, BigCodeBench, DS1000, Mbpp, DollyDataset (default all);
     ``splits``: train / validate (default both); ``limit``: at most this many prompts, drawn at
-    random (seeded) from those selected.
+    random (seeded) from those selected. ``epoch``: the same prompts (they depend on ``seed`` only)
+    with their completions drawn afresh, as RL revisits its prompts every epoch (0: the default
+    draw; a policy that changes between epochs is not modelled).
     """
     group_size = check_int("group_size", group_size, minimum=1)
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
@@ -124,21 +127,27 @@ def castillo_groups(
         if not wanted or wanted - {"train", "validate"}:
             raise InvalidArgument("splits", sorted(wanted), "train and/or validate")
         rows = [r for r in rows if r["split"] in wanted]
-    return _sample_groups(rows, group_size, max_new, limit, seed)
+    return _sample_groups(rows, group_size, max_new, limit, seed, epoch)
 
 
-def _sample_groups(rows: Sequence[dict], group_size: int, max_new: int, limit: int | None, seed: int) -> list[Group]:
+def _epoch_stream(seed: int, kind: int, index: int, epoch: Any) -> np.random.Generator:
+    """The random stream of one prompt's completions in ``epoch`` (epoch 0 keeps the original draw)."""
+    epoch = check_int("epoch", epoch, minimum=0)
+    return np.random.default_rng([seed, kind, index] + ([epoch] if epoch else []))
+
+
+def _sample_groups(rows: Sequence[dict], group_size: int, max_new: int, limit: int | None, seed: int,
+                   epoch: int = 0) -> list[Group]:
     """Groups of ``group_size`` from rows with ``prompt_id``, ``prompt_tokens``, ``lengths``,
     ``dataset`` and ``split``: ``limit`` rows drawn at random (seeded), each resampled from its own
-    random stream (see the module docstring)."""
+    random stream (see the module docstring), one per ``epoch``."""
     order = np.random.default_rng([seed, 0]).permutation(len(rows))
     if limit is not None:
         order = order[: check_int("limit", limit, minimum=1)]
     groups = []
     for i in order:
         r = rows[int(i)]
-        rng = np.random.default_rng([seed, 1, int(i)])
-        lengths = np.minimum(_resample(rng, r["lengths"], group_size), max_new)
+        lengths = np.minimum(_resample(_epoch_stream(seed, 1, int(i), epoch), r["lengths"], group_size), max_new)
         groups.append(Group(r["prompt_id"], int(r["prompt_tokens"]), lengths,
                             source=f"castillo/{r['dataset']}/{r['split']}"))
     return groups
@@ -151,6 +160,7 @@ def castillo_file_groups(
     max_new_tokens: int = 4096,
     limit: int | None = None,
     seed: int = 0,
+    epoch: int = 0,
 ) -> list[Group]:
     """Real groups from a CASTILLO file of your own, as :func:`castillo_groups` draws them from the
     bundled one: ``path`` is one of CASTILLO's preprocessed files (a JSON list, one object per
@@ -178,7 +188,7 @@ def castillo_file_groups(
         prompt = check_int(f"input_size ({where})", item["input_size"], minimum=0)
         rows.append({"prompt_id": str(item["prompt_id"])[:16], "prompt_tokens": prompt, "lengths": lengths,
                      "dataset": str(item.get("dataset", file.stem)), "split": "file"})
-    return _sample_groups(rows, group_size, max_new, limit, seed)
+    return _sample_groups(rows, group_size, max_new, limit, seed, epoch)
 
 
 @lru_cache(maxsize=2)
@@ -201,10 +211,12 @@ def trace_groups(
     spread: float | None = None,
     limit: int | None = 500,
     seed: int = 0,
+    epoch: int = 0,
 ) -> list[Group]:
     """Groups from a single-length trace (``lmsys`` or ``azure``) by the log-normal group model.
 
-    ``spread``: sigma of log length within a group (default :func:`castillo_spread`).
+    ``spread``: sigma of log length within a group (default :func:`castillo_spread`). ``epoch``: the
+    same prompts with fresh completions, as for :func:`castillo_groups`.
     """
     if name not in ("lmsys", "azure"):
         raise InvalidArgument("name", name, "'lmsys' or 'azure'")
@@ -219,7 +231,7 @@ def trace_groups(
         order = order[: check_int("limit", limit, minimum=1)]
     groups = []
     for i in order:
-        z = np.random.default_rng([seed, 2, int(i)]).standard_normal(group_size)
+        z = _epoch_stream(seed, 2, int(i), epoch).standard_normal(group_size)
         lengths = np.clip(np.rint(generated[i] * np.exp(sigma * z)), 1, max_new).astype(np.int64)
         groups.append(Group(f"{name}-{int(i)}", int(prompts[i]), lengths, source=f"{name} (sigma {sigma:.3f})"))
     return groups

@@ -48,6 +48,26 @@ def test_castillo_selection_and_determinism():
         castillo_groups(8, splits=["test"])
 
 
+def test_an_epoch_draws_the_same_prompts_again_with_fresh_completions():
+    """RL revisits its prompts every epoch: ``epoch`` keeps the prompts (and epoch 0 the original draw)
+    and draws each group's completions from a stream of its own."""
+    for make in (lambda **kw: castillo_groups(16, limit=30, seed=5, **kw),
+                 lambda **kw: trace_groups("lmsys", 16, spread=1.0, limit=30, seed=5, **kw)):
+        first, again, later, other = make(), make(epoch=0), make(epoch=1), make(epoch=2)
+        assert [g.lengths.tolist() for g in first] == [g.lengths.tolist() for g in again]
+        assert [g.prompt_id for g in later] == [g.prompt_id for g in first] == [g.prompt_id for g in other]
+        assert [g.prompt_len for g in later] == [g.prompt_len for g in first]
+        changed = sum(g.lengths.tolist() != h.lengths.tolist() for g, h in zip(first, later))
+        assert changed >= 20 and [g.lengths.tolist() for g in later] != [g.lengths.tolist() for g in other]
+    from simulate.workloads import _castillo_rows
+
+    by_id = {r["prompt_id"]: r for r in _castillo_rows()}
+    for g in castillo_groups(16, limit=10, seed=5, epoch=3):  # still the prompt's own real samples
+        assert set(g.lengths.tolist()) <= set(min(x, 4096) for x in by_id[g.prompt_id]["lengths"])
+    with pytest.raises(InvalidArgument, match="argument 'epoch'"):
+        castillo_groups(8, limit=3, epoch=-1)
+
+
 def test_castillo_file_groups_read_a_file_of_your_own_as_the_bundled_one_is_read(tmp_path):
     """A CASTILLO file (its own schema: input_size, output_sizes) gives the groups castillo_groups
     draws from the same prompts in the bundled file (same order, same resampling streams)."""
