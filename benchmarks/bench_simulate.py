@@ -262,23 +262,43 @@ ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64
 CONSTANT_PREDICTION = 300  # tokens, every completion: a predictor that knows nothing of the prompt
 
 
-def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax: int = 4096):
+def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax: int = 4096, epoch: int = 0):
     """(groups, realistic, oracle, constant predictions) of one rollout setting: CASTILLO groups (the
     bundled train and validate prompts) or the long-tail workload (LMSYS prompt medians, within-group
     log-sd 1.0, as reasoning RL at temperature 1); realistic = a prompt-level predictor of log-normal
-    error sigma 0.5 on the prompt's median, the same for all siblings."""
+    error sigma 0.5 on the prompt's median, the same for all siblings. ``epoch``: the same prompts
+    with fresh completions (the realistic predictions stay those of epoch 0's draw of the error)."""
     if workload == "castillo":
-        groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed)
+        groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
     elif workload.startswith("file:"):  # --groups-file: a CASTILLO file of held-out prompts
-        groups = castillo_file_groups(workload[5:], size, max_new_tokens=lmax, limit=prompts, seed=seed)
+        groups = castillo_file_groups(workload[5:], size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
     else:
-        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0)
+        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0, epoch=epoch)
     rng = np.random.default_rng(seed)
     oracle = np.concatenate([g.lengths for g in groups])
     realistic = np.concatenate([np.full(len(g.lengths), max(1, int(np.median(g.lengths)
                                                                     * np.exp(0.5 * rng.standard_normal()))))
                                 for g in groups])
     return groups, realistic, oracle, np.full(len(oracle), CONSTANT_PREDICTION)
+
+
+def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, realistic, lmax: int = 4096):
+    """Per completion, what :class:`lengthsched.OnlineLengthPredictor` predicts at the start of a
+    step after it saw every sibling of the same prompts one epoch earlier (``epoch=1``: fresh
+    completions): its laws fitted on that epoch's groups, the realistic prompt-level predictions as
+    its prior. The same number for all siblings (nothing of this step is revealed yet)."""
+    from lengthsched import OnlineLengthPredictor
+
+    before = rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), lmax=lmax, epoch=1)[0]
+    prior = {g.prompt_id: float(realistic[i * len(g.lengths)]) for i, g in enumerate(groups)}
+    history = {g.prompt_id: g.lengths.tolist() for g in before}
+    predictor = OnlineLengthPredictor.fit(history, prior=prior, max_new_tokens=lmax)
+    for g in before:
+        for length in g.lengths.tolist():
+            predictor.observe(g.prompt_id, int(length))
+    predictor.set_step(1)
+    asked = [g.prompt_id for g in groups for _ in g.lengths]
+    return np.maximum(1, np.round(predictor.predict(asked).lengths)).astype(np.int64)
 
 
 ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model
@@ -575,10 +595,95 @@ def rollout_headroom(quick: bool) -> tuple[str, list]:
     text = table(f"Rollout headroom ({_cost_label()}): mean makespan relative to vLLM FCFS + verl routing; "
                  "'oracle' rows know every true length", ["settings", "count"] + HEADROOM_COLUMNS, summary)
     text += "\n\n" + table(
-        f"Rollout headroom per setting ({_cost_label()}): makespan / vLLM + verl; oracle placements: best of 3 "
+        f"Rollout headroom per setting ({_cost_label()}): makespan / vLLM + verl; oracle placements: best of 6 "
         f"starts, then {evaluations} replica simulations of local search",
         ["workload", "prompts", "replicas", "budget", "vllm + verl seconds"] + HEADROOM_COLUMNS
         + ["FCFS search start", "moves kept"], rows)
+    return text, {"rows": rows, "summary": summary}
+
+
+#: What the length-class placement is given (label, kind): the true lengths; each group's true median
+#: for all its siblings (the best a prompt-level predictor could know), and times a log-normal error
+#: of that sigma; what OnlineLengthPredictor predicts after one earlier epoch of the same prompts; the
+#: grid's realistic prompt-level predictor (sigma 0.5, no history).
+CLASS_PREDICTIONS = (("true lengths", "oracle"), ("true group median", 0.0), ("group median, sigma 0.1", 0.1),
+                     ("group median, sigma 0.2", 0.2), ("group median, sigma 0.3", 0.3),
+                     ("previous epoch (online predictor)", "epoch"),
+                     ("prompt-level, sigma 0.5 (realistic)", "realistic"))
+CLASS_LAMS = (0.0, 0.5, 1.0)
+
+
+def _classes_seconds(groups, predicted, common, cost) -> float:
+    """Makespan of the length-class placement planned on ``predicted``: for each lam of CLASS_LAMS the
+    planner simulates its placement on the predicted lengths (all it knows) and keeps the fastest;
+    then the step runs on the true lengths, vLLM priority scheduling with the same predictions."""
+    from simulate import place_by_length_class
+    from simulate.workloads import Group
+
+    cut = np.cumsum([len(g.lengths) for g in groups])[:-1]
+    believed = [Group(g.prompt_id, g.prompt_len, part) for g, part in zip(groups, np.split(predicted, cut))]
+    best, placement = None, None
+    for lam in CLASS_LAMS if common["replicas"] > 1 else (1.0,):
+        p = place_by_length_class(groups, common["replicas"], predicted, common["budget_tokens"], cost, lam)
+        est = run_rollout(believed, "vllm_priority", placement=p, predicted=predicted, **common).seconds
+        if best is None or est < best:
+            best, placement = est, p
+    return run_rollout(groups, "vllm_priority", placement=placement, predicted=predicted, **common).seconds
+
+
+def _class_predictions(kind, args, groups, realistic, oracle, rng, lmax) -> np.ndarray:
+    """The predictions of one CLASS_PREDICTIONS kind, per completion in group order (tokens)."""
+    if kind == "oracle":
+        return oracle
+    if kind == "realistic":
+        return realistic
+    if kind == "epoch":
+        return previous_epoch_prediction(args[0], args[1], args[4], groups, realistic, lmax=lmax)
+    noise = np.exp(kind * rng.standard_normal(len(groups)))
+    pred = np.concatenate([np.full(len(g.lengths), np.median(g.lengths) * e) for g, e in zip(groups, noise)])
+    return np.clip(np.round(pred), 1, lmax).astype(np.int64)
+
+
+def _rollout_classes_unit(args):
+    from lengthsched.runtime.timing import default_cost
+
+    groups, realistic, oracle, _, common = _rollout_setting(*args)
+    cost = common["cost"] or default_cost()
+    base = run_rollout(groups, "vllm", **common).seconds
+    rng = np.random.default_rng(args[4])
+    out = []
+    for _, kind in CLASS_PREDICTIONS:
+        pred = _class_predictions(kind, args, groups, realistic, oracle, rng, common["max_new_tokens"])
+        out.append(_classes_seconds(groups, pred, common, cost) / base)
+        out.append(run_rollout(groups, "steal", predicted=pred, **common).seconds / base)
+    return out
+
+
+def rollout_classes(quick: bool) -> tuple[str, list]:
+    """How well lengths must be known for the length-class placement (the longest completions
+    gathered on few replicas, simulate.place_by_length_class) to pay, beside `steal` given the same
+    predictions: planned on the true lengths, on each group's true median (a perfect prompt-level
+    predictor) with growing error, on what the online predictor knows after one earlier epoch of the
+    same prompts, and on the grid's realistic prompt-level predictions."""
+    grid = [("castillo", 64, 4, 16), ("castillo", 16, 1, 4)] if quick else ROLLOUT_GRID
+    results = _pool_map(_rollout_classes_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
+    rows = [[w, b, r, f"{f} x L_max", *out] for (w, b, r, f), out in zip(grid, results)]
+    summary = []
+    for label, keep in (("every setting", lambda row: True), ("several replicas", lambda row: row[2] > 1)):
+        mine = [row for row in rows if keep(row)]
+        for i, (pred, _) in enumerate(CLASS_PREDICTIONS):
+            line = [label, len(mine), pred]
+            for j in (4 + 2 * i, 5 + 2 * i):  # length classes, steal
+                ratios = np.array([row[j] for row in mine])
+                line += [float(ratios.mean()), float(ratios.max()), int((ratios > 1 + 1e-9).sum())]
+            summary.append(line)
+    text = table(f"Length-class placement ({_cost_label()}): makespan / vLLM + verl; length classes run vLLM "
+                 "priority replicas with the same predictions", ["settings", "count", "predictions", "classes: mean",
+                                                                 "classes: worst", "classes: slower", "steal: mean",
+                                                                 "steal: worst", "steal: slower"], summary)
+    text += "\n\n" + table(f"Length-class placement per setting ({_cost_label()}): makespan / vLLM + verl",
+                            ["workload", "prompts", "replicas", "budget"]
+                            + [f"{who} ({p})" for p, _ in CLASS_PREDICTIONS for who in ("classes", "steal")], rows)
     return text, {"rows": rows, "summary": summary}
 
 
@@ -682,8 +787,8 @@ def main(argv=None) -> int:
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
-                "rollout_heldout": rollout_heldout, "rollout_watermark": rollout_watermark,
-                "paper": paper, "batches": batches, "speed": speed,
+                "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
+                "rollout_watermark": rollout_watermark, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()
