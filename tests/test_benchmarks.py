@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -163,3 +165,26 @@ def test_cost_benchmark_cpu_section_runs_quick(tmp_path):
     for r in runs:
         assert r["forward_step_seconds"] > 0 and math.isfinite(r["fitted_by_run_total_error"])
         assert len(r["step_samples"]) == r["steps"]
+
+
+def test_simulator_benchmark_length_classes_need_lengths_per_completion(tmp_path):
+    """rollout_classes (quick): on 64 prompts x 16 on 4 replicas with room for everything, the length
+    classes planned on the true lengths beat vLLM + verl, planned on the realistic prompt-level
+    predictions they lose; the previous epoch's predictions are within ~10% of each group's median."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_simulate import CLASS_PREDICTIONS, previous_epoch_prediction, rollout_groups
+
+    out = tmp_path / "classes.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", "rollout_classes", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(out.read_text())["rollout_classes"]["rows"]
+    assert [row[:4] for row in rows] == [["castillo", 64, 4, "16 x L_max"], ["castillo", 16, 1, "4 x L_max"]]
+    labels = [label for label, _ in CLASS_PREDICTIONS]
+    classes = {label: rows[0][4 + 2 * i] for i, label in enumerate(labels)}
+    assert classes["true lengths"] < 0.95 < 1.05 < classes["prompt-level, sigma 0.5 (realistic)"]
+    groups, realistic, _, _ = rollout_groups("castillo", 64, 11)
+    predicted = previous_epoch_prediction("castillo", 64, 11, groups, realistic)
+    medians = np.concatenate([np.full(len(g.lengths), np.median(g.lengths)) for g in groups])
+    assert np.std(np.log(predicted / medians)) < 0.15 < np.std(np.log(realistic / medians))
