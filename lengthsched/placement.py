@@ -17,9 +17,12 @@ whose pool is full runs as many steps as its completions' token-steps over the p
 
 The same items and greedy, relaxed so that a completion's work may be split, give a lower bound on
 any schedule's makespan (``simulate.rollout``). The placement is only as good as the lengths it is
-given: with siblings' lengths known to ~10% (the same prompts one epoch earlier, through
-:class:`lengthsched.OnlineLengthPredictor`) it beats verl's spread; with a prompt-only predictor's
-error (log-normal sigma 0.5) it is far slower (docs/benchmarks.md, "Length classes").
+given, completion by completion: with the true lengths it is the strongest placement measured here;
+with one length per group (a prompt-level predictor, even one that knew each group's true median,
+or the online predictor after an earlier epoch of the same prompts) it is no faster than verl's
+spread on average, because which sibling is the long one decides where the long tail lands
+(docs/benchmarks.md, "Length classes"). Use it where each completion's length is known, or to
+measure what that knowledge would buy.
 """
 
 from __future__ import annotations
