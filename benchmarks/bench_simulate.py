@@ -256,6 +256,10 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("steal", "steal", None, "realistic"),
     ("steal (constant)", "steal", None, "constant"),
     ("steal (oracle)", "steal", None, "oracle"),
+    ("placed_classes", "placed_classes", None, "realistic"),
+    ("vllm_priority + verl routing (previous epoch)", "vllm_priority", "least_loaded", "epoch"),
+    ("steal (previous epoch)", "steal", None, "epoch"),
+    ("placed_classes (previous epoch)", "placed_classes", None, "epoch"),
 )
 ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
                 for f in (2, 4, 8, 16, 64)]
@@ -330,8 +334,11 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
 def _rollout_unit(args):
     groups, realistic, oracle, constant, common = _rollout_setting(*args)
     out = {}
+    known = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}
     for label, policy, router, pred in ROLLOUT_RUNS:
-        p = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}[pred]
+        if pred not in known:  # "epoch": what the online predictor knows after one earlier epoch
+            known[pred] = previous_epoch_prediction(args[0], args[1], args[4], groups, realistic)
+        p = known[pred]
         try:
             r = run_rollout(groups, policy, router=router, predicted=p, **common)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
@@ -610,25 +617,9 @@ CLASS_PREDICTIONS = (("true lengths", "oracle"), ("true group median", 0.0), ("g
                      ("group median, sigma 0.2", 0.2), ("group median, sigma 0.3", 0.3),
                      ("previous epoch (online predictor)", "epoch"),
                      ("prompt-level, sigma 0.5 (realistic)", "realistic"))
-CLASS_LAMS = (0.0, 0.5, 1.0)
-
-
-def _classes_seconds(groups, predicted, common, cost) -> float:
-    """Makespan of the length-class placement planned on ``predicted``: for each lam of CLASS_LAMS the
-    planner simulates its placement on the predicted lengths (all it knows) and keeps the fastest;
-    then the step runs on the true lengths, vLLM priority scheduling with the same predictions."""
-    from simulate import place_by_length_class
-    from simulate.workloads import Group
-
-    cut = np.cumsum([len(g.lengths) for g in groups])[:-1]
-    believed = [Group(g.prompt_id, g.prompt_len, part) for g, part in zip(groups, np.split(predicted, cut))]
-    best, placement = None, None
-    for lam in CLASS_LAMS if common["replicas"] > 1 else (1.0,):
-        p = place_by_length_class(groups, common["replicas"], predicted, common["budget_tokens"], cost, lam)
-        est = run_rollout(believed, "vllm_priority", placement=p, predicted=predicted, **common).seconds
-        if best is None or est < best:
-            best, placement = est, p
-    return run_rollout(groups, "vllm_priority", placement=placement, predicted=predicted, **common).seconds
+def _classes_seconds(groups, predicted, common) -> float:
+    """Makespan of the length-class policy (placed_classes) planned on ``predicted``."""
+    return run_rollout(groups, "placed_classes", predicted=predicted, **common).seconds
 
 
 def _class_predictions(kind, args, groups, realistic, oracle, rng, lmax) -> np.ndarray:
@@ -645,16 +636,13 @@ def _class_predictions(kind, args, groups, realistic, oracle, rng, lmax) -> np.n
 
 
 def _rollout_classes_unit(args):
-    from lengthsched.runtime.timing import default_cost
-
     groups, realistic, oracle, _, common = _rollout_setting(*args)
-    cost = common["cost"] or default_cost()
     base = run_rollout(groups, "vllm", **common).seconds
     rng = np.random.default_rng(args[4])
     out = []
     for _, kind in CLASS_PREDICTIONS:
         pred = _class_predictions(kind, args, groups, realistic, oracle, rng, common["max_new_tokens"])
-        out.append(_classes_seconds(groups, pred, common, cost) / base)
+        out.append(_classes_seconds(groups, pred, common) / base)
         out.append(run_rollout(groups, "steal", predicted=pred, **common).seconds / base)
     return out
 

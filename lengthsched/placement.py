@@ -27,13 +27,17 @@ measure what that knowledge would buy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidArgument, check_int
 
-__all__ = ["length_classes"]
+__all__ = ["CLASS_LAMS", "estimate_seconds", "length_classes", "plan_length_classes"]
+
+#: The weights ``lam`` :func:`plan_length_classes` tries.
+CLASS_LAMS = (0.0, 0.5, 1.0)
 
 
 def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, prompt_lens: Any = (),
@@ -126,3 +130,67 @@ def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: 
     placement = np.empty(len(lengths), dtype=np.int64)
     placement[order] = classes(hi)
     return placement
+
+
+def estimate_seconds(placement: Any, lengths: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
+                     cost: Any) -> np.ndarray:
+    """Per replica, seconds no schedule of the completions ``placement`` gives it can beat: its steps
+    are at least its longest completion and its KV area over ``budget_tokens`` (each completion's own
+    token-steps, each prompt held while its longest completion there runs), each step pays the fixed
+    cost, and its tokens (each prompt there prefilled once) their work
+    (:meth:`lengthsched.cost.StepCost.lower_bound_seconds`). ``group``: per completion, the index of
+    its prompt in ``prompt_lens`` (tokens)."""
+    placement = np.asarray(placement, dtype=np.int64)
+    fl = np.asarray(lengths, dtype=np.float64)
+    group = np.asarray(group, dtype=np.int64)
+    pl = np.asarray(prompt_lens, dtype=np.float64)
+    out = np.zeros(replicas)
+    for r in range(replicas):
+        mine = placement == r
+        if not mine.any():
+            continue
+        here, local = np.unique(group[mine], return_inverse=True)
+        longest = np.zeros(len(here))
+        np.maximum.at(longest, local, fl[mine])
+        area = float((fl[mine] * (fl[mine] + 1) / 2).sum() + (pl[here] * longest).sum())
+        ctx = pl[group[mine]]
+        out[r] = cost.lower_bound_seconds(steps=max(float(fl[mine].max()), area / budget_tokens),
+                                          decode_tokens=float(fl[mine].sum()),
+                                          kv_tokens_read=float((fl[mine] * ctx + fl[mine] * (fl[mine] - 1) / 2).sum()),
+                                          prefill_tokens=float(pl[here].sum()),
+                                          prefill_context=float((pl[here] * (pl[here] + 1) / 2).sum()))
+    return out
+
+
+def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
+                        cost: Any, evaluate: Callable[[np.ndarray], float] | None = None) -> np.ndarray:
+    """:func:`length_classes` for each ``lam`` of :data:`CLASS_LAMS`, keeping the placement that
+    ``evaluate`` (placement -> seconds of the step, on the predicted lengths) finds fastest (ties: the
+    smaller ``lam``). By default ``evaluate`` is the slowest replica's :func:`estimate_seconds`, a
+    lower bound that misses what an engine's eager admission costs in preemptions; a simulator of
+    the engines (``simulate.run_rollout`` does so for ``placed_classes``) judges better.
+
+    Args:
+        lengths: per completion, its predicted length in tokens.
+        group: per completion, the index of its prompt in ``prompt_lens``.
+        prompt_lens: per prompt, its length in tokens.
+        replicas, budget_tokens, cost: as for :func:`length_classes`.
+        evaluate: seconds of a candidate placement (the replica of every completion).
+    """
+    group = np.asarray(group)
+    pl = np.asarray(prompt_lens)
+    if group.shape != np.shape(lengths) or not np.issubdtype(group.dtype, np.integer) or (
+            len(group) and (group.min() < 0 or group.max() >= len(pl))):
+        raise InvalidArgument("group", f"an array of shape {group.shape}",
+                              f"one index into prompt_lens ({len(pl)} prompts) per completion")
+    if evaluate is None:
+        def evaluate(placed: np.ndarray) -> float:
+            return float(estimate_seconds(placed, lengths, group, pl, replicas=replicas, budget_tokens=budget_tokens,
+                                          cost=cost).max())
+    best, best_secs = None, None
+    for lam in CLASS_LAMS:
+        placed = length_classes(lengths, pl[group], replicas=replicas, budget_tokens=budget_tokens, cost=cost, lam=lam)
+        secs = evaluate(placed)
+        if best_secs is None or secs < best_secs * (1 - 1e-12):
+            best, best_secs = placed, secs
+    return best

@@ -45,7 +45,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
-from lengthsched.placement import fractional_fits, length_classes, packing_items, packing_mix
+from lengthsched.placement import fractional_fits, length_classes, packing_items, packing_mix, plan_length_classes
 from lengthsched.runtime import POLICIES, Engine, Problem, Timeline, make_policy
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -216,7 +216,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, **common)
         used_router = "dispatch"
     else:
-        if placement is None:
+        if placement is None and getattr(spec.cls, "PLACE", None) == "classes":
+            placement = _plan_classes(policy, replicas, owner, common)
+            used_router = "placed"
+        elif placement is None:
             placement = route(groups, router, replicas, common["pred"], spec.places_groups,
                               getattr(spec.cls, "PROMPT_SHARE", None), common["budget"])
             used_router = "placed" if spec.places_groups else router
@@ -243,6 +246,22 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         prompt_loads=sum(eng.prompt_loads for eng in engines),
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
         timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
+
+
+def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:
+    """The length classes of ``placed_classes``: the candidates of
+    :func:`lengthsched.placement.plan_length_classes` judged by simulating the step on the predicted
+    lengths (all the planner knows; none: every completion ``max_new_tokens`` long)."""
+    pred = common["pred"] if common["pred"] is not None else np.full(len(owner), common["max_new"])
+    believed = np.clip(np.round(np.asarray(pred, dtype=np.float64)), 1, common["max_new"]).astype(np.int64)
+    model = {**common, "flat": believed, "record": False}
+
+    def evaluate(placed: np.ndarray) -> float:
+        _, clocks = _run_routed(policy, placed, None, replicas, **model)
+        return max(float(secs[-1]) for _, secs in clocks)
+
+    return plan_length_classes(believed, owner, common["prompt_lens"], replicas=replicas,
+                               budget_tokens=common["budget"], cost=common["cost"], evaluate=evaluate)
 
 
 def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:

@@ -52,3 +52,24 @@ def test_bad_inputs_name_the_argument(kwargs, name):
     context = args.pop("context")
     with pytest.raises(InvalidArgument, match=f"'{name}'"):
         length_classes(lengths, context, **args)
+
+
+def test_the_estimate_is_below_each_replicas_simulated_seconds():
+    """estimate_seconds bounds each replica from below (steps at least its longest completion and its KV
+    area over the pool): checked against vLLM FCFS and priority replicas on the length classes."""
+    from lengthsched.placement import estimate_seconds
+    from simulate import run_rollout
+    from simulate.workloads import castillo_groups
+
+    groups = castillo_groups(16, limit=24, seed=2, max_new_tokens=2048)
+    flat = np.concatenate([g.lengths for g in groups])
+    owner = np.repeat(np.arange(len(groups)), [len(g.lengths) for g in groups])
+    prompts = np.array([g.prompt_len for g in groups])
+    for budget in (3 * 2048, 16 * 2048):
+        for lam in (0.0, 1.0):
+            placed = length_classes(flat, prompts[owner], replicas=3, budget_tokens=budget, cost=COST, lam=lam)
+            est = estimate_seconds(placed, flat, owner, prompts, replicas=3, budget_tokens=budget, cost=COST)
+            for policy in ("vllm", "vllm_priority"):
+                r = run_rollout(groups, policy, replicas=3, budget_tokens=budget, max_new_tokens=2048,
+                                placement=placed, predicted=flat)
+                assert np.all(est <= np.array(r.replica_seconds) * (1 + 1e-9)) and est.max() > 0

@@ -71,8 +71,8 @@ def test_one_replica_with_a_roomy_pool_is_vllm_on_the_batch():
 
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), replicas=st.integers(1, 4),
-       policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "placed_adaptive", "sglang", "sglang_priority",
-                               "seer", "steal"]),
+       policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive", "sglang",
+                               "sglang_priority", "seer", "steal"]),
        router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3))
 def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed):
     groups = _groups(sizes, seed)
@@ -116,9 +116,9 @@ def test_bad_rollout_inputs_name_the_argument():
 
 def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
-    assert policy_names(places_groups=True) == ("placed_lpt", "placed_adaptive", "seer", "steal")
-    assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_adaptive", "sglang",
-                                          "sglang_priority", "seer", "steal")
+    assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer", "steal")
+    assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive",
+                                          "sglang", "sglang_priority", "seer", "steal")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -191,7 +191,8 @@ def test_seer_sends_one_probe_per_group_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(policy=st.sampled_from(["steal", "seer", "vllm_priority", "sglang_priority", "placed_adaptive"]),
+@given(policy=st.sampled_from(["steal", "seer", "vllm_priority", "sglang_priority", "placed_adaptive",
+                               "placed_classes"]),
        seed=st.integers(0, 50), replicas=st.integers(1, 3))
 def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas):
     """Lengthen every completion that has not finished by some time t: the runs agree on every run of
@@ -429,3 +430,29 @@ def test_placing_by_length_class_gathers_the_longest_completions():
         place_by_length_class(groups, 2, flat, 1024, default_cost(), lam=2)
     with pytest.raises(InvalidArgument, match="lengths"):
         place_by_length_class(groups, 2, flat[:3], 1024, default_cost())
+
+
+def test_the_length_class_policy_places_by_its_predictions_only():
+    """placed_classes plans on the predicted lengths (lengthsched.placement.plan_length_classes): with
+    the true lengths it gathers the two long completions and beats verl's spread; given a placement it
+    refuses (it places requests itself); its placement is the same whatever the true lengths are."""
+    from lengthsched.placement import plan_length_classes
+    from lengthsched.runtime.timing import default_cost
+
+    groups = [Group("long", 0, np.array([1000, 1000])), *(Group(f"s{i}", 0, np.full(4, 300)) for i in range(50))]
+    flat = np.concatenate([g.lengths for g in groups])
+    common = dict(replicas=2, budget_tokens=64 * 1024, max_new_tokens=1024)
+    r = run_rollout(groups, "placed_classes", predicted=flat, **common)
+    assert r.placement[0] == r.placement[1] and set(r.placement[2:].tolist()) == {1 - r.placement[0]}
+    assert r.router == "placed" and r.seconds < 0.95 * run_rollout(groups, "vllm", **common).seconds
+    owner = np.repeat(np.arange(len(groups)), [len(g.lengths) for g in groups])
+    planned = plan_length_classes(flat, owner, np.zeros(len(groups), dtype=np.int64), replicas=2,
+                                  budget_tokens=common["budget_tokens"], cost=default_cost())
+    assert r.placement.tolist() == planned.tolist()
+    other = [Group(g.prompt_id, g.prompt_len, g.lengths[::-1] // 2 + 1) for g in groups]  # same predictions
+    assert run_rollout(other, "placed_classes", predicted=flat, **common).placement.tolist() == planned.tolist()
+    with pytest.raises(InvalidArgument, match="placement"):
+        run_rollout(groups, "placed_classes", placement=np.zeros(len(flat), dtype=np.int64), **common)
+    with pytest.raises(InvalidArgument, match="group"):
+        plan_length_classes(flat, owner[:-1], np.zeros(len(groups)), replicas=2, budget_tokens=4096,
+                            cost=default_cost())

@@ -197,6 +197,22 @@ class PlacedLongestFirst(VLLMPriority):
     places_groups = True
 
 
+class LengthClasses(VLLMPriority):
+    """Rollout placement by length classes (:func:`lengthsched.placement.plan_length_classes` on the
+    predicted lengths): the completions sorted longest predicted first and cut into one contiguous
+    class per replica, so that the longest share few replicas and the short ones run on replicas that
+    finish early; each replica is vLLM's priority scheduler, longest predicted first. Only as good as
+    the predictions, completion by completion: it pays where every completion's length is known to
+    ~10% (CASTILLO-like groups, whose siblings vary little, with one earlier epoch of the same prompts
+    through :class:`lengthsched.OnlineLengthPredictor`); with a prompt-only predictor (log-normal error
+    0.5) or groups whose siblings vary a lot it is slower than verl's spread (docs/benchmarks.md,
+    "Length classes"). On one replica it is :class:`VLLMPriority`."""
+
+    name = "placed_classes"
+    places_groups = True
+    PLACE = "classes"
+
+
 class AdaptivePlacement(VLLMLike):
     """The project's adaptive rollout placement over vLLM's FCFS engine: a group's requests are spread
     over the replicas (as verl routes them) unless holding every prompt on every replica would take

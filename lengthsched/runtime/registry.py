@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from .baselines import AdaptivePlacement, PlacedLongestFirst, SGLangLike, SGLangPriority, VLLMLike, VLLMPriority
+from .baselines import (
+    AdaptivePlacement,
+    LengthClasses,
+    PlacedLongestFirst,
+    SGLangLike,
+    SGLangPriority,
+    VLLMLike,
+    VLLMPriority,
+)
 from .dispatch import SeerLike, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
@@ -83,6 +91,9 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True, rollout=True),
     PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
                "scheduling, longest predicted first", needs_budget=True, places_groups=True, rollout=True),
+    PolicySpec("placed_classes", LengthClasses, "completions placed on replicas in length classes by predicted "
+               "length (the longest together); vLLM priority scheduling, longest predicted first", needs_budget=True,
+               places_groups=True, rollout=True),
     PolicySpec("placed_adaptive", AdaptivePlacement, "vLLM FCFS; groups spread over replicas unless their prompts "
                "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True,
                rollout=True),
