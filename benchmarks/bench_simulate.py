@@ -260,6 +260,7 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("vllm_priority + verl routing (previous epoch)", "vllm_priority", "least_loaded", "epoch"),
     ("steal (previous epoch)", "steal", None, "epoch"),
     ("placed_classes (previous epoch)", "placed_classes", None, "epoch"),
+    ("recommended (previous epoch)", "recommended", None, "epoch"),
 )
 ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
                 for f in (2, 4, 8, 16, 64)]
@@ -287,10 +288,11 @@ def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax:
 
 
 def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, realistic, lmax: int = 4096):
-    """Per completion, what :class:`lengthsched.OnlineLengthPredictor` predicts at the start of a
-    step after it saw every sibling of the same prompts one epoch earlier (``epoch=1``: fresh
-    completions): its laws fitted on that epoch's groups, the realistic prompt-level predictions as
-    its prior. The same number for all siblings (nothing of this step is revealed yet)."""
+    """(per completion, what :class:`lengthsched.OnlineLengthPredictor` predicts at the start of a
+    step after it saw every sibling of the same prompts one epoch earlier; that epoch's groups).
+    ``epoch=1``: fresh completions of the same prompts; the predictor's laws fitted on them, the
+    realistic prompt-level predictions as its prior. The same number for all siblings (nothing of
+    this step is revealed yet)."""
     from lengthsched import OnlineLengthPredictor
 
     before = rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), lmax=lmax, epoch=1)[0]
@@ -302,7 +304,7 @@ def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, re
             predictor.observe(g.prompt_id, int(length))
     predictor.set_step(1)
     asked = [g.prompt_id for g in groups for _ in g.lengths]
-    return np.maximum(1, np.round(predictor.predict(asked).lengths)).astype(np.int64)
+    return np.maximum(1, np.round(predictor.predict(asked).lengths)).astype(np.int64), before
 
 
 ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model
@@ -332,12 +334,18 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
 
 
 def _rollout_unit(args):
+    from lengthsched.placement import recommend_rollout_policy
+
     groups, realistic, oracle, constant, common = _rollout_setting(*args)
     out = {}
     known = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}
     for label, policy, router, pred in ROLLOUT_RUNS:
         if pred not in known:  # "epoch": what the online predictor knows after one earlier epoch
-            known[pred] = previous_epoch_prediction(args[0], args[1], args[4], groups, realistic)
+            known[pred], before = previous_epoch_prediction(args[0], args[1], args[4], groups, realistic)
+            recommended = recommend_rollout_policy([g.lengths for g in before])
+        if policy == "recommended":  # what that history recommends (lengthsched.placement): a run above
+            out[label] = out[f"{recommended} (previous epoch)"]
+            continue
         p = known[pred]
         try:
             r = run_rollout(groups, policy, router=router, predicted=p, **common)
@@ -629,7 +637,7 @@ def _class_predictions(kind, args, groups, realistic, oracle, rng, lmax) -> np.n
     if kind == "realistic":
         return realistic
     if kind == "epoch":
-        return previous_epoch_prediction(args[0], args[1], args[4], groups, realistic, lmax=lmax)
+        return previous_epoch_prediction(args[0], args[1], args[4], groups, realistic, lmax=lmax)[0]
     noise = np.exp(kind * rng.standard_normal(len(groups)))
     pred = np.concatenate([np.full(len(g.lengths), np.median(g.lengths) * e) for g, e in zip(groups, noise)])
     return np.clip(np.round(pred), 1, lmax).astype(np.int64)

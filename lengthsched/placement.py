@@ -34,10 +34,19 @@ import numpy as np
 
 from .errors import InvalidArgument, check_int
 
-__all__ = ["CLASS_LAMS", "estimate_seconds", "length_classes", "plan_length_classes"]
+__all__ = ["CLASSES_MAX_SPREAD", "CLASS_LAMS", "estimate_seconds", "length_classes", "plan_length_classes",
+           "recommend_rollout_policy", "sibling_spread"]
 
 #: The weights ``lam`` :func:`plan_length_classes` tries.
 CLASS_LAMS = (0.0, 0.5, 1.0)
+
+#: The largest siblings' spread (median over prompts of the standard deviation of log length) for
+#: which :func:`recommend_rollout_policy` recommends length classes. Measured on the rollout grid
+#: (docs/benchmarks.md, "Length classes"): on CASTILLO (spread 0.09) the classes win with each
+#: group's length known to sigma 0.1 and lose at 0.2; with 16 siblings of history the error of a
+#: group's estimate is about a third of the spread, so a completion's length is then known to about
+#: the spread itself.
+CLASSES_MAX_SPREAD = 0.15
 
 
 def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, prompt_lens: Any = (),
@@ -194,3 +203,28 @@ def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas:
         if best_secs is None or secs < best_secs * (1 - 1e-12):
             best, best_secs = placed, secs
     return best
+
+
+def sibling_spread(groups: Any) -> float:
+    """The siblings' spread: the median, over the prompts with at least two completions, of the
+    standard deviation of their completions' log lengths (``groups``: per prompt, its completions'
+    lengths in tokens, >= 1). NaN when no prompt has two completions."""
+    spreads = []
+    for k, lengths in enumerate(groups):
+        arr = np.asarray(lengths, dtype=np.float64)
+        if arr.ndim != 1 or (len(arr) and (not np.all(np.isfinite(arr)) or arr.min() < 1)):
+            raise InvalidArgument("groups", f"prompt {k}: {arr.tolist()!r:.60}", "lengths >= 1 token per prompt")
+        if len(arr) >= 2:
+            spreads.append(float(np.std(np.log(arr))))
+    return float(np.median(spreads)) if spreads else float("nan")
+
+
+def recommend_rollout_policy(previous: Any) -> str:
+    """The rollout policy to run a step with, given the completions of the same prompts one epoch
+    earlier (``previous``: per prompt, its completions' lengths in tokens) and predictions learnt from
+    them (:class:`lengthsched.OnlineLengthPredictor`): ``"placed_classes"`` when the siblings agree
+    (:func:`sibling_spread` <= :data:`CLASSES_MAX_SPREAD`: the predictions then know each completion's
+    length), else ``"steal"`` (the default policy, which hardly depends on the predictions). Names of
+    ``lengthsched.runtime.POLICIES``; without history, use ``"steal"``."""
+    spread = sibling_spread(previous)
+    return "placed_classes" if spread <= CLASSES_MAX_SPREAD else "steal"

@@ -185,6 +185,7 @@ def test_simulator_benchmark_length_classes_need_lengths_per_completion(tmp_path
     classes = {label: rows[0][4 + 2 * i] for i, label in enumerate(labels)}
     assert classes["true lengths"] < 0.95 < 1.05 < classes["prompt-level, sigma 0.5 (realistic)"]
     groups, realistic, _, _ = rollout_groups("castillo", 64, 11)
-    predicted = previous_epoch_prediction("castillo", 64, 11, groups, realistic)
+    predicted, before = previous_epoch_prediction("castillo", 64, 11, groups, realistic)
+    assert [g.prompt_id for g in before] == [g.prompt_id for g in groups]
     medians = np.concatenate([np.full(len(g.lengths), np.median(g.lengths)) for g in groups])
     assert np.std(np.log(predicted / medians)) < 0.15 < np.std(np.log(realistic / medians))

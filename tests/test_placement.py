@@ -73,3 +73,19 @@ def test_the_estimate_is_below_each_replicas_simulated_seconds():
                 r = run_rollout(groups, policy, replicas=3, budget_tokens=budget, max_new_tokens=2048,
                                 placement=placed, predicted=flat)
                 assert np.all(est <= np.array(r.replica_seconds) * (1 + 1e-9)) and est.max() > 0
+
+
+def test_the_recommendation_follows_how_much_siblings_agree():
+    """Length classes where siblings agree (CASTILLO-like groups: log-sd 0.09), steal where they do not
+    (the long-tail model: 1.0); judged from the previous epoch's completions of the same prompts."""
+    from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
+    from simulate.workloads import castillo_groups, trace_groups
+
+    close = [g.lengths for g in castillo_groups(16, limit=64, seed=11, epoch=1)]
+    apart = [g.lengths for g in trace_groups("lmsys", 16, spread=1.0, limit=64, seed=11, epoch=1)]
+    assert sibling_spread(close) < CLASSES_MAX_SPREAD < sibling_spread(apart)
+    assert recommend_rollout_policy(close) == "placed_classes" and recommend_rollout_policy(apart) == "steal"
+    assert sibling_spread([[100, 100], [10]]) == 0.0 and np.isnan(sibling_spread([[5]]))
+    assert recommend_rollout_policy([[7]]) == "steal"  # no sibling seen: no evidence that they agree
+    with pytest.raises(InvalidArgument, match="'groups'"):
+        sibling_spread([[10, 0]])
