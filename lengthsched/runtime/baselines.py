@@ -201,7 +201,8 @@ class LengthClasses(VLLMPriority):
     """Rollout placement by length classes (:func:`lengthsched.placement.plan_length_classes` on the
     predicted lengths): the completions sorted longest predicted first and cut into one contiguous
     class per replica, so that the longest share few replicas and the short ones run on replicas that
-    finish early; each replica is vLLM's priority scheduler, longest predicted first. Only as good as
+    finish early, unless verl's spread is faster on the predicted lengths (``simulate.run_rollout``
+    simulates both); each replica is vLLM's priority scheduler, longest predicted first. Only as good as
     the predictions, completion by completion: it pays where every completion's length is known to
     ~10% (CASTILLO-like groups, whose siblings vary little, with one earlier epoch of the same prompts
     through :class:`lengthsched.OnlineLengthPredictor`); with a prompt-only predictor (log-normal error
