@@ -486,7 +486,7 @@ def rollout_speed(quick: bool) -> tuple[str, list]:
         groups, realistic, _, _ = rollout_groups(workload, 64 if quick else 256, 11)
         for factor in ((4,) if quick else (2, 4, 16, 64)):
             for label, policy, router, pred in ROLLOUT_RUNS:
-                if pred in ("oracle", "constant"):
+                if pred not in ("realistic", None):  # the same policies with other predictions
                     continue
                 p = realistic if pred == "realistic" else None
                 times = []

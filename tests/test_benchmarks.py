@@ -27,12 +27,14 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
     out = tmp_path / "rollout.json"
     cost = ROOT / "benchmarks" / "results" / "stepcost_h100_qwen3-8b.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
-                             "--sections", "rollout,rollout_headroom", "--cost", str(cost), "--out", str(out)],
+                             "--sections", "rollout,rollout_headroom,rollout_speed", "--cost", str(cost), "--out",
+                             str(out)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "Qwen3-8B, step cost fitted on H100 steps (--cost)" in result.stdout
     data = json.loads(out.read_text())
     assert data["cost"] == str(cost)
+    assert {row[2] for row in data["rollout_speed"]} >= {"steal", "placed_classes", "seer"}
     rows = data["rollout_headroom"]["rows"]
     assert [row[2] for row in rows] == [4, 1]  # replicas
     for row in rows:
