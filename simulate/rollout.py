@@ -45,7 +45,14 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
-from lengthsched.placement import fractional_fits, length_classes, packing_items, packing_mix, plan_length_classes
+from lengthsched.placement import (
+    estimate_seconds,
+    fractional_fits,
+    length_classes,
+    packing_items,
+    packing_mix,
+    plan_length_classes,
+)
 from lengthsched.runtime import POLICIES, Engine, Problem, Timeline, make_policy
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -257,12 +264,23 @@ def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -
     believed = np.clip(np.round(np.asarray(pred, dtype=np.float64)), 1, common["max_new"]).astype(np.int64)
     model = {**common, "flat": believed, "record": False}
     seen: dict[bytes, float] = {}
+    best = [math.inf]
 
     def evaluate(placed: np.ndarray) -> float:
+        """The makespan on the predicted lengths; a candidate whose replica (simulated the most loaded
+        first, by estimate_seconds) already ends after the best so far stops there (it loses anyway)."""
         key = placed.tobytes()
         if key not in seen:
-            _, clocks = _run_routed(policy, placed, None, replicas, **model)
-            seen[key] = max(float(secs[-1]) for _, secs in clocks)
+            est = estimate_seconds(placed, believed, owner, common["prompt_lens"], replicas=replicas,
+                                   budget_tokens=common["budget"], cost=common["cost"])
+            worst = 0.0
+            for r in np.argsort(-est, kind="stable"):
+                _, (_, secs) = _run_replica(policy, np.flatnonzero(placed == r), None, **model)
+                worst = max(worst, float(secs[-1]))
+                if worst >= best[0]:
+                    break
+            seen[key] = worst
+            best[0] = min(best[0], worst)
         return seen[key]
 
     classes = plan_length_classes(believed, owner, common["prompt_lens"], replicas=replicas,
