@@ -46,15 +46,16 @@ import numpy as np
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
 from lengthsched.placement import (
-    estimate_seconds,
     fractional_fits,
     length_classes,
     packing_items,
     packing_mix,
-    plan_length_classes,
 )
-from lengthsched.runtime import POLICIES, Engine, Problem, Timeline, make_policy
+from lengthsched.runtime import POLICIES, Problem, Timeline
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
+from lengthsched.runtime.replicas import plan_classes, prompt_blocks
+from lengthsched.runtime.replicas import replica_engine as _engine
+from lengthsched.runtime.replicas import run_replica as _run_replica
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
 
 from .run import _cost, _predictions
@@ -256,37 +257,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:
-    """The placement of ``placed_classes``: the length classes of
-    :func:`lengthsched.placement.plan_length_classes` and verl's spread, each judged by simulating
-    the step on the predicted lengths (all the planner knows; none: every completion
-    ``max_new_tokens`` long); the fastest there (ties: the classes)."""
+    """The placement of ``placed_classes``: :func:`lengthsched.runtime.replicas.plan_classes` on the
+    predictions (none: every completion ``max_new_tokens`` long), every replica the policy's engine."""
     pred = common["pred"] if common["pred"] is not None else np.full(len(owner), common["max_new"])
-    believed = np.clip(np.round(np.asarray(pred, dtype=np.float64)), 1, common["max_new"]).astype(np.int64)
-    model = {**common, "flat": believed, "record": False}
-    seen: dict[bytes, float] = {}
-    best = [math.inf]
-
-    def evaluate(placed: np.ndarray) -> float:
-        """The makespan on the predicted lengths; a candidate whose replica (simulated the most loaded
-        first, by estimate_seconds) already ends after the best so far stops there (it loses anyway)."""
-        key = placed.tobytes()
-        if key not in seen:
-            est = estimate_seconds(placed, believed, owner, common["prompt_lens"], replicas=replicas,
-                                   budget_tokens=common["budget"], cost=common["cost"])
-            worst = 0.0
-            for r in np.argsort(-est, kind="stable"):
-                _, (_, secs) = _run_replica(policy, np.flatnonzero(placed == r), None, **model)
-                worst = max(worst, float(secs[-1]))
-                if worst >= best[0]:
-                    break
-            seen[key] = worst
-            best[0] = min(best[0], worst)
-        return seen[key]
-
-    classes = plan_length_classes(believed, owner, common["prompt_lens"], replicas=replicas,
-                                  budget_tokens=common["budget"], cost=common["cost"], evaluate=evaluate)
-    spread = np.arange(len(owner), dtype=np.int64) % replicas
-    return spread if evaluate(spread) < evaluate(classes) * (1 - 1e-12) else classes
+    return plan_classes(pred, owner, common["prompt_lens"], replicas=replicas, budget_tokens=common["budget"],
+                        max_new_tokens=common["max_new"], cost=common["cost"], policy=POLICIES[policy].cls.ENGINE,
+                        prefill_chunk=common["prefill_chunk"])
 
 
 def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
@@ -326,8 +302,7 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     cost = _cost(cost)
     pred, _, _ = _predictions(predicted, flat, max_new, 0.9, None, job_keys)
     block = spec.cls.block_size
-    tails = prompt_lens % block if block > 1 else np.zeros(len(groups), dtype=np.int64)
-    prompt_kv = prompt_lens - tails
+    tails, prompt_kv = prompt_blocks(prompt_lens, block)
     # Every request must fit an empty pool: its prompt's blocks, its tail and its whole length.
     need = prompt_kv[owner] + -(-(tails[owner] + flat) // block) * block
     if need.max() > budget:
@@ -441,49 +416,11 @@ def place_by_length_class(groups: Sequence[Group], replicas: int, lengths: Any, 
     return length_classes(lengths, context, replicas=replicas, budget_tokens=budget_tokens, cost=cost, lam=lam)
 
 
-def _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:
-    eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
-                 enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
-    eng.hold_prompts(owner, prompt_kv)
-    return eng
-
-
-def _clock(eng: Engine, cost) -> tuple[np.ndarray, np.ndarray]:
-    """(step at the end of each run of steps, modelled seconds then), starting at (0, 0)."""
-    log = eng.step_log()
-    ends = np.concatenate([[0], np.cumsum(log.steps)])
-    secs = np.concatenate([[0.0], np.cumsum(cost.segment_seconds(log.steps, log.rows, log.kv_first,
-                                                                  log.prefill_tokens, log.prefill_context))])
-    return ends, secs
-
-
 def _run_routed(policy, placement, online, replicas, **common):
     """Each replica on its own, with the requests ``placement`` gives it (``common``: as for
     :func:`_run_replica`)."""
     runs = [_run_replica(policy, np.flatnonzero(placement == r), online, **common) for r in range(replicas)]
     return [eng for eng, _ in runs], [clock for _, clock in runs]
-
-
-def _run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
-                 prefill_chunk, record, cost):
-    """One replica running the requests ``mine`` (global indices) under ``policy``: (engine, clock)."""
-    if not len(mine):  # a replica that got nothing
-        return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
-    hosted, local = np.unique(owner[mine], return_inverse=True)
-    problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
-                      predicted=None if pred is None else pred[mine],
-                      predictor=None if online is None else copy.deepcopy(online),
-                      prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
-    sim = make_policy(policy, problem)
-    eng = _engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget, prefill_chunk,
-                  record, sim.block_size)
-    for job in range(len(mine)):
-        eng.claim(job)
-    eng.run(sim)
-    eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
-    if eng.timeline is not None:
-        eng.timeline.segments = [(int(mine[j]), *rest) for j, *rest in eng.timeline.segments]
-    return eng, _clock(eng, cost)
 
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails, prompt_kv, prompt_lens, pred,

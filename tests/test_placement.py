@@ -89,3 +89,28 @@ def test_the_recommendation_follows_how_much_siblings_agree():
     assert recommend_rollout_policy([[7]]) == "steal"  # no sibling seen: no evidence that they agree
     with pytest.raises(InvalidArgument, match="'groups'"):
         sibling_spread([[10, 0]])
+
+
+def test_the_class_planner_is_the_simulators_and_checks_its_arguments():
+    """lengthsched.runtime.replicas.plan_classes (numpy only) plans what simulate.run_rollout's
+    placed_classes runs, and names a bad argument."""
+    from lengthsched.runtime.replicas import plan_classes
+    from simulate import run_rollout
+    from simulate.workloads import castillo_groups
+
+    groups = castillo_groups(16, limit=12, seed=4, max_new_tokens=2048)
+    flat = np.concatenate([g.lengths for g in groups])
+    owner = np.repeat(np.arange(len(groups)), [len(g.lengths) for g in groups])
+    prompts = np.array([g.prompt_len for g in groups])
+    predicted = (flat * np.exp(np.random.default_rng(0).normal(0, 0.1, len(flat)))).astype(int) + 1
+    common = dict(replicas=3, budget_tokens=8 * 2048, max_new_tokens=2048)
+    planned = plan_classes(predicted, owner, prompts, cost=COST, **common)
+    assert run_rollout(groups, "placed_classes", predicted=predicted, **common).placement.tolist() == planned.tolist()
+    for kwargs, name in ((dict(policy="steal"), "policy"), (dict(policy="nope"), "policy"),
+                         (dict(replicas=0), "replicas"), (dict(max_new_tokens=0), "max_new_tokens")):
+        with pytest.raises(InvalidArgument, match=f"'{name}'"):
+            plan_classes(predicted, owner, prompts, cost=COST, **(common | kwargs))
+    with pytest.raises(InvalidArgument, match="'predicted'"):
+        plan_classes([], [], prompts, cost=COST, **common)
+    with pytest.raises(InvalidArgument, match="'group'"):
+        plan_classes(predicted, owner + 100, prompts, cost=COST, **common)

@@ -212,6 +212,7 @@ class LengthClasses(VLLMPriority):
     name = "placed_classes"
     places_groups = True
     PLACE = "classes"
+    ENGINE = "vllm_priority"  # what runs on each replica (the planner simulates it)
 
 
 class AdaptivePlacement(VLLMLike):

@@ -1,0 +1,138 @@
+"""One engine replica of a rollout step, simulated on its own, and the length-class planner that
+judges candidate placements with it (numpy only).
+
+``simulate.run_rollout`` runs every routed replica through :func:`run_replica`; the integrations plan
+``placement="classes"`` with :func:`plan_classes`, the same code as the simulator's ``placed_classes``.
+A replica's KV pool holds its prompts (``Engine.hold_prompts``): with blocks of ``block`` tokens a
+prompt's whole blocks are shared by its siblings and its last partial block (its ``tail``) is
+copied into each sequence, as vLLM's prefix cache shares full blocks only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int
+from ..placement import estimate_seconds, plan_length_classes
+from .engine import Engine
+from .policies import Problem
+from .registry import POLICIES, make_policy
+from .timing import DEFAULT_PREFILL_CHUNK
+
+__all__ = ["plan_classes", "prompt_blocks", "run_replica"]
+
+
+def prompt_blocks(prompt_lens: Any, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(per prompt, its tail: tokens past its last whole block, copied into each sequence; the KV
+    tokens of its whole blocks, held once per replica). ``block`` 1: no tails."""
+    pl = np.asarray(prompt_lens, dtype=np.int64)
+    tails = pl % block if block > 1 else np.zeros(len(pl), dtype=np.int64)
+    return tails, pl - tails
+
+
+def engine_clock(eng: Engine, cost: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(step at the end of each run of steps, modelled seconds then), starting at (0, 0)."""
+    log = eng.step_log()
+    ends = np.concatenate([[0], np.cumsum(log.steps)])
+    secs = np.concatenate([[0.0], np.cumsum(cost.segment_seconds(log.steps, log.rows, log.kv_first,
+                                                                  log.prefill_tokens, log.prefill_context))])
+    return ends, secs
+
+
+def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:
+    """An engine for the completions ``flat`` (tokens) of the prompts ``owner`` indexes, with their
+    prompts held in its pool."""
+    eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
+                 enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
+    eng.hold_prompts(owner, prompt_kv)
+    return eng
+
+
+def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
+                prefill_chunk, record, cost):
+    """One replica running the requests ``mine`` (indices into ``flat``) under ``policy``: (engine,
+    clock). ``online``: a predictor that learns from the finishes (a copy is used), or None."""
+    if not len(mine):  # a replica that got nothing
+        return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
+    hosted, local = np.unique(owner[mine], return_inverse=True)
+    problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
+                      predicted=None if pred is None else pred[mine],
+                      predictor=None if online is None else copy.deepcopy(online),
+                      prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
+    sim = make_policy(policy, problem)
+    eng = replica_engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget,
+                         prefill_chunk, record, sim.block_size)
+    for job in range(len(mine)):
+        eng.claim(job)
+    eng.run(sim)
+    eng.collected = [int(mine[j]) for j in eng.collected]  # global indices
+    if eng.timeline is not None:
+        eng.timeline.segments = [(int(mine[j]), *rest) for j, *rest in eng.timeline.segments]
+    return eng, engine_clock(eng, cost)
+
+
+def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
+                 max_new_tokens: int, cost: Any, policy: str = "vllm_priority",
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+    """The replica of every completion for a step planned in length classes: the candidates of
+    :func:`lengthsched.placement.plan_length_classes` and verl's spread (completion i to replica
+    i mod ``replicas``), each judged by simulating the step with ``policy`` on every replica on the
+    predicted lengths (all the planner knows); the fastest there (ties: the classes). A candidate
+    stops being simulated once one of its replicas (the most loaded first, by
+    :func:`lengthsched.placement.estimate_seconds`) ends after the best so far.
+
+    Args:
+        predicted: per completion, its predicted length in tokens (clipped to 1..max_new_tokens).
+        group: per completion, the index of its prompt in ``prompt_lens``.
+        prompt_lens: per prompt, its length in tokens.
+        replicas: engine replicas; budget_tokens: each one's KV pool in tokens, prompts included.
+        max_new_tokens: the longest a completion may be (tokens).
+        cost: a :class:`lengthsched.cost.StepCost`.
+        policy: the engine policy of every replica (a name of ``POLICIES`` that runs rollouts).
+        prefill_chunk: tokens prefilled per step at most (None: no limit).
+    """
+    if policy not in POLICIES or not POLICIES[policy].rollout or POLICIES[policy].places_groups:
+        raise InvalidArgument("policy", policy, "an engine policy that runs rollouts on a replica: " + ", ".join(
+            n for n, s in POLICIES.items() if s.rollout and not s.places_groups))
+    replicas = check_int("replicas", replicas, minimum=1)
+    budget = check_int("budget_tokens", budget_tokens, minimum=1)
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    pred = np.asarray(predicted, dtype=np.float64)
+    if pred.ndim != 1 or not len(pred) or not np.all(np.isfinite(pred)):
+        raise InvalidArgument("predicted", f"an array of shape {pred.shape}", "one finite length per completion")
+    believed = np.clip(np.round(pred), 1, max_new).astype(np.int64)
+    group = np.asarray(group)
+    pl = np.asarray(prompt_lens, dtype=np.int64)
+    if group.shape != believed.shape or not np.issubdtype(group.dtype, np.integer) or (
+            group.min() < 0 or group.max() >= len(pl)):
+        raise InvalidArgument("group", f"an array of shape {group.shape}",
+                              f"one index into prompt_lens ({len(pl)} prompts) per completion")
+    tails, prompt_kv = prompt_blocks(pl, POLICIES[policy].cls.block_size)
+    model = dict(flat=believed, owner=group.astype(np.int64), tails=tails, prompt_kv=prompt_kv, prompt_lens=pl,
+                 pred=believed, job_keys=tuple(group.tolist()), max_new=max_new, budget=budget,
+                 prefill_chunk=prefill_chunk, record=False, cost=cost)
+    seen: dict[bytes, float] = {}
+    best = [math.inf]
+
+    def evaluate(placed: np.ndarray) -> float:
+        key = placed.tobytes()
+        if key not in seen:
+            est = estimate_seconds(placed, believed, group, pl, replicas=replicas, budget_tokens=budget, cost=cost)
+            worst = 0.0
+            for r in np.argsort(-est, kind="stable"):
+                _, (_, secs) = run_replica(policy, np.flatnonzero(placed == r), None, **model)
+                worst = max(worst, float(secs[-1]))
+                if worst >= best[0]:
+                    break  # it loses anyway
+            seen[key] = worst
+            best[0] = min(best[0], worst)
+        return seen[key]
+
+    classes = plan_length_classes(believed, group, pl, replicas=replicas, budget_tokens=budget, cost=cost,
+                                  evaluate=evaluate)
+    spread = np.arange(len(believed), dtype=np.int64) % replicas
+    return spread if evaluate(spread) < evaluate(classes) * (1 - 1e-12) else classes
