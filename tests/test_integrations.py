@@ -705,3 +705,36 @@ def test_demo_compares_index_order_with_the_plan_on_a_fake_engine():
     assert base.lengths == planned.lengths == tuple(true)
     assert base.engine_steps == base.model_steps and planned.engine_steps == planned.model_steps == plan.expected_steps
     assert "lengthsched priorities" in format_runs([base, planned]) and "8/8" in format_runs([base, planned])
+
+
+def test_plan_rollout_places_length_classes_as_the_simulator_does():
+    """placement='classes': the rows' replicas are lengthsched.runtime.replicas.plan_classes' (the
+    simulator's placed_classes), each replica's rows longest predicted first; the extra arguments are
+    required and named; verl's planner does not take it yet."""
+    from lengthsched.integrations import plan_rollout
+    from lengthsched.integrations.rollout import decode_replica
+    from lengthsched.integrations.verl import RolloutPlanner
+    from lengthsched.runtime.replicas import plan_classes
+    from lengthsched.runtime.timing import default_cost
+
+    rng = np.random.default_rng(3)
+    medians = rng.integers(50, 1500, size=12)
+    keys = [f"p{g}" for g in range(12) for _ in range(8)]
+    predicted = np.repeat(medians, 8)
+    prompts = np.repeat(rng.integers(20, 400, size=12), 8)
+    common = dict(replicas=3, budget_tokens=16 * 2048, max_new_tokens=2048)
+    plan = plan_rollout(keys, predicted, placement="classes", prompt_lens=prompts, **common)
+    expected = plan_classes(predicted, np.repeat(np.arange(12), 8), prompts[::8], cost=default_cost(), **common)
+    assert list(plan.replica) == expected.tolist() and plan.placement == "classes"
+    for r in range(3):
+        rows = plan.rows_on(r)
+        assert [int(predicted[i]) for i in rows] == sorted((int(predicted[i]) for i in rows), reverse=True)
+        assert all(decode_replica(plan.priority[i], 3) == r for i in rows)
+    for missing in ("prompt_lens", "budget_tokens", "max_new_tokens"):
+        args = dict(prompt_lens=prompts, **common) | {missing: None}
+        with pytest.raises(InvalidArgument, match=f"'{missing}'"):
+            plan_rollout(keys, predicted, placement="classes", **args)
+    with pytest.raises(InvalidArgument, match="'prompt_lens'"):
+        plan_rollout(keys, predicted, placement="classes", prompt_lens=prompts[:5], **common)
+    with pytest.raises(InvalidArgument, match="'placement'"):
+        RolloutPlanner(placement="classes")

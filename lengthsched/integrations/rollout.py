@@ -14,6 +14,15 @@ send it to the engines. Two placements, both static (decided once per batch):
   ``placed_lpt``: each prompt held on one replica only, but 1.2% SLOWER on average on the same
   settings (slower in 38, worst 1.236x): with imperfect predictions, whole groups unbalance the
   replicas. Use it only when prompts held on every replica would crowd the KV pools.
+- ``"classes"``: length classes (:func:`lengthsched.runtime.replicas.plan_classes`, the simulator's
+  ``placed_classes``): the longest predicted completions gathered on few replicas and the short
+  ones on replicas that finish early, or verl's spread where a simulation of the step on the
+  predicted lengths finds that faster. It needs the rows' prompt lengths, each replica's KV pool and
+  a step-cost model, and it pays only when each completion's length is predicted well: with
+  predictions learnt from one earlier epoch of the same prompts on groups whose siblings agree
+  (:func:`lengthsched.placement.recommend_rollout_policy` says when), 8.5% faster than vLLM + verl
+  over the multi-replica CASTILLO settings (preset); with prompt-only predictions 1.18x SLOWER on
+  average. See docs/benchmarks.md, "Length classes".
 
 The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.6% faster
 than vLLM + verl on the same settings): replicas that steal waiting requests from each other as they
@@ -38,8 +47,8 @@ __all__ = ["PLACEMENTS", "RolloutPlan", "decode_replica", "observe_lengths", "pl
            "predict_lengths"]
 
 #: The placements :func:`plan_rollout` knows (see the module docstring): ``spread`` (verl's, the
-#: default) and ``groups`` (whole groups by predicted work).
-PLACEMENTS = ("spread", "groups")
+#: default), ``groups`` (whole groups by predicted work) and ``classes`` (length classes).
+PLACEMENTS = ("spread", "groups", "classes")
 
 # Engines take 64-bit signed priorities (vLLM's OpenAI protocol and SGLang's tokenizer manager
 # both reject values outside [-2**63, 2**63)).
@@ -111,16 +120,20 @@ class RolloutPlan:
         return tuple(sorted(range(len(self.priority)), key=lambda i: self.priority[i]))
 
 
-def check_placement(placement: Any) -> str:
-    """``placement`` if it is one of :data:`PLACEMENTS`, else :class:`InvalidArgument` naming it."""
-    if placement not in PLACEMENTS:
-        raise InvalidArgument("placement", placement, "'spread' (verl's: row i to replica i mod replicas) or "
-                                                      "'groups' (whole groups by predicted work)")
+def check_placement(placement: Any, allowed: Sequence[str] = PLACEMENTS) -> str:
+    """``placement`` if it is one of ``allowed`` (default :data:`PLACEMENTS`), else
+    :class:`InvalidArgument` naming it."""
+    meaning = {"spread": "'spread' (verl's: row i to replica i mod replicas)",
+               "groups": "'groups' (whole groups by predicted work)",
+               "classes": "'classes' (length classes; needs prompt_lens, budget_tokens, max_new_tokens)"}
+    if placement not in allowed:
+        raise InvalidArgument("placement", placement, " or ".join(meaning[a] for a in allowed))
     return placement
 
 
 def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: int = 1, base: int = 0,
-                 placement: str = "spread") -> RolloutPlan:
+                 placement: str = "spread", prompt_lens: Any = None, budget_tokens: int | None = None,
+                 max_new_tokens: int | None = None, cost: Any = None) -> RolloutPlan:
     """Plan a rollout step: place the rows on ``replicas`` and order each replica's rows longest
     predicted first.
 
@@ -132,8 +145,13 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         base: added to every priority (>= 0, a multiple of ``replicas`` so that
             :func:`decode_replica` still reads the replica), e.g. to keep calls' priorities apart.
         placement: ``"spread"`` (row i to replica i mod ``replicas``, as verl routes a batch; the
-            default) or ``"groups"`` (whole groups by predicted work, :func:`place_groups`); see the
-            module docstring for what each measured.
+            default), ``"groups"`` (whole groups by predicted work, :func:`place_groups`) or
+            ``"classes"`` (length classes); see the module docstring for what each measured.
+        prompt_lens: per row, its prompt's length in tokens (``"classes"`` only).
+        budget_tokens: each replica's KV pool in tokens, prompts included (``"classes"`` only).
+        max_new_tokens: the longest a completion may be, in tokens (``"classes"`` only).
+        cost: the step-cost model (:class:`lengthsched.cost.StepCost`; ``"classes"`` only; default
+            Qwen3-1.7B on the H100 preset).
     """
     keys = list(group_keys) if not isinstance(group_keys, (str, bytes)) else None
     if not keys:
@@ -157,7 +175,10 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         group_replica = place_groups(work, replicas)
         replica = [group_replica[g] for g in group]
     else:
-        replica = [i % replicas for i in range(len(keys))]
+        if placement == "classes":
+            replica = _classes(pred, group, len(index), replicas, prompt_lens, budget_tokens, max_new_tokens, cost)
+        else:
+            replica = [i % replicas for i in range(len(keys))]
         seen: dict[int, set[int]] = {}
         for g, r in zip(group, replica):
             seen.setdefault(g, set()).add(r)
@@ -176,6 +197,29 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
     return RolloutPlan(replicas=replicas, group=tuple(group), replica=tuple(replica), priority=tuple(priority),
                        rank=tuple(rank), predicted=tuple(int(x) for x in pred), group_keys=tuple(index),
                        group_replica=tuple(group_replica), replica_work=tuple(replica_work), placement=placement)
+
+
+def _classes(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any, budget_tokens: Any,
+             max_new_tokens: Any, cost: Any) -> list[int]:
+    """The replica of every row for ``placement="classes"`` (see :func:`plan_rollout`)."""
+    from ..runtime.replicas import plan_classes
+    from ..runtime.timing import default_cost
+
+    for name, value in (("prompt_lens", prompt_lens), ("budget_tokens", budget_tokens),
+                        ("max_new_tokens", max_new_tokens)):
+        if value is None:
+            raise InvalidArgument(name, None, "a value: placement='classes' needs the prompts' lengths, the KV pool "
+                                              "and max_new_tokens")
+    rows = as_lengths("prompt_lens", prompt_lens, minimum=0)
+    if len(rows) != len(group):
+        raise InvalidArgument("prompt_lens", f"{len(rows)} values", f"{len(group)} values, one per row")
+    per_group = np.zeros(groups, dtype=np.int64)
+    np.maximum.at(per_group, np.asarray(group), rows)  # rows of one group share its prompt
+    placed = plan_classes(pred, np.asarray(group, dtype=np.int64), per_group, replicas=replicas,
+                          budget_tokens=check_int("budget_tokens", budget_tokens, minimum=1),
+                          max_new_tokens=check_int("max_new_tokens", max_new_tokens, minimum=1),
+                          cost=default_cost() if cost is None else cost)
+    return [int(r) for r in placed]
 
 
 def predict_lengths(predictor: Any, queries: Sequence[Any], *, max_new_tokens: int | None = None) -> np.ndarray:

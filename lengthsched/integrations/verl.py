@@ -214,7 +214,7 @@ class RolloutPlanner:
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
                  placement: str = "spread"):
-        self.placement = check_placement(placement)
+        self.placement = check_placement(placement, ("spread", "groups"))  # classes: not wired to verl yet
         if max_new_tokens is not None:
             max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
         if predictor is None:
