@@ -34,7 +34,7 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
     assert "Qwen3-8B, step cost fitted on H100 steps (--cost)" in result.stdout
     data = json.loads(out.read_text())
     assert data["cost"] == str(cost)
-    assert {row[2] for row in data["rollout_speed"]} >= {"steal", "placed_classes", "seer"}
+    assert {row[2] for row in data["rollout_speed"]["rows"]} >= {"steal", "placed_classes", "seer"}
     rows = data["rollout_headroom"]["rows"]
     assert [row[2] for row in rows] == [4, 1]  # replicas
     for row in rows:
