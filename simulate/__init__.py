@@ -21,7 +21,9 @@ from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 #: docs/benchmarks.md ("Rollout steps": 90 settings, modelled seconds), ahead of vLLM FCFS with
 #: verl's routing, vLLM and SGLang priority scheduling and the Seer-like anchor. It is slower than
 #: vLLM + verl on a few settings and misses the goal of 10% on average: see docs/benchmarks.md.
-#: On one engine (``run_group``, ``run_batch``) it is vLLM's FCFS engine.
+#: On one engine (``run_group``, ``run_batch``) it is vLLM's FCFS engine. With the previous epoch's
+#: completions of the same prompts, ``lengthsched.placement.recommend_rollout_policy`` says whether
+#: ``placed_classes`` (length classes) should run instead.
 DEFAULT_POLICY = "steal"
 
 __all__ = [
