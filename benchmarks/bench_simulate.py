@@ -308,6 +308,7 @@ def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, re
 
 
 ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model
+ROLLOUT_SEED = 11  # --seed: which prompts (and completions, and prediction errors) the rollout sections draw
 
 
 def _rollout_cost(text: str | None):
@@ -361,7 +362,7 @@ def rollout(quick: bool) -> tuple[str, list]:
     grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
     rows = _rollout_rows(grid)
     summary = _rollout_summary(rows)
-    if not quick and ROLLOUT_COST is None:  # the figure of docs/benchmarks.md is the default cost's
+    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11:  # docs/benchmarks.md's figure: the defaults
         _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
     text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
@@ -394,7 +395,7 @@ def rollout_watermark(quick: bool) -> tuple[str, list]:
     """Recomputation against time: steal with an admission watermark (admit only while the running
     requests' predicted peak KV and the new one's stay under W x the pool), over the rollout grid."""
     grid = [("castillo", 16, 4, 2)] if quick else ROLLOUT_GRID
-    results = _pool_map(_rollout_watermark_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
+    results = _pool_map(_rollout_watermark_unit, [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid])
     base_recomputed = sum(o["base"][1] for o in results)
     rows = []
     for name in ("realistic", "oracle"):
@@ -434,7 +435,7 @@ def rollout_heldout(quick: bool) -> tuple[str, list]:
 
 def _rollout_rows(grid) -> list:
     rows = []
-    results = _pool_map(_rollout_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
+    results = _pool_map(_rollout_unit, [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid])
     for (w, b, r, f), out in zip(grid, results):
         base = out["vllm + verl routing"]
         for label, *_ in ROLLOUT_RUNS:
@@ -483,7 +484,7 @@ def rollout_speed(quick: bool) -> tuple[str, list]:
     pin_one_core()
     rows = []
     for workload in ("castillo", "long tail"):
-        groups, realistic, _, _ = rollout_groups(workload, 64 if quick else 256, 11)
+        groups, realistic, _, _ = rollout_groups(workload, 64 if quick else 256, ROLLOUT_SEED)
         for factor in ((4,) if quick else (2, 4, 16, 64)):
             for label, policy, router, pred in ROLLOUT_RUNS:
                 if pred not in ("realistic", None):  # the same policies with other predictions
@@ -552,7 +553,7 @@ def rollout_online(quick: bool) -> tuple[str, list]:
     """Rollout makespan with the online predictor (learns from finished siblings on each replica)
     against the same prompt-level predictions frozen, for the priority-based policies."""
     grid = [(16, 4, 16)] if quick else [(b, r, f) for b in (64, 256) for r in (4, 8) for f in (4, 16)]
-    results = _pool_map(_rollout_online_unit, [(b, r, f, 11, ROLLOUT_COST) for b, r, f in grid])
+    results = _pool_map(_rollout_online_unit, [(b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for b, r, f in grid])
     rows = []
     for (b, r, f), out in zip(grid, results):
         base = out[("vllm", "prompt-only")]
@@ -594,7 +595,8 @@ def rollout_headroom(quick: bool) -> tuple[str, list]:
     setting of the rollout grid (one replica: nothing to place; the search returns verl's)."""
     grid = [("castillo", 16, 4, 4), ("castillo", 16, 1, 4)] if quick else ROLLOUT_GRID
     evaluations = 20 if quick else HEADROOM_EVALUATIONS
-    results = _pool_map(_rollout_headroom_unit, [(w, b, r, f, 11, ROLLOUT_COST, evaluations) for w, b, r, f in grid])
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, evaluations) for w, b, r, f in grid]
+    results = _pool_map(_rollout_headroom_unit, units)
     rows = []
     for (w, b, r, f), out in zip(grid, results):
         base, lb, steal, steal_oracle, priority_oracle, fcfs, priority, start, moves = out
@@ -662,7 +664,7 @@ def rollout_classes(quick: bool) -> tuple[str, list]:
     predictor) with growing error, on what the online predictor knows after one earlier epoch of the
     same prompts, and on the grid's realistic prompt-level predictions."""
     grid = [("castillo", 64, 4, 16), ("castillo", 16, 1, 4)] if quick else ROLLOUT_GRID
-    results = _pool_map(_rollout_classes_unit, [(w, b, r, f, 11, ROLLOUT_COST) for w, b, r, f in grid])
+    results = _pool_map(_rollout_classes_unit, [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid])
     rows = [[w, b, r, f"{f} x L_max", *out] for (w, b, r, f), out in zip(grid, results)]
     summary = []
     for label, keep in (("every setting", lambda row: True), ("several replicas", lambda row: row[2] > 1)):
@@ -770,8 +772,14 @@ def main(argv=None) -> int:
                         help="a CASTILLO JSON file of held-out prompts for --sections rollout_heldout (e.g. "
                              "../shared/data/castillo/preproc_ShareGPT_validate_Qwen--Qwen2.5-7B-Instruct-1M.json; "
                              "not shipped: its prompts have no clear license)")
+    parser.add_argument("--seed", type=int, default=11,
+                        help="the seed of the rollout sections' prompts, completions and prediction errors "
+                             "(default 11, the published grid)")
     args = parser.parse_args(argv)
-    global ROLLOUT_COST, GROUPS_FILE
+    global ROLLOUT_COST, GROUPS_FILE, ROLLOUT_SEED
+    if args.seed < 0:
+        parser.error(f"argument --seed: got {args.seed}; expected a seed >= 0")
+    ROLLOUT_SEED = args.seed
     if args.groups_file is not None:
         castillo_file_groups(args.groups_file, 16, limit=1)  # a bad file fails here, before any section runs
         GROUPS_FILE = str(args.groups_file)
