@@ -34,8 +34,8 @@ import numpy as np
 
 from .errors import InvalidArgument, check_int
 
-__all__ = ["CLASSES_MAX_SPREAD", "CLASS_LAMS", "estimate_seconds", "length_classes", "plan_length_classes",
-           "recommend_rollout_policy", "sibling_spread"]
+__all__ = ["CLASSES_MAX_SPREAD", "CLASS_LAMS", "check_group", "estimate_seconds", "length_classes",
+           "plan_length_classes", "recommend_rollout_policy", "sibling_spread"]
 
 #: The weights ``lam`` :func:`plan_length_classes` tries.
 CLASS_LAMS = (0.0, 0.5, 1.0)
@@ -171,6 +171,17 @@ def estimate_seconds(placement: Any, lengths: Any, group: Any, prompt_lens: Any,
     return out
 
 
+def check_group(group: Any, shape: tuple, prompts: int) -> np.ndarray:
+    """``group`` (per completion, the index of its prompt) as int64 if it has ``shape`` and every
+    index is below ``prompts``, else :class:`InvalidArgument` naming it."""
+    arr = np.asarray(group)
+    if arr.shape != tuple(shape) or not np.issubdtype(arr.dtype, np.integer) or (
+            len(arr) and (arr.min() < 0 or arr.max() >= prompts)):
+        raise InvalidArgument("group", f"an array of shape {arr.shape}",
+                              f"one index into prompt_lens ({prompts} prompts) per completion")
+    return arr.astype(np.int64)
+
+
 def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
                         cost: Any, evaluate: Callable[[np.ndarray], float] | None = None) -> np.ndarray:
     """:func:`length_classes` for each ``lam`` of :data:`CLASS_LAMS`, keeping the placement that
@@ -186,12 +197,8 @@ def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas:
         replicas, budget_tokens, cost: as for :func:`length_classes`.
         evaluate: seconds of a candidate placement (the replica of every completion).
     """
-    group = np.asarray(group)
     pl = np.asarray(prompt_lens)
-    if group.shape != np.shape(lengths) or not np.issubdtype(group.dtype, np.integer) or (
-            len(group) and (group.min() < 0 or group.max() >= len(pl))):
-        raise InvalidArgument("group", f"an array of shape {group.shape}",
-                              f"one index into prompt_lens ({len(pl)} prompts) per completion")
+    group = check_group(group, np.shape(lengths), len(pl))
     if evaluate is None:
         def evaluate(placed: np.ndarray) -> float:
             return float(estimate_seconds(placed, lengths, group, pl, replicas=replicas, budget_tokens=budget_tokens,

@@ -216,8 +216,7 @@ def _classes(pred: np.ndarray, group: list[int], groups: int, replicas: int, pro
     per_group = np.zeros(groups, dtype=np.int64)
     np.maximum.at(per_group, np.asarray(group), rows)  # rows of one group share its prompt
     placed = plan_classes(pred, np.asarray(group, dtype=np.int64), per_group, replicas=replicas,
-                          budget_tokens=check_int("budget_tokens", budget_tokens, minimum=1),
-                          max_new_tokens=check_int("max_new_tokens", max_new_tokens, minimum=1),
+                          budget_tokens=budget_tokens, max_new_tokens=max_new_tokens,
                           cost=default_cost() if cost is None else cost)
     return [int(r) for r in placed]
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from ..placement import estimate_seconds, plan_length_classes
+from ..placement import check_group, estimate_seconds, plan_length_classes
 from .engine import Engine
 from .policies import Problem
 from .registry import POLICIES, make_policy
@@ -105,14 +105,10 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
     if pred.ndim != 1 or not len(pred) or not np.all(np.isfinite(pred)):
         raise InvalidArgument("predicted", f"an array of shape {pred.shape}", "one finite length per completion")
     believed = np.clip(np.round(pred), 1, max_new).astype(np.int64)
-    group = np.asarray(group)
     pl = np.asarray(prompt_lens, dtype=np.int64)
-    if group.shape != believed.shape or not np.issubdtype(group.dtype, np.integer) or (
-            group.min() < 0 or group.max() >= len(pl)):
-        raise InvalidArgument("group", f"an array of shape {group.shape}",
-                              f"one index into prompt_lens ({len(pl)} prompts) per completion")
+    group = check_group(group, believed.shape, len(pl))
     tails, prompt_kv = prompt_blocks(pl, POLICIES[policy].cls.block_size)
-    model = dict(flat=believed, owner=group.astype(np.int64), tails=tails, prompt_kv=prompt_kv, prompt_lens=pl,
+    model = dict(flat=believed, owner=group, tails=tails, prompt_kv=prompt_kv, prompt_lens=pl,
                  pred=believed, job_keys=tuple(group.tolist()), max_new=max_new, budget=budget,
                  prefill_chunk=prefill_chunk, record=False, cost=cost)
     seen: dict[bytes, float] = {}
