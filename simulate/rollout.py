@@ -338,8 +338,9 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
     context = prompt_lens[owner]
     group_longest = np.zeros(len(prompt_lens), dtype=np.int64)
     np.maximum.at(group_longest, owner, flat)
-    prompt_area = int((prompt_lens * group_longest).sum())  # each prompt held while its longest completion runs
-    steps_bound = max(int(flat.max()), math.ceil((int((flat * (flat + 1) // 2).sum()) + prompt_area) / budget))
+    prompt_held = prompt_lens * group_longest  # token-steps: each prompt held while its longest completion runs
+    area = int((flat * (flat + 1) // 2).sum()) + int(prompt_held.sum())  # token-steps in all
+    steps_bound = max(int(flat.max()), math.ceil(area / budget))
     prompts = [int(x) for x in prompt_lens]
     share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts) / replicas
     longest = int(np.argmax(flat))
@@ -360,7 +361,7 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
         held = cost.lower_bound_seconds(steps=steps, decode_tokens=tokens, kv_tokens_read=kv) / k
         total = cost.lower_bound_seconds(steps=np.maximum(steps, steps_bound), **everything) / replicas
         threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held, total), np.inf))
-    packed = _packing_bound(cost, flat, context, prompt_lens, prompt_lens * group_longest, budget, replicas)
+    packed = _packing_bound(cost, flat, context, prompt_lens, prompt_held, budget, replicas)
     return max(share, alone, float(threshold.max()), packed)
 
 
