@@ -130,9 +130,9 @@ def castillo_groups(
     return _sample_groups(rows, group_size, max_new, limit, seed, epoch)
 
 
-def _epoch_stream(seed: int, kind: int, index: int, epoch: Any) -> np.random.Generator:
-    """The random stream of one prompt's completions in ``epoch`` (epoch 0 keeps the original draw)."""
-    epoch = check_int("epoch", epoch, minimum=0)
+def _epoch_stream(seed: int, kind: int, index: int, epoch: int) -> np.random.Generator:
+    """The random stream of one prompt's completions in ``epoch`` (checked by the caller; epoch 0
+    keeps the original draw)."""
     return np.random.default_rng([seed, kind, index] + ([epoch] if epoch else []))
 
 
@@ -141,6 +141,7 @@ def _sample_groups(rows: Sequence[dict], group_size: int, max_new: int, limit: i
     """Groups of ``group_size`` from rows with ``prompt_id``, ``prompt_tokens``, ``lengths``,
     ``dataset`` and ``split``: ``limit`` rows drawn at random (seeded), each resampled from its own
     random stream (see the module docstring), one per ``epoch``."""
+    epoch = check_int("epoch", epoch, minimum=0)
     order = np.random.default_rng([seed, 0]).permutation(len(rows))
     if limit is not None:
         order = order[: check_int("limit", limit, minimum=1)]
@@ -226,6 +227,7 @@ def trace_groups(
     if not math.isfinite(sigma) or sigma < 0:
         raise InvalidArgument("spread", spread, "a number >= 0 (sigma of log length)")
     prompts, generated = _trace(name)
+    epoch = check_int("epoch", epoch, minimum=0)
     order = np.random.default_rng([seed, 0]).permutation(len(generated))
     if limit is not None:
         order = order[: check_int("limit", limit, minimum=1)]
