@@ -13,6 +13,9 @@
 # suffix for qwen3-1.7b), the output to OUTDIR/*.log. Each model's gpu_cost.py stops measuring after
 # T_MEASURE / (number of models) seconds and then fits, well inside its timeout.
 #
+# COMPILE=1 measures with every decoder layer compiled (gpu_cost.py --compile: fused kernels, closer to
+# an engine's; reports named ..._compiled); ARGS adds arguments to gpu_cost.py (a smaller grid, say).
+#
 # CPU check of the script itself (tiny model and grid, seconds):
 #     DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python bash benchmarks/gpu_cost.sh /tmp/gpu-cost-check
 set -u -o pipefail
@@ -23,6 +26,8 @@ DEVICE=${DEVICE:-cuda}
 TOTAL=${TOTAL:-570}            # seconds for the whole script
 T_MEASURE=${T_MEASURE:-360}    # seconds of measuring inside gpu_cost.py, all models (model build and fit come on top)
 MODELS=${MODELS:-qwen3-1.7b qwen3-8b}
+read -r -a EXTRA <<< "${ARGS:-}"
+if [ -n "${COMPILE:-}" ]; then EXTRA+=(--compile); fi
 . "$(dirname "$0")/gpu_common.sh"
 
 {
@@ -47,7 +52,7 @@ for MODEL in "${MODEL_LIST[@]}"; do
     if [ "$LEFT" -lt 20 ]; then echo "== gpu_cost $MODEL: skipped, no time left" | tee -a "$OUT/gpu_cost.log"; continue; fi
     echo "== gpu_cost $MODEL (timeout ${LEFT}s)" | tee -a "$OUT/gpu_cost.log"
     timeout -k 5 "$LEFT" "$PY" -u benchmarks/gpu_cost.py --device "$DEVICE" --model "$MODEL" \
-        --budget-seconds $((T_MEASURE / N)) --out-dir "$OUT" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/gpu_cost.log"
+        --budget-seconds $((T_MEASURE / N)) --out-dir "$OUT" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 | tee -a "$OUT/gpu_cost.log"
     RC=${PIPESTATUS[0]}
     NOTE=""
     if [ "$RC" -eq 124 ] || [ "$RC" -eq 137 ]; then NOTE=" (TIMED OUT: the .jsonl keeps the measured steps)"; fi
