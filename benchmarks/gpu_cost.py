@@ -17,7 +17,13 @@ the rollout step's default model) and random weights, built with
   ``torch.nn.functional.scaled_dot_product_attention`` (GQA) over the whole buffer, so each row
   attends ``ctx`` tokens: kv_tokens_read = rows x ctx;
 - prefill: one prompt of ``T`` tokens, causal SDPA, K and V written to the buffers, logits of the
-  last token only (as engines do): prefill_context = T (T + 1) / 2.
+  last token only (as engines do): prefill_context = T (T + 1) / 2;
+- mixed (``--mixed-chunks``, measured after the others and kept out of the fit): a prefill chunk of
+  ``T`` tokens and ``rows`` decode rows of ``ctx`` tokens of context in ONE forward, packed as one
+  sequence (chunk first, then the rows), as vLLM V1 and SGLang schedule chunked prefill beside
+  decodes; logits of the chunk's last token and of every row. These steps go to ``..._mixed.jsonl``
+  and the report gives the errors on them of the model fitted on the pure steps: whether a step's
+  price adds its prefill and decode work as the model says.
 
 Each step is captured as a CUDA graph where capture works (as vLLM and SGLang replay decode
 steps; ``--eager`` to skip) and timed with CUDA events: ``--warmup`` runs, then the median of
@@ -38,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import ROOT, machine, write_json
 
 from lengthsched.cost import StepCost, error_stats, read_samples
@@ -68,8 +75,8 @@ class StaticKV:
     def __init__(self, torch, layers: int, kv_heads: int, head_dim: int, max_tokens: int, dtype, device):
         self.torch, self.kv_heads, self.head_dim = torch, kv_heads, head_dim
         self.store = torch.randn((2, layers, max_tokens * kv_heads * head_dim), dtype=dtype, device=device)
-        self.k = self.v = None
-        self.decode = True
+        self.k = self.v = self.pk = self.pv = None
+        self.decode, self.chunk = True, 0
         try:
             q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 2, 4)
             torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
@@ -77,16 +84,46 @@ class StaticKV:
         except (TypeError, RuntimeError):  # torch < 2.5: repeat the KV heads (a copy)
             self.gqa = False
 
-    def shape(self, rows: int, ctx: int, decode: bool) -> None:
-        """Use the first rows x ctx tokens of each layer's buffer as a (rows, kv_heads, ctx, head_dim) cache."""
+    def shape(self, rows: int, ctx: int, decode: bool, chunk: int = 0) -> None:
+        """Use the first rows x ctx tokens of each layer's buffer as a (rows, kv_heads, ctx, head_dim) cache;
+        ``chunk`` > 0: a mixed step, a prefill chunk of that many tokens before the rows (in the same buffers,
+        after the rows' context)."""
         n = rows * self.kv_heads * ctx * self.head_dim
         view = (rows, self.kv_heads, ctx, self.head_dim)
         self.k = [self.store[0, i, :n].view(view) for i in range(self.store.shape[1])]
         self.v = [self.store[1, i, :n].view(view) for i in range(self.store.shape[1])]
-        self.decode = decode
+        m = chunk * self.kv_heads * self.head_dim
+        pview = (1, self.kv_heads, chunk, self.head_dim)
+        self.pk = [self.store[0, i, n:n + m].view(pview) for i in range(self.store.shape[1])]
+        self.pv = [self.store[1, i, n:n + m].view(pview) for i in range(self.store.shape[1])]
+        self.decode, self.chunk = decode, chunk
+
+    def _sdpa(self, query, k, v, causal: bool, scaling):
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        if self.gqa:
+            return sdpa(query, k, v, is_causal=causal, scale=scaling, enable_gqa=True)
+        groups = query.shape[1] // k.shape[1]
+        return sdpa(query, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=causal,
+                    scale=scaling)
+
+    def mixed(self, layer: int, query, key, value, scaling):
+        """One packed sequence: the chunk's ``self.chunk`` tokens (causal among themselves), then one token
+        per decode row (each attends its own context buffer, the new token written to its last slot)."""
+        t = self.chunk
+        pk, pv, kb, vb = self.pk[layer], self.pv[layer], self.k[layer], self.v[layer]
+        pk.copy_(key[:, :, :t])
+        pv.copy_(value[:, :, :t])
+        out_p = self._sdpa(query[:, :, :t], pk, pv, True, scaling)
+        # (1, heads, rows, d) -> (rows, heads, 1, d): each row is its own sequence
+        kb[:, :, -1:].copy_(key[0, :, t:].transpose(0, 1).unsqueeze(2))
+        vb[:, :, -1:].copy_(value[0, :, t:].transpose(0, 1).unsqueeze(2))
+        out_d = self._sdpa(query[0, :, t:].transpose(0, 1).unsqueeze(2), kb, vb, False, scaling)
+        out_d = out_d.squeeze(2).transpose(0, 1).unsqueeze(0)
+        return self.torch.cat([out_p, out_d], dim=2)
 
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        if self.chunk:
+            return self.mixed(module.layer_idx, query, key, value, scaling).transpose(1, 2).contiguous(), None
         kb, vb = self.k[module.layer_idx], self.v[module.layer_idx]
         if self.decode:  # the new token goes to the last slot; attend to the whole context
             kb[:, :, -1:].copy_(key)
@@ -96,13 +133,7 @@ class StaticKV:
             kb[:, :, : key.shape[2]].copy_(key)
             vb[:, :, : value.shape[2]].copy_(value)
             k, v, causal = key, value, True
-        if self.gqa:
-            out = sdpa(query, k, v, is_causal=causal, scale=scaling, enable_gqa=True)
-        else:
-            groups = query.shape[1] // k.shape[1]
-            out = sdpa(query, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=causal,
-                       scale=scaling)
-        return out.transpose(1, 2).contiguous(), None
+        return self._sdpa(query, k, v, causal, scaling).transpose(1, 2).contiguous(), None
 
 
 def build_model(torch, fields: dict, dtype, device):
@@ -176,13 +207,13 @@ class Timer:
         return statistics.median(times), min(times), run is not fn
 
 
-def forward_fn(torch, model, ids, positions, keep_last: bool, compiled: bool = False):
+def forward_fn(torch, model, ids, positions, keep: int | None):
     # A ready 4-D mask is passed through as is by every transformers version, so no mask is built (mask
     # building may read tensors on the host, which a CUDA graph capture forbids); the attention ignores it.
     mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=ids.device)
     kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=False)
-    if keep_last or compiled:  # a decode row has one position: the same logits (and one call signature)
-        kwargs["logits_to_keep"] = 1
+    if keep is not None:  # the logits of the last `keep` positions only (as engines compute them)
+        kwargs["logits_to_keep"] = keep
 
     def step():
         return model(**kwargs).logits
@@ -190,11 +221,14 @@ def forward_fn(torch, model, ids, positions, keep_last: bool, compiled: bool = F
     return step
 
 
-def measure(args, torch, model, fields: dict, device, samples_path: Path, deadline: float) -> dict:
+def measure(args, torch, model, fields: dict, device, samples_path: Path, deadline: float,
+            mixed_path: Path | None = None, mixed_deadline: float = 0.0) -> dict:
     layers, kv_heads, head_dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
     dtype = next(model.parameters()).dtype
     kv_per_token = 2 * layers * kv_heads * head_dim * dtype.itemsize
     needed = max(max(args.rows) * max(args.contexts), max(args.prefills))
+    if mixed_path is not None:
+        needed = max(needed, max(args.mixed_rows) * max(args.mixed_contexts) + max(args.mixed_chunks))
     max_tokens = max(min(needed, int(args.kv_budget_gib * 2**30 // kv_per_token)), max(args.prefills))
     kv = StaticKV(torch, layers, kv_heads, head_dim, max_tokens, dtype, device)
     register(kv, compiled=bool(args.compile))
@@ -203,7 +237,6 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
     else:  # older transformers
         model.config._attn_implementation = ATTENTION
     timer = Timer(torch, device, args.warmup, args.reps, not args.eager)
-    runner = model
     if args.compile:
         # Regional compilation: each decoder layer is compiled (dynamic shapes) and, the layers sharing one
         # code object, dynamo compiles that code once for all of them (the whole model, compiled at once,
@@ -223,36 +256,70 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
         for layer in model.model.layers:
             layer.compile(dynamic=True)
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    points = [("prefill", 1, t) for t in args.prefills]  # few and short: first, so a time-out keeps both kinds
-    points += [("decode", r, c) for c in args.contexts for r in args.rows if r * c <= max_tokens]
+    compiled = "layers" if args.compile else False
+
+    def step(kind: str, rows: int, n: int, chunk: int = 0) -> dict:
+        """Time one step; its row of the samples file. decode: rows x (1 token after n of context);
+        prefill: n tokens; mixed: a chunk of `chunk` tokens, then rows x (1 token after n)."""
+        decode, mixed = kind == "decode", kind == "mixed"
+        kv.shape(rows, n, decode, chunk if mixed else 0)
+        if decode:
+            ids = torch.randint(fields["vocab_size"], (rows, 1), device=device, generator=gen)
+            positions, keep = torch.full((rows, 1), n - 1, device=device), (1 if args.compile else None)
+        elif mixed:
+            ids = torch.randint(fields["vocab_size"], (1, chunk + rows), device=device, generator=gen)
+            positions = torch.cat([torch.arange(chunk, device=device),
+                                   torch.full((rows,), n - 1, device=device)]).unsqueeze(0)
+            keep = rows + 1  # the chunk's last token and every row
+        else:
+            ids = torch.randint(fields["vocab_size"], (1, n), device=device, generator=gen)
+            positions, keep = torch.arange(n, device=device).unsqueeze(0), 1
+        median, best, graphed = timer.time(forward_fn(torch, model, ids, positions, keep))
+        t = chunk if mixed else (0 if decode else n)
+        rows_read = 0 if kind == "prefill" else rows
+        return {"decode_rows": rows_read, "kv_tokens_read": rows_read * n, "prefill_tokens": t,
+                "prefill_context": t * (t + 1) // 2, "seconds": median, "min_seconds": best, "kind": kind,
+                "context": 0 if kind == "prefill" else n, "reps": args.reps, "cuda_graph": graphed,
+                "compiled": compiled}
+
+    points = [("prefill", 1, t, 0) for t in args.prefills]  # few and short: first, so a time-out keeps both kinds
+    points += [("decode", r, c, 0) for c in args.contexts for r in args.rows if r * c <= max_tokens]
     skipped = [(r, c) for c in args.contexts for r in args.rows if r * c > max_tokens]
     done, graphs, stopped = 0, 0, None
     with samples_path.open("w", encoding="utf-8") as out, torch.inference_mode():
-        for kind, rows, n in points:
+        for kind, rows, n, chunk in points:
             if time.monotonic() > deadline:
                 stopped = f"time budget reached after {done} of {len(points)} steps"
                 break
-            decode = kind == "decode"
-            kv.shape(rows, n, decode)
-            length = 1 if decode else n
-            ids = torch.randint(fields["vocab_size"], (rows, length), device=device, generator=gen)
-            positions = (torch.full((rows, 1), n - 1, device=device) if decode
-                         else torch.arange(n, device=device).unsqueeze(0))
-            median, best, graphed = timer.time(forward_fn(torch, runner, ids, positions, keep_last=not decode,
-                                                                     compiled=bool(args.compile)))
-            row = {"decode_rows": rows if decode else 0, "kv_tokens_read": rows * n if decode else 0,
-                   "prefill_tokens": 0 if decode else n, "prefill_context": 0 if decode else n * (n + 1) // 2,
-                   "seconds": median, "min_seconds": best, "kind": kind, "context": n if decode else 0,
-                   "reps": args.reps, "cuda_graph": graphed, "compiled": "layers" if args.compile else False}
+            row = step(kind, rows, n, chunk)
             out.write(json.dumps(row) + "\n")
             out.flush()
             done += 1
-            graphs += graphed
-            print(f"{kind:>7} rows {rows:>4} tokens {n:>5}: {median * 1e3:9.3f} ms{' (graph)' if graphed else ''}",
-                  flush=True)
-    del kv
+            graphs += row["cuda_graph"]
+            print(f"{kind:>7} rows {rows:>4} tokens {n:>5}: {row['seconds'] * 1e3:9.3f} ms"
+                  f"{' (graph)' if row['cuda_graph'] else ''}", flush=True)
+    mixed_info = None
+    if mixed_path is not None:
+        grid = [(c, r, n) for c in args.mixed_chunks for n in args.mixed_contexts for r in args.mixed_rows
+                if r * n + c <= max_tokens]
+        mixed_done, mixed_stopped = 0, None
+        with mixed_path.open("w", encoding="utf-8") as out, torch.inference_mode():
+            for chunk, rows, n in grid:
+                if time.monotonic() > mixed_deadline:
+                    mixed_stopped = f"time budget reached after {mixed_done} of {len(grid)} mixed steps"
+                    break
+                row = step("mixed", rows, n, chunk)
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                mixed_done += 1
+                print(f"  mixed chunk {chunk:>5} + rows {rows:>4} x {n:>5}: {row['seconds'] * 1e3:9.3f} ms"
+                      f"{' (graph)' if row['cuda_graph'] else ''}", flush=True)
+        mixed_info = {"steps_measured": mixed_done, "steps_planned": len(grid), "stopped": mixed_stopped,
+                      "samples_file": str(mixed_path)}
+    kv.store = kv.k = kv.v = kv.pk = kv.pv = None  # the buffers (the closure `step` holds kv)
     return {"steps_measured": done, "steps_planned": len(points), "cuda_graph_steps": graphs,
-            "skipped_over_kv_budget": skipped, "stopped": stopped, "kv_budget_tokens": max_tokens}
+            "skipped_over_kv_budget": skipped, "stopped": stopped, "kv_budget_tokens": max_tokens,
+            "mixed": mixed_info}
 
 
 def main(argv=None) -> int:
@@ -275,6 +342,14 @@ def main(argv=None) -> int:
                          "fused elementwise kernels, closer to an engine's than the eager forward's); the report "
                          "is named ..._compiled")
     ap.add_argument("--budget-seconds", type=float, default=420.0, help="stop measuring after this long, then fit")
+    ap.add_argument("--mixed-chunks", type=ints, default=None,
+                    help="also measure mixed steps: prefill chunks of these many tokens beside decode rows "
+                         "(comma-separated; kept out of the fit, scored by it); off by default")
+    ap.add_argument("--mixed-rows", type=ints, default=[1, 16, 64, 128], help="decode rows of the mixed steps")
+    ap.add_argument("--mixed-contexts", type=ints, default=[512, 2048],
+                    help="context tokens per row of the mixed steps")
+    ap.add_argument("--mixed-seconds", type=float, default=60.0,
+                    help="seconds for the mixed steps, after --budget-seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"),
                     help="folder of the report cost_gpu_<card>.json and the steps cost_gpu_<card>.jsonl")
@@ -323,7 +398,11 @@ def main(argv=None) -> int:
           f"{sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters; preset {preset}", flush=True)
 
     deadline = start + args.budget_seconds
-    info = measure(args, torch, model, cfg, device, samples_path, deadline)
+    mixed_path = samples_path.with_name(samples_path.stem + "_mixed.jsonl") if args.mixed_chunks else None
+    if args.quick and args.mixed_chunks:
+        args.mixed_rows, args.mixed_contexts = [1, 4], [16]
+    info = measure(args, torch, model, cfg, device, samples_path, deadline, mixed_path,
+                   deadline + args.mixed_seconds)
     del model
     measured = read_samples(samples_path)["seconds"].size if info["steps_measured"] else 0
 
@@ -333,7 +412,7 @@ def main(argv=None) -> int:
                "preset_matches_card": preset in card.lower(), "dtype": dtype_name,
                "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
                "model": "tiny-qwen3 (--quick)" if quick else f"{preset_cfg['_name_or_path']} shapes, random weights",
-               "compiled": "layers (regional torch.compile)" if args.compile else False,
+               "compiled": bool(args.compile), "compile_scope": "each decoder layer" if args.compile else None,
                "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
                "grid": {"rows": args.rows, "contexts": args.contexts, "prefills": args.prefills},
                "samples_file": str(samples_path), **info,
@@ -346,6 +425,17 @@ def main(argv=None) -> int:
         results["unfitted_all_steps"] = {  # the unfitted presets on every measured step
             other: error_stats(StepCost.from_gpu(memory, other, config=cfg).errors(samples))
             for other in sorted({preset, "h100", "h200"})}
+        if info["mixed"] and info["mixed"]["steps_measured"]:
+            # the mixed steps, priced by the model fitted on the pure steps and by the unfitted preset
+            mixed = read_samples(mixed_path)
+            info["mixed"]["fitted_errors"] = error_stats(fitted.errors(mixed))
+            info["mixed"]["signed_fitted_median"] = float(np.median(
+                fitted.seconds(mixed["decode_rows"], mixed["kv_tokens_read"], mixed["prefill_tokens"],
+                               mixed["prefill_context"]) / mixed["seconds"] - 1.0))
+            info["mixed"]["prior_errors"] = error_stats(prior.errors(mixed))
+            m = info["mixed"]["fitted_errors"]
+            print(f"mixed steps ({m['n']}), the fit on pure steps: |rel err| median {m['median']:.3f} "
+                  f"max {m['max']:.3f} (signed median {info['mixed']['signed_fitted_median']:+.3f})")
         h = report["held_out"]
         p = report["prior_held_out"]
         print(f"fitted {report['parameters']}; held-out |rel err| median {h['median']:.3f} max {h['max']:.3f}; "

@@ -410,16 +410,57 @@ def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
     assert bad.returncode == 2 and "--model 'no-such-model'" in bad.stderr and "qwen3-8b" in bad.stderr
 
 
+def test_gpu_cost_mixed_step_computes_what_the_separate_steps_compute():
+    """A mixed step of benchmarks/gpu_cost.py (a prefill chunk and decode rows packed in one forward, as
+    engines run chunked prefill) gives, in float64, the chunk's last logits of the prefill alone and each
+    row's logits of the decode alone: the timed step does the work it is priced for."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_cost
+
+    fields = json.loads((ROOT / "lengthsched" / "presets" / "qwen3-1.7b.json").read_text())
+    fields = {k: v for k, v in fields.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
+    fields.update(gpu_cost.TINY)
+    torch.manual_seed(0)
+    model = gpu_cost.build_model(torch, fields, torch.float64, torch.device("cpu"))
+    layers, heads, dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
+    rows, ctx, chunk = 3, 10, 7
+    kv = gpu_cost.StaticKV(torch, layers, heads, dim, rows * ctx + chunk, torch.float64, torch.device("cpu"))
+    gpu_cost.register(kv)
+    model.set_attn_implementation(gpu_cost.ATTENTION)
+    gen = torch.Generator().manual_seed(1)
+    chunk_ids = torch.randint(fields["vocab_size"], (1, chunk), generator=gen)
+    row_ids = torch.randint(fields["vocab_size"], (rows, 1), generator=gen)
+    with torch.inference_mode():
+        kv.shape(rows, ctx, False, chunk)
+        positions = torch.cat([torch.arange(chunk), torch.full((rows,), ctx - 1)]).unsqueeze(0)
+        mixed = gpu_cost.forward_fn(torch, model, torch.cat([chunk_ids[0], row_ids[:, 0]]).unsqueeze(0),
+                                    positions, rows + 1)()
+        kv.shape(rows, ctx, True)
+        decode = gpu_cost.forward_fn(torch, model, row_ids, torch.full((rows, 1), ctx - 1), 1)()
+        kv.shape(1, chunk, False)
+        prefill = gpu_cost.forward_fn(torch, model, chunk_ids, torch.arange(chunk).unsqueeze(0), 1)()
+    assert mixed.shape == (1, rows + 1, fields["vocab_size"])
+    torch.testing.assert_close(mixed[0, 0], prefill[0, -1], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(mixed[0, 1:], decode[:, -1], rtol=1e-10, atol=1e-10)
+
+
 def test_gpu_cost_script_compiles_the_forward_on_cpu_quick(tmp_path):
-    """--compile: torch.compile'd forward (dynamic shapes), its own report name, every step marked."""
+    """--compile: torch.compile'd decoder layers (dynamic shapes), its own report name, every step
+    marked; --mixed-chunks: mixed steps in their own file, kept out of the fit and scored by it."""
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
-                             "--compile", "--reps", "1", "--warmup", "1", "--rows", "1,2", "--contexts", "16",
-                             "--prefills", "16,32", "--out-dir", str(tmp_path)],
+                             "--compile", "--reps", "1", "--warmup", "1", "--rows", "1,2", "--contexts", "16,32",
+                             "--prefills", "16,32", "--mixed-chunks", "8", "--out-dir", str(tmp_path)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "cost_gpu_cpu_compiled.jsonl").read_text().splitlines()
-    assert len(lines) == 4 and all(json.loads(line)["compiled"] for line in lines)
-    assert json.loads((tmp_path / "cost_gpu_cpu_compiled.json").read_text())["compiled"] is True
+    assert len(lines) == 6 and all(json.loads(line)["compiled"] for line in lines)
+    report = json.loads((tmp_path / "cost_gpu_cpu_compiled.json").read_text())
+    assert report["compiled"] is True and report["compile_scope"] == "each decoder layer"
+    mixed = read_samples(tmp_path / "cost_gpu_cpu_compiled_mixed.jsonl")
+    assert mixed["seconds"].size == 2 and np.all(mixed["decode_rows"] > 0) and np.all(mixed["prefill_tokens"] == 8)
+    assert report["mixed"]["steps_measured"] == 2 and report["mixed"]["fitted_errors"]["n"] == 2
+    assert report["fit"]["n_samples"] == 6  # the mixed steps are not fitted
 
 
 @pytest.mark.parametrize("model, report", [("qwen3-1.7b", "cost_gpu_h100"), ("qwen3-8b", "cost_gpu_h100_qwen3-8b")])
