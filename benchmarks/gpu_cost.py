@@ -113,11 +113,12 @@ class StaticKV:
         pk, pv, kb, vb = self.pk[layer], self.pv[layer], self.k[layer], self.v[layer]
         pk.copy_(key[:, :, :t])
         pv.copy_(value[:, :, :t])
-        out_p = self._sdpa(query[:, :, :t], pk, pv, True, scaling)
+        # contiguous slices, so that SDPA picks the kernels it picks for the separate steps
+        out_p = self._sdpa(query[:, :, :t].contiguous(), pk, pv, True, scaling)
         # (1, heads, rows, d) -> (rows, heads, 1, d): each row is its own sequence
         kb[:, :, -1:].copy_(key[0, :, t:].transpose(0, 1).unsqueeze(2))
         vb[:, :, -1:].copy_(value[0, :, t:].transpose(0, 1).unsqueeze(2))
-        out_d = self._sdpa(query[0, :, t:].transpose(0, 1).unsqueeze(2), kb, vb, False, scaling)
+        out_d = self._sdpa(query[0, :, t:].transpose(0, 1).unsqueeze(2).contiguous(), kb, vb, False, scaling)
         out_d = out_d.squeeze(2).transpose(0, 1).unsqueeze(0)
         return self.torch.cat([out_p, out_d], dim=2)
 
