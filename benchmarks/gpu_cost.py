@@ -323,6 +323,86 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
             "mixed": mixed_info}
 
 
+FORMS = ("separate", "overlapped")
+
+
+def add_fits(results: dict, prior: StepCost, memory: ModelMemory, cfg: dict, samples_path: Path,
+             mixed_path: Path | None, seed: int, form: str) -> None:
+    """Fit both forms of the step price (attention separate from the linear layers, or overlapped with
+    them: lengthsched.cost) on a seeded half of the pure steps; score each on the other half and on the
+    mixed steps. ``results["fit"]`` / ``["fitted"]`` hold the ``form`` one, ``results["fits"]`` both."""
+    samples = read_samples(samples_path)
+    mixed = read_samples(mixed_path) if mixed_path is not None and mixed_path.is_file() else None
+    preset = prior.gpu
+    results["fits"] = {}
+    for name in FORMS:
+        start = prior.replace(separate_attention=name == "separate")
+        fitted, report = start.fit_and_validate(samples, train_fraction=0.5, seed=seed)
+        entry = {"report": report, "fitted": json.loads(fitted.to_json())}
+        if mixed is not None:  # priced by the model fitted on the pure steps, and by the unfitted preset
+            signed = fitted.errors(mixed)
+            entry["mixed"] = {**error_stats(signed), "signed_median": float(np.median(signed)),
+                              "prior": error_stats(start.errors(mixed))}
+        results["fits"][name] = entry
+        h, p = report["held_out"], report["prior_held_out"]
+        line = (f"{name}: fitted {report['parameters']}; held-out |rel err| median {h['median']:.3f} "
+                f"max {h['max']:.3f}; unfitted {preset} preset median {p['median']:.3f} max {p['max']:.3f}")
+        if mixed is not None:
+            m = entry["mixed"]
+            line += (f"; mixed steps ({m['n']}) median {m['median']:.3f} max {m['max']:.3f} "
+                     f"(signed {m['signed_median']:+.3f})")
+        print(line, flush=True)
+    results["form"] = form
+    results["fit"] = results["fits"][form]["report"]
+    results["fitted"] = results["fits"][form]["fitted"]
+    results["unfitted_all_steps"] = {  # the unfitted presets on every measured step
+        other: error_stats(StepCost.from_gpu(memory, other, config=cfg).errors(samples))
+        for other in sorted({preset, "h100", "h200"})}
+    if mixed is not None and results.get("mixed"):
+        results["mixed"] = {k: v for k, v in results["mixed"].items()
+                            if k not in ("fitted_errors", "signed_fitted_median", "prior_errors")}
+
+
+def model_config(ap, model: str, quick: bool) -> tuple[dict, dict, str]:
+    """(the preset's config.json, the fields a model is built from, the model's name) of --model."""
+    preset_path = PRESET_DIR / f"{model}.json"
+    if not preset_path.is_file():
+        ap.error(f"--model {model!r}: no such preset; expected one of "
+                 f"{sorted(p.stem for p in PRESET_DIR.glob('*.json'))}")
+    preset_cfg = json.loads(preset_path.read_text(encoding="utf-8"))
+    cfg = {k: v for k, v in preset_cfg.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
+    if quick:
+        cfg.update(TINY)
+    return preset_cfg, cfg, "tiny-qwen3-cost" if quick else preset_cfg["_name_or_path"]
+
+
+def refit(ap, args, argv) -> int:
+    """--refit REPORT: the fits of a recorded run redone with this lengthsched (no GPU, no torch)."""
+    path = Path(args.refit)
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        ap.error(f"--refit {args.refit!r}: expected a report JSON written by gpu_cost.py ({exc})")
+    quick = str(results.get("model", "")).startswith("tiny")
+    _, cfg, name = model_config(ap, args.model, quick)
+    if not quick and not str(results.get("model", "")).startswith(name):
+        ap.error(f"--model {args.model!r}: the report {path} measured {results.get('model')!r}; "
+                 "pass the preset of that model")
+    samples_path = path.with_suffix(".jsonl")
+    mixed_path = samples_path.with_name(samples_path.stem + "_mixed.jsonl")
+    if not samples_path.is_file():
+        ap.error(f"--refit {args.refit!r}: expected the measured steps beside it, {samples_path}")
+    memory = ModelMemory.from_hf_config({**cfg, "_name_or_path": name}, results["dtype"])
+    prior = StepCost.from_gpu(memory, results["preset"], config=cfg)
+    add_fits(results, prior, memory, cfg, samples_path, mixed_path if mixed_path.is_file() else None, args.seed,
+             args.form)
+    results["refit"] = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+                        "machine": machine()}
+    write_json(path, results)
+    print(f"rewrote the fits of {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -352,12 +432,21 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed-seconds", type=float, default=60.0,
                     help="seconds for the mixed steps, after --budget-seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--form", choices=FORMS, default="separate",
+                    help="the step price's form written as the report's fit (both are fitted and reported): "
+                         "attention separate from the linear layers (default; mixed steps side with it) or "
+                         "overlapped with them (lengthsched.cost's default form)")
+    ap.add_argument("--refit", default=None, metavar="REPORT",
+                    help="measure nothing: refit a recorded report's steps (REPORT's .jsonl and _mixed.jsonl "
+                         "beside it; --model must be the report's model) and rewrite REPORT's fits in place")
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"),
                     help="folder of the report cost_gpu_<card>.json and the steps cost_gpu_<card>.jsonl")
     ap.add_argument("--out", default=None, help="report JSON path (instead of --out-dir/cost_gpu_<card>.json)")
     ap.add_argument("--samples", default=None, help="measured steps, JSON lines (default: --out with .jsonl)")
     args = ap.parse_args(argv)
     start = time.monotonic()
+    if args.refit:
+        return refit(ap, args, argv)
 
     import torch
     import transformers
@@ -383,15 +472,7 @@ def main(argv=None) -> int:
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
 
-    preset_path = PRESET_DIR / f"{args.model}.json"
-    if not preset_path.is_file():
-        ap.error(f"--model {args.model!r}: no such preset; expected one of "
-                 f"{sorted(p.stem for p in PRESET_DIR.glob('*.json'))}")
-    preset_cfg = json.loads(preset_path.read_text(encoding="utf-8"))
-    cfg = {k: v for k, v in preset_cfg.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
-    if quick:
-        cfg.update(TINY)
-    name = "tiny-qwen3-cost" if quick else preset_cfg["_name_or_path"]
+    preset_cfg, cfg, name = model_config(ap, args.model, quick)
     torch.manual_seed(args.seed)
     model = build_model(torch, cfg, dtype, device)
     shapes = "tiny" if quick else preset_cfg["_name_or_path"]
@@ -419,28 +500,8 @@ def main(argv=None) -> int:
                "samples_file": str(samples_path), **info,
                "note": "CPU run: checks the code path, not GPU evidence" if device.type != "cuda" else None}
     if measured >= 6:
-        samples = read_samples(samples_path)
-        fitted, report = prior.fit_and_validate(samples, train_fraction=0.5, seed=args.seed)
-        results["fit"] = report
-        results["fitted"] = json.loads(fitted.to_json())
-        results["unfitted_all_steps"] = {  # the unfitted presets on every measured step
-            other: error_stats(StepCost.from_gpu(memory, other, config=cfg).errors(samples))
-            for other in sorted({preset, "h100", "h200"})}
-        if info["mixed"] and info["mixed"]["steps_measured"]:
-            # the mixed steps, priced by the model fitted on the pure steps and by the unfitted preset
-            mixed = read_samples(mixed_path)
-            info["mixed"]["fitted_errors"] = error_stats(fitted.errors(mixed))
-            info["mixed"]["signed_fitted_median"] = float(np.median(
-                fitted.seconds(mixed["decode_rows"], mixed["kv_tokens_read"], mixed["prefill_tokens"],
-                               mixed["prefill_context"]) / mixed["seconds"] - 1.0))
-            info["mixed"]["prior_errors"] = error_stats(prior.errors(mixed))
-            m = info["mixed"]["fitted_errors"]
-            print(f"mixed steps ({m['n']}), the fit on pure steps: |rel err| median {m['median']:.3f} "
-                  f"max {m['max']:.3f} (signed median {info['mixed']['signed_fitted_median']:+.3f})")
-        h = report["held_out"]
-        p = report["prior_held_out"]
-        print(f"fitted {report['parameters']}; held-out |rel err| median {h['median']:.3f} max {h['max']:.3f}; "
-              f"unfitted {preset} preset median {p['median']:.3f} max {p['max']:.3f}")
+        add_fits(results, prior, memory, cfg, samples_path, mixed_path if info["mixed"] else None, args.seed,
+                 args.form)
     else:
         results["fit"] = None
         print(f"only {measured} steps measured: no fit", file=sys.stderr)

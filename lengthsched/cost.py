@@ -16,6 +16,22 @@ per GPU, with (tokens = decode_rows + prefill_tokens; ``tp`` = tensor-parallel d
     comm  = 2 * num_layers * (allreduce_latency_seconds
              + 2 (tp - 1) / tp * hidden_size * dtype_bytes * tokens / link_bandwidth)   (tp > 1 only)
 
+With ``separate_attention`` (a field, False by default), the attention is priced as its own kernels,
+apart from the linear layers (as engines run them: the GEMMs, then an attention kernel per layer):
+
+    seconds = overhead + max(linear bytes / bandwidth', linear flops / compute')
+              + max(kv_bytes_per_token * kv_tokens_read / bandwidth',
+                    attention_flops_per_kv_token * kv_tokens_read / compute')
+              + attention_flops_per_kv_token * prefill_context / compute' + comm
+
+(bandwidth' and compute' after the efficiencies; linear bytes and flops are the ones above without
+the KV reads and attention FLOPs). The two forms agree where one side dominates the whole step (a
+memory-bound decode step, a compute-bound prefill); they differ where memory-bound and compute-bound
+work share a step, above all a MIXED step (a prefill chunk beside decode rows, as chunked prefill and
+recomputation make them): separate, the decode rows' KV reads no longer hide behind the chunk's GEMMs. Measured
+mixed steps on an H100 side with the separate form (docs/benchmarks.md, level (c)). For the same
+parameters the separate form never prices a step below the overlapped one.
+
 Units: seconds, bytes, FLOPs, tokens. ``kv_tokens_read`` is the sum over the decode rows of the
 context each attends (its own new token included); ``prefill_context`` the same sum over the
 prefill tokens (a whole causal prompt of T tokens: T (T + 1) / 2). The KV each new token writes is
@@ -177,7 +193,8 @@ class StepCost:
     all-reduce message). GPU numbers: ``gpu``, ``bandwidth`` (bytes/s), ``peak_flops`` (FLOP/s),
     ``link_bandwidth`` (bytes/s per direction). ``tp``: tensor-parallel degree. Fitted:
     ``overhead_seconds``, ``bandwidth_efficiency``, ``compute_efficiency``;
-    ``allreduce_latency_seconds`` is a prior, not fitted.
+    ``allreduce_latency_seconds`` is a prior, not fitted. ``separate_attention``: price the
+    attention apart from the linear layers (the module docstring); kept by :meth:`fit`.
 
     Build it with :meth:`from_gpu` or :meth:`from_model`.
     """
@@ -201,8 +218,12 @@ class StepCost:
     bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     allreduce_latency_seconds: float = DEFAULT_ALLREDUCE_LATENCY_SECONDS
+    separate_attention: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.separate_attention, (bool, np.bool_)):
+            raise InvalidArgument("separate_attention", self.separate_attention, "True or False")
+        object.__setattr__(self, "separate_attention", bool(self.separate_attention))
         for name in ("model", "gpu"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise InvalidArgument(name, getattr(self, name), "a non-empty string")
@@ -282,16 +303,25 @@ class StepCost:
 
     # ----------------------------------------------------------------- pricing
     def _terms(self, rows, kv, prefill, context) -> tuple[np.ndarray, ...]:
-        """(memory seconds at efficiency 1, compute seconds at efficiency 1, comm seconds, active)."""
+        """The step's terms at efficiency 1 (seconds): ``(m1, c1, m2, c2, e, comm, active)`` with
+        ``seconds = overhead + max(m1 / bw_eff, c1 / comp_eff) + max(m2 / bw_eff, c2 / comp_eff)
+        + e / comp_eff + comm`` for active steps. Overlapped attention: (m1, c1) hold everything and
+        m2 = c2 = e = 0; separate: (m1, c1) the linear layers, (m2, c2) the decode rows' attention (KV
+        reads, FLOPs), e the prefill tokens' attention FLOPs."""
         tokens = rows + prefill
         active = tokens > 0
-        nbytes = (self.weights_bytes * active + self.kv_bytes_per_token * (kv + tokens)
-                  + self.activation_bytes_per_token * tokens)
-        flops = (2.0 * self.active_parameters * tokens + 2.0 * self.lm_head_parameters * rows
-                 + float(self.attention_flops_per_kv_token) * (kv + context))
-        memory = nbytes / (self.tp * self.bandwidth)
-        compute = flops / (self.tp * self.peak_flops)
-        return memory, compute, np.where(active, self._comm(tokens), 0.0), active
+        to_mem, to_comp = 1.0 / (self.tp * self.bandwidth), 1.0 / (self.tp * self.peak_flops)
+        lin_mem = (self.weights_bytes * active + (self.kv_bytes_per_token + self.activation_bytes_per_token)
+                   * tokens) * to_mem
+        lin_comp = (2.0 * self.active_parameters * tokens + 2.0 * self.lm_head_parameters * rows) * to_comp
+        att_mem = self.kv_bytes_per_token * kv * to_mem
+        attn = float(self.attention_flops_per_kv_token)
+        dec_comp, pre_comp = attn * kv * to_comp, attn * context * to_comp
+        comm = np.where(active, self._comm(tokens), 0.0)
+        if self.separate_attention:
+            return lin_mem, lin_comp, att_mem, dec_comp, pre_comp, comm, active
+        zero = np.zeros_like(lin_mem)
+        return lin_mem + att_mem, lin_comp + dec_comp + pre_comp, zero, zero, zero, comm, active
 
     def _comm(self, tokens, steps=1.0):
         """All-reduce seconds of ``steps`` steps (1 by default) that carry ``tokens`` tokens in all."""
@@ -318,13 +348,15 @@ class StepCost:
         args = [_tokens(n, v) for n, v in zip(("decode_rows", "kv_tokens_read", "prefill_tokens", "prefill_context"),
                                               (decode_rows, kv_tokens_read, prefill_tokens, prefill_context))]
         scalar = all(a.ndim == 0 for a in args)
-        memory, compute, comm, active = self._terms(*args)
-        mem_s, comp_s = memory / self.bandwidth_efficiency, compute / self.compute_efficiency
-        total = np.where(active, self.overhead_seconds + np.maximum(mem_s, comp_s) + comm, 0.0)
+        m1, c1, m2, c2, e, comm, active = self._terms(*args)
+        u, v = 1.0 / self.bandwidth_efficiency, 1.0 / self.compute_efficiency
+        roof = np.maximum(m1 * u, c1 * v) + np.maximum(m2 * u, c2 * v) + e * v
+        total = np.where(active, self.overhead_seconds + roof + comm, 0.0)
+        memory, compute = m1 + m2, c1 + c2 + e
         out = {"bytes": memory * self.bandwidth, "flops": compute * self.peak_flops,  # per GPU
-               "memory_seconds": mem_s, "compute_seconds": comp_s, "comm_seconds": comm, "seconds": total}
+               "memory_seconds": memory * u, "compute_seconds": compute * v, "comm_seconds": comm, "seconds": total}
         out = {k: _out(np.asarray(v, dtype=np.float64), scalar) for k, v in out.items()}
-        bound = active & (comp_s > mem_s)
+        bound = active & (c1 * v > m1 * u)  # separate attention: the linear layers' side
         out["compute_bound"] = bool(bound) if scalar else bound
         return out
 
@@ -335,7 +367,8 @@ class StepCost:
         Step i (0-based) reads ``kv_first + i * rows`` KV tokens (every row grows by one token per
         step); ``prefill_tokens`` / ``prefill_context`` happen in the first step only. Closed form:
         both roofline terms are linear in i, so the max switches regime at most once; the steps on
-        each side of the crossover are summed as arithmetic series.
+        each side of the crossover are summed as arithmetic series (separate attention: the linear
+        layers cost the same every step and the attention grows linearly, one series).
         """
         steps_a = _tokens("steps", steps)
         if steps_a.size and np.any(steps_a != np.floor(steps_a)):
@@ -350,6 +383,13 @@ class StepCost:
         mem_scale = 1.0 / (self.tp * self.bandwidth * self.bandwidth_efficiency)
         comp_scale = 1.0 / (self.tp * self.peak_flops * self.compute_efficiency)
         c, a = float(self.kv_bytes_per_token), float(self.activation_bytes_per_token)
+        if self.separate_attention:  # linear layers: the same every step; attention: linear in the KV read
+            linear = np.maximum((self.weights_bytes + (c + a) * rows_a) * mem_scale,
+                                2.0 * (self.active_parameters + self.lm_head_parameters) * rows_a * comp_scale)
+            per_kv = max(c * mem_scale, float(self.attention_flops_per_kv_token) * comp_scale)
+            kv_sum = n * kv_a + rows_a * n * (n + 1) / 2  # sum of kv_first + i rows over i = 1 .. n
+            rest = n * (self.overhead_seconds + self._comm(rows_a) + linear) + per_kv * kv_sum
+            return _out(first + np.where(n > 0, rest, 0.0), scalar)
         m0 = (self.weights_bytes + c * (kv_a + rows_a) + a * rows_a) * mem_scale
         mb = c * rows_a * mem_scale
         attn = float(self.attention_flops_per_kv_token)
@@ -392,6 +432,20 @@ class StepCost:
 
         tokens = rows + prefill_tokens
         first = 0.0
+        mem_scale = 1.0 / (tp * bw * self.bandwidth_efficiency)
+        comp_scale = 1.0 / (tp * pk * self.compute_efficiency)
+        if self.separate_attention:
+            per_kv = max(c * mem_scale, attn * comp_scale)
+            if tokens > 0:
+                first = (self.overhead_seconds + max((self.weights_bytes + (c + a) * tokens) * mem_scale,
+                                                     (dense * tokens + head * rows) * comp_scale)
+                         + per_kv * kv_first + attn * prefill_context * comp_scale + comm(tokens))
+            n = float(steps - 1) if rows > 0 else 0.0
+            if n <= 0:
+                return first
+            linear = max((self.weights_bytes + (c + a) * rows) * mem_scale, (dense + head) * rows * comp_scale)
+            return (first + n * (self.overhead_seconds + comm(rows) + linear)
+                    + per_kv * (n * kv_first + rows * n * (n + 1) / 2))
         if tokens > 0:
             memory = (self.weights_bytes + c * (kv_first + tokens) + a * tokens) / (tp * bw)
             compute = (dense * tokens + head * rows + attn * (kv_first + prefill_context)) / (tp * pk)
@@ -400,8 +454,6 @@ class StepCost:
         n = float(steps - 1) if rows > 0 else 0.0
         if n <= 0:
             return first
-        mem_scale = 1.0 / (tp * bw * self.bandwidth_efficiency)
-        comp_scale = 1.0 / (tp * pk * self.compute_efficiency)
         m0, mb = (self.weights_bytes + c * (kv_first + rows) + a * rows) * mem_scale, c * rows * mem_scale
         f0, fb = ((dense + head) * rows + attn * kv_first) * comp_scale, attn * rows * comp_scale
         d0, dd = m0 - f0, mb - fb
@@ -431,6 +483,8 @@ class StepCost:
         latencies; the bytes, FLOPs and all-reduce volume of the tokens are the same whatever the
         split; and a sum of maxima is at least the maximum of the sums:
         ``steps * overhead + max(total bytes / bandwidth, total FLOPs / compute) + comm`` (seconds).
+        With ``separate_attention`` the same bound holds (a step is never priced below its overlapped
+        price), though looser.
         """
         n = _tokens("steps", steps)
         parts = self.lower_bound_parts(decode_tokens, kv_tokens_read, prefill_tokens, prefill_context)
@@ -466,12 +520,16 @@ class StepCost:
         """Fewest decode rows per step from which a pure decode step is compute bound, when every row
         attends ``context`` tokens; ``inf`` where it never is (long contexts: attention reads
         ``kv_bytes_per_token`` bytes per ``attention_flops_per_kv_token`` FLOPs, far below the ridge).
-        A float (or array of floats) holding whole numbers."""
+        A float (or array of floats) holding whole numbers. With ``separate_attention``: rows from
+        which the linear layers are compute bound (whatever the context: the attention kernels are
+        priced on their own)."""
         ctx = _tokens("context", context)
-        per_row_mem = (self.kv_bytes_per_token * (ctx + 1) + self.activation_bytes_per_token) / (
+        read = 0.0 if self.separate_attention else ctx
+        per_row_mem = (self.kv_bytes_per_token * (read + 1) + self.activation_bytes_per_token) / (
             self.bandwidth * self.bandwidth_efficiency)
         per_row_comp = (2.0 * (self.active_parameters + self.lm_head_parameters)
-                        + float(self.attention_flops_per_kv_token) * ctx) / (self.peak_flops * self.compute_efficiency)
+                        + float(self.attention_flops_per_kv_token) * read) / (self.peak_flops * self.compute_efficiency)
+        per_row_mem, per_row_comp = np.broadcast_arrays(per_row_mem, per_row_comp)
         gain = per_row_comp - per_row_mem
         fixed = self.weights_bytes / (self.bandwidth * self.bandwidth_efficiency)
         crossover = fixed / np.where(gain > 0, gain, 1.0)  # rows where the two terms are equal
@@ -498,12 +556,13 @@ class StepCost:
         solve. Bounds: overhead >= 0 and efficiencies <= 1 (the datasheet numbers are peaks; a
         parameter that would cross its bound is pinned to it). A regime with no step keeps this
         model's efficiency (capped at 1). Without steps whose KV reads or activations vary, the
-        overhead and the weight-read time are hardly separable; the bound then decides.
+        overhead and the weight-read time are hardly separable; the bound then decides. The fitted
+        model keeps this model's form (``separate_attention``); its three terms are fitted the same way.
         """
         cols = _columns(samples)
         t = cols["seconds"]
-        memory, compute, comm, active = self._terms(cols["decode_rows"], cols["kv_tokens_read"],
-                                                    cols["prefill_tokens"], cols["prefill_context"])
+        memory, compute, memory2, compute2, extra, comm, active = self._terms(
+            cols["decode_rows"], cols["kv_tokens_read"], cols["prefill_tokens"], cols["prefill_context"])
         if not np.all(active):
             bad = int(np.flatnonzero(~active)[0])
             raise InvalidArgument("samples", f"row {bad}", "steps with decode_rows + prefill_tokens > 0")
@@ -512,16 +571,25 @@ class StepCost:
         prior = np.array([self.overhead_seconds, 1 / self.bandwidth_efficiency, 1 / self.compute_efficiency])
 
         def objective(p: np.ndarray) -> float:
-            pred = p[0] + np.maximum(memory * p[1], compute * p[2]) + comm
+            pred = (p[0] + np.maximum(memory * p[1], compute * p[2]) + np.maximum(memory2 * p[1], compute2 * p[2])
+                    + extra * p[2] + comm)
             return float(np.sum(((pred - t) / t) ** 2))
 
         bounds = np.array([0.0, 1.0, 1.0])  # overhead >= 0; 1 / efficiency >= 1 (datasheet numbers are peaks)
+        # Separate attention: the decode rows' attention has one bytes / FLOPs ratio for every step, so it
+        # is memory bound in all of them or in none; both are tried with each split of the linear layers.
+        attention_splits = (True, False) if self.separate_attention else (True,)
 
-        def solve(mem: np.ndarray) -> np.ndarray | None:
-            design = np.stack([np.ones_like(t), memory * mem, compute * ~mem], axis=1) / t[:, None]
+        def regimes(p: np.ndarray) -> tuple[np.ndarray, bool]:
+            return memory * p[1] >= compute * p[2], bool(np.all(memory2 * p[1] >= compute2 * p[2]))
+
+        def solve(mem: np.ndarray, mem2: bool = True) -> np.ndarray | None:
+            m_col = memory * mem + (memory2 if mem2 else 0.0)
+            c_col = compute * ~mem + (0.0 if mem2 else compute2) + extra
+            design = np.stack([np.ones_like(t), m_col, c_col], axis=1) / t[:, None]
             target = (t - comm) / t
             p = np.maximum(prior, bounds)
-            free = [0] + [j for j, m in ((1, mem), (2, ~mem)) if m.any()]
+            free = [0] + [j for j, col in ((1, m_col), (2, c_col)) if np.any(col > 0)]
             while free:  # active set: a parameter past its bound is pinned there and the rest re-solved
                 fixed = [j for j in range(3) if j not in free]
                 rhs = target - design[:, fixed] @ p[fixed]
@@ -541,11 +609,12 @@ class StepCost:
         thresholds = np.concatenate([[-np.inf], (cuts[:-1] + cuts[1:]) / 2, [np.inf]])
         best, best_obj = prior, objective(prior)
         for thr in thresholds:  # memory bound where memory * u >= compute * v, i.e. ratio >= v / u
-            p = solve(ratio >= thr)
-            if p is not None and objective(p) < best_obj:
-                best, best_obj = p, objective(p)
+            for mem2 in attention_splits:
+                p = solve(ratio >= thr, mem2)
+                if p is not None and objective(p) < best_obj:
+                    best, best_obj = p, objective(p)
         for _ in range(50):  # alternate: regimes of the current parameters, then solve
-            p = solve(memory * best[1] >= compute * best[2])
+            p = solve(*regimes(best))
             if p is None or objective(p) >= best_obj * (1 - 1e-12):
                 break
             best, best_obj = p, objective(p)

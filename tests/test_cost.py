@@ -165,7 +165,8 @@ costs = st.builds(
     lm_head_parameters=st.integers(0, 10**9), kv_bytes_per_token=st.integers(0, 10**6),
     attention_flops_per_kv_token=st.integers(0, 10**8), activation_bytes_per_token=st.integers(0, 10**7),
     num_layers=st.integers(1, 100), hidden_size=st.integers(1, 10**4), tp=st.integers(1, 8),
-    overhead_seconds=st.floats(0, 1e-2), bandwidth_efficiency=st.floats(0.05, 1), compute_efficiency=st.floats(0.05, 1))
+    overhead_seconds=st.floats(0, 1e-2), bandwidth_efficiency=st.floats(0.05, 1), compute_efficiency=st.floats(0.05, 1),
+    separate_attention=st.booleans())
 
 
 @given(costs, st.integers(0, 300), st.integers(0, 4096), st.integers(0, 10**7), st.integers(0, 10**5),
@@ -224,6 +225,60 @@ def test_fit_recovers_known_parameters_exactly_without_noise():
     for name, value in TRUTH.items():
         assert getattr(fitted, name) == pytest.approx(value, rel=1e-6)
     assert np.max(np.abs(fitted.errors(synthetic(prior.replace(**TRUTH))))) < 1e-6
+
+
+@given(costs, st.integers(0, 4096), st.integers(0, 10**7), st.integers(0, 10**5), st.integers(0, 10**9))
+def test_separate_attention_never_prices_a_step_below_the_overlapped_form(c, rows, kv, pf, pc):
+    """A sum of two maxima is at least the maximum of the sums: the rollout lower bounds, derived for the
+    overlapped form, stay bounds for the separate one."""
+    over, sep = c.replace(separate_attention=False), c.replace(separate_attention=True)
+    assert sep.seconds(rows, kv, pf, pc) >= over.seconds(rows, kv, pf, pc) * (1 - 1e-12)
+
+
+def test_separate_attention_prices_mixed_steps_as_the_sum_of_their_kernels():
+    """Separate attention: a memory-bound decode step and a compute-bound prefill cost what they cost
+    overlapped; a mixed step pays the decode rows' KV reads on top of the chunk's compute-bound GEMMs."""
+    over = qwen("qwen3-8b")
+    sep = over.replace(separate_attention=True)
+    assert sep.seconds(8, 8 * 2048) == pytest.approx(over.seconds(8, 8 * 2048), rel=1e-12)
+    pc = 4096 * 4097 // 2
+    assert sep.seconds(0, 0, 4096, pc) == pytest.approx(over.seconds(0, 0, 4096, pc), rel=1e-12)
+    kv_read = 64 * 2048 * sep.kv_bytes_per_token / (sep.bandwidth * sep.bandwidth_efficiency)
+    mixed_over, mixed_sep = over.seconds(64, 64 * 2048, 4096, pc), sep.seconds(64, 64 * 2048, 4096, pc)
+    assert mixed_over < mixed_sep
+    assert mixed_sep == pytest.approx(over.seconds(64, 0, 4096, pc) + kv_read, rel=1e-3)
+    assert over.breakdown(64, 64 * 2048, 4096, pc)["compute_bound"] and sep.breakdown(64, 0, 4096, pc)["compute_bound"]
+    # the linear layers alone decide where decode turns compute bound, whatever the context
+    assert sep.decode_compute_bound_rows(16384) == sep.decode_compute_bound_rows(16)
+    assert over.decode_compute_bound_rows(16384) > sep.decode_compute_bound_rows(16384)
+
+
+def test_fit_recovers_separate_attention_parameters_exactly_without_noise():
+    prior = qwen("qwen3-1.7b", separate_attention=True)
+    truth = prior.replace(**TRUTH)
+    samples = synthetic(truth)
+    mixed = [(r, r * ctx, t, t * (t + 1) // 2) for r in (1, 16, 64, 128) for ctx in (512, 2048) for t in (256, 4096)]
+    a = np.array(mixed, dtype=np.float64)
+    samples = {k: np.concatenate([v, a[:, i] if i is not None else truth.seconds(*a.T)])
+               for k, v, i in ((k, v, {"decode_rows": 0, "kv_tokens_read": 1, "prefill_tokens": 2,
+                                        "prefill_context": 3, "seconds": None}[k]) for k, v in samples.items())}
+    fitted = prior.fit(samples)
+    assert fitted.separate_attention
+    for name, value in TRUTH.items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=1e-6)
+    # the overlapped form cannot price those mixed steps as well
+    assert np.max(np.abs(prior.replace(separate_attention=False).fit(samples).errors(samples))) > 1e-3
+
+
+def test_separate_attention_round_trips_and_is_checked():
+    cost = qwen("qwen3-1.7b", separate_attention=True)
+    again = StepCost.from_json(cost.to_json())
+    assert again == cost and again.separate_attention
+    old = json.loads(qwen("qwen3-1.7b").to_json())
+    del old["separate_attention"]  # files written before the field existed
+    assert StepCost.from_json(json.dumps(old)).separate_attention is False
+    with pytest.raises(InvalidArgument, match="'separate_attention'"):
+        qwen("qwen3-1.7b", separate_attention="yes")
 
 
 def test_fit_with_noise_and_held_out_report():
@@ -459,8 +514,45 @@ def test_gpu_cost_script_compiles_the_forward_on_cpu_quick(tmp_path):
     assert report["compiled"] is True and report["compile_scope"] == "each decoder layer"
     mixed = read_samples(tmp_path / "cost_gpu_cpu_compiled_mixed.jsonl")
     assert mixed["seconds"].size == 2 and np.all(mixed["decode_rows"] > 0) and np.all(mixed["prefill_tokens"] == 8)
-    assert report["mixed"]["steps_measured"] == 2 and report["mixed"]["fitted_errors"]["n"] == 2
-    assert report["fit"]["n_samples"] == 6  # the mixed steps are not fitted
+    assert report["mixed"]["steps_measured"] == 2 and report["form"] == "separate"
+    assert set(report["fits"]) == {"separate", "overlapped"}
+    for form, entry in report["fits"].items():
+        assert entry["mixed"]["n"] == 2 and entry["report"]["n_samples"] == 6  # the mixed steps are not fitted
+        assert StepCost.from_json(json.dumps(entry["fitted"])).separate_attention == (form == "separate")
+    assert report["fitted"] == report["fits"]["separate"]["fitted"]
+    # --refit redoes the fits from the files, without torch or a GPU, and keeps the run's record
+    path = tmp_path / "cost_gpu_cpu_compiled.json"
+    again = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--refit", str(path),
+                            "--model", "qwen3-1.7b", "--form", "overlapped"], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    refit = json.loads(path.read_text())
+    assert refit["form"] == "overlapped" and refit["fitted"] == report["fits"]["overlapped"]["fitted"]
+    assert refit["command"] == report["command"] and "--refit" in refit["refit"]["command"]
+    wrong = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--refit",
+                            str(tmp_path / "missing.json")], capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "--refit" in wrong.stderr
+
+
+@pytest.mark.parametrize("model, report", [("qwen3-1.7b", "cost_gpu_h100_compiled"),
+                                           ("qwen3-8b", "cost_gpu_h100_qwen3-8b_compiled")])
+def test_h100_compiled_calibration_prices_mixed_steps_better_with_separate_attention(model, report):
+    """The recorded H100 run with compiled layers (docs/benchmarks.md, level (c)): the shipped StepCost
+    file is the report's separate-attention fit; fitted on pure steps only, that form prices the mixed
+    steps (a prefill chunk beside decode rows) closer than the overlapped form, both too fast."""
+    results = ROOT / "benchmarks" / "results"
+    data = json.loads((results / f"{report}.json").read_text())
+    shipped = StepCost.from_json((results / f"stepcost_h100_{model}_compiled.json").read_text())
+    assert shipped.separate_attention and json.loads(shipped.to_json()) == data["fitted"]
+    mixed = read_samples(results / f"{report}_mixed.jsonl")
+    errors = {form: StepCost.from_json(json.dumps(data["fits"][form]["fitted"])).errors(mixed)
+              for form in ("separate", "overlapped")}
+    for form, e in errors.items():
+        assert np.median(np.abs(e)) == pytest.approx(data["fits"][form]["mixed"]["median"], rel=1e-9)
+        assert np.median(e) < 0
+    assert np.median(np.abs(errors["separate"])) < 0.7 * np.median(np.abs(errors["overlapped"]))
+    held = data["fits"]["separate"]["report"]["held_out"]
+    assert held["median"] < 0.02
 
 
 @pytest.mark.parametrize("model, report", [("qwen3-1.7b", "cost_gpu_h100"), ("qwen3-8b", "cost_gpu_h100_qwen3-8b")])
@@ -518,9 +610,10 @@ def test_lower_bound_is_tight_for_one_step():
 
 @settings(max_examples=200, deadline=None)
 @given(steps=st.integers(0, 5000), rows=st.integers(0, 600), kv=st.integers(0, 10**7), prefill=st.integers(0, 20000),
-       context=st.integers(0, 10**8), tp=st.sampled_from([1, 2, 8]), gpu=st.sampled_from(["h100", "a100", "l40s"]))
-def test_the_float_segment_price_is_the_vectorised_one(steps, rows, kv, prefill, context, tp, gpu):
+       context=st.integers(0, 10**8), tp=st.sampled_from([1, 2, 8]), gpu=st.sampled_from(["h100", "a100", "l40s"]),
+       separate=st.booleans())
+def test_the_float_segment_price_is_the_vectorised_one(steps, rows, kv, prefill, context, tp, gpu, separate):
     """StepCost.segment_seconds_float (what simulators price every event with) equals segment_seconds."""
-    cost = qwen("qwen3-8b", gpu, tp=tp)
+    cost = qwen("qwen3-8b", gpu, tp=tp, separate_attention=separate)
     exact = float(cost.segment_seconds(steps, rows, kv, prefill, context))
     assert cost.segment_seconds_float(steps, rows, kv, prefill, context) == pytest.approx(exact, rel=1e-12, abs=1e-15)

@@ -73,15 +73,20 @@ def test_one_replica_with_a_roomy_pool_is_vllm_on_the_batch():
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), replicas=st.integers(1, 4),
        policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive", "sglang",
                                "sglang_priority", "seer", "steal"]),
-       router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3))
-def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed):
+       router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3), separate=st.booleans())
+def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed,
+                                                                 separate):
+    """Also under the separate-attention step price (its bound is the overlapped form's, looser)."""
+    from lengthsched.runtime.timing import default_cost
+
+    cost = default_cost().replace(separate_attention=True) if separate else None
     groups = _groups(sizes, seed)
     flat = np.concatenate([g.lengths for g in groups])
     budget = int(flat.max()) + max(g.prompt_len for g in groups) + 48 + room
     predicted = np.maximum(1, (flat * np.exp(np.random.default_rng(seed).normal(0, 0.5, len(flat))))).astype(int)
     try:
         r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=budget, max_new_tokens=128,
-                        predicted=predicted)
+                        predicted=predicted, cost=cost)
     except Exception as exc:  # sglang's reservation can refuse a tight pool, as run_group does
         assert policy == "sglang" and "nothing live" in str(exc)
         return
