@@ -51,6 +51,8 @@ class CostFitOptions:
     tp: int = _opt(1, "tensor-parallel degree the steps were measured at")
     train_fraction: float = _opt(0.5, "share of the steps fitted on (seeded random split); the rest are held out")
     seed: int = _opt(0, "seed of the train / held-out split")
+    separate_attention: bool = _opt(False, "fit the form that prices attention as its own kernels beside the "
+                                           "linear layers (better for mixed prefill + decode steps)")
     json: bool = _opt(False, "print the report as JSON instead of a table")
 
 
@@ -77,9 +79,11 @@ def run_cost_fit(opts: CostFitOptions) -> int:
     if opts.samples is None:
         raise InvalidArgument("samples", None, "a JSON lines file of measured steps")
     samples = read_samples(opts.samples)
-    prior = StepCost.from_model(opts.model, opts.gpu, dtype=opts.dtype, kv_dtype=opts.kv_dtype, tp=opts.tp)
+    prior = StepCost.from_model(opts.model, opts.gpu, dtype=opts.dtype, kv_dtype=opts.kv_dtype, tp=opts.tp,
+                                separate_attention=opts.separate_attention)
     fitted, report = prior.fit_and_validate(samples, train_fraction=opts.train_fraction, seed=opts.seed)
-    report = {"model": prior.model, "gpu": prior.gpu, "tp": prior.tp, "samples": str(opts.samples), **report}
+    report = {"model": prior.model, "gpu": prior.gpu, "tp": prior.tp, "separate_attention": prior.separate_attention,
+              "samples": str(opts.samples), **report}
     if opts.out is not None:
         report["out"] = str(opts.out)
     if opts.json:
@@ -88,7 +92,8 @@ def run_cost_fit(opts: CostFitOptions) -> int:
             atomic_write_text(opts.out, fitted.to_json())
         return 0
     n = report["n_samples"]
-    print(f"{prior.model} on {prior.gpu} (tp {prior.tp}): {n} measured steps, "
+    form = "separate attention" if prior.separate_attention else "overlapped attention"
+    print(f"{prior.model} on {prior.gpu} (tp {prior.tp}, {form}): {n} measured steps, "
           f"{report['train']['n']} fitted (seed {opts.seed}), {report['held_out']['n']} held out")
     print(f"{'parameter':<22}{'preset prior':>14}{'fitted':>14}")
     for name, value in report["parameters"].items():

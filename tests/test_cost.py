@@ -390,6 +390,11 @@ def test_cost_fit_and_show(tmp_path, capsys):
     assert run_cost_fit(CostFitOptions(samples=str(steps), json=True, train_fraction=0.75, seed=3)) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["held_out"]["n"] == 12 and report["held_out"]["median"] < 0.01
+    assert report["separate_attention"] is False
+    separate = tmp_path / "separate.json"
+    assert run_cost_fit(CostFitOptions(samples=str(steps), out=str(separate), separate_attention=True)) == 0
+    assert "separate attention" in capsys.readouterr().out
+    assert StepCost.from_json(separate.read_text()).separate_attention
 
     assert run_cost_show(CostShowOptions(cost=str(out))) == 0
     text = capsys.readouterr().out
@@ -423,8 +428,9 @@ def test_cost_options_build_argparse_parsers():
     parser = argparse.ArgumentParser()
     add_arguments(parser, CostFitOptions)
     opts = from_args(CostFitOptions, parser.parse_args(["m.jsonl", "--out", "c.json", "--gpu", "h200", "--tp", "2",
-                                                        "--train-fraction", "0.7"]))
-    assert opts == CostFitOptions(samples="m.jsonl", out="c.json", gpu="h200", tp=2, train_fraction=0.7)
+                                                        "--train-fraction", "0.7", "--separate-attention"]))
+    assert opts == CostFitOptions(samples="m.jsonl", out="c.json", gpu="h200", tp=2, train_fraction=0.7,
+                                  separate_attention=True)
 
 
 # ------------------------------------------------------------------------------------------ benchmarks
