@@ -45,6 +45,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
+from lengthsched.integrations.rollout import place_ways, spread_ways
 from lengthsched.placement import (
     fractional_fits,
     length_classes,
@@ -432,6 +433,11 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
     if cls.STEALS:  # placed as verl routes, or whole groups by predicted work; replicas steal later
         if cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
+        elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
+            sizes = [len(g.lengths) for g in groups]
+            ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget, replicas,
+                               cls.PROMPT_SHARE)
+            placed = place_ways(np.ones(len(flat)) if pred is None else pred, sizes, replicas, ways)
         else:
             placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])

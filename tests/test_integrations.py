@@ -58,6 +58,7 @@ from lengthsched.integrations.demo import (
     placeholder_plan,
     plan_slots,
 )
+from lengthsched.integrations.rollout import place_ways, spread_ways
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "examples" / "vllm_priority.py", ROOT / "examples" / "sglang_priority.py"]
@@ -738,3 +739,64 @@ def test_plan_rollout_places_length_classes_as_the_simulator_does():
         plan_rollout(keys, predicted, placement="classes", prompt_lens=prompts[:5], **common)
     with pytest.raises(InvalidArgument, match="'placement'"):
         RolloutPlanner(placement="classes")
+
+
+# ---------------------------------------------------------------------------------- spreading ways
+
+
+def test_spread_ways_spreads_as_widely_as_the_pools_hold_the_prompts():
+    # 8 replicas, prompts of 64 x 1,000 tokens: all of them fit a pool of 64,000 tokens
+    assert spread_ways([1000] * 64, 64_000, 8) == 8
+    assert spread_ways([1000] * 64, 32_000, 8) == 4  # half of the prompts per replica fit
+    assert spread_ways([1000] * 64, 9_000, 8) == 1  # not even an eighth: whole groups
+    assert spread_ways([1000] * 64, 32_000, 8, share=0.25) == 1
+    assert spread_ways([], 100, 4) == 4 and spread_ways([0, 0], 100, 4) == 4  # no prompt tokens
+    assert spread_ways([1000] * 64, 10**9, 1) == 1
+    for bad, name in (({"share": 0}, "share"), ({"share": float("nan")}, "share"), ({"share": True}, "share"),
+                      ({"budget_tokens": 0}, "budget_tokens"), ({"replicas": 0}, "replicas"),
+                      ({"prompt_tokens": [-1]}, "prompt_tokens")):
+        args = {"prompt_tokens": [10], "budget_tokens": 100, "replicas": 2, **bad}
+        with pytest.raises(InvalidArgument, match=f"'{name}'"):
+            spread_ways(**args)
+
+
+@settings(max_examples=150, deadline=None)
+@given(sizes=st.lists(st.integers(0, 20), min_size=1, max_size=30), replicas=st.integers(1, 9),
+       ways=st.integers(1, 10), seed=st.integers(0, 10**6))
+def test_place_ways_puts_each_group_on_that_many_replicas_in_near_equal_runs(sizes, replicas, ways, seed):
+    total = sum(sizes)
+    pred = np.random.default_rng(seed).integers(0, 4000, total).astype(float)
+    placed = place_ways(pred, sizes, replicas, ways)
+    assert placed.shape == (total,) and placed.dtype == np.int64
+    assert total == 0 or (placed.min() >= 0 and placed.max() < replicas)
+    if ways >= replicas:  # exactly verl's spread: the baseline's own placement
+        assert placed.tolist() == [i % replicas for i in range(total)]
+        return
+    start = 0
+    for n in sizes:
+        mine = placed[start:start + n]
+        start += n
+        if n == 0:
+            continue
+        counts = np.bincount(mine, minlength=replicas)
+        used = counts[counts > 0]
+        assert len(used) == min(ways, n) and used.max() - used.min() <= 1
+        assert sum(1 for a, b in zip(mine[:-1], mine[1:]) if a != b) == len(used) - 1  # contiguous runs
+
+
+def test_place_ways_balances_predicted_work_greedily_and_checks_its_input():
+    # four groups of 4 on 4 replicas, 2 ways each: the greedy evens the predicted work out
+    pred = np.repeat([400.0, 300.0, 200.0, 100.0], 4)
+    placed = place_ways(pred, [4, 4, 4, 4], 4, 2)
+    loads = np.bincount(placed, weights=pred, minlength=4)
+    assert sorted(loads.tolist()) == [1000.0, 1000.0, 1000.0, 1000.0]
+    whole = place_ways(pred, [4, 4, 4, 4], 4, 1)
+    assert [len(set(whole[i:i + 4].tolist())) for i in range(0, 16, 4)] == [1, 1, 1, 1]
+    with pytest.raises(InvalidArgument, match="'predicted'"):
+        place_ways(pred[:-1], [4, 4, 4, 4], 4, 2)
+    with pytest.raises(InvalidArgument, match="'predicted'"):
+        place_ways(-pred, [4, 4, 4, 4], 4, 2)
+    with pytest.raises(InvalidArgument, match="'ways'"):
+        place_ways(pred, [4, 4, 4, 4], 4, 0)
+    with pytest.raises(InvalidArgument, match="'group_sizes'"):
+        place_ways(pred, [4, -4], 4, 2)

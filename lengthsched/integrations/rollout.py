@@ -43,8 +43,13 @@ import numpy as np
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int
 
-__all__ = ["PLACEMENTS", "RolloutPlan", "decode_replica", "observe_lengths", "place_groups", "plan_rollout",
-           "predict_lengths"]
+__all__ = ["PLACEMENTS", "PROMPT_SHARE", "RolloutPlan", "decode_replica", "observe_lengths", "place_groups",
+           "place_ways", "plan_rollout", "predict_lengths", "spread_ways"]
+
+#: The share of a replica's KV pool that :func:`spread_ways` lets the prompts a replica receives take
+#: (the simulator's ``steal`` uses it; chosen over four draws of the rollout grid, docs/benchmarks.md,
+#: "How widely to spread a group").
+PROMPT_SHARE = 1.0
 
 #: The placements :func:`plan_rollout` knows (see the module docstring): ``spread`` (verl's, the
 #: default), ``groups`` (whole groups by predicted work) and ``classes`` (length classes).
@@ -69,6 +74,59 @@ def place_groups(work: Any, replicas: int) -> tuple[int, ...]:
         for g in part:
             of_group[g] = r
     return tuple(of_group)
+
+
+def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: float = PROMPT_SHARE) -> int:
+    """Over how many replicas to spread each group: the most (up to ``replicas``) for which the prompts
+    a replica receives, ``ways / replicas`` of all the step's prompts (``prompt_tokens``: each group's
+    prompt length in tokens), take at most ``share`` of its KV pool (``budget_tokens``, tokens), and
+    at least 1. ``replicas`` when there are no prompt tokens. Spreading wider balances the replicas
+    whatever the length predictions got wrong (each replica gets a share of every group); it costs
+    each prompt's prefill and KV on every replica that runs one of its completions."""
+    held = int(np.sum(as_lengths("prompt_tokens", prompt_tokens, minimum=0, allow_empty=True)))
+    budget_tokens = check_int("budget_tokens", budget_tokens, minimum=1)
+    replicas = check_int("replicas", replicas, minimum=1)
+    if isinstance(share, bool) or not isinstance(share, (int, float, np.floating)) or not share > 0 \
+            or not np.isfinite(share):
+        raise InvalidArgument("share", share, "a finite number > 0 (a share of the KV pool)")
+    if held == 0:
+        return replicas
+    return int(max(1, min(replicas, np.floor(replicas * float(share) * budget_tokens / held))))
+
+
+def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np.ndarray:
+    """The replica of every completion (flattened in group order) when each group is spread over
+    ``ways`` replicas: ``ways >= replicas`` is verl's spread (completion i on replica ``i mod
+    replicas``, exactly); otherwise each group's completions are cut into ``ways`` runs of nearly
+    equal count, the groups taken in decreasing predicted work (``predicted``: tokens per completion),
+    and a group's runs go to the ``ways`` replicas with the least predicted work so far, the run of
+    most work to the least loaded (greedy longest-processing-time on runs). ``ways == 1`` places
+    whole groups."""
+    sizes = as_lengths("group_sizes", group_sizes, minimum=0, allow_empty=True)
+    total = int(sizes.sum())
+    pred = np.asarray(predicted, dtype=np.float64).reshape(-1)
+    if pred.shape != (total,) or not np.all(np.isfinite(pred)) or np.any(pred < 0):
+        raise InvalidArgument("predicted", f"{pred.size} values", f"{total} finite lengths >= 0, one per completion")
+    replicas = check_int("replicas", replicas, minimum=1)
+    ways = check_int("ways", ways, minimum=1)
+    if ways >= replicas:
+        return np.arange(total, dtype=np.int64) % replicas
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    work = np.array([pred[s:s + n].sum() for s, n in zip(starts, sizes)], dtype=np.float64)
+    out = np.zeros(total, dtype=np.int64)
+    loads = np.zeros(replicas, dtype=np.float64)
+    for g in np.argsort(-work, kind="stable"):
+        start, n = int(starts[g]), int(sizes[g])
+        k = min(ways, n)
+        if k == 0:
+            continue
+        cuts = np.linspace(0, n, k + 1).round().astype(np.int64)
+        runs = sorted(((pred[start + a:start + b].sum(), a, b) for a, b in zip(cuts[:-1], cuts[1:])),
+                      key=lambda run: -run[0])
+        for (run_work, a, b), r in zip(runs, np.argsort(loads, kind="stable")[:k]):
+            out[start + a:start + b] = r
+            loads[r] += run_work
+    return out
 
 
 def decode_replica(priority: Any, replicas: int) -> int | None:

@@ -13,10 +13,15 @@ while its next block is free, preempted requests back to the front of its own qu
   early); the other requests go longest-estimated group first. Seer's divided rollout also
   migrates running requests in chunks through a global KV pool (Mooncake); that migration is not
   modelled: a started request stays on its replica (preempted ones resume there).
-- :class:`WorkStealing` (``steal``): the project's policy. The requests start placed as verl routes
-  them (each request to the next replica) unless every prompt held on every replica would take more
-  than a quarter of a replica's pool; then whole groups are placed by predicted work (the
-  partitioning core), so each prompt is held once. Each replica is vLLM's engine over its own
+- :class:`WorkStealing` (``steal``): the project's policy. Each group's requests start spread over
+  as many replicas as keep the prompts a replica receives within its pool
+  (:func:`lengthsched.integrations.rollout.spread_ways`): all replicas, exactly as verl routes them
+  (each request to the next replica), where the pools hold every prompt; otherwise each group is cut
+  into that many runs, placed by predicted work (groups of most work first, each run to the least
+  loaded replica; :func:`~lengthsched.integrations.rollout.place_ways`), so each prompt is held
+  on fewer replicas while every replica still gets a share of many groups (whole groups, balanced
+  only by the predictions, unbalance the replicas whenever those are wrong and the pools then admit
+  everything at once, leaving nothing to steal). Each replica is vLLM's engine over its own
   queue (FCFS, eager admission, the newest preempted). A replica whose queue is empty while its live
   requests, grown to their predicted lengths, leave room in its pool steals from the back of the
   queue of the replica with the most predicted work waiting: work moves to the replicas that drain
@@ -218,8 +223,8 @@ class SeerLike(PullReplica):
 
 
 class WorkStealing(VLLMLike):
-    """The project's rollout policy (see the module docstring): placed as verl routes requests, or as
-    whole groups by predicted work when prompts would crowd the pools; vLLM's engine per replica; a
+    """The project's rollout policy (see the module docstring): each group spread over as many replicas
+    as the pools hold its prompts (verl's spread where they hold every prompt); vLLM's engine per replica; a
     replica with an empty queue and predicted room steals from the back of the fullest queue.
     ``board`` (every replica's queue, stacks whose front is the end) and ``engines`` are shared and
     set by the caller, which places the requests (``simulate.rollout.route``)."""
@@ -227,8 +232,13 @@ class WorkStealing(VLLMLike):
     name = "steal"
     PROBES = False
     STEALS = True
-    PROMPT_SHARE = 0.25  # spread as verl does unless every prompt on every replica takes more of a pool
-    PLACE = "route"  # "route": as verl, or whole groups when prompts crowd; "time": simulate.rollout.place_by_time
+    # Placement: each group spread over as many replicas as keep the prompts a replica receives within
+    # PROMPT_SHARE of its pool (lengthsched.integrations.rollout.spread_ways / place_ways; all of them,
+    # as verl spreads, where the pools hold every prompt). "route": the older either-or rule (verl's
+    # spread, or whole groups when every prompt on every replica would take more than PROMPT_SHARE of a
+    # pool; it was 0.25); "time": simulate.rollout.place_by_time.
+    PROMPT_SHARE = 1.0
+    PLACE = "ways"
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
     # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
