@@ -756,6 +756,77 @@ def batches(quick: bool) -> tuple[str, list]:
                  rows), rows
 
 
+# ------------------------------------------------------------------------------ rollout: spreading ways
+WAYS_SEEDS = (11, 12, 13, 14)  # the draws of the grid the choice of steal's PROMPT_SHARE is judged on
+WAYS_SHARES = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+
+
+def _rollout_ways_unit(args):
+    """One CASTILLO setting with several replicas: steal with each group spread over k = 1 .. R
+    replicas (R: verl's spread), the older either-or rule, and vLLM + verl (modelled seconds)."""
+    import simulate.rollout as rollout_module
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    workload, prompts, replicas, factor, seed, cost_text = args
+    groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
+    out = {"vllm": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
+    chosen = rollout_module.spread_ways
+    try:
+        for k in range(1, replicas + 1):
+            rollout_module.spread_ways = lambda *a, _k=k, **kw: _k
+            out[str(k)] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        rollout_module.spread_ways = chosen
+        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = "route", 0.25  # the rule before (this process only)
+        out["either-or 0.25"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+    finally:
+        rollout_module.spread_ways = chosen
+        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = "ways", 1.0
+    out["held share"] = sum(int(g.prompt_len) for g in groups) / common["budget_tokens"]
+    return out
+
+
+def rollout_ways(quick: bool) -> tuple[str, list]:
+    """How widely steal spreads a group (``lengthsched.integrations.rollout.spread_ways``): every k,
+    and the rules that pick k from the prompts' share of a pool, over four draws of the grid."""
+    from lengthsched.integrations.rollout import PROMPT_SHARE
+
+    grid = [(w, b, r, f) for w, b, r, f in ROLLOUT_GRID if w == "castillo" and r > 1]
+    seeds = WAYS_SEEDS
+    if quick:
+        grid, seeds = [("castillo", 16, 4, 4), ("castillo", 64, 4, 2)], (11,)
+    units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
+    results = _pool_map(_rollout_ways_unit, units)
+    rows = []
+    for (w, b, r, f, s, _), out in zip(units, results):
+        base = out["vllm"]
+        rows.append([s, w, b, r, f"{f} x L_max", out["held share"], base]
+                    + [out[str(k)] / base if k <= r else None for k in range(1, 9)] + [out["either-or 0.25"] / base])
+
+    def rule_ratio(row, share):
+        r, held = row[3], row[5]
+        k = r if held == 0 else int(max(1, min(r, np.floor(r * share / held))))
+        return row[6 + k]
+
+    summary = []
+    rules = [(f"share {x}" + (" (steal's)" if x == PROMPT_SHARE else ""), lambda row, x=x: rule_ratio(row, x))
+             for x in WAYS_SHARES]
+    rules += [("whole groups (k = 1)", lambda row: row[7]), ("verl's spread (k = R)", lambda row: row[6 + row[3]]),
+              ("either-or rule, 0.25 (steal before)", lambda row: row[-1]),
+              ("best k per setting (oracle)", lambda row: min(v for v in row[7:15] if v is not None))]
+    for label, pick in rules:
+        ratios = np.array([pick(row) for row in rows])
+        per_seed = [float(np.mean([pick(row) for row in rows if row[0] == s])) for s in seeds]
+        summary.append([label, len(ratios), float(ratios.mean()), float(ratios.max()), int(np.sum(ratios > 1.001))]
+                       + per_seed)
+    head = table(f"Steal, each group over k replicas ({_cost_label()}; the {len(grid)} CASTILLO settings with several "
+                 f"replicas, seeds {', '.join(map(str, seeds))}, realistic predictions): makespan x vLLM + verl",
+                 ["rule", "settings", "mean", "worst", "slower"] + [f"mean, seed {s}" for s in seeds], summary)
+    text = table("Per setting: makespan x vLLM + verl of steal with each k (None: k > R)",
+                 ["seed", "workload", "prompts", "replicas", "budget", "prompts / pool", "vllm + verl seconds"]
+                 + [f"k = {k}" for k in range(1, 9)] + ["either-or 0.25"], rows)
+    return head + "\n\n" + text, {"rows": rows, "summary": summary}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -792,7 +863,8 @@ def main(argv=None) -> int:
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
-                "rollout_watermark": rollout_watermark, "paper": paper, "batches": batches, "speed": speed,
+                "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways, "paper": paper,
+                "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +41,35 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
     for row in rows:
         lower_bound, steal, fcfs, priority, best = row[5], row[6], row[9], row[10], row[11]
         assert lower_bound <= best <= min(fcfs, priority) and fcfs <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
+
+
+def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
+    """rollout_ways (quick): steal's own rule (share 1.0) is, setting by setting, the run with the k it
+    picks; k = R is verl's spread; the section leaves steal's class as it found it."""
+    from simulate import run_rollout
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_simulate import _rollout_setting
+
+    out = tmp_path / "ways.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", "rollout_ways", "--out", str(out)], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())["rollout_ways"]
+    assert len(data["rows"]) == 2
+    for row in data["rows"]:
+        seed, workload, prompts, replicas, budget = row[:5]
+        groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, int(budget.split()[0]), seed,
+                                                           None)
+        steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds / row[6]
+        k = int(max(1, min(replicas, np.floor(replicas * 1.0 / row[5]))))
+        assert row[6 + k] == pytest.approx(steal, rel=1e-12)
+        assert all(v is None for v in row[7 + replicas:15])
+    labels = [r[0] for r in data["summary"]]
+    assert "share 1.0 (steal's)" in labels and "best k per setting (oracle)" in labels
+    best = data["summary"][labels.index("best k per setting (oracle)")]
+    assert all(best[2] <= r[2] + 1e-12 for r in data["summary"])
 
 
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
