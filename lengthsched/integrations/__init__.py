@@ -48,7 +48,7 @@ from .base import (
     request_order,
     request_ranks,
 )
-from .rollout import PLACEMENTS, RolloutPlan, decode_replica, place_groups, plan_rollout
+from .rollout import PLACEMENTS, RolloutPlan, decode_replica, place_groups, place_ways, plan_rollout, spread_ways
 from .sglang_adapter import (
     SGLANG_RETRACTION_POLICIES,
     agenerate_group_sglang,
@@ -97,6 +97,8 @@ __all__ = [
     "generate_group_vllm",
     "make_vllm_rollout_func",
     "place_groups",
+    "place_ways",
+    "spread_ways",
     "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",
