@@ -759,6 +759,7 @@ def batches(quick: bool) -> tuple[str, list]:
 # ------------------------------------------------------------------------------ rollout: spreading ways
 WAYS_SEEDS = (11, 12, 13, 14)  # the draws of the grid the choice of steal's PROMPT_SHARE is judged on
 WAYS_SHARES = (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+WAYS_CROWDED = (6.0, 8.0, 10.0)  # pools of predicted tokens per replica from which whole groups are tried
 
 
 def _rollout_ways_unit(args):
@@ -782,13 +783,15 @@ def _rollout_ways_unit(args):
         rollout_module.spread_ways = chosen
         WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = "ways", 1.0
     out["held share"] = sum(int(g.prompt_len) for g in groups) / common["budget_tokens"]
+    out["work share"] = float(np.sum(realistic)) / replicas / common["budget_tokens"]
     return out
 
 
 def rollout_ways(quick: bool) -> tuple[str, list]:
     """How widely steal spreads a group (``lengthsched.integrations.rollout.spread_ways``): every k,
-    and the rules that pick k from the prompts' share of a pool, over four draws of the grid."""
-    from lengthsched.integrations.rollout import PROMPT_SHARE
+    and the rules that pick k from the prompts' share of a pool (and from the predicted tokens per
+    replica, in pools), over four draws of the grid."""
+    from lengthsched.integrations.rollout import CROWDED_POOLS, PROMPT_SHARE
 
     grid = [(w, b, r, f) for w, b, r, f in ROLLOUT_GRID if w == "castillo" and r > 1]
     seeds = WAYS_SEEDS
@@ -800,18 +803,26 @@ def rollout_ways(quick: bool) -> tuple[str, list]:
     for (w, b, r, f, s, _), out in zip(units, results):
         base = out["vllm"]
         rows.append([s, w, b, r, f"{f} x L_max", out["held share"], base]
-                    + [out[str(k)] / base if k <= r else None for k in range(1, 9)] + [out["either-or 0.25"] / base])
+                    + [out[str(k)] / base if k <= r else None for k in range(1, 9)]
+                    + [out["either-or 0.25"] / base, out["work share"]])
 
-    def rule_ratio(row, share):
-        r, held = row[3], row[5]
-        k = r if held == 0 else int(max(1, min(r, np.floor(r * share / held))))
+    def rule_ratio(row, share, crowded=None):
+        r, held, work = row[3], row[5], row[-1]
+        if held == 0:
+            k = r
+        elif crowded is not None and work >= crowded:  # whole groups in steps that keep the pools full
+            k = 1
+        else:
+            k = int(max(1, min(r, np.floor(r * share / held))))
         return row[6 + k]
 
     summary = []
-    rules = [(f"share {x}" + (" (steal's)" if x == PROMPT_SHARE else ""), lambda row, x=x: rule_ratio(row, x))
-             for x in WAYS_SHARES]
+    rules = [(f"share {x}", lambda row, x=x: rule_ratio(row, x)) for x in WAYS_SHARES]
+    rules += [(f"share {PROMPT_SHARE}, whole groups from {c:g} pools of predicted tokens per replica"
+               + (" (steal's)" if c == CROWDED_POOLS else ""), lambda row, c=c: rule_ratio(row, PROMPT_SHARE, c))
+              for c in WAYS_CROWDED]
     rules += [("whole groups (k = 1)", lambda row: row[7]), ("verl's spread (k = R)", lambda row: row[6 + row[3]]),
-              ("either-or rule, 0.25 (steal before)", lambda row: row[-1]),
+              ("either-or rule, 0.25 (steal before)", lambda row: row[-2]),
               ("best k per setting (oracle)", lambda row: min(v for v in row[7:15] if v is not None))]
     for label, pick in rules:
         ratios = np.array([pick(row) for row in rows])
@@ -823,7 +834,7 @@ def rollout_ways(quick: bool) -> tuple[str, list]:
                  ["rule", "settings", "mean", "worst", "slower"] + [f"mean, seed {s}" for s in seeds], summary)
     text = table("Per setting: makespan x vLLM + verl of steal with each k (None: k > R)",
                  ["seed", "workload", "prompts", "replicas", "budget", "prompts / pool", "vllm + verl seconds"]
-                 + [f"k = {k}" for k in range(1, 9)] + ["either-or 0.25"], rows)
+                 + [f"k = {k}" for k in range(1, 9)] + ["either-or 0.25", "predicted tokens per replica / pool"], rows)
     return head + "\n\n" + text, {"rows": rows, "summary": summary}
 
 

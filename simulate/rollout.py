@@ -435,9 +435,10 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
             sizes = [len(g.lengths) for g in groups]
+            work = np.ones(len(flat)) if pred is None else np.asarray(pred, dtype=np.float64)
             ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget, replicas,
-                               cls.PROMPT_SHARE)
-            placed = place_ways(np.ones(len(flat)) if pred is None else pred, sizes, replicas, ways)
+                               cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS)
+            placed = place_ways(work, sizes, replicas, ways)
         else:
             placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])

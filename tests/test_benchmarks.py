@@ -63,11 +63,15 @@ def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
         groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, int(budget.split()[0]), seed,
                                                            None)
         steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds / row[6]
-        k = int(max(1, min(replicas, np.floor(replicas * 1.0 / row[5]))))
+        work = float(np.sum(realistic)) / replicas / common["budget_tokens"]
+        assert row[-1] == pytest.approx(work)
+        k = 1 if work >= 8.0 else int(max(1, min(replicas, np.floor(replicas * 1.0 / row[5]))))
         assert row[6 + k] == pytest.approx(steal, rel=1e-12)
         assert all(v is None for v in row[7 + replicas:15])
+    assert {row[-1] >= 8.0 for row in data["rows"]} == {True, False}  # both branches of steal's rule
     labels = [r[0] for r in data["summary"]]
-    assert "share 1.0 (steal's)" in labels and "best k per setting (oracle)" in labels
+    assert "share 1.0, whole groups from 8 pools of predicted tokens per replica (steal's)" in labels
+    assert "best k per setting (oracle)" in labels
     best = data["summary"][labels.index("best k per setting (oracle)")]
     assert all(best[2] <= r[2] + 1e-12 for r in data["summary"])
 

@@ -752,7 +752,14 @@ def test_spread_ways_spreads_as_widely_as_the_pools_hold_the_prompts():
     assert spread_ways([1000] * 64, 32_000, 8, share=0.25) == 1
     assert spread_ways([], 100, 4) == 4 and spread_ways([0, 0], 100, 4) == 4  # no prompt tokens
     assert spread_ways([1000] * 64, 10**9, 1) == 1
+    # a step whose predicted tokens fill every pool 8 times over (the default CROWDED_POOLS): whole groups
+    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=8 * 8 * 64_000) == 1
+    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=8 * 8 * 64_000 - 1) == 8
+    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=4 * 8 * 64_000, crowded=4) == 1
+    assert spread_ways([0] * 64, 64_000, 8, work_tokens=10**12) == 8  # no prompt to save: verl's spread
     for bad, name in (({"share": 0}, "share"), ({"share": float("nan")}, "share"), ({"share": True}, "share"),
+                      ({"crowded": 0}, "crowded"), ({"work_tokens": -1}, "work_tokens"),
+                      ({"work_tokens": float("inf")}, "work_tokens"), ({"work_tokens": "many"}, "work_tokens"),
                       ({"budget_tokens": 0}, "budget_tokens"), ({"replicas": 0}, "replicas"),
                       ({"prompt_tokens": [-1]}, "prompt_tokens")):
         args = {"prompt_tokens": [10], "budget_tokens": 100, "replicas": 2, **bad}

@@ -45,13 +45,20 @@ import numpy as np
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int
 
-__all__ = ["PLACEMENTS", "PROMPT_SHARE", "RolloutPlan", "decode_replica", "observe_lengths", "place_groups",
-           "place_ways", "plan_rollout", "predict_lengths", "spread_ways"]
+__all__ = ["CROWDED_POOLS", "PLACEMENTS", "PROMPT_SHARE", "RolloutPlan", "decode_replica", "observe_lengths",
+           "place_groups", "place_ways", "plan_rollout", "predict_lengths", "spread_ways"]
 
 #: The share of a replica's KV pool that :func:`spread_ways` lets the prompts a replica receives take
 #: (the simulator's ``steal`` uses it; chosen over four draws of the rollout grid, docs/benchmarks.md,
 #: "How widely to spread a group").
 PROMPT_SHARE = 1.0
+
+#: Whole groups (one replica each) once the step's predicted tokens per replica reach this many KV
+#: pools (:func:`spread_ways` with ``work_tokens``): the pools then stay full and requests wait the
+#: whole step, so replicas that steal rebalance what the predictions got wrong, and each prompt is
+#: prefilled and held once. Set on the four tuning draws of the rollout grid (the largest of 6, 8, 10
+#: that loses nothing there), docs/benchmarks.md, "How widely to spread a group".
+CROWDED_POOLS = 8.0
 
 #: The placements :func:`plan_rollout` knows (see the module docstring): ``spread`` (verl's, the
 #: default), ``groups`` (whole groups by predicted work) and ``classes`` (length classes).
@@ -78,22 +85,39 @@ def place_groups(work: Any, replicas: int) -> tuple[int, ...]:
     return tuple(of_group)
 
 
-def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: float = PROMPT_SHARE) -> int:
+def _positive(name: str, value: Any, expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0 \
+            or not np.isfinite(value):
+        raise InvalidArgument(name, value, expected)
+    return float(value)
+
+
+def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: float = PROMPT_SHARE, *,
+                work_tokens: float | None = None, crowded: float = CROWDED_POOLS) -> int:
     """Over how many replicas to spread each group: the most (up to ``replicas``) for which the prompts
     a replica receives, ``ways / replicas`` of all the step's prompts (``prompt_tokens``: each group's
     prompt length in tokens), take at most ``share`` of its KV pool (``budget_tokens``, tokens), and
-    at least 1. ``replicas`` when there are no prompt tokens. Spreading wider balances the replicas
-    whatever the length predictions got wrong (each replica gets a share of every group); it costs
-    each prompt's prefill and KV on every replica that runs one of its completions."""
+    at least 1; ``replicas`` when there are no prompt tokens. With ``work_tokens`` (the step's
+    predicted completion tokens in all): 1 (whole groups) once they reach ``crowded`` pools per
+    replica and there are prompt tokens. Spreading wider balances the replicas whatever the length
+    predictions got wrong (each replica gets a share of every group); it costs each prompt's prefill
+    and KV on every replica that runs one of its completions. In a step that keeps every pool full
+    the requests wait anyway and stealing balances the replicas, so whole groups cost little."""
     held = int(np.sum(as_lengths("prompt_tokens", prompt_tokens, minimum=0, allow_empty=True)))
     budget_tokens = check_int("budget_tokens", budget_tokens, minimum=1)
     replicas = check_int("replicas", replicas, minimum=1)
-    if isinstance(share, bool) or not isinstance(share, (int, float, np.floating)) or not share > 0 \
-            or not np.isfinite(share):
-        raise InvalidArgument("share", share, "a finite number > 0 (a share of the KV pool)")
+    share = _positive("share", share, "a finite number > 0 (a share of the KV pool)")
+    crowded = _positive("crowded", crowded, "a finite number > 0 (KV pools of predicted tokens per replica)")
     if held == 0:
         return replicas
-    return int(max(1, min(replicas, np.floor(replicas * float(share) * budget_tokens / held))))
+    if work_tokens is not None:
+        work = float(work_tokens) if isinstance(work_tokens, (int, float, np.integer, np.floating)) \
+            and not isinstance(work_tokens, bool) else float("nan")
+        if not np.isfinite(work) or work < 0:
+            raise InvalidArgument("work_tokens", work_tokens, "a finite number of tokens >= 0, or None")
+        if work / replicas >= crowded * budget_tokens:
+            return 1
+    return int(max(1, min(replicas, np.floor(replicas * share * budget_tokens / held))))
 
 
 def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np.ndarray:

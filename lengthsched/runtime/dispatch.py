@@ -239,6 +239,9 @@ class WorkStealing(VLLMLike):
     # pool; it was 0.25); "time": simulate.rollout.place_by_time.
     PROMPT_SHARE = 1.0
     PLACE = "ways"
+    # Whole groups once the predicted tokens per replica reach CROWDED_POOLS pools (spread_ways): the
+    # pools stay full, requests wait, and stealing balances what the predictions got wrong.
+    CROWDED_POOLS = 8.0
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
     # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
