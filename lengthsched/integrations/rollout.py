@@ -27,9 +27,10 @@ send it to the engines. Two placements, both static (decided once per batch):
 The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.0% faster
 than vLLM + verl on the same settings and never slower there; 2.0% over four draws of them, slower in
 10 of 360 by at most 2.6%): each group spread over as many replicas as the pools hold its prompts
-(:func:`spread_ways`, :func:`place_ways`), and replicas that steal waiting requests from each other
-as they drain. Stealing needs the framework to hold requests back and resubmit them elsewhere; these
-integrations do not do that yet (a static plan is what they send).
+(whole groups in steps that keep every pool full; :func:`spread_ways`, :func:`place_ways`), and
+replicas that steal waiting requests from each other as they drain. Stealing needs the framework to
+hold requests back and resubmit them elsewhere; these integrations do not do that yet (a static plan
+is what they send).
 
 Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower runs first).
 """
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .. import partition
-from ..errors import InvalidArgument, as_lengths, check_int
+from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
 
 __all__ = ["CROWDED_POOLS", "PLACEMENTS", "PROMPT_SHARE", "RolloutPlan", "decode_replica", "observe_lengths",
            "place_groups", "place_ways", "plan_rollout", "predict_lengths", "spread_ways"]
@@ -85,13 +86,6 @@ def place_groups(work: Any, replicas: int) -> tuple[int, ...]:
     return tuple(of_group)
 
 
-def _positive(name: str, value: Any, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0 \
-            or not np.isfinite(value):
-        raise InvalidArgument(name, value, expected)
-    return float(value)
-
-
 def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: float = PROMPT_SHARE, *,
                 work_tokens: float | None = None, crowded: float = CROWDED_POOLS) -> int:
     """Over how many replicas to spread each group: the most (up to ``replicas``) for which the prompts
@@ -106,17 +100,13 @@ def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: fl
     held = int(np.sum(as_lengths("prompt_tokens", prompt_tokens, minimum=0, allow_empty=True)))
     budget_tokens = check_int("budget_tokens", budget_tokens, minimum=1)
     replicas = check_int("replicas", replicas, minimum=1)
-    share = _positive("share", share, "a finite number > 0 (a share of the KV pool)")
-    crowded = _positive("crowded", crowded, "a finite number > 0 (KV pools of predicted tokens per replica)")
+    share = check_positive_float("share", share)
+    crowded = check_positive_float("crowded", crowded)
+    work = None if work_tokens is None else check_positive_float("work_tokens", work_tokens)
     if held == 0:
         return replicas
-    if work_tokens is not None:
-        work = float(work_tokens) if isinstance(work_tokens, (int, float, np.integer, np.floating)) \
-            and not isinstance(work_tokens, bool) else float("nan")
-        if not np.isfinite(work) or work < 0:
-            raise InvalidArgument("work_tokens", work_tokens, "a finite number of tokens >= 0, or None")
-        if work / replicas >= crowded * budget_tokens:
-            return 1
+    if work is not None and work / replicas >= crowded * budget_tokens:
+        return 1
     return int(max(1, min(replicas, np.floor(replicas * share * budget_tokens / held))))
 
 

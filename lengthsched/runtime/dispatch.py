@@ -21,7 +21,9 @@ while its next block is free, preempted requests back to the front of its own qu
   loaded replica; :func:`~lengthsched.integrations.rollout.place_ways`), so each prompt is held
   on fewer replicas while every replica still gets a share of many groups (whole groups, balanced
   only by the predictions, unbalance the replicas whenever those are wrong and the pools then admit
-  everything at once, leaving nothing to steal). Each replica is vLLM's engine over its own
+  everything at once, leaving nothing to steal). Whole groups all the same when the step's predicted
+  tokens per replica reach ``CROWDED_POOLS`` (8) KV pools: the pools stay full, requests wait, and
+  stealing rebalances. Each replica is vLLM's engine over its own
   queue (FCFS, eager admission, the newest preempted). A replica whose queue is empty while its live
   requests, grown to their predicted lengths, leave room in its pool steals from the back of the
   queue of the replica with the most predicted work waiting: work moves to the replicas that drain
