@@ -24,8 +24,8 @@ send it to the engines. Two placements, both static (decided once per batch):
   over the multi-replica CASTILLO settings (preset); with prompt-only predictions 1.18x SLOWER on
   average. See docs/benchmarks.md, "Length classes".
 
-The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.0% faster
-than vLLM + verl on the same settings and never slower there; 2.0% over four draws of them, slower in
+The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.2% faster
+than vLLM + verl on the same settings and never slower there; 2.1% over four draws of them, slower in
 10 of 360 by at most 2.6%): each group spread over as many replicas as the pools hold its prompts
 (whole groups in steps that keep every pool full; :func:`spread_ways`, :func:`place_ways`), and
 replicas that steal waiting requests from each other as they drain. Stealing needs the framework to
