@@ -772,6 +772,7 @@ def _rollout_ways_unit(args):
     groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
     out = {"vllm": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
     chosen = rollout_module.spread_ways
+    placement = WorkStealing.PLACE, WorkStealing.PROMPT_SHARE
     try:
         for k in range(1, replicas + 1):
             rollout_module.spread_ways = lambda *a, _k=k, **kw: _k
@@ -781,7 +782,7 @@ def _rollout_ways_unit(args):
         out["either-or 0.25"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     finally:
         rollout_module.spread_ways = chosen
-        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = "ways", 1.0
+        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = placement
     out["held share"] = sum(int(g.prompt_len) for g in groups) / common["budget_tokens"]
     out["work share"] = float(np.sum(realistic)) / replicas / common["budget_tokens"]
     return out

@@ -358,9 +358,6 @@ def add_fits(results: dict, prior: StepCost, memory: ModelMemory, cfg: dict, sam
     results["unfitted_all_steps"] = {  # the unfitted presets on every measured step
         other: error_stats(StepCost.from_gpu(memory, other, config=cfg).errors(samples))
         for other in sorted({preset, "h100", "h200"})}
-    if mixed is not None and results.get("mixed"):
-        results["mixed"] = {k: v for k, v in results["mixed"].items()
-                            if k not in ("fitted_errors", "signed_fitted_median", "prior_errors")}
 
 
 def model_config(ap, model: str, quick: bool) -> tuple[dict, dict, str]:
@@ -486,7 +483,7 @@ def main(argv=None) -> int:
     info = measure(args, torch, model, cfg, device, samples_path, deadline, mixed_path,
                    deadline + args.mixed_seconds)
     del model
-    measured = read_samples(samples_path)["seconds"].size if info["steps_measured"] else 0
+    measured = info["steps_measured"]  # the lines written to samples_path (add_fits reads and checks them)
 
     memory = ModelMemory.from_hf_config({**cfg, "_name_or_path": name}, dtype_name)
     prior = StepCost.from_gpu(memory, preset, config=cfg)

@@ -430,7 +430,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
-    if cls.STEALS:  # placed as verl routes, or whole groups by predicted work; replicas steal later
+    if cls.STEALS:  # placed before the step (cls.PLACE); replicas steal later
         if cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts

@@ -3,7 +3,7 @@
 :func:`plan_rollout` computes, for a batch as a framework hands it over (one row per completion, a
 group key per row), the replica of every row and an engine priority that runs each replica's rows
 longest predicted first (vLLM's ``scheduling_policy="priority"``); the verl and TRL integrations
-send it to the engines. Two placements, both static (decided once per batch):
+send it to the engines. Three placements, all static (decided once per batch):
 
 - ``"spread"`` (the default): row i to replica ``i mod R``, as verl's router spreads a batch
   submitted at once (a group's samples over the replicas). With the priorities this is the

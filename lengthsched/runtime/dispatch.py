@@ -226,10 +226,11 @@ class SeerLike(PullReplica):
 
 class WorkStealing(VLLMLike):
     """The project's rollout policy (see the module docstring): each group spread over as many replicas
-    as the pools hold its prompts (verl's spread where they hold every prompt); vLLM's engine per replica; a
-    replica with an empty queue and predicted room steals from the back of the fullest queue.
-    ``board`` (every replica's queue, stacks whose front is the end) and ``engines`` are shared and
-    set by the caller, which places the requests (``simulate.rollout.route``)."""
+    as the pools hold its prompts (verl's spread where they hold every prompt; whole groups in steps
+    that keep every pool full); vLLM's engine per replica; a replica with an empty queue and predicted
+    room steals from the back of the fullest queue. ``board`` (every replica's queue, stacks whose
+    front is the end) and ``engines`` are shared and set by the caller, which places the requests
+    (``simulate.rollout``, by ``PLACE``)."""
 
     name = "steal"
     PROBES = False
