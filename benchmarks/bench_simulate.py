@@ -839,6 +839,64 @@ def rollout_ways(quick: bool) -> tuple[str, list]:
     return head + "\n\n" + text, {"rows": rows, "summary": summary}
 
 
+# steal's variants (lengthsched.runtime.dispatch.WorkStealing attributes), each against vLLM FCFS + verl
+VARIANTS = (
+    ("steal (the default)", "steal", {}),
+    ("steal, no stealing (its placement alone)", "steal", {"ROOM": 0.0}),
+    ("steal, only requests that never started move", "steal", {"STEAL_STARTED": False}),
+    ("steal, longest predicted first per replica", "steal", {"ORDER": "longest"}),
+    ("vllm_priority + verl routing (longest predicted first, no stealing)", "vllm_priority", None),
+)
+
+
+def _rollout_variants_unit(args):
+    """One setting: vLLM FCFS + verl, then each of VARIANTS with the realistic predictions (seconds,
+    recomputed tokens)."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common)
+    out = {"base": (base.seconds, base.recomputed_tokens)}
+    for label, policy, attrs in VARIANTS:
+        saved = {name: getattr(WorkStealing, name) for name in attrs or {}}
+        try:
+            for name, value in (attrs or {}).items():
+                setattr(WorkStealing, name, value)
+            r = run_rollout(groups, policy, router=None if attrs is not None else "least_loaded", predicted=realistic,
+                            **common)
+        finally:
+            for name, value in saved.items():
+                setattr(WorkStealing, name, value)
+        out[label] = (r.seconds, r.recomputed_tokens)
+    return out
+
+
+def rollout_variants(quick: bool) -> tuple[str, list]:
+    """What steal's gain comes from: steal without stealing, stealing only requests that never
+    started (what a framework moves without carrying partial generations), each replica's queue
+    longest predicted first, and vLLM priority scheduling, on four draws of the rollout grid."""
+    grid, seeds = ROLLOUT_GRID, WAYS_SEEDS
+    if quick:
+        grid, seeds = [("castillo", 64, 4, 2), ("long tail", 64, 4, 4)], (11,)
+    units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
+    results = _pool_map(_rollout_variants_unit, units)
+    rows = []
+    for label, *_ in VARIANTS:
+        ratios = np.array([out[label][0] / out["base"][0] for out in results])
+        multi = np.array([out[label][0] / out["base"][0] for u, out in zip(units, results) if u[2] > 1])
+        base_rec = sum(out["base"][1] for out in results)
+        per_seed = [float(np.mean([out[label][0] / out["base"][0] for u, out in zip(units, results) if u[4] == s]))
+                    for s in seeds]
+        rows.append([label, len(ratios), float(ratios.mean()), float(multi.mean()), float(ratios.max()),
+                     int(np.sum(ratios > 1.001)),
+                     float(sum(out[label][1] for out in results) / base_rec) if base_rec else "-"] + per_seed)
+    draws = ", ".join(map(str, seeds))
+    return table(f"What steal's gain comes from ({_cost_label()}; the rollout grid, seeds {draws}, "
+                 "realistic predictions): makespan x vLLM FCFS + verl routing",
+                 ["variant", "settings", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
+                  "recomputed tokens x vllm (all settings)"] + [f"mean, seed {s}" for s in seeds], rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -875,7 +933,8 @@ def main(argv=None) -> int:
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
-                "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways, "paper": paper,
+                "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways,
+                "rollout_variants": rollout_variants, "paper": paper,
                 "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

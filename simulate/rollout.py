@@ -435,7 +435,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
             sizes = [len(g.lengths) for g in groups]
-            work = np.ones(len(flat)) if pred is None else np.asarray(pred, dtype=np.float64)
+            # without predictions every completion may run to max_new_tokens, as the replicas assume
+            work = np.full(len(flat), float(max_new)) if pred is None else np.asarray(pred, dtype=np.float64)
             ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget, replicas,
                                cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS)
             placed = place_ways(work, sizes, replicas, ways)
@@ -456,7 +457,10 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
     if cls.STEALS:
         board = []
         for r, (pol, eng) in enumerate(zip(pols, engines)):
-            mine = np.flatnonzero(placed == r).tolist()
+            mine = np.flatnonzero(placed == r)
+            if cls.ORDER == "longest":  # longest predicted first (ties: placement order)
+                mine = mine[np.argsort(-pols[0].work[mine], kind="stable")]
+            mine = mine.tolist()
             pol.waiting = mine[::-1]  # a stack: the front is the end
             board.append(pol.waiting)
             for job in mine:

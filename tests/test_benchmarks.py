@@ -43,20 +43,24 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
         assert lower_bound <= best <= min(fcfs, priority) and fcfs <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
 
 
+def _quick_section(tmp_path, section: str) -> dict:
+    """Run one bench_simulate section in quick mode; its JSON. bench_simulate becomes importable."""
+    out = tmp_path / f"{section}.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                             "--sections", section, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return json.loads(out.read_text())[section]
+
+
 def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
     """rollout_ways (quick): steal's own rule (share 1.0) is, setting by setting, the run with the k it
     picks; k = R is verl's spread; the section leaves steal's class as it found it."""
     from simulate import run_rollout
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    data = _quick_section(tmp_path, "rollout_ways")
     from bench_simulate import _rollout_setting
 
-    out = tmp_path / "ways.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
-                             "--sections", "rollout_ways", "--out", str(out)], capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr
-    data = json.loads(out.read_text())["rollout_ways"]
     assert len(data["rows"]) == 2
     for row in data["rows"]:
         seed, workload, prompts, replicas, budget = row[:5]
@@ -74,6 +78,30 @@ def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
     assert "best k per setting (oracle)" in labels
     best = data["summary"][labels.index("best k per setting (oracle)")]
     assert all(best[2] <= r[2] + 1e-12 for r in data["summary"])
+
+
+def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_path):
+    """rollout_variants (quick): the default row is steal as it runs, the variants differ from it, and
+    steal's class attributes are left as the section found them."""
+    from lengthsched.runtime.dispatch import WorkStealing
+    from simulate import run_rollout
+
+    rows = {row[0]: row for row in _quick_section(tmp_path, "rollout_variants")["rows"]}
+    from bench_simulate import _rollout_setting
+
+    ratios = []
+    for workload, prompts, replicas, factor in [("castillo", 64, 4, 2), ("long tail", 64, 4, 4)]:
+        groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, 11, None)
+        ratios.append(run_rollout(groups, "steal", predicted=realistic, **common).seconds
+                      / run_rollout(groups, "vllm", router="least_loaded", **common).seconds)
+    assert rows["steal (the default)"][2] == pytest.approx(np.mean(ratios), rel=1e-12)
+    assert rows["steal, no stealing (its placement alone)"][2] > rows["steal (the default)"][2]
+    assert len({row[2] for row in rows.values()}) == len(rows)
+    from bench_simulate import _rollout_variants_unit
+
+    unit = _rollout_variants_unit(("castillo", 64, 4, 2, 11, None))  # in this process: attributes restored
+    assert (WorkStealing.ROOM, WorkStealing.STEAL_STARTED, WorkStealing.ORDER) == (1.0, True, "placement")
+    assert unit["steal (the default)"][0] / unit["base"][0] == pytest.approx(ratios[0], rel=1e-12)
 
 
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):

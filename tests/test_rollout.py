@@ -461,3 +461,57 @@ def test_the_length_class_policy_places_by_its_predictions_only():
     with pytest.raises(InvalidArgument, match="group"):
         plan_length_classes(flat, owner[:-1], np.zeros(len(groups)), replicas=2, budget_tokens=4096,
                             cost=default_cost())
+
+
+def _replicas_run_on(result):
+    """Per completion, the replicas it ran on (from the recorded timelines)."""
+    where: dict[int, set[int]] = {}
+    for r, t in enumerate(result.timelines):
+        for job, *_ in t.segments:
+            where.setdefault(job, set()).add(r)
+    return where
+
+
+def test_stealing_only_requests_that_never_started_leaves_partial_generations_in_place():
+    """WorkStealing.STEAL_STARTED: on (the default) a drained replica also takes preempted requests,
+    which move with their generated tokens; off, only requests that never ran move (what a framework
+    gets by aborting and resubmitting without carrying partial generations)."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    rng = np.random.default_rng(2)
+    groups = [Group(f"p{i}", 30, rng.integers(20, 400, size=8)) for i in range(6)]
+    common = dict(replicas=2, budget_tokens=1200, max_new_tokens=400,
+                  predicted=np.repeat(rng.integers(50, 300, size=6), 8), record=True)
+    moved = run_rollout(groups, "steal", **common)
+    assert WorkStealing.STEAL_STARTED is True
+    assert any(len(rs) > 1 for rs in _replicas_run_on(moved).values())  # started on one, finished on another
+    try:
+        WorkStealing.STEAL_STARTED = False
+        kept = run_rollout(groups, "steal", **common)
+    finally:
+        WorkStealing.STEAL_STARTED = True
+    assert all(len(rs) == 1 for rs in _replicas_run_on(kept).values())
+    assert [x.tolist() for x in kept.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert run_rollout(groups, "steal", **common).seconds == moved.seconds
+
+
+def test_steal_can_order_each_replicas_queue_longest_predicted_first():
+    """WorkStealing.ORDER = "longest": each replica starts its requests longest predicted first (ties in
+    placement order); with equal predictions that is the placement order, the default."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups = [Group(f"p{i}", 16, np.full(4, 40 + 10 * i)) for i in range(6)]
+    predicted = np.repeat(np.array([30, 90, 60, 120, 10, 75]), 4)
+    common = dict(replicas=2, budget_tokens=160, max_new_tokens=200, record=True)
+    try:
+        WorkStealing.ORDER = "longest"
+        ordered = run_rollout(groups, "steal", predicted=predicted, **common)
+        equal = run_rollout(groups, "steal", predicted=np.full(24, 50), **common)
+    finally:
+        WorkStealing.ORDER = "placement"
+    assert equal.seconds == run_rollout(groups, "steal", predicted=np.full(24, 50), **common).seconds
+    for r, t in enumerate(ordered.timelines):
+        first = sorted((start, lane, job) for job, lane, start, _, _ in t.segments)
+        starts = [job for _, _, job in first]
+        placed = [j for j in range(24) if ordered.placement[j] == r or r in _replicas_run_on(ordered)[j]]
+        assert predicted[starts[0]] == max(predicted[j] for j in placed)

@@ -28,9 +28,12 @@ The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLI
 than vLLM + verl on the same settings and never slower there; 2.1% over four draws of them, slower in
 10 of 360 by at most 2.6%): each group spread over as many replicas as the pools hold its prompts
 (whole groups in steps that keep every pool full; :func:`spread_ways`, :func:`place_ways`), and
-replicas that steal waiting requests from each other as they drain. Stealing needs the framework to
-hold requests back and resubmit them elsewhere; these integrations do not do that yet (a static plan
-is what they send).
+replicas that steal waiting requests from each other as they drain. Most of what stealing gains
+comes from moving requests the engine preempted, with the tokens they generated (stealing only requests
+that never started: 0.5% faster than vLLM + verl instead of 2.1% over four draws; docs/benchmarks.md,
+"What stealing gains, and from what"), so a framework must abort a waiting request on one engine and
+resubmit its prompt plus its partial generation on another; these integrations do not do that yet (a
+static plan is what they send).
 
 Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower runs first).
 """

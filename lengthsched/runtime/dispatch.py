@@ -251,6 +251,13 @@ class WorkStealing(VLLMLike):
     # their predicted lengths, and the new one stay under WATERMARK x the pool. Fewer preemptions and
     # recomputed tokens for a longer makespan (docs/benchmarks.md, "Recomputation against time").
     WATERMARK: float | None = None
+    # Each replica's queue at the start: "placement" (group order, as verl submits a batch) or "longest"
+    # (longest predicted first; measured in docs/benchmarks.md, "What stealing gains, and from what").
+    ORDER = "placement"
+    # Whether a replica may take requests that already generated tokens (preempted ones, which move with
+    # their text and are recomputed where they land). False: only requests that never started, all a
+    # framework can move by aborting and resubmitting requests without carrying partial generations.
+    STEAL_STARTED = True
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -314,11 +321,12 @@ class WorkStealing(VLLMLike):
     def _steal(self, eng: Engine) -> bool:
         """Move requests from the back of the fullest other queue to this one; False if none."""
         best, best_work = None, 0.0
+        started = self.STEAL_STARTED
         for r, stack in enumerate(self.board):
             if r == self.replica or not self.pols[r].blocked:
                 continue
             done = self.engines[r].done
-            work = sum(max(1.0, self.work[j] - done[j]) for j in stack)
+            work = sum(max(1.0, self.work[j] - done[j]) for j in stack if started or not done[j])
             if work > best_work:
                 best, best_work = r, work
         if best is None:
@@ -328,6 +336,9 @@ class WorkStealing(VLLMLike):
         i = 0
         while i < len(stack) and (not taken or got < want):
             job = stack[i]
+            if not started and done[job]:  # it generated tokens: it stays (STEAL_STARTED off)
+                i += 1
+                continue
             del stack[i]
             taken.append(job)
             got += max(1.0, self.work[job] - done[job])
