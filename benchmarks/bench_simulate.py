@@ -119,8 +119,15 @@ def _target_unit(args):
 
 
 def _pool_map(fn, units):
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1, initializer=_set_max_seqs,
+                             initargs=(ROLLOUT_MAX_SEQS,)) as pool:
         return list(pool.map(fn, units, chunksize=max(1, len(units) // 64)))
+
+
+def _set_max_seqs(value: int | None) -> None:
+    """In a worker process: the --max-num-seqs of the run that started it."""
+    global ROLLOUT_MAX_SEQS
+    ROLLOUT_MAX_SEQS = value
 
 
 def target(quick: bool) -> tuple[str, list]:
@@ -309,6 +316,7 @@ def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, re
 
 ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model
 ROLLOUT_SEED = 11  # --seed: which prompts (and completions, and prediction errors) the rollout sections draw
+ROLLOUT_MAX_SEQS: int | None = None  # --max-num-seqs: requests each replica runs at once at most (None: no cap)
 
 
 def _rollout_cost(text: str | None):
@@ -319,10 +327,11 @@ def _rollout_cost(text: str | None):
 
 def _cost_label() -> str:
     """What prices the rollout sections: the default, or the --cost file's model and card."""
+    cap = "" if ROLLOUT_MAX_SEQS is None else f", max_num_seqs {ROLLOUT_MAX_SEQS}"
     if ROLLOUT_COST is None:
-        return "Qwen3-1.7B, H100 preset"
+        return "Qwen3-1.7B, H100 preset" + cap
     cost = _rollout_cost(ROLLOUT_COST)
-    return f"{cost.model.split('/')[-1]}, step cost fitted on {cost.gpu.upper()} steps (--cost)"
+    return f"{cost.model.split('/')[-1]}, step cost fitted on {cost.gpu.upper()} steps (--cost)" + cap
 
 
 def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, seed: int, cost_text: str | None):
@@ -330,7 +339,8 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
     of the rollout grid: L_max 4096, a pool of ``factor`` x L_max per replica, the --cost model."""
     lmax = 4096
     groups, realistic, oracle, constant = rollout_groups(workload, prompts, seed, lmax=lmax)
-    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=_rollout_cost(cost_text))
+    common = dict(replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax, cost=_rollout_cost(cost_text),
+                  max_num_seqs=ROLLOUT_MAX_SEQS)
     return groups, realistic, oracle, constant, common
 
 
@@ -362,7 +372,7 @@ def rollout(quick: bool) -> tuple[str, list]:
     grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
     rows = _rollout_rows(grid)
     summary = _rollout_summary(rows)
-    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11:  # docs/benchmarks.md's figure: the defaults
+    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None:  # the docs' figure
         _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
     text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
@@ -913,13 +923,19 @@ def main(argv=None) -> int:
                         help="a CASTILLO JSON file of held-out prompts for --sections rollout_heldout (e.g. "
                              "../shared/data/castillo/preproc_ShareGPT_validate_Qwen--Qwen2.5-7B-Instruct-1M.json; "
                              "not shipped: its prompts have no clear license)")
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="requests each engine replica runs at once at most in the rollout sections (vLLM's "
+                             "max_num_seqs; verl sets 1024); default: no cap, the KV pool alone limits them")
     parser.add_argument("--seed", type=int, default=11,
                         help="the seed of the rollout sections' prompts, completions and prediction errors "
                              "(default 11, the published grid)")
     args = parser.parse_args(argv)
-    global ROLLOUT_COST, GROUPS_FILE, ROLLOUT_SEED
+    global ROLLOUT_COST, GROUPS_FILE, ROLLOUT_SEED, ROLLOUT_MAX_SEQS
     if args.seed < 0:
         parser.error(f"argument --seed: got {args.seed}; expected a seed >= 0")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        parser.error(f"argument --max-num-seqs: got {args.max_num_seqs}; expected at least 1")
+    ROLLOUT_MAX_SEQS = args.max_num_seqs
     ROLLOUT_SEED = args.seed
     if args.groups_file is not None:
         castillo_file_groups(args.groups_file, 16, limit=1)  # a bad file fails here, before any section runs

@@ -57,20 +57,22 @@ class PlacementSearch:
 
 def search_placement(groups: Sequence[Any], *, replicas: int, budget_tokens: int, max_new_tokens: int,
                      policy: str = "vllm", cost: Any = None, evaluations: int = 200, seed: int = 0,
-                     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> PlacementSearch:
+                     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+                     max_num_seqs: int | None = None) -> PlacementSearch:
     """Search placements of ``groups`` (as for :func:`simulate.run_rollout`) on ``replicas`` engines
     running ``policy`` (``vllm`` or ``vllm_priority``; the latter is given the true lengths as
     predictions) for the smallest modelled makespan, with the true lengths known (an oracle).
     ``evaluations``: the most replica simulations after the starting placements (each try costs
-    two); ``seed``: the search's random choices. Returns a :class:`PlacementSearch`; its
-    ``placement`` passed to ``run_rollout(..., placement=)`` reproduces ``seconds``."""
+    two); ``seed``: the search's random choices; ``max_num_seqs``: as for ``run_rollout``. Returns a
+    :class:`PlacementSearch`; its ``placement`` passed to ``run_rollout(..., placement=)`` (with the
+    same ``max_num_seqs``) reproduces ``seconds``."""
     if policy not in SEARCH_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(SEARCH_POLICIES))
     evaluations = check_int("evaluations", evaluations, minimum=0)
     check_int("seed", seed, minimum=0)
     oracle = None if not groups else np.concatenate([np.asarray(g.lengths) for g in groups])
     spec, groups, _, flat, owner, _, common = _prepare(
-        groups, policy, replicas, budget_tokens, max_new_tokens, oracle, cost, seed, prefill_chunk, False)
+        groups, policy, replicas, budget_tokens, max_new_tokens, oracle, cost, seed, prefill_chunk, False, max_num_seqs)
     rng = np.random.default_rng(seed)
 
     def run(mine: np.ndarray) -> float:

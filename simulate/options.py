@@ -72,7 +72,8 @@ class SimulateOptions:
     headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
                                  "true length known (an oracle: what placement could buy at most over vLLM FCFS "
                                  "replicas; simulate.search_placement) and report it apart from the policies")
-    slots: int | None = _opt(None, "also cap how many sequences decode at once")
+    slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
+                                   "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",
                     choices=["a100", "h100", "h200", "l40s", "b200"])
     cost: str | None = _opt(None, "a fitted step-cost JSON (lengthsched cost fit) instead of the --gpu preset")

@@ -193,7 +193,7 @@ def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.nda
 def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router: str | None = None,
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
-                placement: Any = None) -> RolloutResult:
+                placement: Any = None, max_num_seqs: int | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -208,9 +208,13 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     ``record`` keeps each replica's :class:`~lengthsched.runtime.Timeline` for figures.
     ``placement``: the replica (0 to ``replicas - 1``) of every completion, flattened in group
     order, instead of the router's: your own router's placement, evaluated (not with a policy that
-    places or dispatches requests itself). Returns a :class:`RolloutResult`."""
+    places or dispatches requests itself). ``max_num_seqs``: requests each replica runs at once at
+    most (vLLM's ``max_num_seqs``, SGLang's ``max_running_requests``; verl sets 1024 by default);
+    None: only the pool limits them (Seer's dispatcher then keeps vLLM's default of 256 requests per
+    replica). Returns a :class:`RolloutResult`."""
     spec, groups, lengths, flat, owner, keys, common = _prepare(
-        groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record)
+        groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
+        max_num_seqs)
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:
         raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
@@ -263,7 +267,7 @@ def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -
     pred = common["pred"] if common["pred"] is not None else np.full(len(owner), common["max_new"])
     return plan_classes(pred, owner, common["prompt_lens"], replicas=replicas, budget_tokens=common["budget"],
                         max_new_tokens=common["max_new"], cost=common["cost"], policy=POLICIES[policy].cls.ENGINE,
-                        prefill_chunk=common["prefill_chunk"])
+                        prefill_chunk=common["prefill_chunk"], max_num_seqs=common["max_seqs"])
 
 
 def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
@@ -275,7 +279,8 @@ def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record):
+def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
+             max_num_seqs=None):
     """Check a rollout's arguments; (spec, groups, lengths per group, flat lengths, owner group per
     completion, prompt keys, the keyword arguments the replica runners share)."""
     if not groups:
@@ -291,6 +296,7 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_int("seed", seed, minimum=0)
     prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
+    max_seqs = None if max_num_seqs is None else check_int("max_num_seqs", max_num_seqs, minimum=1)
     lengths = [as_lengths("lengths", g.lengths, minimum=1) for g in groups]
     flat = np.concatenate(lengths)
     if flat.max() > max_new:
@@ -314,7 +320,7 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
                                                        f"in blocks of {block}")
     common = dict(flat=flat, owner=owner, tails=tails, prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred,
                   job_keys=job_keys, max_new=max_new, budget=budget, prefill_chunk=prefill_chunk, record=record,
-                  cost=cost)
+                  cost=cost, max_seqs=max_seqs)
     return spec, groups, lengths, flat, owner, keys, common
 
 
@@ -426,7 +432,7 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
-                  job_keys, max_new, budget, prefill_chunk, record, cost):
+                  job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
@@ -445,7 +451,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])
     else:  # Seer: nothing is known of a group before its probe finishes
         queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)
-    problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred,
+    problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred, slots=max_seqs,
                       predictor=None if online is None else copy.deepcopy(online), prompt_ids=job_keys)
     engines, pols = [], []
     for r in range(replicas):

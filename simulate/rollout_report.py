@@ -100,10 +100,11 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     opts = resolve(opts)
     check_int("prompts", opts.prompts, minimum=1)
     check_int("replicas", opts.replicas, minimum=1)
-    for flag, value in (("sweep", opts.sweep), ("slots", opts.slots)):
-        if value is not None:
-            raise InvalidArgument(flag, value, f"no --{flag.replace('_', '-')} with --prompts / --replicas (a rollout "
-                                               "step has no slot cap and no sweep)")
+    if opts.sweep is not None:
+        raise InvalidArgument("sweep", opts.sweep, "no --sweep with --prompts / --replicas (a rollout step has no "
+                                                   "sweep)")
+    if opts.slots is not None:  # in a rollout step: each replica's running cap (vLLM's max_num_seqs)
+        check_int("slots", opts.slots, minimum=1)
     policies = parse_policies(opts.policies)
     bad = [p for p in policies if not POLICIES[p].rollout]
     if bad:
@@ -134,7 +135,7 @@ class RolloutStep:
         o = self.opts
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
-                           prefill_chunk=o.prefill_chunk, record=record)
+                           prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -178,7 +179,9 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
     setting = (f"{len(groups)} prompts x G={len(groups[0].lengths)} from {opts.workload} ({work:,} tokens to "
                f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {step.memory.name} "
                f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
-               f"(prompts inside), predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
+               f"(prompts inside)" + ("" if opts.slots is None else f", at most {opts.slots} requests running per "
+                                      "replica (max_num_seqs)")
+               + f", predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
     oracle = _oracle_row(step) if opts.headroom else None
     return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
 
@@ -193,7 +196,7 @@ def _oracle_row(step: RolloutStep) -> RolloutRow:
 
     o = step.opts
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
-                  prefill_chunk=o.prefill_chunk)
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
     try:
         found = search_placement(step.groups, policy="vllm", evaluations=HEADROOM_EVALUATIONS, seed=o.seed, **common)
         result = run_rollout(step.groups, "vllm", placement=found.placement, seed=o.seed, **common)

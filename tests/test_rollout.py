@@ -515,3 +515,24 @@ def test_steal_can_order_each_replicas_queue_longest_predicted_first():
         starts = [job for _, _, job in first]
         placed = [j for j in range(24) if ordered.placement[j] == r or r in _replicas_run_on(ordered)[j]]
         assert predicted[starts[0]] == max(predicted[j] for j in placed)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "seer",
+                                    "placed_classes", "placed_adaptive"])
+def test_max_num_seqs_caps_the_requests_each_replica_runs_at_once(policy):
+    """run_rollout(max_num_seqs=k): no replica runs more than k requests at once (lanes are handed out
+    from the free ones, so a replica's lanes count its peak); every completion is still collected."""
+    groups = _groups([8, 8, 8, 8], seed=5, prompt=20)
+    common = dict(replicas=2, budget_tokens=4000, max_new_tokens=128,
+                  predicted=np.concatenate([g.lengths for g in groups]))
+    free = run_rollout(groups, policy, record=True, **common)
+    capped = run_rollout(groups, policy, record=True, max_num_seqs=3, **common)
+    assert max(1 + max(lane for _, lane, *_ in t.segments) for t in free.timelines) > 3
+    assert max(1 + max(lane for _, lane, *_ in t.segments) for t in capped.timelines) <= 3
+    assert [x.tolist() for x in capped.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert capped.seconds >= capped.lower_bound_seconds
+    assert run_rollout(groups, policy, max_num_seqs=None, **common).seconds == free.seconds
+    if policy != "seer":  # Seer's dispatcher keeps vLLM's 256 when no cap is given
+        assert run_rollout(groups, policy, max_num_seqs=1000, **common).seconds == free.seconds
+    with pytest.raises(InvalidArgument, match="max_num_seqs"):
+        run_rollout(groups, policy, max_num_seqs=0, **common)

@@ -40,7 +40,7 @@ def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
 
 
 @pytest.mark.parametrize("extra, flag", [
-    (["--sweep", "group_size=4,8"], "sweep"), (["--slots", "4"], "slots"), (["--policies", "micro"], "policies"),
+    (["--sweep", "group_size=4,8"], "sweep"), (["--slots", "0"], "slots"), (["--policies", "micro"], "policies"),
     (["--predictor", "noisy:0.5"], "predictor"), (["--routers", "random"], "routers"), (["--prompts", "0"], "prompts"),
     (["--budget", "1GiB"], "budget"),
 ])
@@ -84,3 +84,14 @@ def test_headroom_without_a_rollout_step_is_an_error_naming_it(capsys):
     assert main(["simulate", "--groups", "2", "--headroom"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'headroom'" in err and "--prompts or --replicas" in err
+
+
+def test_slots_cap_each_replica_of_a_rollout_step(capsys):
+    """--slots in a rollout step: each replica runs at most that many requests at once (vLLM's
+    max_num_seqs); the setting line says so and the run differs from the uncapped one."""
+    assert main(SMALL + ["--json", "--policies", "vllm", "--routers", "least_loaded", "--slots", "2"]) == 0
+    capped = json.loads(capsys.readouterr().out)
+    assert main(SMALL + ["--json", "--policies", "vllm", "--routers", "least_loaded"]) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert "at most 2 requests running per replica" in capped["setting"] and "at most" not in free["setting"]
+    assert capped["rows"][0]["seconds"] > free["rows"][0]["seconds"]

@@ -204,7 +204,8 @@ class Dispatcher:
 class SeerLike(PullReplica):
     """Seer's context-aware scheduling over a global queue (see the module docstring): probes first,
     then the group with the longest finished completion first; each request to the replica with
-    the fewest requests, up to vLLM's ``max_num_seqs`` (256) each; vLLM's victim (the newest)."""
+    the fewest requests, up to the rollout's ``max_num_seqs`` each (vLLM's default, 256, when the
+    rollout sets none); vLLM's victim (the newest)."""
 
     name = "seer"
     PROBES = True
@@ -214,7 +215,7 @@ class SeerLike(PullReplica):
         return float(self.unfinished)
 
     def fits(self, job: int) -> bool:
-        return self.unfinished < self.MAX_SEQS
+        return self.unfinished < (self.problem.slots or self.MAX_SEQS)
 
     def learn(self, eng: Engine, finished: list[int]) -> None:
         queue = self.queue

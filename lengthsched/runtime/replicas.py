@@ -53,13 +53,14 @@ def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_c
 
 
 def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
-                prefill_chunk, record, cost):
+                prefill_chunk, record, cost, max_seqs=None):
     """One replica running the requests ``mine`` (indices into ``flat``) under ``policy``: (engine,
-    clock). ``online``: a predictor that learns from the finishes (a copy is used), or None."""
+    clock). ``online``: a predictor that learns from the finishes (a copy is used), or None;
+    ``max_seqs``: requests it runs at once at most (None: the pool alone limits them)."""
     if not len(mine):  # a replica that got nothing
         return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
     hosted, local = np.unique(owner[mine], return_inverse=True)
-    problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget,
+    problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
                       predicted=None if pred is None else pred[mine],
                       predictor=None if online is None else copy.deepcopy(online),
                       prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
@@ -77,7 +78,7 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
 
 def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
                  max_new_tokens: int, cost: Any, policy: str = "vllm_priority",
-                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None) -> np.ndarray:
     """The replica of every completion for a step planned in length classes: the candidates of
     :func:`lengthsched.placement.plan_length_classes` and verl's spread (completion i to replica
     i mod ``replicas``), each judged by simulating the step with ``policy`` on every replica on the
@@ -94,6 +95,7 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
         cost: a :class:`lengthsched.cost.StepCost`.
         policy: the engine policy of every replica (a name of ``POLICIES`` that runs rollouts).
         prefill_chunk: tokens prefilled per step at most (None: no limit).
+        max_num_seqs: requests a replica runs at once at most (None: the pool alone limits them).
     """
     if policy not in POLICIES or not POLICIES[policy].rollout or POLICIES[policy].places_groups:
         raise InvalidArgument("policy", policy, "an engine policy that runs rollouts on a replica: " + ", ".join(
@@ -110,7 +112,8 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
     tails, prompt_kv = prompt_blocks(pl, POLICIES[policy].cls.block_size)
     model = dict(flat=believed, owner=group, tails=tails, prompt_kv=prompt_kv, prompt_lens=pl,
                  pred=believed, job_keys=tuple(group.tolist()), max_new=max_new, budget=budget,
-                 prefill_chunk=prefill_chunk, record=False, cost=cost)
+                 prefill_chunk=prefill_chunk, record=False, cost=cost,
+                 max_seqs=None if max_num_seqs is None else check_int("max_num_seqs", max_num_seqs, minimum=1))
     seen: dict[bytes, float] = {}
     best = [math.inf]
 
