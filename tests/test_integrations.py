@@ -58,7 +58,7 @@ from lengthsched.integrations.demo import (
     placeholder_plan,
     plan_slots,
 )
-from lengthsched.integrations.rollout import place_ways, spread_ways
+from lengthsched.integrations.rollout import place_ways, spread_ways, steal_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "examples" / "vllm_priority.py", ROOT / "examples" / "sglang_priority.py"]
@@ -807,3 +807,46 @@ def test_place_ways_balances_predicted_work_greedily_and_checks_its_input():
         place_ways(pred, [4, 4, 4, 4], 4, 0)
     with pytest.raises(InvalidArgument, match="'group_sizes'"):
         place_ways(pred, [4, -4], 4, 2)
+
+
+def test_a_drained_replica_steals_half_the_fullest_blocked_queues_work_from_its_back():
+    predicted = {0: 100, 1: 100, 2: 100, 3: 100, 4: 500, 5: 50, 6: 50, 7: 300}
+    queues = [[], [0, 1, 2, 3], [4, 5, 6], [7]]  # front first
+    # replica 1 waits 400 predicted tokens, replica 2 600 but is not blocked, replica 3 300
+    assert steal_requests(queues, 0, [False, True, False, True], predicted) == (1, [2, 3])
+    assert steal_requests(queues, 0, [False, True, True, True], predicted) == (2, [4, 5, 6])  # 600: 500 + 50 + 50
+    assert steal_requests(queues, 0, [False, True, True, True], predicted, share=0.1) == (2, [5, 6])  # 60: 50 + 50
+    assert steal_requests(queues, 1, [False, True, False, True], predicted) == (3, [7])  # never itself
+    assert steal_requests(queues, 0, [False, False, False, False], predicted) == (None, [])
+    assert steal_requests([[], []], 0, [False, True], predicted) == (None, [])  # blocked but nothing waits
+
+
+def test_stealing_counts_what_a_preempted_request_has_left_and_can_leave_it_in_place():
+    predicted = [100, 100, 400, 100]
+    generated = [0, 0, 350, 0]  # request 2 was preempted after 350 tokens: 50 left
+    queues = [[], [2, 0, 1, 3]]
+    assert steal_requests(queues, 0, [False, True], predicted, generated) == (1, [1, 3])  # 350 waiting: half
+    assert steal_requests(queues, 0, [False, True], predicted, generated, share=1.0) == (1, [2, 0, 1, 3])
+    assert steal_requests(queues, 0, [False, True], predicted, generated, share=1.0, started=False) == (1, [0, 1, 3])
+    assert steal_requests([[], [2]], 0, [False, True], predicted, generated, started=False) == (None, [])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=30), st.floats(0.01, 1.0), st.integers(0, 2**31 - 1))
+def test_a_steal_is_the_shortest_back_run_of_the_victims_queue_that_reaches_its_share(lengths, share, seed):
+    rng = np.random.default_rng(seed)
+    queue = rng.permutation(len(lengths)).tolist()
+    victim, taken = steal_requests([[], queue], 0, [False, True], lengths, share=share)
+    assert victim == 1 and taken == queue[len(queue) - len(taken):]  # a run from the back, in queue order
+    work = sum(lengths)
+    assert sum(lengths[j] for j in taken) >= share * work - 1e-9 or taken == queue
+    assert sum(lengths[j] for j in taken[1:]) < share * work  # one fewer would not reach it
+
+
+def test_steal_requests_checks_its_arguments():
+    with pytest.raises(InvalidArgument, match="thief"):
+        steal_requests([[], [1]], 2, [False, True], [1, 1])
+    with pytest.raises(InvalidArgument, match="blocked"):
+        steal_requests([[], [1]], 0, [True], [1, 1])
+    with pytest.raises(InvalidArgument, match="share"):
+        steal_requests([[], [1]], 0, [False, True], [1, 1], share=1.5)

@@ -22,7 +22,9 @@ each module's docstring names the files).
   :func:`sglang_page_size`.
 - A rollout step on replicas: :func:`plan_rollout` -> :class:`RolloutPlan` (rows spread over the
   replicas as verl routes them, or whole groups placed by predicted work; longest predicted first
-  per replica, the replica encoded in the priority).
+  per replica, the replica encoded in the priority); the parts of the simulator's ``steal`` for a
+  framework that runs its own dispatch: :func:`spread_ways` and :func:`place_ways` (the placement)
+  and :func:`steal_requests` (what a drained replica takes).
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
@@ -48,7 +50,17 @@ from .base import (
     request_order,
     request_ranks,
 )
-from .rollout import PLACEMENTS, RolloutPlan, decode_replica, place_groups, place_ways, plan_rollout, spread_ways
+from .rollout import (
+    PLACEMENTS,
+    STEAL_SHARE,
+    RolloutPlan,
+    decode_replica,
+    place_groups,
+    place_ways,
+    plan_rollout,
+    spread_ways,
+    steal_requests,
+)
 from .sglang_adapter import (
     SGLANG_RETRACTION_POLICIES,
     agenerate_group_sglang,
@@ -99,6 +111,8 @@ __all__ = [
     "place_groups",
     "place_ways",
     "spread_ways",
+    "steal_requests",
+    "STEAL_SHARE",
     "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",

@@ -49,8 +49,9 @@ import numpy as np
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
 
-__all__ = ["CROWDED_POOLS", "PLACEMENTS", "PROMPT_SHARE", "RolloutPlan", "decode_replica", "observe_lengths",
-           "place_groups", "place_ways", "plan_rollout", "predict_lengths", "spread_ways"]
+__all__ = ["CROWDED_POOLS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "RolloutPlan", "decode_replica",
+           "observe_lengths", "place_groups", "place_ways", "plan_rollout", "predict_lengths", "spread_ways",
+           "steal_requests"]
 
 #: The share of a replica's KV pool that :func:`spread_ways` lets the prompts a replica receives take
 #: (the simulator's ``steal`` uses it; chosen over four draws of the rollout grid, docs/benchmarks.md,
@@ -63,6 +64,9 @@ PROMPT_SHARE = 1.0
 #: prefilled and held once. Set on the four tuning draws of the rollout grid (the largest of 6, 8, 10
 #: that loses nothing there), docs/benchmarks.md, "How widely to spread a group".
 CROWDED_POOLS = 8.0
+
+#: The share of the victim's waiting predicted work a drained replica takes (:func:`steal_requests`).
+STEAL_SHARE = 0.5
 
 #: The placements :func:`plan_rollout` knows (see the module docstring): ``spread`` (verl's, the
 #: default), ``groups`` (whole groups by predicted work) and ``classes`` (length classes).
@@ -146,6 +150,64 @@ def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np
             out[start + a:start + b] = r
             loads[r] += run_work
     return out
+
+
+def steal_requests(queues: Sequence[Sequence[int]], thief: int, blocked: Sequence[bool], predicted: Any,
+                   generated: Any = None, *, share: float = STEAL_SHARE,
+                   started: bool = True) -> tuple[int | None, list[int]]:
+    """What a drained replica takes from the others' waiting requests: the decision of the simulator's
+    ``steal`` policy, for a framework that keeps its own view of the engines.
+
+    Call it for replica ``thief`` when its waiting queue is empty and its running requests, grown to
+    their predicted lengths, leave room in its KV pool. The victim is the replica, among the
+    ``blocked`` ones (requests wait there for KV or for a running seat), with the most predicted work
+    waiting (each request ``max(1, predicted - generated)`` tokens); the thief takes requests from the
+    back of the victim's queue (the ones it would run last) until it has ``share`` of that work (at
+    least one request). A request that generated tokens (preempted) moves with them: the framework
+    aborts it where it waits and submits its prompt plus those tokens to the thief (most of
+    ``steal``'s gain comes from these; ``started=False`` takes only requests that never ran).
+
+    Args:
+        queues: per replica, its waiting requests (ids indexing ``predicted``), front first.
+        thief: the replica that takes.
+        blocked: per replica, whether its queue waits for memory or a seat (not just for the next
+            step's prefill budget).
+        predicted: per request id, its predicted length (tokens).
+        generated: per request id, the tokens it generated before it was preempted (None: none).
+        share: share of the victim's waiting predicted work to take, in (0, 1].
+        started: whether requests that generated tokens may move.
+
+    Returns:
+        (victim, requests to move in the victim's queue order, front first); (None, []) when no
+        blocked replica has a request that may move.
+    """
+    n = len(queues)
+    thief = check_int("thief", thief, minimum=0)
+    if thief >= n:
+        raise InvalidArgument("thief", thief, f"a replica index below {n} (one queue per replica)")
+    if len(blocked) != n:
+        raise InvalidArgument("blocked", f"{len(blocked)} values", f"{n}, one per queue")
+    share = check_positive_float("share", share, maximum=1.0)
+    best, best_work = None, 0.0
+    for r, queue in enumerate(queues):
+        if r == thief or not blocked[r]:
+            continue
+        work = sum(max(1.0, predicted[j] - (generated[j] if generated is not None else 0)) for j in queue
+                   if started or generated is None or not generated[j])
+        if work > best_work:
+            best, best_work = r, work
+    if best is None:
+        return None, []
+    want, got, taken = share * best_work, 0.0, []
+    for j in reversed(queues[best]):  # from the back
+        done = generated[j] if generated is not None else 0
+        if not started and done:
+            continue
+        if taken and got >= want:
+            break
+        taken.append(j)
+        got += max(1.0, predicted[j] - done)
+    return best, taken[::-1]
 
 
 def decode_replica(priority: Any, replicas: int) -> int | None:

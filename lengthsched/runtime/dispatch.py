@@ -26,9 +26,11 @@ while its next block is free, preempted requests back to the front of its own qu
   stealing rebalances. Each replica is vLLM's engine over its own
   queue (FCFS, eager admission, the newest preempted). A replica whose queue is empty while its live
   requests, grown to their predicted lengths, leave room in its pool steals from the back of the
-  queue of the replica with the most predicted work waiting: work moves to the replicas that drain
-  first. A stolen request that was preempted carries its generated tokens (text) and is recomputed
-  where it lands, as it would have been where it was; no KV moves.
+  queue of the replica with the most predicted work waiting
+  (:func:`lengthsched.integrations.rollout.steal_requests`, the decision a framework can import):
+  work moves to the replicas that drain first. A stolen request that was preempted carries its
+  generated tokens (text) and is recomputed where it lands, as it would have been where it was; no KV
+  moves (most of the gain comes from these: docs/benchmarks.md, "What stealing gains, and from what").
 
 Policies see predictions and what happened (admissions, progress, finishes), never a length that
 has not been revealed (``tests/test_rollout.py`` changes unrevealed lengths and checks the decisions
@@ -43,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ..integrations.rollout import STEAL_SHARE, steal_requests
 from .baselines import VLLMLike
 from .engine import Engine
 from .policies import Problem
@@ -247,7 +250,7 @@ class WorkStealing(VLLMLike):
     # pools stay full, requests wait, and stealing balances what the predictions got wrong.
     CROWDED_POOLS = 8.0
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
-    STEAL_SHARE = 0.5  # take this share of the victim's waiting predicted work, from the back of its queue
+    STEAL_SHARE = STEAL_SHARE  # take this share of the victim's waiting predicted work, from the back of its queue
     # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
     # their predicted lengths, and the new one stay under WATERMARK x the pool. Fewer preemptions and
     # recomputed tokens for a longer makespan (docs/benchmarks.md, "Recomputation against time").
@@ -320,35 +323,21 @@ class WorkStealing(VLLMLike):
         return max(float(self.work[job]), eng.done[job] + 1) + eng.tail[job]
 
     def _steal(self, eng: Engine) -> bool:
-        """Move requests from the back of the fullest other queue to this one; False if none."""
-        best, best_work = None, 0.0
-        started = self.STEAL_STARTED
-        for r, stack in enumerate(self.board):
-            if r == self.replica or not self.pols[r].blocked:
-                continue
-            done = self.engines[r].done
-            work = sum(max(1.0, self.work[j] - done[j]) for j in stack if started or not done[j])
-            if work > best_work:
-                best, best_work = r, work
-        if best is None:
+        """Move requests from the back of the fullest blocked queue to this one (the decision of
+        :func:`lengthsched.integrations.rollout.steal_requests`); False if none."""
+        board, blocked = self.board, [pol.blocked for pol in self.pols]
+        generated = {job: self.engines[r].done[job] for r, stack in enumerate(board) if blocked[r] for job in stack}
+        victim, taken = steal_requests([stack[::-1] for stack in board], self.replica, blocked, self.work, generated,
+                                       share=self.STEAL_SHARE, started=self.STEAL_STARTED)
+        if victim is None:
             return False
-        stack, done, want, got = self.board[best], self.engines[best].done, self.STEAL_SHARE * best_work, 0.0
-        taken = []
-        i = 0
-        while i < len(stack) and (not taken or got < want):
-            job = stack[i]
-            if not started and done[job]:  # it generated tokens: it stays (STEAL_STARTED off)
-                i += 1
-                continue
-            del stack[i]
-            taken.append(job)
-            got += max(1.0, self.work[job] - done[job])
-        if not taken:
-            return False
-        for job in reversed(taken):  # the stolen requests keep their order, behind nothing
+        stack, done = board[victim], self.engines[victim].done
+        gone = set(taken)
+        stack[:] = [job for job in stack if job not in gone]
+        for job in taken:  # the stolen requests keep their order (its queue is empty: a stack, front last)
             self.waiting.insert(0, job)
         for job in taken:
             eng.claim(job)
             eng.done[job], done[job] = done[job], 0  # its tokens so far travel with it
-            self.engines[best].unclaim(job)
+            self.engines[victim].unclaim(job)
         return True
