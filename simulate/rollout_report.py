@@ -243,6 +243,10 @@ def rollout_headline(comparison: RolloutComparison) -> str:
         line += (f"; the recommended {DEFAULT_POLICY} (simulate.DEFAULT_POLICY, the fastest on average over the "
                  f"benchmark grid): {ours.result.seconds:.2f} s, {ours.result.seconds / base.result.seconds:.3f} x "
                  "vllm + least_loaded")
+    if any(r.policy == DEFAULT_POLICY for r in done):
+        line += (f"; {DEFAULT_POLICY} moves waiting requests between engines, preempted ones with their partial "
+                 "generations: a framework runs it with its own dispatch (lengthsched.integrations.steal_requests); "
+                 "the shipped verl and TRL integrations send a static plan, the vllm_priority + least_loaded row")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):
