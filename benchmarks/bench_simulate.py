@@ -907,6 +907,57 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"] + [f"mean, seed {s}" for s in seeds], rows), rows
 
 
+SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
+
+
+def _rollout_seer_unit(args):
+    """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
+    size), and steal with the realistic predictions (seconds, migrations)."""
+    from lengthsched.runtime.dispatch import SeerDivided
+
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
+           "seer": run_rollout(groups, "seer", **common).seconds,
+           "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
+    chunk = SeerDivided.CHUNK
+    try:
+        for c in SEER_CHUNKS:
+            SeerDivided.CHUNK = c
+            out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
+    finally:
+        SeerDivided.CHUNK = chunk
+    return out
+
+
+def rollout_seer(quick: bool) -> tuple[str, list]:
+    """Seer's divided rollout (requests move between replicas every CHUNK tokens, their KV through a
+    global pool at no cost: an upper bound) against the Seer-like anchor without it and steal, on
+    four draws of the rollout grid."""
+    grid, seeds = ROLLOUT_GRID, WAYS_SEEDS
+    if quick:
+        grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
+    units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
+    results = _pool_map(_rollout_seer_unit, units)
+    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal"]
+    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)"}
+    rows = []
+    for label in labels:
+        ratios = np.array([out[label] / out["base"] for out in results])
+        multi = np.array([out[label] / out["base"] for u, out in zip(units, results) if u[2] > 1])
+        beats = np.array([out[label] < out["steal"] * (1 - 1e-3) for out in results])
+        per_seed = [float(np.mean([out[label] / out["base"] for u, out in zip(units, results) if u[4] == s]))
+                    for s in seeds]
+        name = names[label] if label in names else f"seer_divided, {label.split()[1]}-token chunks"
+        rows.append([name, len(ratios),
+                     float(ratios.mean()), float(multi.mean()), float(ratios.max()), int(np.sum(ratios > 1.001)),
+                     "-" if label == "steal" else int(beats.sum())] + per_seed)
+    draws = ", ".join(map(str, seeds))
+    return table(f"Seer's divided rollout ({_cost_label()}; the rollout grid, seeds {draws}; Seer uses no length "
+                 "predictions, steal the realistic ones): makespan x vLLM FCFS + verl routing",
+                 ["policy", "settings", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
+                  "settings faster than steal by > 0.1%"] + [f"mean, seed {s}" for s in seeds], rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -950,7 +1001,7 @@ def main(argv=None) -> int:
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
                 "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways,
-                "rollout_variants": rollout_variants, "paper": paper,
+                "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "paper": paper,
                 "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -475,6 +475,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         for pol in pols:
             pol.board, pol.engines, pol.pols, pol.work = board, engines, pols, work
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
+    for pol in pols:
+        if hasattr(pol, "woke"):  # Seer's divided rollout gives requests back while it decides
+            pol.dispatcher = dispatcher
     heap = [(0.0, r) for r in range(replicas)]
     idle: set[int] = set()
     ends: list[list] = [[0] for _ in range(replicas)]
@@ -492,7 +495,11 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         now, r = heapq.heappop(heap)
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
-        if not eng.decide(pol):
+        alive = eng.decide(pol)
+        if getattr(pol, "woke", None):  # the requests it gave back went to these replicas
+            wake(pol.woke, now)
+            pol.woke = []
+        if not alive:
             idle.add(r)
             continue
         if cls.STEALS and pol.blocked and idle:  # work waits here for memory: the idle may steal it

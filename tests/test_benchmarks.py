@@ -104,6 +104,19 @@ def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_p
     assert unit["steal (the default)"][0] / unit["base"][0] == pytest.approx(ratios[0], rel=1e-12)
 
 
+def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_path):
+    from lengthsched.runtime.dispatch import SeerDivided
+
+    rows = _quick_section(tmp_path, "rollout_seer")["rows"]
+    from bench_simulate import SEER_CHUNKS, _rollout_seer_unit
+
+    assert [r[0] for r in rows] == (["seer (no migration)"] + [f"seer_divided, {c}-token chunks" for c in SEER_CHUNKS]
+                                    + ["steal (realistic predictions)"])
+    unit = _rollout_seer_unit(("long tail", 64, 4, 4, 11, None))
+    assert SeerDivided.CHUNK == 128 and set(unit) == {"base", "seer", "steal"} | {f"divided {c}" for c in SEER_CHUNKS}
+    assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
+
+
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
     from simulate.workloads import _castillo_rows
 

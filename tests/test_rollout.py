@@ -121,9 +121,10 @@ def test_bad_rollout_inputs_name_the_argument():
 
 def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
-    assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer", "steal")
+    assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer",
+                                                "seer_divided", "steal")
     assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive",
-                                          "sglang", "sglang_priority", "seer", "steal")
+                                          "sglang", "sglang_priority", "seer", "seer_divided", "steal")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -196,7 +197,7 @@ def test_seer_sends_one_probe_per_group_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(policy=st.sampled_from(["steal", "seer", "vllm_priority", "sglang_priority", "placed_adaptive",
+@given(policy=st.sampled_from(["steal", "seer", "seer_divided", "vllm_priority", "sglang_priority", "placed_adaptive",
                                "placed_classes"]),
        seed=st.integers(0, 50), replicas=st.integers(1, 3))
 def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas):
@@ -207,18 +208,15 @@ def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replic
     groups = [Group(f"p{i}", int(rng.integers(20, 60)), rng.integers(5, 100, size=4)) for i in range(4)]
     predicted = np.full(16, 50)
     common = dict(replicas=replicas, budget_tokens=400, max_new_tokens=256, predicted=predicted, record=True)
-    a = run_rollout(groups, policy, **common)
-    finish = {}
-    for r, t in enumerate(a.timelines):
-        for job, _, _first, last, kind in t.segments:
-            if kind == "run":
-                finish[job] = float(a.seconds_at(r, last))
-    cut = float(np.median(list(finish.values())))
-    later = [job for job, s in finish.items() if s > cut]
-    longer = [Group(g.prompt_id, g.prompt_len, g.lengths.copy()) for g in groups]
-    for job in later:
-        longer[job // 4].lengths[job % 4] += 50
-    b = run_rollout(longer, policy, **common)
+    from lengthsched.runtime.dispatch import SeerDivided
+
+    chunk, SeerDivided.CHUNK = SeerDivided.CHUNK, 16  # seer_divided moves requests in these short steps too
+    try:
+        a = run_rollout(groups, policy, **common)
+        b = _lengthened_after_median_finish(groups, policy, a, common)
+    finally:
+        SeerDivided.CHUNK = chunk
+    cut = b[1]
 
     def started_before(result):
         out = set()
@@ -229,7 +227,23 @@ def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replic
                     out.add((r, job, first))
         return out
 
-    assert started_before(a) == started_before(b)
+    assert started_before(a) == started_before(b[0])
+
+
+def _lengthened_after_median_finish(groups, policy, a, common):
+    """The run with every completion that finished after the median finish of ``a`` 50 tokens longer;
+    (that run, the median finish in seconds)."""
+    finish = {}
+    for r, t in enumerate(a.timelines):
+        for job, _, _first, last, kind in t.segments:
+            if kind == "run":
+                finish[job] = float(a.seconds_at(r, last))
+    cut = float(np.median(list(finish.values())))
+    later = [job for job, s in finish.items() if s > cut]
+    longer = [Group(g.prompt_id, g.prompt_len, g.lengths.copy()) for g in groups]
+    for job in later:
+        longer[job // 4].lengths[job % 4] += 50
+    return run_rollout(longer, policy, **common), cut
 
 
 def test_sglang_priority_serves_and_keeps_the_longest_predicted():
@@ -536,3 +550,42 @@ def test_max_num_seqs_caps_the_requests_each_replica_runs_at_once(policy):
         assert run_rollout(groups, policy, max_num_seqs=1000, **common).seconds == free.seconds
     with pytest.raises(InvalidArgument, match="max_num_seqs"):
         run_rollout(groups, policy, max_num_seqs=0, **common)
+
+
+def test_seers_divided_rollout_moves_requests_every_chunk_with_their_kv():
+    """seer_divided: a request that runs past CHUNK tokens goes back to the global queue at each chunk's
+    end and may continue on another replica, its KV loaded there, not recomputed; with chunks as long
+    as max_new_tokens nothing moves and it is seer."""
+    from lengthsched.runtime.dispatch import SeerDivided
+
+    rng = np.random.default_rng(3)
+    groups = [Group(f"p{i}", 20, rng.integers(10, 400, size=6)) for i in range(6)]
+    common = dict(replicas=3, budget_tokens=6000, max_new_tokens=400, record=True)
+    seer = run_rollout(groups, "seer", **common)
+    chunk = SeerDivided.CHUNK
+    try:
+        SeerDivided.CHUNK = 400
+        assert run_rollout(groups, "seer_divided", **common).seconds == seer.seconds
+        SeerDivided.CHUNK = 64
+        divided = run_rollout(groups, "seer_divided", **common)
+    finally:
+        SeerDivided.CHUNK = chunk
+    assert [x.tolist() for x in divided.collected_lengths] == [g.lengths.tolist() for g in groups]
+    moved = [j for j, rs in _replicas_run_on(divided).items() if len(rs) > 1]
+    assert moved  # some requests ran on two replicas
+    assert divided.preemptions == 0 and divided.recomputed_tokens == 0  # roomy pools: moves only, KV loaded
+    for t in divided.timelines:  # no run of a request is longer than a chunk
+        assert all(last - first + 1 <= 64 for _, _, first, last, _ in t.segments)
+
+
+def test_a_request_whose_kv_is_transferred_prefills_nothing_of_its_own():
+    from lengthsched.runtime import Engine
+
+    eng = Engine([50, 50], budget_tokens=10_000)
+    eng.tail[0] = eng.tail[1] = 7
+    eng.done[0] = eng.done[1] = 20
+    eng.transferred.add(0)
+    assert eng.prefill_need(0) == 0 and eng.prefill_need(1) == 27
+    eng.admit(0)
+    eng.admit(1)
+    assert eng.recomputed_tokens == 20 and not eng.transferred  # only job 1 recomputes

@@ -50,7 +50,7 @@ from .baselines import VLLMLike
 from .engine import Engine
 from .policies import Problem
 
-__all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "WorkStealing"]
+__all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "SeerDivided", "WorkStealing"]
 
 
 class GroupQueue:
@@ -72,6 +72,7 @@ class GroupQueue:
         self._heap = [(-self.estimate[g], g, 0) for g in range(count) if self.unstarted[g]]
         heapq.heapify(self._heap)
         self.probes: list[int] = [g for g in range(count) if self.unstarted[g]][::-1] if probes else []
+        self.origin: dict[int, Any] = {}  # started jobs given back (give_back): the engine each left
         self.left = len(self.group)
         self.longest_finished = [0] * count  # per group: its longest finished request so far (tokens)
 
@@ -109,6 +110,14 @@ class GroupQueue:
         if self.probes and self.probes[-1] == group:
             self.probes.pop()
         return job
+
+    def give_back(self, job: int) -> None:
+        """``job`` (started, not finished) goes back to the queue as its group's next request."""
+        group = int(self.group[job])
+        self.unstarted[group].append(job)
+        self.left += 1
+        self._version[group] += 1
+        heapq.heappush(self._heap, (-self.estimate[group], group, self._version[group]))
 
 
 class PullReplica(VLLMLike):
@@ -226,6 +235,72 @@ class SeerLike(PullReplica):
             group = int(queue.group[job])
             queue.longest_finished[group] = max(queue.longest_finished[group], eng.length[job])
             queue.update(group, queue.longest_finished[group])
+
+
+class SeerDivided(SeerLike):
+    """Seer with its divided rollout (``seer_divided``; arXiv 2511.14617, "divided rollout"): every request
+    generates in chunks of ``CHUNK`` tokens; at the end of a chunk it leaves its replica and goes back
+    to the global queue as its group's next request (the group's estimate orders it, as Seer's
+    context-aware scheduling does), to run its next chunk wherever the dispatcher sends it. Its KV
+    travels through a global KV pool (Seer's Mooncake): the replica that takes it loads it
+    (``Engine.transferred``) instead of recomputing it, **at no cost** here, so this row is an upper
+    bound on what the migration buys. Otherwise :class:`SeerLike`."""
+
+    name = "seer_divided"
+    # Tokens a request generates before it goes back to the global queue: the best of 128, 512 and 2048
+    # on the rollout grid (docs/benchmarks.md, "Seer's divided rollout"); smaller chunks move more often.
+    CHUNK = 128
+
+    def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
+                 keys: Sequence[Any] = ()):
+        super().__init__(problem, queue, replica, keys)
+        self.dispatcher: Dispatcher | None = None  # set by the caller: the rollout's dispatcher
+        self.woke: list[int] = []  # replicas that got requests during this decision (the caller wakes them)
+        self.migrations = 0
+
+    def decide(self, eng: Engine) -> None:
+        if self.dispatcher is None:  # on its own (run_group / run_batch): Seer's queue, nothing moves
+            super().decide(eng)
+            return
+        new = eng.collected[self._seen:]  # learn from finishes before anything is given back
+        self._seen = len(eng.collected)
+        self.unfinished -= len(new)
+        if new:
+            self.learn(eng, new)
+        chunk = self.CHUNK
+        ended = [j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0]
+        for job in ended:  # its chunk is done: back to the global queue, its KV to the pool
+            eng.preempt(job)
+            eng.preemptions -= 1  # a migration, not a preemption
+            self.migrations += 1
+            self.unfinished -= 1
+            self.queue.origin[job] = eng
+            self.queue.give_back(job)
+        if ended:
+            self.woke = self.dispatcher.assign()
+        VLLMLike.decide(self, eng)
+
+    def take(self, job: int) -> None:
+        """``job`` is dispatched here; a request that ran elsewhere brings its tokens and its KV."""
+        super().take(job)
+        origin = self.queue.origin.pop(job, None)
+        if origin is not None:
+            eng = self.eng
+            if origin is not eng:  # its tokens come along; here they were never gone
+                eng.done[job], origin.done[job] = origin.done[job], 0
+                origin.unclaim(job)
+            else:
+                eng.unclaim(job)  # take() claimed it again
+            eng.transferred.add(job)
+
+    def wakeup(self, eng: Engine) -> int | None:
+        """vLLM's wake-up, or the next step at which a running request ends a chunk."""
+        wake = super().wakeup(eng)
+        if self.dispatcher is None or not eng.running:
+            return wake
+        chunk = self.CHUNK
+        ends = min(eng.t + chunk - eng.age(j) % chunk for j in eng.running)
+        return ends if wake is None else min(wake, ends)
 
 
 class WorkStealing(VLLMLike):

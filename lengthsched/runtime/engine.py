@@ -136,6 +136,9 @@ class Engine:
         self.plan_seconds = 0.0  # in the policy's start (planning)
         self.decide_seconds = 0.0  # in its decisions and wake-ups, over the whole run
         self.wake: int | None = None  # the step the policy asked to be woken at (after decide)
+        # Jobs whose KV (prompt tail and generated tokens) arrives from elsewhere when they are admitted
+        # next (a global KV pool, as Seer's): loaded, not recomputed; cleared at the admission.
+        self.transferred: set[int] = set()
         self.timeline = Timeline() if record else None
         self._run_start: dict[int, int] = {}
         # Prompt KV held in the pool (see hold_prompts); off: prompts are outside the budget.
@@ -219,7 +222,10 @@ class Engine:
         if self._group is not None:
             self._live_of[self._group[job]] += 1
         origin = self.t - self.done[job]
-        self.recomputed_tokens += self.done[job]
+        if job in self.transferred:
+            self.transferred.discard(job)
+        else:
+            self.recomputed_tokens += self.done[job]
         self._context_sum += self.context[job]
         self.origin[job] = origin
         self.running[job] = None
@@ -247,8 +253,11 @@ class Engine:
 
     def prefill_need(self, job: int) -> int:
         """Tokens ``job`` prefills when admitted: its prompt tail, what it had generated if it was
-        preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`)."""
-        return self.tail[job] + self.done[job] + self.load_need(job)
+        preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`).
+        A job in :attr:`transferred` brings its own KV (tail and generated tokens): only the shared
+        prompt may need a prefill."""
+        own = 0 if job in self.transferred else self.tail[job] + self.done[job]
+        return own + self.load_need(job)
 
     # ------------------------------------------------------------------ prompts in the pool
     def hold_prompts(self, groups, prompt_kv) -> None:

@@ -21,7 +21,7 @@ from .baselines import (
     VLLMLike,
     VLLMPriority,
 )
-from .dispatch import SeerLike, WorkStealing
+from .dispatch import SeerDivided, SeerLike, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -103,6 +103,9 @@ POLICIES: dict[str, PolicySpec] = _specs(
                "first", needs_budget=True, rollout=True),
     PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
                "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("seer_divided", SeerDivided, "Seer-like with its divided rollout: requests go back to the global "
+               "queue every 128 tokens and continue on any replica, their KV moved at no cost (an upper bound)",
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal", WorkStealing, "placed as verl routes (whole groups by predicted work when prompts would "
                "crowd the pool), vLLM FCFS per replica, a replica with room steals from the fullest queue",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
