@@ -246,7 +246,8 @@ def rollout_headline(comparison: RolloutComparison) -> str:
     if any(r.policy == DEFAULT_POLICY for r in done):
         line += (f"; {DEFAULT_POLICY} moves waiting requests between engines, preempted ones with their partial "
                  "generations: a framework runs it with its own dispatch (lengthsched.integrations.steal_requests); "
-                 "the shipped verl and TRL integrations send a static plan, the vllm_priority + least_loaded row")
+                 "the shipped verl and TRL integrations send a static plan (what vllm_priority + least_loaded "
+                 "simulates)")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):
