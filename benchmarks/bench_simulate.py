@@ -908,12 +908,13 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
 
 
 SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
+STEAL_MOVE_CHUNK = 128  # steal + moves of running requests to idle replicas (WorkStealing.MIGRATE_CHUNK)
 
 
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
     size), and steal with the realistic predictions (seconds, migrations)."""
-    from lengthsched.runtime.dispatch import SeerDivided
+    from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
     groups, realistic, _, _, common = _rollout_setting(*args)
     out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
@@ -924,8 +925,11 @@ def _rollout_seer_unit(args):
         for c in SEER_CHUNKS:
             SeerDivided.CHUNK = c
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
+        WorkStealing.MIGRATE_CHUNK = STEAL_MOVE_CHUNK
+        out["steal + moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     finally:
         SeerDivided.CHUNK = chunk
+        WorkStealing.MIGRATE_CHUNK = None
     return out
 
 
@@ -938,8 +942,9 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal"]
-    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)"}
+    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal", "steal + moves"]
+    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)",
+             "steal + moves": f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"}
     rows = []
     for label in labels:
         ratios = np.array([out[label] / out["base"] for out in results])

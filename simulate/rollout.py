@@ -476,7 +476,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             pol.board, pol.engines, pol.pols, pol.work = board, engines, pols, work
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
     for pol in pols:
-        if hasattr(pol, "woke"):  # Seer's divided rollout gives requests back while it decides
+        if hasattr(pol, "dispatcher"):  # Seer's divided rollout gives requests back while it decides
             pol.dispatcher = dispatcher
     heap = [(0.0, r) for r in range(replicas)]
     idle: set[int] = set()
@@ -495,6 +495,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         now, r = heapq.heappop(heap)
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
+        pol.idle_now = idle  # the replicas asleep now (steal's moves of running requests go there)
         alive = eng.decide(pol)
         if getattr(pol, "woke", None):  # the requests it gave back went to these replicas
             wake(pol.woke, now)

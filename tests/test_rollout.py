@@ -589,3 +589,24 @@ def test_a_request_whose_kv_is_transferred_prefills_nothing_of_its_own():
     eng.admit(0)
     eng.admit(1)
     assert eng.recomputed_tokens == 20 and not eng.transferred  # only job 1 recomputes
+
+
+def test_steal_can_move_running_requests_to_idle_replicas_with_their_kv():
+    """WorkStealing.MIGRATE_CHUNK (off by default): at the end of each chunk a running request may move
+    to a replica that sits idle, its KV loaded there (not recomputed); the long requests that verl's
+    spread put on one replica then share the other, and the step ends sooner."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups = [Group(f"p{i}", 16, np.array([400, 10, 400, 10])) for i in range(3)]  # replica 0 gets every 400
+    common = dict(replicas=2, budget_tokens=20_000, max_new_tokens=400, predicted=np.full(12, 100), record=True)
+    kept = run_rollout(groups, "steal", **common)
+    assert all(len(rs) == 1 for rs in _replicas_run_on(kept).values())
+    try:
+        WorkStealing.MIGRATE_CHUNK = 64
+        moved = run_rollout(groups, "steal", **common)
+    finally:
+        WorkStealing.MIGRATE_CHUNK = None
+    assert any(len(rs) > 1 for rs in _replicas_run_on(moved).values())
+    assert moved.recomputed_tokens == 0 and moved.preemptions == 0
+    assert [x.tolist() for x in moved.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert moved.seconds < kept.seconds

@@ -53,6 +53,17 @@ from .policies import Problem
 __all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "SeerDivided", "WorkStealing"]
 
 
+def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
+    """``job`` (waiting, not running) moves from engine ``src`` to ``dst`` with the tokens it generated;
+    ``kv``: its KV comes along (a global KV pool: loaded at ``dst``, not recomputed)."""
+    dst.claim(job)
+    if src is not dst:
+        dst.done[job], src.done[job] = src.done[job], 0
+    src.unclaim(job)
+    if kv:
+        dst.transferred.add(job)
+
+
 class GroupQueue:
     """The requests of a rollout step not yet started, by group, shared by the replicas.
 
@@ -285,13 +296,8 @@ class SeerDivided(SeerLike):
         super().take(job)
         origin = self.queue.origin.pop(job, None)
         if origin is not None:
-            eng = self.eng
-            if origin is not eng:  # its tokens come along; here they were never gone
-                eng.done[job], origin.done[job] = origin.done[job], 0
-                origin.unclaim(job)
-            else:
-                eng.unclaim(job)  # take() claimed it again
-            eng.transferred.add(job)
+            self.eng.unclaim(job)  # take() claimed it; hand_over claims it again
+            hand_over(job, origin, self.eng, kv=True)
 
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or the next step at which a running request ends a chunk."""
@@ -337,6 +343,11 @@ class WorkStealing(VLLMLike):
     # their text and are recomputed where they land). False: only requests that never started, all a
     # framework can move by aborting and resubmitting requests without carrying partial generations.
     STEAL_STARTED = True
+    # With a global KV pool (off: None): at the end of every MIGRATE_CHUNK tokens a running request may
+    # move to a replica that sits idle (nothing running, nothing waiting, nothing to steal), its KV loaded
+    # there at no cost (Engine.transferred): what Seer's divided rollout would add to steal, an upper
+    # bound (docs/benchmarks.md, "Seer's divided rollout").
+    MIGRATE_CHUNK: int | None = None
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -347,6 +358,8 @@ class WorkStealing(VLLMLike):
         self.pols: list[WorkStealing] = []  # set by the caller
         self.blocked = False  # its queue waits for memory (not for the prefill budget): others may steal
         self.work = np.asarray(problem.point(), dtype=np.float64)  # predicted tokens per request
+        self.idle_now: set[int] = set()  # set by the caller before each decision: the replicas asleep
+        self.woke: list[int] = []  # replicas this decision moved running requests to (the caller wakes them)
 
     def start(self, eng: Engine) -> None:
         """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
@@ -360,6 +373,32 @@ class WorkStealing(VLLMLike):
         while self.board and not self.waiting and self._room(eng) and self._steal(eng):
             super().decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
+        if self.MIGRATE_CHUNK and self.board and self.idle_now:
+            self._migrate(eng)
+
+    def _migrate(self, eng: Engine) -> None:
+        """Running requests at the end of a chunk move to the idle replicas, one each, the most predicted
+        tokens to go first, while at least one stays here; their KV goes along at no cost."""
+        chunk = self.MIGRATE_CHUNK
+        ended = sorted((j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0),
+                       key=lambda j: (eng.age(j) - self.work[j], j))
+        for job, r in zip(ended, sorted(self.idle_now)):
+            if len(eng.running) < 2:
+                break
+            eng.preempt(job)
+            eng.preemptions -= 1  # a move, not a preemption
+            self.pols[r].waiting.insert(0, job)
+            hand_over(job, eng, self.engines[r], kv=True)
+            self.woke.append(r)
+
+    def wakeup(self, eng: Engine) -> int | None:
+        """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
+        wake = super().wakeup(eng)
+        chunk = self.MIGRATE_CHUNK
+        if not chunk or not self.board or not eng.running:
+            return wake
+        ends = min(eng.t + chunk - eng.age(j) % chunk for j in eng.running)
+        return ends if wake is None else min(wake, ends)
 
     def _learn(self, eng: Engine) -> None:
         """Tell the shared online predictor what finished here; predict again the waiting requests (on
@@ -406,13 +445,11 @@ class WorkStealing(VLLMLike):
                                        share=self.STEAL_SHARE, started=self.STEAL_STARTED)
         if victim is None:
             return False
-        stack, done = board[victim], self.engines[victim].done
+        stack = board[victim]
         gone = set(taken)
         stack[:] = [job for job in stack if job not in gone]
         for job in taken:  # the stolen requests keep their order (its queue is empty: a stack, front last)
             self.waiting.insert(0, job)
         for job in taken:
-            eng.claim(job)
-            eng.done[job], done[job] = done[job], 0  # its tokens so far travel with it
-            self.engines[victim].unclaim(job)
+            hand_over(job, self.engines[victim], eng)
         return True
