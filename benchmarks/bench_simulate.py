@@ -927,9 +927,11 @@ def _rollout_seer_unit(args):
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
         WorkStealing.MIGRATE_CHUNK = STEAL_MOVE_CHUNK
         out["steal + moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        WorkStealing.MIGRATE_KV = False
+        out["steal + moves, recomputed"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     finally:
         SeerDivided.CHUNK = chunk
-        WorkStealing.MIGRATE_CHUNK = None
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = None, True
     return out
 
 
@@ -942,9 +944,10 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal", "steal + moves"]
-    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)",
-             "steal + moves": f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"}
+    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal", "steal + moves", "steal + moves, recomputed"]
+    moves = f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"
+    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)", "steal + moves": moves,
+             "steal + moves, recomputed": moves + ", KV recomputed"}
     rows = []
     for label in labels:
         ratios = np.array([out[label] / out["base"] for out in results])

@@ -110,12 +110,14 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
     rows = _quick_section(tmp_path, "rollout_seer")["rows"]
     from bench_simulate import SEER_CHUNKS, STEAL_MOVE_CHUNK, _rollout_seer_unit
 
+    moves = f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"
+
     assert [r[0] for r in rows] == (["seer (no migration)"] + [f"seer_divided, {c}-token chunks" for c in SEER_CHUNKS]
-                                    + ["steal (realistic predictions)", "steal + running requests moved to idle "
-                                       f"replicas every {STEAL_MOVE_CHUNK} tokens"])
+                                    + ["steal (realistic predictions)", moves, moves + ", KV recomputed"])
     unit = _rollout_seer_unit(("long tail", 64, 4, 4, 11, None))
-    assert SeerDivided.CHUNK == 128 and WorkStealing.MIGRATE_CHUNK is None
-    assert set(unit) == {"base", "seer", "steal", "steal + moves"} | {f"divided {c}" for c in SEER_CHUNKS}
+    assert SeerDivided.CHUNK == 128 and WorkStealing.MIGRATE_CHUNK is None and WorkStealing.MIGRATE_KV
+    assert set(unit) == ({"base", "seer", "steal", "steal + moves", "steal + moves, recomputed"}
+                         | {f"divided {c}" for c in SEER_CHUNKS})
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
 
 

@@ -610,3 +610,10 @@ def test_steal_can_move_running_requests_to_idle_replicas_with_their_kv():
     assert moved.recomputed_tokens == 0 and moved.preemptions == 0
     assert [x.tolist() for x in moved.collected_lengths] == [g.lengths.tolist() for g in groups]
     assert moved.seconds < kept.seconds
+    try:  # without a global KV pool the moved requests recompute what they had generated
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = 64, False
+        recomputed = run_rollout(groups, "steal", **common)
+    finally:
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = None, True
+    assert recomputed.recomputed_tokens > 0 and recomputed.recomputed_tokens % 64 == 0
+    assert moved.seconds <= recomputed.seconds < kept.seconds

@@ -348,6 +348,7 @@ class WorkStealing(VLLMLike):
     # there at no cost (Engine.transferred): what Seer's divided rollout would add to steal, an upper
     # bound (docs/benchmarks.md, "Seer's divided rollout").
     MIGRATE_CHUNK: int | None = None
+    MIGRATE_KV = True  # False: a moved request's KV is recomputed where it lands (no global KV pool)
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -378,7 +379,8 @@ class WorkStealing(VLLMLike):
 
     def _migrate(self, eng: Engine) -> None:
         """Running requests at the end of a chunk move to the idle replicas, one each, the most predicted
-        tokens to go first, while at least one stays here; their KV goes along at no cost."""
+        tokens to go first, while at least one stays here; their KV goes along at no cost (MIGRATE_KV) or
+        is recomputed where they land."""
         chunk = self.MIGRATE_CHUNK
         ended = sorted((j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0),
                        key=lambda j: (eng.age(j) - self.work[j], j))
@@ -388,7 +390,7 @@ class WorkStealing(VLLMLike):
             eng.preempt(job)
             eng.preemptions -= 1  # a move, not a preemption
             self.pols[r].waiting.insert(0, job)
-            hand_over(job, eng, self.engines[r], kv=True)
+            hand_over(job, eng, self.engines[r], kv=self.MIGRATE_KV)
             self.woke.append(r)
 
     def wakeup(self, eng: Engine) -> int | None:
