@@ -849,6 +849,17 @@ def rollout_ways(quick: bool) -> tuple[str, list]:
     return head + "\n\n" + text, {"rows": rows, "summary": summary}
 
 
+def _ratio_summary(units, ratios) -> list:
+    """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
+    setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
+    per seed, in the order the seeds appear."""
+    ratios = np.asarray(ratios, dtype=np.float64)
+    multi = np.array([x for u, x in zip(units, ratios) if u[2] > 1])
+    seeds = list(dict.fromkeys(u[4] for u in units))
+    return ([len(ratios), float(ratios.mean()), float(multi.mean()), float(ratios.max()), int(np.sum(ratios > 1.001))]
+            + [float(np.mean([x for u, x in zip(units, ratios) if u[4] == s])) for s in seeds])
+
+
 # steal's variants (lengthsched.runtime.dispatch.WorkStealing attributes), each against vLLM FCFS + verl
 VARIANTS = (
     ("steal (the default)", "steal", {}),
@@ -891,15 +902,11 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_variants_unit, units)
     rows = []
+    base_rec = sum(out["base"][1] for out in results)
     for label, *_ in VARIANTS:
-        ratios = np.array([out[label][0] / out["base"][0] for out in results])
-        multi = np.array([out[label][0] / out["base"][0] for u, out in zip(units, results) if u[2] > 1])
-        base_rec = sum(out["base"][1] for out in results)
-        per_seed = [float(np.mean([out[label][0] / out["base"][0] for u, out in zip(units, results) if u[4] == s]))
-                    for s in seeds]
-        rows.append([label, len(ratios), float(ratios.mean()), float(multi.mean()), float(ratios.max()),
-                     int(np.sum(ratios > 1.001)),
-                     float(sum(out[label][1] for out in results) / base_rec) if base_rec else "-"] + per_seed)
+        summary = _ratio_summary(units, [out[label][0] / out["base"][0] for out in results])
+        rows.append([label] + summary[:5]
+                    + [float(sum(out[label][1] for out in results) / base_rec) if base_rec else "-"] + summary[5:])
     draws = ", ".join(map(str, seeds))
     return table(f"What steal's gain comes from ({_cost_label()}; the rollout grid, seeds {draws}, "
                  "realistic predictions): makespan x vLLM FCFS + verl routing",
@@ -913,7 +920,8 @@ STEAL_MOVE_CHUNK = 128  # steal + moves of running requests to idle replicas (Wo
 
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
-    size), and steal with the realistic predictions (seconds, migrations)."""
+    size), and steal with the realistic predictions, without and with moves of running requests
+    (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
     groups, realistic, _, _, common = _rollout_setting(*args)
@@ -944,21 +952,16 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    labels = ["seer"] + [f"divided {c}" for c in SEER_CHUNKS] + ["steal", "steal + moves", "steal + moves, recomputed"]
     moves = f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"
-    names = {"seer": "seer (no migration)", "steal": "steal (realistic predictions)", "steal + moves": moves,
-             "steal + moves, recomputed": moves + ", KV recomputed"}
+    names = ([("seer", "seer (no migration)")]
+             + [(f"divided {c}", f"seer_divided, {c}-token chunks") for c in SEER_CHUNKS]
+             + [("steal", "steal (realistic predictions)"), ("steal + moves", moves),
+                ("steal + moves, recomputed", moves + ", KV recomputed")])
     rows = []
-    for label in labels:
-        ratios = np.array([out[label] / out["base"] for out in results])
-        multi = np.array([out[label] / out["base"] for u, out in zip(units, results) if u[2] > 1])
-        beats = np.array([out[label] < out["steal"] * (1 - 1e-3) for out in results])
-        per_seed = [float(np.mean([out[label] / out["base"] for u, out in zip(units, results) if u[4] == s]))
-                    for s in seeds]
-        name = names[label] if label in names else f"seer_divided, {label.split()[1]}-token chunks"
-        rows.append([name, len(ratios),
-                     float(ratios.mean()), float(multi.mean()), float(ratios.max()), int(np.sum(ratios > 1.001)),
-                     "-" if label == "steal" else int(beats.sum())] + per_seed)
+    for label, name in names:
+        summary = _ratio_summary(units, [out[label] / out["base"] for out in results])
+        beats = sum(out[label] < out["steal"] * (1 - 1e-3) for out in results)
+        rows.append([name] + summary[:5] + ["-" if label == "steal" else int(beats)] + summary[5:])
     draws = ", ".join(map(str, seeds))
     return table(f"Seer's divided rollout ({_cost_label()}; the rollout grid, seeds {draws}; Seer uses no length "
                  "predictions, steal the realistic ones): makespan x vLLM FCFS + verl routing",

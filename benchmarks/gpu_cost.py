@@ -391,8 +391,7 @@ def refit(ap, args, argv) -> int:
         ap.error(f"--refit {args.refit!r}: expected the measured steps beside it, {samples_path}")
     memory = ModelMemory.from_hf_config({**cfg, "_name_or_path": name}, results["dtype"])
     prior = StepCost.from_gpu(memory, results["preset"], config=cfg)
-    add_fits(results, prior, memory, cfg, samples_path, mixed_path if mixed_path.is_file() else None, args.seed,
-             args.form)
+    add_fits(results, prior, memory, cfg, samples_path, mixed_path, args.seed, args.form)  # it skips a missing file
     results["refit"] = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
                         "machine": machine()}
     write_json(path, results)

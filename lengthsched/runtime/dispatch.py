@@ -64,6 +64,27 @@ def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
         dst.transferred.add(job)
 
 
+def lift(eng: Engine, job: int) -> None:
+    """Take running ``job`` off ``eng`` to run elsewhere (its KV freed here, its tokens kept): a move,
+    not counted as a preemption."""
+    eng.preempt(job)
+    eng.preemptions -= 1
+
+
+def chunk_ended(eng: Engine, chunk: int) -> list[int]:
+    """The running requests of ``eng`` that have just generated a whole number of ``chunk`` tokens."""
+    return [j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0]
+
+
+def next_chunk_end(eng: Engine, chunk: int, wake: int | None) -> int | None:
+    """The earlier of ``wake`` (a step, or None) and the next step at which a running request of
+    ``eng`` ends a chunk of ``chunk`` tokens (``wake`` when nothing runs)."""
+    if not eng.running:
+        return wake
+    ends = min(eng.t + chunk - eng.age(j) % chunk for j in eng.running)
+    return ends if wake is None else min(wake, ends)
+
+
 class GroupQueue:
     """The requests of a rollout step not yet started, by group, shared by the replicas.
 
@@ -186,12 +207,16 @@ class PullReplica(VLLMLike):
     def learn(self, eng: Engine, finished: list[int]) -> None:
         """``finished``: requests of this replica that finished since the last decision."""
 
-    def decide(self, eng: Engine) -> None:
+    def _report_finishes(self, eng: Engine) -> None:
+        """Count the requests that finished here since the last decision and :meth:`learn` from them."""
         new = eng.collected[self._seen:]
         self._seen = len(eng.collected)
         self.unfinished -= len(new)
         if new:
             self.learn(eng, new)
+
+    def decide(self, eng: Engine) -> None:
+        self._report_finishes(eng)
         if self._own is not None:
             self._own.assign()
         super().decide(eng)
@@ -267,23 +292,15 @@ class SeerDivided(SeerLike):
         super().__init__(problem, queue, replica, keys)
         self.dispatcher: Dispatcher | None = None  # set by the caller: the rollout's dispatcher
         self.woke: list[int] = []  # replicas that got requests during this decision (the caller wakes them)
-        self.migrations = 0
 
     def decide(self, eng: Engine) -> None:
         if self.dispatcher is None:  # on its own (run_group / run_batch): Seer's queue, nothing moves
             super().decide(eng)
             return
-        new = eng.collected[self._seen:]  # learn from finishes before anything is given back
-        self._seen = len(eng.collected)
-        self.unfinished -= len(new)
-        if new:
-            self.learn(eng, new)
-        chunk = self.CHUNK
-        ended = [j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0]
+        self._report_finishes(eng)  # learn from finishes before anything is given back
+        ended = chunk_ended(eng, self.CHUNK)
         for job in ended:  # its chunk is done: back to the global queue, its KV to the pool
-            eng.preempt(job)
-            eng.preemptions -= 1  # a migration, not a preemption
-            self.migrations += 1
+            lift(eng, job)
             self.unfinished -= 1
             self.queue.origin[job] = eng
             self.queue.give_back(job)
@@ -302,11 +319,7 @@ class SeerDivided(SeerLike):
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or the next step at which a running request ends a chunk."""
         wake = super().wakeup(eng)
-        if self.dispatcher is None or not eng.running:
-            return wake
-        chunk = self.CHUNK
-        ends = min(eng.t + chunk - eng.age(j) % chunk for j in eng.running)
-        return ends if wake is None else min(wake, ends)
+        return wake if self.dispatcher is None else next_chunk_end(eng, self.CHUNK, wake)
 
 
 class WorkStealing(VLLMLike):
@@ -381,14 +394,11 @@ class WorkStealing(VLLMLike):
         """Running requests at the end of a chunk move to the idle replicas, one each, the most predicted
         tokens to go first, while at least one stays here; their KV goes along at no cost (MIGRATE_KV) or
         is recomputed where they land."""
-        chunk = self.MIGRATE_CHUNK
-        ended = sorted((j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0),
-                       key=lambda j: (eng.age(j) - self.work[j], j))
+        ended = sorted(chunk_ended(eng, self.MIGRATE_CHUNK), key=lambda j: (eng.age(j) - self.work[j], j))
         for job, r in zip(ended, sorted(self.idle_now)):
             if len(eng.running) < 2:
                 break
-            eng.preempt(job)
-            eng.preemptions -= 1  # a move, not a preemption
+            lift(eng, job)
             self.pols[r].waiting.insert(0, job)
             hand_over(job, eng, self.engines[r], kv=self.MIGRATE_KV)
             self.woke.append(r)
@@ -396,11 +406,7 @@ class WorkStealing(VLLMLike):
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
         wake = super().wakeup(eng)
-        chunk = self.MIGRATE_CHUNK
-        if not chunk or not self.board or not eng.running:
-            return wake
-        ends = min(eng.t + chunk - eng.age(j) % chunk for j in eng.running)
-        return ends if wake is None else min(wake, ends)
+        return next_chunk_end(eng, self.MIGRATE_CHUNK, wake) if self.MIGRATE_CHUNK and self.board else wake
 
     def _learn(self, eng: Engine) -> None:
         """Tell the shared online predictor what finished here; predict again the waiting requests (on
@@ -452,6 +458,5 @@ class WorkStealing(VLLMLike):
         stack[:] = [job for job in stack if job not in gone]
         for job in taken:  # the stolen requests keep their order (its queue is empty: a stack, front last)
             self.waiting.insert(0, job)
-        for job in taken:
             hand_over(job, self.engines[victim], eng)
         return True
