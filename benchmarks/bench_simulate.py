@@ -863,7 +863,8 @@ def _ratio_summary(units, ratios) -> list:
 # steal's variants (lengthsched.runtime.dispatch.WorkStealing attributes), each against vLLM FCFS + verl
 VARIANTS = (
     ("steal (the default)", "steal", {}),
-    ("steal, no stealing (its placement alone)", "steal", {"ROOM": 0.0}),
+    ("steal, no moves of running requests", "steal", {"MIGRATE_CHUNK": None}),
+    ("steal, no stealing and no moves (its placement alone)", "steal", {"ROOM": 0.0, "MIGRATE_CHUNK": None}),
     ("steal, only requests that never started move", "steal", {"STEAL_STARTED": False}),
     ("steal, longest predicted first per replica", "steal", {"ORDER": "longest"}),
     ("vllm_priority + verl routing (longest predicted first, no stealing)", "vllm_priority", None),
@@ -915,12 +916,12 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
 
 
 SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
-STEAL_MOVE_CHUNK = 128  # steal + moves of running requests to idle replicas (WorkStealing.MIGRATE_CHUNK)
 
 
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
-    size), and steal with the realistic predictions, without and with moves of running requests
+    size), and steal with the realistic predictions: the default (running requests moved to idle
+    replicas, their KV recomputed), without moves, and with the moved KV loaded through a global pool
     (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
@@ -928,18 +929,18 @@ def _rollout_seer_unit(args):
     out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
            "seer": run_rollout(groups, "seer", **common).seconds,
            "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
-    chunk = SeerDivided.CHUNK
+    chunk, moves = SeerDivided.CHUNK, (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV)
     try:
         for c in SEER_CHUNKS:
             SeerDivided.CHUNK = c
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
-        WorkStealing.MIGRATE_CHUNK = STEAL_MOVE_CHUNK
-        out["steal + moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-        WorkStealing.MIGRATE_KV = False
-        out["steal + moves, recomputed"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        WorkStealing.MIGRATE_CHUNK = None
+        out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves[0], True
+        out["steal, KV loaded"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     finally:
         SeerDivided.CHUNK = chunk
-        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = None, True
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves
     return out
 
 
@@ -952,11 +953,14 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    moves = f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"
+    from lengthsched.runtime.dispatch import WorkStealing
+
     names = ([("seer", "seer (no migration)")]
              + [(f"divided {c}", f"seer_divided, {c}-token chunks") for c in SEER_CHUNKS]
-             + [("steal", "steal (realistic predictions)"), ("steal + moves", moves),
-                ("steal + moves, recomputed", moves + ", KV recomputed")])
+             + [("steal", f"steal (the default: running requests moved to idle replicas every "
+                          f"{WorkStealing.MIGRATE_CHUNK} tokens, KV recomputed)"),
+                ("steal, no moves", "steal without moves of running requests"),
+                ("steal, KV loaded", "steal, the moved KV loaded through a global pool")])
     rows = []
     for label, name in names:
         summary = _ratio_summary(units, [out[label] / out["base"] for out in results])

@@ -95,12 +95,13 @@ def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_p
         ratios.append(run_rollout(groups, "steal", predicted=realistic, **common).seconds
                       / run_rollout(groups, "vllm", router="least_loaded", **common).seconds)
     assert rows["steal (the default)"][2] == pytest.approx(np.mean(ratios), rel=1e-12)
-    assert rows["steal, no stealing (its placement alone)"][2] > rows["steal (the default)"][2]
+    assert rows["steal, no stealing and no moves (its placement alone)"][2] > rows["steal (the default)"][2]
     assert len({row[2] for row in rows.values()}) == len(rows)
     from bench_simulate import _rollout_variants_unit
 
     unit = _rollout_variants_unit(("castillo", 64, 4, 2, 11, None))  # in this process: attributes restored
     assert (WorkStealing.ROOM, WorkStealing.STEAL_STARTED, WorkStealing.ORDER) == (1.0, True, "placement")
+    assert (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
     assert unit["steal (the default)"][0] / unit["base"][0] == pytest.approx(ratios[0], rel=1e-12)
 
 
@@ -108,15 +109,15 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
     rows = _quick_section(tmp_path, "rollout_seer")["rows"]
-    from bench_simulate import SEER_CHUNKS, STEAL_MOVE_CHUNK, _rollout_seer_unit
-
-    moves = f"steal + running requests moved to idle replicas every {STEAL_MOVE_CHUNK} tokens"
+    from bench_simulate import SEER_CHUNKS, _rollout_seer_unit
 
     assert [r[0] for r in rows] == (["seer (no migration)"] + [f"seer_divided, {c}-token chunks" for c in SEER_CHUNKS]
-                                    + ["steal (realistic predictions)", moves, moves + ", KV recomputed"])
+                                    + ["steal (the default: running requests moved to idle replicas every 128 tokens, "
+                                       "KV recomputed)", "steal without moves of running requests",
+                                       "steal, the moved KV loaded through a global pool"])
     unit = _rollout_seer_unit(("long tail", 64, 4, 4, 11, None))
-    assert SeerDivided.CHUNK == 128 and WorkStealing.MIGRATE_CHUNK is None and WorkStealing.MIGRATE_KV
-    assert set(unit) == ({"base", "seer", "steal", "steal + moves", "steal + moves, recomputed"}
+    assert SeerDivided.CHUNK == 128 and (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
+    assert set(unit) == ({"base", "seer", "steal", "steal, no moves", "steal, KV loaded"}
                          | {f"divided {c}" for c in SEER_CHUNKS})
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
 

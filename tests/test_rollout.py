@@ -591,29 +591,33 @@ def test_a_request_whose_kv_is_transferred_prefills_nothing_of_its_own():
     assert eng.recomputed_tokens == 20 and not eng.transferred  # only job 1 recomputes
 
 
-def test_steal_can_move_running_requests_to_idle_replicas_with_their_kv():
-    """WorkStealing.MIGRATE_CHUNK (off by default): at the end of each chunk a running request may move
-    to a replica that sits idle, its KV loaded there (not recomputed); the long requests that verl's
-    spread put on one replica then share the other, and the step ends sooner."""
+def test_steal_moves_running_requests_to_idle_replicas():
+    """WorkStealing.MIGRATE_CHUNK (128 by default): at the end of each chunk a running request may move
+    to a replica that sits idle, its generated tokens recomputed there (MIGRATE_KV False, the default)
+    or its KV loaded there (MIGRATE_KV); the long requests that verl's spread put on one replica then
+    share the other, and the step ends sooner."""
     from lengthsched.runtime.dispatch import WorkStealing
 
+    assert (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
     groups = [Group(f"p{i}", 16, np.array([400, 10, 400, 10])) for i in range(3)]  # replica 0 gets every 400
     common = dict(replicas=2, budget_tokens=20_000, max_new_tokens=400, predicted=np.full(12, 100), record=True)
-    kept = run_rollout(groups, "steal", **common)
-    assert all(len(rs) == 1 for rs in _replicas_run_on(kept).values())
     try:
-        WorkStealing.MIGRATE_CHUNK = 64
-        moved = run_rollout(groups, "steal", **common)
-    finally:
         WorkStealing.MIGRATE_CHUNK = None
+        kept = run_rollout(groups, "steal", **common)
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = 64, True
+        moved = run_rollout(groups, "steal", **common)
+        WorkStealing.MIGRATE_KV = False
+        recomputed = run_rollout(groups, "steal", **common)
+    finally:
+        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = 128, False
+    default = run_rollout(groups, "steal", **common)
+    assert all(len(rs) == 1 for rs in _replicas_run_on(kept).values())
     assert any(len(rs) > 1 for rs in _replicas_run_on(moved).values())
     assert moved.recomputed_tokens == 0 and moved.preemptions == 0
     assert [x.tolist() for x in moved.collected_lengths] == [g.lengths.tolist() for g in groups]
     assert moved.seconds < kept.seconds
-    try:  # without a global KV pool the moved requests recompute what they had generated
-        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = 64, False
-        recomputed = run_rollout(groups, "steal", **common)
-    finally:
-        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = None, True
+    # without a global KV pool the moved requests recompute what they had generated
     assert recomputed.recomputed_tokens > 0 and recomputed.recomputed_tokens % 64 == 0
     assert moved.seconds <= recomputed.seconds < kept.seconds
+    assert default.recomputed_tokens > 0 and default.recomputed_tokens % 128 == 0
+    assert default.seconds < kept.seconds

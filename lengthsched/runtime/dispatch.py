@@ -31,6 +31,9 @@ while its next block is free, preempted requests back to the front of its own qu
   work moves to the replicas that drain first. A stolen request that was preempted carries its
   generated tokens (text) and is recomputed where it lands, as it would have been where it was; no KV
   moves (most of the gain comes from these: docs/benchmarks.md, "What stealing gains, and from what").
+  And once a replica has nothing left to run or steal, running requests of the others move to it at
+  the end of every ``MIGRATE_CHUNK`` (128) tokens, the most predicted tokens to go first, one per idle
+  replica, their generated tokens recomputed where they land.
 
 Policies see predictions and what happened (admissions, progress, finishes), never a length that
 has not been revealed (``tests/test_rollout.py`` changes unrevealed lengths and checks the decisions
@@ -354,14 +357,17 @@ class WorkStealing(VLLMLike):
     ORDER = "placement"
     # Whether a replica may take requests that already generated tokens (preempted ones, which move with
     # their text and are recomputed where they land). False: only requests that never started, all a
-    # framework can move by aborting and resubmitting requests without carrying partial generations.
+    # framework can move by aborting and resubmitting requests without carrying partial generations
+    # (running requests do not move either).
     STEAL_STARTED = True
-    # With a global KV pool (off: None): at the end of every MIGRATE_CHUNK tokens a running request may
-    # move to a replica that sits idle (nothing running, nothing waiting, nothing to steal), its KV loaded
-    # there at no cost (Engine.transferred): what Seer's divided rollout would add to steal, an upper
-    # bound (docs/benchmarks.md, "Seer's divided rollout").
-    MIGRATE_CHUNK: int | None = None
-    MIGRATE_KV = True  # False: a moved request's KV is recomputed where it lands (no global KV pool)
+    # Moves of running requests (None: off): at the end of every MIGRATE_CHUNK tokens a running request
+    # may move to a replica that sits idle (nothing running, nothing waiting, nothing to steal), with the
+    # tokens it generated; its KV is recomputed where it lands (what a framework does by aborting the
+    # request and resubmitting its prompt and partial generation), or with MIGRATE_KV loaded there
+    # through a global KV pool, as Seer's divided rollout does (Engine.transferred, priced by the cost's
+    # host link when it has one; docs/benchmarks.md, "Seer's divided rollout").
+    MIGRATE_CHUNK: int | None = 128
+    MIGRATE_KV = False
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -387,7 +393,7 @@ class WorkStealing(VLLMLike):
         while self.board and not self.waiting and self._room(eng) and self._steal(eng):
             super().decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
-        if self.MIGRATE_CHUNK and self.board and self.idle_now:
+        if self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board and self.idle_now:
             self._migrate(eng)
 
     def _migrate(self, eng: Engine) -> None:
@@ -406,7 +412,8 @@ class WorkStealing(VLLMLike):
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
         wake = super().wakeup(eng)
-        return next_chunk_end(eng, self.MIGRATE_CHUNK, wake) if self.MIGRATE_CHUNK and self.board else wake
+        moves = self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board
+        return next_chunk_end(eng, self.MIGRATE_CHUNK, wake) if moves else wake
 
     def _learn(self, eng: Engine) -> None:
         """Tell the shared online predictor what finished here; predict again the waiting requests (on
