@@ -920,12 +920,15 @@ SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (se
 
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
-    size), and steal with the realistic predictions: the default (running requests moved to idle
-    replicas, their KV recomputed), without moves, and with the moved KV loaded through a global pool
+    size; its KV loads priced over the host link, and free for the default chunk), and steal with the
+    realistic predictions: the default (running requests moved to idle replicas, their KV
+    recomputed), without moves, and with the moved KV loaded through a global pool (priced, free)
     (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
+    from lengthsched.runtime.timing import default_cost
 
     groups, realistic, _, _, common = _rollout_setting(*args)
+    free = dict(common, cost=(common["cost"] or default_cost()).replace(host_bandwidth=1e30, host_latency_seconds=0.0))
     out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
            "seer": run_rollout(groups, "seer", **common).seconds,
            "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
@@ -934,10 +937,13 @@ def _rollout_seer_unit(args):
         for c in SEER_CHUNKS:
             SeerDivided.CHUNK = c
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
+        SeerDivided.CHUNK = chunk
+        out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
         WorkStealing.MIGRATE_CHUNK = None
         out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
         WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves[0], True
         out["steal, KV loaded"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        out["steal, free KV"] = run_rollout(groups, "steal", predicted=realistic, **free).seconds
     finally:
         SeerDivided.CHUNK = chunk
         WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves
@@ -946,21 +952,24 @@ def _rollout_seer_unit(args):
 
 def rollout_seer(quick: bool) -> tuple[str, list]:
     """Seer's divided rollout (requests move between replicas every CHUNK tokens, their KV through a
-    global pool at no cost: an upper bound) against the Seer-like anchor without it and steal, on
-    four draws of the rollout grid."""
+    global pool, each load priced over the host link, and free as an upper bound) against the
+    Seer-like anchor without it and steal (with and without moves of running requests), on four
+    draws of the rollout grid."""
     grid, seeds = ROLLOUT_GRID, WAYS_SEEDS
     if quick:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    from lengthsched.runtime.dispatch import WorkStealing
+    from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
     names = ([("seer", "seer (no migration)")]
-             + [(f"divided {c}", f"seer_divided, {c}-token chunks") for c in SEER_CHUNKS]
+             + [(f"divided {c}", f"seer_divided, {c}-token chunks (KV loads priced)") for c in SEER_CHUNKS]
+             + [("divided, free KV", f"seer_divided, {SeerDivided.CHUNK}-token chunks, KV loads free (upper bound)")]
              + [("steal", f"steal (the default: running requests moved to idle replicas every "
                           f"{WorkStealing.MIGRATE_CHUNK} tokens, KV recomputed)"),
                 ("steal, no moves", "steal without moves of running requests"),
-                ("steal, KV loaded", "steal, the moved KV loaded through a global pool")])
+                ("steal, KV loaded", "steal, the moved KV loaded through a global pool (priced)"),
+                ("steal, free KV", "steal, the moved KV loaded through a global pool, free (upper bound)")])
     rows = []
     for label, name in names:
         summary = _ratio_summary(units, [out[label] / out["base"] for out in results])

@@ -79,7 +79,7 @@ from .memory import DTYPE_BYTES, ModelMemory
 
 __all__ = ["StepCost", "GPUSpec", "GPU_PRESETS", "read_samples", "error_stats", "SAMPLE_COLUMNS",
            "DEFAULT_OVERHEAD_SECONDS", "DEFAULT_BANDWIDTH_EFFICIENCY", "DEFAULT_COMPUTE_EFFICIENCY",
-           "DEFAULT_ALLREDUCE_LATENCY_SECONDS"]
+           "DEFAULT_ALLREDUCE_LATENCY_SECONDS", "DEFAULT_HOST_EFFICIENCY", "DEFAULT_HOST_LATENCY_SECONDS"]
 
 #: Unfitted prior of the fixed cost of one step (seconds). With CUDA graphs a decode step is one
 #: graph replay, so kernel launches cost almost nothing; what stays is the engine's per-step host
@@ -92,6 +92,15 @@ DEFAULT_BANDWIDTH_EFFICIENCY = 0.75
 DEFAULT_COMPUTE_EFFICIENCY = 0.65
 #: Unfitted prior: latency of one small all-reduce over NVLink (seconds), custom all-reduce kernels.
 DEFAULT_ALLREDUCE_LATENCY_SECONDS = 8e-6
+#: Share of the host link's datasheet bandwidth (per direction) that a request's paged KV reaches when
+#: it is loaded from pinned host memory: 52.6 GB/s of PCIe Gen5 x16's 64 GB/s, measured on an NVIDIA
+#: H100 (benchmarks/gpu_kv_transfer.py, Qwen3-1.7B and Qwen3-8B KV, 16-16384 tokens).
+DEFAULT_HOST_EFFICIENCY = 0.82
+#: Fixed seconds of one KV load from host memory, measured with it (0.21 ms and 0.25 ms for the two models).
+DEFAULT_HOST_LATENCY_SECONDS = 0.25e-3
+#: Host link of the H100 preset (bytes/s per direction): the default of StepCost files written before
+#: the field existed (every one of them was fitted on an H100).
+_H100_HOST_BANDWIDTH = 64e9
 
 #: Columns of a measured step: the first four are required, ``prefill_context`` defaults to 0.
 SAMPLE_COLUMNS = ("decode_rows", "kv_tokens_read", "prefill_tokens", "seconds", "prefill_context")
@@ -101,13 +110,15 @@ _FORMAT, _VERSION = "lengthsched.step_cost", 1
 @dataclass(frozen=True)
 class GPUSpec:
     """Datasheet numbers of one GPU: ``bandwidth`` HBM bytes/s, ``peak_flops`` dense bf16 tensor FLOP/s
-    (no sparsity), ``link_bandwidth`` GPU-to-GPU bytes/s per direction (what a ring all-reduce uses)."""
+    (no sparsity), ``link_bandwidth`` GPU-to-GPU bytes/s per direction (what a ring all-reduce uses),
+    ``host_bandwidth`` GPU-to-host bytes/s per direction (PCIe; what a KV load from host memory uses)."""
 
     name: str
     description: str
     bandwidth: float
     peak_flops: float
     link_bandwidth: float
+    host_bandwidth: float
 
 
 GPU_PRESETS: dict[str, GPUSpec] = {
@@ -116,29 +127,34 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     "a100": GPUSpec("a100", "NVIDIA A100 80GB SXM",
                     bandwidth=2.039e12,       # "GPU Memory Bandwidth 2,039GB/s"
                     peak_flops=312e12,        # "BFLOAT16 Tensor Core 312 TFLOPS | 624 TFLOPS*" (* sparsity)
-                    link_bandwidth=300e9),    # "NVLink: 600GB/s" (bidirectional) / 2
+                    link_bandwidth=300e9,     # "NVLink: 600GB/s" (bidirectional) / 2
+                    host_bandwidth=32e9),     # "PCIe Gen4: 64GB/s" (bidirectional) / 2
     # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column),
     # https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
     "h100": GPUSpec("h100", "NVIDIA H100 SXM 80GB",
                     bandwidth=3.35e12,        # "GPU Memory Bandwidth 3.35TB/s"
                     peak_flops=989.4e12,      # "BFLOAT16 Tensor Core 1,979 teraFLOPS*" (* sparsity) / 2
-                    link_bandwidth=450e9),    # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+                    link_bandwidth=450e9,     # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+                    host_bandwidth=64e9),     # "PCIe Gen5: 128GB/s" (bidirectional) / 2
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column), https://www.nvidia.com/en-us/data-center/h200/
     "h200": GPUSpec("h200", "NVIDIA H200 SXM 141GB",
                     bandwidth=4.8e12,         # "GPU Memory Bandwidth 4.8TB/s"
                     peak_flops=989.4e12,      # "BFLOAT16 Tensor Core 1,979 TFLOPS*" (* sparsity) / 2
-                    link_bandwidth=450e9),    # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+                    link_bandwidth=450e9,     # "NVIDIA NVLink: 900GB/s" (bidirectional) / 2
+                    host_bandwidth=64e9),     # "PCIe Gen5: 128GB/s" (bidirectional) / 2
     # NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
     "l40s": GPUSpec("l40s", "NVIDIA L40S 48GB (PCIe, no NVLink)",
                     bandwidth=864e9,          # "Memory Bandwidth 864GB/s"
                     peak_flops=362.05e12,     # "BF16 Tensor Core 362.05 | 733* TFLOPS" (* sparsity)
-                    link_bandwidth=32e9),     # "PCIe Gen4 x16: 64GB/s bidirectional" / 2
+                    link_bandwidth=32e9,      # "PCIe Gen4 x16: 64GB/s bidirectional" / 2
+                    host_bandwidth=32e9),     # the same PCIe link
     # NVIDIA HGX B200 (1,000 W per GPU), https://www.nvidia.com/en-us/data-center/hgx/ : per-GPU figures
     # of the 8-GPU board, as also listed in NVIDIA's Blackwell datasheet
     "b200": GPUSpec("b200", "NVIDIA B200 (HGX, 1000 W)",
                     bandwidth=8e12,           # "HBM3e ... 8TB/s" per GPU (64 TB/s per 8-GPU board)
                     peak_flops=2.25e15,       # "FP16/BF16 Tensor Core 4.5 PFLOPS*" (* sparsity) / 2
-                    link_bandwidth=900e9),    # "NVLink 5: 1.8TB/s" (bidirectional) / 2
+                    link_bandwidth=900e9,     # "NVLink 5: 1.8TB/s" (bidirectional) / 2
+                    host_bandwidth=64e9),     # assumed PCIe Gen5 x16 (the HGX page gives no host-link figure)
 }
 
 
@@ -195,6 +211,9 @@ class StepCost:
     ``overhead_seconds``, ``bandwidth_efficiency``, ``compute_efficiency``;
     ``allreduce_latency_seconds`` is a prior, not fitted. ``separate_attention``: price the
     attention apart from the linear layers (the module docstring); kept by :meth:`fit`.
+    ``host_bandwidth`` (bytes/s per direction, the GPU preset's PCIe link), ``host_efficiency`` and
+    ``host_latency_seconds`` price a KV load from host memory (:meth:`load_seconds`; measured on an
+    H100, not fitted).
 
     Build it with :meth:`from_gpu` or :meth:`from_model`.
     """
@@ -219,6 +238,9 @@ class StepCost:
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
     allreduce_latency_seconds: float = DEFAULT_ALLREDUCE_LATENCY_SECONDS
     separate_attention: bool = False
+    host_bandwidth: float = _H100_HOST_BANDWIDTH
+    host_efficiency: float = DEFAULT_HOST_EFFICIENCY
+    host_latency_seconds: float = DEFAULT_HOST_LATENCY_SECONDS
 
     def __post_init__(self) -> None:
         if not isinstance(self.separate_attention, (bool, np.bool_)):
@@ -228,9 +250,9 @@ class StepCost:
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise InvalidArgument(name, getattr(self, name), "a non-empty string")
         for name in ("bandwidth", "peak_flops", "link_bandwidth", "dtype_bytes", "bandwidth_efficiency",
-                     "compute_efficiency"):
+                     "compute_efficiency", "host_bandwidth", "host_efficiency"):
             object.__setattr__(self, name, check_positive_float(name, getattr(self, name)))
-        for name in ("overhead_seconds", "allreduce_latency_seconds"):
+        for name in ("overhead_seconds", "allreduce_latency_seconds", "host_latency_seconds"):
             object.__setattr__(self, name, _nonneg_float(name, getattr(self, name)))
         for name in ("weights_bytes", "active_parameters", "lm_head_parameters", "kv_bytes_per_token",
                      "attention_flops_per_kv_token", "activation_bytes_per_token"):
@@ -276,7 +298,7 @@ class StepCost:
         dtype_bytes = float(DTYPE_BYTES[memory.dtype.lower()])
         values = dict(
             model=memory.name, gpu=spec.name, bandwidth=spec.bandwidth, peak_flops=spec.peak_flops,
-            link_bandwidth=spec.link_bandwidth,
+            link_bandwidth=spec.link_bandwidth, host_bandwidth=spec.host_bandwidth,
             weights_bytes=max(memory.weights_bytes - (0 if tied else math.ceil(embed * dtype_bytes)), 0),
             active_parameters=max(body, 0), lm_head_parameters=embed,
             kv_bytes_per_token=memory.kv_bytes_per_token,
@@ -360,12 +382,24 @@ class StepCost:
         out["compute_bound"] = bool(bound) if scalar else bound
         return out
 
+    def load_seconds(self, loaded_tokens: Any) -> Any:
+        """Seconds a step waits for ``loaded_tokens`` KV tokens loaded from host memory (requests whose
+        KV comes from a global pool, as in Seer's divided rollout): ``host_latency_seconds + bytes /
+        (host_bandwidth x host_efficiency)`` per GPU shard, 0 for no token. The load is charged to the
+        whole step (synchronous: a pessimistic price; an engine that loads asynchronously delays only
+        the loaded requests)."""
+        tokens = _tokens("loaded_tokens", loaded_tokens)
+        secs = np.where(tokens > 0, self.host_latency_seconds + tokens * self.kv_bytes_per_token
+                        / (self.tp * self.host_bandwidth * self.host_efficiency), 0.0)
+        return _out(secs, tokens.ndim == 0)
+
     def segment_seconds(self, steps: Any, rows: Any, kv_first: Any, prefill_tokens: Any = 0,
-                        prefill_context: Any = 0) -> Any:
+                        prefill_context: Any = 0, loaded_tokens: Any = 0) -> Any:
         """Sum of :meth:`seconds` over ``steps`` consecutive steps of ``rows`` decode rows (vectorised).
 
         Step i (0-based) reads ``kv_first + i * rows`` KV tokens (every row grows by one token per
-        step); ``prefill_tokens`` / ``prefill_context`` happen in the first step only. Closed form:
+        step); ``prefill_tokens`` / ``prefill_context`` happen in the first step only, and so does the
+        load of ``loaded_tokens`` KV tokens from host memory (:meth:`load_seconds`). Closed form:
         both roofline terms are linear in i, so the max switches regime at most once; the steps on
         each side of the crossover are summed as arithmetic series (separate attention: the linear
         layers cost the same every step and the attention grows linearly, one series).
@@ -375,9 +409,10 @@ class StepCost:
             raise InvalidArgument("steps", steps, "whole numbers of steps >= 0")
         rows_a, kv_a = _tokens("rows", rows), _tokens("kv_first", kv_first)
         pf_a, pc_a = _tokens("prefill_tokens", prefill_tokens), _tokens("prefill_context", prefill_context)
-        scalar = all(a.ndim == 0 for a in (steps_a, rows_a, kv_a, pf_a, pc_a))
-        steps_a, rows_a, kv_a, pf_a, pc_a = np.broadcast_arrays(steps_a, rows_a, kv_a, pf_a, pc_a)
-        first = np.where(steps_a > 0, self.seconds(rows_a, kv_a, pf_a, pc_a), 0.0)
+        ld_a = _tokens("loaded_tokens", loaded_tokens)
+        scalar = all(a.ndim == 0 for a in (steps_a, rows_a, kv_a, pf_a, pc_a, ld_a))
+        steps_a, rows_a, kv_a, pf_a, pc_a, ld_a = np.broadcast_arrays(steps_a, rows_a, kv_a, pf_a, pc_a, ld_a)
+        first = np.where(steps_a > 0, self.seconds(rows_a, kv_a, pf_a, pc_a) + self.load_seconds(ld_a), 0.0)
         # Following steps i = 1 .. n: memory m0 + mb i, compute f0 + fb i (seconds, after efficiencies).
         n = np.where(rows_a > 0, np.maximum(steps_a - 1, 0.0), 0.0)
         mem_scale = 1.0 / (self.tp * self.bandwidth * self.bandwidth_efficiency)
@@ -412,7 +447,7 @@ class StepCost:
         return _out(first + np.where(n > 0, rest, 0.0), scalar)
 
     def segment_seconds_float(self, steps: int, rows: int, kv_first: int, prefill_tokens: int = 0,
-                              prefill_context: int = 0) -> float:
+                              prefill_context: int = 0, loaded_tokens: int = 0) -> float:
         """:meth:`segment_seconds` of one run of steps, in plain float arithmetic (no checks, no numpy:
         ~50x faster per call, for simulators that price every event as it happens). Inputs are trusted
         token counts; ``tests/test_cost.py`` checks it equals :meth:`segment_seconds`."""
@@ -431,13 +466,14 @@ class StepCost:
             return 2 * self.num_layers * (n * self.allreduce_latency_seconds + ring)
 
         tokens = rows + prefill_tokens
-        first = 0.0
+        first = (self.host_latency_seconds + loaded_tokens * self.kv_bytes_per_token
+                 / (tp * self.host_bandwidth * self.host_efficiency)) if loaded_tokens > 0 else 0.0
         mem_scale = 1.0 / (tp * bw * self.bandwidth_efficiency)
         comp_scale = 1.0 / (tp * pk * self.compute_efficiency)
         if self.separate_attention:
             per_kv = max(c * mem_scale, attn * comp_scale)
             if tokens > 0:
-                first = (self.overhead_seconds + max((self.weights_bytes + (c + a) * tokens) * mem_scale,
+                first += (self.overhead_seconds + max((self.weights_bytes + (c + a) * tokens) * mem_scale,
                                                      (dense * tokens + head * rows) * comp_scale)
                          + per_kv * kv_first + attn * prefill_context * comp_scale + comm(tokens))
             n = float(steps - 1) if rows > 0 else 0.0
@@ -449,7 +485,7 @@ class StepCost:
         if tokens > 0:
             memory = (self.weights_bytes + c * (kv_first + tokens) + a * tokens) / (tp * bw)
             compute = (dense * tokens + head * rows + attn * (kv_first + prefill_context)) / (tp * pk)
-            first = self.overhead_seconds + max(memory / self.bandwidth_efficiency,
+            first += self.overhead_seconds + max(memory / self.bandwidth_efficiency,
                                                 compute / self.compute_efficiency) + comm(tokens)
         n = float(steps - 1) if rows > 0 else 0.0
         if n <= 0:

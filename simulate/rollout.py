@@ -76,7 +76,9 @@ class RolloutResult:
     per group, in index order (tokens); ``placement``: the replica of every completion, flattened
     in group order; ``prompt_loads``: prompt prefills (a prompt on each replica that runs one of its
     completions, again after an eviction); ``peak_kv_tokens``: each replica's peak KV, prompts
-    included; ``timelines`` (with ``record=True``) and ``clocks`` (each replica's (step, seconds)
+    included; ``loaded_tokens``: KV tokens loaded from a global KV pool instead of recomputed (requests
+    that moved with their KV: ``seer_divided``, ``steal`` with ``MIGRATE_KV``), priced by the cost's
+    host link; ``timelines`` (with ``record=True``) and ``clocks`` (each replica's (step, seconds)
     at every event) serve figures."""
 
     policy: str
@@ -96,6 +98,7 @@ class RolloutResult:
     placement: np.ndarray = field(repr=False)
     prompt_loads: int = 0
     peak_kv_tokens: tuple[int, ...] = ()
+    loaded_tokens: int = 0
     timelines: tuple[Timeline | None, ...] = field(default=(), repr=False)
     clocks: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), repr=False)
 
@@ -258,6 +261,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         collected_lengths=tuple(lengths), placement=placement,
         prompt_loads=sum(eng.prompt_loads for eng in engines),
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
+        loaded_tokens=sum(eng.loaded_tokens for eng in engines),
         timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
 
 

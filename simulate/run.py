@@ -216,8 +216,7 @@ def _cost(cost: Any):
 
 
 def _concat(*logs: StepLog) -> StepLog:
-    return StepLog(*(np.concatenate([getattr(log, f) for log in logs]) for f in
-                     ("steps", "rows", "kv_first", "prefill_tokens", "prefill_context")))
+    return StepLog(*(np.concatenate([getattr(log, f) for log in logs]) for f in StepLog.FIELDS))
 
 
 def run_group(

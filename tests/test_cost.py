@@ -549,7 +549,7 @@ def test_h100_compiled_calibration_prices_mixed_steps_better_with_separate_atten
     results = ROOT / "benchmarks" / "results"
     data = json.loads((results / f"{report}.json").read_text())
     shipped = StepCost.from_json((results / f"stepcost_h100_{model}_compiled.json").read_text())
-    assert shipped.separate_attention and json.loads(shipped.to_json()) == data["fitted"]
+    assert shipped == StepCost.from_json(json.dumps(data["fitted"])) and shipped.separate_attention
     mixed = read_samples(results / f"{report}_mixed.jsonl")
     errors = {form: StepCost.from_json(json.dumps(data["fits"][form]["fitted"])).errors(mixed)
               for form in ("separate", "overlapped")}
@@ -623,3 +623,38 @@ def test_the_float_segment_price_is_the_vectorised_one(steps, rows, kv, prefill,
     cost = qwen("qwen3-8b", gpu, tp=tp, separate_attention=separate)
     exact = float(cost.segment_seconds(steps, rows, kv, prefill, context))
     assert cost.segment_seconds_float(steps, rows, kv, prefill, context) == pytest.approx(exact, rel=1e-12, abs=1e-15)
+    loaded = rows * 37  # KV loaded from host memory in the first step
+    exact = float(cost.segment_seconds(steps, rows, kv, prefill, context, loaded))
+    assert exact == pytest.approx(float(cost.segment_seconds(steps, rows, kv, prefill, context))
+                                  + (cost.load_seconds(loaded) if steps else 0.0), rel=1e-12, abs=1e-15)
+    assert cost.segment_seconds_float(steps, rows, kv, prefill, context, loaded) == pytest.approx(
+        exact, rel=1e-12, abs=1e-15)
+
+
+def test_a_kv_load_from_host_memory_costs_latency_plus_bytes_over_the_host_link():
+    """StepCost.load_seconds: latency + KV bytes / (PCIe bandwidth x efficiency) per GPU shard, the H100
+    defaults as measured (benchmarks/results/kv_transfer_h100.json); nothing for no token."""
+    cost = qwen("qwen3-8b", "h100")
+    assert (cost.host_bandwidth, cost.host_efficiency, cost.host_latency_seconds) == (64e9, 0.82, 0.25e-3)
+    assert cost.load_seconds(0) == 0.0
+    tokens = 4096
+    assert cost.load_seconds(tokens) == pytest.approx(0.25e-3 + tokens * cost.kv_bytes_per_token / (64e9 * 0.82))
+    measured = json.loads((ROOT / "benchmarks" / "results" / "kv_transfer_h100.json").read_text())
+    row = next(r for m in measured["models"] if m["model"] == "qwen3-8b" for r in m["rows"] if r["tokens"] == tokens)
+    assert cost.load_seconds(tokens) == pytest.approx(row["load_seconds"], rel=0.05)  # 12.0 ms measured
+    assert cost.load_seconds(tokens) < cost.seconds(0, 0, tokens, tokens * (tokens + 1) // 2) / 5  # recompute
+    assert cost.replace(tp=2).load_seconds(tokens) == pytest.approx(0.25e-3 + (cost.load_seconds(tokens) - 0.25e-3) / 2)
+    assert np.array_equal(cost.load_seconds(np.array([0, 0])), [0.0, 0.0])
+    assert qwen("qwen3-8b", "a100").host_bandwidth == 32e9
+    with pytest.raises(InvalidArgument, match="'loaded_tokens'"):
+        cost.load_seconds(-1)
+    with pytest.raises(InvalidArgument, match="'host_efficiency'"):
+        cost.replace(host_efficiency=0)
+
+
+def test_a_step_cost_file_written_before_the_host_link_reads_with_the_h100_defaults():
+    cost = qwen("qwen3-1.7b", "h100")
+    data = json.loads(cost.to_json())
+    for name in ("host_bandwidth", "host_efficiency", "host_latency_seconds"):
+        del data[name]
+    assert StepCost.from_json(json.dumps(data)) == cost

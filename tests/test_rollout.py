@@ -574,6 +574,7 @@ def test_seers_divided_rollout_moves_requests_every_chunk_with_their_kv():
     moved = [j for j, rs in _replicas_run_on(divided).items() if len(rs) > 1]
     assert moved  # some requests ran on two replicas
     assert divided.preemptions == 0 and divided.recomputed_tokens == 0  # roomy pools: moves only, KV loaded
+    assert divided.loaded_tokens > 0  # and priced over the host link
     for t in divided.timelines:  # no run of a request is longer than a chunk
         assert all(last - first + 1 <= 64 for _, _, first, last, _ in t.segments)
 
@@ -589,6 +590,17 @@ def test_a_request_whose_kv_is_transferred_prefills_nothing_of_its_own():
     eng.admit(0)
     eng.admit(1)
     assert eng.recomputed_tokens == 20 and not eng.transferred  # only job 1 recomputes
+    eng.advance(1, pads=False)
+    steps, rows, _, prefilled, _, loaded = eng.log_entry()  # job 1 prefills its 27 tokens, job 0 loads them
+    assert (steps, rows, prefilled, loaded) == (1, 2, 27, 27) and eng.loaded_tokens == 27
+    # the load is priced by the cost's host link, in the step that admits the request
+    from lengthsched.cost import StepCost
+
+    cost = StepCost.from_model("qwen3-8b", "h100")
+    log = eng.step_log()
+    assert log.loaded_tokens.tolist() == [27]
+    free = type(log)(*(getattr(log, f) for f in log.FIELDS[:-1]))
+    assert log.seconds(cost) == pytest.approx(free.seconds(cost) + cost.load_seconds(27), rel=1e-12)
 
 
 def test_steal_moves_running_requests_to_idle_replicas():
@@ -613,11 +625,11 @@ def test_steal_moves_running_requests_to_idle_replicas():
     default = run_rollout(groups, "steal", **common)
     assert all(len(rs) == 1 for rs in _replicas_run_on(kept).values())
     assert any(len(rs) > 1 for rs in _replicas_run_on(moved).values())
-    assert moved.recomputed_tokens == 0 and moved.preemptions == 0
+    assert moved.recomputed_tokens == 0 and moved.preemptions == 0 and moved.loaded_tokens > 0
     assert [x.tolist() for x in moved.collected_lengths] == [g.lengths.tolist() for g in groups]
     assert moved.seconds < kept.seconds
     # without a global KV pool the moved requests recompute what they had generated
-    assert recomputed.recomputed_tokens > 0 and recomputed.recomputed_tokens % 64 == 0
+    assert recomputed.recomputed_tokens > 0 and recomputed.recomputed_tokens % 64 == 0 and not recomputed.loaded_tokens
     assert moved.seconds <= recomputed.seconds < kept.seconds
     assert default.recomputed_tokens > 0 and default.recomputed_tokens % 128 == 0
     assert default.seconds < kept.seconds

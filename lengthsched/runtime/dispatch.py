@@ -282,8 +282,11 @@ class SeerDivided(SeerLike):
     to the global queue as its group's next request (the group's estimate orders it, as Seer's
     context-aware scheduling does), to run its next chunk wherever the dispatcher sends it. Its KV
     travels through a global KV pool (Seer's Mooncake): the replica that takes it loads it
-    (``Engine.transferred``) instead of recomputing it, **at no cost** here, so this row is an upper
-    bound on what the migration buys. Otherwise :class:`SeerLike`."""
+    (``Engine.transferred``) instead of recomputing it, at the price of the cost model's host link
+    (:meth:`lengthsched.cost.StepCost.load_seconds`: latency + bytes over PCIe as measured on an H100,
+    charged to the whole step that admits it, a pessimistic price; the offload at the origin is taken
+    to overlap its decoding). A cost with a free host link bounds what the migration could buy.
+    Otherwise :class:`SeerLike`."""
 
     name = "seer_divided"
     # Tokens a request generates before it goes back to the global queue: the best of 128, 512 and 2048
@@ -365,7 +368,7 @@ class WorkStealing(VLLMLike):
     # tokens it generated; its KV is recomputed where it lands (what a framework does by aborting the
     # request and resubmitting its prompt and partial generation), or with MIGRATE_KV loaded there
     # through a global KV pool, as Seer's divided rollout does (Engine.transferred, priced by the cost's
-    # host link when it has one; docs/benchmarks.md, "Seer's divided rollout").
+    # host link: StepCost.load_seconds; docs/benchmarks.md, "Seer's divided rollout").
     MIGRATE_CHUNK: int | None = 128
     MIGRATE_KV = False
 
@@ -398,8 +401,8 @@ class WorkStealing(VLLMLike):
 
     def _migrate(self, eng: Engine) -> None:
         """Running requests at the end of a chunk move to the idle replicas, one each, the most predicted
-        tokens to go first, while at least one stays here; their KV goes along at no cost (MIGRATE_KV) or
-        is recomputed where they land."""
+        tokens to go first, while at least one stays here; their KV is recomputed where they land or
+        (MIGRATE_KV) loaded there through a global pool."""
         ended = sorted(chunk_ended(eng, self.MIGRATE_CHUNK), key=lambda j: (eng.age(j) - self.work[j], j))
         for job, r in zip(ended, sorted(self.idle_now)):
             if len(eng.running) < 2:

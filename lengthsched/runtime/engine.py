@@ -58,20 +58,27 @@ class StepLog:
     KV tokens (a row producing its a-th token reads its prompt context and its a - 1 earlier tokens)
     and each later one ``rows[i]`` more (every row grows one token a step); its first step
     also prefills ``prefill_tokens[i]`` tokens (prompt tails, recomputation after a preemption)
-    attending ``prefill_context[i]`` token pairs in all."""
+    attending ``prefill_context[i]`` token pairs in all, and loads ``loaded_tokens[i]`` KV tokens from
+    a global KV pool (requests that moved with their KV; zeros when not given)."""
 
     steps: np.ndarray
     rows: np.ndarray
     kv_first: np.ndarray
     prefill_tokens: np.ndarray
     prefill_context: np.ndarray
+    loaded_tokens: np.ndarray | None = None
+
+    FIELDS = ("steps", "rows", "kv_first", "prefill_tokens", "prefill_context", "loaded_tokens")
+
+    def __post_init__(self) -> None:
+        if self.loaded_tokens is None:
+            object.__setattr__(self, "loaded_tokens", np.zeros(len(self.steps), dtype=np.int64))
 
     def seconds(self, cost) -> float:
         """Modelled seconds of these steps under ``cost`` (a ``lengthsched.cost.StepCost``)."""
         if not len(self.steps):
             return 0.0
-        return float(np.sum(cost.segment_seconds(self.steps, self.rows, self.kv_first, self.prefill_tokens,
-                                                 self.prefill_context)))
+        return float(np.sum(cost.segment_seconds(*(getattr(self, f) for f in self.FIELDS))))
 
 
 class Engine:
@@ -105,8 +112,9 @@ class Engine:
         self._context_sum = 0  # context of the live rows
         self._prefill_next = 0  # tokens to prefill in the coming step (admissions of this decision)
         self._prefill_ctx_next = 0
+        self._load_next = 0  # KV tokens loaded (transferred) in the coming step
         self._prefill_full = False  # an admission waited for the prefill budget: decide again next step
-        self._log: list[tuple[int, int, int, int, int]] = []  # (steps, rows, kv_first, prefill, context)
+        self._log: list[tuple[int, ...]] = []  # (steps, rows, kv_first, prefill, context, loaded)
         self.block = block_size
         self._exact = block_size == 1 and not any(self.tail)
         self.slots = slots
@@ -130,6 +138,7 @@ class Engine:
         self.recomputed_tokens = 0
         self.discarded_tokens = 0
         self.decoded_tokens = 0
+        self.loaded_tokens = 0  # KV tokens loaded from a global pool instead of recomputed (transferred)
         self.peak_kv = 0
         self.peak_live = 0
         self.stopped = False
@@ -224,6 +233,9 @@ class Engine:
         origin = self.t - self.done[job]
         if job in self.transferred:
             self.transferred.discard(job)
+            loaded = self.tail[job] + self.done[job]
+            self._load_next += loaded
+            self.loaded_tokens += loaded
         else:
             self.recomputed_tokens += self.done[job]
         self._context_sum += self.context[job]
@@ -407,8 +419,8 @@ class Engine:
         # A row producing its a-th token attends its context and its a - 1 earlier tokens (the one it feeds included).
         rows = len(self.origin)
         self._log.append((t_next - self.t, rows, self.sum_ages(self.t) + self._context_sum + self.shared_read,
-                          self._prefill_next, self._prefill_ctx_next))
-        self._prefill_next = self._prefill_ctx_next = 0
+                          self._prefill_next, self._prefill_ctx_next, self._load_next))
+        self._prefill_next = self._prefill_ctx_next = self._load_next = 0
         self.t = t_next
         kv = self.kv_tokens()
         if kv > self.peak_kv:
@@ -503,15 +515,16 @@ class Engine:
             self.advance(self.next_event(), policy.pads)
         return self
 
-    def log_entry(self, index: int = -1) -> tuple[int, int, int, int, int]:
+    def log_entry(self, index: int = -1) -> tuple[int, ...]:
         """One run of steps of :meth:`step_log` as (steps, rows, kv_first, prefill_tokens,
-        prefill_context), the last by default (what the latest :meth:`advance` did)."""
+        prefill_context, loaded_tokens), the last by default (what the latest :meth:`advance` did)."""
         return self._log[index]
 
     def step_log(self) -> StepLog:
         """What the steps so far did (see :class:`StepLog`)."""
-        log = np.asarray(self._log, dtype=np.int64).reshape(-1, 5)
-        return StepLog(*(log[:, i].copy() for i in range(5)))
+        width = len(StepLog.FIELDS)
+        log = np.asarray(self._log, dtype=np.int64).reshape(-1, width)
+        return StepLog(*(log[:, i].copy() for i in range(width)))
 
     def lengths_array(self) -> np.ndarray:
         return np.asarray(self.length, dtype=np.int64)

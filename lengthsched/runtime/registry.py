@@ -104,7 +104,8 @@ POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
                "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("seer_divided", SeerDivided, "Seer-like with its divided rollout: requests go back to the global "
-               "queue every 128 tokens and continue on any replica, their KV moved at no cost (an upper bound)",
+               "queue every 128 tokens and continue on any replica, their KV loaded through a global pool "
+               "(priced over the host link)",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal", WorkStealing, "placed as verl routes (whole groups by predicted work when prompts would "
                "crowd the pool), vLLM FCFS per replica, a replica with room steals from the fullest queue",

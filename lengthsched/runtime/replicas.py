@@ -38,8 +38,7 @@ def engine_clock(eng: Engine, cost: Any) -> tuple[np.ndarray, np.ndarray]:
     """(step at the end of each run of steps, modelled seconds then), starting at (0, 0)."""
     log = eng.step_log()
     ends = np.concatenate([[0], np.cumsum(log.steps)])
-    secs = np.concatenate([[0.0], np.cumsum(cost.segment_seconds(log.steps, log.rows, log.kv_first,
-                                                                  log.prefill_tokens, log.prefill_context))])
+    secs = np.concatenate([[0.0], np.cumsum(cost.segment_seconds(*(getattr(log, f) for f in log.FIELDS)))])
     return ends, secs
 
 
