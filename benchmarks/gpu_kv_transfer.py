@@ -153,6 +153,12 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device; use --device cpu for a check of the code path", file=sys.stderr)
         return 2
+    models = args.models.split(",")
+    for name in models:
+        try:
+            ModelMemory.from_preset(name)
+        except Exception as exc:  # an unknown preset: one line, exit 2, nothing written
+            ap.error(f"argument --models: {name!r}: {exc}")
     sizes = [16, 64, 256] if args.quick else ints(args.tokens)
     reps, warmup = (3, 1) if args.quick else (args.reps, args.warmup)
     card = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu"
@@ -161,7 +167,7 @@ def main(argv=None) -> int:
     results = {"card": card, "device": args.device, "torch": torch.__version__, "machine": machine(),
                "command": " ".join(["python benchmarks/gpu_kv_transfer.py", *(sys.argv[1:] if argv is None else argv)]),
                "reps": reps, "warmup": warmup, "models": []}
-    for name in args.models.split(","):
+    for name in models:
         results["models"].append(measure_model(torch, name, args.device, sizes, reps, warmup))
         write_json(out, results)
         for kind, fit in results["models"][-1]["fits"].items():

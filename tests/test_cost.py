@@ -449,6 +449,29 @@ def test_vidur_benchmark_runs_quick(tmp_path):
     assert summary["fitted_held_out"]["median"] < summary["unfitted"]["median"]
 
 
+def test_gpu_kv_transfer_script_runs_on_cpu_quick(tmp_path):
+    """benchmarks/gpu_kv_transfer.py's code path (no GPU evidence): every size timed three ways beside
+    the modelled recompute, fits per direction, the report written."""
+    out = tmp_path / "kv.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kv_transfer.py"), "--device", "cpu",
+                             "--quick", "--models", "qwen3-1.7b", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    (model,) = report["models"]
+    assert report["card"] == "cpu" and model["model"] == "qwen3-1.7b" and model["kv_bytes_per_token"] == 114688
+    assert [r["tokens"] for r in model["rows"]] == [16, 64, 256]
+    for r in model["rows"]:
+        assert r["bytes"] == r["tokens"] * 114688 and min(r["offload_seconds"], r["load_seconds"]) > 0
+        assert r["recompute_seconds_preset"] == pytest.approx(StepCost.from_model("qwen3-1.7b", "h100").seconds(
+            0, 0, r["tokens"], r["tokens"] * (r["tokens"] + 1) // 2))
+    assert set(model["fits"]) == {"offload", "load", "on_device"}
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kv_transfer.py"), "--device", "cpu",
+                          "--quick", "--models", "no-such-model", "--out", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no-such-model" in bad.stderr and not (tmp_path / "bad.json").exists()
+
+
 def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_cost.py"), "--device", "cpu", "--quick",
                              "--reps", "2", "--warmup", "1", "--out-dir", str(tmp_path)],
