@@ -11,7 +11,10 @@ bound). This script measures it on one GPU, the way a paged engine would do it:
 - load (host to device): the reverse: pinned host to a staging buffer, then scattered into free
   blocks of every layer's cache;
 - on-device (device to device): gather and scatter between two paged caches on the same GPU, with no
-  host hop (what an NVLink copy could at best approach; one GPU cannot measure NVLink).
+  host hop (what an NVLink copy could at best approach; one GPU cannot measure NVLink);
+- overlap: whether a load on a side stream slows the decode steps running beside it (a memory-bound
+  GEMM of 64 rows through the model's weight bytes, as many steps as fit in one 4096-token load, timed
+  alone and beside the load).
 
 Every size is timed with ``torch.cuda.synchronize`` around ``--reps`` repetitions after ``--warmup``
 (median). ``seconds = latency + bytes / bandwidth`` is fitted per direction (least squares on relative
@@ -138,6 +141,77 @@ def measure_model(torch, name: str, device: str, sizes: list[int], reps: int, wa
             "rows": rows, "fits": fits}
 
 
+def measure_overlap(torch, name: str, device: str, tokens: int, rows: int, reps: int, warmup: int) -> dict:
+    """Whether a KV load on a side stream slows a decode-like step: a memory-bound GEMM of ``rows`` rows
+    through a weight matrix of the model's weight bytes (what a decode step mostly reads), timed alone
+    and while ``tokens`` tokens of KV are copied from pinned host memory on another stream."""
+    mem = ModelMemory.from_preset(name)
+    cost = StepCost.from_model(name, "h100")
+    hidden = cost.hidden_size
+    cols = max(cost.weights_bytes // 2 // hidden, 1)
+    if not device.startswith("cuda"):
+        cols = min(cols, 4096)  # the CPU check: a small matrix
+    dtype = torch.bfloat16
+    weight = torch.randn(hidden, cols, device=device).to(dtype)
+    x = torch.randn(rows, hidden, device=device).to(dtype)
+    elems = tokens * mem.kv_bytes_per_token // 2
+    pin = device.startswith("cuda")
+    host = torch.randn(elems).to(dtype)
+    host = host.pin_memory() if pin else host
+    dest = torch.empty(elems, device=device, dtype=dtype)
+    side = torch.cuda.Stream() if pin else None
+
+    def sync():
+        if pin:
+            torch.cuda.synchronize()
+
+    def step():
+        return x @ weight
+
+    def load():
+        if side is None:
+            dest.copy_(host)
+            return
+        with torch.cuda.stream(side):
+            dest.copy_(host, non_blocking=True)
+
+    def timed(fn) -> float:
+        for _ in range(warmup):
+            fn()
+        sync()
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    def steps_during_load() -> None:
+        load()
+        for _ in range(n_steps):
+            step()
+
+    step_alone = timed(step)
+    load_alone = timed(load)
+    n_steps = max(int(load_alone / max(step_alone, 1e-9)), 1)  # steps that fit in one load
+
+    def steps_alone() -> None:
+        for _ in range(n_steps):
+            step()
+
+    both = timed(steps_during_load)
+    alone = timed(steps_alone)
+    out = {"model": name, "rows": rows, "weight_bytes": hidden * cols * 2, "tokens_loaded": tokens,
+           "step_seconds": step_alone, "load_seconds": load_alone, "steps": n_steps,
+           "steps_seconds": alone, "steps_with_load_seconds": both,
+           "slowdown": both / alone - 1.0}
+    print(f"{name} overlap: {n_steps} steps of {rows} rows ({step_alone * 1e3:.3f} ms each) take {alone * 1e3:.2f} ms "
+          f"alone, {both * 1e3:.2f} ms beside a {tokens}-token load ({load_alone * 1e3:.2f} ms alone): "
+          f"{out['slowdown']:+.1%}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -175,6 +249,11 @@ def main(argv=None) -> int:
             gbs = bw / 1e9 if bw else float("nan")
             print(f"{name} {kind}: latency {fit['latency_seconds'] * 1e6:.1f} us, bandwidth {gbs:.1f} GB/s "
                   f"(fit error max {fit['max_rel_error']:.1%})", flush=True)
+    results["overlap"] = []
+    for name in models:
+        results["overlap"].append(measure_overlap(torch, name, args.device, 256 if args.quick else 4096, 64,
+                                                  reps, warmup))
+        write_json(out, results)
     print(f"wrote {out}")
     return 0
 

@@ -466,6 +466,8 @@ def test_gpu_kv_transfer_script_runs_on_cpu_quick(tmp_path):
         assert r["recompute_seconds_preset"] == pytest.approx(StepCost.from_model("qwen3-1.7b", "h100").seconds(
             0, 0, r["tokens"], r["tokens"] * (r["tokens"] + 1) // 2))
     assert set(model["fits"]) == {"offload", "load", "on_device"}
+    (overlap,) = report["overlap"]
+    assert overlap["model"] == "qwen3-1.7b" and overlap["steps"] >= 1 and overlap["steps_with_load_seconds"] > 0
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_kv_transfer.py"), "--device", "cpu",
                           "--quick", "--models", "no-such-model", "--out", str(tmp_path / "bad.json")],
                          capture_output=True, text=True, timeout=300)
