@@ -93,11 +93,11 @@ DEFAULT_COMPUTE_EFFICIENCY = 0.65
 #: Unfitted prior: latency of one small all-reduce over NVLink (seconds), custom all-reduce kernels.
 DEFAULT_ALLREDUCE_LATENCY_SECONDS = 8e-6
 #: Share of the host link's datasheet bandwidth (per direction) that a request's paged KV reaches when
-#: it is loaded from pinned host memory: 52.6 GB/s of PCIe Gen5 x16's 64 GB/s, measured on an NVIDIA
-#: H100 (benchmarks/gpu_kv_transfer.py, Qwen3-1.7B and Qwen3-8B KV, 16-16384 tokens).
-DEFAULT_HOST_EFFICIENCY = 0.82
-#: Fixed seconds of one KV load from host memory, measured with it (0.21 ms and 0.25 ms for the two models).
-DEFAULT_HOST_LATENCY_SECONDS = 0.25e-3
+#: it is loaded from pinned host memory: 52.6-54.3 GB/s (mean 53.5) of PCIe Gen5 x16's 64 GB/s, two runs
+#: on an NVIDIA H100 (benchmarks/gpu_kv_transfer.py, Qwen3-1.7B and Qwen3-8B KV, 16-16384 tokens).
+DEFAULT_HOST_EFFICIENCY = 0.83
+#: Fixed seconds of one KV load from host memory, measured with it (0.21-0.42 ms, mean 0.30).
+DEFAULT_HOST_LATENCY_SECONDS = 0.3e-3
 #: Host link of the H100 preset (bytes/s per direction): the default of StepCost files written before
 #: the field existed (every one of them was fitted on an H100).
 _H100_HOST_BANDWIDTH = 64e9

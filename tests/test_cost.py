@@ -658,17 +658,18 @@ def test_the_float_segment_price_is_the_vectorised_one(steps, rows, kv, prefill,
 
 def test_a_kv_load_from_host_memory_costs_latency_plus_bytes_over_the_host_link():
     """StepCost.load_seconds: latency + KV bytes / (PCIe bandwidth x efficiency) per GPU shard, the H100
-    defaults as measured (benchmarks/results/kv_transfer_h100.json); nothing for no token."""
+    defaults as measured in two runs (benchmarks/results/kv_transfer_h100*.json); nothing for no token."""
     cost = qwen("qwen3-8b", "h100")
-    assert (cost.host_bandwidth, cost.host_efficiency, cost.host_latency_seconds) == (64e9, 0.82, 0.25e-3)
+    assert (cost.host_bandwidth, cost.host_efficiency, cost.host_latency_seconds) == (64e9, 0.83, 0.3e-3)
     assert cost.load_seconds(0) == 0.0
     tokens = 4096
-    assert cost.load_seconds(tokens) == pytest.approx(0.25e-3 + tokens * cost.kv_bytes_per_token / (64e9 * 0.82))
-    measured = json.loads((ROOT / "benchmarks" / "results" / "kv_transfer_h100.json").read_text())
-    row = next(r for m in measured["models"] if m["model"] == "qwen3-8b" for r in m["rows"] if r["tokens"] == tokens)
-    assert cost.load_seconds(tokens) == pytest.approx(row["load_seconds"], rel=0.05)  # 12.0 ms measured
+    assert cost.load_seconds(tokens) == pytest.approx(0.3e-3 + tokens * cost.kv_bytes_per_token / (64e9 * 0.83))
+    for run in ("kv_transfer_h100.json", "kv_transfer_h100_run1.json"):  # 12.0 and 12.3 ms measured
+        measured = json.loads((ROOT / "benchmarks" / "results" / run).read_text())
+        row = next(r for m in measured["models"] if m["model"] == "qwen3-8b" for r in m["rows"] if r["tokens"] == tokens)
+        assert cost.load_seconds(tokens) == pytest.approx(row["load_seconds"], rel=0.06)
     assert cost.load_seconds(tokens) < cost.seconds(0, 0, tokens, tokens * (tokens + 1) // 2) / 5  # recompute
-    assert cost.replace(tp=2).load_seconds(tokens) == pytest.approx(0.25e-3 + (cost.load_seconds(tokens) - 0.25e-3) / 2)
+    assert cost.replace(tp=2).load_seconds(tokens) == pytest.approx(0.3e-3 + (cost.load_seconds(tokens) - 0.3e-3) / 2)
     assert np.array_equal(cost.load_seconds(np.array([0, 0])), [0.0, 0.0])
     assert qwen("qwen3-8b", "a100").host_bandwidth == 32e9
     with pytest.raises(InvalidArgument, match="'loaded_tokens'"):
