@@ -666,7 +666,8 @@ def test_a_kv_load_from_host_memory_costs_latency_plus_bytes_over_the_host_link(
     assert cost.load_seconds(tokens) == pytest.approx(0.3e-3 + tokens * cost.kv_bytes_per_token / (64e9 * 0.83))
     for run in ("kv_transfer_h100.json", "kv_transfer_h100_run1.json"):  # 12.0 and 12.3 ms measured
         measured = json.loads((ROOT / "benchmarks" / "results" / run).read_text())
-        row = next(r for m in measured["models"] if m["model"] == "qwen3-8b" for r in m["rows"] if r["tokens"] == tokens)
+        (model,) = [m for m in measured["models"] if m["model"] == "qwen3-8b"]
+        row = next(r for r in model["rows"] if r["tokens"] == tokens)
         assert cost.load_seconds(tokens) == pytest.approx(row["load_seconds"], rel=0.06)
     assert cost.load_seconds(tokens) < cost.seconds(0, 0, tokens, tokens * (tokens + 1) // 2) / 5  # recompute
     assert cost.replace(tp=2).load_seconds(tokens) == pytest.approx(0.3e-3 + (cost.load_seconds(tokens) - 0.3e-3) / 2)

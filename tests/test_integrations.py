@@ -850,3 +850,24 @@ def test_steal_requests_checks_its_arguments():
         steal_requests([[], [1]], 0, [True], [1, 1])
     with pytest.raises(InvalidArgument, match="share"):
         steal_requests([[], [1]], 0, [False, True], [1, 1], share=1.5)
+
+
+def test_running_requests_move_to_idle_replicas_most_tokens_to_go_first_while_one_stays():
+    from lengthsched.integrations import MOVE_CHUNK, move_requests
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    assert MOVE_CHUNK == WorkStealing.MIGRATE_CHUNK == 128
+    predicted = [1000, 300, 900, 128, 2000]
+    generated = {0: 256, 1: 128, 2: 128, 3: 128, 4: 1920}  # to go: 744, 172, 772, 0, 80
+    assert move_requests([0, 1, 2, 3], [5, 2], predicted, generated, running=6) == [(2, 2), (0, 5)]
+    assert move_requests([0, 1, 2], [7, 5, 6], predicted, generated, running=3) == [(2, 5), (0, 6)]  # one stays
+    assert move_requests([4, 3], [1], predicted, generated, running=2) == [(4, 1)]  # overran: still moves
+    assert move_requests([0], [1], predicted, generated, running=1) == []  # its last request stays
+    assert move_requests([], [1], predicted, generated, running=4) == []
+    assert move_requests([0, 2], [], predicted, generated, running=4) == []
+    ties = move_requests([3, 1], [0, 1], [10, 10, 10, 10], [0, 0, 0, 0], running=5)
+    assert ties == [(1, 0), (3, 1)]  # equal tokens to go: lower id first
+    with pytest.raises(InvalidArgument, match="'running'"):
+        move_requests([0, 1], [1], predicted, generated, running=1)
+    with pytest.raises(InvalidArgument, match="'running'"):
+        move_requests([0], [1], predicted, generated, running=-1)

@@ -23,8 +23,9 @@ each module's docstring names the files).
 - A rollout step on replicas: :func:`plan_rollout` -> :class:`RolloutPlan` (rows spread over the
   replicas as verl routes them, or whole groups placed by predicted work; longest predicted first
   per replica, the replica encoded in the priority); the parts of the simulator's ``steal`` for a
-  framework that runs its own dispatch: :func:`spread_ways` and :func:`place_ways` (the placement)
-  and :func:`steal_requests` (what a drained replica takes).
+  framework that runs its own dispatch: :func:`spread_ways` and :func:`place_ways`
+  (the placement), :func:`steal_requests` (what a drained replica takes) and :func:`move_requests`
+  (which running requests move to a replica that sits idle).
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
@@ -51,10 +52,12 @@ from .base import (
     request_ranks,
 )
 from .rollout import (
+    MOVE_CHUNK,
     PLACEMENTS,
     STEAL_SHARE,
     RolloutPlan,
     decode_replica,
+    move_requests,
     place_groups,
     place_ways,
     plan_rollout,
@@ -113,6 +116,8 @@ __all__ = [
     "spread_ways",
     "steal_requests",
     "STEAL_SHARE",
+    "move_requests",
+    "MOVE_CHUNK",
     "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",

@@ -49,9 +49,9 @@ import numpy as np
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
 
-__all__ = ["CROWDED_POOLS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "RolloutPlan", "decode_replica",
-           "observe_lengths", "place_groups", "place_ways", "plan_rollout", "predict_lengths", "spread_ways",
-           "steal_requests"]
+__all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "RolloutPlan",
+           "decode_replica", "move_requests", "observe_lengths", "place_groups", "place_ways", "plan_rollout",
+           "predict_lengths", "spread_ways", "steal_requests"]
 
 #: The share of a replica's KV pool that :func:`spread_ways` lets the prompts a replica receives take
 #: (the simulator's ``steal`` uses it; chosen over four draws of the rollout grid, docs/benchmarks.md,
@@ -208,6 +208,42 @@ def steal_requests(queues: Sequence[Sequence[int]], thief: int, blocked: Sequenc
         taken.append(j)
         got += max(1.0, predicted[j] - done)
     return best, taken[::-1]
+
+
+#: Tokens a running request generates between the points where it may move to an idle replica (the
+#: simulator's ``WorkStealing.MIGRATE_CHUNK``; docs/benchmarks.md, "What stealing gains, and from what").
+MOVE_CHUNK = 128
+
+
+def move_requests(ended: Sequence[int], idle: Sequence[int], predicted: Any, generated: Any,
+                  running: int) -> list[tuple[int, int]]:
+    """Which running requests of one replica move to replicas that sit idle: the decision of the
+    simulator's ``steal`` (its moves of running requests), for a framework that keeps its own view
+    of the engines.
+
+    Call it for a replica whose running requests ``ended`` have just generated a whole number of
+    :data:`MOVE_CHUNK` tokens, while replicas ``idle`` run nothing, have nothing waiting and nothing
+    to steal. The requests with the most predicted tokens to go (``predicted - generated``; ties by
+    id) move first, one to each idle replica (lowest index first), while at least one of the
+    replica's ``running`` requests stays. The framework aborts each moved request and submits its
+    prompt plus its ``generated`` tokens to the idle replica, which recomputes their KV (or loads it
+    from a global KV pool where it has one).
+
+    Args:
+        ended: requests (ids indexing ``predicted``) running on the replica that just ended a chunk.
+        idle: replicas that sit idle.
+        predicted: per request id, its predicted length (tokens).
+        generated: per request id (a sequence or a mapping), the tokens it generated so far.
+        running: how many requests run on the replica (``ended`` among them).
+
+    Returns:
+        ``(request, replica)`` pairs, the request to move and the idle replica it goes to.
+    """
+    running = check_int("running", running, minimum=0)
+    if len(ended) > running:
+        raise InvalidArgument("running", running, f"at least len(ended) = {len(ended)} (ended requests are running)")
+    order = sorted(ended, key=lambda j: (generated[j] - predicted[j], j))
+    return list(zip(order, sorted(idle)))[:max(running - 1, 0)]
 
 
 def decode_replica(priority: Any, replicas: int) -> int | None:

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..integrations.rollout import STEAL_SHARE, steal_requests
+from ..integrations.rollout import MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
 from .baselines import VLLMLike
 from .engine import Engine
 from .policies import Problem
@@ -369,7 +369,7 @@ class WorkStealing(VLLMLike):
     # request and resubmitting its prompt and partial generation), or with MIGRATE_KV loaded there
     # through a global KV pool, as Seer's divided rollout does (Engine.transferred, priced by the cost's
     # host link: StepCost.load_seconds; docs/benchmarks.md, "Seer's divided rollout").
-    MIGRATE_CHUNK: int | None = 128
+    MIGRATE_CHUNK: int | None = MOVE_CHUNK
     MIGRATE_KV = False
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
@@ -401,12 +401,12 @@ class WorkStealing(VLLMLike):
 
     def _migrate(self, eng: Engine) -> None:
         """Running requests at the end of a chunk move to the idle replicas, one each, the most predicted
-        tokens to go first, while at least one stays here; their KV is recomputed where they land or
-        (MIGRATE_KV) loaded there through a global pool."""
-        ended = sorted(chunk_ended(eng, self.MIGRATE_CHUNK), key=lambda j: (eng.age(j) - self.work[j], j))
-        for job, r in zip(ended, sorted(self.idle_now)):
-            if len(eng.running) < 2:
-                break
+        tokens to go first, while at least one stays here (the decision of
+        :func:`lengthsched.integrations.rollout.move_requests`); their KV is recomputed where they land
+        or (MIGRATE_KV) loaded there through a global pool."""
+        ended = chunk_ended(eng, self.MIGRATE_CHUNK)
+        for job, r in move_requests(ended, self.idle_now, self.work, {j: eng.age(j) for j in ended},
+                                    len(eng.running)):
             lift(eng, job)
             self.pols[r].waiting.insert(0, job)
             hand_over(job, eng, self.engines[r], kv=self.MIGRATE_KV)
