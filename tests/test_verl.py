@@ -380,6 +380,27 @@ def test_router_routes_by_priority_sticks_to_sessions_and_balances_the_rest():
         lv.PlannedLoadBalancer(["a"])
 
 
+def test_the_router_sends_a_request_a_steal_coordinator_moved_to_its_new_replica():
+    """A StealCoordinator's Move, applied through reroute: verl's fully-async client resubmits the
+    aborted request through acquire_server with the same request id, and it lands on the target."""
+    from lengthsched.integrations import StealCoordinator
+
+    lb = lv.PlannedLoadBalancer({"a": "A", "b": "B"})
+    coord = StealCoordinator(2, pool_tokens=10_000, chunk=None)
+    for rid in ("r0", "r1", "r2"):
+        server, _ = lb.acquire_server(rid, priority=0)  # all planned on replica 0
+        coord.submit(rid, lb.get_all_servers().index(server), predicted=100)
+    coord.observe(0, {"r0": 5, "r1": 0, "r2": 0})
+    (move,) = coord.decide()  # replica 1 has nothing: it takes the back of replica 0's waiting requests
+    assert (move.request, move.source, move.target) == ("r2", 0, 1)
+    lb.release_server("a", request_id="r2")  # the abort ends its first attempt
+    assert lb.reroute("r2", move.target) == "b"
+    assert lb.acquire_server("r2", priority=0) == ("b", "B")  # the resubmission
+    assert lb.acquire_server("r1", priority=0) == ("a", "A")  # the others stay
+    with pytest.raises(InvalidArgument, match="argument 'replica'"):
+        lb.reroute("r2", 2)
+
+
 # ----------------------------------------------------------------------------- the planner
 def test_planner_groups_by_uid_and_predicts_per_prompt():
     planner = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), max_new_tokens=64)

@@ -25,7 +25,8 @@ each module's docstring names the files).
   per replica, the replica encoded in the priority); the parts of the simulator's ``steal`` for a
   framework that runs its own dispatch: :func:`spread_ways` and :func:`place_ways`
   (the placement), :func:`steal_requests` (what a drained replica takes) and :func:`move_requests`
-  (which running requests move to a replica that sits idle).
+  (which running requests move to a replica that sits idle); :class:`StealCoordinator` makes both
+  decisions from snapshots a framework can take, as :class:`Move` s to abort and resubmit.
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
@@ -74,6 +75,7 @@ from .sglang_adapter import (
     sglang_requests,
     sglang_setup,
 )
+from .stealing import Move, StealCoordinator
 from .trl_vllm import make_vllm_rollout_func, trl_vllm_config, trl_vllm_engine_args
 from .verl import PlannedLoadBalancer, verl_rollout_config
 from .vllm_adapter import (
@@ -118,6 +120,8 @@ __all__ = [
     "STEAL_SHARE",
     "move_requests",
     "MOVE_CHUNK",
+    "Move",
+    "StealCoordinator",
     "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",

@@ -144,6 +144,22 @@ class PlannedLoadBalancer:
         self._inflight[sid] += 1
         return sid, self._servers[sid]
 
+    def reroute(self, request_id: str, replica: int) -> str:
+        """Send ``request_id``'s next acquire to the server of ``replica`` (index in
+        :meth:`get_all_servers`): where a :class:`~lengthsched.integrations.StealCoordinator` moved it.
+        verl's ``FullyAsyncLLMServerClient`` resubmits an aborted request (its prompt plus the tokens
+        generated so far) through ``acquire_server`` with the same request id, so it lands there.
+        Returns the server id."""
+        ids = list(self._inflight)
+        replica = check_int("replica", replica, minimum=0)
+        if replica >= len(ids):
+            raise InvalidArgument("replica", replica, f"a replica index below {len(ids)} (registered servers)")
+        self._sticky[request_id] = ids[replica]
+        self._sticky.move_to_end(request_id)
+        while len(self._sticky) > self._max_cache_size:
+            self._sticky.popitem(last=False)
+        return ids[replica]
+
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
         """One request on ``server_id`` finished."""
         if self._inflight.get(server_id, 0) > 0:
