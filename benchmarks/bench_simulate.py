@@ -269,6 +269,8 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("placed_classes (previous epoch)", "placed_classes", None, "epoch"),
     ("recommended (previous epoch)", "recommended", None, "epoch"),
 )
+# Timed by rollout_speed beside ROLLOUT_RUNS (not in the grid's tables: rollout_variants scores it)
+SPEED_EXTRA = (("steal_observed", "steal_observed", None, "realistic"),)
 ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
                 for f in (2, 4, 8, 16, 64)]
 CONSTANT_PREDICTION = 300  # tokens, every completion: a predictor that knows nothing of the prompt
@@ -496,7 +498,7 @@ def rollout_speed(quick: bool) -> tuple[str, list]:
     for workload in ("castillo", "long tail"):
         groups, realistic, _, _ = rollout_groups(workload, 64 if quick else 256, ROLLOUT_SEED)
         for factor in ((4,) if quick else (2, 4, 16, 64)):
-            for label, policy, router, pred in ROLLOUT_RUNS:
+            for label, policy, router, pred in ROLLOUT_RUNS + SPEED_EXTRA:
                 if pred not in ("realistic", None):  # the same policies with other predictions
                     continue
                 p = realistic if pred == "realistic" else None
@@ -867,6 +869,7 @@ VARIANTS = (
     ("steal, no stealing and no moves (its placement alone)", "steal", {"ROOM": 0.0, "MIGRATE_CHUNK": None}),
     ("steal, only requests that never started move", "steal", {"STEAL_STARTED": False}),
     ("steal, longest predicted first per replica", "steal", {"ORDER": "longest"}),
+    ("steal_observed: steal decided from snapshots (StealCoordinator, what a framework can run)", "steal_observed", {}),
     ("vllm_priority + verl routing (longest predicted first, no stealing)", "vllm_priority", None),
 )
 

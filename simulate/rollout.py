@@ -46,6 +46,7 @@ import numpy as np
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int
 from lengthsched.integrations.rollout import place_ways, spread_ways
+from lengthsched.integrations.stealing import StealCoordinator
 from lengthsched.placement import (
     fractional_fits,
     length_classes,
@@ -478,6 +479,14 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         work = pols[0].work  # one array: what a replica learns of a prompt, every replica uses
         for pol in pols:
             pol.board, pol.engines, pol.pols, pol.work = board, engines, pols, work
+        if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
+            coord = StealCoordinator(replicas, budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
+            for r, stack in enumerate(board):
+                for job in stack[::-1]:  # queue order
+                    coord.submit(job, r, float(work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
+                                 group=int(owner[job]))
+            for pol in pols:
+                pol.coord = coord
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
     for pol in pols:
         if hasattr(pol, "dispatcher"):  # Seer's divided rollout gives requests back while it decides

@@ -44,7 +44,7 @@ lands (it carries tokens, not KV).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..errors import InvalidArgument, check_int, check_positive_float
@@ -76,13 +76,25 @@ class _Request:
     generated: int = 0
     seen: int = 0  # generated at the previous snapshot
     running: bool = False
-    chunk_ended: bool = False  # crossed a multiple of the chunk since the last decision
     transit: bool = False  # moved here and not yet seen running here: it cannot move again
+
+
+class _View:
+    """``view[request]``: one field of the coordinator's requests (what steal_requests / move_requests index)."""
+
+    def __init__(self, requests: dict, field: str):
+        self._requests, self._field = requests, field
+
+    def __getitem__(self, request: Hashable) -> float:
+        return getattr(self._requests[request], self._field)
 
 
 class StealCoordinator:
     """The simulator's ``steal`` decisions for a framework that can abort a request on one engine
     and resubmit it, with its generated tokens, on another (see the module docstring).
+
+    Each call costs time in the requests of the replicas it touches (a snapshot: that replica's; a
+    decision: the waiting requests and the thieves' and sources' requests), not in all requests.
 
     Args:
         replicas: engine replicas.
@@ -101,6 +113,10 @@ class StealCoordinator:
         self.share = check_positive_float("share", share, maximum=1.0)
         self.room = check_positive_float("room", room)
         self._requests: dict[Hashable, _Request] = {}
+        self._on: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # in flight, queue order
+        self._waiting: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # waiting, not in transit
+        self._transit = [0] * self.replicas  # requests moved there and not yet seen running
+        self._ended: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # crossed a chunk boundary
         self._order = 0
         self.steals = 0  # requests moved by steals so far
         self.moves = 0  # running requests moved to idle replicas so far
@@ -108,17 +124,21 @@ class StealCoordinator:
     # ------------------------------------------------------------------ what the framework reports
     def submit(self, request: Hashable, replica: int, predicted: float, *, prompt_tokens: int = 0,
                group: Hashable = None, generated: int = 0) -> None:
-        """``request`` was sent to ``replica`` (again, after a move: ``generated`` tokens carried);
-        ``predicted``: its predicted length (tokens, the whole completion); ``prompt_tokens``: its
-        prompt, held once per ``group`` on a replica (None: the request is its own group)."""
+        """``request`` was sent to ``replica`` (not after a :class:`Move`: the coordinator applied that
+        itself); ``generated``: tokens it carries; ``predicted``: its predicted length (tokens, the whole
+        completion); ``prompt_tokens``: its prompt, held once per ``group`` on a replica (None: the
+        request is its own group)."""
         replica = self._replica("replica", replica)
         if not isinstance(predicted, (int, float)) or isinstance(predicted, bool) or not predicted >= 0:
             raise InvalidArgument("predicted", predicted, "a predicted length in tokens >= 0")
         prompt_tokens = check_int("prompt_tokens", prompt_tokens, minimum=0)
         generated = check_int("generated", generated, minimum=0)
+        self._drop(request)
         self._order += 1
         self._requests[request] = _Request(replica, float(predicted), prompt_tokens,
                                            request if group is None else group, self._order, generated, generated)
+        self._on[replica][request] = None
+        self._waiting[replica][request] = None
 
     def observe(self, replica: int, generated: Mapping[Hashable, int]) -> None:
         """A snapshot of ``replica``: every request in flight there and the tokens it has generated
@@ -128,100 +148,145 @@ class StealCoordinator:
         replica = self._replica("replica", replica)
         if not isinstance(generated, Mapping):
             raise InvalidArgument("generated", type(generated).__name__, "a mapping request -> tokens generated")
+        waiting, ended, requests, chunk = self._waiting[replica], self._ended[replica], self._requests, self.chunk
+        matched = 0
         for request, tokens in generated.items():
-            tokens = check_int("generated", tokens, minimum=0)
-            req = self._requests.get(request)
+            if type(tokens) is not int or tokens < 0:
+                tokens = check_int("generated", tokens, minimum=0)
+            req = requests.get(request)
             if req is None or req.replica != replica:
                 continue
-            if tokens > req.seen:
-                req.transit = False
-            req.running = tokens > req.seen
-            if self.chunk is not None and tokens // self.chunk > req.seen // self.chunk:
-                req.chunk_ended = True
-            req.generated = req.seen = max(tokens, req.generated)
-        for request in [j for j, r in self._requests.items()
-                        if r.replica == replica and j not in generated and not r.transit]:
-            del self._requests[request]  # finished
+            matched += 1
+            seen = req.seen
+            if tokens > seen:  # it ran since the last snapshot
+                if req.transit:
+                    req.transit = False
+                    self._transit[replica] -= 1
+                if not req.running:
+                    req.running = True
+                    waiting.pop(request, None)
+                if chunk is not None and tokens // chunk > seen // chunk:
+                    ended[request] = None
+                req.generated = req.seen = max(tokens, req.generated)
+            elif not req.transit and req.running:  # it stopped: preempted
+                req.running = False
+                waiting[request] = None
+        if matched < len(self._on[replica]):
+            for request in [j for j in self._on[replica] if j not in generated and not requests[j].transit]:
+                self._drop(request)  # finished
 
     def finish(self, request: Hashable) -> None:
         """``request`` finished (the framework got its output)."""
-        self._requests.pop(request, None)
+        self._drop(request)
 
-    # ------------------------------------------------------------------ decisions
+    # ------------------------------------------------------------------ views
     def in_flight(self, replica: int) -> list[Hashable]:
-        """The requests on ``replica``, in submission order."""
-        replica = self._replica("replica", replica)
-        return [j for j, r in sorted(self._requests.items(), key=lambda jr: jr[1].order) if r.replica == replica]
+        """The requests on ``replica``, in queue order (submission, or arrival after a move)."""
+        return list(self._on[self._replica("replica", replica)])
 
     def waiting(self, replica: int) -> list[Hashable]:
-        """The requests waiting on ``replica`` (not running at the last snapshot), in submission order."""
-        return [j for j in self.in_flight(replica) if not self._requests[j].running]
+        """The requests waiting on ``replica`` (not running at the last snapshot; in transit ones
+        included), in queue order."""
+        replica = self._replica("replica", replica)
+        return [j for j in self._on[replica] if not self._requests[j].running]
 
     def replica_of(self, request: Hashable) -> int | None:
         """Where ``request`` runs (or, after a move, goes); None when unknown or finished."""
         req = self._requests.get(request)
         return None if req is None else req.replica
 
-    def decide(self) -> list[Move]:
+    # ------------------------------------------------------------------ decisions
+    def decide(self, thieves: Iterable[int] | None = None, sources: Iterable[int] | None = None) -> list[Move]:
         """Steals for every replica with nothing waiting and room in its pool, then moves of running
         requests to the replicas that sit idle. Each move is applied here (the request now belongs to
         its target and waits there: do not :meth:`submit` it again); the framework aborts it on its
-        source and resubmits it to its target with its generated tokens. O(requests) per steal."""
+        source and resubmits it to its target with its generated tokens (or, if that cannot be done,
+        :meth:`cancel` s it). ``thieves``: the replicas that may take requests (None: all);
+        ``sources``: the replicas whose running requests may move (None: all)."""
+        thieves = range(self.replicas) if thieves is None else sorted({self._replica("thieves", r) for r in thieves})
+        sources = range(self.replicas) if sources is None else sorted({self._replica("sources", r) for r in sources})
         out: list[Move] = []
-        ids = sorted(self._requests, key=lambda j: self._requests[j].order)
-        reqs = [self._requests[j] for j in ids]
-        predicted = [r.predicted for r in reqs]
-        generated = [r.generated for r in reqs]
-        flight: list[list[int]] = [[] for _ in range(self.replicas)]  # per replica, request indices in queue order
-        for i, r in enumerate(reqs):
-            flight[r.replica].append(i)
-
-        def relocate(i: int, target: int, kind: str) -> None:
-            flight[reqs[i].replica].remove(i)
-            out.append(self._move(ids[i], target, kind))
-            flight[target].append(i)
-
-        for thief in range(self.replicas):
-            while not any(not reqs[i].running for i in flight[thief]) and self._has_room(reqs, flight[thief]):
-                queues = [[i for i in flight[r] if not reqs[i].running and not reqs[i].transit]
-                          for r in range(self.replicas)]
+        predicted, generated = _View(self._requests, "predicted"), _View(self._requests, "generated")
+        for thief in thieves:
+            while not self._waiting[thief] and not self._transit[thief] and self._has_room(thief):
+                queues = [sorted(w, key=lambda j: self._requests[j].order) for w in self._waiting]
                 victim, taken = steal_requests(queues, thief, [bool(q) for q in queues], predicted, generated,
                                                share=self.share)
                 if victim is None:
                     break
-                for i in taken:
-                    relocate(i, thief, "steal")
+                out.extend(self._move(j, thief, "steal") for j in taken)
         if self.chunk is not None:
-            idle = [r for r in range(self.replicas) if not flight[r]]
-            for source in range(self.replicas):
+            idle = [r for r in thieves if not self._on[r]]
+            for source in sources:
                 if not idle:
                     break
-                running = [i for i in flight[source] if reqs[i].running]
-                ended = [i for i in running if reqs[i].chunk_ended]
-                for i, target in move_requests(ended, idle, predicted, generated, len(running)):
-                    relocate(i, target, "move")
+                running = [j for j in self._on[source] if self._requests[j].running]
+                ended = [j for j in running if j in self._ended[source]]
+                if not ended:
+                    continue
+                # by position (ties in queue order, whatever the ids are)
+                picks = move_requests(list(range(len(ended))), idle, [predicted[j] for j in ended],
+                                      [generated[j] for j in ended], len(running))
+                for i, target in picks:
+                    out.append(self._move(ended[i], target, "move"))
                     idle.remove(target)
-        for req in reqs:
-            req.chunk_ended = False
+        for ended in self._ended:
+            ended.clear()
         return out
 
+    def cancel(self, move: Move) -> None:
+        """``move`` could not be made (the request finished or started where it was): it stays on its
+        source (at the back of its queue), running if it was running."""
+        req = self._requests.get(move.request)
+        if req is None or req.replica != move.target or not req.transit:
+            raise InvalidArgument("move", move, "a move of the last decide() still pending")
+        self._leave(move.request)
+        req.replica, req.transit, req.running = move.source, False, move.kind == "move"
+        self._on[move.source][move.request] = None
+        if not req.running:
+            self._waiting[move.source][move.request] = None
+        if move.kind == "steal":
+            self.steals -= 1
+        else:
+            self.moves -= 1
+
+    # ------------------------------------------------------------------ internals
     def _move(self, request: Hashable, target: int, kind: str) -> Move:
         req = self._requests[request]
         move = Move(request, req.replica, target, req.generated, kind)
+        self._leave(request)
         self._order += 1
-        req.replica, req.order, req.running, req.chunk_ended, req.transit = target, self._order, False, False, True
+        req.replica, req.order, req.running, req.transit = target, self._order, False, True
+        self._on[target][request] = None
+        self._transit[target] += 1
         if kind == "steal":
             self.steals += 1
         else:
             self.moves += 1
         return move
 
-    def _has_room(self, reqs: list[_Request], flight: list[int]) -> bool:
-        """Whether the requests ``flight`` (of one replica), grown to their predicted lengths, and their
-        prompts (once per group) stay below ``room`` x the pool."""
+    def _leave(self, request: Hashable) -> None:
+        """Take ``request`` off its replica's structures (it stays known)."""
+        req = self._requests[request]
+        r = req.replica
+        self._on[r].pop(request, None)
+        self._waiting[r].pop(request, None)
+        self._ended[r].pop(request, None)
+        if req.transit:
+            self._transit[r] -= 1
+            req.transit = False
+
+    def _drop(self, request: Hashable) -> None:
+        if request in self._requests:
+            self._leave(request)
+            del self._requests[request]
+
+    def _has_room(self, replica: int) -> bool:
+        """Whether the requests on ``replica``, grown to their predicted lengths, and their prompts (once
+        per group) stay below ``room`` x the pool."""
         peak, groups = 0.0, {}
-        for i in flight:
-            req = reqs[i]
+        for j in self._on[replica]:
+            req = self._requests[j]
             peak += max(req.predicted, req.generated + 1)
             groups[req.group] = max(groups.get(req.group, 0), req.prompt)
         return peak + sum(groups.values()) < self.room * self.pool_tokens

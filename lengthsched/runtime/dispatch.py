@@ -49,11 +49,12 @@ from typing import Any
 import numpy as np
 
 from ..integrations.rollout import MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
+from ..integrations.stealing import StealCoordinator
 from .baselines import VLLMLike
 from .engine import Engine
 from .policies import Problem
 
-__all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "SeerDivided", "WorkStealing"]
+__all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "SeerDivided", "WorkStealing", "StealObserved"]
 
 
 def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
@@ -470,3 +471,57 @@ class WorkStealing(VLLMLike):
             self.waiting.insert(0, job)
             hand_over(job, self.engines[victim], eng)
         return True
+
+
+class StealObserved(WorkStealing):
+    """``steal`` as a framework can run it (``steal_observed``): the same placement, but every steal and
+    every move of a running request is decided by a :class:`~lengthsched.integrations.StealCoordinator`
+    that sees only what a framework sees, each replica's snapshot (the tokens each request in flight
+    has generated) taken at that replica's decisions: a request that did not grow between two
+    snapshots waits. A replica decides for itself and for the replicas that sit idle (the others may be
+    ahead of it in time); a steal of a request that started meanwhile is cancelled, as an abort that
+    found it running would leave it there. ``coord`` is shared and set by the caller."""
+
+    name = "steal_observed"
+
+    def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
+                 keys: Sequence[Any] = ()):
+        super().__init__(problem, queue, replica, keys)
+        self.coord: StealCoordinator | None = None  # set by the caller in a rollout
+        self._collected = 0  # finishes already reported
+
+    def decide(self, eng: Engine) -> None:
+        if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
+            VLLMLike.decide(self, eng)
+            return
+        VLLMLike.decide(self, eng)
+        for job in eng.collected[self._collected:]:
+            self.coord.finish(job)
+        self._collected = len(eng.collected)
+        snapshot = {job: eng.age(job) for job in eng.running}
+        snapshot.update((job, eng.done[job]) for job in self.waiting)
+        self.coord.observe(self.replica, snapshot)
+        took = False
+        for move in self.coord.decide(thieves={self.replica, *self.idle_now}, sources={self.replica}):
+            took |= self._apply(eng, move)
+        if took:
+            VLLMLike.decide(self, eng)  # admit what it stole
+        self.blocked = bool(self.waiting) and not eng.prefill_limited
+
+    def _apply(self, eng: Engine, move) -> bool:
+        """Carry out one of the coordinator's moves; True when this replica received a request."""
+        job, source, target = move.request, move.source, move.target
+        src, dst = self.engines[source], self.engines[target]
+        stack = self.board[source]
+        if job in stack:  # waiting there: it moves with the tokens it generated
+            stack.remove(job)
+        elif source == self.replica and job in eng.running and move.kind == "move":
+            lift(eng, job)
+        else:  # it started (or finished) on a replica ahead in time: the abort would find it running
+            self.coord.cancel(move)
+            return False
+        self.board[target].insert(0, job)  # the back of its queue
+        hand_over(job, src, dst)
+        if target != self.replica:
+            self.woke.append(target)
+        return target == self.replica

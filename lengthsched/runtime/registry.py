@@ -21,7 +21,7 @@ from .baselines import (
     VLLMLike,
     VLLMPriority,
 )
-from .dispatch import SeerDivided, SeerLike, WorkStealing
+from .dispatch import SeerDivided, SeerLike, StealObserved, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -109,6 +109,9 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal", WorkStealing, "placed as verl routes (whole groups by predicted work when prompts would "
                "crowd the pool), vLLM FCFS per replica, a replica with room steals from the fullest queue",
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("steal_observed", StealObserved, "steal decided from snapshots a framework can take "
+               "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
                fast=True),
