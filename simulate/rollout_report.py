@@ -244,10 +244,10 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"benchmark grid): {ours.result.seconds:.2f} s, {ours.result.seconds / base.result.seconds:.3f} x "
                  "vllm + least_loaded")
     if any(r.policy == DEFAULT_POLICY for r in done):
-        line += (f"; {DEFAULT_POLICY} moves waiting requests between engines, preempted ones with their partial "
-                 "generations: a framework runs it with its own dispatch (lengthsched.integrations.steal_requests); "
-                 "the shipped verl and TRL integrations send a static plan (what vllm_priority + least_loaded "
-                 "simulates)")
+        line += (f"; {DEFAULT_POLICY} moves waiting and running requests between engines with their partial "
+                 "generations: a framework runs it by aborting and resubmitting them "
+                 "(lengthsched.integrations.StealCoordinator; steal_observed simulates it); the shipped verl and "
+                 "TRL integrations send a static plan (what vllm_priority + least_loaded simulates)")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):

@@ -17,13 +17,14 @@ def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl
     out = capsys.readouterr().out
     assert out.startswith("8 prompts x G=8 from castillo") and "on 2 replicas of" in out
     rows = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "verdict"))]
-    for policy in ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_adaptive", "steal"):
+    for policy in ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_adaptive", "steal",
+                   "steal_observed"):
         assert policy in rows
     assert "vllm + group_round_robin" in out and "vllm + least_loaded" in out
     verdict = next(line for line in out.splitlines() if line.startswith("verdict: fastest: "))
     assert "vllm + least_loaded" in verdict or "no policy beat" in verdict
     assert verdict.startswith("verdict: fastest: steal") or "the recommended steal" in verdict
-    assert "lengthsched.integrations.steal_requests" in verdict
+    assert "lengthsched.integrations.StealCoordinator; steal_observed simulates it" in verdict
     assert "(what vllm_priority + least_loaded simulates)" in verdict
     for column in ("seconds", "x vllm+verl", "s/LB", "tok/s", "slowest", "preempt", "recomputed", "prompt loads"):
         assert f"  {column}: " in out  # a legend line for every column
