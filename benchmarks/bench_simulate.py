@@ -870,28 +870,31 @@ VARIANTS = (
     ("steal, only requests that never started move", "steal", {"STEAL_STARTED": False}),
     ("steal, longest predicted first per replica", "steal", {"ORDER": "longest"}),
     ("steal_observed: steal decided from snapshots (StealCoordinator, what a framework can run)", "steal_observed", {}),
+    ("steal_observed, a snapshot every 32 steps at most", "steal_observed", {"SNAPSHOT_STEPS": 32}),
+    ("steal_observed, a snapshot every 128 steps at most", "steal_observed", {"SNAPSHOT_STEPS": 128}),
     ("vllm_priority + verl routing (longest predicted first, no stealing)", "vllm_priority", None),
 )
 
 
 def _rollout_variants_unit(args):
     """One setting: vLLM FCFS + verl, then each of VARIANTS with the realistic predictions (seconds,
-    recomputed tokens)."""
-    from lengthsched.runtime.dispatch import WorkStealing
+    recomputed tokens); a variant's attributes are set on its policy's class and restored."""
+    from lengthsched.runtime import POLICIES
 
     groups, realistic, _, _, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
     for label, policy, attrs in VARIANTS:
-        saved = {name: getattr(WorkStealing, name) for name in attrs or {}}
+        cls = POLICIES[policy].cls
+        saved = {name: getattr(cls, name) for name in attrs or {}}
         try:
             for name, value in (attrs or {}).items():
-                setattr(WorkStealing, name, value)
+                setattr(cls, name, value)
             r = run_rollout(groups, policy, router=None if attrs is not None else "least_loaded", predicted=realistic,
                             **common)
         finally:
             for name, value in saved.items():
-                setattr(WorkStealing, name, value)
+                setattr(cls, name, value)
         out[label] = (r.seconds, r.recomputed_tokens)
     return out
 

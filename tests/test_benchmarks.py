@@ -102,6 +102,9 @@ def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_p
     unit = _rollout_variants_unit(("castillo", 64, 4, 2, 11, None))  # in this process: attributes restored
     assert (WorkStealing.ROOM, WorkStealing.STEAL_STARTED, WorkStealing.ORDER) == (1.0, True, "placement")
     assert (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
+    from lengthsched.runtime.dispatch import StealObserved
+
+    assert StealObserved.SNAPSHOT_STEPS is None and "SNAPSHOT_STEPS" not in vars(WorkStealing)
     assert unit["steal (the default)"][0] / unit["base"][0] == pytest.approx(ratios[0], rel=1e-12)
 
 

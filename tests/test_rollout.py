@@ -651,6 +651,18 @@ def test_steal_from_snapshots_tracks_steal_and_collects_everything():
         observed = run_rollout(groups, "steal_observed", **common)
         assert [x.tolist() for x in observed.collected_lengths] == [g.lengths.tolist() for g in groups]
         assert observed.seconds <= base * (0.8 if budget == 2_000 else 1.0) and observed.seconds <= steal * 1.15
+    # snapshots every 64 steps at most: decisions come later, every completion is still collected
+    from lengthsched.runtime.dispatch import StealObserved
+
+    short = dict(common, budget_tokens=2_000)
+    every = run_rollout(groups, "steal_observed", **short)
+    try:
+        StealObserved.SNAPSHOT_STEPS = 64
+        sparse = run_rollout(groups, "steal_observed", **short)
+    finally:
+        StealObserved.SNAPSHOT_STEPS = None
+    assert [x.tolist() for x in sparse.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert sparse.seconds != every.seconds
     # on its own it is vLLM FCFS, like steal
     from simulate import run_group
 

@@ -483,18 +483,27 @@ class StealObserved(WorkStealing):
     found it running would leave it there. ``coord`` is shared and set by the caller."""
 
     name = "steal_observed"
+    # Steps between a replica's snapshots (None: one at each of its decisions). A framework polls its
+    # servers every so often: at a few to 20 ms a step, 32 steps are about 0.2-0.6 s.
+    SNAPSHOT_STEPS: int | None = None
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
         super().__init__(problem, queue, replica, keys)
         self.coord: StealCoordinator | None = None  # set by the caller in a rollout
         self._collected = 0  # finishes already reported
+        self._snapshot_at: int | None = None  # the step of this replica's last snapshot
 
     def decide(self, eng: Engine) -> None:
         if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
             VLLMLike.decide(self, eng)
             return
         VLLMLike.decide(self, eng)
+        every = self.SNAPSHOT_STEPS
+        if every and self._snapshot_at is not None and eng.t - self._snapshot_at < every and eng.running:
+            self.blocked = bool(self.waiting) and not eng.prefill_limited
+            return  # not yet time to look again
+        self._snapshot_at = eng.t
         for job in eng.collected[self._collected:]:
             self.coord.finish(job)
         self._collected = len(eng.collected)
