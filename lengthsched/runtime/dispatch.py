@@ -291,7 +291,8 @@ class SeerDivided(SeerLike):
 
     name = "seer_divided"
     # Tokens a request generates before it goes back to the global queue: the best of 128, 512 and 2048
-    # on the rollout grid (docs/benchmarks.md, "Seer's divided rollout"); smaller chunks move more often.
+    # on the rollout grid with free KV loads; with each load stalling the step, 512 is (docs/benchmarks.md,
+    # "Seer's divided rollout"); smaller chunks move more often.
     CHUNK = 128
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
