@@ -62,6 +62,22 @@ def prefill_seconds(cost: StepCost, tokens: int) -> float:
     return float(cost.seconds(0, 0, tokens, tokens * (tokens + 1) // 2))
 
 
+def median_seconds(torch, fn, reps: int, warmup: int, cuda: bool) -> float:
+    """Median wall seconds of ``fn`` over ``reps`` runs after ``warmup`` (the GPU synchronised around each)."""
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def measure_model(torch, name: str, device: str, sizes: list[int], reps: int, warmup: int) -> dict:
     mem = ModelMemory.from_preset(name)
     layers = len(mem.layer_kv_bytes)
@@ -82,21 +98,8 @@ def measure_model(torch, name: str, device: str, sizes: list[int], reps: int, wa
     host = torch.empty(layers * blocks_needed * block_elems, dtype=dtype, pin_memory=pin)
     gen = torch.Generator().manual_seed(0)
 
-    def sync():
-        if pin:
-            torch.cuda.synchronize()
-
     def timed(fn) -> float:
-        for _ in range(warmup):
-            fn()
-        sync()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return median_seconds(torch, fn, reps, warmup, pin)
 
     rows = []
     costs = {"preset": StepCost.from_model(name, "h100")}
@@ -161,10 +164,6 @@ def measure_overlap(torch, name: str, device: str, tokens: int, rows: int, reps:
     dest = torch.empty(elems, device=device, dtype=dtype)
     side = torch.cuda.Stream() if pin else None
 
-    def sync():
-        if pin:
-            torch.cuda.synchronize()
-
     def step():
         return x @ weight
 
@@ -176,16 +175,7 @@ def measure_overlap(torch, name: str, device: str, tokens: int, rows: int, reps:
             dest.copy_(host, non_blocking=True)
 
     def timed(fn) -> float:
-        for _ in range(warmup):
-            fn()
-        sync()
-        out = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            out.append(time.perf_counter() - t0)
-        return statistics.median(out)
+        return median_seconds(torch, fn, reps, warmup, pin)
 
     def steps_during_load() -> None:
         load()
