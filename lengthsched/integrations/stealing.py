@@ -73,8 +73,7 @@ class _Request:
     prompt: int
     group: Hashable
     order: int  # submission order on its replica (its queue position)
-    generated: int = 0
-    seen: int = 0  # generated at the previous snapshot
+    generated: int = 0  # at the last snapshot (or carried at submission)
     running: bool = False
     transit: bool = False  # moved here and not yet seen running here: it cannot move again
 
@@ -136,7 +135,7 @@ class StealCoordinator:
         self._drop(request)
         self._order += 1
         self._requests[request] = _Request(replica, float(predicted), prompt_tokens,
-                                           request if group is None else group, self._order, generated, generated)
+                                           request if group is None else group, self._order, generated)
         self._on[replica][request] = None
         self._waiting[replica][request] = None
 
@@ -157,7 +156,7 @@ class StealCoordinator:
             if req is None or req.replica != replica:
                 continue
             matched += 1
-            seen = req.seen
+            seen = req.generated
             if tokens > seen:  # it ran since the last snapshot
                 if req.transit:
                     req.transit = False
@@ -167,7 +166,7 @@ class StealCoordinator:
                     waiting.pop(request, None)
                 if chunk is not None and tokens // chunk > seen // chunk:
                     ended[request] = None
-                req.generated = req.seen = max(tokens, req.generated)
+                req.generated = tokens
             elif not req.transit and req.running:  # it stopped: preempted
                 req.running = False
                 waiting[request] = None

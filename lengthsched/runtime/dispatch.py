@@ -496,14 +496,16 @@ class StealObserved(WorkStealing):
         self._snapshot_at: int | None = None  # the step of this replica's last snapshot
 
     def decide(self, eng: Engine) -> None:
-        if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
-            VLLMLike.decide(self, eng)
-            return
         VLLMLike.decide(self, eng)
+        if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
+            return
         every = self.SNAPSHOT_STEPS
-        if every and self._snapshot_at is not None and eng.t - self._snapshot_at < every and eng.running:
-            self.blocked = bool(self.waiting) and not eng.prefill_limited
-            return  # not yet time to look again
+        if not (every and self._snapshot_at is not None and eng.t - self._snapshot_at < every and eng.running):
+            self._look(eng)
+        self.blocked = bool(self.waiting) and not eng.prefill_limited
+
+    def _look(self, eng: Engine) -> None:
+        """A snapshot of this replica for the coordinator, then its moves for this replica and the idle."""
         self._snapshot_at = eng.t
         for job in eng.collected[self._collected:]:
             self.coord.finish(job)
@@ -516,7 +518,6 @@ class StealObserved(WorkStealing):
             took |= self._apply(eng, move)
         if took:
             VLLMLike.decide(self, eng)  # admit what it stole
-        self.blocked = bool(self.waiting) and not eng.prefill_limited
 
     def _apply(self, eng: Engine, move) -> bool:
         """Carry out one of the coordinator's moves; True when this replica received a request."""
