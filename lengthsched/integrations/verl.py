@@ -137,10 +137,7 @@ class PlannedLoadBalancer:
             else:
                 self.planned += 1
                 sid = ids[replica]
-            self._sticky[request_id] = sid
-            self._sticky.move_to_end(request_id)
-            while len(self._sticky) > self._max_cache_size:
-                self._sticky.popitem(last=False)
+            self._remember(request_id, sid)
         self._inflight[sid] += 1
         return sid, self._servers[sid]
 
@@ -154,11 +151,15 @@ class PlannedLoadBalancer:
         replica = check_int("replica", replica, minimum=0)
         if replica >= len(ids):
             raise InvalidArgument("replica", replica, f"a replica index below {len(ids)} (registered servers)")
-        self._sticky[request_id] = ids[replica]
+        self._remember(request_id, ids[replica])
+        return ids[replica]
+
+    def _remember(self, request_id: str, server_id: str) -> None:
+        """``request_id`` goes to ``server_id`` from now on (the newest of at most max_cache_size)."""
+        self._sticky[request_id] = server_id
         self._sticky.move_to_end(request_id)
         while len(self._sticky) > self._max_cache_size:
             self._sticky.popitem(last=False)
-        return ids[replica]
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
         """One request on ``server_id`` finished."""
