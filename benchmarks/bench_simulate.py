@@ -15,6 +15,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -386,20 +387,31 @@ def rollout(quick: bool) -> tuple[str, list]:
 WATERMARKS = (None, 3.0, 2.0, 1.5, 1.2, 1.0)  # steal's admission watermark, x the pool (None: vLLM's eager rule)
 
 
+@contextmanager
+def _patched(obj, **attrs):
+    """``obj``'s attributes (a policy class's options, a module's function) set to ``attrs`` inside the
+    block, restored after it (in this process only)."""
+    saved = {name: getattr(obj, name) for name in attrs}
+    try:
+        for name, value in attrs.items():
+            setattr(obj, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)
+
+
 def _rollout_watermark_unit(args):
     from lengthsched.runtime.dispatch import WorkStealing
 
     groups, realistic, oracle, _, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
-    try:
-        for name, pred in (("realistic", realistic), ("oracle", oracle)):
-            for w in WATERMARKS:
-                WorkStealing.WATERMARK = w
+    for name, pred in (("realistic", realistic), ("oracle", oracle)):
+        for w in WATERMARKS:
+            with _patched(WorkStealing, WATERMARK=w):
                 r = run_rollout(groups, "steal", predicted=pred, **common)
-                out[(name, w)] = (r.seconds, r.recomputed_tokens)
-    finally:
-        WorkStealing.WATERMARK = None
+            out[(name, w)] = (r.seconds, r.recomputed_tokens)
     return out
 
 
@@ -783,18 +795,11 @@ def _rollout_ways_unit(args):
     workload, prompts, replicas, factor, seed, cost_text = args
     groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
     out = {"vllm": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
-    chosen = rollout_module.spread_ways
-    placement = WorkStealing.PLACE, WorkStealing.PROMPT_SHARE
-    try:
-        for k in range(1, replicas + 1):
-            rollout_module.spread_ways = lambda *a, _k=k, **kw: _k
+    for k in range(1, replicas + 1):
+        with _patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
             out[str(k)] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-        rollout_module.spread_ways = chosen
-        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = "route", 0.25  # the rule before (this process only)
+    with _patched(WorkStealing, PLACE="route", PROMPT_SHARE=0.25):  # the rule before
         out["either-or 0.25"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-    finally:
-        rollout_module.spread_ways = chosen
-        WorkStealing.PLACE, WorkStealing.PROMPT_SHARE = placement
     out["held share"] = sum(int(g.prompt_len) for g in groups) / common["budget_tokens"]
     out["work share"] = float(np.sum(realistic)) / replicas / common["budget_tokens"]
     return out
@@ -885,16 +890,9 @@ def _rollout_variants_unit(args):
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
     for label, policy, attrs in VARIANTS:
-        cls = POLICIES[policy].cls
-        saved = {name: getattr(cls, name) for name in attrs or {}}
-        try:
-            for name, value in (attrs or {}).items():
-                setattr(cls, name, value)
+        with _patched(POLICIES[policy].cls, **(attrs or {})):
             r = run_rollout(groups, policy, router=None if attrs is not None else "least_loaded", predicted=realistic,
                             **common)
-        finally:
-            for name, value in saved.items():
-                setattr(cls, name, value)
         out[label] = (r.seconds, r.recomputed_tokens)
     return out
 
@@ -938,21 +936,15 @@ def _rollout_seer_unit(args):
     out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
            "seer": run_rollout(groups, "seer", **common).seconds,
            "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
-    chunk, moves = SeerDivided.CHUNK, (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV)
-    try:
-        for c in SEER_CHUNKS:
-            SeerDivided.CHUNK = c
+    for c in SEER_CHUNKS:
+        with _patched(SeerDivided, CHUNK=c):
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
-        SeerDivided.CHUNK = chunk
-        out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
-        WorkStealing.MIGRATE_CHUNK = None
+    out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
+    with _patched(WorkStealing, MIGRATE_CHUNK=None):
         out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves[0], True
+    with _patched(WorkStealing, MIGRATE_KV=True):
         out["steal, KV loaded"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
         out["steal, free KV"] = run_rollout(groups, "steal", predicted=realistic, **free).seconds
-    finally:
-        SeerDivided.CHUNK = chunk
-        WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV = moves
     return out
 
 
