@@ -410,9 +410,15 @@ class WorkStealing(VLLMLike):
         for job, r in move_requests(ended, self.idle_now, self.work, {j: eng.age(j) for j in ended},
                                     len(eng.running)):
             lift(eng, job)
-            self.pols[r].waiting.insert(0, job)
-            hand_over(job, eng, self.engines[r], kv=self.MIGRATE_KV)
-            self.woke.append(r)
+            self._send(job, eng, r, kv=self.MIGRATE_KV)
+
+    def _send(self, job: int, src: Engine, target: int, *, kv: bool = False) -> None:
+        """``job``, off engine ``src`` and its queue, joins the back of replica ``target``'s queue with the
+        tokens it generated (``kv``: and its KV); another replica is woken to run it."""
+        self.board[target].insert(0, job)  # a stack: the back of the queue is its start
+        hand_over(job, src, self.engines[target], kv=kv)
+        if target != self.replica:
+            self.woke.append(target)
 
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
@@ -469,8 +475,7 @@ class WorkStealing(VLLMLike):
         gone = set(taken)
         stack[:] = [job for job in stack if job not in gone]
         for job in taken:  # the stolen requests keep their order (its queue is empty: a stack, front last)
-            self.waiting.insert(0, job)
-            hand_over(job, self.engines[victim], eng)
+            self._send(job, self.engines[victim], self.replica)
         return True
 
 
@@ -522,7 +527,6 @@ class StealObserved(WorkStealing):
     def _apply(self, eng: Engine, move) -> bool:
         """Carry out one of the coordinator's moves; True when this replica received a request."""
         job, source, target = move.request, move.source, move.target
-        src, dst = self.engines[source], self.engines[target]
         stack = self.board[source]
         if job in stack:  # waiting there: it moves with the tokens it generated
             stack.remove(job)
@@ -531,8 +535,5 @@ class StealObserved(WorkStealing):
         else:  # it started (or finished) on a replica ahead in time: the abort would find it running
             self.coord.cancel(move)
             return False
-        self.board[target].insert(0, job)  # the back of its queue
-        hand_over(job, src, dst)
-        if target != self.replica:
-            self.woke.append(target)
+        self._send(job, self.engines[source], target)
         return target == self.replica
