@@ -76,7 +76,7 @@ class StaticKV:
         self.torch, self.kv_heads, self.head_dim = torch, kv_heads, head_dim
         self.store = torch.randn((2, layers, max_tokens * kv_heads * head_dim), dtype=dtype, device=device)
         self.k = self.v = self.pk = self.pv = None
-        self.decode, self.chunk = True, 0
+        self.decode, self.chunk, self.pieces = True, 0, 1
         try:
             q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 1, 2, 4)
             torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
@@ -84,19 +84,20 @@ class StaticKV:
         except (TypeError, RuntimeError):  # torch < 2.5: repeat the KV heads (a copy)
             self.gqa = False
 
-    def shape(self, rows: int, ctx: int, decode: bool, chunk: int = 0) -> None:
+    def shape(self, rows: int, ctx: int, decode: bool, chunk: int = 0, pieces: int = 1) -> None:
         """Use the first rows x ctx tokens of each layer's buffer as a (rows, kv_heads, ctx, head_dim) cache;
         ``chunk`` > 0: a mixed step, a prefill chunk of that many tokens before the rows (in the same buffers,
-        after the rows' context)."""
+        after the rows' context), made of ``pieces`` sequences of chunk / pieces tokens each (causal within
+        each: several prompts prefilled in one step attend their own tokens only)."""
         n = rows * self.kv_heads * ctx * self.head_dim
         view = (rows, self.kv_heads, ctx, self.head_dim)
         self.k = [self.store[0, i, :n].view(view) for i in range(self.store.shape[1])]
         self.v = [self.store[1, i, :n].view(view) for i in range(self.store.shape[1])]
         m = chunk * self.kv_heads * self.head_dim
-        pview = (1, self.kv_heads, chunk, self.head_dim)
+        pview = (pieces, self.kv_heads, chunk // pieces, self.head_dim)
         self.pk = [self.store[0, i, n:n + m].view(pview) for i in range(self.store.shape[1])]
         self.pv = [self.store[1, i, n:n + m].view(pview) for i in range(self.store.shape[1])]
-        self.decode, self.chunk = decode, chunk
+        self.decode, self.chunk, self.pieces = decode, chunk, pieces
 
     def _sdpa(self, query, k, v, causal: bool, scaling):
         sdpa = self.torch.nn.functional.scaled_dot_product_attention
@@ -107,14 +108,20 @@ class StaticKV:
                     scale=scaling)
 
     def mixed(self, layer: int, query, key, value, scaling):
-        """One packed sequence: the chunk's ``self.chunk`` tokens (causal among themselves), then one token
-        per decode row (each attends its own context buffer, the new token written to its last slot)."""
-        t = self.chunk
+        """One packed sequence: the chunk's ``self.chunk`` tokens (``self.pieces`` sequences, each causal among
+        its own tokens), then one token per decode row (each attends its own context buffer, the new token
+        written to its last slot)."""
+        t, p = self.chunk, self.pieces
         pk, pv, kb, vb = self.pk[layer], self.pv[layer], self.k[layer], self.v[layer]
-        pk.copy_(key[:, :, :t])
-        pv.copy_(value[:, :, :t])
+
+        def split(x):  # (1, heads, t, d) -> (pieces, heads, t / pieces, d)
+            return x[0, :, :t].unflatten(1, (p, t // p)).transpose(0, 1)
+
+        pk.copy_(split(key))
+        pv.copy_(split(value))
         # contiguous slices, so that SDPA picks the kernels it picks for the separate steps
-        out_p = self._sdpa(query[:, :, :t].contiguous(), pk, pv, True, scaling)
+        out_p = self._sdpa(split(query).contiguous(), pk, pv, True, scaling)
+        out_p = out_p.transpose(0, 1).flatten(1, 2).unsqueeze(0)
         # (1, heads, rows, d) -> (rows, heads, 1, d): each row is its own sequence
         kb[:, :, -1:].copy_(key[0, :, t:].transpose(0, 1).unsqueeze(2))
         vb[:, :, -1:].copy_(value[0, :, t:].transpose(0, 1).unsqueeze(2))
@@ -222,6 +229,81 @@ def forward_fn(torch, model, ids, positions, keep: int | None):
     return step
 
 
+class Stepper:
+    """Times engine steps of ``model`` (one per :meth:`step`): the static-KV attention registered, a CUDA
+    graph per shape where capture works (:class:`Timer`), each decoder layer compiled with ``compile``.
+    ``max_tokens``: the KV buffer (rows x context + chunk tokens of the largest step)."""
+
+    def __init__(self, torch, model, fields: dict, device, max_tokens: int, *, warmup: int, reps: int,
+                 graphs: bool, compile: bool = False, seed: int = 0):
+        self.torch, self.model, self.fields, self.device = torch, model, fields, device
+        dtype = next(model.parameters()).dtype
+        self.kv = StaticKV(torch, fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"],
+                           max_tokens, dtype, device)
+        register(self.kv, compiled=compile)
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(ATTENTION)
+        else:  # older transformers
+            model.config._attn_implementation = ATTENTION
+        self.timer = Timer(torch, device, warmup, reps, graphs)
+        self.compile, self.reps = compile, reps
+        if compile:
+            # Regional compilation: each decoder layer is compiled (dynamic shapes) and, the layers sharing one
+            # code object, dynamo compiles that code once for all of them (the whole model, compiled at once,
+            # took about 100 s per shape family on an H100 for 1.7B). The fused layers are where an engine's
+            # kernels differ from the eager forward's; the embedding, final norm and LM head stay eager.
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            if hasattr(torch._dynamo.config, "recompile_limit"):
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            try:  # no size equalities guessed from coincident sizes (fewer recompiles)
+                import torch.fx.experimental._config as fx_config
+
+                fx_config.use_duck_shape = False
+            except (ImportError, AttributeError):
+                pass
+            for layer in model.model.layers:
+                layer.compile(dynamic=True)
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def step(self, kind: str, rows: int, n: int, chunk: int = 0, pieces: int = 1) -> dict:
+        """Time one step; its row of the samples file. decode: rows x (1 token after n of context);
+        prefill: ``pieces`` sequences of n / pieces tokens each (causal within each); mixed: a chunk of
+        ``chunk`` tokens (``pieces`` sequences), then rows x (1 token after n)."""
+        torch, device, fields, gen = self.torch, self.device, self.fields, self.gen
+        decode, mixed = kind == "decode", kind == "mixed"
+        if kind == "prefill":  # a batch of pieces sequences, each attending its own n / pieces tokens
+            self.kv.shape(pieces, n // pieces, False)
+        else:
+            self.kv.shape(rows, n, decode, chunk if mixed else 0, pieces if mixed else 1)
+        if decode:
+            ids = torch.randint(fields["vocab_size"], (rows, 1), device=device, generator=gen)
+            positions, keep = torch.full((rows, 1), n - 1, device=device), (1 if self.compile else None)
+        elif mixed:
+            ids = torch.randint(fields["vocab_size"], (1, chunk + rows), device=device, generator=gen)
+            positions = torch.cat([torch.arange(chunk, device=device),
+                                   torch.full((rows,), n - 1, device=device)]).unsqueeze(0)
+            keep = rows + 1  # the chunk's last token and every row
+        else:
+            s = n // pieces
+            ids = torch.randint(fields["vocab_size"], (pieces, s), device=device, generator=gen)
+            positions, keep = torch.arange(s, device=device).unsqueeze(0).expand(pieces, s), 1
+        median, best, graphed = self.timer.time(forward_fn(torch, self.model, ids, positions, keep))
+        t = chunk if mixed else (0 if decode else n)
+        p = pieces if t else 1
+        rows_read = 0 if kind == "prefill" else rows
+        return {"decode_rows": rows_read, "kv_tokens_read": rows_read * n, "prefill_tokens": t,
+                "prefill_context": p * (t // p) * (t // p + 1) // 2, "seconds": median, "min_seconds": best,
+                "kind": kind, "context": 0 if kind == "prefill" else n, "reps": self.reps, "cuda_graph": graphed,
+                "compiled": "layers" if self.compile else False}
+
+    def close(self) -> None:
+        """Free the KV buffers."""
+        kv = self.kv
+        kv.store = kv.k = kv.v = kv.pk = kv.pv = None
+
+
 def measure(args, torch, model, fields: dict, device, samples_path: Path, deadline: float,
             mixed_path: Path | None = None, mixed_deadline: float = 0.0) -> dict:
     layers, kv_heads, head_dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
@@ -231,57 +313,9 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
     if mixed_path is not None:
         needed = max(needed, max(args.mixed_rows) * max(args.mixed_contexts) + max(args.mixed_chunks))
     max_tokens = max(min(needed, int(args.kv_budget_gib * 2**30 // kv_per_token)), max(args.prefills))
-    kv = StaticKV(torch, layers, kv_heads, head_dim, max_tokens, dtype, device)
-    register(kv, compiled=bool(args.compile))
-    if hasattr(model, "set_attn_implementation"):
-        model.set_attn_implementation(ATTENTION)
-    else:  # older transformers
-        model.config._attn_implementation = ATTENTION
-    timer = Timer(torch, device, args.warmup, args.reps, not args.eager)
-    if args.compile:
-        # Regional compilation: each decoder layer is compiled (dynamic shapes) and, the layers sharing one
-        # code object, dynamo compiles that code once for all of them (the whole model, compiled at once,
-        # took about 100 s per shape family on an H100 for 1.7B). The fused layers are where an engine's
-        # kernels differ from the eager forward's; the embedding, final norm and LM head stay eager.
-        import torch._dynamo
-
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        try:  # no size equalities guessed from coincident sizes (fewer recompiles)
-            import torch.fx.experimental._config as fx_config
-
-            fx_config.use_duck_shape = False
-        except (ImportError, AttributeError):
-            pass
-        for layer in model.model.layers:
-            layer.compile(dynamic=True)
-    gen = torch.Generator(device=device).manual_seed(args.seed)
-    compiled = "layers" if args.compile else False
-
-    def step(kind: str, rows: int, n: int, chunk: int = 0) -> dict:
-        """Time one step; its row of the samples file. decode: rows x (1 token after n of context);
-        prefill: n tokens; mixed: a chunk of `chunk` tokens, then rows x (1 token after n)."""
-        decode, mixed = kind == "decode", kind == "mixed"
-        kv.shape(rows, n, decode, chunk if mixed else 0)
-        if decode:
-            ids = torch.randint(fields["vocab_size"], (rows, 1), device=device, generator=gen)
-            positions, keep = torch.full((rows, 1), n - 1, device=device), (1 if args.compile else None)
-        elif mixed:
-            ids = torch.randint(fields["vocab_size"], (1, chunk + rows), device=device, generator=gen)
-            positions = torch.cat([torch.arange(chunk, device=device),
-                                   torch.full((rows,), n - 1, device=device)]).unsqueeze(0)
-            keep = rows + 1  # the chunk's last token and every row
-        else:
-            ids = torch.randint(fields["vocab_size"], (1, n), device=device, generator=gen)
-            positions, keep = torch.arange(n, device=device).unsqueeze(0), 1
-        median, best, graphed = timer.time(forward_fn(torch, model, ids, positions, keep))
-        t = chunk if mixed else (0 if decode else n)
-        rows_read = 0 if kind == "prefill" else rows
-        return {"decode_rows": rows_read, "kv_tokens_read": rows_read * n, "prefill_tokens": t,
-                "prefill_context": t * (t + 1) // 2, "seconds": median, "min_seconds": best, "kind": kind,
-                "context": 0 if kind == "prefill" else n, "reps": args.reps, "cuda_graph": graphed,
-                "compiled": compiled}
+    stepper = Stepper(torch, model, fields, device, max_tokens, warmup=args.warmup, reps=args.reps,
+                      graphs=not args.eager, compile=bool(args.compile), seed=args.seed)
+    step = stepper.step
 
     points = [("prefill", 1, t, 0) for t in args.prefills]  # few and short: first, so a time-out keeps both kinds
     points += [("decode", r, c, 0) for c in args.contexts for r in args.rows if r * c <= max_tokens]
@@ -317,7 +351,7 @@ def measure(args, torch, model, fields: dict, device, samples_path: Path, deadli
                       f"{' (graph)' if row['cuda_graph'] else ''}", flush=True)
         mixed_info = {"steps_measured": mixed_done, "steps_planned": len(grid), "stopped": mixed_stopped,
                       "samples_file": str(mixed_path)}
-    kv.store = kv.k = kv.v = kv.pk = kv.pv = None  # the buffers (the closure `step` holds kv)
+    stepper.close()
     return {"steps_measured": done, "steps_planned": len(points), "cuda_graph_steps": graphs,
             "skipped_over_kv_budget": skipped, "stopped": stopped, "kv_budget_tokens": max_tokens,
             "mixed": mixed_info}

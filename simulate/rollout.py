@@ -53,7 +53,7 @@ from lengthsched.placement import (
     packing_items,
     packing_mix,
 )
-from lengthsched.runtime import POLICIES, Problem, Timeline
+from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
 from lengthsched.runtime.replicas import plan_classes, prompt_blocks
 from lengthsched.runtime.replicas import replica_engine as _engine
@@ -102,6 +102,7 @@ class RolloutResult:
     loaded_tokens: int = 0
     timelines: tuple[Timeline | None, ...] = field(default=(), repr=False)
     clocks: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), repr=False)
+    step_logs: tuple[StepLog, ...] = field(default=(), repr=False)
 
     def seconds_at(self, replica: int, steps: Any) -> np.ndarray:
         """Modelled seconds at the end of decode step(s) ``steps`` of ``replica`` (for figures: steps of
@@ -263,7 +264,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         prompt_loads=sum(eng.prompt_loads for eng in engines),
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
         loaded_tokens=sum(eng.loaded_tokens for eng in engines),
-        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks))
+        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks),
+        step_logs=tuple(eng.step_log() for eng in engines))
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:

@@ -1,0 +1,298 @@
+"""Replay simulated rollout steps on one GPU: do the policies' modelled seconds hold on measured steps?
+
+The rollout comparisons of ``bench_simulate.py`` are in modelled seconds (``lengthsched.cost``).
+This script takes the steps the simulator says each policy runs in one rollout setting (every
+replica's :class:`~lengthsched.runtime.StepLog`, ``RolloutResult.step_logs``), draws a sample of them
+with probability proportional to their modelled seconds, runs each drawn step's shape on the GPU
+with a model of the preset's shapes and random weights (``gpu_cost.Stepper``: static KV buffers,
+one CUDA graph per shape, CUDA-event timing), and estimates each replica's measured seconds as
+its modelled seconds times the mean of measured / modelled over its drawn steps (the
+Hansen-Hurwitz estimator of a total under sampling proportional to size: unbiased, and tight
+when the model is off by a similar factor on every step). The makespan is the slowest replica's;
+a bootstrap over the drawn steps gives 95% intervals of each policy's measured makespan relative
+to the baseline's (the first policy).
+
+How a logged step is run: ``rows`` decode rows, each after ``kv / rows`` tokens of context (the
+step's KV read spread evenly; the simulator's rows differ in context, the sum is what it prices);
+its prefill tokens ``T`` attending ``C`` token pairs as ``p`` sequences of ``T / p`` tokens each,
+``p`` chosen so that the pairs match ``C`` (prompts prefilled together attend their own tokens);
+where ``C`` exceeds one causal sequence of ``T`` (a chunk after a cached prefix) the replay runs
+one sequence and attends fewer pairs than the model prices (counted in the report); KV loads from
+host memory are not run (the default policies move no KV). What is not replayed at all: the
+engine's scheduler and sampler on the host, which the model does not price either.
+
+    python benchmarks/gpu_replay.py                          # cuda, bf16, the default setting and policies
+    python benchmarks/gpu_replay.py --device cpu --quick     # tiny model, small setting: the code path only
+
+Results go to ``--out`` (rewritten atomically after every round of draws, so a run cut off keeps
+what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from common import ROOT, machine, write_json
+from gpu_cost import Stepper, build_model, model_config, preset_for
+
+from lengthsched.cost import StepCost
+from lengthsched.errors import InvalidArgument
+from lengthsched.memory import ModelMemory
+
+DEFAULT_POLICIES = "vllm:least_loaded,vllm_priority:least_loaded,seer,steal"
+
+
+def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
+    """Every step of a :class:`StepLog` as its own row (a run of ``steps`` steps with the same rows reads
+    ``rows`` more KV tokens each step and prefills on its first step only) with its modelled seconds."""
+    n = np.asarray(log.steps, dtype=np.int64)
+    run = np.repeat(np.arange(len(n)), n)
+    offset = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    first = offset == 0
+    rows = np.asarray(log.rows, dtype=np.int64)[run]
+    kv = np.asarray(log.kv_first, dtype=np.int64)[run] + offset * rows
+    out = {"rows": rows, "kv": kv}
+    for name in ("prefill_tokens", "prefill_context", "loaded_tokens"):
+        out[name] = np.where(first, np.asarray(getattr(log, name), dtype=np.int64)[run], 0)
+    ones = np.ones(len(rows), dtype=np.int64)
+    out["seconds"] = np.asarray(cost.segment_seconds(ones, rows, kv, out["prefill_tokens"], out["prefill_context"],
+                                                     out["loaded_tokens"]), dtype=np.float64)
+    return out
+
+
+def replay_shape(rows: int, kv: int, tokens: int, context: int) -> tuple[str, int, int, int, int, bool]:
+    """(kind, rows, context per row or prefill tokens, chunk, pieces, exact) of the step to run for a
+    logged step: see the module docstring. ``exact``: the run attends the pairs the log prices (up to
+    rounding); False where the log's pairs exceed one causal sequence of its tokens."""
+    pieces, exact = 1, True
+    if tokens:
+        one = tokens * (tokens + 1) // 2
+        exact = context <= one
+        if context < one:  # p sequences of s tokens: p s (s + 1) / 2 = context with p s = tokens
+            s = max(1, round(2 * context / tokens - 1))
+            pieces = max(1, min(tokens, round(tokens / s)))
+        tokens = pieces * math.ceil(tokens / pieces)
+    if rows and tokens:
+        return "mixed", rows, max(1, round(kv / rows)), tokens, pieces, exact
+    if rows:
+        return "decode", rows, max(1, round(kv / rows)), 0, 1, exact
+    return "prefill", 0, tokens, 0, pieces, exact
+
+
+def parse_policies(text: str) -> list[tuple[str, str | None]]:
+    out = []
+    for item in text.split(","):
+        name, _, router = item.strip().partition(":")
+        if not name:
+            raise InvalidArgument("--policies", text, "comma-separated POLICY or POLICY:ROUTER")
+        out.append((name, router or None))
+    return out
+
+
+def simulate(args, cost: StepCost) -> list[dict]:
+    """Each policy's rollout of the setting: makespan, replica seconds and every step, expanded."""
+    from bench_simulate import _rollout_setting
+
+    from simulate import run_rollout
+
+    groups, realistic, oracle, constant, common = _rollout_setting(args.workload, args.prompts, args.replicas,
+                                                                   args.factor, args.seed, None)
+    common["cost"] = cost
+    pred = {"realistic": realistic, "oracle": oracle, "constant": constant, "none": None}[args.predictions]
+    runs = []
+    for name, router in parse_policies(args.policies):
+        r = run_rollout(groups, name, router=router, predicted=pred, **common)
+        steps = [expand(log, cost) for log in r.step_logs]
+        runs.append({"policy": name + (f" + {router}" if router else ""), "seconds": r.seconds,
+                     "replica_seconds": list(r.replica_seconds), "preemptions": r.preemptions,
+                     "recomputed_tokens": r.recomputed_tokens, "tokens": r.tokens,
+                     "lower_bound_seconds": r.lower_bound_seconds, "steps": steps})
+        print(f"{runs[-1]['policy']}: modelled {r.seconds:.3f} s, {sum(len(s['rows']) for s in steps)} steps, "
+              f"{r.preemptions} preemptions", flush=True)
+    return runs
+
+
+def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np.ndarray:
+    """Per-replica measured seconds estimated from the draws (see the module docstring), shape
+    (replicas,); with ``boot`` (resamples x draws indices into ``draws``), shape (resamples, replicas).
+    A replica with no draw keeps its modelled seconds times the policy's pooled ratio."""
+    modelled = np.asarray(run["replica_seconds"], dtype=np.float64)
+    if not draws:
+        return modelled if boot is None else np.tile(modelled, (len(boot), 1))
+    ratio = np.array([d["measured"] / d["modelled"] for d in draws])
+    replica = np.array([d["replica"] for d in draws], dtype=np.int64)
+    idx = np.arange(len(draws))[None, :] if boot is None else np.asarray(boot)
+    r, rep = ratio[idx], replica[idx]  # (resamples, draws)
+    k = len(modelled)
+    flat = (rep + k * np.arange(len(idx))[:, None]).ravel()
+    sums = np.bincount(flat, weights=r.ravel(), minlength=k * len(idx)).reshape(len(idx), k)
+    counts = np.bincount(flat, minlength=k * len(idx)).reshape(len(idx), k)
+    pooled = r.mean(axis=1, keepdims=True)
+    est = modelled * np.where(counts > 0, sums / np.maximum(counts, 1), pooled)
+    return est[0] if boot is None else est
+
+
+def report(runs: list[dict], draws: list[list[dict]], fitted: StepCost | None, seed: int,
+           resamples: int = 1000) -> dict:
+    """Each policy's modelled and measured makespan, both relative to the first policy's, with a 95%
+    bootstrap interval of the measured ratio (the draws of both policies resampled)."""
+    rng = np.random.default_rng(seed)
+    base = runs[0]
+    base_measured = float(estimate(base, draws[0]).max())
+    base_boot = estimate(base, draws[0], rng.integers(max(1, len(draws[0])), size=(resamples, len(draws[0]))))
+    rows = []
+    for run, mine in zip(runs, draws):
+        per_replica = estimate(run, mine)
+        measured = float(per_replica.max())
+        entry = {"policy": run["policy"], "modelled_seconds": run["seconds"], "measured_seconds": measured,
+                 "measured_replica_seconds": per_replica.tolist(), "draws": len(mine),
+                 "modelled_vs_baseline": run["seconds"] / base["seconds"],
+                 "measured_vs_baseline": measured / base_measured,
+                 "preemptions": run["preemptions"], "recomputed_tokens": run["recomputed_tokens"],
+                 "lower_bound_seconds": run["lower_bound_seconds"],
+                 "inexact_draws": sum(not d["exact"] for d in mine)}
+        if mine:
+            r = np.array([d["measured"] / d["modelled"] for d in mine])
+            entry["measured_over_modelled"] = {"mean": float(r.mean()), "median": float(np.median(r)),
+                                               "p10": float(np.quantile(r, 0.1)), "p90": float(np.quantile(r, 0.9))}
+        if fitted is not None:
+            entry["fitted_modelled_seconds"] = max(float(fitted.segment_seconds(
+                np.ones(len(s["rows"]), dtype=np.int64), s["rows"], s["kv"], s["prefill_tokens"],
+                s["prefill_context"], s["loaded_tokens"]).sum()) for s in run["steps"])
+        if mine and draws[0] and run is not base:
+            boot = estimate(run, mine, rng.integers(len(mine), size=(resamples, len(mine)))).max(axis=1)
+            ratio = boot / base_boot.max(axis=1)
+            entry["measured_vs_baseline_95"] = [float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))]
+        rows.append(entry)
+    if fitted is not None:
+        for entry in rows:
+            entry["fitted_vs_baseline"] = entry["fitted_modelled_seconds"] / rows[0]["fitted_modelled_seconds"]
+    return {"policies": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
+    ap.add_argument("--model", default="qwen3-1.7b", help="a preset of lengthsched/presets (its shapes, random "
+                                                          "weights); the rollout is priced with its H100 preset")
+    ap.add_argument("--quick", action="store_true", help="tiny model, 16 prompts on 2 replicas, 20 draws per policy: "
+                                                         "checks the code path only")
+    ap.add_argument("--workload", default="castillo", help="castillo or 'long tail' (bench_simulate's grid)")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--factor", type=int, default=2, help="KV pool per replica in L_max (4096 tokens)")
+    ap.add_argument("--seed", type=int, default=11, help="the grid's draw (bench_simulate --seed)")
+    ap.add_argument("--predictions", default="realistic", choices=("realistic", "oracle", "constant", "none"))
+    ap.add_argument("--policies", default=DEFAULT_POLICIES,
+                    help="POLICY[:ROUTER], comma-separated; the first is the baseline")
+    ap.add_argument("--fitted", default=str(ROOT / "benchmarks" / "results" / "stepcost_h100_qwen3-1.7b.json"),
+                    help="a fitted StepCost JSON: its modelled seconds of the same steps are reported too ('' none)")
+    ap.add_argument("--draws", type=int, default=400, help="steps drawn per policy at most")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--budget-seconds", type=float, default=300.0, help="stop drawing after this long")
+    ap.add_argument("--out", default=None, help="report JSON (default benchmarks/results/replay_<card>.json)")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    if args.quick:
+        args.prompts, args.replicas, args.draws = 16, 2, min(args.draws, 20)
+
+    import torch
+    import transformers
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device (use --device cpu --quick to check the code path)")
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    preset = preset_for(card) if device.type == "cuda" else "h100"
+    dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype_name]
+    slug = preset if device.type == "cuda" else "cpu"
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"replay_{slug}.json")
+    preset_cfg, cfg, name = model_config(ap, args.model, args.quick)
+    memory = ModelMemory.from_hf_config({**cfg, "_name_or_path": name}, dtype_name)
+    cost = StepCost.from_gpu(memory, "h100", config=cfg)  # what the rollout grid prices with
+    fitted = None
+    if args.fitted and not args.quick:
+        fitted = StepCost.from_json(Path(args.fitted).read_text(encoding="utf-8"))
+
+    runs = simulate(args, cost)
+    rng = np.random.default_rng(args.seed)
+    plans = []  # per policy: (replica, step) drawn with probability proportional to modelled seconds
+    for run in runs:
+        secs = np.concatenate([s["seconds"] for s in run["steps"]])
+        owner = np.concatenate([np.full(len(s["seconds"]), i) for i, s in enumerate(run["steps"])])
+        local = np.concatenate([np.arange(len(s["seconds"])) for s in run["steps"]])
+        pick = rng.choice(len(secs), size=args.draws, p=secs / secs.sum())
+        plans.append([(int(owner[i]), int(local[i])) for i in pick])
+    shapes = {}
+    for run, plan in zip(runs, plans):
+        for rep, i in plan:
+            s = run["steps"][rep]
+            shapes[(rep, i, run["policy"])] = replay_shape(int(s["rows"][i]), int(s["kv"][i]),
+                                                           int(s["prefill_tokens"][i]), int(s["prefill_context"][i]))
+    max_tokens = max(r * c + t if k != "prefill" else c for k, r, c, t, _, _ in shapes.values())
+
+    torch.manual_seed(args.seed)
+    model = build_model(torch, cfg, dtype, device)
+    print(f"{card}: {name}-shaped model, {dtype_name}; KV buffer {max_tokens} tokens; "
+          f"{len(shapes)} drawn steps", flush=True)
+    stepper = Stepper(torch, model, cfg, device, max_tokens, warmup=args.warmup, reps=args.reps,
+                      graphs=not args.eager, seed=args.seed)
+    timed: dict[tuple, dict] = {}  # one measurement per distinct shape
+    draws: list[list[dict]] = [[] for _ in runs]
+    results = {"machine": machine(), "card": card, "device": str(device), "dtype": dtype_name,
+               "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+               "model": "tiny-qwen3 (--quick)" if args.quick else f"{name} shapes, random weights",
+               "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
+               "setting": {"workload": args.workload, "prompts": args.prompts, "group": 16,
+                           "replicas": args.replicas, "pool": f"{args.factor} x L_max", "seed": args.seed,
+                           "predictions": args.predictions},
+               "cost": f"{cost.model} on the {cost.gpu} preset", "fitted": args.fitted or None,
+               "note": "CPU run: checks the code path, not GPU evidence" if device.type != "cuda" else None}
+    deadline = start + args.budget_seconds
+    stopped = None
+    with torch.inference_mode():
+        for k in range(args.draws):  # round robin over the policies: a cut-off run stays balanced
+            if time.monotonic() > deadline:
+                stopped = f"time budget reached after {k} draws per policy"
+                break
+            for p, (run, plan) in enumerate(zip(runs, plans)):
+                rep, i = plan[k]
+                kind, rows, n, chunk, pieces, exact = shape = shapes[(rep, i, run["policy"])]
+                key = shape[:5]
+                if key not in timed:
+                    timed[key] = stepper.step(kind, rows, n, chunk, pieces)
+                s = run["steps"][rep]
+                draws[p].append({"replica": rep, "step": i, "kind": kind, "rows": rows, "context": n, "chunk": chunk,
+                                 "pieces": pieces, "exact": exact, "modelled": float(s["seconds"][i]),
+                                 "measured": timed[key]["seconds"], "cuda_graph": timed[key]["cuda_graph"]})
+            if (k + 1) % 20 == 0 or k + 1 == args.draws:
+                results.update(report(runs, draws, fitted, args.seed), draws_per_policy=k + 1,
+                               distinct_shapes=len(timed), seconds_total=round(time.monotonic() - start, 1))
+                write_json(out, {**results, "samples": [[run["policy"], d] for run, d in zip(runs, draws)]})
+                line = "; ".join(f"{e['policy']} {e['measured_vs_baseline']:.3f} "
+                                 f"(modelled {e['modelled_vs_baseline']:.3f})" for e in results["policies"])
+                print(f"{k + 1} draws each, {len(timed)} shapes, {time.monotonic() - start:.0f} s: {line}", flush=True)
+    stepper.close()
+    results.update(report(runs, draws, fitted, args.seed), stopped=stopped, distinct_shapes=len(timed),
+                   seconds_total=round(time.monotonic() - start, 1))
+    write_json(out, {**results, "samples": [[run["policy"], d] for run, d in zip(runs, draws)]})
+    for e in results["policies"]:
+        ci = e.get("measured_vs_baseline_95")
+        print(f"{e['policy']:>28}: modelled {e['modelled_seconds']:.3f} s ({e['modelled_vs_baseline']:.3f}), "
+              f"measured {e['measured_seconds']:.3f} s ({e['measured_vs_baseline']:.3f}"
+              + (f", 95% {ci[0]:.3f}-{ci[1]:.3f}" if ci else "") + f"), {e['draws']} draws", flush=True)
+    print(f"wrote {out} ({results['seconds_total']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
