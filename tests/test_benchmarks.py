@@ -74,7 +74,7 @@ def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
         assert all(v is None for v in row[7 + replicas:15])
     assert {row[-1] >= 8.0 for row in data["rows"]} == {True, False}  # both branches of steal's rule
     labels = [r[0] for r in data["summary"]]
-    assert "share 1.0, whole groups from 8 pools of predicted tokens per replica (steal's)" in labels
+    assert "share 1.0, whole groups from 6 pools of predicted tokens per replica (steal's)" in labels
     assert "best k per setting (oracle)" in labels
     best = data["summary"][labels.index("best k per setting (oracle)")]
     assert all(best[2] <= r[2] + 1e-12 for r in data["summary"])

@@ -58,7 +58,7 @@ from lengthsched.integrations.demo import (
     placeholder_plan,
     plan_slots,
 )
-from lengthsched.integrations.rollout import place_ways, spread_ways, steal_requests
+from lengthsched.integrations.rollout import CROWDED_POOLS, place_ways, spread_ways, steal_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = [ROOT / "examples" / "vllm_priority.py", ROOT / "examples" / "sglang_priority.py"]
@@ -752,9 +752,10 @@ def test_spread_ways_spreads_as_widely_as_the_pools_hold_the_prompts():
     assert spread_ways([1000] * 64, 32_000, 8, share=0.25) == 1
     assert spread_ways([], 100, 4) == 4 and spread_ways([0, 0], 100, 4) == 4  # no prompt tokens
     assert spread_ways([1000] * 64, 10**9, 1) == 1
-    # a step whose predicted tokens fill every pool 8 times over (the default CROWDED_POOLS): whole groups
-    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=8 * 8 * 64_000) == 1
-    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=8 * 8 * 64_000 - 1) == 8
+    # a step whose predicted tokens fill every pool 6 times over (the default CROWDED_POOLS): whole groups
+    assert CROWDED_POOLS == 6
+    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=6 * 8 * 64_000) == 1
+    assert spread_ways([1000] * 64, 64_000, 8, work_tokens=6 * 8 * 64_000 - 1) == 8
     assert spread_ways([1000] * 64, 64_000, 8, work_tokens=4 * 8 * 64_000, crowded=4) == 1
     assert spread_ways([0] * 64, 64_000, 8, work_tokens=10**12) == 8  # no prompt to save: verl's spread
     for bad, name in (({"share": 0}, "share"), ({"share": float("nan")}, "share"), ({"share": True}, "share"),

@@ -64,9 +64,10 @@ PROMPT_SHARE = 1.0
 #: Whole groups (one replica each) once the step's predicted tokens per replica reach this many KV
 #: pools (:func:`spread_ways` with ``work_tokens``): the pools then stay full and requests wait the
 #: whole step, so replicas that steal rebalance what the predictions got wrong, and each prompt is
-#: prefilled and held once. Set on the four tuning draws of the rollout grid (the largest of 6, 8, 10
-#: that loses nothing there), docs/benchmarks.md, "How widely to spread a group".
-CROWDED_POOLS = 8.0
+#: prefilled and held once. Set on the four tuning draws of the rollout grid with the moves of running
+#: requests on (of 6, 8 and 10, 6 gains most there, with the best worst case, and loses nothing on the
+#: held-out prompts or under the fitted 8B cost), docs/benchmarks.md, "How widely to spread a group".
+CROWDED_POOLS = 6.0
 
 #: The share of the victim's waiting predicted work a drained replica takes (:func:`steal_requests`).
 STEAL_SHARE = 0.5

@@ -22,7 +22,7 @@ while its next block is free, preempted requests back to the front of its own qu
   on fewer replicas while every replica still gets a share of many groups (whole groups, balanced
   only by the predictions, unbalance the replicas whenever those are wrong and the pools then admit
   everything at once, leaving nothing to steal). Whole groups all the same when the step's predicted
-  tokens per replica reach ``CROWDED_POOLS`` (8) KV pools: the pools stay full, requests wait, and
+  tokens per replica reach ``CROWDED_POOLS`` (6) KV pools: the pools stay full, requests wait, and
   stealing rebalances. Each replica is vLLM's engine over its own
   queue (FCFS, eager admission, the newest preempted). A replica whose queue is empty while its live
   requests, grown to their predicted lengths, leave room in its pool steals from the back of the
@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..integrations.rollout import MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
+from ..integrations.rollout import CROWDED_POOLS, MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
 from ..integrations.stealing import StealCoordinator
 from .baselines import VLLMLike
 from .engine import Engine
@@ -350,7 +350,7 @@ class WorkStealing(VLLMLike):
     PLACE = "ways"
     # Whole groups once the predicted tokens per replica reach CROWDED_POOLS pools (spread_ways): the
     # pools stay full, requests wait, and stealing balances what the predictions got wrong.
-    CROWDED_POOLS = 8.0
+    CROWDED_POOLS = CROWDED_POOLS
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = STEAL_SHARE  # take this share of the victim's waiting predicted work, from the back of its queue
     # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
