@@ -282,7 +282,7 @@ class Stepper:
             positions, keep = torch.full((rows, 1), n - 1, device=device), (1 if self.compile else None)
         elif mixed:
             ids = torch.randint(fields["vocab_size"], (1, chunk + rows), device=device, generator=gen)
-            positions = torch.cat([torch.arange(chunk, device=device),
+            positions = torch.cat([torch.arange(chunk, device=device) % (chunk // pieces),  # each piece from 0
                                    torch.full((rows,), n - 1, device=device)]).unsqueeze(0)
             keep = rows + 1  # the chunk's last token and every row
         else:

@@ -94,6 +94,23 @@ def parse_policies(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
+def check_policies(ap, text: str) -> None:
+    """--policies names rollout policies of the registry and routers of simulate.ROUTERS (else a usage error)."""
+    from lengthsched.runtime import POLICIES
+    from simulate import ROUTERS
+
+    try:
+        items = parse_policies(text)
+    except InvalidArgument as exc:
+        ap.error(str(exc))
+    for name, router in items:
+        if name not in POLICIES or not POLICIES[name].rollout:
+            ap.error(f"--policies {text!r}: {name!r} is not a rollout policy; expected one of "
+                     + ", ".join(sorted(n for n, spec in POLICIES.items() if spec.rollout)))
+        if router is not None and router not in ROUTERS:
+            ap.error(f"--policies {text!r}: {router!r} is not a router; expected one of {', '.join(ROUTERS)}")
+
+
 def simulate(args, cost: StepCost) -> list[dict]:
     """Each policy's rollout of the setting: makespan, replica seconds and every step, expanded."""
     from bench_simulate import _rollout_setting
@@ -201,6 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="report JSON (default benchmarks/results/replay_<card>.json)")
     args = ap.parse_args(argv)
     start = time.monotonic()
+    check_policies(ap, args.policies)
     if args.quick:
         args.prompts, args.replicas, args.draws = 16, 2, min(args.draws, 20)
 

@@ -11,7 +11,8 @@
 # Needs python3 with numpy, torch and transformers (the project runs from source, PYTHONPATH=.).
 # Reports go to OUTDIR/replay_<card>_<setting>.json (rewritten every 20 draws per policy, so a run cut
 # off keeps what it measured), the output to OUTDIR/*.log. SETTINGS lists WORKLOAD:PROMPTS:REPLICAS:POOL
-# (POOL in L_max) separated by spaces; each setting gets an equal share of the time.
+# (POOL in L_max) separated by spaces; each setting gets an equal share of the time. MODEL picks the
+# preset (default qwen3-1.7b; qwen3-8b prices and runs the 8B shapes; the report is named ..._<model>).
 #
 # CPU check of the script itself (tiny model, a minute):
 #     DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python bash benchmarks/gpu_replay.sh /tmp/gpu-replay-check
@@ -22,6 +23,8 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 TOTAL=${TOTAL:-540}
 SETTINGS=${SETTINGS:-castillo:64:4:2 long_tail:64:4:2}
+MODEL=${MODEL:-qwen3-1.7b}     # a preset of lengthsched/presets; FITTED: its fitted StepCost JSON
+FITTED=${FITTED:-benchmarks/results/stepcost_h100_${MODEL}.json}
 . "$(dirname "$0")/gpu_common.sh"
 
 {
@@ -35,10 +38,11 @@ for i in "${!LIST[@]}"; do
     IFS=: read -r work prompts replicas pool <<< "${LIST[$i]}"
     share=$(( ($(left) - 10) / (n - i) ))   # seconds for this setting: an equal share of what is left
     name="replay_${CARD}_${work}_${prompts}x16_r${replicas}_pool${pool}"
+    if [ "$MODEL" != qwen3-1.7b ]; then name+="_$MODEL"; fi
     if [ "$share" -lt 60 ]; then echo "== $name: skipped, no time left" | tee -a "$OUT/env.log"; continue; fi
     echo "== $name (timeout ${share}s)" | tee "$OUT/$name.log"
     timeout -k 5 "$share" "$PY" -u benchmarks/gpu_replay.py --device "$DEVICE" --workload "${work//_/ }" \
-        --prompts "$prompts" --replicas "$replicas" --factor "$pool" --budget-seconds $((share - 45)) \
+        --prompts "$prompts" --replicas "$replicas" --factor "$pool" --model "$MODEL" --fitted "$FITTED" --budget-seconds $((share - 45)) \
         --out "$OUT/$name.json" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/$name.log"
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - START)) s" | tee -a "$OUT/$name.log"
 done

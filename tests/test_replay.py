@@ -1,0 +1,164 @@
+"""benchmarks/gpu_replay.py: the simulated steps it replays, the shapes it runs and its estimator
+(docs/benchmarks.md, "Modelled seconds against measured ones"), and RolloutResult.step_logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched.runtime.timing import default_cost
+from simulate import run_rollout
+from simulate.workloads import Group
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import gpu_replay  # noqa: E402
+
+
+def _groups(n: int = 12, size: int = 8, seed: int = 0) -> tuple[list[Group], np.ndarray]:
+    rng = np.random.default_rng(seed)
+    groups = [Group(lengths=rng.integers(20, 900, size=size), prompt_len=int(rng.integers(30, 300)), prompt_id=f"p{i}")
+              for i in range(n)]
+    pred = np.concatenate([np.full(size, int(np.median(g.lengths))) for g in groups])
+    return groups, pred
+
+
+@pytest.mark.parametrize("policy, router", [("vllm", "least_loaded"), ("vllm_priority", "group_round_robin"),
+                                            ("seer", None), ("steal", None)])
+def test_step_logs_are_what_each_replica_is_priced_for(policy, router):
+    """Every replica's StepLog, priced by the rollout's cost, is its modelled seconds; its prefill
+    tokens add up to the result's."""
+    groups, pred = _groups()
+    cost = default_cost()
+    r = run_rollout(groups, policy, router=router, replicas=3, budget_tokens=3000, max_new_tokens=1024,
+                    predicted=pred, cost=cost)
+    assert len(r.step_logs) == 3
+    for log, seconds in zip(r.step_logs, r.replica_seconds):
+        assert log.seconds(cost) == pytest.approx(seconds, rel=1e-9)
+    assert sum(int(log.prefill_tokens.sum()) for log in r.step_logs) == r.prefill_tokens
+
+
+def test_expand_gives_every_step_its_shape_and_price():
+    groups, pred = _groups(seed=1)
+    cost = default_cost()
+    r = run_rollout(groups, "vllm", replicas=2, budget_tokens=2500, max_new_tokens=1024, predicted=pred, cost=cost)
+    for log in r.step_logs:
+        steps = gpu_replay.expand(log, cost)
+        assert len(steps["rows"]) == int(log.steps.sum())
+        assert steps["seconds"].sum() == pytest.approx(log.seconds(cost), rel=1e-9)
+        for name in ("prefill_tokens", "prefill_context", "loaded_tokens"):
+            assert steps[name].sum() == getattr(log, name).sum()
+        # a run of steps reads `rows` more KV tokens each step
+        first = np.concatenate([[0], np.cumsum(log.steps)[:-1]])
+        assert np.array_equal(steps["kv"][first], log.kv_first)
+        long = np.flatnonzero(log.steps > 1)
+        if long.size:
+            i = long[0]
+            assert steps["kv"][first[i] + 1] - steps["kv"][first[i]] == log.rows[i]
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(1, 8192), share=st.floats(0.0, 1.0), rows=st.integers(0, 64), kv=st.integers(0, 10**6))
+def test_replay_shape_matches_the_token_pairs(tokens, share, rows, kv):
+    """Prefill tokens run as p sequences whose token pairs match the logged ones (between one token per
+    sequence and one causal sequence), within the rounding of a piece's length."""
+    one = tokens * (tokens + 1) // 2
+    context = int(tokens + share * (one - tokens))
+    kind, r, n, chunk, pieces, exact = gpu_replay.replay_shape(rows, kv if rows else 0, tokens, context)
+    if rows:
+        assert kind == "mixed" and r == rows and n == max(1, round(kv / rows))
+        total = chunk
+    else:
+        assert kind == "prefill" and r == 0 and chunk == 0
+        total = n
+    assert exact and 1 <= pieces <= tokens and total % pieces == 0 and tokens <= total < tokens + pieces
+    s = total // pieces
+    pairs = pieces * s * (s + 1) // 2
+    assert pairs == pytest.approx(context, rel=0.5, abs=tokens)
+    if rows:
+        assert gpu_replay.replay_shape(rows, kv, 0, 0) == ("decode", rows, max(1, round(kv / rows)), 0, 1, True)
+
+
+def test_replay_shape_flags_a_chunk_after_a_cached_prefix():
+    assert gpu_replay.replay_shape(0, 0, 100, 100 * 101 // 2 + 5000) == ("prefill", 0, 100, 0, 1, False)
+    assert gpu_replay.replay_shape(4, 400, 100, 100 * 101 // 2 + 1) == ("mixed", 4, 100, 100, 1, False)
+
+
+def test_estimator_is_exact_when_the_model_is_off_by_one_factor():
+    """If every step measures c times its modelled seconds, each replica's estimate is c times its
+    modelled seconds whatever was drawn, and the measured ratios between policies are the modelled ones
+    (the bootstrap interval collapses on them)."""
+    runs = [{"policy": "a", "seconds": 10.0, "replica_seconds": [10.0, 8.0], "preemptions": 0,
+             "recomputed_tokens": 0, "lower_bound_seconds": 5.0, "steps": []},
+            {"policy": "b", "seconds": 9.0, "replica_seconds": [7.0, 9.0], "preemptions": 0,
+             "recomputed_tokens": 0, "lower_bound_seconds": 5.0, "steps": []}]
+    rng = np.random.default_rng(0)
+    draws = [[{"replica": int(rng.integers(2)), "modelled": m, "measured": 2.5 * m, "exact": True}
+              for m in rng.uniform(0.001, 0.02, size=30)] for _ in runs]
+    draws[1][0]["replica"], draws[1][1]["replica"] = 0, 1  # both replicas drawn
+    assert gpu_replay.estimate(runs[0], draws[0]) == pytest.approx([25.0, 20.0])
+    report = gpu_replay.report(runs, draws, None, seed=0, resamples=50)["policies"]
+    assert report[1]["measured_vs_baseline"] == pytest.approx(0.9) == report[1]["modelled_vs_baseline"]
+    assert report[1]["measured_vs_baseline_95"] == pytest.approx([0.9, 0.9])
+    assert report[0]["measured_over_modelled"]["median"] == pytest.approx(2.5)
+    # a replica with no draw keeps the pooled ratio
+    only = [d for d in draws[0] if d["replica"] == 0]
+    assert gpu_replay.estimate(runs[0], only) == pytest.approx([25.0, 20.0])
+
+
+def test_gpu_cost_chunk_in_pieces_computes_separate_prefills():
+    """A mixed step whose chunk is two sequences (gpu_cost.StaticKV with pieces=2) gives, in float64, the
+    last token's logits of the second sequence prefilled alone: each piece attends its own tokens."""
+    torch = pytest.importorskip("torch")
+    import gpu_cost
+
+    fields = json.loads((ROOT / "lengthsched" / "presets" / "qwen3-1.7b.json").read_text())
+    fields = {k: v for k, v in fields.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
+    fields.update(gpu_cost.TINY)
+    torch.manual_seed(0)
+    model = gpu_cost.build_model(torch, fields, torch.float64, torch.device("cpu"))
+    layers, heads, dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
+    rows, ctx, piece = 2, 6, 5
+    kv = gpu_cost.StaticKV(torch, layers, heads, dim, rows * ctx + 2 * piece, torch.float64, torch.device("cpu"))
+    gpu_cost.register(kv)
+    model.set_attn_implementation(gpu_cost.ATTENTION)
+    gen = torch.Generator().manual_seed(1)
+    chunk_ids = torch.randint(fields["vocab_size"], (2, piece), generator=gen)
+    row_ids = torch.randint(fields["vocab_size"], (rows, 1), generator=gen)
+    with torch.inference_mode():
+        kv.shape(rows, ctx, False, 2 * piece, pieces=2)
+        positions = torch.cat([torch.arange(2 * piece) % piece, torch.full((rows,), ctx - 1)]).unsqueeze(0)
+        mixed = gpu_cost.forward_fn(torch, model, torch.cat([chunk_ids.flatten(), row_ids[:, 0]]).unsqueeze(0),
+                                    positions, rows + 1)()
+        kv.shape(2, piece, False)
+        prefill = gpu_cost.forward_fn(torch, model, chunk_ids, torch.arange(piece).expand(2, piece), 1)()
+    torch.testing.assert_close(mixed[0, 0], prefill[1, -1], rtol=1e-10, atol=1e-10)
+
+
+def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
+    """The replay's code path (no GPU evidence): every policy simulated, steps drawn and timed, the report
+    written with each policy's modelled and measured makespan; a bad --policies is one usage line."""
+    out = tmp_path / "replay.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                             "--policies", "vllm:least_loaded,steal", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["card"] == "cpu" and "not GPU evidence" in report["note"] and report["draws_per_policy"] == 20
+    base, steal = report["policies"]
+    assert (base["policy"], steal["policy"]) == ("vllm + least_loaded", "steal")
+    assert base["measured_vs_baseline"] == 1.0 and base["modelled_vs_baseline"] == 1.0
+    assert steal["draws"] == 20 and steal["measured_seconds"] > 0 and len(steal["measured_vs_baseline_95"]) == 2
+    assert len(report["samples"]) == 2 and all(d["measured"] > 0 and d["modelled"] > 0
+                                               for _, draws in report["samples"] for d in draws)
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                          "--policies", "vllm:nowhere", "--out", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "'nowhere' is not a router" in bad.stderr and not (tmp_path / "bad.json").exists()
