@@ -178,6 +178,11 @@ class PlannedLoadBalancer:
             self._servers.pop(sid, None)
             self._inflight.pop(sid, None)
 
+    def get_server_handles(self) -> list[Any]:
+        """The registered servers' handles, in replica order (a
+        :class:`~lengthsched.integrations.verl_stealing.StealDriver` polls and aborts through them)."""
+        return [self._servers[sid] for sid in self._inflight]
+
     def get_all_servers(self) -> list[str]:
         """Registered server ids, in replica order (the order priorities are decoded against)."""
         return list(self._inflight)
@@ -361,11 +366,16 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
                 return 1
             return max(1, len(await router.get_all_servers.remote()))
 
+        async def lengthsched_run(self, prompts: Any, plan: RolloutPlan) -> Any:
+            """Run the planned batch: verl's ``generate_sequences`` (a hook: the stealing manager of
+            :mod:`lengthsched.integrations.verl_stealing` runs its driver around it)."""
+            return await super().generate_sequences(prompts)
+
         @wrap
         async def generate_sequences(self, prompts: Any) -> Any:
             planner = self.lengthsched_planner()
             plan, keys = planner.plan_batch(prompts, await self.lengthsched_replicas())
-            output = await super().generate_sequences(prompts)
+            output = await self.lengthsched_run(prompts, plan)
             if not prompts.meta_info.get("validate", False):
                 planner.observe(keys, response_lengths(output))
             work = np.asarray(plan.replica_work, dtype=np.float64)

@@ -1,0 +1,574 @@
+"""Work stealing inside verl's agent-loop rollout: snapshots, request ids, aborts and the poll loop.
+
+:class:`~lengthsched.integrations.StealCoordinator` decides, from per-replica snapshots of the tokens
+each request in flight has generated, which requests to abort on one replica and resubmit (prompt plus
+the tokens so far) on another. This module is the glue that runs it inside verl 0.9.1's agent-loop
+rollout on vLLM 0.24.0 (the version verl 0.9.1's ``vllm`` extra pins). Modelled on these files of the
+released wheels (tested with fakes built from them and, for the client, against verl's real
+``FullyAsyncLLMServerClient``; not run on a verl cluster, a vLLM engine or a GPU):
+
+- vLLM 0.24.0 ``vllm/v1/engine/output_processor.py``: ``OutputProcessor.request_states`` maps the
+  *internal* request id to a ``RequestState``; ``RequestState.external_req_id`` is the id the caller
+  gave, and ``RequestState.detokenizer.num_output_tokens()`` the tokens generated so far (updated at
+  every engine step, also while the request is preempted, when it stops growing);
+  ``OutputProcessor.abort_requests(request_ids, internal)`` (``internal`` has no default) aborts every
+  internal request of an external id and puts a final output with ``finish_reason=ABORT`` and all
+  tokens so far (cumulative outputs) in the request's queue.
+- vLLM 0.24.0 ``vllm/v1/engine/input_processor.py``: ``assign_request_id`` makes the internal id
+  ``f"{external}-{8 random characters}"`` (unless ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION``).
+- vLLM 0.24.0 ``vllm/v1/engine/async_llm.py``: ``AsyncLLM.abort(request_id, internal=False)`` aborts
+  by external id in the output processor and the engine core.
+- verl 0.9.1 ``workers/rollout/vllm_rollout/vllm_async_server.py``: ``vLLMHttpServer`` (a Ray actor per
+  replica node; ``self.engine`` is the ``AsyncLLM`` on node rank 0) calls ``engine.generate(...,
+  request_id=request_id)`` with the id the client sent and answers ``stop_reason="aborted"`` with the
+  tokens so far when vLLM aborted it. Its ``abort_request(request_id, reset_prefix_cache=True)`` looks
+  the *external* id up in ``request_states`` and calls ``abort_requests([request_id])`` without
+  ``internal``: against vLLM 0.24 it finds no request (and would raise TypeError if it did), so it
+  answers ``{"aborted": False}``; nothing in verl 0.9.1 calls it. The server class made here replaces
+  it with one that aborts through ``AsyncLLM.abort``. ``vLLMReplica`` builds its server actors from
+  ``self.server_class = ray.remote(vLLMHttpServer)``; ``workers/rollout/replica.py``'s
+  ``RolloutReplicaRegistry.register(name, loader)`` chooses the replica class per rollout name.
+- verl 0.9.1 ``workers/rollout/llm_server.py``: ``LLMServerClient.generate`` acquires a server from the
+  router (``_acquire_server(request_id, **kwargs)``, ``priority`` among the fields), then sends the
+  request with the id ``_vllm_request_id(request_id)`` (a fresh uuid per attempt unless
+  ``full_determinism``); ``FullyAsyncLLMServerClient.generate`` loops: when an attempt comes back
+  ``"aborted"`` it waits 1 s and calls the base ``generate`` again with ``prompt_ids + tokens so far``
+  and ``max_tokens`` reduced by them, through the router (so :meth:`PlannedLoadBalancer.reroute
+  <lengthsched.integrations.verl.PlannedLoadBalancer.reroute>` decides where it lands). The plain
+  ``LLMServerClient``, which ``ray_trainer.py`` hands the manager, returns an aborted attempt as the
+  final (truncated) answer: stealing needs the fully-async client, which the manager made here installs.
+- verl 0.9.1 ``trainer/ppo/ray_trainer.py`` loads the manager class named by
+  ``rollout.agent.agent_loop_manager_class`` *before* ``LLMServerManager.create`` builds the replicas,
+  which is when :data:`LengthschedStealingAgentLoopManager` registers its vLLM replica class.
+
+The pieces, all importable without verl, Ray, vLLM or torch (the verl-derived classes are made on
+first access, like ``LengthschedAgentLoopManager``):
+
+- :func:`engine_snapshot` and :func:`abort_engine_request`: read and abort through a vLLM ``AsyncLLM``;
+- :func:`make_vllm_server_class` (``LengthschedVLLMHttpServer``: verl's server plus
+  ``lengthsched_snapshot()`` and a working ``abort_request``), :func:`make_vllm_replica_class`,
+  :func:`register_vllm_server`;
+- the request ids: :func:`vllm_request_id` / :func:`parse_vllm_request_id` and
+  :func:`make_stealing_client_class` (``StealingLLMServerClient``: verl's fully-async client whose vLLM
+  ids carry the row's key and the client's request id);
+- :class:`StealDriver`: the asyncio loop that polls the servers, feeds the coordinator and applies its
+  moves (``router.reroute`` + ``server.abort_request(vllm_id, reset_prefix_cache=False)``);
+- :func:`make_stealing_agent_loop_manager_class` (``LengthschedStealingAgentLoopManager``): the
+  planning manager of :mod:`lengthsched.integrations.verl` that runs a driver around every batch,
+  configured by the trainer config's ``lengthsched.steal`` section.
+
+What the coordinator sees differs from the simulator's ``steal_observed`` in ways the docs list
+(docs/howto-verl.md): snapshots every ``poll_interval`` seconds, the client's 1 s wait before a
+resubmission, and a moved request's prompt recomputed where it lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import uuid
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int, check_positive_float
+from .rollout import MOVE_CHUNK, STEAL_SHARE
+from .stealing import Move, StealCoordinator
+
+__all__ = [
+    "STEALING_MANAGER_CLASS",
+    "VLLM_VERSION",
+    "StealDriver",
+    "StealOptions",
+    "abort_engine_request",
+    "engine_snapshot",
+    "make_stealing_agent_loop_manager_class",
+    "make_stealing_client_class",
+    "make_vllm_replica_class",
+    "make_vllm_server_class",
+    "parse_vllm_request_id",
+    "register_vllm_server",
+    "steal_options",
+    "vllm_request_id",
+]
+
+VLLM_VERSION = "0.24.0"  # the vLLM verl 0.9.1 pins (its "vllm" extra): the output processor read here
+STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
+_PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
+_SEP = "~"
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- reading and aborting vLLM
+def _request_states(engine: Any) -> Mapping:
+    processor = getattr(engine, "output_processor", None)
+    states = getattr(processor, "request_states", None)
+    if not isinstance(states, Mapping):
+        raise InvalidArgument("engine", type(engine).__name__,
+                              "a vLLM AsyncLLM (engine.output_processor.request_states: a mapping)")
+    return states
+
+
+def engine_snapshot(engine: Any) -> dict[str, int]:
+    """``{request id: tokens generated so far}`` for every request in flight in a vLLM v1 ``AsyncLLM``
+    (``engine.output_processor.request_states``, vLLM 0.24.0 ``v1/engine/output_processor.py``).
+
+    The id is the one the caller gave (``RequestState.external_req_id``; the state's ``request_id``
+    where that attribute is absent, as in vLLM before internal ids), the count
+    ``RequestState.detokenizer.num_output_tokens()``: tokens of this request only, not those its prompt
+    carries. States without a detokenizer (pooling requests) are left out; several internal requests of
+    one id (parallel sampling) report the most advanced. A read of a dict on the engine's event loop: call
+    it there (verl's server actor runs on it)."""
+    out: dict[str, int] = {}
+    for internal, state in list(_request_states(engine).items()):
+        detokenizer = getattr(state, "detokenizer", None)
+        if detokenizer is None:
+            continue
+        rid = getattr(state, "external_req_id", None) or internal
+        out[rid] = max(out.get(rid, 0), int(detokenizer.num_output_tokens()))
+    return out
+
+
+async def abort_engine_request(engine: Any, request_id: str) -> dict[str, Any]:
+    """Abort the request the caller named ``request_id`` in a vLLM v1 ``AsyncLLM`` through
+    ``AsyncLLM.abort(request_id)`` (external id; vLLM 0.24.0 ``v1/engine/async_llm.py``): its
+    ``generate()`` ends with a final output, ``finish_reason="abort"``, holding the tokens so far.
+
+    Returns verl's answer shape, ``{"aborted": bool, "request_id": ...}``, with ``"generated"`` (tokens
+    of this request when it was aborted: what the caller gets back) when it was found, ``"error"`` when
+    not (it finished, or has not reached the engine yet)."""
+    if not isinstance(request_id, str) or not request_id:
+        raise InvalidArgument("request_id", request_id, "a non-empty vLLM request id")
+    generated = engine_snapshot(engine).get(request_id)
+    if generated is None:
+        return {"aborted": False, "request_id": request_id, "error": f"Request {request_id} not found"}
+    await engine.abort(request_id)
+    return {"aborted": True, "request_id": request_id, "generated": generated}
+
+
+# ----------------------------------------------------------------------------- verl's server, with snapshots
+def make_vllm_server_class(base: type) -> type:
+    """``LengthschedVLLMHttpServer``: ``base`` (verl 0.9.1's ``vLLMHttpServer``) with
+
+    - ``lengthsched_snapshot()`` -> ``{"generated": {vllm id: tokens}, "finished": [vllm ids]}``: the
+      requests in flight (:func:`engine_snapshot`) and those whose ``generate`` returned a completed
+      answer since the previous call (not aborted ones: their client resubmits them). Nodes other
+      than rank 0 hold no engine and answer empty;
+    - ``abort_request(request_id, reset_prefix_cache=True)``: verl's signature and answer, through
+      :func:`abort_engine_request` (verl's own finds nothing under vLLM 0.24's internal ids, see the
+      module docstring); ``reset_prefix_cache`` clears the KV cache as verl's does.
+    """
+
+    class LengthschedVLLMHttpServer(base):  # type: ignore[misc, valid-type]
+        """verl's vLLM server actor with request snapshots for lengthsched's StealDriver."""
+
+        def _lengthsched_finished(self) -> list[str]:
+            done = getattr(self, "_lengthsched_done", None)
+            if done is None:
+                done = self._lengthsched_done = []
+            return done
+
+        async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
+            output = await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
+            if getattr(output, "stop_reason", None) != "aborted":
+                self._lengthsched_finished().append(request_id)
+            return output
+
+        async def lengthsched_snapshot(self) -> dict[str, Any]:
+            finished, self._lengthsched_done = self._lengthsched_finished(), []
+            if getattr(self, "node_rank", 0) != 0:
+                return {"generated": {}, "finished": finished}
+            return {"generated": engine_snapshot(self.engine), "finished": finished}
+
+        async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
+            if getattr(self, "node_rank", 0) != 0:
+                return {"aborted": False, "request_id": request_id}
+            result = await abort_engine_request(self.engine, request_id)
+            if result["aborted"] and reset_prefix_cache:
+                await self.clear_kv_cache()
+            return result
+
+    LengthschedVLLMHttpServer.__module__ = __name__
+    return LengthschedVLLMHttpServer
+
+
+def make_vllm_replica_class(base: type, server_class: type, remote: Any = None) -> type:
+    """``LengthschedVLLMReplica``: ``base`` (verl 0.9.1's ``vLLMReplica``) whose server actors are
+    ``server_class`` (``remote(server_class)``; default ``ray.remote``, imported when the class is made)."""
+    if remote is None:
+        remote = importlib.import_module("ray").remote
+
+    class LengthschedVLLMReplica(base):  # type: ignore[misc, valid-type]
+        """verl's vLLM replica whose server actors expose lengthsched snapshots."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.server_class = remote(server_class)
+
+    LengthschedVLLMReplica.__module__ = __name__
+    return LengthschedVLLMReplica
+
+
+def register_vllm_server(registry: Any = None) -> None:
+    """Make verl build its vLLM replicas as ``LengthschedVLLMReplica`` (``RolloutReplicaRegistry
+    .register("vllm", loader)``, verl 0.9.1 ``workers/rollout/replica.py``). Call it in the trainer
+    process before ``LLMServerManager.create``; the loader imports verl's vLLM server (needs vLLM)
+    only when verl asks for the class. ``registry``: default verl's."""
+    if registry is None:
+        registry = importlib.import_module("verl.workers.rollout.replica").RolloutReplicaRegistry
+    registry.register("vllm", lambda: _lazy("LengthschedVLLMReplica"))
+
+
+# ----------------------------------------------------------------------------- request ids
+def vllm_request_id(key: Any, request_id: str) -> str:
+    """The vLLM request id of one attempt of a request: ``ls:{key}~{request_id}~{random}``, where ``key``
+    names the row for the coordinator (the manager uses the row's unique priority) and ``request_id`` is
+    the client's (the router's sticky key). Unique per attempt, as verl's fresh uuids are."""
+    key = str(key)
+    if not key or _SEP in key:
+        raise InvalidArgument("key", key, f"a non-empty row key without {_SEP!r}")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("request_id", request_id, "the client's request id (a string)")
+    return f"{_PREFIX}{key}{_SEP}{request_id}{_SEP}{uuid.uuid4().hex}"
+
+
+def parse_vllm_request_id(vllm_id: str) -> tuple[str, str] | None:
+    """``(key, client request id)`` of a :func:`vllm_request_id`; None for any other id (requests sent
+    by other clients, which the driver leaves alone)."""
+    if not isinstance(vllm_id, str) or not vllm_id.startswith(_PREFIX):
+        return None
+    key, sep, rest = vllm_id[len(_PREFIX):].partition(_SEP)
+    request_id, sep2, _ = rest.rpartition(_SEP)
+    if not (key and sep and sep2):
+        return None
+    return key, request_id
+
+
+def make_stealing_client_class(base: type) -> type:
+    """``StealingLLMServerClient``: ``base`` (verl 0.9.1's ``FullyAsyncLLMServerClient``, which resubmits
+    an aborted attempt with its tokens through the router) whose vLLM request ids are
+    :func:`vllm_request_id` of the request's ``priority`` (the field the router reads, seen in
+    ``_acquire_server`` just before ``_vllm_request_id`` in the same ``generate`` call) and its request
+    id. A request without a priority keeps verl's id."""
+
+    class StealingLLMServerClient(base):  # type: ignore[misc, valid-type]
+        """verl's fully-async client with vLLM request ids a StealDriver can map back to rows."""
+
+        async def _acquire_server(self, request_id: str, **extra: Any):
+            priority = extra.get("priority")
+            keys = self.__dict__.setdefault("_lengthsched_keys", {})
+            if priority is None:
+                keys.pop(request_id, None)
+            else:
+                keys[request_id] = int(priority)
+            return await super()._acquire_server(request_id, **extra)
+
+        def _vllm_request_id(self, request_id: str) -> str:
+            key = self.__dict__.get("_lengthsched_keys", {}).pop(request_id, None)
+            if key is None:
+                return super()._vllm_request_id(request_id)
+            return vllm_request_id(key, request_id)
+
+    StealingLLMServerClient.__module__ = __name__
+    return StealingLLMServerClient
+
+
+# ----------------------------------------------------------------------------- the driver
+async def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``handle.method(...)`` on a Ray actor handle (``.remote``, awaited) or a plain object."""
+    fn = getattr(handle, method)
+    remote = getattr(fn, "remote", None)
+    out = remote(*args, **kwargs) if remote is not None else fn(*args, **kwargs)
+    return await out if inspect.isawaitable(out) else out
+
+
+@dataclass
+class _Row:
+    request: Hashable
+    replica: int
+    seen: bool = False  # its current attempt appeared in a snapshot
+    carried: int = 0  # tokens of earlier (aborted) attempts, in its prompt now
+    client_id: str | None = None  # the client's request id (the router's key)
+    vllm_id: str | None = None  # its current attempt on the engine
+
+
+@dataclass
+class DriverStats:
+    """What a :class:`StealDriver` did: polls, moves applied, moves cancelled (the abort found nothing,
+    or the request had not reached its engine yet), polls that failed (logged)."""
+
+    polls: int = 0
+    applied: list[Move] = field(default_factory=list)
+    cancelled: int = 0
+    errors: int = 0
+
+
+class StealDriver:
+    """Runs a :class:`StealCoordinator` against verl's vLLM servers and router, in asyncio.
+
+    ``router``: the :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` (a Ray actor handle or
+    the object); ``servers``: the server of each replica, in the router's order (handles of
+    ``LengthschedVLLMHttpServer`` or objects with its ``lengthsched_snapshot`` and ``abort_request``).
+
+    Hooks: :meth:`submit` each request (its key: the one in its vLLM ids, :func:`vllm_request_id`)
+    before or when it is sent, :meth:`finish` when its answer is in (optional: snapshots report finished
+    requests). :meth:`start` polls every ``poll_interval`` seconds until :meth:`stop`; :meth:`poll_once`
+    is one round: every server's snapshot, ``coordinator.observe`` per replica (tokens of aborted
+    attempts added), ``coordinator.decide()``, and for each move ``router.reroute(client request id,
+    target)`` then ``source.abort_request(vllm id, reset_prefix_cache=False)``; the fully-async client
+    resubmits it (prompt plus tokens) through the router, to the target. A move whose abort finds nothing
+    is cancelled (``coordinator.cancel``) and the route restored. A request submitted and not yet seen by
+    its engine counts as waiting there, and cannot move before it is seen.
+    """
+
+    def __init__(self, coordinator: StealCoordinator, router: Any, servers: Sequence[Any], *,
+                 poll_interval: float = 1.0):
+        if not isinstance(coordinator, StealCoordinator):
+            raise InvalidArgument("coordinator", type(coordinator).__name__, "a StealCoordinator")
+        if not hasattr(router, "reroute"):
+            raise InvalidArgument("router", type(router).__name__,
+                                  "a router with reroute(request_id, replica) (PlannedLoadBalancer or its handle)")
+        servers = list(servers) if isinstance(servers, Sequence) and not isinstance(servers, str) else None
+        if servers is None or len(servers) != coordinator.replicas:
+            raise InvalidArgument("servers", servers, f"one server per replica ({coordinator.replicas})")
+        self.coordinator, self.router, self.servers = coordinator, router, servers
+        self.poll_interval = check_positive_float("poll_interval", poll_interval)
+        self.stats = DriverStats()
+        self._rows: dict[str, _Row] = {}
+        self._task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def submit(self, request: Hashable, replica: int, predicted: float, *, prompt_tokens: int = 0,
+               group: Hashable = None) -> None:
+        """``request`` goes to ``replica`` (the coordinator's :meth:`~StealCoordinator.submit`)."""
+        key = str(request)
+        if not key or _SEP in key:
+            raise InvalidArgument("request", request, f"a request key whose text is non-empty and has no {_SEP!r}")
+        self.coordinator.submit(request, replica, predicted, prompt_tokens=prompt_tokens, group=group)
+        self._rows[key] = _Row(request, self.coordinator.replica_of(request))
+
+    def finish(self, request: Hashable) -> None:
+        """``request``'s answer is in."""
+        self._rows.pop(str(request), None)
+        self.coordinator.finish(request)
+
+    # ------------------------------------------------------------------ the loop
+    def start(self) -> None:
+        """Poll in a task of the running event loop until :meth:`stop`."""
+        if self._task is not None and not self._task.done():
+            raise InvalidArgument("start", "already running", "stop() before start() again")
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> DriverStats:
+        """Stop polling (a round under way is cancelled between its awaits); returns :attr:`stats`."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        return self.stats
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a failed round must not fail the rollout; it is logged and counted
+                self.stats.errors += 1
+                log.exception("lengthsched StealDriver: a poll failed")
+            await asyncio.sleep(self.poll_interval)
+
+    async def poll_once(self) -> list[Move]:
+        """One round (see the class docstring); returns the moves applied."""
+        snaps = await asyncio.gather(*[_call(s, "lengthsched_snapshot") for s in self.servers])
+        self.stats.polls += 1
+        for replica, snap in enumerate(snaps):
+            self.coordinator.observe(replica, self._observed(replica, snap))
+        applied = []
+        for move in self.coordinator.decide():
+            if await self._apply(move):
+                applied.append(move)
+        self.stats.applied.extend(applied)
+        return applied
+
+    def _observed(self, replica: int, snap: Mapping[str, Any]) -> dict[Hashable, int]:
+        if not isinstance(snap, Mapping) or not isinstance(snap.get("generated"), Mapping):
+            raise InvalidArgument("snapshot", snap, "{'generated': {vllm id: tokens}, 'finished': [vllm ids]}")
+        for vid in snap.get("finished", ()):
+            parsed = parse_vllm_request_id(vid)
+            row = self._rows.get(parsed[0]) if parsed else None
+            if row is not None and row.vllm_id in (None, vid):
+                self.finish(row.request)
+        out: dict[Hashable, int] = {}
+        for vid, tokens in snap["generated"].items():
+            parsed = parse_vllm_request_id(vid)
+            row = self._rows.get(parsed[0]) if parsed else None
+            if row is None:
+                continue
+            row.seen, row.client_id, row.vllm_id = True, parsed[1], vid
+            out[row.request] = row.carried + check_int("generated", tokens, minimum=0)
+        for row in self._rows.values():  # sent, not yet on its engine: it waits there
+            if not row.seen and row.request not in out and self.coordinator.replica_of(row.request) == replica:
+                out[row.request] = row.carried
+        return out
+
+    async def _apply(self, move: Move) -> bool:
+        row = self._rows.get(str(move.request))
+        if row is None or row.vllm_id is None or not row.seen:
+            self.coordinator.cancel(move)
+            self.stats.cancelled += 1
+            return False
+        await _call(self.router, "reroute", row.client_id, move.target)
+        result = await _call(self.servers[move.source], "abort_request", row.vllm_id, reset_prefix_cache=False)
+        if not (isinstance(result, Mapping) and result.get("aborted")):
+            await _call(self.router, "reroute", row.client_id, move.source)
+            self.coordinator.cancel(move)
+            self.stats.cancelled += 1
+            return False
+        row.carried += int(result.get("generated", max(0, move.generated - row.carried)))
+        row.replica, row.seen, row.vllm_id = move.target, False, None
+        return True
+
+
+# ----------------------------------------------------------------------------- configuration and the manager
+@dataclass(frozen=True)
+class StealOptions:
+    """The trainer config's ``lengthsched.steal`` section: ``pool_tokens`` (KV tokens of one replica's
+    pool, required), ``poll_interval`` (seconds, default 1.0), ``chunk`` (tokens between moves of running
+    requests; null: never move running ones), ``share`` and ``room`` (:class:`StealCoordinator`'s)."""
+
+    pool_tokens: int
+    poll_interval: float = 1.0
+    chunk: int | None = MOVE_CHUNK
+    share: float = STEAL_SHARE
+    room: float = 1.0
+
+    def coordinator(self, replicas: int) -> StealCoordinator:
+        """A coordinator for ``replicas`` with these settings."""
+        return StealCoordinator(replicas, self.pool_tokens, chunk=self.chunk, share=self.share, room=self.room)
+
+
+def steal_options(config: Any) -> StealOptions:
+    """:class:`StealOptions` from a verl trainer config (its ``lengthsched.steal`` section; a mapping)."""
+    section = config.get("lengthsched", None) if hasattr(config, "get") else None
+    steal = section.get("steal", None) if hasattr(section, "get") else None
+    if not hasattr(steal, "get") or steal.get("pool_tokens", None) is None:
+        raise InvalidArgument("lengthsched.steal", steal,
+                              "a section with pool_tokens (KV tokens per replica): +lengthsched.steal.pool_tokens=N")
+    known = {"pool_tokens", "poll_interval", "chunk", "share", "room"}
+    unknown = sorted(set(steal) - known)
+    if unknown:
+        raise InvalidArgument("lengthsched.steal", unknown, f"options among {sorted(known)}")
+    chunk = steal.get("chunk", MOVE_CHUNK)
+    options = StealOptions(
+        pool_tokens=check_int("lengthsched.steal.pool_tokens", steal.get("pool_tokens"), minimum=1),
+        poll_interval=check_positive_float("lengthsched.steal.poll_interval", steal.get("poll_interval", 1.0)),
+        chunk=None if chunk is None else check_int("lengthsched.steal.chunk", chunk, minimum=1),
+        share=check_positive_float("lengthsched.steal.share", steal.get("share", STEAL_SHARE), maximum=1.0),
+        room=check_positive_float("lengthsched.steal.room", steal.get("room", 1.0)),
+    )
+    return options
+
+
+def _prompt_tokens(non_tensor_batch: Mapping[str, Any], rows: int) -> list[int]:
+    ids = non_tensor_batch.get("raw_prompt_ids")
+    return [len(p) for p in ids] if ids is not None and len(ids) == rows else [0] * rows
+
+
+def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> type:
+    """``LengthschedStealingAgentLoopManager``: ``base`` (a planning manager made by
+    :func:`lengthsched.integrations.verl.make_agent_loop_manager_class`) that
+
+    - swaps the client verl hands it for ``client_class`` (:func:`make_stealing_client_class` of verl's
+      ``FullyAsyncLLMServerClient``) on the same router, before its agent-loop workers are made;
+    - around verl's ``generate_sequences`` of every batch runs a :class:`StealDriver`: every row submitted
+      under its priority (its planned replica, predicted length, ``uid`` as group, ``raw_prompt_ids``
+      lengths where present), polling until the batch is done; the router must be a
+      :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` (``get_server_handles``, ``reroute``);
+    - adds ``lengthsched/steals``, ``lengthsched/moves`` and ``lengthsched/steal_cancelled`` to the step's
+      timings. Options: :func:`steal_options` (the ``lengthsched.steal`` section).
+    """
+
+    class LengthschedStealingAgentLoopManager(base):  # type: ignore[misc, valid-type]
+        """lengthsched's planning manager with work stealing between the vLLM replicas."""
+
+        def __init__(self, config, llm_client, *args: Any, **kwargs: Any):
+            self.lengthsched_steal = steal_options(config)
+            if not isinstance(llm_client, client_class):
+                llm_client = client_class(config=llm_client.config, load_balancer_handle=llm_client._load_balancer)
+            super().__init__(config, llm_client, *args, **kwargs)
+            self.lengthsched_driver: StealDriver | None = None
+
+        async def lengthsched_run(self, prompts: Any, plan: Any) -> Any:
+            router = self.llm_client._load_balancer
+            servers = await _call(router, "get_server_handles")
+            driver = StealDriver(self.lengthsched_steal.coordinator(plan.replicas), router, servers,
+                                 poll_interval=self.lengthsched_steal.poll_interval)
+            ntb = prompts.non_tensor_batch
+            uids = np.asarray(ntb["uid"]).tolist()
+            for i, tokens in enumerate(_prompt_tokens(ntb, len(uids))):
+                driver.submit(int(plan.priority[i]), plan.replica[i], plan.predicted[i], prompt_tokens=tokens,
+                              group=uids[i])
+            self.lengthsched_driver = driver
+            driver.start()
+            try:
+                output = await super().lengthsched_run(prompts, plan)
+            finally:
+                stats = await driver.stop()
+            timing = output.meta_info.setdefault("timing", {})
+            timing["lengthsched/steals"] = sum(m.kind == "steal" for m in stats.applied)
+            timing["lengthsched/moves"] = sum(m.kind == "move" for m in stats.applied)
+            timing["lengthsched/steal_cancelled"] = stats.cancelled
+            return output
+
+    LengthschedStealingAgentLoopManager.__module__ = __name__
+    return LengthschedStealingAgentLoopManager
+
+
+# ----------------------------------------------------------------------------- classes made from verl on access
+_MADE: dict[str, type] = {}
+
+
+def _import(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(f"verl is not installed (or its vLLM server needs vLLM {VLLM_VERSION}): pip install "
+                          f"'lengthsched[verl]': {exc}") from None
+
+
+def _lazy(name: str) -> type:
+    if name in _MADE:
+        return _MADE[name]
+    if name == "LengthschedVLLMHttpServer":
+        made = make_vllm_server_class(_import("verl.workers.rollout.vllm_rollout.vllm_async_server").vLLMHttpServer)
+    elif name == "LengthschedVLLMReplica":
+        made = make_vllm_replica_class(_import("verl.workers.rollout.vllm_rollout.vllm_async_server").vLLMReplica,
+                                       _lazy("LengthschedVLLMHttpServer"))
+    elif name == "StealingLLMServerClient":
+        made = make_stealing_client_class(_import("verl.workers.rollout.llm_server").FullyAsyncLLMServerClient)
+    else:  # LengthschedStealingAgentLoopManager
+        from . import verl as lv
+
+        made = make_stealing_agent_loop_manager_class(lv.LengthschedAgentLoopManager, _lazy("StealingLLMServerClient"))
+        register_vllm_server()
+    _MADE[name] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """The verl-derived classes, made on first access (verl loads the manager by name):
+    ``LengthschedStealingAgentLoopManager`` (also registers ``LengthschedVLLMReplica`` for ``vllm``),
+    ``StealingLLMServerClient``, ``LengthschedVLLMHttpServer`` and ``LengthschedVLLMReplica`` (need vLLM)."""
+    if name not in ("LengthschedStealingAgentLoopManager", "StealingLLMServerClient", "LengthschedVLLMHttpServer",
+                    "LengthschedVLLMReplica"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _lazy(name)
