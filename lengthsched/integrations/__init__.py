@@ -28,7 +28,9 @@ each module's docstring names the files).
   (which running requests move to a replica that sits idle); :class:`StealCoordinator` makes both
   decisions from snapshots a framework can take, as :class:`Move` s to abort and resubmit.
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
-  :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`).
+  :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`); stealing inside verl's rollout:
+  :mod:`lengthsched.integrations.verl_stealing` (``LengthschedStealingAgentLoopManager``, the vLLM
+  server's snapshots, :class:`StealDriver`).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
   :func:`trl_vllm_engine_args` (:mod:`lengthsched.integrations.trl_vllm`).
 - Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM blocks /
@@ -78,6 +80,7 @@ from .sglang_adapter import (
 from .stealing import Move, StealCoordinator
 from .trl_vllm import make_vllm_rollout_func, trl_vllm_config, trl_vllm_engine_args
 from .verl import PlannedLoadBalancer, verl_rollout_config
+from .verl_stealing import StealDriver
 from .vllm_adapter import (
     VLLM_CONCURRENCY_ARGS,
     VLLM_KV_POOLS,
@@ -122,6 +125,7 @@ __all__ = [
     "MOVE_CHUNK",
     "Move",
     "StealCoordinator",
+    "StealDriver",
     "PLACEMENTS",
     "plan_concurrency",
     "plan_kv_bytes",
