@@ -24,19 +24,19 @@ send it to the engines. Three placements, all static (decided once per batch):
   over the multi-replica CASTILLO settings (preset); with prompt-only predictions 1.18x SLOWER on
   average. See docs/benchmarks.md, "Length classes".
 
-The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.4% faster
-than vLLM + verl on the same settings, never slower there by more than 0.1%; 2.5% over four draws of
-them, slower in 5 of 360 by more than 0.1%, by at most 1.5%): each group spread over as many replicas
+The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.7% faster
+than vLLM + verl on the same settings, never slower there by more than 0.1%; 2.7% over four draws of
+them, slower in 4 of 360 by more than 0.1%, by at most 0.9%): each group spread over as many replicas
 as the pools hold its prompts (whole groups in steps that keep every pool full; :func:`spread_ways`,
 :func:`place_ways`), replicas that steal waiting requests from each other as they drain
 (:func:`steal_requests`), and running requests moved to replicas that fell idle every
 :data:`MOVE_CHUNK` tokens (:func:`move_requests`). Most of what it gains comes from moving partial
-generations, requests the engine preempted or that run (moving only requests that never started: 0.5%
-faster than vLLM + verl instead of 2.5% over four draws; docs/benchmarks.md, "What stealing gains, and
+generations, requests the engine preempted or that run (moving only requests that never started: 0.4%
+faster than vLLM + verl instead of 2.7% over four draws; docs/benchmarks.md, "What stealing gains, and
 from what"), so a framework must abort a request on one engine and resubmit its prompt plus its partial
 generation on another. :class:`~lengthsched.integrations.StealCoordinator` makes those decisions from
-snapshots a framework can take; the verl and TRL integrations here send a static plan and do not run
-it yet.
+snapshots a framework can take; :mod:`lengthsched.integrations.verl_stealing` runs it inside verl's
+agent-loop rollout (not yet on a cluster); the TRL integration sends a static plan.
 
 Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower runs first).
 """
