@@ -741,6 +741,55 @@ def test_plan_rollout_places_length_classes_as_the_simulator_does():
         RolloutPlanner(placement="classes")
 
 
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=12), replicas=st.integers(1, 6),
+       pool=st.integers(600, 40_000), data=st.data())
+def test_plan_rollout_ways_is_steals_placement(sizes, replicas, pool, data):
+    """placement='ways': the placement of the simulator's steal (spread_ways over the groups' prompts and
+    the step's predicted work, then place_ways), whatever the order of the batch's rows: a group's rows
+    get the replicas they would get with the rows grouped, in batch order within the group."""
+    predicted = [data.draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n)) for n in sizes]
+    prompts = data.draw(st.lists(st.integers(0, 500), min_size=len(sizes), max_size=len(sizes)))
+    grouped = [g for g, n in enumerate(sizes) for _ in range(n)]
+    flat = [x for group in predicted for x in group]
+    work = float(sum(flat))
+    ways = spread_ways(prompts, pool, replicas, work_tokens=work or None)
+    expected = place_ways(np.asarray(flat, dtype=np.float64), sizes, replicas, ways)
+    common = dict(replicas=replicas, placement="ways", budget_tokens=pool)
+    plan = plan_rollout([f"uid-{g}" for g in grouped], flat, prompt_lens=[prompts[g] for g in grouped], **common)
+    assert plan.placement == "ways" and list(plan.replica) == list(expected)  # the batch grouped, as verl sends it
+    # rows in any order: the groups taken in order of first appearance, each group's rows in batch order
+    order = data.draw(st.permutations(range(len(flat))))
+    plan = plan_rollout([f"uid-{grouped[i]}" for i in order], [flat[i] for i in order],
+                        prompt_lens=[prompts[grouped[i]] for i in order], **common)
+    first = list(dict.fromkeys(grouped[i] for i in order))
+    rows = [[row for row, i in enumerate(order) if grouped[i] == g] for g in first]
+    again = place_ways(np.asarray([flat[order[row]] for rs in rows for row in rs], dtype=np.float64),
+                       [len(rs) for rs in rows], replicas, ways)
+    assert [plan.replica[row] for rs in rows for row in rs] == list(again)
+    for r in range(replicas):
+        rows = plan.rows_on(r)
+        assert [plan.predicted[i] for i in rows] == sorted((plan.predicted[i] for i in rows), reverse=True)
+        assert all(decode_replica(plan.priority[i], replicas) == r for i in rows)
+
+
+def test_plan_rollout_ways_names_what_it_needs():
+    keys, pred = ["a", "a", "b", "b"], [10, 20, 30, 40]
+    for missing in ("prompt_lens", "budget_tokens"):
+        args = {"prompt_lens": [5, 5, 7, 7], "budget_tokens": 100} | {missing: None}
+        with pytest.raises(InvalidArgument, match=f"'{missing}'"):
+            plan_rollout(keys, pred, replicas=2, placement="ways", **args)
+    with pytest.raises(InvalidArgument, match="'budget_tokens'"):
+        plan_rollout(keys, pred, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7], budget_tokens=0)
+    with pytest.raises(InvalidArgument, match="'ways'"):  # the message lists every placement
+        plan_rollout(keys, pred, replicas=2, placement="nowhere")
+    # pools that hold every prompt: verl's spread; a step that fills every pool 6 times over: whole groups
+    assert plan_rollout(keys, pred, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7],
+                        budget_tokens=100).replica == (0, 1, 0, 1)
+    whole = plan_rollout(keys, [600] * 4, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7], budget_tokens=100)
+    assert whole.group_replica[0] != -1 and whole.group_replica[1] != -1
+
+
 # ---------------------------------------------------------------------------------- spreading ways
 
 

@@ -423,6 +423,47 @@ def test_planner_groups_by_uid_and_predicts_per_prompt():
         wrong_count.plan(rollout_batch(False, 1).non_tensor_batch, 1)
 
 
+def test_batch_prompt_tokens_counts_ids_or_estimates_from_the_chat_messages():
+    ids = np.empty(2, dtype=object)
+    ids[:] = [[1, 2, 3], [4]]
+    assert lv.batch_prompt_tokens({"raw_prompt_ids": ids}, 2) == [3, 1]
+    raw = np.empty(3, dtype=object)
+    raw[:] = [[{"role": "user", "content": "x" * 40}], [{"role": "system", "content": "abc"},
+                                                        {"role": "user", "content": "d" * 9}], "y" * 9]
+    # characters / 4 (rounded up) + 4 tokens per message; a plain string has no template
+    assert lv.batch_prompt_tokens({"raw_prompt": raw}, 3) == [10 + 4, 3 + 8, 3]
+    assert lv.batch_prompt_tokens({"uid": np.arange(3)}, 3) == [0, 0, 0]
+    assert lv.batch_prompt_tokens({"raw_prompt": raw}, 2) == [0, 0]  # not one per row: unknown
+    with pytest.raises(InvalidArgument, match="argument 'rows'"):
+        lv.batch_prompt_tokens({}, -1)
+
+
+def test_planner_with_steals_placement():
+    """placement='ways' (the simulator's steal placement, for the stealing manager): plan_rollout's with
+    each row's prompt tokens and the pool; it needs pool_tokens, which the config gives as
+    lengthsched.pool_tokens or lengthsched.steal.pool_tokens."""
+    batch = rollout_batch(False, 1)
+    ntb = batch.non_tensor_batch
+    planner = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), max_new_tokens=512, placement="ways",
+                                pool_tokens=300)
+    plan, _ = planner.plan(ntb, replicas=3)
+    expected = plan_rollout(ntb["uid"].tolist(), [100] * 24, replicas=3, placement="ways",
+                            prompt_lens=lv.batch_prompt_tokens(ntb, 24), budget_tokens=300)
+    assert plan.placement == "ways" and plan.replica == expected.replica
+    with pytest.raises(InvalidArgument, match="argument 'pool_tokens'"):
+        lv.RolloutPlanner(placement="ways")
+    with pytest.raises(InvalidArgument, match="argument 'placement'"):
+        lv.RolloutPlanner(placement="classes")
+    from_steal = lv.planner_from_config(trainer_config(placement="ways", steal={"pool_tokens": 300}))
+    assert from_steal.placement == "ways" and from_steal.pool_tokens == 300
+    assert lv.planner_from_config(trainer_config(placement="ways", pool_tokens=200)).pool_tokens == 200
+    assert lv.planner_from_config(trainer_config(steal={"pool_tokens": 300})).placement == "spread"
+    by_default = lv.planner_from_config(trainer_config(steal={"pool_tokens": 300}), default_placement="ways")
+    assert by_default.placement == "ways" and by_default.pool_tokens == 300
+    with pytest.raises(InvalidArgument, match="argument 'pool_tokens'"):
+        lv.planner_from_config(trainer_config(placement="ways"))
+
+
 @pytest.fixture
 def predictors(monkeypatch):
     """A module ``lengthsched_test_predictors`` with a predictor factory ``make``."""

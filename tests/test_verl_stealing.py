@@ -547,8 +547,12 @@ def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_repor
     driver = manager.lengthsched_driver
     assert driver.stats.polls > 0 and driver._task is None
     assert timing["lengthsched/steals"] + timing["lengthsched/moves"] == len(driver.stats.applied)
+    assert manager.lengthsched_planner().placement == "groups"  # as the config says
     with pytest.raises(InvalidArgument, match="lengthsched.steal"):
         manager_cls(trainer_config(), plain)
+    # without a lengthsched.placement the stealing manager plans with steal's placement and the steal pool
+    default = manager_cls(trainer_config(steal={"pool_tokens": 300}), plain).lengthsched_planner()
+    assert default.placement == "ways" and default.pool_tokens == 300
 
 
 def test_the_verl_classes_need_verl_only_when_asked_for():

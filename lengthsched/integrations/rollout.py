@@ -3,7 +3,7 @@
 :func:`plan_rollout` computes, for a batch as a framework hands it over (one row per completion, a
 group key per row), the replica of every row and an engine priority that runs each replica's rows
 longest predicted first (vLLM's ``scheduling_policy="priority"``); the verl and TRL integrations
-send it to the engines. Three placements, all static (decided once per batch):
+send it to the engines. Four placements, all static (decided once per batch):
 
 - ``"spread"`` (the default): row i to replica ``i mod R``, as verl's router spreads a batch
   submitted at once (a group's samples over the replicas). With the priorities this is the
@@ -23,6 +23,12 @@ send it to the engines. Three placements, all static (decided once per batch):
   (:func:`lengthsched.placement.recommend_rollout_policy` says when), 8.5% faster than vLLM + verl
   over the multi-replica CASTILLO settings (preset); with prompt-only predictions 1.18x SLOWER on
   average. See docs/benchmarks.md, "Length classes".
+- ``"ways"``: the placement of the simulator's ``steal`` (:func:`spread_ways`, :func:`place_ways`):
+  each group spread over as many replicas as the pools hold its prompts, whole groups when the
+  step's predicted tokens fill every pool :data:`CROWDED_POOLS` times over. It needs the rows' prompt
+  lengths and each replica's KV pool. On its own (no stealing) it is no faster than verl's spread
+  (1.003 of vLLM + verl over four draws of the grid, up to 1.251x slower): it is the placement to run
+  with a framework that steals as the replicas drain (:mod:`lengthsched.integrations.verl_stealing`).
 
 The simulator's recommended rollout policy is ``steal`` (``simulate.DEFAULT_POLICY``, 2.7% faster
 than vLLM + verl on the same settings, never slower there by more than 0.1%; 2.7% over four draws of
@@ -73,8 +79,9 @@ CROWDED_POOLS = 6.0
 STEAL_SHARE = 0.5
 
 #: The placements :func:`plan_rollout` knows (see the module docstring): ``spread`` (verl's, the
-#: default), ``groups`` (whole groups by predicted work) and ``classes`` (length classes).
-PLACEMENTS = ("spread", "groups", "classes")
+#: default), ``groups`` (whole groups by predicted work), ``classes`` (length classes) and ``ways``
+#: (``steal``'s: each group over as many replicas as the pools hold its prompts).
+PLACEMENTS = ("spread", "groups", "classes", "ways")
 
 # Engines take 64-bit signed priorities (vLLM's OpenAI protocol and SGLang's tokenizer manager
 # both reject values outside [-2**63, 2**63)).
@@ -304,7 +311,9 @@ def check_placement(placement: Any, allowed: Sequence[str] = PLACEMENTS) -> str:
     :class:`InvalidArgument` naming it."""
     meaning = {"spread": "'spread' (verl's: row i to replica i mod replicas)",
                "groups": "'groups' (whole groups by predicted work)",
-               "classes": "'classes' (length classes; needs prompt_lens, budget_tokens, max_new_tokens)"}
+               "classes": "'classes' (length classes; needs prompt_lens, budget_tokens, max_new_tokens)",
+               "ways": "'ways' (steal's: groups over as many replicas as the pools hold their prompts; needs "
+                       "prompt_lens, budget_tokens)"}
     if placement not in allowed:
         raise InvalidArgument("placement", placement, " or ".join(meaning[a] for a in allowed))
     return placement
@@ -324,10 +333,12 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         base: added to every priority (>= 0, a multiple of ``replicas`` so that
             :func:`decode_replica` still reads the replica), e.g. to keep calls' priorities apart.
         placement: ``"spread"`` (row i to replica i mod ``replicas``, as verl routes a batch; the
-            default), ``"groups"`` (whole groups by predicted work, :func:`place_groups`) or
-            ``"classes"`` (length classes); see the module docstring for what each measured.
-        prompt_lens: per row, its prompt's length in tokens (``"classes"`` only).
-        budget_tokens: each replica's KV pool in tokens, prompts included (``"classes"`` only).
+            default), ``"groups"`` (whole groups by predicted work, :func:`place_groups`),
+            ``"classes"`` (length classes) or ``"ways"`` (``steal``'s: :func:`spread_ways` and
+            :func:`place_ways` over the groups in order of first appearance); see the module
+            docstring for what each measured.
+        prompt_lens: per row, its prompt's length in tokens (``"classes"`` and ``"ways"``).
+        budget_tokens: each replica's KV pool in tokens, prompts included (``"classes"`` and ``"ways"``).
         max_new_tokens: the longest a completion may be, in tokens (``"classes"`` only).
         cost: the step-cost model (:class:`lengthsched.cost.StepCost`; ``"classes"`` only; default
             Qwen3-1.7B on the H100 preset).
@@ -356,6 +367,8 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
     else:
         if placement == "classes":
             replica = _classes(pred, group, len(index), replicas, prompt_lens, budget_tokens, max_new_tokens, cost)
+        elif placement == "ways":
+            replica = _ways(pred, group, len(index), replicas, prompt_lens, budget_tokens)
         else:
             replica = [i % replicas for i in range(len(keys))]
         seen: dict[int, set[int]] = {}
@@ -378,22 +391,45 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
                        group_replica=tuple(group_replica), replica_work=tuple(replica_work), placement=placement)
 
 
+def _group_prompts(group: list[int], groups: int, prompt_lens: Any, values: dict[str, Any],
+                   placement: str) -> np.ndarray:
+    """Each group's prompt length (tokens; rows of one group share it), checking that ``values`` (the
+    arguments ``placement`` needs besides ``prompt_lens``) are given."""
+    for name, value in (("prompt_lens", prompt_lens), *values.items()):
+        if value is None:
+            raise InvalidArgument(name, None, f"a value: placement={placement!r} needs prompt_lens, "
+                                              + ", ".join(values))
+    rows = as_lengths("prompt_lens", prompt_lens, minimum=0)
+    if len(rows) != len(group):
+        raise InvalidArgument("prompt_lens", f"{len(rows)} values", f"{len(group)} values, one per row")
+    per_group = np.zeros(groups, dtype=np.int64)
+    np.maximum.at(per_group, np.asarray(group), rows)
+    return per_group
+
+
+def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any,
+          budget_tokens: Any) -> list[int]:
+    """The replica of every row for ``placement="ways"`` (see :func:`plan_rollout`): the simulator's
+    ``steal`` placement of the groups in order of first appearance (rows of a group in batch order)."""
+    per_group = _group_prompts(group, groups, prompt_lens, {"budget_tokens": budget_tokens}, "ways")
+    budget = check_int("budget_tokens", budget_tokens, minimum=1)
+    order = np.argsort(np.asarray(group, dtype=np.int64), kind="stable")  # rows grouped, batch order within
+    sizes = np.bincount(np.asarray(group, dtype=np.int64), minlength=groups)
+    ways = spread_ways(per_group, budget, replicas, work_tokens=float(pred.sum()) or None)
+    placed = place_ways(pred[order].astype(np.float64), sizes, replicas, ways)
+    replica = np.empty(len(group), dtype=np.int64)
+    replica[order] = placed
+    return [int(r) for r in replica]
+
+
 def _classes(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any, budget_tokens: Any,
              max_new_tokens: Any, cost: Any) -> list[int]:
     """The replica of every row for ``placement="classes"`` (see :func:`plan_rollout`)."""
     from ..runtime.replicas import plan_classes
     from ..runtime.timing import default_cost
 
-    for name, value in (("prompt_lens", prompt_lens), ("budget_tokens", budget_tokens),
-                        ("max_new_tokens", max_new_tokens)):
-        if value is None:
-            raise InvalidArgument(name, None, "a value: placement='classes' needs the prompts' lengths, the KV pool "
-                                              "and max_new_tokens")
-    rows = as_lengths("prompt_lens", prompt_lens, minimum=0)
-    if len(rows) != len(group):
-        raise InvalidArgument("prompt_lens", f"{len(rows)} values", f"{len(group)} values, one per row")
-    per_group = np.zeros(groups, dtype=np.int64)
-    np.maximum.at(per_group, np.asarray(group), rows)  # rows of one group share its prompt
+    per_group = _group_prompts(group, groups, prompt_lens,
+                               {"budget_tokens": budget_tokens, "max_new_tokens": max_new_tokens}, "classes")
     placed = plan_classes(pred, np.asarray(group, dtype=np.int64), per_group, replicas=replicas,
                           budget_tokens=budget_tokens, max_new_tokens=max_new_tokens,
                           cost=default_cost() if cost is None else cost)

@@ -66,12 +66,15 @@ from .sglang_adapter import sglang_setup
 from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "MANAGER_CLASS",
     "ROUTER_CLASS",
     "VERL_VERSION",
     "PlannedLoadBalancer",
     "RolloutPlanner",
+    "TOKENS_PER_MESSAGE",
     "VerlRolloutConfig",
+    "batch_prompt_tokens",
     "make_agent_loop_manager_class",
     "prompt_key",
     "verl_rollout_config",
@@ -231,12 +234,19 @@ class RolloutPlanner:
     before anything is known, capped at ``max_new_tokens``). A predictor with ``observe`` is fed
     every row's response length after each training batch (not after validation batches, whose
     sampling differs), one rollout step per batch. ``placement``: :func:`plan_rollout`'s, ``spread``
-    (verl's routing, the default) or ``groups`` (whole groups by predicted work).
+    (verl's routing, the default), ``groups`` (whole groups by predicted work) or ``ways`` (the
+    simulator's ``steal`` placement, for a rollout that steals:
+    :mod:`lengthsched.integrations.verl_stealing`; it needs ``pool_tokens``, each replica's KV pool in
+    tokens, and reads each row's prompt length with :func:`batch_prompt_tokens`).
     """
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
-                 placement: str = "spread"):
-        self.placement = check_placement(placement, ("spread", "groups"))  # classes: not wired to verl yet
+                 placement: str = "spread", pool_tokens: int | None = None):
+        # classes: not wired to verl yet
+        self.placement = check_placement(placement, ("spread", "groups", "ways"))
+        if placement == "ways" or pool_tokens is not None:
+            pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
+        self.pool_tokens = pool_tokens
         if max_new_tokens is not None:
             max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
         if predictor is None:
@@ -268,7 +278,11 @@ class RolloutPlanner:
             first.setdefault(u, i)
         per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
                                                     max_new_tokens=self.max_new_tokens)))
-        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=self.placement)
+        extra = {}
+        if self.placement == "ways":
+            extra = {"prompt_lens": batch_prompt_tokens(non_tensor_batch, len(uids)), "budget_tokens": self.pool_tokens}
+        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=self.placement,
+                            **extra)
         self.last_plan = plan
         return plan, keys
 
@@ -284,6 +298,37 @@ class RolloutPlanner:
         rollout step. Returns the rows fed (0 for a predictor without ``observe``)."""
         self.steps += 1
         return observe_lengths(self.predictor, keys, lengths, step=self.steps)
+
+
+#: Characters per token and tokens per chat message (its template) of :func:`batch_prompt_tokens`' estimate.
+CHARS_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+
+
+def batch_prompt_tokens(non_tensor_batch: Mapping[str, Any], rows: int) -> list[int]:
+    """Each row's prompt length in tokens: ``raw_prompt_ids`` where the batch has them (exact), else an
+    estimate from ``raw_prompt`` (verl's dataset keeps the chat messages there, not token ids):
+    :data:`CHARS_PER_TOKEN` characters a token of text plus :data:`TOKENS_PER_MESSAGE` tokens per
+    message for the chat template; zeros when the batch has neither (then the prompts are taken to be
+    free, and the ``ways`` placement spreads every group as verl does)."""
+    rows = check_int("rows", rows, minimum=0)
+    ids = non_tensor_batch.get("raw_prompt_ids")
+    if ids is not None and len(ids) == rows:
+        return [len(p) for p in ids]
+    prompts = non_tensor_batch.get("raw_prompt")
+    if prompts is None or len(prompts) != rows:
+        return [0] * rows
+    out = []
+    for p in prompts:
+        if isinstance(p, np.ndarray):
+            p = p.tolist()
+        if isinstance(p, str):
+            out.append(-(-len(p) // CHARS_PER_TOKEN))
+            continue
+        messages = list(p) if isinstance(p, (list, tuple)) else [p]
+        chars = sum(len(str(m.get("content", ""))) if isinstance(m, Mapping) else len(str(m)) for m in messages)
+        out.append(-(-chars // CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages))
+    return out
 
 
 def response_lengths(output: Any) -> list[int]:
@@ -315,11 +360,13 @@ def _options(config: Any) -> dict[str, Any]:
     return {key: section[key] for key in section}
 
 
-def planner_from_config(config: Any) -> RolloutPlanner:
+def planner_from_config(config: Any, default_placement: str = "spread") -> RolloutPlanner:
     """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
     ('module:callable' returning a LengthPredictor, or absent for the online predictor),
     ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``,
-    ``lengthsched.placement`` (``spread``, the default, or ``groups``)."""
+    ``lengthsched.placement`` (``spread``, ``groups`` or ``ways``; default ``default_placement``),
+    ``lengthsched.pool_tokens`` (each replica's KV pool in tokens, for ``ways``; else
+    ``lengthsched.steal.pool_tokens``)."""
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
@@ -329,8 +376,13 @@ def planner_from_config(config: Any) -> RolloutPlanner:
         limit = int(config.actor_rollout_ref.rollout.response_length)
     except (AttributeError, TypeError, ValueError):
         limit = None
+    pool = options.get("pool_tokens")
+    steal = options.get("steal")
+    if pool is None and isinstance(steal, Mapping):
+        pool = steal.get("pool_tokens")
+    placement = options.get("placement", default_placement)
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
-                          placement=options.get("placement", "spread"))
+                          placement=placement, pool_tokens=pool if placement == "ways" else None)
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:

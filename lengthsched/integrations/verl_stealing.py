@@ -78,6 +78,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
+from .verl import RolloutPlanner, batch_prompt_tokens, planner_from_config
 
 __all__ = [
     "STEALING_MANAGER_CLASS",
@@ -478,20 +479,18 @@ def steal_options(config: Any) -> StealOptions:
     return options
 
 
-def _prompt_tokens(non_tensor_batch: Mapping[str, Any], rows: int) -> list[int]:
-    ids = non_tensor_batch.get("raw_prompt_ids")
-    return [len(p) for p in ids] if ids is not None and len(ids) == rows else [0] * rows
-
-
 def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> type:
     """``LengthschedStealingAgentLoopManager``: ``base`` (a planning manager made by
     :func:`lengthsched.integrations.verl.make_agent_loop_manager_class`) that
 
     - swaps the client verl hands it for ``client_class`` (:func:`make_stealing_client_class` of verl's
       ``FullyAsyncLLMServerClient``) on the same router, before its agent-loop workers are made;
+    - plans with ``steal``'s placement (``placement="ways"``, each replica's pool ``pool_tokens``) unless
+      the config names a ``lengthsched.placement``: verl's spread with stealing is what the simulator
+      measured slower (docs/benchmarks.md, "How widely to spread a group");
     - around verl's ``generate_sequences`` of every batch runs a :class:`StealDriver`: every row submitted
-      under its priority (its planned replica, predicted length, ``uid`` as group, ``raw_prompt_ids``
-      lengths where present), polling until the batch is done; the router must be a
+      under its priority (its planned replica, predicted length, ``uid`` as group, its prompt tokens from
+      :func:`~lengthsched.integrations.verl.batch_prompt_tokens`), polling until the batch is done; the router must be a
       :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` (``get_server_handles``, ``reroute``);
     - adds ``lengthsched/steals``, ``lengthsched/moves`` and ``lengthsched/steal_cancelled`` to the step's
       timings. Options: :func:`steal_options` (the ``lengthsched.steal`` section).
@@ -507,6 +506,13 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
             super().__init__(config, llm_client, *args, **kwargs)
             self.lengthsched_driver: StealDriver | None = None
 
+        def lengthsched_planner(self) -> RolloutPlanner:
+            """The planner: ``steal``'s placement (``ways``) unless the config names another."""
+            planner = getattr(self, "_lengthsched_planner", None)
+            if planner is None:
+                planner = self._lengthsched_planner = planner_from_config(self.config, default_placement="ways")
+            return planner
+
         async def lengthsched_run(self, prompts: Any, plan: Any) -> Any:
             router = self.llm_client._load_balancer
             servers = await _call(router, "get_server_handles")
@@ -514,7 +520,7 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
                                  poll_interval=self.lengthsched_steal.poll_interval)
             ntb = prompts.non_tensor_batch
             uids = np.asarray(ntb["uid"]).tolist()
-            for i, tokens in enumerate(_prompt_tokens(ntb, len(uids))):
+            for i, tokens in enumerate(batch_prompt_tokens(ntb, len(uids))):
                 driver.submit(int(plan.priority[i]), plan.replica[i], plan.predicted[i], prompt_tokens=tokens,
                               group=uids[i])
             self.lengthsched_driver = driver
