@@ -246,8 +246,9 @@ def rollout_headline(comparison: RolloutComparison) -> str:
     if any(r.policy == DEFAULT_POLICY for r in done):
         line += (f"; {DEFAULT_POLICY} moves waiting and running requests between engines with their partial "
                  "generations: a framework runs it by aborting and resubmitting them "
-                 "(lengthsched.integrations.StealCoordinator; steal_observed simulates it); the shipped verl and "
-                 "TRL integrations send a static plan (what vllm_priority + least_loaded simulates)")
+                 "(lengthsched.integrations.StealCoordinator; steal_observed simulates it; inside verl: "
+                 "lengthsched.integrations.verl_stealing, not yet run on a cluster); the TRL integration and "
+                 "verl's plain planning manager send a static plan (what vllm_priority + least_loaded simulates)")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):

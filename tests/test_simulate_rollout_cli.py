@@ -25,6 +25,7 @@ def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl
     assert "vllm + least_loaded" in verdict or "no policy beat" in verdict
     assert verdict.startswith("verdict: fastest: steal") or "the recommended steal" in verdict
     assert "lengthsched.integrations.StealCoordinator; steal_observed simulates it" in verdict
+    assert "inside verl: lengthsched.integrations.verl_stealing" in verdict
     assert "(what vllm_priority + least_loaded simulates)" in verdict
     for column in ("seconds", "x vllm+verl", "s/LB", "tok/s", "slowest", "preempt", "recomputed", "prompt loads"):
         assert f"  {column}: " in out  # a legend line for every column
