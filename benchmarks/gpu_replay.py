@@ -167,7 +167,8 @@ def report(runs: list[dict], draws: list[list[dict]], fitted: StepCost | None, s
         per_replica = estimate(run, mine)
         measured = float(per_replica.max())
         entry = {"policy": run["policy"], "modelled_seconds": run["seconds"], "measured_seconds": measured,
-                 "measured_replica_seconds": per_replica.tolist(), "draws": len(mine),
+                 "measured_replica_seconds": per_replica.tolist(), "modelled_replica_seconds": run["replica_seconds"],
+                 "draws": len(mine),
                  "modelled_vs_baseline": run["seconds"] / base["seconds"],
                  "measured_vs_baseline": measured / base_measured,
                  "preemptions": run["preemptions"], "recomputed_tokens": run["recomputed_tokens"],

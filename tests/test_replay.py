@@ -156,6 +156,11 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
     assert (base["policy"], steal["policy"]) == ("vllm + least_loaded", "steal")
     assert base["measured_vs_baseline"] == 1.0 and base["modelled_vs_baseline"] == 1.0
     assert steal["draws"] == 20 and steal["measured_seconds"] > 0 and len(steal["measured_vs_baseline_95"]) == 2
+    # the report keeps what the estimate needs: each replica's modelled seconds and every draw
+    for entry, (_, draws) in zip(report["policies"], report["samples"]):
+        run = {"replica_seconds": entry["modelled_replica_seconds"]}
+        assert max(entry["modelled_replica_seconds"]) == pytest.approx(entry["modelled_seconds"])
+        assert gpu_replay.estimate(run, draws).tolist() == pytest.approx(entry["measured_replica_seconds"])
     assert len(report["samples"]) == 2 and all(d["measured"] > 0 and d["modelled"] > 0
                                                for _, draws in report["samples"] for d in draws)
     bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
