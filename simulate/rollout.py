@@ -251,12 +251,13 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
     replica_seconds = tuple(float(secs[-1]) for _, secs in clocks)
     prompt_lens = common["prompt_lens"]
+    logs = tuple(eng.step_log() for eng in engines)
     return RolloutResult(
         policy=policy, router=used_router, replicas=replicas,
         seconds=max(replica_seconds), replica_seconds=replica_seconds,
         steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
         recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
-        prefill_tokens=sum(int(eng.step_log().prefill_tokens.sum()) for eng in engines),
+        prefill_tokens=sum(int(log.prefill_tokens.sum()) for log in logs),
         lower_bound_seconds=_lower_bound(cost, flat, owner, prompt_lens, common["budget"], replicas),
         tokens=int(flat.sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
         + (f" x{cost.tp}" if cost.tp > 1 else ""),
@@ -264,8 +265,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         prompt_loads=sum(eng.prompt_loads for eng in engines),
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
         loaded_tokens=sum(eng.loaded_tokens for eng in engines),
-        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks),
-        step_logs=tuple(eng.step_log() for eng in engines))
+        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks), step_logs=logs)
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:
