@@ -59,10 +59,15 @@ def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
     out = {"rows": rows, "kv": kv}
     for name in ("prefill_tokens", "prefill_context", "loaded_tokens"):
         out[name] = np.where(first, np.asarray(getattr(log, name), dtype=np.int64)[run], 0)
-    ones = np.ones(len(rows), dtype=np.int64)
-    out["seconds"] = np.asarray(cost.segment_seconds(ones, rows, kv, out["prefill_tokens"], out["prefill_context"],
-                                                     out["loaded_tokens"]), dtype=np.float64)
+    out["seconds"] = price(out, cost)
     return out
+
+
+def price(steps: dict[str, np.ndarray], cost: StepCost) -> np.ndarray:
+    """Modelled seconds of every step of :func:`expand`'s rows under ``cost``."""
+    ones = np.ones(len(steps["rows"]), dtype=np.int64)
+    return np.asarray(cost.segment_seconds(ones, steps["rows"], steps["kv"], steps["prefill_tokens"],
+                                           steps["prefill_context"], steps["loaded_tokens"]), dtype=np.float64)
 
 
 def replay_shape(rows: int, kv: int, tokens: int, context: int) -> tuple[str, int, int, int, int, bool]:
@@ -111,8 +116,9 @@ def check_policies(ap, text: str) -> None:
             ap.error(f"--policies {text!r}: {router!r} is not a router; expected one of {', '.join(ROUTERS)}")
 
 
-def simulate(args, cost: StepCost) -> list[dict]:
-    """Each policy's rollout of the setting: makespan, replica seconds and every step, expanded."""
+def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]:
+    """Each policy's rollout of the setting: makespan, replica seconds and every step, expanded (with
+    ``fitted``, also the makespan of the same steps priced by it, ``fitted_seconds``)."""
     from bench_simulate import _rollout_setting
 
     from simulate import run_rollout
@@ -129,6 +135,8 @@ def simulate(args, cost: StepCost) -> list[dict]:
                      "replica_seconds": list(r.replica_seconds), "preemptions": r.preemptions,
                      "recomputed_tokens": r.recomputed_tokens, "tokens": r.tokens,
                      "lower_bound_seconds": r.lower_bound_seconds, "steps": steps})
+        if fitted is not None:
+            runs[-1]["fitted_seconds"] = max(float(price(s, fitted).sum()) for s in steps)
         print(f"{runs[-1]['policy']}: modelled {r.seconds:.3f} s, {sum(len(s['rows']) for s in steps)} steps, "
               f"{r.preemptions} preemptions", flush=True)
     return runs
@@ -154,10 +162,10 @@ def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np
     return est[0] if boot is None else est
 
 
-def report(runs: list[dict], draws: list[list[dict]], fitted: StepCost | None, seed: int,
-           resamples: int = 1000) -> dict:
+def report(runs: list[dict], draws: list[list[dict]], seed: int, resamples: int = 1000) -> dict:
     """Each policy's modelled and measured makespan, both relative to the first policy's, with a 95%
-    bootstrap interval of the measured ratio (the draws of both policies resampled)."""
+    bootstrap interval of the measured ratio (the draws of both policies resampled); the fitted cost's
+    makespan where the runs carry it (:func:`simulate`'s ``fitted_seconds``)."""
     rng = np.random.default_rng(seed)
     base = runs[0]
     base_measured = float(estimate(base, draws[0]).max())
@@ -178,16 +186,14 @@ def report(runs: list[dict], draws: list[list[dict]], fitted: StepCost | None, s
             r = np.array([d["measured"] / d["modelled"] for d in mine])
             entry["measured_over_modelled"] = {"mean": float(r.mean()), "median": float(np.median(r)),
                                                "p10": float(np.quantile(r, 0.1)), "p90": float(np.quantile(r, 0.9))}
-        if fitted is not None:
-            entry["fitted_modelled_seconds"] = max(float(fitted.segment_seconds(
-                np.ones(len(s["rows"]), dtype=np.int64), s["rows"], s["kv"], s["prefill_tokens"],
-                s["prefill_context"], s["loaded_tokens"]).sum()) for s in run["steps"])
+        if "fitted_seconds" in run:
+            entry["fitted_modelled_seconds"] = run["fitted_seconds"]
         if mine and draws[0] and run is not base:
             boot = estimate(run, mine, rng.integers(len(mine), size=(resamples, len(mine)))).max(axis=1)
             ratio = boot / base_boot.max(axis=1)
             entry["measured_vs_baseline_95"] = [float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))]
         rows.append(entry)
-    if fitted is not None:
+    if "fitted_seconds" in base:
         for entry in rows:
             entry["fitted_vs_baseline"] = entry["fitted_modelled_seconds"] / rows[0]["fitted_modelled_seconds"]
     return {"policies": rows}
@@ -242,7 +248,7 @@ def main(argv=None) -> int:
     if args.fitted and not args.quick:
         fitted = StepCost.from_json(Path(args.fitted).read_text(encoding="utf-8"))
 
-    runs = simulate(args, cost)
+    runs = simulate(args, cost, fitted)
     rng = np.random.default_rng(args.seed)
     plans = []  # per policy: (replica, step) drawn with probability proportional to modelled seconds
     for run in runs:
@@ -294,14 +300,14 @@ def main(argv=None) -> int:
                                  "pieces": pieces, "exact": exact, "modelled": float(s["seconds"][i]),
                                  "measured": timed[key]["seconds"], "cuda_graph": timed[key]["cuda_graph"]})
             if (k + 1) % 20 == 0 or k + 1 == args.draws:
-                results.update(report(runs, draws, fitted, args.seed), draws_per_policy=k + 1,
+                results.update(report(runs, draws, args.seed), draws_per_policy=k + 1,
                                distinct_shapes=len(timed), seconds_total=round(time.monotonic() - start, 1))
                 write_json(out, {**results, "samples": [[run["policy"], d] for run, d in zip(runs, draws)]})
                 line = "; ".join(f"{e['policy']} {e['measured_vs_baseline']:.3f} "
                                  f"(modelled {e['modelled_vs_baseline']:.3f})" for e in results["policies"])
                 print(f"{k + 1} draws each, {len(timed)} shapes, {time.monotonic() - start:.0f} s: {line}", flush=True)
     stepper.close()
-    results.update(report(runs, draws, fitted, args.seed), stopped=stopped, distinct_shapes=len(timed),
+    results.update(report(runs, draws, args.seed), stopped=stopped, distinct_shapes=len(timed),
                    seconds_total=round(time.monotonic() - start, 1))
     write_json(out, {**results, "samples": [[run["policy"], d] for run, d in zip(runs, draws)]})
     for e in results["policies"]:

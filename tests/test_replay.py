@@ -104,7 +104,7 @@ def test_estimator_is_exact_when_the_model_is_off_by_one_factor():
               for m in rng.uniform(0.001, 0.02, size=30)] for _ in runs]
     draws[1][0]["replica"], draws[1][1]["replica"] = 0, 1  # both replicas drawn
     assert gpu_replay.estimate(runs[0], draws[0]) == pytest.approx([25.0, 20.0])
-    report = gpu_replay.report(runs, draws, None, seed=0, resamples=50)["policies"]
+    report = gpu_replay.report(runs, draws, seed=0, resamples=50)["policies"]
     assert report[1]["measured_vs_baseline"] == pytest.approx(0.9) == report[1]["modelled_vs_baseline"]
     assert report[1]["measured_vs_baseline_95"] == pytest.approx([0.9, 0.9])
     assert report[0]["measured_over_modelled"]["median"] == pytest.approx(2.5)
