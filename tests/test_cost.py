@@ -496,24 +496,29 @@ def test_gpu_cost_script_runs_on_cpu_quick(tmp_path):
     assert bad.returncode == 2 and "--model 'no-such-model'" in bad.stderr and "qwen3-8b" in bad.stderr
 
 
+def _tiny_static_kv_model(torch, kv_tokens: int):
+    """(gpu_cost, the tiny Qwen3-shaped model in float64 on the CPU with gpu_cost's static-KV attention, its
+    fields, the StaticKV of ``kv_tokens`` tokens): what the float64 checks of gpu_cost's steps run on."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_cost
+
+    _, fields, _ = gpu_cost.model_config(argparse.ArgumentParser(), "qwen3-1.7b", quick=True)
+    torch.manual_seed(0)
+    model = gpu_cost.build_model(torch, fields, torch.float64, torch.device("cpu"))
+    kv = gpu_cost.StaticKV(torch, fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"],
+                           kv_tokens, torch.float64, torch.device("cpu"))
+    gpu_cost.register(kv)
+    model.set_attn_implementation(gpu_cost.ATTENTION)
+    return gpu_cost, model, fields, kv
+
+
 def test_gpu_cost_mixed_step_computes_what_the_separate_steps_compute():
     """A mixed step of benchmarks/gpu_cost.py (a prefill chunk and decode rows packed in one forward, as
     engines run chunked prefill) gives, in float64, the chunk's last logits of the prefill alone and each
     row's logits of the decode alone: the timed step does the work it is priced for."""
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_cost
-
-    fields = json.loads((ROOT / "lengthsched" / "presets" / "qwen3-1.7b.json").read_text())
-    fields = {k: v for k, v in fields.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
-    fields.update(gpu_cost.TINY)
-    torch.manual_seed(0)
-    model = gpu_cost.build_model(torch, fields, torch.float64, torch.device("cpu"))
-    layers, heads, dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
     rows, ctx, chunk = 3, 10, 7
-    kv = gpu_cost.StaticKV(torch, layers, heads, dim, rows * ctx + chunk, torch.float64, torch.device("cpu"))
-    gpu_cost.register(kv)
-    model.set_attn_implementation(gpu_cost.ATTENTION)
+    gpu_cost, model, fields, kv = _tiny_static_kv_model(torch, rows * ctx + chunk)
     gen = torch.Generator().manual_seed(1)
     chunk_ids = torch.randint(fields["vocab_size"], (1, chunk), generator=gen)
     row_ids = torch.randint(fields["vocab_size"], (rows, 1), generator=gen)
@@ -529,6 +534,26 @@ def test_gpu_cost_mixed_step_computes_what_the_separate_steps_compute():
     assert mixed.shape == (1, rows + 1, fields["vocab_size"])
     torch.testing.assert_close(mixed[0, 0], prefill[0, -1], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(mixed[0, 1:], decode[:, -1], rtol=1e-10, atol=1e-10)
+
+
+def test_gpu_cost_chunk_in_pieces_computes_separate_prefills():
+    """A mixed step whose chunk is two sequences (gpu_cost.StaticKV with pieces=2, as benchmarks/gpu_replay.py
+    runs several prompts prefilled in one step) gives, in float64, the last token's logits of the second
+    sequence prefilled alone: each piece attends its own tokens."""
+    torch = pytest.importorskip("torch")
+    rows, ctx, piece = 2, 6, 5
+    gpu_cost, model, fields, kv = _tiny_static_kv_model(torch, rows * ctx + 2 * piece)
+    gen = torch.Generator().manual_seed(1)
+    chunk_ids = torch.randint(fields["vocab_size"], (2, piece), generator=gen)
+    row_ids = torch.randint(fields["vocab_size"], (rows, 1), generator=gen)
+    with torch.inference_mode():
+        kv.shape(rows, ctx, False, 2 * piece, pieces=2)
+        positions = torch.cat([torch.arange(2 * piece) % piece, torch.full((rows,), ctx - 1)]).unsqueeze(0)
+        mixed = gpu_cost.forward_fn(torch, model, torch.cat([chunk_ids.flatten(), row_ids[:, 0]]).unsqueeze(0),
+                                    positions, rows + 1)()
+        kv.shape(2, piece, False)
+        prefill = gpu_cost.forward_fn(torch, model, chunk_ids, torch.arange(piece).expand(2, piece), 1)()
+    torch.testing.assert_close(mixed[0, 0], prefill[1, -1], rtol=1e-10, atol=1e-10)
 
 
 def test_gpu_cost_script_compiles_the_forward_on_cpu_quick(tmp_path):

@@ -113,35 +113,6 @@ def test_estimator_is_exact_when_the_model_is_off_by_one_factor():
     assert gpu_replay.estimate(runs[0], only) == pytest.approx([25.0, 20.0])
 
 
-def test_gpu_cost_chunk_in_pieces_computes_separate_prefills():
-    """A mixed step whose chunk is two sequences (gpu_cost.StaticKV with pieces=2) gives, in float64, the
-    last token's logits of the second sequence prefilled alone: each piece attends its own tokens."""
-    torch = pytest.importorskip("torch")
-    import gpu_cost
-
-    fields = json.loads((ROOT / "lengthsched" / "presets" / "qwen3-1.7b.json").read_text())
-    fields = {k: v for k, v in fields.items() if not k.startswith("_") and k not in ("architectures", "torch_dtype")}
-    fields.update(gpu_cost.TINY)
-    torch.manual_seed(0)
-    model = gpu_cost.build_model(torch, fields, torch.float64, torch.device("cpu"))
-    layers, heads, dim = fields["num_hidden_layers"], fields["num_key_value_heads"], fields["head_dim"]
-    rows, ctx, piece = 2, 6, 5
-    kv = gpu_cost.StaticKV(torch, layers, heads, dim, rows * ctx + 2 * piece, torch.float64, torch.device("cpu"))
-    gpu_cost.register(kv)
-    model.set_attn_implementation(gpu_cost.ATTENTION)
-    gen = torch.Generator().manual_seed(1)
-    chunk_ids = torch.randint(fields["vocab_size"], (2, piece), generator=gen)
-    row_ids = torch.randint(fields["vocab_size"], (rows, 1), generator=gen)
-    with torch.inference_mode():
-        kv.shape(rows, ctx, False, 2 * piece, pieces=2)
-        positions = torch.cat([torch.arange(2 * piece) % piece, torch.full((rows,), ctx - 1)]).unsqueeze(0)
-        mixed = gpu_cost.forward_fn(torch, model, torch.cat([chunk_ids.flatten(), row_ids[:, 0]]).unsqueeze(0),
-                                    positions, rows + 1)()
-        kv.shape(2, piece, False)
-        prefill = gpu_cost.forward_fn(torch, model, chunk_ids, torch.arange(piece).expand(2, piece), 1)()
-    torch.testing.assert_close(mixed[0, 0], prefill[1, -1], rtol=1e-10, atol=1e-10)
-
-
 def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
     """The replay's code path (no GPU evidence): every policy simulated, steps drawn and timed, the report
     written with each policy's modelled and measured makespan; a bad --policies is one usage line."""
