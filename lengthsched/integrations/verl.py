@@ -401,11 +401,15 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
     class LengthschedAgentLoopManager(base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopManager with a lengthsched plan per batch (lengthsched.integrations.verl)."""
 
+        #: The placement when the config names none (the stealing manager plans with steal's, "ways").
+        lengthsched_default_placement = "spread"
+
         def lengthsched_planner(self) -> RolloutPlanner:
             """The planner (built once from the trainer config)."""
             planner = getattr(self, "_lengthsched_planner", None)
             if planner is None:
-                planner = self._lengthsched_planner = planner_from_config(self.config)
+                planner = self._lengthsched_planner = planner_from_config(
+                    self.config, default_placement=self.lengthsched_default_placement)
             return planner
 
         async def lengthsched_replicas(self) -> int:

@@ -78,7 +78,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
-from .verl import RolloutPlanner, batch_prompt_tokens, planner_from_config
+from .verl import batch_prompt_tokens
 
 __all__ = [
     "STEALING_MANAGER_CLASS",
@@ -506,12 +506,7 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
             super().__init__(config, llm_client, *args, **kwargs)
             self.lengthsched_driver: StealDriver | None = None
 
-        def lengthsched_planner(self) -> RolloutPlanner:
-            """The planner: ``steal``'s placement (``ways``) unless the config names another."""
-            planner = getattr(self, "_lengthsched_planner", None)
-            if planner is None:
-                planner = self._lengthsched_planner = planner_from_config(self.config, default_placement="ways")
-            return planner
+        lengthsched_default_placement = "ways"  # steal's placement unless the config names another
 
         async def lengthsched_run(self, prompts: Any, plan: Any) -> Any:
             router = self.llm_client._load_balancer
