@@ -719,6 +719,15 @@ class StepCost:
             raise InvalidArgument("cost", sorted(body), "every field; missing " + ", ".join(missing))
         return cls(**body)
 
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, name: str = "cost") -> StepCost:
+        """:meth:`from_json` of the file at ``path`` (``name``: the argument a bad path is reported as)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, TypeError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(name, path, f"a readable step-cost JSON file ({exc.__class__.__name__})") from None
+        return cls.from_json(text)
+
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary: every field plus the derived per-step weight-read time (seconds)."""
         return {**dataclasses.asdict(self), "weights_read_seconds": self.weights_bytes / (

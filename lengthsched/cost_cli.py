@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .cost import GPU_PRESETS, StepCost, read_samples
@@ -116,11 +115,7 @@ def _load_show_model(opts: CostShowOptions) -> StepCost:
         given = [f"--{name.replace('_', '-')}" for name in ("model", "gpu", "tp") if getattr(opts, name) is not None]
         if given:
             raise InvalidArgument("cost", opts.cost, f"a fitted model JSON alone, without {', '.join(given)}")
-        try:
-            text = Path(opts.cost).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidArgument("cost", opts.cost, f"a readable JSON file ({exc.__class__.__name__})") from None
-        return StepCost.from_json(text)
+        return StepCost.from_file(opts.cost)
     return StepCost.from_model(opts.model or DEFAULT_MODEL, opts.gpu or DEFAULT_GPU, dtype=opts.dtype,
                                kv_dtype=opts.kv_dtype, tp=1 if opts.tp is None else opts.tp)
 

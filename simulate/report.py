@@ -225,11 +225,7 @@ def load_cost(opts: SimulateOptions, memory: ModelMemory):
 
     if opts.cost is None:
         return StepCost.from_gpu(memory, opts.gpu, config=opts.model)
-    try:
-        with open(opts.cost, encoding="utf-8") as handle:
-            return StepCost.from_json(handle.read())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgument("cost", opts.cost, f"a readable step-cost JSON file ({exc.__class__.__name__})") from None
+    return StepCost.from_file(opts.cost)
 
 
 def _measures(memory: ModelMemory, group: Group, *, steps, lower, peak_kv_tokens, max_live, collected,
