@@ -737,8 +737,8 @@ def test_plan_rollout_places_length_classes_as_the_simulator_does():
             plan_rollout(keys, predicted, placement="classes", **args)
     with pytest.raises(InvalidArgument, match="'prompt_lens'"):
         plan_rollout(keys, predicted, placement="classes", prompt_lens=prompts[:5], **common)
-    with pytest.raises(InvalidArgument, match="'placement'"):
-        RolloutPlanner(placement="classes")
+    with pytest.raises(InvalidArgument, match="'pool_tokens'"):  # verl's planner plans classes given the pool
+        RolloutPlanner(placement="classes", max_new_tokens=512)
 
 
 @settings(max_examples=60, deadline=None)
@@ -767,10 +767,15 @@ def test_plan_rollout_ways_is_steals_placement(sizes, replicas, pool, data):
     again = place_ways(np.asarray([flat[order[row]] for rs in rows for row in rs], dtype=np.float64),
                        [len(rs) for rs in rows], replicas, ways)
     assert [plan.replica[row] for rs in rows for row in rs] == list(again)
+    longest = plan_rollout([f"uid-{grouped[i]}" for i in order], [flat[i] for i in order],
+                           prompt_lens=[prompts[grouped[i]] for i in order], order="longest", **common)
+    assert plan.order == "batch" and longest.order == "longest" and longest.replica == plan.replica
     for r in range(replicas):
         rows = plan.rows_on(r)
-        assert [plan.predicted[i] for i in rows] == sorted((plan.predicted[i] for i in rows), reverse=True)
+        assert list(rows) == sorted(rows)  # steal's order: as placed, the batch's
         assert all(decode_replica(plan.priority[i], replicas) == r for i in rows)
+        rows = longest.rows_on(r)
+        assert [(-longest.predicted[i], i) for i in rows] == sorted((-longest.predicted[i], i) for i in rows)
 
 
 def test_plan_rollout_ways_names_what_it_needs():
@@ -783,6 +788,13 @@ def test_plan_rollout_ways_names_what_it_needs():
         plan_rollout(keys, pred, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7], budget_tokens=0)
     with pytest.raises(InvalidArgument, match="'ways'"):  # the message lists every placement
         plan_rollout(keys, pred, replicas=2, placement="nowhere")
+    with pytest.raises(InvalidArgument, match="argument 'order'.*'batch'"):
+        plan_rollout(keys, pred, replicas=2, order="shortest")
+    # any placement ranks in either order: batch order keeps each replica's rows as the batch has them
+    batch = plan_rollout(keys, pred, replicas=2, placement="groups", order="batch")
+    assert batch.order == "batch" and batch.replica[0] != batch.replica[2]
+    assert batch.rows_on(batch.replica[0]) == (0, 1) and batch.rows_on(batch.replica[2]) == (2, 3)
+    assert plan_rollout(keys, pred, replicas=2, placement="groups").rows_on(batch.replica[0]) == (1, 0)
     # pools that hold every prompt: verl's spread; a step that fills every pool 6 times over: whole groups
     assert plan_rollout(keys, pred, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7],
                         budget_tokens=100).replica == (0, 1, 0, 1)

@@ -56,6 +56,7 @@ from .base import (
 )
 from .rollout import (
     MOVE_CHUNK,
+    ORDERS,
     PLACEMENTS,
     STEAL_SHARE,
     RolloutPlan,
@@ -127,6 +128,7 @@ __all__ = [
     "StealCoordinator",
     "StealDriver",
     "PLACEMENTS",
+    "ORDERS",
     "plan_concurrency",
     "plan_kv_bytes",
     "plan_rollout",
