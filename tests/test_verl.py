@@ -449,11 +449,20 @@ def test_planner_with_steals_placement():
     plan, _ = planner.plan(ntb, replicas=3)
     expected = plan_rollout(ntb["uid"].tolist(), [100] * 24, replicas=3, placement="ways",
                             prompt_lens=lv.batch_prompt_tokens(ntb, 24), budget_tokens=300)
-    assert plan.placement == "ways" and plan.replica == expected.replica
+    assert plan.placement == "ways" and plan.replica == expected.replica and plan.priority == expected.priority
+    # steal starts each replica's requests in placement order: the ranks follow the batch, so vLLM's
+    # priority scheduling starts them as FCFS would
+    assert plan.order == "batch"
+    for r in range(3):
+        assert list(plan.rows_on(r)) == sorted(plan.rows_on(r))
+    longest = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), placement="ways", pool_tokens=300, order="longest")
+    assert longest.plan(ntb, replicas=3)[0].order == "longest"
     with pytest.raises(InvalidArgument, match="argument 'pool_tokens'"):
         lv.RolloutPlanner(placement="ways")
     with pytest.raises(InvalidArgument, match="argument 'placement'"):
-        lv.RolloutPlanner(placement="classes")
+        lv.RolloutPlanner(placement="nope")
+    with pytest.raises(InvalidArgument, match="argument 'order'"):
+        lv.RolloutPlanner(order="shortest")
     from_steal = lv.planner_from_config(trainer_config(placement="ways", steal={"pool_tokens": 300}))
     assert from_steal.placement == "ways" and from_steal.pool_tokens == 300
     assert lv.planner_from_config(trainer_config(placement="ways", pool_tokens=200)).pool_tokens == 200
@@ -462,6 +471,64 @@ def test_planner_with_steals_placement():
     assert by_default.placement == "ways" and by_default.pool_tokens == 300
     with pytest.raises(InvalidArgument, match="argument 'pool_tokens'"):
         lv.planner_from_config(trainer_config(placement="ways"))
+
+
+def test_planner_with_length_classes_and_the_recommendation(tmp_path):
+    """placement='classes' is plan_rollout's length classes with each row's prompt tokens, the pool,
+    the response length and the cost; 'auto' plans classes for a batch whose every prompt was seen in
+    an earlier training step with siblings that agreed (what recommend_rollout_policy picks
+    placed_classes for), else its fallback."""
+    from lengthsched.cost import StepCost
+    from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy
+
+    batch = rollout_batch(False, 1)
+    ntb = batch.non_tensor_batch
+    predictor = ls.OnlineLengthPredictor(default_length=100)
+    planner = lv.RolloutPlanner(predictor, max_new_tokens=512, placement="classes", pool_tokens=2000)
+    plan, keys = planner.plan(ntb, replicas=2)
+    per_prompt = planner.predictor.predict(list(dict.fromkeys(keys))).lengths
+    expected = plan_rollout(ntb["uid"].tolist(), np.repeat(np.round(per_prompt).astype(int), G), replicas=2,
+                            placement="classes", prompt_lens=lv.batch_prompt_tokens(ntb, 24), budget_tokens=2000,
+                            max_new_tokens=512)
+    assert plan.placement == "classes" and plan.order == "longest" and plan.replica == expected.replica
+    for kwargs, name in (({"pool_tokens": 2000}, "max_new_tokens"), ({"max_new_tokens": 512}, "pool_tokens"),
+                         ({"pool_tokens": 2000, "max_new_tokens": 512, "cost": 3}, "cost"),
+                         ({"pool_tokens": 2000, "max_new_tokens": 512, "cost": str(tmp_path / "none.json")}, "cost")):
+        for placement in ("classes", "auto"):
+            with pytest.raises(InvalidArgument, match=f"argument '{name}'"):
+                lv.RolloutPlanner(placement=placement, **kwargs)
+    with pytest.raises(InvalidArgument, match="argument 'placement'"):
+        lv.RolloutPlanner(placement="auto", pool_tokens=2000, max_new_tokens=512, fallback="classes")
+    fitted = StepCost.from_model("qwen3-8b", "H100")
+    (tmp_path / "cost.json").write_text(fitted.to_json(), encoding="utf-8")
+    from_file = lv.RolloutPlanner(max_new_tokens=512, placement="classes", pool_tokens=2000,
+                                  cost=str(tmp_path / "cost.json"))
+    assert from_file.cost == fitted
+
+    auto = lv.RolloutPlanner(max_new_tokens=512, placement="auto", pool_tokens=2000)
+    assert auto.plan(ntb, replicas=2)[0].placement == "spread"  # nothing seen yet: the fallback
+    agree = {key: [n, n + 5, n - 5, n + 10] for key, n in zip(dict.fromkeys(keys), TRUE.values())}
+    rows = [agree[k][i % G] for i, k in enumerate(keys)]
+    auto.observe(keys, rows)
+    assert recommend_rollout_policy(list(agree.values())) == "placed_classes"
+    assert auto.placement_for(keys) == "classes"
+    assert auto.plan(ntb, replicas=2)[0].placement == "classes"
+    assert auto.placement_for(keys + ["unseen prompt"]) == "spread"  # one prompt without history
+    disagree = lv.RolloutPlanner(max_new_tokens=512, placement="auto", pool_tokens=2000, fallback="ways")
+    disagree.observe(keys, [[10, 900, 40, 300][i % G] for i in range(len(keys))])
+    assert min(disagree.spreads.values()) > CLASSES_MAX_SPREAD
+    plan = disagree.plan(ntb, replicas=2)[0]
+    assert plan.placement == "ways" and plan.order == "batch"
+    # the latest step with two or more completions of a prompt is what counts
+    disagree.observe(keys, rows)
+    assert disagree.placement_for(keys) == "classes"
+
+    from_config = lv.planner_from_config(trainer_config(placement="auto", pool_tokens=2000))
+    assert (from_config.placement, from_config.fallback, from_config.max_new_tokens) == ("auto", "spread", 512)
+    stealing = lv.planner_from_config(trainer_config(placement="auto", steal={"pool_tokens": 2000},
+                                                     cost=str(tmp_path / "cost.json"), order="longest"),
+                                      default_placement="ways")
+    assert (stealing.fallback, stealing.pool_tokens, stealing.order, stealing.cost) == ("ways", 2000, "longest", fitted)
 
 
 @pytest.fixture

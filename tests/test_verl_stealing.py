@@ -517,11 +517,11 @@ class Worker:
         return FakeBatch(dict(ntb), {"response_mask": mask}, {})
 
 
-def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_reports_its_moves():
-    lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}  # one long prompt (4 samples), five short ones
+def run_stealing_manager(lengths: dict, **lengthsched: Any):
+    """One batch through the stealing manager (configured by ``lengthsched``) over two stepped fake
+    engines: (manager class, the plain client, the manager, its output)."""
     engines, servers, router = cluster(lengths, max_num_seqs=2, replicas=2)
-    config = trainer_config(response_length=512, placement="groups", steal={"pool_tokens": 100_000,
-                                                                            "poll_interval": 0.001})
+    config = trainer_config(response_length=512, **lengthsched)
     client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
     manager_cls = vs.make_stealing_agent_loop_manager_class(lv.make_agent_loop_manager_class(FakeAgentLoopManager),
                                                             client_cls)
@@ -542,6 +542,13 @@ def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_repor
 
     out = asyncio.run(go())
     assert out.batch["response_mask"].sum(-1).tolist() == [lengths[k] for k in range(24)]
+    return manager_cls, plain, manager, out
+
+
+def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_reports_its_moves():
+    lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}  # one long prompt (4 samples), five short ones
+    manager_cls, plain, manager, out = run_stealing_manager(lengths, placement="groups", steal={
+        "pool_tokens": 100_000, "poll_interval": 0.001})
     timing = out.meta_info["timing"]
     assert {"lengthsched/steals", "lengthsched/moves", "lengthsched/steal_cancelled"} <= set(timing)
     driver = manager.lengthsched_driver
@@ -553,6 +560,19 @@ def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_repor
     # without a lengthsched.placement the stealing manager plans with steal's placement and the steal pool
     default = manager_cls(trainer_config(steal={"pool_tokens": 300}), plain).lengthsched_planner()
     assert default.placement == "ways" and default.pool_tokens == 300
+
+
+def test_the_stealing_manager_runs_a_length_classes_plan_as_planned():
+    """A batch planned in length classes (lengthsched.placement=classes, or auto with agreeing history)
+    runs as the simulator's placed_classes does: the static plan, no driver, no steals."""
+    lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}
+    _, _, manager, out = run_stealing_manager(lengths, placement="classes", steal={"pool_tokens": 100_000})
+    assert manager.lengthsched_planner().last_plan.placement == "classes"
+    assert manager.lengthsched_driver is None and "lengthsched/steals" not in out.meta_info["timing"]
+    _, _, manager, out = run_stealing_manager(lengths, placement="auto", steal={"pool_tokens": 100_000,
+                                                                               "poll_interval": 0.001})
+    assert manager.lengthsched_planner().last_plan.placement == "ways"  # no history yet: steal's placement
+    assert manager.lengthsched_driver is not None and "lengthsched/steals" in out.meta_info["timing"]
 
 
 def test_the_verl_classes_need_verl_only_when_asked_for():

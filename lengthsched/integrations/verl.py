@@ -32,8 +32,9 @@ This module supplies:
   (default :class:`~lengthsched.OnlineLengthPredictor`, fed with the finished lengths of earlier
   steps), plans with :func:`~lengthsched.integrations.plan_rollout` (by default each group's samples
   spread over the replicas as verl's router spreads them, ``lengthsched.placement=groups`` for whole
-  groups placed by predicted work; longest predicted first on
-  each) and writes the plan's priorities into ``non_tensor_batch["priority"]``;
+  groups placed by predicted work, ``ways``, ``classes`` and ``auto`` as :class:`RolloutPlanner` says;
+  longest predicted first on each, batch order for ``ways``) and writes the plan's priorities into
+  ``non_tensor_batch["priority"]``;
 - ``LengthschedAgentLoopManager`` (made on first access, from verl's ``AgentLoopManager``: needs
   verl): runs the planner before verl's own ``generate_sequences``, so verl forwards the planned
   priorities, and feeds the planner afterwards;
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,9 +61,18 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from ..memory import ModelMemory
+from ..placement import CLASSES_MAX_SPREAD, sibling_spread
 from ..plan import Plan
 from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
-from .rollout import RolloutPlan, check_placement, decode_replica, observe_lengths, plan_rollout, predict_lengths
+from .rollout import (
+    RolloutPlan,
+    check_order,
+    check_placement,
+    decode_replica,
+    observe_lengths,
+    plan_rollout,
+    predict_lengths,
+)
 from .sglang_adapter import sglang_setup
 from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 
@@ -233,22 +244,53 @@ class RolloutPlanner:
     ``raw_prompt``; default :class:`~lengthsched.OnlineLengthPredictor` (``default_length`` tokens
     before anything is known, capped at ``max_new_tokens``). A predictor with ``observe`` is fed
     every row's response length after each training batch (not after validation batches, whose
-    sampling differs), one rollout step per batch. ``placement``: :func:`plan_rollout`'s, ``spread``
-    (verl's routing, the default), ``groups`` (whole groups by predicted work) or ``ways`` (the
-    simulator's ``steal`` placement, for a rollout that steals:
-    :mod:`lengthsched.integrations.verl_stealing`; it needs ``pool_tokens``, each replica's KV pool in
-    tokens, and reads each row's prompt length with :func:`batch_prompt_tokens`).
+    sampling differs), one rollout step per batch.
+
+    ``placement``: :func:`plan_rollout`'s, ``spread`` (verl's routing, the default), ``groups`` (whole
+    groups by predicted work), ``ways`` (the simulator's ``steal`` placement, for a rollout that
+    steals: :mod:`lengthsched.integrations.verl_stealing`), ``classes`` (length classes, the
+    simulator's ``placed_classes``: worth it only where the predictions know each completion's
+    length, as one earlier epoch of the same prompts does where siblings agree), or ``auto`` (the
+    simulator's recommendation, :func:`lengthsched.placement.recommend_rollout_policy`: ``classes``
+    for a batch whose every prompt was seen in an earlier training step with siblings that agreed,
+    their spread at most :data:`lengthsched.placement.CLASSES_MAX_SPREAD`; else ``fallback``).
+    ``ways``, ``classes`` and ``auto`` need ``pool_tokens`` (each replica's KV pool in tokens, prompts
+    included) and read each row's prompt length with :func:`batch_prompt_tokens`; ``classes`` and
+    ``auto`` also need ``max_new_tokens`` and judge their candidates with ``cost`` (a
+    :class:`lengthsched.cost.StepCost` or the path of its JSON; default Qwen3-1.7B on the H100
+    preset: pass your model's, fitted where you can, ``lengthsched cost fit``). ``order``: how each
+    replica's rows are ranked (:func:`plan_rollout`'s; None: its default for the placement).
+    ``fallback``: ``auto``'s placement without agreeing history (``spread``; the stealing manager's
+    ``ways``).
     """
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
-                 placement: str = "spread", pool_tokens: int | None = None):
-        # classes: not wired to verl yet
-        self.placement = check_placement(placement, ("spread", "groups", "ways"))
-        if placement == "ways" or pool_tokens is not None:
+                 placement: str = "spread", pool_tokens: int | None = None, order: str | None = None,
+                 cost: Any = None, fallback: str = "spread"):
+        if placement != "auto":
+            check_placement(placement)
+        self.placement = placement
+        self.fallback = check_placement(fallback, ("spread", "groups", "ways"))
+        self.order = check_order(order)
+        if placement in ("ways", "classes", "auto") or pool_tokens is not None:
             pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
         self.pool_tokens = pool_tokens
         if max_new_tokens is not None:
             max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+        elif placement in ("classes", "auto"):
+            raise InvalidArgument("max_new_tokens", None, f"the longest a completion may be (tokens): placement="
+                                                          f"{placement!r} needs it (verl's rollout.response_length)")
+        if isinstance(cost, (str, os.PathLike)):
+            from ..cost import StepCost
+
+            cost = StepCost.from_file(cost)
+        elif cost is not None and not hasattr(cost, "segment_seconds"):
+            raise InvalidArgument("cost", type(cost).__name__, "a lengthsched.cost.StepCost, the path of its JSON, "
+                                                               "or None")
+        self.cost = cost
+        #: Per prompt key, the spread of its completions' log lengths in the latest training step that
+        #: had two or more of them (std, log tokens): what ``auto`` reads.
+        self.spreads: dict[Hashable, float] = {}
         if predictor is None:
             from ..online import OnlineLengthPredictor
 
@@ -278,13 +320,30 @@ class RolloutPlanner:
             first.setdefault(u, i)
         per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
                                                     max_new_tokens=self.max_new_tokens)))
-        extra = {}
-        if self.placement == "ways":
+        placement = self.placement_for(keys)
+        extra: dict[str, Any] = {}
+        if placement in ("ways", "classes"):
             extra = {"prompt_lens": batch_prompt_tokens(non_tensor_batch, len(uids)), "budget_tokens": self.pool_tokens}
-        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=self.placement,
-                            **extra)
+        if placement == "classes":
+            extra.update(max_new_tokens=self.max_new_tokens, cost=self.cost)
+        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=placement,
+                            order=self.order, **extra)
         self.last_plan = plan
         return plan, keys
+
+    def placement_for(self, keys: Sequence[Hashable]) -> str:
+        """The placement of a batch whose rows have prompt ``keys``: the planner's, or for ``auto``
+        ``classes`` when every prompt was seen in an earlier training step and the median of their
+        siblings' spreads is at most :data:`lengthsched.placement.CLASSES_MAX_SPREAD` (what
+        :func:`lengthsched.placement.recommend_rollout_policy` picks ``placed_classes`` for), else
+        ``fallback``."""
+        if self.placement != "auto":
+            return self.placement
+        prompts = list(dict.fromkeys(keys))
+        if not prompts or any(k not in self.spreads for k in prompts):
+            return self.fallback
+        return "classes" if float(np.median([self.spreads[k] for k in prompts])) <= CLASSES_MAX_SPREAD \
+            else self.fallback
 
     def plan_batch(self, batch: Any, replicas: int) -> tuple[RolloutPlan, list[str]]:
         """:meth:`plan` on ``batch.non_tensor_batch`` (a verl ``DataProto``), writing the plan's
@@ -297,7 +356,14 @@ class RolloutPlanner:
         """Feed one training batch's response lengths (tokens, per row) to the predictor as the next
         rollout step. Returns the rows fed (0 for a predictor without ``observe``)."""
         self.steps += 1
-        return observe_lengths(self.predictor, keys, lengths, step=self.steps)
+        fed = observe_lengths(self.predictor, keys, lengths, step=self.steps)
+        by_prompt: dict[Hashable, list[int]] = {}
+        for key, length in zip(keys, lengths):
+            by_prompt.setdefault(key, []).append(length)
+        for key, seen in by_prompt.items():
+            if len(seen) >= 2:
+                self.spreads[key] = sibling_spread([np.maximum(np.asarray(seen, dtype=np.float64), 1.0)])
+        return fed
 
 
 #: Characters per token and tokens per chat message (its template) of :func:`batch_prompt_tokens`' estimate.
@@ -364,9 +430,11 @@ def planner_from_config(config: Any, default_placement: str = "spread") -> Rollo
     """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
     ('module:callable' returning a LengthPredictor, or absent for the online predictor),
     ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``,
-    ``lengthsched.placement`` (``spread``, ``groups`` or ``ways``; default ``default_placement``),
-    ``lengthsched.pool_tokens`` (each replica's KV pool in tokens, for ``ways``; else
-    ``lengthsched.steal.pool_tokens``)."""
+    ``lengthsched.placement`` (``spread``, ``groups``, ``ways``, ``classes`` or ``auto``; default
+    ``default_placement``, which is also ``auto``'s fallback), ``lengthsched.pool_tokens`` (each
+    replica's KV pool in tokens, for ``ways``, ``classes`` and ``auto``; else
+    ``lengthsched.steal.pool_tokens``), ``lengthsched.order`` (``longest`` or ``batch``; default the
+    placement's) and ``lengthsched.cost`` (the path of a step-cost JSON, for ``classes`` and ``auto``)."""
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
@@ -382,7 +450,8 @@ def planner_from_config(config: Any, default_placement: str = "spread") -> Rollo
         pool = steal.get("pool_tokens")
     placement = options.get("placement", default_placement)
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
-                          placement=placement, pool_tokens=pool if placement == "ways" else None)
+                          placement=placement, pool_tokens=pool if placement in ("ways", "classes", "auto") else None,
+                          order=options.get("order"), cost=options.get("cost"), fallback=default_placement)
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
