@@ -268,6 +268,7 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("vllm_priority + verl routing (previous epoch)", "vllm_priority", "least_loaded", "epoch"),
     ("steal (previous epoch)", "steal", None, "epoch"),
     ("placed_classes (previous epoch)", "placed_classes", None, "epoch"),
+    ("steal_classes (previous epoch)", "steal_classes", None, "epoch"),
     ("recommended (previous epoch)", "recommended", None, "epoch"),
 )
 # Timed by rollout_speed beside ROLLOUT_RUNS (not in the grid's tables: rollout_variants scores it)

@@ -188,7 +188,7 @@ def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas:
     ``evaluate`` (placement -> seconds of the step, on the predicted lengths) finds fastest (ties: the
     smaller ``lam``). By default ``evaluate`` is the slowest replica's :func:`estimate_seconds`, a
     lower bound that misses what an engine's eager admission costs in preemptions; a simulator of
-    the engines (``simulate.run_rollout`` does so for ``placed_classes``) judges better.
+    the engines (``simulate.run_rollout`` does so for ``placed_classes`` and ``steal_classes``) judges better.
 
     Args:
         lengths: per completion, its predicted length in tokens.
@@ -229,9 +229,12 @@ def sibling_spread(groups: Any) -> float:
 def recommend_rollout_policy(previous: Any) -> str:
     """The rollout policy to run a step with, given the completions of the same prompts one epoch
     earlier (``previous``: per prompt, its completions' lengths in tokens) and predictions learnt from
-    them (:class:`lengthsched.OnlineLengthPredictor`): ``"placed_classes"`` when the siblings agree
+    them (:class:`lengthsched.OnlineLengthPredictor`): ``"steal_classes"`` when the siblings agree
     (:func:`sibling_spread` <= :data:`CLASSES_MAX_SPREAD`: the predictions then know each completion's
-    length), else ``"steal"`` (the default policy, which hardly depends on the predictions). Names of
-    ``lengthsched.runtime.POLICIES``; without history, use ``"steal"``."""
+    length; ``steal`` over length classes, which stealing keeps from losing much where a prediction
+    is off), else ``"steal"`` (the default policy, which hardly depends on the predictions). Names of
+    ``lengthsched.runtime.POLICIES``; without history, use ``"steal"``. (``"placed_classes"``, the
+    classes without stealing, was recommended until 2026-11-27: faster on some draws, far slower on
+    others, docs/benchmarks.md, "Other draws of the grid".)"""
     spread = sibling_spread(previous)
-    return "placed_classes" if spread <= CLASSES_MAX_SPREAD else "steal"
+    return "steal_classes" if spread <= CLASSES_MAX_SPREAD else "steal"

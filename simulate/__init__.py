@@ -23,7 +23,7 @@ from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 #: vLLM + verl on a few settings and misses the goal of 10% on average: see docs/benchmarks.md.
 #: On one engine (``run_group``, ``run_batch``) it is vLLM's FCFS engine. With the previous epoch's
 #: completions of the same prompts, ``lengthsched.placement.recommend_rollout_policy`` says whether
-#: ``placed_classes`` (length classes) should run instead.
+#: ``steal_classes`` (``steal`` over length classes) should run instead.
 DEFAULT_POLICY = "steal"
 
 __all__ = [

@@ -269,8 +269,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:
-    """The placement of ``placed_classes``: :func:`lengthsched.runtime.replicas.plan_classes` on the
-    predictions (none: every completion ``max_new_tokens`` long), every replica the policy's engine."""
+    """The placement of ``placed_classes`` and ``steal_classes``: :func:`lengthsched.runtime.replicas.plan_classes`
+    on the predictions (none: every completion ``max_new_tokens`` long), every replica the policy's
+    ``ENGINE``."""
     pred = common["pred"] if common["pred"] is not None else np.full(len(owner), common["max_new"])
     return plan_classes(pred, owner, common["prompt_lens"], replicas=replicas, budget_tokens=common["budget"],
                         max_new_tokens=common["max_new"], cost=common["cost"], policy=POLICIES[policy].cls.ENGINE,
@@ -446,6 +447,10 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
     if cls.STEALS:  # placed before the step (cls.PLACE); replicas steal later
         if cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
+        elif cls.PLACE == "classes":  # steal_classes: placed_classes's placement
+            placed = _plan_classes(policy, replicas, owner, dict(pred=pred, max_new=max_new, prompt_lens=prompt_lens,
+                                                                 budget=budget, cost=cost, prefill_chunk=prefill_chunk,
+                                                                 max_seqs=max_seqs))
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
             sizes = [len(g.lengths) for g in groups]
             # without predictions every completion may run to max_new_tokens, as the replicas assume

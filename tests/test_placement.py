@@ -84,7 +84,7 @@ def test_the_recommendation_follows_how_much_siblings_agree():
     close = [g.lengths for g in castillo_groups(16, limit=64, seed=11, epoch=1)]
     apart = [g.lengths for g in trace_groups("lmsys", 16, spread=1.0, limit=64, seed=11, epoch=1)]
     assert sibling_spread(close) < CLASSES_MAX_SPREAD < sibling_spread(apart)
-    assert recommend_rollout_policy(close) == "placed_classes" and recommend_rollout_policy(apart) == "steal"
+    assert recommend_rollout_policy(close) == "steal_classes" and recommend_rollout_policy(apart) == "steal"
     assert sibling_spread([[100, 100], [10]]) == 0.0 and np.isnan(sibling_spread([[5]]))
     assert recommend_rollout_policy([[7]]) == "steal"  # no sibling seen: no evidence that they agree
     with pytest.raises(InvalidArgument, match="'groups'"):

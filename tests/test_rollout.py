@@ -122,10 +122,10 @@ def test_bad_rollout_inputs_name_the_argument():
 def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
     assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer",
-                                                "seer_divided", "steal", "steal_observed")
+                                                "seer_divided", "steal", "steal_classes", "steal_observed")
     assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive",
                                           "sglang", "sglang_priority", "seer", "seer_divided", "steal",
-                                          "steal_observed")
+                                          "steal_classes", "steal_observed")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -198,8 +198,8 @@ def test_seer_sends_one_probe_per_group_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(policy=st.sampled_from(["steal", "steal_observed", "seer", "seer_divided", "vllm_priority", "sglang_priority",
-                               "placed_adaptive", "placed_classes"]),
+@given(policy=st.sampled_from(["steal", "steal_observed", "steal_classes", "seer", "seer_divided", "vllm_priority",
+                               "sglang_priority", "placed_adaptive", "placed_classes"]),
        seed=st.integers(0, 50), replicas=st.integers(1, 3))
 def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas):
     """Lengthen every completion that has not finished by some time t: the runs agree on every run of

@@ -479,6 +479,21 @@ class WorkStealing(VLLMLike):
         return True
 
 
+class StealClasses(WorkStealing):
+    """``steal`` over the placement of ``placed_classes`` (``steal_classes``): the completions placed in
+    length classes by predicted length (:func:`lengthsched.runtime.replicas.plan_classes`, judged by
+    simulating vLLM's priority scheduling on each replica, against verl's spread), each replica's queue
+    in placement order (the batch's), then ``steal``'s engine: vLLM FCFS, drained replicas stealing
+    waiting requests and taking running ones. The classes gather the longest predicted completions on
+    few replicas; stealing repairs what the predictions got wrong. For predictions that know each
+    completion's length to ~10% (one earlier epoch of the same prompts where siblings agree:
+    :func:`lengthsched.placement.recommend_rollout_policy`); docs/benchmarks.md, "Rollout steps"."""
+
+    name = "steal_classes"
+    PLACE = "classes"
+    ENGINE = "vllm_priority"  # what the placement's planner simulates on each replica, as placed_classes
+
+
 class StealObserved(WorkStealing):
     """``steal`` as a framework can run it (``steal_observed``): the same placement, but every steal and
     every move of a running request is decided by a :class:`~lengthsched.integrations.StealCoordinator`

@@ -21,7 +21,7 @@ from .baselines import (
     VLLMLike,
     VLLMPriority,
 )
-from .dispatch import SeerDivided, SeerLike, StealObserved, WorkStealing
+from .dispatch import SeerDivided, SeerLike, StealClasses, StealObserved, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -107,8 +107,11 @@ POLICIES: dict[str, PolicySpec] = _specs(
                "queue every 128 tokens and continue on any replica, their KV loaded through a global pool "
                "(priced over the host link)",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
-    PolicySpec("steal", WorkStealing, "placed as verl routes (whole groups by predicted work when prompts would "
-               "crowd the pool), vLLM FCFS per replica, a replica with room steals from the fullest queue",
+    PolicySpec("steal", WorkStealing, "each group over as many replicas as the pools hold its prompts (whole groups "
+               "in crowded steps), vLLM FCFS per replica, drained replicas steal waiting requests and take running "
+               "ones", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("steal_classes", StealClasses, "steal over placed_classes's placement (length classes by predicted "
+               "length): for predictions learnt from an earlier epoch where siblings agree",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal_observed", StealObserved, "steal decided from snapshots a framework can take "
                "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
