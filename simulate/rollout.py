@@ -476,7 +476,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         board = []
         for r, (pol, eng) in enumerate(zip(pols, engines)):
             mine = np.flatnonzero(placed == r)
-            if cls.ORDER == "longest":  # longest predicted first (ties: placement order)
+            order = cls.ORDER if replicas > 1 else cls.ORDER_ONE_REPLICA
+            if order == "longest":  # longest predicted first (ties: placement order)
                 mine = mine[np.argsort(-pols[0].work[mine], kind="stable")]
             mine = mine.tolist()
             pol.waiting = mine[::-1]  # a stack: the front is the end

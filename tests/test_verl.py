@@ -477,7 +477,7 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
     """placement='classes' is plan_rollout's length classes with each row's prompt tokens, the pool,
     the response length and the cost; 'auto' plans classes for a batch whose every prompt was seen in
     an earlier training step with siblings that agreed (what recommend_rollout_policy picks
-    placed_classes for), else its fallback."""
+    steal_classes for), else its fallback."""
     from lengthsched.cost import StepCost
     from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy
 
@@ -510,7 +510,7 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
     agree = {key: [n, n + 5, n - 5, n + 10] for key, n in zip(dict.fromkeys(keys), TRUE.values())}
     rows = [agree[k][i % G] for i, k in enumerate(keys)]
     auto.observe(keys, rows)
-    assert recommend_rollout_policy(list(agree.values())) == "placed_classes"
+    assert recommend_rollout_policy(list(agree.values())) == "steal_classes"
     assert auto.placement_for(keys) == "classes"
     assert auto.plan(ntb, replicas=2)[0].placement == "classes"
     assert auto.placement_for(keys + ["unseen prompt"]) == "spread"  # one prompt without history
@@ -529,6 +529,8 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
                                                      cost=str(tmp_path / "cost.json"), order="longest"),
                                       default_placement="ways")
     assert (stealing.fallback, stealing.pool_tokens, stealing.order, stealing.cost) == ("ways", 2000, "longest", fitted)
+    assert lv.planner_from_config(trainer_config(), default_order="batch").order == "batch"
+    assert lv.planner_from_config(trainer_config(order="longest"), default_order="batch").order == "longest"
 
 
 @pytest.fixture

@@ -562,17 +562,20 @@ def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_repor
     assert default.placement == "ways" and default.pool_tokens == 300
 
 
-def test_the_stealing_manager_runs_a_length_classes_plan_as_planned():
+def test_the_stealing_manager_steals_over_length_classes_in_placement_order():
     """A batch planned in length classes (lengthsched.placement=classes, or auto with agreeing history)
-    runs as the simulator's placed_classes does: the static plan, no driver, no steals."""
+    runs as the simulator's steal_classes: the classes' placement, each replica's rows in batch order,
+    the driver stealing; without history auto plans steal's placement."""
     lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}
-    _, _, manager, out = run_stealing_manager(lengths, placement="classes", steal={"pool_tokens": 100_000})
-    assert manager.lengthsched_planner().last_plan.placement == "classes"
-    assert manager.lengthsched_driver is None and "lengthsched/steals" not in out.meta_info["timing"]
-    _, _, manager, out = run_stealing_manager(lengths, placement="auto", steal={"pool_tokens": 100_000,
-                                                                               "poll_interval": 0.001})
-    assert manager.lengthsched_planner().last_plan.placement == "ways"  # no history yet: steal's placement
+    _, _, manager, out = run_stealing_manager(lengths, placement="classes", steal={"pool_tokens": 100_000,
+                                                                                  "poll_interval": 0.001})
+    plan = manager.lengthsched_planner().last_plan
+    assert (plan.placement, plan.order) == ("classes", "batch")
     assert manager.lengthsched_driver is not None and "lengthsched/steals" in out.meta_info["timing"]
+    _, _, manager, out = run_stealing_manager(lengths, placement="auto", order="longest",
+                                              steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    plan = manager.lengthsched_planner().last_plan
+    assert (plan.placement, plan.order) == ("ways", "longest")  # no history yet: steal's placement; order as asked
 
 
 def test_the_verl_classes_need_verl_only_when_asked_for():

@@ -249,8 +249,9 @@ class RolloutPlanner:
     ``placement``: :func:`plan_rollout`'s, ``spread`` (verl's routing, the default), ``groups`` (whole
     groups by predicted work), ``ways`` (the simulator's ``steal`` placement, for a rollout that
     steals: :mod:`lengthsched.integrations.verl_stealing`), ``classes`` (length classes, the
-    simulator's ``placed_classes``: worth it only where the predictions know each completion's
-    length, as one earlier epoch of the same prompts does where siblings agree), or ``auto`` (the
+    simulator's ``placed_classes``, or ``steal_classes`` under the stealing manager: worth it only
+    where the predictions know each completion's length, as one earlier epoch of the same prompts
+    does where siblings agree), or ``auto`` (the
     simulator's recommendation, :func:`lengthsched.placement.recommend_rollout_policy`: ``classes``
     for a batch whose every prompt was seen in an earlier training step with siblings that agreed,
     their spread at most :data:`lengthsched.placement.CLASSES_MAX_SPREAD`; else ``fallback``).
@@ -335,7 +336,7 @@ class RolloutPlanner:
         """The placement of a batch whose rows have prompt ``keys``: the planner's, or for ``auto``
         ``classes`` when every prompt was seen in an earlier training step and the median of their
         siblings' spreads is at most :data:`lengthsched.placement.CLASSES_MAX_SPREAD` (what
-        :func:`lengthsched.placement.recommend_rollout_policy` picks ``placed_classes`` for), else
+        :func:`lengthsched.placement.recommend_rollout_policy` picks ``steal_classes`` for), else
         ``fallback``."""
         if self.placement != "auto":
             return self.placement
@@ -426,15 +427,17 @@ def _options(config: Any) -> dict[str, Any]:
     return {key: section[key] for key in section}
 
 
-def planner_from_config(config: Any, default_placement: str = "spread") -> RolloutPlanner:
+def planner_from_config(config: Any, default_placement: str = "spread",
+                        default_order: str | None = None) -> RolloutPlanner:
     """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
     ('module:callable' returning a LengthPredictor, or absent for the online predictor),
     ``lengthsched.default_length`` (tokens), capped at ``actor_rollout_ref.rollout.response_length``,
     ``lengthsched.placement`` (``spread``, ``groups``, ``ways``, ``classes`` or ``auto``; default
     ``default_placement``, which is also ``auto``'s fallback), ``lengthsched.pool_tokens`` (each
     replica's KV pool in tokens, for ``ways``, ``classes`` and ``auto``; else
-    ``lengthsched.steal.pool_tokens``), ``lengthsched.order`` (``longest`` or ``batch``; default the
-    placement's) and ``lengthsched.cost`` (the path of a step-cost JSON, for ``classes`` and ``auto``)."""
+    ``lengthsched.steal.pool_tokens``), ``lengthsched.order`` (``longest`` or ``batch``; default
+    ``default_order``, None: the placement's) and ``lengthsched.cost`` (the path of a step-cost JSON,
+    for ``classes`` and ``auto``)."""
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
@@ -451,7 +454,8 @@ def planner_from_config(config: Any, default_placement: str = "spread") -> Rollo
     placement = options.get("placement", default_placement)
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
                           placement=placement, pool_tokens=pool if placement in ("ways", "classes", "auto") else None,
-                          order=options.get("order"), cost=options.get("cost"), fallback=default_placement)
+                          order=options.get("order", default_order), cost=options.get("cost"),
+                          fallback=default_placement)
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
@@ -472,13 +476,16 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
 
         #: The placement when the config names none (the stealing manager plans with steal's, "ways").
         lengthsched_default_placement = "spread"
+        #: The order when the config names none (None: the placement's; the stealing manager: "batch").
+        lengthsched_default_order: str | None = None
 
         def lengthsched_planner(self) -> RolloutPlanner:
             """The planner (built once from the trainer config)."""
             planner = getattr(self, "_lengthsched_planner", None)
             if planner is None:
                 planner = self._lengthsched_planner = planner_from_config(
-                    self.config, default_placement=self.lengthsched_default_placement)
+                    self.config, default_placement=self.lengthsched_default_placement,
+                    default_order=self.lengthsched_default_order)
             return planner
 
         async def lengthsched_replicas(self) -> int:

@@ -488,9 +488,11 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
     - plans with ``steal``'s placement (``placement="ways"``, each replica's pool ``pool_tokens``) unless
       the config names a ``lengthsched.placement``: verl's spread with stealing is what the simulator
       measured slower (docs/benchmarks.md, "How widely to spread a group");
-    - runs a batch planned in length classes (``lengthsched.placement=classes``, or ``auto`` where the
-      prompts' history says so) as its static plan, without a driver (the simulator's ``placed_classes``);
-    - around verl's ``generate_sequences`` of every other batch runs a :class:`StealDriver`: every row submitted
+    - ranks each replica's rows in batch order (``order="batch"``) unless the config names a
+      ``lengthsched.order``: vLLM's priority scheduling then starts them as ``steal`` does, in placement
+      order (with ``placement=classes``, or ``auto`` where the prompts' history says so, the
+      simulator's ``steal_classes``);
+    - around verl's ``generate_sequences`` of every batch runs a :class:`StealDriver`: every row submitted
       under its priority (its planned replica, predicted length, ``uid`` as group, its prompt tokens from
       :func:`~lengthsched.integrations.verl.batch_prompt_tokens`), polling until the batch is done; the router must be a
       :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` (``get_server_handles``, ``reroute``);
@@ -509,11 +511,9 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
             self.lengthsched_driver: StealDriver | None = None
 
         lengthsched_default_placement = "ways"  # steal's placement unless the config names another
+        lengthsched_default_order = "batch"  # steal's order: each replica's rows as placed
 
         async def lengthsched_run(self, prompts: Any, plan: Any) -> Any:
-            if plan.placement == "classes":  # the simulator's placed_classes: a static plan, no stealing
-                self.lengthsched_driver = None
-                return await super().lengthsched_run(prompts, plan)
             router = self.llm_client._load_balancer
             servers = await _call(router, "get_server_handles")
             driver = StealDriver(self.lengthsched_steal.coordinator(plan.replicas), router, servers,

@@ -360,6 +360,7 @@ class WorkStealing(VLLMLike):
     # Each replica's queue at the start: "placement" (group order, as verl submits a batch) or "longest"
     # (longest predicted first; measured in docs/benchmarks.md, "What stealing gains, and from what").
     ORDER = "placement"
+    ORDER_ONE_REPLICA = "placement"  # ORDER where the step has one replica (nothing to steal from)
     # Whether a replica may take requests that already generated tokens (preempted ones, which move with
     # their text and are recomputed where they land). False: only requests that never started, all a
     # framework can move by aborting and resubmitting requests without carrying partial generations
@@ -483,15 +484,22 @@ class StealClasses(WorkStealing):
     """``steal`` over the placement of ``placed_classes`` (``steal_classes``): the completions placed in
     length classes by predicted length (:func:`lengthsched.runtime.replicas.plan_classes`, judged by
     simulating vLLM's priority scheduling on each replica, against verl's spread), each replica's queue
-    in placement order (the batch's), then ``steal``'s engine: vLLM FCFS, drained replicas stealing
-    waiting requests and taking running ones. The classes gather the longest predicted completions on
-    few replicas; stealing repairs what the predictions got wrong. For predictions that know each
-    completion's length to ~10% (one earlier epoch of the same prompts where siblings agree:
-    :func:`lengthsched.placement.recommend_rollout_policy`); docs/benchmarks.md, "Rollout steps"."""
+    in placement order (the batch's; longest predicted first on one replica), then ``steal``'s engine:
+    vLLM FCFS, drained replicas stealing waiting requests and taking running ones. The classes gather
+    the longest predicted completions on few replicas; stealing repairs what the predictions got
+    wrong. For predictions that know each completion's length to ~10% (one earlier epoch of the same
+    prompts where siblings agree: :func:`lengthsched.placement.recommend_rollout_policy`);
+    docs/benchmarks.md, "Rollout steps"."""
 
     name = "steal_classes"
     PLACE = "classes"
     ENGINE = "vllm_priority"  # what the placement's planner simulates on each replica, as placed_classes
+    # On one replica nothing is placed and nothing stolen: its queue longest predicted first, as
+    # placed_classes runs it (vLLM priority scheduling: 1.6-3.5% faster than FCFS on the one-replica
+    # CASTILLO settings of seeds 11 and 12 with one epoch of history, worst 1.003). On several replicas
+    # placement order: longest first there was 0.8 points faster on the CASTILLO settings of the four
+    # draws but up to 1.23x slower than vLLM + verl (outside the suite; docs/benchmarks.md).
+    ORDER_ONE_REPLICA = "longest"
 
 
 class StealObserved(WorkStealing):
