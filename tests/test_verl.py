@@ -412,6 +412,8 @@ def test_planner_groups_by_uid_and_predicts_per_prompt():
     assert batch.non_tensor_batch["priority"].tolist() == list(plan.priority)
     assert lv.prompt_key("text") == "text" and lv.prompt_key(np.array([{"a": 1}], dtype=object)) == '[{"a": 1}]'
     assert planner.observe(keys, [5] * 24) == 0  # a constant predictor learns nothing
+    with pytest.raises(InvalidArgument, match="argument 'lengths'"):
+        planner.observe(keys, [5] * 23)
     online = lv.RolloutPlanner(max_new_tokens=512)
     assert online.predictor.default_length == 256
     with pytest.raises(InvalidArgument, match="argument 'non_tensor_batch'"):
@@ -479,7 +481,7 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
     an earlier training step with siblings that agreed (what recommend_rollout_policy picks
     steal_classes for), else its fallback."""
     from lengthsched.cost import StepCost
-    from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy
+    from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 
     batch = rollout_batch(False, 1)
     ntb = batch.non_tensor_batch
@@ -516,7 +518,7 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
     assert auto.placement_for(keys + ["unseen prompt"]) == "spread"  # one prompt without history
     disagree = lv.RolloutPlanner(max_new_tokens=512, placement="auto", pool_tokens=2000, fallback="ways")
     disagree.observe(keys, [[10, 900, 40, 300][i % G] for i in range(len(keys))])
-    assert min(disagree.spreads.values()) > CLASSES_MAX_SPREAD
+    assert sibling_spread(list(disagree.history.values())) > CLASSES_MAX_SPREAD
     plan = disagree.plan(ntb, replicas=2)[0]
     assert plan.placement == "ways" and plan.order == "batch"
     # the latest step with two or more completions of a prompt is what counts

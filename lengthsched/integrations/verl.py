@@ -61,7 +61,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from ..memory import ModelMemory
-from ..placement import CLASSES_MAX_SPREAD, sibling_spread
+from ..placement import recommend_rollout_policy
 from ..plan import Plan
 from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
 from .rollout import (
@@ -289,9 +289,9 @@ class RolloutPlanner:
             raise InvalidArgument("cost", type(cost).__name__, "a lengthsched.cost.StepCost, the path of its JSON, "
                                                                "or None")
         self.cost = cost
-        #: Per prompt key, the spread of its completions' log lengths in the latest training step that
-        #: had two or more of them (std, log tokens): what ``auto`` reads.
-        self.spreads: dict[Hashable, float] = {}
+        #: Per prompt key, its completions' lengths (tokens, at least 1) in the latest training step that
+        #: had two or more of them: what ``auto`` reads.
+        self.history: dict[Hashable, list[int]] = {}
         if predictor is None:
             from ..online import OnlineLengthPredictor
 
@@ -334,16 +334,15 @@ class RolloutPlanner:
 
     def placement_for(self, keys: Sequence[Hashable]) -> str:
         """The placement of a batch whose rows have prompt ``keys``: the planner's, or for ``auto``
-        ``classes`` when every prompt was seen in an earlier training step and the median of their
-        siblings' spreads is at most :data:`lengthsched.placement.CLASSES_MAX_SPREAD` (what
-        :func:`lengthsched.placement.recommend_rollout_policy` picks ``steal_classes`` for), else
-        ``fallback``."""
+        ``classes`` when every prompt was seen in an earlier training step and
+        :func:`lengthsched.placement.recommend_rollout_policy` picks length classes
+        (``steal_classes``) from their siblings' lengths there, else ``fallback``."""
         if self.placement != "auto":
             return self.placement
         prompts = list(dict.fromkeys(keys))
-        if not prompts or any(k not in self.spreads for k in prompts):
+        if not prompts or any(k not in self.history for k in prompts):
             return self.fallback
-        return "classes" if float(np.median([self.spreads[k] for k in prompts])) <= CLASSES_MAX_SPREAD \
+        return "classes" if recommend_rollout_policy([self.history[k] for k in prompts]) == "steal_classes" \
             else self.fallback
 
     def plan_batch(self, batch: Any, replicas: int) -> tuple[RolloutPlan, list[str]]:
@@ -356,6 +355,8 @@ class RolloutPlanner:
     def observe(self, keys: Sequence[str], lengths: Sequence[int]) -> int:
         """Feed one training batch's response lengths (tokens, per row) to the predictor as the next
         rollout step. Returns the rows fed (0 for a predictor without ``observe``)."""
+        if len(keys) != len(lengths):
+            raise InvalidArgument("lengths", f"{len(lengths)} values", f"{len(keys)} values, one per key")
         self.steps += 1
         fed = observe_lengths(self.predictor, keys, lengths, step=self.steps)
         by_prompt: dict[Hashable, list[int]] = {}
@@ -363,7 +364,7 @@ class RolloutPlanner:
             by_prompt.setdefault(key, []).append(length)
         for key, seen in by_prompt.items():
             if len(seen) >= 2:
-                self.spreads[key] = sibling_spread([np.maximum(np.asarray(seen, dtype=np.float64), 1.0)])
+                self.history[key] = [max(1, int(n)) for n in seen]
         return fed
 
 
