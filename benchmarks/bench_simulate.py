@@ -272,7 +272,8 @@ ROLLOUT_RUNS = (  # (label, policy, router, predictions)
     ("recommended (previous epoch)", "recommended", None, "epoch"),
 )
 # Timed by rollout_speed beside ROLLOUT_RUNS (not in the grid's tables: rollout_variants scores it)
-SPEED_EXTRA = (("steal_observed", "steal_observed", None, "realistic"),)
+SPEED_EXTRA = (("steal_observed", "steal_observed", None, "realistic"),
+               ("steal_classes", "steal_classes", None, "realistic"))
 ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
                 for f in (2, 4, 8, 16, 64)]
 CONSTANT_PREDICTION = 300  # tokens, every completion: a predictor that knows nothing of the prompt
