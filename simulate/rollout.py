@@ -474,9 +474,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
         pols.append(pol)
     if cls.STEALS:
         board = []
+        order = cls.ORDER if replicas > 1 else cls.ORDER_ONE_REPLICA
         for r, (pol, eng) in enumerate(zip(pols, engines)):
             mine = np.flatnonzero(placed == r)
-            order = cls.ORDER if replicas > 1 else cls.ORDER_ONE_REPLICA
             if order == "longest":  # longest predicted first (ties: placement order)
                 mine = mine[np.argsort(-pols[0].work[mine], kind="stable")]
             mine = mine.tolist()

@@ -237,6 +237,10 @@ def prompt_key(prompt: Any) -> str:
         raise InvalidArgument("raw_prompt", type(prompt).__name__, "a string or JSON-like chat messages") from exc
 
 
+#: The planner's placements that need each replica's KV pool (``pool_tokens``).
+_POOL_PLACEMENTS = ("ways", "classes", "auto")
+
+
 class RolloutPlanner:
     """Plans verl rollout batches and learns from their lengths (numpy only; verl-independent).
 
@@ -273,7 +277,7 @@ class RolloutPlanner:
         self.placement = placement
         self.fallback = check_placement(fallback, ("spread", "groups", "ways"))
         self.order = check_order(order)
-        if placement in ("ways", "classes", "auto") or pool_tokens is not None:
+        if placement in _POOL_PLACEMENTS or pool_tokens is not None:
             pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
         self.pool_tokens = pool_tokens
         if max_new_tokens is not None:
@@ -454,7 +458,7 @@ def planner_from_config(config: Any, default_placement: str = "spread",
         pool = steal.get("pool_tokens")
     placement = options.get("placement", default_placement)
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
-                          placement=placement, pool_tokens=pool if placement in ("ways", "classes", "auto") else None,
+                          placement=placement, pool_tokens=pool if placement in _POOL_PLACEMENTS else None,
                           order=options.get("order", default_order), cost=options.get("cost"),
                           fallback=default_placement)
 

@@ -496,9 +496,9 @@ class StealClasses(WorkStealing):
     ENGINE = "vllm_priority"  # what the placement's planner simulates on each replica, as placed_classes
     # On one replica nothing is placed and nothing stolen: its queue longest predicted first, as
     # placed_classes runs it (vLLM priority scheduling: 1.6-3.5% faster than FCFS on the one-replica
-    # CASTILLO settings of seeds 11 and 12 with one epoch of history, worst 1.003). On several replicas
-    # placement order: longest first there was 0.8 points faster on the CASTILLO settings of the four
-    # draws but up to 1.23x slower than vLLM + verl (outside the suite; docs/benchmarks.md).
+    # CASTILLO settings of seeds 11 and 12 with one epoch of history, worst 1.003: the rows vllm_priority
+    # (previous epoch) of docs/benchmarks.md's rollout tables). On several replicas placement order, as
+    # steal: longest first there was faster on average but far less safe (a trial outside the suite).
     ORDER_ONE_REPLICA = "longest"
 
 
