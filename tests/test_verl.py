@@ -531,8 +531,18 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
                                                      cost=str(tmp_path / "cost.json"), order="longest"),
                                       default_placement="ways")
     assert (stealing.fallback, stealing.pool_tokens, stealing.order, stealing.cost) == ("ways", 2000, "longest", fitted)
-    assert lv.planner_from_config(trainer_config(), default_order="batch").order == "batch"
-    assert lv.planner_from_config(trainer_config(order="longest"), default_order="batch").order == "longest"
+    by_default = lv.planner_from_config(trainer_config(), default_order="batch")
+    assert (by_default.order, by_default.default_order) == (None, "batch")
+    assert [by_default.order_for(p, r) for p, r in (("ways", 1), ("classes", 2), ("classes", 1))] == \
+        ["batch", "batch", "longest"]  # as steal and steal_classes order their queues
+    named = lv.planner_from_config(trainer_config(order="batch"), default_order="batch")
+    assert named.order_for("classes", 1) == "batch"  # an order the config names holds everywhere
+    # the stealing manager's classes plan on one replica: longest predicted first (steal_classes' order
+    # where nothing can be stolen); on two, in batch order
+    one = lv.RolloutPlanner(max_new_tokens=512, placement="classes", pool_tokens=2000, default_order="batch")
+    assert one.plan(ntb, replicas=1)[0].order == "longest" and one.plan(ntb, replicas=2)[0].order == "batch"
+    with pytest.raises(InvalidArgument, match="argument 'default_order'"):
+        lv.RolloutPlanner(default_order="shortest")
 
 
 @pytest.fixture

@@ -326,10 +326,11 @@ def check_placement(placement: Any, allowed: Sequence[str] = PLACEMENTS) -> str:
     return placement
 
 
-def check_order(order: Any) -> str | None:
-    """``order`` if it is one of :data:`ORDERS` or None, else :class:`InvalidArgument` naming it."""
+def check_order(order: Any, name: str = "order") -> str | None:
+    """``order`` if it is one of :data:`ORDERS` or None, else :class:`InvalidArgument` naming it
+    (as ``name``)."""
     if order is not None and order not in ORDERS:
-        raise InvalidArgument("order", order, "'longest' (longest predicted first), 'batch' (batch order) or None "
+        raise InvalidArgument(name, order, "'longest' (longest predicted first), 'batch' (batch order) or None "
                                               "(the placement's default)")
     return order
 

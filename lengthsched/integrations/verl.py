@@ -264,19 +264,23 @@ class RolloutPlanner:
     ``auto`` also need ``max_new_tokens`` and judge their candidates with ``cost`` (a
     :class:`lengthsched.cost.StepCost` or the path of its JSON; default Qwen3-1.7B on the H100
     preset: pass your model's, fitted where you can, ``lengthsched cost fit``). ``order``: how each
-    replica's rows are ranked (:func:`plan_rollout`'s; None: its default for the placement).
+    replica's rows are ranked (:func:`plan_rollout`'s); None: ``default_order``, except for a
+    ``classes`` plan on one replica, ranked longest predicted first (nothing is placed or stolen
+    there: the simulator's ``steal_classes`` orders its one replica so); ``default_order`` None: the
+    placement's default.
     ``fallback``: ``auto``'s placement without agreeing history (``spread``; the stealing manager's
     ``ways``).
     """
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
                  placement: str = "spread", pool_tokens: int | None = None, order: str | None = None,
-                 cost: Any = None, fallback: str = "spread"):
+                 cost: Any = None, fallback: str = "spread", default_order: str | None = None):
         if placement != "auto":
             check_placement(placement)
         self.placement = placement
         self.fallback = check_placement(fallback, ("spread", "groups", "ways"))
         self.order = check_order(order)
+        self.default_order = check_order(default_order, "default_order")
         if placement in _POOL_PLACEMENTS or pool_tokens is not None:
             pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
         self.pool_tokens = pool_tokens
@@ -332,9 +336,19 @@ class RolloutPlanner:
         if placement == "classes":
             extra.update(max_new_tokens=self.max_new_tokens, cost=self.cost)
         plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=placement,
-                            order=self.order, **extra)
+                            order=self.order_for(placement, replicas), **extra)
         self.last_plan = plan
         return plan, keys
+
+    def order_for(self, placement: str, replicas: int) -> str | None:
+        """How a plan with ``placement`` on ``replicas`` ranks each replica's rows: ``order`` when given,
+        else ``"longest"`` for ``classes`` on one replica, else ``default_order`` (None: the
+        placement's default in :func:`plan_rollout`)."""
+        if self.order is not None:
+            return self.order
+        if placement == "classes" and replicas == 1:
+            return "longest"
+        return self.default_order
 
     def placement_for(self, keys: Sequence[Hashable]) -> str:
         """The placement of a batch whose rows have prompt ``keys``: the planner's, or for ``auto``
@@ -459,7 +473,7 @@ def planner_from_config(config: Any, default_placement: str = "spread",
     placement = options.get("placement", default_placement)
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
                           placement=placement, pool_tokens=pool if placement in _POOL_PLACEMENTS else None,
-                          order=options.get("order", default_order), cost=options.get("cost"),
+                          order=options.get("order"), default_order=default_order, cost=options.get("cost"),
                           fallback=default_placement)
 
 

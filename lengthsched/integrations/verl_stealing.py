@@ -491,7 +491,7 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
     - ranks each replica's rows in batch order (``order="batch"``) unless the config names a
       ``lengthsched.order``: vLLM's priority scheduling then starts them as ``steal`` does, in placement
       order (with ``placement=classes``, or ``auto`` where the prompts' history says so, the
-      simulator's ``steal_classes``);
+      simulator's ``steal_classes``, whose rows on ONE replica are ranked longest predicted first);
     - around verl's ``generate_sequences`` of every batch runs a :class:`StealDriver`: every row submitted
       under its priority (its planned replica, predicted length, ``uid`` as group, its prompt tokens from
       :func:`~lengthsched.integrations.verl.batch_prompt_tokens`), polling until the batch is done; the router must be a
