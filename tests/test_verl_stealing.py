@@ -517,10 +517,10 @@ class Worker:
         return FakeBatch(dict(ntb), {"response_mask": mask}, {})
 
 
-def run_stealing_manager(lengths: dict, **lengthsched: Any):
-    """One batch through the stealing manager (configured by ``lengthsched``) over two stepped fake
-    engines: (manager class, the plain client, the manager, its output)."""
-    engines, servers, router = cluster(lengths, max_num_seqs=2, replicas=2)
+def run_stealing_manager(lengths: dict, replicas: int = 2, **lengthsched: Any):
+    """One batch through the stealing manager (configured by ``lengthsched``) over ``replicas`` stepped
+    fake engines: (manager class, the plain client, the manager, its output)."""
+    engines, servers, router = cluster(lengths, max_num_seqs=2, replicas=replicas)
     config = trainer_config(response_length=512, **lengthsched)
     client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
     manager_cls = vs.make_stealing_agent_loop_manager_class(lv.make_agent_loop_manager_class(FakeAgentLoopManager),
@@ -572,6 +572,11 @@ def test_the_stealing_manager_steals_over_length_classes_in_placement_order():
     plan = manager.lengthsched_planner().last_plan
     assert (plan.placement, plan.order) == ("classes", "batch")
     assert manager.lengthsched_driver is not None and "lengthsched/steals" in out.meta_info["timing"]
+    # on one replica nothing is placed or stolen: its rows longest predicted first, as steal_classes runs it
+    _, _, manager, _ = run_stealing_manager(lengths, replicas=1, placement="classes",
+                                            steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    plan = manager.lengthsched_planner().last_plan
+    assert (plan.placement, plan.order, plan.replicas) == ("classes", "longest", 1)
     _, _, manager, out = run_stealing_manager(lengths, placement="auto", order="longest",
                                               steal={"pool_tokens": 100_000, "poll_interval": 0.001})
     plan = manager.lengthsched_planner().last_plan
