@@ -305,18 +305,11 @@ def previous_epoch_prediction(workload: str, prompts: int, seed: int, groups, re
     ``epoch=1``: fresh completions of the same prompts; the predictor's laws fitted on them, the
     realistic prompt-level predictions as its prior. The same number for all siblings (nothing of
     this step is revealed yet)."""
-    from lengthsched import OnlineLengthPredictor
+    from simulate.workloads import history_predictions
 
     before = rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), lmax=lmax, epoch=1)[0]
     prior = {g.prompt_id: float(realistic[i * len(g.lengths)]) for i, g in enumerate(groups)}
-    history = {g.prompt_id: g.lengths.tolist() for g in before}
-    predictor = OnlineLengthPredictor.fit(history, prior=prior, max_new_tokens=lmax)
-    for g in before:
-        for length in g.lengths.tolist():
-            predictor.observe(g.prompt_id, int(length))
-    predictor.set_step(1)
-    asked = [g.prompt_id for g in groups for _ in g.lengths]
-    return np.maximum(1, np.round(predictor.predict(asked).lengths)).astype(np.int64), before
+    return history_predictions(groups, before, prior, max_new_tokens=lmax), before
 
 
 ROLLOUT_COST: str | None = None  # --cost: a fitted StepCost JSON (its text) instead of the default model

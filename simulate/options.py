@@ -59,7 +59,10 @@ class SimulateOptions:
                                        "noisy:SIGMA (log-normal error, 0 < SIGMA <= 5), prompt:SIGMA (one "
                                        "prediction per prompt, log-normal error on its median), constant:TOKENS, "
                                     "trace (the trace's 'predicted'), or online / online:TOKENS (learns from "
-                                    "each group's finished siblings, from a constant prior)")
+                                    "each group's finished siblings, from a constant prior); in a rollout step "
+                                    "also history / history:SIGMA (what the online predictor knows after one "
+                                    "earlier epoch of the same prompts, prompt:SIGMA its prior, default 0.5: "
+                                    "adds steal_classes and recommends by the siblings' agreement)")
     quantile: float = _opt(0.9, "predicted quantile that length_aware reserves")
     policies: str | None = _opt(None, "comma-separated policies to compare, each once "
                                       "(lengthsched.runtime.POLICIES; default: " + ",".join(DEFAULT_POLICIES)

@@ -74,6 +74,9 @@ def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
     kind, _, arg = str(spec).partition(":")
     if kind == "oracle" and not arg:
         return group.lengths
+    if kind == "history":
+        raise InvalidArgument("predictor", spec, "a predictor for groups one at a time (" + PREDICTOR_SPECS + "); "
+                              "history / history:SIGMA is for a rollout step (--prompts / --replicas)")
     if kind == "trace" and not arg:
         if group.predicted is None:
             where = ("the workload " + repr(group.source)) if group.source else "the workload"
@@ -360,8 +363,9 @@ def check_options(opts: SimulateOptions) -> None:
     parse_bytes(opts.budget, "budget")
 
 
-def workload_groups(opts: SimulateOptions, limit: int | None) -> list[Group]:
-    """The groups ``opts`` describes (``--workload``, ``--group-size``, ``--groups`` as ``limit``).
+def workload_groups(opts: SimulateOptions, limit: int | None, epoch: int = 0) -> list[Group]:
+    """The groups ``opts`` describes (``--workload``, ``--group-size``, ``--groups`` as ``limit``;
+    ``epoch``: the same prompts with fresh completions, :func:`simulate.workloads.make_workload`).
     A trace file keeps its groups' logged sizes: ``--group-size`` with one only checks that every
     group has that many completions (an error otherwise, never silently ignored)."""
     named = opts.workload in WORKLOADS
@@ -369,7 +373,7 @@ def workload_groups(opts: SimulateOptions, limit: int | None) -> list[Group]:
         raise InvalidArgument("workload", opts.workload, ", ".join(WORKLOADS) + " or a trace .jsonl path")
     group_size = DEFAULT_GROUP_SIZE if opts.group_size is None else opts.group_size
     groups = make_workload(opts.workload, group_size, max_new_tokens=opts.max_new_tokens, limit=limit,
-                           seed=opts.seed, spread=opts.spread)
+                           seed=opts.seed, spread=opts.spread, epoch=epoch)
     if not named and opts.group_size is not None:
         other = next((g for g in groups if len(g.lengths) != opts.group_size), None)
         if other is not None:

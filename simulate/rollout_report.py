@@ -18,11 +18,21 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
+from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
-from .options import SimulateOptions, resolve
-from .report import load_cost, load_memory, parse_policies, predictions_for, workload_groups
+from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
+from .report import (
+    MAX_SIGMA,
+    load_cost,
+    load_memory,
+    parse_policies,
+    predictions_for,
+    prompt_prediction,
+    workload_groups,
+)
 from .rollout import ROUTERS, RolloutResult, run_rollout
+from .workloads import WORKLOADS, history_predictions
 
 __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
            "rollout_figures", "rollout_pool_tokens", "ROLLOUT_LEGEND", "BASELINE"]
@@ -32,6 +42,8 @@ BASELINE = ("vllm", "least_loaded")
 #: Requests vLLM sizes its activation memory for (``max_num_seqs`` of verl's example config is 1024;
 #: the activations of 256 decode rows are what a replica keeps next to its pool here).
 DECODE_ROWS = 256
+#: The prompt-level prior's log-normal error of ``--predictor history`` (the grid's realistic predictor).
+HISTORY_PRIOR_SIGMA = 0.5
 
 
 @dataclass(frozen=True)
@@ -112,9 +124,35 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                               + ", ".join(n for n, s in POLICIES.items() if s.rollout) + f" (not {', '.join(bad)})")
     _routers(opts)
     if str(opts.predictor).startswith(("noisy", "online", "trace")):
-        raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA or constant:TOKENS for a rollout "
-                                                           "step (per-completion predictors: run groups instead)")
+        raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA, constant:TOKENS or history / "
+                                                           "history:SIGMA for a rollout step (per-completion "
+                                                           "predictors: run groups instead)")
+    sigma = history_sigma(opts.predictor)
+    if sigma is not None and opts.workload not in WORKLOADS:
+        raise InvalidArgument("predictor", opts.predictor, "a predictor a trace file can give (oracle, prompt:SIGMA, "
+                                                           "constant:TOKENS): history draws the prompts' completions "
+                                                           "of an earlier epoch afresh, which needs a named workload ("
+                                                           + ", ".join(WORKLOADS) + f"), not {opts.workload}")
+    if sigma is not None and opts.policies == ROLLOUT_DEFAULTS["policies"] and "steal_classes" not in policies:
+        # with history the project's recommendation may be steal_classes: show it
+        opts = dataclasses.replace(opts, policies=opts.policies + ",steal_classes")
     return opts
+
+
+def history_sigma(predictor: Any) -> float | None:
+    """The prior's sigma of a ``history`` / ``history:SIGMA`` predictor spec (default
+    :data:`HISTORY_PRIOR_SIGMA`), None for any other spec."""
+    kind, _, arg = str(predictor).partition(":")
+    if kind != "history":
+        return None
+    try:
+        sigma = float(arg) if arg else HISTORY_PRIOR_SIGMA
+    except ValueError:
+        sigma = math.nan
+    if not (0 <= sigma <= MAX_SIGMA):  # NaN fails too
+        raise InvalidArgument("predictor", predictor, f"history or history:SIGMA with 0 <= SIGMA <= {MAX_SIGMA:g} (the "
+                                                      "log-normal error of the prompt-level prior)")
+    return sigma
 
 
 @dataclass(frozen=True)
@@ -129,6 +167,17 @@ class RolloutStep:
     groups: list
     predicted: np.ndarray
     cost: Any
+    #: With ``--predictor history``: per prompt, its completions' lengths one epoch earlier (tokens),
+    #: what the predictions learnt from; else None.
+    history: tuple | None = None
+
+    @property
+    def recommended(self) -> str:
+        """The policy the project recommends for this step: with history,
+        :func:`lengthsched.placement.recommend_rollout_policy` on it; else ``simulate.DEFAULT_POLICY``."""
+        from . import DEFAULT_POLICY
+
+        return DEFAULT_POLICY if self.history is None else recommend_rollout_policy(list(self.history))
 
     def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
@@ -149,9 +198,17 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
         raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
                                                      f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
     groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
-    predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
-                                for i, g in enumerate(groups)])
-    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory))
+    sigma = history_sigma(opts.predictor)
+    history = None
+    if sigma is None:
+        predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
+                                    for i, g in enumerate(groups)])
+    else:  # the same prompts one epoch earlier, fresh completions: what the online predictor saw
+        before = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts, epoch=1)
+        prior = {g.prompt_id: prompt_prediction(g, sigma, opts.seed, i) for i, g in enumerate(groups)}
+        predicted = history_predictions(groups, before, prior, max_new_tokens=opts.max_new_tokens)
+        history = tuple(g.lengths for g in before)
+    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory), history)
 
 
 def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutComparison:
@@ -181,7 +238,11 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
                f"(prompts inside)" + ("" if opts.slots is None else f", at most {opts.slots} requests running per "
                                       "replica (max_num_seqs)")
-               + f", predictor {opts.predictor}, seconds modelled for {cost.model} on {cost.gpu}")
+               + f", predictor {opts.predictor}" + ("" if step.history is None else
+                                                    f" (learnt from one earlier epoch of the same prompts, "
+                                                    f"{len(step.history[0])} fresh completions each; sibling "
+                                                    f"spread {sibling_spread(list(step.history)):.3f})")
+               + f", seconds modelled for {cost.model} on {cost.gpu}")
     oracle = _oracle_row(step) if opts.headroom else None
     return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
 
@@ -238,19 +299,34 @@ def rollout_headline(comparison: RolloutComparison) -> str:
         line += "; no policy beat vLLM FCFS with verl's routing on this step"
     from . import DEFAULT_POLICY
 
-    ours = next((r for r in done if r.policy == DEFAULT_POLICY), None)
+    step = comparison.step
+    recommended = step.recommended if step is not None else DEFAULT_POLICY
+    if step is not None and step.history is not None:
+        why = (f"lengthsched.placement.recommend_rollout_policy: the previous epoch's siblings "
+               f"{'agree' if recommended == 'steal_classes' else 'disagree'}, spread "
+               f"{sibling_spread(list(step.history)):.3f} against {CLASSES_MAX_SPREAD}")
+    else:
+        why = "simulate.DEFAULT_POLICY, the fastest on average over the benchmark grid"
+    ours = next((r for r in done if r.policy == recommended), None)
     if ours is not None and ours is not best and base is not None:
-        line += (f"; the recommended {DEFAULT_POLICY} (simulate.DEFAULT_POLICY, the fastest on average over the "
-                 f"benchmark grid): {ours.result.seconds:.2f} s, {ours.result.seconds / base.result.seconds:.3f} x "
-                 "vllm + least_loaded")
-    if any(r.policy == DEFAULT_POLICY for r in done):
-        line += (f"; {DEFAULT_POLICY} moves waiting and running requests between engines with their partial "
+        line += (f"; the recommended {recommended} ({why}): {ours.result.seconds:.2f} s, "
+                 f"{ours.result.seconds / base.result.seconds:.3f} x vllm + least_loaded")
+    elif ours is not None:
+        line += f" (the recommended policy: {why})"
+    if ours is not None and POLICIES[recommended].cls.STEALS:
+        observed = ("steal_observed simulates it; inside verl: lengthsched.integrations.verl_stealing"
+                    if recommended == DEFAULT_POLICY else
+                    "inside verl: lengthsched.integrations.verl_stealing with lengthsched.placement=auto, which "
+                    "plans length classes from the prompts' previous step")
+        line += (f"; {recommended} moves waiting and running requests between engines with their partial "
                  "generations: a framework runs it by aborting and resubmitting them "
-                 "(lengthsched.integrations.StealCoordinator; steal_observed simulates it; inside verl: "
-                 "lengthsched.integrations.verl_stealing, not yet run on a cluster); the TRL integration and "
-                 "verl's plain planning manager send a static plan (what vllm_priority + least_loaded simulates)")
+                 f"(lengthsched.integrations.StealCoordinator; {observed}, not yet run on a cluster); the TRL "
+                 "integration and verl's plain planning manager send a static plan (what vllm_priority + "
+                 "least_loaded simulates)")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
+    if ours is None and recommended != DEFAULT_POLICY:
+        line += f"; the recommended {recommended} ({why}) was not run (add it to --policies)"
     if str(comparison.options.get("predictor", "")).startswith("oracle"):
         line += "; predictions are the true lengths (oracle): a best case"
     oracle = comparison.oracle
@@ -290,17 +366,17 @@ def format_rollout(comparison: RolloutComparison) -> str:
 
 
 def rollout_figures(comparison: RolloutComparison, directory) -> list:
-    """Figures of one rollout step: a Gantt per replica (in seconds) for the recommended policy and
+    """Figures of one rollout step: a Gantt per replica (in seconds) for the recommended policy
+    (:attr:`RolloutStep.recommended`) and
     for vLLM + verl routing, and the KV held over time of every replica under both. Rows the
     comparison recorded (``compare_rollout(..., record=True)``) are drawn as they are; a missing one
     is run on the comparison's step."""
-    from . import DEFAULT_POLICY
     from .plots import rollout_gantt, rollout_kv
 
     step = comparison.step
     directory.mkdir(parents=True, exist_ok=True)
     results = {}
-    for policy, router in (BASELINE, (DEFAULT_POLICY, None)):
+    for policy, router in (BASELINE, (step.recommended, None)):
         row = next((r for r in comparison.rows if r.result is not None and r.policy == policy
                     and (router is None or r.router == router) and r.result.timelines
                     and r.result.timelines[0] is not None), None)

@@ -49,6 +49,7 @@ __all__ = [
     "load_trace",
     "write_trace",
     "make_workload",
+    "history_predictions",
 ]
 
 DATA_DIR = Path(__file__).with_name("data")
@@ -304,15 +305,47 @@ WORKLOADS = ("castillo", "lmsys", "azure")
 
 
 def make_workload(name: str, group_size: int, *, max_new_tokens: int, limit: int | None, seed: int,
-                  spread: float | None = None) -> list[Group]:
-    """A named workload (:data:`WORKLOADS`) or a trace file path."""
+                  spread: float | None = None, epoch: int = 0) -> list[Group]:
+    """A named workload (:data:`WORKLOADS`) or a trace file path. ``epoch``: the same prompts with
+    fresh completions (:func:`castillo_groups`; a trace file holds one draw: 0 only)."""
     if name == "castillo":
         if spread is not None:
             raise InvalidArgument("spread", spread, "no spread for the real CASTILLO groups")
-        return castillo_groups(group_size, max_new_tokens=max_new_tokens, limit=limit, seed=seed)
+        return castillo_groups(group_size, max_new_tokens=max_new_tokens, limit=limit, seed=seed, epoch=epoch)
     if name in ("lmsys", "azure"):
-        return trace_groups(name, group_size, max_new_tokens=max_new_tokens, spread=spread, limit=limit, seed=seed)
+        return trace_groups(name, group_size, max_new_tokens=max_new_tokens, spread=spread, limit=limit, seed=seed,
+                            epoch=epoch)
     if not Path(name).exists():
         raise InvalidArgument("workload", name, "castillo, lmsys, azure or a trace .jsonl path")
+    if check_int("epoch", epoch, minimum=0):
+        raise InvalidArgument("epoch", epoch, f"0 for a trace file ({name} holds one draw of each group's "
+                                              "completions: no earlier epoch to learn from)")
     groups = load_trace(name, max_new_tokens=max_new_tokens)
     return groups if limit is None else groups[:limit]
+
+
+def history_predictions(groups: Sequence[Group], before: Sequence[Group], prior: Any, *,
+                        max_new_tokens: int) -> np.ndarray:
+    """Per completion of ``groups`` (flattened in group order; tokens, >= 1), what
+    :class:`lengthsched.OnlineLengthPredictor` predicts at the start of a rollout step after it saw
+    every completion of the same prompts one epoch earlier: ``before`` (the same prompts, e.g.
+    ``castillo_groups(..., epoch=1)``; its laws fitted on them), ``prior`` (per prompt id, a
+    prompt-level prediction in tokens, its prior). The same number for every sibling: nothing of
+    this step is revealed yet."""
+    from lengthsched import OnlineLengthPredictor
+
+    max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    ids = [g.prompt_id for g in groups]
+    if sorted(ids) != sorted(g.prompt_id for g in before):
+        raise InvalidArgument("before", f"{len(before)} groups", f"the step's {len(groups)} prompts one epoch "
+                                                                 "earlier (the same prompt ids)")
+    if not isinstance(prior, dict) or any(i not in prior for i in ids):
+        raise InvalidArgument("prior", type(prior).__name__, "a mapping prompt id -> tokens for every prompt")
+    predictor = OnlineLengthPredictor.fit({g.prompt_id: g.lengths.tolist() for g in before}, prior=prior,
+                                          max_new_tokens=max_new)
+    for g in before:
+        for length in g.lengths.tolist():
+            predictor.observe(g.prompt_id, int(length))
+    predictor.set_step(1)
+    asked = [g.prompt_id for g in groups for _ in g.lengths]
+    return np.maximum(1, np.round(predictor.predict(asked).lengths)).astype(np.int64)

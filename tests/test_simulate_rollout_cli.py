@@ -46,7 +46,8 @@ def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
 @pytest.mark.parametrize("extra, flag", [
     (["--sweep", "group_size=4,8"], "sweep"), (["--slots", "0"], "slots"), (["--policies", "micro"], "policies"),
     (["--predictor", "noisy:0.5"], "predictor"), (["--routers", "random"], "routers"), (["--prompts", "0"], "prompts"),
-    (["--budget", "1GiB"], "budget"),
+    (["--budget", "1GiB"], "budget"), (["--predictor", "history:x"], "predictor"),
+    (["--predictor", "history:-1"], "predictor"),
 ])
 def test_bad_rollout_options_are_one_line_naming_the_flag(capsys, extra, flag):
     assert main(SMALL + extra) == 2
@@ -99,3 +100,90 @@ def test_slots_cap_each_replica_of_a_rollout_step(capsys):
     free = json.loads(capsys.readouterr().out)
     assert "at most 2 requests running per replica" in capped["setting"] and "at most" not in free["setting"]
     assert capped["rows"][0]["seconds"] > free["rows"][0]["seconds"]
+
+
+def test_history_predictions_show_and_recommend_what_one_earlier_epoch_says(capsys, tmp_path):
+    """--predictor history: the step's prompts one epoch earlier (fresh completions) teach the online
+    predictor; the table gains steal_classes and the verdict names recommend_rollout_policy's pick
+    with the siblings' spread. CASTILLO siblings agree: steal_classes; the long tail's do not: steal."""
+    from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import compare_rollout, rollout_step
+    from simulate.workloads import castillo_groups
+
+    assert main(SMALL + ["--predictor", "history"]) == 0
+    out = capsys.readouterr().out
+    assert "predictor history (learnt from one earlier epoch of the same prompts, 8 fresh completions each; " \
+           "sibling spread" in out
+    rows = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "verdict"))]
+    assert "steal_classes" in rows and "steal" in rows
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert "steal_classes" in verdict and "siblings agree" in verdict and f"against {CLASSES_MAX_SPREAD}" in verdict
+    assert "lengthsched.placement=auto" in verdict
+
+    opts = SimulateOptions(prompts=8, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                           budget="4GiB", predictor="history")
+    step = rollout_step(opts)
+    before = castillo_groups(8, max_new_tokens=1024, limit=8, seed=0, epoch=1)
+    assert [g.prompt_id for g in before] == [g.prompt_id for g in step.groups]
+    assert all((a == b.lengths).all() for a, b in zip(step.history, before))  # the earlier epoch, not this one
+    assert any((a != g.lengths).any() for a, g in zip(step.history, step.groups))
+    assert step.recommended == recommend_rollout_policy(list(step.history)) == "steal_classes"
+    for start in range(0, 64, 8):  # one prediction per prompt, the same for its siblings
+        assert len(set(step.predicted[start:start + 8].tolist())) == 1
+    # what the online predictor learnt from the earlier epoch, from the prompt-level prior of prompt:0.5
+    # (the simulated predictor of each prompt's median, as --predictor prompt:0.5 gives)
+    import dataclasses
+
+    import numpy as np
+
+    import simulate.rollout_report as rr
+    from simulate.report import prompt_prediction
+    from simulate.workloads import history_predictions
+
+    prior = {g.prompt_id: prompt_prediction(g, 0.5, 0, i) for i, g in enumerate(step.groups)}
+    assert (history_predictions(step.groups, before, prior, max_new_tokens=1024) == step.predicted).all()
+    # nothing of this step but its prior is used: lengths changed around each median move nothing
+    real = rr.workload_groups
+
+    def shuffled(o, limit, epoch=0):
+        groups = real(o, limit, epoch)
+        if epoch:
+            return groups
+        out = []
+        for g in groups:
+            x = np.sort(g.lengths)
+            x[:3], x[-3:] = 1, 1024
+            out.append(dataclasses.replace(g, lengths=x))
+        return out
+
+    rr.workload_groups = shuffled
+    try:
+        assert (rollout_step(opts).predicted == step.predicted).all()
+    finally:
+        rr.workload_groups = real
+    # a --plot draws the recommended policy
+    comparison = compare_rollout(dataclasses.replace(opts, policies="vllm,steal_classes"))
+    assert comparison.step.recommended == "steal_classes"
+    paths = rr.rollout_figures(comparison, tmp_path)
+    assert sorted(p.name for p in paths) == ["rollout_gantt_steal_classes.png", "rollout_gantt_vllm.png",
+                                             "rollout_kv.png"]
+
+    # siblings that disagree (the long-tail model): steal
+    assert main(SMALL + ["--workload", "lmsys", "--spread", "1.0", "--predictor", "history:0.3", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "the recommended steal (" in data["verdict"] or data["verdict"].startswith("verdict: fastest: steal ")
+    assert "siblings disagree" in data["verdict"]
+    assert sibling_spread([[10, 900, 40, 300]]) > CLASSES_MAX_SPREAD
+
+
+def test_history_is_a_rollout_predictor_and_needs_a_named_workload(capsys, tmp_path):
+    assert main(["simulate", "--groups", "2", "--predictor", "history"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'predictor'" in err and "is for a rollout step" in err
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"prompt_id": "a", "prompt_tokens": 10, "lengths": [5, 6, 7]}\n', encoding="utf-8")
+    assert main(["simulate", "--prompts", "1", "--replicas", "1", "--workload", str(trace), "--group-size", "3",
+                 "--predictor", "history"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'predictor'" in err and "needs a named workload" in err

@@ -162,3 +162,32 @@ def test_a_trace_keeps_the_rollout_step(tmp_path):
     path.write_text('{"prompt_id": "p", "prompt_tokens": 1, "lengths": [3], "step": -1}\n')
     with pytest.raises(Exception, match="line 1: field 'step'"):
         load_trace(path)
+
+
+def test_history_predictions_learn_from_the_earlier_epoch_and_check_their_arguments(tmp_path):
+    """simulate.workloads.history_predictions: one number per prompt (its siblings share it), pulled
+    from the prior towards what the same prompts generated one epoch earlier; a mismatched earlier
+    epoch or a prior without every prompt is an error naming the argument."""
+    from simulate.workloads import castillo_groups, history_predictions, make_workload
+
+    groups = castillo_groups(8, max_new_tokens=2048, limit=6, seed=3)
+    before = castillo_groups(8, max_new_tokens=2048, limit=6, seed=3, epoch=1)
+    prior = {g.prompt_id: 5 for g in groups}  # a prior far below every prompt's lengths
+    pred = history_predictions(groups, before, prior, max_new_tokens=2048)
+    assert pred.dtype == np.int64 and len(pred) == 48
+    for i, b in enumerate(before):
+        block = pred[8 * i:8 * (i + 1)]
+        assert len(set(block.tolist())) == 1
+        # 8 observed siblings outweigh the prior: within a factor 2 of the earlier epoch's median
+        assert np.median(b.lengths) / 2 <= block[0] <= np.median(b.lengths) * 2
+    with pytest.raises(InvalidArgument, match="argument 'before'"):
+        history_predictions(groups, before[1:], prior, max_new_tokens=2048)
+    with pytest.raises(InvalidArgument, match="argument 'prior'"):
+        history_predictions(groups, before, {groups[0].prompt_id: 5}, max_new_tokens=2048)
+    assert [g.prompt_id for g in make_workload("castillo", 8, max_new_tokens=2048, limit=6, seed=3, epoch=1)] == \
+        [g.prompt_id for g in groups]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"prompt_id": "a", "prompt_tokens": 10, "lengths": [5, 6, 7]}\n', encoding="utf-8")
+    with pytest.raises(InvalidArgument, match="argument 'epoch'"):
+        make_workload(str(trace), 3, max_new_tokens=64, limit=None, seed=0, epoch=1)
+    assert len(make_workload(str(trace), 3, max_new_tokens=64, limit=None, seed=0)) == 1
