@@ -68,6 +68,15 @@ def prompt_prediction(group: Group, sigma: float, seed: int, index: int) -> int:
     return max(1, int(min(2.0**53, float(np.median(group.lengths)) * math.exp(sigma * z))))
 
 
+def spec_sigma(arg: str) -> float:
+    """The SIGMA of a predictor spec ``KIND:SIGMA`` (``arg``: what follows the colon), NaN when it is
+    not a number (every range check then fails, so the caller's error names the spec)."""
+    try:
+        return float(arg)
+    except ValueError:
+        return math.nan
+
+
 def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
     """The ``predicted`` argument of run_group for a predictor spec and one group: the true or the
     trace's lengths, or a predictor whose every answer is checked (finite, >= 0)."""
@@ -86,19 +95,13 @@ def predictions_for(spec: str, group: Group, index: int, seed: int) -> Any:
                                   "constant:TOKENS, online)")
         return group.predicted
     if kind == "prompt":
-        try:
-            sigma = float(arg)
-        except ValueError:
-            sigma = math.nan
+        sigma = spec_sigma(arg)
         if not (0 <= sigma <= MAX_SIGMA):
             raise InvalidArgument("predictor", spec, f"prompt:SIGMA with 0 <= SIGMA <= {MAX_SIGMA:g} (the standard "
                                                      "deviation of the log-normal error on the prompt's median)")
         return np.full(len(group.lengths), prompt_prediction(group, sigma, seed, index), dtype=np.int64)
     if kind == "noisy":
-        try:
-            sigma = float(arg)
-        except ValueError:
-            sigma = math.nan
+        sigma = spec_sigma(arg)
         if not (0 < sigma <= MAX_SIGMA):  # NaN fails too
             raise InvalidArgument("predictor", spec, f"noisy:SIGMA with 0 < SIGMA <= {MAX_SIGMA:g} (the "
                                                      "standard deviation of the log-normal error of log length)")

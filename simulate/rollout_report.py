@@ -29,6 +29,7 @@ from .report import (
     parse_policies,
     predictions_for,
     prompt_prediction,
+    spec_sigma,
     workload_groups,
 )
 from .rollout import ROUTERS, RolloutResult, run_rollout
@@ -145,10 +146,7 @@ def history_sigma(predictor: Any) -> float | None:
     kind, _, arg = str(predictor).partition(":")
     if kind != "history":
         return None
-    try:
-        sigma = float(arg) if arg else HISTORY_PRIOR_SIGMA
-    except ValueError:
-        sigma = math.nan
+    sigma = spec_sigma(arg) if arg else HISTORY_PRIOR_SIGMA
     if not (0 <= sigma <= MAX_SIGMA):  # NaN fails too
         raise InvalidArgument("predictor", predictor, f"history or history:SIGMA with 0 <= SIGMA <= {MAX_SIGMA:g} (the "
                                                       "log-normal error of the prompt-level prior)")
@@ -197,14 +195,15 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     except LengthschedError as exc:
         raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
                                                      f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
-    groups = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts)
+    step_opts = dataclasses.replace(opts, groups=opts.prompts)
+    groups = workload_groups(step_opts, opts.prompts)
     sigma = history_sigma(opts.predictor)
     history = None
     if sigma is None:
         predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
                                     for i, g in enumerate(groups)])
     else:  # the same prompts one epoch earlier, fresh completions: what the online predictor saw
-        before = workload_groups(dataclasses.replace(opts, groups=opts.prompts), opts.prompts, epoch=1)
+        before = workload_groups(step_opts, opts.prompts, epoch=1)
         prior = {g.prompt_id: prompt_prediction(g, sigma, opts.seed, i) for i, g in enumerate(groups)}
         predicted = history_predictions(groups, before, prior, max_new_tokens=opts.max_new_tokens)
         history = tuple(g.lengths for g in before)
