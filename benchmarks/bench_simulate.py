@@ -16,6 +16,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -342,13 +343,15 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
     return groups, realistic, oracle, constant, common
 
 
-def _rollout_unit(args):
+def _rollout_unit(args, runs=ROLLOUT_RUNS):
+    """Every run of ``runs`` on one setting: label -> (seconds, lower bound, slowest share, recomputed /
+    generated, recomputed tokens, wall seconds of the simulation), or None where the policy fails."""
     from lengthsched.placement import recommend_rollout_policy
 
     groups, realistic, oracle, constant, common = _rollout_setting(*args)
     out = {}
     known = {"oracle": oracle, "realistic": realistic, "constant": constant, None: None}
-    for label, policy, router, pred in ROLLOUT_RUNS:
+    for label, policy, router, pred in runs:
         if pred not in known:  # "epoch": what the online predictor knows after one earlier epoch
             known[pred], before = previous_epoch_prediction(args[0], args[1], args[4], groups, realistic)
             recommended = recommend_rollout_policy([g.lengths for g in before])
@@ -357,9 +360,10 @@ def _rollout_unit(args):
             continue
         p = known[pred]
         try:
+            start = time.perf_counter()
             r = run_rollout(groups, policy, router=router, predicted=p, **common)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
-                          r.recomputed_tokens)
+                          r.recomputed_tokens, time.perf_counter() - start)
         except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
             out[label] = None
     return out
@@ -376,6 +380,33 @@ def rollout(quick: bool) -> tuple[str, list]:
                  "with the prompts inside): makespan per policy and router",
                  ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl",
                   "seconds / LB", "slowest share", "recomputed / generated", "recomputed x vllm"], rows)
+    return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
+
+
+# Steps at the scale of RL training runs, beyond the issue's grid: 512 and 1024 prompts x 16 on 16 and 32
+# replicas. The grid's baselines and policies, without the rows that only ask what predictions buy
+# (constant, oracle priority, placed_classes) or that lose everywhere (SGLang's FCFS), plus Seer's divided
+# rollout and steal as a framework runs it (steal_observed).
+SCALE_RUNS = tuple(run for run in ROLLOUT_RUNS if run[0] in (
+    "vllm + verl routing", "vllm + group round robin", "vllm_priority + verl routing",
+    "sglang_priority + verl routing", "seer", "steal", "steal (oracle)",
+    "vllm_priority + verl routing (previous epoch)", "steal (previous epoch)", "steal_classes (previous epoch)",
+    "recommended (previous epoch)")) + (("seer_divided", "seer_divided", None, None),
+                                        ("steal_observed", "steal_observed", None, "realistic"))
+SCALE_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (512, 1024) for r in (16, 32)
+              for f in (4, 16, 64)]
+SCALE_COLUMNS = ["workload", "prompts", "replicas", "budget", "policy", "seconds", "x vllm + verl", "seconds / LB",
+                 "slowest share", "recomputed / generated", "recomputed x vllm", "wall seconds"]
+
+
+def rollout_scale(quick: bool) -> tuple[str, list]:
+    """Rollout steps as large RL runs take them (B = 512 and 1024 prompts x 16 on R = 16 and 32
+    replicas), per policy, in modelled seconds, with the wall seconds each simulation took."""
+    grid = [("castillo", 64, 16, 4)] if quick else SCALE_GRID
+    rows = _rollout_rows(grid, SCALE_RUNS, wall=True)
+    summary = _rollout_summary(rows, SCALE_RUNS)
+    text = table(f"Rollout steps at scale in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per "
+                 "replica with the prompts inside): makespan per policy and router", SCALE_COLUMNS, rows)
     return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1]}
 
 
@@ -452,19 +483,24 @@ def rollout_heldout(quick: bool) -> tuple[str, list]:
     return summary[0] + "\n\n" + text, {"rows": rows, "summary": summary[1], "file": Path(GROUPS_FILE).name}
 
 
-def _rollout_rows(grid) -> list:
+def _rollout_rows(grid, runs=ROLLOUT_RUNS, *, wall: bool = False) -> list:
+    """One row per setting and run: workload, prompts, replicas, budget, label, seconds, x vllm + verl,
+    seconds / LB, slowest share, recomputed / generated, recomputed x vllm (and with ``wall`` the wall
+    seconds the simulation took)."""
     rows = []
-    results = _pool_map(_rollout_unit, [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid])
+    results = _pool_map(partial(_rollout_unit, runs=runs),
+                        [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid])
     for (w, b, r, f), out in zip(grid, results):
         base = out["vllm + verl routing"]
-        for label, *_ in ROLLOUT_RUNS:
+        for label, *_ in runs:
             v = out[label]
             rows.append([w, b, r, f"{f} x L_max", label,
                          "fails" if v is None else float(v[0]),
                          "-" if v is None or base is None else float(v[0] / base[0]),
                          "-" if v is None else float(v[0] / v[1]),
                          "-" if v is None else float(v[2]), "-" if v is None else float(v[3]),
-                         "-" if v is None or base is None or not base[4] else float(v[4] / base[4])])
+                         "-" if v is None or base is None or not base[4] else float(v[4] / base[4])]
+                        + ([("-" if v is None else float(v[5]))] if wall else []))
     return rows
 
 
@@ -523,11 +559,11 @@ def rollout_speed(quick: bool) -> tuple[str, list]:
                  ["workload", "budget", "policy", "wall seconds"], rows), rows
 
 
-def _rollout_summary(rows: list) -> tuple[str, list]:
+def _rollout_summary(rows: list, runs=ROLLOUT_RUNS) -> tuple[str, list]:
     """Per policy over the settings: mean and worst ratio to vLLM + verl routing (settings where both
     ran), settings slower, mean seconds / LB, mean recomputed tokens relative to vLLM's."""
     out = []
-    for label, *_ in ROLLOUT_RUNS:
+    for label, *_ in runs:
         mine = [r for r in rows if r[4] == label and r[6] != "-"]
         ratios = [r[6] for r in mine]
         fails = sum(1 for r in rows if r[4] == label and r[5] == "fails")
@@ -1018,8 +1054,8 @@ def main(argv=None) -> int:
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
                 "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways,
-                "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "paper": paper,
-                "batches": batches, "speed": speed,
+                "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
+                "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()
