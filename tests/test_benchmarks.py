@@ -129,6 +129,30 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
 
 
+def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
+    """rollout_scale (quick: 64 prompts x 16 on 16 replicas): one row per run of SCALE_RUNS, each the run
+    it names (steal, steal_observed and the baseline rerun here), the recommendation the classes on
+    CASTILLO's agreeing siblings, and the wall seconds each simulation took."""
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_scale")
+    from bench_simulate import SCALE_COLUMNS, SCALE_RUNS, _rollout_setting
+
+    rows = {row[4]: row for row in data["rows"]}
+    assert [row[4] for row in data["rows"]] == [run[0] for run in SCALE_RUNS]
+    assert {"seer_divided", "steal_observed", "recommended (previous epoch)"} <= set(rows)
+    assert all(len(row) == len(SCALE_COLUMNS) and row[-1] > 0 for row in data["rows"])
+    groups, realistic, _, _, common = _rollout_setting("castillo", 64, 16, 4, 11, None)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    assert rows["vllm + verl routing"][5] == pytest.approx(base, rel=1e-12)
+    for label in ("steal", "steal_observed"):
+        seconds = run_rollout(groups, label, predicted=realistic, **common).seconds
+        assert rows[label][5] == pytest.approx(seconds, rel=1e-12)
+        assert rows[label][6] == pytest.approx(seconds / base, rel=1e-12)
+    assert rows["recommended (previous epoch)"][5] == rows["steal_classes (previous epoch)"][5]
+    assert [row[0] for row in data["summary"]] == [run[0] for run in SCALE_RUNS]
+
+
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
     from simulate.workloads import _castillo_rows
 
