@@ -950,6 +950,56 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"] + [f"mean, seed {s}" for s in seeds], rows), rows
 
 
+# steal when a moved request waits before its target can run it (WorkStealing.RESUBMIT_SECONDS: the
+# framework's abort and resubmission; verl 0.9.1's fully-async client sleeps 1 s before it resubmits an
+# aborted request), with and without moves of running requests; steal_observed as verl_stealing runs it
+# (a snapshot per poll: about 1 s of decoding, 512 steps at ~2 ms a step)
+RESUBMIT_VARIANTS = (
+    ("steal (resubmitted at once: the simulator's default)", "steal", {}),
+    ("steal, 0.05 s to resubmit", "steal", {"RESUBMIT_SECONDS": 0.05}),
+    ("steal, 0.25 s to resubmit", "steal", {"RESUBMIT_SECONDS": 0.25}),
+    ("steal, 1 s to resubmit (verl 0.9.1's client)", "steal", {"RESUBMIT_SECONDS": 1.0}),
+    ("steal without moves of running requests, 0.25 s", "steal", {"RESUBMIT_SECONDS": 0.25, "MIGRATE_CHUNK": None}),
+    ("steal without moves of running requests, 1 s", "steal", {"RESUBMIT_SECONDS": 1.0, "MIGRATE_CHUNK": None}),
+    ("steal_observed, a snapshot every 512 steps, 1 s, moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_STEPS": 512}),
+    ("steal_observed, a snapshot every 512 steps, 1 s, no moves (verl_stealing's defaults)", "steal_observed",
+     {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_STEPS": 512, "MIGRATE_CHUNK": None}),
+)
+
+
+def _rollout_resubmit_unit(args):
+    """One setting: vLLM FCFS + verl, then each of RESUBMIT_VARIANTS with the realistic predictions
+    (seconds); a variant's attributes are set on its policy's class and restored."""
+    from lengthsched.runtime import POLICIES
+
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
+    for label, policy, attrs in RESUBMIT_VARIANTS:
+        with _patched(POLICIES[policy].cls, **attrs):
+            out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds
+    return out
+
+
+def rollout_resubmit(quick: bool) -> tuple[str, list]:
+    """What a delay between a request's abort and its resubmission costs steal: the multi-replica
+    settings of the rollout grid and the steps at scale (one draw, --seed)."""
+    grids = {"grid": [u for u in ROLLOUT_GRID if u[2] > 1], "scale": SCALE_GRID}
+    if quick:
+        grids = {"grid": [("castillo", 64, 4, 2)], "scale": [("long tail", 64, 16, 4)]}
+    rows = []
+    for name, grid in grids.items():
+        units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
+        results = _pool_map(_rollout_resubmit_unit, units)
+        for label, *_ in RESUBMIT_VARIANTS:
+            summary = _ratio_summary(units, [out[label] / out["base"] for out in results])
+            rows.append([name, label] + [summary[0], summary[1], summary[3], summary[4]])
+    return table(f"What the resubmission delay costs steal ({_cost_label()}, seed {ROLLOUT_SEED}, realistic "
+                 "predictions; grid: the rollout grid's settings with 4-8 replicas; scale: --sections "
+                 "rollout_scale's): makespan x vLLM FCFS + verl routing",
+                 ["settings", "variant", "n", "mean", "worst", "slower by > 0.1%"], rows), rows
+
+
 SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
 
 
@@ -1055,7 +1105,7 @@ def main(argv=None) -> int:
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
                 "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
-                "paper": paper, "batches": batches, "speed": speed,
+                "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()

@@ -485,8 +485,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             for job in mine:
                 eng.claim(job)
         work = pols[0].work  # one array: what a replica learns of a prompt, every replica uses
+        inbox = [[] for _ in range(replicas)] if cls.RESUBMIT_SECONDS > 0 else []
         for pol in pols:
-            pol.board, pol.engines, pol.pols, pol.work = board, engines, pols, work
+            pol.board, pol.engines, pol.pols, pol.work, pol.inbox = board, engines, pols, work, inbox
         if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
             coord = StealCoordinator(replicas, budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
             for r, stack in enumerate(board):
@@ -512,17 +513,32 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
                 ends[other].append(engines[other].t)  # idle until now
                 secs[other].append(now)
 
+    def wake_later(other, at):  # a replica asleep (or going to sleep) runs again at `at` (seconds)
+        heapq.heappush(heap, (at, other))
+        ends[other].append(engines[other].t)  # idle until then
+        secs[other].append(at)
+
     while heap:
         now, r = heapq.heappop(heap)
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
         pol.idle_now = idle  # the replicas asleep now (steal's moves of running requests go there)
+        pol.now = now
         alive = eng.decide(pol)
         if getattr(pol, "woke", None):  # the requests it gave back went to these replicas
             wake(pol.woke, now)
             pol.woke = []
+        if getattr(pol, "wake_at", None):  # requests in transit (RESUBMIT_SECONDS): wake their targets then
+            for other, at in pol.wake_at:
+                if other in idle:
+                    idle.discard(other)
+                    wake_later(other, at)
+            pol.wake_at = []
         if not alive:
-            idle.add(r)
+            if getattr(pol, "in_transit", None) and pol.in_transit():  # asleep until the first one lands
+                wake_later(r, pol.inbox[r][0][0])
+            else:
+                idle.add(r)
             continue
         if cls.STEALS and pol.blocked and idle:  # work waits here for memory: the idle may steal it
             wake(list(idle), now)

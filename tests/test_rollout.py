@@ -669,3 +669,44 @@ def test_steal_from_snapshots_tracks_steal_and_collects_everything():
     g = groups[0].lengths
     assert run_group(g, "steal_observed", budget_tokens=2_000, max_new_tokens=600).seconds == \
         run_group(g, "vllm", budget_tokens=2_000, max_new_tokens=600).seconds
+
+
+@pytest.mark.parametrize("policy", ["steal", "steal_observed"])
+def test_a_resubmitted_request_runs_on_its_target_only_after_the_delay(policy, monkeypatch):
+    """WorkStealing.RESUBMIT_SECONDS: a stolen or moved request travels that long (the framework's abort
+    and resubmission) before its target can run it: every request sent at t seconds next runs on its
+    target at t + the delay or later, every completion is collected once with its length, a delay longer
+    than the step makes the step at least that long, and off (0, the default) the step is as before."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20]))
+              for i in range(8)]  # verl's spread puts every long completion on one replica
+    common = dict(replicas=2, budget_tokens=2_000, max_new_tokens=600, predicted=np.full(32, 150), record=True)
+    at_once = run_rollout(groups, policy, **common)
+    assert WorkStealing.RESUBMIT_SECONDS == 0.0
+    delay = 0.25 * at_once.seconds
+    sent = []  # (job, target, seconds) of every move
+    send = WorkStealing._send
+
+    def spy(self, job, src, target, **kw):
+        sent.append((job, target, self.now))
+        send(self, job, src, target, **kw)
+
+    monkeypatch.setattr(WorkStealing, "_send", spy)
+    monkeypatch.setattr(WorkStealing, "RESUBMIT_SECONDS", delay)
+    late = run_rollout(groups, policy, **common)
+    monkeypatch.setattr(WorkStealing, "_send", send)
+    monkeypatch.setattr(WorkStealing, "RESUBMIT_SECONDS", 100.0)  # longer than the whole step
+    stranded = run_rollout(groups, policy, **common)
+    monkeypatch.undo()
+    for result in (late, stranded):
+        assert [x.tolist() for x in result.collected_lengths] == [g.lengths.tolist() for g in groups]
+    moves = sent[:]
+    assert moves  # the drained replica still takes work
+    for job, target, t in moves:
+        runs = [f for j, _, f, _, _ in late.timelines[target].segments if j == job and f >= 1]
+        starts = [late.seconds_at(target, f - 1) for f in runs]  # seconds at the end of the step before
+        assert any(x >= t + delay - 1e-9 for x in starts) and not any(t <= x < t + delay - 1e-9 for x in starts)
+    assert late.seconds > at_once.seconds
+    assert stranded.seconds >= 100.0
+    assert run_rollout(groups, policy, **common).seconds == at_once.seconds

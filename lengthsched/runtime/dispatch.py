@@ -374,6 +374,11 @@ class WorkStealing(VLLMLike):
     # host link: StepCost.load_seconds; docs/benchmarks.md, "Seer's divided rollout").
     MIGRATE_CHUNK: int | None = MOVE_CHUNK
     MIGRATE_KV = False
+    # Seconds from a steal or a move until its target can run the request: the framework's abort and
+    # resubmission (verl 0.9.1's fully-async client waits 1 s before it resubmits an aborted request;
+    # docs/benchmarks.md, "Resubmission delay"). 0: at once. Meanwhile the request is in transit: on no
+    # replica's queue (nobody takes it again), and its target steals nothing more.
+    RESUBMIT_SECONDS = 0.0
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -386,6 +391,12 @@ class WorkStealing(VLLMLike):
         self.work = np.asarray(problem.point(), dtype=np.float64)  # predicted tokens per request
         self.idle_now: set[int] = set()  # set by the caller before each decision: the replicas asleep
         self.woke: list[int] = []  # replicas this decision moved running requests to (the caller wakes them)
+        self.now = 0.0  # set by the caller before each decision: the step's clock (modelled seconds)
+        # With RESUBMIT_SECONDS: per replica, the requests in transit to it as (seconds ready, job) (shared,
+        # set by the caller), and the (replica, seconds) at which this decision's targets can run them
+        # (the caller wakes each then).
+        self.inbox: list[list[tuple[float, int]]] = []
+        self.wake_at: list[tuple[int, float]] = []
 
     def start(self, eng: Engine) -> None:
         """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
@@ -393,10 +404,12 @@ class WorkStealing(VLLMLike):
             super().start(eng)
 
     def decide(self, eng: Engine) -> None:
+        if self.inbox:
+            self._receive()
         if self.board and self.problem.online:
             self._learn(eng)
         super().decide(eng)
-        while self.board and not self.waiting and self._room(eng) and self._steal(eng):
+        while self.board and not self.waiting and not self.in_transit() and self._room(eng) and self._steal(eng):
             super().decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
         if self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board and self.idle_now:
@@ -415,11 +428,31 @@ class WorkStealing(VLLMLike):
 
     def _send(self, job: int, src: Engine, target: int, *, kv: bool = False) -> None:
         """``job``, off engine ``src`` and its queue, joins the back of replica ``target``'s queue with the
-        tokens it generated (``kv``: and its KV); another replica is woken to run it."""
-        self.board[target].insert(0, job)  # a stack: the back of the queue is its start
+        tokens it generated (``kv``: and its KV); another replica is woken to run it. With
+        ``RESUBMIT_SECONDS`` it travels that long first (``inbox``) and ``target`` is woken then."""
         hand_over(job, src, self.engines[target], kv=kv)
+        if self.RESUBMIT_SECONDS > 0 and self.inbox:
+            ready = self.now + self.RESUBMIT_SECONDS
+            self.inbox[target].append((ready, job))
+            self.wake_at.append((target, ready))
+            return
+        self.board[target].insert(0, job)  # a stack: the back of the queue is its start
         if target != self.replica:
             self.woke.append(target)
+
+    def in_transit(self) -> bool:
+        """Whether requests sent to this replica have not arrived yet (``RESUBMIT_SECONDS``)."""
+        return bool(self.inbox and self.inbox[self.replica])
+
+    def _receive(self) -> None:
+        """The requests in transit to this replica whose resubmission landed join the back of its queue,
+        in the order they were sent."""
+        box = self.inbox[self.replica]
+        if box and box[0][0] <= self.now:
+            now = self.now
+            for _, job in [entry for entry in box if entry[0] <= now]:
+                self.waiting.insert(0, job)
+            box[:] = [entry for entry in box if entry[0] > now]
 
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
@@ -524,6 +557,8 @@ class StealObserved(WorkStealing):
         self._snapshot_at: int | None = None  # the step of this replica's last snapshot
 
     def decide(self, eng: Engine) -> None:
+        if self.inbox:
+            self._receive()
         VLLMLike.decide(self, eng)
         if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
             return
