@@ -153,6 +153,27 @@ def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
     assert [row[0] for row in data["summary"]] == [run[0] for run in SCALE_RUNS]
 
 
+def test_simulator_benchmark_rollout_resubmit_scores_each_delay_and_restores_steal(tmp_path):
+    """rollout_resubmit (quick): per grid, one row per RESUBMIT_VARIANTS entry; the first is steal as it
+    runs; the delay rows differ from it; steal's and steal_observed's attributes are left as found."""
+    from lengthsched.runtime.dispatch import StealObserved, WorkStealing
+    from simulate import run_rollout
+
+    rows = _quick_section(tmp_path, "rollout_resubmit")["rows"]
+    from bench_simulate import RESUBMIT_VARIANTS, _rollout_setting
+
+    labels = [label for label, *_ in RESUBMIT_VARIANTS]
+    assert [(r[0], r[1]) for r in rows] == [(g, label) for g in ("grid", "scale") for label in labels]
+    groups, realistic, _, _, common = _rollout_setting("castillo", 64, 4, 2, 11, None)
+    steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    assert rows[0][3] == pytest.approx(steal / base, rel=1e-12)
+    grid = {r[1]: r[3] for r in rows if r[0] == "grid"}
+    assert grid[labels[3]] > grid[labels[0]]  # a 1 s wait costs time
+    assert WorkStealing.RESUBMIT_SECONDS == 0.0 and WorkStealing.MIGRATE_CHUNK == 128
+    assert "RESUBMIT_SECONDS" not in vars(StealObserved) and StealObserved.SNAPSHOT_STEPS is None
+
+
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
     from simulate.workloads import _castillo_rows
 

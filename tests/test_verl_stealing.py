@@ -494,6 +494,9 @@ def test_steal_options_from_the_config():
     assert options == vs.StealOptions(pool_tokens=4096, poll_interval=0.5, chunk=None)
     coord = options.coordinator(3)
     assert coord.replicas == 3 and coord.pool_tokens == 4096 and coord.chunk is None
+    # running requests stay put unless the config names a chunk (verl's client waits 1 s to resubmit)
+    assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096})).chunk is None
+    assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "chunk": 128})).coordinator(2).chunk == 128
 
 
 class Worker:

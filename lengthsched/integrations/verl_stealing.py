@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
-from .rollout import MOVE_CHUNK, STEAL_SHARE
+from .rollout import STEAL_SHARE
 from .stealing import Move, StealCoordinator
 from .verl import batch_prompt_tokens
 
@@ -444,11 +444,19 @@ class StealDriver:
 class StealOptions:
     """The trainer config's ``lengthsched.steal`` section: ``pool_tokens`` (KV tokens of one replica's
     pool, required), ``poll_interval`` (seconds, default 1.0), ``chunk`` (tokens between moves of running
-    requests; null: never move running ones), ``share`` and ``room`` (:class:`StealCoordinator`'s)."""
+    requests; null, the default: never move running ones), ``share`` and ``room``
+    (:class:`StealCoordinator`'s).
+
+    Running requests do not move by default because verl 0.9.1's ``FullyAsyncLLMServerClient`` sleeps
+    1 s before it resubmits an aborted request: simulated with that delay (``WorkStealing.RESUBMIT_SECONDS
+    = 1``, snapshots about a second apart), ``steal`` with moves is slower than vLLM + verl on average
+    (1.030 on the grid's multi-replica settings), without them 1.5% faster (0.985; 3.5% on steps of
+    512-1024 prompts on 16-32 replicas). Set ``chunk`` (e.g. :data:`~.rollout.MOVE_CHUNK`, 128) where
+    resubmission is immediate (docs/benchmarks.md, "Resubmission delay")."""
 
     pool_tokens: int
     poll_interval: float = 1.0
-    chunk: int | None = MOVE_CHUNK
+    chunk: int | None = None
     share: float = STEAL_SHARE
     room: float = 1.0
 
@@ -468,7 +476,7 @@ def steal_options(config: Any) -> StealOptions:
     unknown = sorted(set(steal) - known)
     if unknown:
         raise InvalidArgument("lengthsched.steal", unknown, f"options among {sorted(known)}")
-    chunk = steal.get("chunk", MOVE_CHUNK)
+    chunk = steal.get("chunk", None)
     options = StealOptions(
         pool_tokens=check_int("lengthsched.steal.pool_tokens", steal.get("pool_tokens"), minimum=1),
         poll_interval=check_positive_float("lengthsched.steal.poll_interval", steal.get("poll_interval", 1.0)),
