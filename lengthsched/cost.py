@@ -63,7 +63,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,7 +71,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgument, check_int, check_positive_float
+from .errors import InvalidArgument, check_int, check_nonnegative_float, check_positive_float
 from .hfconfig import PRESET_DIR, _moe_layers, load_config, preset_names, read_shapes
 from .io import read_json_objects
 from .memory import DTYPE_BYTES, ModelMemory
@@ -164,14 +163,6 @@ def _gpu(name: Any) -> GPUSpec:
     return GPU_PRESETS[name.lower()]
 
 
-def _nonneg_float(name: str, value: Any) -> float:
-    ok = isinstance(value, (numbers.Real, np.floating)) and not isinstance(value, (bool, np.bool_))
-    out = float(value) if ok else math.nan
-    if not (math.isfinite(out) and out >= 0):
-        raise InvalidArgument(name, value, "a finite number >= 0")
-    return out
-
-
 def _tokens(name: str, value: Any) -> np.ndarray:
     """A non-negative finite token count (scalar or array) as float64."""
     try:
@@ -253,7 +244,7 @@ class StepCost:
                      "compute_efficiency", "host_bandwidth", "host_efficiency"):
             object.__setattr__(self, name, check_positive_float(name, getattr(self, name)))
         for name in ("overhead_seconds", "allreduce_latency_seconds", "host_latency_seconds"):
-            object.__setattr__(self, name, _nonneg_float(name, getattr(self, name)))
+            object.__setattr__(self, name, check_nonnegative_float(name, getattr(self, name)))
         for name in ("weights_bytes", "active_parameters", "lm_head_parameters", "kv_bytes_per_token",
                      "attention_flops_per_kv_token", "activation_bytes_per_token"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), minimum=0))

@@ -82,6 +82,15 @@ def check_positive_float(name: str, value: Any, *, maximum: float | None = None)
     return out
 
 
+def check_nonnegative_float(name: str, value: Any) -> float:
+    """Return ``value`` as a finite float >= 0 (bools and non-numbers are rejected)."""
+    ok = isinstance(value, (numbers.Real, np.floating)) and not isinstance(value, (bool, np.bool_))
+    out = float(value) if ok else math.nan
+    if not (math.isfinite(out) and out >= 0):
+        raise InvalidArgument(name, value, "a finite number >= 0")
+    return out
+
+
 def as_lengths(name: str, values: Any, *, minimum: int = 0, allow_empty: bool = False) -> np.ndarray:
     """Validate a 1-D sequence of token counts and return it as an ``int64`` array.
 

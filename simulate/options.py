@@ -76,6 +76,9 @@ class SimulateOptions:
     headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
                                  "true length known (an oracle: what placement could buy at most over vLLM FCFS "
                                  "replicas; simulate.search_placement) and report it apart from the policies")
+    resubmit_seconds: float = _opt(0.0, "in a rollout step, the seconds a request that steal moves between replicas "
+                                        "waits before its new replica can run it (a framework's abort and "
+                                        "resubmission; verl 0.9.1's client waits 1 s)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",

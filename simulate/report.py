@@ -21,7 +21,7 @@ from lengthsched import (
     NoisyOracleLengthPredictor,
     parse_bytes,
 )
-from lengthsched.errors import check_int, check_positive_float
+from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
 from lengthsched.predictor import MAX_SIGMA
 from lengthsched.runtime import POLICIES, kv_budget_tokens
 from lengthsched.runtime.timing import lower_bound_seconds
@@ -352,6 +352,10 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.headroom and not rollout_mode(opts):
         raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
                                                 "placement on replicas)")
+    check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
+    if opts.resubmit_seconds and not rollout_mode(opts):
+        raise InvalidArgument("resubmit_seconds", opts.resubmit_seconds, "--prompts or --replicas with it (requests "
+                                                                          "move between a rollout step's replicas)")
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument, partition
-from lengthsched.errors import as_lengths, check_int
+from lengthsched.errors import as_lengths, check_int, check_nonnegative_float
 from lengthsched.integrations.rollout import place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
 from lengthsched.placement import (
@@ -198,7 +198,8 @@ def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.nda
 def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router: str | None = None,
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
-                placement: Any = None, max_num_seqs: int | None = None) -> RolloutResult:
+                placement: Any = None, max_num_seqs: int | None = None,
+                resubmit_seconds: float | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -216,7 +217,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     places or dispatches requests itself). ``max_num_seqs``: requests each replica runs at once at
     most (vLLM's ``max_num_seqs``, SGLang's ``max_running_requests``; verl sets 1024 by default);
     None: only the pool limits them (Seer's dispatcher then keeps vLLM's default of 256 requests per
-    replica). Returns a :class:`RolloutResult`."""
+    replica). ``resubmit_seconds``: for the policies that move requests between replicas by abort and
+    resubmission (``steal`` and its variants), the seconds a moved request travels before its target can
+    run it (``WorkStealing.RESUBMIT_SECONDS``; verl 0.9.1's client waits 1 s); None: the policy's own
+    (0: at once). Returns a :class:`RolloutResult`."""
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs)
@@ -230,8 +234,15 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
             raise InvalidArgument("placement", "an array", f"no placement with policy {policy!r}, which places "
                                                            "or dispatches requests itself")
         placement = _check_placement(placement, len(flat), replicas)
+    if resubmit_seconds is not None:
+        resubmit_seconds = check_nonnegative_float("resubmit_seconds", resubmit_seconds)
+        if not getattr(spec.cls, "STEALS", False):
+            raise InvalidArgument("resubmit_seconds", resubmit_seconds,
+                                  f"None with policy {policy!r}, which moves no request between replicas by "
+                                  "resubmitting it (steal, steal_observed, steal_classes do)")
     if spec.dispatch:
-        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, **common)
+        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
+                                                   **common)
         used_router = "dispatch"
     else:
         if placement is None and getattr(spec.cls, "PLACE", None) == "classes":
@@ -439,7 +450,8 @@ def _run_routed(policy, placement, online, replicas, **common):
     return [eng for eng, _ in runs], [clock for _, clock in runs]
 
 
-def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
+def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, flat, owner, tails, prompt_kv,
+                  prompt_lens, pred,
                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
@@ -485,9 +497,11 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, flat, owner, tails,
             for job in mine:
                 eng.claim(job)
         work = pols[0].work  # one array: what a replica learns of a prompt, every replica uses
-        inbox = [[] for _ in range(replicas)] if cls.RESUBMIT_SECONDS > 0 else []
+        delay = cls.RESUBMIT_SECONDS if resubmit is None else resubmit
+        inbox = [[] for _ in range(replicas)] if delay > 0 else []
         for pol in pols:
             pol.board, pol.engines, pol.pols, pol.work, pol.inbox = board, engines, pols, work, inbox
+            pol.RESUBMIT_SECONDS = delay
         if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
             coord = StealCoordinator(replicas, budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
             for r, stack in enumerate(board):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
-from lengthsched.errors import check_int
+from lengthsched.errors import check_int, check_nonnegative_float
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
@@ -118,6 +118,7 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                                                    "sweep)")
     if opts.slots is not None:  # in a rollout step: each replica's running cap (vLLM's max_num_seqs)
         check_int("slots", opts.slots, minimum=1)
+    check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
     policies = parse_policies(opts.policies)
     bad = [p for p in policies if not POLICIES[p].rollout]
     if bad:
@@ -180,9 +181,11 @@ class RolloutStep:
     def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
         o = self.opts
+        moves = getattr(POLICIES[policy].cls, "STEALS", False)  # the delay applies to what steal moves
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
-                           prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots)
+                           prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
+                           resubmit_seconds=o.resubmit_seconds if moves else None)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -237,6 +240,8 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
                f"(prompts inside)" + ("" if opts.slots is None else f", at most {opts.slots} requests running per "
                                       "replica (max_num_seqs)")
+               + ("" if not opts.resubmit_seconds else f", requests steal moves resubmitted after "
+                                                          f"{opts.resubmit_seconds:g} s")
                + f", predictor {opts.predictor}" + ("" if step.history is None else
                                                     f" (learnt from one earlier epoch of the same prompts, "
                                                     f"{len(step.history[0])} fresh completions each; sibling "

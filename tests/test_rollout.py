@@ -710,3 +710,30 @@ def test_a_resubmitted_request_runs_on_its_target_only_after_the_delay(policy, m
     assert late.seconds > at_once.seconds
     assert stranded.seconds >= 100.0
     assert run_rollout(groups, policy, **common).seconds == at_once.seconds
+
+
+def test_run_rollout_takes_the_resubmission_delay_for_the_policies_that_move_requests():
+    """run_rollout(resubmit_seconds=D) is WorkStealing.RESUBMIT_SECONDS = D for that run only (the class is
+    left alone); a policy that moves nothing by resubmission, or a bad delay, is an error naming it."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20]))
+              for i in range(8)]
+    common = dict(replicas=2, budget_tokens=2_000, max_new_tokens=600, predicted=np.full(32, 150))
+    for policy in ("steal", "steal_observed"):
+        default = run_rollout(groups, policy, **common).seconds
+        assert run_rollout(groups, policy, resubmit_seconds=0.0, **common).seconds == default
+        delayed = run_rollout(groups, policy, resubmit_seconds=0.2, **common).seconds
+        try:
+            WorkStealing.RESUBMIT_SECONDS = 0.2
+            assert run_rollout(groups, policy, **common).seconds == delayed > default
+        finally:
+            WorkStealing.RESUBMIT_SECONDS = 0.0
+    assert WorkStealing.RESUBMIT_SECONDS == 0.0
+    for bad in (-1.0, float("nan"), "1", True):
+        with pytest.raises(InvalidArgument) as err:
+            run_rollout(groups, "steal", resubmit_seconds=bad, **common)
+        assert err.value.name == "resubmit_seconds"
+    with pytest.raises(InvalidArgument) as err:
+        run_rollout(groups, "vllm", resubmit_seconds=1.0, **common)
+    assert err.value.name == "resubmit_seconds" and "steal" in str(err.value)

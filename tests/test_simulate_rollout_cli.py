@@ -47,7 +47,8 @@ def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
     (["--sweep", "group_size=4,8"], "sweep"), (["--slots", "0"], "slots"), (["--policies", "micro"], "policies"),
     (["--predictor", "noisy:0.5"], "predictor"), (["--routers", "random"], "routers"), (["--prompts", "0"], "prompts"),
     (["--budget", "1GiB"], "budget"), (["--predictor", "history:x"], "predictor"),
-    (["--predictor", "history:-1"], "predictor"),
+    (["--predictor", "history:-1"], "predictor"), (["--resubmit-seconds", "-1"], "resubmit_seconds"),
+    (["--resubmit-seconds", "nan"], "resubmit_seconds"),
 ])
 def test_bad_rollout_options_are_one_line_naming_the_flag(capsys, extra, flag):
     assert main(SMALL + extra) == 2
@@ -187,3 +188,23 @@ def test_history_is_a_rollout_predictor_and_needs_a_named_workload(capsys, tmp_p
                  "--predictor", "history"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'predictor'" in err and "needs a named workload" in err
+
+
+def test_a_resubmission_delay_slows_what_steal_moves_and_nothing_else(capsys):
+    """--resubmit-seconds D: the requests steal moves between replicas wait D seconds before their new
+    replica can run them (a framework's abort and resubmission); the setting line says so, steal's rows
+    change, vLLM's do not; without a rollout step it is an error naming the flag."""
+    step = ["simulate", "--prompts", "16", "--replicas", "4", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "4GiB", "--json", "--policies", "vllm,steal",
+            "--routers", "least_loaded"]
+    assert main(step) == 0
+    at_once = json.loads(capsys.readouterr().out)
+    assert main(step + ["--resubmit-seconds", "0.5"]) == 0
+    late = json.loads(capsys.readouterr().out)
+    assert "resubmitted after 0.5 s" in late["setting"] and "resubmitted" not in at_once["setting"]
+    rows = {run["options"]["resubmit_seconds"]: {r["policy"]: r["seconds"] for r in run["rows"]}
+            for run in (at_once, late)}
+    assert rows[0.5]["vllm"] == rows[0.0]["vllm"] and rows[0.5]["steal"] > rows[0.0]["steal"]
+    assert main(["simulate", "--groups", "2", "--resubmit-seconds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'resubmit_seconds'" in err and "--prompts or --replicas" in err
