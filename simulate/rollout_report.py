@@ -327,6 +327,11 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"(lengthsched.integrations.StealCoordinator; {observed}, not yet run on a cluster); the TRL "
                  "integration and verl's plain planning manager send a static plan (what vllm_priority + "
                  "least_loaded simulates)")
+        delay = float(comparison.options.get("resubmit_seconds") or 0.0)
+        if delay:
+            line += (f"; each move waits {delay:g} s here: with verl's 1 s the moves of running requests cost more "
+                     "than they gain on the benchmark grid and at scale, and verl_stealing leaves them off "
+                     "(docs/benchmarks.md, 'Resubmission delay')")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if ours is None and recommended != DEFAULT_POLICY:

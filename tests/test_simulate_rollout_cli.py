@@ -205,6 +205,7 @@ def test_a_resubmission_delay_slows_what_steal_moves_and_nothing_else(capsys):
     rows = {run["options"]["resubmit_seconds"]: {r["policy"]: r["seconds"] for r in run["rows"]}
             for run in (at_once, late)}
     assert rows[0.5]["vllm"] == rows[0.0]["vllm"] and rows[0.5]["steal"] > rows[0.0]["steal"]
+    assert "each move waits 0.5 s here" in late["verdict"] and "each move waits" not in at_once["verdict"]
     assert main(["simulate", "--groups", "2", "--resubmit-seconds", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'resubmit_seconds'" in err and "--prompts or --replicas" in err
