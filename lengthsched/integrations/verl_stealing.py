@@ -59,7 +59,9 @@ first access, like ``LengthschedAgentLoopManager``):
 
 What the coordinator sees differs from the simulator's ``steal_observed`` in ways the docs list
 (docs/howto-verl.md): snapshots every ``poll_interval`` seconds, the client's 1 s wait before a
-resubmission, and a moved request's prompt recomputed where it lands.
+resubmission, and a moved request's prompt recomputed where it lands. The simulator prices that wait
+(``WorkStealing.RESUBMIT_SECONDS``): with it, moving running requests costs more than it gains, so
+running requests stay put unless ``lengthsched.steal.chunk`` is set (:class:`StealOptions`).
 """
 
 from __future__ import annotations
