@@ -912,15 +912,16 @@ VARIANTS = (
 )
 
 
-def _rollout_variants_unit(args):
-    """One setting: vLLM FCFS + verl, then each of VARIANTS with the realistic predictions (seconds,
-    recomputed tokens); a variant's attributes are set on its policy's class and restored."""
+def _rollout_variants_unit(args, variants=VARIANTS):
+    """One setting: vLLM FCFS + verl, then each of ``variants`` (label, policy, class attributes or None
+    for the policy as it is behind verl's routing) with the realistic predictions (seconds, recomputed
+    tokens); a variant's attributes are set on its policy's class and restored."""
     from lengthsched.runtime import POLICIES
 
     groups, realistic, _, _, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
-    for label, policy, attrs in VARIANTS:
+    for label, policy, attrs in variants:
         with _patched(POLICIES[policy].cls, **(attrs or {})):
             r = run_rollout(groups, policy, router=None if attrs is not None else "least_loaded", predicted=realistic,
                             **common)
@@ -968,19 +969,6 @@ RESUBMIT_VARIANTS = (
 )
 
 
-def _rollout_resubmit_unit(args):
-    """One setting: vLLM FCFS + verl, then each of RESUBMIT_VARIANTS with the realistic predictions
-    (seconds); a variant's attributes are set on its policy's class and restored."""
-    from lengthsched.runtime import POLICIES
-
-    groups, realistic, _, _, common = _rollout_setting(*args)
-    out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
-    for label, policy, attrs in RESUBMIT_VARIANTS:
-        with _patched(POLICIES[policy].cls, **attrs):
-            out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds
-    return out
-
-
 def rollout_resubmit(quick: bool) -> tuple[str, list]:
     """What a delay between a request's abort and its resubmission costs steal: the multi-replica
     settings of the rollout grid and the steps at scale (one draw, --seed)."""
@@ -990,9 +978,9 @@ def rollout_resubmit(quick: bool) -> tuple[str, list]:
     rows = []
     for name, grid in grids.items():
         units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
-        results = _pool_map(_rollout_resubmit_unit, units)
+        results = _pool_map(partial(_rollout_variants_unit, variants=RESUBMIT_VARIANTS), units)
         for label, *_ in RESUBMIT_VARIANTS:
-            summary = _ratio_summary(units, [out[label] / out["base"] for out in results])
+            summary = _ratio_summary(units, [out[label][0] / out["base"][0] for out in results])
             rows.append([name, label] + [summary[0], summary[1], summary[3], summary[4]])
     return table(f"What the resubmission delay costs steal ({_cost_label()}, seed {ROLLOUT_SEED}, realistic "
                  "predictions; grid: the rollout grid's settings with 4-8 replicas; scale: --sections "

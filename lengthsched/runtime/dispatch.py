@@ -446,13 +446,10 @@ class WorkStealing(VLLMLike):
 
     def _receive(self) -> None:
         """The requests in transit to this replica whose resubmission landed join the back of its queue,
-        in the order they were sent."""
+        in the order they were sent (the order they land: every one travels RESUBMIT_SECONDS)."""
         box = self.inbox[self.replica]
-        if box and box[0][0] <= self.now:
-            now = self.now
-            for _, job in [entry for entry in box if entry[0] <= now]:
-                self.waiting.insert(0, job)
-            box[:] = [entry for entry in box if entry[0] > now]
+        while box and box[0][0] <= self.now:
+            self.waiting.insert(0, box.pop(0)[1])
 
     def wakeup(self, eng: Engine) -> int | None:
         """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
