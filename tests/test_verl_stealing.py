@@ -175,15 +175,11 @@ class FakeVLLMHttpServer:
             return {"aborted": False, "request_id": request_id, "error": str(e)}
 
 
-class FakeFullyAsyncLLMServerClient:
-    """verl 0.9.1's ``FullyAsyncLLMServerClient`` (llm_server.py) over ``LLMServerClient``: the router gets
-    its declared fields at acquire; the server gets ``_vllm_request_id(request_id)``, a fresh uuid; an
-    "aborted" attempt is resubmitted with prompt + tokens so far and ``max_tokens`` reduced by them (verl
-    sleeps 1 s first; ``retry_delay`` here)."""
+class FakeLLMServerClient:
+    """verl 0.9.1's ``LLMServerClient`` (llm_server.py): the router gets its declared fields at acquire;
+    ``generate`` is one attempt, sent to the server as ``_vllm_request_id(request_id)``, a fresh uuid."""
 
-    retry_delay = 0.0
-
-    def __init__(self, config, load_balancer_handle=None, only_hybrid: bool = False, **kwargs):
+    def __init__(self, config, load_balancer_handle=None, **kwargs):
         self.config, self._load_balancer = config, load_balancer_handle
 
     async def _acquire_server(self, request_id: str, **extra):
@@ -194,7 +190,8 @@ class FakeFullyAsyncLLMServerClient:
     def _vllm_request_id(self, request_id: str) -> str:
         return uuid.uuid4().hex
 
-    async def _attempt(self, request_id, prompt_ids, sampling_params, **kwargs):
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
+                       audio_data=None, mm_processor_kwargs=None, **kwargs):
         server_id, server = await self._acquire_server(request_id, prompt_ids=prompt_ids, **kwargs)
         try:
             priority = kwargs.pop("priority", 0)
@@ -204,16 +201,32 @@ class FakeFullyAsyncLLMServerClient:
         finally:
             self._load_balancer.release_server.remote(server_id=server_id, request_id=request_id)
 
+
+class FakeFullyAsyncLLMServerClient(FakeLLMServerClient):
+    """verl 0.9.1's ``FullyAsyncLLMServerClient`` (llm_server.py): an "aborted" attempt (``super().generate``)
+    is resubmitted with prompt + tokens so far and ``max_tokens`` reduced by them, after a wait (verl
+    sleeps 1 s; ``retry_delay`` here, each wait counted in ``waits``)."""
+
+    retry_delay = 0.0
+
+    def __init__(self, config, load_balancer_handle=None, only_hybrid: bool = False, **kwargs):
+        super().__init__(config, load_balancer_handle, **kwargs)
+        self.waits = 0
+
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
                        audio_data=None, mm_processor_kwargs=None, **kwargs):
         sampling_params, tokens = dict(sampling_params), []
         budget = sampling_params["max_tokens"]
         while True:
-            output = await self._attempt(request_id, prompt_ids + tokens, sampling_params, **kwargs)
+            output = await super().generate(request_id=request_id, prompt_ids=prompt_ids + tokens,
+                                            sampling_params=sampling_params, **kwargs)
             tokens.extend(output.token_ids)
             sampling_params["max_tokens"] = budget - len(tokens)
-            if len(tokens) >= budget or output.stop_reason not in ("aborted", "abort"):
+            if len(tokens) >= budget:
+                return SimpleNamespace(token_ids=tokens, stop_reason="length")
+            if output.stop_reason not in ("aborted", "abort"):
                 return SimpleNamespace(token_ids=tokens, stop_reason=output.stop_reason)
+            self.waits += 1
             await asyncio.sleep(self.retry_delay)
 
 
@@ -233,13 +246,44 @@ async def drive(lengths, placement, *, max_num_seqs=2, replicas=2, steal=True, r
                 chunk=None):
     """A batch of rows (row k: true length ``lengths[k]``, planned on ``placement[k]``, priority
     ``k * replicas + placement[k]``) through the stealing client, the router and stepped engines, the
-    driver polling every ``poll_every`` steps. Returns (steps, outputs by row, driver, engines)."""
+    driver polling every ``poll_every`` steps. Returns (steps, outputs by row, driver, engines, waits): the
+    waits are the client's sleeps before a resubmission (verl's 1 s; counted, not slept, for verl's real
+    client)."""
+    if real_client:
+        from verl.workers.rollout import llm_server
+
+        counting = CountingAsyncio()
+        llm_server.asyncio = counting
+        try:
+            out = await _drive(llm_server.FullyAsyncLLMServerClient, lengths, placement, max_num_seqs, replicas,
+                               steal, poll_every, chunk)
+        finally:
+            llm_server.asyncio = asyncio
+        return *out[:4], len(counting.sleeps)
+    out = await _drive(FakeFullyAsyncLLMServerClient, lengths, placement, max_num_seqs, replicas, steal, poll_every,
+                       chunk)
+    return *out[:4], out[4].waits
+
+
+class CountingAsyncio:
+    """``asyncio`` for verl's ``llm_server`` module, whose ``sleep`` is counted and yields once instead of
+    waiting."""
+
+    def __init__(self):
+        self.sleeps: list[float] = []
+
+    def __getattr__(self, name):
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay, result=None):
+        self.sleeps.append(delay)
+        await asyncio.sleep(0)
+        return result
+
+
+async def _drive(base, lengths, placement, max_num_seqs, replicas, steal, poll_every, chunk):
     engines, servers, router = cluster(lengths, max_num_seqs, replicas)
     config = trainer_config(response_length=512)
-    if real_client:
-        from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient as base
-    else:
-        base = FakeFullyAsyncLLMServerClient
     client = vs.make_stealing_client_class(base)(config=config, load_balancer_handle=Remote(router))
     handles = await vs._call(Remote(router), "get_server_handles")
     driver = vs.StealDriver(StealCoordinator(replicas, pool_tokens=100_000, chunk=chunk), Remote(router), handles,
@@ -261,11 +305,11 @@ async def drive(lengths, placement, *, max_num_seqs=2, replicas=2, steal=True, r
                 e.step()
             steps += 1
         else:
-            await asyncio.sleep(0.01)  # a resubmission on its way (verl's client waits 1 s)
+            await asyncio.sleep(0.01)  # a resubmission on its way
         assert steps < 10_000
     if steal:
         await driver.poll_once()  # the last rows' completions: reported by the servers' snapshots
-    return steps, [t.result() for t in tasks], driver, engines
+    return steps, [t.result() for t in tasks], driver, engines, client
 
 
 # ----------------------------------------------------------------------------- the snapshot reader
@@ -379,8 +423,8 @@ PLACED = [0] * 6 + [1] * 2  # every long row planned on replica 0
 
 
 def _check_batch(real_client: bool) -> None:
-    alone, _, _, _ = asyncio.run(drive(LENGTHS, PLACED, steal=False))
-    steps, outs, driver, engines = asyncio.run(drive(LENGTHS, PLACED, real_client=real_client))
+    alone, *_ = asyncio.run(drive(LENGTHS, PLACED, steal=False))
+    steps, outs, driver, engines, waits = asyncio.run(drive(LENGTHS, PLACED, real_client=real_client))
     # Every row finishes once, with its own length, whatever moved.
     assert [len(o.token_ids) for o in outs] == [LENGTHS[k] for k in range(len(LENGTHS))]
     assert all(o.stop_reason == "completed" for o in outs)
@@ -392,8 +436,8 @@ def _check_batch(real_client: bool) -> None:
     assert {str(p) for p in moved} <= started_on_1 and len(started_on_1) > 2
     assert len(engines[0].aborts) >= len(moves)  # each applied move aborted its request on replica 0
     assert driver.coordinator.in_flight(0) == [] and driver.coordinator.in_flight(1) == []
-    if not real_client:  # verl's client waits 1 s before a resubmission, in real time: no step count then
-        assert steps < 0.8 * alone
+    assert waits == 0  # each move resubmitted at once, not after verl's 1 s wait
+    assert steps < 0.8 * alone
 
 
 def test_a_batch_moves_waiting_rows_to_the_replica_that_drained_and_every_row_finishes_once():
@@ -405,12 +449,121 @@ def test_a_batch_through_verls_real_fully_async_client():
     _check_batch(real_client=True)
 
 
+def _one_request(real_client: bool, abort):
+    """One row (true length 12) on a one-replica fake cluster; after 3 steps ``abort(server, vllm id)``
+    aborts its attempt. Returns (output, the client's waits before a resubmission, vLLM ids sent)."""
+
+    async def go(base):
+        engines, servers, router = cluster({0: 12}, max_num_seqs=1, replicas=1)
+        client = vs.make_stealing_client_class(base)(config=trainer_config(response_length=512),
+                                                     load_balancer_handle=Remote(router))
+        task = asyncio.ensure_future(client.generate("rid", prompt_ids=[0] * PROMPT,
+                                                     sampling_params={"max_tokens": 20}, priority=3))
+        steps = 0
+        while not task.done():
+            for _ in range(20):
+                await asyncio.sleep(0)
+            if steps == 3:
+                await abort(servers[0], engines[0].running[0].external_req_id)
+            engines[0].step()
+            steps += 1
+            assert steps < 1000
+        return task.result(), client, engines[0]
+
+    if not real_client:
+        out, client, engine = asyncio.run(go(FakeFullyAsyncLLMServerClient))
+        return out, client.waits, engine.started
+    from verl.workers.rollout import llm_server
+
+    counting = llm_server.asyncio = CountingAsyncio()
+    try:
+        out, _, engine = asyncio.run(go(llm_server.FullyAsyncLLMServerClient))
+    finally:
+        llm_server.asyncio = asyncio
+    return out, len(counting.sleeps), engine.started
+
+
+@pytest.mark.parametrize("real_client", [False, pytest.param(True, marks=requires_verl)])
+def test_a_moved_attempt_is_resubmitted_at_once_and_other_aborts_wait_as_verl_does(real_client):
+    async def move(server, vllm_id):  # the StealDriver's abort, through the server class
+        assert (await server.abort_request(vllm_id, reset_prefix_cache=False))["aborted"]
+
+    async def verls_own(server, vllm_id):  # an abort the server class did not make (verl's pause_generation)
+        await server.engine.abort(vllm_id)
+
+    for abort, waits in ((move, 0), (verls_own, 1)):
+        out, counted, started = _one_request(real_client, abort)
+        assert len(out.token_ids) == 12 and out.stop_reason == "completed"
+        assert counted == waits and len(started) == 2  # two attempts: before and after the abort
+        assert [vs.parse_vllm_request_id(v) for v in started] == [("3", "rid")] * 2
+        assert "lengthsched_moved" not in getattr(out, "extra_fields", {})
+
+
+def test_the_server_tags_only_the_attempts_it_aborted_for_a_move():
+    engines, servers, _ = cluster({0: 5}, max_num_seqs=1, replicas=1)
+
+    async def go():
+        a = asyncio.ensure_future(servers[0].generate([0] * PROMPT, {"max_tokens": 9}, "a"))
+        b = asyncio.ensure_future(servers[0].generate([0] * PROMPT, {"max_tokens": 9}, "b"))
+        await asyncio.sleep(0)
+        engines[0].step()
+        assert (await servers[0].abort_request("a", reset_prefix_cache=False))["aborted"]
+        assert not (await servers[0].abort_request("gone"))["aborted"]  # not found: nothing kept for it
+        await engines[0].abort("b")  # not through the server class
+        return await a, await b
+
+    a, b = asyncio.run(go())
+    assert a.stop_reason == b.stop_reason == "aborted" and len(a.token_ids) == 1
+    assert a.extra_fields[vs.MOVED] is True and vs.MOVED not in b.extra_fields
+    assert servers[0]._lengthsched_moving() == set() and servers[0].cleared == 0
+
+
+def test_resume_moved_merges_the_attempts_and_stops_at_the_budget():
+    answers = [
+        SimpleNamespace(token_ids=[1, 2], log_probs=[-1.0, -2.0], routed_experts=np.array([[1], [2]]), num_preempted=1,
+                        stop_reason="aborted", extra_fields={vs.MOVED: True, "num_cached_tokens": 4, "global_steps": 7,
+                                                             "min_global_steps": 7}),
+        SimpleNamespace(token_ids=[3], log_probs=[-3.0], routed_experts=np.array([[0], [0], [3]]), num_preempted=0,
+                        stop_reason="completed", extra_fields={"num_cached_tokens": 0, "global_steps": 8,
+                                                               "min_global_steps": 8}),
+    ]
+    calls = []
+
+    async def attempt(request_id, *, prompt_ids, sampling_params, **kwargs):
+        calls.append((request_id, list(prompt_ids), dict(sampling_params), kwargs))
+        sampling_params.pop("max_tokens")  # a server may consume its copy
+        return answers[len(calls) - 1]
+
+    out = asyncio.run(vs.resume_moved(attempt, "r", [9, 9], {"max_tokens": 5, "temperature": 1.0}, priority=2))
+    assert [c[1] for c in calls] == [[9, 9], [9, 9, 1, 2]]
+    assert [c[2]["max_tokens"] for c in calls] == [5, 3] and all(c[3] == {"priority": 2} for c in calls)
+    assert out.token_ids == [1, 2, 3] and out.log_probs == [-1.0, -2.0, -3.0] and out.num_preempted == 1
+    assert out.routed_experts.tolist() == [[1], [2], [3]] and out.stop_reason == "completed"
+    assert out.extra_fields == {"num_cached_tokens": 4, "global_steps": 8, "min_global_steps": 7}
+    # a moved attempt that spent the budget is not resubmitted: verl's loop ends it as "length"
+    calls.clear()
+    answers[0] = SimpleNamespace(token_ids=[1, 2], log_probs=None, routed_experts=None, num_preempted=None,
+                                 stop_reason="aborted", extra_fields={vs.MOVED: True})
+    out = asyncio.run(vs.resume_moved(attempt, "r", [9], {"max_tokens": 2}))
+    assert len(calls) == 1 and out.stop_reason == "aborted" and vs.MOVED not in out.extra_fields
+
+
+def test_the_stealing_client_needs_a_resume_loop_over_an_attempt():
+    with pytest.raises(InvalidArgument, match="argument 'base'.*FullyAsyncLLMServerClient"):
+        vs.make_stealing_client_class(FakeLLMServerClient.__mro__[-1])
+    with pytest.raises(InvalidArgument, match="argument 'base'"):
+        vs.make_stealing_client_class(FakeLLMServerClient)  # its parent is object: no attempt to wrap
+    client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
+    assert client_cls.__mro__[1] is FakeFullyAsyncLLMServerClient and client_cls.__mro__[3] is FakeLLMServerClient
+
+
 def test_running_rows_move_to_an_idle_replica_with_their_tokens():
     lengths = {k: n for k, n in enumerate([300, 300, 5])}
-    steps, outs, driver, engines = asyncio.run(drive(lengths, [0, 0, 1], max_num_seqs=4, chunk=16, poll_every=2))
+    steps, outs, driver, engines, waits = asyncio.run(drive(lengths, [0, 0, 1], max_num_seqs=4, chunk=16,
+                                                            poll_every=2))
     assert [len(o.token_ids) for o in outs] == [300, 300, 5]
     moves = [m for m in driver.stats.applied if m.kind == "move"]
-    assert moves and all(m.generated >= 16 and m.target == 1 for m in moves)
+    assert moves and all(m.generated >= 16 and m.target == 1 for m in moves) and waits == 0
     alone, *_ = asyncio.run(drive(lengths, [0, 0, 1], max_num_seqs=4, steal=False))
     # The engines here do not slow with rows, so a move gains nothing; it costs the step or two between
     # the abort and the resubmission's admission on the target.

@@ -36,7 +36,9 @@ released wheels (tested with fakes built from them and, for the client, against 
   and ``max_tokens`` reduced by them, through the router (so :meth:`PlannedLoadBalancer.reroute
   <lengthsched.integrations.verl.PlannedLoadBalancer.reroute>` decides where it lands). The plain
   ``LLMServerClient``, which ``ray_trainer.py`` hands the manager, returns an aborted attempt as the
-  final (truncated) answer: stealing needs the fully-async client, which the manager made here installs.
+  final (truncated) answer: stealing needs the fully-async client, which the manager made here installs,
+  with a layer under its resume loop that resubmits the attempts the driver moved at once (the 1 s wait
+  stays for verl's own aborts).
 - verl 0.9.1 ``trainer/ppo/ray_trainer.py`` loads the manager class named by
   ``rollout.agent.agent_loop_manager_class`` *before* ``LLMServerManager.create`` builds the replicas,
   which is when :data:`LengthschedStealingAgentLoopManager` registers its vLLM replica class.
@@ -50,7 +52,8 @@ first access, like ``LengthschedAgentLoopManager``):
   :func:`register_vllm_server`;
 - the request ids: :func:`vllm_request_id` / :func:`parse_vllm_request_id` and
   :func:`make_stealing_client_class` (``StealingLLMServerClient``: verl's fully-async client whose vLLM
-  ids carry the row's key and the client's request id);
+  ids carry the row's key and the client's request id, and which resubmits a moved attempt at once:
+  :func:`resume_moved`, :data:`MOVED`);
 - :class:`StealDriver`: the asyncio loop that polls the servers, feeds the coordinator and applies its
   moves (``router.reroute`` + ``server.abort_request(vllm_id, reset_prefix_cache=False)``);
 - :func:`make_stealing_agent_loop_manager_class` (``LengthschedStealingAgentLoopManager``): the
@@ -83,6 +86,7 @@ from .stealing import Move, StealCoordinator
 from .verl import batch_prompt_tokens
 
 __all__ = [
+    "MOVED",
     "STEALING_MANAGER_CLASS",
     "VLLM_VERSION",
     "StealDriver",
@@ -95,11 +99,13 @@ __all__ = [
     "make_vllm_server_class",
     "parse_vllm_request_id",
     "register_vllm_server",
+    "resume_moved",
     "steal_options",
     "vllm_request_id",
 ]
 
 VLLM_VERSION = "0.24.0"  # the vLLM verl 0.9.1 pins (its "vllm" extra): the output processor read here
+MOVED = "lengthsched_moved"  # extra_fields key of an attempt the server aborted for a StealDriver move
 STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
 _PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
 _SEP = "~"
@@ -164,7 +170,10 @@ def make_vllm_server_class(base: type) -> type:
       than rank 0 hold no engine and answer empty;
     - ``abort_request(request_id, reset_prefix_cache=True)``: verl's signature and answer, through
       :func:`abort_engine_request` (verl's own finds nothing under vLLM 0.24's internal ids, see the
-      module docstring); ``reset_prefix_cache`` clears the KV cache as verl's does.
+      module docstring); ``reset_prefix_cache`` clears the KV cache as verl's does. The attempt it
+      aborts returns ``stop_reason="aborted"`` with ``extra_fields[MOVED] = True``
+      (:data:`MOVED`), which the stealing client resubmits without verl's 1 s wait; aborts made any
+      other way (verl's own ``pause_generation``) come back untagged.
     """
 
     class LengthschedVLLMHttpServer(base):  # type: ignore[misc, valid-type]
@@ -176,10 +185,19 @@ def make_vllm_server_class(base: type) -> type:
                 done = self._lengthsched_done = []
             return done
 
+        def _lengthsched_moving(self) -> set[str]:
+            moving = getattr(self, "_lengthsched_moving_ids", None)
+            if moving is None:
+                moving = self._lengthsched_moving_ids = set()
+            return moving
+
         async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
             output = await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
             if getattr(output, "stop_reason", None) != "aborted":
                 self._lengthsched_finished().append(request_id)
+            elif request_id in self._lengthsched_moving():
+                self._lengthsched_moving().discard(request_id)
+                output.extra_fields[MOVED] = True  # the stealing client resubmits it at once
             return output
 
         async def lengthsched_snapshot(self) -> dict[str, Any]:
@@ -191,8 +209,12 @@ def make_vllm_server_class(base: type) -> type:
         async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
             if getattr(self, "node_rank", 0) != 0:
                 return {"aborted": False, "request_id": request_id}
+            moving = self._lengthsched_moving()
+            moving.add(request_id)  # before the abort: its generate() may return as soon as vLLM aborts it
             result = await abort_engine_request(self.engine, request_id)
-            if result["aborted"] and reset_prefix_cache:
+            if not result["aborted"]:
+                moving.discard(request_id)
+            elif reset_prefix_cache:
                 await self.clear_kv_cache()
             return result
 
@@ -252,15 +274,94 @@ def parse_vllm_request_id(vllm_id: str) -> tuple[str, str] | None:
     return key, request_id
 
 
+def _moved(output: Any) -> bool:
+    extra = getattr(output, "extra_fields", None)
+    return getattr(output, "stop_reason", None) in ("aborted", "abort") and isinstance(extra, Mapping) \
+        and bool(extra.get(MOVED))
+
+
+def _merged(output: Any, later: Any) -> Any:
+    """``output`` with ``later`` (the next attempt of the same request) appended, as verl 0.9.1's
+    ``FullyAsyncLLMServerClient.generate`` merges its attempts: tokens, log-probs and routed experts
+    appended, preemptions added, the later stop reason and extra fields (the first attempt's
+    ``num_cached_tokens`` and ``min_global_steps`` kept)."""
+    new = list(later.token_ids)
+    first_extra = dict(getattr(output, "extra_fields", None) or {})
+    output.token_ids = list(output.token_ids) + new
+    if getattr(later, "log_probs", None) is not None:
+        output.log_probs = list(output.log_probs or []) + list(later.log_probs)
+    routed = getattr(later, "routed_experts", None)
+    if routed is not None and new:
+        output.routed_experts = routed if getattr(output, "routed_experts", None) is None else \
+            np.concatenate([output.routed_experts, routed[-len(new):]])
+    if getattr(later, "num_preempted", None) is not None:
+        output.num_preempted = (getattr(output, "num_preempted", None) or 0) + later.num_preempted
+    output.stop_reason = later.stop_reason
+    extra = dict(getattr(later, "extra_fields", None) or {})
+    for key in ("num_cached_tokens", "min_global_steps"):
+        if first_extra.get(key) is not None:
+            extra[key] = first_extra[key]
+    output.extra_fields = extra
+    return output
+
+
+async def resume_moved(attempt: Any, request_id: str, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any],
+                       **kwargs: Any) -> Any:
+    """One attempt, ``attempt(request_id, prompt_ids=..., sampling_params=..., **kwargs)`` (verl's
+    ``LLMServerClient.generate``), resubmitted at once, with its tokens so far appended to the prompt and
+    its ``max_tokens`` (or ``max_new_tokens``) reduced by them, for as long as the server aborted it for a
+    move (:data:`MOVED`); the attempts merged as verl's fully-async client merges them. Any other answer
+    (completed, or aborted by verl itself) is returned as it came, for verl's loop (which waits 1 s before
+    it resubmits an abort)."""
+    key = next((k for k in ("max_tokens", "max_new_tokens") if sampling_params.get(k) is not None), None)
+    budget = None if key is None else int(sampling_params[key])
+    params = dict(sampling_params)  # each attempt gets a copy: a server may pop from it
+    output = await attempt(request_id, prompt_ids=prompt_ids, sampling_params=dict(params), **kwargs)
+    while _moved(output):
+        if budget is not None:
+            left = budget - len(output.token_ids)
+            if left <= 0:  # the budget is spent: verl's loop ends it as "length"
+                break
+            params[key] = left
+        later = await attempt(request_id, prompt_ids=list(prompt_ids) + list(output.token_ids),
+                              sampling_params=dict(params), **kwargs)
+        output = _merged(output, later)
+    if isinstance(getattr(output, "extra_fields", None), dict):
+        output.extra_fields.pop(MOVED, None)
+    return output
+
+
 def make_stealing_client_class(base: type) -> type:
     """``StealingLLMServerClient``: ``base`` (verl 0.9.1's ``FullyAsyncLLMServerClient``, which resubmits
-    an aborted attempt with its tokens through the router) whose vLLM request ids are
-    :func:`vllm_request_id` of the request's ``priority`` (the field the router reads, seen in
-    ``_acquire_server`` just before ``_vllm_request_id`` in the same ``generate`` call) and its request
-    id. A request without a priority keeps verl's id."""
+    an aborted attempt with its tokens through the router, after a 1 s wait) whose
 
-    class StealingLLMServerClient(base):  # type: ignore[misc, valid-type]
-        """verl's fully-async client with vLLM request ids a StealDriver can map back to rows."""
+    - vLLM request ids are :func:`vllm_request_id` of the request's ``priority`` (the field the router
+      reads, seen in ``_acquire_server`` just before ``_vllm_request_id`` in the same ``generate``
+      call) and its request id; a request without a priority keeps verl's id;
+    - attempts aborted for a move (:data:`MOVED`, set by ``LengthschedVLLMHttpServer.abort_request``)
+      are resubmitted at once (:func:`resume_moved`), not after verl's 1 s wait, which the simulator
+      found eats most of what stealing gains (docs/benchmarks.md, "Resubmission delay").
+
+    The second part sits between ``base`` and its parent (verl's ``LLMServerClient``, whose
+    ``generate`` is one attempt): ``base``'s resume loop calls ``super().generate`` for every attempt,
+    which lands in the resume-at-once layer. Its merge keeps the first attempt's ``min_global_steps``
+    and the last one's ``global_steps``; verl's loop, which sees one answer for a run of moves, records
+    that answer's ``global_steps`` as both its minimum and maximum (the weights do not change within a
+    synchronous rollout step)."""
+    parent = base.__mro__[1] if len(base.__mro__) > 2 else None
+    if parent is None or not callable(getattr(parent, "generate", None)) or \
+            not callable(getattr(base, "generate", None)):
+        raise InvalidArgument("base", getattr(base, "__name__", base),
+                              "verl's FullyAsyncLLMServerClient: a client class whose parent's generate() is "
+                              "one attempt (verl's LLMServerClient)")
+
+    class _ResumeMovedAtOnce(parent):  # type: ignore[misc, valid-type]
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            return await resume_moved(super().generate, request_id, prompt_ids, sampling_params, **kwargs)
+
+    class StealingLLMServerClient(base, _ResumeMovedAtOnce):  # type: ignore[misc, valid-type]
+        """verl's fully-async client with vLLM request ids a StealDriver can map back to rows, resubmitting
+        the attempts it moved at once."""
 
         async def _acquire_server(self, request_id: str, **extra: Any):
             priority = extra.get("priority")
