@@ -671,6 +671,29 @@ def test_steal_from_snapshots_tracks_steal_and_collects_everything():
         run_group(g, "vllm", budget_tokens=2_000, max_new_tokens=600).seconds
 
 
+@pytest.mark.parametrize("seed", [67, 151, 206, 236])
+def test_steal_observed_starts_what_waits_where_its_moves_emptied_a_replica(seed, monkeypatch):
+    """The coordinator takes a request that grew since the previous snapshot for a running one, so when a
+    request was preempted since then it may move every running request of that replica to idle ones,
+    leaving the preempted one waiting on an empty engine: it starts at once, as the engine's next step
+    would start it (these draws, found by a search over small lopsided rollouts with snapshots 8 or 64
+    steps apart, each stopped with 'nothing live and nothing admitted' before)."""
+    from lengthsched.runtime.dispatch import StealObserved
+
+    rng = np.random.default_rng(seed)
+    replicas = int(rng.integers(3, 9))
+    n = int(rng.integers(2, 3 * replicas))
+    groups = [Group(f"p{i}", int(rng.integers(8, 40)),
+                    np.where(rng.random(4) < 0.3, rng.integers(200, 400, size=4), rng.integers(5, 40, size=4)))
+              for i in range(n)]
+    monkeypatch.setattr(StealObserved, "SNAPSHOT_STEPS", [None, 8, 64][seed % 3])
+    monkeypatch.setattr(StealObserved, "MIGRATE_CHUNK", 16)
+    budget = int(rng.integers(500, 1500))
+    out = run_rollout(groups, "steal_observed", replicas=replicas, budget_tokens=budget, max_new_tokens=400,
+                      predicted=np.full(4 * n, 100), resubmit_seconds=float(rng.choice([0.0, 0.01])))
+    assert [x.tolist() for x in out.collected_lengths] == [g.lengths.tolist() for g in groups]
+
+
 @pytest.mark.parametrize("policy", ["steal", "steal_observed"])
 def test_a_resubmitted_request_runs_on_its_target_only_after_the_delay(policy, monkeypatch):
     """WorkStealing.RESUBMIT_SECONDS: a stolen or moved request travels that long (the framework's abort

@@ -573,22 +573,27 @@ class StealObserved(WorkStealing):
         snapshot = {job: eng.age(job) for job in eng.running}
         snapshot.update((job, eng.done[job]) for job in self.waiting)
         self.coord.observe(self.replica, snapshot)
-        took = False
+        changed = False
         for move in self.coord.decide(thieves={self.replica, *self.idle_now}, sources={self.replica}):
-            took |= self._apply(eng, move)
-        if took:
-            VLLMLike.decide(self, eng)  # admit what it stole
+            changed |= self._apply(eng, move)
+        if changed:  # admit what it stole, or what waits here for the memory a moved request freed
+            VLLMLike.decide(self, eng)
 
     def _apply(self, eng: Engine, move) -> bool:
-        """Carry out one of the coordinator's moves; True when this replica received a request."""
+        """Carry out one of the coordinator's moves; True when this replica received a request or a
+        request running here left (the coordinator takes a request that grew since the previous snapshot
+        for a running one, so it may move every running request off a replica whose preempted ones
+        wait: they start at once, as the engine's next step would start them)."""
         job, source, target = move.request, move.source, move.target
         stack = self.board[source]
+        lifted = False
         if job in stack:  # waiting there: it moves with the tokens it generated
             stack.remove(job)
         elif source == self.replica and job in eng.running and move.kind == "move":
             lift(eng, job)
+            lifted = True
         else:  # it started (or finished) on a replica ahead in time: the abort would find it running
             self.coord.cancel(move)
             return False
         self._send(job, self.engines[source], target)
-        return target == self.replica
+        return lifted or target == self.replica
