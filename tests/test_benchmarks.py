@@ -172,6 +172,7 @@ def test_simulator_benchmark_rollout_resubmit_scores_each_delay_and_restores_ste
     assert grid[labels[3]] > grid[labels[0]]  # a 1 s wait costs time
     assert WorkStealing.RESUBMIT_SECONDS == 0.0 and WorkStealing.MIGRATE_CHUNK == 128
     assert "RESUBMIT_SECONDS" not in vars(StealObserved) and StealObserved.SNAPSHOT_STEPS is None
+    assert StealObserved.SNAPSHOT_SECONDS is None
 
 
 def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):

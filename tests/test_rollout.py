@@ -663,6 +663,16 @@ def test_steal_from_snapshots_tracks_steal_and_collects_everything():
         StealObserved.SNAPSHOT_STEPS = None
     assert [x.tolist() for x in sparse.collected_lengths] == [g.lengths.tolist() for g in groups]
     assert sparse.seconds != every.seconds
+    # or every 0.05 modelled seconds at most (a framework's poll interval)
+    try:
+        StealObserved.SNAPSHOT_SECONDS = 0.05
+        polled = run_rollout(groups, "steal_observed", **short)
+        StealObserved.SNAPSHOT_SECONDS = 1e-12  # shorter than any step: a snapshot at every decision
+        assert run_rollout(groups, "steal_observed", **short).seconds == every.seconds
+    finally:
+        StealObserved.SNAPSHOT_SECONDS = None
+    assert [x.tolist() for x in polled.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert polled.seconds != every.seconds
     # on its own it is vLLM FCFS, like steal
     from simulate import run_group
 

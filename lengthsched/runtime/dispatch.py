@@ -545,6 +545,9 @@ class StealObserved(WorkStealing):
     # Steps between a replica's snapshots (None: one at each of its decisions). A framework polls its
     # servers every so often: at a few to 20 ms a step, 32 steps are about 0.2-0.6 s.
     SNAPSHOT_STEPS: int | None = None
+    # Or modelled seconds between them (a framework's poll interval, e.g. verl_stealing's poll_interval);
+    # None: as SNAPSHOT_STEPS says. A replica looks at its decisions once the interval has passed.
+    SNAPSHOT_SECONDS: float | None = None
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
@@ -552,6 +555,7 @@ class StealObserved(WorkStealing):
         self.coord: StealCoordinator | None = None  # set by the caller in a rollout
         self._collected = 0  # finishes already reported
         self._snapshot_at: int | None = None  # the step of this replica's last snapshot
+        self._snapshot_seconds = 0.0  # and its modelled seconds
 
     def decide(self, eng: Engine) -> None:
         if self.inbox:
@@ -559,14 +563,16 @@ class StealObserved(WorkStealing):
         VLLMLike.decide(self, eng)
         if self.coord is None:  # on its own (run_group / run_batch): vLLM FCFS
             return
-        every = self.SNAPSHOT_STEPS
-        if not (every and self._snapshot_at is not None and eng.t - self._snapshot_at < every and eng.running):
+        every, seconds = self.SNAPSHOT_STEPS, self.SNAPSHOT_SECONDS
+        recent = self._snapshot_at is not None and eng.running and (
+            (every and eng.t - self._snapshot_at < every) or (seconds and self.now - self._snapshot_seconds < seconds))
+        if not recent:
             self._look(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
 
     def _look(self, eng: Engine) -> None:
         """A snapshot of this replica for the coordinator, then its moves for this replica and the idle."""
-        self._snapshot_at = eng.t
+        self._snapshot_at, self._snapshot_seconds = eng.t, self.now
         for job in eng.collected[self._collected:]:
             self.coord.finish(job)
         self._collected = len(eng.collected)
