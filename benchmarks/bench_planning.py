@@ -4,6 +4,7 @@ Run from the repository root on an otherwise idle machine:
 
     python benchmarks/bench_planning.py                 # full run, about 2 minutes
     python benchmarks/bench_planning.py --quick         # smoke run (what the test suite does)
+    python benchmarks/bench_planning.py --sections coordinator   # a StealDriver poll's cost (coordinator.json)
 
 It pins itself to one CPU core, reports medians over repetitions, and writes the tables as
 Markdown to stdout and as JSON to ``--out`` (default benchmarks/results/planning.json).
@@ -153,25 +154,96 @@ def bench_quality(rng, groups, instances: int) -> tuple[str, list]:
                   ["lengths", "n", "k", "reference", "algorithm", "mean ratio", "max ratio", "state limit"], rows), rows
 
 
+def _coordinator_state(rng, groups, replicas: int, per: int, drained: int | None):
+    """A StealCoordinator with ``per`` requests submitted to each of ``replicas`` and observed once (3 of
+    4 running, 500 tokens in; 1 of 4 waiting), and each replica's snapshot (``drained``: that replica's
+    emptied, as if everything there finished)."""
+    from lengthsched.integrations import StealCoordinator
+
+    coord = StealCoordinator(replicas, pool_tokens=per * 700, chunk=128)
+    snaps = []
+    for r in range(replicas):
+        snap = {}
+        for i in range(per):
+            coord.submit((r, i), r, float(real_group(rng, groups, 1)[0]), prompt_tokens=300, group=(r, i // 16))
+            snap[(r, i)] = 500 if i < 3 * per // 4 else 0
+        snaps.append(snap)
+    for r in range(replicas):
+        coord.observe(r, snaps[r])
+    if drained is not None:
+        snaps[drained] = {}
+    return coord, snaps
+
+
+def _poll(coord, snaps, grown: int) -> int:
+    """One poll: every replica observed with its running requests ``grown`` tokens further; the moves."""
+    for r, snap in enumerate(snaps):
+        coord.observe(r, {rid: (n + grown if n else 0) for rid, n in snap.items()})
+    return len(coord.decide())
+
+
+def bench_coordinator(rng, groups, reps: int, cases) -> tuple[str, list]:
+    """What one poll of a StealDriver costs the process that runs it (verl's agent-loop manager): the
+    coordinator's ``observe`` of every replica's snapshot and its ``decide``, median ms over ``reps``
+    polls, in two states: steady (every replica busy with requests waiting: nothing to decide) and a
+    drain (one replica finished everything: it steals). ``cases``: (replicas, requests per replica);
+    requests come in groups of 16 with CASTILLO lengths as predictions."""
+    rows = []
+    for replicas, per in cases:
+        coord, snaps = _coordinator_state(rng, groups, replicas, per, None)
+        tick = iter(range(1, 10**9))
+        steady_ms = median_ms(lambda c=coord, s=snaps, t=tick: _poll(c, s, 64 * next(t)), reps)
+        assert _poll(coord, snaps, 64 * next(tick)) == 0
+        times, moves = [], []
+        for _ in range(max(3, reps // 10)):
+            coord, snaps = _coordinator_state(rng, groups, replicas, per, 0)
+            start = time.perf_counter()
+            moves.append(_poll(coord, snaps, 200))
+            times.append(time.perf_counter() - start)
+        rows.append([replicas, per, replicas * per, steady_ms, statistics.median(times) * 1e3,
+                     int(statistics.median(moves))])
+    return table("StealCoordinator: one poll (observe every replica's snapshot, then decide), median ms, "
+                 "one core; steady = nothing to decide; drain = one replica finished everything",
+                 ["replicas", "requests per replica", "requests", "steady ms", "drain ms", "moves in a drain"],
+                 rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "planning.json"))
+    parser.add_argument("--out", default=None,
+                        help="JSON results (default benchmarks/results/planning.json; with --sections coordinator "
+                             "alone, benchmarks/results/coordinator.json)")
+    parser.add_argument("--sections", default="plan_group,fptas,quality",
+                        help="comma-separated, among plan_group, fptas, quality, coordinator "
+                             "(default: the first three)")
     args = parser.parse_args(argv)
+    known = ("plan_group", "fptas", "quality", "coordinator")
+    names = [n.strip() for n in args.sections.split(",") if n.strip()]
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        parser.error(f"argument --sections: {args.sections!r} is not a list of sections among {', '.join(known)}")
+    out = args.out or str(ROOT / "benchmarks" / "results" / (
+        "coordinator.json" if names == ["coordinator"] else "planning.json"))
     pin_one_core()
     rng = np.random.default_rng(2026)
     groups = castillo_groups()
     reps, instances = (3, 2) if args.quick else (200, 20)
     results = {"machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:]))}
     texts = []
-    for name, (text, rows) in (
-        ("plan_group", bench_plan_group(rng, groups, reps, instances)),
-        ("fptas", bench_fptas(rng, max(3, reps // 4), instances)),
-        ("quality", bench_quality(rng, groups, 3 if args.quick else 30)),
-    ):
+    sections = {
+        "plan_group": lambda: bench_plan_group(rng, groups, reps, instances),
+        "fptas": lambda: bench_fptas(rng, max(3, reps // 4), instances),
+        "quality": lambda: bench_quality(rng, groups, 3 if args.quick else 30),
+        "coordinator": lambda: bench_coordinator(rng, groups, 3 if args.quick else 30,
+                                                 [(4, 64)] if args.quick else [(8, 128), (8, 512), (32, 128),
+                                                                               (32, 512), (64, 512)]),
+    }
+    for name in names:
+        text, rows = sections[name]()
         texts.append(text)
         results[name] = rows
-    report(results, texts, args.out, "pinned to one core")
+    report(results, texts, out, "pinned to one core")
     return 0
 
 

@@ -203,7 +203,22 @@ def test_planning_benchmark_runs_quick(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "### FPTAS time" in result.stdout
     data = json.loads(out.read_text())
-    assert {"machine", "plan_group", "fptas", "quality"} <= set(data)
+    assert {"machine", "plan_group", "fptas", "quality"} <= set(data) and "coordinator" not in data
+
+
+def test_planning_benchmark_times_a_steal_coordinators_poll(tmp_path):
+    """--sections coordinator: one row per case, a steady poll decides nothing, a drain steals; a bad
+    section is one readable error."""
+    out = tmp_path / "coordinator.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
+                             "--sections", "coordinator", "--out", str(out)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["coordinator"]
+    assert row[:3] == [4, 64, 256] and row[3] > 0 and row[4] > 0 and row[5] > 0
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
+                          "--sections", "fptas,nope"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--sections" in bad.stderr and "coordinator" in bad.stderr
 
 
 def test_predictor_benchmark_runs_quick(tmp_path):
