@@ -954,7 +954,8 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
 # steal when a moved request waits before its target can run it (WorkStealing.RESUBMIT_SECONDS: the
 # framework's abort and resubmission; verl 0.9.1's fully-async client sleeps 1 s before it resubmits an
 # aborted request), with and without moves of running requests; steal_observed as verl_stealing runs it
-# (a snapshot per poll: about 1 s of decoding, 512 steps at ~2 ms a step)
+# (a snapshot per poll of the driver, every poll_interval modelled seconds): with verl's 1 s wait, and with
+# the round trip of the stealing client, which resubmits moved attempts at once (0.05 s)
 RESUBMIT_VARIANTS = (
     ("steal (resubmitted at once: the simulator's default)", "steal", {}),
     ("steal, 0.05 s to resubmit", "steal", {"RESUBMIT_SECONDS": 0.05}),
@@ -962,10 +963,20 @@ RESUBMIT_VARIANTS = (
     ("steal, 1 s to resubmit (verl 0.9.1's client)", "steal", {"RESUBMIT_SECONDS": 1.0}),
     ("steal without moves of running requests, 0.25 s", "steal", {"RESUBMIT_SECONDS": 0.25, "MIGRATE_CHUNK": None}),
     ("steal without moves of running requests, 1 s", "steal", {"RESUBMIT_SECONDS": 1.0, "MIGRATE_CHUNK": None}),
-    ("steal_observed, a snapshot every 512 steps, 1 s, moves", "steal_observed",
-     {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_STEPS": 512}),
-    ("steal_observed, a snapshot every 512 steps, 1 s, no moves (verl_stealing's defaults)", "steal_observed",
-     {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_STEPS": 512, "MIGRATE_CHUNK": None}),
+    ("steal_observed, a snapshot every 1 s, 1 s to resubmit, moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_SECONDS": 1.0}),
+    ("steal_observed, a snapshot every 1 s, 1 s, no moves (verl's client; verl_stealing's defaults until "
+     "2026-11-27)", "steal_observed", {"RESUBMIT_SECONDS": 1.0, "SNAPSHOT_SECONDS": 1.0, "MIGRATE_CHUNK": None}),
+    ("steal_observed, a snapshot every 1 s, 0.05 s, no moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 0.05, "SNAPSHOT_SECONDS": 1.0, "MIGRATE_CHUNK": None}),
+    ("steal_observed, a snapshot every 1 s, 0.05 s, moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 0.05, "SNAPSHOT_SECONDS": 1.0}),
+    ("steal_observed, a snapshot every 0.25 s, 0.05 s, no moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 0.05, "SNAPSHOT_SECONDS": 0.25, "MIGRATE_CHUNK": None}),
+    ("steal_observed, a snapshot every 0.25 s, 0.05 s, moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 0.05, "SNAPSHOT_SECONDS": 0.25}),
+    ("steal_observed, a snapshot every 0.1 s, 0.05 s, moves", "steal_observed",
+     {"RESUBMIT_SECONDS": 0.05, "SNAPSHOT_SECONDS": 0.1}),
 )
 
 

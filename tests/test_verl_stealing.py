@@ -647,9 +647,11 @@ def test_steal_options_from_the_config():
     assert options == vs.StealOptions(pool_tokens=4096, poll_interval=0.5, chunk=None)
     coord = options.coordinator(3)
     assert coord.replicas == 3 and coord.pool_tokens == 4096 and coord.chunk is None
-    # running requests stay put unless the config names a chunk (verl's client waits 1 s to resubmit)
-    assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096})).chunk is None
-    assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "chunk": 128})).coordinator(2).chunk == 128
+    # by default running requests move every MOVE_CHUNK tokens and the driver polls every 0.25 s (the
+    # stealing client resubmits a move at once); chunk null keeps them where they run
+    default = vs.steal_options(trainer_config(steal={"pool_tokens": 4096}))
+    assert (default.chunk, default.poll_interval) == (128, 0.25) and default.coordinator(2).chunk == 128
+    assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "chunk": 64})).coordinator(2).chunk == 64
 
 
 class Worker:

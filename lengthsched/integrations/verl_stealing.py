@@ -61,10 +61,12 @@ first access, like ``LengthschedAgentLoopManager``):
   configured by the trainer config's ``lengthsched.steal`` section.
 
 What the coordinator sees differs from the simulator's ``steal_observed`` in ways the docs list
-(docs/howto-verl.md): snapshots every ``poll_interval`` seconds, the client's 1 s wait before a
-resubmission, and a moved request's prompt recomputed where it lands. The simulator prices that wait
-(``WorkStealing.RESUBMIT_SECONDS``): with it, moving running requests costs more than it gains, so
-running requests stay put unless ``lengthsched.steal.chunk`` is set (:class:`StealOptions`).
+(docs/howto-verl.md): snapshots every ``poll_interval`` seconds, the round trip of a resubmission, and
+a moved request's prompt recomputed where it lands. The simulator prices the round trip
+(``WorkStealing.RESUBMIT_SECONDS``) and the polls (``StealObserved.SNAPSHOT_SECONDS``): with verl's
+1 s wait, moving running requests costs more than it gains; with the stealing client's immediate
+resubmission they gain, hence :class:`StealOptions`' defaults (moves every 128 tokens, polls every
+0.25 s).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
-from .rollout import STEAL_SHARE
+from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
 from .verl import batch_prompt_tokens
 
@@ -431,7 +433,7 @@ class StealDriver:
     """
 
     def __init__(self, coordinator: StealCoordinator, router: Any, servers: Sequence[Any], *,
-                 poll_interval: float = 1.0):
+                 poll_interval: float = 0.25):
         if not isinstance(coordinator, StealCoordinator):
             raise InvalidArgument("coordinator", type(coordinator).__name__, "a StealCoordinator")
         if not hasattr(router, "reroute"):
@@ -546,20 +548,23 @@ class StealDriver:
 @dataclass(frozen=True)
 class StealOptions:
     """The trainer config's ``lengthsched.steal`` section: ``pool_tokens`` (KV tokens of one replica's
-    pool, required), ``poll_interval`` (seconds, default 1.0), ``chunk`` (tokens between moves of running
-    requests; null, the default: never move running ones), ``share`` and ``room``
-    (:class:`StealCoordinator`'s).
+    pool, required), ``poll_interval`` (seconds between the driver's polls, default 0.25), ``chunk``
+    (tokens between moves of running requests, default :data:`~.rollout.MOVE_CHUNK`, 128; null: running
+    requests never move), ``share`` and ``room`` (:class:`StealCoordinator`'s).
 
-    Running requests do not move by default because verl 0.9.1's ``FullyAsyncLLMServerClient`` sleeps
-    1 s before it resubmits an aborted request: simulated with that delay (``WorkStealing.RESUBMIT_SECONDS
-    = 1``, snapshots about a second apart), ``steal`` with moves is slower than vLLM + verl on average
-    (1.030 on the grid's multi-replica settings), without them 1.5% faster (0.985; 3.5% on steps of
-    512-1024 prompts on 16-32 replicas). Set ``chunk`` (e.g. :data:`~.rollout.MOVE_CHUNK`, 128) where
-    resubmission is immediate (docs/benchmarks.md, "Resubmission delay")."""
+    The defaults are what the simulator found fastest with this module's client, which resubmits a
+    moved request at once (``steal_observed`` with a snapshot every 0.25 s and 0.05 s per resubmission:
+    0.966 of vLLM + verl on the grid's multi-replica settings, 0.932 on steps of 512-1024 prompts on 16-32
+    replicas, against 0.986 and 0.963 with verl's own client, which waits 1 s, polled every second and
+    without moves, the defaults until 2026-11-27; docs/benchmarks.md, "Resubmission delay"). The
+    coordinator's share of a poll costs the manager 1-4 ms of one core for 4,096-16,384 requests in
+    flight, up to 10 ms when a replica drains (``bench_planning.py --sections coordinator``). With a
+    client that waits before it resubmits, set ``chunk`` to null: moves of running requests then lose
+    more than they gain."""
 
     pool_tokens: int
-    poll_interval: float = 1.0
-    chunk: int | None = None
+    poll_interval: float = 0.25
+    chunk: int | None = MOVE_CHUNK
     share: float = STEAL_SHARE
     room: float = 1.0
 
@@ -579,10 +584,11 @@ def steal_options(config: Any) -> StealOptions:
     unknown = sorted(set(steal) - known)
     if unknown:
         raise InvalidArgument("lengthsched.steal", unknown, f"options among {sorted(known)}")
-    chunk = steal.get("chunk", None)
+    chunk = steal.get("chunk", MOVE_CHUNK)  # present and null: running requests never move
     options = StealOptions(
         pool_tokens=check_int("lengthsched.steal.pool_tokens", steal.get("pool_tokens"), minimum=1),
-        poll_interval=check_positive_float("lengthsched.steal.poll_interval", steal.get("poll_interval", 1.0)),
+        poll_interval=check_positive_float("lengthsched.steal.poll_interval",
+                                           steal.get("poll_interval", StealOptions.poll_interval)),
         chunk=None if chunk is None else check_int("lengthsched.steal.chunk", chunk, minimum=1),
         share=check_positive_float("lengthsched.steal.share", steal.get("share", STEAL_SHARE), maximum=1.0),
         room=check_positive_float("lengthsched.steal.room", steal.get("room", 1.0)),
