@@ -329,9 +329,9 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  "least_loaded simulates)")
         delay = float(comparison.options.get("resubmit_seconds") or 0.0)
         if delay:
-            line += (f"; each move waits {delay:g} s here: with verl's 1 s the moves of running requests cost more "
-                     "than they gain on the benchmark grid and at scale, and verl_stealing leaves them off "
-                     "(docs/benchmarks.md, 'Resubmission delay')")
+            line += (f"; each move waits {delay:g} s here: with verl's own client, which waits 1 s, the moves of "
+                     "running requests cost more than they gain on the benchmark grid and at scale; verl_stealing's "
+                     "client resubmits its moves at once (docs/benchmarks.md, 'Resubmission delay')")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if ours is None and recommended != DEFAULT_POLICY:

@@ -100,8 +100,9 @@ class StealCoordinator:
         pool_tokens: KV tokens of one replica's pool (prompts included).
         chunk: tokens between the points where a running request may move to an idle replica
             (None: running requests never move). The moves pay only where a resubmission lands at
-            once: with verl 0.9.1's client, which sleeps 1 s before it resubmits an aborted request,
-            they cost more than they gain (docs/benchmarks.md, "Resubmission delay"): pass None there.
+            once (``verl_stealing``'s client resubmits them so): with verl 0.9.1's own client, which
+            sleeps 1 s before it resubmits an aborted request, they cost more than they gain
+            (docs/benchmarks.md, "Resubmission delay"): pass None there.
         share: share of a victim's waiting predicted work a steal takes, in (0, 1].
         room: steal while the predicted peak KV of the running requests is below ``room`` x the pool.
     """
