@@ -461,6 +461,49 @@ def rollout_watermark(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"], rows), rows
 
 
+# (label, policy, router, predictions, kv_offload) of the rollout_offload section, against vLLM FCFS + verl
+OFFLOAD_RUNS = (
+    ("vllm + verl routing, KV offloaded", "vllm", "least_loaded", None, True),
+    ("vllm_priority + verl routing, KV offloaded", "vllm_priority", "least_loaded", "realistic", True),
+    ("seer, KV offloaded", "seer", None, None, True),
+    ("steal", "steal", None, "realistic", False),
+    ("steal, KV offloaded", "steal", None, "realistic", True),
+)
+
+
+def _rollout_offload_unit(args):
+    """One setting: vLLM FCFS + verl, then every OFFLOAD_RUNS entry: label -> (seconds, recomputed tokens,
+    loaded tokens)."""
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common)
+    out = {"base": (base.seconds, base.recomputed_tokens, base.loaded_tokens)}
+    for label, policy, router, pred, offload in OFFLOAD_RUNS:
+        r = run_rollout(groups, policy, router=router, predicted=realistic if pred else None, kv_offload=offload,
+                        **common)
+        out[label] = (r.seconds, r.recomputed_tokens, r.loaded_tokens)
+    return out
+
+
+def rollout_offload(quick: bool) -> tuple[str, list]:
+    """KV offloading to host memory (run_rollout(kv_offload=True), vLLM's native CPU offloading): a
+    preempted request's KV is loaded back instead of recomputed, over the rollout grid."""
+    grid = [("castillo", 16, 4, 2)] if quick else ROLLOUT_GRID
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
+    results = _pool_map(_rollout_offload_unit, units)
+    base_recomputed = sum(o["base"][1] for o in results)
+    rows = []
+    for label, *_ in OFFLOAD_RUNS:
+        summary = _ratio_summary(units, [o[label][0] / o["base"][0] for o in results])
+        recomputed, loaded = sum(o[label][1] for o in results), sum(o[label][2] for o in results)
+        rows.append([label] + summary[:5] + [float(recomputed / base_recomputed) if base_recomputed else "-",
+                                             float(loaded / base_recomputed) if base_recomputed else "-"])
+    return table(f"KV offloading ({_cost_label()}, seed {ROLLOUT_SEED}): preempted requests' KV loaded back from host "
+                 "memory instead of recomputed, over the rollout grid, relative to vLLM FCFS + verl routing (no "
+                 "offloading)",
+                 ["run", "settings", "mean x vllm + verl", "mean, several replicas", "worst", "slower by > 0.1%",
+                  "recomputed tokens x vllm (all settings)", "loaded tokens x vllm's recomputed"], rows), rows
+
+
 GROUPS_FILE: str | None = None  # --groups-file: held-out CASTILLO prompts for rollout_heldout
 
 
@@ -1102,7 +1145,8 @@ def main(argv=None) -> int:
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
-                "rollout_watermark": rollout_watermark, "rollout_ways": rollout_ways,
+                "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,
+                "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
                 "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}

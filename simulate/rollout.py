@@ -199,7 +199,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
                 placement: Any = None, max_num_seqs: int | None = None,
-                resubmit_seconds: float | None = None) -> RolloutResult:
+                resubmit_seconds: float | None = None, kv_offload: bool = False) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -220,10 +220,16 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     replica). ``resubmit_seconds``: for the policies that move requests between replicas by abort and
     resubmission (``steal`` and its variants), the seconds a moved request travels before its target can
     run it (``WorkStealing.RESUBMIT_SECONDS``; verl 0.9.1's client waits 1 s); None: the policy's own
-    (0: at once). Returns a :class:`RolloutResult`."""
+    (0: at once). ``kv_offload``: every replica keeps a preempted request's KV in host memory and loads it
+    back when it runs there again, instead of recomputing it (vLLM's ``--kv-offloading-backend native``;
+    each load priced over the cost model's host link and charged to the whole step that admits it; a
+    request moved to another replica still recomputes). Returns a :class:`RolloutResult`."""
+    if not isinstance(kv_offload, bool):
+        raise InvalidArgument("kv_offload", kv_offload, "True or False")
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs)
+    common["offload"] = kv_offload
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:
         raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
@@ -452,7 +458,7 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, flat, owner, tails, prompt_kv,
                   prompt_lens, pred,
-                  job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None):
+                  job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=False):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
@@ -480,7 +486,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, flat
     engines, pols = [], []
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
-        eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size)
+        eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
+                      offload)
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

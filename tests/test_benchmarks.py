@@ -153,6 +153,25 @@ def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
     assert [row[0] for row in data["summary"]] == [run[0] for run in SCALE_RUNS]
 
 
+def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_path):
+    """rollout_offload (quick): one row per OFFLOAD_RUNS entry; steal's row is steal / vLLM + verl as
+    run_rollout gives them; the offloaded vLLM row recomputes nothing."""
+    from simulate import run_rollout
+
+    rows = _quick_section(tmp_path, "rollout_offload")["rows"]
+    from bench_simulate import OFFLOAD_RUNS, _rollout_setting
+
+    assert [r[0] for r in rows] == [label for label, *_ in OFFLOAD_RUNS]
+    by = {r[0]: r for r in rows}
+    groups, realistic, _, _, common = _rollout_setting("castillo", 16, 4, 2, 11, None)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common)
+    steal = run_rollout(groups, "steal", predicted=realistic, **common)
+    assert by["steal"][2] == pytest.approx(steal.seconds / base.seconds, rel=1e-12)
+    if base.recomputed_tokens:
+        assert by["vllm + verl routing, KV offloaded"][6] == 0.0
+        assert by["steal"][6] == pytest.approx(steal.recomputed_tokens / base.recomputed_tokens, rel=1e-12)
+
+
 def test_simulator_benchmark_rollout_resubmit_scores_each_delay_and_restores_steal(tmp_path):
     """rollout_resubmit (quick): per grid, one row per RESUBMIT_VARIANTS entry; the first is steal as it
     runs; the delay rows differ from it; steal's and steal_observed's attributes are left as found."""

@@ -770,3 +770,57 @@ def test_run_rollout_takes_the_resubmission_delay_for_the_policies_that_move_req
     with pytest.raises(InvalidArgument) as err:
         run_rollout(groups, "vllm", resubmit_seconds=1.0, **common)
     assert err.value.name == "resubmit_seconds" and "steal" in str(err.value)
+
+
+@pytest.mark.parametrize("policy, kw", [("vllm", {"router": "least_loaded"}), ("vllm_priority", {}), ("steal", {}),
+                                        ("steal_observed", {}), ("seer", {})])
+def test_kv_offload_loads_preempted_requests_back_instead_of_recomputing_them(policy, kw):
+    """run_rollout(kv_offload=True): a preempted request's KV waits in its replica's host memory and is
+    loaded when it runs there again (priced over the host link), so an engine that only preempts
+    recomputes nothing; what steal moves to another replica still recomputes there. Every completion is
+    collected with its own length either way."""
+    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [300, 20, 400, 20]))
+              for i in range(8)]
+    common = dict(replicas=2, budget_tokens=1_500, max_new_tokens=600, predicted=np.full(32, 150), **kw)
+    plain = run_rollout(groups, policy, **common)
+    kept = run_rollout(groups, policy, kv_offload=True, **common)
+    for result in (plain, kept):
+        assert [x.tolist() for x in result.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert plain.preemptions > 0 and plain.recomputed_tokens > 0 and plain.loaded_tokens == 0
+    assert kept.loaded_tokens > 0 and kept.seconds != plain.seconds
+    if getattr(POLICIES[policy].cls, "STEALS", False):  # moves between replicas recompute where they land
+        assert kept.recomputed_tokens < plain.recomputed_tokens
+    else:
+        assert kept.recomputed_tokens == 0
+    assert run_rollout(groups, policy, kv_offload=False, **common).seconds == plain.seconds
+    with pytest.raises(InvalidArgument) as err:
+        run_rollout(groups, policy, kv_offload="yes", **common)
+    assert err.value.name == "kv_offload"
+
+
+def test_offloaded_kv_stays_on_its_replica():
+    """Engine.offload: preempting puts the request's KV in host memory (Engine.transferred, loaded at its
+    next admission there); handing the request to another engine, or lifting it off to move it, leaves
+    that KV behind (the request recomputes where it lands)."""
+    from lengthsched.runtime import Engine
+    from lengthsched.runtime.dispatch import hand_over, lift
+
+    def running(offload):
+        eng = Engine([50, 50], budget_tokens=1_000)
+        eng.offload = offload
+        for job in (0, 1):
+            eng.claim(job)
+            eng.admit(job)
+        eng.advance(eng.t + 5, False)
+        return eng
+
+    src, dst = running(True), Engine([50, 50], budget_tokens=1_000)
+    src.preempt(0)
+    assert src.transferred == {0} and src.done[0] == 5
+    hand_over(0, src, dst)
+    assert src.transferred == set() and dst.transferred == set() and dst.done[0] == 5
+    lift(src, 1)
+    assert src.transferred == set() and src.preemptions == 1
+    plain = running(False)
+    plain.preempt(0)
+    assert plain.transferred == set()

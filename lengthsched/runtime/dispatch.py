@@ -59,10 +59,12 @@ __all__ = ["GroupQueue", "Dispatcher", "PullReplica", "SeerLike", "SeerDivided",
 
 def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
     """``job`` (waiting, not running) moves from engine ``src`` to ``dst`` with the tokens it generated;
-    ``kv``: its KV comes along (a global KV pool: loaded at ``dst``, not recomputed)."""
+    ``kv``: its KV comes along (a global KV pool: loaded at ``dst``, not recomputed). KV that ``src``
+    offloaded to its host memory (``Engine.offload``) stays there: without ``kv`` the job recomputes."""
     dst.claim(job)
     if src is not dst:
         dst.done[job], src.done[job] = src.done[job], 0
+        src.transferred.discard(job)
     src.unclaim(job)
     if kv:
         dst.transferred.add(job)
@@ -70,9 +72,11 @@ def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
 
 def lift(eng: Engine, job: int) -> None:
     """Take running ``job`` off ``eng`` to run elsewhere (its KV freed here, its tokens kept): a move,
-    not counted as a preemption."""
+    not counted as a preemption (nor offloaded: its KV is recomputed where it lands unless it travels,
+    :func:`hand_over` ``kv``)."""
     eng.preempt(job)
     eng.preemptions -= 1
+    eng.transferred.discard(job)
 
 
 def chunk_ended(eng: Engine, chunk: int) -> list[int]:

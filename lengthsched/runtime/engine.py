@@ -148,6 +148,10 @@ class Engine:
         # Jobs whose KV (prompt tail and generated tokens) arrives from elsewhere when they are admitted
         # next (a global KV pool, as Seer's): loaded, not recomputed; cleared at the admission.
         self.transferred: set[int] = set()
+        # KV offloading to host memory (vLLM's --kv-offloading-backend native): a preempted job's KV
+        # stays in host memory and is loaded back (priced by the cost model's host link) when it is
+        # admitted here again, instead of recomputed. Off: vLLM's and SGLang's default recomputation.
+        self.offload = False
         self.timeline = Timeline() if record else None
         self._run_start: dict[int, int] = {}
         # Prompt KV held in the pool (see hold_prompts); off: prompts are outside the budget.
@@ -380,6 +384,8 @@ class Engine:
         self.decoded_tokens += self.t - self._run_start[job] + 1
         self._epoch[job] += 1
         self.preemptions += 1
+        if self.offload:  # its KV waits in host memory for its next admission here
+            self.transferred.add(job)
         self._remove(job, "preempted")
         if self.timeline is not None:
             self._mark()

@@ -42,20 +42,24 @@ def engine_clock(eng: Engine, cost: Any) -> tuple[np.ndarray, np.ndarray]:
     return ends, secs
 
 
-def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block) -> Engine:
+def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block,
+                   offload: bool = False) -> Engine:
     """An engine for the completions ``flat`` (tokens) of the prompts ``owner`` indexes, with their
-    prompts held in its pool."""
+    prompts held in its pool; ``offload``: preempted requests' KV kept in host memory and loaded back
+    (``Engine.offload``)."""
     eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
                  enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
     eng.hold_prompts(owner, prompt_kv)
+    eng.offload = offload
     return eng
 
 
 def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
-                prefill_chunk, record, cost, max_seqs=None):
+                prefill_chunk, record, cost, max_seqs=None, offload=False):
     """One replica running the requests ``mine`` (indices into ``flat``) under ``policy``: (engine,
     clock). ``online``: a predictor that learns from the finishes (a copy is used), or None;
-    ``max_seqs``: requests it runs at once at most (None: the pool alone limits them)."""
+    ``max_seqs``: requests it runs at once at most (None: the pool alone limits them); ``offload``: as
+    :func:`replica_engine`'s."""
     if not len(mine):  # a replica that got nothing
         return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
     hosted, local = np.unique(owner[mine], return_inverse=True)
@@ -65,7 +69,7 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
                       prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
     sim = make_policy(policy, problem)
     eng = replica_engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget,
-                         prefill_chunk, record, sim.block_size)
+                         prefill_chunk, record, sim.block_size, offload)
     for job in range(len(mine)):
         eng.claim(job)
     eng.run(sim)
