@@ -79,6 +79,9 @@ class SimulateOptions:
     resubmit_seconds: float = _opt(0.0, "in a rollout step, the seconds a request that steal moves between replicas "
                                         "waits before its new replica can run it (a framework's abort and "
                                         "resubmission; verl 0.9.1's client waits 1 s)")
+    kv_offload: bool = _opt(False, "in a rollout step, every replica keeps a preempted request's KV in host memory "
+                                   "and loads it back instead of recomputing it (vLLM's --kv-offloading-backend "
+                                   "native; each load priced over the host link)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",

@@ -352,6 +352,9 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.headroom and not rollout_mode(opts):
         raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
                                                 "placement on replicas)")
+    if opts.kv_offload and not rollout_mode(opts):
+        raise InvalidArgument("kv_offload", True, "--prompts or --replicas with it (the replicas of a rollout step "
+                                                  "offload preempted requests' KV)")
     check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
     if opts.resubmit_seconds and not rollout_mode(opts):
         raise InvalidArgument("resubmit_seconds", opts.resubmit_seconds, "--prompts or --replicas with it (requests "

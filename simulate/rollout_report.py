@@ -185,7 +185,7 @@ class RolloutStep:
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
-                           resubmit_seconds=o.resubmit_seconds if moves else None)
+                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=bool(o.kv_offload))
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -242,6 +242,8 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                       "replica (max_num_seqs)")
                + ("" if not opts.resubmit_seconds else f", requests steal moves resubmitted after "
                                                           f"{opts.resubmit_seconds:g} s")
+               + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
+                                                 "(not recomputed)")
                + f", predictor {opts.predictor}" + ("" if step.history is None else
                                                     f" (learnt from one earlier epoch of the same prompts, "
                                                     f"{len(step.history[0])} fresh completions each; sibling "

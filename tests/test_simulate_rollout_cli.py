@@ -209,3 +209,22 @@ def test_a_resubmission_delay_slows_what_steal_moves_and_nothing_else(capsys):
     assert main(["simulate", "--groups", "2", "--resubmit-seconds", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'resubmit_seconds'" in err and "--prompts or --replicas" in err
+
+
+def test_kv_offload_loads_preempted_requests_back_in_every_replica(capsys):
+    """--kv-offload: every replica loads a preempted request's KV back from host memory instead of
+    recomputing it; the setting line says so, vLLM's recomputed tokens drop to none; without a rollout
+    step it is an error naming the flag."""
+    step = ["simulate", "--prompts", "16", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--json", "--policies", "vllm,steal",
+            "--routers", "least_loaded"]
+    assert main(step) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(step + ["--kv-offload"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert "offloaded to host memory" in kept["setting"] and "offloaded" not in plain["setting"]
+    recomputed = [{r["policy"]: r["recomputed_tokens"] for r in run["rows"]} for run in (plain, kept)]
+    assert recomputed[0]["vllm"] > 0 and recomputed[1]["vllm"] == 0
+    assert main(["simulate", "--groups", "2", "--kv-offload"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'kv_offload'" in err and "--prompts or --replicas" in err
