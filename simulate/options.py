@@ -79,6 +79,9 @@ class SimulateOptions:
     resubmit_seconds: float = _opt(0.0, "in a rollout step, the seconds a request that steal moves between replicas "
                                         "waits before its new replica can run it (a framework's abort and "
                                         "resubmission; verl 0.9.1's client waits 1 s)")
+    poll_seconds: float | None = _opt(None, "in a rollout step, the seconds between the snapshots steal_observed "
+                                            "decides from (a framework's poll interval; verl_stealing polls every "
+                                            "0.25 s; default: a snapshot at each decision)")
     kv_offload: bool = _opt(False, "in a rollout step, every replica keeps a preempted request's KV in host memory "
                                    "and loads it back instead of recomputing it (vLLM's --kv-offloading-backend "
                                    "native; each load priced over the host link)")

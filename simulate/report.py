@@ -352,6 +352,11 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.headroom and not rollout_mode(opts):
         raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
                                                 "placement on replicas)")
+    if opts.poll_seconds is not None:
+        check_positive_float("poll_seconds", opts.poll_seconds)
+        if not rollout_mode(opts):
+            raise InvalidArgument("poll_seconds", opts.poll_seconds, "--prompts or --replicas with it (steal_observed "
+                                                                     "polls a rollout step's replicas)")
     if opts.kv_offload and not rollout_mode(opts):
         raise InvalidArgument("kv_offload", True, "--prompts or --replicas with it (the replicas of a rollout step "
                                                   "offload preempted requests' KV)")

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument, partition
-from lengthsched.errors import as_lengths, check_int, check_nonnegative_float
+from lengthsched.errors import as_lengths, check_int, check_nonnegative_float, check_positive_float
 from lengthsched.integrations.rollout import place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
 from lengthsched.placement import (
@@ -199,7 +199,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
                 placement: Any = None, max_num_seqs: int | None = None,
-                resubmit_seconds: float | None = None, kv_offload: bool = False) -> RolloutResult:
+                resubmit_seconds: float | None = None, kv_offload: bool = False,
+                snapshot_seconds: float | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -223,7 +224,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     (0: at once). ``kv_offload``: every replica keeps a preempted request's KV in host memory and loads it
     back when it runs there again, instead of recomputing it (vLLM's ``--kv-offloading-backend native``;
     each load priced over the cost model's host link and charged to the whole step that admits it; a
-    request moved to another replica still recomputes). Returns a :class:`RolloutResult`."""
+    request moved to another replica still recomputes). ``snapshot_seconds``: for ``steal_observed``, the
+    modelled seconds between a replica's snapshots at least (a framework's poll interval, e.g.
+    ``verl_stealing``'s ``poll_interval``; ``StealObserved.SNAPSHOT_SECONDS``); None: the policy's own
+    (a snapshot at each decision). Returns a :class:`RolloutResult`."""
     if not isinstance(kv_offload, bool):
         raise InvalidArgument("kv_offload", kv_offload, "True or False")
     spec, groups, lengths, flat, owner, keys, common = _prepare(
@@ -246,9 +250,15 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
             raise InvalidArgument("resubmit_seconds", resubmit_seconds,
                                   f"None with policy {policy!r}, which moves no request between replicas by "
                                   "resubmitting it (steal, steal_observed, steal_classes do)")
+    if snapshot_seconds is not None:
+        snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
+        if not hasattr(spec.cls, "SNAPSHOT_SECONDS"):
+            raise InvalidArgument("snapshot_seconds", snapshot_seconds,
+                                  f"None with policy {policy!r}, which decides from the engines' state, not from "
+                                  "snapshots (steal_observed does)")
     if spec.dispatch:
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
-                                                   **common)
+                                                   snapshot=snapshot_seconds, **common)
         used_router = "dispatch"
     else:
         if placement is None and getattr(spec.cls, "PLACE", None) == "classes":
@@ -456,7 +466,8 @@ def _run_routed(policy, placement, online, replicas, **common):
     return [eng for eng, _ in runs], [clock for _, clock in runs]
 
 
-def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, flat, owner, tails, prompt_kv,
+def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
+                  prompt_kv,
                   prompt_lens, pred,
                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=False):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
@@ -517,6 +528,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, flat
                                  group=int(owner[job]))
             for pol in pols:
                 pol.coord = coord
+                if snapshot is not None:
+                    pol.SNAPSHOT_SECONDS = snapshot
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
     for pol in pols:
         if hasattr(pol, "dispatcher"):  # Seer's divided rollout gives requests back while it decides

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
-from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
@@ -119,6 +119,8 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if opts.slots is not None:  # in a rollout step: each replica's running cap (vLLM's max_num_seqs)
         check_int("slots", opts.slots, minimum=1)
     check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
+    if opts.poll_seconds is not None:
+        check_positive_float("poll_seconds", opts.poll_seconds)
     policies = parse_policies(opts.policies)
     bad = [p for p in policies if not POLICIES[p].rollout]
     if bad:
@@ -185,7 +187,9 @@ class RolloutStep:
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
-                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=bool(o.kv_offload))
+                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=bool(o.kv_offload),
+                           snapshot_seconds=o.poll_seconds if hasattr(POLICIES[policy].cls, "SNAPSHOT_SECONDS")
+                           else None)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -242,6 +246,7 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                       "replica (max_num_seqs)")
                + ("" if not opts.resubmit_seconds else f", requests steal moves resubmitted after "
                                                           f"{opts.resubmit_seconds:g} s")
+               + ("" if opts.poll_seconds is None else f", steal_observed polling every {opts.poll_seconds:g} s")
                + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
                                                  "(not recomputed)")
                + f", predictor {opts.predictor}" + ("" if step.history is None else

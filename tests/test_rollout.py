@@ -636,13 +636,30 @@ def test_steal_moves_running_requests_to_idle_replicas():
     assert default.seconds < kept.seconds
 
 
+def lopsided_groups() -> list:
+    """8 prompts x 4 on a 32-token prompt: the even prompts have two 600-token completions, every other
+    completion is 20 tokens (verl's spread puts every long completion on one of two replicas)."""
+    return [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20])) for i in range(8)]
+
+
+def assert_rejected(groups, common, name, policy, bads, other, mention) -> None:
+    """run_rollout(..., name=bad) with ``policy`` is an error naming ``name`` for every ``bads``; so is a
+    good value (1.0) with ``other``, a policy it does not apply to, whose message mentions ``mention``."""
+    for bad in bads:
+        with pytest.raises(InvalidArgument) as err:
+            run_rollout(groups, policy, **{name: bad}, **common)
+        assert err.value.name == name
+    with pytest.raises(InvalidArgument) as err:
+        run_rollout(groups, other, **{name: 1.0}, **common)
+    assert err.value.name == name and mention in str(err.value)
+
+
 def test_steal_from_snapshots_tracks_steal_and_collects_everything():
     """steal_observed: steal's placement, with every steal and move decided by a StealCoordinator from
     per-replica snapshots (what a framework sees). On a lopsided step it gains most of what steal gains
     (here 0.755 of vLLM + verl against steal's 0.682 under the short pool: it learns that a request
     waits one snapshot late); every completion is collected with its own length."""
-    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20]))
-              for i in range(8)]
+    groups = lopsided_groups()
     predicted = np.full(32, 150)
     for budget in (2_000, 40_000):
         common = dict(replicas=2, budget_tokens=budget, max_new_tokens=600, predicted=predicted)
@@ -712,8 +729,7 @@ def test_a_resubmitted_request_runs_on_its_target_only_after_the_delay(policy, m
     than the step makes the step at least that long, and off (0, the default) the step is as before."""
     from lengthsched.runtime.dispatch import WorkStealing
 
-    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20]))
-              for i in range(8)]  # verl's spread puts every long completion on one replica
+    groups = lopsided_groups()  # verl's spread puts every long completion on one replica
     common = dict(replicas=2, budget_tokens=2_000, max_new_tokens=600, predicted=np.full(32, 150), record=True)
     at_once = run_rollout(groups, policy, **common)
     assert WorkStealing.RESUBMIT_SECONDS == 0.0
@@ -750,8 +766,7 @@ def test_run_rollout_takes_the_resubmission_delay_for_the_policies_that_move_req
     left alone); a policy that moves nothing by resubmission, or a bad delay, is an error naming it."""
     from lengthsched.runtime.dispatch import WorkStealing
 
-    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [20, 20, 20, 20]))
-              for i in range(8)]
+    groups = lopsided_groups()
     common = dict(replicas=2, budget_tokens=2_000, max_new_tokens=600, predicted=np.full(32, 150))
     for policy in ("steal", "steal_observed"):
         default = run_rollout(groups, policy, **common).seconds
@@ -763,13 +778,7 @@ def test_run_rollout_takes_the_resubmission_delay_for_the_policies_that_move_req
         finally:
             WorkStealing.RESUBMIT_SECONDS = 0.0
     assert WorkStealing.RESUBMIT_SECONDS == 0.0
-    for bad in (-1.0, float("nan"), "1", True):
-        with pytest.raises(InvalidArgument) as err:
-            run_rollout(groups, "steal", resubmit_seconds=bad, **common)
-        assert err.value.name == "resubmit_seconds"
-    with pytest.raises(InvalidArgument) as err:
-        run_rollout(groups, "vllm", resubmit_seconds=1.0, **common)
-    assert err.value.name == "resubmit_seconds" and "steal" in str(err.value)
+    assert_rejected(groups, common, "resubmit_seconds", "steal", (-1.0, float("nan"), "1", True), "vllm", "steal")
 
 
 @pytest.mark.parametrize("policy, kw", [("vllm", {"router": "least_loaded"}), ("vllm_priority", {}), ("steal", {}),
@@ -824,3 +833,22 @@ def test_offloaded_kv_stays_on_its_replica():
     plain = running(False)
     plain.preempt(0)
     assert plain.transferred == set()
+
+
+def test_run_rollout_takes_steal_observeds_snapshot_interval():
+    """run_rollout(snapshot_seconds=S) is StealObserved.SNAPSHOT_SECONDS = S for that run only; a policy
+    that decides without snapshots, or a bad interval, is an error naming it."""
+    from lengthsched.runtime.dispatch import StealObserved
+
+    groups = lopsided_groups()
+    common = dict(replicas=2, budget_tokens=2_000, max_new_tokens=600, predicted=np.full(32, 150))
+    every = run_rollout(groups, "steal_observed", **common).seconds
+    polled = run_rollout(groups, "steal_observed", snapshot_seconds=0.05, **common).seconds
+    try:
+        StealObserved.SNAPSHOT_SECONDS = 0.05
+        assert run_rollout(groups, "steal_observed", **common).seconds == polled != every
+    finally:
+        StealObserved.SNAPSHOT_SECONDS = None
+    assert run_rollout(groups, "steal_observed", **common).seconds == every
+    assert_rejected(groups, common, "snapshot_seconds", "steal_observed", (0.0, -1.0, float("nan"), "1"), "steal",
+                    "steal_observed")

@@ -228,3 +228,23 @@ def test_kv_offload_loads_preempted_requests_back_in_every_replica(capsys):
     assert main(["simulate", "--groups", "2", "--kv-offload"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'kv_offload'" in err and "--prompts or --replicas" in err
+
+
+def test_poll_seconds_spaces_steal_observeds_snapshots_and_nothing_else(capsys):
+    """--poll-seconds S: steal_observed decides from snapshots at least S seconds apart, as a framework
+    polls (verl_stealing: 0.25 s); the setting line says so, vLLM's row does not change; without a
+    rollout step, or with a bad interval, it is an error naming the flag."""
+    step = ["simulate", "--prompts", "16", "--replicas", "4", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--json", "--policies", "vllm,steal_observed",
+            "--routers", "least_loaded"]
+    assert main(step) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert main(step + ["--poll-seconds", "0.25", "--resubmit-seconds", "0.05"]) == 0
+    polled = json.loads(capsys.readouterr().out)
+    assert "steal_observed polling every 0.25 s" in polled["setting"] and "polling" not in every["setting"]
+    rows = [{r["policy"]: r["seconds"] for r in run["rows"]} for run in (every, polled)]
+    assert rows[0]["vllm"] == rows[1]["vllm"] and rows[0]["steal_observed"] != rows[1]["steal_observed"]
+    for bad in (["simulate", "--groups", "2", "--poll-seconds", "1"], step + ["--poll-seconds", "0"]):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "'poll_seconds'" in err
