@@ -467,9 +467,8 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
-                  prompt_kv,
-                  prompt_lens, pred,
-                  job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=False):
+                  prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
+                  offload=False):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls

@@ -187,7 +187,7 @@ class RolloutStep:
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
-                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=bool(o.kv_offload),
+                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=o.kv_offload,
                            snapshot_seconds=o.poll_seconds if hasattr(POLICIES[policy].cls, "SNAPSHOT_SECONDS")
                            else None)
 

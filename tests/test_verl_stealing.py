@@ -515,7 +515,7 @@ def test_the_server_tags_only_the_attempts_it_aborted_for_a_move():
     a, b = asyncio.run(go())
     assert a.stop_reason == b.stop_reason == "aborted" and len(a.token_ids) == 1
     assert a.extra_fields[vs.MOVED] is True and vs.MOVED not in b.extra_fields
-    assert servers[0]._lengthsched_moving() == set() and servers[0].cleared == 0
+    assert servers[0]._lengthsched_moving == set() and servers[0].cleared == 0
 
 
 def test_resume_moved_merges_the_attempts_and_stops_at_the_budget():

@@ -181,29 +181,22 @@ def make_vllm_server_class(base: type) -> type:
     class LengthschedVLLMHttpServer(base):  # type: ignore[misc, valid-type]
         """verl's vLLM server actor with request snapshots for lengthsched's StealDriver."""
 
-        def _lengthsched_finished(self) -> list[str]:
-            done = getattr(self, "_lengthsched_done", None)
-            if done is None:
-                done = self._lengthsched_done = []
-            return done
-
-        def _lengthsched_moving(self) -> set[str]:
-            moving = getattr(self, "_lengthsched_moving_ids", None)
-            if moving is None:
-                moving = self._lengthsched_moving_ids = set()
-            return moving
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._lengthsched_done: list[str] = []  # completed since the last snapshot
+            self._lengthsched_moving: set[str] = set()  # aborted by abort_request, not yet returned
 
         async def generate(self, prompt_ids, sampling_params, request_id, *args, **kwargs):
             output = await super().generate(prompt_ids, sampling_params, request_id, *args, **kwargs)
             if getattr(output, "stop_reason", None) != "aborted":
-                self._lengthsched_finished().append(request_id)
-            elif request_id in self._lengthsched_moving():
-                self._lengthsched_moving().discard(request_id)
+                self._lengthsched_done.append(request_id)
+            elif request_id in self._lengthsched_moving:
+                self._lengthsched_moving.discard(request_id)
                 output.extra_fields[MOVED] = True  # the stealing client resubmits it at once
             return output
 
         async def lengthsched_snapshot(self) -> dict[str, Any]:
-            finished, self._lengthsched_done = self._lengthsched_finished(), []
+            finished, self._lengthsched_done = self._lengthsched_done, []
             if getattr(self, "node_rank", 0) != 0:
                 return {"generated": {}, "finished": finished}
             return {"generated": engine_snapshot(self.engine), "finished": finished}
@@ -211,11 +204,10 @@ def make_vllm_server_class(base: type) -> type:
         async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
             if getattr(self, "node_rank", 0) != 0:
                 return {"aborted": False, "request_id": request_id}
-            moving = self._lengthsched_moving()
-            moving.add(request_id)  # before the abort: its generate() may return as soon as vLLM aborts it
+            self._lengthsched_moving.add(request_id)  # before the abort: generate() may return at once
             result = await abort_engine_request(self.engine, request_id)
             if not result["aborted"]:
-                moving.discard(request_id)
+                self._lengthsched_moving.discard(request_id)
             elif reset_prefix_cache:
                 await self.clear_kv_cache()
             return result
