@@ -461,26 +461,53 @@ def rollout_watermark(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"], rows), rows
 
 
-# (label, policy, router, predictions, kv_offload) of the rollout_offload section, against vLLM FCFS + verl
+# (label, policy, router, predictions, kv_offload) of the rollout_offload section, against vLLM FCFS + verl.
+# kv_offload "free": offloaded, each load free (a host link of no latency and unbounded bandwidth). The priced
+# load stalls the whole step that admits it (pessimistic); vLLM's OffloadingConnector loads asynchronously
+# (get_num_new_matched_tokens returns load_kv_async=True: the request waits in WAITING_FOR_REMOTE_KVS while the
+# others decode), so the truth lies between the two, nearer the free one while the link is seldom busy.
 OFFLOAD_RUNS = (
     ("vllm + verl routing, KV offloaded", "vllm", "least_loaded", None, True),
+    ("vllm + verl routing, KV offloaded, free loads", "vllm", "least_loaded", None, "free"),
     ("vllm_priority + verl routing, KV offloaded", "vllm_priority", "least_loaded", "realistic", True),
     ("seer, KV offloaded", "seer", None, None, True),
     ("steal", "steal", None, "realistic", False),
     ("steal, KV offloaded", "steal", None, "realistic", True),
+    ("steal, KV offloaded, free loads", "steal", None, "realistic", "free"),
 )
+
+
+def _free_host_link(common: dict) -> dict:
+    """``common`` (run_rollout's keyword arguments) with a host link of no latency and unbounded bandwidth:
+    KV loads cost no time (the optimistic bound of an engine that loads asynchronously)."""
+    from lengthsched.runtime.timing import default_cost
+
+    return dict(common, cost=(common["cost"] or default_cost()).replace(host_bandwidth=1e30, host_latency_seconds=0.0))
+
+
+def _load_stall_share(r, cost) -> float:
+    """The share of the replicas' modelled seconds (summed) that the priced KV loads of rollout ``r`` stall
+    their steps: how busy the host link is, and how much a synchronous price can overstate."""
+    from lengthsched.runtime.timing import default_cost
+
+    cost = cost or default_cost()
+    stalls = sum(float(np.sum(cost.load_seconds(log.loaded_tokens))) for log in r.step_logs)
+    total = float(sum(r.replica_seconds))
+    return stalls / total if total else 0.0
 
 
 def _rollout_offload_unit(args):
     """One setting: vLLM FCFS + verl, then every OFFLOAD_RUNS entry: label -> (seconds, recomputed tokens,
-    loaded tokens)."""
+    loaded tokens, the share of the replicas' seconds the priced loads stall)."""
     groups, realistic, _, _, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
-    out = {"base": (base.seconds, base.recomputed_tokens, base.loaded_tokens)}
+    out = {"base": (base.seconds, base.recomputed_tokens, base.loaded_tokens, 0.0)}
     for label, policy, router, pred, offload in OFFLOAD_RUNS:
-        r = run_rollout(groups, policy, router=router, predicted=realistic if pred else None, kv_offload=offload,
-                        **common)
-        out[label] = (r.seconds, r.recomputed_tokens, r.loaded_tokens)
+        kwargs = _free_host_link(common) if offload == "free" else common
+        r = run_rollout(groups, policy, router=router, predicted=realistic if pred else None,
+                        kv_offload=bool(offload), **kwargs)
+        stall = _load_stall_share(r, common["cost"]) if offload is True else 0.0
+        out[label] = (r.seconds, r.recomputed_tokens, r.loaded_tokens, stall)
     return out
 
 
@@ -495,13 +522,16 @@ def rollout_offload(quick: bool) -> tuple[str, list]:
     for label, *_ in OFFLOAD_RUNS:
         summary = _ratio_summary(units, [o[label][0] / o["base"][0] for o in results])
         recomputed, loaded = sum(o[label][1] for o in results), sum(o[label][2] for o in results)
+        stalls = np.array([o[label][3] for o in results])
         rows.append([label] + summary[:5] + [float(recomputed / base_recomputed) if base_recomputed else "-",
-                                             float(loaded / base_recomputed) if base_recomputed else "-"])
+                                             float(loaded / base_recomputed) if base_recomputed else "-",
+                                             float(stalls.mean()), float(stalls.max())])
     return table(f"KV offloading ({_cost_label()}, seed {ROLLOUT_SEED}): preempted requests' KV loaded back from host "
                  "memory instead of recomputed, over the rollout grid, relative to vLLM FCFS + verl routing (no "
-                 "offloading)",
+                 "offloading); loads priced as a stall of the step that admits them, or free",
                  ["run", "settings", "mean x vllm + verl", "mean, several replicas", "worst", "slower by > 0.1%",
-                  "recomputed tokens x vllm (all settings)", "loaded tokens x vllm's recomputed"], rows), rows
+                  "recomputed tokens x vllm (all settings)", "loaded tokens x vllm's recomputed",
+                  "load stall share, mean", "load stall share, worst"], rows), rows
 
 
 GROUPS_FILE: str | None = None  # --groups-file: held-out CASTILLO prompts for rollout_heldout
@@ -1052,10 +1082,9 @@ def _rollout_seer_unit(args):
     recomputed), without moves, and with the moved KV loaded through a global pool (priced, free)
     (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
-    from lengthsched.runtime.timing import default_cost
 
     groups, realistic, _, _, common = _rollout_setting(*args)
-    free = dict(common, cost=(common["cost"] or default_cost()).replace(host_bandwidth=1e30, host_latency_seconds=0.0))
+    free = _free_host_link(common)
     out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
            "seer": run_rollout(groups, "seer", **common).seconds,
            "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
