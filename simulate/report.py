@@ -343,6 +343,14 @@ def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tupl
     return tuple(rows)
 
 
+def check_step_seconds(opts: SimulateOptions) -> None:
+    """The rollout step's seconds options: ``resubmit_seconds`` at least 0, ``poll_seconds`` None or
+    positive (checked for group runs, where they are errors when set, and for rollout steps alike)."""
+    check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
+    if opts.poll_seconds is not None:
+        check_positive_float("poll_seconds", opts.poll_seconds)
+
+
 def check_options(opts: SimulateOptions) -> None:
     """Reject bad options before any work, each error naming its flag (``--seed``: 'seed')."""
     opts = resolve(opts)
@@ -352,15 +360,13 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.headroom and not rollout_mode(opts):
         raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
                                                 "placement on replicas)")
-    if opts.poll_seconds is not None:
-        check_positive_float("poll_seconds", opts.poll_seconds)
-        if not rollout_mode(opts):
-            raise InvalidArgument("poll_seconds", opts.poll_seconds, "--prompts or --replicas with it (steal_observed "
-                                                                     "polls a rollout step's replicas)")
+    check_step_seconds(opts)
+    if opts.poll_seconds is not None and not rollout_mode(opts):
+        raise InvalidArgument("poll_seconds", opts.poll_seconds, "--prompts or --replicas with it (steal_observed "
+                                                                 "polls a rollout step's replicas)")
     if opts.kv_offload and not rollout_mode(opts):
         raise InvalidArgument("kv_offload", True, "--prompts or --replicas with it (the replicas of a rollout step "
                                                   "offload preempted requests' KV)")
-    check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
     if opts.resubmit_seconds and not rollout_mode(opts):
         raise InvalidArgument("resubmit_seconds", opts.resubmit_seconds, "--prompts or --replicas with it (requests "
                                                                           "move between a rollout step's replicas)")

@@ -246,13 +246,13 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         placement = _check_placement(placement, len(flat), replicas)
     if resubmit_seconds is not None:
         resubmit_seconds = check_nonnegative_float("resubmit_seconds", resubmit_seconds)
-        if not getattr(spec.cls, "STEALS", False):
+        if not spec.resubmits:
             raise InvalidArgument("resubmit_seconds", resubmit_seconds,
                                   f"None with policy {policy!r}, which moves no request between replicas by "
                                   "resubmitting it (steal, steal_observed, steal_classes do)")
     if snapshot_seconds is not None:
         snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
-        if not hasattr(spec.cls, "SNAPSHOT_SECONDS"):
+        if not spec.polls:
             raise InvalidArgument("snapshot_seconds", snapshot_seconds,
                                   f"None with policy {policy!r}, which decides from the engines' state, not from "
                                   "snapshots (steal_observed does)")

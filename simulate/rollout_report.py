@@ -17,13 +17,14 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
-from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
+from lengthsched.errors import check_int
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
 from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .report import (
     MAX_SIGMA,
+    check_step_seconds,
     load_cost,
     load_memory,
     parse_policies,
@@ -118,9 +119,7 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                                                    "sweep)")
     if opts.slots is not None:  # in a rollout step: each replica's running cap (vLLM's max_num_seqs)
         check_int("slots", opts.slots, minimum=1)
-    check_nonnegative_float("resubmit_seconds", opts.resubmit_seconds)
-    if opts.poll_seconds is not None:
-        check_positive_float("poll_seconds", opts.poll_seconds)
+    check_step_seconds(opts)
     policies = parse_policies(opts.policies)
     bad = [p for p in policies if not POLICIES[p].rollout]
     if bad:
@@ -182,14 +181,12 @@ class RolloutStep:
 
     def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
-        o = self.opts
-        moves = getattr(POLICIES[policy].cls, "STEALS", False)  # the delay applies to what steal moves
+        o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
-                           resubmit_seconds=o.resubmit_seconds if moves else None, kv_offload=o.kv_offload,
-                           snapshot_seconds=o.poll_seconds if hasattr(POLICIES[policy].cls, "SNAPSHOT_SECONDS")
-                           else None)
+                           resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
+                           snapshot_seconds=o.poll_seconds if spec.polls else None)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -324,7 +321,7 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"{ours.result.seconds / base.result.seconds:.3f} x vllm + least_loaded")
     elif ours is not None:
         line += f" (the recommended policy: {why})"
-    if ours is not None and POLICIES[recommended].cls.STEALS:
+    if ours is not None and POLICIES[recommended].resubmits:
         observed = ("steal_observed simulates it; inside verl: lengthsched.integrations.verl_stealing"
                     if recommended == DEFAULT_POLICY else
                     "inside verl: lengthsched.integrations.verl_stealing with lengthsched.placement=auto, which "

@@ -38,6 +38,14 @@ def test_every_list_of_policies_derives_from_the_registry():
         policy_names(bogus=True)
 
 
+def test_the_registry_says_which_policies_resubmit_moves_and_which_poll():
+    """run_rollout's resubmit_seconds and snapshot_seconds, and the CLI's --resubmit-seconds and --poll-seconds,
+    apply to the policies whose spec says so (one rule, read from the registry)."""
+    assert [n for n, s in POLICIES.items() if s.resubmits] == ["steal", "steal_classes", "steal_observed"]
+    assert [n for n, s in POLICIES.items() if s.polls] == ["steal_observed"]
+    assert all(POLICIES[n].dispatch and POLICIES[n].rollout for n, s in POLICIES.items() if s.resubmits)
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_a_spec_builds_its_policy_and_honours_needs_budget(name):
     spec = POLICIES[name]

@@ -63,6 +63,18 @@ class PolicySpec:
     def __call__(self, problem: Problem) -> SimPolicy:
         return self.cls(problem, **dict(self.options))
 
+    @property
+    def resubmits(self) -> bool:
+        """Whether in a rollout it moves requests between replicas by aborting and resubmitting them (the
+        policies that steal: ``simulate.run_rollout``'s ``resubmit_seconds`` delays their moves)."""
+        return bool(getattr(self.cls, "STEALS", False))
+
+    @property
+    def polls(self) -> bool:
+        """Whether it decides from snapshots of the replicas taken at intervals, as a framework polls them
+        (``simulate.run_rollout``'s ``snapshot_seconds`` sets the interval)."""
+        return hasattr(self.cls, "SNAPSHOT_SECONDS")
+
 
 def _specs(*specs: PolicySpec) -> dict[str, PolicySpec]:
     return {s.name: s for s in specs}
