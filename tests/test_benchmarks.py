@@ -155,7 +155,10 @@ def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
 
 def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_path):
     """rollout_offload (quick): one row per OFFLOAD_RUNS entry; steal's row is steal / vLLM + verl as
-    run_rollout gives them; the offloaded vLLM row recomputes nothing."""
+    run_rollout gives them; the offloaded vLLM row recomputes nothing; with the loads free the same tokens
+    load and the step is faster than with them priced; a priced run's stall share is its loads' seconds
+    over its replicas' seconds."""
+    from lengthsched.runtime.timing import default_cost
     from simulate import run_rollout
 
     rows = _quick_section(tmp_path, "rollout_offload")["rows"]
@@ -167,9 +170,16 @@ def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_p
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
     steal = run_rollout(groups, "steal", predicted=realistic, **common)
     assert by["steal"][2] == pytest.approx(steal.seconds / base.seconds, rel=1e-12)
-    if base.recomputed_tokens:
-        assert by["vllm + verl routing, KV offloaded"][6] == 0.0
-        assert by["steal"][6] == pytest.approx(steal.recomputed_tokens / base.recomputed_tokens, rel=1e-12)
+    assert base.recomputed_tokens  # this step preempts: the rows below compare something
+    assert by["vllm + verl routing, KV offloaded"][6] == 0.0
+    assert by["steal"][6] == pytest.approx(steal.recomputed_tokens / base.recomputed_tokens, rel=1e-12)
+    for run in ("vllm + verl routing, KV offloaded", "steal, KV offloaded"):
+        priced, free = by[run], by[run + ", free loads"]
+        assert free[7] == priced[7] > 0 and free[2] < priced[2]  # the same loads, free: sooner
+        assert free[8] == free[9] == 0.0 and 0 < priced[8] == priced[9] < 1  # one setting: mean = worst
+    offloaded = run_rollout(groups, "vllm", router="least_loaded", kv_offload=True, **common)
+    stalls = sum(float(np.sum(default_cost().load_seconds(log.loaded_tokens))) for log in offloaded.step_logs)
+    assert by["vllm + verl routing, KV offloaded"][8] == pytest.approx(stalls / sum(offloaded.replica_seconds))
 
 
 def test_simulator_benchmark_rollout_resubmit_scores_each_delay_and_restores_steal(tmp_path):
