@@ -461,18 +461,19 @@ def rollout_watermark(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"], rows), rows
 
 
-# (label, policy, router, predictions, kv_offload) of the rollout_offload section, against vLLM FCFS + verl.
-# kv_offload "free": offloaded, each load free (a host link of no latency and unbounded bandwidth). The priced
-# load stalls the whole step that admits it (pessimistic); vLLM's OffloadingConnector loads asynchronously
-# (get_num_new_matched_tokens returns load_kv_async=True: the request waits in WAITING_FOR_REMOTE_KVS while the
-# others decode), so the truth lies between the two, nearer the free one while the link is seldom busy.
+# (label, policy, router, predictions, offload) of the rollout_offload section, against vLLM FCFS + verl.
+# offload: False (recomputed), "async" (run_rollout's kv_offload=True: loads overlap the decoding, as vLLM's
+# OffloadingConnector loads), "stall" (each load charged to the step that admits it: a pessimistic bound) or
+# "free" (loads cost nothing: a host link of no latency and unbounded bandwidth, an optimistic bound).
 OFFLOAD_RUNS = (
-    ("vllm + verl routing, KV offloaded", "vllm", "least_loaded", None, True),
+    ("vllm + verl routing, KV offloaded", "vllm", "least_loaded", None, "async"),
+    ("vllm + verl routing, KV offloaded, loads as stalls", "vllm", "least_loaded", None, "stall"),
     ("vllm + verl routing, KV offloaded, free loads", "vllm", "least_loaded", None, "free"),
-    ("vllm_priority + verl routing, KV offloaded", "vllm_priority", "least_loaded", "realistic", True),
-    ("seer, KV offloaded", "seer", None, None, True),
+    ("vllm_priority + verl routing, KV offloaded", "vllm_priority", "least_loaded", "realistic", "async"),
+    ("seer, KV offloaded", "seer", None, None, "async"),
     ("steal", "steal", None, "realistic", False),
-    ("steal, KV offloaded", "steal", None, "realistic", True),
+    ("steal, KV offloaded", "steal", None, "realistic", "async"),
+    ("steal, KV offloaded, loads as stalls", "steal", None, "realistic", "stall"),
     ("steal, KV offloaded, free loads", "steal", None, "realistic", "free"),
 )
 
@@ -505,8 +506,8 @@ def _rollout_offload_unit(args):
     for label, policy, router, pred, offload in OFFLOAD_RUNS:
         kwargs = _free_host_link(common) if offload == "free" else common
         r = run_rollout(groups, policy, router=router, predicted=realistic if pred else None,
-                        kv_offload=bool(offload), **kwargs)
-        stall = _load_stall_share(r, common["cost"]) if offload is True else 0.0
+                        kv_offload="stall" if offload == "free" else offload, **kwargs)
+        stall = _load_stall_share(r, common["cost"]) if offload == "stall" else None
         out[label] = (r.seconds, r.recomputed_tokens, r.loaded_tokens, stall)
     return out
 
@@ -522,13 +523,13 @@ def rollout_offload(quick: bool) -> tuple[str, list]:
     for label, *_ in OFFLOAD_RUNS:
         summary = _ratio_summary(units, [o[label][0] / o["base"][0] for o in results])
         recomputed, loaded = sum(o[label][1] for o in results), sum(o[label][2] for o in results)
-        stalls = np.array([o[label][3] for o in results])
+        stalls = [o[label][3] for o in results if o[label][3] is not None]
         rows.append([label] + summary[:5] + [float(recomputed / base_recomputed) if base_recomputed else "-",
-                                             float(loaded / base_recomputed) if base_recomputed else "-",
-                                             float(stalls.mean()), float(stalls.max())])
+                                             float(loaded / base_recomputed) if base_recomputed else "-"]
+                    + ([float(np.mean(stalls)), float(np.max(stalls))] if stalls else ["-", "-"]))
     return table(f"KV offloading ({_cost_label()}, seed {ROLLOUT_SEED}): preempted requests' KV loaded back from host "
                  "memory instead of recomputed, over the rollout grid, relative to vLLM FCFS + verl routing (no "
-                 "offloading); loads priced as a stall of the step that admits them, or free",
+                 "offloading); loads asynchronous (vLLM's), or priced as a stall of the step that admits them, or free",
                  ["run", "settings", "mean x vllm + verl", "mean, several replicas", "worst", "slower by > 0.1%",
                   "recomputed tokens x vllm (all settings)", "loaded tokens x vllm's recomputed",
                   "load stall share, mean", "load stall share, worst"], rows), rows

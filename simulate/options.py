@@ -84,7 +84,8 @@ class SimulateOptions:
                                             "0.25 s; default: a snapshot at each decision)")
     kv_offload: bool = _opt(False, "in a rollout step, every replica keeps a preempted request's KV in host memory "
                                    "and loads it back instead of recomputing it (vLLM's --kv-offloading-backend "
-                                   "native; each load priced over the host link)")
+                                   "native; each load timed over the host link and overlapping the decoding, as "
+                                   "vLLM loads asynchronously)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",

@@ -55,7 +55,7 @@ from lengthsched.placement import (
 )
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
-from lengthsched.runtime.replicas import plan_classes, prompt_blocks
+from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
 from lengthsched.runtime.replicas import replica_engine as _engine
 from lengthsched.runtime.replicas import run_replica as _run_replica
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -199,7 +199,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None, seed: int = 0,
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
                 placement: Any = None, max_num_seqs: int | None = None,
-                resubmit_seconds: float | None = None, kv_offload: bool = False,
+                resubmit_seconds: float | None = None, kv_offload: bool | str = False,
                 snapshot_seconds: float | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
@@ -223,17 +223,20 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     run it (``WorkStealing.RESUBMIT_SECONDS``; verl 0.9.1's client waits 1 s); None: the policy's own
     (0: at once). ``kv_offload``: every replica keeps a preempted request's KV in host memory and loads it
     back when it runs there again, instead of recomputing it (vLLM's ``--kv-offloading-backend native``;
-    each load priced over the cost model's host link and charged to the whole step that admits it; a
-    request moved to another replica still recomputes). ``snapshot_seconds``: for ``steal_observed``, the
-    modelled seconds between a replica's snapshots at least (a framework's poll interval, e.g.
+    a request moved to another replica still recomputes). True or ``"async"``: as vLLM's
+    ``OffloadingConnector`` loads, asynchronously: the request holds its KV blocks and waits for its load
+    (priced over the cost model's host link, the loads of a replica one after another) while the others
+    decode, and runs from the step after the load finished; ``"stall"``: each load charged to the whole
+    step that admits it (a pessimistic bound); False: recomputed (vLLM's default). ``snapshot_seconds``: for
+    ``steal_observed``, the modelled seconds between a replica's snapshots at least (a framework's poll interval, e.g.
     ``verl_stealing``'s ``poll_interval``; ``StealObserved.SNAPSHOT_SECONDS``); None: the policy's own
     (a snapshot at each decision). Returns a :class:`RolloutResult`."""
-    if not isinstance(kv_offload, bool):
-        raise InvalidArgument("kv_offload", kv_offload, "True or False")
+    if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
+        raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs)
-    common["offload"] = kv_offload
+    common["offload"] = None if kv_offload is False else "async" if kv_offload is True else kv_offload
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:
         raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
@@ -468,7 +471,7 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
                   prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
-                  offload=False):
+                  offload=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
@@ -497,7 +500,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload)
+                      offload, cost)
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

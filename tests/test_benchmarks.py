@@ -155,9 +155,9 @@ def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
 
 def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_path):
     """rollout_offload (quick): one row per OFFLOAD_RUNS entry; steal's row is steal / vLLM + verl as
-    run_rollout gives them; the offloaded vLLM row recomputes nothing; with the loads free the same tokens
-    load and the step is faster than with them priced; a priced run's stall share is its loads' seconds
-    over its replicas' seconds."""
+    run_rollout gives them; the offloaded vLLM row (asynchronous loads) is run_rollout(kv_offload=True) and
+    recomputes nothing; with the loads free the same tokens load and the step is faster than with them
+    charged as stalls; a stalled run's stall share is its loads' seconds over its replicas' seconds."""
     from lengthsched.runtime.timing import default_cost
     from simulate import run_rollout
 
@@ -174,12 +174,15 @@ def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_p
     assert by["vllm + verl routing, KV offloaded"][6] == 0.0
     assert by["steal"][6] == pytest.approx(steal.recomputed_tokens / base.recomputed_tokens, rel=1e-12)
     for run in ("vllm + verl routing, KV offloaded", "steal, KV offloaded"):
-        priced, free = by[run], by[run + ", free loads"]
+        priced, free = by[run + ", loads as stalls"], by[run + ", free loads"]
         assert free[7] == priced[7] > 0 and free[2] < priced[2]  # the same loads, free: sooner
-        assert free[8] == free[9] == 0.0 and 0 < priced[8] == priced[9] < 1  # one setting: mean = worst
+        assert free[8] == free[9] == by[run][8] == "-" and 0 < priced[8] == priced[9] < 1  # one setting
     offloaded = run_rollout(groups, "vllm", router="least_loaded", kv_offload=True, **common)
-    stalls = sum(float(np.sum(default_cost().load_seconds(log.loaded_tokens))) for log in offloaded.step_logs)
-    assert by["vllm + verl routing, KV offloaded"][8] == pytest.approx(stalls / sum(offloaded.replica_seconds))
+    assert by["vllm + verl routing, KV offloaded"][2] == pytest.approx(offloaded.seconds / base.seconds, rel=1e-12)
+    stalled = run_rollout(groups, "vllm", router="least_loaded", kv_offload="stall", **common)
+    stalls = sum(float(np.sum(default_cost().load_seconds(log.loaded_tokens))) for log in stalled.step_logs)
+    assert by["vllm + verl routing, KV offloaded, loads as stalls"][8] == pytest.approx(
+        stalls / sum(stalled.replica_seconds))
 
 
 def test_simulator_benchmark_rollout_resubmit_scores_each_delay_and_restores_steal(tmp_path):

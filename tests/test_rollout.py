@@ -604,6 +604,103 @@ def test_a_request_whose_kv_is_transferred_prefills_nothing_of_its_own():
     assert log.seconds(cost) == pytest.approx(free.seconds(cost) + cost.load_seconds(27), rel=1e-12)
 
 
+def _loading_engine(steps_per_load, *, slots=None):
+    """An engine with asynchronous loads (each ``steps_per_load`` decode steps long): jobs 0 and 1 (50
+    tokens each) preempted after 20 and 10 tokens with their KV kept in host memory, job 2 running."""
+    from lengthsched.runtime import Engine
+
+    eng = Engine([50, 50, 50], budget_tokens=10_000, slots=slots)
+    eng.offload = True
+    eng.load_steps = lambda engine, tokens: steps_per_load
+    for job in (0, 1, 2):
+        eng.admit(job)
+    eng.advance(10, pads=False)
+    eng.preempt(1)
+    eng.advance(20, pads=False)
+    eng.preempt(0)
+    return eng
+
+
+def test_an_asynchronous_load_holds_its_kv_while_the_others_decode():
+    """Engine.load_steps (vLLM's OffloadingConnector: load_kv_async): an admitted request whose KV is in host
+    memory holds it and waits for its load, not decoding and not preemptible, while the others decode
+    undelayed; it runs from the step after its load finished (at the earliest the step after next), its
+    finish delayed by as much; loads go one after another over the host link; no step is charged for them."""
+    eng = _loading_engine(2.5)
+    assert eng.transferred == {0, 1} and eng.kv_tokens() == 20  # job 2's 20 tokens
+    eng.admit(0)  # 20 tokens: the link is busy from step 20 to 22.5
+    eng.admit(1)  # 10 tokens: queued behind it, 22.5 to 25
+    assert eng.loading == {0: 23, 1: 25} and eng.next_load() == 23
+    assert list(eng.running) == [2] and eng.kv_tokens() == 20 + 20 + 10  # their KV is held
+    assert eng.loaded_tokens == 30 and eng.recomputed_tokens == 0
+    assert eng.next_event() == 23
+    eng.advance(23, pads=False)
+    assert list(eng.running) == [2, 0] and eng.age(0) == 20 and eng.loading == {1: 25}
+    assert eng.kv_tokens() == 23 + 20 + 10
+    eng.advance(25, pads=False)
+    assert list(eng.running) == [2, 0, 1] and eng.age(1) == 10
+    while eng.next_finish() is not None:
+        eng.advance(eng.next_event(), pads=False)
+    assert eng.finished_at == [53, 65, 50]  # job 0 resumed at step 24 (30 to go), job 1 at 26 (40 to go)
+    assert eng.step_log().loaded_tokens.sum() == 0  # the loads overlapped the decoding
+    with pytest.raises(Exception, match="admitted while live, loading"):
+        eng2 = _loading_engine(2.5)
+        eng2.admit(0)
+        eng2.admit(0)
+
+
+def test_an_asynchronous_load_waits_for_a_slot_and_an_idle_wait_is_priced():
+    """A load that finishes while the running cap is full waits for a slot (vLLM: a request back from
+    WAITING_FOR_REMOTE_KVS is scheduled within max_num_seqs); steps in which nothing decodes and loads are
+    under way cost the loads they wait for (StepLog.loaded_tokens)."""
+    from lengthsched.runtime import Engine
+
+    eng = Engine([50, 50, 50], budget_tokens=10_000, slots=2)
+    eng.offload, eng.load_steps = True, (lambda engine, tokens: 0.5)
+    eng.admit(0)
+    eng.admit(2)
+    eng.advance(20, pads=False)
+    eng.preempt(0)
+    eng.admit(0)  # it loads (one slot is free) ...
+    eng.admit(1)  # ... and job 1 takes that slot meanwhile
+    assert eng.loading == {0: 21} and list(eng.running) == [2, 1]
+    eng.advance(21, pads=False)
+    assert eng.loading == {0: 21} and list(eng.running) == [2, 1]  # loaded, waiting for a slot
+    assert eng.next_event() == 50  # job 2's finish, not the load that already finished
+    eng.advance(50, pads=False)
+    assert list(eng.running) == [1, 0] and eng.age(0) == 20
+    idle = _loading_engine(4.0)
+    idle.advance(idle.next_event(), pads=False)  # job 2 finishes at 50
+    idle.admit(1)
+    assert not idle.running and idle.loading == {1: 54}
+    assert idle.next_event() == 54
+    idle.advance(54, pads=False)
+    steps, rows, _, _, _, loaded = idle.log_entry()
+    assert (steps, rows, loaded) == (4, 0, 10) and list(idle.running) == [1]
+
+
+def test_kv_offload_modes_time_the_loads_asynchronously_or_as_stalls():
+    """run_rollout(kv_offload=True) is "async" (vLLM's OffloadingConnector): the loads overlap the decoding
+    (the step log charges only the steps that wait for nothing but loads); "stall" charges every load to the
+    step that admits it; both load the same requests' KV and recompute none; other values are errors."""
+    groups = [Group(f"p{i}", 32, np.array([600, 20, 600, 20] if i % 2 == 0 else [300, 20, 400, 20]))
+              for i in range(8)]
+    common = dict(replicas=2, budget_tokens=1_500, max_new_tokens=600, router="least_loaded")
+    default = run_rollout(groups, "vllm", kv_offload=True, **common)
+    modes = {m: run_rollout(groups, "vllm", kv_offload=m, **common) for m in ("async", "stall")}
+    assert default.seconds == modes["async"].seconds
+    for result in modes.values():
+        assert result.recomputed_tokens == 0 and result.loaded_tokens > 0
+        assert [x.tolist() for x in result.collected_lengths] == [g.lengths.tolist() for g in groups]
+    stalled = sum(int(log.loaded_tokens.sum()) for log in modes["stall"].step_logs)
+    waited = sum(int(log.loaded_tokens.sum()) for log in modes["async"].step_logs)
+    assert stalled == modes["stall"].loaded_tokens and waited < modes["async"].loaded_tokens
+    for bad in ("yes", "free", 1, None):
+        with pytest.raises(InvalidArgument) as err:
+            run_rollout(groups, "vllm", kv_offload=bad, **common)
+        assert err.value.name == "kv_offload"
+
+
 def test_steal_moves_running_requests_to_idle_replicas():
     """WorkStealing.MIGRATE_CHUNK (128 by default): at the end of each chunk a running request may move
     to a replica that sits idle, its generated tokens recomputed there (MIGRATE_KV False, the default)

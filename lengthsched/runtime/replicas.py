@@ -42,20 +42,40 @@ def engine_clock(eng: Engine, cost: Any) -> tuple[np.ndarray, np.ndarray]:
     return ends, secs
 
 
+OFFLOAD_MODES = ("async", "stall")  # how a KV load from host memory is timed (run_rollout's kv_offload)
+
+
+def async_load_steps(cost: Any):
+    """``Engine.load_steps`` for ``cost`` (a :class:`lengthsched.cost.StepCost`): a load of ``tokens`` KV
+    tokens takes its seconds over the host link (:meth:`~lengthsched.cost.StepCost.load_seconds`) over
+    the seconds of the engine's next decode step as it stands (its live rows and the KV they read)."""
+    def steps(eng: Engine, tokens: int) -> float:
+        step = cost.segment_seconds_float(1, max(eng.live, 1), eng.read_tokens())
+        return float(cost.load_seconds(tokens)) / step if step > 0 else 1.0
+    return steps
+
+
 def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block,
-                   offload: bool = False) -> Engine:
+                   offload: str | None = None, cost: Any = None) -> Engine:
     """An engine for the completions ``flat`` (tokens) of the prompts ``owner`` indexes, with their
     prompts held in its pool; ``offload``: preempted requests' KV kept in host memory and loaded back
-    (``Engine.offload``)."""
+    (``Engine.offload``), each load asynchronous (``"async"``, vLLM's: timed by ``cost``,
+    :func:`async_load_steps`) or charged to the step that admits it (``"stall"``); None: recomputed."""
     eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
                  enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
     eng.hold_prompts(owner, prompt_kv)
-    eng.offload = offload
+    if offload is not None and offload not in OFFLOAD_MODES:
+        raise InvalidArgument("offload", offload, "None or one of " + ", ".join(OFFLOAD_MODES))
+    eng.offload = offload is not None
+    if offload == "async":
+        if cost is None:
+            raise InvalidArgument("cost", cost, "a StepCost with offload='async' (it times the loads)")
+        eng.load_steps = async_load_steps(cost)
     return eng
 
 
 def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
-                prefill_chunk, record, cost, max_seqs=None, offload=False):
+                prefill_chunk, record, cost, max_seqs=None, offload=None):
     """One replica running the requests ``mine`` (indices into ``flat``) under ``policy``: (engine,
     clock). ``online``: a predictor that learns from the finishes (a copy is used), or None;
     ``max_seqs``: requests it runs at once at most (None: the pool alone limits them); ``offload``: as
@@ -69,7 +89,7 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
                       prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
     sim = make_policy(policy, problem)
     eng = replica_engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget,
-                         prefill_chunk, record, sim.block_size, offload)
+                         prefill_chunk, record, sim.block_size, offload, cost)
     for job in range(len(mine)):
         eng.claim(job)
     eng.run(sim)
