@@ -374,11 +374,13 @@ class StepCost:
         return out
 
     def load_seconds(self, loaded_tokens: Any) -> Any:
-        """Seconds a step waits for ``loaded_tokens`` KV tokens loaded from host memory (requests whose
-        KV comes from a global pool, as in Seer's divided rollout): ``host_latency_seconds + bytes /
-        (host_bandwidth x host_efficiency)`` per GPU shard, 0 for no token. The load is charged to the
-        whole step (synchronous: a pessimistic price; an engine that loads asynchronously delays only
-        the loaded requests)."""
+        """Seconds a load of ``loaded_tokens`` KV tokens from host memory takes (requests whose KV comes
+        from a global pool, as in Seer's divided rollout, or from the replica's own host memory after
+        a preemption, as vLLM's CPU offloading keeps it): ``host_latency_seconds + bytes /
+        (host_bandwidth x host_efficiency)`` per GPU shard, 0 for no token. :meth:`segment_seconds`
+        charges it to the whole step that admits the requests (synchronous: a pessimistic price); the
+        rollout simulator times offloaded loads asynchronously instead (only the loaded request waits:
+        ``lengthsched.runtime.Engine.load_steps``)."""
         tokens = _tokens("loaded_tokens", loaded_tokens)
         secs = np.where(tokens > 0, self.host_latency_seconds + tokens * self.kv_bytes_per_token
                         / (self.tp * self.host_bandwidth * self.host_efficiency), 0.0)
