@@ -200,15 +200,16 @@ def test_seer_sends_one_probe_per_group_first():
 @settings(max_examples=25, deadline=None)
 @given(policy=st.sampled_from(["steal", "steal_observed", "steal_classes", "seer", "seer_divided", "vllm_priority",
                                "sglang_priority", "placed_adaptive", "placed_classes"]),
-       seed=st.integers(0, 50), replicas=st.integers(1, 3))
-def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas):
+       seed=st.integers(0, 50), replicas=st.integers(1, 3), offload=st.booleans())
+def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas, offload):
     """Lengthen every completion that has not finished by some time t: the runs agree on every run of
     every completion that started before t (a policy sees predictions and what happened, never the
-    future)."""
+    future), with preempted requests recomputed or their KV loaded back asynchronously."""
     rng = np.random.default_rng(seed)
     groups = [Group(f"p{i}", int(rng.integers(20, 60)), rng.integers(5, 100, size=4)) for i in range(4)]
     predicted = np.full(16, 50)
-    common = dict(replicas=replicas, budget_tokens=400, max_new_tokens=256, predicted=predicted, record=True)
+    common = dict(replicas=replicas, budget_tokens=400, max_new_tokens=256, predicted=predicted, record=True,
+                  kv_offload=offload)
     from lengthsched.runtime.dispatch import SeerDivided
 
     chunk, SeerDivided.CHUNK = SeerDivided.CHUNK, 16  # seer_divided moves requests in these short steps too
@@ -699,6 +700,27 @@ def test_kv_offload_modes_time_the_loads_asynchronously_or_as_stalls():
         with pytest.raises(InvalidArgument) as err:
             run_rollout(groups, "vllm", kv_offload=bad, **common)
         assert err.value.name == "kv_offload"
+
+
+@settings(max_examples=30, deadline=None)
+@given(policy=st.sampled_from(["vllm", "vllm_priority", "sglang_priority", "seer", "steal", "steal_observed"]),
+       seed=st.integers(0, 200), replicas=st.integers(1, 3), budget=st.sampled_from([300, 500, 1_000]))
+def test_asynchronous_loads_collect_every_completion_within_the_pool(policy, seed, replicas, budget):
+    """With KV offloading (asynchronous loads) every completion is collected with its own length, no
+    replica's KV ever exceeds its pool (loading requests' KV included: the engines enforce it), and an
+    engine that moves nothing between replicas recomputes nothing."""
+    rng = np.random.default_rng(seed)
+    groups = [Group(f"p{i}", int(rng.integers(10, 60)), rng.integers(5, 200, size=4)) for i in range(5)]
+    common = dict(replicas=replicas, budget_tokens=budget, max_new_tokens=256, predicted=np.full(20, 60))
+    try:
+        result = run_rollout(groups, policy, kv_offload=True, **common)
+    except InvalidArgument as err:  # a pool too small for the policy's admission check
+        assert err.name == "budget_tokens"
+        return
+    assert [x.tolist() for x in result.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert all(peak <= budget for peak in result.peak_kv_tokens)
+    if not POLICIES[policy].resubmits:
+        assert result.recomputed_tokens == 0
 
 
 def test_steal_moves_running_requests_to_idle_replicas():
