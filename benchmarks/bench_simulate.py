@@ -1078,10 +1078,10 @@ SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (se
 
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
-    size; its KV loads priced over the host link, and free for the default chunk), and steal with the
-    realistic predictions: the default (running requests moved to idle replicas, their KV
-    recomputed), without moves, and with the moved KV loaded through a global pool (priced, free)
-    (seconds)."""
+    size; its KV loads priced over the host link as stalls of the step and asynchronously, and free for
+    the default chunk), and steal with the realistic predictions: the default (running requests moved to
+    idle replicas, their KV recomputed), without moves, and with the moved KV loaded through a global
+    pool (priced, free, asynchronous) (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
 
     groups, realistic, _, _, common = _rollout_setting(*args)
@@ -1092,12 +1092,16 @@ def _rollout_seer_unit(args):
     for c in SEER_CHUNKS:
         with _patched(SeerDivided, CHUNK=c):
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
+        with _patched(SeerDivided, CHUNK=c, LOADS="async"):
+            out[f"divided {c}, async KV"] = run_rollout(groups, "seer_divided", **common).seconds
     out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
     with _patched(WorkStealing, MIGRATE_CHUNK=None):
         out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     with _patched(WorkStealing, MIGRATE_KV=True):
         out["steal, KV loaded"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
         out["steal, free KV"] = run_rollout(groups, "steal", predicted=realistic, **free).seconds
+    with _patched(WorkStealing, MIGRATE_KV=True, LOADS="async"):
+        out["steal, KV loaded async"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     return out
 
 
@@ -1115,11 +1119,14 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
 
     names = ([("seer", "seer (no migration)")]
              + [(f"divided {c}", f"seer_divided, {c}-token chunks (KV loads priced)") for c in SEER_CHUNKS]
+             + [(f"divided {c}, async KV", f"seer_divided, {c}-token chunks, KV loads asynchronous")
+                for c in SEER_CHUNKS]
              + [("divided, free KV", f"seer_divided, {SeerDivided.CHUNK}-token chunks, KV loads free (upper bound)")]
              + [("steal", f"steal (the default: running requests moved to idle replicas every "
                           f"{WorkStealing.MIGRATE_CHUNK} tokens, KV recomputed)"),
                 ("steal, no moves", "steal without moves of running requests"),
                 ("steal, KV loaded", "steal, the moved KV loaded through a global pool (priced)"),
+                ("steal, KV loaded async", "steal, the moved KV loaded through a global pool, asynchronously"),
                 ("steal, free KV", "steal, the moved KV loaded through a global pool, free (upper bound)")])
     rows = []
     for label, name in names:

@@ -116,16 +116,21 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
 
     assert [r[0] for r in rows] == (["seer (no migration)"]
                                     + [f"seer_divided, {c}-token chunks (KV loads priced)" for c in SEER_CHUNKS]
+                                    + [f"seer_divided, {c}-token chunks, KV loads asynchronous" for c in SEER_CHUNKS]
                                     + ["seer_divided, 128-token chunks, KV loads free (upper bound)",
                                        "steal (the default: running requests moved to idle replicas every 128 tokens, "
                                        "KV recomputed)", "steal without moves of running requests",
                                        "steal, the moved KV loaded through a global pool (priced)",
+                                       "steal, the moved KV loaded through a global pool, asynchronously",
                                        "steal, the moved KV loaded through a global pool, free (upper bound)"])
     unit = _rollout_seer_unit(("long tail", 64, 4, 4, 11, None))
     assert SeerDivided.CHUNK == 128 and (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
+    assert SeerDivided.LOADS == WorkStealing.LOADS == "stall"
     assert set(unit) == ({"base", "seer", "steal", "steal, no moves", "steal, KV loaded", "steal, free KV",
-                          "divided, free KV"} | {f"divided {c}" for c in SEER_CHUNKS})
+                          "steal, KV loaded async", "divided, free KV"}
+                         | {f"divided {c}" for c in SEER_CHUNKS} | {f"divided {c}, async KV" for c in SEER_CHUNKS})
     assert unit["divided, free KV"] < unit["divided 128"]  # the loads cost time
+    assert unit["divided 128, async KV"] != unit["divided 128"]  # and are timed otherwise asynchronously
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
 
 

@@ -680,6 +680,23 @@ def test_an_asynchronous_load_waits_for_a_slot_and_an_idle_wait_is_priced():
     assert (steps, rows, loaded) == (4, 0, 10) and list(idle.running) == [1]
 
 
+def test_a_request_resumed_with_whole_chunks_has_not_ended_a_chunk():
+    """chunk_ended (seer_divided's and steal's moves every CHUNK tokens): a request that comes back with a
+    whole number of chunks generated (its KV loaded, so it goes live inside a step) ends its next chunk
+    after CHUNK more steps, not at once; before this, seer_divided with asynchronous loads moved such a
+    request again before it decoded a token, for ever."""
+    from lengthsched.runtime.dispatch import chunk_ended, next_chunk_end
+
+    eng = _loading_engine(0.5)
+    eng.done[0] = 16  # as if it had generated a whole chunk of 16 before
+    eng.admit(0)
+    eng.advance(eng.next_event(), pads=False)
+    assert 0 in eng.running and eng.age(0) == 16 and eng.run_steps(0) == 0
+    assert chunk_ended(eng, 16) == [] and next_chunk_end(eng, 16, None) == eng.t + 11  # job 2 (age 21) first
+    eng.advance(eng.t + 16, pads=False)
+    assert eng.age(0) == 32 and 0 in chunk_ended(eng, 16)
+
+
 def test_kv_offload_modes_time_the_loads_asynchronously_or_as_stalls():
     """run_rollout(kv_offload=True) is "async" (vLLM's OffloadingConnector): the loads overlap the decoding
     (the step log charges only the steps that wait for nothing but loads); "stall" charges every load to the

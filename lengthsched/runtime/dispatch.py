@@ -80,8 +80,9 @@ def lift(eng: Engine, job: int) -> None:
 
 
 def chunk_ended(eng: Engine, chunk: int) -> list[int]:
-    """The running requests of ``eng`` that have just generated a whole number of ``chunk`` tokens."""
-    return [j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0]
+    """The running requests of ``eng`` that have just generated a whole number of ``chunk`` tokens (in a
+    run of at least one step here: a request resumed with a whole number of chunks has not ended one)."""
+    return [j for j in eng.running if eng.age(j) and eng.age(j) % chunk == 0 and eng.run_steps(j)]
 
 
 def next_chunk_end(eng: Engine, chunk: int, wake: int | None) -> int | None:
@@ -289,11 +290,16 @@ class SeerDivided(SeerLike):
     travels through a global KV pool (Seer's Mooncake): the replica that takes it loads it
     (``Engine.transferred``) instead of recomputing it, at the price of the cost model's host link
     (:meth:`lengthsched.cost.StepCost.load_seconds`: latency + bytes over PCIe as measured on an H100,
-    charged to the whole step that admits it, a pessimistic price; the offload at the origin is taken
+    charged to the whole step that admits it, a pessimistic price; with ``LOADS = "async"`` the request
+    waits for its load while the others decode, ``Engine.load_steps``; the offload at the origin is taken
     to overlap its decoding). A cost with a free host link bounds what the migration could buy.
     Otherwise :class:`SeerLike`."""
 
     name = "seer_divided"
+    # How a load from the global pool is timed: "stall" (charged to the whole step that admits the
+    # request) or "async" (the request waits for it while the others decode, as an engine that loads on
+    # its own stream does; docs/benchmarks.md, "Seer's divided rollout").
+    LOADS = "stall"
     # Tokens a request generates before it goes back to the global queue: the best of 128, 512 and 2048
     # on the rollout grid with free KV loads; with each load stalling the step, 512 is (docs/benchmarks.md,
     # "Seer's divided rollout"); smaller chunks move more often.
@@ -378,6 +384,7 @@ class WorkStealing(VLLMLike):
     # host link: StepCost.load_seconds; docs/benchmarks.md, "Seer's divided rollout").
     MIGRATE_CHUNK: int | None = MOVE_CHUNK
     MIGRATE_KV = False
+    LOADS = "stall"  # how a MIGRATE_KV load is timed, as SeerDivided.LOADS
     # Seconds from a steal or a move until its target can run the request: the framework's abort and
     # resubmission (verl 0.9.1's fully-async client waits 1 s before it resubmits an aborted request;
     # docs/benchmarks.md, "Resubmission delay"). 0: at once. Meanwhile the request is in transit: on no

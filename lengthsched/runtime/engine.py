@@ -179,6 +179,10 @@ class Engine:
         """Tokens ``job`` holds generated at the end of the current step."""
         return self.t - self.origin[job]
 
+    def run_steps(self, job: int) -> int:
+        """Decode steps live ``job`` has run since it was last admitted (0 before its first step)."""
+        return self.t - self._run_start[job] + 1
+
     def kv_tokens(self, at: int | None = None) -> int:
         """KV tokens held by live sequences at the end of step ``at`` (default now)."""
         at = self.t if at is None else at
