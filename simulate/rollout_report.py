@@ -67,7 +67,8 @@ class RolloutRow:
         if r is not None:
             out.update(seconds=r.seconds, replica_seconds=list(r.replica_seconds),
                        tokens_per_second=r.tokens_per_second, slowest_share=r.slowest_share, preemptions=r.preemptions,
-                       recomputed_tokens=r.recomputed_tokens, prefill_tokens=r.prefill_tokens,
+                       recomputed_tokens=r.recomputed_tokens, loaded_tokens=r.loaded_tokens,
+                       prefill_tokens=r.prefill_tokens,
                        prompt_loads=r.prompt_loads, lower_bound_seconds=r.lower_bound_seconds,
                        seconds_over_lower_bound=r.seconds_ratio, steps=r.steps,
                        peak_kv_tokens=list(r.peak_kv_tokens))
@@ -285,10 +286,18 @@ ROLLOUT_COLUMNS: dict[str, str] = {
     "slowest": "the slowest replica's seconds over the mean replica's (1 = balanced)",
     "preempt": "preemptions, all replicas",
     "recomputed": "tokens recomputed after preemptions, all replicas",
+    "loaded": "KV tokens loaded back from host memory (--kv-offload) or a global pool instead of recomputed, all "
+              "replicas (shown when a policy loaded some)",
     "prompt loads": "prompt prefills: each prompt on each replica that runs one of its completions (again after "
                     "an eviction)",
 }
-ROLLOUT_LEGEND = "\n".join(f"  {name}: {text}" for name, text in ROLLOUT_COLUMNS.items())
+
+
+def _legend(columns) -> str:
+    return "\n".join(f"  {name}: {ROLLOUT_COLUMNS[name]}" for name in columns)
+
+
+ROLLOUT_LEGEND = _legend([c for c in ROLLOUT_COLUMNS if c != "loaded"])  # the columns of a step that loads nothing
 
 
 def rollout_headline(comparison: RolloutComparison) -> str:
@@ -355,10 +364,12 @@ def rollout_headline(comparison: RolloutComparison) -> str:
 def format_rollout(comparison: RolloutComparison) -> str:
     """The comparison as an aligned table, fastest first, with the verdict and a legend line per column."""
     base = comparison.baseline
-    head = list(ROLLOUT_COLUMNS)
-    table = [head]
     oracle = comparison.oracle
-    for row in comparison.rows + ((oracle,) if oracle is not None and oracle.result is not None else ()):
+    shown = comparison.rows + ((oracle,) if oracle is not None and oracle.result is not None else ())
+    loads = any(row.result is not None and row.result.loaded_tokens for row in shown)
+    head = [c for c in ROLLOUT_COLUMNS if loads or c != "loaded"]
+    table = [head]
+    for row in shown:
         r = row.result
         if r is None:
             table.append([row.label, "fails"] + ["-"] * (len(head) - 2))
@@ -366,7 +377,8 @@ def format_rollout(comparison: RolloutComparison) -> str:
         ratio = f"{r.seconds / base.result.seconds:.3f}" if base is not None else "-"
         label = row.label if row is not oracle else "oracle (not a policy): " + row.label
         table.append([label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
-                      f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}", str(r.prompt_loads)])
+                      f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}"]
+                     + ([f"{r.loaded_tokens:,}"] if loads else []) + [str(r.prompt_loads)])
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
@@ -374,7 +386,7 @@ def format_rollout(comparison: RolloutComparison) -> str:
     errors = [f"  {r.label}: {r.error}" for r in comparison.rows + ((oracle,) if oracle else ()) if r.error]
     if errors:
         lines += ["", "could not run:"] + errors
-    lines += ["", rollout_headline(comparison), "", "columns:", ROLLOUT_LEGEND]
+    lines += ["", rollout_headline(comparison), "", "columns:", _legend(head)]
     return "\n".join(lines)
 
 

@@ -225,6 +225,16 @@ def test_kv_offload_loads_preempted_requests_back_in_every_replica(capsys):
     assert "offloaded to host memory" in kept["setting"] and "offloaded" not in plain["setting"]
     recomputed = [{r["policy"]: r["recomputed_tokens"] for r in run["rows"]} for run in (plain, kept)]
     assert recomputed[0]["vllm"] > 0 and recomputed[1]["vllm"] == 0
+    loaded = [{r["policy"]: r["loaded_tokens"] for r in run["rows"]} for run in (plain, kept)]
+    assert loaded[0] == {"vllm": 0, "steal": 0} and loaded[1]["vllm"] > 0
+    assert main([a for a in step if a != "--json"] + ["--kv-offload"]) == 0  # the table shows what was loaded
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.startswith("policy"))
+    assert header.split()[-4:] == ["recomputed", "loaded", "prompt", "loads"] and "  loaded: KV tokens" in text
+    assert main([a for a in step if a != "--json"]) == 0
+    text = capsys.readouterr().out  # nothing loaded: no column, no legend line
+    header = next(line for line in text.splitlines() if line.startswith("policy"))
+    assert "loaded" not in header.split() and "  loaded: " not in text
     assert main(["simulate", "--groups", "2", "--kv-offload"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'kv_offload'" in err and "--prompts or --replicas" in err
