@@ -7,7 +7,10 @@ every live sequence grows by one token per step, so the KV held is non-decreasin
 reached at the next event: checking memory at events is exact.
 
 A policy talks to the engine through ``admit``, ``preempt`` (the sequence keeps the tokens it
-generated and recomputes their KV when it is admitted again, as vLLM and SGLang do), ``release``
+generated and recomputes their KV when it is admitted again, as vLLM and SGLang do; with ``offload``
+its KV waits in host memory and is loaded back instead, charged to the step that admits it or, with
+``load_steps``, asynchronously: the sequence holds its KV in ``loading`` and decodes from the step
+after its load, while the others decode), ``release``
 (a finished row of a padded batch), ``spawn`` (a new completion drawn from the stream) and
 ``stop`` (collection is over; live sequences are discarded).
 
