@@ -351,25 +351,27 @@ def check_step_seconds(opts: SimulateOptions) -> None:
         check_positive_float("poll_seconds", opts.poll_seconds)
 
 
+# Options that only a rollout step (--prompts or --replicas) uses: set to anything but their default
+# without one, each is an error saying why.
+ROLLOUT_ONLY = (
+    ("routers", "routers place a rollout step's requests on replicas; groups run one at a time"),
+    ("headroom", "it searches a rollout step's placement on replicas"),
+    ("poll_seconds", "steal_observed polls a rollout step's replicas"),
+    ("kv_offload", "the replicas of a rollout step offload preempted requests' KV"),
+    ("resubmit_seconds", "requests move between a rollout step's replicas"),
+)
+
+
 def check_options(opts: SimulateOptions) -> None:
     """Reject bad options before any work, each error naming its flag (``--seed``: 'seed')."""
     opts = resolve(opts)
-    if opts.routers is not None and not rollout_mode(opts):
-        raise InvalidArgument("routers", opts.routers, "--prompts or --replicas with it (routers place a rollout "
-                                                       "step's requests on replicas; groups run one at a time)")
-    if opts.headroom and not rollout_mode(opts):
-        raise InvalidArgument("headroom", True, "--prompts or --replicas with it (it searches a rollout step's "
-                                                "placement on replicas)")
     check_step_seconds(opts)
-    if opts.poll_seconds is not None and not rollout_mode(opts):
-        raise InvalidArgument("poll_seconds", opts.poll_seconds, "--prompts or --replicas with it (steal_observed "
-                                                                 "polls a rollout step's replicas)")
-    if opts.kv_offload and not rollout_mode(opts):
-        raise InvalidArgument("kv_offload", True, "--prompts or --replicas with it (the replicas of a rollout step "
-                                                  "offload preempted requests' KV)")
-    if opts.resubmit_seconds and not rollout_mode(opts):
-        raise InvalidArgument("resubmit_seconds", opts.resubmit_seconds, "--prompts or --replicas with it (requests "
-                                                                          "move between a rollout step's replicas)")
+    if not rollout_mode(opts):
+        defaults = {f.name: f.default for f in dataclasses.fields(SimulateOptions)}
+        for name, why in ROLLOUT_ONLY:
+            value = getattr(opts, name)
+            if value != defaults[name]:
+                raise InvalidArgument(name, value, f"--prompts or --replicas with it ({why})")
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
