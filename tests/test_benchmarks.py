@@ -124,14 +124,20 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
                                        "steal, the moved KV loaded through a global pool, asynchronously",
                                        "steal, the moved KV loaded through a global pool, free (upper bound)"])
     unit = _rollout_seer_unit(("long tail", 64, 4, 4, 11, None))
-    assert SeerDivided.CHUNK == 128 and (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
-    assert SeerDivided.LOADS == WorkStealing.LOADS == "stall"
+    assert SeerDivided.CHUNK == 512 and (WorkStealing.MIGRATE_CHUNK, WorkStealing.MIGRATE_KV) == (128, False)
+    assert (SeerDivided.LOADS, WorkStealing.LOADS) == ("async", "stall")
     assert set(unit) == ({"base", "seer", "steal", "steal, no moves", "steal, KV loaded", "steal, free KV",
                           "steal, KV loaded async", "divided, free KV"}
                          | {f"divided {c}" for c in SEER_CHUNKS} | {f"divided {c}, async KV" for c in SEER_CHUNKS})
     assert unit["divided, free KV"] < unit["divided 128"]  # the loads cost time
     assert unit["divided 128, async KV"] != unit["divided 128"]  # and are timed otherwise asynchronously
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
+    # seer_divided's defaults are the 512-token chunks with asynchronous loads
+    from bench_simulate import _rollout_setting
+    from simulate import run_rollout
+
+    groups, _, _, _, common = _rollout_setting("long tail", 64, 4, 4, 11, None)
+    assert run_rollout(groups, "seer_divided", **common).seconds == unit["divided 512, async KV"]
 
 
 def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):

@@ -290,20 +290,21 @@ class SeerDivided(SeerLike):
     travels through a global KV pool (Seer's Mooncake): the replica that takes it loads it
     (``Engine.transferred``) instead of recomputing it, at the price of the cost model's host link
     (:meth:`lengthsched.cost.StepCost.load_seconds`: latency + bytes over PCIe as measured on an H100,
-    charged to the whole step that admits it, a pessimistic price; with ``LOADS = "async"`` the request
-    waits for its load while the others decode, ``Engine.load_steps``; the offload at the origin is taken
-    to overlap its decoding). A cost with a free host link bounds what the migration could buy.
+    the request waiting for its load while the others decode, ``Engine.load_steps``; with ``LOADS =
+    "stall"`` charged to the whole step that admits it, a pessimistic price; the offload at the origin is
+    taken to overlap its decoding). A cost with a free host link bounds what the migration could buy.
     Otherwise :class:`SeerLike`."""
 
     name = "seer_divided"
-    # How a load from the global pool is timed: "stall" (charged to the whole step that admits the
-    # request) or "async" (the request waits for it while the others decode, as an engine that loads on
-    # its own stream does; docs/benchmarks.md, "Seer's divided rollout").
-    LOADS = "stall"
+    # How a load from the global pool is timed: "async" (the request waits for it while the others decode,
+    # as Seer's Mooncake transfers and vLLM's offloaded loads overlap the decoding) or "stall" (charged to
+    # the whole step that admits the request, a pessimistic price; the default until 2026-11-27;
+    # docs/benchmarks.md, "Seer's divided rollout").
+    LOADS = "async"
     # Tokens a request generates before it goes back to the global queue: the best of 128, 512 and 2048
-    # on the rollout grid with free KV loads; with each load stalling the step, 512 is (docs/benchmarks.md,
-    # "Seer's divided rollout"); smaller chunks move more often.
-    CHUNK = 128
+    # on the rollout grid with asynchronous loads, as with stalls (docs/benchmarks.md, "Seer's divided
+    # rollout"); 128 is the best with free loads, and smaller chunks move more often.
+    CHUNK = 512
 
     def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
                  keys: Sequence[Any] = ()):
