@@ -55,7 +55,7 @@ from lengthsched.placement import (
 )
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
-from lengthsched.runtime.replicas import OFFLOAD_MODES, async_load_steps, plan_classes, prompt_blocks
+from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
 from lengthsched.runtime.replicas import replica_engine as _engine
 from lengthsched.runtime.replicas import run_replica as _run_replica
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -500,9 +500,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost)
-        if getattr(cls, "LOADS", "stall") == "async":  # loads from the global pool overlap the decoding
-            eng.load_steps = async_load_steps(cost)
+                      offload, cost, transfers=getattr(cls, "LOADS", "stall"))
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

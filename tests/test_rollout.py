@@ -988,3 +988,26 @@ def test_run_rollout_takes_steal_observeds_snapshot_interval():
     assert run_rollout(groups, "steal_observed", **common).seconds == every
     assert_rejected(groups, common, "snapshot_seconds", "steal_observed", (0.0, -1.0, float("nan"), "1"), "steal",
                     "steal_observed")
+
+
+def test_replica_engine_times_its_loads_one_way_and_names_bad_modes():
+    """replica_engine: offloaded loads (``offload``) and loads from a global pool (``transfers``) are timed
+    asynchronously when either asks for it (one callable per engine), as stalls otherwise; a bad mode or an
+    asynchronous engine without a cost is an InvalidArgument naming the argument."""
+    from lengthsched.cost import StepCost
+    from lengthsched.runtime.replicas import prompt_blocks, replica_engine
+
+    flat, owner, prompt_lens = np.array([30, 40]), np.array([0, 0]), np.array([20])
+    tails, prompt_kv = prompt_blocks(prompt_lens, 16)
+    args = (flat, owner, tails, prompt_kv, prompt_lens, 2_000, None, False, 16)
+    cost = StepCost.from_model("qwen3-1.7b", "h100")
+    assert replica_engine(*args).load_steps is None
+    assert replica_engine(*args, "stall", cost).load_steps is None and replica_engine(*args, "stall", cost).offload
+    for offload, transfers in (("async", "stall"), (None, "async"), ("stall", "async")):
+        eng = replica_engine(*args, offload, cost, transfers=transfers)
+        assert eng.load_steps is not None and eng.offload == (offload is not None)
+    for kwargs, name in ((dict(offload="free"), "offload"), (dict(transfers="free"), "transfers"),
+                         (dict(transfers="async"), "cost")):
+        with pytest.raises(InvalidArgument) as err:
+            replica_engine(*args, **kwargs)
+        assert err.value.name == name

@@ -56,20 +56,25 @@ def async_load_steps(cost: Any):
 
 
 def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block,
-                   offload: str | None = None, cost: Any = None) -> Engine:
+                   offload: str | None = None, cost: Any = None, transfers: str = "stall") -> Engine:
     """An engine for the completions ``flat`` (tokens) of the prompts ``owner`` indexes, with their
     prompts held in its pool; ``offload``: preempted requests' KV kept in host memory and loaded back
     (``Engine.offload``), each load asynchronous (``"async"``, vLLM's: timed by ``cost``,
-    :func:`async_load_steps`) or charged to the step that admits it (``"stall"``); None: recomputed."""
+    :func:`async_load_steps`) or charged to the step that admits it (``"stall"``); None: recomputed.
+    ``transfers``: how KV loaded from a global pool (``Engine.transferred``: a policy's moves with their
+    KV) is timed, one of the same two. An engine times all its loads one way: asynchronously if either
+    asks for it."""
     eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
                  enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk)
     eng.hold_prompts(owner, prompt_kv)
     if offload is not None and offload not in OFFLOAD_MODES:
         raise InvalidArgument("offload", offload, "None or one of " + ", ".join(OFFLOAD_MODES))
+    if transfers not in OFFLOAD_MODES:
+        raise InvalidArgument("transfers", transfers, "one of " + ", ".join(OFFLOAD_MODES))
     eng.offload = offload is not None
-    if offload == "async":
+    if "async" in (offload, transfers):
         if cost is None:
-            raise InvalidArgument("cost", cost, "a StepCost with offload='async' (it times the loads)")
+            raise InvalidArgument("cost", cost, "a StepCost with asynchronous loads (it times them)")
         eng.load_steps = async_load_steps(cost)
     return eng
 
