@@ -43,6 +43,18 @@ def test_simulator_benchmark_rollout_sections_take_a_fitted_cost(tmp_path):
         assert lower_bound <= best <= min(fcfs, priority) and fcfs <= 1.0 + 1e-12 and steal <= 1.0 + 1e-12
 
 
+def test_simulator_benchmark_rollout_speed_times_every_rollout_policy():
+    """The issue's speed target is for every policy: rollout_speed times each policy of the registry that
+    runs rollout steps, with the predictions the grid gives it (realistic or none)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_simulate import ROLLOUT_RUNS, SPEED_EXTRA
+
+    from lengthsched.runtime.registry import POLICIES
+
+    timed = {policy for _, policy, _, pred in ROLLOUT_RUNS + SPEED_EXTRA if pred in ("realistic", None)}
+    assert timed == {name for name, spec in POLICIES.items() if spec.rollout}
+
+
 def _quick_section(tmp_path, section: str) -> dict:
     """Run one bench_simulate section in quick mode; its JSON. bench_simulate becomes importable."""
     out = tmp_path / f"{section}.json"
