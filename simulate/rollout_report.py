@@ -173,6 +173,12 @@ class RolloutStep:
     history: tuple | None = None
 
     @property
+    def spread(self) -> float | None:
+        """With history, the previous epoch's sibling spread (:func:`lengthsched.placement.sibling_spread`,
+        what the recommendation reads); else None."""
+        return None if self.history is None else sibling_spread(list(self.history))
+
+    @property
     def recommended(self) -> str:
         """The policy the project recommends for this step: with history,
         :func:`lengthsched.placement.recommend_rollout_policy` on it; else ``simulate.DEFAULT_POLICY``."""
@@ -250,7 +256,7 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                + f", predictor {opts.predictor}" + ("" if step.history is None else
                                                     f" (learnt from one earlier epoch of the same prompts, "
                                                     f"{len(step.history[0])} fresh completions each; sibling "
-                                                    f"spread {sibling_spread(list(step.history)):.3f})")
+                                                    f"spread {step.spread:.3f})")
                + f", seconds modelled for {cost.model} on {cost.gpu}")
     oracle = _oracle_row(step) if opts.headroom else None
     return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
@@ -321,7 +327,7 @@ def rollout_headline(comparison: RolloutComparison) -> str:
     if step is not None and step.history is not None:
         why = (f"lengthsched.placement.recommend_rollout_policy: the previous epoch's siblings "
                f"{'agree' if recommended == 'steal_classes' else 'disagree'}, spread "
-               f"{sibling_spread(list(step.history)):.3f} against {CLASSES_MAX_SPREAD}")
+               f"{step.spread:.3f} against {CLASSES_MAX_SPREAD}")
     else:
         why = "simulate.DEFAULT_POLICY, the fastest on average over the benchmark grid"
     ours = next((r for r in done if r.policy == recommended), None)
