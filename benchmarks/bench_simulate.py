@@ -1121,7 +1121,7 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         grid, seeds = [("long tail", 64, 4, 4), ("castillo", 64, 4, 2)], (11,)
     units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_seer_unit, units)
-    from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
+    from lengthsched.runtime.dispatch import WorkStealing
 
     names = ([("seer", "seer (no migration)")]
              + [(f"divided {c}", f"seer_divided, {c}-token chunks (KV loads priced)") for c in SEER_CHUNKS]

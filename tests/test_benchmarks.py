@@ -146,6 +146,7 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
     assert len({unit[f"divided {c}"] for c in SEER_CHUNKS}) > 1  # the chunk matters on this step
     # seer_divided's defaults are the 512-token chunks with asynchronous loads
     from bench_simulate import _rollout_setting
+
     from simulate import run_rollout
 
     groups, _, _, _, common = _rollout_setting("long tail", 64, 4, 4, 11, None)
