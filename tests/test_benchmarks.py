@@ -151,6 +151,12 @@ def test_simulator_benchmark_rollout_seer_scores_each_chunk_and_restores_it(tmp_
 
     groups, _, _, _, common = _rollout_setting("long tail", 64, 4, 4, 11, None)
     assert run_rollout(groups, "seer_divided", **common).seconds == unit["divided 512, async KV"]
+    # the long tail in tight pools on several replicas, alone: in quick mode that one setting
+    by_name = {r[0]: r for r in rows}
+    divided = by_name["seer_divided, 512-token chunks, KV loads asynchronous"]
+    assert divided[7] == pytest.approx(unit["divided 512, async KV"] / unit["base"], rel=1e-12)
+    assert divided[8] == int(unit["divided 512, async KV"] < unit["steal"] * (1 - 1e-3))
+    assert divided[6] >= divided[8] and by_name[rows[8][0]][6] == by_name[rows[8][0]][8] == "-"  # steal's own row
 
 
 def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
