@@ -1100,7 +1100,8 @@ def _rollout_seer_unit(args):
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
         with _patched(SeerDivided, CHUNK=c, LOADS="async"):
             out[f"divided {c}, async KV"] = run_rollout(groups, "seer_divided", **common).seconds
-    with _patched(SeerDivided, CHUNK=FREE_CHUNK):
+    # free loads as stalls of no seconds (an asynchronous load, even free, still waits for the next step)
+    with _patched(SeerDivided, CHUNK=FREE_CHUNK, LOADS="stall"):
         out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
     with _patched(WorkStealing, MIGRATE_CHUNK=None):
         out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
