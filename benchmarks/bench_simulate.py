@@ -1085,7 +1085,7 @@ SEER_TIGHT_POOLS = (2, 4)  # pools (x L_max) of the long-tail settings rollout_s
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
     size; its KV loads priced over the host link as stalls of the step and asynchronously, and free for
-    the default chunk), and steal with the realistic predictions: the default (running requests moved to
+    FREE_CHUNK), and steal with the realistic predictions: the default (running requests moved to
     idle replicas, their KV recomputed), without moves, and with the moved KV loaded through a global
     pool (priced, free, asynchronous) (seconds)."""
     from lengthsched.runtime.dispatch import SeerDivided, WorkStealing
@@ -1143,11 +1143,11 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
         ratios = [out[label] / out["base"] for out in results]
         summary = _ratio_summary(units, ratios)
         faster = [out[label] < out["steal"] * (1 - 1e-3) for out in results]
-        steal_cols = ["-", "-"] if label == "steal" else [int(sum(faster)), int(sum(faster[i] for i in tight))]
-        rows.append([name] + summary[:5] + steal_cols[:1] + [float(np.mean([ratios[i] for i in tight]))]
-                    + steal_cols[1:] + summary[5:])
+        beats, beats_tight = ("-", "-") if label == "steal" else (int(sum(faster)), int(sum(faster[i] for i in tight)))
+        rows.append([name] + summary[:5] + [beats, float(np.mean([ratios[i] for i in tight])), beats_tight]
+                    + summary[5:])
     draws = ", ".join(map(str, seeds))
-    pools = " and ".join(f"{f}" for f in SEER_TIGHT_POOLS)
+    pools = " and ".join(map(str, SEER_TIGHT_POOLS))
     return table(f"Seer's divided rollout ({_cost_label()}; the rollout grid, seeds {draws}; Seer uses no length "
                  "predictions, steal the realistic ones): makespan x vLLM FCFS + verl routing",
                  ["policy", "settings", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
