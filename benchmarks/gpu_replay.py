@@ -6,9 +6,10 @@ replica's :class:`~lengthsched.runtime.StepLog`, ``RolloutResult.step_logs``), d
 with probability proportional to their modelled seconds, runs each drawn step's shape on the GPU
 with a model of the preset's shapes and random weights (``gpu_cost.Stepper``: static KV buffers,
 one CUDA graph per shape, CUDA-event timing), and estimates each replica's measured seconds as
-its modelled seconds times the mean of measured / modelled over its drawn steps (the
+its modelled step seconds times the mean of measured / modelled over its drawn steps (the
 Hansen-Hurwitz estimator of a total under sampling proportional to size: unbiased, and tight
-when the model is off by a similar factor on every step). The makespan is the slowest replica's;
+when the model is off by a similar factor on every step), plus its seconds with no step to run (waits
+for a KV load or a resubmission, kept as modelled). The makespan is the slowest replica's;
 a bootstrap over the drawn steps gives 95% intervals of each policy's measured makespan relative
 to the baseline's (the first policy).
 
@@ -18,7 +19,8 @@ its prefill tokens ``T`` attending ``C`` token pairs as ``p`` sequences of ``T /
 ``p`` chosen so that the pairs match ``C`` (prompts prefilled together attend their own tokens);
 where ``C`` exceeds one causal sequence of ``T`` (a chunk after a cached prefix) the replay runs
 one sequence and attends fewer pairs than the model prices (counted in the report); KV loads from
-host memory are not run (the default policies move no KV). What is not replayed at all: the
+host memory are not run (the default policies move no KV; an asynchronous load's seconds overlap the
+steps and only its waits count, kept as modelled). What is not replayed at all: the
 engine's scheduler and sampler on the host, which the model does not price either.
 
     python benchmarks/gpu_replay.py                          # cuda, bf16, the default setting and policies
@@ -132,7 +134,8 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
         r = run_rollout(groups, name, router=router, predicted=pred, **common)
         steps = [expand(log, cost) for log in r.step_logs]
         runs.append({"policy": name + (f" + {router}" if router else ""), "seconds": r.seconds,
-                     "replica_seconds": list(r.replica_seconds), "preemptions": r.preemptions,
+                     "replica_seconds": list(r.replica_seconds),
+                     "replica_step_seconds": [float(s["seconds"].sum()) for s in steps], "preemptions": r.preemptions,
                      "recomputed_tokens": r.recomputed_tokens, "tokens": r.tokens,
                      "lower_bound_seconds": r.lower_bound_seconds, "steps": steps})
         if fitted is not None:
@@ -145,8 +148,12 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
 def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np.ndarray:
     """Per-replica measured seconds estimated from the draws (see the module docstring), shape
     (replicas,); with ``boot`` (resamples x draws indices into ``draws``), shape (resamples, replicas).
-    A replica with no draw keeps its modelled seconds times the policy's pooled ratio."""
+    Only a replica's step seconds (``replica_step_seconds``, default all of them) are scaled by its
+    drawn ratio; the rest of its modelled seconds (waits with no step to run: an asynchronous KV load
+    still in flight, a resubmission's round trip) is kept as modelled. A replica with no draw scales
+    by the policy's pooled ratio."""
     modelled = np.asarray(run["replica_seconds"], dtype=np.float64)
+    stepped = np.asarray(run.get("replica_step_seconds", modelled), dtype=np.float64)
     if not draws:
         return modelled if boot is None else np.tile(modelled, (len(boot), 1))
     ratio = np.array([d["measured"] / d["modelled"] for d in draws])
@@ -158,7 +165,7 @@ def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np
     sums = np.bincount(flat, weights=r.ravel(), minlength=k * len(idx)).reshape(len(idx), k)
     counts = np.bincount(flat, minlength=k * len(idx)).reshape(len(idx), k)
     pooled = r.mean(axis=1, keepdims=True)
-    est = modelled * np.where(counts > 0, sums / np.maximum(counts, 1), pooled)
+    est = (modelled - stepped) + stepped * np.where(counts > 0, sums / np.maximum(counts, 1), pooled)
     return est[0] if boot is None else est
 
 
@@ -176,6 +183,7 @@ def report(runs: list[dict], draws: list[list[dict]], seed: int, resamples: int 
         measured = float(per_replica.max())
         entry = {"policy": run["policy"], "modelled_seconds": run["seconds"], "measured_seconds": measured,
                  "measured_replica_seconds": per_replica.tolist(), "modelled_replica_seconds": run["replica_seconds"],
+                 "modelled_replica_step_seconds": run.get("replica_step_seconds", run["replica_seconds"]),
                  "draws": len(mine),
                  "modelled_vs_baseline": run["seconds"] / base["seconds"],
                  "measured_vs_baseline": measured / base_measured,

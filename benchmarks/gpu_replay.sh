@@ -13,6 +13,7 @@
 # off keeps what it measured), the output to OUTDIR/*.log. SETTINGS lists WORKLOAD:PROMPTS:REPLICAS:POOL
 # (POOL in L_max) separated by spaces; each setting gets an equal share of the time. MODEL picks the
 # preset (default qwen3-1.7b; qwen3-8b prices and runs the 8B shapes; the report is named ..._<model>).
+# POLICIES (POLICY[:ROUTER], comma-separated, the first the baseline) replaces gpu_replay.py's default four.
 #
 # CPU check of the script itself (tiny model, a minute):
 #     DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python bash benchmarks/gpu_replay.sh /tmp/gpu-replay-check
@@ -25,6 +26,8 @@ TOTAL=${TOTAL:-540}
 SETTINGS=${SETTINGS:-castillo:64:4:2 long_tail:64:4:2}
 MODEL=${MODEL:-qwen3-1.7b}     # a preset of lengthsched/presets; FITTED: its fitted StepCost JSON
 FITTED=${FITTED:-benchmarks/results/stepcost_h100_${MODEL}.json}
+POLICY_ARG=()
+if [ -n "${POLICIES:-}" ]; then POLICY_ARG=(--policies "$POLICIES"); fi
 . "$(dirname "$0")/gpu_common.sh"
 
 {
@@ -43,7 +46,7 @@ for i in "${!LIST[@]}"; do
     echo "== $name (timeout ${share}s)" | tee "$OUT/$name.log"
     timeout -k 5 "$share" "$PY" -u benchmarks/gpu_replay.py --device "$DEVICE" --workload "${work//_/ }" \
         --prompts "$prompts" --replicas "$replicas" --factor "$pool" --model "$MODEL" --fitted "$FITTED" --budget-seconds $((share - 45)) \
-        --out "$OUT/$name.json" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/$name.log"
+        --out "$OUT/$name.json" ${POLICY_ARG[@]+"${POLICY_ARG[@]}"} ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/$name.log"
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - START)) s" | tee -a "$OUT/$name.log"
 done
 echo "== done in $((SECONDS - START)) s" | tee -a "$OUT/env.log"

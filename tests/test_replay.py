@@ -111,6 +111,9 @@ def test_estimator_is_exact_when_the_model_is_off_by_one_factor():
     # a replica with no draw keeps the pooled ratio
     only = [d for d in draws[0] if d["replica"] == 0]
     assert gpu_replay.estimate(runs[0], only) == pytest.approx([25.0, 20.0])
+    # seconds with no step to run (a wait for a KV load, a resubmission's round trip) are kept as modelled
+    waiting = {**runs[0], "replica_step_seconds": [9.0, 8.0]}
+    assert gpu_replay.estimate(waiting, draws[0]) == pytest.approx([1.0 + 22.5, 20.0])
 
 
 def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
@@ -129,7 +132,8 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
     assert steal["draws"] == 20 and steal["measured_seconds"] > 0 and len(steal["measured_vs_baseline_95"]) == 2
     # the report keeps what the estimate needs: each replica's modelled seconds and every draw
     for entry, (_, draws) in zip(report["policies"], report["samples"]):
-        run = {"replica_seconds": entry["modelled_replica_seconds"]}
+        run = {"replica_seconds": entry["modelled_replica_seconds"],
+               "replica_step_seconds": entry["modelled_replica_step_seconds"]}
         assert max(entry["modelled_replica_seconds"]) == pytest.approx(entry["modelled_seconds"])
         assert gpu_replay.estimate(run, draws).tolist() == pytest.approx(entry["measured_replica_seconds"])
     assert len(report["samples"]) == 2 and all(d["measured"] > 0 and d["modelled"] > 0
