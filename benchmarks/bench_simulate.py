@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
 
-from lengthsched import ModelMemory, NoisyOracleLengthPredictor
+from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
 from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.workloads import castillo_file_groups, castillo_groups, trace_groups
+from simulate.workloads import castillo_file_groups, castillo_groups, castillo_prompt_tokens, trace_groups
 
 
 # ---------------------------------------------------------------------------------------- speed
@@ -294,8 +294,15 @@ def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax:
         groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
     elif workload.startswith("file:"):  # --groups-file: a CASTILLO file of held-out prompts
         groups = castillo_file_groups(workload[5:], size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
-    else:
-        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0, epoch=epoch)
+    else:  # "long tail" (the lmsys trace: prompts of 0 tokens) or "long tail + castillo prompts" / "+ N-token prompts"
+        given = workload.partition(" + ")[2]
+        if given and given not in ("castillo prompts",) and not given.endswith("-token prompts"):
+            raise InvalidArgument("workload", workload, "'long tail', 'long tail + castillo prompts' or "
+                                                        "'long tail + N-token prompts'")
+        tokens = (None if not given else castillo_prompt_tokens() if given == "castillo prompts"
+                  else [int(given.split("-")[0])])
+        groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0, epoch=epoch,
+                              prompt_tokens=tokens)
     rng = np.random.default_rng(seed)
     oracle = np.concatenate([g.lengths for g in groups])
     realistic = np.concatenate([np.full(len(g.lengths), max(1, int(np.median(g.lengths)
@@ -1156,6 +1163,51 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
                   "faster than steal there"] + [f"mean, seed {s}" for s in seeds], rows), rows
 
 
+# The long-tail workload's trace has no prompt lengths: its prompts take no prefill and no KV, so spreading
+# a group over every replica costs nothing there. rollout_prompts gives the same completions real prompts.
+PROMPT_WORKLOADS = ("long tail", "long tail + castillo prompts", "long tail + 512-token prompts")
+PROMPTS_RUNS = (("seer", "seer", False), ("seer_divided", "seer_divided", False), ("steal", "steal", True))
+
+
+def _rollout_prompts_unit(args):
+    """One setting: seconds of vLLM FCFS + verl routing ("base") and of each of PROMPTS_RUNS (Seer without
+    and with its divided rollout, no predictions; steal with the realistic ones)."""
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
+    for label, policy, predicted in PROMPTS_RUNS:
+        out[label] = run_rollout(groups, policy, predicted=realistic if predicted else None, **common).seconds
+    return out
+
+
+def rollout_prompts(quick: bool) -> tuple[str, list]:
+    """The long tail in tight pools (2 and 4 x L_max on several replicas, and 4 x L_max at scale) with
+    the prompts its trace lacks: none (as published), each group a bundled CASTILLO prompt's length, or
+    512 tokens; Seer with and without its divided rollout and steal, on four draws."""
+    grids = {"grid": [u for u in ROLLOUT_GRID if u[0] == "long tail" and u[2] > 1 and u[3] in SEER_TIGHT_POOLS],
+             "scale": [u for u in SCALE_GRID if u[0] == "long tail" and u[3] == 4]}
+    seeds = WAYS_SEEDS
+    if quick:
+        grids, seeds = {"grid": [("long tail", 64, 4, 4)], "scale": []}, (11,)
+    rows = []
+    for scope, grid in grids.items():
+        for workload in PROMPT_WORKLOADS:
+            units = [(workload, b, r, f, s, ROLLOUT_COST) for s in seeds for _, b, r, f in grid]
+            if not units:
+                continue
+            results = _pool_map(_rollout_prompts_unit, units)
+            for label, *_ in PROMPTS_RUNS:
+                ratios = [out[label] / out["base"] for out in results]
+                faster = ("-" if label == "steal"
+                          else int(sum(out[label] < out["steal"] * (1 - 1e-3) for out in results)))
+                summary = _ratio_summary(units, ratios)
+                rows.append([scope, workload, label, summary[0], summary[1], summary[3], summary[4], faster])
+    return table(f"The long tail with prompts ({_cost_label()}; tight pools on several replicas, seeds "
+                 f"{', '.join(map(str, seeds))}; Seer uses no length predictions, steal the realistic ones): "
+                 "makespan x vLLM FCFS + verl routing",
+                 ["settings", "prompts", "policy", "n", "mean", "worst", "slower by > 0.1%",
+                  "faster than steal by > 0.1%"], rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1201,6 +1253,7 @@ def main(argv=None) -> int:
                 "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,
                 "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
+                "rollout_prompts": rollout_prompts,
                 "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

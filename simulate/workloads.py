@@ -44,7 +44,7 @@ __all__ = [
     "WORKLOADS",
     "castillo_groups",
     "castillo_file_groups",
-    "castillo_spread", "castillo_validate_lengths",
+    "castillo_prompt_tokens", "castillo_spread", "castillo_validate_lengths",
     "trace_groups",
     "load_trace",
     "write_trace",
@@ -83,6 +83,13 @@ def _castillo_rows() -> tuple[dict, ...]:
 def castillo_validate_lengths() -> list[list[int]]:
     """The sibling lengths (tokens) of every bundled CASTILLO prompt of the validate split."""
     return [list(r["lengths"]) for r in _castillo_rows() if r.get("split") == "validate"]
+
+
+def castillo_prompt_tokens() -> np.ndarray:
+    """The prompt lengths (tokens) of every bundled CASTILLO prompt (train and validate), in file order:
+    real prompts of code and instruction tasks (median 172 tokens) to give a trace without prompt
+    lengths (:func:`trace_groups` ``prompt_tokens``)."""
+    return np.array([int(r["prompt_tokens"]) for r in _castillo_rows()], dtype=np.int64)
 
 
 def castillo_spread() -> float:
@@ -214,14 +221,24 @@ def trace_groups(
     limit: int | None = 500,
     seed: int = 0,
     epoch: int = 0,
+    prompt_tokens: Sequence[int] | None = None,
 ) -> list[Group]:
     """Groups from a single-length trace (``lmsys`` or ``azure``) by the log-normal group model.
 
     ``spread``: sigma of log length within a group (default :func:`castillo_spread`). ``epoch``: the
-    same prompts with fresh completions, as for :func:`castillo_groups`.
+    same prompts with fresh completions, as for :func:`castillo_groups`. ``prompt_tokens``: prompt
+    lengths (tokens) each group draws its own from, at random (seeded by ``seed`` and the group's
+    request in the trace, the same in every epoch), instead of the trace's: the ``lmsys`` trace has
+    none (its prompts take 0 tokens), so its groups then cost a prompt's prefill and KV as real
+    prompts do (e.g. :func:`castillo_prompt_tokens`).
     """
     if name not in ("lmsys", "azure"):
         raise InvalidArgument("name", name, "'lmsys' or 'azure'")
+    drawn = None
+    if prompt_tokens is not None:
+        drawn = np.asarray(prompt_tokens)
+        if drawn.ndim != 1 or not len(drawn) or not np.issubdtype(drawn.dtype, np.integer) or (drawn < 0).any():
+            raise InvalidArgument("prompt_tokens", prompt_tokens, "a non-empty sequence of integers >= 0 (tokens)")
     group_size = check_int("group_size", group_size, minimum=1)
     max_new = check_int("max_new_tokens", max_new_tokens, minimum=1)
     sigma = castillo_spread() if spread is None else float(spread)
@@ -236,7 +253,8 @@ def trace_groups(
     for i in order:
         z = _epoch_stream(seed, 2, int(i), epoch).standard_normal(group_size)
         lengths = np.clip(np.rint(generated[i] * np.exp(sigma * z)), 1, max_new).astype(np.int64)
-        groups.append(Group(f"{name}-{int(i)}", int(prompts[i]), lengths, source=f"{name} (sigma {sigma:.3f})"))
+        prompt = prompts[i] if drawn is None else drawn[np.random.default_rng([seed, 3, int(i)]).integers(len(drawn))]
+        groups.append(Group(f"{name}-{int(i)}", int(prompt), lengths, source=f"{name} (sigma {sigma:.3f})"))
     return groups
 
 

@@ -13,6 +13,7 @@ from simulate.workloads import (
     TraceError,
     castillo_file_groups,
     castillo_groups,
+    castillo_prompt_tokens,
     castillo_spread,
     load_trace,
     make_workload,
@@ -105,6 +106,25 @@ def test_group_model_for_single_length_traces():
     assert all(g.prompt_len > 0 for g in azure)
     with pytest.raises(InvalidArgument, match="argument 'name'"):
         trace_groups("sharegpt", 8)
+
+
+def test_trace_groups_draw_prompt_lengths_where_the_trace_has_none():
+    """The lmsys trace has no prompt lengths (0 tokens); ``prompt_tokens`` gives each group one drawn from
+    the given lengths, the same for the same seed and in every epoch, the completions untouched."""
+    bare = trace_groups("lmsys", 16, spread=1.0, limit=40, seed=3)
+    assert all(g.prompt_len == 0 for g in bare)
+    real = castillo_prompt_tokens()
+    assert len(real) > 100 and real.min() > 0 and 100 < np.median(real) < 400
+    given = trace_groups("lmsys", 16, spread=1.0, limit=40, seed=3, prompt_tokens=real)
+    assert [g.prompt_id for g in given] == [g.prompt_id for g in bare]
+    assert all(np.array_equal(a.lengths, b.lengths) for a, b in zip(given, bare))
+    assert set(g.prompt_len for g in given) <= set(real.tolist()) and len({g.prompt_len for g in given}) > 10
+    later = trace_groups("lmsys", 16, spread=1.0, limit=40, seed=3, epoch=1, prompt_tokens=real)
+    assert [g.prompt_len for g in later] == [g.prompt_len for g in given]
+    assert [g.prompt_len for g in trace_groups("lmsys", 4, limit=5, seed=3, prompt_tokens=[128])] == [128] * 5
+    for bad in ([], [-1], [1.5], [[1, 2]]):
+        with pytest.raises(InvalidArgument, match="argument 'prompt_tokens'"):
+            trace_groups("lmsys", 4, limit=5, prompt_tokens=bad)
 
 
 def test_trace_round_trip(tmp_path):
