@@ -401,3 +401,31 @@ def test_simulator_benchmark_length_classes_need_lengths_per_completion(tmp_path
     assert [g.prompt_id for g in before] == [g.prompt_id for g in groups]
     medians = np.concatenate([np.full(len(g.lengths), np.median(g.lengths)) for g in groups])
     assert np.std(np.log(predicted / medians)) < 0.15 < np.std(np.log(realistic / medians))
+
+
+def test_simulator_benchmark_rollout_prompts_gives_the_long_tail_prompts(tmp_path):
+    """rollout_prompts (quick: the long tail, 64 prompts x 16 on 4 replicas at 4 x L_max): one row per
+    prompt workload and run, each the ratio of the run it names to vLLM + verl; the completions are the
+    long tail's in every workload, only the prompts differ."""
+    from lengthsched import InvalidArgument
+    from simulate import run_rollout
+
+    rows = _quick_section(tmp_path, "rollout_prompts")["rows"]
+    from bench_simulate import PROMPT_WORKLOADS, PROMPTS_RUNS, _rollout_setting
+
+    assert [(r[0], r[1], r[2]) for r in rows] == [("grid", w, label) for w in PROMPT_WORKLOADS
+                                                  for label, *_ in PROMPTS_RUNS]
+    bare, with_prompts = (_rollout_setting(w, 64, 4, 4, 11, None) for w in PROMPT_WORKLOADS[:2])
+    assert all(g.prompt_len == 0 for g in bare[0]) and min(g.prompt_len for g in with_prompts[0]) > 0
+    assert all(np.array_equal(a.lengths, b.lengths) for a, b in zip(bare[0], with_prompts[0]))
+    groups, realistic, _, _, common = with_prompts
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+    divided = run_rollout(groups, "seer_divided", **common).seconds
+    by = {(r[1], r[2]): r for r in rows}
+    assert by[(PROMPT_WORKLOADS[1], "steal")][4] == pytest.approx(steal / base, rel=1e-12)
+    assert by[(PROMPT_WORKLOADS[1], "seer_divided")][4] == pytest.approx(divided / base, rel=1e-12)
+    assert by[(PROMPT_WORKLOADS[1], "seer_divided")][7] == int(divided < steal * (1 - 1e-3))
+    assert by[(PROMPT_WORKLOADS[1], "steal")][7] == "-"
+    with pytest.raises(InvalidArgument, match="argument 'workload'"):
+        _rollout_setting("long tail + prompts", 16, 4, 4, 11, None)

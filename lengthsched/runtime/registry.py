@@ -116,8 +116,8 @@ POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
                "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("seer_divided", SeerDivided, "Seer-like with its divided rollout: requests go back to the global "
-               "queue every 128 tokens and continue on any replica, their KV loaded through a global pool "
-               "(priced over the host link)",
+               f"queue every {SeerDivided.CHUNK} tokens and continue on any replica, their KV loaded through a global "
+               "pool (priced over the host link, loads overlapping the decoding)",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal", WorkStealing, "each group over as many replicas as the pools hold its prompts (whole groups "
                "in crowded steps), vLLM FCFS per replica, drained replicas steal waiting requests and take running "
