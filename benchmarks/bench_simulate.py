@@ -385,7 +385,8 @@ def rollout(quick: bool) -> tuple[str, list]:
     grid = [("castillo", 16, 4, 4), ("castillo", 64, 4, 16)] if quick else ROLLOUT_GRID
     rows = _rollout_rows(grid)
     summary = _rollout_summary(rows)
-    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None:  # the docs' figure
+    default_grid = ROLLOUT_GRID[-1][0] == "long tail"  # not given prompts (--long-tail-prompts)
+    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None and default_grid:
         _rollout_figure(rows, ROOT / "docs" / "figures" / "rollout_lower_bound.png")
     text = table(f"Rollout steps in modelled seconds ({_cost_label()}, L_max 4096, G = 16, budget per replica "
                  "with the prompts inside): makespan per policy and router",
@@ -1227,6 +1228,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="requests each engine replica runs at once at most in the rollout sections (vLLM's "
                              "max_num_seqs; verl sets 1024); default: no cap, the KV pool alone limits them")
+    parser.add_argument("--long-tail-prompts", default=None,
+                        help="give the long-tail workload's groups prompts (its trace has none: 0 tokens) in the "
+                             "rollout grid and the steps at scale: 'castillo' (each group a bundled CASTILLO "
+                             "prompt's length) or a number of tokens")
     parser.add_argument("--seed", type=int, default=11,
                         help="the seed of the rollout sections' prompts, completions and prediction errors "
                              "(default 11, the published grid)")
@@ -1238,6 +1243,15 @@ def main(argv=None) -> int:
         parser.error(f"argument --max-num-seqs: got {args.max_num_seqs}; expected at least 1")
     ROLLOUT_MAX_SEQS = args.max_num_seqs
     ROLLOUT_SEED = args.seed
+    if args.long_tail_prompts is not None:
+        given = args.long_tail_prompts
+        if given != "castillo" and not (given.isdigit() and int(given) > 0):
+            parser.error(f"argument --long-tail-prompts: got {given!r}; expected 'castillo' or a number of tokens > 0")
+        if "rollout_prompts" in args.sections.split(","):
+            parser.error("argument --long-tail-prompts: rollout_prompts gives the long tail its own prompts")
+        workload = "long tail + " + ("castillo prompts" if given == "castillo" else f"{int(given)}-token prompts")
+        for grid in (ROLLOUT_GRID, SCALE_GRID):  # in place: the sections read these lists
+            grid[:] = [(workload if u[0] == "long tail" else u[0], *u[1:]) for u in grid]
     if args.groups_file is not None:
         castillo_file_groups(args.groups_file, 16, limit=1)  # a bad file fails here, before any section runs
         GROUPS_FILE = str(args.groups_file)
