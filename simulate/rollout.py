@@ -500,7 +500,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost, transfers=getattr(cls, "LOADS", "stall"))
+                      offload, cost, transfers=POLICIES[policy].loads)
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

@@ -429,3 +429,16 @@ def test_simulator_benchmark_rollout_prompts_gives_the_long_tail_prompts(tmp_pat
     assert by[(PROMPT_WORKLOADS[1], "steal")][7] == "-"
     with pytest.raises(InvalidArgument, match="argument 'workload'"):
         _rollout_setting("long tail + prompts", 16, 4, 4, 11, None)
+
+
+def test_simulator_benchmark_long_tail_prompts_option_checks_its_value(tmp_path):
+    """--long-tail-prompts takes 'castillo' or a number of tokens, and not with rollout_prompts (which gives the
+    long tail its own prompts): each mistake is one usage line and no file."""
+    out = tmp_path / "x.json"
+    for value, sections, message in (("abc", "rollout", "expected 'castillo' or a number of tokens > 0"),
+                                     ("0", "rollout", "expected 'castillo' or a number of tokens > 0"),
+                                     ("128", "rollout_prompts", "rollout_prompts gives the long tail its own prompts")):
+        result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
+                                 "--sections", sections, "--long-tail-prompts", value, "--out", str(out)],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and message in result.stderr and not out.exists()

@@ -44,6 +44,8 @@ def test_the_registry_says_which_policies_resubmit_moves_and_which_poll():
     assert [n for n, s in POLICIES.items() if s.resubmits] == ["steal", "steal_classes", "steal_observed"]
     assert [n for n, s in POLICIES.items() if s.polls] == ["steal_observed"]
     assert all(POLICIES[n].dispatch and POLICIES[n].rollout for n, s in POLICIES.items() if s.resubmits)
+    # how a rollout times the KV a policy loads from a global pool: Seer's divided rollout overlaps its loads
+    assert {n: s.loads for n, s in POLICIES.items() if s.loads != "stall"} == {"seer_divided": "async"}
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

@@ -70,6 +70,13 @@ class PolicySpec:
         return bool(getattr(self.cls, "STEALS", False))
 
     @property
+    def loads(self) -> str:
+        """How a rollout times the KV it loads from a global pool (a request moved with its KV): "async"
+        (the request waits for its load while the others decode) or "stall" (the load is charged to the
+        step that admits it); the class's ``LOADS``, "stall" for a policy that moves no KV."""
+        return getattr(self.cls, "LOADS", "stall")
+
+    @property
     def polls(self) -> bool:
         """Whether it decides from snapshots of the replicas taken at intervals, as a framework polls them
         (``simulate.run_rollout``'s ``snapshot_seconds`` sets the interval)."""
