@@ -216,6 +216,10 @@ def _run_rollout_step(opts: SimulateOptions) -> int:
     from .rollout_report import compare_rollout, format_rollout, rollout_figures
 
     comparison = compare_rollout(opts, record=bool(opts.plot))
+    if opts.workload == "lmsys" and opts.prompt_tokens is None:
+        print("lengthsched simulate: notice: the lmsys trace has no prompt lengths, so its prompts take 0 tokens "
+              "(no prefill, no KV), which flatters the policies that spread a group over many replicas; "
+              "--prompt-tokens castillo or --prompt-tokens N gives them some", file=sys.stderr)
     payload = json.dumps(comparison.to_dict(), indent=1, default=_jsonable)
     if opts.output:
         atomic_write_text(opts.output, payload + "\n")

@@ -55,6 +55,10 @@ class SimulateOptions:
     groups: int = _opt(200, "how many groups (prompts) to simulate")
     spread: float | None = _opt(None, "sigma of log length within a group for lmsys/azure "
                                       "(default: fitted to CASTILLO)")
+    prompt_tokens: str | None = _opt(None, "prompt lengths for lmsys/azure instead of the trace's: castillo (each "
+                                           "group one of the bundled CASTILLO prompts' lengths) or TOKENS (every "
+                                           "prompt); the lmsys trace has none, so its prompts otherwise take 0 "
+                                           "tokens: no prefill, no KV")
     predictor: str | None = _opt(None, "predicted lengths (default oracle; prompt:0.5 in a rollout step): oracle, "
                                        "noisy:SIGMA (log-normal error, 0 < SIGMA <= 5), prompt:SIGMA (one "
                                        "prediction per prompt, log-normal error on its median), constant:TOKENS, "

@@ -396,7 +396,7 @@ def workload_groups(opts: SimulateOptions, limit: int | None, epoch: int = 0) ->
         raise InvalidArgument("workload", opts.workload, ", ".join(WORKLOADS) + " or a trace .jsonl path")
     group_size = DEFAULT_GROUP_SIZE if opts.group_size is None else opts.group_size
     groups = make_workload(opts.workload, group_size, max_new_tokens=opts.max_new_tokens, limit=limit,
-                           seed=opts.seed, spread=opts.spread, epoch=epoch)
+                           seed=opts.seed, spread=opts.spread, epoch=epoch, prompt_tokens=opts.prompt_tokens)
     if not named and opts.group_size is not None:
         other = next((g for g in groups if len(g.lengths) != opts.group_size), None)
         if other is not None:

@@ -44,7 +44,7 @@ __all__ = [
     "WORKLOADS",
     "castillo_groups",
     "castillo_file_groups",
-    "castillo_prompt_tokens", "castillo_spread", "castillo_validate_lengths",
+    "castillo_prompt_tokens", "castillo_spread", "castillo_validate_lengths", "prompt_lengths",
     "trace_groups",
     "load_trace",
     "write_trace",
@@ -322,17 +322,40 @@ def write_trace(path: str | os.PathLike, groups: Sequence[Group]) -> None:
 WORKLOADS = ("castillo", "lmsys", "azure")
 
 
+def prompt_lengths(value: Any) -> np.ndarray | None:
+    """The prompt lengths (tokens) a ``--prompt-tokens`` value names: None (the workload's own), "castillo"
+    (:func:`castillo_prompt_tokens`), or a number of tokens >= 1 (every prompt that long)."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip() == "castillo":
+        return castillo_prompt_tokens()
+    try:
+        tokens = int(str(value).strip())
+    except ValueError:
+        tokens = 0
+    if tokens < 1 or str(tokens) != str(value).strip():
+        raise InvalidArgument("prompt_tokens", value, "'castillo' (the bundled CASTILLO prompts' lengths) or a "
+                                                      "number of tokens >= 1")
+    return np.array([tokens], dtype=np.int64)
+
+
 def make_workload(name: str, group_size: int, *, max_new_tokens: int, limit: int | None, seed: int,
-                  spread: float | None = None, epoch: int = 0) -> list[Group]:
+                  spread: float | None = None, epoch: int = 0, prompt_tokens: Any = None) -> list[Group]:
     """A named workload (:data:`WORKLOADS`) or a trace file path. ``epoch``: the same prompts with
-    fresh completions (:func:`castillo_groups`; a trace file holds one draw: 0 only)."""
+    fresh completions (:func:`castillo_groups`; a trace file holds one draw: 0 only). ``prompt_tokens``
+    (lmsys and azure only, :func:`prompt_lengths`): each group's prompt length drawn from these instead of
+    the trace's (the lmsys trace has none: its prompts take 0 tokens)."""
+    drawn = prompt_lengths(prompt_tokens)
+    if drawn is not None and name not in ("lmsys", "azure"):
+        raise InvalidArgument("prompt_tokens", prompt_tokens, "no prompt lengths for the workload "
+                                                              f"{name!r}: it has its own (lmsys and azure only)")
     if name == "castillo":
         if spread is not None:
             raise InvalidArgument("spread", spread, "no spread for the real CASTILLO groups")
         return castillo_groups(group_size, max_new_tokens=max_new_tokens, limit=limit, seed=seed, epoch=epoch)
     if name in ("lmsys", "azure"):
         return trace_groups(name, group_size, max_new_tokens=max_new_tokens, spread=spread, limit=limit, seed=seed,
-                            epoch=epoch)
+                            epoch=epoch, prompt_tokens=drawn)
     if not Path(name).exists():
         raise InvalidArgument("workload", name, "castillo, lmsys, azure or a trace .jsonl path")
     if check_int("epoch", epoch, minimum=0):

@@ -48,12 +48,32 @@ def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
     (["--predictor", "noisy:0.5"], "predictor"), (["--routers", "random"], "routers"), (["--prompts", "0"], "prompts"),
     (["--budget", "1GiB"], "budget"), (["--predictor", "history:x"], "predictor"),
     (["--predictor", "history:-1"], "predictor"), (["--resubmit-seconds", "-1"], "resubmit_seconds"),
-    (["--resubmit-seconds", "nan"], "resubmit_seconds"),
+    (["--resubmit-seconds", "nan"], "resubmit_seconds"), (["--prompt-tokens", "300"], "prompt_tokens"),
+    (["--workload", "lmsys", "--prompt-tokens", "0"], "prompt_tokens"),
+    (["--workload", "lmsys", "--prompt-tokens", "many"], "prompt_tokens"),
 ])
 def test_bad_rollout_options_are_one_line_naming_the_flag(capsys, extra, flag):
     assert main(SMALL + extra) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"'{flag}'" in err
+
+
+def test_the_lmsys_trace_says_its_prompts_take_no_tokens_and_prompt_tokens_gives_them_some(capsys):
+    """The lmsys trace has no prompt lengths: a rollout step on it says so on stderr (0-token prompts flatter
+    the policies that spread groups); --prompt-tokens gives every group a prompt, which then loads on the
+    replicas (the notice gone)."""
+    step = SMALL + ["--workload", "lmsys", "--json", "--policies", "vllm", "--routers", "least_loaded"]
+    assert main(step) == 0
+    captured = capsys.readouterr()
+    assert "the lmsys trace has no prompt lengths" in captured.err and captured.err.count("\n") == 1
+    bare = json.loads(captured.out)["rows"][0]
+    assert main(step + ["--prompt-tokens", "512"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    given = json.loads(captured.out)["rows"][0]
+    assert given["seconds"] > bare["seconds"]
+    assert main(step + ["--prompt-tokens", "castillo"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["seconds"] > bare["seconds"]
 
 
 def test_rollout_figures_have_a_gantt_per_replica_and_kv_over_time(tmp_path, capsys):

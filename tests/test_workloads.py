@@ -127,6 +127,24 @@ def test_trace_groups_draw_prompt_lengths_where_the_trace_has_none():
             trace_groups("lmsys", 4, limit=5, prompt_tokens=bad)
 
 
+def test_make_workload_gives_a_trace_prompt_lengths_by_name():
+    """``prompt_tokens`` of make_workload (the CLI's --prompt-tokens): 'castillo' or a number of tokens, for
+    the single-length traces only; anything else names the argument."""
+    from simulate.workloads import prompt_lengths
+
+    assert prompt_lengths(None) is None and prompt_lengths("64").tolist() == [64] and prompt_lengths(7).tolist() == [7]
+    assert np.array_equal(prompt_lengths("castillo"), castillo_prompt_tokens())
+    groups = make_workload("lmsys", 4, max_new_tokens=512, limit=6, seed=2, prompt_tokens="96")
+    assert [g.prompt_len for g in groups] == [96] * 6
+    azure = make_workload("azure", 4, max_new_tokens=512, limit=6, seed=2, prompt_tokens="castillo")
+    assert set(g.prompt_len for g in azure) <= set(castillo_prompt_tokens().tolist())
+    for bad in ("0", "-3", "1.5", "castilo", ""):
+        with pytest.raises(InvalidArgument, match="argument 'prompt_tokens'"):
+            make_workload("lmsys", 4, max_new_tokens=512, limit=6, seed=2, prompt_tokens=bad)
+    with pytest.raises(InvalidArgument, match="it has its own"):
+        make_workload("castillo", 4, max_new_tokens=512, limit=6, seed=2, prompt_tokens="96")
+
+
 def test_trace_round_trip(tmp_path):
     path = tmp_path / "trace.jsonl"
     groups = [Group("p1", 12, np.array([5, 9, 3]), np.array([4, 10, 3])), Group("p2", 0, np.array([7]))]
