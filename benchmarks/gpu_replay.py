@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny model, 16 prompts on 2 replicas, 20 draws per policy: "
                                                          "checks the code path only")
     ap.add_argument("--workload", default="castillo", help="castillo or 'long tail' (bench_simulate's grid)")
+    ap.add_argument("--long-tail-prompts", default=None,
+                    help="give the long tail's groups prompts (its trace has none): 'castillo' (each group a "
+                         "bundled CASTILLO prompt's length) or a number of tokens")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--factor", type=int, default=2, help="KV pool per replica in L_max (4096 tokens)")
@@ -234,6 +237,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     start = time.monotonic()
     check_policies(ap, args.policies)
+    if args.long_tail_prompts is not None:
+        given = args.long_tail_prompts
+        if args.workload != "long tail" or not (given == "castillo" or (given.isdigit() and int(given) > 0)):
+            ap.error(f"--long-tail-prompts {given!r}: expected 'castillo' or a number of tokens > 0, with "
+                     "--workload 'long tail'")
+        args.workload += " + " + ("castillo prompts" if given == "castillo" else f"{int(given)}-token prompts")
     if args.quick:
         args.prompts, args.replicas, args.draws = 16, 2, min(args.draws, 20)
 

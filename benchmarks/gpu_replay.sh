@@ -14,6 +14,8 @@
 # (POOL in L_max) separated by spaces; each setting gets an equal share of the time. MODEL picks the
 # preset (default qwen3-1.7b; qwen3-8b prices and runs the 8B shapes; the report is named ..._<model>).
 # POLICIES (POLICY[:ROUTER], comma-separated, the first the baseline) replaces gpu_replay.py's default four.
+# LONG_TAIL_PROMPTS (castillo or a number of tokens) gives the long tail's groups prompts (its trace has
+# none); the reports are then named ..._prompts<value>.
 #
 # CPU check of the script itself (tiny model, a minute):
 #     DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python bash benchmarks/gpu_replay.sh /tmp/gpu-replay-check
@@ -28,6 +30,7 @@ MODEL=${MODEL:-qwen3-1.7b}     # a preset of lengthsched/presets; FITTED: its fi
 FITTED=${FITTED:-benchmarks/results/stepcost_h100_${MODEL}.json}
 POLICY_ARG=()
 if [ -n "${POLICIES:-}" ]; then POLICY_ARG=(--policies "$POLICIES"); fi
+PROMPT_ARG=()
 . "$(dirname "$0")/gpu_common.sh"
 
 {
@@ -42,11 +45,15 @@ for i in "${!LIST[@]}"; do
     share=$(( ($(left) - 10) / (n - i) ))   # seconds for this setting: an equal share of what is left
     name="replay_${CARD}_${work}_${prompts}x16_r${replicas}_pool${pool}"
     if [ "$MODEL" != qwen3-1.7b ]; then name+="_$MODEL"; fi
+    PROMPT_ARG=()
+    if [ -n "${LONG_TAIL_PROMPTS:-}" ] && [ "$work" = long_tail ]; then
+        PROMPT_ARG=(--long-tail-prompts "$LONG_TAIL_PROMPTS"); name+="_prompts$LONG_TAIL_PROMPTS"
+    fi
     if [ "$share" -lt 60 ]; then echo "== $name: skipped, no time left" | tee -a "$OUT/env.log"; continue; fi
     echo "== $name (timeout ${share}s)" | tee "$OUT/$name.log"
     timeout -k 5 "$share" "$PY" -u benchmarks/gpu_replay.py --device "$DEVICE" --workload "${work//_/ }" \
         --prompts "$prompts" --replicas "$replicas" --factor "$pool" --model "$MODEL" --fitted "$FITTED" --budget-seconds $((share - 45)) \
-        --out "$OUT/$name.json" ${POLICY_ARG[@]+"${POLICY_ARG[@]}"} ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/$name.log"
+        --out "$OUT/$name.json" ${POLICY_ARG[@]+"${POLICY_ARG[@]}"} ${PROMPT_ARG[@]+"${PROMPT_ARG[@]}"} ${QUICK_ARG[@]+"${QUICK_ARG[@]}"} 2>&1 | tee -a "$OUT/$name.log"
     echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - START)) s" | tee -a "$OUT/$name.log"
 done
 echo "== done in $((SECONDS - START)) s" | tee -a "$OUT/env.log"

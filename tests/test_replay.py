@@ -142,3 +142,7 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
                           "--policies", "vllm:nowhere", "--out", str(tmp_path / "bad.json")],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "'nowhere' is not a router" in bad.stderr and not (tmp_path / "bad.json").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                          "--long-tail-prompts", "castillo", "--out", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "with --workload 'long tail'" in bad.stderr and not (tmp_path / "bad.json").exists()
