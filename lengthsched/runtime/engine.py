@@ -261,7 +261,7 @@ class Engine:
             self._live_of[self._group[job]] += 1
         if job in self.transferred:
             self.transferred.discard(job)
-            loaded = self.tail[job] + self.done[job]
+            loaded = self.own_kv(job)
             self.loaded_tokens += loaded
             if self.load_steps is not None:  # it holds its KV and waits for the load; the others decode
                 self._start_load(job, loaded)
@@ -289,10 +289,15 @@ class Engine:
             if self.slots is not None and len(self.origin) >= self.slots:
                 return
             del self.loading[job]
-            loaded = self.tail[job] + self.done[job]
+            loaded = self.own_kv(job)
             self._loading_tokens -= loaded
             self._loading_blocks -= -(-loaded // self.block)
             self._go_live(job, None)
+
+    def own_kv(self, job: int) -> int:
+        """KV tokens ``job`` holds of its own (its prompt's partial block and the tokens it generated): what a
+        resumption recomputes, or loads when its KV comes from host memory or another replica."""
+        return int(self.tail[job] + self.done[job])
 
     def next_load(self) -> int | None:
         """The earliest step at whose end a loading job's load finishes (None: no load under way)."""
@@ -331,7 +336,7 @@ class Engine:
         preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`).
         A job in :attr:`transferred` brings its own KV (tail and generated tokens): only the shared
         prompt may need a prefill."""
-        own = 0 if job in self.transferred else self.tail[job] + self.done[job]
+        own = 0 if job in self.transferred else self.own_kv(job)
         return own + self.load_need(job)
 
     # ------------------------------------------------------------------ prompts in the pool
@@ -489,7 +494,7 @@ class Engine:
             raise SimulationError(f"advancing to step {t_next}, which is not after step {self.t}")
         # A row producing its a-th token attends its context and its a - 1 earlier tokens (the one it feeds included).
         if not self.origin and self.loading:  # nothing decodes: these steps last as long as the loads they wait for
-            self._load_next += sum(self.tail[j] + self.done[j] for j, step in self.loading.items() if step <= t_next)
+            self._load_next += sum(self.own_kv(j) for j, step in self.loading.items() if step <= t_next)
         self._log.append((t_next - self.t, len(self.origin), self.read_tokens(), self._prefill_next,
                           self._prefill_ctx_next, self._load_next))
         self._prefill_next = self._prefill_ctx_next = self._load_next = 0
