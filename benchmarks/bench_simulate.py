@@ -27,7 +27,7 @@ from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.workloads import castillo_file_groups, castillo_groups, castillo_prompt_tokens, trace_groups
+from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
 # ---------------------------------------------------------------------------------------- speed
@@ -294,13 +294,13 @@ def rollout_groups(workload: str, prompts: int, seed: int, size: int = 16, lmax:
         groups = castillo_groups(size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
     elif workload.startswith("file:"):  # --groups-file: a CASTILLO file of held-out prompts
         groups = castillo_file_groups(workload[5:], size, max_new_tokens=lmax, limit=prompts, seed=seed, epoch=epoch)
-    else:  # "long tail" (the lmsys trace: prompts of 0 tokens) or "long tail + castillo prompts" / "+ N-token prompts"
+    else:  # "long tail" (the lmsys trace: prompts of 0 tokens) or long_tail_workload(...)'s name
         given = workload.partition(" + ")[2]
-        if given and given not in ("castillo prompts",) and not given.endswith("-token prompts"):
+        value = given.removesuffix(" prompts").removesuffix("-token")
+        if workload.partition(" + ")[0] != "long tail" or (given and not given.endswith(" prompts")):
             raise InvalidArgument("workload", workload, "'long tail', 'long tail + castillo prompts' or "
                                                         "'long tail + N-token prompts'")
-        tokens = (None if not given else castillo_prompt_tokens() if given == "castillo prompts"
-                  else [int(given.split("-")[0])])
+        tokens = prompt_lengths(value) if given else None
         groups = trace_groups("lmsys", size, max_new_tokens=lmax, limit=prompts, seed=seed, spread=1.0, epoch=epoch,
                               prompt_tokens=tokens)
     rng = np.random.default_rng(seed)
@@ -342,6 +342,13 @@ def _cost_label() -> str:
         return "Qwen3-1.7B, H100 preset" + cap
     cost = _rollout_cost(ROLLOUT_COST)
     return f"{cost.model.split('/')[-1]}, step cost fitted on {cost.gpu.upper()} steps (--cost)" + cap
+
+
+def long_tail_workload(prompts: str) -> str:
+    """The name of the long-tail workload with prompts (``--long-tail-prompts``: "castillo" or a number of
+    tokens, checked by :func:`simulate.workloads.prompt_lengths`) that :func:`rollout_groups` builds."""
+    prompt_lengths(prompts)
+    return "long tail + " + ("castillo prompts" if prompts.strip() == "castillo" else f"{int(prompts)}-token prompts")
 
 
 def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, seed: int, cost_text: str | None):
@@ -1244,12 +1251,12 @@ def main(argv=None) -> int:
     ROLLOUT_MAX_SEQS = args.max_num_seqs
     ROLLOUT_SEED = args.seed
     if args.long_tail_prompts is not None:
-        given = args.long_tail_prompts
-        if given != "castillo" and not (given.isdigit() and int(given) > 0):
-            parser.error(f"argument --long-tail-prompts: got {given!r}; expected 'castillo' or a number of tokens > 0")
+        try:
+            workload = long_tail_workload(args.long_tail_prompts)
+        except InvalidArgument as exc:
+            parser.error(f"argument --long-tail-prompts: got {args.long_tail_prompts!r}; expected {exc.expected}")
         if "rollout_prompts" in args.sections.split(","):
             parser.error("argument --long-tail-prompts: rollout_prompts gives the long tail its own prompts")
-        workload = "long tail + " + ("castillo prompts" if given == "castillo" else f"{int(given)}-token prompts")
         for grid in (ROLLOUT_GRID, SCALE_GRID):  # in place: the sections read these lists
             grid[:] = [(workload if u[0] == "long tail" else u[0], *u[1:]) for u in grid]
     if args.groups_file is not None:

@@ -238,11 +238,14 @@ def main(argv=None) -> int:
     start = time.monotonic()
     check_policies(ap, args.policies)
     if args.long_tail_prompts is not None:
-        given = args.long_tail_prompts
-        if args.workload != "long tail" or not (given == "castillo" or (given.isdigit() and int(given) > 0)):
-            ap.error(f"--long-tail-prompts {given!r}: expected 'castillo' or a number of tokens > 0, with "
-                     "--workload 'long tail'")
-        args.workload += " + " + ("castillo prompts" if given == "castillo" else f"{int(given)}-token prompts")
+        from bench_simulate import long_tail_workload
+
+        if args.workload != "long tail":
+            ap.error(f"--long-tail-prompts {args.long_tail_prompts!r}: only with --workload 'long tail'")
+        try:
+            args.workload = long_tail_workload(args.long_tail_prompts)
+        except InvalidArgument as exc:
+            ap.error(f"--long-tail-prompts {args.long_tail_prompts!r}: expected {exc.expected}")
     if args.quick:
         args.prompts, args.replicas, args.draws = 16, 2, min(args.draws, 20)
 

@@ -435,8 +435,8 @@ def test_simulator_benchmark_long_tail_prompts_option_checks_its_value(tmp_path)
     """--long-tail-prompts takes 'castillo' or a number of tokens, and not with rollout_prompts (which gives the
     long tail its own prompts): each mistake is one usage line and no file."""
     out = tmp_path / "x.json"
-    for value, sections, message in (("abc", "rollout", "expected 'castillo' or a number of tokens > 0"),
-                                     ("0", "rollout", "expected 'castillo' or a number of tokens > 0"),
+    expected = "expected 'castillo' (the bundled CASTILLO prompts' lengths) or a number of tokens >= 1"
+    for value, sections, message in (("abc", "rollout", expected), ("0", "rollout", expected),
                                      ("128", "rollout_prompts", "rollout_prompts gives the long tail its own prompts")):
         result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick",
                                  "--sections", sections, "--long-tail-prompts", value, "--out", str(out)],
