@@ -30,7 +30,6 @@ MODEL=${MODEL:-qwen3-1.7b}     # a preset of lengthsched/presets; FITTED: its fi
 FITTED=${FITTED:-benchmarks/results/stepcost_h100_${MODEL}.json}
 POLICY_ARG=()
 if [ -n "${POLICIES:-}" ]; then POLICY_ARG=(--policies "$POLICIES"); fi
-PROMPT_ARG=()
 . "$(dirname "$0")/gpu_common.sh"
 
 {
