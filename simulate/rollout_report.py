@@ -243,9 +243,11 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
     rows.sort(key=lambda r: (r.result is None, r.result.seconds if r.result else math.inf))
     groups, cost = step.groups, step.cost
     work = int(sum(int(np.sum(g.lengths)) for g in groups))
-    setting = (f"{len(groups)} prompts x G={len(groups[0].lengths)} from {opts.workload} ({work:,} tokens to "
-               f"generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of {step.memory.name} "
-               f"({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens "
+    prompt = int(np.median([g.prompt_len for g in groups]))
+    setting = (f"{len(groups)} prompts x G={len(groups[0].lengths)} from {opts.workload} (median prompt {prompt:,} "
+               f"tokens, {work:,} tokens to generate), L_max={opts.max_new_tokens}, on {opts.replicas} replicas of "
+               f"{step.memory.name} ({opts.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
+               f"{step.pool:,} KV tokens "
                f"(prompts inside)" + ("" if opts.slots is None else f", at most {opts.slots} requests running per "
                                       "replica (max_num_seqs)")
                + ("" if not opts.resubmit_seconds else f", requests steal moves resubmitted after "

@@ -15,7 +15,7 @@ SMALL = ["simulate", "--prompts", "8", "--replicas", "2", "--group-size", "8", "
 def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl_routing(capsys):
     assert main(SMALL) == 0
     out = capsys.readouterr().out
-    assert out.startswith("8 prompts x G=8 from castillo") and "on 2 replicas of" in out
+    assert out.startswith("8 prompts x G=8 from castillo (median prompt ") and "on 2 replicas of" in out
     rows = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "verdict"))]
     for policy in ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_adaptive", "steal",
                    "steal_observed"):
