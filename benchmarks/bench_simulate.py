@@ -1097,6 +1097,17 @@ FREE_CHUNK = 128  # the chunk of the free-loads bound: the best of SEER_CHUNKS w
 SEER_TIGHT_POOLS = (2, 4)  # pools (x L_max) of the long-tail settings rollout_seer also reports alone
 
 
+def _long_tail_tight(unit) -> bool:
+    """Whether a grid setting is the long tail in a tight pool (SEER_TIGHT_POOLS) on several replicas, where
+    Seer's divided rollout is strongest."""
+    return unit[0] == "long tail" and unit[3] in SEER_TIGHT_POOLS and unit[2] > 1
+
+
+def _faster_than_steal(results, label) -> list[bool]:
+    """Per setting, whether run ``label`` is faster than steal by more than 0.1%."""
+    return [out[label] < out["steal"] * (1 - 1e-3) for out in results]
+
+
 def _rollout_seer_unit(args):
     """One setting: vLLM FCFS + verl, Seer-like without and with its divided rollout (each chunk
     size; its KV loads priced over the host link as stalls of the step and asynchronously, and free for
@@ -1152,12 +1163,12 @@ def rollout_seer(quick: bool) -> tuple[str, list]:
                 ("steal, KV loaded async", "steal, the moved KV loaded through a global pool, asynchronously"),
                 ("steal, free KV", "steal, the moved KV loaded through a global pool, free (upper bound)")])
     # where Seer's divided rollout is strongest: the long tail in tight pools, on several replicas
-    tight = [i for i, u in enumerate(units) if u[0] == "long tail" and u[3] in SEER_TIGHT_POOLS and u[2] > 1]
+    tight = [i for i, u in enumerate(units) if _long_tail_tight(u)]
     rows = []
     for label, name in names:
         ratios = [out[label] / out["base"] for out in results]
         summary = _ratio_summary(units, ratios)
-        faster = [out[label] < out["steal"] * (1 - 1e-3) for out in results]
+        faster = _faster_than_steal(results, label)
         beats, beats_tight = ("-", "-") if label == "steal" else (int(sum(faster)), int(sum(faster[i] for i in tight)))
         rows.append([name] + summary[:5] + [beats, float(np.mean([ratios[i] for i in tight])), beats_tight]
                     + summary[5:])
@@ -1191,7 +1202,7 @@ def rollout_prompts(quick: bool) -> tuple[str, list]:
     """The long tail in tight pools (2 and 4 x L_max on several replicas, and 4 x L_max at scale) with
     the prompts its trace lacks: none (as published), each group a bundled CASTILLO prompt's length, or
     512 tokens; Seer with and without its divided rollout and steal, on four draws."""
-    grids = {"grid": [u for u in ROLLOUT_GRID if u[0] == "long tail" and u[2] > 1 and u[3] in SEER_TIGHT_POOLS],
+    grids = {"grid": [u for u in ROLLOUT_GRID if _long_tail_tight(u)],
              "scale": [u for u in SCALE_GRID if u[0] == "long tail" and u[3] == 4]}
     seeds = WAYS_SEEDS
     if quick:
@@ -1205,8 +1216,7 @@ def rollout_prompts(quick: bool) -> tuple[str, list]:
             results = _pool_map(_rollout_prompts_unit, units)
             for label, *_ in PROMPTS_RUNS:
                 ratios = [out[label] / out["base"] for out in results]
-                faster = ("-" if label == "steal"
-                          else int(sum(out[label] < out["steal"] * (1 - 1e-3) for out in results)))
+                faster = "-" if label == "steal" else int(sum(_faster_than_steal(results, label)))
                 summary = _ratio_summary(units, ratios)
                 rows.append([scope, workload, label, summary[0], summary[1], summary[3], summary[4], faster])
     return table(f"The long tail with prompts ({_cost_label()}; tight pools on several replicas, seeds "
