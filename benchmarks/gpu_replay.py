@@ -19,8 +19,9 @@ its prefill tokens ``T`` attending ``C`` token pairs as ``p`` sequences of ``T /
 ``p`` chosen so that the pairs match ``C`` (prompts prefilled together attend their own tokens);
 where ``C`` exceeds one causal sequence of ``T`` (a chunk after a cached prefix) the replay runs
 one sequence and attends fewer pairs than the model prices (counted in the report); KV loads from
-host memory are not run (the default policies move no KV; an asynchronous load's seconds overlap the
-steps and only its waits count, kept as modelled). What is not replayed at all: the
+host memory are not run: a step is drawn and scaled by its compute alone (priced without its load),
+and a synchronous load's seconds, like an asynchronous load's waits, are kept as modelled (of the
+policies replayed, only ``seer_divided`` moves KV: its requests come back with their KV every 512 tokens). What is not replayed at all: the
 engine's scheduler and sampler on the host, which the model does not price either.
 
     python benchmarks/gpu_replay.py                          # cuda, bf16, the default setting and policies
@@ -51,7 +52,10 @@ DEFAULT_POLICIES = "vllm:least_loaded,vllm_priority:least_loaded,seer,steal"
 
 def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
     """Every step of a :class:`StepLog` as its own row (a run of ``steps`` steps with the same rows reads
-    ``rows`` more KV tokens each step and prefills on its first step only) with its modelled seconds."""
+    ``rows`` more KV tokens each step and prefills on its first step only) with its modelled seconds
+    (``seconds``) and the part of them the replay runs (``compute_seconds``: the step priced without
+    its synchronous KV load from host memory, which no forward pass measures; a step that only loads
+    has none)."""
     n = np.asarray(log.steps, dtype=np.int64)
     run = np.repeat(np.arange(len(n)), n)
     offset = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
@@ -62,6 +66,7 @@ def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
     for name in ("prefill_tokens", "prefill_context", "loaded_tokens"):
         out[name] = np.where(first, np.asarray(getattr(log, name), dtype=np.int64)[run], 0)
     out["seconds"] = price(out, cost)
+    out["compute_seconds"] = price({**out, "loaded_tokens": np.zeros_like(out["loaded_tokens"])}, cost)
     return out
 
 
@@ -135,7 +140,8 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
         steps = [expand(log, cost) for log in r.step_logs]
         runs.append({"policy": name + (f" + {router}" if router else ""), "seconds": r.seconds,
                      "replica_seconds": list(r.replica_seconds),
-                     "replica_step_seconds": [float(s["seconds"].sum()) for s in steps], "preemptions": r.preemptions,
+                     "replica_step_seconds": [float(s["compute_seconds"].sum()) for s in steps],
+                     "preemptions": r.preemptions,
                      "recomputed_tokens": r.recomputed_tokens, "tokens": r.tokens,
                      "lower_bound_seconds": r.lower_bound_seconds, "steps": steps})
         if fitted is not None:
@@ -148,9 +154,10 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
 def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np.ndarray:
     """Per-replica measured seconds estimated from the draws (see the module docstring), shape
     (replicas,); with ``boot`` (resamples x draws indices into ``draws``), shape (resamples, replicas).
-    Only a replica's step seconds (``replica_step_seconds``, default all of them) are scaled by its
-    drawn ratio; the rest of its modelled seconds (waits with no step to run: an asynchronous KV load
-    still in flight, a resubmission's round trip) is kept as modelled. A replica with no draw scales
+    Only a replica's step seconds (``replica_step_seconds``, default all of them: the steps' compute,
+    :func:`expand`'s ``compute_seconds``) are scaled by its drawn ratio; the rest of its modelled seconds
+    (waits with no step to run: an asynchronous KV load still in flight, a resubmission's round trip;
+    synchronous KV loads from host memory inside steps) is kept as modelled. A replica with no draw scales
     by the policy's pooled ratio."""
     modelled = np.asarray(run["replica_seconds"], dtype=np.float64)
     stepped = np.asarray(run.get("replica_step_seconds", modelled), dtype=np.float64)
@@ -272,7 +279,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     plans = []  # per policy: (replica, step) drawn with probability proportional to modelled seconds
     for run in runs:
-        secs = np.concatenate([s["seconds"] for s in run["steps"]])
+        secs = np.concatenate([s["compute_seconds"] for s in run["steps"]])
         owner = np.concatenate([np.full(len(s["seconds"]), i) for i, s in enumerate(run["steps"])])
         local = np.concatenate([np.arange(len(s["seconds"])) for s in run["steps"]])
         pick = rng.choice(len(secs), size=args.draws, p=secs / secs.sum())
@@ -317,7 +324,7 @@ def main(argv=None) -> int:
                     timed[key] = stepper.step(kind, rows, n, chunk, pieces)
                 s = run["steps"][rep]
                 draws[p].append({"replica": rep, "step": i, "kind": kind, "rows": rows, "context": n, "chunk": chunk,
-                                 "pieces": pieces, "exact": exact, "modelled": float(s["seconds"][i]),
+                                 "pieces": pieces, "exact": exact, "modelled": float(s["compute_seconds"][i]),
                                  "measured": timed[key]["seconds"], "cuda_graph": timed[key]["cuda_graph"]})
             if (k + 1) % 20 == 0 or k + 1 == args.draws:
                 results.update(report(runs, draws, args.seed), draws_per_policy=k + 1,

@@ -64,6 +64,23 @@ def test_expand_gives_every_step_its_shape_and_price():
             assert steps["kv"][first[i] + 1] - steps["kv"][first[i]] == log.rows[i]
 
 
+def test_a_step_that_only_loads_kv_is_kept_as_modelled_not_replayed():
+    """A synchronous KV load from host memory is priced in a step's seconds but no forward pass runs it:
+    expand's compute_seconds leave it out (a step that only loads has none, so it is never drawn: drawing
+    it crashed a replay of seer_divided on an H100), and the rollout's step seconds are the compute."""
+    from types import SimpleNamespace
+
+    cost = default_cost()
+    log = SimpleNamespace(steps=np.array([3, 1, 2]), rows=np.array([4, 0, 5]), kv_first=np.array([400, 0, 900]),
+                          prefill_tokens=np.array([0, 0, 64]), prefill_context=np.array([0, 0, 64 * 65 // 2]),
+                          loaded_tokens=np.array([0, 3000, 500]))
+    steps = gpu_replay.expand(log, cost)
+    loads = np.array([0, 0, 0, cost.load_seconds(3000), cost.load_seconds(500), 0])
+    assert steps["compute_seconds"] == pytest.approx(steps["seconds"] - loads, rel=1e-12)
+    assert steps["compute_seconds"][3] == 0 < steps["seconds"][3]
+    assert gpu_replay.replay_shape(0, 0, 0, 0) == ("prefill", 0, 0, 0, 1, True)  # nothing to run
+
+
 @settings(max_examples=200, deadline=None)
 @given(tokens=st.integers(1, 8192), share=st.floats(0.0, 1.0), rows=st.integers(0, 64), kv=st.integers(0, 10**6))
 def test_replay_shape_matches_the_token_pairs(tokens, share, rows, kv):
