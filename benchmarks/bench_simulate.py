@@ -1226,6 +1226,89 @@ def rollout_prompts(quick: bool) -> tuple[str, list]:
                   "faster than steal by > 0.1%"], rows), rows
 
 
+# How much of a setting's number is luck: steal places groups on replicas by their predicted work, and
+# predictions a token apart can give another placement. rollout_luck reruns every multi-replica setting
+# with each completion's prediction moved by -1, 0 or +1 token (LUCK_DRAWS draws), steal with the moved
+# predictions, steal with them but the placement of the unmoved ones (what is left is its runtime), and
+# vLLM priority scheduling with them (verl's spread: no placement to move).
+LUCK_DRAWS = 8
+LUCK_WORKLOADS = ("castillo", "long tail", "long tail + castillo prompts")
+LUCK_RUNS = ("steal", "steal, placement fixed", "vllm_priority")
+
+
+def nudged(predicted, draw: int) -> np.ndarray:
+    """``predicted`` (tokens per completion) with each value moved by -1, 0 or +1 token (at least 1),
+    uniformly and independently, by ``numpy.random.default_rng(draw)``: predictions no predictor could
+    tell apart from the originals."""
+    pred = np.asarray(predicted, dtype=np.int64)
+    return np.maximum(1, pred + np.random.default_rng(draw).integers(-1, 2, size=len(pred)))
+
+
+def _rollout_luck_unit(args):
+    """One setting: vLLM FCFS + verl ("base", seconds), then lists over the draws of rollout_luck (draw 0:
+    the predictions as published) of steal's seconds ("steal"), steal's with the published placement
+    ("steal, placement fixed") and vLLM priority + verl's ("vllm_priority")."""
+    import simulate.rollout as rollout_module
+
+    *setting, draws = args
+    groups, realistic, _, _, common = _rollout_setting(*setting)
+    out = {"base": run_rollout(groups, "vllm", router="least_loaded", **common).seconds,
+           "steal": [], "steal, placement fixed": [], "vllm_priority": []}
+    place = rollout_module.place_ways
+    published = np.asarray(realistic, dtype=np.float64)
+
+    def fixed(work, sizes, replicas, ways):  # the placement of the published predictions
+        return place(published, sizes, replicas, ways)
+
+    for draw in range(draws + 1):
+        pred = np.asarray(realistic) if draw == 0 else nudged(realistic, draw)
+        out["steal"].append(run_rollout(groups, "steal", predicted=pred, **common).seconds)
+        with _patched(rollout_module, place_ways=fixed):
+            out["steal, placement fixed"].append(run_rollout(groups, "steal", predicted=pred, **common).seconds)
+        out["vllm_priority"].append(run_rollout(groups, "vllm_priority", router="least_loaded", predicted=pred,
+                                                **common).seconds)
+    return out
+
+
+def rollout_luck(quick: bool) -> tuple[str, list]:
+    """Every multi-replica setting of the rollout grid (seed --seed) with predictions moved by at most one
+    token (LUCK_DRAWS draws): how far steal's makespan moves with its placement, and how far it and vLLM
+    priority scheduling move otherwise."""
+    shapes = list(dict.fromkeys((b, r, f) for _, b, r, f in ROLLOUT_GRID if r > 1))
+    grid = [(w, b, r, f) for w in LUCK_WORKLOADS for b, r, f in shapes]
+    draws = LUCK_DRAWS
+    if quick:
+        grid, draws = [("castillo", 64, 4, 4), ("long tail", 64, 4, 4)], 2
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, draws) for w, b, r, f in grid]
+    results = _pool_map(_rollout_luck_unit, units)
+    rows, summary = [], []
+    for (w, b, r, f), out in zip(grid, results):
+        row = [w, b, r, f"{f} x L_max"]
+        for label in LUCK_RUNS:
+            x = np.asarray(out[label]) / out["base"]
+            row += [float(x[0]), float(x.mean()), float(x.min()), float(x.max())]
+        rows.append(row)
+    for w in dict.fromkeys(u[0] for u in grid):
+        mine = [out for u, out in zip(grid, results) if u[0] == w]
+        for label in LUCK_RUNS:
+            x = np.array([np.asarray(out[label]) / out["base"] for out in mine])  # settings x draws
+            summary.append([w, label, len(mine), float(x[:, 0].mean()), float(x.mean()),
+                            float((x.max(axis=1) - x.min(axis=1)).mean()), float((x.max(axis=1) - x.min(axis=1)).max()),
+                            int(np.sum(x[:, 0] > 1.001)), int(np.sum(x.max(axis=1) > 1.001)),
+                            int(np.sum(x.max(axis=1) > 1.01)), float(np.mean(x > 1.001)), float(x.max())])
+    title = (f"How much is luck ({_cost_label()}; the rollout grid's settings with several replicas, seed "
+             f"{ROLLOUT_SEED}, realistic predictions and {draws} draws of them moved by at most one token each): "
+             "makespan x vLLM FCFS + verl routing")
+    text = "\n\n".join([
+        table(title + ", summary",
+              ["workload", "run", "settings", "mean (published)", "mean (every draw)", "mean worst - best",
+               "largest worst - best", "slower by > 0.1% (published)", "slower by > 0.1% in some draw",
+               "slower by > 1% in some draw", "share of draws slower by > 0.1%", "worst"], summary),
+        table(title, ["workload", "prompts", "replicas", "budget"]
+              + [f"{label}: {col}" for label in LUCK_RUNS for col in ("published", "mean", "best", "worst")], rows)])
+    return text, {"rows": rows, "summary": summary, "draws": draws}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1284,7 +1367,7 @@ def main(argv=None) -> int:
                 "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,
                 "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
-                "rollout_prompts": rollout_prompts,
+                "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck,
                 "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

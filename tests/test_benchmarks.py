@@ -442,3 +442,34 @@ def test_simulator_benchmark_long_tail_prompts_option_checks_its_value(tmp_path)
                                  "--sections", sections, "--long-tail-prompts", value, "--out", str(out)],
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 2 and message in result.stderr and not out.exists()
+
+
+def test_simulator_benchmark_rollout_luck_moves_predictions_by_a_token(tmp_path):
+    """rollout_luck (quick: two settings, two draws): per setting steal, steal with the published placement
+    and vLLM priority, each as published / mean / best / worst over the draws, relative to vLLM + verl; draw 0
+    is the published prediction, the others move each completion's by at most one token; the placement
+    patch is undone."""
+    import simulate.rollout as rollout_module
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_luck")
+    from bench_simulate import LUCK_RUNS, _rollout_luck_unit, _rollout_setting, nudged
+
+    rows, summary = data["rows"], data["summary"]
+    assert [row[:4] for row in rows] == [["castillo", 64, 4, "4 x L_max"], ["long tail", 64, 4, "4 x L_max"]]
+    assert [(r[0], r[1]) for r in summary] == [(w, label) for w in ("castillo", "long tail") for label in LUCK_RUNS]
+    groups, realistic, _, _, common = _rollout_setting("castillo", 64, 4, 4, 11, None)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+    assert rows[0][4] == pytest.approx(steal / base, rel=1e-12) == rows[0][8]  # published: the same placement
+    for row in rows:
+        for i in range(4, 16, 4):  # published, mean, best, worst
+            assert row[i + 2] <= row[i + 1] <= row[i + 3] and row[i + 2] <= row[i] <= row[i + 3]
+    for draw in (1, 2):
+        moved = nudged(realistic, draw)
+        assert np.all(np.abs(moved - realistic) <= 1) and moved.min() >= 1 and np.any(moved != realistic)
+        assert np.array_equal(moved, nudged(realistic, draw))
+    place = rollout_module.place_ways
+    out = _rollout_luck_unit(("castillo", 16, 4, 4, 11, None, 1))
+    assert rollout_module.place_ways is place
+    assert len(out["steal"]) == len(out["vllm_priority"]) == 2 and out["steal"][0] == out["steal, placement fixed"][0]
