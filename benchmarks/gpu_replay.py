@@ -21,8 +21,9 @@ where ``C`` exceeds one causal sequence of ``T`` (a chunk after a cached prefix)
 one sequence and attends fewer pairs than the model prices (counted in the report); KV loads from
 host memory are not run: a step is drawn and scaled by its compute alone (priced without its load),
 and a synchronous load's seconds, like an asynchronous load's waits, are kept as modelled (of the
-policies replayed, only ``seer_divided`` moves KV: its requests come back with their KV every 512 tokens). What is not replayed at all: the
-engine's scheduler and sampler on the host, which the model does not price either.
+policies replayed, only ``seer_divided`` moves KV: its requests come back with their KV every 512
+tokens). What is not replayed at all: the engine's scheduler and sampler on the host, which the
+model does not price either.
 
     python benchmarks/gpu_replay.py                          # cuda, bf16, the default setting and policies
     python benchmarks/gpu_replay.py --device cpu --quick     # tiny model, small setting: the code path only

@@ -359,6 +359,7 @@ ROLLOUT_ONLY = (
     ("poll_seconds", "steal_observed polls a rollout step's replicas"),
     ("kv_offload", "the replicas of a rollout step offload preempted requests' KV"),
     ("resubmit_seconds", "requests move between a rollout step's replicas"),
+    ("draws", "it redraws the predictions of a rollout step"),
 )
 
 

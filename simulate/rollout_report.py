@@ -46,6 +46,8 @@ BASELINE = ("vllm", "least_loaded")
 DECODE_ROWS = 256
 #: The prompt-level prior's log-normal error of ``--predictor history`` (the grid's realistic predictor).
 HISTORY_PRIOR_SIGMA = 0.5
+#: A ratio to vLLM FCFS + verl above this counts as slower (the benchmarks' "slower by > 0.1%").
+SLOWER = 1.001
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class RolloutRow:
     router: str
     result: RolloutResult | None
     error: str | None = None
+    #: With ``--draws N``: its makespan over vLLM FCFS + verl's on the same draw of the predictions' errors,
+    #: the step as run first, then each of the N draws (None where it could not run that draw).
+    draws: tuple[float | None, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -72,7 +77,17 @@ class RolloutRow:
                        prompt_loads=r.prompt_loads, lower_bound_seconds=r.lower_bound_seconds,
                        seconds_over_lower_bound=r.seconds_ratio, steps=r.steps,
                        peak_kv_tokens=list(r.peak_kv_tokens))
+        if self.draws is not None:
+            out["draws"] = list(self.draws)
         return out
+
+    def draw_summary(self) -> tuple[float, float, float, int, int] | None:
+        """With draws: (median, best, worst ratio to vLLM FCFS + verl, draws slower than it by more than
+        0.1%, draws it ran); else None."""
+        ran = [x for x in self.draws or () if x is not None]
+        if not ran:
+            return None
+        return (float(np.median(ran)), min(ran), max(ran), sum(x > SLOWER for x in ran), len(ran))
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,12 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                                                            "constant:TOKENS): history draws the prompts' completions "
                                                            "of an earlier epoch afresh, which needs a named workload ("
                                                            + ", ".join(WORKLOADS) + f"), not {opts.workload}")
+    check_int("draws", opts.draws, minimum=0)
+    kind, _, arg = str(opts.predictor).partition(":")
+    if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
+        raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
+                                                   "redraw: --draws redraws the errors of prompt:SIGMA or of "
+                                                   "history's prior, SIGMA > 0)")
     if sigma is not None and opts.policies == ROLLOUT_DEFAULTS["policies"] and "steal_classes" not in policies:
         # with history the project's recommendation may be steal_classes: show it
         opts = dataclasses.replace(opts, policies=opts.policies + ",steal_classes")
@@ -171,6 +192,8 @@ class RolloutStep:
     #: With ``--predictor history``: per prompt, its completions' lengths one epoch earlier (tokens),
     #: what the predictions learnt from; else None.
     history: tuple | None = None
+    #: With ``--predictor history``: the groups of that earlier epoch (the same prompts); else None.
+    before: tuple | None = field(default=None, repr=False)
 
     @property
     def spread(self) -> float | None:
@@ -208,17 +231,24 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
                                                      f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
     step_opts = dataclasses.replace(opts, groups=opts.prompts)
     groups = workload_groups(step_opts, opts.prompts)
+    before = None
+    if history_sigma(opts.predictor) is not None:  # the same prompts one epoch earlier, fresh completions
+        before = tuple(workload_groups(step_opts, opts.prompts, epoch=1))
+    predicted = step_predictions(opts, groups, before, opts.seed)
+    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory),
+                       None if before is None else tuple(g.lengths for g in before), before)
+
+
+def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
+    """Every completion's predicted length (tokens, flattened in group order) under ``opts.predictor``,
+    its errors drawn with ``seed``; with ``before`` (the same prompts' groups one epoch earlier), what the
+    online predictor knows from them with the prompt-level prior of ``history:SIGMA``."""
     sigma = history_sigma(opts.predictor)
-    history = None
     if sigma is None:
-        predicted = np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, opts.seed), dtype=np.int64)
-                                    for i, g in enumerate(groups)])
-    else:  # the same prompts one epoch earlier, fresh completions: what the online predictor saw
-        before = workload_groups(step_opts, opts.prompts, epoch=1)
-        prior = {g.prompt_id: prompt_prediction(g, sigma, opts.seed, i) for i, g in enumerate(groups)}
-        predicted = history_predictions(groups, before, prior, max_new_tokens=opts.max_new_tokens)
-        history = tuple(g.lengths for g in before)
-    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory), history)
+        return np.concatenate([np.asarray(predictions_for(opts.predictor, g, i, seed), dtype=np.int64)
+                               for i, g in enumerate(groups)])
+    prior = {g.prompt_id: prompt_prediction(g, sigma, seed, i) for i, g in enumerate(groups)}
+    return history_predictions(groups, list(before), prior, max_new_tokens=opts.max_new_tokens)
 
 
 def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutComparison:
@@ -260,8 +290,33 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                                     f"{len(step.history[0])} fresh completions each; sibling "
                                                     f"spread {step.spread:.3f})")
                + f", seconds modelled for {cost.model} on {cost.gpu}")
+    if opts.draws:
+        rows = _with_draws(step, rows)
+        setting += (f"; each policy also on {opts.draws} more draws of the predictions' errors (seeds "
+                    f"{opts.seed + 1}-{opts.seed + opts.draws})")
     oracle = _oracle_row(step) if opts.headroom else None
     return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
+
+
+def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:
+    """``rows`` with their ratios to vLLM FCFS + verl on the step as run and on ``--draws`` more draws of
+    the predictions' errors (the same prompts, completions and options otherwise)."""
+    o = step.opts
+    base = next(r for r in rows if (r.policy, r.router) == BASELINE and r.result)
+    ratios = {id(r): [r.result.seconds / base.result.seconds if r.result else None] for r in rows}
+    for draw in range(1, o.draws + 1):
+        drawn = dataclasses.replace(step, predicted=step_predictions(o, step.groups, step.before, o.seed + draw))
+        seconds = {}
+        for r in rows:
+            try:
+                seconds[id(r)] = drawn.run(r.policy, None if r.router in ("placed", "dispatch") else r.router).seconds
+            except LengthschedError:
+                seconds[id(r)] = None
+        base_seconds = seconds[id(base)]
+        for r in rows:
+            x = seconds[id(r)]
+            ratios[id(r)].append(None if x is None or base_seconds is None else x / base_seconds)
+    return [dataclasses.replace(r, draws=tuple(ratios[id(r)])) for r in rows]
 
 
 #: Replica simulations the --headroom search runs after its starting placements.
@@ -338,6 +393,13 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"{ours.result.seconds / base.result.seconds:.3f} x vllm + least_loaded")
     elif ours is not None:
         line += f" (the recommended policy: {why})"
+    summary = ours.draw_summary() if ours is not None else None
+    if summary is not None and ours is not base:
+        median, lo, hi, slower, ran = summary
+        line += (f"; over {ran} draws of the predictions' errors it is a median {median:.3f} x vllm + least_loaded "
+                 f"({lo:.3f}-{hi:.3f}), slower in {slower} of them"
+                 + (": where it places whole groups, its placement is a lottery over what the predictions got wrong"
+                    if hi - lo > 0.005 else ""))
     if ours is not None and POLICIES[recommended].resubmits:
         observed = ("steal_observed simulates it; inside verl: lengthsched.integrations.verl_stealing"
                     if recommended == DEFAULT_POLICY else
@@ -391,6 +453,19 @@ def format_rollout(comparison: RolloutComparison) -> str:
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
               for t in table]
+    drawn = [(row, row.draw_summary()) for row in comparison.rows if row.draws is not None]
+    if drawn:
+        n = max(len(row.draws) for row, _ in drawn)
+        lines += ["", f"over {n} draws of the predictions' errors (the step above and {n - 1} more), "
+                      "x vllm+verl of the same draw:"]
+        width = max(len(row.label) for row, _ in drawn)
+        for row, summary in sorted(drawn, key=lambda x: x[1][0] if x[1] else math.inf):
+            if summary is None:
+                lines.append(f"  {row.label.ljust(width)}  fails on every draw")
+                continue
+            median, lo, hi, slower, ran = summary
+            lines.append(f"  {row.label.ljust(width)}  median {median:.3f}  best {lo:.3f}  worst {hi:.3f}  slower in "
+                         f"{slower} of {ran}" + ("" if ran == n else f" (fails on {n - ran})"))
     errors = [f"  {r.label}: {r.error}" for r in comparison.rows + ((oracle,) if oracle else ()) if r.error]
     if errors:
         lines += ["", "could not run:"] + errors

@@ -51,6 +51,8 @@ def test_a_rollout_step_as_json_and_defaults_that_look_like_an_rl_step(capsys):
     (["--resubmit-seconds", "nan"], "resubmit_seconds"), (["--prompt-tokens", "300"], "prompt_tokens"),
     (["--workload", "lmsys", "--prompt-tokens", "0"], "prompt_tokens"),
     (["--workload", "lmsys", "--prompt-tokens", "many"], "prompt_tokens"),
+    (["--draws", "-1"], "draws"), (["--draws", "2", "--predictor", "oracle"], "draws"),
+    (["--draws", "2", "--predictor", "prompt:0"], "draws"), (["--draws", "2", "--predictor", "constant:300"], "draws"),
 ])
 def test_bad_rollout_options_are_one_line_naming_the_flag(capsys, extra, flag):
     assert main(SMALL + extra) == 2
@@ -278,3 +280,56 @@ def test_poll_seconds_spaces_steal_observeds_snapshots_and_nothing_else(capsys):
         assert main(bad) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "'poll_seconds'" in err
+
+
+def test_draws_rerun_every_policy_on_fresh_prediction_errors(capsys):
+    """--draws N: every row's ratio to vLLM FCFS + verl on the step as run (first) and on N more draws of the
+    prompt-level errors (seeds --seed + 1 ..), the prompts and completions unchanged; the table lists each
+    policy's median, best, worst and how often it was slower; the verdict gives the recommendation's."""
+    import numpy as np
+
+    from simulate import run_rollout
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step, step_predictions
+
+    args = ["--policies", "vllm,vllm_priority,steal", "--routers", "least_loaded", "--prompts", "16"]
+    assert main(SMALL + args + ["--json", "--draws", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {(r["policy"], r["router"]): r for r in data["rows"]}
+    base = rows[("vllm", "least_loaded")]
+    assert base["draws"] == [1.0, 1.0, 1.0]
+    assert "each policy also on 2 more draws of the predictions' errors (seeds 1-2)" in data["setting"]
+    opts = SimulateOptions(prompts=16, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                           budget="4GiB", policies="vllm,vllm_priority,steal", routers="least_loaded")
+    step = rollout_step(opts)
+    common = dict(replicas=2, budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost)
+    vllm = run_rollout(step.groups, "vllm", router="least_loaded", **common).seconds
+    for seed, at in ((0, 0), (2, 2)):
+        predicted = step_predictions(step.opts, step.groups, None, seed)
+        if seed == 0:
+            assert np.array_equal(predicted, step.predicted)
+        else:  # fresh errors, one prediction per prompt
+            assert not np.array_equal(predicted, step.predicted) and len(set(predicted[:8].tolist())) == 1
+        priority = run_rollout(step.groups, "vllm_priority", router="least_loaded", predicted=predicted,
+                               **common).seconds
+        assert rows[("vllm_priority", "least_loaded")]["draws"][at] == pytest.approx(priority / vllm, rel=1e-12)
+    assert rows[("steal", "dispatch")]["draws"][0] == pytest.approx(rows[("steal", "dispatch")]["seconds"]
+                                                                     / base["seconds"], rel=1e-12)
+    assert "over 3 draws of the predictions' errors it is a median" in data["verdict"]
+
+    assert main(SMALL + args + ["--draws", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    at = lines.index("over 3 draws of the predictions' errors (the step above and 2 more), x vllm+verl of the same "
+                     "draw:")
+    listed = lines[at + 1:at + 4]
+    assert {line.split()[0] for line in listed} == {"vllm", "vllm_priority", "steal"}
+    assert all("median" in line and "best" in line and "worst" in line and "of 3" in line for line in listed)
+    assert main(SMALL + args) == 0
+    assert "draws of the predictions' errors" not in capsys.readouterr().out
+
+
+def test_draws_without_a_rollout_step_is_an_error_naming_it(capsys):
+    assert main(["simulate", "--groups", "2", "--draws", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'draws'" in err and "--prompts or --replicas" in err
