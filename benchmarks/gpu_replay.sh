@@ -43,6 +43,7 @@ for i in "${!LIST[@]}"; do
     IFS=: read -r work prompts replicas pool <<< "${LIST[$i]}"
     share=$(( ($(left) - 10) / (n - i) ))   # seconds for this setting: an equal share of what is left
     name="replay_${CARD}_${work}_${prompts}x16_r${replicas}_pool${pool}"
+    if [ -n "${QUICK:-}" ]; then name="replay_${CARD}_${work}_16x16_r2_pool${pool}_quick"; fi  # what --quick runs
     if [ "$MODEL" != qwen3-1.7b ]; then name+="_$MODEL"; fi
     PROMPT_ARG=()
     if [ -n "${LONG_TAIL_PROMPTS:-}" ] && [ "$work" = long_tail ]; then
