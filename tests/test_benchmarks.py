@@ -473,3 +473,33 @@ def test_simulator_benchmark_rollout_luck_moves_predictions_by_a_token(tmp_path)
     out = _rollout_luck_unit(("castillo", 16, 4, 4, 11, None, 1))
     assert rollout_module.place_ways is place
     assert len(out["steal"]) == len(out["vllm_priority"]) == 2 and out["steal"][0] == out["steal, placement fixed"][0]
+
+
+def test_simulator_benchmark_rollout_online_isolates_what_learning_changes(tmp_path):
+    """rollout_online (quick: 16 prompts on 4 replicas at 16 x L_max): vLLM FCFS once, every other policy with
+    the prompt-level predictions frozen, the online predictor's own starting predictions frozen, and the
+    online predictor learning; the frozen start is what the learning predictor predicts before it sees
+    anything, so the last two rows differ only by what it learns."""
+    from lengthsched import OnlineLengthPredictor
+    from lengthsched.online import fit_spreads
+    from simulate import run_rollout
+    from simulate.workloads import castillo_validate_lengths
+
+    rows = _quick_section(tmp_path, "rollout_online")["rows"]
+    from bench_simulate import _rollout_cost, rollout_groups
+
+    names = [(r[3], r[4]) for r in rows]
+    assert names[0] == ("vllm", "prompt-only") and rows[0][6] == 1.0
+    for policy in ("vllm_priority", "placed_lpt", "steal"):
+        assert [n for p, n in names if p == policy] == ["prompt-only", "online's start, frozen", "online"]
+    groups, flat, _, _ = rollout_groups("castillo", 16, 11, lmax=4096)
+    starts = np.cumsum([0] + [len(g.lengths) for g in groups[:-1]])
+    prior = {g.prompt_id: int(flat[s]) for g, s in zip(groups, starts)}
+    online = OnlineLengthPredictor(prior=prior, prior_sigma=0.5, **fit_spreads(castillo_validate_lengths()))
+    start = np.maximum(1, np.asarray(online.predict([g.prompt_id for g in groups for _ in g.lengths]).lengths))
+    common = dict(replicas=4, budget_tokens=16 * 4096, max_new_tokens=4096, cost=_rollout_cost(None))
+    frozen = run_rollout(groups, "steal", predicted=start, **common).seconds
+    learning = run_rollout(groups, "steal", predicted=online, **common).seconds
+    by = {(r[3], r[4]): r[5] for r in rows}
+    assert by[("steal", "online's start, frozen")] == pytest.approx(frozen, rel=1e-12)
+    assert by[("steal", "online")] == pytest.approx(learning, rel=1e-12)
