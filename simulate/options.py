@@ -94,7 +94,7 @@ class SimulateOptions:
                          "errors (prompt:SIGMA's, or history's prior; seeds --seed + 1 .. --seed + DRAWS, the "
                          "prompts and completions unchanged) and report each policy's median, best and worst "
                          "ratio to vLLM FCFS + verl and how often it was slower: one step is one draw of a "
-                         "lottery over placements")
+                         "lottery over placements; the draws run on --workers processes")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",

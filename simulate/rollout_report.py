@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,23 +302,39 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
 
 def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:
     """``rows`` with their ratios to vLLM FCFS + verl on the step as run and on ``--draws`` more draws of
-    the predictions' errors (the same prompts, completions and options otherwise)."""
+    the predictions' errors (the same prompts, completions and options otherwise), the draws on
+    ``--workers`` processes."""
     o = step.opts
-    base = next(r for r in rows if (r.policy, r.router) == BASELINE and r.result)
-    ratios = {id(r): [r.result.seconds / base.result.seconds if r.result else None] for r in rows}
-    for draw in range(1, o.draws + 1):
-        drawn = dataclasses.replace(step, predicted=step_predictions(o, step.groups, step.before, o.seed + draw))
-        seconds = {}
-        for r in rows:
-            try:
-                seconds[id(r)] = drawn.run(r.policy, None if r.router in ("placed", "dispatch") else r.router).seconds
-            except LengthschedError:
-                seconds[id(r)] = None
-        base_seconds = seconds[id(base)]
-        for r in rows:
-            x = seconds[id(r)]
-            ratios[id(r)].append(None if x is None or base_seconds is None else x / base_seconds)
-    return [dataclasses.replace(r, draws=tuple(ratios[id(r)])) for r in rows]
+    at = next(i for i, r in enumerate(rows) if (r.policy, r.router) == BASELINE and r.result)
+    runs = [(r.policy, None if r.router in ("placed", "dispatch") else r.router) for r in rows]
+    units = [(step, runs, o.seed + draw) for draw in range(1, o.draws + 1)]
+    workers = check_int("workers", o.workers, minimum=0) or os.cpu_count() or 1
+    if workers == 1 or len(units) < 2:
+        drawn = [_draw_seconds(u) for u in units]
+    else:
+        with ProcessPoolExecutor(max_workers=min(workers, len(units))) as pool:
+            drawn = list(pool.map(_draw_seconds, units))
+    out = []
+    for i, r in enumerate(rows):
+        ratios = [r.result.seconds / rows[at].result.seconds if r.result else None]
+        for seconds in drawn:
+            ratios.append(None if seconds[i] is None or seconds[at] is None else seconds[i] / seconds[at])
+        out.append(dataclasses.replace(r, draws=tuple(ratios)))
+    return out
+
+
+def _draw_seconds(unit: tuple) -> list[float | None]:
+    """One draw of ``--draws``: (step, [(policy, router)], seed) -> each run's makespan on the step with
+    the predictions' errors drawn by ``seed`` (None where it could not run)."""
+    step, runs, seed = unit
+    drawn = dataclasses.replace(step, predicted=step_predictions(step.opts, step.groups, step.before, seed))
+    out: list[float | None] = []
+    for policy, router in runs:
+        try:
+            out.append(drawn.run(policy, router).seconds)
+        except LengthschedError:
+            out.append(None)
+    return out
 
 
 #: Replica simulations the --headroom search runs after its starting placements.

@@ -293,7 +293,7 @@ def test_draws_rerun_every_policy_on_fresh_prediction_errors(capsys):
     from simulate.rollout_report import rollout_step, step_predictions
 
     args = ["--policies", "vllm,vllm_priority,steal", "--routers", "least_loaded", "--prompts", "16"]
-    assert main(SMALL + args + ["--json", "--draws", "2"]) == 0
+    assert main(SMALL + args + ["--json", "--draws", "2", "--workers", "2"]) == 0  # the draws on two processes
     data = json.loads(capsys.readouterr().out)
     rows = {(r["policy"], r["router"]): r for r in data["rows"]}
     base = rows[("vllm", "least_loaded")]
@@ -316,6 +316,9 @@ def test_draws_rerun_every_policy_on_fresh_prediction_errors(capsys):
     assert rows[("steal", "dispatch")]["draws"][0] == pytest.approx(rows[("steal", "dispatch")]["seconds"]
                                                                      / base["seconds"], rel=1e-12)
     assert "over 3 draws of the predictions' errors it is a median" in data["verdict"]
+    assert main(SMALL + args + ["--json", "--draws", "2", "--workers", "1"]) == 0  # the draws on one process
+    alone = json.loads(capsys.readouterr().out)
+    assert [r["draws"] for r in alone["rows"]] == [r["draws"] for r in data["rows"]]
 
     assert main(SMALL + args + ["--draws", "2"]) == 0
     out = capsys.readouterr().out
