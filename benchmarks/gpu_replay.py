@@ -335,7 +335,8 @@ def main(argv=None) -> int:
                                  f"(modelled {e['modelled_vs_baseline']:.3f})" for e in results["policies"])
                 print(f"{k + 1} draws each, {len(timed)} shapes, {time.monotonic() - start:.0f} s: {line}", flush=True)
     stepper.close()
-    results.update(report(runs, draws, args.seed), stopped=stopped, distinct_shapes=len(timed),
+    results.update(report(runs, draws, args.seed), stopped=stopped, draws_per_policy=len(draws[0]),
+                   distinct_shapes=len(timed),
                    seconds_total=round(time.monotonic() - start, 1))
     write_json(out, {**results, "samples": [[run["policy"], d] for run, d in zip(runs, draws)]})
     for e in results["policies"]:
