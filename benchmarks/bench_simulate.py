@@ -1319,6 +1319,54 @@ def rollout_luck(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "summary": summary, "draws": draws}
 
 
+# steal's order on each replica: its placement's (the default) against longest predicted first, and
+# longest first only where groups are spread (ways > 1; whole groups keep the placement order), on four
+# draws of the grid, of the steps at scale, of the long tail with CASTILLO prompt lengths and (with
+# --groups-file) of held-out prompts.
+ORDER_RUNS = (("placement order (the default)", "placement"), ("longest predicted first", "longest"),
+              ("longest first where groups are spread", "longest_spread"))
+
+
+def _rollout_order_unit(args):
+    """One setting: each of ORDER_RUNS's makespan over vLLM FCFS + verl's (realistic predictions)."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    out = {}
+    for label, order in ORDER_RUNS:
+        with _patched(WorkStealing, ORDER=order):
+            out[label] = run_rollout(groups, "steal", predicted=realistic, **common).seconds / base
+    return out
+
+
+def rollout_order(quick: bool) -> tuple[str, list]:
+    """steal with each replica's queue in placement order (the default), longest predicted first, or
+    longest first only where groups are spread, on four draws of several workloads (see ORDER_RUNS)."""
+    scopes = {"grid": ROLLOUT_GRID, "scale": SCALE_GRID,
+              "long tail + castillo prompts": [(long_tail_workload("castillo"), b, r, f)
+                                               for w, b, r, f in ROLLOUT_GRID if w == "long tail"]}
+    if GROUPS_FILE is not None:
+        scopes["held-out prompts"] = [("file:" + GROUPS_FILE, b, r, f)
+                                      for w, b, r, f in ROLLOUT_GRID if w == "castillo"]
+    seeds = WAYS_SEEDS
+    if quick:
+        scopes, seeds = {"grid": [("castillo", 64, 4, 4), ("long tail", 64, 4, 2)]}, (11,)
+    rows = []
+    for scope, grid in scopes.items():
+        units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
+        results = _pool_map(_rollout_order_unit, units)
+        for label, _ in ORDER_RUNS:
+            x = np.array([out[label] for out in results])
+            multi = np.array([out[label] for u, out in zip(units, results) if u[2] > 1])
+            rows.append([scope, label, len(x), float(x.mean()), float(multi.mean()), float(x.max()),
+                         int(np.sum(x > 1.001)), int(np.sum(x > 1.01))])
+    return table(f"steal's order on each replica ({_cost_label()}; seeds {', '.join(map(str, seeds))}, realistic "
+                 "predictions): makespan x vLLM FCFS + verl routing",
+                 ["settings", "order", "n", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
+                  "slower by > 1%"], rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1377,7 +1425,7 @@ def main(argv=None) -> int:
                 "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,
                 "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
-                "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck,
+                "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck, "rollout_order": rollout_order,
                 "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -475,6 +475,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``)."""
     cls = POLICIES[policy].cls
+    ways = None  # with PLACE "ways": over how many replicas each group is spread
     if cls.STEALS:  # placed before the step (cls.PLACE); replicas steal later
         if cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
@@ -507,6 +508,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     if cls.STEALS:
         board = []
         order = cls.ORDER if replicas > 1 else cls.ORDER_ONE_REPLICA
+        if order == "longest_spread":  # longest first where groups are spread, else the placement's order
+            order = "longest" if ways is not None and ways > 1 else "placement"
         for r, (pol, eng) in enumerate(zip(pols, engines)):
             mine = np.flatnonzero(placed == r)
             if order == "longest":  # longest predicted first (ties: placement order)

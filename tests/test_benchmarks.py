@@ -503,3 +503,30 @@ def test_simulator_benchmark_rollout_online_isolates_what_learning_changes(tmp_p
     by = {(r[3], r[4]): r[5] for r in rows}
     assert by[("steal", "online's start, frozen")] == pytest.approx(frozen, rel=1e-12)
     assert by[("steal", "online")] == pytest.approx(learning, rel=1e-12)
+
+
+def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
+    """rollout_order (quick: CASTILLO 64 x 16 on 4 at 4 x L_max, where steal places whole groups, and the long
+    tail 64 x 16 on 4 at 2 x L_max, where it spreads them): one row per order, each the mean / worst of
+    steal's makespan over vLLM + verl; "longest_spread" runs longest first where groups are spread only."""
+    from lengthsched.runtime.dispatch import WorkStealing
+    from simulate import run_rollout
+
+    rows = _quick_section(tmp_path, "rollout_order")["rows"]
+    from bench_simulate import ORDER_RUNS, _patched, _rollout_setting
+
+    assert [(r[0], r[1], r[2]) for r in rows] == [("grid", label, 2) for label, _ in ORDER_RUNS]
+    ratios = {}
+    for setting in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
+        groups, realistic, _, _, common = _rollout_setting(*setting, 11, None)
+        base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+        for order in ("placement", "longest", "longest_spread"):
+            with _patched(WorkStealing, ORDER=order):
+                ratios[setting[0], order] = run_rollout(groups, "steal", predicted=realistic, **common).seconds / base
+    assert WorkStealing.ORDER == "placement"
+    assert ratios["castillo", "longest_spread"] == ratios["castillo", "placement"] != ratios["castillo", "longest"]
+    assert ratios["long tail", "longest_spread"] == ratios["long tail", "longest"] != ratios["long tail", "placement"]
+    by = {r[1]: r for r in rows}
+    for label, order in ORDER_RUNS:
+        mine = [ratios[w, order] for w in ("castillo", "long tail")]
+        assert by[label][3] == pytest.approx(np.mean(mine), rel=1e-12) and by[label][5] == pytest.approx(max(mine))
