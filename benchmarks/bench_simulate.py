@@ -1411,7 +1411,10 @@ def main(argv=None) -> int:
         for grid in (ROLLOUT_GRID, SCALE_GRID):  # in place: the sections read these lists
             grid[:] = [(workload if u[0] == "long tail" else u[0], *u[1:]) for u in grid]
     if args.groups_file is not None:
-        castillo_file_groups(args.groups_file, 16, limit=1)  # a bad file fails here, before any section runs
+        try:  # a bad file fails here, before any section runs
+            castillo_file_groups(args.groups_file, 16, limit=1)
+        except InvalidArgument as exc:
+            parser.error(f"argument --groups-file: got {args.groups_file!r}; expected {exc.expected}")
         GROUPS_FILE = str(args.groups_file)
     if args.cost is not None:
         ROLLOUT_COST = Path(args.cost).read_text(encoding="utf-8")

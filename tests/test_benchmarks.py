@@ -256,6 +256,11 @@ def test_simulator_benchmark_runs_the_rollout_grid_on_a_groups_file(tmp_path):
                               "--sections", "rollout_heldout", "--out", str(out)], capture_output=True, text=True,
                              timeout=600)
     assert missing.returncode != 0 and "--groups-file" in missing.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_simulate.py"), "--quick", "--sections",
+                          "rollout_heldout", "--groups-file", str(tmp_path / "nope.json"), "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "error: argument --groups-file: got" in bad.stderr and "a readable CASTILLO JSON file" in bad.stderr
 
 
 def test_planning_benchmark_runs_quick(tmp_path):
