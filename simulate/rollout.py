@@ -469,6 +469,10 @@ def _run_routed(policy, placement, online, replicas, **common):
     return [eng for eng, _ in runs], [clock for _, clock in runs]
 
 
+#: The orders a stealing policy's queues can start in (``WorkStealing.ORDER``).
+STEAL_ORDERS = ("placement", "longest", "longest_spread")
+
+
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
                   prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
                   offload=None):
@@ -508,6 +512,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     if cls.STEALS:
         board = []
         order = cls.ORDER if replicas > 1 else cls.ORDER_ONE_REPLICA
+        if order not in STEAL_ORDERS:
+            raise InvalidArgument("ORDER" if replicas > 1 else "ORDER_ONE_REPLICA", order,
+                                  f"one of {', '.join(map(repr, STEAL_ORDERS))} ({cls.__name__}'s queue order)")
         if order == "longest_spread":  # longest first where groups are spread, else the placement's order
             order = "longest" if ways is not None and ways > 1 else "placement"
         for r, (pol, eng) in enumerate(zip(pols, engines)):

@@ -526,6 +526,13 @@ def test_steal_can_order_each_replicas_queue_longest_predicted_first():
     finally:
         WorkStealing.ORDER = "placement"
     assert equal.seconds == run_rollout(groups, "steal", predicted=np.full(24, 50), **common).seconds
+    try:  # a misspelt order is an error naming the attribute, not the placement order in silence
+        WorkStealing.ORDER = "longest-first"
+        with pytest.raises(InvalidArgument, match="argument 'ORDER': got 'longest-first'; expected one of "
+                                                  "'placement', 'longest', 'longest_spread'"):
+            run_rollout(groups, "steal", predicted=predicted, **common)
+    finally:
+        WorkStealing.ORDER = "placement"
     for r, t in enumerate(ordered.timelines):
         first = sorted((start, lane, job) for job, lane, start, _, _ in t.segments)
         starts = [job for _, _, job in first]
