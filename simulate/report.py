@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -294,16 +294,19 @@ def _fast(opts: SimulateOptions, memory: ModelMemory, budget_bytes: int, groups:
     return out
 
 
-def run_units(units: Sequence[tuple], workers: int, progress: bool, label: str) -> list:
-    """Map :func:`_one_group` over work units, on ``workers`` processes, with a progress bar."""
+def run_units(units: Sequence[tuple], workers: int, progress: bool, label: str, *,
+              fn: Callable[[tuple], Any] | None = None, unit: str = "group") -> list:
+    """Map ``fn`` (default :func:`_one_group`; a module-level function, for the processes) over work units,
+    in order, on ``workers`` processes (0: all cores), with a progress bar counting ``unit`` (one per unit)."""
     from tqdm import tqdm
 
+    fn = _one_group if fn is None else fn
     workers = check_int("workers", workers, minimum=0) or os.cpu_count() or 1
-    bar = dict(total=len(units), desc=label, disable=not progress, leave=False, unit="group")
+    bar = dict(total=len(units), desc=label, disable=not progress, leave=False, unit=unit)
     if workers == 1 or len(units) < 4:
-        return [_one_group(u) for u in tqdm(units, **bar)]
+        return [fn(u) for u in tqdm(units, **bar)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(tqdm(pool.map(_one_group, units, chunksize=max(1, len(units) // (8 * workers))), **bar))
+        return list(tqdm(pool.map(fn, units, chunksize=max(1, len(units) // (8 * workers))), **bar))
 
 
 def summarize(results: list, policies: Sequence[str], budget_bytes: int) -> tuple[PolicySummary, ...]:

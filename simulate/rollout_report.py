@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +30,7 @@ from .report import (
     parse_policies,
     predictions_for,
     prompt_prediction,
+    run_units,
     spec_sigma,
     workload_groups,
 )
@@ -191,11 +190,15 @@ class RolloutStep:
     groups: list
     predicted: np.ndarray
     cost: Any
-    #: With ``--predictor history``: per prompt, its completions' lengths one epoch earlier (tokens),
+    #: With ``--predictor history``: the step's prompts one epoch earlier (groups with fresh completions),
     #: what the predictions learnt from; else None.
-    history: tuple | None = None
-    #: With ``--predictor history``: the groups of that earlier epoch (the same prompts); else None.
     before: tuple | None = field(default=None, repr=False)
+
+    @property
+    def history(self) -> tuple | None:
+        """With ``--predictor history``: per prompt, its completions' lengths one epoch earlier (tokens);
+        else None."""
+        return None if self.before is None else tuple(g.lengths for g in self.before)
 
     @property
     def spread(self) -> float | None:
@@ -237,8 +240,7 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     if history_sigma(opts.predictor) is not None:  # the same prompts one epoch earlier, fresh completions
         before = tuple(workload_groups(step_opts, opts.prompts, epoch=1))
     predicted = step_predictions(opts, groups, before, opts.seed)
-    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory),
-                       None if before is None else tuple(g.lengths for g in before), before)
+    return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory), before)
 
 
 def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
@@ -308,12 +310,7 @@ def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:
     at = next(i for i, r in enumerate(rows) if (r.policy, r.router) == BASELINE and r.result)
     runs = [(r.policy, None if r.router in ("placed", "dispatch") else r.router) for r in rows]
     units = [(step, runs, o.seed + draw) for draw in range(1, o.draws + 1)]
-    workers = check_int("workers", o.workers, minimum=0) or os.cpu_count() or 1
-    if workers == 1 or len(units) < 2:
-        drawn = [_draw_seconds(u) for u in units]
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(units))) as pool:
-            drawn = list(pool.map(_draw_seconds, units))
+    drawn = run_units(units, o.workers, False, "draws", fn=_draw_seconds, unit="draw")
     out = []
     for i, r in enumerate(rows):
         ratios = [r.result.seconds / rows[at].result.seconds if r.result else None]

@@ -319,6 +319,12 @@ def test_draws_rerun_every_policy_on_fresh_prediction_errors(capsys):
     assert main(SMALL + args + ["--json", "--draws", "2", "--workers", "1"]) == 0  # the draws on one process
     alone = json.loads(capsys.readouterr().out)
     assert [r["draws"] for r in alone["rows"]] == [r["draws"] for r in data["rows"]]
+    many = {}
+    for workers in ("1", "2"):  # four draws: enough for the process pool (simulate.report.run_units)
+        assert main(SMALL + args + ["--json", "--draws", "4", "--workers", workers]) == 0
+        many[workers] = [r["draws"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    assert many["1"] == many["2"] and all(len(d) == 5 for d in many["1"])
+    assert [d[:3] for d in many["1"]] == [r["draws"] for r in data["rows"]]  # the same first draws
 
     assert main(SMALL + args + ["--draws", "2"]) == 0
     out = capsys.readouterr().out
