@@ -1357,10 +1357,8 @@ def rollout_order(quick: bool) -> tuple[str, list]:
         units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
         results = _pool_map(_rollout_order_unit, units)
         for label, _ in ORDER_RUNS:
-            x = np.array([out[label] for out in results])
-            multi = np.array([out[label] for u, out in zip(units, results) if u[2] > 1])
-            rows.append([scope, label, len(x), float(x.mean()), float(multi.mean()), float(x.max()),
-                         int(np.sum(x > 1.001)), int(np.sum(x > 1.01))])
+            ratios = [out[label] for out in results]
+            rows.append([scope, label] + _ratio_summary(units, ratios)[:5] + [int(np.sum(np.array(ratios) > 1.01))])
     return table(f"steal's order on each replica ({_cost_label()}; seeds {', '.join(map(str, seeds))}, realistic "
                  "predictions): makespan x vLLM FCFS + verl routing",
                  ["settings", "order", "n", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
