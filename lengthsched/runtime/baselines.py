@@ -159,6 +159,9 @@ class VLLMPriority(VLLMLike):
         self.priority = [-int(x) for x in problem.point()] if problem.predicted is not None else [0] * problem.n
         self.waiting = [(self.priority[j], j, j) for j in range(problem.n)]
         heapq.heapify(self.waiting)
+        # (priority, job) as one integer per job, ordered as the pairs are (0 <= job < n): the victim is
+        # picked with a C-level key (a tuple per running request per preemption was most of the time)
+        self._rank = [p * problem.n + j for j, p in enumerate(self.priority)]
 
     def _head(self) -> int:
         return self.waiting[0][2]
@@ -170,7 +173,7 @@ class VLLMPriority(VLLMLike):
         heapq.heappush(self.waiting, (self.priority[job], job, job))
 
     def _victim(self, eng: Engine) -> int:
-        return max(eng.running, key=lambda j: (self.priority[j], j))
+        return max(eng.running, key=self._rank.__getitem__)  # the largest (priority, job)
 
     def decide(self, eng: Engine) -> None:
         changed = self.observe_events(eng)
@@ -180,8 +183,10 @@ class VLLMPriority(VLLMLike):
             if waiting or running:
                 point, _ = self.predict_again(eng, waiting + running,
                                               [eng.done[j] for j in waiting] + [eng.age(j) for j in running])
+                n = len(self.priority)
                 for j, total in zip(waiting + running, point.tolist()):
                     self.priority[j] = -int(total)
+                    self._rank[j] = self.priority[j] * n + j
                 self.waiting = [(self.priority[j], j, j) for _, _, j in self.waiting]
                 heapq.heapify(self.waiting)
         super().decide(eng)
