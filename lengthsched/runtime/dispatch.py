@@ -591,8 +591,9 @@ class StealObserved(WorkStealing):
             self.coord.finish(job)
         self._collected = len(eng.collected)
         snapshot = {job: eng.age(job) for job in eng.running}
-        snapshot.update((job, eng.done[job]) for job in self.waiting)
-        snapshot.update((job, eng.done[job]) for job in eng.loading)  # in flight, waiting for their KV
+        done = eng.done.__getitem__
+        snapshot.update(zip(self.waiting, map(done, self.waiting)))
+        snapshot.update(zip(eng.loading, map(done, eng.loading)))  # in flight, waiting for their KV
         self.coord.observe(self.replica, snapshot)
         changed = False
         for move in self.coord.decide(thieves={self.replica, *self.idle_now}, sources={self.replica}):
