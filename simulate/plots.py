@@ -18,12 +18,13 @@ from .run import SimResult
 __all__ = ["PALETTE", "policy_color", "gantt", "gantt_figure", "memory_over_time", "sweep_lines", "rollout_gantt",
            "rollout_kv"]
 
-# 20 distinct colours: matplotlib's tab10, then the light halves of tab20 and four darker extras.
-# Policies take them in registry order, so a policy keeps its colour in every figure and run.
+# 29 distinct colours: matplotlib's tab10, the light halves of tab20, then darker ones of tab20b. Policies
+# take them in registry order, so a policy keeps its colour in every figure and run; an unregistered name
+# takes one of the last four (none of the registered policies' while there are at most 25).
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
     "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79",
-    "#637939", "#8c6d31", "#843c39", "#7b4173",
+    "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#b5cf6b", "#e7ba52", "#ad494a", "#a55194",
 )
 
 # Gantt bars that are not a completed run: their colours are outside the length colour map.

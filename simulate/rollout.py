@@ -252,7 +252,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         if not spec.resubmits:
             raise InvalidArgument("resubmit_seconds", resubmit_seconds,
                                   f"None with policy {policy!r}, which moves no request between replicas by "
-                                  "resubmitting it (steal, steal_observed, steal_classes do)")
+                                  f"resubmitting it ({', '.join(n for n, s in POLICIES.items() if s.resubmits)} do)")
     if snapshot_seconds is not None:
         snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
         if not spec.polls:

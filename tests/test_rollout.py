@@ -122,10 +122,11 @@ def test_bad_rollout_inputs_name_the_argument():
 def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
     assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer",
-                                                "seer_divided", "steal", "steal_classes", "steal_observed")
+                                                "seer_divided", "steal", "steal_longest", "steal_classes",
+                                                "steal_observed")
     assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive",
                                           "sglang", "sglang_priority", "seer", "seer_divided", "steal",
-                                          "steal_classes", "steal_observed")
+                                          "steal_longest", "steal_classes", "steal_observed")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -198,8 +199,8 @@ def test_seer_sends_one_probe_per_group_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(policy=st.sampled_from(["steal", "steal_observed", "steal_classes", "seer", "seer_divided", "vllm_priority",
-                               "sglang_priority", "placed_adaptive", "placed_classes"]),
+@given(policy=st.sampled_from(["steal", "steal_longest", "steal_observed", "steal_classes", "seer", "seer_divided",
+                               "vllm_priority", "sglang_priority", "placed_adaptive", "placed_classes"]),
        seed=st.integers(0, 50), replicas=st.integers(1, 3), offload=st.booleans())
 def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas, offload):
     """Lengthen every completion that has not finished by some time t: the runs agree on every run of
@@ -512,20 +513,27 @@ def test_stealing_only_requests_that_never_started_leaves_partial_generations_in
 
 
 def test_steal_can_order_each_replicas_queue_longest_predicted_first():
-    """WorkStealing.ORDER = "longest": each replica starts its requests longest predicted first (ties in
-    placement order); with equal predictions that is the placement order, the default."""
+    """steal_longest (WorkStealing.ORDER = "longest"): each replica starts its requests longest predicted
+    first (ties in placement order); with equal predictions that is the placement order, steal's; on one
+    replica it is steal."""
     from lengthsched.runtime.dispatch import WorkStealing
 
     groups = [Group(f"p{i}", 16, np.full(4, 40 + 10 * i)) for i in range(6)]
     predicted = np.repeat(np.array([30, 90, 60, 120, 10, 75]), 4)
     common = dict(replicas=2, budget_tokens=160, max_new_tokens=200, record=True)
+    ordered = run_rollout(groups, "steal_longest", predicted=predicted, **common)
     try:
         WorkStealing.ORDER = "longest"
-        ordered = run_rollout(groups, "steal", predicted=predicted, **common)
-        equal = run_rollout(groups, "steal", predicted=np.full(24, 50), **common)
+        patched = run_rollout(groups, "steal", predicted=predicted, **common)
     finally:
         WorkStealing.ORDER = "placement"
+    assert (ordered.seconds, ordered.placement.tolist()) == (patched.seconds, patched.placement.tolist())
+    assert ordered.seconds != run_rollout(groups, "steal", predicted=predicted, **common).seconds
+    equal = run_rollout(groups, "steal_longest", predicted=np.full(24, 50), **common)
     assert equal.seconds == run_rollout(groups, "steal", predicted=np.full(24, 50), **common).seconds
+    one = dict(common, replicas=1)
+    assert (run_rollout(groups, "steal_longest", predicted=predicted, **one).seconds
+            == run_rollout(groups, "steal", predicted=predicted, **one).seconds)
     try:  # a misspelt order is an error naming the attribute, not the placement order in silence
         WorkStealing.ORDER = "longest-first"
         with pytest.raises(InvalidArgument, match="argument 'ORDER': got 'longest-first'; expected one of "

@@ -41,7 +41,8 @@ def test_every_list_of_policies_derives_from_the_registry():
 def test_the_registry_says_which_policies_resubmit_moves_and_which_poll():
     """run_rollout's resubmit_seconds and snapshot_seconds, and the CLI's --resubmit-seconds and --poll-seconds,
     apply to the policies whose spec says so (one rule, read from the registry)."""
-    assert [n for n, s in POLICIES.items() if s.resubmits] == ["steal", "steal_classes", "steal_observed"]
+    resubmit = ["steal", "steal_longest", "steal_classes", "steal_observed"]
+    assert [n for n, s in POLICIES.items() if s.resubmits] == resubmit
     assert [n for n, s in POLICIES.items() if s.polls] == ["steal_observed"]
     assert all(POLICIES[n].dispatch and POLICIES[n].rollout for n, s in POLICIES.items() if s.resubmits)
     # how a rollout times the KV a policy loads from a global pool: Seer's divided rollout overlaps its loads

@@ -21,7 +21,7 @@ from .baselines import (
     VLLMLike,
     VLLMPriority,
 )
-from .dispatch import SeerDivided, SeerLike, StealClasses, StealObserved, WorkStealing
+from .dispatch import SeerDivided, SeerLike, StealClasses, StealLongest, StealObserved, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -129,6 +129,8 @@ POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("steal", WorkStealing, "each group over as many replicas as the pools hold its prompts (whole groups "
                "in crowded steps), vLLM FCFS per replica, drained replicas steal waiting requests and take running "
                "ones", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("steal_longest", StealLongest, "steal with each replica's queue longest predicted first: faster on "
+               "average, worse worst cases", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal_classes", StealClasses, "steal over placed_classes's placement (length classes by predicted "
                "length): for predictions learnt from an earlier epoch where siblings agree",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
