@@ -1328,7 +1328,8 @@ def rollout_luck(quick: bool) -> tuple[str, list]:
 # draws of the grid, of the steps at scale, of the long tail with CASTILLO prompt lengths and (with
 # --groups-file) of held-out prompts.
 ORDER_RUNS = (("placement order (the default)", "placement"), ("longest predicted first", "longest"),
-              ("longest first where groups are spread", "longest_spread"))
+              ("longest first where groups are spread", "longest_spread"),
+              ("longest first where whole groups are placed", "longest_crowded"))
 
 
 def _rollout_order_unit(args):

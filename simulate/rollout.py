@@ -470,7 +470,7 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 
 #: The orders a stealing policy's queues can start in (``WorkStealing.ORDER``).
-STEAL_ORDERS = ("placement", "longest", "longest_spread")
+STEAL_ORDERS = ("placement", "longest", "longest_spread", "longest_crowded")
 
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
@@ -517,6 +517,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                                   f"one of {', '.join(map(repr, STEAL_ORDERS))} ({cls.__name__}'s queue order)")
         if order == "longest_spread":  # longest first where groups are spread, else the placement's order
             order = "longest" if ways is not None and ways > 1 else "placement"
+        elif order == "longest_crowded":  # longest first where whole groups are placed, else the placement's
+            order = "longest" if ways == 1 else "placement"
         for r, (pol, eng) in enumerate(zip(pols, engines)):
             mine = np.flatnonzero(placed == r)
             if order == "longest":  # longest predicted first (ties: placement order)

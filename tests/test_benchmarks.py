@@ -513,7 +513,8 @@ def test_simulator_benchmark_rollout_online_isolates_what_learning_changes(tmp_p
 def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
     """rollout_order (quick: CASTILLO 64 x 16 on 4 at 4 x L_max, where steal places whole groups, and the long
     tail 64 x 16 on 4 at 2 x L_max, where it spreads them): one row per order, each the mean / worst of
-    steal's makespan over vLLM + verl; "longest_spread" runs longest first where groups are spread only."""
+    steal's makespan over vLLM + verl; "longest_spread" runs longest first where groups are spread only,
+    "longest_crowded" where whole groups are placed only."""
     from lengthsched.runtime.dispatch import WorkStealing
     from simulate import run_rollout
 
@@ -525,12 +526,14 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
     for setting in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
         groups, realistic, _, _, common = _rollout_setting(*setting, 11, None)
         base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
-        for order in ("placement", "longest", "longest_spread"):
+        for order in ("placement", "longest", "longest_spread", "longest_crowded"):
             with _patched(WorkStealing, ORDER=order):
                 ratios[setting[0], order] = run_rollout(groups, "steal", predicted=realistic, **common).seconds / base
     assert WorkStealing.ORDER == "placement"
     assert ratios["castillo", "longest_spread"] == ratios["castillo", "placement"] != ratios["castillo", "longest"]
     assert ratios["long tail", "longest_spread"] == ratios["long tail", "longest"] != ratios["long tail", "placement"]
+    assert ratios["castillo", "longest_crowded"] == ratios["castillo", "longest"]
+    assert ratios["long tail", "longest_crowded"] == ratios["long tail", "placement"]
     by = {r[1]: r for r in rows}
     for label, order in ORDER_RUNS:
         mine = [ratios[w, order] for w in ("castillo", "long tail")]

@@ -537,7 +537,7 @@ def test_steal_can_order_each_replicas_queue_longest_predicted_first():
     try:  # a misspelt order is an error naming the attribute, not the placement order in silence
         WorkStealing.ORDER = "longest-first"
         with pytest.raises(InvalidArgument, match="argument 'ORDER': got 'longest-first'; expected one of "
-                                                  "'placement', 'longest', 'longest_spread'"):
+                                                  "'placement', 'longest', 'longest_spread', 'longest_crowded'"):
             run_rollout(groups, "steal", predicted=predicted, **common)
     finally:
         WorkStealing.ORDER = "placement"

@@ -370,9 +370,11 @@ class WorkStealing(VLLMLike):
     # recomputed tokens for a longer makespan (docs/benchmarks.md, "Recomputation against time").
     WATERMARK: float | None = None
     # Each replica's queue at the start: "placement" (group order, as verl submits a batch), "longest"
-    # (longest predicted first) or "longest_spread" (longest first where PLACE "ways" spreads groups over
-    # several replicas, placement order where it places whole groups); measured in docs/benchmarks.md,
-    # "What stealing gains, and from what" and "steal's order on each replica".
+    # (longest predicted first), "longest_spread" (longest first where PLACE "ways" spreads groups over
+    # several replicas, placement order where it places whole groups) or "longest_crowded" (the other way
+    # round: longest first where it places whole groups, in crowded steps whose queues are long, placement
+    # order where it spreads them); measured in docs/benchmarks.md, "What stealing gains, and from what"
+    # and "steal's order on each replica".
     ORDER = "placement"
     ORDER_ONE_REPLICA = "placement"  # ORDER where the step has one replica (nothing to steal from)
     # Whether a replica may take requests that already generated tokens (preempted ones, which move with
