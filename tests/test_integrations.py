@@ -770,6 +770,11 @@ def test_plan_rollout_ways_is_steals_placement(sizes, replicas, pool, data):
     longest = plan_rollout([f"uid-{grouped[i]}" for i in order], [flat[i] for i in order],
                            prompt_lens=[prompts[grouped[i]] for i in order], order="longest", **common)
     assert plan.order == "batch" and longest.order == "longest" and longest.replica == plan.replica
+    # longest first in crowded steps only (steal's ORDER "longest_crowded"): where ways places whole groups
+    crowded = plan_rollout([f"uid-{grouped[i]}" for i in order], [flat[i] for i in order],
+                           prompt_lens=[prompts[grouped[i]] for i in order], order="longest_crowded", **common)
+    like = longest if ways == 1 and replicas > 1 else plan
+    assert (crowded.order, crowded.replica, crowded.priority) == (like.order, like.replica, like.priority)
     for r in range(replicas):
         rows = plan.rows_on(r)
         assert list(rows) == sorted(rows)  # steal's order: as placed, the batch's
@@ -800,6 +805,9 @@ def test_plan_rollout_ways_names_what_it_needs():
                         budget_tokens=100).replica == (0, 1, 0, 1)
     whole = plan_rollout(keys, [600] * 4, replicas=2, placement="ways", prompt_lens=[5, 5, 7, 7], budget_tokens=100)
     assert whole.group_replica[0] != -1 and whole.group_replica[1] != -1
+    # longest_crowded: longest first where every group is whole (groups), batch order where spread
+    assert plan_rollout(keys, pred, replicas=2, placement="groups", order="longest_crowded").order == "longest"
+    assert plan_rollout(keys, pred, replicas=2, order="longest_crowded").order == "batch"
 
 
 # ---------------------------------------------------------------------------------- spreading ways

@@ -537,6 +537,8 @@ def test_planner_with_length_classes_and_the_recommendation(tmp_path):
         ["batch", "batch", "longest"]  # as steal and steal_classes order their queues
     named = lv.planner_from_config(trainer_config(order="batch"), default_order="batch")
     assert named.order_for("classes", 1) == "batch"  # an order the config names holds everywhere
+    crowded = lv.planner_from_config(trainer_config(order="longest_crowded"), default_order="batch")
+    assert crowded.order_for("ways", 4) == "longest_crowded"  # the plan resolves it: longest where groups are whole
     # the stealing manager's classes plan on one replica: longest predicted first (steal_classes' order
     # where nothing can be stolen); on two, in batch order
     one = lv.RolloutPlanner(max_new_tokens=512, placement="classes", pool_tokens=2000, default_order="batch")

@@ -85,9 +85,12 @@ PLACEMENTS = ("spread", "groups", "classes", "ways")
 
 #: The orders :func:`plan_rollout` ranks each replica's rows in: ``longest`` (longest predicted first,
 #: what an engine's priority scheduling makes of vLLM's ``vllm_priority``; the default, except for
-#: ``ways``) and ``batch`` (the order of the rows in the batch: an engine with priority scheduling then
-#: starts them as FCFS would, as the simulator's ``steal`` does; the default for ``ways``).
-ORDERS = ("longest", "batch")
+#: ``ways``), ``batch`` (the order of the rows in the batch: an engine with priority scheduling then
+#: starts them as FCFS would, as the simulator's ``steal`` does; the default for ``ways``) and
+#: ``longest_crowded`` (``longest`` where the plan places every group whole on one of several replicas,
+#: as ``ways`` does in crowded steps, else ``batch``: the simulator's ``WorkStealing.ORDER =
+#: "longest_crowded"``).
+ORDERS = ("longest", "batch", "longest_crowded")
 
 # Engines take 64-bit signed priorities (vLLM's OpenAI protocol and SGLang's tokenizer manager
 # both reject values outside [-2**63, 2**63)).
@@ -330,8 +333,9 @@ def check_order(order: Any, name: str = "order") -> str | None:
     """``order`` if it is one of :data:`ORDERS` or None, else :class:`InvalidArgument` naming it
     (as ``name``)."""
     if order is not None and order not in ORDERS:
-        raise InvalidArgument(name, order, "'longest' (longest predicted first), 'batch' (batch order) or None "
-                                              "(the placement's default)")
+        raise InvalidArgument(name, order, "'longest' (longest predicted first), 'batch' (batch order), "
+                                              "'longest_crowded' (longest first where every group is placed "
+                                              "whole) or None (the placement's default)")
     return order
 
 
@@ -359,10 +363,14 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         cost: the step-cost model (:class:`lengthsched.cost.StepCost`; ``"classes"`` only; default
             Qwen3-1.7B on the H100 preset).
         order: how each replica's rows are ranked (one of :data:`ORDERS`): ``"longest"`` (longest
-            predicted first, ties by batch order) or ``"batch"`` (batch order); None: ``"batch"`` for
-            ``"ways"`` (``steal`` starts each replica's requests in placement order; longest first
-            measured 0.9 points faster on average but slower than vLLM + verl in 35 of 360 settings
-            against 4, docs/benchmarks.md, "What stealing gains"), ``"longest"`` for the others.
+            predicted first, ties by batch order), ``"batch"`` (batch order) or ``"longest_crowded"``
+            (``"longest"`` where every group is placed whole on one of several replicas, as ``"ways"``
+            places them in crowded steps, else ``"batch"``; the plan records which); None: ``"batch"``
+            for ``"ways"`` (``steal`` starts each replica's requests in placement order; longest first
+            measured 0.6 points faster on average over four draws of the benchmark grid but slower than
+            vLLM + verl by more than 1% in 8 of 360 settings against none, longest first in crowded steps
+            only 0.3 points faster and slower by more than 1% in 1: docs/benchmarks.md, "steal's order on
+            each replica"), ``"longest"`` for the others.
     """
     keys = list(group_keys) if not isinstance(group_keys, (str, bytes)) else None
     if not keys:
@@ -385,6 +393,7 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         raise InvalidArgument("group_keys", type(exc).__name__, "hashable keys (strings, ints)") from None
     work = np.zeros(len(index), dtype=np.int64)
     np.add.at(work, group, pred)
+    ways = None  # "ways": over how many replicas each group is spread
     if placement == "groups":
         group_replica = place_groups(work, replicas)
         replica = [group_replica[g] for g in group]
@@ -392,13 +401,16 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         if placement == "classes":
             replica = _classes(pred, group, len(index), replicas, prompt_lens, budget_tokens, max_new_tokens, cost)
         elif placement == "ways":
-            replica = _ways(pred, group, len(index), replicas, prompt_lens, budget_tokens)
+            replica, ways = _ways(pred, group, len(index), replicas, prompt_lens, budget_tokens)
         else:
             replica = [i % replicas for i in range(len(keys))]
         seen: dict[int, set[int]] = {}
         for g, r in zip(group, replica):
             seen.setdefault(g, set()).add(r)
         group_replica = tuple(next(iter(seen[g])) if len(seen[g]) == 1 else -1 for g in range(len(index)))
+    if order == "longest_crowded":  # longest first where every group is whole on one of several replicas
+        whole = ways == 1 if placement == "ways" else min(group_replica) >= 0
+        order = "longest" if whole and replicas > 1 else "batch"
     rank = [0] * len(keys)
     for r in range(replicas):
         rows = [i for i in range(len(keys)) if replica[i] == r]
@@ -435,9 +447,10 @@ def _group_prompts(group: list[int], groups: int, prompt_lens: Any, values: dict
 
 
 def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any,
-          budget_tokens: Any) -> list[int]:
+          budget_tokens: Any) -> tuple[list[int], int]:
     """The replica of every row for ``placement="ways"`` (see :func:`plan_rollout`): the simulator's
-    ``steal`` placement of the groups in order of first appearance (rows of a group in batch order)."""
+    ``steal`` placement of the groups in order of first appearance (rows of a group in batch order);
+    and over how many replicas each group is spread."""
     per_group = _group_prompts(group, groups, prompt_lens, {"budget_tokens": budget_tokens}, "ways")
     budget = check_int("budget_tokens", budget_tokens, minimum=1)
     order = np.argsort(np.asarray(group, dtype=np.int64), kind="stable")  # rows grouped, batch order within
@@ -446,7 +459,7 @@ def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt
     placed = place_ways(pred[order].astype(np.float64), sizes, replicas, ways)
     replica = np.empty(len(group), dtype=np.int64)
     replica[order] = placed
-    return [int(r) for r in replica]
+    return [int(r) for r in replica], ways
 
 
 def _classes(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any, budget_tokens: Any,
