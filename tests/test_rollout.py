@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lengthsched import InvalidArgument
 from lengthsched.runtime import POLICIES, policy_names
 from simulate import ROUTERS, route, run_batch, run_group, run_rollout
+from simulate.rollout import STEAL_ORDERS
 from simulate.workloads import Group, castillo_groups
 
 
@@ -546,6 +547,34 @@ def test_steal_can_order_each_replicas_queue_longest_predicted_first():
         starts = [job for _, _, job in first]
         placed = [j for j in range(24) if ordered.placement[j] == r or r in _replicas_run_on(ordered)[j]]
         assert predicted[starts[0]] == max(predicted[j] for j in placed)
+
+
+def test_steal_orders_longest_first_in_crowded_steps_only():
+    """WorkStealing.ORDER = "longest_crowded": longest predicted first where the step's predicted tokens crowd
+    the pools so that whole groups are placed (spread_ways gives 1), the placement order where groups are
+    spread; "longest_spread" the other way round."""
+    from lengthsched.integrations.rollout import spread_ways
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    rng = np.random.default_rng(4)
+    groups = [Group(f"p{i}", 24, rng.integers(20, 200, size=4)) for i in range(12)]
+    predicted = np.repeat(rng.integers(20, 200, size=12), 4)
+    runs = {}
+    for pool in (300, 20_000):  # crowded: whole groups; roomy: each group over both replicas
+        ways = spread_ways([24] * 12, pool, 2, WorkStealing.PROMPT_SHARE, work_tokens=float(predicted.sum()),
+                           crowded=WorkStealing.CROWDED_POOLS)
+        for order in STEAL_ORDERS:
+            try:
+                WorkStealing.ORDER = order
+                r = run_rollout(groups, "steal", replicas=2, budget_tokens=pool, max_new_tokens=256,
+                                predicted=predicted)
+            finally:
+                WorkStealing.ORDER = "placement"
+            runs[pool, order] = (ways, r.seconds, r.placement.tolist())
+    assert runs[300, "placement"][0] == 1 and runs[20_000, "placement"][0] == 2
+    assert runs[300, "longest_crowded"] == runs[300, "longest"] != runs[300, "placement"]
+    assert runs[20_000, "longest_crowded"] == runs[20_000, "placement"]
+    assert runs[300, "longest_spread"] == runs[300, "placement"]
 
 
 @pytest.mark.parametrize("policy", ["vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "seer",
