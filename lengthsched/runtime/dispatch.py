@@ -557,8 +557,8 @@ class StealLongest(WorkStealing):
     (docs/benchmarks.md, "steal's order on each replica"): faster on average everywhere (0.967 of vLLM +
     verl over the grid against ``steal``'s 0.973; 0.903 against 0.917 at scale), but with worse worst
     cases (slower than vLLM + verl by more than 1% in 8 of the grid's 360 settings against none; worst
-    1.060 against 1.009, and up to 1.229 on the held-out prompts): a longest-first queue starts the
-    groups a prompt-level predictor overrated first, and where it places whole groups that moves the
+    1.060 against 1.009, and up to 1.229 on the held-out prompts): a longest-first queue starts last the
+    groups a prompt-level predictor underrated, and where nothing is left to steal by then they set the
     tail. ``steal`` (the default) keeps the placement order for the "never slower" target; take this one
     where the mean matters more (verl: ``+lengthsched.order=longest``), after
     ``lengthsched simulate --draws N`` on your own steps shows both."""
