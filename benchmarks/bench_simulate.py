@@ -1357,17 +1357,33 @@ def rollout_order(quick: bool) -> tuple[str, list]:
     seeds = WAYS_SEEDS
     if quick:
         scopes, seeds = {"grid": [("castillo", 64, 4, 4), ("long tail", 64, 4, 2)]}, (11,)
-    rows = []
+    rows, per_draw, moves, settings = [], [], [], []
+    default = ORDER_RUNS[0][0]
     for scope, grid in scopes.items():
         units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
         results = _pool_map(_rollout_order_unit, units)
+        settings += [[scope, *unit[:5], [out[label] for label, _ in ORDER_RUNS]] for unit, out in zip(units, results)]
         for label, _ in ORDER_RUNS:
             ratios = [out[label] for out in results]
-            rows.append([scope, label] + _ratio_summary(units, ratios)[:5] + [int(np.sum(np.array(ratios) > 1.01))])
-    return table(f"steal's order on each replica ({_cost_label()}; seeds {', '.join(map(str, seeds))}, realistic "
+            summary = _ratio_summary(units, ratios)
+            rows.append([scope, label] + summary[:5] + [int(np.sum(np.array(ratios) > 1.01))])
+            per_draw.append([scope, label] + summary[5:])
+            if label != default:  # the setting this order moves most against the default's order
+                gaps = [out[label] - out[default] for out in results]
+                i = int(np.argmax(np.abs(gaps)))
+                w, b, r, f, seed, _ = units[i]
+                moves.append([scope, label, float(np.mean(np.abs(gaps))), f"{w}, {b} x 16 on {r} at {f} x L_max, "
+                              f"seed {seed}", results[i][default], results[i][label]])
+    text = table(f"steal's order on each replica ({_cost_label()}; seeds {', '.join(map(str, seeds))}, realistic "
                  "predictions): makespan x vLLM FCFS + verl routing",
                  ["settings", "order", "n", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
-                  "slower by > 1%"], rows), rows
+                  "slower by > 1%"], rows)
+    text += "\n\n" + table("steal's order on each replica, per draw: mean makespan x vLLM FCFS + verl routing",
+                            ["settings", "order"] + [f"seed {s}" for s in seeds], per_draw)
+    text += "\n\n" + table(f"steal's order on each replica against the {default}: per setting, the mean and the "
+                            "largest move of the makespan x vLLM FCFS + verl routing",
+                            ["settings", "order", "mean |move|", "largest move at", "default", "this order"], moves)
+    return text, {"rows": rows, "per_draw": per_draw, "moves": moves, "settings": settings}
 
 
 def main(argv=None) -> int:

@@ -518,7 +518,8 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
     from lengthsched.runtime.dispatch import WorkStealing
     from simulate import run_rollout
 
-    rows = _quick_section(tmp_path, "rollout_order")["rows"]
+    data = _quick_section(tmp_path, "rollout_order")
+    rows = data["rows"]
     from bench_simulate import ORDER_RUNS, _patched, _rollout_setting
 
     assert [(r[0], r[1], r[2]) for r in rows] == [("grid", label, 2) for label, _ in ORDER_RUNS]
@@ -538,3 +539,12 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
     for label, order in ORDER_RUNS:
         mine = [ratios[w, order] for w in ("castillo", "long tail")]
         assert by[label][3] == pytest.approx(np.mean(mine), rel=1e-12) and by[label][5] == pytest.approx(max(mine))
+    # per draw (one seed here: the mean), every setting's ratios, and the largest move against the default
+    assert [(r[1], r[2]) for r in data["per_draw"]] == [(label, pytest.approx(by[label][3])) for label, _ in ORDER_RUNS]
+    assert [s[1:6] for s in data["settings"]] == [["castillo", 64, 4, 4, 11], ["long tail", 64, 4, 2, 11]]
+    for label, order in ORDER_RUNS[1:]:
+        move = next(m for m in data["moves"] if m[1] == label)
+        gaps = {w: ratios[w, order] - ratios[w, "placement"] for w in ("castillo", "long tail")}
+        widest = max(gaps, key=lambda w: abs(gaps[w]))
+        assert move[2] == pytest.approx(np.mean(np.abs(list(gaps.values()))))
+        assert move[3].startswith(widest) and move[5] - move[4] == pytest.approx(gaps[widest])
