@@ -1332,6 +1332,11 @@ ORDER_RUNS = (("placement order (the default)", "placement"), ("longest predicte
               ("longest first where whole groups are placed", "longest_crowded"))
 
 
+def _workload_label(workload: str) -> str:
+    """A rollout workload's name for tables: a --groups-file's file name instead of its path."""
+    return "held-out " + Path(workload[5:]).name if workload.startswith("file:") else workload
+
+
 def _rollout_order_unit(args):
     """One setting: each of ORDER_RUNS's makespan over vLLM FCFS + verl's (realistic predictions)."""
     from lengthsched.runtime.dispatch import WorkStealing
@@ -1362,7 +1367,8 @@ def rollout_order(quick: bool) -> tuple[str, list]:
     for scope, grid in scopes.items():
         units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
         results = _pool_map(_rollout_order_unit, units)
-        settings += [[scope, *unit[:5], [out[label] for label, _ in ORDER_RUNS]] for unit, out in zip(units, results)]
+        settings += [[scope, _workload_label(unit[0]), *unit[1:5], [out[label] for label, _ in ORDER_RUNS]]
+                     for unit, out in zip(units, results)]
         for label, _ in ORDER_RUNS:
             ratios = [out[label] for out in results]
             summary = _ratio_summary(units, ratios)
@@ -1372,8 +1378,8 @@ def rollout_order(quick: bool) -> tuple[str, list]:
                 gaps = [out[label] - out[default] for out in results]
                 i = int(np.argmax(np.abs(gaps)))
                 w, b, r, f, seed, _ = units[i]
-                moves.append([scope, label, float(np.mean(np.abs(gaps))), f"{w}, {b} x 16 on {r} at {f} x L_max, "
-                              f"seed {seed}", results[i][default], results[i][label]])
+                moves.append([scope, label, float(np.mean(np.abs(gaps))), f"{_workload_label(w)}, {b} x 16 on {r} at "
+                              f"{f} x L_max, seed {seed}", results[i][default], results[i][label]])
     text = table(f"steal's order on each replica ({_cost_label()}; seeds {', '.join(map(str, seeds))}, realistic "
                  "predictions): makespan x vLLM FCFS + verl routing",
                  ["settings", "order", "n", "mean", "mean, several replicas", "worst", "slower by > 0.1%",
