@@ -1323,10 +1323,10 @@ def rollout_luck(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "summary": summary, "draws": draws}
 
 
-# steal's order on each replica: its placement's (the default) against longest predicted first, and
-# longest first only where groups are spread (ways > 1; whole groups keep the placement order), on four
-# draws of the grid, of the steps at scale, of the long tail with CASTILLO prompt lengths and (with
-# --groups-file) of held-out prompts.
+# steal's order on each replica: its placement's (the default) against longest predicted first, longest
+# first only where groups are spread (ways > 1; whole groups keep the placement order) and longest first
+# only where whole groups are placed (ways == 1, crowded steps), on four draws of the grid, of the steps at
+# scale, of the long tail with CASTILLO prompt lengths and (with --groups-file) of held-out prompts.
 ORDER_RUNS = (("placement order (the default)", "placement"), ("longest predicted first", "longest"),
               ("longest first where groups are spread", "longest_spread"),
               ("longest first where whole groups are placed", "longest_crowded"))
@@ -1352,7 +1352,9 @@ def _rollout_order_unit(args):
 
 def rollout_order(quick: bool) -> tuple[str, list]:
     """steal with each replica's queue in placement order (the default), longest predicted first, or
-    longest first only where groups are spread, on four draws of several workloads (see ORDER_RUNS)."""
+    longest first only where groups are spread or only where whole groups are placed, on four draws of
+    several workloads (see ORDER_RUNS): the summary, each draw's mean, each order's largest move against
+    the default, and every setting's ratios."""
     scopes = {"grid": ROLLOUT_GRID, "scale": SCALE_GRID,
               "long tail + castillo prompts": [(long_tail_workload("castillo"), b, r, f)
                                                for w, b, r, f in ROLLOUT_GRID if w == "long tail"]}
