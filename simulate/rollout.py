@@ -11,7 +11,11 @@ replicas by a router, or by the policy itself when it plans the placement:
   ``AsyncLLMServerManager._choose_server``, verl 0.5-0.9: a heap of (load, replica), ties to the
   lower index). All requests of a step are submitted at once, before any finishes, so request k of
   the step goes to replica k mod R: a group's G samples are spread over the replicas.
-- ``group_round_robin``, OpenRLHF's: a whole group (its G samples) to one engine, round robin.
+- ``group_round_robin``, OpenRLHF's: a whole group (its G samples) to one engine, round robin
+  (openrlhf/trainer/ppo_utils/samples_generator.py, ``SamplesGenerator._dispatch_prompts_to_vllm``,
+  OpenRLHF 0.11.0: each prompt goes with ``num_samples=n_samples_per_prompt`` to the engine at the top
+  of a heap of (unfinished requests, engine), its load then raised by the G samples; with every engine
+  idle at the start of a step, as in a synchronous step, prompt k goes to engine k mod R).
 - a policy with ``places_groups`` (``placed_lpt``) balances the groups' predicted work over the
   replicas with the partitioning core (the better of LPT and Karmarkar-Karp, on predicted tokens),
   and ignores ``router``; ``placed_adaptive`` spreads requests as verl does unless holding every
