@@ -3,15 +3,16 @@
 The rollout comparisons of ``bench_simulate.py`` are in modelled seconds (``lengthsched.cost``).
 This script takes the steps the simulator says each policy runs in one rollout setting (every
 replica's :class:`~lengthsched.runtime.StepLog`, ``RolloutResult.step_logs``), draws a sample of them
-with probability proportional to their modelled seconds, runs each drawn step's shape on the GPU
+with probability proportional to their modelled seconds (stratified by replica, with random numbers
+common to the policies: :func:`draw_plan`), runs each drawn step's shape on the GPU
 with a model of the preset's shapes and random weights (``gpu_cost.Stepper``: static KV buffers,
 one CUDA graph per shape, CUDA-event timing), and estimates each replica's measured seconds as
 its modelled step seconds times the mean of measured / modelled over its drawn steps (the
 Hansen-Hurwitz estimator of a total under sampling proportional to size: unbiased, and tight
 when the model is off by a similar factor on every step), plus its seconds with no step to run (waits
 for a KV load or a resubmission, kept as modelled). The makespan is the slowest replica's;
-a bootstrap over the drawn steps gives 95% intervals of each policy's measured makespan relative
-to the baseline's (the first policy).
+a bootstrap over the drawn steps (within each replica) gives 95% intervals of each policy's measured
+makespan relative to the baseline's (the first policy).
 
 How a logged step is run: ``rows`` decode rows, each after ``kv / rows`` tokens of context (the
 step's KV read spread evenly; the simulator's rows differ in context, the sum is what it prices);
@@ -152,6 +153,58 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
     return runs
 
 
+def allocate(totals: np.ndarray, draws: int) -> np.ndarray:
+    """Draws per replica: ``draws`` shared equally by the replicas with steps (``totals``, their modelled
+    step seconds, above 0), the remainder to the lower replicas. Equal shares make a replica's share
+    independent of the others' (two policies with the same steps on a replica draw as many there) and
+    give every replica that may end the step the same precision."""
+    live = np.flatnonzero(np.asarray(totals, dtype=np.float64) > 0)
+    n = np.zeros(len(totals), dtype=np.int64)
+    if draws > 0 and len(live):
+        n[live] = draws // len(live)
+        n[live[:draws % len(live)]] += 1
+    return n
+
+
+def draw_plan(run: dict, draws: int, seed: int) -> list[tuple[int, int]]:
+    """The (replica, step) pairs to replay for one policy, ``draws`` of them in the order to run them.
+
+    Stratified by replica: each replica gets an equal share of the draws (:func:`allocate`), and within it
+    steps are drawn with probability proportional to their modelled seconds (what the Hansen-Hurwitz
+    estimate of :func:`estimate` needs), by inverse transform of uniforms that depend on the seed and
+    the replica alone: common random numbers, so that two policies whose replica ran the same steps
+    draw the same ones there (and, with the measurements shared per shape, estimate it the same),
+    and policies whose replicas ran similar steps draw similar ones. The order interleaves the replicas
+    (the k-th draw of a replica with n draws at (k + 1/2) / n), so that a run cut off by its time budget
+    has drawn every replica in about its share."""
+    totals = np.array([float(s["compute_seconds"].sum()) for s in run["steps"]])
+    counts = allocate(totals, draws)
+    keyed = []
+    for r, (s, n) in enumerate(zip(run["steps"], counts)):
+        if n == 0:
+            continue
+        cdf = np.cumsum(s["compute_seconds"]) / totals[r]
+        u = np.random.default_rng([seed, r]).random(draws)[:n]
+        picks = np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
+        keyed += [((k + 0.5) / n, r, int(i)) for k, i in enumerate(picks)]
+    return [(r, i) for _, r, i in sorted(keyed)]
+
+
+def stratified_resamples(draws: list[dict], replicas: int, seed: int, resamples: int) -> np.ndarray:
+    """Bootstrap indices into ``draws`` (resamples x draws): each replica's draws resampled among
+    themselves (the strata of :func:`draw_plan`), by uniforms that depend on the seed and the replica
+    alone, so that two policies with the same draws on a replica resample them alike and the
+    interval of their ratio reflects only where they differ."""
+    boot = np.zeros((resamples, len(draws)), dtype=np.int64)
+    replica = np.array([d["replica"] for d in draws], dtype=np.int64)
+    for r in range(replicas):
+        pos = np.flatnonzero(replica == r)
+        if len(pos):  # column j's uniforms depend on (seed, replica, j) alone, not on how many were drawn
+            u = np.column_stack([np.random.default_rng([seed, 1, r, j]).random(resamples) for j in range(len(pos))])
+            boot[:, pos] = pos[np.minimum((u * len(pos)).astype(np.int64), len(pos) - 1)]
+    return boot
+
+
 def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np.ndarray:
     """Per-replica measured seconds estimated from the draws (see the module docstring), shape
     (replicas,); with ``boot`` (resamples x draws indices into ``draws``), shape (resamples, replicas).
@@ -179,12 +232,16 @@ def estimate(run: dict, draws: list[dict], boot: np.ndarray | None = None) -> np
 
 def report(runs: list[dict], draws: list[list[dict]], seed: int, resamples: int = 1000) -> dict:
     """Each policy's modelled and measured makespan, both relative to the first policy's, with a 95%
-    bootstrap interval of the measured ratio (the draws of both policies resampled); the fitted cost's
+    bootstrap interval of the measured ratio (the draws of both policies resampled within each replica,
+    alike where they are alike: :func:`stratified_resamples`); the fitted cost's
     makespan where the runs carry it (:func:`simulate`'s ``fitted_seconds``)."""
-    rng = np.random.default_rng(seed)
     base = runs[0]
     base_measured = float(estimate(base, draws[0]).max())
-    base_boot = estimate(base, draws[0], rng.integers(max(1, len(draws[0])), size=(resamples, len(draws[0]))))
+
+    def boot_of(run: dict, mine: list[dict]) -> np.ndarray:
+        return estimate(run, mine, stratified_resamples(mine, len(run["replica_seconds"]), seed, resamples))
+
+    base_boot = boot_of(base, draws[0])
     rows = []
     for run, mine in zip(runs, draws):
         per_replica = estimate(run, mine)
@@ -205,7 +262,7 @@ def report(runs: list[dict], draws: list[list[dict]], seed: int, resamples: int 
         if "fitted_seconds" in run:
             entry["fitted_modelled_seconds"] = run["fitted_seconds"]
         if mine and draws[0] and run is not base:
-            boot = estimate(run, mine, rng.integers(len(mine), size=(resamples, len(mine)))).max(axis=1)
+            boot = boot_of(run, mine).max(axis=1)
             ratio = boot / base_boot.max(axis=1)
             entry["measured_vs_baseline_95"] = [float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))]
         rows.append(entry)
@@ -277,14 +334,7 @@ def main(argv=None) -> int:
         fitted = StepCost.from_json(Path(args.fitted).read_text(encoding="utf-8"))
 
     runs = simulate(args, cost, fitted)
-    rng = np.random.default_rng(args.seed)
-    plans = []  # per policy: (replica, step) drawn with probability proportional to modelled seconds
-    for run in runs:
-        secs = np.concatenate([s["compute_seconds"] for s in run["steps"]])
-        owner = np.concatenate([np.full(len(s["seconds"]), i) for i, s in enumerate(run["steps"])])
-        local = np.concatenate([np.arange(len(s["seconds"])) for s in run["steps"]])
-        pick = rng.choice(len(secs), size=args.draws, p=secs / secs.sum())
-        plans.append([(int(owner[i]), int(local[i])) for i in pick])
+    plans = [draw_plan(run, args.draws, args.seed) for run in runs]  # per policy: (replica, step), in order
     shapes = {}
     for run, plan in zip(runs, plans):
         for rep, i in plan:

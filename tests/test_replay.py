@@ -164,3 +164,82 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "only with --workload 'long tail'" in bad.stderr
     assert not (tmp_path / "bad.json").exists()
+
+
+def _fake_run(name: str, replica_steps: list[np.ndarray]) -> dict:
+    """A run as :func:`gpu_replay.simulate` returns it, with the given compute seconds per step on each replica."""
+    steps = [{"compute_seconds": np.asarray(s, dtype=np.float64), "seconds": np.asarray(s, dtype=np.float64),
+              "rows": np.arange(len(s))} for s in replica_steps]
+    secs = [float(np.sum(s)) for s in replica_steps]
+    return {"policy": name, "seconds": max(secs), "replica_seconds": secs, "preemptions": 0, "recomputed_tokens": 0,
+            "lower_bound_seconds": 1.0, "steps": steps}
+
+
+def test_allocate_shares_the_draws_equally_between_the_replicas_with_steps():
+    assert gpu_replay.allocate(np.array([5.0, 1.0, 0.0, 2.0]), 10).tolist() == [4, 3, 0, 3]
+    assert gpu_replay.allocate(np.array([5.0, 1.0, 2.0]), 2).tolist() == [1, 1, 0]
+    assert gpu_replay.allocate(np.array([0.0, 0.0]), 5).tolist() == [0, 0]
+    assert gpu_replay.allocate(np.array([1.0]), 0).tolist() == [0]
+
+
+def test_draw_plan_draws_the_same_steps_where_two_policies_ran_the_same_replica():
+    """Common random numbers: a replica with the same steps in two runs is drawn alike (whatever the
+    other replicas ran); the draws interleave the replicas and fall on steps in proportion to their
+    seconds."""
+    rng = np.random.default_rng(3)
+    shared = rng.uniform(0.001, 0.01, 500)
+    a = _fake_run("a", [shared, rng.uniform(0.001, 0.01, 300), rng.uniform(0.001, 0.01, 200)])
+    b = _fake_run("b", [shared, rng.uniform(0.001, 0.01, 900), rng.uniform(0.001, 0.01, 50)])
+    pa, pb = gpu_replay.draw_plan(a, 90, seed=11), gpu_replay.draw_plan(b, 90, seed=11)
+    assert len(pa) == len(pb) == 90
+    assert [i for r, i in pa if r == 0] == [i for r, i in pb if r == 0]
+    assert [i for r, i in pa if r == 1] != [i for r, i in pb if r == 1]
+    assert {r for r, _ in pa[:3]} == {0, 1, 2} and [sum(r == k for r, _ in pa) for k in range(3)] == [30, 30, 30]
+    assert gpu_replay.draw_plan(a, 90, seed=12) != pa
+    # proportional to seconds within a replica: a step 100x longer than the others is drawn most
+    heavy = _fake_run("h", [np.r_[np.full(99, 0.001), 0.1]])
+    picks = [i for _, i in gpu_replay.draw_plan(heavy, 400, seed=0)]
+    assert 0.4 < picks.count(99) / 400 < 0.6  # its share of the seconds is 0.1 / 0.199
+
+
+def test_two_policies_with_the_same_steps_measure_alike_and_the_interval_collapses():
+    """Where the model is off by a factor that varies from step to step, two runs with the same steps get
+    the same estimate and a ratio of exactly 1 (the draws and the bootstrap resamples are common); a run
+    that differs on one replica is estimated apart there only."""
+    rng = np.random.default_rng(5)
+    reps = [rng.uniform(0.001, 0.01, 400) for _ in range(4)]
+    a, b = _fake_run("a", reps), _fake_run("b", reps)
+    c = _fake_run("c", reps[:3] + [rng.uniform(0.001, 0.01, 450)])
+    factor = {id(s): 1.5 + 1.5 * rng.random(len(s)) for s in reps}  # measured / modelled, step by step
+    last = 1.5 + 1.5 * rng.random(450)
+
+    def measure(run, plan):
+        out = []
+        for r, i in plan:
+            s = run["steps"][r]["compute_seconds"]
+            f = last if len(s) == 450 else factor[id(reps[r])]
+            out.append({"replica": r, "modelled": float(s[i]), "measured": float(s[i] * f[i]), "exact": True})
+        return out
+
+    runs = [a, b, c]
+    draws = [measure(run, gpu_replay.draw_plan(run, 200, seed=11)) for run in runs]
+    rows = gpu_replay.report(runs, draws, seed=11, resamples=200)["policies"]
+    assert rows[1]["measured_vs_baseline"] == 1.0 and rows[1]["measured_vs_baseline_95"] == [1.0, 1.0]
+    assert rows[2]["measured_replica_seconds"][:3] == rows[0]["measured_replica_seconds"][:3]
+    assert rows[2]["measured_replica_seconds"][3] != rows[0]["measured_replica_seconds"][3]
+
+
+def test_the_estimator_check_runs_and_reports_both_samplers(tmp_path):
+    """benchmarks/bench_replay_estimator.py (the CPU check of the replay's sampler) runs on a small step
+    and reports, per sampler and policy, the estimate's error against the truth it made up."""
+    out = tmp_path / "est.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_replay_estimator.py"), "--factors", "4",
+                             "--prompts", "16", "--replicas", "2", "--draws", "40", "--trials", "3", "--resamples", "50",
+                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (setting,) = json.loads(out.read_text())["settings"]
+    assert {(r["sampler"], r["policy"]) for r in setting["rows"]} == {
+        (s, p) for s in ("iid", "stratified") for p in ("steal", "steal_longest")}
+    for r in setting["rows"]:
+        assert r["rmse"] >= r["sd"] >= 0 and 0 <= r["coverage"] <= 1 and r["interval_width"] >= 0
+        assert r["true_ratio"] > 0
