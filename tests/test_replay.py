@@ -233,9 +233,10 @@ def test_the_estimator_check_runs_and_reports_both_samplers(tmp_path):
     """benchmarks/bench_replay_estimator.py (the CPU check of the replay's sampler) runs on a small step
     and reports, per sampler and policy, the estimate's error against the truth it made up."""
     out = tmp_path / "est.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_replay_estimator.py"), "--factors", "4",
-                             "--prompts", "16", "--replicas", "2", "--draws", "40", "--trials", "3", "--resamples", "50",
-                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    args = ["--factors", "4", "--prompts", "16", "--replicas", "2", "--draws", "40", "--trials", "3",
+            "--resamples", "50", "--out", str(out)]
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_replay_estimator.py"), *args],
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (setting,) = json.loads(out.read_text())["settings"]
     assert {(r["sampler"], r["policy"]) for r in setting["rows"]} == {

@@ -342,3 +342,34 @@ def test_draws_without_a_rollout_step_is_an_error_naming_it(capsys):
     assert main(["simulate", "--groups", "2", "--draws", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'draws'" in err and "--prompts or --replicas" in err
+
+
+def test_the_verdict_says_when_steal_places_whole_groups_that_one_step_is_one_draw(capsys):
+    """Where the step's predicted tokens fill every pool CROWDED_POOLS times over, steal places each group
+    whole (every completion of a group on one replica), and the verdict says that the step is one draw of a
+    lottery and how to see more (--draws); where steal spreads groups, or with --draws, it does not."""
+    import numpy as np
+
+    from simulate import run_rollout
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    args = ["--policies", "vllm,steal", "--routers", "least_loaded"]
+    hint = "steal places whole groups in this step"
+    for prompts, crowded in (("64", True), ("8", False)):
+        opts = SimulateOptions(prompts=int(prompts), replicas=2, group_size=8, max_new_tokens=1024,
+                               model="qwen3-1.7b", budget="4GiB", policies="vllm,steal", routers="least_loaded")
+        step = rollout_step(opts)
+        assert step.whole_groups is crowded
+        placed = run_rollout(step.groups, "steal", replicas=2, budget_tokens=step.pool, max_new_tokens=1024,
+                             predicted=step.predicted, cost=step.cost).placement
+        by_group = np.asarray(placed).reshape(len(step.groups), 8)
+        # steal may later move a few requests; its placement is whole groups where crowded
+        whole = np.mean([len(set(row)) == 1 for row in by_group])
+        assert (whole > 0.9) if crowded else (whole < 0.5)
+        assert main(SMALL[:2] + [prompts] + SMALL[3:] + args) == 0
+        verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict: "))
+        assert (hint in verdict and "--draws N" in verdict) is crowded
+    assert main(SMALL[:2] + ["64"] + SMALL[3:] + args + ["--draws", "2"]) == 0
+    verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict: "))
+    assert hint not in verdict and "over 3 draws of the predictions' errors" in verdict
