@@ -18,7 +18,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
-from lengthsched.integrations.rollout import CROWDED_POOLS
+from lengthsched.integrations.rollout import CROWDED_POOLS, spread_ways
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
@@ -212,8 +212,6 @@ class RolloutStep:
         """Whether ``steal`` places every group whole on one replica in this step (several replicas, and
         the step's predicted tokens fill every pool ``CROWDED_POOLS`` times over: ``spread_ways`` gives 1),
         where which replica gets a group the predictions underrated is a lottery over their errors."""
-        from lengthsched.integrations.rollout import spread_ways
-
         if self.opts.replicas <= 1:
             return False
         prompts = [int(g.prompt_len) for g in self.groups if len(g.lengths)]
@@ -432,12 +430,14 @@ def rollout_headline(comparison: RolloutComparison) -> str:
                  f"({lo:.3f}-{hi:.3f}), slower in {slower} of them"
                  + (": where it places whole groups, its placement is a lottery over what the predictions got wrong"
                     if hi - lo > 0.005 else ""))
-    elif ours is not None and ours is not base and step is not None and step.whole_groups:
+    elif (ours is not None and ours is not base and recommended == DEFAULT_POLICY and step is not None
+          and step.whole_groups):
+        longest = any(r.policy == "steal_longest" for r in done)
         line += ("; steal places whole groups in this step (its predicted tokens fill every pool "
                  f"{CROWDED_POOLS:g} times over), so which replica gets a group the predictions underrated is "
-                 "one draw of a lottery: orders and placements trade places from draw to draw (steal_longest "
-                 "beside steal shows one such trade), and --draws N reruns the step on N more draws of the "
-                 "predictions' errors")
+                 "one draw of a lottery: orders and placements trade places from draw to draw"
+                 + (" (steal_longest beside steal shows one such trade)" if longest else "")
+                 + ", and --draws N reruns the step on N more draws of the predictions' errors")
     if ours is not None and POLICIES[recommended].resubmits:
         observed = ("steal_observed simulates it; inside verl: lengthsched.integrations.verl_stealing"
                     if recommended == DEFAULT_POLICY else
