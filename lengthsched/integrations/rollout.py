@@ -412,8 +412,10 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         whole = ways == 1 if placement == "ways" else min(group_replica) >= 0
         order = "longest" if whole and replicas > 1 else "batch"
     rank = [0] * len(keys)
-    for r in range(replicas):
-        rows = [i for i in range(len(keys)) if replica[i] == r]
+    on: list[list[int]] = [[] for _ in range(replicas)]  # each replica's rows, in batch order
+    for i, r in enumerate(replica):
+        on[r].append(i)
+    for rows in on:
         if order == "longest":
             rows.sort(key=lambda i: (-int(pred[i]), i))
         for k, i in enumerate(rows):
