@@ -46,11 +46,13 @@ def iid_plan(run: dict, draws: int, rng) -> list[tuple[int, int]]:
 
 
 def measure(run: dict, plan: list[tuple[int, int]]) -> list[dict]:
+    """The draws of ``plan`` as the replay records them, "measured" from each step's ``ratio`` (set by
+    :func:`compare`)."""
     out = []
     for r, i in plan:
         s = run["steps"][r]
         m = float(s["compute_seconds"][i])
-        out.append({"replica": r, "modelled": m, "measured": m * float(ratio(s)[i]), "exact": True})
+        out.append({"replica": r, "modelled": m, "measured": m * float(s["ratio"][i]), "exact": True})
     return out
 
 

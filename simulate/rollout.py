@@ -58,7 +58,7 @@ from lengthsched.placement import (
     packing_mix,
 )
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
-from lengthsched.runtime.dispatch import Dispatcher, GroupQueue
+from lengthsched.runtime.dispatch import Dispatcher, GroupQueue, WorkStealing
 from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
 from lengthsched.runtime.replicas import replica_engine as _engine
 from lengthsched.runtime.replicas import run_replica as _run_replica
@@ -473,6 +473,20 @@ def _run_routed(policy, placement, online, replicas, **common):
     return [eng for eng, _ in runs], [clock for _, clock in runs]
 
 
+def steal_ways(groups: Sequence[Any], pred: Any, budget_tokens: int, replicas: int, max_new_tokens: int,
+               cls: Any = WorkStealing) -> tuple[np.ndarray, int]:
+    """What a stealing policy with ``PLACE = "ways"`` (``cls``, default ``steal``'s ``WorkStealing``) places
+    by: each completion's predicted work in tokens (flattened in group order; without predictions, as
+    the replicas assume, ``max_new_tokens`` each) and over how many replicas each group is spread
+    (:func:`lengthsched.integrations.rollout.spread_ways` with the class's ``PROMPT_SHARE`` and
+    ``CROWDED_POOLS``; 1: whole groups)."""
+    sizes = [len(g.lengths) for g in groups]
+    work = np.full(sum(sizes), float(max_new_tokens)) if pred is None else np.asarray(pred, dtype=np.float64)
+    ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget_tokens, replicas,
+                       cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS)
+    return work, ways
+
+
 #: The orders a stealing policy's queues can start in (``WorkStealing.ORDER``).
 STEAL_ORDERS = ("placement", "longest", "longest_spread", "longest_crowded")
 
@@ -492,12 +506,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                                                                  budget=budget, cost=cost, prefill_chunk=prefill_chunk,
                                                                  max_seqs=max_seqs))
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
-            sizes = [len(g.lengths) for g in groups]
-            # without predictions every completion may run to max_new_tokens, as the replicas assume
-            work = np.full(len(flat), float(max_new)) if pred is None else np.asarray(pred, dtype=np.float64)
-            ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget, replicas,
-                               cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS)
-            placed = place_ways(work, sizes, replicas, ways)
+            work, ways = steal_ways(groups, pred, budget, replicas, max_new, cls)
+            placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
         else:
             placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])

@@ -18,7 +18,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
-from lengthsched.integrations.rollout import CROWDED_POOLS, spread_ways
+from lengthsched.integrations.rollout import CROWDED_POOLS
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
@@ -35,7 +35,7 @@ from .report import (
     spec_sigma,
     workload_groups,
 )
-from .rollout import ROUTERS, RolloutResult, run_rollout
+from .rollout import ROUTERS, RolloutResult, run_rollout, steal_ways
 from .workloads import WORKLOADS, history_predictions
 
 __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
@@ -210,16 +210,13 @@ class RolloutStep:
     @property
     def whole_groups(self) -> bool:
         """Whether ``steal`` places every group whole on one replica in this step (several replicas, and
-        the step's predicted tokens fill every pool ``CROWDED_POOLS`` times over: ``spread_ways`` gives 1),
-        where which replica gets a group the predictions underrated is a lottery over their errors."""
+        the step's predicted tokens fill every pool ``CROWDED_POOLS`` times over: ``steal_ways`` gives 1,
+        as ``run_rollout`` places them), where which replica gets a group the predictions underrated is a
+        lottery over their errors."""
         if self.opts.replicas <= 1:
             return False
-        prompts = [int(g.prompt_len) for g in self.groups if len(g.lengths)]
-        completions = sum(len(g.lengths) for g in self.groups)
-        # as run_rollout places steal's groups: without predictions every completion may run to L_max
-        work = (float(completions * self.opts.max_new_tokens) if self.predicted is None
-                else float(np.sum(np.asarray(self.predicted, dtype=np.float64))))
-        return work > 0 and spread_ways(prompts, self.pool, self.opts.replicas, work_tokens=work) == 1
+        _, ways = steal_ways(self.groups, self.predicted, self.pool, self.opts.replicas, self.opts.max_new_tokens)
+        return ways == 1
 
     @property
     def recommended(self) -> str:
