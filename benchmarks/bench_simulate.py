@@ -1394,6 +1394,58 @@ def rollout_order(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "per_draw": per_draw, "moves": moves, "settings": settings}
 
 
+# The RL frameworks' own routers and engines (simulate.ROUTERS), each framework as it ships, against
+# vLLM FCFS + verl's routing and against steal.
+ROUTER_RUNS = (  # (label, policy, router, predictions)
+    ("vllm + verl routing", "vllm", "least_loaded", None),
+    ("OpenRLHF: vllm + group round robin", "vllm", "group_round_robin", None),
+    ("TRL: vllm + contiguous chunks", "vllm", "contiguous_chunks", None),
+    ("slime: sglang + cache-aware router", "sglang", "cache_aware", None),
+    ("sglang + verl routing", "sglang", "least_loaded", None),
+    ("vllm + cache-aware router", "vllm", "cache_aware", None),
+    ("steal", "steal", None, "realistic"),
+)
+SLIME_CONCURRENCY = 512  # slime's --sglang-server-concurrency default: requests in flight per engine
+
+
+def _rollout_router_unit(args):
+    """One setting: every run of ROUTER_RUNS's makespan (seconds), or None where the engine refuses the pool."""
+    return {label: (None if v is None else v[0]) for label, v in _rollout_unit(args, ROUTER_RUNS).items()}
+
+
+def rollout_routers(quick: bool) -> tuple[str, list]:
+    """The RL frameworks' routers as they ship (verl, OpenRLHF, TRL, slime) on four draws of the grid
+    and on one of the steps at scale: each one's makespan over vLLM FCFS + verl's, and what steal
+    gains over each framework's own (steal's makespan over the framework's, per setting)."""
+    scopes = {"grid": [(u, s) for s in WAYS_SEEDS for u in ROLLOUT_GRID],
+              "scale": [(u, 11) for u in SCALE_GRID]}
+    if quick:
+        scopes = {"grid": [(("castillo", 64, 4, 4), 11), (("long tail", 64, 4, 2), 11)]}
+    rows, settings = [], []
+    for scope, grid in scopes.items():
+        units = [(w, b, r, f, seed, ROLLOUT_COST) for (w, b, r, f), seed in grid]
+        results = _pool_map(_rollout_router_unit, units)
+        settings += [[scope, _workload_label(u[0]), *u[1:5], [out[label] for label, *_ in ROUTER_RUNS]]
+                     for u, out in zip(units, results)]
+        over_cap = sum(1 for u in units if u[1] * 16 > SLIME_CONCURRENCY * u[2] and u[2] > 1)
+        for label, *_ in ROUTER_RUNS:
+            both = [(u, out[label], out["vllm + verl routing"], out["steal"]) for u, out in zip(units, results)
+                    if out[label] is not None]
+            ratios = [x / base for _, x, base, _ in both]
+            summary = _ratio_summary([u for u, *_ in both], ratios)
+            gain = np.array([st / x for _, x, _, st in both])
+            rows.append([scope, label, len(units) - len(both)] + summary[:5]
+                        + [float(gain.mean()), float(gain.min()), float(gain.max()), int(np.sum(gain > 1.001)),
+                           over_cap])
+    text = table(f"The RL frameworks' routers and engines as they ship ({_cost_label()}; grid: seeds "
+                 f"{', '.join(map(str, WAYS_SEEDS))}; scale: seed 11): makespan x vLLM FCFS + verl routing, and "
+                 "steal's makespan x each run's (steal with realistic prompt-level predictions)",
+                 ["settings", "run", "fails", "n", "mean x vllm + verl", "mean, several replicas", "worst",
+                  "slower by > 0.1%", "steal x this: mean", "best", "worst", "settings steal is slower",
+                  f"multi-replica settings over slime's {SLIME_CONCURRENCY} per engine"], rows)
+    return text, {"rows": rows, "settings": settings}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -1456,7 +1508,8 @@ def main(argv=None) -> int:
                 "rollout_ways": rollout_ways,
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
                 "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck, "rollout_order": rollout_order,
-                "rollout_resubmit": rollout_resubmit, "paper": paper, "batches": batches, "speed": speed,
+                "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
+                "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()

@@ -13,7 +13,15 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
 from .headroom import PlacementSearch, search_placement
-from .rollout import ROUTERS, RolloutResult, place_by_length_class, place_by_time, route, run_rollout
+from .rollout import (
+    ROUTERS,
+    RolloutResult,
+    cache_aware_placement,
+    place_by_length_class,
+    place_by_time,
+    route,
+    run_rollout,
+)
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
 #: The recommended policy (a name in ``lengthsched.runtime.POLICIES``, usable by ``run_group``,
@@ -43,6 +51,7 @@ __all__ = [
     "RolloutResult",
     "ROUTERS",
     "route",
+    "cache_aware_placement",
     "place_by_length_class",
     "place_by_time",
     "retained_kv_curve",

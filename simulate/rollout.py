@@ -16,6 +16,16 @@ replicas by a router, or by the policy itself when it plans the placement:
   OpenRLHF 0.11.0: each prompt goes with ``num_samples=n_samples_per_prompt`` to the engine at the top
   of a heap of (unfinished requests, engine), its load then raised by the G samples; with every engine
   idle at the start of a step, as in a synchronous step, prompt k goes to engine k mod R).
+- ``cache_aware``, SGLang's router (sglang-router 0.3.2, ``src/policies/cache_aware.rs``,
+  ``CacheAwarePolicy::select_worker``) as slime launches it in front of its SGLang engines (slime
+  ``slime/ray/rollout.py``, ``_start_router``; ``--router-balance-abs-threshold 10``,
+  ``--router-balance-rel-threshold 1.2``, the router's ``cache_threshold`` 0.3): every sample is its
+  own request (``slime/rollout/sglang_rollout.py``), routed in the order the groups are submitted;
+  see :func:`cache_aware_placement`.
+- ``contiguous_chunks``, TRL's ``trl vllm-serve --data-parallel-size R`` (``trl/scripts/vllm_serve.py``,
+  ``chunk_list``, TRL 1.9): the step's prompts, each with ``n = G``, cut into R contiguous chunks in
+  prompt order (the first ``B mod R`` chunks one prompt longer), chunk r on data-parallel worker r:
+  whole groups, in order, no balancing.
 - a policy with ``places_groups`` (``placed_lpt``) balances the groups' predicted work over the
   replicas with the partitioning core (the better of LPT and Karmarkar-Karp, on predicted tokens),
   and ignores ``router``; ``placed_adaptive`` spreads requests as verl does unless holding every
@@ -67,9 +77,12 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_second
 from .run import _cost, _predictions
 from .workloads import Group
 
-__all__ = ["ROUTERS", "RolloutResult", "place_by_length_class", "run_rollout", "route"]
+__all__ = ["ROUTERS", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout", "route"]
 
-ROUTERS = ("least_loaded", "group_round_robin")
+ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
+# slime's settings of SGLang's router (slime/utils/arguments.py, add_sglang_arguments: set_defaults
+# router_balance_abs_threshold=10, router_balance_rel_threshold=1.2; the router's own defaults: 64 and 1.5)
+SLIME_BALANCE_ABS, SLIME_BALANCE_REL = 10, 1.2
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,46 @@ def place_by_time(groups: Sequence[Group], replicas: int, predicted: np.ndarray 
     return placement
 
 
+def cache_aware_placement(sizes: Sequence[int], replicas: int, *, balance_abs_threshold: int = SLIME_BALANCE_ABS,
+                          balance_rel_threshold: float = SLIME_BALANCE_REL) -> np.ndarray:
+    """The replica of every completion (flattened in group order) under SGLang's cache-aware router
+    when a step's requests (``sizes[g]`` samples of prompt g, one request each, submitted group by
+    group) are all routed before any finishes, as in slime (its client keeps up to 512 requests per
+    engine in flight, ``--sglang-server-concurrency``).
+
+    sglang-router 0.3.2 (``CacheAwarePolicy::select_worker``): with ``load`` the requests in flight
+    per replica (raised when a request is routed), the loads are imbalanced when ``max - min >
+    balance_abs_threshold`` and ``max > min x balance_rel_threshold``; then the request goes to the
+    least-loaded replica. Otherwise the request's text (slime sends token ids, matched as their
+    decimal string) is matched on the router's radix tree: above a match rate of 0.3 it goes to the
+    replica that first inserted the matched leaf, else to the least-loaded replica; the text is
+    inserted for the chosen replica either way. A sibling's text is its group's first request's, so it
+    matches whole and goes where the group's first request went, while the loads are balanced.
+    Different prompts are taken to share less than 30% of their text (a chat template's few tokens);
+    ties of the least load go to the lowest index (the router's registry order, fixed but unspecified).
+    Defaults: slime's thresholds (10 and 1.2; the router's own are 64 and 1.5)."""
+    replicas = check_int("replicas", replicas, minimum=1)
+    balance_abs_threshold = check_int("balance_abs_threshold", balance_abs_threshold, minimum=0)
+    balance_rel_threshold = check_positive_float("balance_rel_threshold", balance_rel_threshold)
+    load = [0] * replicas
+    out = np.empty(int(sum(sizes)), dtype=np.int64)
+    k = 0
+    for n in sizes:
+        home = -1
+        for _ in range(int(n)):
+            top, low = max(load), min(load)
+            if home >= 0 and not (top - low > balance_abs_threshold and top > low * balance_rel_threshold):
+                r = home
+            else:
+                r = load.index(low)
+            if home < 0:
+                home = r
+            load[r] += 1
+            out[k] = r
+            k += 1
+    return out
+
+
 def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.ndarray | None = None,
           places_groups: bool = False, prompt_share: float | None = None, budget_tokens: int | None = None
           ) -> np.ndarray:
@@ -195,6 +248,12 @@ def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.nda
         return np.arange(total, dtype=np.int64) % replicas
     if router == "group_round_robin":
         return np.repeat(np.arange(len(groups), dtype=np.int64) % replicas, sizes)
+    if router == "cache_aware":
+        return cache_aware_placement(sizes, replicas)
+    if router == "contiguous_chunks":
+        per, extra = divmod(len(groups), replicas)
+        chunk = [r for r in range(replicas) for _ in range(per + (r < extra))]
+        return np.repeat(np.asarray(chunk, dtype=np.int64), sizes)
     raise InvalidArgument("router", router, "one of " + ", ".join(ROUTERS))
 
 

@@ -183,6 +183,32 @@ def test_simulator_benchmark_rollout_scale_scores_its_runs(tmp_path):
     assert [row[0] for row in data["summary"]] == [run[0] for run in SCALE_RUNS]
 
 
+def test_simulator_benchmark_rollout_routers_scores_each_framework_as_run_rollout_does(tmp_path):
+    """rollout_routers (quick): one row per ROUTER_RUNS entry, each its makespans over vLLM + verl's and
+    steal's over its own, as run_rollout gives them on the quick settings."""
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_routers")
+    from bench_simulate import ROUTER_RUNS, _rollout_setting
+
+    rows = {row[1]: row for row in data["rows"]}
+    assert [row[1] for row in data["rows"]] == [run[0] for run in ROUTER_RUNS]
+    ratios, gains = [], []
+    for unit in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
+        groups, realistic, _, _, common = _rollout_setting(*unit, 11, None)
+        base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+        slime = run_rollout(groups, "sglang", router="cache_aware", **common).seconds
+        steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
+        ratios.append(slime / base)
+        gains.append(steal / slime)
+    row = rows["slime: sglang + cache-aware router"]
+    assert row[2] == 0 and row[3] == 2
+    assert row[4] == pytest.approx(np.mean(ratios), rel=1e-12) and row[6] == pytest.approx(max(ratios), rel=1e-12)
+    assert row[8] == pytest.approx(np.mean(gains), rel=1e-12) and row[9] == pytest.approx(min(gains), rel=1e-12)
+    assert rows["steal"][8] == rows["steal"][9] == 1.0
+    assert rows["vllm + verl routing"][4] == 1.0 and rows["vllm + verl routing"][7] == 0
+
+
 def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_path):
     """rollout_offload (quick): one row per OFFLOAD_RUNS entry; steal's row is steal / vLLM + verl as
     run_rollout gives them; the offloaded vLLM row (asynchronous loads) is run_rollout(kv_offload=True) and

@@ -32,6 +32,61 @@ def test_routers_place_requests_as_verl_and_openrlhf_do():
         route(groups, "random", 2)
 
 
+def test_trl_cuts_the_prompts_into_contiguous_chunks_the_first_ones_longer():
+    """trl vllm-serve's chunk_list: chunk_list([1..6], 4) = [[1, 2], [3, 4], [5], [6]], whole groups (n = G)."""
+    groups = _groups([2, 3, 2, 2, 1, 2])
+    assert route(groups, "contiguous_chunks", 4).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 3, 3]
+    assert route(groups, "contiguous_chunks", 1).tolist() == [0] * 12
+
+
+def test_sglangs_cache_aware_router_keeps_siblings_together_until_the_loads_drift_apart():
+    from simulate import cache_aware_placement
+
+    # the router's own thresholds (64, 1.5): 16 siblings never unbalance 4 replicas: whole groups, round robin
+    assert cache_aware_placement([16] * 8, 4, balance_abs_threshold=64, balance_rel_threshold=1.5).tolist() == \
+        np.repeat(np.arange(8) % 4, 16).tolist()
+    # slime's (10, 1.2): 11 siblings on replica 0, then loads [11, 0, 0, 0] are imbalanced: the least loaded takes
+    # the next three; at [11, 1, 1, 1] they are balanced again and the sibling goes home (0); [12, 1, 1, 1] is not
+    first = cache_aware_placement([16, 16], 4)[:16].tolist()
+    assert first == [0] * 11 + [1, 2, 3, 0, 1]
+    assert route(_groups([16, 16]), "cache_aware", 4).tolist()[:16] == first
+    assert cache_aware_placement([5, 5], 1).tolist() == [0] * 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12), replicas=st.integers(1, 6),
+       limit=st.integers(0, 20), rel=st.sampled_from([1.0, 1.2, 1.5, 3.0]))
+def test_the_cache_aware_router_sends_a_sibling_home_or_to_a_least_loaded_replica(sizes, replicas, limit, rel):
+    from simulate import cache_aware_placement
+
+    placed = cache_aware_placement(sizes, replicas, balance_abs_threshold=limit, balance_rel_threshold=rel)
+    load = np.zeros(replicas, dtype=np.int64)
+    k = 0
+    for n in sizes:
+        home = placed[k]
+        assert load[home] == load.min()  # a prompt the router has not seen: the least-loaded replica
+        for _ in range(n):
+            imbalanced = load.max() - load.min() > limit and load.max() > load.min() * rel
+            r = placed[k]
+            assert (r == home and not imbalanced) or load[r] == load.min()
+            load[r] += 1
+            k += 1
+            if rel == 1.0:  # then only the absolute gap counts, and it never exceeds limit + 1
+                assert load.max() - load.min() <= limit + 1
+    assert k == len(placed) == sum(sizes)
+
+
+def test_the_cache_aware_router_checks_its_thresholds():
+    from simulate import cache_aware_placement
+
+    with pytest.raises(InvalidArgument, match="balance_rel_threshold"):
+        cache_aware_placement([4], 2, balance_rel_threshold=0)
+    with pytest.raises(InvalidArgument, match="balance_abs_threshold"):
+        cache_aware_placement([4], 2, balance_abs_threshold=-1)
+    with pytest.raises(InvalidArgument, match="replicas"):
+        cache_aware_placement([4], 0)
+
+
 def test_a_prompt_is_held_from_its_first_admission_to_its_last_finish_on_a_replica():
     """Engine.hold_prompts: a group's prompt KV enters the pool (and is prefilled) with its first admitted
     completion and leaves when every completion of the group claimed there has finished."""
