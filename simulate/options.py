@@ -76,7 +76,7 @@ class SimulateOptions:
     replicas: int | None = _opt(None, "engine replicas of the rollout step (default 4 when --prompts is given)")
     routers: str | None = _opt(None, "routers tried for the policies that do not place requests themselves, "
                                      "comma-separated: least_loaded (verl), group_round_robin (OpenRLHF), cache_aware "
-                                     "(SGLang's router as slime runs it), contiguous_chunks (TRL's vllm-serve) "
+                                     "(SGLang's router as slime runs it), contiguous_chunks (TRL 1.9's vllm-serve) "
                                      "(default all four)")
     headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
                                  "true length known (an oracle: what placement could buy at most over vLLM FCFS "

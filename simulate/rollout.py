@@ -22,10 +22,13 @@ replicas by a router, or by the policy itself when it plans the placement:
   ``--router-balance-rel-threshold 1.2``, the router's ``cache_threshold`` 0.3): every sample is its
   own request (``slime/rollout/sglang_rollout.py``), routed in the order the groups are submitted;
   see :func:`cache_aware_placement`.
-- ``contiguous_chunks``, TRL's ``trl vllm-serve --data-parallel-size R`` (``trl/scripts/vllm_serve.py``,
-  ``chunk_list``, TRL 1.9): the step's prompts, each with ``n = G``, cut into R contiguous chunks in
-  prompt order (the first ``B mod R`` chunks one prompt longer), chunk r on data-parallel worker r:
-  whole groups, in order, no balancing.
+- ``contiguous_chunks``, the data-parallel server of TRL's own ``trl vllm-serve --data-parallel-size
+  R`` (``trl/scripts/vllm_serve.py``, ``chunk_list``, TRL 1.9): the step's prompts, each with ``n = G``,
+  cut into R contiguous chunks in prompt order (the first ``B mod R`` chunks one prompt longer), chunk
+  r on data-parallel worker r: whole groups, in order, no balancing. (TRL 1.16's ``trl vllm-serve``
+  runs vLLM's own server instead, whose data-parallel balancer fans a prompt's ``n`` samples out into
+  requests routed one by one to the engine with the lowest ``4 x waiting + running``: in a burst, the
+  spread of ``least_loaded``.)
 - a policy with ``places_groups`` (``placed_lpt``) balances the groups' predicted work over the
   replicas with the partitioning core (the better of LPT and Karmarkar-Karp, on predicted tokens),
   and ignores ``router``; ``placed_adaptive`` spreads requests as verl does unless holding every
