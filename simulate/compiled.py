@@ -217,8 +217,8 @@ def _vllm_group(length, tail_len, ctx, budget, total_blocks, b, cap, chunk, coun
 @njit(cache=True)
 def _admission_delay(used, left, n, need, horizon, start_ratio, lmax, rmin, decay, budget):
     """SGLangLike.admission_delay, the same float operations in the same order; -1 for None."""
-    fixed = used + need
-    rest = left + lmax - need
+    fixed = used + need + (lmax - need)
+    rest = left
     if start_ratio > rmin:
         last_decay = int((start_ratio - rmin) / decay)
     else:
@@ -252,7 +252,8 @@ def _admission_delay(used, left, n, need, horizon, start_ratio, lmax, rmin, deca
 
 
 @njit(cache=True)
-def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, counters, log):
+def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, clip, counters,
+                  log):
     """One group under the SGLang-like policy (lengthsched.runtime.baselines.SGLangLike); token-granular
     KV; arguments and outputs as :func:`_vllm_group`."""
     n = length.shape[0]
@@ -260,6 +261,8 @@ def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay
     keys = np.empty(n, dtype=np.int64)
     wtop, nlive, t, sum_origin = n, 0, 0, 0
     ratio0, t0 = init_ratio, 0
+    max_new = min(lmax, budget - 2 - ctx)  # SGLangLike._max_new
+    linear = lmax - 1 <= clip and lmax <= budget - 2 - ctx  # SGLangLike._linear
     while True:
         # decide (SGLangLike.decide)
         nxt = t + 1
@@ -283,12 +286,18 @@ def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay
                 ratio0 = min(1.0, (nlive * t - sum_origin + retract_steps * nlive) / (nlive * lmax))
                 t0 = t
         ratio = max(rmin, ratio0 - decay * (t - t0))
-        reserved = ratio * (nlive * (lmax - 1) - (nlive * t - sum_origin))
+        if linear:
+            reserved = ratio * (nlive * (lmax - 1) - (nlive * t - sum_origin))
+        else:  # each running request's remaining max_new_tokens clipped (SGLangLike._remaining)
+            left_clipped = 0
+            for i in range(nlive):
+                left_clipped += max(min(max_new - (t - origin[order[i]]), clip) - 1, 0)
+            reserved = ratio * left_clipped
         pf, pfc, blocked = 0, 0, False
         while wtop > 0 and nlive < cap:
             job = waiting[wtop - 1]
             need = done[job] + 1
-            hold = ratio * (lmax - need)
+            hold = max(min(max_new - done[job], clip) - 1, 0)  # the new one's remaining max_new_tokens, whole
             if used + need + reserved + hold > budget:
                 break
             p = done[job]  # Engine.can_prefill (no prompt tail: token-granular KV)
@@ -310,7 +319,9 @@ def _sglang_group(length, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay
         overflow = t + max(1, (budget - kv_now) // nlive)
         wake = overflow
         nf = _next_finish(order, nlive, length, origin)
-        if wtop > 0 and nlive < cap:
+        if wtop > 0 and nlive < cap and not linear:  # clipped reservations: decide every step
+            wake = min(overflow, t + 1)
+        elif wtop > 0 and nlive < cap:
             horizon = min(overflow, nf) - t
             if horizon >= 1:  # ``ratio`` is still the ratio at step t: nothing changed it since decide
                 delay = _admission_delay(nlive * (t + 1) - sum_origin, nlive * (lmax - 1) - kv_now, nlive,
@@ -340,11 +351,11 @@ def _vllm_many(lengths, tails, ctx, budget, total_blocks, b, cap, chunk, out, st
 
 
 @njit(cache=True, parallel=True)
-def _sglang_many(lengths, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, out, status,
+def _sglang_many(lengths, ctx, budget, lmax, cap, chunk, init_ratio, rmin, decay, retract_steps, clip, out, status,
                  logs, offsets):
     for g in prange(lengths.shape[0]):
         status[g] = _sglang_group(lengths[g], ctx[g], budget, lmax, cap, chunk, init_ratio, rmin, decay,
-                                  retract_steps, out[g], logs[offsets[g]:offsets[g + 1]])
+                                  retract_steps, clip, out[g], logs[offsets[g]:offsets[g + 1]])
 
 
 def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int, prompt_lens=None,
@@ -403,6 +414,7 @@ def engine_many(lengths, policy: str, *, budget_tokens: int, max_new_tokens: int
 
         def run(logs, offsets):
             _sglang_many(arr, prompts, budget, lmax, cap, chunk, p.init_ratio, p.min_ratio, decay, p.retract_steps,
+                         p.clip_tokens,
                          out, status, logs, offsets)
 
     out = np.zeros((batch, len(_FIELDS)), dtype=np.int64)

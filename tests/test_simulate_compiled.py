@@ -25,8 +25,21 @@ def engine_row(lengths, policy, **kwargs):
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data(), policy=st.sampled_from(COMPILED_POLICIES), size=st.integers(1, 24),
-       lmax=st.integers(4, 200), tight=st.floats(0.0, 1.0), slots=st.one_of(st.none(), st.integers(1, 24)))
-def test_engine_many_equals_the_event_engine(data, policy, size, lmax, tight, slots):
+       lmax=st.integers(4, 200), tight=st.floats(0.0, 1.0), slots=st.one_of(st.none(), st.integers(1, 24)),
+       clip=st.booleans())
+def test_engine_many_equals_the_event_engine(data, policy, size, lmax, tight, slots, clip):
+    """``clip``: SGLang's remaining max_new_tokens clipped below L_max (its 4096 against a longer L_max)."""
+    from lengthsched.runtime import SGLangLike
+
+    saved = SGLangLike.clip_tokens
+    SGLangLike.clip_tokens = max(1, lmax // 3) if clip else saved
+    try:
+        _engine_many_equals_the_event_engine(data, policy, size, lmax, tight, slots)
+    finally:
+        SGLangLike.clip_tokens = saved
+
+
+def _engine_many_equals_the_event_engine(data, policy, size, lmax, tight, slots):
     # Budgets from one longest completion (constant preemption) up to several times the group's need.
     batch = np.array(data.draw(st.lists(st.lists(st.integers(1, lmax), min_size=size, max_size=size),
                                         min_size=1, max_size=4)))
@@ -66,14 +79,19 @@ def test_the_python_kernels_equal_the_compiled_ones():
         pytest.skip("numba not installed: the kernels already run as Python")
     lengths = np.array([40, 7, 33, 21, 60, 5, 18, 44], dtype=np.int64)
     # (lengths, prompt tail, prompt tokens, budget, blocks, block, cap, prefill chunk) and
-    # (lengths, prompt tokens, budget, L_max, cap, prefill chunk, ratio settings), then counters and a step log.
-    for kernel, args in ((compiled._vllm_group, (lengths, 5, 37, 96, 6, 16, 8, 40)),
-                         (compiled._sglang_group, (lengths, 37, 60, 64, 8, 40, 0.7, 0.098, 0.005, 20))):
+    # (lengths, prompt tokens, budget, L_max, cap, prefill chunk, ratio settings, clip), then counters and a step
+    # log. SGLang's: remaining max_new_tokens clipped at 16 (it then admits enough to retract) and unclipped.
+    for kernel, args, retracts in ((compiled._vllm_group, (lengths, 5, 37, 96, 6, 16, 8, 40), True),
+                                   (compiled._sglang_group, (lengths, 37, 80, 64, 8, 40, 0.7, 0.098, 0.005, 20, 16),
+                                    True),
+                                   (compiled._sglang_group, (lengths, 37, 100, 64, 8, 40, 0.7, 0.098, 0.005, 20, 4096),
+                                    False)):
         a, b = np.zeros(7, dtype=np.int64), np.zeros(7, dtype=np.int64)
-        log_a, log_b = np.zeros((200, 5), dtype=np.int64), np.zeros((200, 5), dtype=np.int64)
+        log_a, log_b = np.zeros((400, 5), dtype=np.int64), np.zeros((400, 5), dtype=np.int64)
         assert kernel(*args, a, log_a) == kernel.py_func(*args, b, log_b) == 0
-        assert a.tolist() == b.tolist() and a[2] > 0  # it preempted
-        assert log_a.tolist() == log_b.tolist() and log_a[:, 3].sum() > 0  # and recomputed
+        assert a.tolist() == b.tolist() and log_a.tolist() == log_b.tolist()
+        if retracts:
+            assert a[2] > 0 and log_a[:, 3].sum() > 0  # it preempted and recomputed
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -93,9 +111,12 @@ def test_engine_many_rejects_bad_input_naming_the_argument(kwargs, name):
         engine_many(args.pop("lengths"), args.pop("policy"), **args)
 
 
-def test_engine_many_reports_a_stuck_sglang_group_like_the_engine():
-    # SGLang reserves 0.7 x max_new_tokens for a new request: 100 tokens cannot admit one of L_max 4096.
-    with pytest.raises(SimulationError):
-        run_group([50, 60], "sglang", budget_tokens=100, max_new_tokens=4096)
-    with pytest.raises(SimulationError, match="sglang: nothing live.*group 0"):
-        engine_many([[50, 60]], "sglang", budget_tokens=100, max_new_tokens=4096)
+def test_sglang_caps_max_new_tokens_at_the_pool_as_its_scheduler_does():
+    """A new request reserves its whole max_new_tokens, which SGLang caps at the pool less the prompt and 2
+    tokens: a pool of 100 tokens runs a group of L_max 4096 one completion at a time at first (each
+    reserves 98 of the 100 tokens), both engines alike."""
+    r = run_group([50, 60], "sglang", budget_tokens=100, max_new_tokens=4096)
+    got = engine_many([[50, 60]], "sglang", budget_tokens=100, max_new_tokens=4096)
+    assert tuple(int(got[k][0]) for k in FIELDS) == engine_row([50, 60], "sglang", budget_tokens=100,
+                                                                 max_new_tokens=4096)
+    assert (r.max_live, r.steps) == (1, 110)  # one at a time: the second waits for the first to finish

@@ -54,7 +54,7 @@ def test_sglang_admission_delay_matches_brute_force(used, n, need, horizon, rati
 
     def total(d):
         r = max(policy.min_ratio, ratio - policy.decay * d)
-        return used + need + n * d + r * (left + lmax - need - n * d)
+        return used + need + (lmax - need) + n * d + r * (left - n * d)  # the head's whole, the live ones' ratio
 
     expected = next((d for d in range(1, horizon + 1) if total(d) <= policy.budget), None)
     got = policy.admission_delay(used, left, n, need, horizon, ratio)

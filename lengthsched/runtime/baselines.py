@@ -9,11 +9,17 @@ arriving at once), not the engines themselves:
   more blocks than are free, the most recently admitted request is preempted (its KV freed, its
   tokens kept and recomputed on readmission) and goes back to the front of the waiting queue.
 - SGLang-like: token-granular KV. A request is admitted if the tokens in use, plus a reservation
-  of ``new_token_ratio`` x the remaining ``max_new_tokens`` of every running request and of the
-  new one, fit. The ratio starts at 0.7 and decays linearly to 0.7 x 0.14 over 600 steps (SGLang's
-  defaults). When the next step does not fit, the least advanced request is retracted (tokens kept,
-  KV recomputed later) and the ratio is reset to (tokens decoded + 20 x running) / (running x
-  max_new_tokens).
+  of ``new_token_ratio`` x the remaining ``max_new_tokens`` of every running request, plus the new
+  one's prompt and whole remaining ``max_new_tokens`` (and those of the requests admitted before it
+  in the same round), fit (``PrefillAdder.add_one_req``: ``total_tokens >= rem_total_tokens`` refuses;
+  every remaining ``max_new_tokens`` clipped at ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096).
+  From the next step on an admitted request counts at the ratio like every running one; a request's
+  ``max_new_tokens`` is at most the pool less its prompt and 2 tokens, as SGLang caps it on arrival.
+  The ratio starts at 0.7 and decays linearly to 0.7 x 0.14 over 600 steps (SGLang's defaults). When
+  the next step does not fit, the least advanced request is retracted (tokens kept, KV recomputed
+  later) and the ratio is reset to (tokens decoded + 20 x running) / (running x max_new_tokens).
+  (Until 2026-11-28 the new request reserved only the ratio of its ``max_new_tokens``, as the running
+  ones do: up to 1.7x faster than this in pools of 2 x L_max.)
 
 A resumed request recomputes its KV in the step after its readmission (priced by the step-cost
 model as prefill tokens of that step; ``Engine.can_prefill`` keeps a step within the prefill
@@ -238,11 +244,13 @@ class SGLangLike(_Waiting):
     min_ratio = 0.7 * 0.14
     decay_steps = 600
     retract_steps = 20
+    clip_tokens = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the most a remaining max_new_tokens counts
 
     def __init__(self, problem: Problem):
         super().__init__(problem)
         self.decay = (self.init_ratio - self.min_ratio) / self.decay_steps
         self.ratio0, self.t0 = self.init_ratio, 0
+        self._linear_at: tuple[int, bool] = (-1, True)
 
     def ratio(self, t: int) -> float:
         return max(self.min_ratio, self.ratio0 - self.decay * (t - self.t0))
@@ -264,11 +272,11 @@ class SGLangLike(_Waiting):
                 self.ratio0 = min(1.0, (eng.sum_ages() + self.retract_steps * live) / (live * lmax))
                 self.t0 = eng.t
         ratio = self.ratio(eng.t)
-        reserved = ratio * (len(eng.origin) * (lmax - 1) - eng.sum_ages())  # ratio x remaining max_new_tokens
+        reserved = ratio * self._remaining(eng)  # ratio x the running requests' remaining max_new_tokens
         waiting, done = self.waiting, eng.done
         while waiting and len(eng.origin) < self.cap:
             need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
-            hold = ratio * (lmax - done[waiting[-1]] - 1)
+            hold = self._left(eng, waiting[-1], done[waiting[-1]])  # the new one's, whole (this round)
             if used + need + reserved + hold > budget and eng.evict_idle():
                 used = eng.kv_tokens(nxt)
                 need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
@@ -277,6 +285,32 @@ class SGLangLike(_Waiting):
             used += need
             reserved += hold
             eng.admit(waiting.pop())
+
+    def _max_new(self, eng: Engine, job: int) -> int:
+        """``job``'s max_new_tokens as SGLang takes it: at most the pool less its prompt and 2 tokens
+        (``Scheduler.handle_generate_request`` caps it at ``max_req_len - len(input_ids) - 1``, and
+        ``max_req_len`` is at most the pool less one)."""
+        return min(self.problem.max_new_tokens, self.budget - 2 - eng.context[job])
+
+    def _left(self, eng: Engine, job: int, generated: int) -> int:
+        """What ``job`` reserves after its next token: its remaining max_new_tokens, clipped."""
+        return max(min(self._max_new(eng, job) - generated, self.clip_tokens) - 1, 0)
+
+    def _linear(self, eng: Engine) -> bool:
+        """Whether every request's reservation is ``L_max - 1`` less its age (nothing clipped): the
+        aggregate and the analytic wake-up time hold."""
+        n = len(eng.context)
+        if self._linear_at[0] != n:  # (requests on the engine, the answer): computed again if requests join
+            lmax = self.problem.max_new_tokens
+            room = self.budget - 2 - max(eng.context, default=0)  # the longest prompt's capped max_new_tokens
+            self._linear_at = (n, lmax - 1 <= self.clip_tokens and lmax <= room)
+        return self._linear_at[1]
+
+    def _remaining(self, eng: Engine) -> int:
+        """The running requests' remaining ``max_new_tokens`` (tokens), each clipped as SGLang clips it."""
+        if self._linear(eng):
+            return len(eng.origin) * (self.problem.max_new_tokens - 1) - eng.sum_ages()
+        return sum(self._left(eng, j, eng.age(j)) for j in eng.running)
 
     def _retraction_key(self, eng: Engine, job: int) -> tuple:
         """The retraction order (smallest first): the least advanced, ties by arrival."""
@@ -293,10 +327,12 @@ class SGLangLike(_Waiting):
 
         ``used``: tokens the live sequences hold next step; ``left``: their remaining
         max_new_tokens; ``need``: the head's tokens at its first step; ``start_ratio``: the ratio now;
-        ``load``: its prompt's KV when not held (prompts in the pool).
+        ``load``: its prompt's KV when not held (prompts in the pool). The head reserves its whole
+        remaining max_new_tokens, the live ones the ratio of theirs (no clipping: the caller steps
+        one at a time where ``clip_tokens`` would bind).
         """
         lmax, rmin, decay, budget = self.problem.max_new_tokens, self.min_ratio, self.decay, self.budget
-        fixed, rest = used + need + load, left + lmax - need
+        fixed, rest = used + need + load + (lmax - need), left
 
         def total(d: int) -> float:
             return fixed + n * d + max(rmin, start_ratio - decay * d) * (rest - n * d)
@@ -330,6 +366,8 @@ class SGLangLike(_Waiting):
         if horizon < 1:
             return overflow
         lmax = self.problem.max_new_tokens
+        if not self._linear(eng):  # clipped reservations are not linear in the steps: decide every step
+            return min(overflow, eng.t + 1)
         delay = self.admission_delay(eng.kv_tokens(eng.t + 1), eng.live * (lmax - 1) - eng.sum_ages(), eng.live,
                                      eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t),
                                      eng.load_need(self.waiting[-1]))
