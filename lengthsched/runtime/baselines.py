@@ -239,6 +239,10 @@ class AdaptivePlacement(VLLMLike):
 
 
 class SGLangLike(_Waiting):
+    """SGLang's FCFS scheduler (SGLang 0.5.x, python/sglang/srt/managers/schedule_policy.py
+    ``PrefillAdder``: ``add_one_req`` and the running batch's ``new_token_ratio`` reservation;
+    scheduler.py ``new_token_ratio`` decay and ``retract_decode``): see the module docstring."""
+
     name = "sglang"
     init_ratio = 0.7
     min_ratio = 0.7 * 0.14
