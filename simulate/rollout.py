@@ -83,7 +83,7 @@ from .workloads import Group
 __all__ = ["ROUTERS", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
-# slime's settings of SGLang's router (slime/utils/arguments.py, add_sglang_arguments: set_defaults
+# slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
 # router_balance_abs_threshold=10, router_balance_rel_threshold=1.2; the router's own defaults: 64 and 1.5)
 SLIME_BALANCE_ABS, SLIME_BALANCE_REL = 10, 1.2
 
