@@ -17,8 +17,8 @@ replicas by a router, or by the policy itself when it plans the placement:
   of a heap of (unfinished requests, engine), its load then raised by the G samples; with every engine
   idle at the start of a step, as in a synchronous step, prompt k goes to engine k mod R).
 - ``cache_aware``, SGLang's router (sglang-router 0.3.2, ``src/policies/cache_aware.rs``,
-  ``CacheAwarePolicy::select_worker``) as slime launches it in front of its SGLang engines (slime
-  ``slime/ray/rollout.py``, ``_start_router``; ``--router-balance-abs-threshold 10``,
+  ``CacheAwarePolicy::select_worker``) as slime launches it in front of its SGLang engines (slime at
+  624b824, 2026-08: ``slime/ray/rollout.py``, ``_start_router``; ``--router-balance-abs-threshold 10``,
   ``--router-balance-rel-threshold 1.2``, the router's ``cache_threshold`` 0.3): every sample is its
   own request (``slime/rollout/sglang_rollout.py``), routed in the order the groups are submitted;
   see :func:`cache_aware_placement`.
