@@ -21,6 +21,7 @@ def test_a_rollout_step_table_names_the_fastest_and_its_gain_over_vllm_with_verl
                    "steal_observed"):
         assert policy in rows
     assert "vllm + group_round_robin" in out and "vllm + least_loaded" in out
+    assert "sglang + cache_aware" in out and "vllm + contiguous_chunks" in out  # slime's and TRL 1.9's, by default
     verdict = next(line for line in out.splitlines() if line.startswith("verdict: fastest: "))
     assert "vllm + least_loaded" in verdict or "no policy beat" in verdict
     assert verdict.startswith("verdict: fastest: steal") or "the recommended steal" in verdict
