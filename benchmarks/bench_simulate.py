@@ -1427,6 +1427,7 @@ def rollout_routers(quick: bool) -> tuple[str, list]:
         results = _pool_map(_rollout_router_unit, units)
         settings += [[scope, _workload_label(u[0]), *u[1:5], [out[label] for label, *_ in ROUTER_RUNS]]
                      for u, out in zip(units, results)]
+        # multi-replica settings whose B x G requests (G = 16, rollout_groups' default) exceed slime's in-flight cap
         over_cap = sum(1 for u in units if u[1] * 16 > SLIME_CONCURRENCY * u[2] and u[2] > 1)
         for label, *_ in ROUTER_RUNS:
             both = [(u, out[label], out["vllm + verl routing"], out["steal"]) for u, out in zip(units, results)
