@@ -204,6 +204,7 @@ def cache_aware_placement(sizes: Sequence[int], replicas: int, *, balance_abs_th
     Different prompts are taken to share less than 30% of their text (a chat template's few tokens);
     ties of the least load go to the lowest index (the router's registry order, fixed but unspecified).
     Defaults: slime's thresholds (10 and 1.2; the router's own are 64 and 1.5)."""
+    sizes = as_lengths("sizes", sizes, minimum=0, allow_empty=True)  # samples per group (not tokens here)
     replicas = check_int("replicas", replicas, minimum=1)
     balance_abs_threshold = check_int("balance_abs_threshold", balance_abs_threshold, minimum=0)
     balance_rel_threshold = check_positive_float("balance_rel_threshold", balance_rel_threshold)

@@ -85,6 +85,9 @@ def test_the_cache_aware_router_checks_its_thresholds():
         cache_aware_placement([4], 2, balance_abs_threshold=-1)
     with pytest.raises(InvalidArgument, match="replicas"):
         cache_aware_placement([4], 0)
+    with pytest.raises(InvalidArgument, match="sizes"):
+        cache_aware_placement([4, -1], 2)
+    assert cache_aware_placement([], 3).tolist() == []
 
 
 def test_a_prompt_is_held_from_its_first_admission_to_its_last_finish_on_a_replica():
