@@ -369,10 +369,9 @@ class SGLangLike(_Waiting):
         horizon = min(overflow, eng.next_finish() or overflow) - eng.t
         if horizon < 1:
             return overflow
-        lmax = self.problem.max_new_tokens
         if not self._linear(eng):  # clipped reservations are not linear in the steps: decide every step
             return min(overflow, eng.t + 1)
-        delay = self.admission_delay(eng.kv_tokens(eng.t + 1), eng.live * (lmax - 1) - eng.sum_ages(), eng.live,
+        delay = self.admission_delay(eng.kv_tokens(eng.t + 1), self._remaining(eng), eng.live,
                                      eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t),
                                      eng.load_need(self.waiting[-1]))
         return overflow if delay is None else eng.t + delay
