@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lengthsched.cost import StepCost
 from lengthsched.runtime import POLICIES, policy_names
-from lengthsched.runtime.timing import default_cost, prompt_prefill_log
+from lengthsched.runtime.timing import default_cost, prompt_prefill_log, prompt_prefill_seconds
 from simulate import SimulationError, run_group
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import FAST_POLICIES, seconds_many, slot_count
@@ -37,6 +37,16 @@ def test_prompt_prefill_is_chunked():
     assert log.prefill_context.sum() == 5000 * 5001 // 2 + 6000 * 6001 // 2
     assert prompt_prefill_log([5000, 6000], None).prefill_tokens.tolist() == [11000]
     assert len(prompt_prefill_log([0], 8192).steps) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(prompts=st.lists(st.one_of(st.integers(0, 40), st.integers(0, 100_000)), max_size=12),
+       chunk=st.one_of(st.none(), st.integers(1, 9000)), cost=st.sampled_from([COST, TIGHT]))
+def test_prompt_prefill_seconds_prices_each_prompt_as_its_own_log(prompts, chunk, cost):
+    got = prompt_prefill_seconds(cost, prompts, chunk)
+    assert got.shape == (len(prompts),) and got.dtype == np.float64
+    for p, seconds in zip(prompts, got):
+        assert seconds == prompt_prefill_log([p], chunk).seconds(cost)  # the same sums, to the last bit
 
 
 @settings(max_examples=60, deadline=None)

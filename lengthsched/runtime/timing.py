@@ -73,9 +73,30 @@ def prompt_prefill_log(prompt_lens, chunk: int | None) -> StepLog:
 
 
 def prompt_prefill_seconds(cost, prompt_lens, chunk: int | None) -> np.ndarray:
-    """Seconds of each prompt's first prefill on its own (one group each), under ``cost``."""
-    return np.array([prompt_prefill_log([p], chunk).seconds(cost) for p in np.asarray(prompt_lens).reshape(-1)],
-                    dtype=np.float64)
+    """Seconds of each prompt's first prefill on its own (one group each), under ``cost``: for every
+    prompt, the seconds of ``prompt_prefill_log([p], chunk)``, priced for all prompts at once (one
+    call of ``cost.segment_seconds`` whatever the number of prompts)."""
+    lens = np.asarray(prompt_lens, dtype=np.int64).reshape(-1)
+    out = np.zeros(len(lens), dtype=np.float64)
+    if not len(lens) or not lens.max(initial=0) > 0:
+        return out
+    live = np.flatnonzero(lens > 0)
+    p = lens[live]
+    width = p if chunk is None else np.full(len(p), int(chunk), dtype=np.int64)
+    pieces = -(-p // width)  # the steps of each prompt's prefill
+    owner = np.repeat(np.arange(len(p)), pieces)
+    first = np.concatenate(([0], np.cumsum(pieces)[:-1]))
+    start = (np.arange(int(pieces.sum())) - np.repeat(first, pieces)) * width[owner]
+    end = np.minimum(start + width[owner], p[owner])
+    tokens = end - start
+    context = end * (end + 1) // 2 - start * (start + 1) // 2  # token k of a prompt attends k tokens
+    ones = np.ones(len(tokens), dtype=np.int64)
+    zeros = np.zeros(len(tokens), dtype=np.int64)
+    priced = np.asarray(cost.segment_seconds(ones, zeros, zeros, tokens, context, zeros), dtype=np.float64)
+    out[live] = priced[first]
+    for i in np.flatnonzero(pieces > 1):  # summed as StepLog.seconds sums them, to the last bit
+        out[live[i]] = float(np.sum(priced[first[i]:first[i] + pieces[i]]))
+    return out
 
 
 def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), shared_read: int = 0) -> float:
