@@ -378,9 +378,13 @@ def _rollout_unit(args, runs=ROLLOUT_RUNS):
             out[label] = out[f"{recommended} (previous epoch)"]
             continue
         p = known[pred]
+        extra = {}
+        if router is not None and "@" in router:  # "router@k": a framework keeping k requests per replica in flight
+            router, per = router.split("@")
+            extra["in_flight"] = int(per) * args[2]
         try:
             start = time.perf_counter()
-            r = run_rollout(groups, policy, router=router, predicted=p, **common)
+            r = run_rollout(groups, policy, router=router, predicted=p, **common, **extra)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
                           r.recomputed_tokens, time.perf_counter() - start)
         except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
@@ -1396,16 +1400,20 @@ def rollout_order(quick: bool) -> tuple[str, list]:
 
 # The RL frameworks' own routers and engines (simulate.ROUTERS), each framework as it ships, against
 # vLLM FCFS + verl's routing and against steal.
-ROUTER_RUNS = (  # (label, policy, router, predictions)
+# slime's --sglang-server-concurrency default: its client keeps 512 x engines requests in flight (one asyncio
+# semaphore for the rollout, slime/rollout/sglang_rollout.py GenerateState) and sends the next sample, in
+# submission order, to SGLang's router when one finishes
+SLIME_CONCURRENCY = 512
+ROUTER_RUNS = (  # (label, policy, router, predictions); router "name@k": k x replicas requests in flight at most
     ("vllm + verl routing", "vllm", "least_loaded", None),
     ("OpenRLHF: vllm + group round robin", "vllm", "group_round_robin", None),
     ("TRL: vllm + contiguous chunks", "vllm", "contiguous_chunks", None),
-    ("slime: sglang + cache-aware router", "sglang", "cache_aware", None),
+    ("slime: sglang + cache-aware router", "sglang", f"cache_aware@{SLIME_CONCURRENCY}", None),
+    ("sglang + cache-aware router, all routed at once", "sglang", "cache_aware", None),
     ("sglang + verl routing", "sglang", "least_loaded", None),
     ("vllm + cache-aware router", "vllm", "cache_aware", None),
     ("steal", "steal", None, "realistic"),
 )
-SLIME_CONCURRENCY = 512  # slime's --sglang-server-concurrency default: requests in flight per engine
 
 
 def _rollout_router_unit(args):
@@ -1428,6 +1436,7 @@ def rollout_routers(quick: bool) -> tuple[str, list]:
         settings += [[scope, _workload_label(u[0]), *u[1:5], [out[label] for label, *_ in ROUTER_RUNS]]
                      for u, out in zip(units, results)]
         # multi-replica settings whose B x G requests (G = 16, rollout_groups' default) exceed slime's in-flight cap
+        # (there slime routes the rest as requests finish)
         over_cap = sum(1 for u in units if u[1] * 16 > SLIME_CONCURRENCY * u[2] and u[2] > 1)
         for label, *_ in ROUTER_RUNS:
             both = [(u, out[label], out["vllm + verl routing"], out["steal"]) for u, out in zip(units, results)

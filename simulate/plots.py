@@ -139,7 +139,7 @@ def rollout_gantt(result, path: Path, title: str) -> None:
     preempted = False
     for r, (ax, timeline) in enumerate(zip(axes[:, 0], result.timelines)):
         for job, lane, first, last, kind in timeline.segments:
-            start, end = result.seconds_at(r, [first - 1, last])
+            start, end = result.seconds_started(r, first), result.seconds_at(r, last)
             cut = kind == "preempted"
             preempted |= cut
             ax.barh(lane, end - start, left=start, height=1.0, linewidth=0,

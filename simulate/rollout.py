@@ -80,7 +80,8 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_second
 from .run import _cost, _predictions
 from .workloads import Group
 
-__all__ = ["ROUTERS", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout", "route"]
+__all__ = ["ROUTERS", "LiveRouter", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout",
+           "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
 # slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
@@ -126,9 +127,18 @@ class RolloutResult:
 
     def seconds_at(self, replica: int, steps: Any) -> np.ndarray:
         """Modelled seconds at the end of decode step(s) ``steps`` of ``replica`` (for figures: steps of
-        its timeline), interpolated within runs of steps priced together."""
+        its timeline), interpolated within runs of steps priced together; a step after which the replica
+        sat idle ended when it ended, not when the replica woke (:meth:`seconds_started`)."""
         ends, secs = self.clocks[replica]
-        return np.interp(np.asarray(steps, dtype=np.float64), ends, secs)
+        first = np.concatenate(([True], np.diff(ends) > 0))  # a replica idle after step s: s ended before
+        return np.interp(np.asarray(steps, dtype=np.float64), ends[first], secs[first])
+
+    def seconds_started(self, replica: int, steps: Any) -> np.ndarray:
+        """Modelled seconds at which decode step(s) ``steps`` of ``replica`` began: the end of the step
+        before, or the moment the replica woke when it sat idle in between."""
+        ends, secs = self.clocks[replica]
+        last = np.concatenate((np.diff(ends) > 0, [True]))
+        return np.interp(np.asarray(steps, dtype=np.float64) - 1, ends[last], secs[last])
 
     @property
     def tokens_per_second(self) -> float:
@@ -208,23 +218,45 @@ def cache_aware_placement(sizes: Sequence[int], replicas: int, *, balance_abs_th
     replicas = check_int("replicas", replicas, minimum=1)
     balance_abs_threshold = check_int("balance_abs_threshold", balance_abs_threshold, minimum=0)
     balance_rel_threshold = check_positive_float("balance_rel_threshold", balance_rel_threshold)
-    load = [0] * replicas
-    out = np.empty(int(sum(sizes)), dtype=np.int64)
-    k = 0
-    for n in sizes:
-        home = -1
-        for _ in range(int(n)):
-            top, low = max(load), min(load)
-            if home >= 0 and not (top - low > balance_abs_threshold and top > low * balance_rel_threshold):
-                r = home
-            else:
-                r = load.index(low)
-            if home < 0:
-                home = r
-            load[r] += 1
-            out[k] = r
-            k += 1
-    return out
+    live = LiveRouter("cache_aware", replicas, balance_abs_threshold=balance_abs_threshold,
+                      balance_rel_threshold=balance_rel_threshold)
+    return np.array([live.select(g) for g, n in enumerate(sizes) for _ in range(int(n))], dtype=np.int64)
+
+
+class LiveRouter:
+    """A router that places one request at a time on the replicas' requests in flight (``load``: routed
+    there and not finished), as the frameworks' routers do when requests are routed as others finish
+    (``run_rollout(..., in_flight=)``). ``router``: ``"least_loaded"`` (verl's: the fewest in flight,
+    ties to the lowest index) or ``"cache_aware"`` (SGLang's router as :func:`cache_aware_placement`
+    describes it: a group's requests go where its first one went while the loads are balanced, else to
+    the least loaded). Call :meth:`select` for each request and :meth:`finished` for each finish."""
+
+    ROUTERS = ("least_loaded", "cache_aware")
+
+    def __init__(self, router: str, replicas: int, *, balance_abs_threshold: int = SLIME_BALANCE_ABS,
+                 balance_rel_threshold: float = SLIME_BALANCE_REL):
+        if router not in self.ROUTERS:
+            raise InvalidArgument("router", router, "one of " + ", ".join(self.ROUTERS) + " (routed one request "
+                                  "at a time; the others place a whole step at once)")
+        self.router = router
+        self.load = [0] * check_int("replicas", replicas, minimum=1)
+        self.abs, self.rel = balance_abs_threshold, balance_rel_threshold
+        self.home: dict[int, int] = {}  # group -> the replica its first request went to (the radix tree's)
+
+    def select(self, group: int) -> int:
+        """The replica of the next request, of ``group``; counted in flight there."""
+        load = self.load
+        low = min(load)
+        r = self.home.get(group, -1) if self.router == "cache_aware" else -1
+        if r < 0 or (max(load) - low > self.abs and max(load) > low * self.rel):
+            r = load.index(low)
+        self.home.setdefault(group, r)
+        load[r] += 1
+        return r
+
+    def finished(self, replica: int, count: int = 1) -> None:
+        """``count`` requests of ``replica`` finished."""
+        self.load[replica] -= count
 
 
 def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.ndarray | None = None,
@@ -267,7 +299,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
                 placement: Any = None, max_num_seqs: int | None = None,
                 resubmit_seconds: float | None = None, kv_offload: bool | str = False,
-                snapshot_seconds: float | None = None) -> RolloutResult:
+                snapshot_seconds: float | None = None, in_flight: int | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -297,7 +329,15 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     step that admits it (a pessimistic bound); False: recomputed (vLLM's default). ``snapshot_seconds``: for
     ``steal_observed``, the modelled seconds between a replica's snapshots at least (a framework's poll interval, e.g.
     ``verl_stealing``'s ``poll_interval``; ``StealObserved.SNAPSHOT_SECONDS``); None: the policy's own
-    (a snapshot at each decision). Returns a :class:`RolloutResult`."""
+    (a snapshot at each decision). ``in_flight``: the most requests the framework keeps in flight over all
+    replicas (slime: ``--sglang-server-concurrency`` x engines, 512 x R by default); the others wait in the
+    framework's queue in submission order (group by group) and each is routed when a slot frees, by the
+    router (``least_loaded`` or ``cache_aware``, :class:`LiveRouter`) on the replicas' requests in flight
+    then, and joins its replica's queue at that replica's next step (a prompt stays cached on a replica
+    after its requests there finish, evicted only under pressure, as a prefix cache keeps it for the
+    siblings sent later); for the engine policies whose queue is first come, first served (``vllm``,
+    ``sglang``). None: every request is routed at once
+    (verl, OpenRLHF, TRL). Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     spec, groups, lengths, flat, owner, keys, common = _prepare(
@@ -326,7 +366,21 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
             raise InvalidArgument("snapshot_seconds", snapshot_seconds,
                                   f"None with policy {policy!r}, which decides from the engines' state, not from "
                                   "snapshots (steal_observed does)")
-    if spec.dispatch:
+    if in_flight is not None:
+        in_flight = check_int("in_flight", in_flight, minimum=1)
+        if policy not in THROTTLED_POLICIES:
+            raise InvalidArgument("in_flight", in_flight, f"None with policy {policy!r} (a framework's in-flight "
+                                  f"cap is modelled for {', '.join(THROTTLED_POLICIES)})")
+        if placement is not None:
+            raise InvalidArgument("in_flight", in_flight, "None with a given placement (the router places "
+                                  "requests as slots free)")
+        if router not in LiveRouter.ROUTERS:
+            raise InvalidArgument("in_flight", in_flight, f"None with router {router!r} (routed one request at "
+                                  f"a time: {', '.join(LiveRouter.ROUTERS)})")
+    if in_flight is not None:
+        engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, **common)
+        used_router = router
+    elif spec.dispatch:
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
                                                    snapshot=snapshot_seconds, **common)
         used_router = "dispatch"
@@ -363,6 +417,80 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
         loaded_tokens=sum(eng.loaded_tokens for eng in engines),
         timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks), step_logs=logs)
+
+
+#: The engine policies ``run_rollout(..., in_flight=)`` runs: their waiting queues are first come, first
+#: served, so a request routed later joins the back.
+THROTTLED_POLICIES = ("vllm", "sglang")
+
+
+def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
+                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None):
+    """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
+    flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
+    replica), in submission order, by a :class:`LiveRouter`. While requests wait to be sent, every
+    replica decides at every step, so a request routed to a busy replica joins its queue at the
+    replica's next step (as a serving engine takes new requests between steps)."""
+    live = LiveRouter(router, replicas)
+    engines, pols = [], []
+    for _ in range(replicas):
+        problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
+                          predicted=pred, predictor=None if online is None else copy.deepcopy(online),
+                          prompt_ids=job_keys)
+        pol = POLICIES[policy].cls(problem)
+        pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
+        eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
+                      offload, cost)
+        eng.cache_prompts = True  # its prefix cache keeps a prompt for the siblings sent later
+        eng.start(pol)
+        engines.append(eng)
+        pols.append(pol)
+    n, sent = len(flat), 0
+    placement = np.full(n, -1, dtype=np.int64)
+    seen = [0] * replicas  # finishes already counted, per replica
+    heap = [(0.0, r) for r in range(replicas)]
+    idle: set[int] = set()
+    ends: list[list] = [[0] for _ in range(replicas)]
+    secs: list[list] = [[0.0] for _ in range(replicas)]
+
+    def send(now: float) -> None:  # route what the free slots allow; wake the idle replicas that got some
+        nonlocal sent
+        while sent < n and sent - sum(seen) < cap:
+            r = live.select(int(owner[sent]))
+            placement[sent] = r
+            pols[r].waiting.insert(0, sent)
+            engines[r].claim(sent)
+            sent += 1
+            if r in idle:
+                idle.discard(r)
+                heapq.heappush(heap, (now, r))
+                ends[r].append(engines[r].t)  # idle until now
+                secs[r].append(now)
+
+    send(0.0)
+    while heap:
+        now, r = heapq.heappop(heap)
+        eng, pol = engines[r], pols[r]
+        done = len(eng.collected)
+        if done > seen[r]:
+            live.finished(r, done - seen[r])
+            seen[r] = done
+            send(now)
+        if not eng.decide(pol):
+            idle.add(r)
+            continue
+        t_next = eng.next_event()
+        if sent < n:  # requests still wait to be sent: take them between steps
+            t_next = min(t_next, eng.t + 1)
+        eng.advance(t_next, pol.pads)
+        now += cost.segment_seconds_float(*eng.log_entry())
+        ends[r].append(eng.t)
+        secs[r].append(now)
+        heapq.heappush(heap, (now, r))
+    if sent < n or (placement < 0).any():
+        raise InvalidArgument("policy", policy, "an engine policy that finishes every request it is sent")
+    clocks = [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(ends, secs)]
+    return engines, clocks, placement
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:

@@ -284,7 +284,7 @@ def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replic
         out = set()
         for r, t in enumerate(result.timelines):
             for job, _, first, _, _ in t.segments:
-                start = float(result.seconds_at(r, first - 1))
+                start = float(result.seconds_started(r, first))
                 if start < cut - 1e-9:
                     out.add((r, job, first))
         return out
@@ -992,7 +992,7 @@ def test_a_resubmitted_request_runs_on_its_target_only_after_the_delay(policy, m
     assert moves  # the drained replica still takes work
     for job, target, t in moves:
         runs = [f for j, _, f, _, _ in late.timelines[target].segments if j == job and f >= 1]
-        starts = [late.seconds_at(target, f - 1) for f in runs]  # seconds at the end of the step before
+        starts = [late.seconds_started(target, f) for f in runs]  # when the step began (after any idle wait)
         assert any(x >= t + delay - 1e-9 for x in starts) and not any(t <= x < t + delay - 1e-9 for x in starts)
     assert late.seconds > at_once.seconds
     assert stranded.seconds >= 100.0
@@ -1113,3 +1113,83 @@ def test_replica_engine_times_its_loads_one_way_and_names_bad_modes():
         with pytest.raises(InvalidArgument) as err:
             replica_engine(*args, **kwargs)
         assert err.value.name == name
+
+
+def _running_at_once(result) -> int:
+    """The most requests running at once over all replicas (from the timelines, in modelled seconds)."""
+    events = []
+    for r, t in enumerate(result.timelines):
+        for _, _, first, last, _ in t.segments:
+            events += [(float(result.seconds_started(r, first)), 1), (float(result.seconds_at(r, last)), -1)]
+    peak = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # a finish frees its slot before a start
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+@pytest.mark.parametrize("router", ["least_loaded", "cache_aware"])
+def test_an_in_flight_cap_as_large_as_the_step_routes_everything_at_once(policy, router):
+    """in_flight >= the step's requests: the framework's queue never holds one back, so the run is the
+    router's placement of the whole step run as before (the same seconds and placement)."""
+    groups = _groups([6, 5, 7, 4], seed=2, prompt=25)
+    common = dict(replicas=3, router=router, budget_tokens=700, max_new_tokens=128)
+    free = run_rollout(groups, policy, **common)
+    for cap in (22, 100):
+        capped = run_rollout(groups, policy, in_flight=cap, **common)
+        assert capped.seconds == pytest.approx(free.seconds, rel=1e-12)
+        assert capped.placement.tolist() == free.placement.tolist()
+        assert capped.steps == free.steps and capped.recomputed_tokens == free.recomputed_tokens
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_one_request_in_flight_runs_the_step_one_request_at_a_time(policy):
+    """in_flight=1: each request is sent when the last one finished, to the least loaded replica (all
+    idle: the first), so the step is one replica running one request at a time."""
+    groups = _groups([3, 4, 2], seed=4, prompt=15)
+    one = run_rollout(groups, policy, replicas=3, budget_tokens=600, max_new_tokens=128, in_flight=1, record=True)
+    alone = run_rollout(groups, policy, replicas=1, budget_tokens=600, max_new_tokens=128, max_num_seqs=1)
+    assert one.placement.tolist() == [0] * 9
+    assert one.seconds == pytest.approx(alone.seconds, rel=1e-12)
+    assert _running_at_once(one) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=6), replicas=st.integers(1, 4),
+       cap=st.integers(1, 12), policy=st.sampled_from(["vllm", "sglang"]),
+       router=st.sampled_from(["least_loaded", "cache_aware"]), seed=st.integers(0, 50))
+def test_a_framework_never_has_more_requests_running_than_it_keeps_in_flight(sizes, replicas, cap, policy, router,
+                                                                               seed):
+    groups = _groups(sizes, seed=seed, prompt=10)
+    r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=500, max_new_tokens=128,
+                    in_flight=cap, record=True)
+    assert [x.tolist() for x in r.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert _running_at_once(r) <= cap
+    assert r.seconds >= r.lower_bound_seconds * (1 - 1e-12)
+
+
+def test_requests_routed_as_others_finish_go_to_the_replica_with_the_fewest_in_flight():
+    """Two replicas, two requests in flight: the third request goes where the first finish freed a
+    slot, not round robin (the whole step routed at once would send it to replica 0)."""
+    groups = [Group("a", 10, np.array([100, 10, 50]))]
+    r = run_rollout(groups, "vllm", replicas=2, budget_tokens=500, max_new_tokens=128, in_flight=2)
+    assert r.placement.tolist() == [0, 1, 1]
+    assert run_rollout(groups, "vllm", replicas=2, budget_tokens=500, max_new_tokens=128).placement.tolist() == \
+        [0, 1, 0]
+    # SGLang's cache-aware router keeps a group at home while the loads differ by at most 10
+    assert run_rollout(groups, "sglang", replicas=2, router="cache_aware", budget_tokens=500, max_new_tokens=128,
+                       in_flight=2).placement.tolist() == [0, 0, 0]
+
+
+def test_an_in_flight_cap_is_checked():
+    groups = _groups([4, 4])
+    common = dict(replicas=2, budget_tokens=500, max_new_tokens=128)
+    with pytest.raises(InvalidArgument, match="in_flight"):
+        run_rollout(groups, "vllm", in_flight=0, **common)
+    with pytest.raises(InvalidArgument, match="in_flight.*steal"):
+        run_rollout(groups, "steal", in_flight=4, **common)
+    with pytest.raises(InvalidArgument, match="in_flight.*group_round_robin"):
+        run_rollout(groups, "vllm", router="group_round_robin", in_flight=4, **common)
+    with pytest.raises(InvalidArgument, match="in_flight.*placement"):
+        run_rollout(groups, "vllm", placement=np.zeros(8, dtype=np.int64), in_flight=4, **common)

@@ -176,6 +176,10 @@ class Engine:
         self._held: dict[int, None] = {}  # groups whose prompt KV is held now
         self._prompt_held = 0  # their KV tokens
         self.prompt_loads = 0  # prompt prefills (first admission, or again after an eviction)
+        # A prompt whose claimed completions have all finished stays cached (evicted only under pressure,
+        # evict_idle) instead of leaving the pool: for engines sent a group's requests over time (a
+        # framework's in-flight cap), whose prefix cache keeps the prompt for the siblings still to come.
+        self.cache_prompts = False
 
     # ------------------------------------------------------------------ views
     def age(self, job: int) -> int:
@@ -371,7 +375,7 @@ class Engine:
         """One claimed completion of ``group`` is done here (finished or gone): the group's prompt
         leaves the pool with its last one."""
         self._left[group] -= 1
-        if not self._left[group] and group in self._held:
+        if not self._left[group] and group in self._held and not self.cache_prompts:
             self._unload(group)
 
     def load_need(self, job: int) -> int:
