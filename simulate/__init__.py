@@ -15,6 +15,7 @@ from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, Simulation
 from .headroom import PlacementSearch, search_placement
 from .rollout import (
     ROUTERS,
+    LiveRouter,
     RolloutResult,
     cache_aware_placement,
     place_by_length_class,
@@ -51,6 +52,7 @@ __all__ = [
     "RolloutResult",
     "ROUTERS",
     "route",
+    "LiveRouter",
     "cache_aware_placement",
     "place_by_length_class",
     "place_by_time",
