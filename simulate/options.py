@@ -96,6 +96,11 @@ class SimulateOptions:
                          "prompts and completions unchanged) and report each policy's median, best and worst "
                          "ratio to vLLM FCFS + verl and how often it was slower: one step is one draw of a "
                          "lottery over placements; the draws run on --workers processes")
+    in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
+                                       "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
+                                       "as another finishes, in submission order, and routed then; for vllm and "
+                                       "sglang behind the least_loaded and cache_aware routers (default: every "
+                                       "request sent at once, as verl, OpenRLHF and TRL send them)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
     gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",

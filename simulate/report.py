@@ -361,6 +361,7 @@ ROLLOUT_ONLY = (
     ("headroom", "it searches a rollout step's placement on replicas"),
     ("poll_seconds", "steal_observed polls a rollout step's replicas"),
     ("kv_offload", "the replicas of a rollout step offload preempted requests' KV"),
+    ("in_flight", "a framework keeps a rollout step's requests in flight on its replicas"),
     ("resubmit_seconds", "requests move between a rollout step's replicas"),
     ("draws", "it redraws the predictions of a rollout step"),
 )

@@ -35,7 +35,7 @@ from .report import (
     spec_sigma,
     workload_groups,
 )
-from .rollout import ROUTERS, RolloutResult, run_rollout, steal_ways
+from .rollout import ROUTERS, THROTTLED_POLICIES, LiveRouter, RolloutResult, run_rollout, steal_ways
 from .workloads import WORKLOADS, history_predictions
 
 __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
@@ -137,6 +137,8 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                                                    "sweep)")
     if opts.slots is not None:  # in a rollout step: each replica's running cap (vLLM's max_num_seqs)
         check_int("slots", opts.slots, minimum=1)
+    if opts.in_flight is not None:  # per replica: the framework's client sends at most in_flight x R at once
+        check_int("in_flight", opts.in_flight, minimum=1)
     check_step_seconds(opts)
     policies = parse_policies(opts.policies)
     bad = [p for p in policies if not POLICIES[p].rollout]
@@ -229,11 +231,13 @@ class RolloutStep:
     def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
+        capped = o.in_flight is not None and policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
                            resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
-                           snapshot_seconds=o.poll_seconds if spec.polls else None)
+                           snapshot_seconds=o.poll_seconds if spec.polls else None,
+                           in_flight=o.in_flight * o.replicas if capped else None)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -299,6 +303,9 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                + ("" if not opts.resubmit_seconds else f", requests steal moves resubmitted after "
                                                           f"{opts.resubmit_seconds:g} s")
                + ("" if opts.poll_seconds is None else f", steal_observed polling every {opts.poll_seconds:g} s")
+               + ("" if opts.in_flight is None else f", at most {opts.in_flight} requests per replica in flight "
+                                                    f"behind the least_loaded and cache_aware routers (the rest "
+                                                    f"routed as requests finish)")
                + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
                                                  "(not recomputed)")
                + f", predictor {opts.predictor}" + ("" if step.history is None else

@@ -374,3 +374,27 @@ def test_the_verdict_says_when_steal_places_whole_groups_that_one_step_is_one_dr
     assert main(SMALL[:2] + ["64"] + SMALL[3:] + args + ["--draws", "2"]) == 0
     verdict = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict: "))
     assert hint not in verdict and "over 3 draws of the predictions' errors" in verdict
+
+
+def test_in_flight_keeps_the_frameworks_cap_behind_the_routers_that_route_one_at_a_time(capsys):
+    """--in-flight K: vllm and sglang behind least_loaded and cache_aware send at most K x R requests at once
+    and route the rest as requests finish (slime: 512); other rows do not change; the setting line says
+    so; without a rollout step, or below 1, it is an error naming the flag."""
+    step = ["simulate", "--prompts", "16", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--json", "--policies", "vllm,sglang,steal",
+            "--routers", "least_loaded,cache_aware,group_round_robin"]
+    assert main(step) == 0
+    free = json.loads(capsys.readouterr().out)
+    assert main(step + ["--in-flight", "4"]) == 0
+    capped = json.loads(capsys.readouterr().out)
+    assert "at most 4 requests per replica in flight" in capped["setting"] and "in flight" not in free["setting"]
+    rows = [{(r["policy"], r["router"]): r["seconds"] for r in run["rows"]} for run in (free, capped)]
+    for key in rows[0]:
+        if key[0] in ("vllm", "sglang") and key[1] in ("least_loaded", "cache_aware"):
+            assert rows[1][key] > rows[0][key]  # 8 of 128 requests at once: slower
+        else:
+            assert rows[1][key] == rows[0][key]
+    for bad in (["simulate", "--groups", "2", "--in-flight", "4"], step + ["--in-flight", "0"]):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "'in_flight'" in err
