@@ -336,8 +336,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     then, and joins its replica's queue at that replica's next step (a prompt stays cached on a replica
     after its requests there finish, evicted only under pressure, as a prefix cache keeps it for the
     siblings sent later); for the engine policies whose queue is first come, first served (``vllm``,
-    ``sglang``). None: every request is routed at once
-    (verl, OpenRLHF, TRL). Returns a :class:`RolloutResult`."""
+    ``sglang``). None: every request is routed at once (verl, OpenRLHF, TRL). Returns a
+    :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     spec, groups, lengths, flat, owner, keys, common = _prepare(
@@ -377,7 +377,6 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         if router not in LiveRouter.ROUTERS:
             raise InvalidArgument("in_flight", in_flight, f"None with router {router!r} (routed one request at "
                                   f"a time: {', '.join(LiveRouter.ROUTERS)})")
-    if in_flight is not None:
         engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, **common)
         used_router = router
     elif spec.dispatch:
