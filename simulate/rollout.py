@@ -200,8 +200,9 @@ def cache_aware_placement(sizes: Sequence[int], replicas: int, *, balance_abs_th
                           balance_rel_threshold: float = SLIME_BALANCE_REL) -> np.ndarray:
     """The replica of every completion (flattened in group order) under SGLang's cache-aware router
     when a step's requests (``sizes[g]`` samples of prompt g, one request each, submitted group by
-    group) are all routed before any finishes, as in slime (its client keeps up to 512 requests per
-    engine in flight, ``--sglang-server-concurrency``).
+    group) are all routed before any finishes (slime's client sends the first 512 x engines at once,
+    ``--sglang-server-concurrency``, and each later one as a request finishes: :class:`LiveRouter`,
+    ``run_rollout(..., in_flight=)``).
 
     sglang-router 0.3.2 (``CacheAwarePolicy::select_worker``): with ``load`` the requests in flight
     per replica (raised when a request is routed), the loads are imbalanced when ``max - min >
