@@ -1412,6 +1412,7 @@ ROUTER_RUNS = (  # (label, policy, router, predictions); router "name@k": k x re
     ("sglang + cache-aware router, all routed at once", "sglang", "cache_aware", None),
     ("sglang + verl routing", "sglang", "least_loaded", None),
     ("vllm + cache-aware router", "vllm", "cache_aware", None),
+    ("steal over SGLang engines", "steal_sglang", None, "realistic"),
     ("steal", "steal", None, "realistic"),
 )
 

@@ -131,7 +131,7 @@ def test_one_replica_with_a_roomy_pool_is_vllm_on_the_batch():
 @settings(max_examples=40, deadline=None)
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), replicas=st.integers(1, 4),
        policy=st.sampled_from(["vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive", "sglang",
-                               "sglang_priority", "seer", "steal"]),
+                               "sglang_priority", "seer", "steal", "steal_sglang"]),
        router=st.sampled_from(ROUTERS), room=st.integers(0, 600), seed=st.integers(0, 3), separate=st.booleans())
 def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas, policy, router, room, seed,
                                                                  separate):
@@ -147,7 +147,7 @@ def test_a_rollout_collects_everything_and_never_beats_its_bound(sizes, replicas
         r = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=budget, max_new_tokens=128,
                         predicted=predicted, cost=cost)
     except Exception as exc:  # sglang's reservation can refuse a tight pool, as run_group does
-        assert policy == "sglang" and "nothing live" in str(exc)
+        assert policy in ("sglang", "steal_sglang") and "nothing live" in str(exc)
         return
     assert r.seconds == max(r.replica_seconds) and len(r.replica_seconds) == replicas
     assert max(r.peak_kv_tokens) <= budget and set(r.placement.tolist()) <= set(range(replicas))
@@ -182,10 +182,10 @@ def test_the_registry_names_the_rollout_policies():
     assert {"vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "placed_lpt", "steal"} <= set(POLICIES)
     assert policy_names(places_groups=True) == ("placed_lpt", "placed_classes", "placed_adaptive", "seer",
                                                 "seer_divided", "steal", "steal_longest", "steal_classes",
-                                                "steal_observed")
+                                                "steal_sglang", "steal_observed")
     assert policy_names(rollout=True) == ("vllm", "vllm_priority", "placed_lpt", "placed_classes", "placed_adaptive",
                                           "sglang", "sglang_priority", "seer", "seer_divided", "steal",
-                                          "steal_longest", "steal_classes", "steal_observed")
+                                          "steal_longest", "steal_classes", "steal_sglang", "steal_observed")
 
 
 def test_spreading_groups_costs_prompt_memory_when_the_pool_is_small():
@@ -258,7 +258,8 @@ def test_seer_sends_one_probe_per_group_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(policy=st.sampled_from(["steal", "steal_longest", "steal_observed", "steal_classes", "seer", "seer_divided",
+@given(policy=st.sampled_from(["steal", "steal_longest", "steal_observed", "steal_classes", "steal_sglang", "seer",
+                               "seer_divided",
                                "vllm_priority", "sglang_priority", "placed_adaptive", "placed_classes"]),
        seed=st.integers(0, 50), replicas=st.integers(1, 3), offload=st.booleans())
 def test_decisions_never_depend_on_lengths_not_yet_revealed(policy, seed, replicas, offload):
@@ -1193,3 +1194,21 @@ def test_an_in_flight_cap_is_checked():
         run_rollout(groups, "vllm", router="group_round_robin", in_flight=4, **common)
     with pytest.raises(InvalidArgument, match="in_flight.*placement"):
         run_rollout(groups, "vllm", placement=np.zeros(8, dtype=np.int64), in_flight=4, **common)
+
+
+def test_steal_over_sglang_engines_runs_sglangs_scheduler_on_every_replica():
+    """steal_sglang: on one replica SGLang's FCFS exactly (its reservation, its retractions); on several,
+    steal's placement and stealing with SGLang's admission on each replica, so it never admits what
+    SGLang would refuse: no replica's running requests and their reservations exceed the pool."""
+    groups = _groups([6, 5, 7, 4], seed=3, prompt=25)
+    flat = np.concatenate([g.lengths for g in groups])
+    common = dict(budget_tokens=500, max_new_tokens=128, predicted=flat)
+    one, sglang = run_rollout(groups, "steal_sglang", **common), run_rollout(groups, "sglang", **common)
+    assert one.seconds == pytest.approx(sglang.seconds, rel=1e-12)
+    assert (one.steps, one.preemptions, one.recomputed_tokens) == (sglang.steps, sglang.preemptions,
+                                                                   sglang.recomputed_tokens)
+    many = run_rollout(groups, "steal_sglang", replicas=3, record=True, **common)
+    assert [x.tolist() for x in many.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert many.router == "dispatch" and max(many.peak_kv_tokens) <= 500
+    steal = run_rollout(groups, "steal", replicas=3, **common)
+    assert many.seconds != steal.seconds  # another engine on the same placement

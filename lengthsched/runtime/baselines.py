@@ -252,6 +252,10 @@ class SGLangLike(_Waiting):
 
     def __init__(self, problem: Problem):
         super().__init__(problem)
+        self._init_ratio()
+
+    def _init_ratio(self) -> None:
+        """The scheduler's state: ``new_token_ratio`` decaying from ``init_ratio`` at step 0."""
         self.decay = (self.init_ratio - self.min_ratio) / self.decay_steps
         self.ratio0, self.t0 = self.init_ratio, 0
         self._linear_at: tuple[int, bool] = (-1, True)

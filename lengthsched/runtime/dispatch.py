@@ -50,7 +50,7 @@ import numpy as np
 
 from ..integrations.rollout import CROWDED_POOLS, MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
 from ..integrations.stealing import StealCoordinator
-from .baselines import VLLMLike
+from .baselines import SGLangLike, VLLMLike
 from .engine import Engine
 from .policies import Problem
 
@@ -415,19 +415,24 @@ class WorkStealing(VLLMLike):
         self.inbox: list[list[tuple[float, int]]] = []
         self.wake_at: list[tuple[int, float]] = []
 
+    # The engine each replica runs (its admissions, preemptions and wake-ups): vLLM's; StealSGLang: SGLang's.
+    _engine_start = VLLMLike.start
+    _engine_decide = VLLMLike.decide
+    _engine_wakeup = VLLMLike.wakeup
+
     def start(self, eng: Engine) -> None:
-        """On its own, vLLM's check that every request fits; in a rollout the caller checked it."""
+        """On its own, the engine's check that every request fits; in a rollout the caller checked it."""
         if not self.board:
-            super().start(eng)
+            self._engine_start(eng)
 
     def decide(self, eng: Engine) -> None:
         if self.inbox:
             self._receive()
         if self.board and self.problem.online:
             self._learn(eng)
-        super().decide(eng)
+        self._engine_decide(eng)
         while self.board and not self.waiting and not self.in_transit() and self._room(eng) and self._steal(eng):
-            super().decide(eng)
+            self._engine_decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
         if self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board and self.idle_now:
             self._migrate(eng)
@@ -469,8 +474,8 @@ class WorkStealing(VLLMLike):
             self.waiting.insert(0, box.pop(0)[1])
 
     def wakeup(self, eng: Engine) -> int | None:
-        """vLLM's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
-        wake = super().wakeup(eng)
+        """The engine's wake-up, or (MIGRATE_CHUNK) the next step at which a running request ends a chunk."""
+        wake = self._engine_wakeup(eng)
         moves = self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board
         return next_chunk_end(eng, self.MIGRATE_CHUNK, wake) if moves else wake
 
@@ -525,6 +530,34 @@ class WorkStealing(VLLMLike):
         for job in taken:  # the stolen requests keep their order (its queue is empty: a stack, front last)
             self._send(job, self.engines[victim], self.replica)
         return True
+
+
+class StealSGLang(WorkStealing):
+    """``steal`` over SGLang engines (``steal_sglang``): the same placement, steals and moves of running
+    requests, with SGLang's scheduler on every replica (:class:`~lengthsched.runtime.baselines.SGLangLike`:
+    a new request admitted only with room for its prompt and its whole remaining ``max_new_tokens``
+    beyond the running requests' ``new_token_ratio`` reservations; the least advanced retracted first).
+    What the project's placement and stealing give a framework that keeps SGLang's engines (slime), to
+    compare with SGLang behind its own router; on one replica it is SGLang's FCFS."""
+
+    name = "steal_sglang"
+    block_size = SGLangLike.block_size
+    init_ratio, min_ratio, decay_steps = SGLangLike.init_ratio, SGLangLike.min_ratio, SGLangLike.decay_steps
+    retract_steps, clip_tokens = SGLangLike.retract_steps, SGLangLike.clip_tokens
+
+    def __init__(self, problem: Problem, queue: GroupQueue | None = None, replica: int = 0,
+                 keys: Sequence[Any] = ()):
+        super().__init__(problem, queue, replica, keys)
+        self._init_ratio()
+
+    _engine_start = SGLangLike.start
+    _engine_decide = SGLangLike.decide
+    _engine_wakeup = SGLangLike.wakeup
+    # SGLang's own parts of its decisions
+    _init_ratio, ratio, admission_delay = SGLangLike._init_ratio, SGLangLike.ratio, SGLangLike.admission_delay
+    _max_new, _left, _linear = SGLangLike._max_new, SGLangLike._left, SGLangLike._linear
+    _remaining = SGLangLike._remaining
+    _retraction_key, _requeue = SGLangLike._retraction_key, SGLangLike._requeue
 
 
 class StealClasses(WorkStealing):

@@ -21,7 +21,7 @@ from .baselines import (
     VLLMLike,
     VLLMPriority,
 )
-from .dispatch import SeerDivided, SeerLike, StealClasses, StealLongest, StealObserved, WorkStealing
+from .dispatch import SeerDivided, SeerLike, StealClasses, StealLongest, StealObserved, StealSGLang, WorkStealing
 from .policies import DynamicSlots, FixedSlots, FullGroup, GrowthAware, LengthAware, MicroGroups, Problem, SimPolicy
 
 __all__ = ["PolicySpec", "POLICIES", "make_policy", "policy_names"]
@@ -133,6 +133,9 @@ POLICIES: dict[str, PolicySpec] = _specs(
                "average, worse worst cases", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal_classes", StealClasses, "steal over placed_classes's placement (length classes by predicted "
                "length): for predictions learnt from an earlier epoch where siblings agree",
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+    PolicySpec("steal_sglang", StealSGLang, "steal over SGLang engines (SGLang's reservation and retraction per "
+               "replica): what the placement and stealing give a framework that keeps SGLang, as slime does",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal_observed", StealObserved, "steal decided from snapshots a framework can take "
                "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
