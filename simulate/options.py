@@ -18,7 +18,7 @@ DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot",
 
 # The rollout table's default rows (--prompts / --replicas): the engines' schedulers, Seer, the project's.
 ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "seer_divided", "placed_adaptive",
-                    "steal", "steal_longest", "steal_observed")
+                    "steal", "steal_longest", "steal_observed", "steal_sglang")
 
 # Defaults that depend on the mode: one group at a time, or one RL rollout step.
 GROUP_DEFAULTS = {"model": "qwen3-1.7b", "budget": "5GiB", "policies": ",".join(DEFAULT_POLICIES),
