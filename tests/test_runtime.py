@@ -41,7 +41,7 @@ def test_every_list_of_policies_derives_from_the_registry():
 def test_the_registry_says_which_policies_resubmit_moves_and_which_poll():
     """run_rollout's resubmit_seconds and snapshot_seconds, and the CLI's --resubmit-seconds and --poll-seconds,
     apply to the policies whose spec says so (one rule, read from the registry)."""
-    resubmit = ["steal", "steal_longest", "steal_classes", "steal_observed"]
+    resubmit = ["steal", "steal_longest", "steal_classes", "steal_sglang", "steal_observed"]
     assert [n for n, s in POLICIES.items() if s.resubmits] == resubmit
     assert [n for n, s in POLICIES.items() if s.polls] == ["steal_observed"]
     assert all(POLICIES[n].dispatch and POLICIES[n].rollout for n, s in POLICIES.items() if s.resubmits)
