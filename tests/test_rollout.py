@@ -1212,3 +1212,24 @@ def test_steal_over_sglang_engines_runs_sglangs_scheduler_on_every_replica():
     assert many.router == "dispatch" and max(many.peak_kv_tokens) <= 500
     steal = run_rollout(groups, "steal", replicas=3, **common)
     assert many.seconds != steal.seconds  # another engine on the same placement
+
+
+@settings(max_examples=15, deadline=None)
+@given(policy=st.sampled_from(["vllm", "sglang"]), router=st.sampled_from(["least_loaded", "cache_aware"]),
+       seed=st.integers(0, 50), replicas=st.integers(1, 3), cap=st.integers(1, 10))
+def test_a_framework_routing_as_requests_finish_never_sees_lengths_not_yet_revealed(policy, router, seed, replicas,
+                                                                                   cap):
+    """With in_flight, when and where a request is sent depends on finishes only: lengthen every completion
+    that had not finished by the median finish, and every run that started before then is the same."""
+    rng = np.random.default_rng(seed)
+    groups = [Group(f"p{i}", int(rng.integers(20, 60)), rng.integers(5, 100, size=4)) for i in range(4)]
+    common = dict(replicas=replicas, router=router, budget_tokens=400, max_new_tokens=256, record=True,
+                  in_flight=cap)
+    a = run_rollout(groups, policy, **common)
+    b, cut = _lengthened_after_median_finish(groups, policy, a, common)
+
+    def started_before(result):
+        return {(r, job, first) for r, t in enumerate(result.timelines) for job, _, first, _, _ in t.segments
+                if float(result.seconds_started(r, first)) < cut - 1e-9}
+
+    assert started_before(a) == started_before(b)
