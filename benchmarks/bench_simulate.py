@@ -279,7 +279,8 @@ SPEED_EXTRA = (("steal_observed", "steal_observed", None, "realistic"),
                ("steal_classes", "steal_classes", None, "realistic"),
                ("seer_divided", "seer_divided", None, None),
                ("placed_lpt", "placed_lpt", None, "realistic"),
-               ("steal_longest", "steal_longest", None, "realistic"))
+               ("steal_longest", "steal_longest", None, "realistic"),
+               ("steal_sglang", "steal_sglang", None, "realistic"))
 ROLLOUT_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (16, 64, 256) for r in (1, 4, 8)
                 for f in (2, 4, 8, 16, 64)]
 CONSTANT_PREDICTION = 300  # tokens, every completion: a predictor that knows nothing of the prompt
