@@ -783,6 +783,70 @@ def rollout_headroom(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "summary": summary}
 
 
+def _prompt_headroom_unit(args):
+    """One setting: what a planner that knew every group's true median length (the best any prompt-level
+    predictor could know) gets from the placements and policies this project has, run on the true
+    lengths: (vLLM + verl seconds, {run: seconds} for PROMPT_HEADROOM_RUNS planned on the medians, steal's
+    seconds with the realistic predictions)."""
+    from simulate.headroom import search_placement
+    from simulate.workloads import Group as _Group
+
+    *setting, evaluations = args
+    seed = setting[4]
+    groups, realistic, _, _, common = _rollout_setting(*setting)
+    med = np.concatenate([np.full(len(g.lengths), max(1, int(round(float(np.median(g.lengths))))))
+                          for g in groups]).astype(np.int64)
+    believed, at = [], 0
+    for g in groups:  # every sibling its group's true median: what the planner believes
+        believed.append(_Group(g.prompt_id, g.prompt_len, med[at:at + len(g.lengths)].copy()))
+        at += len(g.lengths)
+    base = run_rollout(groups, "vllm", **common).seconds
+    fcfs = search_placement(believed, policy="vllm", evaluations=evaluations, seed=seed, **common)
+    prio = search_placement(believed, policy="vllm_priority", evaluations=evaluations, seed=seed, **common)
+    out = {
+        "search + vLLM FCFS": run_rollout(groups, "vllm", placement=fcfs.placement, **common).seconds,
+        "search + vLLM priority": run_rollout(groups, "vllm_priority", placement=prio.placement, predicted=med,
+                                              **common).seconds,
+        "steal": run_rollout(groups, "steal", predicted=med, **common).seconds,
+        "vllm_priority + verl routing": run_rollout(groups, "vllm_priority", predicted=med, **common).seconds,
+        "placed_classes": run_rollout(groups, "placed_classes", predicted=med, **common).seconds,
+    }
+    return base, out, run_rollout(groups, "steal", predicted=realistic, **common).seconds
+
+
+PROMPT_HEADROOM_RUNS = ("search + vLLM FCFS", "search + vLLM priority", "steal", "vllm_priority + verl routing",
+                        "placed_classes")
+
+
+def rollout_prompt_headroom(quick: bool) -> tuple[str, list]:
+    """What knowing every group's true median could buy (the ceiling of prompt-level prediction): the
+    placement search of rollout_headroom and the policies, each planned on the group medians and run on
+    the true lengths, against vLLM + verl, on every setting of the rollout grid."""
+    grid = [("castillo", 16, 4, 4), ("castillo", 16, 1, 4)] if quick else ROLLOUT_GRID
+    evaluations = 20 if quick else HEADROOM_EVALUATIONS
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, evaluations) for w, b, r, f in grid]
+    results = _pool_map(_prompt_headroom_unit, units)
+    rows = []
+    for (w, b, r, f), (base, out, steal) in zip(grid, results):
+        ratios = [out[k] / base for k in PROMPT_HEADROOM_RUNS]
+        rows.append([w, b, r, f"{f} x L_max", base, steal / base, *ratios, min(ratios)])
+    labels = ["steal (realistic)"] + [f"{k} (group medians)" for k in PROMPT_HEADROOM_RUNS] + ["best of these"]
+    summary = []
+    for label, keep in (("every setting", lambda row: True), ("several replicas", lambda row: row[2] > 1),
+                        ("CASTILLO, several replicas", lambda row: row[2] > 1 and row[0] == "castillo"),
+                        ("long tail, several replicas", lambda row: row[2] > 1 and row[0] == "long tail"),
+                        ("one replica", lambda row: row[2] == 1)):
+        mine = [row for row in rows if keep(row)]
+        if mine:
+            summary.append([label, len(mine)] + [float(np.mean([row[i] for row in mine])) for i in range(5, 12)])
+    text = table(f"What each group's true median could buy ({_cost_label()}): mean makespan relative to vLLM FCFS "
+                 "+ verl routing; every run but the first planned on the group medians, run on the true lengths",
+                 ["settings", "count"] + labels, summary)
+    text += "\n\n" + table(f"The same per setting ({_cost_label()})",
+                            ["workload", "prompts", "replicas", "budget", "vllm + verl seconds"] + labels, rows)
+    return text, {"rows": rows, "summary": summary}
+
+
 #: What the length-class placement is given (label, kind): the true lengths; each group's true median
 #: for all its siblings (the best a prompt-level predictor could know), and times a log-normal error
 #: of that sigma; what OnlineLengthPredictor predicts after one earlier epoch of the same prompts; the
@@ -1515,6 +1579,7 @@ def main(argv=None) -> int:
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
                 "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
+                "rollout_prompt_headroom": rollout_prompt_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
                 "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,
                 "rollout_ways": rollout_ways,

@@ -197,7 +197,7 @@ def test_simulator_benchmark_rollout_routers_scores_each_framework_as_run_rollou
     for unit in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
         groups, realistic, _, _, common = _rollout_setting(*unit, 11, None)
         base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
-        slime = run_rollout(groups, "sglang", router="cache_aware", **common).seconds
+        slime = run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * 4, **common).seconds
         steal = run_rollout(groups, "steal", predicted=realistic, **common).seconds
         ratios.append(slime / base)
         gains.append(steal / slime)
@@ -207,6 +207,30 @@ def test_simulator_benchmark_rollout_routers_scores_each_framework_as_run_rollou
     assert row[8] == pytest.approx(np.mean(gains), rel=1e-12) and row[9] == pytest.approx(min(gains), rel=1e-12)
     assert rows["steal"][8] == rows["steal"][9] == 1.0
     assert rows["vllm + verl routing"][4] == 1.0 and rows["vllm + verl routing"][7] == 0
+
+
+def test_simulator_benchmark_rollout_prompt_headroom_plans_on_the_group_medians(tmp_path):
+    """rollout_prompt_headroom (quick): per setting, each run planned on every group's true median and run on
+    the true lengths, over vLLM + verl; 'best of these' is their minimum; vLLM priority with verl's spread
+    is run_rollout's with the medians as predictions; on one replica the FCFS search is vLLM + verl itself."""
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_prompt_headroom")
+    from bench_simulate import _rollout_setting
+
+    rows = {(row[0], row[2]): row for row in data["rows"]}
+    for replicas in (4, 1):
+        row = rows[("castillo", replicas)]
+        assert row[11] == min(row[6:11])
+        groups, _, _, _, common = _rollout_setting("castillo", 16, replicas, 4, 11, None)
+        med = np.concatenate([np.full(len(g.lengths), max(1, int(round(float(np.median(g.lengths))))))
+                              for g in groups])
+        base = run_rollout(groups, "vllm", **common).seconds
+        assert row[4] == base
+        assert row[9] == run_rollout(groups, "vllm_priority", predicted=med, **common).seconds / base
+    assert rows[("castillo", 1)][6] == 1.0
+    assert [s[0] for s in data["summary"]] == ["every setting", "several replicas", "CASTILLO, several replicas",
+                                               "one replica"]
 
 
 def test_simulator_benchmark_rollout_offload_reports_each_run_against_vllm(tmp_path):
