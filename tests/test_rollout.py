@@ -1233,3 +1233,19 @@ def test_a_framework_routing_as_requests_finish_never_sees_lengths_not_yet_revea
                 if float(result.seconds_started(r, first)) < cut - 1e-9}
 
     assert started_before(a) == started_before(b)
+
+
+def test_a_replica_that_sat_idle_reports_when_its_steps_ended_and_began():
+    """seconds_at(r, s): when step s ended; seconds_started(r, s): when it began, which after an idle wait is
+    the moment the replica woke, not the end of the step before. Here the cache-aware router keeps group a
+    on replica 0, so replica 1 waits until a's short request finishes and frees the slot b takes."""
+    groups = [Group("a", 10, np.array([100, 10])), Group("b", 10, np.array([50]))]
+    r = run_rollout(groups, "vllm", replicas=2, router="cache_aware", budget_tokens=500, max_new_tokens=128,
+                    in_flight=2, record=True)
+    assert r.placement.tolist() == [0, 0, 1]
+    freed = float(r.seconds_at(0, 10))  # a's short request ends with step 10 of replica 0
+    ends, secs = r.clocks[1]
+    assert ends[:2].tolist() == [0, 0] and secs[1] == freed  # replica 1 idle from 0 until then
+    assert float(r.seconds_at(1, 0)) == 0.0 and float(r.seconds_started(1, 1)) == freed
+    run = next(seg for seg in r.timelines[1].segments if seg[0] == 2)
+    assert float(r.seconds_started(1, run[2])) == freed and float(r.seconds_at(1, run[3])) == r.replica_seconds[1]
