@@ -25,6 +25,7 @@ PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
     "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79",
     "#637939", "#8c6d31", "#843c39", "#7b4173", "#5254a3", "#b5cf6b", "#e7ba52", "#ad494a", "#a55194",
+    "#3182bd", "#e6550d", "#31a354", "#756bb1",
 )
 
 # Gantt bars that are not a completed run: their colours are outside the length colour map.

@@ -89,3 +89,15 @@ def test_multiprocess_results_equal_single_process(capsys):
     multi = json.loads(run(args + ["--workers", "2"], capsys)[1])
     strip = lambda d: [{k: v for k, v in row.items() if not k.endswith("_ms")} for row in d["policies"]]  # noqa: E731
     assert strip(single) == strip(multi)
+
+
+def test_every_registered_policy_and_the_extras_have_their_own_colour():
+    """Figures give every registered policy a colour of its own, and rows that are not policies (an oracle
+    placement, ...) one of four more that no policy uses."""
+    from lengthsched.runtime import policy_names
+    from simulate.plots import PALETTE, policy_color
+
+    colours = [policy_color(p) for p in policy_names()]
+    assert len(set(colours)) == len(colours)
+    extras = {PALETTE[-1 - k] for k in range(4)}
+    assert not extras & set(colours) and policy_color("oracle placement") in extras
