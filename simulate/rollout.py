@@ -256,7 +256,14 @@ class LiveRouter:
         return r
 
     def finished(self, replica: int, count: int = 1) -> None:
-        """``count`` requests of ``replica`` finished."""
+        """``count`` requests of ``replica`` finished (at most as many as are in flight there)."""
+        replica = check_int("replica", replica, minimum=0)
+        if replica >= len(self.load):
+            raise InvalidArgument("replica", replica, f"a replica index in [0, {len(self.load) - 1}]")
+        count = check_int("count", count, minimum=0)
+        if count > self.load[replica]:
+            raise InvalidArgument("count", count, f"at most the {self.load[replica]} requests in flight on replica "
+                                                  f"{replica}")
         self.load[replica] -= count
 
 

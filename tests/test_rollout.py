@@ -1249,3 +1249,21 @@ def test_a_replica_that_sat_idle_reports_when_its_steps_ended_and_began():
     assert float(r.seconds_at(1, 0)) == 0.0 and float(r.seconds_started(1, 1)) == freed
     run = next(seg for seg in r.timelines[1].segments if seg[0] == 2)
     assert float(r.seconds_started(1, run[2])) == freed and float(r.seconds_at(1, run[3])) == r.replica_seconds[1]
+
+
+def test_the_live_router_counts_requests_in_flight_and_checks_finishes():
+    from simulate import LiveRouter
+
+    verl = LiveRouter("least_loaded", 3)
+    assert [verl.select(g) for g in (0, 0, 0, 1)] == [0, 1, 2, 0]  # all sent at once: round robin
+    verl.finished(1)
+    assert verl.select(5) == 1 and verl.load == [2, 1, 1]
+    slime = LiveRouter("cache_aware", 2)
+    assert [slime.select(0) for _ in range(11)] == [0] * 11  # balanced enough: the group stays home
+    assert slime.select(0) == 1  # 11 against 0: more than 10 apart and above 1.2 x, to the least loaded
+    with pytest.raises(InvalidArgument, match="count"):
+        slime.finished(1, 2)
+    with pytest.raises(InvalidArgument, match="replica"):
+        slime.finished(2)
+    with pytest.raises(InvalidArgument, match="router"):
+        LiveRouter("group_round_robin", 2)
