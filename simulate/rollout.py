@@ -426,6 +426,41 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks), step_logs=logs)
 
 
+class _OneClock:
+    """Replicas on one clock in modelled seconds: the heap of (seconds, replica) to decide next, the
+    replicas asleep (``idle``), and each replica's (step, seconds) marks, from which its clock is made
+    (an idle wait repeats a step with a later time)."""
+
+    def __init__(self, engines: Sequence[Any]):
+        self.engines = engines
+        self.heap = [(0.0, r) for r in range(len(engines))]
+        self.idle: set[int] = set()
+        self.ends: list[list] = [[0] for _ in engines]
+        self.secs: list[list] = [[0.0] for _ in engines]
+
+    def at(self, r: int, when: float) -> None:
+        """Replica ``r`` decides next at ``when`` (seconds): marked on its clock and queued."""
+        heapq.heappush(self.heap, (when, r))
+        self.ends[r].append(self.engines[r].t)
+        self.secs[r].append(when)
+
+    def wake(self, others, now: float) -> None:
+        """The replicas of ``others`` that sleep run again from ``now`` (idle until then)."""
+        for other in others:
+            if other in self.idle:
+                self.idle.discard(other)
+                self.at(other, now)
+
+    def run(self, r: int, t_next: int, pads: bool, cost: Any, now: float) -> None:
+        """Replica ``r`` advances to step ``t_next`` from ``now``; it decides again when those steps end."""
+        eng = self.engines[r]
+        eng.advance(t_next, pads)
+        self.at(r, now + cost.segment_seconds_float(*eng.log_entry()))
+
+    def clocks(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(self.ends, self.secs)]
+
+
 #: The engine policies ``run_rollout(..., in_flight=)`` runs: their waiting queues are first come, first
 #: served, so a request routed later joins the back.
 THROTTLED_POLICIES = ("vllm", "sglang")
@@ -455,10 +490,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     n, sent = len(flat), 0
     placement = np.full(n, -1, dtype=np.int64)
     seen = [0] * replicas  # finishes already counted, per replica
-    heap = [(0.0, r) for r in range(replicas)]
-    idle: set[int] = set()
-    ends: list[list] = [[0] for _ in range(replicas)]
-    secs: list[list] = [[0.0] for _ in range(replicas)]
+    clock = _OneClock(engines)
 
     def send(now: float) -> None:  # route what the free slots allow; wake the idle replicas that got some
         nonlocal sent
@@ -468,15 +500,11 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             pols[r].waiting.insert(0, sent)
             engines[r].claim(sent)
             sent += 1
-            if r in idle:
-                idle.discard(r)
-                heapq.heappush(heap, (now, r))
-                ends[r].append(engines[r].t)  # idle until now
-                secs[r].append(now)
+            clock.wake((r,), now)
 
     send(0.0)
-    while heap:
-        now, r = heapq.heappop(heap)
+    while clock.heap:
+        now, r = heapq.heappop(clock.heap)
         eng, pol = engines[r], pols[r]
         done = len(eng.collected)
         if done > seen[r]:
@@ -484,20 +512,15 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             seen[r] = done
             send(now)
         if not eng.decide(pol):
-            idle.add(r)
+            clock.idle.add(r)
             continue
         t_next = eng.next_event()
         if sent < n:  # requests still wait to be sent: take them between steps
             t_next = min(t_next, eng.t + 1)
-        eng.advance(t_next, pol.pads)
-        now += cost.segment_seconds_float(*eng.log_entry())
-        ends[r].append(eng.t)
-        secs[r].append(now)
-        heapq.heappush(heap, (now, r))
+        clock.run(r, t_next, pol.pads, cost, now)
     if sent < n or (placement < 0).any():
         raise InvalidArgument("policy", policy, "an engine policy that finishes every request it is sent")
-    clocks = [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(ends, secs)]
-    return engines, clocks, placement
+    return engines, clock.clocks(), placement
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:
@@ -760,26 +783,11 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     for pol in pols:
         if hasattr(pol, "dispatcher"):  # Seer's divided rollout gives requests back while it decides
             pol.dispatcher = dispatcher
-    heap = [(0.0, r) for r in range(replicas)]
-    idle: set[int] = set()
-    ends: list[list] = [[0] for _ in range(replicas)]
-    secs: list[list] = [[0.0] for _ in range(replicas)]
+    clock = _OneClock(engines)
+    idle, wake, wake_later = clock.idle, clock.wake, clock.at  # wake_later: asleep until a given second
 
-    def wake(others, now):  # idle replicas that may find work now start again
-        for other in others:
-            if other in idle:
-                idle.discard(other)
-                heapq.heappush(heap, (now, other))
-                ends[other].append(engines[other].t)  # idle until now
-                secs[other].append(now)
-
-    def wake_later(other, at):  # a replica asleep (or going to sleep) runs again at `at` (seconds)
-        heapq.heappush(heap, (at, other))
-        ends[other].append(engines[other].t)  # idle until then
-        secs[other].append(at)
-
-    while heap:
-        now, r = heapq.heappop(heap)
+    while clock.heap:
+        now, r = heapq.heappop(clock.heap)
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
         pol.idle_now = idle  # the replicas asleep now (steal's moves of running requests go there)
@@ -802,15 +810,10 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
             continue
         if cls.STEALS and pol.blocked and idle:  # work waits here for memory: the idle may steal it
             wake(list(idle), now)
-        eng.advance(eng.next_event(), pol.pads)
-        now += cost.segment_seconds_float(*eng.log_entry())
-        ends[r].append(eng.t)
-        secs[r].append(now)
-        heapq.heappush(heap, (now, r))
+        clock.run(r, eng.next_event(), pol.pads, cost, now)
     if len(queue):
         raise InvalidArgument("policy", policy, "a dispatching policy that starts every request")
     placement = np.zeros(len(flat), dtype=np.int64)
     for r, eng in enumerate(engines):
         placement[np.asarray(eng.collected, dtype=np.int64)] = r  # where each finished
-    clocks = [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(ends, secs)]
-    return engines, clocks, placement
+    return engines, clock.clocks(), placement

@@ -78,9 +78,9 @@ def prompt_prefill_seconds(cost, prompt_lens, chunk: int | None) -> np.ndarray:
     call of ``cost.segment_seconds`` whatever the number of prompts)."""
     lens = np.asarray(prompt_lens, dtype=np.int64).reshape(-1)
     out = np.zeros(len(lens), dtype=np.float64)
-    if not len(lens) or not lens.max(initial=0) > 0:
-        return out
     live = np.flatnonzero(lens > 0)
+    if not len(live):
+        return out
     p = lens[live]
     width = p if chunk is None else np.full(len(p), int(chunk), dtype=np.int64)
     pieces = -(-p // width)  # the steps of each prompt's prefill
