@@ -6,8 +6,10 @@ Run from the repository root:
     python benchmarks/bench_cost.py --quick         # one profile, degrees 1 and 2 (what the test suite runs)
     python benchmarks/bench_cost.py --sections cpu  # section cpu: the reference sampler on CPU (about 2 minutes)
     python benchmarks/bench_cost.py --sections cpu --quick   # a smoke run of it (seconds; the test suite runs it)
+    python benchmarks/bench_cost.py --sections cards  # section cards: H100 fits on H200 steps and back (seconds)
 
-``--out`` defaults to benchmarks/results/cost_<sections>.json (cost_vidur.json, cost_cpu.json).
+``--out`` defaults to benchmarks/results/cost_<sections>.json (cost_vidur.json, cost_cpu.json,
+cost_cards.json).
 
 Section ``vidur``: Vidur's profiles (microsoft/vidur, MIT; shipped in benchmarks/data/vidur, see
 its README) give the measured GPU time of each non-attention operator of ONE decoder layer on one
@@ -48,6 +50,17 @@ seeded random half of the steps), ``by_run`` (fit on the even-numbered runs of t
 the steps of the odd-numbered ones) and ``transfer`` (the parameters fitted on another model's
 even runs, errors on this model's odd runs); and the error of each run's total
 (SampleResult.model_seconds against the measured forward steps' sum).
+
+Section ``cards``: does a calibration carry from one GPU to another? The engine steps measured on
+one H100 and on one H200 by ``benchmarks/gpu_cost.sh`` (shipped in benchmarks/results as
+cost_gpu_<card>[_<model>][_compiled].jsonl: Qwen3-1.7B- and Qwen3-8B-shaped models, random weights,
+bfloat16, CUDA graphs, eager or with each decoder layer compiled) are priced, for every pair of
+cards (A fitted, B priced), by: the unfitted preset of B; A's fit (``StepCost.fit`` on every step of
+A, attention priced apart) left on A's datasheet numbers; A's fit moved to B's
+(:meth:`StepCost.on_gpu`); and B's own fit on a seeded half of B's steps, scored on the other half
+(the best a calibration on B gives). Errors are modelled / measured - 1 over every step of B
+(the last row: B's held-out half). A second table divides the seconds of each step shape measured
+on both cards. Data, not timing.
 """
 
 from __future__ import annotations
@@ -62,7 +75,7 @@ from pathlib import Path
 import numpy as np
 from common import ROOT, machine, report, run_sections, table
 
-from lengthsched.cost import GPU_PRESETS, StepCost, error_stats
+from lengthsched.cost import GPU_PRESETS, StepCost, error_stats, read_samples
 
 DATA = ROOT / "benchmarks" / "data" / "vidur"
 LINEAR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -474,11 +487,93 @@ def section_cpu(args) -> tuple[str, dict]:
     return text, raw
 
 
+CARD_STEPS = ("h100", "h200")  # cards with measured steps in benchmarks/results
+CARD_MODELS = (("qwen3-1.7b", ""), ("qwen3-8b", "_qwen3-8b"))  # (preset, file suffix)
+
+
+def _card_steps(model_suffix: str, compiled: bool) -> dict[str, Path]:
+    """The measured-step files of one model (and compile mode) on each card that has them."""
+    tail = model_suffix + ("_compiled" if compiled else "")
+    found = {card: ROOT / "benchmarks" / "results" / f"cost_gpu_{card}{tail}.jsonl" for card in CARD_STEPS}
+    return {card: path for card, path in found.items() if path.is_file()}
+
+
+def section_cards(args) -> tuple[str, dict]:
+    rows, raw, speed = [], [], []
+    for model, suffix in CARD_MODELS:
+        for compiled in (False, True):
+            files = _card_steps(suffix, compiled)
+            if len(files) < 2:
+                raw.append({"model": model, "compiled": compiled, "skipped": "measured steps on fewer than two cards: "
+                            + (", ".join(sorted(files)) or "none")})
+                continue
+            steps = {card: read_samples(path) for card, path in files.items()}
+            fits = {card: StepCost.from_model(model, card, separate_attention=True).fit(steps[card]) for card in files}
+            for source in files:
+                for target in files:
+                    if source == target:
+                        continue
+                    own, report_own = StepCost.from_model(model, target, separate_attention=True).fit_and_validate(
+                        steps[target], train_fraction=0.5, seed=0)
+                    priced = {
+                        "unfitted preset": StepCost.from_model(model, target, separate_attention=True),
+                        f"{source} fit on {source} numbers": fits[source],
+                        f"{source} fit moved to {target} (on_gpu)": fits[source].on_gpu(target),
+                    }
+                    entry = {"model": model, "compiled": compiled, "fitted_on": source, "priced_on": target,
+                             "steps": int(steps[target]["seconds"].size), "files": {c: str(p.relative_to(ROOT))
+                                                                                   for c, p in files.items()},
+                             "rows": {}}
+                    for label, cost in priced.items():
+                        err = cost.errors(steps[target])
+                        entry["rows"][label] = {**error_stats(err), "signed_median": float(np.median(err))}
+                        rows.append([model, "compiled" if compiled else "eager", f"{source} -> {target}", label,
+                                     entry["steps"], float(np.median(np.abs(err))), float(np.median(err)),
+                                     float(np.max(np.abs(err)))])
+                    held = report_own["held_out"]
+                    entry["rows"][f"{target} fit, held out"] = {**held, "parameters": own.parameters()}
+                    rows.append([model, "compiled" if compiled else "eager", f"{source} -> {target}",
+                                 f"{target} fit, held-out half", held["n"], float(held["median"]), "-",
+                                 float(held["max"])])
+                    entry["parameters"] = {"fitted_on_source": fits[source].parameters()}
+                    raw.append(entry)
+            speed.append(_card_speedup(model, compiled, steps))
+    text = table("A calibration moved between cards: |modelled / measured - 1| on the steps of the second card",
+                 ["model", "layers", "fitted -> priced", "model priced", "steps", "median |err|", "median signed",
+                  "max |err|"], rows)
+    text += "\n" + table("The same step measured on both cards: seconds on the first / seconds on the second",
+                         ["model", "layers", "cards", "steps", "median", "min", "max", "decode steps, median",
+                          "prefill steps, median", "datasheet bandwidth ratio"],
+                         [[s["model"], "compiled" if s["compiled"] else "eager", " / ".join(s["cards"]), s["steps"],
+                           s["median"], s["min"], s["max"], s["decode_median"], s["prefill_median"],
+                           s["bandwidth_ratio"]] for s in speed])
+    return text, {"pairs": raw, "speedup": speed}
+
+
+def _card_speedup(model: str, compiled: bool, steps: dict) -> dict:
+    """Per step shape measured on both cards (decode rows, KV tokens read, prefill tokens): the ratio of
+    the first card's seconds to the second's (above 1: the second is faster)."""
+    first, second = sorted(steps)
+    keys = ("decode_rows", "kv_tokens_read", "prefill_tokens")
+
+    def by_shape(cols):
+        return {tuple(int(cols[k][i]) for k in keys): float(cols["seconds"][i]) for i in range(cols["seconds"].size)}
+
+    a, b = by_shape(steps[first]), by_shape(steps[second])
+    shared = sorted(set(a) & set(b))
+    ratio = np.array([a[k] / b[k] for k in shared])
+    prefill = np.array([k[2] > 0 for k in shared])
+    return {"model": model, "compiled": compiled, "cards": [first, second], "steps": len(shared),
+            "median": float(np.median(ratio)), "min": float(ratio.min()), "max": float(ratio.max()),
+            "decode_median": float(np.median(ratio[~prefill])), "prefill_median": float(np.median(ratio[prefill])),
+            "bandwidth_ratio": GPU_PRESETS[second].bandwidth / GPU_PRESETS[first].bandwidth}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="one profile, tensor-parallel degrees 1 and 2 (smoke test)")
-    parser.add_argument("--sections", default="vidur", help="comma-separated sections: vidur, cpu")
+    parser.add_argument("--sections", default="vidur", help="comma-separated sections: vidur, cpu, cards")
     parser.add_argument("--data", default=str(DATA), help="folder of the Vidur profiles")
     parser.add_argument("--threads", type=int, default=1, help="section cpu: PyTorch CPU threads")
     parser.add_argument("--repeats", type=int, default=2,
@@ -488,7 +583,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.out is None:
         args.out = str(ROOT / "benchmarks" / "results" / f"cost_{args.sections.replace(',', '_')}.json")
-    texts, results = run_sections(parser, args, {"vidur": section_vidur, "cpu": section_cpu})
+    texts, results = run_sections(parser, args, {"vidur": section_vidur, "cpu": section_cpu,
+                                                             "cards": section_cards})
     results = {"machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                **results}
     note = ("data, not timing: the numbers do not depend on this machine" if "cpu" not in results

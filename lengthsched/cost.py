@@ -314,6 +314,23 @@ class StepCost:
         """A copy with some fields changed (validated like the constructor)."""
         return dataclasses.replace(self, **changes)
 
+    def on_gpu(self, gpu: str) -> StepCost:
+        """This model moved to another card: the preset ``gpu``'s datasheet numbers (``bandwidth``,
+        ``peak_flops``, ``link_bandwidth``, ``host_bandwidth``) with every fitted number kept
+        (overhead, efficiencies, host efficiency and latency) and the model, ``tp`` and form unchanged.
+
+        The way to price a card nobody calibrated on: efficiencies fitted on one Hopper carry to the
+        other far better than an unfitted preset. On engine steps measured on an H100 and an H200
+        (Qwen3-1.7B and Qwen3-8B shapes; ``benchmarks/bench_cost.py --sections cards``), an H100 fit
+        moved to the h200 preset was off by 2.4-3.9% (median |modelled / measured - 1|), an H200 fit
+        moved to the h100 preset by 3.2-4.5%, against 1-4% for a fit on the card itself, 9-65% for
+        the unfitted preset and 7-24% for the other card's fit left on that card's numbers. Only this
+        pair was measured: a move across architectures (A100, L40S, B200) is unchecked.
+        """
+        spec = _gpu(gpu)
+        return self.replace(gpu=spec.name, bandwidth=spec.bandwidth, peak_flops=spec.peak_flops,
+                            link_bandwidth=spec.link_bandwidth, host_bandwidth=spec.host_bandwidth)
+
     # ----------------------------------------------------------------- pricing
     def _terms(self, rows, kv, prefill, context) -> tuple[np.ndarray, ...]:
         """The step's terms at efficiency 1 (seconds): ``(m1, c1, m2, c2, e, comm, active)`` with

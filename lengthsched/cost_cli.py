@@ -61,11 +61,13 @@ class CostShowOptions:
 
     model: str | None = _opt(None, f"a config.json path, a model directory, or a bundled preset name "
                                    f"(default {DEFAULT_MODEL}; not with --cost)")
-    gpu: str | None = _opt(None, f"GPU preset (default {DEFAULT_GPU}; not with --cost)", choices=list(GPU_PRESETS))
+    gpu: str | None = _opt(None, f"GPU preset (default {DEFAULT_GPU}); with --cost, the card to move the fitted "
+                                 f"model to (its datasheet numbers, the fitted efficiencies kept)",
+                           choices=list(GPU_PRESETS))
     dtype: str = _opt("bfloat16", "weights and activations dtype", choices=sorted(DTYPE_BYTES))
     kv_dtype: str | None = _opt(None, "KV cache dtype, default --dtype", choices=sorted(DTYPE_BYTES))
     tp: int | None = _opt(None, "tensor-parallel degree (default 1; not with --cost)")
-    cost: str | None = _opt(None, "a fitted model JSON (from cost fit --out) instead of --model/--gpu/--tp")
+    cost: str | None = _opt(None, "a fitted model JSON (from cost fit --out) instead of --model/--tp")
     json: bool = _opt(False, "print machine-readable JSON instead of tables")
 
 
@@ -112,10 +114,12 @@ def run_cost_fit(opts: CostFitOptions) -> int:
 
 def _load_show_model(opts: CostShowOptions) -> StepCost:
     if opts.cost is not None:
-        given = [f"--{name.replace('_', '-')}" for name in ("model", "gpu", "tp") if getattr(opts, name) is not None]
+        given = [f"--{name}" for name in ("model", "tp") if getattr(opts, name) is not None]
         if given:
-            raise InvalidArgument("cost", opts.cost, f"a fitted model JSON alone, without {', '.join(given)}")
-        return StepCost.from_file(opts.cost)
+            raise InvalidArgument("cost", opts.cost, f"a fitted model JSON without {', '.join(given)} "
+                                                     "(it names its model and tensor-parallel degree)")
+        cost = StepCost.from_file(opts.cost)
+        return cost if opts.gpu is None else cost.on_gpu(opts.gpu)
     return StepCost.from_model(opts.model or DEFAULT_MODEL, opts.gpu or DEFAULT_GPU, dtype=opts.dtype,
                                kv_dtype=opts.kv_dtype, tp=1 if opts.tp is None else opts.tp)
 

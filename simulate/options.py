@@ -103,8 +103,9 @@ class SimulateOptions:
                                        "request sent at once, as verl, OpenRLHF and TRL send them)")
     slots: int | None = _opt(None, "also cap how many sequences decode at once (in a rollout step: on each replica, "
                                    "vLLM's max_num_seqs; verl sets 1024; default: the KV pool alone limits them)")
-    gpu: str = _opt("h100", "GPU preset that prices every step in seconds (lengthsched cost show)",
-                    choices=["a100", "h100", "h200", "l40s", "b200"])
+    gpu: str | None = _opt(None, "GPU preset that prices every step in seconds (lengthsched cost show; default "
+                                 "h100); with --cost, the card to move the fitted model to (its datasheet numbers, "
+                                 "the fitted efficiencies kept)", choices=["a100", "h100", "h200", "l40s", "b200"])
     cost: str | None = _opt(None, "a fitted step-cost JSON (lengthsched cost fit) instead of the --gpu preset")
     prefill_chunk: int = _opt(8192, "most tokens prefilled in one step (vLLM's max_num_batched_tokens)")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])

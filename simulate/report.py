@@ -226,12 +226,14 @@ def _group_budget(memory: ModelMemory, budget_bytes: int, group: Group, slots: i
 
 
 def load_cost(opts: SimulateOptions, memory: ModelMemory):
-    """The step-cost model that prices the comparison: ``--cost FILE`` or ``--model`` on the ``--gpu`` preset."""
+    """The step-cost model that prices the comparison: ``--model`` on the ``--gpu`` preset (default h100),
+    or ``--cost FILE``, moved to ``--gpu``'s datasheet numbers when both are given (``StepCost.on_gpu``)."""
     from lengthsched.cost import StepCost
 
     if opts.cost is None:
-        return StepCost.from_gpu(memory, opts.gpu, config=opts.model)
-    return StepCost.from_file(opts.cost)
+        return StepCost.from_gpu(memory, opts.gpu or "h100", config=opts.model)
+    cost = StepCost.from_file(opts.cost)
+    return cost if opts.gpu is None else cost.on_gpu(opts.gpu)
 
 
 def _measures(memory: ModelMemory, group: Group, *, steps, lower, peak_kv_tokens, max_live, collected,

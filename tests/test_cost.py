@@ -377,6 +377,45 @@ def test_read_samples(tmp_path):
         read_samples(tmp_path / "empty.jsonl")
 
 
+def test_on_gpu_moves_the_datasheet_numbers_and_keeps_the_fit():
+    fitted = qwen("qwen3-1.7b", separate_attention=True).replace(**TRUTH, host_efficiency=0.6, tp=2)
+    moved = fitted.on_gpu("H200")
+    spec = GPU_PRESETS["h200"]
+    assert (moved.gpu, moved.bandwidth, moved.peak_flops, moved.link_bandwidth, moved.host_bandwidth) == (
+        "h200", spec.bandwidth, spec.peak_flops, spec.link_bandwidth, spec.host_bandwidth)
+    assert moved.parameters() == fitted.parameters()
+    assert (moved.host_efficiency, moved.tp, moved.separate_attention, moved.model) == (0.6, 2, True, fitted.model)
+    assert moved.on_gpu("h100") == fitted
+    # a bandwidth-bound decode step is cheaper on the card with more bandwidth, by at most its ratio
+    h100, h200 = fitted.seconds(8, 8 * 1024), moved.seconds(8, 8 * 1024)
+    assert spec.bandwidth / GPU_PRESETS["h100"].bandwidth > h100 / h200 > 1.0
+    with pytest.raises(InvalidArgument, match="'gpu'"):
+        fitted.on_gpu("v100")
+
+
+def test_shipped_calibrations_carry_between_hopper_cards(tmp_path):
+    """bench_cost.py --sections cards on the steps measured on the H100 and the H200: each card's fit moved
+    to the other card (on_gpu) prices that card's steps better than the unfitted preset and better than
+    the fit left on its own card's numbers, within 5% (median), and no better than a fit on the card."""
+    out = tmp_path / "cost_cards.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cost.py"), "--sections", "cards",
+                             "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cards = json.loads(out.read_text())["cards"]
+    pairs = [p for p in cards["pairs"] if "skipped" not in p]
+    # the H200 runs the same steps faster, by less than its bandwidth ratio (steps pay a fixed overhead)
+    assert len(cards["speedup"]) == 3
+    assert all(1.0 < s["median"] < s["bandwidth_ratio"] for s in cards["speedup"])
+    assert {(p["fitted_on"], p["priced_on"]) for p in pairs} == {("h100", "h200"), ("h200", "h100")}
+    assert len(pairs) >= 6  # 1.7B eager and compiled, 8B compiled, both ways
+    for p in pairs:
+        rows, a, b = p["rows"], p["fitted_on"], p["priced_on"]
+        moved = rows[f"{a} fit moved to {b} (on_gpu)"]["median"]
+        assert moved < 0.05
+        assert moved < rows["unfitted preset"]["median"] and moved < rows[f"{a} fit on {a} numbers"]["median"]
+        assert rows[f"{b} fit, held out"]["median"] < 0.05
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_cost_fit_and_show(tmp_path, capsys):
     truth = qwen("qwen3-1.7b").replace(**TRUTH)
@@ -406,6 +445,12 @@ def test_cost_fit_and_show(tmp_path, capsys):
     assert data["compute_bound_from_rows"]["16384"] is None
     cell = next(d for d in data["decode"] if d["rows"] == 64 and d["context"] == 1024)
     assert cell["ms"] == pytest.approx(qwen().seconds(64, 64 * 1024) * 1e3)
+    # a fitted model moved to another card's datasheet numbers (--cost with --gpu)
+    assert run_cost_show(CostShowOptions(cost=str(out), gpu="h200", json=True)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["gpu"] == "h200" and data["parameters"] == fitted.parameters()
+    cell = next(d for d in data["decode"] if d["rows"] == 64 and d["context"] == 1024)
+    assert cell["ms"] == pytest.approx(fitted.on_gpu("h200").seconds(64, 64 * 1024) * 1e3)
 
 
 def test_cost_cli_bad_input(tmp_path):
@@ -413,6 +458,8 @@ def test_cost_cli_bad_input(tmp_path):
         run_cost_fit(CostFitOptions())
     with pytest.raises(InvalidArgument, match="'cost'"):
         run_cost_show(CostShowOptions(cost=str(tmp_path / "cost.json"), model="qwen3-8b"))
+    with pytest.raises(InvalidArgument, match="'cost'.*--tp"):
+        run_cost_show(CostShowOptions(cost=str(tmp_path / "cost.json"), tp=2))
     with pytest.raises(InvalidArgument, match="'cost'"):
         run_cost_show(CostShowOptions(cost=str(tmp_path / "missing.json")))
     with pytest.raises(InvalidArgument, match="'gpu'"):

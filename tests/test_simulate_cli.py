@@ -41,6 +41,27 @@ def test_json_and_output_file(tmp_path, capsys):
     assert ok == sorted(ok)
 
 
+def test_cost_file_moved_to_another_gpu(tmp_path, capsys):
+    """--cost FILE --gpu X prices with the fitted model moved to X's datasheet numbers (StepCost.on_gpu):
+    the same seconds as a file holding the moved model, and other seconds than the file alone."""
+    from pathlib import Path
+
+    from lengthsched.cost import StepCost
+
+    shipped = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "stepcost_h100_qwen3-1.7b.json"
+    moved = tmp_path / "moved.json"
+    moved.write_text(StepCost.from_file(shipped).on_gpu("h200").to_json())
+    base = SMALL + ["--policies", "micro,vllm", "--model", "qwen3-1.7b", "--json"]
+    seconds = {}
+    for name, extra in (("file", ["--cost", str(shipped)]), ("both", ["--cost", str(shipped), "--gpu", "h200"]),
+                        ("moved", ["--cost", str(moved)])):
+        code, out, err = run(base + extra, capsys)
+        assert code == 0, err
+        seconds[name] = [r["seconds"] for r in json.loads(out)["policies"]]
+    assert seconds["both"] == seconds["moved"]
+    assert all(b < f for b, f in zip(seconds["both"], seconds["file"]))
+
+
 def test_sweep(capsys):
     code, out, _ = run(SMALL + ["--policies", "micro,growth_aware", "--sweep", "group_size=4,8"], capsys)
     assert code == 0 and "group_size=4" in out and "group_size=8" in out
