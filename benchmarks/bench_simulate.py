@@ -24,7 +24,7 @@ from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
 from lengthsched.runtime.timing import lower_bound_seconds
-from simulate import POLICIES, run_batch, run_group, run_rollout
+from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
@@ -363,6 +363,15 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
     return groups, realistic, oracle, constant, common
 
 
+# slime as it ships, then the runs of slime's SGLang engines compared with it in rollout_routers' second table
+SLIME_ROWS = ("slime: sglang + cache-aware router", "slime + lengthsched's plan (lengthsched.integrations.slime)",
+              "slime + lengthsched's plan, groups in batch order", "steal over SGLang engines",
+              "sglang + verl routing")
+# The "routers" of the runs that model slime with lengthsched.integrations.slime (simulate.run_slime_planned):
+# the integration's plan ("ways" placement), the groups handed to slime longest predicted first or in batch order
+SLIME_PLANS = {"plan": "longest", "plan_batch": "batch"}
+
+
 def _rollout_unit(args, runs=ROLLOUT_RUNS):
     """Every run of ``runs`` on one setting: label -> (seconds, lower bound, slowest share, recomputed /
     generated, recomputed tokens, wall seconds of the simulation), or None where the policy fails."""
@@ -385,7 +394,10 @@ def _rollout_unit(args, runs=ROLLOUT_RUNS):
             extra["in_flight"] = int(per) * args[2]
         try:
             start = time.perf_counter()
-            r = run_rollout(groups, policy, router=router, predicted=p, **common, **extra)
+            if router in SLIME_PLANS:  # slime with lengthsched.integrations.slime's plan (SGLang engines)
+                r, _ = run_slime_planned(groups, p, submit=SLIME_PLANS[router], **common, **extra)
+            else:
+                r = run_rollout(groups, policy, router=router, predicted=p, **common, **extra)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
                           r.recomputed_tokens, time.perf_counter() - start)
         except Exception:  # a pool too small for the policy (sglang's reservation refuses a tight pool)
@@ -1477,6 +1489,9 @@ ROUTER_RUNS = (  # (label, policy, router, predictions); router "name@k": k x re
     ("sglang + cache-aware router, all routed at once", "sglang", "cache_aware", None),
     ("sglang + verl routing", "sglang", "least_loaded", None),
     ("vllm + cache-aware router", "vllm", "cache_aware", None),
+    ("slime + lengthsched's plan (lengthsched.integrations.slime)", "sglang", f"plan@{SLIME_CONCURRENCY}",
+     "realistic"),
+    ("slime + lengthsched's plan, groups in batch order", "sglang", f"plan_batch@{SLIME_CONCURRENCY}", "realistic"),
     ("steal over SGLang engines", "steal_sglang", None, "realistic"),
     ("steal", "steal", None, "realistic"),
 )
@@ -1495,7 +1510,7 @@ def rollout_routers(quick: bool) -> tuple[str, list]:
               "scale": [(u, 11) for u in SCALE_GRID]}
     if quick:
         scopes = {"grid": [(("castillo", 64, 4, 4), 11), (("long tail", 64, 4, 2), 11)]}
-    rows, settings = [], []
+    rows, settings, over_slime = [], [], []
     for scope, grid in scopes.items():
         units = [(w, b, r, f, seed, ROLLOUT_COST) for (w, b, r, f), seed in grid]
         results = _pool_map(_rollout_router_unit, units)
@@ -1513,13 +1528,22 @@ def rollout_routers(quick: bool) -> tuple[str, list]:
             rows.append([scope, label, len(units) - len(both)] + summary[:5]
                         + [float(gain.mean()), float(gain.min()), float(gain.max()), int(np.sum(gain > 1.001)),
                            over_cap])
+        for label in SLIME_ROWS[1:]:  # what slime's users get from each SGLang-engine run, over slime as it ships
+            both = [(u, out[label], out[SLIME_ROWS[0]]) for u, out in zip(units, results)
+                    if out[label] is not None and out[SLIME_ROWS[0]] is not None]
+            summary = _ratio_summary([u for u, *_ in both], [x / slime for _, x, slime in both])
+            over_slime.append([scope, label, len(both)] + summary[1:5])
     text = table(f"The RL frameworks' routers and engines as they ship ({_cost_label()}; grid: seeds "
                  f"{', '.join(map(str, WAYS_SEEDS))}; scale: seed 11): makespan x vLLM FCFS + verl routing, and "
                  "steal's makespan x each run's (steal with realistic prompt-level predictions)",
                  ["settings", "run", "fails", "n", "mean x vllm + verl", "mean, several replicas", "worst",
                   "slower by > 0.1%", "steal x this: mean", "best", "worst", "settings steal is slower",
                   f"multi-replica settings over slime's {SLIME_CONCURRENCY} per engine"], rows)
-    return text, {"rows": rows, "settings": settings}
+    text += "\n" + table("slime's engines (SGLang) run otherwise: makespan x slime's as it ships (its cache-aware "
+                         "router and in-flight cap), same settings", ["settings", "run", "n", "mean x slime",
+                                                                       "mean, several replicas", "worst",
+                                                                       "slower by > 0.1%"], over_slime)
+    return text, {"rows": rows, "settings": settings, "over_slime": over_slime}
 
 
 def main(argv=None) -> int:

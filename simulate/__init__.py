@@ -22,6 +22,7 @@ from .rollout import (
     place_by_time,
     route,
     run_rollout,
+    run_slime_planned,
 )
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
@@ -48,6 +49,7 @@ __all__ = [
     "run_batch",
     "run_group",
     "run_rollout",
+    "run_slime_planned",
     "DEFAULT_POLICY",
     "RolloutResult",
     "ROUTERS",

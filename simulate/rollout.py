@@ -81,7 +81,7 @@ from .run import _cost, _predictions
 from .workloads import Group
 
 __all__ = ["ROUTERS", "LiveRouter", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout",
-           "route"]
+           "run_slime_planned", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
 # slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
@@ -341,7 +341,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     replicas (slime: ``--sglang-server-concurrency`` x engines, 512 x R by default); the others wait in the
     framework's queue in submission order (group by group) and each is routed when a slot frees, by the
     router (``least_loaded`` or ``cache_aware``, :class:`LiveRouter`) on the replicas' requests in flight
-    then, and joins its replica's queue at that replica's next step (a prompt stays cached on a replica
+    then, or to its replica in ``placement`` when one is given (a client that sends each request where a
+    plan put it, as :mod:`lengthsched.integrations.slime` does), and joins its replica's queue at that
+    replica's next step (a prompt stays cached on a replica
     after its requests there finish, evicted only under pressure, as a prefix cache keeps it for the
     siblings sent later); for the engine policies whose queue is first come, first served (``vllm``,
     ``sglang``). None: every request is routed at once (verl, OpenRLHF, TRL). Returns a
@@ -379,14 +381,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         if policy not in THROTTLED_POLICIES:
             raise InvalidArgument("in_flight", in_flight, f"None with policy {policy!r} (a framework's in-flight "
                                   f"cap is modelled for {', '.join(THROTTLED_POLICIES)})")
-        if placement is not None:
-            raise InvalidArgument("in_flight", in_flight, "None with a given placement (the router places "
-                                  "requests as slots free)")
-        if router not in LiveRouter.ROUTERS:
+        if placement is None and router not in LiveRouter.ROUTERS:
             raise InvalidArgument("in_flight", in_flight, f"None with router {router!r} (routed one request at "
                                   f"a time: {', '.join(LiveRouter.ROUTERS)})")
-        engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, **common)
-        used_router = router
+        used_router = router if placement is None else "given"
+        engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, fixed=placement,
+                                                    **common)
     elif spec.dispatch:
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
                                                    snapshot=snapshot_seconds, **common)
@@ -467,13 +467,14 @@ THROTTLED_POLICIES = ("vllm", "sglang")
 
 
 def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
-                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None):
+                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None):
     """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
     flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
-    replica), in submission order, by a :class:`LiveRouter`. While requests wait to be sent, every
-    replica decides at every step, so a request routed to a busy replica joins its queue at the
-    replica's next step (as a serving engine takes new requests between steps)."""
-    live = LiveRouter(router, replicas)
+    replica), in submission order, by a :class:`LiveRouter`, or to its replica in ``fixed`` (a given
+    placement: a client that sends each request to the replica a plan named). While requests wait to be
+    sent, every replica decides at every step, so a request routed to a busy replica joins its queue at
+    the replica's next step (as a serving engine takes new requests between steps)."""
+    live = LiveRouter(router, replicas) if fixed is None else None
     engines, pols = [], []
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
@@ -495,7 +496,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     def send(now: float) -> None:  # route what the free slots allow; wake the idle replicas that got some
         nonlocal sent
         while sent < n and sent - sum(seen) < cap:
-            r = live.select(int(owner[sent]))
+            r = live.select(int(owner[sent])) if live is not None else int(fixed[sent])
             placement[sent] = r
             pols[r].waiting.insert(0, sent)
             engines[r].claim(sent)
@@ -508,7 +509,8 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         eng, pol = engines[r], pols[r]
         done = len(eng.collected)
         if done > seen[r]:
-            live.finished(r, done - seen[r])
+            if live is not None:
+                live.finished(r, done - seen[r])
             seen[r] = done
             send(now)
         if not eng.decide(pol):
@@ -521,6 +523,46 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     if sent < n or (placement < 0).any():
         raise InvalidArgument("policy", policy, "an engine policy that finishes every request it is sent")
     return engines, clock.clocks(), placement
+
+
+def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,
+                      max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "longest",
+                      **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
+    """slime with :mod:`lengthsched.integrations.slime` (its rollout and generate hooks), in the model:
+    the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``
+    and ``submit`` as there, each replica's pool ``budget_tokens``) plans the step from ``predicted``
+    (per completion, flattened in group order; a prompt-level predictor's, the same for siblings: each
+    group's first is used), slime submits the groups in the order it returns them, its semaphore keeps
+    ``in_flight`` requests in flight (slime: 512 x ``replicas``; None: all sent at once), and each is sent
+    to its planned replica's SGLang engine (``sglang``). Returns the run (its groups in submission order,
+    so its ``collected_lengths`` are too) and that order (indices into ``groups``). ``kwargs`` go to
+    :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
+    from types import SimpleNamespace
+
+    from lengthsched.integrations.slime import REPLICA_KEY, SlimePlanner
+    from lengthsched.predictor import OracleLengthPredictor
+
+    groups = list(groups)
+    sizes = [len(g.lengths) for g in groups]
+    pred = np.asarray(predicted, dtype=np.float64)
+    if pred.shape != (sum(sizes),):
+        raise InvalidArgument("predicted", f"{pred.size} values", f"{sum(sizes)} values, one per completion")
+    starts = np.cumsum([0] + sizes[:-1])
+    keys = [f"{i}:{g.prompt_id}" for i, g in enumerate(groups)]
+    table = {k: max(1, int(round(pred[s]))) for k, s, n in zip(keys, starts, sizes) if n > 0}
+    samples = [[SimpleNamespace(prompt=k, tokens=[], metadata={}, index=i)
+                for _ in range(n)] for i, (k, g, n) in enumerate(zip(keys, groups, sizes))]
+    planner = SlimePlanner(placement=placement, pool_tokens=budget_tokens if placement == "ways" else None,
+                           submit=submit, max_new_tokens=max_new_tokens, predictor=OracleLengthPredictor(table))
+    planned = [g for g in planner.plan(samples, replicas, prompt_lens=[int(g.prompt_len) for g in groups]) if g]
+    order = np.array([g[0].index for g in planned] + [i for i, n in enumerate(sizes) if n == 0], dtype=np.int64)
+    placed = np.array([s.metadata[REPLICA_KEY] for g in planned for s in g], dtype=np.int64)
+    reordered = [groups[i] for i in order]
+    pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) else pred
+    result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
+                         max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
+                         in_flight=in_flight, **kwargs)
+    return result, order
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:

@@ -1192,8 +1192,28 @@ def test_an_in_flight_cap_is_checked():
         run_rollout(groups, "steal", in_flight=4, **common)
     with pytest.raises(InvalidArgument, match="in_flight.*group_round_robin"):
         run_rollout(groups, "vllm", router="group_round_robin", in_flight=4, **common)
-    with pytest.raises(InvalidArgument, match="in_flight.*placement"):
-        run_rollout(groups, "vllm", placement=np.zeros(8, dtype=np.int64), in_flight=4, **common)
+    with pytest.raises(InvalidArgument, match="placement"):
+        run_rollout(groups, "vllm", placement=np.full(8, 2, dtype=np.int64), in_flight=4, **common)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_a_given_placement_sent_as_slots_free_keeps_every_request_where_it_was_placed(policy):
+    """placement with in_flight: a client that sends each request to its planned replica when the cap
+    frees a slot. Every request runs where it was placed; a cap as large as the step runs the same as
+    the placement given at once; a cap of 1 runs the requests one at a time in submission order."""
+    groups = _groups([6, 5, 7, 4], seed=2, prompt=25)
+    common = dict(replicas=3, budget_tokens=700, max_new_tokens=128)
+    placed = np.array([g % 3 for g, group in enumerate(groups) for _ in group.lengths], dtype=np.int64)
+    at_once = run_rollout(groups, policy, placement=placed, **common)
+    big = run_rollout(groups, policy, placement=placed, in_flight=100, **common)
+    assert big.router == "given" and big.placement.tolist() == placed.tolist()
+    assert big.seconds == pytest.approx(at_once.seconds, rel=1e-12) and big.steps == at_once.steps
+    capped = run_rollout(groups, policy, placement=placed, in_flight=5, record=True, **common)
+    assert capped.placement.tolist() == placed.tolist() and _running_at_once(capped) <= 5
+    assert [x.tolist() for x in capped.collected_lengths] == [g.lengths.tolist() for g in groups]
+    one = run_rollout(groups, policy, placement=placed, in_flight=1, record=True, **common)
+    assert _running_at_once(one) == 1
+    assert one.seconds > capped.seconds
 
 
 def test_steal_over_sglang_engines_runs_sglangs_scheduler_on_every_replica():

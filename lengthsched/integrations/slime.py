@@ -1,0 +1,324 @@
+"""slime: plan every rollout batch and send each sample to the SGLang engine its plan names.
+
+slime (THUDM/slime) generates a rollout with SGLang engines behind SGLang's router. Modelled on slime's
+code at commit 624b824 (``slime/rollout/sglang_rollout.py``, ``slime/utils/http_utils.py``,
+``slime/utils/arguments.py``; tested with fakes built from them, not run on a slime cluster, an SGLang
+engine or a GPU):
+
+- ``generate_rollout(args, rollout_id, data_source, evaluation=False)`` (the default
+  ``--rollout-function-path``) runs ``generate_rollout_async``: it takes groups of samples from
+  ``data_source.get_samples(args.over_sampling_batch_size)`` until enough are valid, submits one task
+  per group (``GenerateState.submit_generate_tasks``, in the order the groups came), and each sample
+  waits on ONE semaphore of ``--sglang-server-concurrency`` (512) x engines (``generate_and_rm``), in
+  that order, before it is generated; the leftovers are aborted at the end (``abort``, which lists the
+  engines with ``GET {router}/workers``).
+- Inside the semaphore, ``generate_and_rm`` calls the function named by
+  ``--custom-generate-function-path`` (``custom(args, sample, sampling_params[, evaluation])``), else
+  ``generate(args, sample, sampling_params)``, which POSTs the sample to
+  ``http://{args.sglang_router_ip}:{args.sglang_router_port}/generate``: SGLang's router places it
+  (cache-aware by default: a group's samples go where its first went while the loads are balanced).
+  A sample that was aborted (partial rollout) is resumed from its tokens by the same ``generate``.
+- ``--custom-config-path`` names a YAML whose keys become attributes of ``args`` ("custom function
+  arguments"): how this module is configured.
+
+This module supplies, for those two hooks:
+
+- :func:`generate_rollout` (``--rollout-function-path lengthsched.integrations.slime.generate_rollout``):
+  runs slime's own ``generate_rollout`` with the data source wrapped (:class:`PlannedDataSource`), so
+  every batch of groups it takes is planned before slime submits it: each group's length predicted from
+  its prompt (default :class:`~lengthsched.OnlineLengthPredictor`, fed with the finished lengths of
+  earlier rollouts, so a prompt seen in an earlier epoch is predicted from its history), the samples
+  placed on the engines by :func:`~lengthsched.integrations.plan_rollout` (default ``"ways"``: the
+  simulator's ``steal`` placement, each group over as many engines as the KV pools hold its prompt,
+  whole groups in crowded steps), and the groups handed to slime longest predicted first, so that the
+  semaphore sends them in that order. Evaluation rollouts run slime's unchanged.
+- :func:`generate` (``--custom-generate-function-path lengthsched.integrations.slime.generate``):
+  sends a planned sample straight to its engine (slime's own ``generate`` with the engine's host and
+  port in place of the router's), and an unplanned one through the router as slime would.
+- :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
+  neither slime, torch nor an HTTP client; slime is imported when a hook runs).
+
+Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
+
+- ``lengthsched_placement``: ``ways`` (default), ``groups`` (whole groups by predicted work) or
+  ``spread`` (sample i of the batch to engine i mod R).
+- ``lengthsched_pool_tokens``: each engine's KV pool in tokens, prompts included (what ``ways`` needs:
+  SGLang logs it at start, "max_total_num_tokens"); without it the planner asks the first engine's
+  ``/get_server_info`` for ``max_total_num_tokens`` and, where that fails, places whole groups
+  (``groups``) and logs a warning.
+- ``lengthsched_submit``: ``longest`` (default: groups handed to slime longest predicted first) or
+  ``batch`` (the data source's order).
+- ``lengthsched_default_length``: the prediction for a prompt never seen (tokens; default half of
+  ``rollout_max_response_len``).
+
+What it is worth, in the simulator (docs/benchmarks.md, "slime with the project's plan"): against
+slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
+engines fed this plan. What it does not do: move work between engines once sent (``steal_sglang`` in the
+simulator also steals waiting requests and moves running ones, which needs aborts by request id that
+slime's ``generate`` does not send); ``--sglang-dp-size`` > 1 (data-parallel attention inside one
+engine) is not planned for; a custom generate function of your own (multi-turn agents) cannot be
+combined with :func:`generate` (it would need to send to ``sample.metadata["lengthsched_replica"]``'s
+engine itself).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int
+from .rollout import RolloutPlan
+from .verl import RolloutPlanner, prompt_key
+
+__all__ = [
+    "REPLICA_KEY",
+    "SLIME_COMMIT",
+    "SUBMIT_ORDERS",
+    "PlannedDataSource",
+    "SlimePlanner",
+    "engine_address",
+    "generate",
+    "generate_rollout",
+    "planner_for",
+    "reset",
+]
+
+SLIME_COMMIT = "624b824"  # the slime commit this module was modelled on
+REPLICA_KEY = "lengthsched_replica"  # sample.metadata key: the index of the engine the plan chose
+SUBMIT_ORDERS = ("longest", "batch")
+PLACEMENTS = ("ways", "groups", "spread")
+
+log = logging.getLogger(__name__)
+
+
+def _sample_prompt_tokens(sample: Any) -> int | None:
+    tokens = getattr(sample, "tokens", None)
+    return len(tokens) if tokens else None
+
+
+class SlimePlanner:
+    """Plans slime's batches of groups (numpy only; slime-independent).
+
+    ``placement``: ``"ways"``, ``"groups"`` or ``"spread"`` (:func:`~lengthsched.integrations.plan_rollout`'s);
+    ``pool_tokens``: each engine's KV pool in tokens, prompts included (``"ways"`` needs it);
+    ``submit``: ``"longest"`` (the groups returned longest predicted first) or ``"batch"`` (as given);
+    ``max_new_tokens``: the longest a completion may be (slime's ``rollout_max_response_len``);
+    ``predictor`` and ``default_length``: as :class:`~lengthsched.integrations.verl.RolloutPlanner`'s
+    (default an :class:`~lengthsched.OnlineLengthPredictor` that learns from :meth:`observe`).
+    """
+
+    def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "longest",
+                 max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None):
+        if placement not in PLACEMENTS:
+            raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
+        if submit not in SUBMIT_ORDERS:
+            raise InvalidArgument("submit", submit, "one of " + ", ".join(SUBMIT_ORDERS))
+        if placement == "ways" and pool_tokens is None:
+            raise InvalidArgument("pool_tokens", None, "each engine's KV pool in tokens (placement 'ways' needs it; "
+                                                       "or placement 'groups')")
+        self.placement, self.submit = placement, submit
+        self.planner = RolloutPlanner(predictor, max_new_tokens=max_new_tokens, default_length=default_length,
+                                      placement=placement, pool_tokens=pool_tokens, order="batch")
+        self.last_plan: RolloutPlan | None = None
+
+    def plan(self, groups: Sequence[Sequence[Any]], replicas: int,
+             prompt_lens: Sequence[int] | None = None) -> list[list[Any]]:
+        """Plan one batch of ``groups`` (lists of samples with ``prompt``, ``tokens`` and ``metadata``)
+        on ``replicas`` engines: every sample's ``metadata[REPLICA_KEY]`` is set to its engine, and the
+        groups are returned in submission order (``submit``). Groups of no samples pass through.
+        ``prompt_lens``: per group, its prompt's length in tokens; None: ``len(sample.tokens)`` where
+        every sample has tokens, else an estimate from the prompt's text
+        (:func:`~lengthsched.integrations.verl.batch_prompt_tokens`: slime's data source leaves
+        ``tokens`` empty until ``generate`` tokenizes the prompt)."""
+        replicas = check_int("replicas", replicas, minimum=1)
+        groups = [list(g) for g in groups]
+        if prompt_lens is not None:
+            prompt_lens = [check_int("prompt_lens", n, minimum=0) for n in prompt_lens]
+            if len(prompt_lens) != len(groups):
+                raise InvalidArgument("prompt_lens", f"{len(prompt_lens)} values", f"{len(groups)}, one per group")
+        index = [i for i, g in enumerate(groups) if g]
+        if not index:
+            return groups
+        prompts = [prompt_key(groups[i][0].prompt) for i in index]
+        if self.submit == "longest":
+            first = predict_groups(self.planner, prompts)
+            order = np.argsort(-np.asarray(first, dtype=np.float64), kind="stable")
+            index, prompts = [index[i] for i in order], [prompts[i] for i in order]
+        live = [groups[i] for i in index]
+        batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(live) for _ in g]),
+                                 "raw_prompt": np.array([p for p, g in zip(prompts, live) for _ in g], dtype=object)}
+        if prompt_lens is not None:
+            ids = [prompt_lens[i] for i in index for _ in groups[i]]
+        else:
+            ids = [_sample_prompt_tokens(s) for g in live for s in g]
+        if all(n is not None for n in ids):  # exact prompt lengths (only their count is read)
+            batch["raw_prompt_ids"] = [range(n) for n in ids]  # only their lengths are read
+        plan, _ = self.planner.plan(batch, replicas)
+        rows = iter(plan.replica)
+        for g in live:
+            for sample in g:
+                sample.metadata[REPLICA_KEY] = int(next(rows))
+        self.last_plan = plan
+        return live + [g for g in groups if not g]
+
+    def observe(self, groups: Sequence[Sequence[Any]]) -> int:
+        """Feed the response lengths (tokens) of one finished rollout's groups to the predictor, keyed
+        by prompt; samples that did not finish (aborted, failed) are left out. Returns the rows fed."""
+        keys, lengths = [], []
+        for group in groups:
+            for sample in _flat(group):
+                status = getattr(getattr(sample, "status", None), "value", getattr(sample, "status", None))
+                if status in ("completed", "truncated"):
+                    keys.append(prompt_key(sample.prompt))
+                    lengths.append(int(sample.response_length))
+        return self.planner.observe(keys, lengths) if keys else 0
+
+
+def _flat(group: Any) -> list[Any]:
+    """A group's samples (a custom generate function may return a list of samples per sample)."""
+    out = []
+    for item in group:
+        out.extend(_flat(item) if isinstance(item, (list, tuple)) else [item])
+    return out
+
+
+def predict_groups(planner: RolloutPlanner, prompts: Sequence[str]) -> list[int]:
+    """Each prompt's predicted length (tokens) by ``planner``'s predictor."""
+    from .rollout import predict_lengths
+
+    return [int(x) for x in predict_lengths(planner.predictor, list(prompts), max_new_tokens=planner.max_new_tokens)]
+
+
+class PlannedDataSource:
+    """slime's data source with every batch of groups planned by ``planner`` on ``replicas`` engines
+    (``get_samples``); everything else passes through to ``source``."""
+
+    def __init__(self, source: Any, planner: SlimePlanner, replicas: int):
+        self.source, self.planner, self.replicas = source, planner, check_int("replicas", replicas, minimum=1)
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        return self.planner.plan(self.source.get_samples(num_samples), self.replicas)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+# ----------------------------------------------------------------------------- slime's hooks
+_PLANNER: SlimePlanner | None = None
+_ENGINES: list[str] = []  # the engines' base URLs of the rollout in progress, in plan index order
+
+
+def reset() -> None:
+    """Forget the planner and the engines (a new run; tests)."""
+    global _PLANNER
+    _PLANNER = None
+    _ENGINES.clear()
+
+
+def _pool_tokens(args: Any, engines: Sequence[str]) -> int | None:
+    given = getattr(args, "lengthsched_pool_tokens", None)
+    if given is not None:
+        return check_int("lengthsched_pool_tokens", given, minimum=1)
+    if not engines:
+        return None
+    from slime.utils.async_utils import run
+    from slime.utils.http_utils import get
+
+    try:
+        info = run(get(f"{engines[0]}/get_server_info"))
+    except Exception as exc:  # an engine without the endpoint, or unreachable: the caller falls back
+        log.warning("lengthsched: no KV pool size from %s/get_server_info (%s)", engines[0], exc)
+        return None
+    if not isinstance(info, dict):
+        return None
+    for where in [info, *(info.get("internal_states") or [])]:  # top level, or per scheduler
+        value = where.get("max_total_num_tokens") if isinstance(where, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
+    """The planner of this run, made on first use from ``args`` (slime's, with the
+    ``lengthsched_*`` keys of its ``--custom-config-path`` YAML) and kept across rollouts, so its
+    predictor learns from every rollout's lengths."""
+    global _PLANNER
+    if _PLANNER is None:
+        placement = getattr(args, "lengthsched_placement", None) or "ways"
+        pool = _pool_tokens(args, engines) if placement == "ways" else None
+        if placement == "ways" and pool is None:
+            log.warning("lengthsched: each engine's KV pool is unknown (set lengthsched_pool_tokens): "
+                        "placing whole groups by predicted work instead of 'ways'")
+            placement = "groups"
+        max_new = getattr(args, "rollout_max_response_len", None)
+        _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
+                                submit=getattr(args, "lengthsched_submit", None) or "longest",
+                                max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
+                                                                               None))
+    return _PLANNER
+
+
+def _engines(args: Any) -> list[str]:
+    """The engines behind slime's router, as slime's ``abort`` lists them, sorted (a fixed index each)."""
+    from slime.utils.async_utils import run
+    from slime.utils.http_utils import get
+
+    response = run(get(f"http://{engine_host(args.sglang_router_ip)}:{args.sglang_router_port}/workers"))
+    return sorted(str(w["url"]).rstrip("/") for w in response["workers"])
+
+
+def engine_host(host: str) -> str:
+    """``host`` as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def engine_address(url: str) -> tuple[str, int]:
+    """The (host, port) of an engine's base URL, e.g. ``"http://10.0.0.2:30000"`` -> ``("10.0.0.2", 30000)``."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname or parts.port is None:
+        raise InvalidArgument("url", url, "an engine URL with a host and a port, e.g. http://10.0.0.2:30000")
+    return parts.hostname, parts.port
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's ``--rollout-function-path``: slime's own ``generate_rollout`` with every training batch
+    planned (:class:`PlannedDataSource`), then the planner fed with the rollout's lengths. Evaluation
+    runs slime's unchanged. Pair it with ``--custom-generate-function-path
+    lengthsched.integrations.slime.generate``, which sends each sample to its planned engine."""
+    from slime.rollout import sglang_rollout
+
+    if evaluation:
+        return sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=True)
+    engines = _engines(args)
+    if not engines:
+        raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
+    planner = planner_for(args, engines)
+    _ENGINES[:] = engines
+    planned = PlannedDataSource(data_source, planner, len(engines))
+    try:
+        output = sglang_rollout.generate_rollout(args, rollout_id, planned, evaluation=False)
+    finally:
+        _ENGINES.clear()
+    samples = getattr(output, "samples", output)
+    planner.observe(samples)
+    return output
+
+
+async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool = False) -> Any:
+    """slime's ``--custom-generate-function-path``: slime's ``generate`` for ``sample``, sent to the engine
+    its plan named (``sample.metadata[REPLICA_KEY]``) instead of the router; a sample without a plan
+    (evaluation, or a rollout function other than :func:`generate_rollout`) goes through the router."""
+    from slime.rollout import sglang_rollout
+
+    replica = (getattr(sample, "metadata", None) or {}).get(REPLICA_KEY)
+    if evaluation or replica is None or not _ENGINES:
+        return await sglang_rollout.generate(args, sample, sampling_params)
+    host, port = engine_address(_ENGINES[int(replica) % len(_ENGINES)])
+    direct = copy.copy(args)  # slime's generate posts to http://{sglang_router_ip}:{sglang_router_port}/generate
+    direct.sglang_router_ip, direct.sglang_router_port = engine_host(host), port
+    return await sglang_rollout.generate(direct, sample, sampling_params)

@@ -1,0 +1,277 @@
+"""lengthsched.integrations.slime: the planner, and slime's two hooks against a fake slime.
+
+The fake mirrors what the hooks touch in slime at commit 624b824: ``slime.rollout.sglang_rollout``'s
+``generate`` (POSTs to ``http://{args.sglang_router_ip}:{args.sglang_router_port}/generate``) and
+``generate_rollout`` (takes ``data_source.get_samples(args.over_sampling_batch_size)`` and runs each
+group's samples, in the order the groups came, through ``--custom-generate-function-path``),
+``slime.utils.async_utils.run`` and ``slime.utils.http_utils.get`` (the router's ``/workers``, an
+engine's ``/get_server_info``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import subprocess
+import sys
+import types
+from enum import Enum
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lengthsched import InvalidArgument
+from lengthsched.integrations import slime as ls_slime
+from lengthsched.integrations.slime import REPLICA_KEY, SlimePlanner, engine_address
+from lengthsched.predictor import OracleLengthPredictor
+from simulate import run_rollout, run_slime_planned
+from simulate.workloads import Group
+
+
+class Status(Enum):
+    PENDING = "pending"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+
+
+def sample(prompt, index=0):
+    return SimpleNamespace(prompt=prompt, tokens=[], metadata={}, index=index, response_length=0,
+                           status=Status.PENDING)
+
+
+def batch(prompts, g=4):
+    return [[sample(p, i * g + j) for j in range(g)] for i, p in enumerate(prompts)]
+
+
+# ------------------------------------------------------------------------------------------ the planner
+def test_the_planner_places_every_sample_and_hands_the_groups_over_longest_first():
+    lengths = {"a": 100, "b": 900, "c": 400, "d": 50, "e": 700, "f": 300}
+    planner = SlimePlanner(placement="groups", predictor=OracleLengthPredictor(lengths), max_new_tokens=1024)
+    groups = batch(list(lengths))
+    out = planner.plan(groups, replicas=3)
+    assert [g[0].prompt for g in out] == ["b", "e", "c", "f", "a", "d"]
+    assert all(s.metadata[REPLICA_KEY] in (0, 1, 2) for g in out for s in g)
+    # whole groups, balanced by predicted work: each replica gets a third or so of 2,450 x 4 tokens
+    assert all(len({s.metadata[REPLICA_KEY] for s in g}) == 1 for g in out)
+    work = np.zeros(3)
+    for g in out:
+        work[g[0].metadata[REPLICA_KEY]] += lengths[g[0].prompt] * len(g)
+    assert work.max() <= 4 * 900 and planner.last_plan.replicas == 3
+    # batch order when asked
+    kept = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths))
+    assert [g[0].prompt for g in kept.plan(batch(list(lengths)), 3)] == list(lengths)
+
+
+def test_ways_spreads_a_group_where_the_pools_hold_its_prompt_and_reads_the_given_prompt_lengths():
+    lengths = {"a": 300, "b": 200}
+    planner = SlimePlanner(placement="ways", pool_tokens=40_000, predictor=OracleLengthPredictor(lengths))
+    out = planner.plan(batch(["a", "b"], g=8), replicas=4, prompt_lens=[100, 100])
+    assert {len({s.metadata[REPLICA_KEY] for s in g}) for g in out} == {4}  # each group over every replica
+    with pytest.raises(InvalidArgument, match="prompt_lens"):
+        planner.plan(batch(["a", "b"]), 2, prompt_lens=[1])
+
+
+def test_the_planner_learns_each_prompts_length_from_the_rollouts_it_observes():
+    planner = SlimePlanner(placement="groups", default_length=500, max_new_tokens=4096)
+    first = planner.plan(batch(["x", "y", "z"]), replicas=2)
+    assert [g[0].prompt for g in first] == ["x", "y", "z"]  # nothing known: all alike, batch order
+    for g, n in zip(first, (100, 3000, 800)):
+        for s in g:
+            s.response_length, s.status = n, Status.COMPLETED
+    first[0][0].status = Status.ABORTED  # an aborted sample teaches nothing
+    assert planner.observe(first) == 11
+    again = planner.plan(batch(["x", "y", "z"]), replicas=2)
+    assert [g[0].prompt for g in again] == ["y", "z", "x"]
+
+
+def test_the_planner_checks_its_arguments():
+    with pytest.raises(InvalidArgument, match="placement"):
+        SlimePlanner(placement="classes")
+    with pytest.raises(InvalidArgument, match="submit"):
+        SlimePlanner(placement="groups", submit="random")
+    with pytest.raises(InvalidArgument, match="pool_tokens"):
+        SlimePlanner(placement="ways")
+    with pytest.raises(InvalidArgument, match="replicas"):
+        SlimePlanner(placement="groups").plan(batch(["a"]), 0)
+    assert SlimePlanner(placement="groups").plan([[], []], 2) == [[], []]
+
+
+def test_engine_addresses():
+    assert engine_address("http://10.0.0.2:30000") == ("10.0.0.2", 30000)
+    assert engine_address("10.0.0.2:30001/") == ("10.0.0.2", 30001)
+    assert engine_address("http://[fe80::1]:30000") == ("fe80::1", 30000)
+    assert ls_slime.engine_host("fe80::1") == "[fe80::1]" and ls_slime.engine_host("node-3") == "node-3"
+    with pytest.raises(InvalidArgument, match="'url'"):
+        engine_address("http://10.0.0.2")
+
+
+# ------------------------------------------------------------------------------------------ slime's hooks
+class FakeSlime:
+    """The parts of slime the hooks call, recording every POST (the URL it went to) and the order in
+    which the samples were generated."""
+
+    def __init__(self, engines, lengths, server_info=None):
+        self.engines, self.lengths, self.server_info = engines, lengths, server_info
+        self.posts: list[tuple[str, str]] = []  # (url, prompt)
+        self.gets: list[str] = []
+
+    def install(self, monkeypatch):
+        fake = self
+        modules = {name: types.ModuleType(name) for name in
+                   ("slime", "slime.rollout", "slime.rollout.sglang_rollout", "slime.utils",
+                    "slime.utils.async_utils", "slime.utils.http_utils")}
+
+        async def get(url):
+            fake.gets.append(url)
+            if url.endswith("/workers"):
+                return {"workers": [{"url": u} for u in fake.engines]}
+            if url.endswith("/get_server_info") and fake.server_info is not None:
+                return fake.server_info
+            raise RuntimeError(f"404 {url}")
+
+        def run(coro):
+            return asyncio.run(coro)
+
+        async def generate(args, smp, sampling_params):  # slime's: POST to the router address in args
+            fake.posts.append((f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate", smp.prompt))
+            smp.response_length, smp.status = fake.lengths[smp.prompt], Status.COMPLETED
+            return smp
+
+        def generate_rollout(args, rollout_id, data_source, evaluation=False):
+            if evaluation:
+                return SimpleNamespace(data={"eval": []})
+            groups = data_source.get_samples(args.over_sampling_batch_size)
+            custom = importlib.import_module(args.custom_generate_module)
+
+            async def all_groups():  # slime's semaphore admits the samples in submission order
+                for g in groups:
+                    for smp in g:
+                        await custom.generate(args, smp, {"max_new_tokens": 64})
+
+            asyncio.run(all_groups())
+            return SimpleNamespace(samples=sorted(groups, key=lambda g: g[0].index))
+
+        modules["slime.utils.http_utils"].get = get
+        modules["slime.utils.async_utils"].run = run
+        modules["slime.rollout.sglang_rollout"].generate = generate
+        modules["slime.rollout.sglang_rollout"].generate_rollout = generate_rollout
+        modules["slime.rollout"].sglang_rollout = modules["slime.rollout.sglang_rollout"]
+        for name, module in modules.items():
+            monkeypatch.setitem(sys.modules, name, module)
+        ls_slime.reset()
+
+
+class Source:
+    """A slime data source: ``get_samples`` hands out the next groups."""
+
+    def __init__(self, prompts, g=4):
+        self.prompts, self.g, self.added = prompts, g, []
+
+    def get_samples(self, n):
+        return batch(self.prompts[:n], self.g)
+
+    def add_samples(self, groups):
+        self.added.append(groups)
+
+
+def slime_args(**extra):
+    return SimpleNamespace(sglang_router_ip="10.0.0.1", sglang_router_port=3000, over_sampling_batch_size=4,
+                           rollout_max_response_len=4096, custom_generate_module="lengthsched.integrations.slime",
+                           **extra)
+
+
+ENGINES = ["http://10.0.0.9:30001", "http://10.0.0.8:30000", "http://10.0.0.8:30002"]
+
+
+def test_each_sample_goes_to_the_engine_its_plan_named_and_the_planner_learns(monkeypatch):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    args = slime_args(lengthsched_placement="groups", lengthsched_default_length=300)
+    source = Source(list(lengths))
+    out = ls_slime.generate_rollout(args, 0, source)
+    planner = ls_slime.planner_for(args)
+    engines = sorted(ENGINES)  # a fixed index per engine
+    by_prompt = {s.prompt: s.metadata[REPLICA_KEY] for g in out.samples for s in g}
+    assert len(fake.posts) == 16
+    for url, prompt in fake.posts:
+        host, port = engine_address(engines[by_prompt[prompt]])
+        assert url == f"http://{host}:{port}/generate"
+    assert fake.gets == ["http://10.0.0.1:3000/workers"]
+    assert [g[0].index for g in out.samples] == [0, 4, 8, 12]  # slime sorts its output back
+    # the second rollout knows the lengths: submitted longest first, placed by predicted work
+    fake.posts.clear()
+    ls_slime.generate_rollout(args, 1, source)
+    assert [p for _, p in fake.posts[::4]] == ["p1", "p3", "p2", "p0"]
+    assert ls_slime.planner_for(args) is planner and planner.planner.steps == 2
+
+
+def test_unplanned_samples_and_evaluation_go_through_the_router(monkeypatch):
+    fake = FakeSlime(ENGINES, {"q": 10})
+    fake.install(monkeypatch)
+    args = slime_args()
+    asyncio.run(ls_slime.generate(args, sample("q"), {}))  # no rollout in progress, no plan
+    planned = sample("q")
+    planned.metadata[REPLICA_KEY] = 1
+    asyncio.run(ls_slime.generate(args, planned, {}, evaluation=True))
+    assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 2
+    assert ls_slime.generate_rollout(args, 0, Source(["q"]), evaluation=True).data == {"eval": []}
+    assert fake.gets == []
+
+
+def test_the_pool_size_comes_from_the_config_or_the_engine_else_whole_groups(monkeypatch, caplog):
+    info = {"version": "0.5", "internal_states": [{"max_total_num_tokens": 123_456}]}
+    fake = FakeSlime(ENGINES, {"a": 10})
+    fake.server_info = info
+    fake.install(monkeypatch)
+    assert ls_slime.planner_for(slime_args(), sorted(ENGINES)).planner.pool_tokens == 123_456
+    assert fake.gets == [f"{sorted(ENGINES)[0]}/get_server_info"]
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args(lengthsched_pool_tokens=5000), ENGINES).planner.pool_tokens == 5000
+    ls_slime.reset()
+    fake.server_info = None  # the engine does not answer: whole groups, with a warning
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.slime"):
+        planner = ls_slime.planner_for(slime_args(), ENGINES)
+    assert planner.placement == "groups" and "lengthsched_pool_tokens" in caplog.text
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_pool_tokens"):
+        ls_slime.planner_for(slime_args(lengthsched_pool_tokens=0), ENGINES)
+    ls_slime.reset()
+    fake.engines = []
+    with pytest.raises(InvalidArgument, match="workers"):
+        ls_slime.generate_rollout(slime_args(), 0, Source(["a"]))
+
+
+def test_importing_the_module_imports_neither_slime_nor_torch():
+    code = ("import sys, lengthsched.integrations.slime; "
+            "print(sorted(m for m in ('slime', 'torch', 'httpx', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------------------------------ in the model
+def _groups(sizes, seed=0, prompt=20):
+    rng = np.random.default_rng(seed)
+    return [Group(f"g{i}", prompt, rng.integers(10, 300, n)) for i, n in enumerate(sizes)]
+
+
+def test_the_model_of_slime_with_the_plan_runs_the_planners_placement_on_sglang():
+    groups = _groups([6, 5, 7, 4, 8], seed=3)
+    pred = np.concatenate([np.full(len(g.lengths), np.floor(np.median(g.lengths))) for g in groups])
+    common = dict(replicas=3, budget_tokens=900, max_new_tokens=512)
+    result, order = run_slime_planned(groups, pred, in_flight=None, placement="groups", **common)
+    assert sorted(order.tolist()) == list(range(5))
+    medians = [np.floor(np.median(groups[i].lengths)) for i in order]
+    assert medians == sorted(medians, reverse=True)  # handed to slime longest predicted first
+    # the same as SGLang running that placement on the groups in that order
+    again = run_rollout([groups[i] for i in order], "sglang", placement=result.placement, **common)
+    assert result.seconds == pytest.approx(again.seconds, rel=1e-12)
+    assert [x.tolist() for x in result.collected_lengths] == [groups[i].lengths.tolist() for i in order]
+    # with slime's cap the requests wait their turn and still run where they were placed
+    capped, _ = run_slime_planned(groups, pred, in_flight=4, placement="groups", **common)
+    assert capped.placement.tolist() == result.placement.tolist() and capped.seconds >= result.seconds
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_slime_planned(groups, pred[:-1], in_flight=None, **common)
