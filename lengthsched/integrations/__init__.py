@@ -31,6 +31,9 @@ each module's docstring names the files).
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`); stealing inside verl's rollout:
   :mod:`lengthsched.integrations.verl_stealing` (``LengthschedStealingAgentLoopManager``, the vLLM
   server's snapshots, :class:`StealDriver`).
+- slime: :mod:`lengthsched.integrations.slime` (its ``--rollout-function-path`` and
+  ``--custom-generate-function-path`` hooks: every batch planned, each sample sent to its planned
+  SGLang engine; modelled on slime at commit 624b824, tested against a fake slime).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
   :func:`trl_vllm_engine_args` (:mod:`lengthsched.integrations.trl_vllm`).
 - Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM blocks /
@@ -39,7 +42,7 @@ each module's docstring names the files).
 
 These paths were tested with the engines faked at their API boundary and, for verl, against
 verl's real classes with the engine calls faked below them; none was run on a GPU here (see
-docs/howto-vllm.md, howto-sglang.md, howto-verl.md, howto-trl.md).
+docs/howto-vllm.md, howto-sglang.md, howto-verl.md, howto-trl.md, howto-slime.md).
 """
 
 from .base import (
