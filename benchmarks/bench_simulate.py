@@ -365,11 +365,13 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
 
 # slime as it ships, then the runs of slime's SGLang engines compared with it in rollout_routers' second table
 SLIME_ROWS = ("slime: sglang + cache-aware router", "slime + lengthsched's plan (lengthsched.integrations.slime)",
+              "slime + lengthsched's plan, groups longest first on one replica too",
               "slime + lengthsched's plan, groups in batch order", "steal over SGLang engines",
               "sglang + verl routing")
 # The "routers" of the runs that model slime with lengthsched.integrations.slime (simulate.run_slime_planned):
-# the integration's plan ("ways" placement), the groups handed to slime longest predicted first or in batch order
-SLIME_PLANS = {"plan": "longest", "plan_batch": "batch"}
+# the integration's plan ("ways" placement), the groups handed to slime as its default does (longest predicted first
+# on several replicas, in batch order on one), longest first everywhere, or in batch order
+SLIME_PLANS = {"plan": "auto", "plan_longest": "longest", "plan_batch": "batch"}
 
 
 def _rollout_unit(args, runs=ROLLOUT_RUNS):
@@ -1491,6 +1493,8 @@ ROUTER_RUNS = (  # (label, policy, router, predictions); router "name@k": k x re
     ("vllm + cache-aware router", "vllm", "cache_aware", None),
     ("slime + lengthsched's plan (lengthsched.integrations.slime)", "sglang", f"plan@{SLIME_CONCURRENCY}",
      "realistic"),
+    ("slime + lengthsched's plan, groups longest first on one replica too", "sglang",
+     f"plan_longest@{SLIME_CONCURRENCY}", "realistic"),
     ("slime + lengthsched's plan, groups in batch order", "sglang", f"plan_batch@{SLIME_CONCURRENCY}", "realistic"),
     ("steal over SGLang engines", "steal_sglang", None, "realistic"),
     ("steal", "steal", None, "realistic"),

@@ -526,7 +526,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
 
 
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,
-                      max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "longest",
+                      max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "auto",
                       **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
     """slime with :mod:`lengthsched.integrations.slime` (its rollout and generate hooks), in the model:
     the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``

@@ -59,9 +59,12 @@ def test_the_planner_places_every_sample_and_hands_the_groups_over_longest_first
     for g in out:
         work[g[0].metadata[REPLICA_KEY]] += lengths[g[0].prompt] * len(g)
     assert work.max() <= 4 * 900 and planner.last_plan.replicas == 3
-    # batch order when asked
+    # batch order when asked, and by default on one engine (nothing to place there)
     kept = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths))
     assert [g[0].prompt for g in kept.plan(batch(list(lengths)), 3)] == list(lengths)
+    assert [g[0].prompt for g in planner.plan(batch(list(lengths)), 1)] == list(lengths)
+    longest = SlimePlanner(placement="groups", submit="longest", predictor=OracleLengthPredictor(lengths))
+    assert [g[0].prompt for g in longest.plan(batch(list(lengths)), 1)] == ["b", "e", "c", "f", "a", "d"]
 
 
 def test_ways_spreads_a_group_where_the_pools_hold_its_prompt_and_reads_the_given_prompt_lengths():

@@ -30,8 +30,8 @@ This module supplies, for those two hooks:
   earlier rollouts, so a prompt seen in an earlier epoch is predicted from its history), the samples
   placed on the engines by :func:`~lengthsched.integrations.plan_rollout` (default ``"ways"``: the
   simulator's ``steal`` placement, each group over as many engines as the KV pools hold its prompt,
-  whole groups in crowded steps), and the groups handed to slime longest predicted first, so that the
-  semaphore sends them in that order. Evaluation rollouts run slime's unchanged.
+  whole groups in crowded steps), and the groups handed to slime longest predicted first (on several
+  engines), so that the semaphore sends them in that order. Evaluation rollouts run slime's unchanged.
 - :func:`generate` (``--custom-generate-function-path lengthsched.integrations.slime.generate``):
   sends a planned sample straight to its engine (slime's own ``generate`` with the engine's host and
   port in place of the router's), and an unplanned one through the router as slime would.
@@ -46,8 +46,8 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   SGLang logs it at start, "max_total_num_tokens"); without it the planner asks the first engine's
   ``/get_server_info`` for ``max_total_num_tokens`` and, where that fails, places whole groups
   (``groups``) and logs a warning.
-- ``lengthsched_submit``: ``longest`` (default: groups handed to slime longest predicted first) or
-  ``batch`` (the data source's order).
+- ``lengthsched_submit``: ``auto`` (default: groups handed to slime longest predicted first on several
+  engines, in the data source's order on one), ``longest`` or ``batch`` (the data source's order).
 - ``lengthsched_default_length``: the prediction for a prompt never seen (tokens; default half of
   ``rollout_max_response_len``).
 
@@ -55,10 +55,11 @@ What it is worth, in the simulator (docs/benchmarks.md, "slime with the project'
 slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
 engines fed this plan. What it does not do: move work between engines once sent (``steal_sglang`` in the
 simulator also steals waiting requests and moves running ones, which needs aborts by request id that
-slime's ``generate`` does not send); ``--sglang-dp-size`` > 1 (data-parallel attention inside one
-engine) is not planned for; a custom generate function of your own (multi-turn agents) cannot be
-combined with :func:`generate` (it would need to send to ``sample.metadata["lengthsched_replica"]``'s
-engine itself).
+slime's ``generate`` does not send); with dynamic sampling (``--dynamic-sampling-filter-path``) each
+further batch slime takes is planned on its own, as if the engines were idle; ``--sglang-dp-size`` > 1
+(data-parallel attention inside one engine) is not planned for; a custom generate function of your own
+(multi-turn agents) cannot be combined with :func:`generate` (it would need to send to
+``sample.metadata["lengthsched_replica"]``'s engine itself).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ __all__ = [
 
 SLIME_COMMIT = "624b824"  # the slime commit this module was modelled on
 REPLICA_KEY = "lengthsched_replica"  # sample.metadata key: the index of the engine the plan chose
-SUBMIT_ORDERS = ("longest", "batch")
+SUBMIT_ORDERS = ("auto", "longest", "batch")
 PLACEMENTS = ("ways", "groups", "spread")
 
 log = logging.getLogger(__name__)
@@ -106,13 +107,16 @@ class SlimePlanner:
 
     ``placement``: ``"ways"``, ``"groups"`` or ``"spread"`` (:func:`~lengthsched.integrations.plan_rollout`'s);
     ``pool_tokens``: each engine's KV pool in tokens, prompts included (``"ways"`` needs it);
-    ``submit``: ``"longest"`` (the groups returned longest predicted first) or ``"batch"`` (as given);
+    ``submit``: ``"longest"`` (the groups returned longest predicted first), ``"batch"`` (as given) or
+    ``"auto"`` (the default: longest first on several engines, as given on one, where there is nothing
+    to place and the order alone, in the simulator, gained 2% on average but lost up to 18% in a quarter
+    of the settings: docs/benchmarks.md, "slime with the project's plan");
     ``max_new_tokens``: the longest a completion may be (slime's ``rollout_max_response_len``);
     ``predictor`` and ``default_length``: as :class:`~lengthsched.integrations.verl.RolloutPlanner`'s
     (default an :class:`~lengthsched.OnlineLengthPredictor` that learns from :meth:`observe`).
     """
 
-    def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "longest",
+    def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
                  max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
@@ -145,7 +149,7 @@ class SlimePlanner:
         if not index:
             return groups
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
-        if self.submit == "longest":
+        if self.submit == "longest" or (self.submit == "auto" and replicas > 1):
             first = predict_groups(self.planner, prompts)
             order = np.argsort(-np.asarray(first, dtype=np.float64), kind="stable")
             index, prompts = [index[i] for i in order], [prompts[i] for i in order]
@@ -257,7 +261,7 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
             placement = "groups"
         max_new = getattr(args, "rollout_max_response_len", None)
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
-                                submit=getattr(args, "lengthsched_submit", None) or "longest",
+                                submit=getattr(args, "lengthsched_submit", None) or "auto",
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None))
     return _PLANNER
