@@ -73,7 +73,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .rollout import RolloutPlan
+from .rollout import RolloutPlan, predict_lengths
 from .verl import RolloutPlanner, prompt_key
 
 __all__ = [
@@ -150,8 +150,8 @@ class SlimePlanner:
             return groups
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
         if self.submit == "longest" or (self.submit == "auto" and replicas > 1):
-            first = predict_groups(self.planner, prompts)
-            order = np.argsort(-np.asarray(first, dtype=np.float64), kind="stable")
+            first = predict_lengths(self.planner.predictor, prompts, max_new_tokens=self.planner.max_new_tokens)
+            order = np.argsort(-first, kind="stable")
             index, prompts = [index[i] for i in order], [prompts[i] for i in order]
         live = [groups[i] for i in index]
         batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(live) for _ in g]),
@@ -160,8 +160,8 @@ class SlimePlanner:
             ids = [prompt_lens[i] for i in index for _ in groups[i]]
         else:
             ids = [_sample_prompt_tokens(s) for g in live for s in g]
-        if all(n is not None for n in ids):  # exact prompt lengths (only their count is read)
-            batch["raw_prompt_ids"] = [range(n) for n in ids]  # only their lengths are read
+        if all(n is not None for n in ids):  # exact prompt lengths: batch_prompt_tokens reads only len()
+            batch["raw_prompt_ids"] = [range(n) for n in ids]
         plan, _ = self.planner.plan(batch, replicas)
         rows = iter(plan.replica)
         for g in live:
@@ -191,11 +191,6 @@ def _flat(group: Any) -> list[Any]:
     return out
 
 
-def predict_groups(planner: RolloutPlanner, prompts: Sequence[str]) -> list[int]:
-    """Each prompt's predicted length (tokens) by ``planner``'s predictor."""
-    from .rollout import predict_lengths
-
-    return [int(x) for x in predict_lengths(planner.predictor, list(prompts), max_new_tokens=planner.max_new_tokens)]
 
 
 class PlannedDataSource:
