@@ -21,6 +21,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument
 from lengthsched.integrations import slime as ls_slime
@@ -278,3 +280,20 @@ def test_the_model_of_slime_with_the_plan_runs_the_planners_placement_on_sglang(
     assert capped.placement.tolist() == result.placement.tolist() and capped.seconds >= result.seconds
     with pytest.raises(InvalidArgument, match="predicted"):
         run_slime_planned(groups, pred[:-1], in_flight=None, **common)
+
+
+@settings(max_examples=20, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=7), replicas=st.integers(1, 4),
+       cap=st.one_of(st.none(), st.integers(1, 20)), placement=st.sampled_from(["ways", "groups", "spread"]),
+       seed=st.integers(0, 40))
+def test_slime_with_the_plan_collects_every_completion_where_the_planner_put_it(sizes, replicas, cap, placement,
+                                                                               seed):
+    groups = _groups(sizes, seed=seed)
+    rng = np.random.default_rng(seed)
+    pred = np.concatenate([np.full(n, float(rng.integers(5, 400))) for n in sizes])
+    result, order = run_slime_planned(groups, pred, replicas=replicas, budget_tokens=1500, max_new_tokens=512,
+                                      in_flight=cap, placement=placement)
+    assert sorted(order.tolist()) == list(range(len(groups)))
+    assert [x.tolist() for x in result.collected_lengths] == [groups[i].lengths.tolist() for i in order]
+    assert result.placement.min() >= 0 and result.placement.max() < replicas
+    assert result.seconds >= result.lower_bound_seconds * (1 - 1e-12)
