@@ -1138,6 +1138,55 @@ def rollout_variants(quick: bool) -> tuple[str, list]:
                   "recomputed tokens x vllm (all settings)"] + [f"mean, seed {s}" for s in seeds], rows), rows
 
 
+# steal_sglang's parts (StealSGLang attributes) and slime with the integration's plan, each against slime as it ships
+# (SGLang + its cache-aware router, 512 x R in flight): what a slime client could gain from each mechanism
+SGLANG_VARIANTS = (
+    ("steal_sglang (placement, steals, moves)", "steal_sglang", {}),
+    ("steal_sglang, only requests that never started move (no aborts of running ones)", "steal_sglang",
+     {"STEAL_STARTED": False}),
+    ("steal_sglang, no moves of running requests", "steal_sglang", {"MIGRATE_CHUNK": None}),
+    ("steal_sglang, its placement alone (no stealing, no moves)", "steal_sglang", {"ROOM": 0.0, "MIGRATE_CHUNK": None}),
+    ("slime + lengthsched's plan (lengthsched.integrations.slime)", "plan", None),
+)
+
+
+def _sglang_variants_unit(args):
+    """One setting: slime's makespan, then each SGLANG_VARIANTS run's (modelled seconds)."""
+    from lengthsched.runtime import POLICIES
+
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    cap = SLIME_CONCURRENCY * args[2]
+    out = {"slime": run_rollout(groups, "sglang", router="cache_aware", in_flight=cap, **common).seconds}
+    for label, policy, attrs in SGLANG_VARIANTS:
+        if policy == "plan":
+            rest = {k: v for k, v in common.items() if k != "replicas"}
+            out[label] = run_slime_planned(groups, realistic, replicas=args[2], in_flight=cap, **rest)[0].seconds
+            continue
+        with _patched(POLICIES[policy].cls, **attrs):
+            out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds
+    return out
+
+
+def rollout_sglang_variants(quick: bool) -> tuple[str, list]:
+    """What a slime user could gain from each part of steal_sglang (placement, steals of requests that never
+    started, moves of running ones) and from the slime integration's plan, over slime as it ships, on the
+    multi-replica settings of four draws of the rollout grid (on one replica they are all slime's engine)."""
+    grid, seeds = [u for u in ROLLOUT_GRID if u[2] > 1], WAYS_SEEDS
+    if quick:
+        grid, seeds = [("castillo", 64, 4, 2), ("long tail", 64, 4, 4)], (11,)
+    units = [(w, b, r, f, s, ROLLOUT_COST) for s in seeds for w, b, r, f in grid]
+    results = _pool_map(_sglang_variants_unit, units)
+    rows = []
+    for label, *_ in SGLANG_VARIANTS:
+        summary = _ratio_summary(units, [out[label] / out["slime"] for out in results])
+        rows.append([label] + summary[:2] + summary[3:5] + summary[5:])
+    draws = ", ".join(map(str, seeds))
+    return table(f"steal_sglang's parts and the slime integration's plan ({_cost_label()}; the rollout grid's "
+                 f"multi-replica settings, seeds {draws}, realistic predictions): makespan x slime's as it ships",
+                 ["run", "settings", "mean", "worst", "slower by > 0.1%"] + [f"mean, seed {s}" for s in seeds],
+                 rows), {"rows": rows, "settings": [[*u[:5], out] for u, out in zip(units, results)]}
+
+
 # steal when a moved request waits before its target can run it (WorkStealing.RESUBMIT_SECONDS: the
 # framework's abort and resubmission; verl 0.9.1's fully-async client sleeps 1 s before it resubmits an
 # aborted request), with and without moves of running requests; steal_observed as verl_stealing runs it
@@ -1614,6 +1663,7 @@ def main(argv=None) -> int:
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
                 "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck, "rollout_order": rollout_order,
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
+                "rollout_sglang_variants": rollout_sglang_variants,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -207,6 +207,40 @@ def test_simulator_benchmark_rollout_routers_scores_each_framework_as_run_rollou
     assert row[8] == pytest.approx(np.mean(gains), rel=1e-12) and row[9] == pytest.approx(min(gains), rel=1e-12)
     assert rows["steal"][8] == rows["steal"][9] == 1.0
     assert rows["vllm + verl routing"][4] == 1.0 and rows["vllm + verl routing"][7] == 0
+    # the slime-plan rows are simulate.run_slime_planned's runs, and the second table divides by slime's
+    from simulate import run_slime_planned
+
+    planned = []
+    for unit in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
+        groups, realistic, _, _, common = _rollout_setting(*unit, 11, None)
+        rest = {k: v for k, v in common.items() if k != "replicas"}
+        slime = run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * 4, **common).seconds
+        planned.append(run_slime_planned(groups, realistic, replicas=4, in_flight=512 * 4, **rest)[0].seconds / slime)
+    over = {row[1]: row for row in data["over_slime"]}
+    label = "slime + lengthsched's plan (lengthsched.integrations.slime)"
+    assert over[label][2] == 2 and over[label][3] == pytest.approx(np.mean(planned), rel=1e-12)
+    assert over[label][5] == pytest.approx(max(planned), rel=1e-12)
+
+
+def test_simulator_benchmark_rollout_sglang_variants_divide_by_slime(tmp_path):
+    """rollout_sglang_variants (quick): one row per SGLANG_VARIANTS entry; the full steal_sglang row is
+    run_rollout's steal_sglang over slime's makespan; the section leaves StealSGLang as it found it."""
+    from lengthsched.runtime.dispatch import StealSGLang
+    from simulate import run_rollout
+
+    before = (StealSGLang.STEAL_STARTED, StealSGLang.MIGRATE_CHUNK, StealSGLang.ROOM)
+    data = _quick_section(tmp_path, "rollout_sglang_variants")
+    from bench_simulate import SGLANG_VARIANTS, _rollout_setting
+
+    assert [row[0] for row in data["rows"]] == [v[0] for v in SGLANG_VARIANTS]
+    ratios = []
+    for unit in (("castillo", 64, 4, 2), ("long tail", 64, 4, 4)):
+        groups, realistic, _, _, common = _rollout_setting(*unit, 11, None)
+        slime = run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * 4, **common).seconds
+        ratios.append(run_rollout(groups, "steal_sglang", predicted=realistic, **common).seconds / slime)
+    row = data["rows"][0]
+    assert row[1] == 2 and row[2] == pytest.approx(np.mean(ratios), rel=1e-12)
+    assert (StealSGLang.STEAL_STARTED, StealSGLang.MIGRATE_CHUNK, StealSGLang.ROOM) == before
 
 
 def test_simulator_benchmark_rollout_prompt_headroom_plans_on_the_group_medians(tmp_path):
