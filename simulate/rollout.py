@@ -307,7 +307,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, record: bool = False,
                 placement: Any = None, max_num_seqs: int | None = None,
                 resubmit_seconds: float | None = None, kv_offload: bool | str = False,
-                snapshot_seconds: float | None = None, in_flight: int | None = None) -> RolloutResult:
+                snapshot_seconds: float | None = None, in_flight: int | None = None,
+                client_window: float | None = None, client_steals: bool = True) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -346,8 +347,14 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     replica's next step (a prompt stays cached on a replica
     after its requests there finish, evicted only under pressure, as a prefix cache keeps it for the
     siblings sent later); for the engine policies whose queue is first come, first served (``vllm``,
-    ``sglang``). None: every request is routed at once (verl, OpenRLHF, TRL). Returns a
-    :class:`RolloutResult`."""
+    ``sglang``). None: every request is routed at once (verl, OpenRLHF, TRL). ``client_window`` (with a
+    ``placement``): the client keeps each replica's planned requests in its own queue and sends a replica
+    the next one only while the predicted tokens (prompt plus predicted completion) of the requests it
+    sent there and that have not finished stay within ``client_window`` x ``budget_tokens`` (one request
+    at least); with ``client_steals`` a replica whose queue is empty takes the last queued request of
+    the replica with the most predicted work queued (a steal without an abort: the request was never
+    sent). ``in_flight`` then caps the requests in the client's queues and sent (slime's semaphore is
+    held by a sample from the moment it enters the client). Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     spec, groups, lengths, flat, owner, keys, common = _prepare(
@@ -376,6 +383,16 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
             raise InvalidArgument("snapshot_seconds", snapshot_seconds,
                                   f"None with policy {policy!r}, which decides from the engines' state, not from "
                                   "snapshots (steal_observed does)")
+    if client_window is not None:
+        client_window = check_positive_float("client_window", client_window)
+        if placement is None:
+            raise InvalidArgument("client_window", client_window, "None without a placement (the client queues "
+                                  "each request for the replica a plan named)")
+        if policy not in THROTTLED_POLICIES:
+            raise InvalidArgument("client_window", client_window, f"None with policy {policy!r} (modelled for "
+                                  f"{', '.join(THROTTLED_POLICIES)})")
+        if in_flight is None:
+            in_flight = len(flat)
     if in_flight is not None:
         in_flight = check_int("in_flight", in_flight, minimum=1)
         if policy not in THROTTLED_POLICIES:
@@ -385,8 +402,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
             raise InvalidArgument("in_flight", in_flight, f"None with router {router!r} (routed one request at "
                                   f"a time: {', '.join(LiveRouter.ROUTERS)})")
         used_router = router if placement is None else "given"
+        window = None if client_window is None else (client_window, bool(client_steals))
         engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, fixed=placement,
-                                                    **common)
+                                                    window=window, **common)
     elif spec.dispatch:
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
                                                    snapshot=snapshot_seconds, **common)
@@ -467,14 +485,19 @@ THROTTLED_POLICIES = ("vllm", "sglang")
 
 
 def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
-                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None):
+                   job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None,
+                   window=None):
     """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
     flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
     replica), in submission order, by a :class:`LiveRouter`, or to its replica in ``fixed`` (a given
     placement: a client that sends each request to the replica a plan named). While requests wait to be
     sent, every replica decides at every step, so a request routed to a busy replica joins its queue at
-    the replica's next step (as a serving engine takes new requests between steps)."""
+    the replica's next step (as a serving engine takes new requests between steps). ``window``: (share,
+    steals) of ``run_rollout``'s ``client_window`` and ``client_steals``: the requests admitted by the cap
+    wait in per-replica client queues and are sent as :class:`_ClientWindow` allows."""
     live = LiveRouter(router, replicas) if fixed is None else None
+    client = None if window is None else _ClientWindow(fixed, replicas, owner, prompt_lens, pred, max_new, budget,
+                                                       *window)
     engines, pols = [], []
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
@@ -495,6 +518,16 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
 
     def send(now: float) -> None:  # route what the free slots allow; wake the idle replicas that got some
         nonlocal sent
+        if client is not None:
+            while sent < n and sent - sum(seen) < cap:  # through the cap into the client's queues
+                client.enter(sent)
+                sent += 1
+            for job, r in client.send():
+                placement[job] = r
+                pols[r].waiting.insert(0, job)
+                engines[r].claim(job)
+                clock.wake((r,), now)
+            return
         while sent < n and sent - sum(seen) < cap:
             r = live.select(int(owner[sent])) if live is not None else int(fixed[sent])
             placement[sent] = r
@@ -511,6 +544,8 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         if done > seen[r]:
             if live is not None:
                 live.finished(r, done - seen[r])
+            if client is not None:
+                client.finished(r, eng.collected[seen[r]:done])
             seen[r] = done
             send(now)
         if not eng.decide(pol):
@@ -523,6 +558,64 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     if sent < n or (placement < 0).any():
         raise InvalidArgument("policy", policy, "an engine policy that finishes every request it is sent")
     return engines, clock.clocks(), placement
+
+
+class _ClientWindow:
+    """A client's per-replica queues in front of the engines (``run_rollout(..., client_window=)``): request
+    j waits in the queue of its planned replica ``fixed[j]``; replica r is sent the front of its queue
+    while the predicted tokens (prompt plus predicted completion, at most ``max_new``) of what it was
+    sent and has not finished stay within ``share`` x ``budget`` (one request at least); with ``steals``
+    an empty queue's replica takes the back of the queue with the most predicted work."""
+
+    def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals):
+        self.fixed = np.asarray(fixed, dtype=np.int64)
+        guess = np.full(len(owner), float(max_new)) if pred is None else np.minimum(pred, max_new)
+        self.work = guess  # predicted completion tokens per request
+        self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + guess
+        self.limit, self.steals = share * budget, steals
+        self.queues: list[list[int]] = [[] for _ in range(replicas)]  # front first
+        self.queued_work = np.zeros(replicas)
+        self.load = np.zeros(replicas)  # predicted tokens sent and not finished, per replica
+        self.sent_to = np.full(len(owner), -1, dtype=np.int64)
+
+    def enter(self, job: int) -> None:
+        r = int(self.fixed[job])
+        self.queues[r].append(job)
+        self.queued_work[r] += self.work[job]
+
+    def finished(self, replica: int, jobs) -> None:
+        for job in jobs:
+            self.load[replica] -= self.need[job]
+
+    def _take(self, r: int) -> int | None:
+        """The next request for replica ``r``: its queue's front, else (with steals) the back of the
+        queue with the most predicted work; None when nothing fits or nothing waits."""
+        source, front = r, True
+        if not self.queues[r]:
+            waiting = [q for q in range(len(self.queues)) if self.queues[q]]
+            if not self.steals or not waiting:
+                return None
+            source, front = max(waiting, key=lambda q: (self.queued_work[q], -q)), False
+        job = self.queues[source][0 if front else -1]
+        if self.load[r] > 0 and self.load[r] + self.need[job] > self.limit:
+            return None
+        self.queues[source].pop(0 if front else -1)
+        self.queued_work[source] -= self.work[job]
+        self.load[r] += self.need[job]
+        return job
+
+    def send(self) -> list[tuple[int, int]]:
+        """(request, replica) pairs to send now: each replica in turn takes what its window allows."""
+        out = []
+        moved = True
+        while moved:
+            moved = False
+            for r in range(len(self.queues)):
+                job = self._take(r)
+                if job is not None:
+                    out.append((job, r))
+                    moved = True
+        return out
 
 
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,

@@ -1287,3 +1287,73 @@ def test_the_live_router_counts_requests_in_flight_and_checks_finishes():
         slime.finished(2)
     with pytest.raises(InvalidArgument, match="router"):
         LiveRouter("group_round_robin", 2)
+
+
+def test_a_client_window_queues_each_replicas_requests_and_lets_an_empty_queue_steal():
+    """_ClientWindow: a replica is sent its queue's front while the predicted tokens it holds stay within
+    the window (one request at least); a replica whose queue is empty takes the back of the queue with the
+    most predicted work, never a request some replica could still take from its own queue."""
+    from simulate.rollout import _ClientWindow
+
+    owner = np.array([0, 0, 0, 1, 1, 1])
+    prompt_lens = np.array([10, 10])
+    pred = np.array([90, 90, 90, 40, 40, 40], dtype=np.float64)
+    fixed = np.array([0, 0, 0, 0, 0, 0])  # all planned on replica 0
+    w = _ClientWindow(fixed, 2, owner, prompt_lens, pred, max_new=512, budget=200, share=1.0, steals=True)
+    for job in range(6):
+        w.enter(job)
+    sent = w.send()
+    # replica 0 takes 0 and 1 (100 + 100 <= 200); replica 1 steals from the back: 5, then 4 and 3 (50 each),
+    # then replica 1 is full (150 + 100 > 200) and request 2 waits
+    assert sorted(sent) == sorted([(0, 0), (1, 0), (5, 1), (4, 1), (3, 1)])
+    assert w.queues == [[2], []] and w.send() == []
+    w.finished(0, [0])
+    assert w.send() == [(2, 0)]
+    # without steals the other replica takes nothing, and one request is always allowed
+    w = _ClientWindow(fixed, 2, owner, prompt_lens, pred, max_new=512, budget=20, share=1.0, steals=False)
+    for job in range(6):
+        w.enter(job)
+    assert w.send() == [(0, 0)]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_a_client_window_without_steals_as_large_as_the_step_is_the_placement_sent_as_slots_free(policy):
+    groups = _groups([6, 5, 7, 4], seed=2, prompt=25)
+    common = dict(replicas=3, budget_tokens=700, max_new_tokens=128)
+    placed = np.array([g % 3 for g, group in enumerate(groups) for _ in group.lengths], dtype=np.int64)
+    for cap in (5, None):
+        plain = run_rollout(groups, policy, placement=placed, in_flight=cap or 100, **common)
+        window = run_rollout(groups, policy, placement=placed, in_flight=cap, client_window=1e6, client_steals=False,
+                             **common)
+        assert window.seconds == pytest.approx(plain.seconds, rel=1e-12)
+        assert window.placement.tolist() == placed.tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 8), min_size=1, max_size=6), replicas=st.integers(1, 4),
+       cap=st.one_of(st.none(), st.integers(1, 12)), share=st.floats(0.05, 4.0), steals=st.booleans(),
+       policy=st.sampled_from(["vllm", "sglang"]), seed=st.integers(0, 50))
+def test_a_client_window_collects_every_completion(sizes, replicas, cap, share, steals, policy, seed):
+    groups = _groups(sizes, seed=seed, prompt=10)
+    rng = np.random.default_rng(seed)
+    placed = rng.integers(0, replicas, sum(sizes))
+    r = run_rollout(groups, policy, replicas=replicas, budget_tokens=500, max_new_tokens=128, placement=placed,
+                    in_flight=cap, client_window=share, client_steals=steals, record=True)
+    assert [x.tolist() for x in r.collected_lengths] == [g.lengths.tolist() for g in groups]
+    if cap is not None:
+        assert _running_at_once(r) <= cap
+    if not steals:
+        assert r.placement.tolist() == placed.tolist()
+    assert r.seconds >= r.lower_bound_seconds * (1 - 1e-12)
+
+
+def test_a_client_window_is_checked():
+    groups = _groups([4, 4])
+    common = dict(replicas=2, budget_tokens=500, max_new_tokens=128)
+    placed = np.zeros(8, dtype=np.int64)
+    with pytest.raises(InvalidArgument, match="client_window"):
+        run_rollout(groups, "vllm", client_window=1.0, **common)
+    with pytest.raises(InvalidArgument, match="client_window"):
+        run_rollout(groups, "vllm", placement=placed, client_window=0.0, **common)
+    with pytest.raises(InvalidArgument, match="client_window"):
+        run_rollout(groups, "vllm_priority", placement=placed, client_window=1.0, **common)
