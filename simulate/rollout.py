@@ -62,7 +62,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int, check_nonnegative_float, check_positive_float
-from lengthsched.integrations.rollout import place_ways, spread_ways
+from lengthsched.integrations.rollout import ClientQueues, place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
 from lengthsched.placement import (
     fractional_fits,
@@ -561,61 +561,26 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
 
 
 class _ClientWindow:
-    """A client's per-replica queues in front of the engines (``run_rollout(..., client_window=)``): request
-    j waits in the queue of its planned replica ``fixed[j]``; replica r is sent the front of its queue
-    while the predicted tokens (prompt plus predicted completion, at most ``max_new``) of what it was
-    sent and has not finished stay within ``share`` x ``budget`` (one request at least); with ``steals``
-    an empty queue's replica takes the back of the queue with the most predicted work."""
+    """:class:`lengthsched.integrations.rollout.ClientQueues` over a step's requests (``run_rollout(...,
+    client_window=)``): request j waits for its planned replica ``fixed[j]``, needs its prompt plus its
+    predicted completion (at most ``max_new``; ``max_new`` without predictions) within ``share`` x
+    ``budget`` of its replica's window."""
 
     def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals):
         self.fixed = np.asarray(fixed, dtype=np.int64)
-        guess = np.full(len(owner), float(max_new)) if pred is None else np.minimum(pred, max_new)
-        self.work = guess  # predicted completion tokens per request
-        self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + guess
-        self.limit, self.steals = share * budget, steals
-        self.queues: list[list[int]] = [[] for _ in range(replicas)]  # front first
-        self.queued_work = np.zeros(replicas)
-        self.load = np.zeros(replicas)  # predicted tokens sent and not finished, per replica
-        self.sent_to = np.full(len(owner), -1, dtype=np.int64)
+        self.work = np.full(len(owner), float(max_new)) if pred is None else np.minimum(pred, max_new)
+        self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + self.work
+        self.queues = ClientQueues(replicas, share * budget, steals=steals)
 
     def enter(self, job: int) -> None:
-        r = int(self.fixed[job])
-        self.queues[r].append(job)
-        self.queued_work[r] += self.work[job]
+        self.queues.enter(job, int(self.fixed[job]), self.need[job], self.work[job])
 
     def finished(self, replica: int, jobs) -> None:
         for job in jobs:
-            self.load[replica] -= self.need[job]
-
-    def _take(self, r: int) -> int | None:
-        """The next request for replica ``r``: its queue's front, else (with steals) the back of the
-        queue with the most predicted work; None when nothing fits or nothing waits."""
-        source, front = r, True
-        if not self.queues[r]:
-            waiting = [q for q in range(len(self.queues)) if self.queues[q]]
-            if not self.steals or not waiting:
-                return None
-            source, front = max(waiting, key=lambda q: (self.queued_work[q], -q)), False
-        job = self.queues[source][0 if front else -1]
-        if self.load[r] > 0 and self.load[r] + self.need[job] > self.limit:
-            return None
-        self.queues[source].pop(0 if front else -1)
-        self.queued_work[source] -= self.work[job]
-        self.load[r] += self.need[job]
-        return job
+            self.queues.finished(replica, self.need[job])
 
     def send(self) -> list[tuple[int, int]]:
-        """(request, replica) pairs to send now: each replica in turn takes what its window allows."""
-        out = []
-        moved = True
-        while moved:
-            moved = False
-            for r in range(len(self.queues)):
-                job = self._take(r)
-                if job is not None:
-                    out.append((job, r))
-                    moved = True
-        return out
+        return self.queues.send()
 
 
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,

@@ -1289,31 +1289,33 @@ def test_the_live_router_counts_requests_in_flight_and_checks_finishes():
         LiveRouter("group_round_robin", 2)
 
 
-def test_a_client_window_queues_each_replicas_requests_and_lets_an_empty_queue_steal():
-    """_ClientWindow: a replica is sent its queue's front while the predicted tokens it holds stay within
+def test_client_queues_send_within_each_window_and_let_an_empty_queue_steal():
+    """ClientQueues: a replica is sent its queue's front while the predicted tokens it holds stay within
     the window (one request at least); a replica whose queue is empty takes the back of the queue with the
     most predicted work, never a request some replica could still take from its own queue."""
-    from simulate.rollout import _ClientWindow
+    from lengthsched.integrations.rollout import ClientQueues
 
-    owner = np.array([0, 0, 0, 1, 1, 1])
-    prompt_lens = np.array([10, 10])
-    pred = np.array([90, 90, 90, 40, 40, 40], dtype=np.float64)
-    fixed = np.array([0, 0, 0, 0, 0, 0])  # all planned on replica 0
-    w = _ClientWindow(fixed, 2, owner, prompt_lens, pred, max_new=512, budget=200, share=1.0, steals=True)
+    need = [100, 100, 100, 50, 50, 50]  # prompt + predicted completion (tokens)
+    work = [90, 90, 90, 40, 40, 40]
+    q = ClientQueues(2, 200, steals=True)
     for job in range(6):
-        w.enter(job)
-    sent = w.send()
-    # replica 0 takes 0 and 1 (100 + 100 <= 200); replica 1 steals from the back: 5, then 4 and 3 (50 each),
-    # then replica 1 is full (150 + 100 > 200) and request 2 waits
-    assert sorted(sent) == sorted([(0, 0), (1, 0), (5, 1), (4, 1), (3, 1)])
-    assert w.queues == [[2], []] and w.send() == []
-    w.finished(0, [0])
-    assert w.send() == [(2, 0)]
+        q.enter(job, 0, need[job], work[job])  # all planned on replica 0
+    # replica 0 takes 0 and 1 (100 + 100 <= 200); replica 1 steals from the back: 5, 4, 3 (50 each),
+    # then it is full (150 + 100 > 200) and request 2 waits
+    assert sorted(q.send()) == sorted([(0, 0), (1, 0), (5, 1), (4, 1), (3, 1)])
+    assert q.queues == [[2], []] and q.send() == []
+    q.finished(0, 100)
+    assert q.send() == [(2, 0)]
     # without steals the other replica takes nothing, and one request is always allowed
-    w = _ClientWindow(fixed, 2, owner, prompt_lens, pred, max_new=512, budget=20, share=1.0, steals=False)
+    q = ClientQueues(2, 20, steals=False)
     for job in range(6):
-        w.enter(job)
-    assert w.send() == [(0, 0)]
+        q.enter(job, 0, need[job], work[job])
+    assert q.send() == [(0, 0)]
+    assert q.drop(3) and not q.drop(3) and q.queues == [[1, 2, 4, 5], []]
+    with pytest.raises(InvalidArgument, match="replica"):
+        q.enter(9, 2, 1, 1)
+    with pytest.raises(InvalidArgument, match="limit_tokens"):
+        ClientQueues(2, 0)
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])

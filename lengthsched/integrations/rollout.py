@@ -58,9 +58,9 @@ import numpy as np
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
 
-__all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "ORDERS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "RolloutPlan",
-           "decode_replica", "move_requests", "observe_lengths", "place_groups", "place_ways", "plan_rollout",
-           "predict_lengths", "spread_ways", "steal_requests"]
+__all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "ORDERS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "ClientQueues",
+           "RolloutPlan", "decode_replica", "move_requests", "observe_lengths", "place_groups", "place_ways",
+           "plan_rollout", "predict_lengths", "spread_ways", "steal_requests"]
 
 #: The share of a replica's KV pool that :func:`spread_ways` lets the prompts a replica receives take
 #: (the simulator's ``steal`` uses it; chosen over four draws of the rollout grid, docs/benchmarks.md,
@@ -170,6 +170,81 @@ def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np
             out[start + a:start + b] = r
             loads[r] += run_work
     return out
+
+
+class ClientQueues:
+    """A client's queue per replica in front of the engines: each request waits in the queue of the
+    replica a plan named, and a replica is sent its queue's front while the predicted tokens of what it
+    was sent and has not finished stay within ``limit_tokens`` (one request at least); with ``steals``
+    a replica whose queue is empty takes the back of the queue with the most predicted work (a steal
+    that needs no abort: the request was never sent). The simulator runs it as
+    ``run_rollout(..., client_window=)``; :mod:`lengthsched.integrations.slime` in front of SGLang's
+    engines. Pure Python; ``item`` is anything hashable (a request id, a sample).
+
+    ``enter(item, replica, need, work)``: queue ``item`` for ``replica``; ``need`` its predicted tokens
+    in flight (prompt plus predicted completion), ``work`` its predicted completion (what the steals
+    compare). ``send()`` the (item, replica) pairs to send now. ``finished(replica, need)`` a request sent
+    there finished. ``drop(item)`` takes a queued item out (an aborted rollout)."""
+
+    def __init__(self, replicas: int, limit_tokens: float, *, steals: bool = True):
+        self.replicas = check_int("replicas", replicas, minimum=1)
+        self.limit = check_positive_float("limit_tokens", limit_tokens)
+        self.steals = bool(steals)
+        self.queues: list[list[Hashable]] = [[] for _ in range(self.replicas)]  # front first
+        self.queued_work = [0.0] * self.replicas
+        self.load = [0.0] * self.replicas  # predicted tokens sent and not finished, per replica
+        self._need: dict[Hashable, tuple[float, float]] = {}
+
+    def enter(self, item: Hashable, replica: int, need: float, work: float) -> None:
+        replica = check_int("replica", replica, minimum=0)
+        if replica >= self.replicas:
+            raise InvalidArgument("replica", replica, f"a replica index in [0, {self.replicas - 1}]")
+        self.queues[replica].append(item)
+        self.queued_work[replica] += float(work)
+        self._need[item] = (float(need), float(work))
+
+    def finished(self, replica: int, need: float) -> None:
+        self.load[replica] -= float(need)
+
+    def drop(self, item: Hashable) -> bool:
+        """Take ``item`` out of its queue; False if it is not queued."""
+        for r, queue in enumerate(self.queues):
+            if item in queue:
+                queue.remove(item)
+                self.queued_work[r] -= self._need.pop(item)[1]
+                return True
+        return False
+
+    def _take(self, r: int) -> Hashable | None:
+        source, front = r, True
+        if not self.queues[r]:
+            waiting = [q for q in range(self.replicas) if self.queues[q]]
+            if not self.steals or not waiting:
+                return None
+            source, front = max(waiting, key=lambda q: (self.queued_work[q], -q)), False
+        item = self.queues[source][0 if front else -1]
+        need, work = self._need[item]
+        if self.load[r] > 0 and self.load[r] + need > self.limit:
+            return None
+        self.queues[source].pop(0 if front else -1)
+        self.queued_work[source] -= work
+        self.load[r] += need
+        del self._need[item]
+        return item
+
+    def send(self) -> list[tuple[Hashable, int]]:
+        """(item, replica) pairs to send now: the replicas take in turn, one request each per round,
+        while their windows allow."""
+        out = []
+        moved = True
+        while moved:
+            moved = False
+            for r in range(self.replicas):
+                item = self._take(r)
+                if item is not None:
+                    out.append((item, r))
+                    moved = True
+        return out
 
 
 def steal_requests(queues: Sequence[Sequence[int]], thief: int, blocked: Sequence[bool], predicted: Any,
