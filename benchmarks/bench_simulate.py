@@ -366,12 +366,15 @@ def _rollout_setting(workload: str, prompts: int, replicas: int, factor: int, se
 # slime as it ships, then the runs of slime's SGLang engines compared with it in rollout_routers' second table
 SLIME_ROWS = ("slime: sglang + cache-aware router", "slime + lengthsched's plan (lengthsched.integrations.slime)",
               "slime + lengthsched's plan, groups longest first on one replica too",
-              "slime + lengthsched's plan, groups in batch order", "steal over SGLang engines",
+              "slime + lengthsched's plan, groups in batch order",
+              "slime + lengthsched's plan, every sample sent at once (no client window)", "steal over SGLang engines",
               "sglang + verl routing")
 # The "routers" of the runs that model slime with lengthsched.integrations.slime (simulate.run_slime_planned):
 # the integration's plan ("ways" placement), the groups handed to slime as its default does (longest predicted first
 # on several replicas, in batch order on one), longest first everywhere, or in batch order
-SLIME_PLANS = {"plan": "auto", "plan_longest": "longest", "plan_batch": "batch"}
+# and through the integration's client window (its default) or with every sample sent at once (window 0)
+SLIME_PLANS = {"plan": ("auto", None), "plan_longest": ("longest", None), "plan_batch": ("batch", None),
+               "plan_at_once": ("auto", 0.0)}
 
 
 def _rollout_unit(args, runs=ROLLOUT_RUNS):
@@ -397,7 +400,8 @@ def _rollout_unit(args, runs=ROLLOUT_RUNS):
         try:
             start = time.perf_counter()
             if router in SLIME_PLANS:  # slime with lengthsched.integrations.slime's plan (SGLang engines)
-                r, _ = run_slime_planned(groups, p, submit=SLIME_PLANS[router], **common, **extra)
+                submit, window = SLIME_PLANS[router]
+                r, _ = run_slime_planned(groups, p, submit=submit, window=window, **common, **extra)
             else:
                 r = run_rollout(groups, policy, router=router, predicted=p, **common, **extra)
             out[label] = (r.seconds, r.lower_bound_seconds, r.slowest_share, r.recomputed_tokens / r.tokens,
@@ -1146,7 +1150,9 @@ SGLANG_VARIANTS = (
      {"STEAL_STARTED": False}),
     ("steal_sglang, no moves of running requests", "steal_sglang", {"MIGRATE_CHUNK": None}),
     ("steal_sglang, its placement alone (no stealing, no moves)", "steal_sglang", {"ROOM": 0.0, "MIGRATE_CHUNK": None}),
-    ("slime + lengthsched's plan (lengthsched.integrations.slime)", "plan", None),
+    ("slime + lengthsched's plan (lengthsched.integrations.slime: client window, steals)", "plan", None),
+    ("slime + lengthsched's plan, client window without steals", "plan", {"steals": False}),
+    ("slime + lengthsched's plan, every sample sent at once (no client window)", "plan", {"window": 0.0}),
 )
 
 
@@ -1160,7 +1166,8 @@ def _sglang_variants_unit(args):
     for label, policy, attrs in SGLANG_VARIANTS:
         if policy == "plan":
             rest = {k: v for k, v in common.items() if k != "replicas"}
-            out[label] = run_slime_planned(groups, realistic, replicas=args[2], in_flight=cap, **rest)[0].seconds
+            out[label] = run_slime_planned(groups, realistic, replicas=args[2], in_flight=cap, **rest,
+                                           **(attrs or {}))[0].seconds
             continue
         with _patched(POLICIES[policy].cls, **attrs):
             out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds
@@ -1545,6 +1552,8 @@ ROUTER_RUNS = (  # (label, policy, router, predictions); router "name@k": k x re
     ("slime + lengthsched's plan, groups longest first on one replica too", "sglang",
      f"plan_longest@{SLIME_CONCURRENCY}", "realistic"),
     ("slime + lengthsched's plan, groups in batch order", "sglang", f"plan_batch@{SLIME_CONCURRENCY}", "realistic"),
+    ("slime + lengthsched's plan, every sample sent at once (no client window)", "sglang",
+     f"plan_at_once@{SLIME_CONCURRENCY}", "realistic"),
     ("steal over SGLang engines", "steal_sglang", None, "realistic"),
     ("steal", "steal", None, "realistic"),
 )

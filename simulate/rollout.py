@@ -585,6 +585,7 @@ class _ClientWindow:
 
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,
                       max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "auto",
+                      window: float | None = None, steals: bool = True,
                       **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
     """slime with :mod:`lengthsched.integrations.slime` (its rollout and generate hooks), in the model:
     the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``
@@ -592,13 +593,18 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     (per completion, flattened in group order; a prompt-level predictor's, the same for siblings: each
     group's first is used), slime submits the groups in the order it returns them, its semaphore keeps
     ``in_flight`` requests in flight (slime: 512 x ``replicas``; None: all sent at once), and each is sent
-    to its planned replica's SGLang engine (``sglang``). Returns the run (its groups in submission order,
-    so its ``collected_lengths`` are too) and that order (indices into ``groups``). ``kwargs`` go to
-    :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
+    to its planned replica's SGLang engine (``sglang``), through the integration's client window:
+    ``window`` KV pools per engine (default the integration's
+    :data:`~lengthsched.integrations.slime.WINDOW`; 0: every sample sent at once) with ``steals``
+    (``run_rollout``'s ``client_window`` and ``client_steals``). Returns the run (its groups in
+    submission order, so its ``collected_lengths`` are too) and that order (indices into ``groups``).
+    ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
     from types import SimpleNamespace
 
-    from lengthsched.integrations.slime import REPLICA_KEY, SlimePlanner
+    from lengthsched.integrations.slime import REPLICA_KEY, WINDOW, SlimePlanner
     from lengthsched.predictor import OracleLengthPredictor
+
+    window = WINDOW if window is None else check_nonnegative_float("window", window)
 
     groups = list(groups)
     sizes = [len(g.lengths) for g in groups]
@@ -619,7 +625,7 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) else pred
     result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
-                         in_flight=in_flight, **kwargs)
+                         in_flight=in_flight, client_window=window or None, client_steals=steals, **kwargs)
     return result, order
 
 

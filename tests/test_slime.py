@@ -117,10 +117,16 @@ class FakeSlime:
     """The parts of slime the hooks call, recording every POST (the URL it went to) and the order in
     which the samples were generated."""
 
-    def __init__(self, engines, lengths, server_info=None):
+    def __init__(self, engines, lengths, server_info=None, seconds_per_token=0.0, abort_after=None):
         self.engines, self.lengths, self.server_info = engines, lengths, server_info
         self.posts: list[tuple[str, str]] = []  # (url, prompt)
         self.gets: list[str] = []
+        self.seconds_per_token = seconds_per_token  # > 0: generate sleeps, and the samples run concurrently
+        self.abort_after = abort_after  # seconds after which the rollout is aborted (slime's GenerateState.aborted)
+        self.state = SimpleNamespace(aborted=False)
+        self.running: dict[str, int] = {}  # per engine URL, samples in its generate now
+        self.held: dict[str, int] = {}  # per engine URL, their predicted tokens (prompt + completion)
+        self.peak: dict[str, int] = {}  # per engine URL, the most predicted tokens held by two or more at once
 
     def install(self, monkeypatch):
         fake = self
@@ -140,7 +146,15 @@ class FakeSlime:
             return asyncio.run(coro)
 
         async def generate(args, smp, sampling_params):  # slime's: POST to the router address in args
-            fake.posts.append((f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate", smp.prompt))
+            url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+            fake.posts.append((url, smp.prompt))
+            need = smp.metadata.get(ls_slime.NEED_KEY, 0)
+            fake.running[url] = fake.running.get(url, 0) + 1
+            fake.held[url] = fake.held.get(url, 0) + need
+            fake.peak[url] = max(fake.peak.get(url, 0), fake.held[url] if fake.running[url] > 1 else 0)
+            await asyncio.sleep(fake.lengths[smp.prompt] * fake.seconds_per_token)
+            fake.running[url] -= 1
+            fake.held[url] -= need
             smp.response_length, smp.status = fake.lengths[smp.prompt], Status.COMPLETED
             return smp
 
@@ -151,9 +165,17 @@ class FakeSlime:
             custom = importlib.import_module(args.custom_generate_module)
 
             async def all_groups():  # slime's semaphore admits the samples in submission order
-                for g in groups:
-                    for smp in g:
-                        await custom.generate(args, smp, {"max_new_tokens": 64})
+                if not fake.seconds_per_token:
+                    for g in groups:
+                        for smp in g:
+                            await custom.generate(args, smp, {"max_new_tokens": 64})
+                    return
+                tasks = [asyncio.create_task(custom.generate(args, smp, {"max_new_tokens": 64}))
+                         for g in groups for smp in g]  # one task per sample, created in submission order
+                if fake.abort_after is not None:
+                    await asyncio.sleep(fake.abort_after)
+                    fake.state.aborted = True
+                await asyncio.gather(*tasks)
 
             asyncio.run(all_groups())
             return SimpleNamespace(samples=sorted(groups, key=lambda g: g[0].index))
@@ -162,6 +184,7 @@ class FakeSlime:
         modules["slime.utils.async_utils"].run = run
         modules["slime.rollout.sglang_rollout"].generate = generate
         modules["slime.rollout.sglang_rollout"].generate_rollout = generate_rollout
+        modules["slime.rollout.sglang_rollout"].GenerateState = lambda args: fake.state  # slime's singleton
         modules["slime.rollout"].sglang_rollout = modules["slime.rollout.sglang_rollout"]
         for name, module in modules.items():
             monkeypatch.setitem(sys.modules, name, module)
@@ -182,9 +205,9 @@ class Source:
 
 
 def slime_args(**extra):
-    return SimpleNamespace(sglang_router_ip="10.0.0.1", sglang_router_port=3000, over_sampling_batch_size=4,
-                           rollout_max_response_len=4096, custom_generate_module="lengthsched.integrations.slime",
-                           **extra)
+    base = dict(sglang_router_ip="10.0.0.1", sglang_router_port=3000, over_sampling_batch_size=4,
+                rollout_max_response_len=4096, custom_generate_module="lengthsched.integrations.slime")
+    return SimpleNamespace(**{**base, **extra})
 
 
 ENGINES = ["http://10.0.0.9:30001", "http://10.0.0.8:30000", "http://10.0.0.8:30002"]
@@ -257,6 +280,56 @@ def test_importing_the_module_imports_neither_slime_nor_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_client_window_holds_each_engines_samples_and_lets_a_drained_engine_take_the_others(monkeypatch):
+    """With a KV pool known, the client sends an engine its planned samples while their predicted tokens fit
+    lengthsched_window pools (one at least; here 2,000 tokens: one long sample, or many short ones). The
+    engines that drain take the others' queued samples, so every sample runs once, and some not where
+    planned."""
+    lengths = {"long-a": 3000, "long-b": 2900, "s1": 100, "s2": 120, "s3": 90, "s4": 110}
+    fake = FakeSlime(ENGINES, lengths, seconds_per_token=2e-5)
+    fake.install(monkeypatch)
+    predictor = OracleLengthPredictor(lengths)
+    monkeypatch.setattr(ls_slime, "_PLANNER", SlimePlanner(placement="groups", pool_tokens=4000, predictor=predictor,
+                                                           max_new_tokens=4096))
+    args = slime_args(lengthsched_window=0.5, over_sampling_batch_size=6)  # a window of 2,000 tokens
+    out = ls_slime.generate_rollout(args, 0, Source(list(lengths), g=3))
+    samples = [s for g in out.samples for s in g]
+    assert all(s.status is Status.COMPLETED for s in samples) and len(fake.posts) == 18
+    assert 0 < max(fake.peak.values()) <= 2000  # two or more at once only within the window
+    engines = sorted(ENGINES)
+    ran = {}
+    for url, prompt in fake.posts:
+        ran.setdefault(prompt, []).append(url)
+    planned = {s.prompt: engines[s.metadata[REPLICA_KEY]] for s in samples}
+    moved = [p for p, urls in ran.items() for u in urls if u != f"{planned[p]}/generate"]
+    assert moved  # a drained engine took queued samples planned elsewhere
+    assert ls_slime._QUEUES is None and not ls_slime._WAITING  # nothing left behind
+
+
+def test_samples_waiting_in_the_client_when_slime_aborts_come_back_aborted(monkeypatch):
+    lengths = {"a": 4000, "b": 4000}
+    fake = FakeSlime(ENGINES[:1], lengths, seconds_per_token=1e-4, abort_after=0.05)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(ls_slime, "_WAKE_SECONDS", 0.01)
+    monkeypatch.setattr(ls_slime, "_PLANNER", SlimePlanner(placement="groups", pool_tokens=4000,
+                                                           predictor=OracleLengthPredictor(lengths)))
+    out = ls_slime.generate_rollout(slime_args(lengthsched_window=1.0, over_sampling_batch_size=2), 0,
+                                    Source(["a", "b"], g=2))
+    status = [s.status for g in out.samples for s in g]
+    assert status.count(Status.COMPLETED) == 1 and status.count(Status.ABORTED) == 3  # one ran, three waited
+    assert len(fake.posts) == 1
+
+
+def test_the_window_is_configured_by_slimes_args(monkeypatch):
+    planner = SlimePlanner(placement="ways", pool_tokens=1000)
+    assert ls_slime._client_queues(slime_args(), planner, 3).limit == ls_slime.WINDOW * 1000
+    assert ls_slime._client_queues(slime_args(lengthsched_window=0), planner, 3) is None
+    assert ls_slime._client_queues(slime_args(lengthsched_steal=False), planner, 3).steals is False
+    assert ls_slime._client_queues(slime_args(), SlimePlanner(placement="groups"), 3) is None  # no pool known
+    with pytest.raises(InvalidArgument, match="lengthsched_window"):
+        ls_slime._client_queues(slime_args(lengthsched_window=-1), planner, 3)
+
+
 # ------------------------------------------------------------------------------------------ in the model
 def _groups(sizes, seed=0, prompt=20):
     rng = np.random.default_rng(seed)
@@ -267,7 +340,7 @@ def test_the_model_of_slime_with_the_plan_runs_the_planners_placement_on_sglang(
     groups = _groups([6, 5, 7, 4, 8], seed=3)
     pred = np.concatenate([np.full(len(g.lengths), np.floor(np.median(g.lengths))) for g in groups])
     common = dict(replicas=3, budget_tokens=900, max_new_tokens=512)
-    result, order = run_slime_planned(groups, pred, in_flight=None, placement="groups", **common)
+    result, order = run_slime_planned(groups, pred, in_flight=None, placement="groups", window=0, **common)
     assert sorted(order.tolist()) == list(range(5))
     medians = [np.floor(np.median(groups[i].lengths)) for i in order]
     assert medians == sorted(medians, reverse=True)  # handed to slime longest predicted first
@@ -276,8 +349,15 @@ def test_the_model_of_slime_with_the_plan_runs_the_planners_placement_on_sglang(
     assert result.seconds == pytest.approx(again.seconds, rel=1e-12)
     assert [x.tolist() for x in result.collected_lengths] == [groups[i].lengths.tolist() for i in order]
     # with slime's cap the requests wait their turn and still run where they were placed
-    capped, _ = run_slime_planned(groups, pred, in_flight=4, placement="groups", **common)
+    capped, _ = run_slime_planned(groups, pred, in_flight=4, placement="groups", window=0, **common)
     assert capped.placement.tolist() == result.placement.tolist() and capped.seconds >= result.seconds
+    # by default through the integration's client window (WINDOW pools per engine, steals)
+    windowed, _ = run_slime_planned(groups, pred, in_flight=None, placement="groups", **common)
+    starts = np.cumsum([0] + [len(g.lengths) for g in groups])
+    reordered = np.concatenate([pred[starts[i]:starts[i + 1]] for i in order])
+    again = run_rollout([groups[i] for i in order], "sglang", placement=result.placement, in_flight=None,
+                        predicted=reordered, client_window=ls_slime.WINDOW, **common)
+    assert windowed.seconds == pytest.approx(again.seconds, rel=1e-12)
     with pytest.raises(InvalidArgument, match="predicted"):
         run_slime_planned(groups, pred[:-1], in_flight=None, **common)
 

@@ -64,6 +64,7 @@ further batch slime takes is planned on its own, as if the engines were idle; ``
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Sequence
@@ -73,12 +74,15 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .rollout import RolloutPlan, predict_lengths
-from .verl import RolloutPlanner, prompt_key
+from .rollout import ClientQueues, RolloutPlan, predict_lengths
+from .verl import RolloutPlanner, batch_prompt_tokens, prompt_key
 
 __all__ = [
+    "NEED_KEY",
     "REPLICA_KEY",
     "SLIME_COMMIT",
+    "WINDOW",
+    "WORK_KEY",
     "SUBMIT_ORDERS",
     "PlannedDataSource",
     "SlimePlanner",
@@ -91,6 +95,13 @@ __all__ = [
 
 SLIME_COMMIT = "624b824"  # the slime commit this module was modelled on
 REPLICA_KEY = "lengthsched_replica"  # sample.metadata key: the index of the engine the plan chose
+WORK_KEY = "lengthsched_predicted"  # sample.metadata key: its predicted completion (tokens)
+NEED_KEY = "lengthsched_need"  # sample.metadata key: its prompt plus predicted completion (tokens)
+#: Each engine's client window, in KV pools (``lengthsched_window``): an engine is sent its next planned
+#: sample while the predicted tokens of those it was sent and are not done stay within WINDOW x its pool.
+#: 2 was the best of 1, 1.5, 2 and 3 in the simulator (docs/benchmarks.md, "slime with the project's plan").
+WINDOW = 2.0
+_WAKE_SECONDS = 0.5  # how often a sample waiting in the client checks whether slime aborted the rollout
 SUBMIT_ORDERS = ("auto", "longest", "batch")
 PLACEMENTS = ("ways", "groups", "spread")
 
@@ -163,10 +174,11 @@ class SlimePlanner:
         if all(n is not None for n in ids):  # exact prompt lengths: batch_prompt_tokens reads only len()
             batch["raw_prompt_ids"] = [range(n) for n in ids]
         plan, _ = self.planner.plan(batch, replicas)
-        rows = iter(plan.replica)
+        rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica))))
         for g in live:
             for sample in g:
-                sample.metadata[REPLICA_KEY] = int(next(rows))
+                replica, work, prompt = next(rows)
+                sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work), NEED_KEY: int(work + prompt)})
         self.last_plan = plan
         return live + [g for g in groups if not g]
 
@@ -210,13 +222,17 @@ class PlannedDataSource:
 # ----------------------------------------------------------------------------- slime's hooks
 _PLANNER: SlimePlanner | None = None
 _ENGINES: list[str] = []  # the engines' base URLs of the rollout in progress, in plan index order
+_QUEUES: ClientQueues | None = None  # the client's per-engine queues of the rollout in progress (None: no window)
+_WAITING: dict[int, asyncio.Future] = {}  # id(sample) -> the future its engine index is set on
 
 
 def reset() -> None:
-    """Forget the planner and the engines (a new run; tests)."""
-    global _PLANNER
+    """Forget the planner, the engines and the client's queues (a new run; tests)."""
+    global _PLANNER, _QUEUES
     _PLANNER = None
+    _QUEUES = None
     _ENGINES.clear()
+    _WAITING.clear()
 
 
 def _pool_tokens(args: Any, engines: Sequence[str]) -> int | None:
@@ -298,14 +314,69 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
     _ENGINES[:] = engines
+    global _QUEUES
+    _QUEUES = _client_queues(args, planner, len(engines))
     planned = PlannedDataSource(data_source, planner, len(engines))
     try:
         output = sglang_rollout.generate_rollout(args, rollout_id, planned, evaluation=False)
     finally:
         _ENGINES.clear()
+        _QUEUES = None
+        _WAITING.clear()
     samples = getattr(output, "samples", output)
     planner.observe(samples)
     return output
+
+
+def _client_queues(args: Any, planner: SlimePlanner, engines: int) -> ClientQueues | None:
+    """The client's queues of one rollout: a window of ``lengthsched_window`` (default :data:`WINDOW`) KV
+    pools per engine, steals unless ``lengthsched_steal`` is false; None (every sample sent at once) when
+    the window is 0 or the pool is unknown."""
+    share = getattr(args, "lengthsched_window", None)
+    share = WINDOW if share is None else float(share)
+    if share < 0:
+        raise InvalidArgument("lengthsched_window", share, "a number of KV pools >= 0 (0: no window)")
+    pool = planner.planner.pool_tokens
+    if share == 0 or pool is None:
+        return None
+    steal = getattr(args, "lengthsched_steal", None)
+    return ClientQueues(engines, share * pool, steals=True if steal is None else bool(steal))
+
+
+def _pump() -> None:
+    """Send what the windows allow: each waiting sample's future gets its engine's index."""
+    if _QUEUES is None:
+        return
+    for key, engine in _QUEUES.send():
+        future = _WAITING.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(engine)
+
+
+async def _engine_for(args: Any, sample: Any, replica: int) -> int | None:
+    """Queue ``sample`` for its planned engine and wait until a window sends it somewhere (its engine,
+    or another whose queue ran empty); None if slime aborts the rollout meanwhile (the sample was never
+    sent)."""
+    from slime.rollout import sglang_rollout
+
+    key, need, work = id(sample), sample.metadata.get(NEED_KEY, 0), sample.metadata.get(WORK_KEY, 0)
+    future = asyncio.get_running_loop().create_future()
+    _WAITING[key] = future
+    _QUEUES.enter(key, replica, need, work)
+    _pump()
+    try:
+        while not future.done():
+            await asyncio.wait({future}, timeout=_WAKE_SECONDS)
+            if not future.done() and sglang_rollout.GenerateState(args).aborted:
+                _QUEUES.drop(key)
+                _WAITING.pop(key, None)
+                return None
+        return future.result()
+    except asyncio.CancelledError:
+        if _QUEUES is not None and not _QUEUES.drop(key) and future.done():
+            _QUEUES.finished(future.result(), need)  # sent but never run: free its window
+        _WAITING.pop(key, None)
+        raise
 
 
 async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool = False) -> Any:
@@ -317,7 +388,20 @@ async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bo
     replica = (getattr(sample, "metadata", None) or {}).get(REPLICA_KEY)
     if evaluation or replica is None or not _ENGINES:
         return await sglang_rollout.generate(args, sample, sampling_params)
-    host, port = engine_address(_ENGINES[int(replica) % len(_ENGINES)])
-    direct = copy.copy(args)  # slime's generate posts to http://{sglang_router_ip}:{sglang_router_port}/generate
-    direct.sglang_router_ip, direct.sglang_router_port = engine_host(host), port
-    return await sglang_rollout.generate(direct, sample, sampling_params)
+    replica = int(replica) % len(_ENGINES)
+    queues = _QUEUES
+    if queues is not None:
+        engine = await _engine_for(args, sample, replica)
+        if engine is None:  # slime aborted the rollout while the sample waited in the client
+            sample.status = type(sample.status).ABORTED
+            return sample
+        replica = engine
+    try:
+        host, port = engine_address(_ENGINES[replica])
+        direct = copy.copy(args)  # slime's generate posts to http://{sglang_router_ip}:{sglang_router_port}/generate
+        direct.sglang_router_ip, direct.sglang_router_port = engine_host(host), port
+        return await sglang_rollout.generate(direct, sample, sampling_params)
+    finally:
+        if queues is not None and queues is _QUEUES:
+            queues.finished(replica, sample.metadata.get(NEED_KEY, 0))
+            _pump()
