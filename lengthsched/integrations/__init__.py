@@ -26,7 +26,9 @@ each module's docstring names the files).
   framework that runs its own dispatch: :func:`spread_ways` and :func:`place_ways`
   (the placement), :func:`steal_requests` (what a drained replica takes) and :func:`move_requests`
   (which running requests move to a replica that sits idle); :class:`StealCoordinator` makes both
-  decisions from snapshots a framework can take, as :class:`Move` s to abort and resubmit.
+  decisions from snapshots a framework can take, as :class:`Move` s to abort and resubmit;
+  :class:`ClientQueues` holds a client's requests per replica and sends them as each replica's window
+  allows, a drained replica taking another's queued ones (steals without aborts: the slime integration).
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`); stealing inside verl's rollout:
   :mod:`lengthsched.integrations.verl_stealing` (``LengthschedStealingAgentLoopManager``, the vLLM
@@ -62,6 +64,7 @@ from .rollout import (
     ORDERS,
     PLACEMENTS,
     STEAL_SHARE,
+    ClientQueues,
     RolloutPlan,
     decode_replica,
     move_requests,
@@ -127,6 +130,7 @@ __all__ = [
     "STEAL_SHARE",
     "move_requests",
     "MOVE_CHUNK",
+    "ClientQueues",
     "Move",
     "StealCoordinator",
     "StealDriver",

@@ -33,8 +33,14 @@ This module supplies, for those two hooks:
   whole groups in crowded steps), and the groups handed to slime longest predicted first (on several
   engines), so that the semaphore sends them in that order. Evaluation rollouts run slime's unchanged.
 - :func:`generate` (``--custom-generate-function-path lengthsched.integrations.slime.generate``):
-  sends a planned sample straight to its engine (slime's own ``generate`` with the engine's host and
-  port in place of the router's), and an unplanned one through the router as slime would.
+  holds each planned sample in a client queue per engine (:class:`~lengthsched.integrations.ClientQueues`)
+  and sends an engine its next one while the predicted tokens (prompt plus predicted completion) of
+  those it was sent and that are not done fit :data:`WINDOW` (2) KV pools; an engine whose queue ran
+  empty takes the last sample of the queue with the most predicted work (a steal that needs no abort:
+  the sample was never sent). The sample goes straight to its engine (slime's own ``generate`` with the
+  engine's host and port in place of the router's); an unplanned one (evaluation) goes through the
+  router as slime would. A sample still waiting when slime aborts the rollout comes back ``ABORTED``
+  (slime then keeps it for the next rollout with partial rollout on, as its own aborted samples).
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
   neither slime, torch nor an HTTP client; slime is imported when a hook runs).
 
@@ -50,11 +56,15 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   engines, in the data source's order on one), ``longest`` or ``batch`` (the data source's order).
 - ``lengthsched_default_length``: the prediction for a prompt never seen (tokens; default half of
   ``rollout_max_response_len``).
+- ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2; 0: every
+  sample sent at once, nothing stolen); it needs the pool (``lengthsched_pool_tokens`` or the engine's
+  answer), else every sample is sent at once. ``lengthsched_steal``: false keeps each sample on its
+  planned engine (the window alone).
 
 What it is worth, in the simulator (docs/benchmarks.md, "slime with the project's plan"): against
 slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
-engines fed this plan. What it does not do: move work between engines once sent (``steal_sglang`` in the
-simulator also steals waiting requests and moves running ones, which needs aborts by request id that
+engines fed this plan. What it does not do: move a sample once sent (``steal_sglang`` in the simulator
+also moves running requests and steals those queued inside SGLang, which needs aborts by request id that
 slime's ``generate`` does not send); with dynamic sampling (``--dynamic-sampling-filter-path``) each
 further batch slime takes is planned on its own, as if the engines were idle; ``--sglang-dp-size`` > 1
 (data-parallel attention inside one engine) is not planned for; a custom generate function of your own
