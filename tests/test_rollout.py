@@ -1359,3 +1359,15 @@ def test_a_client_window_is_checked():
         run_rollout(groups, "vllm", placement=placed, client_window=0.0, **common)
     with pytest.raises(InvalidArgument, match="client_window"):
         run_rollout(groups, "vllm_priority", placement=placed, client_window=1.0, **common)
+
+
+def test_client_queues_steal_only_what_the_planned_replica_has_no_room_for():
+    """A request entering the queue of a replica with room goes to that replica, even when another
+    replica's queue is empty: a steal takes only what waits because its own replica is full."""
+    from lengthsched.integrations.rollout import ClientQueues
+
+    q = ClientQueues(3, 1000, steals=True)
+    q.enter("a", 2, 100, 90)
+    assert q.send() == [("a", 2)]
+    q.enter("b", 2, 950, 900)  # replica 2 holds 100: 1,050 > 1,000, so replica 0 (empty queue) steals it
+    assert q.send() == [("b", 0)]

@@ -176,10 +176,10 @@ class ClientQueues:
     """A client's queue per replica in front of the engines: each request waits in the queue of the
     replica a plan named, and a replica is sent its queue's front while the predicted tokens of what it
     was sent and has not finished stay within ``limit_tokens`` (one request at least); with ``steals``
-    a replica whose queue is empty takes the back of the queue with the most predicted work (a steal
-    that needs no abort: the request was never sent). The simulator runs it as
-    ``run_rollout(..., client_window=)``; :mod:`lengthsched.integrations.slime` in front of SGLang's
-    engines. Pure Python; ``item`` is anything hashable (a request id, a sample).
+    a replica whose queue is empty takes the back of the queue with the most predicted work, of what
+    that queue's replica has no room for (a steal that needs no abort: the request was never sent).
+    The simulator runs it as ``run_rollout(..., client_window=)``; :mod:`lengthsched.integrations.slime`
+    in front of SGLang's engines. Pure Python; ``item`` is anything hashable (a request id, a sample).
 
     ``enter(item, replica, need, work)``: queue ``item`` for ``replica``; ``need`` its predicted tokens
     in flight (prompt plus predicted completion), ``work`` its predicted completion (what the steals
@@ -215,13 +215,15 @@ class ClientQueues:
                 return True
         return False
 
-    def _take(self, r: int) -> Hashable | None:
+    def _take(self, r: int, steal: bool) -> Hashable | None:
         source, front = r, True
-        if not self.queues[r]:
+        if steal:
             waiting = [q for q in range(self.replicas) if self.queues[q]]
-            if not self.steals or not waiting:
+            if self.queues[r] or not waiting:
                 return None
             source, front = max(waiting, key=lambda q: (self.queued_work[q], -q)), False
+        elif not self.queues[r]:
+            return None
         item = self.queues[source][0 if front else -1]
         need, work = self._need[item]
         if self.load[r] > 0 and self.load[r] + need > self.limit:
@@ -233,17 +235,19 @@ class ClientQueues:
         return item
 
     def send(self) -> list[tuple[Hashable, int]]:
-        """(item, replica) pairs to send now: the replicas take in turn, one request each per round,
-        while their windows allow."""
+        """(item, replica) pairs to send now: first every replica takes from its own queue while its
+        window allows; then (with steals) the replicas whose queues are empty take, in turn, from the
+        back of the queue with the most predicted work what its own replica has no room for."""
         out = []
-        moved = True
-        while moved:
-            moved = False
-            for r in range(self.replicas):
-                item = self._take(r)
-                if item is not None:
-                    out.append((item, r))
-                    moved = True
+        for steal in (False, True) if self.steals else (False,):
+            moved = True
+            while moved:
+                moved = False
+                for r in range(self.replicas):
+                    item = self._take(r, steal)
+                    if item is not None:
+                        out.append((item, r))
+                        moved = True
         return out
 
 
