@@ -595,7 +595,8 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     ``in_flight`` requests in flight (slime: 512 x ``replicas``; None: all sent at once), and each is sent
     to its planned replica's SGLang engine (``sglang``), through the integration's client window:
     ``window`` KV pools per engine (default the integration's
-    :data:`~lengthsched.integrations.slime.WINDOW`; 0: every sample sent at once) with ``steals``
+    :data:`~lengthsched.integrations.slime.WINDOW`; 0: every sample sent at once; none on one replica,
+    as the integration) with ``steals``
     (``run_rollout``'s ``client_window`` and ``client_steals``). Returns the run (its groups in
     submission order, so its ``collected_lengths`` are too) and that order (indices into ``groups``).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
@@ -625,7 +626,8 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) else pred
     result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
-                         in_flight=in_flight, client_window=window or None, client_steals=steals, **kwargs)
+                         in_flight=in_flight, client_window=(window or None) if replicas > 1 else None,
+                         client_steals=steals, **kwargs)
     return result, order
 
 

@@ -326,6 +326,7 @@ def test_the_window_is_configured_by_slimes_args(monkeypatch):
     assert ls_slime._client_queues(slime_args(lengthsched_window=0), planner, 3) is None
     assert ls_slime._client_queues(slime_args(lengthsched_steal=False), planner, 3).steals is False
     assert ls_slime._client_queues(slime_args(), SlimePlanner(placement="groups"), 3) is None  # no pool known
+    assert ls_slime._client_queues(slime_args(), planner, 1) is None  # one engine: nothing to steal from
     with pytest.raises(InvalidArgument, match="lengthsched_window"):
         ls_slime._client_queues(slime_args(lengthsched_window=-1), planner, 3)
 
