@@ -322,8 +322,8 @@ class StepCost:
         The way to price a card nobody calibrated on: efficiencies fitted on one Hopper carry to the
         other far better than an unfitted preset. On engine steps measured on an H100 and an H200
         (Qwen3-1.7B and Qwen3-8B shapes; ``benchmarks/bench_cost.py --sections cards``), an H100 fit
-        moved to the h200 preset was off by 2.4-3.9% (median |modelled / measured - 1|), an H200 fit
-        moved to the h100 preset by 3.2-4.5%, against 1-4% for a fit on the card itself, 9-65% for
+        moved to the h200 preset was off by 2.4-4.2% (median |modelled / measured - 1|), an H200 fit
+        moved to the h100 preset by 3.2-4.9%, against 1-4% for a fit on the card itself, 9-65% for
         the unfitted preset and 7-24% for the other card's fit left on that card's numbers. Only this
         pair was measured: a move across architectures (A100, L40S, B200) is unchecked.
         """
