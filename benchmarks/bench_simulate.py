@@ -1165,9 +1165,7 @@ def _sglang_variants_unit(args):
     out = {"slime": run_rollout(groups, "sglang", router="cache_aware", in_flight=cap, **common).seconds}
     for label, policy, attrs in SGLANG_VARIANTS:
         if policy == "plan":
-            rest = {k: v for k, v in common.items() if k != "replicas"}
-            out[label] = run_slime_planned(groups, realistic, replicas=args[2], in_flight=cap, **rest,
-                                           **(attrs or {}))[0].seconds
+            out[label] = run_slime_planned(groups, realistic, in_flight=cap, **common, **(attrs or {}))[0].seconds
             continue
         with _patched(POLICIES[policy].cls, **attrs):
             out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds

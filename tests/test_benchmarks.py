@@ -213,9 +213,8 @@ def test_simulator_benchmark_rollout_routers_scores_each_framework_as_run_rollou
     planned = []
     for unit in (("castillo", 64, 4, 4), ("long tail", 64, 4, 2)):
         groups, realistic, _, _, common = _rollout_setting(*unit, 11, None)
-        rest = {k: v for k, v in common.items() if k != "replicas"}
         slime = run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * 4, **common).seconds
-        planned.append(run_slime_planned(groups, realistic, replicas=4, in_flight=512 * 4, **rest)[0].seconds / slime)
+        planned.append(run_slime_planned(groups, realistic, in_flight=512 * 4, **common)[0].seconds / slime)
     over = {row[1]: row for row in data["over_slime"]}
     label = "slime + lengthsched's plan (lengthsched.integrations.slime)"
     assert over[label][2] == 2 and over[label][3] == pytest.approx(np.mean(planned), rel=1e-12)
