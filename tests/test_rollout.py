@@ -1303,7 +1303,7 @@ def test_client_queues_send_within_each_window_and_let_an_empty_queue_steal():
     # replica 0 takes 0 and 1 (100 + 100 <= 200); replica 1 steals from the back: 5, 4, 3 (50 each),
     # then it is full (150 + 100 > 200) and request 2 waits
     assert sorted(q.send()) == sorted([(0, 0), (1, 0), (5, 1), (4, 1), (3, 1)])
-    assert q.queues == [[2], []] and q.send() == []
+    assert [list(x) for x in q.queues] == [[2], []] and q.send() == []
     q.finished(0, 100)
     assert q.send() == [(2, 0)]
     # without steals the other replica takes nothing, and one request is always allowed
@@ -1311,11 +1311,90 @@ def test_client_queues_send_within_each_window_and_let_an_empty_queue_steal():
     for job in range(6):
         q.enter(job, 0, need[job], work[job])
     assert q.send() == [(0, 0)]
-    assert q.drop(3) and not q.drop(3) and q.queues == [[1, 2, 4, 5], []]
+    assert q.drop(3) and not q.drop(3) and [list(x) for x in q.queues] == [[1, 2, 4, 5], []]
     with pytest.raises(InvalidArgument, match="replica"):
         q.enter(9, 2, 1, 1)
     with pytest.raises(InvalidArgument, match="limit_tokens"):
         ClientQueues(2, 0)
+
+
+class _PlainClientQueues:
+    """ClientQueues' decisions written as plainly as possible (O(R^2) per call): the specification the
+    class's incremental send is checked against."""
+
+    def __init__(self, replicas, limit, steals):
+        self.limit, self.steals = limit, steals
+        self.queues = [[] for _ in range(replicas)]
+        self.work, self.load, self.need = [0.0] * replicas, [0.0] * replicas, {}
+
+    def take(self, r, steal):
+        if steal:
+            waiting = [q for q in range(len(self.queues)) if self.queues[q]]
+            if self.queues[r] or not waiting:
+                return None
+            source, end = max(waiting, key=lambda q: (self.work[q], -q)), -1
+        elif self.queues[r]:
+            source, end = r, 0
+        else:
+            return None
+        item = self.queues[source][end]
+        need, work = self.need[item]
+        if self.load[r] > 0 and self.load[r] + need > self.limit:
+            return None
+        self.queues[source].pop(end)
+        self.work[source] -= work
+        self.load[r] += need
+        return item
+
+    def send(self):
+        out = []
+        for steal in (False, True) if self.steals else (False,):
+            moved = True
+            while moved:
+                moved = False
+                for r in range(len(self.queues)):
+                    item = self.take(r, steal)
+                    if item is not None:
+                        out.append((item, r))
+                        moved = True
+        return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(replicas=st.integers(1, 5), limit=st.sampled_from([50, 120, 400]), steals=st.booleans(),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)), min_size=1, max_size=40))
+def test_client_queues_send_decides_as_the_plain_specification(replicas, limit, steals, ops):
+    """Whatever requests enter, finish or are dropped, ClientQueues.send returns exactly the pairs, in the
+    order, of the plain O(R^2) loop (rounds over the replicas' own queues, then steals in turn)."""
+    from lengthsched.integrations.rollout import ClientQueues
+
+    fast, plain = ClientQueues(replicas, limit, steals=steals), _PlainClientQueues(replicas, limit, steals)
+    needs, flight, next_id = {}, [], 0
+    for op, x in ops:
+        if op <= 1:  # a few requests enter
+            for k in range(1 + x % 4):
+                r, work = (x >> (2 + k)) % replicas, [10, 40, 90, 200][(x >> (5 + k)) % 4]
+                fast.enter(next_id, r, work + 20, work)
+                plain.queues[r].append(next_id)
+                plain.work[r] += work
+                plain.need[next_id] = needs[next_id] = (work + 20, work)
+                next_id += 1
+        elif op == 2 and flight:  # a request sent earlier finishes
+            item, r = flight.pop(x % len(flight))
+            fast.finished(r, needs[item][0])
+            plain.load[r] -= needs[item][0]
+        elif op == 3 and next_id:  # a queued request is dropped (an aborted rollout)
+            item = x % next_id
+            where = [r for r, q in enumerate(plain.queues) if item in q]
+            assert fast.drop(item) == bool(where)
+            if where:
+                plain.queues[where[0]].remove(item)
+                plain.work[where[0]] -= needs[item][1]
+        sent = fast.send()
+        assert sent == plain.send()
+        flight += sent
+    assert [list(q) for q in fast.queues] == plain.queues
+    assert fast.load == pytest.approx(plain.load) and fast.queued_work == pytest.approx(plain.work)
 
 
 @pytest.mark.parametrize("policy", ["vllm", "sglang"])

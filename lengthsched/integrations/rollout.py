@@ -49,8 +49,10 @@ Units: lengths and work in tokens; priorities are engine priorities (vLLM: lower
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -172,6 +174,9 @@ def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np
     return out
 
 
+_NONE = object()  # no request (ClientQueues.send's rounds)
+
+
 class ClientQueues:
     """A client's queue per replica in front of the engines: each request waits in the queue of the
     replica a plan named, and a replica is sent its queue's front while the predicted tokens of what it
@@ -190,7 +195,7 @@ class ClientQueues:
         self.replicas = check_int("replicas", replicas, minimum=1)
         self.limit = check_positive_float("limit_tokens", limit_tokens)
         self.steals = bool(steals)
-        self.queues: list[list[Hashable]] = [[] for _ in range(self.replicas)]  # front first
+        self.queues: list[deque[Hashable]] = [deque() for _ in range(self.replicas)]  # front first
         self.queued_work = [0.0] * self.replicas
         self.load = [0.0] * self.replicas  # predicted tokens sent and not finished, per replica
         self._need: dict[Hashable, tuple[float, float]] = {}
@@ -208,6 +213,8 @@ class ClientQueues:
 
     def drop(self, item: Hashable) -> bool:
         """Take ``item`` out of its queue; False if it is not queued."""
+        if item not in self._need:
+            return False
         for r, queue in enumerate(self.queues):
             if item in queue:
                 queue.remove(item)
@@ -215,39 +222,50 @@ class ClientQueues:
                 return True
         return False
 
-    def _take(self, r: int, steal: bool) -> Hashable | None:
-        source, front = r, True
-        if steal:
-            waiting = [q for q in range(self.replicas) if self.queues[q]]
-            if self.queues[r] or not waiting:
-                return None
-            source, front = max(waiting, key=lambda q: (self.queued_work[q], -q)), False
-        elif not self.queues[r]:
-            return None
-        item = self.queues[source][0 if front else -1]
-        need, work = self._need[item]
-        if self.load[r] > 0 and self.load[r] + need > self.limit:
-            return None
-        self.queues[source].pop(0 if front else -1)
+    def _fits(self, r: int, item: Hashable) -> bool:
+        """Whether replica ``r``'s window has room for ``item`` (an empty window takes anything)."""
+        return self.load[r] <= 0 or self.load[r] + self._need[item][0] <= self.limit
+
+    def _sent(self, r: int, item: Hashable, source: int) -> None:
+        need, work = self._need.pop(item)
         self.queued_work[source] -= work
         self.load[r] += need
-        del self._need[item]
-        return item
+
+    def _fullest(self) -> int | None:
+        """The replica whose queue holds the most predicted work (ties: the lowest), None if all are empty."""
+        best = None
+        for q in range(self.replicas):
+            if self.queues[q] and (best is None or self.queued_work[q] > self.queued_work[best]):
+                best = q
+        return best
 
     def send(self) -> list[tuple[Hashable, int]]:
         """(item, replica) pairs to send now: first every replica takes from its own queue while its
-        window allows; then (with steals) the replicas whose queues are empty take, in turn, from the
-        back of the queue with the most predicted work what its own replica has no room for."""
-        out = []
-        for steal in (False, True) if self.steals else (False,):
-            moved = True
-            while moved:
-                moved = False
-                for r in range(self.replicas):
-                    item = self._take(r, steal)
-                    if item is not None:
-                        out.append((item, r))
-                        moved = True
+        window allows (in rounds: one request per replica and round); then (with steals) the replicas
+        whose queues are empty take, in turn, from the back of the queue with the most predicted work
+        what its own replica has no room for. O(R + sent x R) for R replicas."""
+        own: list[list[Hashable]] = []
+        for r, queue in enumerate(self.queues):
+            taken = []
+            while queue and self._fits(r, queue[0]):
+                item = queue.popleft()
+                self._sent(r, item, r)
+                taken.append(item)
+            own.append(taken)
+        out = [(item, r) for turn in zip_longest(*own, fillvalue=_NONE) for r, item in enumerate(turn)
+               if item is not _NONE]
+        if not self.steals:
+            return out
+        source, moved = self._fullest(), True
+        while moved and source is not None:
+            moved = False
+            for r in range(self.replicas):
+                if self.queues[r] or source is None or not self._fits(r, self.queues[source][-1]):
+                    continue
+                item = self.queues[source].pop()
+                self._sent(r, item, source)
+                out.append((item, r))
+                moved, source = True, self._fullest()
         return out
 
 
