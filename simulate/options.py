@@ -26,7 +26,7 @@ GROUP_DEFAULTS = {"model": "qwen3-1.7b", "budget": "5GiB", "policies": ",".join(
 # verl's example rollout config: gpu_memory_utilization 0.5 of an 80 GiB H100 per replica.
 ROLLOUT_DEFAULTS = {"model": "qwen3-8b", "budget": "40GiB", "policies": ",".join(ROLLOUT_POLICIES),
                     "predictor": "prompt:0.5", "prompts": 64, "replicas": 4, "group_size": 16,
-                    "routers": "least_loaded,group_round_robin,cache_aware,contiguous_chunks"}
+                    "routers": "least_loaded,group_round_robin,cache_aware,contiguous_chunks,slime_plan"}
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -76,8 +76,9 @@ class SimulateOptions:
     replicas: int | None = _opt(None, "engine replicas of the rollout step (default 4 when --prompts is given)")
     routers: str | None = _opt(None, "routers tried for the policies that do not place requests themselves, "
                                      "comma-separated: least_loaded (verl), group_round_robin (OpenRLHF), cache_aware "
-                                     "(SGLang's router as slime runs it), contiguous_chunks (TRL 1.9's vllm-serve) "
-                                     "(default all four)")
+                                     "(SGLang's router as slime runs it), contiguous_chunks (TRL 1.9's vllm-serve), "
+                                     "slime_plan (slime with lengthsched.integrations.slime: the project's plan sent "
+                                     "through its client queues; sglang only) (default all five)")
     headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
                                  "true length known (an oracle: what placement could buy at most over vLLM FCFS "
                                  "replicas; simulate.search_placement) and report it apart from the policies")

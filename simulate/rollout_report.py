@@ -35,7 +35,7 @@ from .report import (
     spec_sigma,
     workload_groups,
 )
-from .rollout import ROUTERS, THROTTLED_POLICIES, LiveRouter, RolloutResult, run_rollout, steal_ways
+from .rollout import ROUTERS, THROTTLED_POLICIES, LiveRouter, RolloutResult, run_rollout, run_slime_planned, steal_ways
 from .workloads import WORKLOADS, history_predictions
 
 __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
@@ -50,6 +50,14 @@ DECODE_ROWS = 256
 HISTORY_PRIOR_SIGMA = 0.5
 #: A ratio to vLLM FCFS + verl above this counts as slower (the benchmarks' "slower by > 0.1%").
 SLOWER = 1.001
+#: The "router" of slime with :mod:`lengthsched.integrations.slime`: the integration's own plan, its groups
+#: handed over longest predicted first and each engine's samples sent through its client queues
+#: (:func:`simulate.run_slime_planned`); only the ``sglang`` policy (slime's engines) runs behind it.
+PLAN_ROUTER = "slime_plan"
+#: What ``--routers`` accepts: the simulator's routers and :data:`PLAN_ROUTER`.
+CLI_ROUTERS = ROUTERS + (PLAN_ROUTER,)
+#: slime as it ships: SGLang's engines behind SGLang's cache-aware router (the row the plan is compared with).
+SLIME = ("sglang", "cache_aware")
 
 
 @dataclass(frozen=True)
@@ -121,10 +129,16 @@ def rollout_pool_tokens(opts: SimulateOptions, memory, budget_bytes: int) -> int
 
 def _routers(opts: SimulateOptions) -> list[str]:
     names = [r.strip() for r in str(opts.routers).split(",")]
-    if not all(names) or any(r not in ROUTERS for r in names) or len(set(names)) != len(names):
-        raise InvalidArgument("routers", opts.routers, "comma-separated routers among " + ", ".join(ROUTERS)
+    if not all(names) or any(r not in CLI_ROUTERS for r in names) or len(set(names)) != len(names):
+        raise InvalidArgument("routers", opts.routers, "comma-separated routers among " + ", ".join(CLI_ROUTERS)
                               + ", each once")
     return names
+
+
+def _runs_behind(policy: str, router: str) -> bool:
+    """Whether ``policy`` runs behind ``router`` in a comparison (the slime plan drives SGLang's FCFS engines
+    only)."""
+    return router != PLAN_ROUTER or policy == "sglang"
 
 
 def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
@@ -229,8 +243,19 @@ class RolloutStep:
         return DEFAULT_POLICY if self.history is None else recommend_rollout_policy(list(self.history))
 
     def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
-        """The step under ``policy`` (placed by ``router`` unless it places requests itself)."""
+        """The step under ``policy`` (placed by ``router`` unless it places requests itself; ``router``
+        :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
+        if router == PLAN_ROUTER:
+            if policy != "sglang":
+                raise InvalidArgument("router", router, f"a router of the simulator ({', '.join(ROUTERS)}) for "
+                                                        f"policy {policy!r}: {PLAN_ROUTER} drives sglang only")
+            result, _ = run_slime_planned(self.groups, self.predicted, replicas=o.replicas, budget_tokens=self.pool,
+                                          max_new_tokens=o.max_new_tokens,
+                                          in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
+                                          cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk, record=record,
+                                          max_num_seqs=o.slots, kv_offload=o.kv_offload)
+            return result
         capped = o.in_flight is not None and policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
@@ -279,13 +304,13 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
     runs = [BASELINE]
     for policy in parse_policies(opts.policies):
         for router in ([None] if POLICIES[policy].places_groups else _routers(opts)):
-            if (policy, router) != BASELINE:
+            if (policy, router) != BASELINE and _runs_behind(policy, router):
                 runs.append((policy, router))
     rows = []
     for policy, router in runs:
         try:
             result = step.run(policy, router, record=record)
-            rows.append(RolloutRow(policy, result.router, result))
+            rows.append(RolloutRow(policy, PLAN_ROUTER if router == PLAN_ROUTER else result.router, result))
         except LengthschedError as exc:  # a pool too small for a completion, or a policy that gives up
             if (policy, router) == BASELINE and "budget_tokens" in str(exc):
                 raise InvalidArgument("budget", opts.budget, f"a larger replica memory: {exc}") from None
@@ -457,6 +482,14 @@ def rollout_headline(comparison: RolloutComparison) -> str:
             line += (f"; each move waits {delay:g} s here: with verl's own client, which waits 1 s, the moves of "
                      "running requests cost more than they gain on the benchmark grid and at scale; verl_stealing's "
                      "client resubmits its moves at once (docs/benchmarks.md, 'Resubmission delay')")
+    slime = next((r for r in done if (r.policy, r.router) == SLIME), None)
+    planned = next((r for r in done if (r.policy, r.router) == ("sglang", PLAN_ROUTER)), None)
+    if slime is not None and planned is not None:
+        capped = comparison.options.get("in_flight")
+        line += (f"; for slime's users (SGLang behind its cache-aware router"
+                 + (f", {capped} requests per engine in flight" if capped else ", every request sent at once")
+                 + f": {slime.result.seconds:.2f} s), lengthsched.integrations.slime's plan and client queues take "
+                 f"{planned.result.seconds:.2f} s, {planned.result.seconds / slime.result.seconds:.3f} x slime's")
     if failed:
         line += f"; could not run: {', '.join(failed)}"
     if ours is None and recommended != DEFAULT_POLICY:

@@ -398,3 +398,40 @@ def test_in_flight_keeps_the_frameworks_cap_behind_the_routers_that_route_one_at
         assert main(bad) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "'in_flight'" in err
+
+
+def test_slime_plan_is_slime_with_the_integrations_plan_next_to_slime_as_it_ships(capsys):
+    """--routers slime_plan: one row, sglang behind lengthsched.integrations.slime's plan and client queues
+    (simulate.run_slime_planned on the same step, slime's in-flight cap included), and the verdict compares
+    it with slime as it ships (sglang + cache_aware); no other policy runs behind it."""
+    import numpy as np
+
+    from simulate import run_slime_planned
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    args = ["--prompts", "16", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "vllm,sglang,steal",
+            "--routers", "least_loaded,cache_aware,slime_plan"]
+    for capped in ([], ["--in-flight", "4"]):
+        assert main(["simulate", "--json"] + args + capped) == 0
+        out = json.loads(capsys.readouterr().out)
+        rows = {(r["policy"], r["router"]): r for r in out["rows"]}
+        assert [k for k in rows if k[1] == "slime_plan"] == [("sglang", "slime_plan")]
+        step = rollout_step(SimulateOptions(prompts=16, replicas=2, group_size=8, max_new_tokens=1024,
+                                            model="qwen3-1.7b", budget="3.6GiB", policies="vllm,sglang,steal",
+                                            routers="least_loaded,cache_aware,slime_plan",
+                                            in_flight=4 if capped else None))
+        direct, order = run_slime_planned(step.groups, step.predicted, replicas=2, budget_tokens=step.pool,
+                                          max_new_tokens=1024, in_flight=8 if capped else None, cost=step.cost)
+        assert sorted(order.tolist()) == list(range(16))
+        assert rows[("sglang", "slime_plan")]["seconds"] == direct.seconds
+        planned, slime = rows[("sglang", "slime_plan")]["seconds"], rows[("sglang", "cache_aware")]["seconds"]
+        assert f"lengthsched.integrations.slime's plan and client queues take {planned:.2f} s, " \
+               f"{planned / slime:.3f} x slime's" in out["verdict"]
+        assert ("4 requests per engine in flight" in out["verdict"]) == bool(capped)
+        assert np.isfinite(planned) and planned > 0
+    with pytest.raises(Exception, match="sglang only"):
+        step.run("vllm", "slime_plan")
+    assert main(["simulate"] + args[:-1] + ["least_loaded,plan"]) == 2
+    assert "slime_plan" in capsys.readouterr().err
