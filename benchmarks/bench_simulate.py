@@ -10,6 +10,7 @@ The speed section pins itself to one core; the others use every core.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -1078,6 +1079,105 @@ def rollout_ways(quick: bool) -> tuple[str, list]:
     return head + "\n\n" + text, {"rows": rows, "summary": summary}
 
 
+# rollout_hedged: scenarios per setting, the within-group log-sd the scenarios assume, the predictor's error
+HEDGE_SCENARIOS = 4
+HEDGE_SPREADS = (0.1, 0.3)
+HEDGE_SIGMA = 0.5
+
+
+def _scenario_groups(groups, predicted, rng, spread: float, lmax: int = 4096) -> list:
+    """One scenario of a step drawn from what a planner knows before it starts: each group's median
+    drawn around its prompt-level prediction (log-normal error HEDGE_SIGMA, the predictor's), its
+    completions around that median (log-sd ``spread``), clipped to [1, lmax] tokens. No true length is read."""
+    out, start = [], 0
+    for g in groups:
+        n = len(g.lengths)
+        median = float(predicted[start]) * np.exp(HEDGE_SIGMA * rng.standard_normal())
+        start += n
+        lengths = np.clip(np.round(median * np.exp(spread * rng.standard_normal(n))), 1, lmax).astype(np.int64)
+        out.append(dataclasses.replace(g, lengths=lengths))
+    return out
+
+
+def _rollout_hedged_unit(args):
+    """One CASTILLO setting with several replicas: what steal with each spread k = 1 .. R really takes
+    (``_rollout_ways_unit``), and what it takes on HEDGE_SCENARIOS scenarios of the step per assumed
+    spread (each row: vLLM + verl's seconds, then steal's with k = 1 .. R)."""
+    import simulate.rollout as rollout_module
+
+    workload, prompts, replicas, factor, seed, cost_text, scenarios = args
+    groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
+    out = {"actual": _rollout_ways_unit(args[:6]), "scenarios": {}}
+    for spread in HEDGE_SPREADS:
+        rng = np.random.default_rng(1000 + seed)
+        table = []
+        for _ in range(scenarios):
+            drawn = _scenario_groups(groups, realistic, rng, spread)
+            row = [run_rollout(drawn, "vllm", router="least_loaded", **common).seconds]
+            for k in range(1, replicas + 1):
+                with _patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
+                    row.append(run_rollout(drawn, "steal", predicted=realistic, **common).seconds)
+            table.append(row)
+        out["scenarios"][str(spread)] = table
+    return out
+
+
+def rollout_hedged(quick: bool) -> tuple[str, list]:
+    """A planner that picks steal's spread k per step by simulating the step on scenarios drawn from the
+    predictor's error model (never the true lengths), against steal's rule and the best k chosen with the
+    true lengths, on the CASTILLO settings with several replicas of the four draws."""
+    from lengthsched.integrations.rollout import CROWDED_POOLS, PROMPT_SHARE
+
+    grid = [(w, b, r, f) for w, b, r, f in ROLLOUT_GRID if w == "castillo" and r > 1]
+    seeds, scenarios = WAYS_SEEDS, HEDGE_SCENARIOS
+    if quick:
+        grid, seeds, scenarios = [("castillo", 16, 4, 4), ("castillo", 16, 2, 2)], (11,), 2
+    units = [(w, b, r, f, s, ROLLOUT_COST, scenarios) for s in seeds for w, b, r, f in grid]
+    results = _pool_map(_rollout_hedged_unit, units)
+
+    def rule_k(u, actual):  # steal's own rule (spread_ways), from the same inputs as rollout_ways's
+        r, held, work = u[2], actual["held share"], actual["work share"]
+        if held == 0:
+            return r
+        if work >= CROWDED_POOLS:
+            return 1
+        return int(max(1, min(r, np.floor(r * PROMPT_SHARE / held))))
+
+    picks: dict[str, list] = {}
+    per_setting = []
+    for u, out in zip(units, results):
+        actual, r = out["actual"], u[2]
+        real = {k: actual[str(k)] / actual["vllm"] for k in range(1, r + 1)}
+        rk = rule_k(u, actual)
+        chosen = {"steal's rule (spread_ways)": rk,
+                  "best k per setting (oracle: the true lengths)": min(real, key=real.get)}
+        for spread, drawn in out["scenarios"].items():
+            t = np.asarray(drawn)
+            ratio = t[:, 1:] / t[:, :1]
+            chosen[f"spread {spread}: least mean seconds over the scenarios"] = int(np.argmin(t[:, 1:].mean(0))) + 1
+            chosen[f"spread {spread}: least worst ratio to vLLM + verl over the scenarios"] = \
+                int(np.argmin(ratio.max(0))) + 1
+            better = [k for k in range(1, r + 1) if np.all(t[:, k] < 0.995 * t[:, rk])]
+            chosen[f"spread {spread}: the rule's k unless another wins every scenario by 0.5%"] = \
+                min(better, key=lambda k: t[:, k].mean()) if better else rk
+        for label, k in chosen.items():
+            picks.setdefault(label, []).append((u[4], real[k]))
+        per_setting.append([u[4], u[0], u[1], r, f"{u[3]} x L_max", rk, chosen])
+    rows = []
+    for label, got in picks.items():
+        ratios = np.array([x for _, x in got])
+        rows.append([label, len(ratios), float(ratios.mean()), float(ratios.max()), int(np.sum(ratios > 1.001))]
+                    + [float(np.mean([x for s, x in got if s == seed])) for seed in seeds])
+    text = table(f"steal's spread k chosen on {scenarios} scenarios per step drawn from the "
+                 f"predictor's error (log-normal {HEDGE_SIGMA} on each prompt's median, siblings around it with the "
+                 f"spread named) vs its rule and the true-length best ({_cost_label()}; the {len(grid)} CASTILLO "
+                 f"settings with several replicas, seeds {', '.join(map(str, seeds))}): steal's makespan with the "
+                 "chosen k x vLLM + verl",
+                 ["choice of k", "settings", "mean", "worst", "slower by > 0.1%"] + [f"mean, seed {s}" for s in seeds],
+                 rows)
+    return text, {"rows": rows, "settings": per_setting}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -1670,7 +1770,7 @@ def main(argv=None) -> int:
                 "rollout_variants": rollout_variants, "rollout_seer": rollout_seer, "rollout_scale": rollout_scale,
                 "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck, "rollout_order": rollout_order,
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
-                "rollout_sglang_variants": rollout_sglang_variants,
+                "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

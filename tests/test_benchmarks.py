@@ -92,6 +92,33 @@ def test_simulator_benchmark_rollout_ways_matches_steal(tmp_path):
     assert all(best[2] <= r[2] + 1e-12 for r in data["summary"])
 
 
+def test_simulator_benchmark_rollout_hedged_scores_choices_of_k_without_the_true_lengths(tmp_path):
+    """rollout_hedged (quick): the rule's row is steal as it runs; no choice beats the true-length best k;
+    the scenarios are drawn from the predictions alone (changing the true lengths changes none of them)."""
+    import dataclasses
+
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_hedged")
+    from bench_simulate import _rollout_setting, _scenario_groups
+
+    rows = {r[0]: r for r in data["rows"]}
+    oracle = rows["best k per setting (oracle: the true lengths)"]
+    assert all(oracle[2] <= r[2] + 1e-12 for r in data["rows"]) and len(rows) == 2 + 3 * 2
+    ratios = []
+    for seed, workload, prompts, replicas, budget, rule_k, chosen in data["settings"]:
+        assert chosen["steal's rule (spread_ways)"] == rule_k and all(1 <= k <= replicas for k in chosen.values())
+        groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, int(budget.split()[0]), seed,
+                                                           None)
+        base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+        ratios.append(run_rollout(groups, "steal", predicted=realistic, **common).seconds / base)
+        other = [dataclasses.replace(g, lengths=g.lengths + 7) for g in groups]
+        a = _scenario_groups(groups, realistic, np.random.default_rng(5), 0.3)
+        b = _scenario_groups(other, realistic, np.random.default_rng(5), 0.3)
+        assert all(np.array_equal(x.lengths, y.lengths) for x, y in zip(a, b))
+    assert rows["steal's rule (spread_ways)"][2] == pytest.approx(float(np.mean(ratios)), rel=1e-12)
+
+
 def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_path):
     """rollout_variants (quick): the default row is steal as it runs, the variants differ from it, and
     steal's class attributes are left as the section found them."""
