@@ -78,6 +78,42 @@ def test_ways_spreads_a_group_where_the_pools_hold_its_prompt_and_reads_the_give
         planner.plan(batch(["a", "b"]), 2, prompt_lens=[1])
 
 
+def test_a_resumed_partial_sample_is_planned_by_what_it_has_left():
+    """slime's partial rollout resumes an aborted sample from its tokens (prompt + partial response): the
+    planner reads the prompt's length without the response, predicts max(1, predicted - generated) for it,
+    and counts the partial response in its tokens in flight."""
+    lengths = {"a": 600, "b": 500}
+    planner = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths))
+    groups = batch(["a", "b"], g=2)
+    for s in groups[0]:  # group a: prompt of 40 tokens, 550 and 700 generated before the abort
+        s.status = Status.ABORTED
+    groups[0][0].tokens, groups[0][0].response_length = list(range(40 + 550)), 550
+    groups[0][1].tokens, groups[0][1].response_length = list(range(40 + 700)), 700
+    for s in groups[1]:
+        s.tokens = list(range(30))  # fresh, tokenized: prompt only
+    out = planner.plan(groups, replicas=2)
+    a, b = out
+    assert [s.metadata[ls_slime.WORK_KEY] for s in a] == [50, 1]  # 600 - 550, and at least one token
+    assert [s.metadata[ls_slime.NEED_KEY] for s in a] == [40 + 550 + 50, 40 + 700 + 1]
+    assert [s.metadata[ls_slime.WORK_KEY] for s in b] == [500, 500]
+    assert [s.metadata[ls_slime.NEED_KEY] for s in b] == [530, 530]
+    # group a has 51 tokens left, b 1,000: whole groups on different engines
+    assert a[0].metadata[REPLICA_KEY] != b[0].metadata[REPLICA_KEY]
+    # untokenized fresh samples beside resumed ones: the prompts are estimated from their text, the
+    # resumed ones still planned by what they have left
+    mixed = batch(["a", "b"], g=2)
+    mixed[0][0].tokens, mixed[0][0].response_length = list(range(590)), 550
+    planner.plan(mixed, replicas=2)
+    assert mixed[0][0].metadata[ls_slime.WORK_KEY] == 50 and mixed[0][1].metadata[ls_slime.WORK_KEY] == 600
+    assert mixed[0][0].metadata[ls_slime.NEED_KEY] == 50 + 550 + mixed[0][1].metadata[ls_slime.NEED_KEY] - 600
+    with pytest.raises(InvalidArgument, match="generated"):  # the verl planner's column, checked
+        planner.planner.plan({"uid": np.array([0, 0]), "raw_prompt": np.array(["a", "a"], dtype=object),
+                              "generated": np.array([1])}, 2)
+    with pytest.raises(InvalidArgument, match="generated"):
+        planner.planner.plan({"uid": np.array([0, 0]), "raw_prompt": np.array(["a", "a"], dtype=object),
+                              "generated": np.array([1, -3])}, 2)
+
+
 def test_the_planner_learns_each_prompts_length_from_the_rollouts_it_observes():
     planner = SlimePlanner(placement="groups", default_length=500, max_new_tokens=4096)
     first = planner.plan(batch(["x", "y", "z"]), replicas=2)

@@ -40,7 +40,9 @@ This module supplies, for those two hooks:
   the sample was never sent). The sample goes straight to its engine (slime's own ``generate`` with the
   engine's host and port in place of the router's); an unplanned one (evaluation) goes through the
   router as slime would. A sample still waiting when slime aborts the rollout comes back ``ABORTED``
-  (slime then keeps it for the next rollout with partial rollout on, as its own aborted samples).
+  (slime then keeps it for the next rollout with partial rollout on, as its own aborted samples). A
+  resumed sample (its ``tokens`` the prompt plus a partial response of ``response_length`` tokens) is
+  planned by what it has left to generate, and its partial response counts in its engine's window.
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
   neither slime, torch nor an HTTP client; slime is imported when a hook runs).
 
@@ -119,9 +121,18 @@ PLACEMENTS = ("ways", "groups", "spread")
 log = logging.getLogger(__name__)
 
 
+def _sample_generated(sample: Any) -> int:
+    """Tokens a sample generated before (slime's partial rollout resumes an aborted sample from its
+    ``tokens``, prompt plus partial response): its ``response_length`` where it has tokens, else 0."""
+    if not getattr(sample, "tokens", None):
+        return 0
+    return max(0, int(getattr(sample, "response_length", 0) or 0))
+
+
 def _sample_prompt_tokens(sample: Any) -> int | None:
+    """The prompt's tokens of a sample whose ``tokens`` are set (less a partial response), else None."""
     tokens = getattr(sample, "tokens", None)
-    return len(tokens) if tokens else None
+    return max(0, len(tokens) - _sample_generated(sample)) if tokens else None
 
 
 class SlimePlanner:
@@ -157,10 +168,13 @@ class SlimePlanner:
         """Plan one batch of ``groups`` (lists of samples with ``prompt``, ``tokens`` and ``metadata``)
         on ``replicas`` engines: every sample's ``metadata[REPLICA_KEY]`` is set to its engine, and the
         groups are returned in submission order (``submit``). Groups of no samples pass through.
-        ``prompt_lens``: per group, its prompt's length in tokens; None: ``len(sample.tokens)`` where
-        every sample has tokens, else an estimate from the prompt's text
+        ``prompt_lens``: per group, its prompt's length in tokens; None: ``len(sample.tokens)`` (less
+        its ``response_length``) where every sample has tokens, else an estimate from the prompt's text
         (:func:`~lengthsched.integrations.verl.batch_prompt_tokens`: slime's data source leaves
-        ``tokens`` empty until ``generate`` tokenizes the prompt)."""
+        ``tokens`` empty until ``generate`` tokenizes the prompt). A sample slime's partial rollout
+        resumes (``tokens`` set, ``response_length`` > 0) is planned by what it has left: its predicted
+        work is ``max(1, predicted - response_length)`` and its tokens in flight (``NEED_KEY``) count
+        the partial response's KV."""
         replicas = check_int("replicas", replicas, minimum=1)
         groups = [list(g) for g in groups]
         if prompt_lens is not None:
@@ -184,12 +198,16 @@ class SlimePlanner:
             ids = [_sample_prompt_tokens(s) for g in live for s in g]
         if all(n is not None for n in ids):  # exact prompt lengths: batch_prompt_tokens reads only len()
             batch["raw_prompt_ids"] = [range(n) for n in ids]
+        generated = [_sample_generated(s) for g in live for s in g]
+        if any(generated):  # resumed partial samples: planned by what they have left to generate
+            batch["generated"] = np.array(generated, dtype=np.int64)
         plan, _ = self.planner.plan(batch, replicas)
-        rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica))))
+        rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica)), generated))
         for g in live:
             for sample in g:
-                replica, work, prompt = next(rows)
-                sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work), NEED_KEY: int(work + prompt)})
+                replica, work, prompt, done = next(rows)
+                sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work),
+                                        NEED_KEY: int(work + prompt + done)})
         self.last_plan = plan
         return live + [g for g in groups if not g]
 

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, check_int
+from ..errors import InvalidArgument, as_lengths, check_int
 from ..memory import ModelMemory
 from ..placement import recommend_rollout_policy
 from ..plan import Plan
@@ -316,7 +316,9 @@ class RolloutPlanner:
 
     def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int) -> tuple[RolloutPlan, list[str]]:
         """The plan of a batch's rows (``uid`` per row; ``raw_prompt`` per row, else the uid is the
-        key) on ``replicas``, and each row's prompt key."""
+        key) on ``replicas``, and each row's prompt key. An optional ``generated`` column gives the
+        tokens a row generated before (a partial rollout resumed): its predicted work is then what is
+        left, ``max(1, predicted - generated)`` (the plan's ``predicted``)."""
         if "uid" not in non_tensor_batch:
             raise InvalidArgument("non_tensor_batch", sorted(non_tensor_batch), "a 'uid' column (verl's group id)")
         uids = [u.item() if isinstance(u, np.generic) else u for u in np.asarray(non_tensor_batch["uid"]).tolist()]
@@ -335,7 +337,14 @@ class RolloutPlanner:
             extra = {"prompt_lens": batch_prompt_tokens(non_tensor_batch, len(uids)), "budget_tokens": self.pool_tokens}
         if placement == "classes":
             extra.update(max_new_tokens=self.max_new_tokens, cost=self.cost)
-        plan = plan_rollout(uids, [int(per_group[u]) for u in uids], replicas=replicas, placement=placement,
+        work = [int(per_group[u]) for u in uids]
+        generated = non_tensor_batch.get("generated")
+        if generated is not None:
+            done = as_lengths("generated", np.asarray(generated).reshape(-1), minimum=0, allow_empty=True)
+            if len(done) != len(uids):
+                raise InvalidArgument("generated", f"{len(done)} values", f"{len(uids)}, one per row")
+            work = [max(1, w - int(g)) for w, g in zip(work, done)]
+        plan = plan_rollout(uids, work, replicas=replicas, placement=placement,
                             order=self.order_for(placement, replicas), **extra)
         self.last_plan = plan
         return plan, keys
