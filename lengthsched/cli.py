@@ -222,6 +222,7 @@ COMMANDS: dict[str, tuple[str, str] | str] = {
     "plan": ("lengthsched.options:PlanOptions", "lengthsched.cli:_cmd_plan"),
     "simulate": ("simulate.options:SimulateOptions", "simulate.cli:run_simulate"),
     "budget": ("lengthsched.options:BudgetOptions", "lengthsched.cli:_cmd_budget"),
+    "plan-rollout": ("lengthsched.options:PlanRolloutOptions", "lengthsched.rollout_cli:run_plan_rollout"),
     "cost": "lengthsched.cost_cli:COST_COMMANDS",
     "train": ("predictor_training.options:TrainOptions", "predictor_training.cli:run_train"),
     "predict": ("predictor_training.options:PredictOptions", "predictor_training.cli:run_predict"),
@@ -251,6 +252,8 @@ EPILOG = """examples:
   lengthsched plan                                 plan the bundled example group (10 completions, 4 slots)
   lengthsched plan lengths.txt --budget 24GiB --model qwen3-8b
                                                    plan your predicted lengths under a memory budget
+  lengthsched plan-rollout step.jsonl --replicas 4 --budget 40GiB --model qwen3-8b
+                                                   place a rollout step's groups on 4 engine replicas
   lengthsched simulate --groups 20                 compare the sampling policies on real CASTILLO groups
   lengthsched budget profile.jsonl                 adaptive group sizes from a difficulty profile
   lengthsched cost show --model qwen3-8b --gpu h100

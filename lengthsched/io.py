@@ -51,9 +51,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def read_json_objects(path: str | os.PathLike, argument: str) -> Iterator[tuple[int, dict]]:
     """(line number, object) for every non-blank line of a JSON-lines file. An unreadable file, a line
     that is not JSON or not a JSON object raises :class:`InvalidArgument` naming ``argument`` and, for
-    a line, ``"<path> line <n>"``."""
+    a line, ``"<path> line <n>"``. ``"-"`` reads standard input."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = sys.stdin.read() if os.fspath(path) == "-" else Path(path).read_text(encoding="utf-8")
+        path = "<stdin>" if os.fspath(path) == "-" else path
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidArgument(argument, str(path), f"a readable JSON-lines file ({exc.__class__.__name__})") from None
     for number, line in enumerate(text.splitlines(), start=1):

@@ -24,7 +24,8 @@ import numpy as np
 from .errors import BudgetTooSmall, InvalidArgument, check_int
 from .hfconfig import PRESET_DIR, load_config, preset_names, read_shapes
 
-__all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes"]
+__all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes", "ROLLOUT_DECODE_ROWS",
+           "rollout_pool_tokens"]
 
 DTYPE_BYTES: dict[str, Fraction] = {
     "float64": Fraction(8), "fp64": Fraction(8),  # CPU reference runs (the sampler's equality tests)
@@ -358,3 +359,15 @@ def parse_bytes(text: str | int, name: str = "budget") -> int:
     if value < 1:
         raise InvalidArgument(name, text, "a byte count >= 1")
     return int(value)
+
+
+#: Decode rows an engine replica of a rollout step keeps activation memory for beside its KV pool (vLLM sizes
+#: its activations for ``max_num_seqs``; verl's example config sets 1024, and 256 rows decoding at once is
+#: what a replica's pool holds in the simulator's steps).
+ROLLOUT_DECODE_ROWS = 256
+
+
+def rollout_pool_tokens(memory: ModelMemory, budget_bytes: int, decode_rows: int = ROLLOUT_DECODE_ROWS) -> int:
+    """KV tokens of one engine replica's pool in a rollout step (prompts are held inside it): its memory
+    ``budget_bytes`` less the weights and the activations of ``decode_rows`` decode rows."""
+    return memory.kv_token_budget(budget_bytes, prompt_tokens=0, batch=decode_rows)

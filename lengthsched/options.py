@@ -27,8 +27,8 @@ from .memory import DTYPE_BYTES, FreeKV, PromptKV
 from .plan import GROUPINGS
 from .refill import RefillRule
 
-__all__ = ["PlanOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args", "flag_name",
-           "output_fields", "check_output_path", "check_outputs", "stdin_fields", "reads_stdin"]
+__all__ = ["PlanOptions", "PlanRolloutOptions", "ModelOptions", "BudgetOptions", "add_arguments", "from_args",
+           "flag_name", "output_fields", "check_output_path", "check_outputs", "stdin_fields", "reads_stdin"]
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -97,6 +97,35 @@ class BudgetOptions:
     max_new_tokens: int = _opt(4096, "L_max of the simulated epoch, tokens")
     json: bool = _opt(False, "print the plan as JSON")
     output: str | None = _opt(None, "also write the JSON plan to this file (atomically)", output="file")
+
+
+@dataclass(frozen=True)
+class PlanRolloutOptions(ModelOptions):
+    """Plan one RL rollout step: place B groups' completions on R engine replicas and order each replica's."""
+
+    step: str | None = _opt(
+        None,
+        "JSON lines, one group a line: {\"key\": its prompt's id (default: the line's number), \"predicted\": "
+        "one length for every sibling with \"size\": G, or a list of G lengths (tokens), \"prompt_tokens\": "
+        "its prompt's length (default 0)}; '-' reads stdin",
+        positional=True, required=True, stdin="-")
+    replicas: int | None = _opt(None, "engine replicas the step runs on", required=True)
+    placement: str = _opt("ways", "how the completions are placed: ways (steal's: each group over as many replicas "
+                                  "as the pools hold its prompts, whole groups in crowded steps; needs the pool), "
+                                  "groups (whole groups by predicted work), spread (verl's: completion i to "
+                                  "replica i mod R), classes (length classes; needs the pool)",
+                          choices=["ways", "groups", "spread", "classes"])
+    pool_tokens: int | None = _opt(None, "each replica's KV pool in tokens, prompts included (ways and classes; or "
+                                         "--budget)")
+    budget: str | None = _opt(None, "each replica's memory, e.g. 40GiB: its pool is what is left after --model's "
+                                    "weights and the activations of 256 decode rows (instead of --pool-tokens)")
+    max_new_tokens: int | None = _opt(None, "L_max in tokens (classes; default: the longest prediction)")
+    order: str | None = _opt(None, "each replica's start order: longest (longest predicted first), batch (the "
+                                   "input's order), longest_crowded (longest first where every group is whole); "
+                                   "default: batch for ways, longest for the others",
+                             choices=["longest", "batch", "longest_crowded"])
+    json: bool = _opt(False, "print the plan as JSON instead of a table")
+    output: str | None = _opt(None, "also write the plan JSON to this file (atomically)", output="file")
 
 
 def _base_type(annotation: Any) -> type:

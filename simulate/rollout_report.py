@@ -19,6 +19,8 @@ import numpy as np
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
 from lengthsched.integrations.rollout import CROWDED_POOLS
+from lengthsched.memory import ROLLOUT_DECODE_ROWS
+from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
@@ -43,9 +45,8 @@ __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", 
 
 #: The comparison's reference: vLLM FCFS with verl's routing (each request to the next replica).
 BASELINE = ("vllm", "least_loaded")
-#: Requests vLLM sizes its activation memory for (``max_num_seqs`` of verl's example config is 1024;
-#: the activations of 256 decode rows are what a replica keeps next to its pool here).
-DECODE_ROWS = 256
+#: Decode rows a replica keeps activation memory for next to its pool (lengthsched.memory.ROLLOUT_DECODE_ROWS).
+DECODE_ROWS = ROLLOUT_DECODE_ROWS
 #: The prompt-level prior's log-normal error of ``--predictor history`` (the grid's realistic predictor).
 HISTORY_PRIOR_SIGMA = 0.5
 #: A ratio to vLLM FCFS + verl above this counts as slower (the benchmarks' "slower by > 0.1%").
@@ -124,7 +125,7 @@ class RolloutComparison:
 def rollout_pool_tokens(opts: SimulateOptions, memory, budget_bytes: int) -> int:
     """KV tokens of each replica's pool: its memory less the weights and the activations of
     :data:`DECODE_ROWS` decode rows (prompts are held inside the pool)."""
-    return memory.kv_token_budget(budget_bytes, prompt_tokens=0, batch=DECODE_ROWS)
+    return _pool_tokens(memory, budget_bytes, DECODE_ROWS)
 
 
 def _routers(opts: SimulateOptions) -> list[str]:
