@@ -296,9 +296,12 @@ def test_the_pool_size_comes_from_the_config_or_the_engine_else_whole_groups(mon
     assert ls_slime.planner_for(slime_args(lengthsched_pool_tokens=5000), ENGINES).planner.pool_tokens == 5000
     ls_slime.reset()
     fake.server_info = None  # the engine does not answer: whole groups, with a warning
+    fake.gets.clear()
     with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.slime"):
         planner = ls_slime.planner_for(slime_args(), ENGINES)
     assert planner.placement == "groups" and "lengthsched_pool_tokens" in caplog.text
+    assert [u.rsplit("/", 1)[1] for u in fake.gets] == ["get_server_info", "server_info"]  # both names tried
+    assert "/server_info: 404" in caplog.text
     ls_slime.reset()
     with pytest.raises(InvalidArgument, match="lengthsched_pool_tokens"):
         ls_slime.planner_for(slime_args(lengthsched_pool_tokens=0), ENGINES)
@@ -306,6 +309,19 @@ def test_the_pool_size_comes_from_the_config_or_the_engine_else_whole_groups(mon
     fake.engines = []
     with pytest.raises(InvalidArgument, match="workers"):
         ls_slime.generate_rollout(slime_args(), 0, Source(["a"]))
+
+
+def test_an_engines_pool_is_one_dp_ranks_pool_times_its_dp_size():
+    """SGLang's server info carries the first scheduler's max_total_num_tokens at the top level (one
+    data-parallel rank's pool) beside its server arguments (dp_size); older answers only per scheduler."""
+    pool = ls_slime.engine_pool_tokens
+    assert pool({"max_total_num_tokens": 270_336, "dp_size": 8, "internal_states": [{}] * 8}) == 8 * 270_336
+    assert pool({"max_total_num_tokens": 326_223, "dp_size": 1}) == 326_223
+    assert pool({"internal_states": [{"max_total_num_tokens": 1000}]}) == 1000
+    for bad in (None, [], {}, {"max_total_num_tokens": 0}, {"max_total_num_tokens": True},
+                {"max_total_num_tokens": "9"}):
+        assert pool(bad) is None
+    assert pool({"max_total_num_tokens": 10, "dp_size": 0}) == 10  # a nonsense dp_size counts as 1
 
 
 def test_importing_the_module_imports_neither_slime_nor_torch():

@@ -52,7 +52,8 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   ``spread`` (sample i of the batch to engine i mod R).
 - ``lengthsched_pool_tokens``: each engine's KV pool in tokens, prompts included (what ``ways`` needs:
   SGLang logs it at start, "max_total_num_tokens"); without it the planner asks the first engine's
-  ``/get_server_info`` for ``max_total_num_tokens`` and, where that fails, places whole groups
+  ``/get_server_info`` (or ``/server_info``) for ``max_total_num_tokens``, times ``dp_size`` (one pool
+  per data-parallel rank: :func:`engine_pool_tokens`), and, where that fails, places whole groups
   (``groups``) and logs a warning.
 - ``lengthsched_submit``: ``auto`` (default: groups handed to slime longest predicted first on several
   engines, in the data source's order on one), ``longest`` or ``batch`` (the data source's order).
@@ -100,6 +101,7 @@ __all__ = [
     "SlimePlanner",
     "engine_address",
     "generate",
+    "engine_pool_tokens",
     "generate_rollout",
     "planner_for",
     "reset",
@@ -264,6 +266,26 @@ def reset() -> None:
     _WAITING.clear()
 
 
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def engine_pool_tokens(info: Any) -> int | None:
+    """An SGLang engine's KV pool in tokens from its ``/get_server_info`` (``/server_info``) answer, or None.
+    SGLang merges its server arguments and the first scheduler's ``scheduler_info`` at the top level
+    (``http_server.py``): ``max_total_num_tokens`` is one data-parallel rank's pool, so with
+    ``--dp-size N`` (top-level ``dp_size``) the engine holds N of them and they are counted together
+    (the plan treats an engine as one replica). Older answers carry it only per scheduler, under
+    ``internal_states``."""
+    if not isinstance(info, dict):
+        return None
+    for where in [info, *(info.get("internal_states") or [])]:  # top level, or per scheduler
+        value = _positive_int(where.get("max_total_num_tokens")) if isinstance(where, dict) else None
+        if value is not None:
+            return value * (_positive_int(info.get("dp_size")) or 1)
+    return None
+
+
 def _pool_tokens(args: Any, engines: Sequence[str]) -> int | None:
     given = getattr(args, "lengthsched_pool_tokens", None)
     if given is not None:
@@ -273,17 +295,17 @@ def _pool_tokens(args: Any, engines: Sequence[str]) -> int | None:
     from slime.utils.async_utils import run
     from slime.utils.http_utils import get
 
-    try:
-        info = run(get(f"{engines[0]}/get_server_info"))
-    except Exception as exc:  # an engine without the endpoint, or unreachable: the caller falls back
-        log.warning("lengthsched: no KV pool size from %s/get_server_info (%s)", engines[0], exc)
-        return None
-    if not isinstance(info, dict):
-        return None
-    for where in [info, *(info.get("internal_states") or [])]:  # top level, or per scheduler
-        value = where.get("max_total_num_tokens") if isinstance(where, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+    failed = []
+    for endpoint in ("get_server_info", "server_info"):  # newer SGLang: /server_info, the old name deprecated
+        try:
+            pool = engine_pool_tokens(run(get(f"{engines[0]}/{endpoint}")))
+        except Exception as exc:  # an engine without the endpoint, or unreachable: the caller falls back
+            failed.append(f"/{endpoint}: {exc}")
+            continue
+        if pool is not None:
+            return pool
+        failed.append(f"/{endpoint}: no max_total_num_tokens")
+    log.warning("lengthsched: no KV pool size from %s (%s)", engines[0], "; ".join(failed))
     return None
 
 
