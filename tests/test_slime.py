@@ -285,6 +285,53 @@ def test_unplanned_samples_and_evaluation_go_through_the_router(monkeypatch):
     assert fake.gets == []
 
 
+def test_your_own_generate_function_runs_every_turn_on_the_planned_engine(monkeypatch):
+    """lengthsched_generate_function_path: a multi-turn agent's generate function is called in place of
+    slime's with the planned engine's address in args (each of its turns posts there), with evaluation=
+    where its signature takes it; unplanned samples keep the router's address."""
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    calls = []
+
+    async def agent(args, smp, sampling_params, evaluation=False):  # two turns, each a POST to args' address
+        from slime.rollout import sglang_rollout
+
+        calls.append((smp.prompt, evaluation))
+        for _ in range(2):
+            smp = await sglang_rollout.generate(args, smp, sampling_params)
+        return smp
+
+    async def plain(args, smp, sampling_params):
+        calls.append((smp.prompt, "plain"))
+        from slime.rollout import sglang_rollout
+
+        return await sglang_rollout.generate(args, smp, sampling_params)
+
+    module = types.ModuleType("my_agent")
+    module.agent, module.plain, module.constant = agent, plain, 3
+    monkeypatch.setitem(sys.modules, "my_agent", module)
+    args = slime_args(lengthsched_placement="groups", lengthsched_generate_function_path="my_agent.agent")
+    out = ls_slime.generate_rollout(args, 0, Source(list(lengths)))
+    engines = sorted(ENGINES)
+    by_prompt = {s.prompt: s.metadata[REPLICA_KEY] for g in out.samples for s in g}
+    assert len(fake.posts) == 32 and len(calls) == 16 and {e for _, e in calls} == {False}
+    for url, prompt in fake.posts:  # both turns of every sample on its planned engine
+        host, port = engine_address(engines[by_prompt[prompt]])
+        assert url == f"http://{host}:{port}/generate"
+    fake.posts.clear()
+    asyncio.run(ls_slime.generate(args, sample("p0"), {}, evaluation=True))  # evaluation: through the router
+    assert calls[-1] == ("p0", True) and {u for u, _ in fake.posts} == {"http://10.0.0.1:3000/generate"}
+    ls_slime.reset()
+    plain_args = slime_args(lengthsched_generate_function_path="my_agent.plain")
+    asyncio.run(ls_slime.generate(plain_args, sample("p1"), {}, evaluation=True))
+    assert calls[-1] == ("p1", "plain")  # no evaluation parameter: not passed
+    for bad in ("my_agent.missing", "no_such_module_xyz.generate", "my_agent.constant", "generate"):
+        ls_slime.reset()
+        with pytest.raises(InvalidArgument, match="lengthsched_generate_function_path"):
+            asyncio.run(ls_slime.generate(slime_args(lengthsched_generate_function_path=bad), sample("p0"), {}))
+
+
 def test_the_pool_size_comes_from_the_config_or_the_engine_else_whole_groups(monkeypatch, caplog):
     info = {"version": "0.5", "internal_states": [{"max_total_num_tokens": 123_456}]}
     fake = FakeSlime(ENGINES, {"a": 10})

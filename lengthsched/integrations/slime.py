@@ -63,22 +63,30 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   sample sent at once, nothing stolen); it needs the pool (``lengthsched_pool_tokens`` or the engine's
   answer), else every sample is sent at once. ``lengthsched_steal``: false keeps each sample on its
   planned engine (the window alone).
+- ``lengthsched_generate_function_path``: your own generate function (a multi-turn agent's, as you would
+  give ``--custom-generate-function-path``; ``package.module.function``), called in place of slime's
+  ``generate`` with a copy of ``args`` whose ``sglang_router_ip`` / ``sglang_router_port`` are the planned
+  engine's, so every request it posts to that address (each turn) goes to that engine; ``evaluation=``
+  is passed where its signature has it, as slime passes it.
 
 What it is worth, in the simulator (docs/benchmarks.md, "slime with the project's plan"): against
 slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
 engines fed this plan. What it does not do: move a sample once sent (``steal_sglang`` in the simulator
 also moves running requests and steals those queued inside SGLang, which needs aborts by request id that
 slime's ``generate`` does not send); with dynamic sampling (``--dynamic-sampling-filter-path``) each
-further batch slime takes is planned on its own, as if the engines were idle; ``--sglang-dp-size`` > 1
-(data-parallel attention inside one engine) is not planned for; a custom generate function of your own
-(multi-turn agents) cannot be combined with :func:`generate` (it would need to send to
-``sample.metadata["lengthsched_replica"]``'s engine itself).
+further batch slime takes is planned on its own, as if the engines were idle; with ``--sglang-dp-size``
+> 1 an engine's pool counts all its data-parallel ranks and the engine is planned as one replica (SGLang
+spreads its requests over the ranks); a generate function of your own
+(``lengthsched_generate_function_path``) is trusted to post to the address in the ``args`` it is given,
+and its sample is planned by one predicted length (all turns together).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import importlib
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -264,6 +272,7 @@ def reset() -> None:
     _QUEUES = None
     _ENGINES.clear()
     _WAITING.clear()
+    _USER_FUNCTIONS.clear()
 
 
 def _positive_int(value: Any) -> int | None:
@@ -431,15 +440,49 @@ async def _engine_for(args: Any, sample: Any, replica: int) -> int | None:
         raise
 
 
-async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool = False) -> Any:
-    """slime's ``--custom-generate-function-path``: slime's ``generate`` for ``sample``, sent to the engine
-    its plan named (``sample.metadata[REPLICA_KEY]``) instead of the router; a sample without a plan
-    (evaluation, or a rollout function other than :func:`generate_rollout`) goes through the router."""
-    from slime.rollout import sglang_rollout
+_USER_FUNCTIONS: dict[str, Any] = {}
 
+
+def _user_generate(args: Any) -> Any:
+    """The generate function named by ``args.lengthsched_generate_function_path`` (loaded once), else None."""
+    path = getattr(args, "lengthsched_generate_function_path", None)
+    if not path:
+        return None
+    if path not in _USER_FUNCTIONS:
+        module, _, name = str(path).rpartition(".")
+        try:
+            function = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise InvalidArgument("lengthsched_generate_function_path", path,
+                                  f"an importable 'package.module.function' ({exc})") from None
+        if not callable(function):
+            raise InvalidArgument("lengthsched_generate_function_path", path,
+                                  "an importable 'package.module.function' (a callable)")
+        _USER_FUNCTIONS[path] = function
+    return _USER_FUNCTIONS[path]
+
+
+async def _generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool) -> Any:
+    """The user's generate function (``lengthsched_generate_function_path``, with ``evaluation=`` where its
+    signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate``."""
+    function = _user_generate(args)
+    if function is None:
+        from slime.rollout import sglang_rollout
+
+        return await sglang_rollout.generate(args, sample, sampling_params)
+    if "evaluation" in inspect.signature(function).parameters:
+        return await function(args, sample, sampling_params, evaluation=evaluation)
+    return await function(args, sample, sampling_params)
+
+
+async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool = False) -> Any:
+    """slime's ``--custom-generate-function-path``: slime's ``generate`` (or yours, named by
+    ``lengthsched_generate_function_path``) for ``sample``, sent to the engine its plan named
+    (``sample.metadata[REPLICA_KEY]``) instead of the router; a sample without a plan (evaluation, or a
+    rollout function other than :func:`generate_rollout`) goes through the router."""
     replica = (getattr(sample, "metadata", None) or {}).get(REPLICA_KEY)
     if evaluation or replica is None or not _ENGINES:
-        return await sglang_rollout.generate(args, sample, sampling_params)
+        return await _generate(args, sample, sampling_params, evaluation)
     replica = int(replica) % len(_ENGINES)
     queues = _QUEUES
     if queues is not None:
@@ -452,7 +495,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bo
         host, port = engine_address(_ENGINES[replica])
         direct = copy.copy(args)  # slime's generate posts to http://{sglang_router_ip}:{sglang_router_port}/generate
         direct.sglang_router_ip, direct.sglang_router_port = engine_host(host), port
-        return await sglang_rollout.generate(direct, sample, sampling_params)
+        return await _generate(direct, sample, sampling_params, evaluation)
     finally:
         if queues is not None and queues is _QUEUES:
             queues.finished(replica, sample.metadata.get(NEED_KEY, 0))
