@@ -361,9 +361,9 @@ def parse_bytes(text: str | int, name: str = "budget") -> int:
     return int(value)
 
 
-#: Decode rows an engine replica of a rollout step keeps activation memory for beside its KV pool (vLLM sizes
-#: its activations for ``max_num_seqs``; verl's example config sets 1024, and 256 rows decoding at once is
-#: what a replica's pool holds in the simulator's steps).
+#: Decode rows whose activations an engine replica of a rollout step keeps beside its KV pool (an engine sizes
+#: its activation memory for a batch of decode rows; the simulator's rollout steps and ``lengthsched
+#: plan-rollout --budget`` keep 256 rows' worth, verl's example config allows 1024 running requests).
 ROLLOUT_DECODE_ROWS = 256
 
 
