@@ -118,7 +118,8 @@ class PlanRolloutOptions(ModelOptions):
     pool_tokens: int | None = _opt(None, "each replica's KV pool in tokens, prompts included (ways and classes; or "
                                          "--budget)")
     budget: str | None = _opt(None, "each replica's memory, e.g. 40GiB: its pool is what is left after --model's "
-                                    "weights and the activations of 256 decode rows (instead of --pool-tokens)")
+                                    "weights (default model qwen3-1.7b) and the activations of 256 decode rows "
+                                    "(instead of --pool-tokens)")
     max_new_tokens: int | None = _opt(None, "L_max in tokens (classes; default: the longest prediction)")
     order: str | None = _opt(None, "each replica's start order: longest (longest predicted first), batch (the "
                                    "input's order), longest_crowded (longest first where every group is whole); "
