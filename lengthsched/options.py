@@ -125,6 +125,9 @@ class PlanRolloutOptions(ModelOptions):
                                    "input's order), longest_crowded (longest first where every group is whole); "
                                    "default: batch for ways, longest for the others",
                              choices=["longest", "batch", "longest_crowded"])
+    loads: str | None = _opt(None, "comma-separated predicted tokens each replica already has (an earlier batch "
+                                   "still running or queued), one per replica: groups and ways place from them "
+                                   "(default: idle replicas)")
     json: bool = _opt(False, "print the plan as JSON instead of a table")
     output: str | None = _opt(None, "also write the plan JSON to this file (atomically)", output="file")
 

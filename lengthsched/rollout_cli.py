@@ -91,9 +91,10 @@ def read_step(source: str) -> list[StepGroup]:
 
 
 def plan_step(groups: list[StepGroup], replicas: int, *, placement: str = "ways", pool_tokens: int | None = None,
-              max_new_tokens: int | None = None, order: str | None = None) -> RolloutPlan:
+              max_new_tokens: int | None = None, order: str | None = None,
+              loads: list[float] | None = None) -> RolloutPlan:
     """:func:`~lengthsched.integrations.plan_rollout` on ``groups`` (rows in group order, then completion
-    order)."""
+    order); ``loads``: predicted tokens each replica already has."""
     keys = [g.key for g in groups for _ in g.predicted]
     pred = [x for g in groups for x in g.predicted]
     prompts = [g.prompt_tokens for g in groups for _ in g.predicted]
@@ -105,6 +106,8 @@ def plan_step(groups: list[StepGroup], replicas: int, *, placement: str = "ways"
         extra = {"prompt_lens": prompts, "budget_tokens": pool_tokens}
     if placement == "classes":
         extra["max_new_tokens"] = max_new_tokens if max_new_tokens is not None else max(1, max(pred))
+    if loads is not None:
+        extra["loads"] = loads
     return plan_rollout(keys, pred, replicas=replicas, placement=placement, order=order, **extra)
 
 
@@ -127,6 +130,16 @@ def _pool(opts: PlanRolloutOptions) -> int | None:
         raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
                                                      f"{ROLLOUT_DECODE_ROWS} decode rows and a KV pool ({exc})"
                               ) from None
+
+
+def _loads(text: str | None) -> list[float] | None:
+    """``--loads``: comma-separated token counts (checked against the replicas by plan_rollout)."""
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise InvalidArgument("loads", text, "comma-separated predicted tokens, one per replica") from None
 
 
 def rollout_plan_dict(plan: RolloutPlan, groups: list[StepGroup], pool_tokens: int | None) -> dict[str, Any]:
@@ -191,7 +204,7 @@ def run_plan_rollout(opts: PlanRolloutOptions) -> int:
         raise InvalidArgument("max_new_tokens", opts.max_new_tokens, "at least 1 token")
     pool = _pool(opts)
     plan = plan_step(groups, opts.replicas, placement=opts.placement, pool_tokens=pool,
-                     max_new_tokens=opts.max_new_tokens, order=opts.order)
+                     max_new_tokens=opts.max_new_tokens, order=opts.order, loads=_loads(opts.loads))
     data = rollout_plan_dict(plan, groups, pool)
     text = json.dumps(data, indent=1)
     print(text if opts.json else format_rollout_plan(data))

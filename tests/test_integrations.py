@@ -783,6 +783,44 @@ def test_plan_rollout_ways_is_steals_placement(sizes, replicas, pool, data):
         assert [(-longest.predicted[i], i) for i in rows] == sorted((-longest.predicted[i], i) for i in rows)
 
 
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=8), replicas=st.integers(2, 4),
+       data=st.data())
+def test_a_further_batch_is_placed_from_what_the_replicas_already_have(sizes, replicas, data):
+    """plan_rollout(..., loads=): whole groups (placement groups, or ways in a crowded step) go greedily,
+    largest first, to the replica with the least predicted tokens counting its load; all-zero loads are
+    idle replicas (the plan without loads); spread and classes refuse loads."""
+    keys = [g for g, n in enumerate(sizes) for _ in range(n)]
+    pred = [data.draw(st.integers(1, 500)) for _ in keys]
+    loads = data.draw(st.lists(st.integers(0, 3000), min_size=replicas, max_size=replicas))
+    plan = plan_rollout(keys, pred, replicas=replicas, placement="groups", loads=loads)
+    # replay the greedy: each group, largest first (ties: first in the batch), to the least loaded
+    work = [sum(p for k, p in zip(keys, pred) if k == g) for g in range(len(sizes))]
+    have = [float(x) for x in loads]
+    for g in sorted(range(len(sizes)), key=lambda g: -work[g]):
+        if any(loads):
+            r = have.index(min(have))
+            assert plan.group_replica[g] == r
+            have[r] += work[g]
+    assert sum(plan.replica_work) == sum(pred)  # this batch only
+    idle = plan_rollout(keys, pred, replicas=replicas, placement="groups")
+    assert plan_rollout(keys, pred, replicas=replicas, placement="groups", loads=[0] * replicas) == idle
+    crowded = plan_rollout(keys, [4000] * len(keys), replicas=replicas, placement="ways",
+                           prompt_lens=[10] * len(keys), budget_tokens=100, loads=loads)
+    assert min(crowded.group_replica) >= 0  # whole groups
+    if any(loads):
+        least = min(range(replicas), key=lambda r: (loads[r], r))
+        biggest = max(range(len(sizes)), key=lambda g: (sizes[g], -g))  # the most predicted work
+        assert crowded.group_replica[biggest] == least  # goes first, to the least loaded
+    for placement in ("spread", "classes"):
+        with pytest.raises(InvalidArgument, match="'loads'"):
+            plan_rollout(keys, pred, replicas=replicas, placement=placement, loads=[1] * replicas,
+                         prompt_lens=[10] * len(keys), budget_tokens=1000, max_new_tokens=512)
+    for bad in ([1] * (replicas + 1), [-1] + [0] * (replicas - 1), [float("nan")] * replicas):
+        with pytest.raises(InvalidArgument, match="'loads'"):
+            plan_rollout(keys, pred, replicas=replicas, placement="groups", loads=bad)
+
+
 def test_plan_rollout_ways_names_what_it_needs():
     keys, pred = ["a", "a", "b", "b"], [10, 20, 30, 40]
     for missing in ("prompt_lens", "budget_tokens"):

@@ -125,3 +125,18 @@ def test_read_step_keys_default_to_line_numbers():
         f.write('{"predicted": 3, "size": 2}\n\n{"predicted": [1]}\n')
     groups = read_step(f.name)
     assert [(g.key, g.predicted, g.prompt_tokens) for g in groups] == [(1, (3, 3), 0), (3, (1,), 0)]
+
+
+def test_loads_place_a_further_batch_away_from_busy_replicas(tmp_path, capsys):
+    step = _step(tmp_path, [{"key": k, "predicted": 100, "size": 2} for k in "abc"])
+    assert main(["plan-rollout", step, "--replicas", "3", "--placement", "groups", "--loads", "0,500,50",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [g["replica"] for g in data["groups"]] == [0, 2, 0]  # 200 to 0, 200 to 2 (50), 200 to 0 (200 < 250)
+    assert data["replica_work"] == [400, 0, 200]  # this batch only
+    for loads in ("1,2", "a,b,c", "1,-2,3"):
+        assert main(["plan-rollout", step, "--replicas", "3", "--placement", "groups", "--loads", loads]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--loads" in err
+    assert main(["plan-rollout", step, "--replicas", "3", "--placement", "spread", "--loads", "1,2,3"]) == 2
+    assert "only 'groups' and 'ways'" in capsys.readouterr().err

@@ -114,6 +114,29 @@ def test_a_resumed_partial_sample_is_planned_by_what_it_has_left():
                               "generated": np.array([1, -3])}, 2)
 
 
+def test_a_further_batch_of_a_rollout_is_placed_from_what_the_engines_still_have(monkeypatch):
+    """slime's dynamic sampling takes more groups while earlier ones run: the data source plans them from
+    each engine's outstanding predicted tokens in the client (ClientQueues.outstanding), so whole groups
+    go to the engines with the least left; with no client queues (no window) engines count as idle."""
+    from lengthsched.integrations import ClientQueues
+
+    lengths = {"a": 400, "b": 300, "c": 200}
+    planner = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths))
+    queues = ClientQueues(3, 10_000)
+    queues.enter("old", 0, 5000, 4800)  # engine 0 still has a big sample queued, engine 1 one in flight
+    queues.enter("sent", 1, 900, 800)
+    assert queues.send()[0] == ("old", 0) and queues.outstanding() == [5000.0, 900.0, 0.0]
+    monkeypatch.setattr(ls_slime, "_QUEUES", queues)
+    source = ls_slime.PlannedDataSource(SimpleNamespace(get_samples=lambda n: batch(list(lengths), g=2)), planner, 3)
+    out = source.get_samples(3)
+    where = {g[0].prompt: g[0].metadata[REPLICA_KEY] for g in out}
+    # a (800 tokens) to idle engine 2; b (600) to engine 2 again (800 < 900); c (400) to engine 1 (900 < 1400)
+    assert where == {"a": 2, "b": 2, "c": 1}
+    monkeypatch.setattr(ls_slime, "_QUEUES", None)
+    idle = {g[0].prompt: g[0].metadata[REPLICA_KEY] for g in source.get_samples(3)}
+    assert idle["a"] != idle["b"] and 0 in idle.values()  # idle engines: engine 0 gets a group again
+
+
 def test_the_planner_learns_each_prompts_length_from_the_rollouts_it_observes():
     planner = SlimePlanner(placement="groups", default_length=500, max_new_tokens=4096)
     first = planner.plan(batch(["x", "y", "z"]), replicas=2)

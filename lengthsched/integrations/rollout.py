@@ -99,15 +99,36 @@ ORDERS = ("longest", "batch", "longest_crowded")
 _INT64_MAX = 2**63 - 1
 
 
-def place_groups(work: Any, replicas: int) -> tuple[int, ...]:
+def _check_loads(loads: Any, replicas: int) -> np.ndarray | None:
+    """``loads`` (predicted tokens already on each replica) as floats, None when absent or all zero."""
+    if loads is None:
+        return None
+    arr = np.asarray(loads, dtype=np.float64).reshape(-1)
+    if arr.shape != (replicas,) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise InvalidArgument("loads", loads if arr.size <= 8 else f"{arr.size} values",
+                              f"{replicas} finite token counts >= 0, one per replica")
+    return arr if np.any(arr > 0) else None
+
+
+def place_groups(work: Any, replicas: int, loads: Any = None) -> tuple[int, ...]:
     """The replica of each group: the better of LPT and Karmarkar-Karp on the groups' predicted
     work (tokens; a group's work is the sum of its completions' predicted lengths, at least 1),
     the rule of ``simulate.run_rollout`` for a policy that places groups itself (``placed_lpt``).
-    One replica: every group on replica 0."""
+    One replica: every group on replica 0. ``loads``: predicted tokens each replica already has
+    (an earlier batch still running or queued); then LPT from those loads (the largest group to the
+    least loaded replica)."""
     sizes = as_lengths("work", work, minimum=0)
     replicas = check_int("replicas", replicas, minimum=1)
+    start = _check_loads(loads, replicas)
     if replicas == 1:
         return (0,) * len(sizes)
+    if start is not None:
+        of_group = [0] * len(sizes)
+        for g in np.argsort(-np.maximum(sizes, 1), kind="stable"):
+            r = int(np.argmin(start))
+            of_group[int(g)] = r
+            start[r] += max(int(sizes[g]), 1)
+        return tuple(of_group)
     of_group = [0] * len(sizes)
     for r, part in enumerate(partition.best_heuristic(np.maximum(sizes, 1), replicas).parts):
         for g in part:
@@ -139,14 +160,15 @@ def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: fl
     return int(max(1, min(replicas, np.floor(replicas * share * budget_tokens / held))))
 
 
-def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np.ndarray:
+def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int, loads: Any = None) -> np.ndarray:
     """The replica of every completion (flattened in group order) when each group is spread over
     ``ways`` replicas: ``ways >= replicas`` is verl's spread (completion i on replica ``i mod
     replicas``, exactly); otherwise each group's completions are cut into ``ways`` runs of nearly
     equal count, the groups taken in decreasing predicted work (``predicted``: tokens per completion),
     and a group's runs go to the ``ways`` replicas with the least predicted work so far, the run of
     most work to the least loaded (greedy longest-processing-time on runs). ``ways == 1`` places
-    whole groups."""
+    whole groups. ``loads``: predicted tokens each replica already has (the greedy starts from them;
+    verl's spread ignores them)."""
     sizes = as_lengths("group_sizes", group_sizes, minimum=0, allow_empty=True)
     total = int(sizes.sum())
     pred = np.asarray(predicted, dtype=np.float64).reshape(-1)
@@ -154,12 +176,13 @@ def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int) -> np
         raise InvalidArgument("predicted", f"{pred.size} values", f"{total} finite lengths >= 0, one per completion")
     replicas = check_int("replicas", replicas, minimum=1)
     ways = check_int("ways", ways, minimum=1)
+    start = _check_loads(loads, replicas)
     if ways >= replicas:
         return np.arange(total, dtype=np.int64) % replicas
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     work = np.array([pred[s:s + n].sum() for s, n in zip(starts, sizes)], dtype=np.float64)
     out = np.zeros(total, dtype=np.int64)
-    loads = np.zeros(replicas, dtype=np.float64)
+    loads = np.zeros(replicas, dtype=np.float64) if start is None else start
     for g in np.argsort(-work, kind="stable"):
         start, n = int(starts[g]), int(sizes[g])
         k = min(ways, n)
@@ -210,6 +233,12 @@ class ClientQueues:
 
     def finished(self, replica: int, need: float) -> None:
         self.load[replica] -= float(need)
+
+    def outstanding(self) -> list[float]:
+        """Per replica, the predicted tokens it still has: its queue's predicted completions plus what it
+        was sent and has not finished (prompts and completions): the ``loads`` to plan a further batch
+        from (:func:`plan_rollout`)."""
+        return [max(0.0, w + x) for w, x in zip(self.queued_work, self.load)]
 
     def drop(self, item: Hashable) -> bool:
         """Take ``item`` out of its queue; False if it is not queued."""
@@ -438,7 +467,8 @@ def check_order(order: Any, name: str = "order") -> str | None:
 
 def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: int = 1, base: int = 0,
                  placement: str = "spread", prompt_lens: Any = None, budget_tokens: int | None = None,
-                 max_new_tokens: int | None = None, cost: Any = None, order: str | None = None) -> RolloutPlan:
+                 max_new_tokens: int | None = None, cost: Any = None, order: str | None = None,
+                 loads: Any = None) -> RolloutPlan:
     """Plan a rollout step: place the rows on ``replicas`` and rank each replica's rows (longest
     predicted first, or in batch order for ``ways``: ``order``).
 
@@ -468,6 +498,10 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
             vLLM + verl by more than 1% in 8 of 360 settings against none, longest first in crowded steps
             only 0.3 points faster and slower by more than 1% in 1: docs/benchmarks.md, "steal's order on
             each replica"), ``"longest"`` for the others.
+        loads: predicted tokens each replica already has (one value per replica: an earlier batch still
+            running or queued there, e.g. the batches slime's dynamic sampling adds); ``"groups"`` and
+            ``"ways"`` place from them (and ``"ways"`` counts them in the step's crowding); None: idle
+            replicas. The plan's ``replica_work`` counts this batch only.
     """
     keys = list(group_keys) if not isinstance(group_keys, (str, bytes)) else None
     if not keys:
@@ -481,6 +515,10 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
         raise InvalidArgument("base", base, f"a multiple of replicas={replicas} (the replica is priority mod replicas)")
     check_placement(placement)
     order = check_order(order)
+    start = _check_loads(loads, replicas)
+    if start is not None and placement not in ("groups", "ways"):
+        raise InvalidArgument("loads", loads, f"None with placement {placement!r} (only 'groups' and 'ways' place "
+                                              "from the replicas' loads)")
     if order is None:
         order = "batch" if placement == "ways" else "longest"
     index: dict[Hashable, int] = {}
@@ -492,13 +530,13 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
     np.add.at(work, group, pred)
     ways = None  # "ways": over how many replicas each group is spread
     if placement == "groups":
-        group_replica = place_groups(work, replicas)
+        group_replica = place_groups(work, replicas, start)
         replica = [group_replica[g] for g in group]
     else:
         if placement == "classes":
             replica = _classes(pred, group, len(index), replicas, prompt_lens, budget_tokens, max_new_tokens, cost)
         elif placement == "ways":
-            replica, ways = _ways(pred, group, len(index), replicas, prompt_lens, budget_tokens)
+            replica, ways = _ways(pred, group, len(index), replicas, prompt_lens, budget_tokens, start)
         else:
             replica = [i % replicas for i in range(len(keys))]
         seen: dict[int, set[int]] = {}
@@ -546,7 +584,7 @@ def _group_prompts(group: list[int], groups: int, prompt_lens: Any, values: dict
 
 
 def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt_lens: Any,
-          budget_tokens: Any) -> tuple[list[int], int]:
+          budget_tokens: Any, loads: np.ndarray | None = None) -> tuple[list[int], int]:
     """The replica of every row for ``placement="ways"`` (see :func:`plan_rollout`): the simulator's
     ``steal`` placement of the groups in order of first appearance (rows of a group in batch order);
     and over how many replicas each group is spread."""
@@ -554,8 +592,9 @@ def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt
     budget = check_int("budget_tokens", budget_tokens, minimum=1)
     order = np.argsort(np.asarray(group, dtype=np.int64), kind="stable")  # rows grouped, batch order within
     sizes = np.bincount(np.asarray(group, dtype=np.int64), minlength=groups)
-    ways = spread_ways(per_group, budget, replicas, work_tokens=float(pred.sum()) or None)
-    placed = place_ways(pred[order].astype(np.float64), sizes, replicas, ways)
+    queued = 0.0 if loads is None else float(loads.sum())  # what the replicas already have counts as crowding
+    ways = spread_ways(per_group, budget, replicas, work_tokens=float(pred.sum()) + queued or None)
+    placed = place_ways(pred[order].astype(np.float64), sizes, replicas, ways, loads)
     replica = np.empty(len(group), dtype=np.int64)
     replica[order] = placed
     return [int(r) for r in replica], ways

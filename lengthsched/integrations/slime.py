@@ -74,7 +74,9 @@ slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R i
 engines fed this plan. What it does not do: move a sample once sent (``steal_sglang`` in the simulator
 also moves running requests and steals those queued inside SGLang, which needs aborts by request id that
 slime's ``generate`` does not send); with dynamic sampling (``--dynamic-sampling-filter-path``) each
-further batch slime takes is planned on its own, as if the engines were idle; with ``--sglang-dp-size``
+further batch slime takes is placed from what each engine still has queued and in flight in the client
+(:meth:`ClientQueues.outstanding`; with the window on), a rule not measured in the simulator, which
+models one batch per rollout; with ``--sglang-dp-size``
 > 1 an engine's pool counts all its data-parallel ranks and the engine is planned as one replica (SGLang
 spreads its requests over the ranks); a generate function of your own
 (``lengthsched_generate_function_path``) is trusted to post to the address in the ``args`` it is given,
@@ -174,7 +176,7 @@ class SlimePlanner:
         self.last_plan: RolloutPlan | None = None
 
     def plan(self, groups: Sequence[Sequence[Any]], replicas: int,
-             prompt_lens: Sequence[int] | None = None) -> list[list[Any]]:
+             prompt_lens: Sequence[int] | None = None, loads: Sequence[float] | None = None) -> list[list[Any]]:
         """Plan one batch of ``groups`` (lists of samples with ``prompt``, ``tokens`` and ``metadata``)
         on ``replicas`` engines: every sample's ``metadata[REPLICA_KEY]`` is set to its engine, and the
         groups are returned in submission order (``submit``). Groups of no samples pass through.
@@ -184,7 +186,9 @@ class SlimePlanner:
         ``tokens`` empty until ``generate`` tokenizes the prompt). A sample slime's partial rollout
         resumes (``tokens`` set, ``response_length`` > 0) is planned by what it has left: its predicted
         work is ``max(1, predicted - response_length)`` and its tokens in flight (``NEED_KEY``) count
-        the partial response's KV."""
+        the partial response's KV. ``loads``: predicted tokens each engine already has (a batch taken
+        while earlier ones run, as slime's dynamic sampling takes them): ``groups`` and ``ways`` place
+        from them."""
         replicas = check_int("replicas", replicas, minimum=1)
         groups = [list(g) for g in groups]
         if prompt_lens is not None:
@@ -211,7 +215,7 @@ class SlimePlanner:
         generated = [_sample_generated(s) for g in live for s in g]
         if any(generated):  # resumed partial samples: planned by what they have left to generate
             batch["generated"] = np.array(generated, dtype=np.int64)
-        plan, _ = self.planner.plan(batch, replicas)
+        plan, _ = self.planner.plan(batch, replicas, loads=loads)
         rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica)), generated))
         for g in live:
             for sample in g:
@@ -252,7 +256,12 @@ class PlannedDataSource:
         self.source, self.planner, self.replicas = source, planner, check_int("replicas", replicas, minimum=1)
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
-        return self.planner.plan(self.source.get_samples(num_samples), self.replicas)
+        """The source's next groups, planned; from the second batch of a rollout on (slime's dynamic
+        sampling takes more while the first ones run) against what each engine still has in the
+        client's queues and in flight (:meth:`ClientQueues.outstanding`)."""
+        queues = _QUEUES
+        loads = queues.outstanding() if queues is not None and queues.replicas == self.replicas else None
+        return self.planner.plan(self.source.get_samples(num_samples), self.replicas, loads=loads)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)

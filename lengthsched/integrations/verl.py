@@ -314,11 +314,14 @@ class RolloutPlanner:
         self.steps = 0
         self.last_plan: RolloutPlan | None = None
 
-    def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int) -> tuple[RolloutPlan, list[str]]:
+    def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int,
+             loads: Any = None) -> tuple[RolloutPlan, list[str]]:
         """The plan of a batch's rows (``uid`` per row; ``raw_prompt`` per row, else the uid is the
         key) on ``replicas``, and each row's prompt key. An optional ``generated`` column gives the
         tokens a row generated before (a partial rollout resumed): its predicted work is then what is
-        left, ``max(1, predicted - generated)`` (the plan's ``predicted``)."""
+        left, ``max(1, predicted - generated)`` (the plan's ``predicted``). ``loads``: predicted tokens each
+        replica already has (:func:`~lengthsched.integrations.plan_rollout`'s; ``groups`` and ``ways`` place
+        from them)."""
         if "uid" not in non_tensor_batch:
             raise InvalidArgument("non_tensor_batch", sorted(non_tensor_batch), "a 'uid' column (verl's group id)")
         uids = [u.item() if isinstance(u, np.generic) else u for u in np.asarray(non_tensor_batch["uid"]).tolist()]
@@ -344,6 +347,8 @@ class RolloutPlanner:
             if len(done) != len(uids):
                 raise InvalidArgument("generated", f"{len(done)} values", f"{len(uids)}, one per row")
             work = [max(1, w - int(g)) for w, g in zip(work, done)]
+        if loads is not None and placement in ("groups", "ways"):
+            extra["loads"] = loads
         plan = plan_rollout(uids, work, replicas=replicas, placement=placement,
                             order=self.order_for(placement, replicas), **extra)
         self.last_plan = plan
