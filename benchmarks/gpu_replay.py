@@ -98,6 +98,10 @@ def replay_shape(rows: int, kv: int, tokens: int, context: int) -> tuple[str, in
     return "prefill", 0, tokens, 0, pieces, exact
 
 
+#: The "router" of slime with lengthsched.integrations.slime (simulate.run_slime_planned; sglang only).
+SLIME_PLAN = "slime_plan"
+
+
 def parse_policies(text: str) -> list[tuple[str, str | None]]:
     out = []
     for item in text.split(","):
@@ -108,21 +112,36 @@ def parse_policies(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
+def split_router(router: str | None) -> tuple[str | None, int | None]:
+    """``ROUTER@K`` -> (ROUTER, K): a framework keeping K requests per replica in flight (slime: 512)."""
+    if router is None or "@" not in router:
+        return router, None
+    base, _, per = router.partition("@")
+    if not per.isdigit() or int(per) < 1:
+        raise InvalidArgument("--policies", router, "ROUTER@K with K >= 1 requests per replica in flight")
+    return base, int(per)
+
+
 def check_policies(ap, text: str) -> None:
-    """--policies names rollout policies of the registry and routers of simulate.ROUTERS (else a usage error)."""
+    """--policies names rollout policies of the registry and routers of simulate.ROUTERS or slime_plan (sglang
+    only), each optionally ROUTER@K (else a usage error)."""
     from lengthsched.runtime import POLICIES
     from simulate import ROUTERS
 
     try:
         items = parse_policies(text)
+        routers = [split_router(router) for _, router in items]
     except InvalidArgument as exc:
         ap.error(str(exc))
-    for name, router in items:
+    for (name, _), (router, _) in zip(items, routers):
         if name not in POLICIES or not POLICIES[name].rollout:
             ap.error(f"--policies {text!r}: {name!r} is not a rollout policy; expected one of "
                      + ", ".join(sorted(n for n, spec in POLICIES.items() if spec.rollout)))
-        if router is not None and router not in ROUTERS:
-            ap.error(f"--policies {text!r}: {router!r} is not a router; expected one of {', '.join(ROUTERS)}")
+        if router is not None and router not in ROUTERS + (SLIME_PLAN,):
+            ap.error(f"--policies {text!r}: {router!r} is not a router; expected one of "
+                     f"{', '.join(ROUTERS + (SLIME_PLAN,))}")
+        if router == SLIME_PLAN and name != "sglang":
+            ap.error(f"--policies {text!r}: {SLIME_PLAN} runs slime's engines only (sglang:{SLIME_PLAN})")
 
 
 def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]:
@@ -130,17 +149,24 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
     ``fitted``, also the makespan of the same steps priced by it, ``fitted_seconds``)."""
     from bench_simulate import _rollout_setting
 
-    from simulate import run_rollout
+    from simulate import run_rollout, run_slime_planned
 
     groups, realistic, oracle, constant, common = _rollout_setting(args.workload, args.prompts, args.replicas,
                                                                    args.factor, args.seed, None)
     common["cost"] = cost
     pred = {"realistic": realistic, "oracle": oracle, "constant": constant, "none": None}[args.predictions]
     runs = []
-    for name, router in parse_policies(args.policies):
-        r = run_rollout(groups, name, router=router, predicted=pred, **common)
+    for name, spec in parse_policies(args.policies):
+        router, per = split_router(spec)
+        cap = None if per is None else per * args.replicas
+        if router == SLIME_PLAN:  # slime with lengthsched.integrations.slime: its plan and client queues
+            if pred is None:
+                raise InvalidArgument("--predictions", "none", f"predictions for {SLIME_PLAN} (it plans from them)")
+            r, _ = run_slime_planned(groups, pred, in_flight=cap, **common)
+        else:
+            r = run_rollout(groups, name, router=router, predicted=pred, in_flight=cap, **common)
         steps = [expand(log, cost) for log in r.step_logs]
-        runs.append({"policy": name + (f" + {router}" if router else ""), "seconds": r.seconds,
+        runs.append({"policy": name + (f" + {spec}" if spec else ""), "seconds": r.seconds,
                      "replica_seconds": list(r.replica_seconds),
                      "replica_step_seconds": [float(s["compute_seconds"].sum()) for s in steps],
                      "preemptions": r.preemptions,
@@ -290,7 +316,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=11, help="the grid's draw (bench_simulate --seed)")
     ap.add_argument("--predictions", default="realistic", choices=("realistic", "oracle", "constant", "none"))
     ap.add_argument("--policies", default=DEFAULT_POLICIES,
-                    help="POLICY[:ROUTER], comma-separated; the first is the baseline")
+                    help="POLICY[:ROUTER[@K]], comma-separated; the first is the baseline; @K: K requests per "
+                         "replica in flight (slime's 512); ROUTER slime_plan: slime with "
+                         "lengthsched.integrations.slime (sglang:slime_plan@512)")
     ap.add_argument("--fitted", default=str(ROOT / "benchmarks" / "results" / "stepcost_h100_qwen3-1.7b.json"),
                     help="a fitted StepCost JSON: its modelled seconds of the same steps are reported too ('' none)")
     ap.add_argument("--draws", type=int, default=400, help="steps drawn per policy at most")

@@ -13,7 +13,8 @@
 # off keeps what it measured), the output to OUTDIR/*.log. SETTINGS lists WORKLOAD:PROMPTS:REPLICAS:POOL
 # (POOL in L_max) separated by spaces; each setting gets an equal share of the time. MODEL picks the
 # preset (default qwen3-1.7b; qwen3-8b prices and runs the 8B shapes; the report is named ..._<model>).
-# POLICIES (POLICY[:ROUTER], comma-separated, the first the baseline) replaces gpu_replay.py's default four.
+# POLICIES (POLICY[:ROUTER[@K]], comma-separated, the first the baseline) replaces gpu_replay.py's default
+# four; REPORT_SUFFIX is appended to the reports' names (gpu_replay_slime.sh sets _slime).
 # LONG_TAIL_PROMPTS (castillo or a number of tokens) gives the long tail's groups prompts (its trace has
 # none); the reports are then named ..._prompts<value>.
 #
@@ -45,6 +46,7 @@ for i in "${!LIST[@]}"; do
     name="replay_${CARD}_${work}_${prompts}x16_r${replicas}_pool${pool}"
     if [ -n "${QUICK:-}" ]; then name="replay_${CARD}_${work}_16x16_r2_pool${pool}_quick"; fi  # what --quick runs
     if [ "$MODEL" != qwen3-1.7b ]; then name+="_$MODEL"; fi
+    name+="${REPORT_SUFFIX:-}"   # e.g. _slime (gpu_replay_slime.sh)
     PROMPT_ARG=()
     if [ -n "${LONG_TAIL_PROMPTS:-}" ] && [ "$work" = long_tail ]; then
         PROMPT_ARG=(--long-tail-prompts "$LONG_TAIL_PROMPTS"); name+="_prompts$LONG_TAIL_PROMPTS"

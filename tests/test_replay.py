@@ -244,3 +244,42 @@ def test_the_estimator_check_runs_and_reports_both_samplers(tmp_path):
     for r in setting["rows"]:
         assert r["rmse"] >= r["sd"] >= 0 and 0 <= r["coverage"] <= 1 and r["interval_width"] >= 0
         assert r["true_ratio"] > 0
+
+
+def test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick(tmp_path):
+    """--policies sglang:cache_aware@512,sglang:slime_plan@512 (gpu_replay_slime.sh's): slime as it ships
+    (its in-flight cap) and slime with lengthsched.integrations.slime, each the simulator's own run of the
+    setting; slime_plan is refused for another engine, a bad @K is a usage line."""
+    from bench_simulate import _rollout_setting
+
+    from lengthsched.cost import StepCost
+    from lengthsched.memory import ModelMemory
+    from simulate import run_slime_planned
+
+    out = tmp_path / "slime.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                             "--policies", "sglang:cache_aware@512,sglang:slime_plan@512", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    slime, planned = report["policies"]
+    assert (slime["policy"], planned["policy"]) == ("sglang + cache_aware@512", "sglang + slime_plan@512")
+    groups, realistic, _, _, common = _rollout_setting("castillo", 16, 2, 2, 11, None)
+    # the quick run's tiny model prices the steps with its own cost: the ratio of the two runs is what carries
+    common["cost"] = StepCost.from_gpu(ModelMemory.from_preset("qwen3-1.7b"), "h100")
+    direct, _ = run_slime_planned(groups, realistic, in_flight=512 * 2, **common)
+    capped = run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * 2, **common)
+    assert direct.seconds != capped.seconds and planned["modelled_seconds"] != slime["modelled_seconds"]
+    assert planned["draws"] == slime["draws"] == 20 and planned["measured_seconds"] > 0
+    # the script's runs are the simulator's, to the last digit, under the same cost
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(workload="castillo", prompts=16, replicas=2, factor=2, seed=11, predictions="realistic",
+                           policies="sglang:cache_aware@512,sglang:slime_plan@512")
+    runs = gpu_replay.simulate(args, common["cost"])
+    assert [r["seconds"] for r in runs] == [capped.seconds, direct.seconds]
+    for policies, message in (("vllm:slime_plan", "runs slime's engines only"), ("sglang:cache_aware@0", "ROUTER@K")):
+        bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                              "--policies", policies, "--out", str(tmp_path / "bad.json")],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and message in bad.stderr and not (tmp_path / "bad.json").exists()
