@@ -28,6 +28,7 @@ from .options import PlanRolloutOptions
 __all__ = ["StepGroup", "read_step", "plan_step", "run_plan_rollout", "format_rollout_plan", "rollout_plan_dict"]
 
 STEP_KEYS = ("key", "predicted", "size", "prompt_tokens")
+MAX_GROUP_SIZE = 2**20  # completions of one group: a guard against a typo that would fill the memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,8 @@ def read_step(source: str) -> list[StepGroup]:
                 raise InvalidArgument("step", where, "a 'size' (completions of the group) beside one 'predicted' "
                                                      "length, or a list of lengths")
             size = _count(record["size"], "size", where, 1)
+            if size > MAX_GROUP_SIZE:
+                raise InvalidArgument("step", where, f"'size' at most {MAX_GROUP_SIZE:,} completions (got {size:,})")
             lengths = (_count(pred, "predicted", where, 0, whole=False),) * size
         if not lengths:
             raise InvalidArgument("step", where, "at least one completion")

@@ -90,6 +90,7 @@ def test_a_list_of_predictions_per_group_and_stdin(tmp_path, capsys, monkeypatch
     ({"predicted": [1], "prompt_tokens": -2}, "'prompt_tokens' an integer >= 0"),
     ({"predicted": [1], "key": [1]}, "a string or integer 'key'"),
     ({"predicted": [1], "tokens": 3}, "unknown: 'tokens'"),
+    ({"predicted": 5, "size": 10**12}, "'size' at most 1,048,576"),
 ])
 def test_a_bad_line_is_one_line_naming_the_file_and_line(tmp_path, capsys, line, expected):
     step = _step(tmp_path, [{"key": "a", "predicted": [4]}, line])
