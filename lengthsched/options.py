@@ -113,7 +113,8 @@ class PlanRolloutOptions(ModelOptions):
     placement: str = _opt("ways", "how the completions are placed: ways (steal's: each group over as many replicas "
                                   "as the pools hold its prompts, whole groups in crowded steps; needs the pool), "
                                   "groups (whole groups by predicted work), spread (verl's: completion i to "
-                                  "replica i mod R), classes (length classes; needs the pool)",
+                                  "replica i mod R), classes (length classes, priced for Qwen3-1.7B on the H100 "
+                                  "preset; needs the pool)",
                           choices=["ways", "groups", "spread", "classes"])
     pool_tokens: int | None = _opt(None, "each replica's KV pool in tokens, prompts included (ways and classes; or "
                                          "--budget)")
