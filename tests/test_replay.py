@@ -22,6 +22,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_replay  # noqa: E402
 
 
+def _quick_replay(*args: str) -> subprocess.CompletedProcess:
+    """benchmarks/gpu_replay.py --device cpu --quick ARGS (the code path only: a tiny model on the CPU)."""
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
+                           *args], capture_output=True, text=True, timeout=600)
+
+
 def _groups(n: int = 12, size: int = 8, seed: int = 0) -> tuple[list[Group], np.ndarray]:
     rng = np.random.default_rng(seed)
     groups = [Group(lengths=rng.integers(20, 900, size=size), prompt_len=int(rng.integers(30, 300)), prompt_id=f"p{i}")
@@ -137,9 +143,7 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
     """The replay's code path (no GPU evidence): every policy simulated, steps drawn and timed, the report
     written with each policy's modelled and measured makespan; a bad --policies is one usage line."""
     out = tmp_path / "replay.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
-                             "--policies", "vllm:least_loaded,steal", "--out", str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = _quick_replay("--policies", "vllm:least_loaded,steal", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["card"] == "cpu" and "not GPU evidence" in report["note"] and report["draws_per_policy"] == 20
@@ -155,13 +159,9 @@ def test_gpu_replay_script_runs_on_cpu_quick(tmp_path):
         assert gpu_replay.estimate(run, draws).tolist() == pytest.approx(entry["measured_replica_seconds"])
     assert len(report["samples"]) == 2 and all(d["measured"] > 0 and d["modelled"] > 0
                                                for _, draws in report["samples"] for d in draws)
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
-                          "--policies", "vllm:nowhere", "--out", str(tmp_path / "bad.json")],
-                         capture_output=True, text=True, timeout=300)
+    bad = _quick_replay("--policies", "vllm:nowhere", "--out", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "'nowhere' is not a router" in bad.stderr and not (tmp_path / "bad.json").exists()
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
-                          "--long-tail-prompts", "castillo", "--out", str(tmp_path / "bad.json")],
-                         capture_output=True, text=True, timeout=300)
+    bad = _quick_replay("--long-tail-prompts", "castillo", "--out", str(tmp_path / "bad.json"))
     assert bad.returncode == 2 and "only with --workload 'long tail'" in bad.stderr
     assert not (tmp_path / "bad.json").exists()
 
@@ -257,9 +257,7 @@ def test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick(tmp_path):
     from simulate import run_slime_planned
 
     out = tmp_path / "slime.json"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
-                             "--policies", "sglang:cache_aware@512,sglang:slime_plan@512", "--out", str(out)],
-                            capture_output=True, text=True, timeout=600)
+    result = _quick_replay("--policies", "sglang:cache_aware@512,sglang:slime_plan@512", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
     slime, planned = report["policies"]
@@ -279,7 +277,5 @@ def test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick(tmp_path):
     runs = gpu_replay.simulate(args, common["cost"])
     assert [r["seconds"] for r in runs] == [capped.seconds, direct.seconds]
     for policies, message in (("vllm:slime_plan", "runs slime's engines only"), ("sglang:cache_aware@0", "ROUTER@K")):
-        bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_replay.py"), "--device", "cpu", "--quick",
-                              "--policies", policies, "--out", str(tmp_path / "bad.json")],
-                             capture_output=True, text=True, timeout=300)
+        bad = _quick_replay("--policies", policies, "--out", str(tmp_path / "bad.json"))
         assert bad.returncode == 2 and message in bad.stderr and not (tmp_path / "bad.json").exists()
