@@ -140,6 +140,25 @@ class RolloutResult:
         last = np.concatenate((np.diff(ends) > 0, [True]))
         return np.interp(np.asarray(steps, dtype=np.float64) - 1, ends[last], secs[last])
 
+    def group_finish_seconds(self) -> np.ndarray:
+        """Per group (in ``collected_lengths``' order), the modelled seconds at which its last completion
+        finished, wherever it ran (a completion that moved finishes on the replica it moved to). Needs
+        the timelines (``run_rollout(..., record=True)``). Its largest value is the makespan; with
+        over-sampling (more groups submitted than the step keeps, the rest aborted), the step ends at the
+        N-th smallest."""
+        if not self.timelines or any(t is None for t in self.timelines):
+            raise InvalidArgument("record", False, "a run with record=True (group_finish_seconds reads the timelines)")
+        sizes = [len(c) for c in self.collected_lengths]
+        finish = np.zeros(sum(sizes), dtype=np.float64)
+        for replica, timeline in enumerate(self.timelines):
+            if not timeline.segments:
+                continue
+            jobs = np.array([seg[0] for seg in timeline.segments], dtype=np.int64)
+            ends = self.seconds_at(replica, np.array([seg[3] for seg in timeline.segments], dtype=np.float64))
+            np.maximum.at(finish, jobs, ends)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        return np.array([finish[a:a + n].max() if n else 0.0 for a, n in zip(starts, sizes)], dtype=np.float64)
+
     @property
     def tokens_per_second(self) -> float:
         """Generated tokens per second of the step (all replicas together)."""

@@ -1450,3 +1450,29 @@ def test_client_queues_steal_only_what_the_planned_replica_has_no_room_for():
     assert q.send() == [("a", 2)]
     q.enter("b", 2, 950, 900)  # replica 2 holds 100: 1,050 > 1,000, so replica 0 (empty queue) steals it
     assert q.send() == [("b", 0)]
+
+
+@pytest.mark.parametrize("policy, router", [("vllm", "least_loaded"), ("vllm", "group_round_robin"),
+                                            ("seer", None), ("steal", None), ("steal_sglang", None)])
+def test_group_finish_seconds_end_at_the_makespan_and_follow_each_groups_longest(policy, router):
+    """group_finish_seconds: per group, when its last completion finished (wherever it ran); the latest is
+    the makespan. In a pool that holds every request from the first step, a group whose longest
+    completion is longer finishes no earlier. Without record=True it says what it needs."""
+    groups = _groups([4, 3, 5, 4, 2, 6], seed=5)
+    pred = np.concatenate([g.lengths for g in groups]).astype(float)
+    roomy = dict(replicas=2, budget_tokens=100_000, max_new_tokens=128, predicted=pred)
+    r = run_rollout(groups, policy, router=router, record=True, **roomy)
+    finish = r.group_finish_seconds()
+    assert finish.shape == (6,) and finish.max() == pytest.approx(r.seconds, rel=1e-12)
+    assert np.all(finish > 0)
+    if router == "least_loaded":  # verl's spread, all admitted at once: finish order = longest's order
+        longest = [int(np.max(c)) for c in r.collected_lengths]
+        for a in range(6):
+            for b in range(6):
+                if longest[a] < longest[b]:
+                    assert finish[a] <= finish[b] + 1e-12
+    tight = run_rollout(groups, policy, router=router, record=True, replicas=2, budget_tokens=300, max_new_tokens=128,
+                        predicted=pred)
+    assert tight.group_finish_seconds().max() == pytest.approx(tight.seconds, rel=1e-12)
+    with pytest.raises(InvalidArgument, match="record"):
+        run_rollout(groups, policy, router=router, **roomy).group_finish_seconds()
