@@ -1178,6 +1178,66 @@ def rollout_hedged(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": per_setting}
 
 
+# rollout_oversampling: groups submitted per group kept (slime's over_sampling_batch_size / rollout_batch_size,
+# DAPO's generation batch over its training batch), the settings, and the runs compared
+OVERSAMPLE = (1.25, 1.5)
+OVERSAMPLE_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b in (64, 256) for r in (4, 8) for f in (4, 16)]
+OVERSAMPLE_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None),
+                   ("vllm_priority + verl routing", "vllm_priority", "least_loaded", "realistic"),
+                   ("seer", "seer", None, None),
+                   ("steal", "steal", None, "realistic"))
+
+
+def _rollout_oversampling_unit(args):
+    """One setting: ``prompts`` x ``factor`` groups submitted, the step kept when ``prompts`` of them have
+    finished (the rest aborted). Per run: (seconds to the prompts-th finished group, full makespan, the
+    kept groups' mean completion length over all submitted groups')."""
+    workload, prompts, replicas, factor, seed, cost_text, over = args
+    groups, realistic, oracle, constant, common = _rollout_setting(workload, int(round(prompts * over)), replicas,
+                                                                   factor, seed, cost_text)
+    known = {"realistic": realistic, None: None}
+    means = np.array([float(np.mean(g.lengths)) for g in groups])
+    out = {}
+    for label, policy, router, pred in OVERSAMPLE_RUNS:
+        r = run_rollout(groups, policy, router=router, predicted=known[pred], record=True, **common)
+        finish = r.group_finish_seconds()
+        kept = np.argsort(finish, kind="stable")[:prompts]
+        out[label] = (float(np.sort(finish)[prompts - 1]), r.seconds, float(means[kept].mean() / means.mean()))
+    return out
+
+
+def rollout_oversampling(quick: bool) -> tuple[str, list]:
+    """Over-sampled steps: more groups submitted than kept, the step ending when enough have finished (slime's
+    over-sampling with abort, DAPO's dynamic sampling with every group taken as valid): the time to the
+    last kept group per run, and how much shorter the kept groups are than the submitted ones."""
+    grid, overs = OVERSAMPLE_GRID, OVERSAMPLE
+    if quick:
+        grid, overs = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], (1.25,)
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, o) for o in overs for w, b, r, f in grid]
+    results = _pool_map(_rollout_oversampling_unit, units)
+    base = OVERSAMPLE_RUNS[0][0]
+    rows, settings = [], []
+    for o in overs:
+        mine = [(u, out) for u, out in zip(units, results) if u[6] == o]
+        for label, *_ in OVERSAMPLE_RUNS:
+            to_kept = np.array([out[label][0] / out[base][0] for _, out in mine])
+            share = np.array([out[label][0] / out[label][1] for _, out in mine])
+            full = np.array([out[label][1] / out[base][1] for _, out in mine])
+            bias = np.array([out[label][2] for _, out in mine])
+            rows.append([o, label, len(mine), float(to_kept.mean()), float(to_kept.max()), int(np.sum(to_kept > 1.001)),
+                         float(full.mean()), float(share.mean()), float(bias.mean()), float(bias.min())])
+        settings += [[o, _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
+                      {label: list(v) for label, v in out.items()}] for u, out in mine]
+    text = table(f"Over-sampled rollout steps ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16; B groups "
+                 "kept of B x over-sampling submitted, the rest aborted when the B-th finishes; every group counted as "
+                 "valid): seconds to the B-th finished group x vLLM + verl's, and the kept groups' mean length over "
+                 "all submitted groups'",
+                 ["over-sampling", "run", "settings", "to B: mean x vllm + verl", "worst", "slower by > 0.1%",
+                  "full makespan x vllm + verl", "to B / own makespan", "kept / submitted mean length",
+                  "lowest"], rows)
+    return text, {"rows": rows, "settings": settings}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -1771,6 +1831,7 @@ def main(argv=None) -> int:
                 "rollout_prompts": rollout_prompts, "rollout_luck": rollout_luck, "rollout_order": rollout_order,
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
+                "rollout_oversampling": rollout_oversampling,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -119,6 +119,29 @@ def test_simulator_benchmark_rollout_hedged_scores_choices_of_k_without_the_true
     assert rows["steal's rule (spread_ways)"][2] == pytest.approx(float(np.mean(ratios)), rel=1e-12)
 
 
+def test_simulator_benchmark_rollout_oversampling_keeps_the_first_groups_to_finish(tmp_path):
+    """rollout_oversampling (quick): B x 1.25 groups submitted, the step ends at the B-th finished group:
+    no later than the full makespan; vLLM + verl is the reference; the kept groups are the first B to
+    finish (recomputed here from the same runs)."""
+    from simulate import run_rollout
+
+    data = _quick_section(tmp_path, "rollout_oversampling")
+    from bench_simulate import OVERSAMPLE_RUNS, _rollout_setting
+
+    base = [r for r in data["rows"] if r[1] == OVERSAMPLE_RUNS[0][0]][0]
+    assert base[3] == base[6] == 1.0 and base[5] == 0
+    assert all(0 < r[7] <= 1.0 and 0 < r[9] <= r[8] for r in data["rows"])
+    over, workload, prompts, replicas, budget, runs = data["settings"][0]
+    groups, _, _, _, common = _rollout_setting(workload, int(round(prompts * over)), replicas,
+                                               int(budget.split()[0]), 11, None)
+    r = run_rollout(groups, "vllm", router="least_loaded", record=True, **common)
+    finish = r.group_finish_seconds()
+    kept = np.argsort(finish, kind="stable")[:prompts]
+    means = np.array([np.mean(g.lengths) for g in groups])
+    assert runs[OVERSAMPLE_RUNS[0][0]] == pytest.approx([np.sort(finish)[prompts - 1], r.seconds,
+                                                         means[kept].mean() / means.mean()], rel=1e-12)
+
+
 def test_simulator_benchmark_rollout_variants_scores_steal_and_restores_it(tmp_path):
     """rollout_variants (quick): the default row is steal as it runs, the variants differ from it, and
     steal's class attributes are left as the section found them."""
