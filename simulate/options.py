@@ -97,6 +97,11 @@ class SimulateOptions:
                          "prompts and completions unchanged) and report each policy's median, best and worst "
                          "ratio to vLLM FCFS + verl and how often it was slower: one step is one draw of a "
                          "lottery over placements; the draws run on --workers processes")
+    oversample: float | None = _opt(None, "in a rollout step, submit --prompts x OVERSAMPLE groups and end the step "
+                                          "when --prompts of them have finished, the rest aborted (slime's "
+                                          "over-sampling, DAPO's dynamic sampling with every group valid): also "
+                                          "report each run's seconds to that group and how long the kept groups' "
+                                          "completions are against all submitted (e.g. 1.25)")
     in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
                                        "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
                                        "as another finishes, in submission order, and routed then; for vllm and "

@@ -366,6 +366,7 @@ ROLLOUT_ONLY = (
     ("in_flight", "a framework keeps a rollout step's requests in flight on its replicas"),
     ("resubmit_seconds", "requests move between a rollout step's replicas"),
     ("draws", "it redraws the predictions of a rollout step"),
+    ("oversample", "a rollout step keeps the first of its groups to finish"),
 )
 
 

@@ -55,6 +55,8 @@ SLOWER = 1.001
 #: handed over longest predicted first and each engine's samples sent through its client queues
 #: (:func:`simulate.run_slime_planned`); only the ``sglang`` policy (slime's engines) runs behind it.
 PLAN_ROUTER = "slime_plan"
+#: The most groups submitted per group kept that ``--oversample`` takes.
+MAX_OVERSAMPLE = 10.0
 #: What ``--routers`` accepts: the simulator's routers and :data:`PLAN_ROUTER`.
 CLI_ROUTERS = ROUTERS + (PLAN_ROUTER,)
 #: slime as it ships: SGLang's engines behind SGLang's cache-aware router (the row the plan is compared with).
@@ -72,6 +74,9 @@ class RolloutRow:
     #: With ``--draws N``: its makespan over vLLM FCFS + verl's on the same draw of the predictions' errors,
     #: the step as run first, then each of the N draws (None where it could not run that draw).
     draws: tuple[float | None, ...] | None = None
+    #: With ``--oversample``: (seconds to the ``--prompts``-th finished group, the kept groups' mean completion
+    #: length over all submitted groups') (:func:`kept_finish`).
+    kept: tuple[float, float] | None = None
 
     @property
     def label(self) -> str:
@@ -90,6 +95,8 @@ class RolloutRow:
                        peak_kv_tokens=list(r.peak_kv_tokens))
         if self.draws is not None:
             out["draws"] = list(self.draws)
+        if self.kept is not None:
+            out["seconds_to_kept"], out["kept_length_ratio"] = self.kept
         return out
 
     def draw_summary(self) -> tuple[float, float, float, int, int] | None:
@@ -172,6 +179,11 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
                                                            "of an earlier epoch afresh, which needs a named workload ("
                                                            + ", ".join(WORKLOADS) + f"), not {opts.workload}")
     check_int("draws", opts.draws, minimum=0)
+    if opts.oversample is not None:
+        over = opts.oversample
+        if not isinstance(over, (int, float)) or isinstance(over, bool) or not (1.0 <= over <= MAX_OVERSAMPLE):
+            raise InvalidArgument("oversample", over, f"groups submitted per group kept, 1 to {MAX_OVERSAMPLE:g} "
+                                                      "(e.g. 1.25)")
     kind, _, arg = str(opts.predictor).partition(":")
     if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
         raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
@@ -276,13 +288,28 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     except LengthschedError as exc:
         raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
                                                      f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
-    step_opts = dataclasses.replace(opts, groups=opts.prompts)
-    groups = workload_groups(step_opts, opts.prompts)
+    submitted = submitted_groups(opts)
+    step_opts = dataclasses.replace(opts, groups=submitted)
+    groups = workload_groups(step_opts, submitted)
     before = None
     if history_sigma(opts.predictor) is not None:  # the same prompts one epoch earlier, fresh completions
-        before = tuple(workload_groups(step_opts, opts.prompts, epoch=1))
+        before = tuple(workload_groups(step_opts, submitted, epoch=1))
     predicted = step_predictions(opts, groups, before, opts.seed)
     return RolloutStep(opts, memory, budget_bytes, pool, groups, predicted, load_cost(opts, memory), before)
+
+
+def submitted_groups(opts: SimulateOptions) -> int:
+    """Groups the step submits: ``--prompts``, times ``--oversample`` (rounded) when given."""
+    return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
+
+
+def kept_finish(result: RolloutResult, kept: int) -> tuple[float, float]:
+    """An over-sampled step ended at its ``kept``-th finished group: (seconds to it, the kept groups' mean
+    completion length over all submitted groups'). Needs ``result``'s timelines (record=True)."""
+    finish = result.group_finish_seconds()
+    first = np.argsort(finish, kind="stable")[:kept]
+    means = np.array([float(np.mean(c)) for c in result.collected_lengths])  # the result's group order
+    return float(np.sort(finish)[kept - 1]), float(means[first].mean() / means.mean())
 
 
 def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
@@ -308,10 +335,12 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
             if (policy, router) != BASELINE and _runs_behind(policy, router):
                 runs.append((policy, router))
     rows = []
+    kept = opts.prompts if opts.oversample is not None else None
     for policy, router in runs:
         try:
-            result = step.run(policy, router, record=record)
-            rows.append(RolloutRow(policy, PLAN_ROUTER if router == PLAN_ROUTER else result.router, result))
+            result = step.run(policy, router, record=record or kept is not None)
+            rows.append(RolloutRow(policy, PLAN_ROUTER if router == PLAN_ROUTER else result.router, result,
+                                   kept=None if kept is None else kept_finish(result, kept)))
         except LengthschedError as exc:  # a pool too small for a completion, or a policy that gives up
             if (policy, router) == BASELINE and "budget_tokens" in str(exc):
                 raise InvalidArgument("budget", opts.budget, f"a larger replica memory: {exc}") from None
@@ -334,6 +363,8 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                                     f"routed as requests finish)")
                + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
                                                  "(not recomputed)")
+               + ("" if opts.oversample is None else f", over-sampled: the step keeps the first {opts.prompts} "
+                                                     f"groups to finish of the {len(groups)} submitted")
                + f", predictor {opts.predictor}" + ("" if step.history is None else
                                                     f" (learnt from one earlier epoch of the same prompts, "
                                                     f"{len(step.history[0])} fresh completions each; sibling "
@@ -413,14 +444,20 @@ ROLLOUT_COLUMNS: dict[str, str] = {
               "replicas (shown when a policy loaded some)",
     "prompt loads": "prompt prefills: each prompt on each replica that runs one of its completions (again after "
                     "an eviction)",
+    "to kept": "with --oversample: modelled seconds to the last kept group (the --prompts-th to finish), where "
+               "the over-sampled step ends",
+    "kept len": "with --oversample: the kept groups' mean completion length over all submitted groups' (below 1: the "
+                "step keeps shorter completions than it drew)",
 }
+#: The columns only an over-sampled step shows.
+OVER_COLUMNS = ("to kept", "kept len")
 
 
 def _legend(columns) -> str:
     return "\n".join(f"  {name}: {ROLLOUT_COLUMNS[name]}" for name in columns)
 
 
-ROLLOUT_LEGEND = _legend([c for c in ROLLOUT_COLUMNS if c != "loaded"])  # the columns of a step that loads nothing
+ROLLOUT_LEGEND = _legend([c for c in ROLLOUT_COLUMNS if c != "loaded" and c not in OVER_COLUMNS])  # a plain step's
 
 
 def rollout_headline(comparison: RolloutComparison) -> str:
@@ -483,6 +520,14 @@ def rollout_headline(comparison: RolloutComparison) -> str:
             line += (f"; each move waits {delay:g} s here: with verl's own client, which waits 1 s, the moves of "
                      "running requests cost more than they gain on the benchmark grid and at scale; verl_stealing's "
                      "client resubmits its moves at once (docs/benchmarks.md, 'Resubmission delay')")
+    over = [r for r in done if r.kept is not None]
+    if over and base is not None and base.kept is not None:
+        quickest = min(over, key=lambda r: r.kept[0])
+        line += (f"; over-sampled, the step ends at its last kept group: {quickest.label} gets there first, "
+                 f"{quickest.kept[0]:.2f} s ({quickest.kept[0] / base.kept[0]:.3f} x vllm + least_loaded's "
+                 f"{base.kept[0]:.2f} s), keeping groups whose completions are {quickest.kept[1]:.3f} of the "
+                 f"submitted groups' mean length (vllm + least_loaded: {base.kept[1]:.3f}; the first to finish "
+                 "are the short ones)")
     slime = next((r for r in done if (r.policy, r.router) == SLIME), None)
     planned = next((r for r in done if (r.policy, r.router) == ("sglang", PLAN_ROUTER)), None)
     if slime is not None and planned is not None:
@@ -513,7 +558,8 @@ def format_rollout(comparison: RolloutComparison) -> str:
     oracle = comparison.oracle
     shown = comparison.rows + ((oracle,) if oracle is not None and oracle.result is not None else ())
     loads = any(row.result is not None and row.result.loaded_tokens for row in shown)
-    head = [c for c in ROLLOUT_COLUMNS if loads or c != "loaded"]
+    over = any(row.kept is not None for row in comparison.rows)
+    head = [c for c in ROLLOUT_COLUMNS if (loads or c != "loaded") and (over or c not in OVER_COLUMNS)]
     table = [head]
     for row in shown:
         r = row.result
@@ -524,7 +570,8 @@ def format_rollout(comparison: RolloutComparison) -> str:
         label = row.label if row is not oracle else "oracle (not a policy): " + row.label
         table.append([label, f"{r.seconds:.2f}", ratio, f"{r.seconds_ratio:.3f}", f"{r.tokens_per_second:,.0f}",
                       f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}"]
-                     + ([f"{r.loaded_tokens:,}"] if loads else []) + [str(r.prompt_loads)])
+                     + ([f"{r.loaded_tokens:,}"] if loads else []) + [str(r.prompt_loads)]
+                     + (([f"{row.kept[0]:.2f}", f"{row.kept[1]:.3f}"] if row.kept else ["-", "-"]) if over else []))
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))

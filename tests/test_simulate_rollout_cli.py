@@ -435,3 +435,46 @@ def test_slime_plan_is_slime_with_the_integrations_plan_next_to_slime_as_it_ship
         step.run("vllm", "slime_plan")
     assert main(["simulate"] + args[:-1] + ["least_loaded,plan"]) == 2
     assert "slime_plan" in capsys.readouterr().err
+
+
+def test_oversample_ends_the_step_at_the_last_kept_group_and_reports_the_kept_lengths(capsys):
+    """--oversample 1.5: prompts x 1.5 groups submitted; every row reports the seconds to its --prompts-th
+    finished group (no later than its makespan) and the kept groups' mean length over all submitted;
+    slime's plan (groups reordered) too; out-of-range values and use without a rollout step are one line."""
+    import numpy as np
+
+    from simulate import run_rollout
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    args = ["--prompts", "8", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "vllm,sglang,steal",
+            "--routers", "least_loaded,slime_plan", "--oversample", "1.5"]
+    assert main(["simulate", "--json"] + args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["setting"].startswith("12 prompts x G=8")
+    assert "keeps the first 8 groups to finish of the 12" in out["setting"]
+    rows = {(r["policy"], r["router"]): r for r in out["rows"]}
+    assert ("sglang", "slime_plan") in rows
+    for r in rows.values():
+        assert 0 < r["seconds_to_kept"] <= r["seconds"] + 1e-9 and 0 < r["kept_length_ratio"] < 2
+    step = rollout_step(SimulateOptions(prompts=8, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                                        budget="3.6GiB", oversample=1.5))
+    r = run_rollout(step.groups, "vllm", replicas=2, router="least_loaded", budget_tokens=step.pool,
+                    max_new_tokens=1024, cost=step.cost, record=True)
+    finish = r.group_finish_seconds()
+    means = np.array([np.mean(g.lengths) for g in step.groups])
+    base = rows[("vllm", "least_loaded")]
+    assert base["seconds_to_kept"] == pytest.approx(np.sort(finish)[7], rel=1e-12)
+    assert base["kept_length_ratio"] == pytest.approx(means[np.argsort(finish, kind="stable")[:8]].mean()
+                                                      / means.mean(), rel=1e-12)
+    assert "over-sampled, the step ends at its last kept group" in out["verdict"]
+    assert main(["simulate"] + args) == 0
+    text = capsys.readouterr().out
+    assert "  to kept: " in text and "  kept len: " in text
+    for bad in ("0.5", "11", "nan"):
+        assert main(["simulate"] + args[:-1] + [bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--oversample" in err
+    assert main(["simulate", "--groups", "2", "--oversample", "1.25"]) == 2
+    assert "--prompts or --replicas" in capsys.readouterr().err
