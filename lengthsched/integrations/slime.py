@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
 import inspect
 import logging
 from collections.abc import Sequence
@@ -98,7 +97,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from .rollout import ClientQueues, RolloutPlan, predict_lengths
-from .verl import RolloutPlanner, batch_prompt_tokens, prompt_key
+from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
 __all__ = [
     "NEED_KEY",
@@ -458,12 +457,7 @@ def _user_generate(args: Any) -> Any:
     if not path:
         return None
     if path not in _USER_FUNCTIONS:
-        module, _, name = str(path).rpartition(".")
-        try:
-            function = getattr(importlib.import_module(module), name) if module else None
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise InvalidArgument("lengthsched_generate_function_path", path,
-                                  f"an importable 'package.module.function' ({exc})") from None
+        function = load_object(str(path), "lengthsched_generate_function_path", "'package.module.function'")
         if not callable(function):
             raise InvalidArgument("lengthsched_generate_function_path", path,
                                   "an importable 'package.module.function' (a callable)")

@@ -439,15 +439,17 @@ def response_lengths(output: Any) -> list[int]:
     return [int(x) for x in np.asarray(getattr(sums, "cpu", lambda: sums)())]
 
 
-def _load_object(spec: str) -> Any:
-    """``"package.module:name"`` or ``"package.module.name"`` -> the object."""
+def load_object(spec: Any, argument: str, form: str, blank: str | None = None) -> Any:
+    """``"package.module:name"`` or ``"package.module.name"`` -> the object. A spec that cannot be imported
+    raises :class:`InvalidArgument` naming ``argument`` and expecting an importable ``form``; one that is
+    not a non-empty string expects ``blank`` (default ``form``)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise InvalidArgument("lengthsched.predictor", spec, "'module:callable' returning a LengthPredictor")
+        raise InvalidArgument(argument, spec, blank or form)
     module, _, name = spec.partition(":") if ":" in spec else spec.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise InvalidArgument("lengthsched.predictor", spec, f"an importable 'module:callable' ({exc})") from None
+        raise InvalidArgument(argument, spec, f"an importable {form} ({exc})") from None
 
 
 def _options(config: Any) -> dict[str, Any]:
@@ -474,7 +476,8 @@ def planner_from_config(config: Any, default_placement: str = "spread",
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
-        made = _load_object(predictor)
+        made = load_object(predictor, "lengthsched.predictor", "'module:callable'",
+                           "'module:callable' returning a LengthPredictor")
         predictor = made() if isinstance(made, type) or (callable(made) and not hasattr(made, "predict")) else made
     try:
         limit = int(config.actor_rollout_ref.rollout.response_length)
