@@ -803,6 +803,9 @@ def test_a_further_batch_is_placed_from_what_the_replicas_already_have(sizes, re
             assert plan.group_replica[g] == r
             have[r] += work[g]
     assert sum(plan.replica_work) == sum(pred)  # this batch only
+    given = np.array(loads, dtype=np.float64)
+    plan_rollout(keys, pred, replicas=replicas, placement="groups", loads=given)
+    assert given.tolist() == loads  # the caller's loads are not changed
     idle = plan_rollout(keys, pred, replicas=replicas, placement="groups")
     assert plan_rollout(keys, pred, replicas=replicas, placement="groups", loads=[0] * replicas) == idle
     crowded = plan_rollout(keys, [4000] * len(keys), replicas=replicas, placement="ways",

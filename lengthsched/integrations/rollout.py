@@ -100,10 +100,11 @@ _INT64_MAX = 2**63 - 1
 
 
 def _check_loads(loads: Any, replicas: int) -> np.ndarray | None:
-    """``loads`` (predicted tokens already on each replica) as floats, None when absent or all zero."""
+    """``loads`` (predicted tokens already on each replica) as a new array of floats (the placements add to
+    it), None when absent or all zero."""
     if loads is None:
         return None
-    arr = np.asarray(loads, dtype=np.float64).reshape(-1)
+    arr = np.array(loads, dtype=np.float64).reshape(-1)  # a copy: the caller's loads stay as they were
     if arr.shape != (replicas,) or not np.all(np.isfinite(arr)) or np.any(arr < 0):
         raise InvalidArgument("loads", loads if arr.size <= 8 else f"{arr.size} values",
                               f"{replicas} finite token counts >= 0, one per replica")
@@ -122,13 +123,9 @@ def place_groups(work: Any, replicas: int, loads: Any = None) -> tuple[int, ...]
     start = _check_loads(loads, replicas)
     if replicas == 1:
         return (0,) * len(sizes)
-    if start is not None:
-        of_group = [0] * len(sizes)
-        for g in np.argsort(-np.maximum(sizes, 1), kind="stable"):
-            r = int(np.argmin(start))
-            of_group[int(g)] = r
-            start[r] += max(int(sizes[g]), 1)
-        return tuple(of_group)
+    if start is not None:  # place_ways' greedy with each group one run of its work (whole groups)
+        whole = place_ways(np.maximum(sizes, 1), np.ones(len(sizes), dtype=np.int64), replicas, 1, start)
+        return tuple(int(r) for r in whole)
     of_group = [0] * len(sizes)
     for r, part in enumerate(partition.best_heuristic(np.maximum(sizes, 1), replicas).parts):
         for g in part:
