@@ -28,6 +28,7 @@ from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
+from simulate.rollout import steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
@@ -1107,7 +1108,8 @@ def _rollout_hedged_unit(args):
 
     workload, prompts, replicas, factor, seed, cost_text, scenarios = args
     groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
-    out = {"actual": _rollout_ways_unit(args[:6]), "scenarios": {}}
+    out = {"actual": _rollout_ways_unit(args[:6]), "scenarios": {},
+           "rule k": steal_ways(groups, realistic, common["budget_tokens"], replicas, common["max_new_tokens"])[1]}
     for spread in HEDGE_SPREADS:
         rng = np.random.default_rng(1000 + seed)
         table = []
@@ -1126,29 +1128,18 @@ def rollout_hedged(quick: bool) -> tuple[str, list]:
     """A planner that picks steal's spread k per step by simulating the step on scenarios drawn from the
     predictor's error model (never the true lengths), against steal's rule and the best k chosen with the
     true lengths, on the CASTILLO settings with several replicas of the four draws."""
-    from lengthsched.integrations.rollout import CROWDED_POOLS, PROMPT_SHARE
-
     grid = [(w, b, r, f) for w, b, r, f in ROLLOUT_GRID if w == "castillo" and r > 1]
     seeds, scenarios = WAYS_SEEDS, HEDGE_SCENARIOS
     if quick:
         grid, seeds, scenarios = [("castillo", 16, 4, 4), ("castillo", 16, 2, 2)], (11,), 2
     units = [(w, b, r, f, s, ROLLOUT_COST, scenarios) for s in seeds for w, b, r, f in grid]
     results = _pool_map(_rollout_hedged_unit, units)
-
-    def rule_k(u, actual):  # steal's own rule (spread_ways), from the same inputs as rollout_ways's
-        r, held, work = u[2], actual["held share"], actual["work share"]
-        if held == 0:
-            return r
-        if work >= CROWDED_POOLS:
-            return 1
-        return int(max(1, min(r, np.floor(r * PROMPT_SHARE / held))))
-
     picks: dict[str, list] = {}
     per_setting = []
     for u, out in zip(units, results):
         actual, r = out["actual"], u[2]
         real = {k: actual[str(k)] / actual["vllm"] for k in range(1, r + 1)}
-        rk = rule_k(u, actual)
+        rk = out["rule k"]  # steal's own spread of this step (simulate.rollout.steal_ways)
         chosen = {"steal's rule (spread_ways)": rk,
                   "best k per setting (oracle: the true lengths)": min(real, key=real.get)}
         for spread, drawn in out["scenarios"].items():
@@ -1196,13 +1187,11 @@ def _rollout_oversampling_unit(args):
     groups, realistic, oracle, constant, common = _rollout_setting(workload, int(round(prompts * over)), replicas,
                                                                    factor, seed, cost_text)
     known = {"realistic": realistic, None: None}
-    means = np.array([float(np.mean(g.lengths)) for g in groups])
     out = {}
     for label, policy, router, pred in OVERSAMPLE_RUNS:
         r = run_rollout(groups, policy, router=router, predicted=known[pred], record=True, **common)
-        finish = r.group_finish_seconds()
-        kept = np.argsort(finish, kind="stable")[:prompts]
-        out[label] = (float(np.sort(finish)[prompts - 1]), r.seconds, float(means[kept].mean() / means.mean()))
+        to_kept, bias = r.kept_finish(prompts)
+        out[label] = (to_kept, r.seconds, bias)
     return out
 
 

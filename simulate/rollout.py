@@ -159,6 +159,18 @@ class RolloutResult:
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
         return np.array([finish[a:a + n].max() if n else 0.0 for a, n in zip(starts, sizes)], dtype=np.float64)
 
+    def kept_finish(self, kept: int) -> tuple[float, float]:
+        """An over-sampled step that ends at its ``kept``-th finished group (the rest aborted): (modelled
+        seconds to that group, the kept groups' mean completion length over all submitted groups').
+        Needs the timelines (``record=True``)."""
+        kept = check_int("kept", kept, minimum=1)
+        if kept > len(self.collected_lengths):
+            raise InvalidArgument("kept", kept, f"at most the {len(self.collected_lengths)} groups submitted")
+        finish = self.group_finish_seconds()
+        first = np.argsort(finish, kind="stable")[:kept]
+        means = np.array([float(np.mean(c)) for c in self.collected_lengths])
+        return float(np.sort(finish)[kept - 1]), float(means[first].mean() / means.mean())
+
     @property
     def tokens_per_second(self) -> float:
         """Generated tokens per second of the step (all replicas together)."""

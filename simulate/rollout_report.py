@@ -75,7 +75,7 @@ class RolloutRow:
     #: the step as run first, then each of the N draws (None where it could not run that draw).
     draws: tuple[float | None, ...] | None = None
     #: With ``--oversample``: (seconds to the ``--prompts``-th finished group, the kept groups' mean completion
-    #: length over all submitted groups') (:func:`kept_finish`).
+    #: length over all submitted groups') (:meth:`RolloutResult.kept_finish`).
     kept: tuple[float, float] | None = None
 
     @property
@@ -303,15 +303,6 @@ def submitted_groups(opts: SimulateOptions) -> int:
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
 
 
-def kept_finish(result: RolloutResult, kept: int) -> tuple[float, float]:
-    """An over-sampled step ended at its ``kept``-th finished group: (seconds to it, the kept groups' mean
-    completion length over all submitted groups'). Needs ``result``'s timelines (record=True)."""
-    finish = result.group_finish_seconds()
-    first = np.argsort(finish, kind="stable")[:kept]
-    means = np.array([float(np.mean(c)) for c in result.collected_lengths])  # the result's group order
-    return float(np.sort(finish)[kept - 1]), float(means[first].mean() / means.mean())
-
-
 def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
     """Every completion's predicted length (tokens, flattened in group order) under ``opts.predictor``,
     its errors drawn with ``seed``; with ``before`` (the same prompts' groups one epoch earlier), what the
@@ -340,7 +331,7 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
         try:
             result = step.run(policy, router, record=record or kept is not None)
             rows.append(RolloutRow(policy, PLAN_ROUTER if router == PLAN_ROUTER else result.router, result,
-                                   kept=None if kept is None else kept_finish(result, kept)))
+                                   kept=None if kept is None else result.kept_finish(kept)))
         except LengthschedError as exc:  # a pool too small for a completion, or a policy that gives up
             if (policy, router) == BASELINE and "budget_tokens" in str(exc):
                 raise InvalidArgument("budget", opts.budget, f"a larger replica memory: {exc}") from None
