@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BudgetTooSmall, InvalidArgument, check_int
+from .errors import BudgetTooSmall, InvalidArgument, LengthschedError, check_int
 from .hfconfig import PRESET_DIR, load_config, preset_names, read_shapes
 
 __all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes", "ROLLOUT_DECODE_ROWS",
@@ -367,7 +367,15 @@ def parse_bytes(text: str | int, name: str = "budget") -> int:
 ROLLOUT_DECODE_ROWS = 256
 
 
-def rollout_pool_tokens(memory: ModelMemory, budget_bytes: int, decode_rows: int = ROLLOUT_DECODE_ROWS) -> int:
+def rollout_pool_tokens(memory: ModelMemory, budget_bytes: int, decode_rows: int = ROLLOUT_DECODE_ROWS,
+                        given: Any = None) -> int:
     """KV tokens of one engine replica's pool in a rollout step (prompts are held inside it): its memory
-    ``budget_bytes`` less the weights and the activations of ``decode_rows`` decode rows."""
-    return memory.kv_token_budget(budget_bytes, prompt_tokens=0, batch=decode_rows)
+    ``budget_bytes`` less the weights and the activations of ``decode_rows`` decode rows. A memory too
+    small for a pool raises :class:`InvalidArgument` naming ``budget`` (shown as ``given``, e.g. the
+    ``--budget`` the user typed)."""
+    try:
+        return memory.kv_token_budget(budget_bytes, prompt_tokens=0, batch=decode_rows)
+    except LengthschedError as exc:
+        raise InvalidArgument("budget", budget_bytes if given is None else given,
+                              f"room for {memory.name}'s weights, the activations of {decode_rows} decode rows "
+                              f"and a KV pool ({exc})") from None

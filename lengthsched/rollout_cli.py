@@ -19,10 +19,10 @@ import dataclasses
 import json
 from typing import Any
 
-from .errors import InvalidArgument, LengthschedError
+from .errors import InvalidArgument
 from .integrations.rollout import RolloutPlan, plan_rollout
 from .io import atomic_write_text, read_json_objects
-from .memory import ROLLOUT_DECODE_ROWS, parse_bytes, rollout_pool_tokens
+from .memory import parse_bytes, rollout_pool_tokens
 from .options import PlanRolloutOptions
 
 __all__ = ["StepGroup", "read_step", "plan_step", "run_plan_rollout", "format_rollout_plan", "rollout_plan_dict"]
@@ -126,13 +126,7 @@ def _pool(opts: PlanRolloutOptions) -> int | None:
     from .cli import DEFAULT_MODEL, load_memory
 
     memory = load_memory(dataclasses.replace(opts, model=opts.model or DEFAULT_MODEL))
-    budget = parse_bytes(opts.budget, "budget")
-    try:
-        return rollout_pool_tokens(memory, budget)
-    except LengthschedError as exc:
-        raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
-                                                     f"{ROLLOUT_DECODE_ROWS} decode rows and a KV pool ({exc})"
-                              ) from None
+    return rollout_pool_tokens(memory, parse_bytes(opts.budget, "budget"), given=opts.budget)
 
 
 def _loads(text: str | None) -> list[float] | None:

@@ -132,7 +132,7 @@ class RolloutComparison:
 def rollout_pool_tokens(opts: SimulateOptions, memory, budget_bytes: int) -> int:
     """KV tokens of each replica's pool: its memory less the weights and the activations of
     :data:`DECODE_ROWS` decode rows (prompts are held inside the pool)."""
-    return _pool_tokens(memory, budget_bytes, DECODE_ROWS)
+    return _pool_tokens(memory, budget_bytes, DECODE_ROWS, given=opts.budget)
 
 
 def _routers(opts: SimulateOptions) -> list[str]:
@@ -283,11 +283,7 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     opts = check_rollout_options(opts)
     memory = load_memory(opts)
     budget_bytes = parse_bytes(opts.budget, "budget")
-    try:
-        pool = rollout_pool_tokens(opts, memory, budget_bytes)
-    except LengthschedError as exc:
-        raise InvalidArgument("budget", opts.budget, f"room for {memory.name}'s weights, the activations of "
-                                                     f"{DECODE_ROWS} decode rows and a KV pool ({exc})") from None
+    pool = rollout_pool_tokens(opts, memory, budget_bytes)
     submitted = submitted_groups(opts)
     step_opts = dataclasses.replace(opts, groups=submitted)
     groups = workload_groups(step_opts, submitted)
