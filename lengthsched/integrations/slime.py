@@ -448,11 +448,12 @@ async def _engine_for(args: Any, sample: Any, replica: int) -> int | None:
         raise
 
 
-_USER_FUNCTIONS: dict[str, Any] = {}
+_USER_FUNCTIONS: dict[str, tuple[Any, bool]] = {}  # path -> (function, whether it takes evaluation=)
 
 
-def _user_generate(args: Any) -> Any:
-    """The generate function named by ``args.lengthsched_generate_function_path`` (loaded once), else None."""
+def _user_generate(args: Any) -> tuple[Any, bool] | None:
+    """The generate function named by ``args.lengthsched_generate_function_path`` and whether its signature
+    takes ``evaluation`` (loaded and read once), else None."""
     path = getattr(args, "lengthsched_generate_function_path", None)
     if not path:
         return None
@@ -461,19 +462,20 @@ def _user_generate(args: Any) -> Any:
         if not callable(function):
             raise InvalidArgument("lengthsched_generate_function_path", path,
                                   "an importable 'package.module.function' (a callable)")
-        _USER_FUNCTIONS[path] = function
+        _USER_FUNCTIONS[path] = (function, "evaluation" in inspect.signature(function).parameters)
     return _USER_FUNCTIONS[path]
 
 
 async def _generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool) -> Any:
     """The user's generate function (``lengthsched_generate_function_path``, with ``evaluation=`` where its
     signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate``."""
-    function = _user_generate(args)
-    if function is None:
+    user = _user_generate(args)
+    if user is None:
         from slime.rollout import sglang_rollout
 
         return await sglang_rollout.generate(args, sample, sampling_params)
-    if "evaluation" in inspect.signature(function).parameters:
+    function, takes_evaluation = user
+    if takes_evaluation:
         return await function(args, sample, sampling_params, evaluation=evaluation)
     return await function(args, sample, sampling_params)
 
