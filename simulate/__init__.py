@@ -2,6 +2,7 @@
 
 ``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
 budget; ``run_rollout`` an RL rollout step (many groups on several engine replicas);
+``run_oversampled_steps`` over-sampled steps one after another (slime's partial rollout);
 ``search_placement`` the best placement of a rollout's requests a search finds with the true
 lengths (an oracle: what placement could buy);
 :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces with a
@@ -13,6 +14,7 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
 from .headroom import PlacementSearch, search_placement
+from .oversampling import OversampledSteps, StepRecord, run_oversampled_steps
 from .rollout import (
     ROUTERS,
     LiveRouter,
@@ -50,6 +52,9 @@ __all__ = [
     "run_group",
     "run_rollout",
     "run_slime_planned",
+    "run_oversampled_steps",
+    "OversampledSteps",
+    "StepRecord",
     "DEFAULT_POLICY",
     "RolloutResult",
     "ROUTERS",

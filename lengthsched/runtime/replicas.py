@@ -86,7 +86,7 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
     ``max_seqs``: requests it runs at once at most (None: the pool alone limits them); ``offload``: as
     :func:`replica_engine`'s."""
     if not len(mine):  # a replica that got nothing
-        return Engine([], budget_tokens=budget), (np.zeros(1), np.zeros(1))
+        return Engine([], budget_tokens=budget, record=record), (np.zeros(1), np.zeros(1))
     hosted, local = np.unique(owner[mine], return_inverse=True)
     problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
                       predicted=None if pred is None else pred[mine],

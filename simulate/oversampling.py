@@ -1,0 +1,232 @@
+"""Over-sampled rollout steps, one after another, with slime's partial rollout.
+
+An RL framework that over-samples submits more groups than a step keeps and ends the step at the
+``batch``-th finished group; the rest are aborted. What happens to them is the framework's choice:
+slime (``slime/rollout/sglang_rollout.py`` at 624b824, ``generate_rollout_async`` and ``abort``)
+drops them unless ``--partial-rollout`` is set, which returns every aborted group to the data
+buffer with the tokens its samples generated, and the next step takes the buffer's groups first
+(``RolloutDataSourceWithBuffer.get_samples``, ``pop_first``): a sample that had finished is kept as
+it is (``generate_and_rm`` returns a ``COMPLETED`` or ``TRUNCATED`` sample unchanged), one that had
+not resumes from its prompt and partial response, which the engine prefills again (the weights
+changed between the steps; SGLang's cache is flushed at the update), and generates what it has left.
+
+:func:`run_oversampled_steps` runs such steps one after another on :func:`simulate.run_rollout`:
+each step submits ``ceil(batch x oversample)`` groups (the carried ones first, then fresh ones from
+the stream), ends at its ``batch``-th finished group, and carries or drops the rest. A resumed
+sample whose partial response differs from its siblings' cannot share their prompt's KV: each is
+its own request with its prompt and partial response as its context (a one-completion group in the
+model); the samples of a carried group that never started stay one group with the shared prompt.
+The unit of comparison is the kept tokens per modelled second (what the learner receives for the
+rollout time), next to what the carried tokens cost: the share of the kept tokens generated in an
+earlier step, by an older policy (slime's ``--mask-offpolicy-in-partial-rollout`` masks them).
+
+Not modelled: a dynamic-sampling filter (every finished group is kept: ``oversample`` then only
+shortens the step), the learner's time between steps, and a policy whose lengths drift between
+steps (the stream's lengths are fixed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lengthsched import InvalidArgument
+from lengthsched.errors import as_lengths, check_int, check_positive_float
+
+from .rollout import RolloutResult, run_rollout
+from .workloads import Group
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One over-sampled step. ``seconds``: modelled seconds to its ``batch``-th finished group (the
+    step's end); ``submitted`` / ``carried_in``: groups it submitted, and how many of them an earlier
+    step carried; ``kept``: the groups it kept (their indices in the stream), in finish order;
+    ``kept_tokens``: their completions' tokens; ``decoded_tokens``: tokens the replicas generated
+    in this step up to its end (kept or not; recomputation not counted); ``stale_tokens``: the kept
+    tokens generated in an earlier step; ``dropped_tokens``: tokens generated and thrown away (the
+    aborted groups' without partial rollout); ``carried_out``: groups left for the next step;
+    ``recomputed_tokens``: tokens prefilled again in this step (preemptions and moves within the
+    step, and the partial responses of resumed samples)."""
+
+    seconds: float
+    submitted: int
+    carried_in: int
+    kept: tuple[int, ...]
+    kept_tokens: int
+    decoded_tokens: int
+    stale_tokens: int
+    dropped_tokens: int
+    carried_out: int
+    recomputed_tokens: int
+
+
+@dataclass(frozen=True)
+class OversampledSteps:
+    """Over-sampled steps run one after another (:func:`run_oversampled_steps`). ``steps``: one
+    :class:`StepRecord` each; ``mean_length``: the mean completion length (tokens) of every group
+    the steps drew from the stream, to which the kept groups' mean is compared; ``carried``: the
+    groups (indices in the stream) left in the buffer after the last step, holding
+    ``carried_tokens`` generated tokens (partial rollout)."""
+
+    policy: str
+    batch: int
+    oversample: float
+    partial: bool
+    group_size: int
+    steps: tuple[StepRecord, ...]
+    mean_length: float
+    carried: tuple[int, ...] = ()
+    carried_tokens: int = 0
+    results: tuple[RolloutResult | None, ...] = field(default=(), repr=False)
+
+    @property
+    def seconds(self) -> float:
+        """Modelled seconds of all the steps."""
+        return float(sum(s.seconds for s in self.steps))
+
+    @property
+    def kept_tokens(self) -> int:
+        return int(sum(s.kept_tokens for s in self.steps))
+
+    @property
+    def kept_tokens_per_second(self) -> float:
+        """Kept tokens (what the learner receives) per modelled second of rollout."""
+        return self.kept_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def stale_share(self) -> float:
+        """The share of the kept tokens generated in an earlier step than the one that kept them."""
+        return float(sum(s.stale_tokens for s in self.steps)) / self.kept_tokens if self.kept_tokens else 0.0
+
+    @property
+    def dropped_share(self) -> float:
+        """Tokens generated and thrown away, over all tokens generated."""
+        decoded = sum(s.decoded_tokens for s in self.steps)
+        return float(sum(s.dropped_tokens for s in self.steps)) / decoded if decoded else 0.0
+
+    @property
+    def kept_length_ratio(self) -> float:
+        """The kept groups' mean completion length over the mean of every group drawn (1: no length
+        bias in what the learner receives; below 1: the short groups are over-represented)."""
+        kept = sum(len(s.kept) for s in self.steps)
+        return self.kept_tokens / kept / self.group_size / self.mean_length if kept and self.mean_length else 0.0
+
+
+def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
+                          partial: bool = True, predicted: Any = None,
+                          run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
+                          **kwargs: Any) -> OversampledSteps:
+    """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
+    groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
+    ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
+    module docstring). ``stream``: groups (:class:`simulate.Group`, all of one size G), drawn in
+    order; it must hold enough for every step (``steps x ceil(batch x oversample)`` at most).
+    ``predicted``: per completion of the stream, flattened (a prompt-level predictor's: the same for
+    siblings), or None; a resumed sample is predicted ``max(1, predicted - generated)`` tokens, as
+    :mod:`lengthsched.integrations.slime` plans it. ``run``: how one step runs (default
+    :func:`simulate.run_rollout` with ``policy``; called as ``run(groups, policy, predicted=...,
+    record=True, **kwargs)``); ``kwargs`` go to it (``replicas``, ``budget_tokens``,
+    ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
+    waits for every group it submitted (nothing carried). Returns :class:`OversampledSteps`."""
+    batch = check_int("batch", batch, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    oversample = check_positive_float("oversample", oversample)
+    if oversample < 1:
+        raise InvalidArgument("oversample", oversample, "at least 1 (groups submitted per group kept)")
+    stream = list(stream)
+    if not stream:
+        raise InvalidArgument("stream", "no groups", "at least one group")
+    size = len(stream[0].lengths)
+    if any(len(g.lengths) != size for g in stream):
+        raise InvalidArgument("stream", "groups of several sizes", f"every group of {size} completions")
+    if predicted is not None:
+        predicted = as_lengths("predicted", predicted, minimum=1)
+        if predicted.shape != (len(stream) * size,):
+            raise InvalidArgument("predicted", f"{predicted.size} values",
+                                  f"{len(stream) * size} values, one per completion of the stream")
+        predicted = predicted.reshape(len(stream), size)
+    submit = math.ceil(batch * oversample - 1e-9)
+    run = run_rollout if run is None else run
+    lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
+    generated = np.zeros_like(lengths)  # tokens each sample of the stream holds
+    old = np.zeros_like(lengths)  # of them, generated before the current step
+    carried: list[int] = []
+    fresh = 0
+    records, results = [], []
+    for _ in range(steps):
+        take = carried[:submit]
+        carried = carried[submit:]
+        carried_in = len(take)
+        need = submit - len(take)
+        if fresh + need > len(stream):
+            raise InvalidArgument("stream", f"{len(stream)} groups",
+                                  f"at least {fresh + need} for {steps} steps of {submit} groups")
+        take += list(range(fresh, fresh + need))
+        fresh += need
+        old[take] = generated[take]
+        was, full = old[take], lengths[take]
+        resumed = int(was[(was > 0) & (was < full)].sum())  # partial responses prefilled again
+        parts, owners, samples, pred = _step_groups(stream, take, lengths, generated, predicted)
+        finish = np.full(len(take), 0.0)  # a group whose samples all finished earlier: at once
+        result = run(parts, policy, predicted=pred, record=True, **kwargs) if parts else None
+        if keep_results:
+            results.append(result)
+        if result is not None:
+            np.maximum.at(finish, owners, result.group_finish_seconds())
+        order = np.argsort(finish, kind="stable")
+        kept_local = order[:min(batch, len(take))]
+        end = float(finish[kept_local[-1]])
+        before = generated[take].sum()
+        if result is not None:
+            flat = np.concatenate(samples)
+            generated[flat[:, 0], flat[:, 1]] = old[flat[:, 0], flat[:, 1]] + result.generated_at(end)
+        decoded = int(generated[take].sum() - before)
+        kept = [take[i] for i in kept_local]
+        kept_set = set(kept)
+        rest = [g for g in take if g not in kept_set]
+        kept_tokens = int(lengths[kept].sum())
+        stale = int(old[kept].sum())
+        dropped = 0
+        if partial:
+            carried = rest + carried
+        else:
+            dropped = int((generated[rest] - old[rest]).sum())
+        records.append(StepRecord(seconds=end, submitted=len(take), carried_in=carried_in,
+                                  kept=tuple(kept), kept_tokens=kept_tokens, decoded_tokens=decoded,
+                                  stale_tokens=stale, dropped_tokens=dropped,
+                                  carried_out=len(carried) if partial else 0,
+                                  recomputed_tokens=resumed + (0 if result is None else int(result.recomputed_tokens))))
+    drawn = lengths[:fresh]
+    return OversampledSteps(policy=policy, batch=batch, oversample=oversample, partial=partial, group_size=size,
+                            steps=tuple(records), mean_length=float(drawn.mean()), carried=tuple(carried),
+                            carried_tokens=int(generated[carried].sum()) if carried else 0, results=tuple(results))
+
+
+def _step_groups(stream, take, lengths, generated, predicted):
+    """The groups one step submits, as the model runs them: per taken group, its samples that never
+    started as one group (the shared prompt), each sample with a partial response as its own
+    one-completion group (prompt and partial response prefilled at its admission), nothing for its
+    finished samples. Returns (groups, owner of each (index into ``take``), the (stream group, sample)
+    of each group's completions, predictions flattened or None)."""
+    parts, owners, samples, pred = [], [], [], []
+    for local, g in enumerate(take):
+        source = stream[g]
+        done, full = generated[g], lengths[g]
+        fresh = np.flatnonzero(done == 0)
+        resumed = np.flatnonzero((done > 0) & (done < full))
+        units = ([(fresh, 0)] if len(fresh) else []) + [(np.array([i]), int(done[i])) for i in resumed]
+        for idx, partial_tokens in units:
+            parts.append(Group(prompt_id=source.prompt_id if partial_tokens == 0 else f"{source.prompt_id}#{idx[0]}",
+                               prompt_len=int(source.prompt_len) + partial_tokens,
+                               lengths=full[idx] - done[idx], source=source.source))
+            owners.append(local)
+            samples.append(np.stack([np.full(len(idx), g), idx], axis=1))
+            if predicted is not None:
+                pred.append(np.maximum(1, predicted[g][idx] - done[idx]))
+    return (parts, np.array(owners, dtype=np.int64), samples,
+            None if predicted is None else np.concatenate(pred))

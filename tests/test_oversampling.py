@@ -1,0 +1,129 @@
+"""simulate.run_oversampled_steps (slime's over-sampling and partial rollout, step after step) and
+RolloutResult.generated_at (what an abort leaves)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from simulate import run_oversampled_steps, run_rollout
+from simulate.workloads import Group
+
+COMMON = dict(budget_tokens=2048, max_new_tokens=512)
+
+
+def _stream(n, size=4, seed=0, low=5, high=400):
+    rng = np.random.default_rng(seed)
+    return [Group(f"p{i}", int(rng.integers(8, 60)), rng.integers(low, high, size=size)) for i in range(n)]
+
+
+@pytest.mark.parametrize("policy,kw", [("vllm", {"router": "least_loaded"}), ("steal", {})])
+def test_generated_at_counts_every_token_decoded_by_then(policy, kw):
+    groups = _stream(12, size=4, seed=3)
+    r = run_rollout(groups, policy, replicas=2, record=True, **COMMON, **kw)
+    full = np.concatenate(r.collected_lengths)
+    assert r.generated_at(0.0).sum() == 0
+    assert (r.generated_at(r.seconds) == full).all()
+    times = np.linspace(0.0, r.seconds, 13)
+    counts = [r.generated_at(t) for t in times]
+    assert all((a <= b).all() for a, b in zip(counts, counts[1:]))
+    finish = r.group_finish_seconds()
+    sizes = [len(c) for c in r.collected_lengths]
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    at = float(np.median(finish))
+    now = r.generated_at(at)
+    for g, (a, n) in enumerate(zip(starts, sizes)):
+        if finish[g] <= at:  # a finished group holds all of its tokens
+            assert (now[a:a + n] == full[a:a + n]).all()
+    with pytest.raises(InvalidArgument, match="record"):
+        run_rollout(groups, policy, replicas=2, **COMMON, **kw).generated_at(1.0)
+    with pytest.raises(InvalidArgument, match="seconds"):
+        r.generated_at(-1.0)
+
+
+def test_without_over_sampling_every_step_is_a_whole_rollout():
+    stream = _stream(9, seed=1)
+    out = run_oversampled_steps(stream, "vllm", batch=3, oversample=1, steps=3, replicas=2, **COMMON)
+    for k, step in enumerate(out.steps):
+        alone = run_rollout(stream[3 * k:3 * k + 3], "vllm", replicas=2, **COMMON)
+        assert step.seconds == pytest.approx(alone.seconds)
+        assert sorted(step.kept) == [3 * k, 3 * k + 1, 3 * k + 2]
+        assert step.stale_tokens == step.dropped_tokens == step.carried_in == step.carried_out == 0
+    assert out.kept_length_ratio == pytest.approx(1.0)
+    assert out.stale_share == out.dropped_share == 0.0
+
+
+def test_partial_rollout_carries_aborted_groups_with_their_tokens():
+    stream = _stream(40, seed=2, high=500)
+    out = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=5, replicas=2, router="least_loaded",
+                                **COMMON)
+    first, later = out.steps[0], out.steps[1:]
+    assert first.submitted == 6 and first.carried_in == 0 and first.stale_tokens == 0
+    assert all(s.carried_in == 2 and s.submitted == 6 for s in later)  # the aborted two come back first
+    kept = [g for s in out.steps for g in s.kept]
+    assert len(kept) == len(set(kept)) == 20
+    lengths = np.array([g.lengths for g in stream])
+    assert sum(s.kept_tokens for s in out.steps) == lengths[kept].sum()
+    # every token was decoded once: what was kept, and what the buffer still holds
+    assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens
+    assert out.stale_share > 0 and out.dropped_share == 0
+    assert set(out.carried).isdisjoint(kept) and len(out.carried) == 2
+
+
+def test_without_partial_rollout_the_aborted_work_is_lost():
+    stream = _stream(40, seed=2, high=500)
+    out = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=5, partial=False, replicas=2,
+                                **COMMON)
+    assert all(s.carried_in == 0 and s.submitted == 6 for s in out.steps)
+    assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + sum(s.dropped_tokens for s in out.steps)
+    assert out.stale_share == 0 and out.dropped_share > 0 and out.carried == ()
+    assert out.kept_length_ratio < 1  # the aborted groups are the long ones
+
+
+def test_a_step_ends_at_its_batch_th_group_sooner_than_the_whole_rollout():
+    stream = _stream(12, seed=4, high=500)
+    pred = np.concatenate([g.lengths for g in stream])
+    out = run_oversampled_steps(stream, "steal", batch=4, oversample=1.5, steps=2, predicted=pred, replicas=2,
+                                keep_results=True, **COMMON)
+    assert all(s.seconds <= r.seconds + 1e-12 for s, r in zip(out.steps, out.results))
+    assert out.steps[0].seconds < out.results[0].seconds
+
+
+@settings(deadline=None)
+@given(seed=st.integers(0, 10**6), size=st.integers(1, 4), batch=st.integers(1, 4),
+       oversample=st.sampled_from([1.0, 1.25, 1.5, 2.0]), partial=st.booleans(),
+       policy=st.sampled_from(["vllm", "steal"]), replicas=st.integers(1, 3))
+def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas):
+    stream = _stream(40, size=size, seed=seed, high=300)
+    noise = np.exp(np.random.default_rng(seed).normal(0, 0.5, 40 * size))
+    pred = np.maximum(1, np.rint(np.concatenate([g.lengths for g in stream]) * noise)).astype(int)
+    out = run_oversampled_steps(stream, policy, batch=batch, oversample=oversample, steps=3, partial=partial,
+                                predicted=pred, replicas=replicas, **COMMON)
+    kept = [g for s in out.steps for g in s.kept]
+    assert len(kept) == len(set(kept)) == 3 * batch
+    lost = sum(s.dropped_tokens for s in out.steps)
+    assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
+    assert all(0 <= s.stale_tokens <= s.kept_tokens for s in out.steps)
+    assert (lost == 0) if partial else (out.carried_tokens == 0 and out.stale_share == 0)
+
+
+def test_bad_arguments_name_themselves():
+    stream = _stream(6)
+    for kw, name in [(dict(batch=0), "batch"), (dict(oversample=0.5), "oversample"), (dict(steps=0), "steps"),
+                     (dict(batch=4, steps=2), "stream"), (dict(predicted=[1.0, 2.0]), "predicted")]:
+        args = dict(batch=2, oversample=1.5, steps=1) | kw
+        with pytest.raises(InvalidArgument, match=name):
+            run_oversampled_steps(stream, "vllm", **args, replicas=1, **COMMON)
+    mixed = stream[:2] + [Group("odd", 5, np.array([3, 4]))]
+    with pytest.raises(InvalidArgument, match="stream"):
+        run_oversampled_steps(mixed, "vllm", batch=1, oversample=1, steps=1, replicas=1, **COMMON)
+
+
+def test_a_replica_that_got_nothing_still_has_a_timeline():
+    """With record=True every replica keeps a timeline, the idle ones too (group_finish_seconds reads them all)."""
+    r = run_rollout([Group("p", 10, np.array([30]))], "vllm", replicas=3, record=True, **COMMON)
+    assert r.group_finish_seconds().tolist() == [r.seconds]
+    assert r.generated_at(r.seconds).tolist() == [30]
