@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import statistics
 import sys
@@ -1227,6 +1228,74 @@ def rollout_oversampling(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings}
 
 
+# rollout_partial: over-sampled steps one after another (simulate.run_oversampled_steps): (over-sampling,
+# partial rollout) per mode, the steps of each run, and the runs (label, policy, router, predictions, slime's
+# in-flight cap per replica or None)
+PARTIAL_MODES = ((1.0, False), (1.25, False), (1.25, True), (1.5, False), (1.5, True))
+PARTIAL_STEPS = 8
+PARTIAL_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b, r in ((64, 4), (256, 8)) for f in (4, 16)]
+PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None),
+                ("slime: sglang + cache-aware router", "sglang", "cache_aware", None, 512),
+                ("steal", "steal", None, "realistic", None),
+                ("steal_longest", "steal_longest", None, "realistic", None))
+
+
+def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
+    """One setting and mode: every run of PARTIAL_RUNS over ``steps`` over-sampled steps of ``prompts``
+    groups kept (the stream: as many groups of the workload as the steps can draw, seed ``seed``). Per
+    run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens)."""
+    from simulate.oversampling import run_oversampled_steps
+
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
+    need = steps * math.ceil(prompts * over - 1e-9)
+    groups, realistic, oracle, constant, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    known = {"realistic": realistic, None: None}
+    out = {}
+    for label, policy, router, pred, per in PARTIAL_RUNS:
+        extra = {} if per is None else {"in_flight": per * replicas}
+        r = run_oversampled_steps(groups, policy, batch=prompts, oversample=over, steps=steps, partial=carry,
+                                  predicted=known[pred], router=router, **common, **extra)
+        out[label] = (r.seconds, r.kept_tokens, r.stale_share, r.dropped_share, r.kept_length_ratio,
+                      int(sum(x.recomputed_tokens for x in r.steps)))
+    return out
+
+
+def rollout_partial(quick: bool) -> tuple[str, list]:
+    """Over-sampled steps one after another, with and without slime's partial rollout: kept tokens per
+    modelled second against vLLM + verl without over-sampling, and what the carried tokens cost (the
+    share of the kept tokens generated in an earlier step) or what the aborted ones cost (thrown away)."""
+    grid, modes, steps = PARTIAL_GRID, PARTIAL_MODES, PARTIAL_STEPS
+    if quick:
+        grid, modes, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], ((1.0, False), (1.5, True)), 3
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
+    results = _pool_map(partial(_rollout_partial_unit, steps=steps), units)
+    base_label = PARTIAL_RUNS[0][0]
+    base = {u[:4]: out[base_label] for u, out in zip(units, results) if u[6] == (1.0, False)}
+    rows, settings = [], []
+    for m in modes:
+        mine = [(u, out) for u, out in zip(units, results) if u[6] == m]
+        for label, *_ in PARTIAL_RUNS:
+            speed = np.array([(out[label][1] / out[label][0]) / (base[u[:4]][1] / base[u[:4]][0]) for u, out in mine])
+            tail = np.array([(out[label][1] / out[label][0]) / (base[u[:4]][1] / base[u[:4]][0])
+                             for u, out in mine if u[0] == "long tail"])
+            stale = np.array([out[label][2] for _, out in mine])
+            dropped = np.array([out[label][3] for _, out in mine])
+            length = np.array([out[label][4] for _, out in mine])
+            rows.append([m[0], "yes" if m[1] else "no", label, len(mine), float(speed.mean()), float(speed.min()),
+                         float(tail.mean()) if len(tail) else float("nan"), float(stale.mean()), float(stale.max()),
+                         float(dropped.mean()), float(length.mean()), float(length.min())])
+        settings += [[m[0], m[1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
+                      {label: list(v) for label, v in out.items()}] for u, out in mine]
+    text = table(f"Over-sampled steps one after another ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
+                 f"{steps} steps of B groups kept, B x over-sampling submitted; with partial rollout the aborted "
+                 "groups come back first in the next step with their tokens, without it they are dropped): kept "
+                 "tokens per modelled second x vLLM + verl's without over-sampling",
+                 ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)", "lowest",
+                  "long tail only", "stale share of kept tokens", "highest", "dropped share of generated",
+                  "kept / drawn mean length", "lowest"], rows)
+    return text, {"rows": rows, "settings": settings, "steps": steps}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -1821,6 +1890,7 @@ def main(argv=None) -> int:
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
+                "rollout_partial": rollout_partial,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -119,6 +119,29 @@ def test_simulator_benchmark_rollout_hedged_scores_choices_of_k_without_the_true
     assert rows["steal's rule (spread_ways)"][2] == pytest.approx(float(np.mean(ratios)), rel=1e-12)
 
 
+def test_simulator_benchmark_rollout_partial_compares_kept_tokens_per_second(tmp_path):
+    """rollout_partial (quick): over-sampled steps one after another; the reference row (vLLM + verl, no
+    over-sampling) is 1, nothing is stale or dropped without over-sampling, and a setting's numbers are
+    those of simulate.run_oversampled_steps run again here."""
+    from simulate import run_oversampled_steps
+
+    data = _quick_section(tmp_path, "rollout_partial")
+    from bench_simulate import PARTIAL_RUNS, _rollout_setting
+
+    rows = {(r[0], r[1], r[2]): r for r in data["rows"]}
+    base = rows[(1.0, "no", PARTIAL_RUNS[0][0])]
+    assert base[4] == base[5] == 1.0 and base[7] == base[9] == 0.0
+    assert all(r[7] == r[9] == 0.0 for key, r in rows.items() if key[0] == 1.0)
+    assert all(r[9] == 0.0 for key, r in rows.items() if key[1] == "yes")  # carried, not dropped
+    over, carry, workload, prompts, replicas, budget, runs = data["settings"][-1]
+    steps = data["steps"]
+    groups, realistic, _, _, common = _rollout_setting(workload, steps * int(np.ceil(prompts * over)), replicas,
+                                                       int(budget.split()[0]), 11, None)
+    r = run_oversampled_steps(groups, "steal", batch=prompts, oversample=over, steps=steps, partial=carry,
+                              predicted=realistic, **common)
+    assert runs["steal"][:3] == pytest.approx([r.seconds, r.kept_tokens, r.stale_share], rel=1e-12)
+
+
 def test_simulator_benchmark_rollout_oversampling_keeps_the_first_groups_to_finish(tmp_path):
     """rollout_oversampling (quick): B x 1.25 groups submitted, the step ends at the B-th finished group:
     no later than the full makespan; vLLM + verl is the reference; the kept groups are the first B to
