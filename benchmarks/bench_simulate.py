@@ -1230,20 +1230,24 @@ def rollout_oversampling(quick: bool) -> tuple[str, list]:
 
 # rollout_partial: over-sampled steps one after another (simulate.run_oversampled_steps): (over-sampling,
 # partial rollout) per mode, the steps of each run, and the runs (label, policy, router, predictions, slime's
-# in-flight cap per replica or None)
+# in-flight cap per replica or None, how a resumed sample is predicted: run_oversampled_steps' resume)
 PARTIAL_MODES = ((1.0, False), (1.25, False), (1.25, True), (1.5, False), (1.5, True))
 PARTIAL_STEPS = 8
 PARTIAL_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b, r in ((64, 4), (256, 8)) for f in (4, 16)]
-PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None),
-                ("slime: sglang + cache-aware router", "sglang", "cache_aware", None, 512),
-                ("steal", "steal", None, "realistic", None),
-                ("steal_longest", "steal_longest", None, "realistic", None))
+PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None, "left"),
+                ("slime: sglang + cache-aware router", "sglang", "cache_aware", None, 512, "left"),
+                ("steal", "steal", None, "realistic", None, "left"),
+                ("steal_longest", "steal_longest", None, "realistic", None, "left"),
+                ("steal, resumed samples predicted from their siblings", "steal", None, "realistic", None, "siblings"),
+                ("steal_longest, resumed samples predicted from their siblings", "steal_longest", None, "realistic",
+                 None, "siblings"))
 
 
 def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
     """One setting and mode: every run of PARTIAL_RUNS over ``steps`` over-sampled steps of ``prompts``
     groups kept (the stream: as many groups of the workload as the steps can draw, seed ``seed``). Per
-    run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens)."""
+    run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens, the most
+    steps a kept group waited)."""
     from simulate.oversampling import run_oversampled_steps
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
@@ -1251,12 +1255,14 @@ def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
     groups, realistic, oracle, constant, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     known = {"realistic": realistic, None: None}
     out = {}
-    for label, policy, router, pred, per in PARTIAL_RUNS:
+    for label, policy, router, pred, per, resume in PARTIAL_RUNS:
+        if resume != "left" and not carry:  # nothing is resumed without partial rollout: the "left" run's
+            continue
         extra = {} if per is None else {"in_flight": per * replicas}
         r = run_oversampled_steps(groups, policy, batch=prompts, oversample=over, steps=steps, partial=carry,
-                                  predicted=known[pred], router=router, **common, **extra)
+                                  predicted=known[pred], resume=resume, router=router, **common, **extra)
         out[label] = (r.seconds, r.kept_tokens, r.stale_share, r.dropped_share, r.kept_length_ratio,
-                      int(sum(x.recomputed_tokens for x in r.steps)))
+                      int(sum(x.recomputed_tokens for x in r.steps)), r.max_wait)
     return out
 
 
@@ -1275,15 +1281,18 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
     for m in modes:
         mine = [(u, out) for u, out in zip(units, results) if u[6] == m]
         for label, *_ in PARTIAL_RUNS:
+            if label not in mine[0][1]:
+                continue
             speed = np.array([(out[label][1] / out[label][0]) / (base[u[:4]][1] / base[u[:4]][0]) for u, out in mine])
-            tail = np.array([(out[label][1] / out[label][0]) / (base[u[:4]][1] / base[u[:4]][0])
-                             for u, out in mine if u[0] == "long tail"])
+            tail = np.array([x for (u, _), x in zip(mine, speed) if u[0] == "long tail"])
             stale = np.array([out[label][2] for _, out in mine])
+            fresh = speed * (1 - stale)  # on-policy kept tokens per second, same reference
             dropped = np.array([out[label][3] for _, out in mine])
             length = np.array([out[label][4] for _, out in mine])
             rows.append([m[0], "yes" if m[1] else "no", label, len(mine), float(speed.mean()), float(speed.min()),
-                         float(tail.mean()) if len(tail) else float("nan"), float(stale.mean()), float(stale.max()),
-                         float(dropped.mean()), float(length.mean()), float(length.min())])
+                         float(tail.mean()) if len(tail) else float("nan"), float(fresh.mean()), float(stale.mean()),
+                         float(stale.max()), max(out[label][6] for _, out in mine), float(dropped.mean()),
+                         float(length.mean()), float(length.min())])
         settings += [[m[0], m[1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
                       {label: list(v) for label, v in out.items()}] for u, out in mine]
     text = table(f"Over-sampled steps one after another ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
@@ -1291,8 +1300,9 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
                  "groups come back first in the next step with their tokens, without it they are dropped): kept "
                  "tokens per modelled second x vLLM + verl's without over-sampling",
                  ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)", "lowest",
-                  "long tail only", "stale share of kept tokens", "highest", "dropped share of generated",
-                  "kept / drawn mean length", "lowest"], rows)
+                  "long tail only", "on-policy kept tokens/s x the same", "stale share of kept tokens", "highest",
+                  "most steps a kept group waited", "dropped share of generated", "kept / drawn mean length",
+                  "lowest"], rows)
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 

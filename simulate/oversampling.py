@@ -40,6 +40,9 @@ from lengthsched.errors import as_lengths, check_int, check_positive_float
 from .rollout import RolloutResult, run_rollout
 from .workloads import Group
 
+#: What ``run_oversampled_steps``' ``resume`` accepts.
+RESUME = ("left", "siblings")
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -51,7 +54,8 @@ class StepRecord:
     tokens generated in an earlier step; ``dropped_tokens``: tokens generated and thrown away (the
     aborted groups' without partial rollout); ``carried_out``: groups left for the next step;
     ``recomputed_tokens``: tokens prefilled again in this step (preemptions and moves within the
-    step, and the partial responses of resumed samples)."""
+    step, and the partial responses of resumed samples); ``waited``: the most steps a kept group
+    waited since it was first submitted (0: submitted in this step)."""
 
     seconds: float
     submitted: int
@@ -63,6 +67,7 @@ class StepRecord:
     dropped_tokens: int
     carried_out: int
     recomputed_tokens: int
+    waited: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,18 @@ class OversampledSteps:
         return float(sum(s.stale_tokens for s in self.steps)) / self.kept_tokens if self.kept_tokens else 0.0
 
     @property
+    def fresh_tokens_per_second(self) -> float:
+        """Kept tokens generated in the step that kept them (on-policy: what is left to train on where the
+        stale ones are masked, slime's ``--mask-offpolicy-in-partial-rollout``) per modelled second."""
+        fresh = self.kept_tokens - sum(s.stale_tokens for s in self.steps)
+        return fresh / self.seconds if self.seconds else 0.0
+
+    @property
+    def max_wait(self) -> int:
+        """The most steps a kept group waited between its first submission and the step that kept it."""
+        return max((s.waited for s in self.steps), default=0)
+
+    @property
     def dropped_share(self) -> float:
         """Tokens generated and thrown away, over all tokens generated."""
         decoded = sum(s.decoded_tokens for s in self.steps)
@@ -118,17 +135,22 @@ class OversampledSteps:
 
 
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
-                          partial: bool = True, predicted: Any = None,
-                          run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
-                          **kwargs: Any) -> OversampledSteps:
+                          partial: bool = True, predicted: Any = None, resume: str = "left",
+                          prior_sigma: float = 0.5, run: Callable[..., RolloutResult] | None = None,
+                          keep_results: bool = False, **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
     module docstring). ``stream``: groups (:class:`simulate.Group`, all of one size G), drawn in
     order; it must hold enough for every step (``steps x ceil(batch x oversample)`` at most).
     ``predicted``: per completion of the stream, flattened (a prompt-level predictor's: the same for
-    siblings), or None; a resumed sample is predicted ``max(1, predicted - generated)`` tokens, as
-    :mod:`lengthsched.integrations.slime` plans it. ``run``: how one step runs (default
+    siblings), or None. ``resume``: what a carried group's unfinished samples are predicted to have
+    left: ``"left"``, ``max(1, predicted - generated)`` tokens (as :mod:`lengthsched.integrations.slime`
+    plans a resumed sample); ``"siblings"``, the median of what :class:`lengthsched.OnlineLengthPredictor`
+    predicts from the group's finished samples and the sample's own progress (its prior the
+    prediction with log-normal error ``prior_sigma``, the siblings' spread that of the groups kept so
+    far: :func:`lengthsched.placement.sibling_spread`), which a sample that outran its prediction
+    does not take for nearly done. ``run``: how one step runs (default
     :func:`simulate.run_rollout` with ``policy``; called as ``run(groups, policy, predicted=...,
     record=True, **kwargs)``); ``kwargs`` go to it (``replicas``, ``budget_tokens``,
     ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
@@ -150,6 +172,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             raise InvalidArgument("predicted", f"{predicted.size} values",
                                   f"{len(stream) * size} values, one per completion of the stream")
         predicted = predicted.reshape(len(stream), size)
+    if resume not in RESUME:
+        raise InvalidArgument("resume", resume, " or ".join(map(repr, RESUME)))
+    prior_sigma = check_positive_float("prior_sigma", prior_sigma)
     submit = math.ceil(batch * oversample - 1e-9)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
@@ -158,7 +183,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     carried: list[int] = []
     fresh = 0
     records, results = [], []
-    for _ in range(steps):
+    kept_groups: list[np.ndarray] = []  # every group kept so far (complete: what the framework has seen)
+    first = np.zeros(len(stream), dtype=np.int64)  # the step each group was first submitted in
+    for step in range(steps):
         take = carried[:submit]
         carried = carried[submit:]
         carried_in = len(take)
@@ -167,11 +194,17 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             raise InvalidArgument("stream", f"{len(stream)} groups",
                                   f"at least {fresh + need} for {steps} steps of {submit} groups")
         take += list(range(fresh, fresh + need))
+        first[fresh:fresh + need] = step
         fresh += need
         old[take] = generated[take]
         was, full = old[take], lengths[take]
         resumed = int(was[(was > 0) & (was < full)].sum())  # partial responses prefilled again
-        parts, owners, samples, pred = _step_groups(stream, take, lengths, generated, predicted)
+        left = None
+        if predicted is not None:
+            left = np.maximum(1, predicted[take] - old[take])
+            if resume == "siblings":
+                left = _sibling_predictions(take, predicted, lengths, old, left, kept_groups, prior_sigma, kwargs)
+        parts, owners, samples, pred = _step_groups(stream, take, lengths, generated, left)
         finish = np.full(len(take), 0.0)  # a group whose samples all finished earlier: at once
         result = run(parts, policy, predicted=pred, record=True, **kwargs) if parts else None
         if keep_results:
@@ -187,6 +220,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             generated[flat[:, 0], flat[:, 1]] = old[flat[:, 0], flat[:, 1]] + result.generated_at(end)
         decoded = int(generated[take].sum() - before)
         kept = [take[i] for i in kept_local]
+        kept_groups += [lengths[g] for g in kept]
         kept_set = set(kept)
         rest = [g for g in take if g not in kept_set]
         kept_tokens = int(lengths[kept].sum())
@@ -200,19 +234,53 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                                   kept=tuple(kept), kept_tokens=kept_tokens, decoded_tokens=decoded,
                                   stale_tokens=stale, dropped_tokens=dropped,
                                   carried_out=len(carried) if partial else 0,
-                                  recomputed_tokens=resumed + (0 if result is None else int(result.recomputed_tokens))))
+                                  recomputed_tokens=resumed + (0 if result is None else int(result.recomputed_tokens)),
+                                  waited=int(step - first[kept].min())))
     drawn = lengths[:fresh]
     return OversampledSteps(policy=policy, batch=batch, oversample=oversample, partial=partial, group_size=size,
                             steps=tuple(records), mean_length=float(drawn.mean()), carried=tuple(carried),
                             carried_tokens=int(generated[carried].sum()) if carried else 0, results=tuple(results))
 
 
-def _step_groups(stream, take, lengths, generated, predicted):
+def _sibling_predictions(take, predicted, lengths, generated, left, kept_groups, prior_sigma, kwargs):
+    """``left`` with every carried group's unfinished samples predicted by an
+    :class:`~lengthsched.OnlineLengthPredictor` that saw the group's finished samples (see
+    :func:`run_oversampled_steps`' ``resume``)."""
+    from lengthsched import OnlineLengthPredictor
+    from lengthsched.placement import sibling_spread
+
+    carried = [i for i, g in enumerate(take) if generated[g].any()]
+    if not carried:
+        return left
+    spread = sibling_spread(kept_groups) if kept_groups else None
+    options = {} if not spread else {"within_sigma": max(0.01, float(spread))}
+    online = OnlineLengthPredictor({take[i]: float(predicted[take[i]][0]) for i in carried}, prior_sigma=prior_sigma,
+                                   max_new_tokens=kwargs.get("max_new_tokens"), **options)
+    prompts, prefixes, rows = [], [], []
+    for i in carried:
+        g = take[i]
+        for j in range(len(lengths[g])):
+            if generated[g][j] >= lengths[g][j]:
+                online.observe(g, int(lengths[g][j]))
+            else:
+                prompts.append(g)
+                prefixes.append(int(generated[g][j]))
+                rows.append((i, j))
+    if rows:
+        point = online.predict(prompts, prefixes).lengths
+        left = left.copy()
+        for (i, j), x in zip(rows, point):
+            left[i, j] = max(1, int(x))
+    return left
+
+
+def _step_groups(stream, take, lengths, generated, left):
     """The groups one step submits, as the model runs them: per taken group, its samples that never
     started as one group (the shared prompt), each sample with a partial response as its own
     one-completion group (prompt and partial response prefilled at its admission), nothing for its
-    finished samples. Returns (groups, owner of each (index into ``take``), the (stream group, sample)
-    of each group's completions, predictions flattened or None)."""
+    finished samples. ``left``: per taken group and sample, its predicted tokens to go (or None).
+    Returns (groups, owner of each (index into ``take``), the (stream group, sample) of each group's
+    completions, predictions flattened or None)."""
     parts, owners, samples, pred = [], [], [], []
     for local, g in enumerate(take):
         source = stream[g]
@@ -226,7 +294,7 @@ def _step_groups(stream, take, lengths, generated, predicted):
                                lengths=full[idx] - done[idx], source=source.source))
             owners.append(local)
             samples.append(np.stack([np.full(len(idx), g), idx], axis=1))
-            if predicted is not None:
-                pred.append(np.maximum(1, predicted[g][idx] - done[idx]))
+            if left is not None:
+                pred.append(left[local][idx])
     return (parts, np.array(owners, dtype=np.int64), samples,
-            None if predicted is None else np.concatenate(pred))
+            None if left is None else np.concatenate(pred))

@@ -71,6 +71,39 @@ def test_partial_rollout_carries_aborted_groups_with_their_tokens():
     assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens
     assert out.stale_share > 0 and out.dropped_share == 0
     assert set(out.carried).isdisjoint(kept) and len(out.carried) == 2
+    assert out.fresh_tokens_per_second == pytest.approx(out.kept_tokens_per_second * (1 - out.stale_share))
+    assert out.max_wait >= 1 and first.waited == 0
+
+
+def test_siblings_predict_what_a_resumed_sample_has_left():
+    """resume="siblings": a carried sample that outran its prediction is predicted from its finished
+    siblings and its own progress (the online predictor's truncated predictive), never as less than
+    "left" (max(1, predicted - generated)), which takes it for nearly done."""
+    seen = {}
+
+    def run(groups, policy, *, predicted, **kw):
+        seen.setdefault(len(seen), (groups, np.asarray(predicted)))
+        return run_rollout(groups, policy, predicted=predicted, **kw)
+
+    rng = np.random.default_rng(7)
+    stream = [Group(f"p{i}", 20, np.array([150, 160, 140, 500]) if i == 0 else rng.integers(200, 300, size=4))
+              for i in range(12)]
+    pred = np.full(48, 50)
+    got = {}
+    for resume in ("left", "siblings"):
+        seen.clear()
+        run_oversampled_steps(stream, "steal", batch=3, oversample=1.5, steps=2, predicted=pred, resume=resume,
+                              run=run, replicas=1, **COMMON)
+        groups, predicted = seen[1]
+        starts = np.concatenate(([0], np.cumsum([len(g.lengths) for g in groups])[:-1]))
+        got[resume] = {g.prompt_id: predicted[a:a + len(g.lengths)]
+                       for g, a in zip(groups, starts) if "#" in g.prompt_id}
+    assert got["left"].keys() == got["siblings"].keys() and "p0#3" in got["left"]
+    assert all((got["left"][k] == 1).all() for k in got["left"])  # every resumed one outran its 50 tokens
+    assert all((got["siblings"][k] >= got["left"][k]).all() for k in got["left"])
+    assert any((got["siblings"][k] > 1).any() for k in got["left"])
+    with pytest.raises(InvalidArgument, match="resume"):
+        run_oversampled_steps(stream, "vllm", batch=3, oversample=1.5, steps=1, resume="guess", replicas=1, **COMMON)
 
 
 def test_without_partial_rollout_the_aborted_work_is_lost():
@@ -95,13 +128,14 @@ def test_a_step_ends_at_its_batch_th_group_sooner_than_the_whole_rollout():
 @settings(deadline=None)
 @given(seed=st.integers(0, 10**6), size=st.integers(1, 4), batch=st.integers(1, 4),
        oversample=st.sampled_from([1.0, 1.25, 1.5, 2.0]), partial=st.booleans(),
-       policy=st.sampled_from(["vllm", "steal"]), replicas=st.integers(1, 3))
-def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas):
+       policy=st.sampled_from(["vllm", "steal"]), replicas=st.integers(1, 3),
+       resume=st.sampled_from(["left", "siblings"]))
+def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas, resume):
     stream = _stream(40, size=size, seed=seed, high=300)
     noise = np.exp(np.random.default_rng(seed).normal(0, 0.5, 40 * size))
     pred = np.maximum(1, np.rint(np.concatenate([g.lengths for g in stream]) * noise)).astype(int)
     out = run_oversampled_steps(stream, policy, batch=batch, oversample=oversample, steps=3, partial=partial,
-                                predicted=pred, replicas=replicas, **COMMON)
+                                predicted=pred, resume=resume, replicas=replicas, **COMMON)
     kept = [g for s in out.steps for g in s.kept]
     assert len(kept) == len(set(kept)) == 3 * batch
     lost = sum(s.dropped_tokens for s in out.steps)
