@@ -102,6 +102,14 @@ class SimulateOptions:
                                           "over-sampling, DAPO's dynamic sampling with every group valid): also "
                                           "report each run's seconds to that group and how long the kept groups' "
                                           "completions are against all submitted (e.g. 1.25)")
+    steps: int | None = _opt(None, "with --oversample, run this many over-sampled rollout steps one after another, "
+                                   "each keeping the first --prompts groups to finish of the groups it submits "
+                                   "(the others dropped, or carried with --partial-rollout), and compare kept tokens "
+                                   "per modelled second, the share an earlier step generated and the kept groups' "
+                                   "length bias (the workload draws a stream of fresh groups for the steps)")
+    partial_rollout: bool = _opt(False, "with --steps, carry each step's aborted groups into the next with the "
+                                        "tokens they generated (slime's --partial-rollout): the next step submits "
+                                        "them first, keeps their finished samples and resumes the others")
     in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
                                        "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
                                        "as another finishes, in submission order, and routed then; for vllm and "

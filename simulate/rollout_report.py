@@ -25,6 +25,7 @@ from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, 
 from lengthsched.runtime import POLICIES
 
 from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
+from .oversampling import OversampledSteps, run_oversampled_steps
 from .report import (
     MAX_SIGMA,
     check_step_seconds,
@@ -77,6 +78,8 @@ class RolloutRow:
     #: With ``--oversample``: (seconds to the ``--prompts``-th finished group, the kept groups' mean completion
     #: length over all submitted groups') (:meth:`RolloutResult.kept_finish`).
     kept: tuple[float, float] | None = None
+    #: With ``--steps``: the over-sampled steps it ran (:class:`simulate.OversampledSteps`); ``result`` is None.
+    steps: OversampledSteps | None = None
 
     @property
     def label(self) -> str:
@@ -97,6 +100,14 @@ class RolloutRow:
             out["draws"] = list(self.draws)
         if self.kept is not None:
             out["seconds_to_kept"], out["kept_length_ratio"] = self.kept
+        if self.steps is not None:
+            o = self.steps
+            out.update(seconds=o.seconds, step_seconds=[x.seconds for x in o.steps], kept_tokens=o.kept_tokens,
+                       kept_tokens_per_second=o.kept_tokens_per_second,
+                       on_policy_tokens_per_second=o.fresh_tokens_per_second, stale_share=o.stale_share,
+                       dropped_share=o.dropped_share, kept_length_ratio=o.kept_length_ratio,
+                       most_steps_waited=o.max_wait, carried_groups=len(o.carried), oversample=o.oversample,
+                       partial_rollout=o.partial)
         return out
 
     def draw_summary(self) -> tuple[float, float, float, int, int] | None:
@@ -184,6 +195,17 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
         if not isinstance(over, (int, float)) or isinstance(over, bool) or not (1.0 <= over <= MAX_OVERSAMPLE):
             raise InvalidArgument("oversample", over, f"groups submitted per group kept, 1 to {MAX_OVERSAMPLE:g} "
                                                       "(e.g. 1.25)")
+    if opts.steps is not None:
+        check_int("steps", opts.steps, minimum=1)
+        if opts.oversample is None:
+            raise InvalidArgument("steps", opts.steps, "--oversample too (--steps runs over-sampled steps one after "
+                                                       "another)")
+        for name, value in (("draws", opts.draws), ("headroom", opts.headroom), ("plot", opts.plot)):
+            if value:
+                raise InvalidArgument(name, value, f"no --{name} with --steps (they look at one step)")
+    elif opts.partial_rollout:
+        raise InvalidArgument("partial_rollout", True, "--steps N too (partial rollout carries groups from one step "
+                                                       "to the next)")
     kind, _, arg = str(opts.predictor).partition(":")
     if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
         raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
@@ -295,7 +317,11 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
 
 
 def submitted_groups(opts: SimulateOptions) -> int:
-    """Groups the step submits: ``--prompts``, times ``--oversample`` (rounded) when given."""
+    """Groups the step submits: ``--prompts``, times ``--oversample`` (rounded) when given; with ``--steps``,
+    the stream the steps draw from (each step submits ``ceil(prompts x oversample)``, carried groups
+    included, so the stream holds enough for every step)."""
+    if opts.steps is not None:
+        return opts.steps * math.ceil(opts.prompts * opts.oversample - 1e-9)
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
 
 
@@ -321,6 +347,8 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
         for router in ([None] if POLICIES[policy].places_groups else _routers(opts)):
             if (policy, router) != BASELINE and _runs_behind(policy, router):
                 runs.append((policy, router))
+    if opts.steps is not None:
+        return _compare_steps(step, runs)
     rows = []
     kept = opts.prompts if opts.oversample is not None else None
     for policy, router in runs:
@@ -363,6 +391,51 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                     f"{opts.seed + 1}-{opts.seed + opts.draws})")
     oracle = _oracle_row(step) if opts.headroom else None
     return RolloutComparison(dataclasses.asdict(opts), setting, step.pool, tuple(rows), step, oracle)
+
+
+#: How ``--steps`` predicts a carried sample's remaining tokens (``run_oversampled_steps``' ``resume``).
+STEPS_RESUME = "siblings"
+
+
+def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
+    """``--steps``: every run over the same stream of over-sampled steps (:func:`simulate.run_oversampled_steps`),
+    and vLLM FCFS + verl's routing without over-sampling (every submitted group kept) as the reference."""
+    o = step.opts
+
+    def one(policy, router, oversample):
+        def run(parts, name, *, predicted, record, **_):
+            return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record)
+
+        return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
+                                     partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
+                                     max_new_tokens=o.max_new_tokens)
+
+    rows = []
+    for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
+        if router == PLAN_ROUTER:
+            rows.append(RolloutRow(policy, router, None, f"not with --steps ({PLAN_ROUTER} hands slime its groups "
+                                                         "in its own order; run it on one step)"))
+            continue
+        try:
+            done = one(policy, router, oversample)
+            spec = POLICIES[policy]  # the router a run of it reports (run_rollout's)
+            shown = "dispatch" if spec.dispatch else "placed" if spec.places_groups else router
+            rows.append(RolloutRow(policy, shown, None, steps=done))
+        except LengthschedError as exc:
+            if (policy, router) == BASELINE and "budget_tokens" in str(exc):
+                raise InvalidArgument("budget", o.budget, f"a larger replica memory: {exc}") from None
+            rows.append(RolloutRow(policy, router or "placed", None, str(exc)))
+    reference = rows.pop(0)
+    rows.sort(key=lambda r: (r.steps is None, -(r.steps.kept_tokens_per_second if r.steps else 0.0)))
+    per_step = math.ceil(o.prompts * o.oversample - 1e-9)
+    setting = (f"{o.steps} over-sampled rollout steps of {o.prompts} prompts kept x G={len(step.groups[0].lengths)} "
+               f"({per_step} submitted each, the first {o.prompts} groups to finish kept, the others "
+               + ("carried into the next step with their tokens (partial rollout)" if o.partial_rollout else
+                  "dropped") + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
+               f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
+               f"{step.pool:,} KV tokens, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
+               f"{step.cost.gpu}")
+    return RolloutComparison(dataclasses.asdict(o), setting, step.pool, (reference, *rows), step)
 
 
 def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:
@@ -449,6 +522,8 @@ ROLLOUT_LEGEND = _legend([c for c in ROLLOUT_COLUMNS if c != "loaded" and c not 
 
 def rollout_headline(comparison: RolloutComparison) -> str:
     """The verdict: the fastest policy and its gain over vLLM FCFS + verl routing, and who failed."""
+    if _steps_rows(comparison)[1]:
+        return _steps_headline(comparison)
     done = [r for r in comparison.rows if r.result is not None]
     failed = [r.label for r in comparison.rows if r.result is None]
     base = comparison.baseline
@@ -539,8 +614,89 @@ def rollout_headline(comparison: RolloutComparison) -> str:
     return line
 
 
+#: The columns of ``--steps``' table, and what each means.
+STEPS_COLUMNS = {
+    "s/step": "modelled seconds per step on average (each step ends at its --prompts-th finished group)",
+    "kept tok/s": "tokens of the kept groups' completions per modelled second, over all the steps",
+    "x ref": "kept tok/s over the reference's (the first row: vllm + least_loaded, every submitted group kept)",
+    "on-policy tok/s": "kept tokens generated in the step that kept them, per modelled second (what is left to "
+                       "train on where slime masks the others: --mask-offpolicy-in-partial-rollout)",
+    "stale": "the share of the kept tokens an earlier step generated (an older policy's, with --partial-rollout)",
+    "dropped": "the share of the generated tokens thrown away with the aborted groups (without --partial-rollout)",
+    "kept len": "the kept groups' mean completion length over every drawn group's (below 1: the short groups are "
+                "over-represented)",
+    "waited": "the most steps a kept group waited between its first submission and the step that kept it",
+}
+
+
+def _steps_rows(comparison: RolloutComparison) -> tuple[RolloutRow | None, list[RolloutRow]]:
+    """``--steps``: (the reference row, the others); (None, []) for a plain step."""
+    if not any(r.steps is not None for r in comparison.rows):
+        return None, []
+    reference = comparison.rows[0]
+    return (reference if reference.steps is not None else None), list(comparison.rows[1:])
+
+
+def _steps_headline(comparison: RolloutComparison) -> str:
+    reference, rows = _steps_rows(comparison)
+    done = [r for r in rows if r.steps is not None]
+    opts = comparison.options
+    if not done:
+        return "verdict: no policy ran the over-sampled steps"
+    best = max(done, key=lambda r: r.steps.kept_tokens_per_second)
+    b = best.steps
+    line = (f"verdict: over {opts['steps']} over-sampled steps ({opts['oversample']:g}x, "
+            + ("partial rollout" if opts["partial_rollout"] else "aborted groups dropped")
+            + f"), the most kept tokens per second: {best.label}, {b.kept_tokens_per_second:,.0f}")
+    if reference is not None:
+        r = reference.steps
+        line += (f", {b.kept_tokens_per_second / r.kept_tokens_per_second:.3f} x vllm + least_loaded without "
+                 f"over-sampling ({r.kept_tokens_per_second:,.0f})")
+    if opts["partial_rollout"]:
+        line += (f"; {b.stale_share:.1%} of its kept tokens were generated by an earlier step, an older policy's "
+                 f"(on-policy {b.fresh_tokens_per_second:,.0f} tok/s"
+                 + ("" if reference is None else
+                    f", {b.fresh_tokens_per_second / reference.steps.kept_tokens_per_second:.3f} x the reference: "
+                    "what is left where they are masked") + f"), a kept group waited up to {b.max_wait} steps")
+    else:
+        line += (f"; it threw away {b.dropped_share:.1%} of what it generated and kept groups "
+                 f"{b.kept_length_ratio:.3f} of the drawn groups' mean length (--partial-rollout carries them instead)")
+    failed = [r.label for r in rows if r.steps is None]
+    if failed:
+        line += f"; could not run: {', '.join(failed)}"
+    return line
+
+
+def _format_steps(comparison: RolloutComparison) -> str:
+    reference, rows = _steps_rows(comparison)
+    head = ["run"] + list(STEPS_COLUMNS)
+    table = [head]
+    ref = reference.steps.kept_tokens_per_second if reference is not None else None
+    for row in ([reference] if reference is not None else []) + rows:
+        o = row.steps
+        label = row.label + (" (reference, no over-sampling)" if row is reference else "")
+        if o is None:
+            table.append([label, "fails"] + ["-"] * (len(head) - 2))
+            continue
+        table.append([label, f"{o.seconds / len(o.steps):.2f}", f"{o.kept_tokens_per_second:,.0f}",
+                      f"{o.kept_tokens_per_second / ref:.3f}" if ref else "-", f"{o.fresh_tokens_per_second:,.0f}",
+                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}", str(o.max_wait)])
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    lines = [comparison.setting, ""]
+    lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
+              for t in table]
+    errors = [f"  {r.label}: {r.error}" for r in rows if r.error]
+    if errors:
+        lines += ["", "could not run:"] + errors
+    lines += ["", _steps_headline(comparison), "", "columns:"]
+    lines += [f"  {name}: {text}" for name, text in STEPS_COLUMNS.items()]
+    return "\n".join(lines)
+
+
 def format_rollout(comparison: RolloutComparison) -> str:
     """The comparison as an aligned table, fastest first, with the verdict and a legend line per column."""
+    if _steps_rows(comparison)[1]:
+        return _format_steps(comparison)
     base = comparison.baseline
     oracle = comparison.oracle
     shown = comparison.rows + ((oracle,) if oracle is not None and oracle.result is not None else ())

@@ -478,3 +478,50 @@ def test_oversample_ends_the_step_at_the_last_kept_group_and_reports_the_kept_le
         assert err.count("\n") == 1 and "--oversample" in err
     assert main(["simulate", "--groups", "2", "--oversample", "1.25"]) == 2
     assert "--prompts or --replicas" in capsys.readouterr().err
+
+
+def test_steps_run_over_sampled_steps_one_after_another(capsys):
+    """--oversample 1.5 --steps 3 [--partial-rollout]: every run over the same stream of steps
+    (simulate.run_oversampled_steps), vLLM + verl without over-sampling as the reference row; kept tokens
+    per second, stale and dropped shares; the flags that need the others, or look at one step, are one line."""
+    from simulate import run_oversampled_steps
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import STEPS_RESUME, rollout_step
+
+    args = ["--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "vllm,sglang,steal",
+            "--routers", "least_loaded,slime_plan", "--oversample", "1.5", "--steps", "3"]
+    for partial in (False, True):
+        flags = args + (["--partial-rollout"] if partial else [])
+        assert main(["simulate", "--json"] + flags) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["setting"].startswith("3 over-sampled rollout steps of 4 prompts kept x G=4 (6 submitted each")
+        reference, *rows = out["rows"]
+        assert (reference["policy"], reference["router"], reference["oversample"]) == ("vllm", "least_loaded", 1.0)
+        assert reference["stale_share"] == reference["dropped_share"] == 0 and reference["kept_length_ratio"] == 1
+        ran = {(r["policy"], r["router"]): r for r in rows if r["error"] is None}
+        assert set(ran) == {("vllm", "least_loaded"), ("sglang", "least_loaded"), ("steal", "dispatch")}
+        assert "not with --steps" in next(r["error"] for r in rows if r["router"] == "slime_plan")
+        step = rollout_step(SimulateOptions(prompts=4, replicas=2, group_size=4, max_new_tokens=1024,
+                                            model="qwen3-1.7b", budget="3.6GiB", oversample=1.5, steps=3))
+        assert len(step.groups) == 18  # 3 steps x 6 submitted
+        mine = run_oversampled_steps(step.groups, "steal", batch=4, oversample=1.5, steps=3, partial=partial,
+                                     predicted=step.predicted, resume=STEPS_RESUME, replicas=2,
+                                     budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost)
+        got = ran[("steal", "dispatch")]
+        assert got["kept_tokens_per_second"] == pytest.approx(mine.kept_tokens_per_second, rel=1e-12)
+        assert got["stale_share"] == pytest.approx(mine.stale_share) and got["partial_rollout"] is partial
+        assert (got["dropped_share"] == 0) if partial else (got["stale_share"] == 0 and got["dropped_share"] > 0)
+        assert out["verdict"].startswith("verdict: over 3 over-sampled steps (1.5x, ")
+        assert ("older policy's" in out["verdict"]) is partial
+        assert main(["simulate"] + flags) == 0
+        text = capsys.readouterr().out
+        assert "(reference, no over-sampling)" in text and "  kept tok/s: " in text and "  stale: " in text
+    for bad, name in ((["--steps", "0"], "--steps"), (["--draws", "2"], "--draws"), (["--headroom"], "--headroom")):
+        assert main(["simulate"] + args + bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and name in err
+    assert main(["simulate"] + args[:-4] + ["--steps", "3"]) == 2
+    assert "--oversample too" in capsys.readouterr().err
+    assert main(["simulate"] + args[:-2] + ["--partial-rollout"]) == 2
+    assert "--steps N too" in capsys.readouterr().err
