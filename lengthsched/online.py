@@ -49,7 +49,7 @@ import numpy as np
 from .errors import InvalidArgument, check_int, check_positive_float
 from .predictor import LengthPrediction, _check_quantiles, _prefix_lengths
 
-__all__ = ["OnlineLengthPredictor", "fit_spreads", "fit_forgetting"]
+__all__ = ["OnlineLengthPredictor", "fit_spreads", "fit_forgetting", "resumed_remaining"]
 
 _SINGLE_POINTS = 81  # grid of mu when censored siblings are present and the spread is one value
 _POINTS_PER_SPREAD = 40  # the same per spread value of a spread law
@@ -800,3 +800,39 @@ def fit_forgetting(histories: Mapping[Hashable, Mapping[int, Sequence[int]]], pr
             raise InvalidArgument("histories", f"{len(histories)} prompts", "some prompt seen in two steps or more")
         scores[rate] = total / count
     return max(scores, key=scores.get), scores
+
+
+def resumed_remaining(priors: Sequence[float], finished: Sequence[Sequence[int]], progress: Sequence[Sequence[int]],
+                      *, within_sigma: float | None = None, prior_sigma: float = 0.5,
+                      max_new_tokens: int | None = None) -> list[np.ndarray]:
+    """Tokens each unfinished sample of a group still has to generate when a partial rollout resumes
+    the group (slime's ``--partial-rollout`` returns an aborted group with the samples that finished and
+    the others' partial responses): per group i, the median of what :class:`OnlineLengthPredictor`
+    predicts for a sample that has generated ``progress[i][j]`` tokens, given the group's prediction
+    ``priors[i]`` (tokens, a prompt-level prediction with log-normal error ``prior_sigma``) and the
+    lengths of its samples that finished, ``finished[i]`` (tokens). A sample that outran its prediction
+    is not taken for nearly done (``max(1, prediction - generated)`` would say 1 token): its own
+    progress truncates the predictive, and finished siblings move the group's belief.
+    ``within_sigma``: the siblings' spread of log length (None: the predictor's default; a
+    framework knows it from the groups it kept, :func:`lengthsched.placement.sibling_spread`).
+    Returns one array per group, one value (>= 1) per ``progress`` entry."""
+    if not (len(priors) == len(finished) == len(progress)):
+        raise InvalidArgument("priors", f"{len(priors)} groups", f"{len(progress)}, as many as finished and progress")
+    options: dict[str, Any] = {} if within_sigma is None else {
+        "within_sigma": check_positive_float("within_sigma", within_sigma)}
+    prior = {i: check_positive_float("priors", float(p)) for i, p in enumerate(priors)}
+    online = OnlineLengthPredictor(prior, prior_sigma=prior_sigma, max_new_tokens=max_new_tokens, **options)
+    keys, prefixes, sizes = [], [], []
+    for i, (done, going) in enumerate(zip(finished, progress)):
+        for length in done:
+            online.observe(i, int(length))
+        going = [check_int("progress", g, minimum=0) for g in going]
+        keys += [i] * len(going)
+        prefixes += going
+        sizes.append(len(going))
+    point = online.predict(keys, prefixes).lengths if keys else np.zeros(0, dtype=np.int64)
+    out, start = [], 0
+    for n in sizes:
+        out.append(np.maximum(1, np.asarray(point[start:start + n], dtype=np.int64)))
+        start += n
+    return out

@@ -135,7 +135,7 @@ class OversampledSteps:
 
 
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
-                          partial: bool = True, predicted: Any = None, resume: str = "left",
+                          partial: bool = True, predicted: Any = None, resume: str = "siblings",
                           prior_sigma: float = 0.5, run: Callable[..., RolloutResult] | None = None,
                           keep_results: bool = False, **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
@@ -145,12 +145,12 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     order; it must hold enough for every step (``steps x ceil(batch x oversample)`` at most).
     ``predicted``: per completion of the stream, flattened (a prompt-level predictor's: the same for
     siblings), or None. ``resume``: what a carried group's unfinished samples are predicted to have
-    left: ``"left"``, ``max(1, predicted - generated)`` tokens (as :mod:`lengthsched.integrations.slime`
-    plans a resumed sample); ``"siblings"``, the median of what :class:`lengthsched.OnlineLengthPredictor`
-    predicts from the group's finished samples and the sample's own progress (its prior the
-    prediction with log-normal error ``prior_sigma``, the siblings' spread that of the groups kept so
-    far: :func:`lengthsched.placement.sibling_spread`), which a sample that outran its prediction
-    does not take for nearly done. ``run``: how one step runs (default
+    left: ``"siblings"`` (the default), the median of what :class:`lengthsched.OnlineLengthPredictor`
+    predicts from the group's finished samples and the sample's own progress
+    (:func:`lengthsched.online.resumed_remaining`: its prior the prediction with log-normal error
+    ``prior_sigma``, the siblings' spread that of the groups kept so far), which does not take a
+    sample that outran its prediction for nearly done (what :mod:`lengthsched.integrations.slime`
+    does with its default predictor); ``"left"``, ``max(1, predicted - generated)`` tokens. ``run``: how one step runs (default
     :func:`simulate.run_rollout` with ``policy``; called as ``run(groups, policy, predicted=...,
     record=True, **kwargs)``); ``kwargs`` go to it (``replicas``, ``budget_tokens``,
     ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
@@ -243,34 +243,25 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
 
 
 def _sibling_predictions(take, predicted, lengths, generated, left, kept_groups, prior_sigma, kwargs):
-    """``left`` with every carried group's unfinished samples predicted by an
-    :class:`~lengthsched.OnlineLengthPredictor` that saw the group's finished samples (see
-    :func:`run_oversampled_steps`' ``resume``)."""
-    from lengthsched import OnlineLengthPredictor
+    """``left`` with every carried group's unfinished samples predicted from its finished ones and their
+    own progress (:func:`lengthsched.online.resumed_remaining`; see :func:`run_oversampled_steps`'
+    ``resume``), the siblings' spread that of the groups kept so far."""
+    from lengthsched.online import resumed_remaining
     from lengthsched.placement import sibling_spread
 
-    carried = [i for i, g in enumerate(take) if generated[g].any()]
+    carried = [i for i, g in enumerate(take) if generated[take[i]].any()]
     if not carried:
         return left
     spread = sibling_spread(kept_groups) if kept_groups else None
-    options = {} if not spread else {"within_sigma": max(0.01, float(spread))}
-    online = OnlineLengthPredictor({take[i]: float(predicted[take[i]][0]) for i in carried}, prior_sigma=prior_sigma,
-                                   max_new_tokens=kwargs.get("max_new_tokens"), **options)
-    prompts, prefixes, rows = [], [], []
-    for i in carried:
-        g = take[i]
-        for j in range(len(lengths[g])):
-            if generated[g][j] >= lengths[g][j]:
-                online.observe(g, int(lengths[g][j]))
-            else:
-                prompts.append(g)
-                prefixes.append(int(generated[g][j]))
-                rows.append((i, j))
-    if rows:
-        point = online.predict(prompts, prefixes).lengths
-        left = left.copy()
-        for (i, j), x in zip(rows, point):
-            left[i, j] = max(1, int(x))
+    going = [np.flatnonzero(generated[take[i]] < lengths[take[i]]) for i in carried]
+    got = resumed_remaining([float(predicted[take[i]][0]) for i in carried],
+                            [lengths[take[i]][generated[take[i]] >= lengths[take[i]]] for i in carried],
+                            [generated[take[i]][j] for i, j in zip(carried, going)],
+                            within_sigma=max(0.01, float(spread)) if spread else None, prior_sigma=prior_sigma,
+                            max_new_tokens=kwargs.get("max_new_tokens"))
+    left = left.copy()
+    for i, j, x in zip(carried, going, got):
+        left[i, j] = x
     return left
 
 

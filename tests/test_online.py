@@ -631,3 +631,24 @@ def test_predict_with_completions_is_the_same_in_one_call_or_one_by_one(fitted):
         alone = p.predict([prompt], quantiles=[0.9], completions=[completion])
         assert together.lengths[i] == alone.lengths[0] and together.quantile(0.9)[i] == alone.quantile(0.9)[0]
     assert together.lengths[1] < together.lengths[0]  # c2 is further along: less of it is left
+
+
+def test_resumed_remaining_reads_the_finished_siblings_and_each_samples_progress():
+    """A partial rollout's resumed group: a sample that outran its prediction is not nearly done, finished
+    siblings longer than the prediction raise what the others have left, progress 0 without siblings is
+    about the prediction itself, and the arguments are checked."""
+    from lengthsched.online import resumed_remaining
+
+    alone, outran, sibs = resumed_remaining([200, 200, 200], [[], [], [600, 640, 620]], [[0], [500], [0, 300]],
+                                            within_sigma=0.1, max_new_tokens=4096)
+    assert abs(int(alone[0]) - 200) <= 20
+    assert outran[0] > 1 and outran[0] > max(1, 200 - 500)
+    assert sibs[0] > 400 and 100 < sibs[1] < sibs[0]  # the group is long; the running one is partway
+    assert [len(x) for x in resumed_remaining([100], [[50]], [[]])] == [0]
+    assert resumed_remaining([], [], []) == []
+    with pytest.raises(InvalidArgument, match="priors"):
+        resumed_remaining([100, 100], [[]], [[0]])
+    with pytest.raises(InvalidArgument, match="progress"):
+        resumed_remaining([100], [[]], [[-1]])
+    with pytest.raises(InvalidArgument, match="within_sigma"):
+        resumed_remaining([100], [[]], [[0]], within_sigma=0)

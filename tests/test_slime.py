@@ -69,6 +69,41 @@ def test_the_planner_places_every_sample_and_hands_the_groups_over_longest_first
     assert [g[0].prompt for g in longest.plan(batch(list(lengths)), 1)] == ["b", "e", "c", "f", "a", "d"]
 
 
+def test_a_resumed_sample_that_outran_its_prediction_is_not_taken_for_nearly_done():
+    """With a predictor that learns online (the planner's default), a resumed sample is planned by what the
+    predictor says is left after its progress, having seen its group's finished samples in a copy (the
+    planner's own predictor is left as it was); a resumed group is submitted by what it has left; the
+    verl planner's "left" column is what carries it, checked."""
+    from lengthsched import OnlineLengthPredictor
+
+    online = OnlineLengthPredictor({"a": 300, "b": 400, "c": 350}, prior_sigma=0.5, within_sigma=0.2)
+    before = online.predict(["a", "b", "c"]).lengths.tolist()
+    planner = SlimePlanner(placement="groups", submit="longest", predictor=online)
+    groups = batch(["a", "b", "c"], g=3)
+    for s, n, status in zip(groups[0], (900, 100, 700), (Status.COMPLETED, Status.ABORTED, Status.ABORTED)):
+        s.status, s.tokens, s.response_length = status, list(range(20 + n)), n  # a runs far past its 300
+    out = planner.plan(groups, replicas=2)
+    assert [g[0].prompt for g in out] == ["a", "b", "c"]  # by what it has left (the one at 100), not by 300
+    assert out[0][1].metadata[ls_slime.WORK_KEY] > 400
+    resumed = out[0][2]
+    assert resumed.metadata[ls_slime.WORK_KEY] > 100  # not max(1, 300 - 700) = 1
+    assert online.predict(["a", "b", "c"]).lengths.tolist() == before
+    plain = SlimePlanner(placement="groups", submit="longest",
+                         predictor=OnlineLengthPredictor({"a": 300, "b": 400, "c": 350}, prior_sigma=0.5,
+                                                         within_sigma=0.2))
+    alone = batch(["a", "b", "c"], g=3)
+    alone[0][2].status, alone[0][2].tokens, alone[0][2].response_length = Status.ABORTED, list(range(720)), 700
+    plain.plan(alone, replicas=2)  # no finished sibling: only its own progress
+    assert 1 < alone[0][2].metadata[ls_slime.WORK_KEY] < resumed.metadata[ls_slime.WORK_KEY]
+    rows = {"uid": np.array([0, 0]), "raw_prompt": np.array(["a", "a"], dtype=object),
+            "generated": np.array([0, 700]), "left": np.array([0, 123])}
+    plan, _ = plain.planner.plan(rows, 1)
+    assert plan.predicted[1] == 123 and plan.predicted[0] > 200
+    for bad in (np.array([5]), np.array([1, -2])):
+        with pytest.raises(InvalidArgument, match="left"):
+            plain.planner.plan(rows | {"left": bad}, 1)
+
+
 def test_ways_spreads_a_group_where_the_pools_hold_its_prompt_and_reads_the_given_prompt_lengths():
     lengths = {"a": 300, "b": 200}
     planner = SlimePlanner(placement="ways", pool_tokens=40_000, predictor=OracleLengthPredictor(lengths))

@@ -611,14 +611,17 @@ def _classes(pred: np.ndarray, group: list[int], groups: int, replicas: int, pro
     return [int(r) for r in placed]
 
 
-def predict_lengths(predictor: Any, queries: Sequence[Any], *, max_new_tokens: int | None = None) -> np.ndarray:
+def predict_lengths(predictor: Any, queries: Sequence[Any], *, max_new_tokens: int | None = None,
+                    prefixes: Sequence[Any] | None = None) -> np.ndarray:
     """``predictor.predict(queries).lengths`` as int64 tokens (rounded, at least 0, at most
-    ``max_new_tokens`` when given); :class:`InvalidArgument` names ``predictor`` when it returns
-    the wrong count or a non-finite value."""
+    ``max_new_tokens`` when given); with ``prefixes`` (each query's progress: tokens generated, or
+    their ids), ``predict(queries, prefixes)``: what each has left, by the predictor's own model.
+    :class:`InvalidArgument` names ``predictor`` when it returns the wrong count or a non-finite value."""
     if not hasattr(predictor, "predict"):
         raise InvalidArgument("predictor", type(predictor).__name__,
                               "an object with predict() (lengthsched.LengthPredictor)")
-    lengths = np.asarray(getattr(predictor.predict(list(queries)), "lengths", None), dtype=np.float64)
+    answer = predictor.predict(list(queries)) if prefixes is None else predictor.predict(list(queries), list(prefixes))
+    lengths = np.asarray(getattr(answer, "lengths", None), dtype=np.float64)
     if lengths.shape != (len(queries),) or not np.all(np.isfinite(lengths)):
         raise InvalidArgument("predictor", type(predictor).__name__,
                               f"a predict() that returns {len(queries)} finite lengths (tokens), one per query")

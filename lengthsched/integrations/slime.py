@@ -96,7 +96,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .rollout import ClientQueues, RolloutPlan, predict_lengths
+from .rollout import ClientQueues, RolloutPlan, observe_lengths, predict_lengths
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
 __all__ = [
@@ -183,11 +183,12 @@ class SlimePlanner:
         its ``response_length``) where every sample has tokens, else an estimate from the prompt's text
         (:func:`~lengthsched.integrations.verl.batch_prompt_tokens`: slime's data source leaves
         ``tokens`` empty until ``generate`` tokenizes the prompt). A sample slime's partial rollout
-        resumes (``tokens`` set, ``response_length`` > 0) is planned by what it has left: its predicted
-        work is ``max(1, predicted - response_length)`` and its tokens in flight (``NEED_KEY``) count
-        the partial response's KV. ``loads``: predicted tokens each engine already has (a batch taken
-        while earlier ones run, as slime's dynamic sampling takes them): ``groups`` and ``ways`` place
-        from them."""
+        resumes (``tokens`` set, ``response_length`` > 0) is planned by what it has left: what the
+        predictor says is left after its progress, having seen its group's finished samples
+        (:meth:`_resumed_left`), a resumed group submitted by the most any of its samples has left; its
+        tokens in flight (``NEED_KEY``) count the partial response's KV. ``loads``: predicted tokens each
+        engine already has (a batch taken while earlier ones run, as slime's dynamic sampling takes
+        them): ``groups`` and ``ways`` place from them."""
         replicas = check_int("replicas", replicas, minimum=1)
         groups = [list(g) for g in groups]
         if prompt_lens is not None:
@@ -198,10 +199,12 @@ class SlimePlanner:
         if not index:
             return groups
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
+        left = self._resumed_left([groups[i] for i in index], prompts)
         if self.submit == "longest" or (self.submit == "auto" and replicas > 1):
             first = predict_lengths(self.planner.predictor, prompts, max_new_tokens=self.planner.max_new_tokens)
+            first = np.array([x.max() if x.any() else f for x, f in zip(left, first)])  # resumed: what is left
             order = np.argsort(-first, kind="stable")
-            index, prompts = [index[i] for i in order], [prompts[i] for i in order]
+            index, prompts, left = [index[i] for i in order], [prompts[i] for i in order], [left[i] for i in order]
         live = [groups[i] for i in index]
         batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(live) for _ in g]),
                                  "raw_prompt": np.array([p for p, g in zip(prompts, live) for _ in g], dtype=object)}
@@ -214,6 +217,7 @@ class SlimePlanner:
         generated = [_sample_generated(s) for g in live for s in g]
         if any(generated):  # resumed partial samples: planned by what they have left to generate
             batch["generated"] = np.array(generated, dtype=np.int64)
+            batch["left"] = np.concatenate(left)
         plan, _ = self.planner.plan(batch, replicas, loads=loads)
         rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica)), generated))
         for g in live:
@@ -224,17 +228,49 @@ class SlimePlanner:
         self.last_plan = plan
         return live + [g for g in groups if not g]
 
+    def _resumed_left(self, groups: list[list[Any]], keys: list[str]) -> list[np.ndarray]:
+        """Per group, per sample, what a resumed group's unfinished samples have left to generate: the
+        planner's predictor asked with each one's progress (``predict(prompts, prefixes)``: its own model
+        of what is left, so a sample that outran its prediction is not taken for nearly done, as
+        ``max(1, predicted - generated)`` would take it), after a copy of a predictor that learns online
+        saw the group's finished samples (:class:`~lengthsched.OnlineLengthPredictor`: the siblings move
+        its belief about the prompt). 0 for the samples of groups nothing of which was generated yet and
+        for the finished samples (slime does not generate them again): their work stays the plan's own."""
+        resumed = [i for i, g in enumerate(groups) if any(_sample_generated(s) for s in g)]
+        left = [np.zeros(len(g), dtype=np.int64) for g in groups]
+        if not resumed:
+            return left
+        predictor = self.planner.predictor
+        done = {i: [_finished(s) for s in groups[i]] for i in resumed}
+        seen = [(keys[i], int(s.response_length)) for i in resumed for s, f in zip(groups[i], done[i]) if f]
+        if seen and callable(getattr(predictor, "observe", None)):
+            predictor = copy.deepcopy(predictor)  # this step's siblings, not a step the planner has observed
+            observe_lengths(predictor, [k for k, _ in seen], [n for _, n in seen])
+        rows = [(i, j) for i in resumed for j, f in enumerate(done[i]) if not f]
+        if rows:
+            got = predict_lengths(predictor, [keys[i] for i, _ in rows], max_new_tokens=self.planner.max_new_tokens,
+                                  prefixes=[_sample_generated(groups[i][j]) for i, j in rows])
+            for (i, j), value in zip(rows, got):
+                left[i][j] = max(1, int(value))
+        return left
+
     def observe(self, groups: Sequence[Sequence[Any]]) -> int:
         """Feed the response lengths (tokens) of one finished rollout's groups to the predictor, keyed
         by prompt; samples that did not finish (aborted, failed) are left out. Returns the rows fed."""
         keys, lengths = [], []
         for group in groups:
             for sample in _flat(group):
-                status = getattr(getattr(sample, "status", None), "value", getattr(sample, "status", None))
-                if status in ("completed", "truncated"):
+                if _finished(sample):
                     keys.append(prompt_key(sample.prompt))
                     lengths.append(int(sample.response_length))
         return self.planner.observe(keys, lengths) if keys else 0
+
+
+def _finished(sample: Any) -> bool:
+    """Whether slime counts a sample as done (``COMPLETED`` or ``TRUNCATED``: its ``generate_and_rm`` returns
+    such a sample as it is, also when a partial rollout resubmits its group)."""
+    status = getattr(getattr(sample, "status", None), "value", getattr(sample, "status", None))
+    return status in ("completed", "truncated")
 
 
 def _flat(group: Any) -> list[Any]:

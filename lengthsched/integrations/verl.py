@@ -319,7 +319,9 @@ class RolloutPlanner:
         """The plan of a batch's rows (``uid`` per row; ``raw_prompt`` per row, else the uid is the
         key) on ``replicas``, and each row's prompt key. An optional ``generated`` column gives the
         tokens a row generated before (a partial rollout resumed): its predicted work is then what is
-        left, ``max(1, predicted - generated)`` (the plan's ``predicted``). ``loads``: predicted tokens each
+        left, ``max(1, predicted - generated)`` (the plan's ``predicted``), unless an optional ``left``
+        column says it (tokens to go; 0: not given for that row), as a caller that read the row's
+        finished siblings does (:func:`lengthsched.online.resumed_remaining`). ``loads``: predicted tokens each
         replica already has (:func:`~lengthsched.integrations.plan_rollout`'s; ``groups`` and ``ways`` place
         from them)."""
         if "uid" not in non_tensor_batch:
@@ -347,6 +349,12 @@ class RolloutPlanner:
             if len(done) != len(uids):
                 raise InvalidArgument("generated", f"{len(done)} values", f"{len(uids)}, one per row")
             work = [max(1, w - int(g)) for w, g in zip(work, done)]
+        left = non_tensor_batch.get("left")
+        if left is not None:
+            told = as_lengths("left", np.asarray(left).reshape(-1), minimum=0, allow_empty=True)
+            if len(told) != len(uids):
+                raise InvalidArgument("left", f"{len(told)} values", f"{len(uids)}, one per row")
+            work = [int(t) if t > 0 else w for w, t in zip(work, told)]
         if loads is not None and placement in ("groups", "ways"):
             extra["loads"] = loads
         plan = plan_rollout(uids, work, replicas=replicas, placement=placement,
