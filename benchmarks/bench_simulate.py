@@ -1275,35 +1275,52 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
         grid, modes, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], ((1.0, False), (1.5, True)), 3
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
     results = _pool_map(partial(_rollout_partial_unit, steps=steps), units)
-    base_label = PARTIAL_RUNS[0][0]
-    base = {u[:4]: out[base_label] for u, out in zip(units, results) if u[6] == (1.0, False)}
-    rows, settings = [], []
-    for m in modes:
-        mine = [(u, out) for u, out in zip(units, results) if u[6] == m]
-        for label, *_ in PARTIAL_RUNS:
-            if label not in mine[0][1]:
-                continue
-            speed = np.array([(out[label][1] / out[label][0]) / (base[u[:4]][1] / base[u[:4]][0]) for u, out in mine])
-            tail = np.array([x for (u, _), x in zip(mine, speed) if u[0] == "long tail"])
-            stale = np.array([out[label][2] for _, out in mine])
-            fresh = speed * (1 - stale)  # on-policy kept tokens per second, same reference
-            dropped = np.array([out[label][3] for _, out in mine])
-            length = np.array([out[label][4] for _, out in mine])
-            rows.append([m[0], "yes" if m[1] else "no", label, len(mine), float(speed.mean()), float(speed.min()),
-                         float(tail.mean()) if len(tail) else float("nan"), float(fresh.mean()), float(stale.mean()),
-                         float(stale.max()), max(out[label][6] for _, out in mine), float(dropped.mean()),
-                         float(length.mean()), float(length.min())])
-        settings += [[m[0], m[1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
-                      {label: list(v) for label, v in out.items()}] for u, out in mine]
+    settings = [[u[6][0], u[6][1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
+                 {label: list(v) for label, v in out.items()}] for u, out in zip(units, results)]
     text = table(f"Over-sampled steps one after another ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
                  f"{steps} steps of B groups kept, B x over-sampling submitted; with partial rollout the aborted "
                  "groups come back first in the next step with their tokens, without it they are dropped): kept "
-                 "tokens per modelled second x vLLM + verl's without over-sampling",
-                 ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)", "lowest",
-                  "long tail only", "on-policy kept tokens/s x the same", "stale share of kept tokens", "highest",
-                  "most steps a kept group waited", "dropped share of generated", "kept / drawn mean length",
-                  "lowest"], rows)
-    return text, {"rows": rows, "settings": settings, "steps": steps}
+                 "tokens per modelled second x vLLM + verl's without over-sampling, and x vLLM + verl's with the "
+                 "same over-sampling", PARTIAL_COLUMNS, partial_rows(settings))
+    return text, {"rows": partial_rows(settings), "settings": settings, "steps": steps}
+
+
+PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
+                   "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
+                   "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
+                   "most steps a kept group waited", "dropped share of generated", "kept / drawn mean length",
+                   "lowest"]
+
+
+def partial_rows(settings: list) -> list:
+    """The rows of rollout_partial's table from its settings ([over-sampling, partial rollout, workload,
+    prompts, replicas, pool, {run: (seconds, kept tokens, stale share, dropped share, kept length ratio,
+    recomputed tokens, most steps waited)}]): per mode and run, kept tokens per second against vLLM +
+    verl without over-sampling on the same setting, and against vLLM + verl in the same mode."""
+    base_label = PARTIAL_RUNS[0][0]
+
+    def speed(runs, label):
+        return runs[label][1] / runs[label][0]
+
+    reference = {tuple(x[2:6]): speed(x[6], base_label) for x in settings if (x[0], x[1]) == (1.0, False)}
+    rows = []
+    for mode in dict.fromkeys((x[0], x[1]) for x in settings):
+        mine = [x for x in settings if (x[0], x[1]) == mode]
+        for label, *_ in PARTIAL_RUNS:
+            if label not in mine[0][6]:
+                continue
+            ratio = np.array([speed(x[6], label) / reference[tuple(x[2:6])] for x in mine])
+            same = np.array([speed(x[6], label) / speed(x[6], base_label) for x in mine])
+            tail = np.array([r for x, r in zip(mine, ratio) if x[2] == "long tail"])
+            stale = np.array([x[6][label][2] for x in mine])
+            dropped = np.array([x[6][label][3] for x in mine])
+            length = np.array([x[6][label][4] for x in mine])
+            rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), float(ratio.mean()), float(ratio.min()),
+                         float(tail.mean()) if len(tail) else float("nan"), float(same.mean()), float(same.min()),
+                         int(np.sum(same < 1 / 1.001)), float((ratio * (1 - stale)).mean()), float(stale.mean()),
+                         float(stale.max()), max(x[6][label][6] for x in mine), float(dropped.mean()),
+                         float(length.mean()), float(length.min())])
+    return rows
 
 
 def _ratio_summary(units, ratios) -> list:

@@ -130,16 +130,17 @@ def test_simulator_benchmark_rollout_partial_compares_kept_tokens_per_second(tmp
 
     rows = {(r[0], r[1], r[2]): r for r in data["rows"]}
     base = rows[(1.0, "no", PARTIAL_RUNS[0][0])]
-    assert base[4] == base[5] == base[7] == 1.0 and base[8] == base[11] == 0.0
-    assert all(r[8] == r[11] == r[10] == 0 for key, r in rows.items() if key[0] == 1.0)
-    assert all(r[11] == 0.0 for key, r in rows.items() if key[1] == "yes")  # carried, not dropped
-    assert all(r[7] <= r[4] + 1e-12 for r in rows.values())  # on-policy kept tokens: a part of the kept
+    assert base[4] == base[5] == base[7] == base[8] == base[10] == 1.0 and base[9] == base[11] == base[14] == 0
+    assert all(r[11] == r[14] == r[13] == 0 for key, r in rows.items() if key[0] == 1.0)
+    assert all(r[14] == 0.0 for key, r in rows.items() if key[1] == "yes")  # carried, not dropped
+    assert all(r[10] <= r[4] + 1e-12 for r in rows.values())  # on-policy kept tokens: a part of the kept
+    assert all(r[7] == 1.0 for key, r in rows.items() if key[2] == PARTIAL_RUNS[0][0])
     over, carry, workload, prompts, replicas, budget, runs = data["settings"][-1]
     steps = data["steps"]
     groups, realistic, _, _, common = _rollout_setting(workload, steps * int(np.ceil(prompts * over)), replicas,
                                                        int(budget.split()[0]), 11, None)
     r = run_oversampled_steps(groups, "steal", batch=prompts, oversample=over, steps=steps, partial=carry,
-                              predicted=realistic, **common)
+                              predicted=realistic, resume="left", **common)
     assert runs["steal"][:3] == pytest.approx([r.seconds, r.kept_tokens, r.stale_share], rel=1e-12)
 
 
