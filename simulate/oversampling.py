@@ -150,9 +150,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     (:func:`lengthsched.online.resumed_remaining`: its prior the prediction with log-normal error
     ``prior_sigma``, the siblings' spread that of the groups kept so far), which does not take a
     sample that outran its prediction for nearly done (what :mod:`lengthsched.integrations.slime`
-    does with its default predictor); ``"left"``, ``max(1, predicted - generated)`` tokens. ``run``: how one step runs (default
-    :func:`simulate.run_rollout` with ``policy``; called as ``run(groups, policy, predicted=...,
-    record=True, **kwargs)``); ``kwargs`` go to it (``replicas``, ``budget_tokens``,
+    does with its default predictor); ``"left"``, ``max(1, predicted - generated)`` tokens. ``run``:
+    how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
+    policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
+    ``kwargs`` go to it (``replicas``, ``budget_tokens``,
     ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
     waits for every group it submitted (nothing carried). Returns :class:`OversampledSteps`."""
     batch = check_int("batch", batch, minimum=1)
