@@ -88,6 +88,25 @@ def test_a_resumed_sample_that_outran_its_prediction_is_not_taken_for_nearly_don
     resumed = out[0][2]
     assert resumed.metadata[ls_slime.WORK_KEY] > 100  # not max(1, 300 - 700) = 1
     assert online.predict(["a", "b", "c"]).lengths.tolist() == before
+
+    class Model:  # a prior the copy must share, not duplicate (a trained network, say)
+        copies = 0
+
+        def predict(self, prompts, prefixes=None, quantiles=()):
+            from lengthsched.predictor import LengthPrediction
+
+            return LengthPrediction(np.full(len(prompts), 300), {})
+
+        def __deepcopy__(self, memo):
+            Model.copies += 1
+            return self
+
+    shared = SlimePlanner(placement="groups", predictor=OnlineLengthPredictor(Model(), prior_sigma=0.5))
+    again = batch(["a", "b"], g=2)
+    again[0][0].status, again[0][0].tokens, again[0][0].response_length = Status.COMPLETED, list(range(420)), 400
+    again[0][1].status, again[0][1].tokens, again[0][1].response_length = Status.ABORTED, list(range(520)), 500
+    shared.plan(again, replicas=2)
+    assert Model.copies == 0 and again[0][1].metadata[ls_slime.WORK_KEY] > 1
     plain = SlimePlanner(placement="groups", submit="longest",
                          predictor=OnlineLengthPredictor({"a": 300, "b": 400, "c": 350}, prior_sigma=0.5,
                                                          within_sigma=0.2))

@@ -320,8 +320,8 @@ class RolloutPlanner:
         key) on ``replicas``, and each row's prompt key. An optional ``generated`` column gives the
         tokens a row generated before (a partial rollout resumed): its predicted work is then what is
         left, ``max(1, predicted - generated)`` (the plan's ``predicted``), unless an optional ``left``
-        column says it (tokens to go; 0: not given for that row), as a caller that read the row's
-        finished siblings does (:func:`lengthsched.online.resumed_remaining`). ``loads``: predicted tokens each
+        column says it (tokens to go; 0: not given for that row), as the slime integration does from
+        its predictor's own model of what is left after the row's progress. ``loads``: predicted tokens each
         replica already has (:func:`~lengthsched.integrations.plan_rollout`'s; ``groups`` and ``ways`` place
         from them)."""
         if "uid" not in non_tensor_batch:
