@@ -139,6 +139,11 @@ def rollout_mode(opts: SimulateOptions) -> bool:
 
 
 def resolve(opts: SimulateOptions) -> SimulateOptions:
-    """``opts`` with every mode-dependent default (None) filled in for its mode."""
+    """``opts`` with every mode-dependent default (None) filled in for its mode. A trace file keeps its
+    groups' logged sizes, so a rollout step on one takes no default group size."""
+    from .workloads import WORKLOADS
+
     defaults = ROLLOUT_DEFAULTS if rollout_mode(opts) else GROUP_DEFAULTS
-    return dataclasses.replace(opts, **{k: v for k, v in defaults.items() if getattr(opts, k) is None})
+    trace = opts.workload is not None and opts.workload not in WORKLOADS
+    return dataclasses.replace(opts, **{k: v for k, v in defaults.items()
+                                        if getattr(opts, k) is None and not (trace and k == "group_size")})

@@ -525,3 +525,20 @@ def test_steps_run_over_sampled_steps_one_after_another(capsys):
     assert "--oversample too" in capsys.readouterr().err
     assert main(["simulate"] + args[:-2] + ["--partial-rollout"]) == 2
     assert "--steps N too" in capsys.readouterr().err
+
+
+def test_a_rollout_step_on_a_trace_file_keeps_its_group_sizes(tmp_path, capsys):
+    """A trace file's groups keep their logged sizes: a rollout step on one takes no default group size
+    (16 would contradict them), and --steps says how many steps the trace holds."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"prompt_id": f"p{i}", "prompt_tokens": 20, "lengths": [50 + i, 60, 70, 80]})
+                             + "\n" for i in range(10)))
+    args = ["simulate", "--workload", str(trace), "--prompts", "4", "--replicas", "2", "--budget", "4GiB",
+            "--model", "qwen3-1.7b", "--max-new-tokens", "1024", "--policies", "vllm,steal"]
+    assert main(args + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setting"].startswith("4 prompts x G=4 from")
+    assert main(args + ["--oversample", "1.5", "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at most 1 with" in err and "holds 10 groups (each step submits 6)" in err
+    assert main(args + ["--group-size", "8"]) == 2  # given, and wrong: still an error
+    assert "--group-size" in capsys.readouterr().err
