@@ -29,6 +29,7 @@ from .oversampling import OversampledSteps, run_oversampled_steps
 from .report import (
     MAX_SIGMA,
     check_step_seconds,
+    group_sizes,
     load_cost,
     load_memory,
     parse_policies,
@@ -309,6 +310,15 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     submitted = submitted_groups(opts)
     step_opts = dataclasses.replace(opts, groups=submitted)
     groups = workload_groups(step_opts, submitted)
+    if opts.steps is not None:  # the stream of the over-sampled steps: enough groups, all of one size
+        per_step = submitted // opts.steps
+        if len(groups) < submitted:
+            raise InvalidArgument("steps", opts.steps, f"at most {len(groups) // per_step} with {opts.workload}, "
+                                                       f"which holds {len(groups)} groups (each step submits "
+                                                       f"{per_step})")
+        if len({len(g.lengths) for g in groups}) > 1:
+            raise InvalidArgument("steps", opts.steps, "a workload whose groups are all of one size "
+                                                       f"({opts.workload}'s are {group_sizes(groups)})")
     before = None
     if history_sigma(opts.predictor) is not None:  # the same prompts one epoch earlier, fresh completions
         before = tuple(workload_groups(step_opts, submitted, epoch=1))
