@@ -110,6 +110,11 @@ class SimulateOptions:
     partial_rollout: bool = _opt(False, "with --steps, carry each step's aborted groups into the next with the "
                                         "tokens they generated (slime's --partial-rollout): the next step submits "
                                         "them first, keeps their finished samples and resumes the others")
+    valid_share: float | None = _opt(None, "with --steps, a dynamic-sampling filter that keeps this share of the "
+                                           "finished groups (DAPO drops groups whose rewards all agree; slime's "
+                                           "--dynamic-sampling-filter-path), each group passing at random "
+                                           "whatever its length: a dropped group's tokens are thrown away and a "
+                                           "step ends at its --prompts-th group that passed")
     in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
                                        "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
                                        "as another finishes, in submission order, and routed then; for vllm and "

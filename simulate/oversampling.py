@@ -55,7 +55,10 @@ class StepRecord:
     aborted groups' without partial rollout); ``carried_out``: groups left for the next step;
     ``recomputed_tokens``: tokens prefilled again in this step (preemptions and moves within the
     step, and the partial responses of resumed samples); ``waited``: the most steps a kept group
-    waited since it was first submitted (0: submitted in this step)."""
+    waited since it was first submitted (0: submitted in this step); ``filtered_tokens``: the tokens of
+    the groups a dynamic-sampling filter dropped when they finished (all of them, whenever generated);
+    ``shortfall``: groups the step kept fewer than ``batch`` (the filter passed too few of those it
+    submitted: slime would have submitted more in the middle of the step, which is not modelled)."""
 
     seconds: float
     submitted: int
@@ -68,6 +71,8 @@ class StepRecord:
     carried_out: int
     recomputed_tokens: int
     waited: int = 0
+    filtered_tokens: int = 0
+    shortfall: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,17 @@ class OversampledSteps:
         return fresh / self.seconds if self.seconds else 0.0
 
     @property
+    def filtered_share(self) -> float:
+        """Tokens of the groups the filter dropped, over all tokens generated."""
+        decoded = sum(s.decoded_tokens for s in self.steps)
+        return float(sum(s.filtered_tokens for s in self.steps)) / decoded if decoded else 0.0
+
+    @property
+    def shortfall(self) -> int:
+        """Groups the steps kept fewer than ``batch`` each, in all (a filter that passed too few)."""
+        return int(sum(s.shortfall for s in self.steps))
+
+    @property
     def max_wait(self) -> int:
         """The most steps a kept group waited between its first submission and the step that kept it."""
         return max((s.waited for s in self.steps), default=0)
@@ -136,8 +152,9 @@ class OversampledSteps:
 
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
                           partial: bool = True, predicted: Any = None, resume: str = "siblings",
-                          prior_sigma: float = 0.5, run: Callable[..., RolloutResult] | None = None,
-                          keep_results: bool = False, **kwargs: Any) -> OversampledSteps:
+                          prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
+                          run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
+                          **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
@@ -150,7 +167,14 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     (:func:`lengthsched.online.resumed_remaining`: its prior the prediction with log-normal error
     ``prior_sigma``, the siblings' spread that of the groups kept so far), which does not take a
     sample that outran its prediction for nearly done (what :mod:`lengthsched.integrations.slime`
-    does with its default predictor); ``"left"``, ``max(1, predicted - generated)`` tokens. ``run``:
+    does with its default predictor); ``"left"``, ``max(1, predicted - generated)`` tokens.
+    ``valid``: a dynamic-sampling filter (slime's ``--dynamic-sampling-filter-path``, DAPO's drop of
+    groups whose rewards all agree): None, every finished group is kept; a share in (0, 1], each
+    stream group passes with that probability (drawn with ``filter_seed``, whatever its length); or one
+    bool per stream group. A group the filter drops when it finishes is thrown away (slime does not
+    return it to the buffer) and the step ends at its ``batch``-th finished group that passed; a step
+    whose groups pass too few keeps fewer (``StepRecord.shortfall``: slime would submit more groups in
+    the middle of the step, not modelled). ``run``:
     how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
     policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
     ``kwargs`` go to it (``replicas``, ``budget_tokens``,
@@ -175,6 +199,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         predicted = predicted.reshape(len(stream), size)
     if resume not in RESUME:
         raise InvalidArgument("resume", resume, " or ".join(map(repr, RESUME)))
+    passes = _passes(valid, len(stream), filter_seed)
     prior_sigma = check_positive_float("prior_sigma", prior_sigma)
     submit = math.ceil(batch * oversample - 1e-9)
     run = run_rollout if run is None else run
@@ -213,8 +238,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         if result is not None:
             np.maximum.at(finish, owners, result.group_finish_seconds())
         order = np.argsort(finish, kind="stable")
-        kept_local = order[:min(batch, len(take))]
-        end = float(finish[kept_local[-1]])
+        good = order[passes[np.asarray(take)][order]]  # the groups that pass, in finish order
+        kept_local = good[:batch]
+        end = float(finish[kept_local[-1]]) if len(kept_local) == batch else float(finish.max())
+        filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
         if result is not None:
             flat = np.concatenate(samples)
@@ -222,7 +249,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         decoded = int(generated[take].sum() - before)
         kept = [take[i] for i in kept_local]
         kept_groups += [lengths[g] for g in kept]
-        kept_set = set(kept)
+        kept_set = set(kept) | set(filtered)
         rest = [g for g in take if g not in kept_set]
         kept_tokens = int(lengths[kept].sum())
         stale = int(old[kept].sum())
@@ -236,11 +263,28 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                                   stale_tokens=stale, dropped_tokens=dropped,
                                   carried_out=len(carried) if partial else 0,
                                   recomputed_tokens=resumed + (0 if result is None else int(result.recomputed_tokens)),
-                                  waited=int(step - first[kept].min())))
+                                  waited=int(step - first[kept].min()) if kept else 0,
+                                  filtered_tokens=int(lengths[filtered].sum()) if filtered else 0,
+                                  shortfall=batch - len(kept)))
     drawn = lengths[:fresh]
     return OversampledSteps(policy=policy, batch=batch, oversample=oversample, partial=partial, group_size=size,
                             steps=tuple(records), mean_length=float(drawn.mean()), carried=tuple(carried),
                             carried_tokens=int(generated[carried].sum()) if carried else 0, results=tuple(results))
+
+
+def _passes(valid: Any, count: int, seed: int) -> np.ndarray:
+    """Whether each of ``count`` stream groups passes the dynamic-sampling filter (``valid``: None, a share,
+    or one bool per group; see :func:`run_oversampled_steps`)."""
+    if valid is None:
+        return np.ones(count, dtype=bool)
+    if isinstance(valid, (int, float)) and not isinstance(valid, bool):
+        share = check_positive_float("valid", valid, maximum=1.0)
+        return np.random.default_rng(check_int("filter_seed", seed, minimum=0)).random(count) < share
+    flags = np.asarray(valid)
+    if flags.shape != (count,) or flags.dtype != bool:
+        raise InvalidArgument("valid", f"{flags.size} values of {flags.dtype}",
+                              f"None, a share in (0, 1], or {count} booleans, one per stream group")
+    return flags
 
 
 def _sibling_predictions(take, predicted, lengths, generated, left, kept_groups, prior_sigma, kwargs):

@@ -108,7 +108,7 @@ class RolloutRow:
                        on_policy_tokens_per_second=o.fresh_tokens_per_second, stale_share=o.stale_share,
                        dropped_share=o.dropped_share, kept_length_ratio=o.kept_length_ratio,
                        most_steps_waited=o.max_wait, carried_groups=len(o.carried), oversample=o.oversample,
-                       partial_rollout=o.partial)
+                       partial_rollout=o.partial, filtered_share=o.filtered_share, shortfall=o.shortfall)
         return out
 
     def draw_summary(self) -> tuple[float, float, float, int, int] | None:
@@ -207,6 +207,12 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     elif opts.partial_rollout:
         raise InvalidArgument("partial_rollout", True, "--steps N too (partial rollout carries groups from one step "
                                                        "to the next)")
+    if opts.valid_share is not None:
+        share = opts.valid_share
+        if opts.steps is None:
+            raise InvalidArgument("valid_share", share, "--steps N too (the filter drops groups of over-sampled steps)")
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
+            raise InvalidArgument("valid_share", share, "a share of the finished groups in (0, 1], e.g. 0.7")
     kind, _, arg = str(opts.predictor).partition(":")
     if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
         raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
@@ -418,7 +424,7 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
 
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
-                                     max_new_tokens=o.max_new_tokens)
+                                     valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens)
 
     rows = []
     for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
@@ -441,7 +447,10 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
     setting = (f"{o.steps} over-sampled rollout steps of {o.prompts} prompts kept x G={len(step.groups[0].lengths)} "
                f"({per_step} submitted each, the first {o.prompts} groups to finish kept, the others "
                + ("carried into the next step with their tokens (partial rollout)" if o.partial_rollout else
-                  "dropped") + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
+                  "dropped")
+               + ("" if o.valid_share is None else f"; a dynamic-sampling filter keeps {o.valid_share:g} of the "
+                                                    "finished groups, at random, in every row")
+               + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
                f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
                f"{step.pool:,} KV tokens, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
                f"{step.cost.gpu}")
@@ -636,6 +645,7 @@ STEPS_COLUMNS = {
     "kept len": "the kept groups' mean completion length over every drawn group's (below 1: the short groups are "
                 "over-represented)",
     "waited": "the most steps a kept group waited between its first submission and the step that kept it",
+    "filtered": "with --valid-share: the share of the generated tokens in groups the filter dropped",
 }
 
 
@@ -667,10 +677,19 @@ def _steps_headline(comparison: RolloutComparison) -> str:
                  f"(on-policy {b.fresh_tokens_per_second:,.0f} tok/s"
                  + ("" if reference is None else
                     f", {b.fresh_tokens_per_second / reference.steps.kept_tokens_per_second:.3f} x the reference: "
-                    "what is left where they are masked") + f"), a kept group waited up to {b.max_wait} steps")
+                    "what is left where they are masked")
+                 + f"), a kept group waited up to {b.max_wait} step" + ("s" if b.max_wait != 1 else ""))
     else:
         line += (f"; it threw away {b.dropped_share:.1%} of what it generated and kept groups "
                  f"{b.kept_length_ratio:.3f} of the drawn groups' mean length (--partial-rollout carries them instead)")
+    if reference is not None and reference.steps.shortfall:
+        line += (f"; the reference keeps only the groups that pass the filter of the {opts['prompts']} it submits "
+                 f"({reference.steps.shortfall} fewer over the steps)")
+    short = [r.label for r in done if r.steps.shortfall]
+    if short:
+        line += (f"; the filter passed too few groups for {', '.join(short)} (a step kept fewer than "
+                 f"{opts['prompts']}: slime would submit more in the middle of the step, which is not modelled; "
+                 "raise --oversample)")
     failed = [r.label for r in rows if r.steps is None]
     if failed:
         line += f"; could not run: {', '.join(failed)}"
@@ -679,7 +698,8 @@ def _steps_headline(comparison: RolloutComparison) -> str:
 
 def _format_steps(comparison: RolloutComparison) -> str:
     reference, rows = _steps_rows(comparison)
-    head = ["run"] + list(STEPS_COLUMNS)
+    filtered = comparison.options.get("valid_share") is not None
+    head = ["run"] + [c for c in STEPS_COLUMNS if filtered or c != "filtered"]
     table = [head]
     ref = reference.steps.kept_tokens_per_second if reference is not None else None
     for row in ([reference] if reference is not None else []) + rows:
@@ -690,7 +710,8 @@ def _format_steps(comparison: RolloutComparison) -> str:
             continue
         table.append([label, f"{o.seconds / len(o.steps):.2f}", f"{o.kept_tokens_per_second:,.0f}",
                       f"{o.kept_tokens_per_second / ref:.3f}" if ref else "-", f"{o.fresh_tokens_per_second:,.0f}",
-                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}", str(o.max_wait)])
+                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}", str(o.max_wait)]
+                     + ([f"{o.filtered_share:.3f}"] if filtered else []))
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]
     lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
@@ -699,7 +720,7 @@ def _format_steps(comparison: RolloutComparison) -> str:
     if errors:
         lines += ["", "could not run:"] + errors
     lines += ["", _steps_headline(comparison), "", "columns:"]
-    lines += [f"  {name}: {text}" for name, text in STEPS_COLUMNS.items()]
+    lines += [f"  {name}: {STEPS_COLUMNS[name]}" for name in head[1:]]
     return "\n".join(lines)
 
 

@@ -129,19 +129,46 @@ def test_a_step_ends_at_its_batch_th_group_sooner_than_the_whole_rollout():
 @given(seed=st.integers(0, 10**6), size=st.integers(1, 4), batch=st.integers(1, 4),
        oversample=st.sampled_from([1.0, 1.25, 1.5, 2.0]), partial=st.booleans(),
        policy=st.sampled_from(["vllm", "steal"]), replicas=st.integers(1, 3),
-       resume=st.sampled_from(["left", "siblings"]))
-def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas, resume):
+       resume=st.sampled_from(["left", "siblings"]), valid=st.sampled_from([None, 0.6, 1.0]))
+def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas, resume, valid):
     stream = _stream(40, size=size, seed=seed, high=300)
     noise = np.exp(np.random.default_rng(seed).normal(0, 0.5, 40 * size))
     pred = np.maximum(1, np.rint(np.concatenate([g.lengths for g in stream]) * noise)).astype(int)
     out = run_oversampled_steps(stream, policy, batch=batch, oversample=oversample, steps=3, partial=partial,
-                                predicted=pred, resume=resume, replicas=replicas, **COMMON)
+                                predicted=pred, resume=resume, valid=valid, filter_seed=seed, replicas=replicas,
+                                **COMMON)
     kept = [g for s in out.steps for g in s.kept]
-    assert len(kept) == len(set(kept)) == 3 * batch
-    lost = sum(s.dropped_tokens for s in out.steps)
+    assert len(kept) == len(set(kept)) == 3 * batch - out.shortfall
+    assert out.shortfall == 0 or valid == 0.6
+    lost = sum(s.dropped_tokens + s.filtered_tokens for s in out.steps)
     assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
     assert all(0 <= s.stale_tokens <= s.kept_tokens for s in out.steps)
-    assert (lost == 0) if partial else (out.carried_tokens == 0 and out.stale_share == 0)
+    assert (sum(s.dropped_tokens for s in out.steps) == 0) if partial else (out.carried_tokens == 0
+                                                                             and out.stale_share == 0)
+
+
+def test_a_dynamic_sampling_filter_drops_finished_groups_and_the_step_waits_for_the_batch_th_that_passes():
+    """valid: a group that fails the filter is thrown away when it finishes (its tokens filtered, never
+    carried), the step ends at its batch-th finished group that passes; too few passing groups keep fewer."""
+    stream = _stream(30, seed=5, high=400)
+    fails = np.array([i % 3 == 0 for i in range(30)])
+    out = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=3, valid=~fails, replicas=2,
+                                router="least_loaded", keep_results=True, **COMMON)
+    plain = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=1, replicas=2,
+                                  router="least_loaded", keep_results=True, **COMMON)
+    kept = [g for s in out.steps for g in s.kept]
+    assert not any(fails[kept]) and len(kept) == 12 - out.shortfall
+    assert sum(s.filtered_tokens for s in out.steps) > 0 and out.filtered_share > 0
+    first = out.steps[0]
+    finish = out.results[0].group_finish_seconds()  # step 1 has no carried group: one part per group
+    passing = sorted(f for f, g in zip(finish, range(6)) if not fails[g])
+    assert first.seconds == pytest.approx(passing[3] if len(passing) >= 4 else max(finish))
+    assert plain.steps[0].seconds <= first.seconds  # without the filter the 4th finish comes no later
+    few = run_oversampled_steps(stream, "vllm", batch=4, oversample=1, steps=1, valid=~fails, replicas=2, **COMMON)
+    assert few.shortfall == 2 and len(few.steps[0].kept) == 2  # 2 of the first 4 groups fail
+    for bad in (0.0, 1.5, [True, False]):
+        with pytest.raises(InvalidArgument, match="valid"):
+            run_oversampled_steps(stream, "vllm", batch=4, oversample=1, steps=1, valid=bad, replicas=1, **COMMON)
 
 
 def test_bad_arguments_name_themselves():

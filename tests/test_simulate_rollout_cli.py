@@ -542,3 +542,25 @@ def test_a_rollout_step_on_a_trace_file_keeps_its_group_sizes(tmp_path, capsys):
     assert err.count("\n") == 1 and "at most 1 with" in err and "holds 10 groups (each step submits 6)" in err
     assert main(args + ["--group-size", "8"]) == 2  # given, and wrong: still an error
     assert "--group-size" in capsys.readouterr().err
+
+
+def test_valid_share_filters_the_over_sampled_steps(capsys):
+    """--valid-share Q (with --steps): a dynamic-sampling filter in every row, the reference included; the
+    filtered share is a column and a JSON field, a shortfall is said; Q outside (0, 1] or without --steps
+    is one line."""
+    args = ["simulate", "--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "vllm,steal", "--routers", "least_loaded",
+            "--oversample", "2", "--steps", "3", "--partial-rollout", "--valid-share", "0.6"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "a dynamic-sampling filter keeps 0.6 of the finished groups" in out["setting"]
+    assert all(r["filtered_share"] > 0 for r in out["rows"])
+    assert out["rows"][0]["shortfall"] > 0 and "the reference keeps only the groups that pass" in out["verdict"]
+    assert main(args) == 0
+    assert "  filtered: " in capsys.readouterr().out
+    for bad in (["--valid-share", "0"], ["--valid-share", "1.5"]):
+        assert main(args[:-2] + bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--valid-share" in err
+    assert main(args[:-7] + ["--oversample", "2", "--valid-share", "0.5"]) == 2
+    assert "--steps N too" in capsys.readouterr().err
