@@ -1232,6 +1232,10 @@ def rollout_oversampling(quick: bool) -> tuple[str, list]:
 # partial rollout) per mode, the steps of each run, and the runs (label, policy, router, predictions, slime's
 # in-flight cap per replica or None, how a resumed sample is predicted: run_oversampled_steps' resume)
 PARTIAL_MODES = ((1.0, False), (1.25, False), (1.25, True), (1.5, False), (1.5, True))
+# --valid-share Q (a dynamic-sampling filter keeping a share Q of the finished groups): more over-sampling, so that
+# a step's groups hold enough that pass
+PARTIAL_MODES_FILTERED = ((1.0, False), (1.5, False), (1.5, True), (2.0, False), (2.0, True))
+PARTIAL_VALID: float | None = None  # --valid-share
 PARTIAL_STEPS = 8
 PARTIAL_GRID = [(w, b, r, f) for w in ("castillo", "long tail") for b, r in ((64, 4), (256, 8)) for f in (4, 16)]
 PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None, "left"),
@@ -1247,10 +1251,10 @@ def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
     """One setting and mode: every run of PARTIAL_RUNS over ``steps`` over-sampled steps of ``prompts``
     groups kept (the stream: as many groups of the workload as the steps can draw, seed ``seed``). Per
     run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens, the most
-    steps a kept group waited)."""
+    steps a kept group waited, filtered share, shortfall); ``valid``: the filter's share (None: none)."""
     from simulate.oversampling import run_oversampled_steps
 
-    workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry), valid = args
     need = steps * math.ceil(prompts * over - 1e-9)
     groups, realistic, oracle, constant, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     known = {"realistic": realistic, None: None}
@@ -1260,9 +1264,10 @@ def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
             continue
         extra = {} if per is None else {"in_flight": per * replicas}
         r = run_oversampled_steps(groups, policy, batch=prompts, oversample=over, steps=steps, partial=carry,
-                                  predicted=known[pred], resume=resume, router=router, **common, **extra)
+                                  predicted=known[pred], resume=resume, router=router, valid=valid, filter_seed=seed,
+                                  **common, **extra)
         out[label] = (r.seconds, r.kept_tokens, r.stale_share, r.dropped_share, r.kept_length_ratio,
-                      int(sum(x.recomputed_tokens for x in r.steps)), r.max_wait)
+                      int(sum(x.recomputed_tokens for x in r.steps)), r.max_wait, r.filtered_share, r.shortfall)
     return out
 
 
@@ -1270,26 +1275,28 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
     """Over-sampled steps one after another, with and without slime's partial rollout: kept tokens per
     modelled second against vLLM + verl without over-sampling, and what the carried tokens cost (the
     share of the kept tokens generated in an earlier step) or what the aborted ones cost (thrown away)."""
-    grid, modes, steps = PARTIAL_GRID, PARTIAL_MODES, PARTIAL_STEPS
+    grid, modes, steps = PARTIAL_GRID, PARTIAL_MODES if PARTIAL_VALID is None else PARTIAL_MODES_FILTERED, PARTIAL_STEPS
     if quick:
         grid, modes, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], ((1.0, False), (1.5, True)), 3
-    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m, PARTIAL_VALID) for m in modes for w, b, r, f in grid]
     results = _pool_map(partial(_rollout_partial_unit, steps=steps), units)
     settings = [[u[6][0], u[6][1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
                  {label: list(v) for label, v in out.items()}] for u, out in zip(units, results)]
+    filtered = "" if PARTIAL_VALID is None else (f"; a dynamic-sampling filter keeps {PARTIAL_VALID:g} of the finished "
+                                                 "groups, at random, in every run")
     text = table(f"Over-sampled steps one after another ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
                  f"{steps} steps of B groups kept, B x over-sampling submitted; with partial rollout the aborted "
-                 "groups come back first in the next step with their tokens, without it they are dropped): kept "
-                 "tokens per modelled second x vLLM + verl's without over-sampling, and x vLLM + verl's with the "
-                 "same over-sampling", PARTIAL_COLUMNS, partial_rows(settings))
-    return text, {"rows": partial_rows(settings), "settings": settings, "steps": steps}
+                 "groups come back first in the next step with their tokens, without it they are dropped"
+                 f"{filtered}): kept tokens per modelled second x vLLM + verl's without over-sampling, and x vLLM + "
+                 "verl's with the same over-sampling", PARTIAL_COLUMNS, partial_rows(settings))
+    return text, {"rows": partial_rows(settings), "settings": settings, "steps": steps, "valid_share": PARTIAL_VALID}
 
 
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
                    "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
                    "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
                    "most steps a kept group waited", "dropped share of generated", "kept / drawn mean length",
-                   "lowest"]
+                   "lowest", "filtered share of generated", "groups short of B"]
 
 
 def partial_rows(settings: list) -> list:
@@ -1319,7 +1326,9 @@ def partial_rows(settings: list) -> list:
                          float(tail.mean()) if len(tail) else float("nan"), float(same.mean()), float(same.min()),
                          int(np.sum(same < 1 / 1.001)), float((ratio * (1 - stale)).mean()), float(stale.mean()),
                          float(stale.max()), max(x[6][label][6] for x in mine), float(dropped.mean()),
-                         float(length.mean()), float(length.min())])
+                         float(length.mean()), float(length.min()),
+                         float(np.mean([x[6][label][7] if len(x[6][label]) > 7 else 0.0 for x in mine])),
+                         int(sum(x[6][label][8] if len(x[6][label]) > 8 else 0 for x in mine))])
     return rows
 
 
@@ -1874,11 +1883,17 @@ def main(argv=None) -> int:
                         help="give the long-tail workload's groups prompts (its trace has none: 0 tokens) in the "
                              "rollout grid and the steps at scale: 'castillo' (each group a bundled CASTILLO "
                              "prompt's length) or a number of tokens")
+    parser.add_argument("--valid-share", type=float, default=None,
+                        help="rollout_partial: a dynamic-sampling filter that keeps this share of the finished groups "
+                             "(each at random), with more over-sampling (1.5 and 2)")
     parser.add_argument("--seed", type=int, default=11,
                         help="the seed of the rollout sections' prompts, completions and prediction errors "
                              "(default 11, the published grid)")
     args = parser.parse_args(argv)
-    global ROLLOUT_COST, GROUPS_FILE, ROLLOUT_SEED, ROLLOUT_MAX_SEQS
+    global ROLLOUT_COST, GROUPS_FILE, ROLLOUT_SEED, ROLLOUT_MAX_SEQS, PARTIAL_VALID
+    if args.valid_share is not None and not 0 < args.valid_share <= 1:
+        parser.error(f"argument --valid-share: got {args.valid_share}; expected a share in (0, 1]")
+    PARTIAL_VALID = args.valid_share
     if args.seed < 0:
         parser.error(f"argument --seed: got {args.seed}; expected a seed >= 0")
     if args.max_num_seqs is not None and args.max_num_seqs < 1:
