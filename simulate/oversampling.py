@@ -20,8 +20,12 @@ The unit of comparison is the kept tokens per modelled second (what the learner 
 rollout time), next to what the carried tokens cost: the share of the kept tokens generated in an
 earlier step, by an older policy (slime's ``--mask-offpolicy-in-partial-rollout`` masks them).
 
-Not modelled: a dynamic-sampling filter (every finished group is kept: ``oversample`` then only
-shortens the step), the learner's time between steps, and a policy whose lengths drift between
+A dynamic-sampling filter (``valid``: DAPO drops groups whose rewards all agree) throws away a
+group that fails it when it finishes; the step then ends at its ``batch``-th group that passed.
+
+Not modelled: the further batches slime submits in the middle of a step whose groups the filter
+drops faster than expected (a step with too few passing groups keeps fewer), a filter that depends
+on length or difficulty, the learner's time between steps, and a policy whose lengths drift between
 steps (the stream's lengths are fixed).
 """
 
