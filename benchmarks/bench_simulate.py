@@ -1275,7 +1275,9 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
     """Over-sampled steps one after another, with and without slime's partial rollout: kept tokens per
     modelled second against vLLM + verl without over-sampling, and what the carried tokens cost (the
     share of the kept tokens generated in an earlier step) or what the aborted ones cost (thrown away)."""
-    grid, modes, steps = PARTIAL_GRID, PARTIAL_MODES if PARTIAL_VALID is None else PARTIAL_MODES_FILTERED, PARTIAL_STEPS
+    grid, modes, steps = PARTIAL_GRID, PARTIAL_MODES, PARTIAL_STEPS
+    if PARTIAL_VALID is not None:  # 7 steps: 7 x 512 groups drawn at 256 x 2 fit CASTILLO's 3,598 prompts
+        modes, steps = PARTIAL_MODES_FILTERED, 7
     if quick:
         grid, modes, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], ((1.0, False), (1.5, True)), 3
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m, PARTIAL_VALID) for m in modes for w, b, r, f in grid]
