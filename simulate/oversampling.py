@@ -124,11 +124,15 @@ class OversampledSteps:
         fresh = self.kept_tokens - sum(s.stale_tokens for s in self.steps)
         return fresh / self.seconds if self.seconds else 0.0
 
+    def _of_decoded(self, name: str) -> float:
+        """The steps' ``name`` tokens over all tokens generated."""
+        decoded = sum(s.decoded_tokens for s in self.steps)
+        return float(sum(getattr(s, name) for s in self.steps)) / decoded if decoded else 0.0
+
     @property
     def filtered_share(self) -> float:
         """Tokens of the groups the filter dropped, over all tokens generated."""
-        decoded = sum(s.decoded_tokens for s in self.steps)
-        return float(sum(s.filtered_tokens for s in self.steps)) / decoded if decoded else 0.0
+        return self._of_decoded("filtered_tokens")
 
     @property
     def shortfall(self) -> int:
@@ -142,9 +146,8 @@ class OversampledSteps:
 
     @property
     def dropped_share(self) -> float:
-        """Tokens generated and thrown away, over all tokens generated."""
-        decoded = sum(s.decoded_tokens for s in self.steps)
-        return float(sum(s.dropped_tokens for s in self.steps)) / decoded if decoded else 0.0
+        """Tokens generated and thrown away with the aborted groups, over all tokens generated."""
+        return self._of_decoded("dropped_tokens")
 
     @property
     def kept_length_ratio(self) -> float:
