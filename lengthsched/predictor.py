@@ -9,6 +9,7 @@ tests.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Hashable, Mapping, Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "OracleLengthPredictor",
     "NoisyOracleLengthPredictor",
     "ConstantLengthPredictor",
+    "copy_predictor",
 ]
 
 
@@ -58,6 +60,15 @@ class LengthPredictor(Protocol):
         """Predict remaining tokens for each ``prompts[i]`` after ``prefixes[i]`` (the token ids
         generated so far, or their count; None = nothing yet). Returns one value per prompt."""
         ...
+
+
+def copy_predictor(predictor: Any) -> Any:
+    """A copy of ``predictor`` that learns on its own (``observe`` changes only the copy), sharing the
+    models it holds: an attribute that is itself a predictor (an online predictor's prior, a trained
+    network, say) is not duplicated."""
+    models = {id(v): v for v in vars(predictor).values() if hasattr(v, "predict")} if hasattr(predictor, "__dict__") \
+        else {}
+    return copy.deepcopy(predictor, models)
 
 
 def _prefix_lengths(prompts: Sequence[Any], prefixes: Sequence[Any] | None) -> np.ndarray:

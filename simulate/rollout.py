@@ -51,7 +51,6 @@ its replica (Seer's migration of running requests through a global KV pool is no
 
 from __future__ import annotations
 
-import copy
 import heapq
 import math
 from collections.abc import Sequence
@@ -70,6 +69,7 @@ from lengthsched.placement import (
     packing_items,
     packing_mix,
 )
+from lengthsched.predictor import copy_predictor
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue, WorkStealing
 from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
@@ -558,7 +558,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     engines, pols = [], []
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
-                          predicted=pred, predictor=None if online is None else copy.deepcopy(online),
+                          predicted=pred, predictor=None if online is None else copy_predictor(online),
                           prompt_ids=job_keys)
         pol = POLICIES[policy].cls(problem)
         pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
@@ -900,7 +900,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     else:  # Seer: nothing is known of a group before its probe finishes
         queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)
     problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred, slots=max_seqs,
-                      predictor=None if online is None else copy.deepcopy(online), prompt_ids=job_keys)
+                      predictor=None if online is None else copy_predictor(online), prompt_ids=job_keys)
     engines, pols = [], []
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)

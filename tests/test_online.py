@@ -652,3 +652,20 @@ def test_resumed_remaining_reads_the_finished_siblings_and_each_samples_progress
         resumed_remaining([100], [[]], [[-1]])
     with pytest.raises(InvalidArgument, match="within_sigma"):
         resumed_remaining([100], [[]], [[0]], within_sigma=0)
+
+
+def test_copy_predictor_learns_apart_and_shares_the_model_it_holds():
+    """lengthsched.predictor.copy_predictor: observations change only the copy; a prior that is a model
+    (an object with predict) is the same object in both, not duplicated."""
+    from lengthsched import OnlineLengthPredictor
+    from lengthsched.predictor import ConstantLengthPredictor, copy_predictor
+
+    prior = ConstantLengthPredictor(300)
+    online = OnlineLengthPredictor(prior, prior_sigma=0.5)
+    before = online.predict(["a"]).lengths.tolist()
+    twin = copy_predictor(online)
+    for n in (900, 950, 1000):
+        twin.observe("a", n)
+    assert twin.prior is prior and online.predict(["a"]).lengths.tolist() == before
+    assert twin.predict(["a"]).lengths[0] > before[0]
+    assert copy_predictor(7) == 7  # anything deep-copyable without attributes

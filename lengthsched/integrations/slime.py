@@ -96,6 +96,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
+from ..predictor import copy_predictor
 from .rollout import ClientQueues, RolloutPlan, observe_lengths, predict_lengths
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -244,10 +245,7 @@ class SlimePlanner:
         done = {i: [_finished(s) for s in groups[i]] for i in resumed}
         seen = [(keys[i], int(s.response_length)) for i in resumed for s, f in zip(groups[i], done[i]) if f]
         if seen and callable(getattr(predictor, "observe", None)):
-            # A copy sees this step's siblings (not a step the planner has observed); a model it holds (an
-            # online predictor's prior: a trained network, say) is shared, not copied.
-            models = {id(v): v for v in vars(predictor).values() if hasattr(v, "predict")}
-            predictor = copy.deepcopy(predictor, models)
+            predictor = copy_predictor(predictor)  # sees this step's siblings, not a step the planner observed
             observe_lengths(predictor, [k for k, _ in seen], [n for _, n in seen])
         rows = [(i, j) for i in resumed for j, f in enumerate(done[i]) if not f]
         if rows:

@@ -10,7 +10,6 @@ copied into each sequence, as vLLM's prefix cache shares full blocks only.
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from ..placement import check_group, estimate_seconds, plan_length_classes
+from ..predictor import copy_predictor
 from .engine import Engine
 from .policies import Problem
 from .registry import POLICIES, make_policy
@@ -90,7 +90,7 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
     hosted, local = np.unique(owner[mine], return_inverse=True)
     problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
                       predicted=None if pred is None else pred[mine],
-                      predictor=None if online is None else copy.deepcopy(online),
+                      predictor=None if online is None else copy_predictor(online),
                       prompt_ids=tuple(job_keys[j] for j in mine.tolist()))
     sim = make_policy(policy, problem)
     eng = replica_engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget,
