@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import statistics
 import sys
@@ -1252,10 +1251,10 @@ def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
     groups kept (the stream: as many groups of the workload as the steps can draw, seed ``seed``). Per
     run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens, the most
     steps a kept group waited, filtered share, shortfall); ``valid``: the filter's share (None: none)."""
-    from simulate.oversampling import run_oversampled_steps
+    from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry), valid = args
-    need = steps * math.ceil(prompts * over - 1e-9)
+    need = steps * submitted_per_step(prompts, over)
     groups, realistic, oracle, constant, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     known = {"realistic": realistic, None: None}
     out = {}
@@ -1284,14 +1283,15 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
     results = _pool_map(partial(_rollout_partial_unit, steps=steps), units)
     settings = [[u[6][0], u[6][1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
                  {label: list(v) for label, v in out.items()}] for u, out in zip(units, results)]
+    rows = partial_rows(settings)
     filtered = "" if PARTIAL_VALID is None else (f"; a dynamic-sampling filter keeps {PARTIAL_VALID:g} of the finished "
                                                  "groups, at random, in every run")
     text = table(f"Over-sampled steps one after another ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
                  f"{steps} steps of B groups kept, B x over-sampling submitted; with partial rollout the aborted "
                  "groups come back first in the next step with their tokens, without it they are dropped"
                  f"{filtered}): kept tokens per modelled second x vLLM + verl's without over-sampling, and x vLLM + "
-                 "verl's with the same over-sampling", PARTIAL_COLUMNS, partial_rows(settings))
-    return text, {"rows": partial_rows(settings), "settings": settings, "steps": steps, "valid_share": PARTIAL_VALID}
+                 "verl's with the same over-sampling", PARTIAL_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": steps, "valid_share": PARTIAL_VALID}
 
 
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",

@@ -48,6 +48,12 @@ from .workloads import Group
 RESUME = ("left", "siblings")
 
 
+def submitted_per_step(batch: int, oversample: float) -> int:
+    """Groups an over-sampled step submits to keep ``batch``: ``ceil(batch x oversample)`` (carried ones
+    included)."""
+    return math.ceil(batch * oversample - 1e-9)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One over-sampled step. ``seconds``: modelled seconds to its ``batch``-th finished group (the
@@ -208,7 +214,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         raise InvalidArgument("resume", resume, " or ".join(map(repr, RESUME)))
     passes = _passes(valid, len(stream), filter_seed)
     prior_sigma = check_positive_float("prior_sigma", prior_sigma)
-    submit = math.ceil(batch * oversample - 1e-9)
+    submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
     generated = np.zeros_like(lengths)  # tokens each sample of the stream holds

@@ -25,7 +25,7 @@ from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, 
 from lengthsched.runtime import POLICIES
 
 from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
-from .oversampling import OversampledSteps, run_oversampled_steps
+from .oversampling import OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
     MAX_SIGMA,
     check_step_seconds,
@@ -317,7 +317,7 @@ def rollout_step(opts: SimulateOptions) -> RolloutStep:
     step_opts = dataclasses.replace(opts, groups=submitted)
     groups = workload_groups(step_opts, submitted)
     if opts.steps is not None:  # the stream of the over-sampled steps: enough groups, all of one size
-        per_step = submitted // opts.steps
+        per_step = submitted_per_step(opts.prompts, opts.oversample)
         if len(groups) < submitted:
             raise InvalidArgument("steps", opts.steps, f"at most {len(groups) // per_step} with {opts.workload}, "
                                                        f"which holds {len(groups)} groups (each step submits "
@@ -337,7 +337,7 @@ def submitted_groups(opts: SimulateOptions) -> int:
     the stream the steps draw from (each step submits ``ceil(prompts x oversample)``, carried groups
     included, so the stream holds enough for every step)."""
     if opts.steps is not None:
-        return opts.steps * math.ceil(opts.prompts * opts.oversample - 1e-9)
+        return opts.steps * submitted_per_step(opts.prompts, opts.oversample)
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
 
 
@@ -443,7 +443,7 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
             rows.append(RolloutRow(policy, router or "placed", None, str(exc)))
     reference = rows.pop(0)
     rows.sort(key=lambda r: (r.steps is None, -(r.steps.kept_tokens_per_second if r.steps else 0.0)))
-    per_step = math.ceil(o.prompts * o.oversample - 1e-9)
+    per_step = submitted_per_step(o.prompts, o.oversample)
     setting = (f"{o.steps} over-sampled rollout steps of {o.prompts} prompts kept x G={len(step.groups[0].lengths)} "
                f"({per_step} submitted each, the first {o.prompts} groups to finish kept, the others "
                + ("carried into the next step with their tokens (partial rollout)" if o.partial_rollout else
