@@ -818,21 +818,10 @@ def resumed_remaining(priors: Sequence[float], finished: Sequence[Sequence[int]]
     Returns one array per group, one value (>= 1) per ``progress`` entry."""
     if not (len(priors) == len(finished) == len(progress)):
         raise InvalidArgument("priors", f"{len(priors)} groups", f"{len(progress)}, as many as finished and progress")
+    from .integrations.rollout import remaining_after
+
     options: dict[str, Any] = {} if within_sigma is None else {
         "within_sigma": check_positive_float("within_sigma", within_sigma)}
     prior = {i: check_positive_float("priors", float(p)) for i, p in enumerate(priors)}
     online = OnlineLengthPredictor(prior, prior_sigma=prior_sigma, max_new_tokens=max_new_tokens, **options)
-    keys, prefixes, sizes = [], [], []
-    for i, (done, going) in enumerate(zip(finished, progress)):
-        for length in done:
-            online.observe(i, int(length))
-        going = [check_int("progress", g, minimum=0) for g in going]
-        keys += [i] * len(going)
-        prefixes += going
-        sizes.append(len(going))
-    point = online.predict(keys, prefixes).lengths if keys else np.zeros(0, dtype=np.int64)
-    out, start = [], 0
-    for n in sizes:
-        out.append(np.maximum(1, np.asarray(point[start:start + n], dtype=np.int64)))
-        start += n
-    return out
+    return remaining_after(online, range(len(priors)), finished, progress, max_new_tokens=max_new_tokens)

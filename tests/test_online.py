@@ -652,6 +652,11 @@ def test_resumed_remaining_reads_the_finished_siblings_and_each_samples_progress
         resumed_remaining([100], [[]], [[-1]])
     with pytest.raises(InvalidArgument, match="within_sigma"):
         resumed_remaining([100], [[]], [[0]], within_sigma=0)
+    from lengthsched.integrations.rollout import remaining_after  # the piece the slime integration shares
+
+    with pytest.raises(InvalidArgument, match="progress"):
+        remaining_after(OnlineLengthPredictor(100), ["a", "b"], [[], []], [[0]])
+    assert [x.tolist() for x in remaining_after(OnlineLengthPredictor(100), ["a"], [[]], [[]])] == [[]]
 
 
 def test_copy_predictor_learns_apart_and_shares_the_model_it_holds():

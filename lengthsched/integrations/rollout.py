@@ -59,6 +59,7 @@ import numpy as np
 
 from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
+from ..predictor import copy_predictor
 
 __all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "ORDERS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "ClientQueues",
            "RolloutPlan", "decode_replica", "move_requests", "observe_lengths", "place_groups", "place_ways",
@@ -629,6 +630,31 @@ def predict_lengths(predictor: Any, queries: Sequence[Any], *, max_new_tokens: i
     if max_new_tokens is not None:
         lengths = np.minimum(lengths, check_int("max_new_tokens", max_new_tokens, minimum=1))
     return lengths.astype(np.int64)
+
+
+def remaining_after(predictor: Any, keys: Sequence[Any], finished: Sequence[Sequence[int]],
+                    progress: Sequence[Sequence[int]], *, max_new_tokens: int | None = None) -> list[np.ndarray]:
+    """What the unfinished samples of groups a partial rollout resumes still have to generate: per group i
+    (prompt ``keys[i]``), ``predictor`` asked with each sample's progress ``progress[i][j]`` (tokens
+    generated: ``predict(prompts, prefixes)``, the predictor's own model of what is left, so a sample that
+    ran past its prediction is not taken for nearly done), after a copy of a predictor that learns online
+    (:func:`~lengthsched.predictor.copy_predictor`) saw the lengths of the group's finished samples
+    ``finished[i]`` (tokens). One array per group, each value at least 1 token."""
+    if not len(keys) == len(finished) == len(progress):
+        raise InvalidArgument("progress", f"{len(progress)} groups", f"{len(keys)}, one per key and per finished")
+    seen = [(k, int(n)) for k, done in zip(keys, finished) for n in done]
+    if seen and callable(getattr(predictor, "observe", None)):
+        predictor = copy_predictor(predictor)  # the siblings of this step, not a step the caller observed
+        observe_lengths(predictor, [k for k, _ in seen], [n for _, n in seen])
+    queries = [k for k, going in zip(keys, progress) for _ in going]
+    prefixes = [check_int("progress", g, minimum=0) for going in progress for g in going]
+    got = (predict_lengths(predictor, queries, max_new_tokens=max_new_tokens, prefixes=prefixes) if queries
+           else np.zeros(0, dtype=np.int64))
+    out, start = [], 0
+    for going in progress:
+        out.append(np.maximum(1, got[start:start + len(going)]))
+        start += len(going)
+    return out
 
 
 def observe_lengths(predictor: Any, queries: Sequence[Any], lengths: Sequence[int], *, step: int | None = None) -> int:

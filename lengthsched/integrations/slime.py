@@ -96,8 +96,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from ..predictor import copy_predictor
-from .rollout import ClientQueues, RolloutPlan, observe_lengths, predict_lengths
+from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
 __all__ = [
@@ -241,18 +240,13 @@ class SlimePlanner:
         left = [np.zeros(len(g), dtype=np.int64) for g in groups]
         if not resumed:
             return left
-        predictor = self.planner.predictor
-        done = {i: [_finished(s) for s in groups[i]] for i in resumed}
-        seen = [(keys[i], int(s.response_length)) for i in resumed for s, f in zip(groups[i], done[i]) if f]
-        if seen and callable(getattr(predictor, "observe", None)):
-            predictor = copy_predictor(predictor)  # sees this step's siblings, not a step the planner observed
-            observe_lengths(predictor, [k for k, _ in seen], [n for _, n in seen])
-        rows = [(i, j) for i in resumed for j, f in enumerate(done[i]) if not f]
-        if rows:
-            got = predict_lengths(predictor, [keys[i] for i, _ in rows], max_new_tokens=self.planner.max_new_tokens,
-                                  prefixes=[_sample_generated(groups[i][j]) for i, j in rows])
-            for (i, j), value in zip(rows, got):
-                left[i][j] = max(1, int(value))
+        done = {i: np.array([_finished(s) for s in groups[i]], dtype=bool) for i in resumed}
+        got = remaining_after(self.planner.predictor, [keys[i] for i in resumed],
+                              [[int(s.response_length) for s, f in zip(groups[i], done[i]) if f] for i in resumed],
+                              [[_sample_generated(s) for s, f in zip(groups[i], done[i]) if not f] for i in resumed],
+                              max_new_tokens=self.planner.max_new_tokens)
+        for i, values in zip(resumed, got):
+            left[i][~done[i]] = values
         return left
 
     def observe(self, groups: Sequence[Sequence[Any]]) -> int:
