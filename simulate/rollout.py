@@ -140,14 +140,18 @@ class RolloutResult:
         last = np.concatenate((np.diff(ends) > 0, [True]))
         return np.interp(np.asarray(steps, dtype=np.float64) - 1, ends[last], secs[last])
 
+    def _recorded(self, reader: str) -> None:
+        """Raise unless the run kept every replica's timeline (``record=True``), which ``reader`` reads."""
+        if not self.timelines or any(t is None for t in self.timelines):
+            raise InvalidArgument("record", False, f"a run with record=True ({reader} reads the timelines)")
+
     def group_finish_seconds(self) -> np.ndarray:
         """Per group (in ``collected_lengths``' order), the modelled seconds at which its last completion
         finished, wherever it ran (a completion that moved finishes on the replica it moved to). Needs
         the timelines (``run_rollout(..., record=True)``). Its largest value is the makespan; with
         over-sampling (more groups submitted than the step keeps, the rest aborted), the step ends at the
         N-th smallest."""
-        if not self.timelines or any(t is None for t in self.timelines):
-            raise InvalidArgument("record", False, "a run with record=True (group_finish_seconds reads the timelines)")
+        self._recorded("group_finish_seconds")
         sizes = [len(c) for c in self.collected_lengths]
         finish = np.zeros(sum(sizes), dtype=np.float64)
         for replica, timeline in enumerate(self.timelines):
@@ -165,8 +169,7 @@ class RolloutResult:
         keeps them for the next step). Counts every decode step that ended by then, on whichever replicas
         the completion ran (a preempted or moved one keeps its tokens); a finished completion counts its
         whole length. Needs the timelines (``run_rollout(..., record=True)``)."""
-        if not self.timelines or any(t is None for t in self.timelines):
-            raise InvalidArgument("record", False, "a run with record=True (generated_at reads the timelines)")
+        self._recorded("generated_at")
         seconds = float(seconds)
         if not math.isfinite(seconds) or seconds < 0:
             raise InvalidArgument("seconds", seconds, "a finite number of modelled seconds >= 0")
