@@ -110,6 +110,12 @@ class SimulateOptions:
     partial_rollout: bool = _opt(False, "with --steps, carry each step's aborted groups into the next with the "
                                         "tokens they generated (slime's --partial-rollout): the next step submits "
                                         "them first, keeps their finished samples and resumes the others")
+    max_carry: int | None = _opt(None, "with --partial-rollout, a staleness limit: the most steps a group may wait "
+                                       "between its first submission and the step that keeps it (1: a kept token "
+                                       "is at most one policy update old; default: no limit)")
+    carry_limit: str = _opt("wait", "with --max-carry, what a step does with a group that old: wait (the step "
+                                    "does not end before it finishes, and keeps it) or drop (it is thrown away "
+                                    "with its tokens instead of being carried once more)", choices=["drop", "wait"])
     valid_share: float | None = _opt(None, "with --steps, a dynamic-sampling filter that keeps this share of the "
                                            "finished groups (DAPO drops groups whose rewards all agree; slime's "
                                            "--dynamic-sampling-filter-path), each group passing at random "

@@ -46,6 +46,8 @@ from .workloads import Group
 
 #: What ``run_oversampled_steps``' ``resume`` accepts.
 RESUME = ("left", "siblings")
+#: What ``run_oversampled_steps``' ``carry_limit`` accepts: what happens to a group ``max_carry`` steps old.
+CARRY_LIMITS = ("drop", "wait")
 
 
 def submitted_per_step(batch: int, oversample: float) -> int:
@@ -68,7 +70,12 @@ class StepRecord:
     waited since it was first submitted (0: submitted in this step); ``filtered_tokens``: the tokens of
     the groups a dynamic-sampling filter dropped when they finished (all of them, whenever generated);
     ``shortfall``: groups the step kept fewer than ``batch`` (the filter passed too few of those it
-    submitted: slime would have submitted more in the middle of the step, which is not modelled)."""
+    submitted: slime would have submitted more in the middle of the step, which is not modelled);
+    ``token_age``: the kept tokens' ages summed, in steps (a token generated in the step that kept it is 0
+    steps old, one generated the step before 1, ...); ``forced``: groups the step waited for because they
+    had reached ``max_carry`` (``carry_limit="wait"``), kept or filtered; ``expired``: groups it dropped
+    because carrying them would exceed ``max_carry`` (``carry_limit="drop"``; their tokens are in
+    ``dropped_tokens``)."""
 
     seconds: float
     submitted: int
@@ -83,6 +90,9 @@ class StepRecord:
     waited: int = 0
     filtered_tokens: int = 0
     shortfall: int = 0
+    token_age: int = 0
+    forced: int = 0
+    expired: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +156,12 @@ class OversampledSteps:
         return int(sum(s.shortfall for s in self.steps))
 
     @property
+    def mean_token_age(self) -> float:
+        """The kept tokens' mean age in steps: how many policy updates old a kept token is when the learner
+        gets it, on average (0 without partial rollout; what AReaL's and verl's staleness limits bound)."""
+        return float(sum(s.token_age for s in self.steps)) / self.kept_tokens if self.kept_tokens else 0.0
+
+    @property
     def max_wait(self) -> int:
         """The most steps a kept group waited between its first submission and the step that kept it."""
         return max((s.waited for s in self.steps), default=0)
@@ -166,6 +182,7 @@ class OversampledSteps:
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
                           partial: bool = True, predicted: Any = None, resume: str = "siblings",
                           prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
+                          max_carry: int | None = None, carry_limit: str = "wait",
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
                           **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
@@ -187,7 +204,14 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     bool per stream group. A group the filter drops when it finishes is thrown away (slime does not
     return it to the buffer) and the step ends at its ``batch``-th finished group that passed; a step
     whose groups pass too few keeps fewer (``StepRecord.shortfall``: slime would submit more groups in
-    the middle of the step, not modelled). ``run``:
+    the middle of the step, not modelled). ``max_carry`` (with ``partial``): a staleness limit, the most
+    steps a group may wait between its first submission and the step that keeps it (None: no limit; 1: a
+    kept token is at most one policy update old). ``carry_limit`` says how it is kept: ``"wait"`` (the
+    default), a step does not end before every group submitted ``max_carry`` steps ago has finished (those
+    groups are kept, then the first others to finish up to ``batch``; more than ``batch`` when more are that
+    old); ``"drop"``, a group that would be carried once more is thrown away with its tokens (AReaL's
+    ``max_head_offpolicyness`` and verl's fully-async ``staleness_threshold`` bound the same age by
+    throttling submissions, which these synchronous steps do not model). ``run``:
     how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
     policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
     ``kwargs`` go to it (``replicas``, ``budget_tokens``,
@@ -213,12 +237,19 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if resume not in RESUME:
         raise InvalidArgument("resume", resume, " or ".join(map(repr, RESUME)))
     passes = _passes(valid, len(stream), filter_seed)
+    if max_carry is not None:
+        max_carry = check_int("max_carry", max_carry, minimum=1)
+        if not partial:
+            raise InvalidArgument("max_carry", max_carry, "None without partial rollout (nothing is carried)")
+    if carry_limit not in CARRY_LIMITS:
+        raise InvalidArgument("carry_limit", carry_limit, " or ".join(map(repr, CARRY_LIMITS)))
     prior_sigma = check_positive_float("prior_sigma", prior_sigma)
     submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
     generated = np.zeros_like(lengths)  # tokens each sample of the stream holds
     old = np.zeros_like(lengths)  # of them, generated before the current step
+    born = np.zeros_like(lengths)  # the steps in which each sample's tokens were generated, summed over its tokens
     carried: list[int] = []
     fresh = 0
     records, results = [], []
@@ -251,14 +282,25 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         if result is not None:
             np.maximum.at(finish, owners, result.group_finish_seconds())
         order = np.argsort(finish, kind="stable")
+        due = np.zeros(len(take), dtype=bool)  # groups the step must finish (carry_limit="wait")
+        if max_carry is not None and carry_limit == "wait":
+            due = step - first[take] >= max_carry
         good = order[passes[np.asarray(take)][order]]  # the groups that pass, in finish order
-        kept_local = good[:batch]
-        end = float(finish[kept_local[-1]]) if len(kept_local) == batch else float(finish.max())
+        others = good[~due[good]]
+        slots = max(0, batch - int(due[good].sum()))
+        kept_local = np.sort(np.concatenate([good[due[good]], others[:slots]]), kind="stable")
+        kept_local = kept_local[np.argsort(finish[kept_local], kind="stable")]
+        end = float(finish[others[slots - 1]]) if 0 < slots <= len(others) else (
+            float(finish.max()) if slots else 0.0)
+        if due.any():
+            end = max(end, float(finish[due].max()))
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
         if result is not None:
             flat = np.concatenate(samples)
-            generated[flat[:, 0], flat[:, 1]] = old[flat[:, 0], flat[:, 1]] + result.generated_at(end)
+            new = old[flat[:, 0], flat[:, 1]] + result.generated_at(end)
+            born[flat[:, 0], flat[:, 1]] += (new - generated[flat[:, 0], flat[:, 1]]) * step
+            generated[flat[:, 0], flat[:, 1]] = new
         decoded = int(generated[take].sum() - before)
         kept = [take[i] for i in kept_local]
         kept_groups += [lengths[g] for g in kept]
@@ -267,7 +309,12 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         kept_tokens = int(lengths[kept].sum())
         stale = int(old[kept].sum())
         dropped = 0
+        expired = []
         if partial:
+            if max_carry is not None and carry_limit == "drop":
+                expired = [g for g in rest if step + 1 - first[g] > max_carry]
+                rest = [g for g in rest if step + 1 - first[g] <= max_carry]
+                dropped = int(generated[expired].sum()) if expired else 0
             carried = rest + carried
         else:
             dropped = int((generated[rest] - old[rest]).sum())
@@ -278,7 +325,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                                   recomputed_tokens=resumed + (0 if result is None else int(result.recomputed_tokens)),
                                   waited=int(step - first[kept].min()) if kept else 0,
                                   filtered_tokens=int(lengths[filtered].sum()) if filtered else 0,
-                                  shortfall=batch - len(kept)))
+                                  shortfall=max(0, batch - len(kept)),
+                                  token_age=int(kept_tokens * step - born[kept].sum()) if kept else 0,
+                                  forced=int(due.sum()), expired=len(expired)))
     drawn = lengths[:fresh]
     return OversampledSteps(policy=policy, batch=batch, oversample=oversample, partial=partial, group_size=size,
                             steps=tuple(records), mean_length=float(drawn.mean()), carried=tuple(carried),

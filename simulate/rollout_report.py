@@ -25,7 +25,7 @@ from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, 
 from lengthsched.runtime import POLICIES
 
 from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
-from .oversampling import OversampledSteps, run_oversampled_steps, submitted_per_step
+from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
     MAX_SIGMA,
     check_step_seconds,
@@ -108,7 +108,8 @@ class RolloutRow:
                        on_policy_tokens_per_second=o.fresh_tokens_per_second, stale_share=o.stale_share,
                        dropped_share=o.dropped_share, kept_length_ratio=o.kept_length_ratio,
                        most_steps_waited=o.max_wait, carried_groups=len(o.carried), oversample=o.oversample,
-                       partial_rollout=o.partial, filtered_share=o.filtered_share, shortfall=o.shortfall)
+                       partial_rollout=o.partial, filtered_share=o.filtered_share, shortfall=o.shortfall,
+                       mean_token_age=o.mean_token_age)
         return out
 
     def draw_summary(self) -> tuple[float, float, float, int, int] | None:
@@ -207,6 +208,12 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     elif opts.partial_rollout:
         raise InvalidArgument("partial_rollout", True, "--steps N too (partial rollout carries groups from one step "
                                                        "to the next)")
+    if opts.max_carry is not None:
+        check_int("max_carry", opts.max_carry, minimum=1)
+        if not opts.partial_rollout:
+            raise InvalidArgument("max_carry", opts.max_carry, "--partial-rollout too (without it nothing is carried)")
+    if opts.carry_limit not in CARRY_LIMITS:
+        raise InvalidArgument("carry_limit", opts.carry_limit, " or ".join(CARRY_LIMITS))
     if opts.valid_share is not None:
         share = opts.valid_share
         if opts.steps is None:
@@ -424,7 +431,8 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
 
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
-                                     valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens)
+                                     valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens,
+                                     max_carry=o.max_carry if oversample > 1 else None, carry_limit=o.carry_limit)
 
     rows = []
     for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
@@ -448,6 +456,9 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                f"({per_step} submitted each, the first {o.prompts} groups to finish kept, the others "
                + ("carried into the next step with their tokens (partial rollout)" if o.partial_rollout else
                   "dropped")
+               + ("" if o.max_carry is None else
+                  f"; a group carried {o.max_carry} step{'s' if o.max_carry != 1 else ''} "
+                  + ("is waited for and kept" if o.carry_limit == "wait" else "is dropped instead of carried again"))
                + ("" if o.valid_share is None else f"; a dynamic-sampling filter keeps {o.valid_share:g} of the "
                                                     "finished groups, at random, in every row")
                + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
@@ -644,6 +655,8 @@ STEPS_COLUMNS = {
     "dropped": "the share of the generated tokens thrown away with the aborted groups (without --partial-rollout)",
     "kept len": "the kept groups' mean completion length over every drawn group's (below 1: the short groups are "
                 "over-represented)",
+    "age": "the kept tokens' mean age in steps (policy updates between the step that generated a token and the "
+           "one that kept it)",
     "waited": "the most steps a kept group waited between its first submission and the step that kept it",
     "filtered": "with --valid-share: the share of the generated tokens in groups the filter dropped",
 }
@@ -678,7 +691,10 @@ def _steps_headline(comparison: RolloutComparison) -> str:
                  + ("" if reference is None else
                     f", {b.fresh_tokens_per_second / reference.steps.kept_tokens_per_second:.3f} x the reference: "
                     "what is left where they are masked")
-                 + f"), a kept group waited up to {b.max_wait} step" + ("s" if b.max_wait != 1 else ""))
+                 + f"), a kept group waited up to {b.max_wait} step" + ("s" if b.max_wait != 1 else "")
+                 + f", a kept token is {b.mean_token_age:.2f} steps old on average")
+        if b.dropped_share:
+            line += f"; it threw away {b.dropped_share:.1%} of what it generated (groups past --max-carry)"
     else:
         line += (f"; it threw away {b.dropped_share:.1%} of what it generated and kept groups "
                  f"{b.kept_length_ratio:.3f} of the drawn groups' mean length (--partial-rollout carries them instead)")
@@ -710,7 +726,8 @@ def _format_steps(comparison: RolloutComparison) -> str:
             continue
         table.append([label, f"{o.seconds / len(o.steps):.2f}", f"{o.kept_tokens_per_second:,.0f}",
                       f"{o.kept_tokens_per_second / ref:.3f}" if ref else "-", f"{o.fresh_tokens_per_second:,.0f}",
-                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}", str(o.max_wait)]
+                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}",
+                      f"{o.mean_token_age:.2f}", str(o.max_wait)]
                      + ([f"{o.filtered_share:.3f}"] if filtered else []))
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = [comparison.setting, ""]

@@ -188,3 +188,51 @@ def test_a_replica_that_got_nothing_still_has_a_timeline():
     r = run_rollout([Group("p", 10, np.array([30]))], "vllm", replicas=3, record=True, **COMMON)
     assert r.group_finish_seconds().tolist() == [r.seconds]
     assert r.generated_at(r.seconds).tolist() == [30]
+
+
+@pytest.mark.parametrize("limit", ["wait", "drop"])
+@pytest.mark.parametrize("max_carry", [1, 2])
+def test_a_staleness_limit_bounds_how_long_a_kept_group_waited(limit, max_carry):
+    """max_carry: no kept group waited more than max_carry steps; "wait" keeps every group that old (the step
+    ends no sooner than its last such group), "drop" throws away the ones that would be carried once more."""
+    rng = np.random.default_rng(0)
+    stream = [Group(f"p{i}", int(rng.integers(8, 60)), np.r_[500 if i % 4 == 0 else rng.integers(5, 40),
+                                                               rng.integers(5, 40, size=3)]) for i in range(60)]
+    free = run_oversampled_steps(stream, "vllm", batch=3, oversample=2, steps=6, replicas=2, router="least_loaded",
+                                 **COMMON)
+    assert free.max_wait > max_carry  # the limit binds here
+    out = run_oversampled_steps(stream, "vllm", batch=3, oversample=2, steps=6, replicas=2, router="least_loaded",
+                                max_carry=max_carry, carry_limit=limit, keep_results=True, **COMMON)
+    assert out.max_wait <= max_carry
+    assert out.mean_token_age < free.mean_token_age
+    kept = [g for s in out.steps for g in s.kept]
+    assert len(kept) == len(set(kept))
+    lost = sum(s.dropped_tokens for s in out.steps)
+    assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
+    if limit == "wait":
+        assert lost == 0 and sum(s.expired for s in out.steps) == 0 and sum(s.forced for s in out.steps) > 0
+        assert all(len(s.kept) >= 3 for s in out.steps)
+    else:
+        assert lost > 0 and sum(s.expired for s in out.steps) > 0 and sum(s.forced for s in out.steps) == 0
+        assert all(len(s.kept) == 3 for s in out.steps)
+
+
+def test_token_age_counts_the_steps_since_each_kept_token_was_generated():
+    """Without partial rollout every kept token is 0 steps old; with it, the age summed over the kept tokens is
+    at most (steps waited) x (stale tokens) per step and at least the stale tokens."""
+    stream = _stream(40, seed=2, high=500)
+    plain = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=5, partial=False, replicas=2,
+                                  **COMMON)
+    assert plain.mean_token_age == 0.0 and all(s.token_age == 0 for s in plain.steps)
+    out = run_oversampled_steps(stream, "vllm", batch=4, oversample=1.5, steps=5, replicas=2, **COMMON)
+    for s in out.steps:
+        assert s.stale_tokens <= s.token_age <= s.waited * s.stale_tokens
+    assert out.mean_token_age >= out.stale_share > 0
+
+
+def test_a_staleness_limit_needs_partial_rollout_and_a_known_rule():
+    stream = _stream(12)
+    for kw, name in [(dict(max_carry=0), "max_carry"), (dict(max_carry=1, partial=False), "max_carry"),
+                     (dict(max_carry=1, carry_limit="never"), "carry_limit")]:
+        with pytest.raises(InvalidArgument, match=name):
+            run_oversampled_steps(stream, "vllm", batch=2, oversample=1.5, steps=1, replicas=1, **kw, **COMMON)

@@ -564,3 +564,33 @@ def test_valid_share_filters_the_over_sampled_steps(capsys):
         assert err.count("\n") == 1 and "--valid-share" in err
     assert main(args[:-7] + ["--oversample", "2", "--valid-share", "0.5"]) == 2
     assert "--steps N too" in capsys.readouterr().err
+
+
+def test_max_carry_bounds_the_kept_tokens_age(capsys):
+    """--max-carry K [--carry-limit wait|drop] (with --partial-rollout): no kept group waited more than K steps
+    in any over-sampled row (the reference carries nothing), the kept tokens' mean age is a column and a JSON
+    field, the verdict says what "drop" threw away; K without --partial-rollout, or below 1, is one line."""
+    args = ["simulate", "--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "vllm,steal", "--routers", "least_loaded",
+            "--oversample", "2", "--steps", "4", "--partial-rollout"]
+    assert main(args + ["--json"]) == 0
+    free = {(r["policy"], r["router"]): r for r in json.loads(capsys.readouterr().out)["rows"][1:]}
+    assert max(r["most_steps_waited"] for r in free.values()) > 1  # the limit binds
+    for limit in ("wait", "drop"):
+        assert main(args + ["--max-carry", "1", "--carry-limit", limit, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert "a group carried 1 step " in out["setting"]
+        for r in out["rows"][1:]:
+            assert r["most_steps_waited"] <= 1 and r["mean_token_age"] <= 1
+            assert (r["dropped_share"] > 0) if limit == "drop" else (r["dropped_share"] == 0)
+        assert ("groups past --max-carry" in out["verdict"]) is (limit == "drop")
+    assert main(args + ["--max-carry", "1"]) == 0
+    assert "  age: " in capsys.readouterr().out
+    assert main(args + ["--max-carry", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-carry" in err
+    with pytest.raises(SystemExit) as stop:  # argparse's choices
+        main(args + ["--carry-limit", "never"])
+    assert stop.value.code == 2 and "--carry-limit" in capsys.readouterr().err
+    assert main(args[:-1] + ["--max-carry", "1"]) == 2
+    assert "--partial-rollout too" in capsys.readouterr().err
