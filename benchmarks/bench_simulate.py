@@ -1246,27 +1246,35 @@ PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None, "lef
                  None, "siblings"))
 
 
-def _rollout_partial_unit(args, steps=PARTIAL_STEPS):
-    """One setting and mode: every run of PARTIAL_RUNS over ``steps`` over-sampled steps of ``prompts``
+def _rollout_partial_unit(args, steps=PARTIAL_STEPS, runs=PARTIAL_RUNS):
+    """One setting and mode: every run of ``runs`` over ``steps`` over-sampled steps of ``prompts``
     groups kept (the stream: as many groups of the workload as the steps can draw, seed ``seed``). Per
     run: (seconds, kept tokens, stale share, dropped share, kept length ratio, recomputed tokens, the most
-    steps a kept group waited, filtered share, shortfall); ``valid``: the filter's share (None: none)."""
+    steps a kept group waited, filtered share, shortfall, the kept tokens' mean age in steps); ``valid``:
+    the filter's share (None: none). A mode is (over-sampling, partial rollout), or with partial rollout
+    (over-sampling, "K wait" / "K drop"): a staleness limit of K steps (run_oversampled_steps' max_carry
+    and carry_limit)."""
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry), valid = args
+    limit = {}
+    if isinstance(carry, str):
+        most, rule = carry.split()
+        limit, carry = {"max_carry": int(most), "carry_limit": rule}, True
     need = steps * submitted_per_step(prompts, over)
     groups, realistic, oracle, constant, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     known = {"realistic": realistic, None: None}
     out = {}
-    for label, policy, router, pred, per, resume in PARTIAL_RUNS:
+    for label, policy, router, pred, per, resume in runs:
         if resume != "left" and not carry:  # nothing is resumed without partial rollout: the "left" run's
             continue
         extra = {} if per is None else {"in_flight": per * replicas}
         r = run_oversampled_steps(groups, policy, batch=prompts, oversample=over, steps=steps, partial=carry,
                                   predicted=known[pred], resume=resume, router=router, valid=valid, filter_seed=seed,
-                                  **common, **extra)
+                                  **limit, **common, **extra)
         out[label] = (r.seconds, r.kept_tokens, r.stale_share, r.dropped_share, r.kept_length_ratio,
-                      int(sum(x.recomputed_tokens for x in r.steps)), r.max_wait, r.filtered_share, r.shortfall)
+                      int(sum(x.recomputed_tokens for x in r.steps)), r.max_wait, r.filtered_share, r.shortfall,
+                      r.mean_token_age)
     return out
 
 
@@ -1298,15 +1306,16 @@ PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept 
                    "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
                    "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
                    "most steps a kept group waited", "dropped share of generated", "kept / drawn mean length",
-                   "lowest", "filtered share of generated", "groups short of B"]
+                   "lowest", "filtered share of generated", "groups short of B", "mean age of kept tokens (steps)"]
 
 
-def partial_rows(settings: list) -> list:
-    """The rows of rollout_partial's table from its settings ([over-sampling, partial rollout, workload,
-    prompts, replicas, pool, {run: (seconds, kept tokens, stale share, dropped share, kept length ratio,
-    recomputed tokens, most steps waited)}]): per mode and run, kept tokens per second against vLLM +
-    verl without over-sampling on the same setting, and against vLLM + verl in the same mode."""
-    base_label = PARTIAL_RUNS[0][0]
+def partial_rows(settings: list, runs=PARTIAL_RUNS) -> list:
+    """The rows of rollout_partial's table from its settings ([over-sampling, partial rollout (a bool, or a
+    staleness limit "K wait" / "K drop"), workload, prompts, replicas, pool, {run: (seconds, kept tokens,
+    stale share, dropped share, kept length ratio, recomputed tokens, most steps waited, ...)}]): per mode
+    and run (of ``runs``), kept tokens per second against vLLM + verl without over-sampling on the same
+    setting, and against vLLM + verl in the same mode."""
+    base_label = runs[0][0]
 
     def speed(runs, label):
         return runs[label][1] / runs[label][0]
@@ -1315,7 +1324,7 @@ def partial_rows(settings: list) -> list:
     rows = []
     for mode in dict.fromkeys((x[0], x[1]) for x in settings):
         mine = [x for x in settings if (x[0], x[1]) == mode]
-        for label, *_ in PARTIAL_RUNS:
+        for label, *_ in runs:
             if label not in mine[0][6]:
                 continue
             ratio = np.array([speed(x[6], label) / reference[tuple(x[2:6])] for x in mine])
@@ -1324,14 +1333,45 @@ def partial_rows(settings: list) -> list:
             stale = np.array([x[6][label][2] for x in mine])
             dropped = np.array([x[6][label][3] for x in mine])
             length = np.array([x[6][label][4] for x in mine])
-            rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), float(ratio.mean()), float(ratio.min()),
+            carry = f"yes, {mode[1]}" if isinstance(mode[1], str) else "yes" if mode[1] else "no"
+            rows.append([mode[0], carry, label, len(mine), float(ratio.mean()), float(ratio.min()),
                          float(tail.mean()) if len(tail) else float("nan"), float(same.mean()), float(same.min()),
                          int(np.sum(same < 1 / 1.001)), float((ratio * (1 - stale)).mean()), float(stale.mean()),
                          float(stale.max()), max(x[6][label][6] for x in mine), float(dropped.mean()),
                          float(length.mean()), float(length.min()),
                          float(np.mean([x[6][label][7] if len(x[6][label]) > 7 else 0.0 for x in mine])),
-                         int(sum(x[6][label][8] if len(x[6][label]) > 8 else 0 for x in mine))])
+                         int(sum(x[6][label][8] if len(x[6][label]) > 8 else 0 for x in mine)),
+                         float(np.mean([x[6][label][9] for x in mine])) if len(mine[0][6][label]) > 9
+                         else float("nan")])
     return rows
+
+
+# rollout_staleness: over-sampled steps with partial rollout under a staleness limit (run_oversampled_steps'
+# max_carry, carry_limit): the modes, and the runs (as PARTIAL_RUNS)
+STALENESS_MODES = ((1.0, False), (1.5, False), (1.5, True), (1.5, "1 wait"), (1.5, "1 drop"), (1.5, "2 wait"),
+                   (1.5, "2 drop"))
+STALENESS_RUNS = (PARTIAL_RUNS[0], PARTIAL_RUNS[4])
+
+
+def rollout_staleness(quick: bool) -> tuple[str, list]:
+    """Partial rollout under a staleness limit: a group may wait at most K steps between its first
+    submission and the step that keeps it; "wait", the step does not end before the groups that old finish;
+    "drop", they are thrown away instead of carried once more. Kept tokens per modelled second against vLLM
+    + verl without over-sampling, and the kept tokens' age (what AReaL and verl's fully-async trainer bound)."""
+    grid, modes, steps = PARTIAL_GRID, STALENESS_MODES, PARTIAL_STEPS
+    if quick:
+        grid, modes, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], ((1.0, False), (1.5, "1 wait")), 3
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m, None) for m in modes for w, b, r, f in grid]
+    results = _pool_map(partial(_rollout_partial_unit, steps=steps, runs=STALENESS_RUNS), units)
+    settings = [[u[6][0], u[6][1], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max",
+                 {label: list(v) for label, v in out.items()}] for u, out in zip(units, results)]
+    rows = partial_rows(settings, STALENESS_RUNS)
+    text = table(f"Partial rollout under a staleness limit ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
+                 f"{steps} steps of B groups kept, B x over-sampling submitted; 'K wait': a step waits for and keeps "
+                 "every group submitted K steps ago, 'K drop': such a group is thrown away instead of carried "
+                 "again): kept tokens per modelled second x vLLM + verl's without over-sampling, and x vLLM + "
+                 "verl's in the same mode", PARTIAL_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
 def _ratio_summary(units, ratios) -> list:
@@ -1934,7 +1974,7 @@ def main(argv=None) -> int:
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
-                "rollout_partial": rollout_partial,
+                "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
