@@ -25,7 +25,7 @@ from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
 from lengthsched.runtime.timing import lower_bound_seconds
-from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned
+from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned, run_slime_planned_in_order
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.rollout import steal_ways
@@ -1243,7 +1243,9 @@ PARTIAL_RUNS = (("vllm + verl routing", "vllm", "least_loaded", None, None, "lef
                 ("steal_longest", "steal_longest", None, "realistic", None, "left"),
                 ("steal, resumed samples predicted from their siblings", "steal", None, "realistic", None, "siblings"),
                 ("steal_longest, resumed samples predicted from their siblings", "steal_longest", None, "realistic",
-                 None, "siblings"))
+                 None, "siblings"),
+                ("slime + lengthsched.integrations.slime (resumed samples predicted from their siblings)", "sglang",
+                 "slime_plan", "realistic", 512, "siblings"))
 
 
 def _rollout_partial_unit(args, steps=PARTIAL_STEPS, runs=PARTIAL_RUNS):
@@ -1266,9 +1268,12 @@ def _rollout_partial_unit(args, steps=PARTIAL_STEPS, runs=PARTIAL_RUNS):
     known = {"realistic": realistic, None: None}
     out = {}
     for label, policy, router, pred, per, resume in runs:
-        if resume != "left" and not carry:  # nothing is resumed without partial rollout: the "left" run's
-            continue
+        if resume != "left" and not carry and any(r[0] != label and r[1:5] == (policy, router, pred, per)
+                                                  for r in runs):
+            continue  # nothing is resumed without partial rollout: the same run with "left" stands for it
         extra = {} if per is None else {"in_flight": per * replicas}
+        if router == "slime_plan":  # slime with the integration planning every step
+            extra["run"], router = run_slime_planned_in_order, None
         r = run_oversampled_steps(groups, policy, batch=prompts, oversample=over, steps=steps, partial=carry,
                                   predicted=known[pred], resume=resume, router=router, valid=valid, filter_seed=seed,
                                   **limit, **common, **extra)

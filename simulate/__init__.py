@@ -25,6 +25,7 @@ from .rollout import (
     route,
     run_rollout,
     run_slime_planned,
+    run_slime_planned_in_order,
 )
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
@@ -52,6 +53,7 @@ __all__ = [
     "run_group",
     "run_rollout",
     "run_slime_planned",
+    "run_slime_planned_in_order",
     "run_oversampled_steps",
     "OversampledSteps",
     "StepRecord",

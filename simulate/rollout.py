@@ -51,6 +51,7 @@ its replica (Seer's migration of running requests through a global KV pool is no
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -81,7 +82,7 @@ from .run import _cost, _predictions
 from .workloads import Group
 
 __all__ = ["ROUTERS", "LiveRouter", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout",
-           "run_slime_planned", "route"]
+           "run_slime_planned", "run_slime_planned_in_order", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
 # slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
@@ -187,6 +188,29 @@ class RolloutResult:
             lasts = np.array([s[3] for s in segments], dtype=np.int64)
             np.add.at(out, jobs, np.clip(np.minimum(lasts, done) - starts + 1, 0, None))
         return np.minimum(out, np.concatenate(self.collected_lengths).astype(np.int64))
+
+    def in_order(self, order: Any) -> RolloutResult:
+        """This run with its groups listed in the caller's order: ``order[k]`` is the caller's index of the
+        run's k-th group (a run that submitted the groups in another order, :func:`run_slime_planned`'s).
+        ``collected_lengths``, ``placement`` and the timelines' completions are renumbered; the seconds,
+        counts and clocks are the run's."""
+        sizes = [len(c) for c in self.collected_lengths]
+        order = np.asarray(order, dtype=np.int64)
+        if order.shape != (len(sizes),) or not np.array_equal(np.sort(order), np.arange(len(sizes))):
+            raise InvalidArgument("order", f"{order.size} indices",
+                                  f"a permutation of the run's {len(sizes)} groups (0 to {len(sizes) - 1})")
+        mine = np.empty(len(sizes), dtype=np.int64)
+        mine[order] = sizes
+        starts = np.concatenate(([0], np.cumsum(mine)[:-1])).astype(np.int64)
+        index = np.concatenate([starts[i] + np.arange(n) for i, n in zip(order, sizes)] + [np.zeros(0, np.int64)])
+        collected: list[Any] = [None] * len(sizes)
+        for k, i in enumerate(order):
+            collected[i] = self.collected_lengths[k]
+        placement = np.empty_like(self.placement)
+        placement[index] = self.placement
+        timelines = tuple(None if t is None else dataclasses.replace(
+            t, segments=[(int(index[job]), *rest) for job, *rest in t.segments]) for t in self.timelines)
+        return dataclasses.replace(self, collected_lengths=tuple(collected), placement=placement, timelines=timelines)
 
     def kept_finish(self, kept: int) -> tuple[float, float]:
         """An over-sampled step that ends at its ``kept``-th finished group (the rest aborted): (modelled
@@ -689,6 +713,17 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                          in_flight=in_flight, client_window=(window or None) if replicas > 1 else None,
                          client_steals=steals, **kwargs)
     return result, order
+
+
+def run_slime_planned_in_order(groups: Sequence[Any], policy: str = "sglang", *, predicted: Any,
+                               in_flight: int | None = None, **kwargs: Any) -> RolloutResult:
+    """:func:`run_slime_planned`, its run's groups listed as given (:meth:`RolloutResult.in_order`): a
+    ``run`` for :func:`simulate.run_oversampled_steps` (slime with the integration, step after step).
+    ``policy``: ``"sglang"`` (the engines the integration plans for); ``kwargs`` as there."""
+    if policy != "sglang":
+        raise InvalidArgument("policy", policy, "'sglang' (slime's engines, which the integration plans for)")
+    result, order = run_slime_planned(groups, predicted, in_flight=in_flight, **kwargs)
+    return result.in_order(order)
 
 
 def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -> np.ndarray:

@@ -39,7 +39,15 @@ from .report import (
     spec_sigma,
     workload_groups,
 )
-from .rollout import ROUTERS, THROTTLED_POLICIES, LiveRouter, RolloutResult, run_rollout, run_slime_planned, steal_ways
+from .rollout import (
+    ROUTERS,
+    THROTTLED_POLICIES,
+    LiveRouter,
+    RolloutResult,
+    run_rollout,
+    run_slime_planned_in_order,
+    steal_ways,
+)
 from .workloads import WORKLOADS, history_predictions
 
 __all__ = ["RolloutRow", "RolloutStep", "RolloutComparison", "compare_rollout", "format_rollout", "rollout_step",
@@ -299,12 +307,11 @@ class RolloutStep:
             if policy != "sglang":
                 raise InvalidArgument("router", router, f"a router of the simulator ({', '.join(ROUTERS)}) for "
                                                         f"policy {policy!r}: {PLAN_ROUTER} drives sglang only")
-            result, _ = run_slime_planned(self.groups, self.predicted, replicas=o.replicas, budget_tokens=self.pool,
-                                          max_new_tokens=o.max_new_tokens,
-                                          in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
-                                          cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk, record=record,
-                                          max_num_seqs=o.slots, kv_offload=o.kv_offload)
-            return result
+            return run_slime_planned_in_order(self.groups, predicted=self.predicted, replicas=o.replicas,
+                                              budget_tokens=self.pool, max_new_tokens=o.max_new_tokens,
+                                              in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
+                                              cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk,
+                                              record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload)
         capped = o.in_flight is not None and policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
@@ -436,10 +443,6 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
 
     rows = []
     for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
-        if router == PLAN_ROUTER:
-            rows.append(RolloutRow(policy, router, None, f"not with --steps ({PLAN_ROUTER} hands slime its groups "
-                                                         "in its own order; run it on one step)"))
-            continue
         try:
             done = one(policy, router, oversample)
             spec = POLICIES[policy]  # the router a run of it reports (run_rollout's)

@@ -236,3 +236,49 @@ def test_a_staleness_limit_needs_partial_rollout_and_a_known_rule():
                      (dict(max_carry=1, carry_limit="never"), "carry_limit")]:
         with pytest.raises(InvalidArgument, match=name):
             run_oversampled_steps(stream, "vllm", batch=2, oversample=1.5, steps=1, replicas=1, **kw, **COMMON)
+
+
+def test_a_run_in_another_order_is_listed_in_the_callers():
+    """RolloutResult.in_order: run_slime_planned submits the groups in its planner's order; listed back in the
+    caller's order, each group's lengths, finish and tokens by a time are its own."""
+    from simulate import run_slime_planned, run_slime_planned_in_order
+
+    groups = _stream(10, size=3, seed=6)
+    pred = np.concatenate([np.full(3, int(g.lengths.max())) for g in groups])
+    run, order = run_slime_planned(groups, pred, replicas=2, in_flight=None, record=True, **COMMON)
+    assert not np.array_equal(order, np.arange(10))  # the planner reordered them
+    mine = run.in_order(order)
+    for g, got in zip(groups, mine.collected_lengths):
+        assert np.array_equal(np.sort(got), np.sort(g.lengths))
+    assert np.array_equal(mine.group_finish_seconds()[order], run.group_finish_seconds())
+    at = 0.5 * run.seconds
+    sizes = np.array([len(g.lengths) for g in groups])
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    back = np.concatenate([mine.generated_at(at)[starts[i]:starts[i] + sizes[i]] for i in order])
+    assert np.array_equal(back, run.generated_at(at))
+    assert np.array_equal(np.concatenate([mine.placement[starts[i]:starts[i] + sizes[i]] for i in order]),
+                          run.placement)
+    assert mine.seconds == run.seconds and mine.recomputed_tokens == run.recomputed_tokens
+    with pytest.raises(InvalidArgument, match="order"):
+        run.in_order(np.zeros(10, dtype=int))
+    direct = run_slime_planned_in_order(groups, predicted=pred, replicas=2, record=True, **COMMON)
+    assert np.array_equal(direct.group_finish_seconds(), mine.group_finish_seconds())
+    with pytest.raises(InvalidArgument, match="policy"):
+        run_slime_planned_in_order(groups, "vllm", predicted=pred, replicas=2, **COMMON)
+
+
+@pytest.mark.parametrize("partial", [False, True])
+def test_slime_with_the_integration_runs_the_over_sampled_steps(partial):
+    """run=run_slime_planned_in_order: slime's over-sampling (and partial rollout) with the integration's planner
+    planning every step, the resumed samples by what the siblings say they have left."""
+    from simulate import run_slime_planned_in_order
+
+    stream = _stream(40, seed=2, high=500)
+    pred = np.concatenate([np.full(4, int(np.median(g.lengths))) for g in stream])
+    out = run_oversampled_steps(stream, "sglang", batch=4, oversample=1.5, steps=4, partial=partial, predicted=pred,
+                                run=run_slime_planned_in_order, replicas=2, **COMMON)
+    kept = [g for s in out.steps for g in s.kept]
+    assert len(kept) == len(set(kept)) == 16
+    lost = sum(s.dropped_tokens for s in out.steps)
+    assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
+    assert (out.stale_share > 0 and lost == 0) if partial else (out.stale_share == 0 and lost > 0)
