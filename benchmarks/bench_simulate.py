@@ -1319,20 +1319,24 @@ def partial_rows(settings: list, runs=PARTIAL_RUNS) -> list:
     staleness limit "K wait" / "K drop"), workload, prompts, replicas, pool, {run: (seconds, kept tokens,
     stale share, dropped share, kept length ratio, recomputed tokens, most steps waited, ...)}]): per mode
     and run (of ``runs``), kept tokens per second against vLLM + verl without over-sampling on the same
-    setting, and against vLLM + verl in the same mode."""
+    setting, and against vLLM + verl in the same mode. A setting may carry its draw as an eighth item
+    (settings of several seeds pooled: means over all of them)."""
     base_label = runs[0][0]
 
     def speed(runs, label):
         return runs[label][1] / runs[label][0]
 
-    reference = {tuple(x[2:6]): speed(x[6], base_label) for x in settings if (x[0], x[1]) == (1.0, False)}
+    def key(x):  # a setting, and its draw where several runs' settings are pooled (combine_draws.py)
+        return tuple(x[2:6]) + tuple(x[7:8])
+
+    reference = {key(x): speed(x[6], base_label) for x in settings if (x[0], x[1]) == (1.0, False)}
     rows = []
     for mode in dict.fromkeys((x[0], x[1]) for x in settings):
         mine = [x for x in settings if (x[0], x[1]) == mode]
         for label, *_ in runs:
             if label not in mine[0][6]:
                 continue
-            ratio = np.array([speed(x[6], label) / reference[tuple(x[2:6])] for x in mine])
+            ratio = np.array([speed(x[6], label) / reference[key(x)] for x in mine])
             same = np.array([speed(x[6], label) / speed(x[6], base_label) for x in mine])
             tail = np.array([r for x, r in zip(mine, ratio) if x[2] == "long tail"])
             stale = np.array([x[6][label][2] for x in mine])
