@@ -288,8 +288,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         good = order[passes[np.asarray(take)][order]]  # the groups that pass, in finish order
         others = good[~due[good]]
         slots = max(0, batch - int(due[good].sum()))
-        kept_local = np.sort(np.concatenate([good[due[good]], others[:slots]]), kind="stable")
-        kept_local = kept_local[np.argsort(finish[kept_local], kind="stable")]
+        kept_local = np.concatenate([good[due[good]], others[:slots]])
+        kept_local = kept_local[np.lexsort((kept_local, finish[kept_local]))]  # in finish order, as `order`
         end = float(finish[others[slots - 1]]) if 0 < slots <= len(others) else (
             float(finish.max()) if slots else 0.0)
         if due.any():
