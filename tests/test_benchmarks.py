@@ -706,3 +706,25 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
         widest = max(gaps, key=lambda w: abs(gaps[w]))
         assert move[2] == pytest.approx(np.mean(np.abs(list(gaps.values()))))
         assert move[3].startswith(widest) and move[5] - move[4] == pytest.approx(gaps[widest])
+
+
+def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(tmp_path):
+    """rollout_staleness (quick): partial rollout under a staleness limit of one step; no kept group waited more,
+    a kept token is at most one step old, nothing is thrown away while waiting; combine_draws.py pools two
+    draws' settings into the section's rows (one draw twice: the same means, twice the settings) and names a
+    file without the section in one line."""
+    data = _quick_section(tmp_path, "rollout_staleness")
+    from bench_simulate import STALENESS_RUNS
+    from combine_draws import combine
+
+    limited = [r for r in data["rows"] if r[1] == "yes, 1 wait"]
+    assert {r[2] for r in limited} == {label for label, *_ in STALENESS_RUNS}
+    assert all(r[13] <= 1 and 0 <= r[19] <= 1 and r[14] == 0.0 for r in limited)
+    path = tmp_path / "rollout_staleness.json"
+    path.write_text(json.dumps({"rollout_staleness": data}))
+    twice = combine("rollout_staleness", [str(path), str(path)])
+    assert [r[3] for r in twice] == [2 * r[3] for r in data["rows"]]
+    assert [r[4] for r in twice] == pytest.approx([r[4] for r in data["rows"]], rel=1e-12)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "rollout_partial",
+                             str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1 and "rollout_partial section" in result.stderr
