@@ -129,22 +129,32 @@ def test_a_step_ends_at_its_batch_th_group_sooner_than_the_whole_rollout():
 @given(seed=st.integers(0, 10**6), size=st.integers(1, 4), batch=st.integers(1, 4),
        oversample=st.sampled_from([1.0, 1.25, 1.5, 2.0]), partial=st.booleans(),
        policy=st.sampled_from(["vllm", "steal"]), replicas=st.integers(1, 3),
-       resume=st.sampled_from(["left", "siblings"]), valid=st.sampled_from([None, 0.6, 1.0]))
-def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas, resume, valid):
-    stream = _stream(40, size=size, seed=seed, high=300)
-    noise = np.exp(np.random.default_rng(seed).normal(0, 0.5, 40 * size))
+       resume=st.sampled_from(["left", "siblings"]), valid=st.sampled_from([None, 0.6, 1.0]),
+       limit=st.sampled_from([None, (1, "wait"), (1, "drop"), (2, "wait"), (2, "drop")]))
+def test_tokens_are_conserved_over_the_steps(seed, size, batch, oversample, partial, policy, replicas, resume, valid,
+                                             limit):
+    stream = _stream(60, size=size, seed=seed, high=300)
+    noise = np.exp(np.random.default_rng(seed).normal(0, 0.5, 60 * size))
     pred = np.maximum(1, np.rint(np.concatenate([g.lengths for g in stream]) * noise)).astype(int)
+    carry = {} if limit is None or not partial else {"max_carry": limit[0], "carry_limit": limit[1]}
     out = run_oversampled_steps(stream, policy, batch=batch, oversample=oversample, steps=3, partial=partial,
                                 predicted=pred, resume=resume, valid=valid, filter_seed=seed, replicas=replicas,
-                                **COMMON)
+                                **carry, **COMMON)
     kept = [g for s in out.steps for g in s.kept]
-    assert len(kept) == len(set(kept)) == 3 * batch - out.shortfall
+    assert len(kept) == len(set(kept))
+    if carry.get("carry_limit") == "wait":  # a step keeps every group that old, B or more
+        assert len(kept) >= 3 * batch - out.shortfall and out.max_wait <= carry["max_carry"]
+    else:
+        assert len(kept) == 3 * batch - out.shortfall
+    if carry:
+        assert out.max_wait <= carry["max_carry"]
+        assert all(s.token_age <= carry["max_carry"] * s.stale_tokens for s in out.steps)
     assert out.shortfall == 0 or valid == 0.6
     lost = sum(s.dropped_tokens + s.filtered_tokens for s in out.steps)
     assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
     assert all(0 <= s.stale_tokens <= s.kept_tokens for s in out.steps)
-    assert (sum(s.dropped_tokens for s in out.steps) == 0) if partial else (out.carried_tokens == 0
-                                                                             and out.stale_share == 0)
+    assert (sum(s.dropped_tokens for s in out.steps) == 0) if partial and carry.get("carry_limit") != "drop" else (
+        partial or (out.carried_tokens == 0 and out.stale_share == 0))
 
 
 def test_a_dynamic_sampling_filter_drops_finished_groups_and_the_step_waits_for_the_batch_th_that_passes():
