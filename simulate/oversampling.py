@@ -182,7 +182,7 @@ class OversampledSteps:
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
                           partial: bool = True, predicted: Any = None, resume: str = "siblings",
                           prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
-                          max_carry: int | None = None, carry_limit: str = "wait",
+                          max_carry: int | None = None, carry_limit: str = "drop",
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
                           **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
@@ -206,10 +206,11 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     whose groups pass too few keeps fewer (``StepRecord.shortfall``: slime would submit more groups in
     the middle of the step, not modelled). ``max_carry`` (with ``partial``): a staleness limit, the most
     steps a group may wait between its first submission and the step that keeps it (None: no limit; 1: a
-    kept token is at most one policy update old). ``carry_limit`` says how it is kept: ``"wait"`` (the
-    default), a step does not end before every group submitted ``max_carry`` steps ago has finished (those
-    groups are kept, then the first others to finish up to ``batch``; more than ``batch`` when more are that
-    old); ``"drop"``, a group that would be carried once more is thrown away with its tokens (AReaL's
+    kept token is at most one policy update old). ``carry_limit`` says how it is kept: ``"drop"`` (the
+    default), a group that would be carried once more is thrown away with its tokens; ``"wait"``, a step
+    does not end before every group submitted ``max_carry`` steps ago has finished (those groups are kept,
+    then the first others to finish up to ``batch``; more than ``batch`` when more are that old), which the
+    benchmarks find slower and no fresher on average (docs/benchmarks.md) (AReaL's
     ``max_head_offpolicyness`` and verl's fully-async ``staleness_threshold`` bound the same age by
     throttling submissions, which these synchronous steps do not model). ``run``:
     how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
