@@ -655,7 +655,8 @@ STEPS_COLUMNS = {
     "on-policy tok/s": "kept tokens generated in the step that kept them, per modelled second (what is left to "
                        "train on where slime masks the others: --mask-offpolicy-in-partial-rollout)",
     "stale": "the share of the kept tokens an earlier step generated (an older policy's, with --partial-rollout)",
-    "dropped": "the share of the generated tokens thrown away with the aborted groups (without --partial-rollout)",
+    "dropped": "the share of the generated tokens thrown away with the aborted groups (without --partial-rollout, "
+               "or past --max-carry)",
     "kept len": "the kept groups' mean completion length over every drawn group's (below 1: the short groups are "
                 "over-represented)",
     "age": "the kept tokens' mean age in steps (policy updates between the step that generated a token and the "
