@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,13 +41,59 @@ def combine(section: str, paths: list[str]) -> list:
     return partial_rows(pooled, SECTIONS[section])
 
 
+def figure(rows: list, path: str, title: str) -> None:
+    """Kept tokens per second (filled) and on-policy ones (hollow) against the kept tokens' mean age, one pair
+    per mode and run of ``rows`` (pooled means; the modes named at the first run's points); written to
+    ``path`` atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(dict.fromkeys(r[2] for r in rows))
+    colors = plt.get_cmap("tab10").colors
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    for r in rows:
+        if len(r) < 20 or r[19] != r[19]:  # no age recorded (an older result)
+            continue
+        color = colors[runs.index(r[2]) % len(colors)]
+        age, kept, fresh = r[19], r[4], r[10]
+        ax.plot([age, age], [fresh, kept], color=color, linewidth=0.8, alpha=0.6)
+        ax.scatter([age], [kept], color=color, s=30)
+        ax.scatter([age], [fresh], facecolors="none", edgecolors=color, s=30)
+        mode = f"{r[0]:g}x, " + {"no": "dropped", "yes": "partial"}.get(r[1], r[1].replace("yes, ", "partial, "))
+        if r[2] == runs[0]:  # the modes named once, at the first run's points
+            ax.annotate("no over-sampling" if r[0] == 1 else mode, (age, kept), fontsize=7, xytext=(-4, 3),
+                        textcoords="offset points", ha="right")
+    for i, run in enumerate(runs):
+        ax.scatter([], [], color=colors[i % len(colors)], s=30, label=f"{run}: kept tokens/s")
+    ax.scatter([], [], facecolors="none", edgecolors="grey", s=30, label="hollow: on-policy kept tokens/s")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlim(left=-0.15)  # room for the names of the modes at age 0
+    ax.set_xlabel("mean age of the kept tokens (steps: policy updates they lag)")
+    ax.set_ylabel("tokens per modelled second x vLLM + verl without over-sampling")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("section", choices=sorted(SECTIONS))
     parser.add_argument("paths", nargs="+", help="bench_simulate.py results, one draw (--seed) each")
+    parser.add_argument("--figure", default=None,
+                        help="also draw kept and on-policy tokens per second against the kept tokens' mean age "
+                             "(a PNG path)")
     args = parser.parse_args(argv)
     rows = combine(args.section, args.paths)
     print(table(f"{args.section} over {len(args.paths)} draws pooled", PARTIAL_COLUMNS, rows))
+    if args.figure is not None:
+        figure(rows, args.figure, f"{args.section}: over-sampled steps, {len(args.paths)} draws x "
+                                  f"{rows[0][3] // len(args.paths)} settings pooled (modelled)")
     return 0
 
 

@@ -715,7 +715,7 @@ def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(t
     file without the section in one line."""
     data = _quick_section(tmp_path, "rollout_staleness")
     from bench_simulate import STALENESS_RUNS
-    from combine_draws import combine
+    from combine_draws import combine, figure
 
     limited = [r for r in data["rows"] if r[1] == "yes, 1 wait"]
     assert {r[2] for r in limited} == {label for label, *_ in STALENESS_RUNS}
@@ -725,6 +725,8 @@ def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(t
     twice = combine("rollout_staleness", [str(path), str(path)])
     assert [r[3] for r in twice] == [2 * r[3] for r in data["rows"]]
     assert [r[4] for r in twice] == pytest.approx([r[4] for r in data["rows"]], rel=1e-12)
+    figure(twice, str(tmp_path / "staleness.png"), "two draws")
+    assert (tmp_path / "staleness.png").stat().st_size > 0 and not list(tmp_path.glob(".*.tmp.png"))
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "rollout_partial",
                              str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "rollout_partial section" in result.stderr
