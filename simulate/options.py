@@ -113,7 +113,7 @@ class SimulateOptions:
     max_carry: int | None = _opt(None, "with --partial-rollout, a staleness limit: the most steps a group may wait "
                                        "between its first submission and the step that keeps it (1: a kept token "
                                        "is at most one policy update old; default: no limit)")
-    carry_limit: str = _opt("drop", "with --max-carry, what a step does with a group that old: drop (the default: "
+    carry_limit: str | None = _opt(None, "with --max-carry, what a step does with a group that old: drop (the default: "
                                     "it is thrown away with its tokens instead of being carried once more) or wait "
                                     "(the step does not end before it finishes, and keeps it; slower in the "
                                     "benchmarks, and no fresher on average)", choices=["drop", "wait"])

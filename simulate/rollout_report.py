@@ -216,12 +216,18 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     elif opts.partial_rollout:
         raise InvalidArgument("partial_rollout", True, "--steps N too (partial rollout carries groups from one step "
                                                        "to the next)")
+    if opts.partial_rollout and opts.oversample == 1:
+        raise InvalidArgument("partial_rollout", True, "--oversample above 1 (a step that waits for every group "
+                                                       "carries none)")
     if opts.max_carry is not None:
         check_int("max_carry", opts.max_carry, minimum=1)
         if not opts.partial_rollout:
             raise InvalidArgument("max_carry", opts.max_carry, "--partial-rollout too (without it nothing is carried)")
-    if opts.carry_limit not in CARRY_LIMITS:
-        raise InvalidArgument("carry_limit", opts.carry_limit, " or ".join(CARRY_LIMITS))
+    if opts.carry_limit is not None:
+        if opts.carry_limit not in CARRY_LIMITS:
+            raise InvalidArgument("carry_limit", opts.carry_limit, " or ".join(CARRY_LIMITS))
+        if opts.max_carry is None:
+            raise InvalidArgument("carry_limit", opts.carry_limit, "--max-carry K too (the limit it keeps)")
     if opts.valid_share is not None:
         share = opts.valid_share
         if opts.steps is None:
@@ -439,7 +445,8 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
                                      valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens,
-                                     max_carry=o.max_carry if oversample > 1 else None, carry_limit=o.carry_limit)
+                                     max_carry=o.max_carry if oversample > 1 else None,
+                                     carry_limit=o.carry_limit or "drop")
 
     rows = []
     for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:

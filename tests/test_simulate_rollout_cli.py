@@ -594,3 +594,9 @@ def test_max_carry_bounds_the_kept_tokens_age(capsys):
     assert stop.value.code == 2 and "--carry-limit" in capsys.readouterr().err
     assert main(args[:-1] + ["--max-carry", "1"]) == 2
     assert "--partial-rollout too" in capsys.readouterr().err
+    assert main(args + ["--carry-limit", "wait"]) == 2  # no limit to keep
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--carry-limit" in err and "--max-carry K too" in err
+    assert main(args + ["--oversample", "1"]) == 2  # nothing is carried
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--partial-rollout" in err and "--oversample above 1" in err
