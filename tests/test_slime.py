@@ -554,3 +554,46 @@ def test_slime_with_the_plan_collects_every_completion_where_the_planner_put_it(
     assert [x.tolist() for x in result.collected_lengths] == [groups[i].lengths.tolist() for i in order]
     assert result.placement.min() >= 0 and result.placement.max() < replicas
     assert result.seconds >= result.lower_bound_seconds * (1 - 1e-12)
+
+
+class BufferedSource:
+    """slime 624b824's ``RolloutDataSourceWithBuffer`` as the buffer filter meets it: ``get_samples`` takes the
+    buffer's groups through ``buffer_filter(args, None, buffer, n)`` first, then fresh ones; ``add_samples``
+    appends the aborted groups (partial rollout)."""
+
+    def __init__(self, args, prompts, g=2):
+        self.args, self.buffer, self.fresh, self.g = args, [], iter(prompts), g
+
+    def get_samples(self, n):
+        taken = ls_slime.buffer_filter(self.args, None, self.buffer, n)
+        return taken + [[sample(next(self.fresh), j) for j in range(self.g)] for _ in range(n - len(taken))]
+
+    def add_samples(self, groups):
+        self.buffer.extend(groups)
+
+
+def test_the_buffer_filter_is_pop_first_without_a_limit_and_drops_groups_carried_past_it(caplog):
+    """buffer_filter: slime's pop_first (the first groups, removed from the buffer), counting on each group how
+    many times it came back; with lengthsched_max_carry K a group taken a (K+1)-th time is thrown away and the
+    next one taken instead: the rule of simulate.run_oversampled_steps(..., max_carry=K, carry_limit="drop")."""
+    buffer = batch(["a", "b", "c"], g=2)
+    args = SimpleNamespace()
+    first = ls_slime.buffer_filter(args, None, buffer, 2)
+    assert [g[0].prompt for g in first] == ["a", "b"] and [g[0].prompt for g in buffer] == ["c"]
+    assert all(s.metadata[ls_slime.CARRIED_KEY] == 1 for g in first for s in g)
+    assert ls_slime.buffer_filter(args, None, buffer, 0) == [] and len(buffer) == 1
+    for limit in (1, 2):
+        source = BufferedSource(SimpleNamespace(lengthsched_max_carry=limit), (f"p{i}" for i in range(100)))
+        submitted = []
+        with caplog.at_level(logging.INFO, logger=ls_slime.__name__):
+            for step in range(6):  # the group "p0" never finishes: aborted and returned to the buffer every step
+                groups = source.get_samples(3)
+                assert len(groups) == 3  # what the buffer does not give comes fresh
+                submitted += [step for g in groups if g[0].prompt == "p0"]
+                source.add_samples([g for g in groups if g[0].prompt == "p0"])
+        assert submitted == list(range(limit + 1))  # first submitted, then carried `limit` times, then dropped
+        assert "dropped 1 group(s) carried more than" in caplog.text and source.buffer == []
+        caplog.clear()
+    for bad in (0, "2", 1.5):
+        with pytest.raises(InvalidArgument, match="lengthsched_max_carry"):
+            ls_slime.buffer_filter(SimpleNamespace(lengthsched_max_carry=bad), None, batch(["a"]), 1)

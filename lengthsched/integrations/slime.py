@@ -63,6 +63,9 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   sample sent at once, nothing stolen); it needs the pool (``lengthsched_pool_tokens`` or the engine's
   answer), else every sample is sent at once. ``lengthsched_steal``: false keeps each sample on its
   planned engine (the window alone).
+- ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
+  lengthsched.integrations.slime.buffer_filter``, the most rollouts a group may be carried in slime's
+  buffer; one carried more is thrown away (:func:`buffer_filter`; default: no limit).
 - ``lengthsched_generate_function_path``: your own generate function (a multi-turn agent's, as you would
   give ``--custom-generate-function-path``; ``package.module.function``), called in place of slime's
   ``generate`` with a copy of ``args`` whose ``sglang_router_ip`` / ``sglang_router_port`` are the planned
@@ -100,6 +103,7 @@ from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
 __all__ = [
+    "CARRIED_KEY",
     "NEED_KEY",
     "REPLICA_KEY",
     "SLIME_COMMIT",
@@ -108,6 +112,7 @@ __all__ = [
     "SUBMIT_ORDERS",
     "PlannedDataSource",
     "SlimePlanner",
+    "buffer_filter",
     "engine_address",
     "generate",
     "engine_pool_tokens",
@@ -276,6 +281,46 @@ def _flat(group: Any) -> list[Any]:
     return out
 
 
+
+
+#: The sample metadata key in which :func:`buffer_filter` counts how many times a group came back from
+#: slime's buffer (the steps it was carried).
+CARRIED_KEY = "lengthsched_carried"
+
+
+def buffer_filter(args: Any, rollout_id: Any, buffer: list, num_samples: int) -> list:
+    """slime's ``--buffer-filter-path`` (``lengthsched.integrations.slime.buffer_filter``): what slime's
+    default ``pop_first`` does (the first ``num_samples`` groups of the buffer, removed from it), with a
+    staleness limit for ``--partial-rollout``. Each group taken out of the buffer has been carried once
+    more (its samples' ``metadata[CARRIED_KEY]``); with ``args.lengthsched_max_carry`` K (a key of the
+    ``--custom-config-path`` YAML), a group that would now be resubmitted after more than K carries is
+    thrown away with the tokens it holds, and the next one is taken (slime fills what the buffer does not
+    give from the dataset). A kept token is then at most K policy updates old. Without the key nothing is
+    dropped. In the simulator (``simulate.run_oversampled_steps(..., max_carry=K, carry_limit="drop")``,
+    docs/benchmarks.md, "Partial rollout under a staleness limit") K = 2 kept 98% of the kept tokens per
+    second of partial rollout without a limit. ``rollout_id`` is unused (slime passes None)."""
+    limit = getattr(args, "lengthsched_max_carry", None)
+    if limit is not None:
+        limit = check_int("lengthsched_max_carry", limit, minimum=1)
+    num_samples = check_int("num_samples", num_samples, minimum=0)
+    taken, dropped = [], 0
+    while buffer and len(taken) < num_samples:
+        group = buffer.pop(0)
+        samples = _flat(group)
+        carried = 1 + max((int((getattr(s, "metadata", None) or {}).get(CARRIED_KEY, 0)) for s in samples),
+                          default=0)
+        for s in samples:
+            if getattr(s, "metadata", None) is None:
+                s.metadata = {}
+            s.metadata[CARRIED_KEY] = carried
+        if limit is not None and carried > limit:
+            dropped += 1
+            continue
+        taken.append(group)
+    if dropped:
+        log.info("lengthsched: dropped %d group(s) carried more than %d rollouts (lengthsched_max_carry)", dropped,
+                 limit)
+    return taken
 
 
 class PlannedDataSource:
