@@ -7,6 +7,9 @@ means), the lowest and worst over all of them, and the slower ones counted over 
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
         benchmarks/results/simulate_rollout_staleness_seed12.json ...
+
+Several sections may follow one another (``rollout_partial FILES... rollout_staleness FILES...``); ``--figure``
+then draws the runs they share, each mode once.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def figure(rows: list, path: str, title: str) -> None:
     runs = list(dict.fromkeys(r[2] for r in rows))
     colors = plt.get_cmap("tab10").colors
     fig, ax = plt.subplots(figsize=(9, 5.2))
+    named: list[tuple[float, float, int]] = []  # (age, kept, offset) of the names placed
     for r in rows:
         if len(r) < 20 or r[19] != r[19]:  # no age recorded (an older result)
             continue
@@ -62,9 +66,12 @@ def figure(rows: list, path: str, title: str) -> None:
         ax.scatter([age], [kept], color=color, s=30)
         ax.scatter([age], [fresh], facecolors="none", edgecolors=color, s=30)
         mode = f"{r[0]:g}x, " + {"no": "dropped", "yes": "partial"}.get(r[1], r[1].replace("yes, ", "partial, "))
-        if r[2] == runs[0]:  # the modes named once, at the first run's points
-            ax.annotate("no over-sampling" if r[0] == 1 else mode, (age, kept), fontsize=7, xytext=(-4, 3),
+        if r[2] == runs[0]:  # the modes named once, at the first run's points, clear of the names near them
+            near = [dy for a, k, dy in named if abs(a - age) < 0.1 and abs(k - kept) < 0.06]
+            dy = next(d for d in (3, -11, 15, -23, 27) if d not in near)
+            ax.annotate("no over-sampling" if r[0] == 1 else mode, (age, kept), fontsize=7, xytext=(-4, dy),
                         textcoords="offset points", ha="right")
+            named.append((age, kept, dy))
     for i, run in enumerate(runs):
         ax.scatter([], [], color=colors[i % len(colors)], s=30, label=f"{run}: kept tokens/s")
     ax.scatter([], [], facecolors="none", edgecolors="grey", s=30, label="hollow: on-policy kept tokens/s")
@@ -81,19 +88,46 @@ def figure(rows: list, path: str, title: str) -> None:
     os.replace(tmp, path)
 
 
+def groups_of(args: list[str]) -> list[tuple[str, list[str]]]:
+    """``SECTION FILE... [SECTION FILE...]`` as (section, files) pairs."""
+    out: list[tuple[str, list[str]]] = []
+    for arg in args:
+        if arg in SECTIONS:
+            out.append((arg, []))
+        elif not out:
+            raise SystemExit(f"combine_draws.py: error: argument section: got {arg!r}; expected one of "
+                             + ", ".join(SECTIONS))
+        else:
+            out[-1][1].append(arg)
+    for section, paths in out:
+        if not paths:
+            raise SystemExit(f"combine_draws.py: error: argument paths: got none after {section}; expected "
+                             "bench_simulate.py results, one draw (--seed) each")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=sorted(SECTIONS))
-    parser.add_argument("paths", nargs="+", help="bench_simulate.py results, one draw (--seed) each")
+    parser.add_argument("sections", nargs="+", metavar="SECTION FILE...",
+                        help="a section (" + ", ".join(SECTIONS) + "), then bench_simulate.py results of it, one draw "
+                             "(--seed) each; several sections may follow one another")
     parser.add_argument("--figure", default=None,
                         help="also draw kept and on-policy tokens per second against the kept tokens' mean age "
-                             "(a PNG path)")
+                             "(a PNG path); with several sections, the runs they share, every mode once")
     args = parser.parse_args(argv)
-    rows = combine(args.section, args.paths)
-    print(table(f"{args.section} over {len(args.paths)} draws pooled", PARTIAL_COLUMNS, rows))
+    every, seen = [], set()
+    groups = groups_of(args.sections)
+    for section, paths in groups:
+        rows = combine(section, paths)
+        print(table(f"{section} over {len(paths)} draws pooled", PARTIAL_COLUMNS, rows))
+        every += [r for r in rows if (r[0], r[1], r[2]) not in seen]
+        seen |= {(r[0], r[1], r[2]) for r in rows}
     if args.figure is not None:
-        figure(rows, args.figure, f"{args.section}: over-sampled steps, {len(args.paths)} draws x "
-                                  f"{rows[0][3] // len(args.paths)} settings pooled (modelled)")
+        shared = set.intersection(*({label for label, *_ in SECTIONS[section]} for section, _ in groups))
+        draws = {len(paths) for _, paths in groups}
+        figure([r for r in every if r[2] in shared], args.figure,
+               f"{', '.join(section for section, _ in groups)}: over-sampled steps, "
+               f"{'/'.join(map(str, sorted(draws)))} draws pooled (modelled)")
     return 0
 
 

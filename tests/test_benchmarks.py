@@ -730,3 +730,16 @@ def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(t
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "rollout_partial",
                              str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "rollout_partial section" in result.stderr
+    from combine_draws import groups_of
+
+    assert groups_of(["rollout_partial", "a", "b", "rollout_staleness", "c"]) == [
+        ("rollout_partial", ["a", "b"]), ("rollout_staleness", ["c"])]
+    for bad in (["a.json"], ["rollout_partial"]):
+        with pytest.raises(SystemExit, match="combine_draws.py: error"):
+            groups_of(bad)
+    both = tmp_path / "both.png"  # two sections, one figure: the runs they share
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "rollout_staleness",
+                             str(path), "rollout_staleness", str(path), "--figure", str(both)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert both.stat().st_size > 0 and result.stdout.count("### rollout_staleness over 1 draws pooled") == 2
