@@ -281,8 +281,6 @@ def _flat(group: Any) -> list[Any]:
     return out
 
 
-
-
 #: The sample metadata key in which :func:`buffer_filter` counts how many times a group came back from
 #: slime's buffer (the steps it was carried).
 CARRIED_KEY = "lengthsched_carried"
@@ -298,7 +296,9 @@ def buffer_filter(args: Any, rollout_id: Any, buffer: list, num_samples: int) ->
     give from the dataset). A kept token is then at most K policy updates old. Without the key nothing is
     dropped. In the simulator (``simulate.run_oversampled_steps(..., max_carry=K, carry_limit="drop")``,
     docs/benchmarks.md, "Partial rollout under a staleness limit") K = 2 kept 98% of the kept tokens per
-    second of partial rollout without a limit. ``rollout_id`` is unused (slime passes None)."""
+    second of partial rollout without a limit. ``rollout_id`` is unused: slime passes None (its ``abort``
+    stamps ``metadata["start_rollout_id"]`` on a sample with a partial response, but the filter is not told
+    the current rollout), hence the count of carries."""
     limit = getattr(args, "lengthsched_max_carry", None)
     if limit is not None:
         limit = check_int("lengthsched_max_carry", limit, minimum=1)
