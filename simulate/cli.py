@@ -12,6 +12,7 @@ from lengthsched.io import atomic_write_text
 
 from .options import SimulateOptions, resolve, rollout_mode
 from .report import (
+    aligned,
     check_options,
     clipped_notice,
     compare,
@@ -90,9 +91,7 @@ def format_sweep(sweep: dict) -> str:
             cells.append(f"{row['seconds']:.2f}" + ("" if ratio is None else f" ({ratio:.2f})") + over)
         table.append([policy + (" *" if any(r[policy]["within_budget"] < 1.0 for r in by_policy) else "")]
                      + cells)
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
-    lines = [_merged_setting(sweep["comparisons"]), ""]
-    lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in table]
+    lines = [_merged_setting(sweep["comparisons"]), ""] + aligned(table)
     verdicts = []
     for value, rows in zip(values, by_policy):
         ok = [r for r in rows.values() if r["within_budget"] >= 1.0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -607,8 +607,22 @@ COLUMNS: dict[str, str] = {
     "decide ms": "the policy's CPU time per group for its decisions during the run",
 }
 
+def legend(meanings: Mapping[str, str], columns: Sequence[str] | None = None) -> str:
+    """The legend under a text table: one line per column (``columns``, in that order; default every
+    column of ``meanings``), ``  name: what it means``."""
+    return "\n".join(f"  {name}: {meanings[name]}" for name in (meanings if columns is None else columns))
+
+
+def aligned(table: Sequence[Sequence[str]]) -> list[str]:
+    """The rows of a text table, one line each: its first column left-aligned, the others right-aligned,
+    every column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths)))
+            for row in table]
+
+
 #: The legend under the table: one line per column.
-LEGEND = "\n".join(f"  {name}: {text}" for name, text in COLUMNS.items())
+LEGEND = legend(COLUMNS)
 
 
 def format_table(comparison: Comparison) -> str:
@@ -625,9 +639,6 @@ def format_table(comparison: Comparison) -> str:
                       f"{r.peak_total_bytes / gib:.2f}", f"{100 * r.within_budget:.0f}%", f"{r.preemptions:.1f}",
                       f"{r.recomputed_tokens:.0f}", f"{r.ks_statistic:.3f}", f"{r.planning_ms:.2f}",
                       f"{r.decide_ms:.2f}"])
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                               for i, (cell, w) in enumerate(zip(row, widths))))
+    lines += aligned(table)
     lines += ["", headline(comparison), "", "columns (rows ordered by seconds, those within budget first):", LEGEND]
     return "\n".join(lines)

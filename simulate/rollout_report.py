@@ -28,8 +28,10 @@ from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
     MAX_SIGMA,
+    aligned,
     check_step_seconds,
     group_sizes,
+    legend,
     load_cost,
     load_memory,
     parse_policies,
@@ -553,11 +555,8 @@ ROLLOUT_COLUMNS: dict[str, str] = {
 OVER_COLUMNS = ("to kept", "kept len")
 
 
-def _legend(columns) -> str:
-    return "\n".join(f"  {name}: {ROLLOUT_COLUMNS[name]}" for name in columns)
-
-
-ROLLOUT_LEGEND = _legend([c for c in ROLLOUT_COLUMNS if c != "loaded" and c not in OVER_COLUMNS])  # a plain step's
+#: A plain step's legend (no loads, not over-sampled).
+ROLLOUT_LEGEND = legend(ROLLOUT_COLUMNS, [c for c in ROLLOUT_COLUMNS if c != "loaded" and c not in OVER_COLUMNS])
 
 
 def rollout_headline(comparison: RolloutComparison) -> str:
@@ -740,15 +739,11 @@ def _format_steps(comparison: RolloutComparison) -> str:
                       f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}",
                       f"{o.mean_token_age:.2f}", str(o.max_wait)]
                      + ([f"{o.filtered_share:.3f}"] if filtered else []))
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    lines = [comparison.setting, ""]
-    lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
-              for t in table]
+    lines = [comparison.setting, ""] + aligned(table)
     errors = [f"  {r.label}: {r.error}" for r in rows if r.error]
     if errors:
         lines += ["", "could not run:"] + errors
-    lines += ["", _steps_headline(comparison), "", "columns:"]
-    lines += [f"  {name}: {STEPS_COLUMNS[name]}" for name in head[1:]]
+    lines += ["", _steps_headline(comparison), "", "columns:", legend(STEPS_COLUMNS, head[1:])]
     return "\n".join(lines)
 
 
@@ -774,10 +769,7 @@ def format_rollout(comparison: RolloutComparison) -> str:
                       f"{r.slowest_share:.3f}", str(r.preemptions), f"{r.recomputed_tokens:,}"]
                      + ([f"{r.loaded_tokens:,}"] if loads else []) + [str(r.prompt_loads)]
                      + (([f"{row.kept[0]:.2f}", f"{row.kept[1]:.3f}"] if row.kept else ["-", "-"]) if over else []))
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    lines = [comparison.setting, ""]
-    lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(t, widths)))
-              for t in table]
+    lines = [comparison.setting, ""] + aligned(table)
     drawn = [(row, row.draw_summary()) for row in comparison.rows if row.draws is not None]
     if drawn:
         n = max(len(row.draws) for row, _ in drawn)
@@ -794,7 +786,7 @@ def format_rollout(comparison: RolloutComparison) -> str:
     errors = [f"  {r.label}: {r.error}" for r in comparison.rows + ((oracle,) if oracle else ()) if r.error]
     if errors:
         lines += ["", "could not run:"] + errors
-    lines += ["", rollout_headline(comparison), "", "columns:", _legend(head)]
+    lines += ["", rollout_headline(comparison), "", "columns:", legend(ROLLOUT_COLUMNS, head)]
     return "\n".join(lines)
 
 
