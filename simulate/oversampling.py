@@ -298,10 +298,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
         if result is not None:
-            flat = np.concatenate(samples)
-            new = old[flat[:, 0], flat[:, 1]] + result.generated_at(end)
-            born[flat[:, 0], flat[:, 1]] += (new - generated[flat[:, 0], flat[:, 1]]) * step
-            generated[flat[:, 0], flat[:, 1]] = new
+            at = tuple(np.concatenate(samples).T)  # (stream group, sample) of every completion run
+            new = old[at] + result.generated_at(end)
+            born[at] += (new - generated[at]) * step
+            generated[at] = new
         decoded = int(generated[take].sum() - before)
         kept = [take[i] for i in kept_local]
         kept_groups += [lengths[g] for g in kept]

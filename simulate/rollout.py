@@ -126,13 +126,18 @@ class RolloutResult:
     clocks: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), repr=False)
     step_logs: tuple[StepLog, ...] = field(default=(), repr=False)
 
+    def _step_ends(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
+        """``replica``'s clock as (decode step, modelled seconds at its end), one point per step: a replica
+        idle after step s logs s again when it wakes, and s ended at the first of those."""
+        ends, secs = self.clocks[replica]
+        first = np.concatenate(([True], np.diff(ends) > 0))
+        return ends[first], secs[first]
+
     def seconds_at(self, replica: int, steps: Any) -> np.ndarray:
         """Modelled seconds at the end of decode step(s) ``steps`` of ``replica`` (for figures: steps of
         its timeline), interpolated within runs of steps priced together; a step after which the replica
         sat idle ended when it ended, not when the replica woke (:meth:`seconds_started`)."""
-        ends, secs = self.clocks[replica]
-        first = np.concatenate(([True], np.diff(ends) > 0))  # a replica idle after step s: s ended before
-        return np.interp(np.asarray(steps, dtype=np.float64), ends[first], secs[first])
+        return np.interp(np.asarray(steps, dtype=np.float64), *self._step_ends(replica))
 
     def seconds_started(self, replica: int, steps: Any) -> np.ndarray:
         """Modelled seconds at which decode step(s) ``steps`` of ``replica`` began: the end of the step
@@ -179,10 +184,8 @@ class RolloutResult:
             segments = [s for s in timeline.segments if s[4] in ("run", "preempted")]
             if not segments:
                 continue
-            ends, secs = self.clocks[replica]
-            first = np.concatenate(([True], np.diff(ends) > 0))
-            # the decode steps this replica had ended by then (the inverse of seconds_at)
-            done = int(np.floor(np.interp(seconds, secs[first], ends[first]) + 1e-9))
+            steps, secs = self._step_ends(replica)
+            done = int(np.floor(np.interp(seconds, secs, steps) + 1e-9))  # steps ended by then: seconds_at inverted
             jobs = np.array([s[0] for s in segments], dtype=np.int64)
             starts = np.array([s[2] for s in segments], dtype=np.int64)
             lasts = np.array([s[3] for s in segments], dtype=np.int64)
