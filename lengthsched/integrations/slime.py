@@ -307,11 +307,11 @@ def buffer_filter(args: Any, rollout_id: Any, buffer: list, num_samples: int) ->
     while buffer and len(taken) < num_samples:
         group = buffer.pop(0)
         samples = _flat(group)
-        carried = 1 + max((int((getattr(s, "metadata", None) or {}).get(CARRIED_KEY, 0)) for s in samples),
-                          default=0)
         for s in samples:
             if getattr(s, "metadata", None) is None:
                 s.metadata = {}
+        carried = 1 + max((int(s.metadata.get(CARRIED_KEY, 0)) for s in samples), default=0)
+        for s in samples:
             s.metadata[CARRIED_KEY] = carried
         if limit is not None and carried > limit:
             dropped += 1
