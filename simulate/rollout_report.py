@@ -447,8 +447,7 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
                                      valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens,
-                                     max_carry=o.max_carry if oversample > 1 else None,
-                                     carry_limit=o.carry_limit or "drop")
+                                     max_carry=o.max_carry, carry_limit=o.carry_limit or "drop")
 
     rows = []
     for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
