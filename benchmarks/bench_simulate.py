@@ -625,10 +625,9 @@ def _rollout_rows(grid, runs=ROLLOUT_RUNS, *, wall: bool = False) -> list:
 
 def _rollout_figure(rows: list, path) -> None:
     """Makespan / lower bound of every setting, per policy (one dot per setting, one colour per workload)."""
-    import matplotlib
+    from simulate.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [label for label, *_ in ROLLOUT_RUNS]
     fig, ax = plt.subplots(figsize=(11, 4.8))
@@ -649,8 +648,7 @@ def _rollout_figure(rows: list, path) -> None:
                  f"{_cost_label()})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def rollout_speed(quick: bool) -> tuple[str, list]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -48,10 +47,9 @@ def figure(rows: list, path: str, title: str) -> None:
     """Kept tokens per second (filled) and on-policy ones (hollow) against the kept tokens' mean age, one pair
     per mode and run of ``rows`` (pooled means; the modes named at the first run's points); written to
     ``path`` atomically."""
-    import matplotlib
+    from simulate.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = list(dict.fromkeys(r[2] for r in rows))
     colors = plt.get_cmap("tab10").colors
@@ -82,10 +80,7 @@ def figure(rows: list, path: str, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
 
 
 def groups_of(args: list[str]) -> list[tuple[str, list[str]]]:

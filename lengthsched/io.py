@@ -13,14 +13,22 @@ from typing import Any
 
 from .errors import InvalidArgument
 
-__all__ = ["atomic_write_text", "read_lengths_input", "read_json_objects", "DATA_DIR", "EXAMPLE_GROUP"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "read_lengths_input", "read_json_objects", "DATA_DIR",
+           "EXAMPLE_GROUP"]
 
 DATA_DIR = Path(__file__).with_name("data")
 EXAMPLE_GROUP = DATA_DIR / "example_group.json"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part.
+    """Write ``text`` (UTF-8) to ``path`` so that readers see the old file or the whole new one, never a
+    part: :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part
+    (a hidden temporary file beside it, synced, then renamed over it).
 
     The new file gets the old file's permissions, or those a plain ``open`` gives (umask applies).
     An ``OSError`` names ``path`` (never the hidden temporary file next to it) and keeps its type.
@@ -32,8 +40,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise IsADirectoryError(f"cannot write {str(path)!r}: it is a directory, expected a file path")
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "x", encoding="utf-8") as handle:  # "x": never clobber another writer's file
-            handle.write(text)
+        with open(tmp, "xb") as handle:  # "x": never clobber another writer's file
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         if target.exists():

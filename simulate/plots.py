@@ -6,17 +6,20 @@ Gantt chart is in its legend or its colour bar.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from lengthsched.io import atomic_write_bytes
 from lengthsched.runtime.registry import policy_names
 
 from .run import SimResult
 
-__all__ = ["PALETTE", "policy_color", "gantt", "gantt_figure", "memory_over_time", "sweep_lines", "rollout_gantt",
-           "rollout_kv"]
+__all__ = ["PALETTE", "policy_color", "pyplot", "save_figure", "gantt", "gantt_figure", "memory_over_time",
+           "sweep_lines", "rollout_gantt", "rollout_kv"]
 
 # 29 distinct colours: matplotlib's tab10, the light halves of tab20, then darker ones of tab20b. Policies
 # take them in registry order, so a policy keeps its colour in every figure and run; an unregistered name
@@ -42,7 +45,8 @@ def policy_color(policy: str) -> str:
     return PALETTE[-1 - sum(map(ord, policy)) % 4]  # not registered: one of the extras, still stable
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -55,7 +59,7 @@ def gantt_figure(result: SimResult, title: str):
     """The Gantt chart of one run as a matplotlib figure: one bar per run of a completion on its slot
     (lane); a completed run is coloured by its tokens (colour bar), padding, preempted and discarded
     runs by kind (legend)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.patches import Patch
@@ -89,36 +93,46 @@ def gantt_figure(result: SimResult, title: str):
     return fig
 
 
+def save_figure(fig: Any, path: str | Path, dpi: int = 110) -> None:
+    """Write a matplotlib figure to ``path`` (its format from the suffix, PNG without one) atomically:
+    a reader sees the old file or the whole new one, never a part (rendered in memory, then
+    :func:`lengthsched.io.atomic_write_bytes`); the figure is closed either way."""
+    plt = pyplot()
+    buffer = io.BytesIO()
+    try:
+        fig.savefig(buffer, dpi=dpi, format=Path(path).suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def gantt(result: SimResult, path: Path, title: str) -> None:
     """Write :func:`gantt_figure` as a PNG."""
-    plt = _pyplot()
-    fig = gantt_figure(result, title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(gantt_figure(result, title), path)
 
 
 def memory_over_time(results: Sequence[SimResult], budget_tokens: int, path: Path, title: str,
                      budget_label: str = "budget") -> None:
     """KV tokens held (beyond the prompt) after each step, per policy, against the budget."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for r in results:
         steps, kv = zip(*r.timeline.kv)
         ax.plot(steps, kv, label=f"{r.policy} ({r.steps} steps)", linewidth=1.2, color=policy_color(r.policy))
     ax.axhline(budget_tokens, color="black", linestyle="--", linewidth=1, label=budget_label)
-    _save(plt, fig, ax, path, title, "decode step", "KV tokens held")
+    _save(fig, ax, path, title, "decode step", "KV tokens held")
 
 
 def sweep_lines(values: Sequence, seconds: dict[str, Sequence[float]], xlabel: str, path: Path, title: str) -> None:
     """Mean modelled seconds per group against a swept setting, one line per policy."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = np.arange(len(values))
     for policy, ys in seconds.items():
         ax.plot(x, ys, marker="o", label=policy, color=policy_color(policy))
     ax.set_xticks(x, [str(v) for v in values])
     ax.set_yscale("log")
-    _save(plt, fig, ax, path, title, xlabel, "modelled seconds per group (mean)")
+    _save(fig, ax, path, title, xlabel, "modelled seconds per group (mean)")
 
 
 def rollout_gantt(result, path: Path, title: str) -> None:
@@ -126,7 +140,7 @@ def rollout_gantt(result, path: Path, title: str) -> None:
     replica, in modelled seconds: one row per replica, a bar per run of a completion (stacked on the
     replica's lanes), coloured by its prompt (colour bar: the group's index in the step), preempted
     runs in red (legend)."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.patches import Patch
@@ -156,14 +170,13 @@ def rollout_gantt(result, path: Path, title: str) -> None:
     axes[-1, 0].set_xlabel("modelled seconds")
     axes[0, 0].set_title(f"{title}\n{result.preemptions} preemptions, {result.recomputed_tokens:,} tokens recomputed, "
                          f"{result.prompt_loads} prompt loads", fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def rollout_kv(results: dict, pool_tokens: int, path: Path, title: str) -> None:
     """KV tokens held (prompts included) on every replica over modelled seconds, one colour per
     policy (the same as in every figure), one line per replica, against the pool."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 4.5))
     for policy, result in results.items():
         for r, timeline in enumerate(result.timelines):
@@ -171,14 +184,13 @@ def rollout_kv(results: dict, pool_tokens: int, path: Path, title: str) -> None:
             ax.plot(result.seconds_at(r, steps), kv, linewidth=0.9, color=policy_color(policy), alpha=0.8,
                     label=f"{policy} ({result.seconds:.2f} s), one line per replica" if r == 0 else None)
     ax.axhline(pool_tokens, color="black", linestyle="--", linewidth=1, label="each replica's pool")
-    _save(plt, fig, ax, path, title, "modelled seconds", "KV tokens held")
+    _save(fig, ax, path, title, "modelled seconds", "KV tokens held")
 
 
-def _save(plt, fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> None:
+def _save(fig, ax, path: Path, title: str, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -13,7 +13,7 @@ import pytest
 
 from lengthsched import Plan
 from lengthsched.cli import main
-from lengthsched.io import atomic_write_text
+from lengthsched.io import atomic_write_bytes, atomic_write_text
 
 
 def run(args, capsys):
@@ -108,6 +108,46 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_atomic_write_bytes_writes_exactly_and_keeps_the_old_file_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "figure.png"
+    data = bytes(range(256)) * 3  # not text: every byte value, CR and LF included
+    atomic_write_bytes(target, data)
+    assert target.read_bytes() == data
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full") as caught:
+        atomic_write_bytes(target, b"new")
+    assert str(target) in str(caught.value)  # the path asked for, not the hidden temporary file
+    assert target.read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir()] == ["figure.png"]
+
+
+def test_a_figure_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from simulate.plots import pyplot, save_figure
+
+    plt = pyplot()
+    target = tmp_path / "kv.png"
+    target.write_bytes(b"old figure")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    monkeypatch.setattr(os, "replace", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        save_figure(fig, target)
+    assert target.read_bytes() == b"old figure" and [p.name for p in tmp_path.iterdir()] == ["kv.png"]
+    assert not plt.get_fignums()  # closed either way
+    monkeypatch.undo()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    save_figure(fig, target)
+    assert target.read_bytes().startswith(b"\x89PNG")
+    save_figure(plt.subplots()[0], tmp_path / "kv.svg")  # the format follows the suffix
+    assert b"<svg" in (tmp_path / "kv.svg").read_bytes()[:400]
 
 
 def test_atomic_write_gives_normal_permissions(tmp_path):

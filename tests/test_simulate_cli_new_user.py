@@ -236,9 +236,9 @@ def test_sweep_figure_lines_use_the_policy_colour(tmp_path):
     seen = {}
     real = plots._save
 
-    def keep(plt, fig, ax, path, *rest):
+    def keep(fig, ax, path, *rest):
         seen.update({line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()})
-        real(plt, fig, ax, path, *rest)
+        real(fig, ax, path, *rest)
 
     plots._save = keep
     try:
