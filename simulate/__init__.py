@@ -3,6 +3,8 @@
 ``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
 budget; ``run_rollout`` an RL rollout step (many groups on several engine replicas);
 ``run_oversampled_steps`` over-sampled steps one after another (slime's partial rollout);
+``run_async_rollout`` asynchronous RL (AReaL's loop: generation goes on while the learner trains,
+within a staleness bound);
 ``search_placement`` the best placement of a rollout's requests a search finds with the true
 lengths (an oracle: what placement could buy);
 :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces with a
@@ -13,6 +15,7 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
+from .asynchronous import ASYNC_ROUTERS, AsyncRollout, AsyncStep, run_async_rollout
 from .headroom import PlacementSearch, search_placement
 from .oversampling import OversampledSteps, StepRecord, run_oversampled_steps
 from .rollout import (
@@ -57,6 +60,10 @@ __all__ = [
     "run_oversampled_steps",
     "OversampledSteps",
     "StepRecord",
+    "run_async_rollout",
+    "AsyncRollout",
+    "AsyncStep",
+    "ASYNC_ROUTERS",
     "DEFAULT_POLICY",
     "RolloutResult",
     "ROUTERS",

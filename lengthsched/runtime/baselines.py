@@ -263,6 +263,11 @@ class SGLangLike(_Waiting):
     def ratio(self, t: int) -> float:
         return max(self.min_ratio, self.ratio0 - self.decay * (t - self.t0))
 
+    def idle_reset(self, eng: Engine) -> None:
+        """The server ran out of work: ``new_token_ratio`` starts again from ``init_ratio`` (SGLang 0.5.x
+        scheduler.py, ``self_check_during_idle``: ``self.new_token_ratio = self.init_new_token_ratio``)."""
+        self.ratio0, self.t0 = self.init_ratio, eng.t
+
     def decide(self, eng: Engine) -> None:
         lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
         used = eng.kv_tokens(nxt)

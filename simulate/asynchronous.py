@@ -1,0 +1,428 @@
+"""Asynchronous RL (AReaL's design): generation never waits for the learner, within a staleness bound.
+
+A synchronous RL step generates a batch, waits for its last completion, trains, updates the weights,
+and only then generates the next batch: the engines idle through the long tail and through training.
+AReaL (``inclusionAI/AReaL`` at 4aef98d) decouples them. Its rollout keeps submitting groups while the
+learner trains, within two limits (``areal/infra/staleness_manager.py``, ``StalenessManager.get_capacity``):
+
+- at most ``max_concurrent`` groups in flight (``max_concurrent_rollouts``, by default the learner's batch,
+  ``consumer_batch_size``);
+- at most ``(max_staleness + version + 1) x batch`` groups submitted in all (finished ones included), so
+  that no group is consumed more than ``max_staleness`` weight versions after it was submitted
+  (``max_head_offpolicyness``; 0 is synchronous RL: one batch per version, nothing generated while the
+  learner trains).
+
+The learner takes the first ``batch`` groups that finished (``prepare_batch``), trains, and updates the
+weights: it pauses generation on every server (``pause_generation``: the requests in flight are aborted
+and the cache cleared, ``areal/engine/fsdp_engine.py``, ``_update_weights_from_distributed``), sends the
+weights, continues generation and counts one version more. An aborted request is sent again to the same
+server with the tokens it generated (``RemoteInfEngine.agenerate``: the ``rid`` keeps its server), so its
+prompt and partial generation are prefilled again under the new weights; each request goes to the next
+server in turn (``choose_server``: round robin). A completion's tokens may thus come from several
+versions; a token's lag is the version the learner trains at minus the version that generated it.
+
+:func:`run_async_rollout` simulates that loop on one clock in modelled seconds: the replicas are the
+rollout engines (``"sglang"``, AReaL's default backend, or ``"vllm"``; one request at a time routed by
+:class:`simulate.rollout.LiveRouter`), the learner a separate machine whose step takes ``train_seconds``
+(plus ``train_seconds_per_token`` per prompt and completion token of its batch), and each update pauses
+every engine for ``update_seconds`` (a replica stops at the end of the step it is running). With
+``max_staleness=0`` it is the synchronous loop on the same machines, the reference.
+
+Not modelled: the learner's own scaling (its time per step is given), the dynamic filtering AReaL's
+``should_accept_fn`` may do, and lengths that change as the policy learns (the stream's lengths are fixed).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lengthsched import InvalidArgument
+from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.runtime import POLICIES, Problem
+from lengthsched.runtime.dispatch import lift
+
+from .rollout import DEFAULT_PREFILL_CHUNK, THROTTLED_POLICIES, LiveRouter, _engine, _OneClock, _prepare
+
+__all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout"]
+
+#: The routers :func:`run_async_rollout` accepts: AReaL's (each request to the next server), the others
+#: :class:`simulate.rollout.LiveRouter` routes one request at a time, and ``least_work``: each request to the
+#: server with the fewest predicted tokens still to generate among the requests sent there (needs ``predicted``).
+ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work",)
+
+
+@dataclass(frozen=True)
+class AsyncStep:
+    """One learner step of :func:`run_async_rollout` (seconds are modelled, from the start of the run)."""
+
+    index: int
+    ready_seconds: float  # when the batch's last group finished (the learner could have started)
+    train_start: float  # when the learner started on it (after the previous update and the batch was ready)
+    train_end: float
+    update_end: float  # the weights of version index + 1 are on every engine
+    groups: tuple[int, ...]  # the groups it trained on, in the order they finished
+    tokens: int  # completion tokens of those groups
+    lag_tokens: tuple[int, ...]  # of those tokens, how many lag 0, 1, 2, ... versions behind this step's
+
+
+@dataclass(frozen=True)
+class AsyncRollout:
+    """What :func:`run_async_rollout` returns."""
+
+    policy: str
+    router: str
+    replicas: int
+    batch: int
+    max_staleness: int
+    max_concurrent: int
+    steps: tuple[AsyncStep, ...]
+    seconds: float  # the last step's update end: the time the run took
+    generated_tokens: int  # every token the engines generated (those in flight at the end included)
+    interrupted: int  # requests aborted by weight updates (each resumed: its tokens prefilled again)
+    recomputed_tokens: int  # generated tokens prefilled again (after interruptions and preemptions)
+    preemptions: int
+    idle_seconds: float  # replica-seconds with nothing to run or paused, before the end
+    cost_name: str = ""
+    group_submitted: tuple[float, ...] = field(default=(), repr=False)  # per group: when it was submitted (or nan)
+    group_finished: tuple[float, ...] = field(default=(), repr=False)  # per group: its last completion (or nan)
+
+    @property
+    def consumed_tokens(self) -> int:
+        """Completion tokens the learner trained on."""
+        return sum(s.tokens for s in self.steps)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Trained completion tokens per modelled second."""
+        return self.consumed_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def seconds_per_step(self) -> float:
+        return self.seconds / len(self.steps) if self.steps else 0.0
+
+    @property
+    def mean_lag(self) -> float:
+        """The trained tokens' mean lag in versions (0: every token from the weights it is trained on)."""
+        lags = np.zeros(max((len(s.lag_tokens) for s in self.steps), default=0))
+        for s in self.steps:
+            lags[:len(s.lag_tokens)] += s.lag_tokens
+        total = lags.sum()
+        return float((lags * np.arange(len(lags))).sum() / total) if total else 0.0
+
+    @property
+    def stale_share(self) -> float:
+        """Share of the trained tokens generated by older weights than the step trains."""
+        total = self.consumed_tokens
+        fresh = sum(s.lag_tokens[0] if s.lag_tokens else 0 for s in self.steps)
+        return 1.0 - fresh / total if total else 0.0
+
+    @property
+    def on_policy_tokens_per_second(self) -> float:
+        """Trained tokens of lag 0 per modelled second."""
+        return (1.0 - self.stale_share) * self.tokens_per_second
+
+    @property
+    def learner_idle_share(self) -> float:
+        """Share of the run the learner waited (for a batch or for an update), not training."""
+        busy = sum(s.train_end - s.train_start for s in self.steps)
+        return 1.0 - busy / self.seconds if self.seconds > 0 else 0.0
+
+
+class _RoundRobin:
+    """AReaL's ``choose_server``: each request to the next server in turn."""
+
+    def __init__(self, replicas: int):
+        self.replicas, self.next = replicas, 0
+
+    def select(self, job: int, group: int) -> int:
+        r, self.next = self.next, (self.next + 1) % self.replicas
+        return r
+
+    def finished(self, replica: int, jobs: Sequence[int]) -> None:
+        pass
+
+
+class _Live:
+    """:class:`simulate.rollout.LiveRouter` (by requests in flight) with the async loop's calls."""
+
+    def __init__(self, router: str, replicas: int):
+        self.router = LiveRouter(router, replicas)
+
+    def select(self, job: int, group: int) -> int:
+        return self.router.select(group)
+
+    def finished(self, replica: int, jobs: Sequence[int]) -> None:
+        self.router.finished(replica, len(jobs))
+
+
+class _LeastWork:
+    """Each request to the replica with the fewest predicted tokens to go among those sent there and not
+    finished (a request's prediction counts until it finishes; ties to the lowest index)."""
+
+    def __init__(self, replicas: int, predicted: np.ndarray):
+        self.work = [0.0] * replicas
+        self.predicted = predicted
+
+    def select(self, job: int, group: int) -> int:
+        r = self.work.index(min(self.work))
+        self.work[r] += float(self.predicted[job])
+        return r
+
+    def finished(self, replica: int, jobs: Sequence[int]) -> None:
+        self.work[replica] -= float(sum(self.predicted[j] for j in jobs))
+
+
+def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_staleness: int,
+                      train_seconds: float, update_seconds: float = 0.0, train_seconds_per_token: float = 0.0,
+                      max_concurrent: int | None = None, policy: str = "sglang", router: str = "round_robin",
+                      predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
+                      cost: Any = None,
+                      prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None
+                      ) -> AsyncRollout:
+    """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
+
+    Args:
+        groups: the stream of groups in the order the dataset gives them (objects with ``lengths``,
+            ``prompt_len`` and ``prompt_id``); at least ``(steps + max_staleness) x batch`` of them.
+        batch: groups per learner step (AReaL's ``consumer_batch_size``).
+        steps: learner steps to simulate (each ends with a weight update).
+        max_staleness: versions a group may lag (``max_head_offpolicyness``); 0: synchronous RL.
+        train_seconds: the learner's seconds per step, plus ``train_seconds_per_token`` per prompt and
+            completion token of its batch.
+        update_seconds: seconds every engine is paused while the weights are sent.
+        max_concurrent: groups in flight at most (``max_concurrent_rollouts``); None: ``batch``, AReaL's
+            default.
+        policy: each engine's scheduler, one of :data:`simulate.rollout.THROTTLED_POLICIES`.
+        router: one of :data:`ASYNC_ROUTERS` (AReaL's is ``round_robin``).
+        predicted: predicted lengths per completion of the stream, flattened in group order (for
+            ``least_work``; the engines here use none).
+        replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs: as for
+            :func:`simulate.run_rollout` (``budget_tokens`` is each engine's KV pool, prompts included).
+    """
+    batch = check_int("batch", batch, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    eta = check_int("max_staleness", max_staleness, minimum=0)
+    train_seconds = check_nonnegative_float("train_seconds", train_seconds)
+    per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
+    update_seconds = check_nonnegative_float("update_seconds", update_seconds)
+    cap = batch if max_concurrent is None else check_int("max_concurrent", max_concurrent, minimum=1)
+    if policy not in THROTTLED_POLICIES:
+        raise InvalidArgument("policy", policy, "one of " + ", ".join(THROTTLED_POLICIES) + " (engines whose queue "
+                                                "takes requests as they are sent)")
+    if router not in ASYNC_ROUTERS:
+        raise InvalidArgument("router", router, "one of " + ", ".join(ASYNC_ROUTERS))
+    groups = list(groups)
+    need = (steps + eta) * batch
+    if len(groups) < need:
+        raise InvalidArgument("groups", f"{len(groups)} groups", f"at least (steps + max_staleness) x batch = {need} "
+                                                                 "(what the staleness bound may submit)")
+    if (router == "least_work") != (predicted is not None):
+        raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
+                              "predictions with router 'least_work', and only with it")
+    total = sum(len(g.lengths) for g in groups[:need])
+    if predicted is not None:
+        predicted = np.asarray(predicted, dtype=np.float64).ravel()
+        if len(predicted) < total:
+            raise InvalidArgument("predicted", f"{len(predicted)} predictions", f"one per completion of the "
+                                                                                 f"first {need} groups ({total})")
+        predicted = predicted[:total]
+    groups = groups[:need]
+    spec, groups, lengths, flat, owner, keys, common = _prepare(
+        groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, 0, prefill_chunk, False,
+        max_num_seqs)
+    cost = common["cost"]
+    sizes = [len(x) for x in lengths]
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    plens = common["prompt_lens"]
+
+    live = (_RoundRobin(replicas) if router == "round_robin" else
+            _LeastWork(replicas, common["pred"]) if router == "least_work" else _Live(router, replicas))
+    engines, pols = [], []
+    for _ in range(replicas):
+        problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],
+                          slots=common["max_seqs"], prompt_ids=common["job_keys"])
+        pol = POLICIES[policy].cls(problem)
+        pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
+        eng = _engine(flat, owner, common["tails"], common["prompt_kv"], plens, common["budget"],
+                      common["prefill_chunk"], False, pol.block_size, None, cost)
+        eng.cache_prompts = True  # a prompt stays cached for siblings sent later (flushed at each update)
+        eng.start(pol)
+        engines.append(eng)
+        pols.append(pol)
+    clock = _OneClock(engines)
+    idle = clock.idle
+
+    n_groups = len(groups)
+    left = np.asarray(sizes, dtype=np.int64).copy()  # per group: completions not finished
+    submitted = np.full(n_groups, np.nan)
+    marks: list[list[tuple[int, int]]] = [[] for _ in range(len(flat))]  # per job: (version, tokens by then)
+    seen = [0] * replicas
+    ready: list[int] = []  # finished groups not yet trained on, in finish order
+    finished_at: dict[int, float] = {}
+    records: list[AsyncStep] = []
+    TRAINER = -1  # the learner's events in the clock's heap (before the replicas' at the same second)
+    state = dict(version=0, next_group=0, running=0, accepted=0, interrupted=0, idle=0.0)
+    # The learner: training (groups, ready, start, end) or None; pausing: the replicas still to stop before an
+    # update (None: not stopping); update_end: when the update under way ends (None: none); record: the
+    # training of the step whose update is under way.
+    learner: dict[str, Any] = dict(training=None, pausing=None, update_end=None, record=None)
+    paused: set[int] = set()
+    asleep_since: dict[int, float] = {}
+
+    def capacity() -> int:
+        s_ = state
+        return min(cap - s_["running"], (eta + s_["version"] + 1) * batch - (s_["accepted"] + s_["running"]))
+
+    def updating() -> bool:
+        return learner["pausing"] is not None or learner["update_end"] is not None
+
+    def wake(r: int, now: float) -> None:
+        if r not in idle:
+            return
+        idle.discard(r)
+        state["idle"] += now - asleep_since.pop(r, now)
+        if updating():  # it starts once the weights are there
+            asleep_since[r] = now
+            paused.add(r)
+        else:
+            resume(r, now)
+
+    def resume(r: int, now: float) -> None:
+        """Replica r runs again after it had nothing to run (an SGLang server resets its reservation ratio)."""
+        if hasattr(pols[r], "idle_reset"):
+            pols[r].idle_reset(engines[r])
+        clock.at(r, now)
+
+    def submit(now: float) -> None:
+        while state["next_group"] < n_groups and capacity() > 0:
+            g = state["next_group"]
+            state["next_group"] += 1
+            state["running"] += 1
+            submitted[g] = now
+            for job in range(int(first[g]), int(first[g]) + sizes[g]):
+                r = live.select(job, g)
+                pols[r].waiting.insert(0, job)
+                engines[r].claim(job)
+                wake(r, now)
+
+    def start_training(now: float) -> None:
+        nonlocal ready
+        if learner["training"] is not None or updating() or len(records) >= steps or len(ready) < batch:
+            return
+        taken, ready = ready[:batch], ready[batch:]
+        tokens = int(sum(int(flat[first[g]:first[g] + sizes[g]].sum()) + sizes[g] * int(plens[g]) for g in taken))
+        end = now + train_seconds + per_token * tokens
+        learner["training"] = (tuple(taken), max(finished_at[g] for g in taken), now, end)
+        heapq.heappush(clock.heap, (end, TRAINER))
+
+    def pause(r: int, now: float) -> None:
+        """Replica r stops at the end of the step it ran: its running requests are aborted (kept at the front
+        of its queue with their tokens, which came from the current version), its prompt cache cleared."""
+        eng, pol = engines[r], pols[r]
+        for job in reversed(list(eng.running)):  # the first admitted ends at the front
+            lift(eng, job)
+            pol._requeue(job)
+            state["interrupted"] += 1
+        for job in pol.waiting:
+            if eng.done[job]:
+                marks[job].append((state["version"], eng.done[job]))
+        eng.evict_idle()
+        paused.add(r)
+        asleep_since[r] = now
+        learner["pausing"].discard(r)
+        if not learner["pausing"]:  # every engine stopped: the weights go out
+            begin_update(now)
+
+    def begin_update(now: float) -> None:
+        learner["pausing"] = None
+        learner["update_end"] = now + update_seconds
+        heapq.heappush(clock.heap, (learner["update_end"], TRAINER))
+
+    def trainer_event(now: float) -> None:
+        training = learner["training"]
+        if training is not None and now >= training[3]:  # trained: every engine stops, then the update
+            learner["record"], learner["training"] = training, None
+            learner["pausing"] = {r for r in range(replicas) if r not in idle and r not in paused}
+            if not learner["pausing"]:
+                begin_update(now)
+        elif learner["update_end"] is not None and now >= learner["update_end"]:  # the new weights are there
+            taken, ready_at, start, end = learner["record"]
+            records.append(_record(len(records), taken, ready_at, start, end, now, first, sizes, marks))
+            learner["update_end"] = None
+            state["version"] += 1
+            for r in sorted(paused):
+                state["idle"] += now - asleep_since.pop(r, now)
+                if pols[r].waiting or engines[r].running:
+                    resume(r, now)
+                else:
+                    idle.add(r)
+                    asleep_since[r] = now
+            paused.clear()
+            submit(now)
+            start_training(now)
+
+    submit(0.0)
+    start_training(0.0)
+    while clock.heap and len(records) < steps:
+        now, r = heapq.heappop(clock.heap)
+        if r == TRAINER:
+            trainer_event(now)
+            continue
+        eng, pol = engines[r], pols[r]
+        done = len(eng.collected)
+        if done > seen[r]:
+            live.finished(r, eng.collected[seen[r]:done])
+            for job in eng.collected[seen[r]:done]:
+                marks[job].append((state["version"], int(flat[job])))
+                g = int(owner[job])
+                left[g] -= 1
+                if not left[g]:
+                    state["running"] -= 1
+                    state["accepted"] += 1
+                    finished_at[g] = now
+                    ready.append(g)
+            seen[r] = done
+            submit(now)
+            start_training(now)
+        if learner["pausing"] is not None and r in learner["pausing"]:
+            pause(r, now)
+            continue
+        if not eng.decide(pol):
+            idle.add(r)
+            asleep_since[r] = now
+            continue
+        clock.run(r, eng.t + 1, pol.pads, cost, now)  # a pause or new requests may come at any step
+    if len(records) < steps:
+        raise InvalidArgument("groups", f"{n_groups} groups", f"a stream long enough for {steps} steps")
+    end = records[-1].update_end
+    state["idle"] += sum(max(0.0, end - since) for since in asleep_since.values())
+    return AsyncRollout(
+        policy=policy, router=router, replicas=replicas, batch=batch, max_staleness=eta, max_concurrent=cap,
+        steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
+        interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),
+        preemptions=sum(e.preemptions for e in engines), idle_seconds=state["idle"],
+        cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
+        group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)))
+
+
+def _record(index, taken, ready_at, start, end, update_end, first, sizes, marks) -> AsyncStep:
+    """The learner's step ``index`` on groups ``taken``: its tokens by lag (the step trains version ``index``)."""
+    lags: dict[int, int] = {}
+    tokens = 0
+    for g in taken:
+        for job in range(int(first[g]), int(first[g]) + sizes[g]):
+            before = 0
+            for v, upto in marks[job]:
+                if upto > before:
+                    lags[index - v] = lags.get(index - v, 0) + upto - before
+                    before = upto
+            tokens += before
+    width = max(lags, default=-1) + 1
+    return AsyncStep(index=index, ready_seconds=float(ready_at), train_start=float(start), train_end=float(end),
+                     update_end=float(update_end), groups=tuple(int(g) for g in taken), tokens=int(tokens),
+                     lag_tokens=tuple(lags.get(k, 0) for k in range(width)))

@@ -1,0 +1,128 @@
+"""simulate.run_async_rollout: AReaL's asynchronous loop (generation goes on while the learner trains)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from simulate import ASYNC_ROUTERS, run_async_rollout, run_rollout
+from simulate.workloads import Group
+
+COMMON = dict(budget_tokens=2048, max_new_tokens=512)
+
+
+def _stream(n, size=4, seed=0, low=5, high=400):
+    rng = np.random.default_rng(seed)
+    return [Group(f"p{i}", int(rng.integers(8, 60)), rng.integers(low, high, size=size)) for i in range(n)]
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_staleness_zero_is_synchronous_rl(policy):
+    """max_staleness 0: each step generates its batch alone, then trains and updates: the step's
+    rollout, exactly as run_rollout simulates it (each request to the next replica), plus the learner."""
+    stream = _stream(12, seed=4)
+    out = run_async_rollout(stream, batch=4, steps=3, max_staleness=0, train_seconds=0.7, update_seconds=0.2,
+                            policy=policy, replicas=2, **COMMON)
+    alone = [run_rollout(stream[4 * k:4 * k + 4], policy, router="least_loaded", replicas=2, **COMMON).seconds
+             for k in range(3)]
+    assert out.seconds == pytest.approx(sum(alone) + 3 * 0.9)
+    assert [sorted(s.groups) for s in out.steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert out.mean_lag == out.stale_share == 0.0 and out.interrupted == 0
+    for step in out.steps:
+        assert step.train_start == pytest.approx(step.ready_seconds)  # the learner waited for the batch
+        assert step.train_end - step.train_start == pytest.approx(0.7)
+        assert step.update_end - step.train_end == pytest.approx(0.2)
+        assert step.tokens == sum(int(stream[g].lengths.sum()) for g in step.groups)
+    assert out.learner_idle_share == pytest.approx(1 - 2.1 / out.seconds)
+
+
+def test_asynchronous_generation_overlaps_training_and_its_tokens_lag():
+    stream = _stream(40, seed=5)
+    kw = dict(batch=4, steps=6, train_seconds=0.5, update_seconds=0.1, replicas=2, **COMMON)
+    sync = run_async_rollout(stream, max_staleness=0, **kw)
+    lagged = run_async_rollout(stream, max_staleness=2, **kw)
+    assert lagged.seconds < sync.seconds  # the engines no longer wait for the learner
+    assert lagged.interrupted > 0 and lagged.recomputed_tokens > 0  # updates abort requests in flight
+    assert 0 < lagged.stale_share < 1 and lagged.mean_lag > 0
+    for step in lagged.steps:
+        assert sum(step.lag_tokens) == step.tokens == sum(int(stream[g].lengths.sum()) for g in step.groups)
+        assert step.train_start >= step.ready_seconds - 1e-12
+    starts = [s.train_start for s in lagged.steps]
+    ends = [s.update_end for s in lagged.steps]
+    assert all(b >= a for a, b in zip(ends, starts[1:]))  # one step after another on the learner
+    consumed = [g for s in lagged.steps for g in s.groups]
+    assert len(consumed) == len(set(consumed)) == 24
+    assert lagged.tokens_per_second == pytest.approx(lagged.consumed_tokens / lagged.seconds)
+
+
+@settings(deadline=None)
+@given(eta=st.integers(0, 3), batch=st.integers(1, 4), concurrent=st.sampled_from([None, 1, 3, 8]),
+       router=st.sampled_from(ASYNC_ROUTERS), policy=st.sampled_from(["vllm", "sglang"]),
+       train=st.sampled_from([0.0, 0.2, 2.0]), seed=st.integers(0, 50))
+def test_submissions_respect_the_staleness_and_concurrency_bounds(eta, batch, concurrent, router, policy, train, seed):
+    """At every submission, (max_staleness + version + 1) x batch bounds the groups submitted so far and
+    max_concurrent the groups in flight (AReaL's StalenessManager.get_capacity)."""
+    steps = 3
+    stream = _stream((steps + eta) * batch + 2, seed=seed, high=300)
+    predicted = (np.concatenate([g.lengths for g in stream]) if router == "least_work" else None)
+    out = run_async_rollout(stream, batch=batch, steps=steps, max_staleness=eta, train_seconds=train,
+                            update_seconds=0.05, max_concurrent=concurrent, router=router, predicted=predicted,
+                            policy=policy, replicas=2, **COMMON)
+    cap = batch if concurrent is None else concurrent
+    submitted = np.asarray(out.group_submitted)
+    assert len(submitted) == (steps + eta) * batch
+    finished = np.asarray(out.group_finished)
+    sent = submitted[~np.isnan(submitted)]
+    assert np.isnan(submitted[len(sent):]).all() and (np.diff(sent) >= 0).all()  # in stream order
+    updates = [s.update_end for s in out.steps]
+    for at in sent:
+        version = sum(1 for u in updates if u <= at + 1e-12)
+        assert np.sum(submitted <= at + 1e-12) <= (eta + version + 1) * batch
+        in_flight = np.sum((submitted <= at + 1e-12) & ~(finished <= at + 1e-12))
+        assert in_flight <= cap
+    for s in out.steps:
+        assert all(finished[g] <= s.ready_seconds + 1e-12 for g in s.groups)
+        assert max(finished[g] for g in s.groups) == pytest.approx(s.ready_seconds)
+    for a, b in zip(out.steps, out.steps[1:]):  # the learner takes the groups in the order they finished
+        assert max(finished[g] for g in a.groups) <= min(finished[g] for g in b.groups) + 1e-12
+    for s in out.steps:
+        assert sum(s.lag_tokens) == s.tokens
+    assert out.consumed_tokens == sum(int(stream[g].lengths.sum()) for s in out.steps for g in s.groups)
+
+
+def test_least_work_routes_by_predicted_tokens():
+    stream = _stream(20, seed=7)
+    predicted = np.concatenate([g.lengths for g in stream])
+    kw = dict(batch=4, steps=3, max_staleness=1, train_seconds=0.3, replicas=3, **COMMON)
+    out = run_async_rollout(stream, router="least_work", predicted=predicted, **kw)
+    assert len(out.steps) == 3 and out.router == "least_work"
+
+
+def test_bad_arguments_name_themselves():
+    stream = _stream(8)
+    kw = dict(batch=2, steps=2, max_staleness=1, train_seconds=0.1, **COMMON)
+    with pytest.raises(InvalidArgument, match="groups"):
+        run_async_rollout(stream[:5], **kw)  # (2 + 1) x 2 = 6 needed
+    with pytest.raises(InvalidArgument, match="max_staleness"):
+        run_async_rollout(stream, **{**kw, "max_staleness": -1})
+    with pytest.raises(InvalidArgument, match="train_seconds"):
+        run_async_rollout(stream, **{**kw, "train_seconds": -1.0})
+    with pytest.raises(InvalidArgument, match="update_seconds"):
+        run_async_rollout(stream, update_seconds=float("nan"), **kw)
+    with pytest.raises(InvalidArgument, match="policy"):
+        run_async_rollout(stream, policy="steal", **kw)
+    with pytest.raises(InvalidArgument, match="router"):
+        run_async_rollout(stream, router="group_round_robin", **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_async_rollout(stream, router="least_work", **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_async_rollout(stream, predicted=np.ones(32), **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_async_rollout(stream, router="least_work", predicted=np.ones(3), **kw)
+    with pytest.raises(InvalidArgument, match="max_concurrent"):
+        run_async_rollout(stream, max_concurrent=0, **kw)
+    with pytest.raises(InvalidArgument, match="batch"):
+        run_async_rollout(stream, **{**kw, "batch": 0})
