@@ -1381,6 +1381,111 @@ def rollout_staleness(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
+ASYNC_STEPS = 8  # learner steps per run
+ASYNC_SHARES = (0.25, 0.5, 1.0)  # the learner's seconds per step, as a share of the synchronous rollout's mean
+ASYNC_UPDATE_SECONDS = 1.0  # every engine paused while the weights are sent (Qwen3-1.7B: 3.4 GB)
+# (label, engine, max_staleness or None for synchronous steps run by run_rollout, router or policy, concurrent
+# groups as a multiple of the batch (None: AReaL's default, the batch), predictions)
+ASYNC_RUNS = (
+    ("sync: sglang, each request to the next server (AReaL, max_staleness 0)", "sglang", 0, "round_robin", None,
+     None),
+    ("sync: steal_sglang (lengthsched, realistic predictions)", "sglang", None, "steal_sglang", None, "realistic"),
+    ("async: sglang, max_staleness 1 (AReaL)", "sglang", 1, "round_robin", None, None),
+    ("async: sglang, max_staleness 2 (AReaL)", "sglang", 2, "round_robin", None, None),
+    ("async: sglang, max_staleness 4 (AReaL)", "sglang", 4, "round_robin", None, None),
+    ("async: sglang, max_staleness 2, 2 x batch in flight", "sglang", 2, "round_robin", 2, None),
+    ("async: sglang, max_staleness 2, least predicted work (lengthsched)", "sglang", 2, "least_work", None,
+     "realistic"),
+    ("sync: vllm + verl routing", "vllm", None, "vllm", None, None),
+    ("sync: steal (lengthsched, realistic predictions)", "vllm", None, "steal", None, "realistic"),
+    ("async: vllm, max_staleness 1", "vllm", 1, "round_robin", None, None),
+    ("async: vllm, max_staleness 2", "vllm", 2, "round_robin", None, None),
+)
+ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", "on-policy tokens/s x",
+                 "stale share", "mean lag", "learner idle", "seconds per step x"]
+
+
+def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
+    """One setting: every run of ``runs`` for ``steps`` learner steps whose seconds are ``share`` x the mean
+    rollout of the synchronous SGLang steps, plus ASYNC_UPDATE_SECONDS per update. Per run: (seconds, trained
+    tokens, stale share, mean lag, learner idle share, interrupted requests, recomputed tokens)."""
+    from simulate.asynchronous import run_async_rollout
+
+    workload, prompts, replicas, factor, seed, cost_text, share = args
+    most = max(r[2] or 0 for r in runs)
+    groups, realistic, _, _, common = _rollout_setting(workload, (steps + most) * prompts, replicas, factor, seed,
+                                                       cost_text)
+    sizes = [len(g.lengths) for g in groups]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    known = {"realistic": realistic, None: None}
+
+    def step_groups(k):
+        return groups[k * prompts:(k + 1) * prompts]
+
+    def step_pred(k, pred):
+        return None if pred is None else pred[starts[k * prompts]:starts[(k + 1) * prompts]]
+
+    reference = [run_rollout(step_groups(k), "sglang", router="least_loaded", **common).seconds for k in range(steps)]
+    train = share * float(np.mean(reference))
+    learner = steps * (train + ASYNC_UPDATE_SECONDS)
+    out = {"train seconds": train}
+    for label, engine, eta, how, concurrent, pred in runs:
+        if eta is None:  # synchronous steps: each batch's rollout, then the learner and the update
+            rollouts = [run_rollout(step_groups(k), how, predicted=step_pred(k, known[pred]),
+                                    router="least_loaded" if how in ("vllm", "sglang") else None, **common)
+                        for k in range(steps)]
+            seconds = sum(r.seconds for r in rollouts) + learner
+            tokens = int(sum(r.tokens for r in rollouts))
+            out[label] = (seconds, tokens, 0.0, 0.0, 1.0 - steps * train / seconds, 0,
+                          int(sum(r.recomputed_tokens for r in rollouts)))
+            continue
+        most_in_flight = None if concurrent is None else concurrent * prompts
+        r = run_async_rollout(groups, batch=prompts, steps=steps, max_staleness=eta, train_seconds=train,
+                              update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, router=how, predicted=known[pred],
+                              max_concurrent=most_in_flight, **common)
+        out[label] = (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
+                      r.recomputed_tokens)
+    return out
+
+
+def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
+    """Per (share, run): settings, mean tokens/s over the reference's (the first run), the worst, mean
+    on-policy tokens/s over the reference's, mean stale share, mean lag, mean learner idle share, mean
+    seconds per step over the reference's. ``settings``: [share, workload, prompts, replicas, pool, {label: row}]."""
+    rows = []
+    ref = runs[0][0]
+    for share in dict.fromkeys(s[0] for s in settings):
+        mine = [s[5] for s in settings if s[0] == share]
+        for label, *_ in runs:
+            speed = [(o[label][1] / o[label][0]) / (o[ref][1] / o[ref][0]) for o in mine]
+            fresh = [(1 - o[label][2]) * o[label][1] / o[label][0] / (o[ref][1] / o[ref][0]) for o in mine]
+            rows.append([share, label, len(mine), float(np.mean(speed)), float(np.min(speed)), float(np.mean(fresh)),
+                         float(np.mean([o[label][2] for o in mine])), float(np.mean([o[label][3] for o in mine])),
+                         float(np.mean([o[label][4] for o in mine])),
+                         float(np.mean([o[label][0] / o[ref][0] for o in mine]))])
+    return rows
+
+
+def async_rl(quick: bool) -> tuple[str, list]:
+    """Asynchronous RL (AReaL): generation goes on while the learner trains, within a staleness bound, against
+    synchronous steps (AReaL with max_staleness 0, lengthsched's steal), the learner's time a share of the
+    synchronous rollout's."""
+    grid, shares, steps = PARTIAL_GRID, ASYNC_SHARES, ASYNC_STEPS
+    if quick:
+        grid, shares, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], (0.5,), 3
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, share) for share in shares for w, b, r, f in grid]
+    results = _pool_map(partial(_async_unit, steps=steps), units)
+    settings = [[u[6], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", {k: (list(v) if isinstance(v, tuple)
+                                                                                 else v) for k, v in out.items()}]
+                for u, out in zip(units, results)]
+    rows = async_rows(settings)
+    text = table(f"Asynchronous RL ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps "
+                 "of B groups; the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
+                 f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the "
+                 "synchronous SGLang loop's", ASYNC_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": steps}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -1981,7 +2086,7 @@ def main(argv=None) -> int:
                 "rollout_resubmit": rollout_resubmit, "rollout_routers": rollout_routers,
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
-                "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness,
+                "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
