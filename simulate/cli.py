@@ -214,6 +214,8 @@ def _run_rollout_step(opts: SimulateOptions) -> int:
     """``--prompts`` / ``--replicas``: one rollout step, every policy and router, one table."""
     from .rollout_report import compare_rollout, format_rollout, rollout_figures
 
+    if opts.max_staleness is not None:
+        return _run_async(opts)
     comparison = compare_rollout(opts, record=bool(opts.plot))
     if opts.workload == "lmsys" and opts.prompt_tokens is None:
         print("lengthsched simulate: notice: the lmsys trace has no prompt lengths, so its prompts take 0 tokens "
@@ -226,6 +228,18 @@ def _run_rollout_step(opts: SimulateOptions) -> int:
         for path in rollout_figures(comparison, Path(opts.plot)):
             print(f"wrote {path}", file=sys.stderr)
     print(payload if opts.json else format_rollout(comparison))
+    return 0
+
+
+def _run_async(opts: SimulateOptions) -> int:
+    """``--max-staleness``: AReaL's asynchronous loop against synchronous steps, one table."""
+    from .async_report import compare_async, format_async
+
+    comparison = compare_async(opts)
+    payload = json.dumps(comparison.to_dict(), indent=1, default=_jsonable)
+    if opts.output:
+        atomic_write_text(opts.output, payload + "\n")
+    print(payload if opts.json else format_async(comparison))
     return 0
 
 

@@ -122,6 +122,19 @@ class SimulateOptions:
                                            "--dynamic-sampling-filter-path), each group passing at random "
                                            "whatever its length: a dropped group's tokens are thrown away and a "
                                            "step ends at its --prompts-th group that passed")
+    max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
+                                           "engines keep generating while the learner trains, submitting groups "
+                                           "while at most (K + version + 1) x --prompts were submitted (AReaL's "
+                                           "max_head_offpolicyness K); a comma-separated list of K to compare, e.g. "
+                                           "0,1,2 (0: synchronous RL); each update aborts and resumes the requests "
+                                           "in flight; reports trained tokens per second and how many of them older "
+                                           "weights generated")
+    train_seconds: float | None = _opt(None, "with --max-staleness, the learner's seconds per step (default: half "
+                                             "the mean synchronous rollout of a step, AReaL's with K = 0)")
+    update_seconds: float = _opt(1.0, "with --max-staleness, the seconds every engine pauses while the new weights "
+                                      "are sent (AReaL's update_weights)")
+    max_concurrent: int | None = _opt(None, "with --max-staleness, groups in flight at most (AReaL's "
+                                            "max_concurrent_rollouts; default: --prompts, AReaL's default)")
     in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
                                        "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
                                        "as another finishes, in submission order, and routed then; for vllm and "

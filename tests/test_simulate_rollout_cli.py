@@ -600,3 +600,76 @@ def test_max_carry_bounds_the_kept_tokens_age(capsys):
     assert main(args + ["--oversample", "1"]) == 2  # nothing is carried
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--partial-rollout" in err and "--oversample above 1" in err
+
+
+ASYNC = ["--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024", "--model", "qwen3-1.7b",
+         "--budget", "3.6GiB", "--steps", "3"]
+
+
+def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(capsys):
+    """--steps 3 --max-staleness 0,2: AReaL's loop at each bound on SGLang's and vLLM's engines, routing by
+    least predicted work, and the project's synchronous steps, against AReaL's synchronous loop on SGLang;
+    the numbers are those of simulate.run_async_rollout on the same stream."""
+    from simulate import run_async_rollout, run_rollout
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    assert main(["simulate", "--json", *ASYNC, "--max-staleness", "0,2", "--train-seconds", "0.5",
+                 "--update-seconds", "0.25"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["setting"].startswith("3 learner steps of 4 prompts x G=4")
+    assert out["train_seconds"] == 0.5
+    rows = {r["run"]: r for r in out["rows"]}
+    ref = out["rows"][0]
+    assert ref["run"] == out["reference"] == "sync: sglang, K=0, round robin (AReaL)" and ref["x_sync"] == 1
+    assert set(rows) == {"sync: sglang, K=0, round robin (AReaL)", "async: sglang, K=2, round robin (AReaL)",
+                         "async: sglang, K=2, least predicted work (lengthsched)",
+                         "sync: vllm, K=0, round robin (AReaL)", "async: vllm, K=2, round robin (AReaL)",
+                         "async: vllm, K=2, least predicted work (lengthsched)",
+                         "sync: steal_sglang (lengthsched: each batch placed and stolen, then the learner)",
+                         "sync: steal (lengthsched: each batch placed and stolen, then the learner)"}
+    # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
+    stream = rollout_step(SimulateOptions(prompts=20, replicas=2, group_size=4, max_new_tokens=1024,
+                                          model="qwen3-1.7b", budget="3.6GiB"))
+    kw = dict(batch=4, steps=3, train_seconds=0.5, update_seconds=0.25, replicas=2, budget_tokens=stream.pool,
+              max_new_tokens=1024, cost=stream.cost)
+    again = run_async_rollout(stream.groups, max_staleness=2, policy="vllm", **kw)
+    mine = rows["async: vllm, K=2, round robin (AReaL)"]
+    assert mine["seconds"] == pytest.approx(again.seconds)
+    assert mine["stale_share"] == pytest.approx(again.stale_share) and mine["stale_share"] > 0
+    steal = sum(run_rollout(stream.groups[4 * k:4 * k + 4], "steal", predicted=stream.predicted[16 * k:16 * k + 16],
+                            replicas=2, budget_tokens=stream.pool, max_new_tokens=1024, cost=stream.cost).seconds
+                for k in range(3))
+    row = rows["sync: steal (lengthsched: each batch placed and stolen, then the learner)"]
+    assert row["seconds"] == pytest.approx(steal + 3 * 0.75) and row["stale_share"] == 0
+    for r in out["rows"]:
+        assert r["tokens_per_second"] == pytest.approx(r["trained_tokens"] / r["seconds"])
+        assert r["on_policy_x_sync"] == pytest.approx((1 - r["stale_share"]) * r["x_sync"])
+    assert "most trained tokens per second" in out["verdict"]
+    assert main(["simulate", *ASYNC, "--max-staleness", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: most trained tokens per second" in text and "interrupted:" in text
+    assert "half the synchronous rollout's mean" in text  # the default learner
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--max-staleness", "-1"], "max_staleness"),
+    (["--max-staleness", "1,1"], "max_staleness"),
+    (["--max-staleness", "a"], "max_staleness"),
+    (["--max-staleness", "1", "--oversample", "1.5"], "oversample"),
+    (["--max-staleness", "1", "--draws", "2"], "draws"),
+    (["--max-staleness", "1", "--train-seconds", "-1"], "train_seconds"),
+    (["--max-staleness", "1", "--update-seconds", "-0.5"], "update_seconds"),
+    (["--max-staleness", "1", "--max-concurrent", "0"], "max_concurrent"),
+])
+def test_max_staleness_bad_flags_are_one_line(extra, needle, capsys):
+    assert main(["simulate", *ASYNC, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err
+
+
+def test_max_staleness_needs_steps(capsys):
+    args = [a for a in ASYNC if a not in ("--steps", "3")]
+    assert main(["simulate", *args, "--max-staleness", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--steps" in err
