@@ -1,9 +1,9 @@
-"""Pool the over-sampled steps' results of several draws (seeds) into one table.
+"""Pool the results of several draws (seeds) of a multi-step section into one table.
 
-``bench_simulate.py --sections rollout_partial`` and ``--sections rollout_staleness`` each run one draw
-(``--seed``); this reads their JSON results and prints the section's table over all the draws' settings
-pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
-means), the lowest and worst over all of them, and the slower ones counted over all of them.
+``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness`` and ``--sections async_rl``
+each run one draw (``--seed``); this reads their JSON results and prints the section's table over all the
+draws' settings pooled: means over every setting of every draw (each draw has the same settings, so the mean
+of the draws' means), the lowest and worst over all of them, and the slower ones counted over all of them.
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
         benchmarks/results/simulate_rollout_staleness_seed12.json ...
@@ -21,10 +21,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_simulate import PARTIAL_COLUMNS, PARTIAL_RUNS, STALENESS_RUNS, partial_rows  # noqa: E402
+from bench_simulate import (  # noqa: E402
+    ASYNC_COLUMNS,
+    ASYNC_RUNS,
+    PARTIAL_COLUMNS,
+    PARTIAL_RUNS,
+    STALENESS_RUNS,
+    async_rows,
+    partial_rows,
+)
 from common import table  # noqa: E402
 
-SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS}
+SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS}
+#: The sections whose runs are over-sampled steps (the others have other columns and no figure).
+STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 
 
 def combine(section: str, paths: list[str]) -> list:
@@ -39,8 +49,8 @@ def combine(section: str, paths: list[str]) -> list:
         except (OSError, ValueError, KeyError) as exc:
             raise SystemExit(f"combine_draws.py: error: argument paths: got {path!r}; expected a bench_simulate "
                              f"result with a {section} section ({exc})") from None
-        pooled += [x[:7] + [draw] for x in settings]
-    return partial_rows(pooled, SECTIONS[section])
+        pooled += settings if section not in STEPS_SECTIONS else [x[:7] + [draw] for x in settings]
+    return partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS else async_rows(pooled)
 
 
 def figure(rows: list, path: str, title: str) -> None:
@@ -114,10 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     groups = groups_of(args.sections)
     for section, paths in groups:
         rows = combine(section, paths)
-        print(table(f"{section} over {len(paths)} draws pooled", PARTIAL_COLUMNS, rows))
+        columns = PARTIAL_COLUMNS if section in STEPS_SECTIONS else ASYNC_COLUMNS
+        print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
+        if section not in STEPS_SECTIONS:
+            continue
         every += [r for r in rows if (r[0], r[1], r[2]) not in seen]
         seen |= {(r[0], r[1], r[2]) for r in rows}
     if args.figure is not None:
+        if any(section not in STEPS_SECTIONS for section, _ in groups):
+            raise SystemExit("combine_draws.py: error: argument --figure: got a section without over-sampled steps; "
+                             "expected only " + ", ".join(STEPS_SECTIONS))
         shared = set.intersection(*({label for label, *_ in SECTIONS[section]} for section, _ in groups))
         draws = {len(paths) for _, paths in groups}
         figure([r for r in every if r[2] in shared], args.figure,

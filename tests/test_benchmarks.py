@@ -726,7 +726,7 @@ def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(t
     assert [r[3] for r in twice] == [2 * r[3] for r in data["rows"]]
     assert [r[4] for r in twice] == pytest.approx([r[4] for r in data["rows"]], rel=1e-12)
     figure(twice, str(tmp_path / "staleness.png"), "two draws")
-    assert (tmp_path / "staleness.png").stat().st_size > 0 and not list(tmp_path.glob(".*.tmp.png"))
+    assert (tmp_path / "staleness.png").stat().st_size > 0 and not list(tmp_path.glob(".*.tmp"))
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "rollout_partial",
                              str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "rollout_partial section" in result.stderr
@@ -743,3 +743,37 @@ def test_simulator_benchmark_rollout_staleness_bounds_the_wait_and_pools_draws(t
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert both.stat().st_size > 0 and result.stdout.count("### rollout_staleness over 1 draws pooled") == 2
+
+
+def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
+    """async_rl (quick): AReaL's loop at each staleness bound against synchronous steps; the reference row is 1,
+    synchronous rows train only fresh tokens, every asynchronous one some stale ones and at least the
+    reference's tokens per second here; combine_draws.py pools it (one draw twice: the same means) and refuses
+    a figure of it in one line."""
+    data = _quick_section(tmp_path, "async_rl")
+    from bench_simulate import ASYNC_RUNS
+    from combine_draws import combine
+
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in ASYNC_RUNS} and all(r[2] == 2 for r in rows.values())
+    reference = rows[ASYNC_RUNS[0][0]]
+    assert reference[3] == reference[4] == reference[5] == reference[9] == 1.0
+    outs = [s[5] for s in data["settings"]]
+    for label, _, eta, *_ in ASYNC_RUNS:
+        r = rows[label]
+        if eta is None or eta == 0:
+            assert r[6] == r[7] == 0.0 and r[5] == pytest.approx(r[3])
+        else:
+            assert 0 < r[6] < 1 and r[7] > 0 and r[3] > 1.0
+        speed = [(o[label][1] / o[label][0]) / (o[ASYNC_RUNS[0][0]][1] / o[ASYNC_RUNS[0][0]][0]) for o in outs]
+        assert r[3] == pytest.approx(np.mean(speed)) and r[4] == pytest.approx(min(speed))
+        assert r[5] == pytest.approx(np.mean([(1 - o[label][2]) * x for o, x in zip(outs, speed)]))
+        assert 0 <= r[8] < 1
+    path = tmp_path / "async_rl.json"
+    path.write_text(json.dumps({"async_rl": data}))
+    twice = combine("async_rl", [str(path), str(path)])
+    assert [r[2] for r in twice] == [2 * r[2] for r in data["rows"]]
+    assert [r[3] for r in twice] == pytest.approx([r[3] for r in data["rows"]], rel=1e-12)
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "async_rl", str(path),
+                             "--figure", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and result.stderr.count("\n") == 1 and "--figure" in result.stderr
