@@ -106,12 +106,15 @@ def check_async_options(opts) -> list[int]:
     if opts.steps is None:
         raise InvalidArgument("max_staleness", opts.max_staleness, "--steps N too (the learner steps to simulate)")
     for name, value in (("oversample", opts.oversample), ("partial_rollout", opts.partial_rollout),
-                        ("max_carry", opts.max_carry), ("valid_share", opts.valid_share), ("draws", opts.draws),
-                        ("headroom", opts.headroom), ("plot", opts.plot), ("in_flight", opts.in_flight),
-                        ("kv_offload", opts.kv_offload)):
+                        ("max_carry", opts.max_carry), ("carry_limit", opts.carry_limit),
+                        ("valid_share", opts.valid_share), ("draws", opts.draws), ("headroom", opts.headroom),
+                        ("plot", opts.plot), ("in_flight", opts.in_flight), ("kv_offload", opts.kv_offload),
+                        ("policies", opts.policies), ("routers", opts.routers),
+                        ("resubmit_seconds", opts.resubmit_seconds), ("poll_seconds", opts.poll_seconds)):
         if value:
-            raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --max-staleness (AReaL's loop "
-                                               "submits groups as its staleness bound allows)")
+            raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --max-staleness (its rows are "
+                                               "fixed: AReaL's loop at each bound, and the project's synchronous "
+                                               "steps)")
     if opts.train_seconds is not None:
         check_nonnegative_float("train_seconds", opts.train_seconds)
     check_nonnegative_float("update_seconds", opts.update_seconds)

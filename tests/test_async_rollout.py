@@ -37,6 +37,9 @@ def test_staleness_zero_is_synchronous_rl(policy):
         assert step.update_end - step.train_end == pytest.approx(0.2)
         assert step.tokens == sum(int(stream[g].lengths.sum()) for g in step.groups)
     assert out.learner_idle_share == pytest.approx(1 - 2.1 / out.seconds)
+    # every replica idles while the learner trains and the weights go out (nothing to run then), no more
+    # than the whole run
+    assert 2 * 3 * 0.9 - 1e-9 <= out.idle_seconds <= 2 * out.seconds
 
 
 def test_asynchronous_generation_overlaps_training_and_its_tokens_lag():

@@ -661,6 +661,9 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     (["--max-staleness", "1", "--train-seconds", "-1"], "train_seconds"),
     (["--max-staleness", "1", "--update-seconds", "-0.5"], "update_seconds"),
     (["--max-staleness", "1", "--max-concurrent", "0"], "max_concurrent"),
+    (["--max-staleness", "1", "--policies", "vllm"], "policies"),
+    (["--max-staleness", "1", "--routers", "least_loaded"], "routers"),
+    (["--max-staleness", "1", "--resubmit-seconds", "1"], "resubmit_seconds"),
 ])
 def test_max_staleness_bad_flags_are_one_line(extra, needle, capsys):
     assert main(["simulate", *ASYNC, *extra]) == 2
