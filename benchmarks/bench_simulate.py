@@ -1402,7 +1402,7 @@ ASYNC_RUNS = (
     ("async: vllm, max_staleness 2", "vllm", 2, "round_robin", None, None),
 )
 ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", "on-policy tokens/s x",
-                 "stale share", "mean lag", "learner idle", "seconds per step x"]
+                 "stale share", "mean lag", "learner idle", "seconds per step x", "trained length x drawn"]
 
 
 def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
@@ -1451,7 +1451,9 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
 def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
     """Per (share, run): settings, mean tokens/s over the reference's (the first run), the worst, mean
     on-policy tokens/s over the reference's, mean stale share, mean lag, mean learner idle share, mean
-    seconds per step over the reference's. ``settings``: [share, workload, prompts, replicas, pool, {label: row}]."""
+    seconds per step over the reference's, mean trained tokens over the reference's (which trains the
+    stream's first groups: the trained groups' length over the drawn ones'). ``settings``: [share, workload,
+    prompts, replicas, pool, {label: row}]."""
     rows = []
     ref = runs[0][0]
     for share in dict.fromkeys(s[0] for s in settings):
@@ -1462,7 +1464,8 @@ def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
             rows.append([share, label, len(mine), float(np.mean(speed)), float(np.min(speed)), float(np.mean(fresh)),
                          float(np.mean([o[label][2] for o in mine])), float(np.mean([o[label][3] for o in mine])),
                          float(np.mean([o[label][4] for o in mine])),
-                         float(np.mean([o[label][0] / o[ref][0] for o in mine]))])
+                         float(np.mean([o[label][0] / o[ref][0] for o in mine])),
+                         float(np.mean([o[label][1] / o[ref][1] for o in mine]))])
     return rows
 
 

@@ -87,6 +87,7 @@ class AsyncRollout:
     recomputed_tokens: int  # generated tokens prefilled again (after interruptions and preemptions)
     preemptions: int
     idle_seconds: float  # replica-seconds with nothing to run or paused, before the end
+    drawn_tokens: int = 0  # completion tokens of the stream's first steps x batch groups (a synchronous loop's)
     cost_name: str = ""
     group_submitted: tuple[float, ...] = field(default=(), repr=False)  # per group: when it was submitted (or nan)
     group_finished: tuple[float, ...] = field(default=(), repr=False)  # per group: its last completion (or nan)
@@ -125,6 +126,13 @@ class AsyncRollout:
     def on_policy_tokens_per_second(self) -> float:
         """Trained tokens of lag 0 per modelled second."""
         return (1.0 - self.stale_share) * self.tokens_per_second
+
+    @property
+    def trained_length_ratio(self) -> float:
+        """The trained groups' tokens over those of the stream's first ``steps x batch`` groups (the same
+        number of groups, what a synchronous loop trains): below 1, the learner trained shorter groups than
+        were drawn (it takes the first to finish; the longer ones are still in flight when the run ends)."""
+        return self.consumed_tokens / self.drawn_tokens if self.drawn_tokens else 0.0
 
     @property
     def learner_idle_share(self) -> float:
@@ -406,6 +414,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
         interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),
         preemptions=sum(e.preemptions for e in engines), idle_seconds=state["idle"],
+        drawn_tokens=int(flat[:int(first[steps * batch]) if steps * batch < n_groups else len(flat)].sum()),
         cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
         group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)))
 

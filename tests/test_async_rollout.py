@@ -30,7 +30,7 @@ def test_staleness_zero_is_synchronous_rl(policy):
              for k in range(3)]
     assert out.seconds == pytest.approx(sum(alone) + 3 * 0.9)
     assert [sorted(s.groups) for s in out.steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-    assert out.mean_lag == out.stale_share == 0.0 and out.interrupted == 0
+    assert out.mean_lag == out.stale_share == 0.0 and out.interrupted == 0 and out.trained_length_ratio == 1.0
     for step in out.steps:
         assert step.train_start == pytest.approx(step.ready_seconds)  # the learner waited for the batch
         assert step.train_end - step.train_start == pytest.approx(0.7)
@@ -59,6 +59,8 @@ def test_asynchronous_generation_overlaps_training_and_its_tokens_lag():
     consumed = [g for s in lagged.steps for g in s.groups]
     assert len(consumed) == len(set(consumed)) == 24
     assert lagged.tokens_per_second == pytest.approx(lagged.consumed_tokens / lagged.seconds)
+    drawn = sum(int(g.lengths.sum()) for g in stream[:24])
+    assert lagged.drawn_tokens == drawn and lagged.trained_length_ratio == pytest.approx(lagged.consumed_tokens / drawn)
 
 
 @settings(deadline=None)

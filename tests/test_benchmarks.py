@@ -757,12 +757,12 @@ def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
     rows = {r[1]: r for r in data["rows"]}
     assert set(rows) == {label for label, *_ in ASYNC_RUNS} and all(r[2] == 2 for r in rows.values())
     reference = rows[ASYNC_RUNS[0][0]]
-    assert reference[3] == reference[4] == reference[5] == reference[9] == 1.0
+    assert reference[3] == reference[4] == reference[5] == reference[9] == reference[10] == 1.0
     outs = [s[5] for s in data["settings"]]
     for label, _, eta, *_ in ASYNC_RUNS:
         r = rows[label]
-        if eta is None or eta == 0:
-            assert r[6] == r[7] == 0.0 and r[5] == pytest.approx(r[3])
+        if eta is None or eta == 0:  # the stream's first groups, whole: as long as drawn
+            assert r[6] == r[7] == 0.0 and r[5] == pytest.approx(r[3]) and r[10] == 1.0
         else:
             assert 0 < r[6] < 1 and r[7] > 0 and r[3] > 1.0
         speed = [(o[label][1] / o[label][0]) / (o[ASYNC_RUNS[0][0]][1] / o[ASYNC_RUNS[0][0]][0]) for o in outs]

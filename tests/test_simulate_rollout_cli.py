@@ -642,6 +642,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                 for k in range(3))
     row = rows["sync: steal (lengthsched: each batch placed and stolen, then the learner)"]
     assert row["seconds"] == pytest.approx(steal + 3 * 0.75) and row["stale_share"] == 0
+    assert row["trained_length_ratio"] == 1
+    assert mine["trained_length_ratio"] == pytest.approx(again.trained_length_ratio)
     for r in out["rows"]:
         assert r["tokens_per_second"] == pytest.approx(r["trained_tokens"] / r["seconds"])
         assert r["on_policy_x_sync"] == pytest.approx((1 - r["stale_share"]) * r["x_sync"])
