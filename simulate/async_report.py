@@ -137,7 +137,9 @@ def compare_async(opts) -> AsyncComparison:
     steps = check_int("steps", opts.steps, minimum=1)
     batch = check_int("prompts", opts.prompts, minimum=1)
     need = (steps + most) * batch  # what the loose bound may submit
-    step = rollout_step(dataclasses.replace(opts, max_staleness=None, steps=None, prompts=need))
+    defaults = {f.name: f.default for f in dataclasses.fields(opts)}  # the stream: one step of `need` groups
+    step = rollout_step(dataclasses.replace(opts, max_staleness=None, steps=None, prompts=need, train_seconds=None,
+                                            update_seconds=defaults["update_seconds"], max_concurrent=None))
     o = dataclasses.replace(step.opts, prompts=batch)
     groups, pred = step.groups, step.predicted
     if len(groups) < need:

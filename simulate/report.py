@@ -367,6 +367,15 @@ ROLLOUT_ONLY = (
     ("resubmit_seconds", "requests move between a rollout step's replicas"),
     ("draws", "it redraws the predictions of a rollout step"),
     ("oversample", "a rollout step keeps the first of its groups to finish"),
+    ("steps", "it runs rollout steps one after another"),
+    ("partial_rollout", "it carries a rollout step's aborted groups into the next"),
+    ("max_carry", "it limits how long a rollout step's groups are carried"),
+    ("carry_limit", "it limits how long a rollout step's groups are carried"),
+    ("valid_share", "it filters the groups of rollout steps"),
+    ("max_staleness", "it runs asynchronous RL on a rollout's replicas"),
+    ("train_seconds", "it times the learner of asynchronous RL"),
+    ("update_seconds", "it times the weight updates of asynchronous RL"),
+    ("max_concurrent", "it caps the groups asynchronous RL keeps in flight"),
 )
 
 

@@ -230,6 +230,12 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
             raise InvalidArgument("carry_limit", opts.carry_limit, " or ".join(CARRY_LIMITS))
         if opts.max_carry is None:
             raise InvalidArgument("carry_limit", opts.carry_limit, "--max-carry K too (the limit it keeps)")
+    if opts.max_staleness is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(SimulateOptions)}
+        for name in ("train_seconds", "update_seconds", "max_concurrent"):
+            value = getattr(opts, name)
+            if value != defaults[name]:
+                raise InvalidArgument(name, value, "--max-staleness K too (it is a setting of asynchronous RL)")
     if opts.valid_share is not None:
         share = opts.valid_share
         if opts.steps is None:

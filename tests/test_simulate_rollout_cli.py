@@ -91,6 +91,30 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     assert err.count("\n") == 1 and "'routers'" in err and "--prompts or --replicas" in err
 
 
+@pytest.mark.parametrize("flag,value", [
+    ("--steps", "3"), ("--partial-rollout", None), ("--max-carry", "1"), ("--carry-limit", "drop"),
+    ("--valid-share", "0.7"), ("--max-staleness", "1"), ("--train-seconds", "2"), ("--update-seconds", "2"),
+    ("--max-concurrent", "4"), ("--oversample", "1.5"), ("--in-flight", "8"), ("--draws", "2"),
+])
+def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, capsys):
+    """simulate.report.ROLLOUT_ONLY: a flag only a rollout step uses, given without --prompts or --replicas,
+    is an error naming it, not a silent no-op."""
+    from simulate.report import ROLLOUT_ONLY
+
+    name = flag[2:].replace("-", "_")
+    assert name in dict(ROLLOUT_ONLY)
+    assert main(["simulate", "--groups", "2", flag] + ([value] if value else [])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{name}'" in err and "--prompts or --replicas" in err
+
+
+@pytest.mark.parametrize("extra", [["--train-seconds", "2"], ["--update-seconds", "2"], ["--max-concurrent", "4"]])
+def test_asynchronous_settings_without_max_staleness_are_one_line(extra, capsys):
+    assert main(["simulate", *ASYNC, "--oversample", "1.5", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-staleness" in err
+
+
 def test_headroom_reports_the_oracle_placement_apart_from_the_policies(capsys):
     assert main(SMALL + ["--headroom", "--policies", "vllm,steal", "--routers", "least_loaded"]) == 0
     out = capsys.readouterr().out
