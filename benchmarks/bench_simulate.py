@@ -1394,6 +1394,8 @@ ASYNC_RUNS = (
     ("async: sglang, max_staleness 2 (AReaL)", "sglang", 2, "round_robin", None, None),
     ("async: sglang, max_staleness 4 (AReaL)", "sglang", 4, "round_robin", None, None),
     ("async: sglang, max_staleness 2, 2 x batch in flight", "sglang", 2, "round_robin", 2, None),
+    ("async: sglang, max_staleness 2, half the batch in flight", "sglang", 2, "round_robin", 0.5, None),
+    ("async: sglang, max_staleness 2, a quarter of the batch in flight", "sglang", 2, "round_robin", 0.25, None),
     ("async: sglang, max_staleness 2, least predicted work (lengthsched)", "sglang", 2, "least_work", None,
      "realistic"),
     ("sync: vllm + verl routing", "vllm", None, "vllm", None, None),
@@ -1439,7 +1441,7 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
             out[label] = (seconds, tokens, 0.0, 0.0, 1.0 - steps * train / seconds, 0,
                           int(sum(r.recomputed_tokens for r in rollouts)))
             continue
-        most_in_flight = None if concurrent is None else concurrent * prompts
+        most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
         r = run_async_rollout(groups, batch=prompts, steps=steps, max_staleness=eta, train_seconds=train,
                               update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, router=how, predicted=known[pred],
                               max_concurrent=most_in_flight, **common)
