@@ -1411,35 +1411,22 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` learner steps whose seconds are ``share`` x the mean
     rollout of the synchronous SGLang steps, plus ASYNC_UPDATE_SECONDS per update. Per run: (seconds, trained
     tokens, stale share, mean lag, learner idle share, interrupted requests, recomputed tokens)."""
-    from simulate.asynchronous import run_async_rollout
+    from simulate.asynchronous import run_async_rollout, run_sync_steps
 
     workload, prompts, replicas, factor, seed, cost_text, share = args
     most = max(r[2] or 0 for r in runs)
     groups, realistic, _, _, common = _rollout_setting(workload, (steps + most) * prompts, replicas, factor, seed,
                                                        cost_text)
-    sizes = [len(g.lengths) for g in groups]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
     known = {"realistic": realistic, None: None}
-
-    def step_groups(k):
-        return groups[k * prompts:(k + 1) * prompts]
-
-    def step_pred(k, pred):
-        return None if pred is None else pred[starts[k * prompts]:starts[(k + 1) * prompts]]
-
-    reference = [run_rollout(step_groups(k), "sglang", router="least_loaded", **common).seconds for k in range(steps)]
-    train = share * float(np.mean(reference))
-    learner = steps * (train + ASYNC_UPDATE_SECONDS)
+    kw = dict(batch=prompts, steps=steps, **common)
+    reference = run_sync_steps(groups, "sglang", router="least_loaded", train_seconds=0.0, **kw).rollouts
+    train = share * float(np.mean([r.seconds for r in reference]))
     out = {"train seconds": train}
     for label, engine, eta, how, concurrent, pred in runs:
         if eta is None:  # synchronous steps: each batch's rollout, then the learner and the update
-            rollouts = [run_rollout(step_groups(k), how, predicted=step_pred(k, known[pred]),
-                                    router="least_loaded" if how in ("vllm", "sglang") else None, **common)
-                        for k in range(steps)]
-            seconds = sum(r.seconds for r in rollouts) + learner
-            tokens = int(sum(r.tokens for r in rollouts))
-            out[label] = (seconds, tokens, 0.0, 0.0, 1.0 - steps * train / seconds, 0,
-                          int(sum(r.recomputed_tokens for r in rollouts)))
+            done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
+                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **kw)
+            out[label] = (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
             continue
         most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
         r = run_async_rollout(groups, batch=prompts, steps=steps, max_staleness=eta, train_seconds=train,

@@ -18,9 +18,8 @@ import numpy as np
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
 
-from .asynchronous import AsyncRollout, run_async_rollout
+from .asynchronous import AsyncRollout, run_async_rollout, run_sync_steps
 from .report import aligned, legend
-from .rollout import run_rollout
 
 __all__ = ["AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async", "ASYNC_LEGEND",
            "MAX_STALENESS"]
@@ -128,7 +127,7 @@ def check_async_options(opts) -> list[int]:
 
 def compare_async(opts) -> AsyncComparison:
     """Every row of the module docstring on the stream ``opts`` describe."""
-    from .options import resolve
+    from .options import OPTION_DEFAULTS, resolve
     from .rollout_report import rollout_step
 
     bounds = check_async_options(opts)
@@ -137,25 +136,19 @@ def compare_async(opts) -> AsyncComparison:
     steps = check_int("steps", opts.steps, minimum=1)
     batch = check_int("prompts", opts.prompts, minimum=1)
     need = (steps + most) * batch  # what the loose bound may submit
-    defaults = {f.name: f.default for f in dataclasses.fields(opts)}  # the stream: one step of `need` groups
     step = rollout_step(dataclasses.replace(opts, max_staleness=None, steps=None, prompts=need, train_seconds=None,
-                                            update_seconds=defaults["update_seconds"], max_concurrent=None))
+                                            update_seconds=OPTION_DEFAULTS["update_seconds"], max_concurrent=None))
     o = dataclasses.replace(step.opts, prompts=batch)
     groups, pred = step.groups, step.predicted
     if len(groups) < need:
         raise InvalidArgument("steps", steps, f"at most {len(groups) // batch - most} with {o.workload} and "
                                               f"--max-staleness up to {most}, which draw {need} groups of the "
                                               f"{len(groups)} it holds")
-    sizes = np.array([len(g.lengths) for g in groups])
-    starts = np.concatenate([[0], np.cumsum(sizes)])
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
                   prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
-
-    def batch_of(k):
-        return groups[k * batch:(k + 1) * batch], pred[starts[k * batch]:starts[(k + 1) * batch]]
-
     try:
-        reference = [run_rollout(batch_of(k)[0], "sglang", router="least_loaded", **common) for k in range(steps)]
+        reference = run_sync_steps(groups, "sglang", router="least_loaded", batch=batch, steps=steps,
+                                   train_seconds=0.0, **common).rollouts
     except LengthschedError as exc:
         raise InvalidArgument("budget", o.budget, f"a larger replica memory: {exc}") from None
     train = (0.5 * float(np.mean([r.seconds for r in reference])) if opts.train_seconds is None
@@ -182,11 +175,9 @@ def compare_async(opts) -> AsyncComparison:
     for policy in ("steal_sglang", "steal"):  # the project's synchronous steps (SGLang's engines, vLLM's)
         label = f"sync: {policy} (lengthsched: each batch placed and stolen, then the learner)"
         try:
-            done = [run_rollout(g, policy, predicted=p, seed=o.seed, **common)
-                    for g, p in (batch_of(k) for k in range(steps))]
-            seconds = sum(r.seconds for r in done) + steps * (train + update)
-            rows.append(AsyncRow(label, seconds, int(sum(r.tokens for r in done)),
-                                 learner_idle=1.0 - steps * train / seconds if seconds else 0.0))
+            done = run_sync_steps(groups, policy, predicted=pred, seed=o.seed, batch=batch, steps=steps,
+                                  train_seconds=train, update_seconds=update, **common)
+            rows.append(AsyncRow(label, done.seconds, done.tokens, learner_idle=done.learner_idle_share))
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
     ref = next(row for row in rows if row.label.startswith("sync: sglang, K=0"))

@@ -46,9 +46,18 @@ from lengthsched.errors import check_int, check_nonnegative_float
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.dispatch import lift
 
-from .rollout import DEFAULT_PREFILL_CHUNK, THROTTLED_POLICIES, LiveRouter, _engine, _OneClock, _prepare
+from .rollout import (
+    DEFAULT_PREFILL_CHUNK,
+    THROTTLED_POLICIES,
+    LiveRouter,
+    RolloutResult,
+    _engine,
+    _OneClock,
+    _prepare,
+    run_rollout,
+)
 
-__all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout"]
+__all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "SyncSteps", "run_sync_steps"]
 
 #: The routers :func:`run_async_rollout` accepts: AReaL's (each request to the next server), the others
 #: :class:`simulate.rollout.LiveRouter` routes one request at a time, and ``least_work``: each request to the
@@ -293,11 +302,10 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         if r not in idle:
             return
         idle.discard(r)
-        state["idle"] += now - asleep_since.pop(r, now)
-        if updating():  # it starts once the weights are there
-            asleep_since[r] = now
+        if updating():  # it starts once the weights are there (asleep until then)
             paused.add(r)
         else:
+            state["idle"] += now - asleep_since.pop(r, now)
             resume(r, now)
 
     def resume(r: int, now: float) -> None:
@@ -417,6 +425,58 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         drawn_tokens=int(flat[:int(first[steps * batch]) if steps * batch < n_groups else len(flat)].sum()),
         cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
         group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)))
+
+
+@dataclass(frozen=True)
+class SyncSteps:
+    """What :func:`run_sync_steps` returns: each batch's rollout, then the learner and the update."""
+
+    rollouts: tuple[RolloutResult, ...]  # one per step, on the stream's batches in order
+    train_seconds: float
+    update_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """The run's modelled seconds: every rollout, and the learner and an update after each."""
+        return sum(r.seconds for r in self.rollouts) + len(self.rollouts) * (self.train_seconds + self.update_seconds)
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens trained (every group of every batch, all from the weights being trained)."""
+        return int(sum(r.tokens for r in self.rollouts))
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return int(sum(r.recomputed_tokens for r in self.rollouts))
+
+    @property
+    def learner_idle_share(self) -> float:
+        """Share of the run the learner waited for a rollout or an update."""
+        seconds = self.seconds
+        return 1.0 - len(self.rollouts) * self.train_seconds / seconds if seconds else 0.0
+
+
+def run_sync_steps(groups: Sequence[Any], policy: str, *, batch: int, steps: int, train_seconds: float,
+                   update_seconds: float = 0.0, predicted: Any = None, **rollout: Any) -> SyncSteps:
+    """Synchronous RL on the machines of :func:`run_async_rollout`: step k rolls out the stream's groups
+    ``k x batch`` to ``(k + 1) x batch`` with :func:`simulate.run_rollout` (``policy``, ``predicted`` sliced
+    to them, ``rollout``: its other arguments), then the learner trains ``train_seconds`` and the update
+    pauses every engine ``update_seconds``. With ``policy="sglang", router="least_loaded"`` it is AReaL's loop
+    at ``max_staleness=0``, to the same seconds."""
+    batch = check_int("batch", batch, minimum=1)
+    steps = check_int("steps", steps, minimum=1)
+    train_seconds = check_nonnegative_float("train_seconds", train_seconds)
+    update_seconds = check_nonnegative_float("update_seconds", update_seconds)
+    groups = list(groups)
+    if len(groups) < steps * batch:
+        raise InvalidArgument("groups", f"{len(groups)} groups", f"at least steps x batch = {steps * batch}")
+    starts = np.concatenate([[0], np.cumsum([len(g.lengths) for g in groups])])
+    rollouts = []
+    for k in range(steps):
+        a, b = k * batch, (k + 1) * batch
+        mine = None if predicted is None else predicted[starts[a]:starts[b]]
+        rollouts.append(run_rollout(groups[a:b], policy, predicted=mine, **rollout))
+    return SyncSteps(tuple(rollouts), train_seconds, update_seconds)
 
 
 def _record(index, taken, ready_at, start, end, update_end, first, sizes, marks) -> AsyncStep:

@@ -9,7 +9,7 @@ from typing import Any
 from lengthsched.memory import DTYPE_BYTES
 from lengthsched.refill import RefillRule
 
-__all__ = ["SimulateOptions", "DEFAULT_POLICIES", "ROLLOUT_POLICIES", "resolve", "rollout_mode"]
+__all__ = ["SimulateOptions", "OPTION_DEFAULTS", "DEFAULT_POLICIES", "ROLLOUT_POLICIES", "resolve", "rollout_mode"]
 
 # The comparison table's default rows: every policy of docs/model.md section 4 once.
 DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot", "length_aware", "growth_aware",
@@ -156,6 +156,10 @@ class SimulateOptions:
     json: bool = _opt(False, "print JSON instead of a table")
     plot: str | None = _opt(None, "write PNG figures into this directory")
     output: str | None = _opt(None, "also write the JSON results to this file (atomically)")
+
+
+#: Every option's default (None where the mode decides: :func:`resolve`), by field name.
+OPTION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(SimulateOptions)}
 
 
 def rollout_mode(opts: SimulateOptions) -> bool:

@@ -27,7 +27,7 @@ from lengthsched.runtime import POLICIES, kv_budget_tokens
 from lengthsched.runtime.timing import lower_bound_seconds
 
 from .fast import FAST_POLICIES, seconds_many, slot_count, steps_and_peaks
-from .options import SimulateOptions, resolve, rollout_mode
+from .options import OPTION_DEFAULTS, SimulateOptions, resolve, rollout_mode
 from .run import SimResult, lower_bound, run_group
 from .workloads import WORKLOADS, Group, make_workload
 
@@ -384,10 +384,9 @@ def check_options(opts: SimulateOptions) -> None:
     opts = resolve(opts)
     check_step_seconds(opts)
     if not rollout_mode(opts):
-        defaults = {f.name: f.default for f in dataclasses.fields(SimulateOptions)}
         for name, why in ROLLOUT_ONLY:
             value = getattr(opts, name)
-            if value != defaults[name]:
+            if value != OPTION_DEFAULTS[name]:
                 raise InvalidArgument(name, value, f"--prompts or --replicas with it ({why})")
     check_int("seed", opts.seed, minimum=0)
     check_int("groups", opts.groups, minimum=1)

@@ -24,7 +24,7 @@ from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
-from .options import ROLLOUT_DEFAULTS, SimulateOptions, resolve
+from .options import OPTION_DEFAULTS, ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
     MAX_SIGMA,
@@ -231,10 +231,9 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
         if opts.max_carry is None:
             raise InvalidArgument("carry_limit", opts.carry_limit, "--max-carry K too (the limit it keeps)")
     if opts.max_staleness is None:
-        defaults = {f.name: f.default for f in dataclasses.fields(SimulateOptions)}
         for name in ("train_seconds", "update_seconds", "max_concurrent"):
             value = getattr(opts, name)
-            if value != defaults[name]:
+            if value != OPTION_DEFAULTS[name]:
                 raise InvalidArgument(name, value, "--max-staleness K too (it is a setting of asynchronous RL)")
     if opts.valid_share is not None:
         share = opts.valid_share

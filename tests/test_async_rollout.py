@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument
 from simulate import ASYNC_ROUTERS, run_async_rollout, run_rollout
+from simulate.asynchronous import run_sync_steps
 from simulate.workloads import Group
 
 COMMON = dict(budget_tokens=2048, max_new_tokens=512)
@@ -37,6 +38,12 @@ def test_staleness_zero_is_synchronous_rl(policy):
         assert step.update_end - step.train_end == pytest.approx(0.2)
         assert step.tokens == sum(int(stream[g].lengths.sum()) for g in step.groups)
     assert out.learner_idle_share == pytest.approx(1 - 2.1 / out.seconds)
+    sync = run_sync_steps(stream, policy, router="least_loaded", batch=4, steps=3, train_seconds=0.7,
+                          update_seconds=0.2, replicas=2, **COMMON)  # the same loop, step by step
+    assert [r.seconds for r in sync.rollouts] == alone and sync.seconds == pytest.approx(out.seconds)
+    assert sync.tokens == out.consumed_tokens and sync.learner_idle_share == pytest.approx(out.learner_idle_share)
+    with pytest.raises(InvalidArgument, match="groups"):
+        run_sync_steps(stream, policy, batch=4, steps=4, train_seconds=0.7, replicas=2, **COMMON)
     # every replica idles while the learner trains and the weights go out (nothing to run then), no more
     # than the whole run
     assert 2 * 3 * 0.9 - 1e-9 <= out.idle_seconds <= 2 * out.seconds
