@@ -1478,6 +1478,85 @@ def async_rl(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
+# verl's fully asynchronous recipe (simulate.run_verl_async) against synchronous steps on vLLM's engines:
+# (label, kind, engine, arguments, predictions); kind "sync" (run_sync_steps: the policy in arguments),
+# "verl" (run_verl_async) or "areal" (run_async_rollout). verl's defaults: staleness_threshold 0.1,
+# trigger_parameter_sync_step 4, partial rollout, 16 groups in flight per server.
+VERL_RUNS = (
+    ("sync: vllm + verl routing", "sync", "vllm", {"how": "vllm"}, None),
+    ("sync: steal (lengthsched, realistic predictions)", "sync", "vllm", {"how": "steal"}, "realistic"),
+    ("verl fully async: threshold 0, one update per version", "verl", "vllm",
+     {"staleness_threshold": 0.0, "local_steps": 1}, None),
+    ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
+     {"staleness_threshold": 0.0}, None),
+    ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
+    ("verl fully async: threshold 0.1, no partial rollout", "verl", "vllm",
+     {"staleness_threshold": 0.1, "partial_rollout": False}, None),
+    ("verl fully async: threshold 0.5", "verl", "vllm", {"staleness_threshold": 0.5}, None),
+    ("verl fully async: threshold 1", "verl", "vllm", {"staleness_threshold": 1.0}, None),
+    ("verl fully async: threshold 0.5, least predicted work (lengthsched)", "verl", "vllm",
+     {"staleness_threshold": 0.5, "router": "least_work"}, "realistic"),
+    ("verl fully async: threshold 0, 4 local updates, batch in flight", "verl", "vllm",
+     {"staleness_threshold": 0.0, "max_concurrent": 1.0}, None),
+    ("async: vllm, max_staleness 1 (AReaL)", "areal", "vllm", {"max_staleness": 1}, None),
+)
+
+
+VERL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x sync vllm + verl" for c in ASYNC_COLUMNS]
+
+
+def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
+    """One setting: every run of ``runs`` for ``steps`` weight versions, the learner's seconds per version
+    ``share`` x the mean rollout of the synchronous vLLM + verl steps, plus ASYNC_UPDATE_SECONDS per update;
+    per run the tuple of :func:`_async_unit`. A ``max_concurrent`` argument is a multiple of the batch."""
+    from simulate.asynchronous import run_async_rollout, run_sync_steps, run_verl_async
+
+    workload, prompts, replicas, factor, seed, cost_text, share = args
+    groups, realistic, _, _, common = _rollout_setting(workload, (steps + 2) * prompts, replicas, factor, seed,
+                                                       cost_text)
+    known = {"realistic": realistic, None: None}
+    kw = dict(batch=prompts, steps=steps, **common)
+    reference = run_sync_steps(groups, "vllm", router="least_loaded", train_seconds=0.0, **kw).rollouts
+    train = share * float(np.mean([r.seconds for r in reference]))
+    out = {"train seconds": train}
+    for label, kind, engine, extra, pred in runs:
+        extra = dict(extra)
+        if kind == "sync":
+            how = extra.pop("how")
+            done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
+                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **kw)
+            out[label] = (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
+            continue
+        if "max_concurrent" in extra:
+            extra["max_concurrent"] = max(1, int(extra["max_concurrent"] * prompts))
+        run = run_verl_async if kind == "verl" else run_async_rollout
+        r = run(groups, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, predicted=known[pred],
+                **extra, **kw)
+        out[label] = (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
+                      r.recomputed_tokens)
+    return out
+
+
+def async_verl(quick: bool) -> tuple[str, list]:
+    """verl's fully asynchronous recipe (streamed local updates, a bound on the groups started per version,
+    partial rollout) against synchronous steps on vLLM's engines (vLLM + verl, lengthsched's steal) and
+    AReaL's loop, the learner's time a share of the synchronous rollout's."""
+    grid, shares, steps = PARTIAL_GRID, ASYNC_SHARES, ASYNC_STEPS
+    if quick:
+        grid, shares, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], (0.5,), 3
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, share) for share in shares for w, b, r, f in grid]
+    results = _pool_map(partial(_verl_unit, steps=steps), units)
+    settings = [[u[6], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", {k: (list(v) if isinstance(v, tuple)
+                                                                                 else v) for k, v in out.items()}]
+                for u, out in zip(units, results)]
+    rows = async_rows(settings, VERL_RUNS)
+    text = table(f"verl's fully asynchronous recipe ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
+                 f"{steps} weight versions of B groups; the learner's seconds per version = share x the mean "
+                 f"synchronous vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): "
+                 "trained tokens per modelled second x the synchronous vLLM + verl loop's", VERL_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": steps}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -2079,6 +2158,7 @@ def main(argv=None) -> int:
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
+                "async_verl": async_verl,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -1,9 +1,10 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
-``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness`` and ``--sections async_rl``
-each run one draw (``--seed``); this reads their JSON results and prints the section's table over all the
-draws' settings pooled: means over every setting of every draw (each draw has the same settings, so the mean
-of the draws' means), the lowest and worst over all of them, and the slower ones counted over all of them.
+``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl`` and
+``--sections async_verl`` each run one draw (``--seed``); this reads their JSON results and prints the section's
+table over all the draws' settings pooled: means over every setting of every draw (each draw has the same
+settings, so the mean of the draws' means), the lowest and worst over all of them, and the slower ones counted
+over all of them.
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
         benchmarks/results/simulate_rollout_staleness_seed12.json ...
@@ -27,12 +28,15 @@ from bench_simulate import (  # noqa: E402
     PARTIAL_COLUMNS,
     PARTIAL_RUNS,
     STALENESS_RUNS,
+    VERL_COLUMNS,
+    VERL_RUNS,
     async_rows,
     partial_rows,
 )
 from common import table  # noqa: E402
 
-SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS}
+SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
+            "async_verl": VERL_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 
@@ -50,7 +54,8 @@ def combine(section: str, paths: list[str]) -> list:
             raise SystemExit(f"combine_draws.py: error: argument paths: got {path!r}; expected a bench_simulate "
                              f"result with a {section} section ({exc})") from None
         pooled += settings if section not in STEPS_SECTIONS else [x[:7] + [draw] for x in settings]
-    return partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS else async_rows(pooled)
+    return (partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS
+            else async_rows(pooled, SECTIONS[section]))
 
 
 def figure(rows: list, path: str, title: str) -> None:
@@ -124,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = groups_of(args.sections)
     for section, paths in groups:
         rows = combine(section, paths)
-        columns = PARTIAL_COLUMNS if section in STEPS_SECTIONS else ASYNC_COLUMNS
+        columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS else VERL_COLUMNS if section == "async_verl"
+                   else ASYNC_COLUMNS)
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
         if section not in STEPS_SECTIONS:
             continue

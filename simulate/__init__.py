@@ -4,7 +4,8 @@
 budget; ``run_rollout`` an RL rollout step (many groups on several engine replicas);
 ``run_oversampled_steps`` over-sampled steps one after another (slime's partial rollout);
 ``run_async_rollout`` asynchronous RL (AReaL's loop: generation goes on while the learner trains,
-within a staleness bound);
+within a staleness bound); ``run_verl_async`` verl's fully asynchronous recipe (streamed local updates,
+a bound on the groups started per weight version);
 ``search_placement`` the best placement of a rollout's requests a search finds with the true
 lengths (an oracle: what placement could buy);
 :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces with a
@@ -15,7 +16,7 @@ group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the compa
 # The runtime (engine, policies, registry) lives in lengthsched.runtime; re-exported here.
 from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, SimulationError, Timeline, make_policy
 
-from .asynchronous import ASYNC_ROUTERS, AsyncRollout, AsyncStep, run_async_rollout
+from .asynchronous import ASYNC_ROUTERS, AsyncRollout, AsyncStep, run_async_rollout, run_verl_async
 from .headroom import PlacementSearch, search_placement
 from .oversampling import OversampledSteps, StepRecord, run_oversampled_steps
 from .rollout import (
@@ -61,6 +62,7 @@ __all__ = [
     "OversampledSteps",
     "StepRecord",
     "run_async_rollout",
+    "run_verl_async",
     "AsyncRollout",
     "AsyncStep",
     "ASYNC_ROUTERS",

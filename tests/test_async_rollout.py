@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument
-from simulate import ASYNC_ROUTERS, run_async_rollout, run_rollout
+from simulate import ASYNC_ROUTERS, run_async_rollout, run_rollout, run_verl_async
 from simulate.asynchronous import run_sync_steps
 from simulate.workloads import Group
 
@@ -138,3 +138,113 @@ def test_bad_arguments_name_themselves():
         run_async_rollout(stream, max_concurrent=0, **kw)
     with pytest.raises(InvalidArgument, match="batch"):
         run_async_rollout(stream, **{**kw, "batch": 0})
+
+
+# --- verl's fully asynchronous recipe (simulate.run_verl_async) ---
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+@pytest.mark.parametrize("partial", [True, False])
+def test_verl_without_staleness_or_streaming_is_synchronous_rl(policy, partial):
+    """staleness_threshold 0, one local update per version, every group of a batch in flight at once: each
+    version's rollout alone (each request to the server with the fewest in flight), then the learner."""
+    stream = _stream(12, seed=4)
+    out = run_verl_async(stream, batch=4, steps=3, staleness_threshold=0.0, local_steps=1, max_concurrent=4,
+                         partial_rollout=partial, train_seconds=0.7, update_seconds=0.2, policy=policy, replicas=2,
+                         **COMMON)
+    sync = run_sync_steps(stream, policy, router="least_loaded", batch=4, steps=3, train_seconds=0.7,
+                          update_seconds=0.2, replicas=2, **COMMON)
+    assert out.seconds == pytest.approx(sync.seconds)
+    assert [sorted(s.groups) for s in out.steps] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert out.stale_share == 0.0 and out.interrupted == 0 and out.design == "verl"
+    assert out.local_steps == 1 and out.partial_rollout is partial and out.max_staleness == 0.0
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_verl_streams_local_updates_without_staleness(policy):
+    """With a threshold of 0 every version's groups come from its own weights; training each slice as it
+    arrives overlaps the rollout's tail, so the run is never slower than one update per version."""
+    stream = _stream(24, seed=9)
+    kw = dict(batch=8, steps=3, staleness_threshold=0.0, train_seconds=1.5, update_seconds=0.1, policy=policy,
+              replicas=2, max_concurrent=8, **COMMON)
+    whole = run_verl_async(stream, local_steps=1, **kw)
+    for k in (2, 4, 8):
+        streamed = run_verl_async(stream, local_steps=k, **kw)
+        assert streamed.seconds <= whole.seconds + 1e-9
+        assert streamed.stale_share == 0.0 and streamed.interrupted == 0
+        assert [sorted(s.groups) for s in streamed.steps] == [sorted(s.groups) for s in whole.steps]
+        for s in streamed.steps:
+            assert s.trained_seconds == pytest.approx(1.5)  # k updates of 1.5 / k seconds
+            assert s.train_end - s.train_start >= s.trained_seconds - 1e-9
+    assert run_verl_async(stream, local_steps=4, **kw).seconds < whole.seconds  # here it gains
+
+
+@settings(deadline=None)
+@given(threshold=st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0]), batch=st.sampled_from([2, 4]),
+       local=st.sampled_from([1, 2]), partial=st.booleans(), concurrent=st.sampled_from([None, 1, 3]),
+       policy=st.sampled_from(["vllm", "sglang"]), train=st.sampled_from([0.0, 0.2, 2.0]), seed=st.integers(0, 50))
+def test_verl_submissions_respect_its_count_and_concurrency(threshold, batch, local, partial, concurrent, policy,
+                                                             train, seed):
+    """At every start, the groups started since the last update plus those carried over (in flight or
+    finished and not trained on) stay within (1 + threshold) x batch (verl's staleness_samples against
+    max_required_samples), the groups in flight within max_concurrent; nothing starts while an update is
+    under way; without partial rollout nothing is interrupted."""
+    steps = 3
+    bound = int(batch * (1 + threshold))
+    stream = _stream(steps * batch + bound + 1, seed=seed, high=300)
+    out = run_verl_async(stream, batch=batch, steps=steps, staleness_threshold=threshold, local_steps=local,
+                         partial_rollout=partial, max_concurrent=concurrent, train_seconds=train, update_seconds=0.05,
+                         policy=policy, replicas=2, **COMMON)
+    cap = min(16 * 2, bound) if concurrent is None else concurrent
+    assert out.max_concurrent == cap
+    submitted, finished = np.asarray(out.group_submitted), np.asarray(out.group_finished)
+    sent = submitted[~np.isnan(submitted)]
+    assert np.isnan(submitted[len(sent):]).all() and (np.diff(sent) >= 0).all()
+    updates = [s.update_end for s in out.steps]
+    for at in sent:
+        v = sum(1 for u in updates if u <= at)
+        since = updates[v - 1] if v else -1.0
+        consumed = {g for s in out.steps[:v] for g in s.groups}
+        carried = sum(1 for g in range(len(submitted)) if submitted[g] < since and g not in consumed)
+        started = np.sum((submitted >= since) & (submitted <= at))
+        assert carried + started <= bound
+        assert np.sum((submitted <= at) & ~(finished <= at)) <= cap
+        for s in out.steps:  # not between the last local update's end and the new weights
+            assert not (s.train_end < at < s.update_end)
+    if not partial:
+        assert out.interrupted == 0
+    for a, b in zip(out.steps, out.steps[1:]):  # the learner takes the groups in the order they finished
+        assert max(finished[g] for g in a.groups) <= min(finished[g] for g in b.groups) + 1e-12
+    for s in out.steps:
+        assert len(s.groups) == batch and sum(s.lag_tokens) == s.tokens
+        assert s.trained_seconds == pytest.approx(train)
+    if threshold == 0.0:
+        assert out.stale_share == 0.0
+
+
+def test_verl_staleness_overlaps_generation_and_partial_rollout_interrupts():
+    stream = _stream(60, seed=5)
+    kw = dict(batch=8, steps=5, local_steps=2, train_seconds=1.0, update_seconds=0.1, replicas=2, **COMMON)
+    fresh = run_verl_async(stream, staleness_threshold=0.0, **kw)
+    stale = run_verl_async(stream, staleness_threshold=1.0, **kw)
+    drained = run_verl_async(stream, staleness_threshold=1.0, partial_rollout=False, **kw)
+    assert stale.seconds < fresh.seconds and 0 < stale.stale_share < 1
+    assert stale.interrupted > 0 and drained.interrupted == 0
+    assert drained.stale_share > 0
+
+
+def test_verl_bad_arguments_name_themselves():
+    stream = _stream(12)
+    kw = dict(batch=4, steps=2, staleness_threshold=0.5, train_seconds=0.1, **COMMON)
+    with pytest.raises(InvalidArgument, match="groups"):
+        run_verl_async(stream[:9], **kw)  # (2 - 1) x 4 + 6 = 10 needed
+    with pytest.raises(InvalidArgument, match="staleness_threshold"):
+        run_verl_async(stream, **{**kw, "staleness_threshold": -0.1})
+    with pytest.raises(InvalidArgument, match="local_steps"):
+        run_verl_async(stream, local_steps=3, **kw)
+    with pytest.raises(InvalidArgument, match="partial_rollout"):
+        run_verl_async(stream, partial_rollout="yes", **kw)
+    with pytest.raises(InvalidArgument, match="policy"):
+        run_verl_async(stream, policy="steal", **kw)
+    with pytest.raises(InvalidArgument, match="max_concurrent"):
+        run_verl_async(stream, max_concurrent=0, **kw)
