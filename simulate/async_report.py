@@ -2,9 +2,11 @@
 
 Every row runs the same stream of groups for N learner steps of B groups on the same machines: AReaL's
 asynchronous loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's
-engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work, and the
-project's synchronous steps (``steal_sglang`` and ``steal``: each batch's rollout, then the learner and the
-update). The reference is AReaL's synchronous loop on SGLang (K = 0, its default backend).
+engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work, verl's fully
+asynchronous recipe (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0
+and verl's default 0.1 unless given), and the project's synchronous steps (``steal_sglang`` and ``steal``: each
+batch's rollout, then the learner and the update). The reference is AReaL's synchronous loop on SGLang (K = 0,
+its default backend).
 """
 
 from __future__ import annotations
@@ -18,19 +20,24 @@ import numpy as np
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
 
-from .asynchronous import AsyncRollout, run_async_rollout, run_sync_steps
+from .asynchronous import VERL_GROUPS_PER_SERVER, AsyncRollout, run_async_rollout, run_sync_steps, run_verl_async
 from .report import aligned, legend
 
 __all__ = ["AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async", "ASYNC_LEGEND",
-           "MAX_STALENESS"]
+           "MAX_STALENESS", "MAX_THRESHOLD", "VERL_THRESHOLDS"]
 
 #: The largest ``--max-staleness`` accepted (versions).
 MAX_STALENESS = 64
+#: The largest ``--staleness-threshold`` accepted (a share of the batch), and the thresholds shown without it.
+MAX_THRESHOLD = 64.0
+VERL_THRESHOLDS = (0.0, 0.1)
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {
-    "run": "the loop: async (AReaL's, a staleness bound K; K = 0 is synchronous) or sync (each batch's rollout, then "
-           "the learner), its engine and how requests are routed",
+    "run": "the loop: async (AReaL's, a staleness bound K; K = 0 is synchronous; verl's fully asynchronous recipe, "
+           "a staleness threshold S), stream (verl's at S = 0: each version's groups from its own weights, its "
+           "local updates as they arrive) or sync (each batch's rollout, then the learner), its engine and how "
+           "requests are routed",
     "s/step": "modelled seconds per learner step (the run's seconds / --steps)",
     "tok/s": "trained completion tokens per modelled second",
     "x sync": "tokens per second / those of AReaL's synchronous loop on SGLang (K = 0; above 1: more)",
@@ -102,9 +109,37 @@ def parse_staleness(text: Any) -> list[int]:
     return values
 
 
+def parse_thresholds(text: Any) -> list[float]:
+    """``--staleness-threshold``: a comma-separated list of verl's staleness thresholds (shares of the batch)."""
+    if text is None:
+        return list(VERL_THRESHOLDS)
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if (not values or any(not 0 <= v <= MAX_THRESHOLD for v in values)  # also rejects nan
+            or len(set(values)) != len(values)):
+        raise InvalidArgument("staleness_threshold", text, f"distinct shares of --prompts from 0 to {MAX_THRESHOLD:g}, "
+                                                           "comma-separated (e.g. 0,0.1,0.5; verl's default 0.1)")
+    return values
+
+
+def verl_local_steps(opts, batch: int) -> int:
+    """``--local-steps`` checked against ``batch``; without it verl's 4 where ``batch`` is a multiple, else 1."""
+    if opts.local_steps is None:
+        return 4 if batch % 4 == 0 else 1
+    steps = check_int("local_steps", opts.local_steps, minimum=1)
+    if batch % steps:
+        raise InvalidArgument("local_steps", steps, f"a divisor of --prompts = {batch} (each local update trains "
+                                                    "--prompts / N groups)")
+    return steps
+
+
 def check_async_options(opts) -> list[int]:
     """The staleness bounds of ``opts`` (checked); a flag that has no effect on asynchronous RL is an error."""
     bounds = parse_staleness(opts.max_staleness)
+    parse_thresholds(opts.staleness_threshold)
     if opts.steps is None:
         raise InvalidArgument("max_staleness", opts.max_staleness, "--steps N too (the learner steps to simulate)")
     for name, value in (("oversample", opts.oversample), ("partial_rollout", opts.partial_rollout),
@@ -133,17 +168,21 @@ def compare_async(opts) -> AsyncComparison:
     bounds = check_async_options(opts)
     opts = resolve(opts)
     most = max(bounds)
+    thresholds = parse_thresholds(opts.staleness_threshold)
     steps = check_int("steps", opts.steps, minimum=1)
     batch = check_int("prompts", opts.prompts, minimum=1)
-    need = (steps + most) * batch  # what the loose bound may submit
+    local = verl_local_steps(opts, batch)
+    # what the loosest bound may submit (AReaL's, verl's)
+    need = max((steps + most) * batch, (steps - 1) * batch + int(batch * (1 + max(thresholds))))
     step = rollout_step(dataclasses.replace(opts, max_staleness=None, steps=None, prompts=need, train_seconds=None,
-                                            update_seconds=OPTION_DEFAULTS["update_seconds"], max_concurrent=None))
+                                            update_seconds=OPTION_DEFAULTS["update_seconds"], max_concurrent=None,
+                                            staleness_threshold=None, local_steps=None))
     o = dataclasses.replace(step.opts, prompts=batch)
     groups, pred = step.groups, step.predicted
     if len(groups) < need:
-        raise InvalidArgument("steps", steps, f"at most {len(groups) // batch - most} with {o.workload} and "
-                                              f"--max-staleness up to {most}, which draw {need} groups of the "
-                                              f"{len(groups)} it holds")
+        raise InvalidArgument("steps", steps, f"fewer with {o.workload}, --max-staleness up to {most} and "
+                                              f"--staleness-threshold up to {max(thresholds):g}, which draw {need} "
+                                              f"groups of the {len(groups)} it holds")
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
                   prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
     try:
@@ -164,10 +203,15 @@ def compare_async(opts) -> AsyncComparison:
         if most > 0:
             runs.append((f"async: {engine}, K={most}, least predicted work (lengthsched)",
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
+    for s_ in thresholds:
+        kind = "async" if s_ else "stream"
+        runs.append((f"{kind}: vllm, S={s_:g}, {local} local update{'s' if local > 1 else ''} (verl fully async)",
+                     dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="least_loaded")))
     rows = []
     for label, extra in runs:
         try:
-            r: AsyncRollout = run_async_rollout(groups, **kw, **extra)
+            run = run_verl_async if "staleness_threshold" in extra else run_async_rollout
+            r: AsyncRollout = run(groups, **kw, **extra)
             rows.append(AsyncRow(label, r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share,
                                  r.interrupted, r.trained_length_ratio))
         except LengthschedError as exc:
@@ -189,7 +233,9 @@ def compare_async(opts) -> AsyncComparison:
                f"them takes {train:.2f} s a step" + (" (half the synchronous rollout's mean)"
                                                     if opts.train_seconds is None else "")
                + f", each weight update pauses every engine {update:g} s; at most "
-               f"{opts.max_concurrent or batch} groups in flight; predictor {o.predictor}; seconds modelled for "
+               f"{opts.max_concurrent or batch} groups in flight"
+               + ("" if opts.max_concurrent else f" (verl's: {VERL_GROUPS_PER_SERVER} per replica)")
+               + f"; predictor {o.predictor}; seconds modelled for "
                f"{step.cost.model} on {step.cost.gpu}")
     return AsyncComparison(dataclasses.asdict(opts), setting, train, (ref, *others))
 

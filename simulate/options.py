@@ -129,12 +129,22 @@ class SimulateOptions:
                                            "0,1,2 (0: synchronous RL); each update aborts and resumes the requests "
                                            "in flight; reports trained tokens per second and how many of them older "
                                            "weights generated")
+    staleness_threshold: str | None = _opt(None, "with --max-staleness, also run verl's fully asynchronous recipe at "
+                                                 "each of these staleness_threshold values, comma-separated (a "
+                                                 "share of --prompts: the rollouter starts at most (1 + S) x "
+                                                 "--prompts groups per weight version, counting those carried "
+                                                 "over; 0: every version's groups from its own weights, its local "
+                                                 "updates streamed; default 0,0.1, verl's default 0.1)")
+    local_steps: int | None = _opt(None, "with --max-staleness, verl's local updates per weight version "
+                                         "(trigger_parameter_sync_step; each trains --prompts / N groups as they "
+                                         "arrive; default 4, verl's, or 1 where --prompts is not a multiple of 4)")
     train_seconds: float | None = _opt(None, "with --max-staleness, the learner's seconds per step (default: half "
                                              "the mean synchronous rollout of a step, AReaL's with K = 0)")
     update_seconds: float = _opt(1.0, "with --max-staleness, the seconds every engine pauses while the new weights "
                                       "are sent (AReaL's update_weights)")
     max_concurrent: int | None = _opt(None, "with --max-staleness, groups in flight at most (AReaL's "
-                                            "max_concurrent_rollouts; default: --prompts, AReaL's default)")
+                                            "max_concurrent_rollouts; default: --prompts, AReaL's default; "
+                                            "verl's rows: 16 per replica, verl's default)")
     in_flight: int | None = _opt(None, "in a rollout step, requests the RL framework keeps in flight per replica "
                                        "at most (slime's --sglang-server-concurrency: 512): the rest are sent one "
                                        "as another finishes, in submission order, and routed then; for vllm and "

@@ -373,6 +373,8 @@ ROLLOUT_ONLY = (
     ("carry_limit", "it limits how long a rollout step's groups are carried"),
     ("valid_share", "it filters the groups of rollout steps"),
     ("max_staleness", "it runs asynchronous RL on a rollout's replicas"),
+    ("staleness_threshold", "it runs verl's asynchronous RL on a rollout's replicas"),
+    ("local_steps", "it times the learner of verl's asynchronous RL"),
     ("train_seconds", "it times the learner of asynchronous RL"),
     ("update_seconds", "it times the weight updates of asynchronous RL"),
     ("max_concurrent", "it caps the groups asynchronous RL keeps in flight"),

@@ -231,7 +231,7 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
         if opts.max_carry is None:
             raise InvalidArgument("carry_limit", opts.carry_limit, "--max-carry K too (the limit it keeps)")
     if opts.max_staleness is None:
-        for name in ("train_seconds", "update_seconds", "max_concurrent"):
+        for name in ("train_seconds", "update_seconds", "max_concurrent", "staleness_threshold", "local_steps"):
             value = getattr(opts, name)
             if value != OPTION_DEFAULTS[name]:
                 raise InvalidArgument(name, value, "--max-staleness K too (it is a setting of asynchronous RL)")

@@ -95,6 +95,7 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     ("--steps", "3"), ("--partial-rollout", None), ("--max-carry", "1"), ("--carry-limit", "drop"),
     ("--valid-share", "0.7"), ("--max-staleness", "1"), ("--train-seconds", "2"), ("--update-seconds", "2"),
     ("--max-concurrent", "4"), ("--oversample", "1.5"), ("--in-flight", "8"), ("--draws", "2"),
+    ("--staleness-threshold", "0.1"), ("--local-steps", "2"),
 ])
 def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, capsys):
     """simulate.report.ROLLOUT_ONLY: a flag only a rollout step uses, given without --prompts or --replicas,
@@ -108,7 +109,8 @@ def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, caps
     assert err.count("\n") == 1 and f"'{name}'" in err and "--prompts or --replicas" in err
 
 
-@pytest.mark.parametrize("extra", [["--train-seconds", "2"], ["--update-seconds", "2"], ["--max-concurrent", "4"]])
+@pytest.mark.parametrize("extra", [["--train-seconds", "2"], ["--update-seconds", "2"], ["--max-concurrent", "4"],
+                                   ["--staleness-threshold", "0.1"], ["--local-steps", "2"]])
 def test_asynchronous_settings_without_max_staleness_are_one_line(extra, capsys):
     assert main(["simulate", *ASYNC, "--oversample", "1.5", *extra]) == 2
     err = capsys.readouterr().err
@@ -634,7 +636,7 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     """--steps 3 --max-staleness 0,2: AReaL's loop at each bound on SGLang's and vLLM's engines, routing by
     least predicted work, and the project's synchronous steps, against AReaL's synchronous loop on SGLang;
     the numbers are those of simulate.run_async_rollout on the same stream."""
-    from simulate import run_async_rollout, run_rollout
+    from simulate import run_async_rollout, run_rollout, run_verl_async
     from simulate.options import SimulateOptions
     from simulate.rollout_report import rollout_step
 
@@ -651,7 +653,9 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "sync: vllm, K=0, round robin (AReaL)", "async: vllm, K=2, round robin (AReaL)",
                          "async: vllm, K=2, least predicted work (lengthsched)",
                          "sync: steal_sglang (lengthsched: each batch placed and stolen, then the learner)",
-                         "sync: steal (lengthsched: each batch placed and stolen, then the learner)"}
+                         "sync: steal (lengthsched: each batch placed and stolen, then the learner)",
+                         "stream: vllm, S=0, 4 local updates (verl fully async)",
+                         "async: vllm, S=0.1, 4 local updates (verl fully async)"}
     # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
     stream = rollout_step(SimulateOptions(prompts=20, replicas=2, group_size=4, max_new_tokens=1024,
                                           model="qwen3-1.7b", budget="3.6GiB"))
@@ -668,6 +672,10 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["seconds"] == pytest.approx(steal + 3 * 0.75) and row["stale_share"] == 0
     assert row["trained_length_ratio"] == 1
     assert mine["trained_length_ratio"] == pytest.approx(again.trained_length_ratio)
+    verl = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", **kw)
+    row = rows["async: vllm, S=0.1, 4 local updates (verl fully async)"]
+    assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
+    assert rows["stream: vllm, S=0, 4 local updates (verl fully async)"]["stale_share"] == 0
     for r in out["rows"]:
         assert r["tokens_per_second"] == pytest.approx(r["trained_tokens"] / r["seconds"])
         assert r["on_policy_x_sync"] == pytest.approx((1 - r["stale_share"]) * r["x_sync"])
@@ -690,6 +698,12 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     (["--max-staleness", "1", "--policies", "vllm"], "policies"),
     (["--max-staleness", "1", "--routers", "least_loaded"], "routers"),
     (["--max-staleness", "1", "--resubmit-seconds", "1"], "resubmit_seconds"),
+    (["--max-staleness", "1", "--staleness-threshold", "-0.1"], "staleness_threshold"),
+    (["--max-staleness", "1", "--staleness-threshold", "nan"], "staleness_threshold"),
+    (["--max-staleness", "1", "--staleness-threshold", "0.1,0.1"], "staleness_threshold"),
+    (["--max-staleness", "1", "--staleness-threshold", "x"], "staleness_threshold"),
+    (["--max-staleness", "1", "--local-steps", "3"], "local_steps"),
+    (["--max-staleness", "1", "--local-steps", "0"], "local_steps"),
 ])
 def test_max_staleness_bad_flags_are_one_line(extra, needle, capsys):
     assert main(["simulate", *ASYNC, *extra]) == 2
@@ -702,3 +716,13 @@ def test_max_staleness_needs_steps(capsys):
     assert main(["simulate", *args, "--max-staleness", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--steps" in err
+
+
+def test_staleness_threshold_picks_verls_rows(capsys):
+    """--staleness-threshold 0,0.5 --local-steps 2: verl's recipe at those thresholds with 2 local updates."""
+    assert main(["simulate", "--json", *ASYNC, "--max-staleness", "0", "--staleness-threshold", "0,0.5",
+                 "--local-steps", "2", "--train-seconds", "0.5"]) == 0
+    labels = [r["run"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    assert {"stream: vllm, S=0, 2 local updates (verl fully async)",
+            "async: vllm, S=0.5, 2 local updates (verl fully async)"} <= set(labels)
+    assert not any("S=0.1" in label for label in labels)
