@@ -1485,6 +1485,10 @@ def async_rl(quick: bool) -> tuple[str, list]:
 VERL_RUNS = (
     ("sync: vllm + verl routing", "sync", "vllm", {"how": "vllm"}, None),
     ("sync: steal (lengthsched, realistic predictions)", "sync", "vllm", {"how": "steal"}, "realistic"),
+    ("stream: vllm + verl routing, 4 local updates as groups finish", "sync", "vllm",
+     {"how": "vllm", "local_steps": 4}, None),
+    ("stream: steal, 4 local updates as groups finish (lengthsched, realistic predictions)", "sync", "vllm",
+     {"how": "steal", "local_steps": 4}, "realistic"),
     ("verl fully async: threshold 0, one update per version", "verl", "vllm",
      {"staleness_threshold": 0.0, "local_steps": 1}, None),
     ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
@@ -1524,7 +1528,8 @@ def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
         if kind == "sync":
             how = extra.pop("how")
             done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
-                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **kw)
+                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS,
+                                  **extra, **kw)
             out[label] = (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
             continue
         if "max_concurrent" in extra:

@@ -5,8 +5,8 @@ asynchronous loop (:func:`simulate.run_async_rollout`) at each staleness bound K
 engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work, verl's fully
 asynchronous recipe (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0
 and verl's default 0.1 unless given), and the project's synchronous steps (``steal_sglang`` and ``steal``: each
-batch's rollout, then the learner and the update). The reference is AReaL's synchronous loop on SGLang (K = 0,
-its default backend).
+batch's rollout, then the learner and the update; and ``steal`` with verl's local updates, each trained as its
+slice of the batch finishes). The reference is AReaL's synchronous loop on SGLang (K = 0, its default backend).
 """
 
 from __future__ import annotations
@@ -216,11 +216,15 @@ def compare_async(opts) -> AsyncComparison:
                                  r.interrupted, r.trained_length_ratio))
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
-    for policy in ("steal_sglang", "steal"):  # the project's synchronous steps (SGLang's engines, vLLM's)
-        label = f"sync: {policy} (lengthsched: each batch placed and stolen, then the learner)"
+    # the project's synchronous steps (SGLang's engines, vLLM's), then steal with verl's streamed local updates
+    syncs = [("steal_sglang", 1, "then the learner"), ("steal", 1, "then the learner")]
+    if local > 1:
+        syncs.append(("steal", local, f"{local} local updates as its groups finish"))
+    for policy, updates, how in syncs:
+        label = f"{'stream' if updates > 1 else 'sync'}: {policy} (lengthsched: each batch placed and stolen, {how})"
         try:
             done = run_sync_steps(groups, policy, predicted=pred, seed=o.seed, batch=batch, steps=steps,
-                                  train_seconds=train, update_seconds=update, **common)
+                                  train_seconds=train, update_seconds=update, local_steps=updates, **common)
             rows.append(AsyncRow(label, done.seconds, done.tokens, learner_idle=done.learner_idle_share))
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))

@@ -575,10 +575,16 @@ class SyncSteps:
     rollouts: tuple[RolloutResult, ...]  # one per step, on the stream's batches in order
     train_seconds: float
     update_seconds: float
+    local_steps: int = 1  # learner updates per step, each on a slice of the batch as it finishes
+    # per step with local_steps > 1: seconds from the rollout's start to the learner's last update's end
+    trained_at: tuple[float, ...] = ()
 
     @property
     def seconds(self) -> float:
-        """The run's modelled seconds: every rollout, and the learner and an update after each."""
+        """The run's modelled seconds: every rollout, and the learner and an update after each (with local
+        updates, the learner's last one ends ``trained_at`` after its rollout began)."""
+        if self.local_steps > 1:
+            return sum(self.trained_at) + len(self.rollouts) * self.update_seconds
         return sum(r.seconds for r in self.rollouts) + len(self.rollouts) * (self.train_seconds + self.update_seconds)
 
     @property
@@ -598,26 +604,46 @@ class SyncSteps:
 
 
 def run_sync_steps(groups: Sequence[Any], policy: str, *, batch: int, steps: int, train_seconds: float,
-                   update_seconds: float = 0.0, predicted: Any = None, **rollout: Any) -> SyncSteps:
+                   update_seconds: float = 0.0, local_steps: int = 1, predicted: Any = None,
+                   **rollout: Any) -> SyncSteps:
     """Synchronous RL on the machines of :func:`run_async_rollout`: step k rolls out the stream's groups
     ``k x batch`` to ``(k + 1) x batch`` with :func:`simulate.run_rollout` (``policy``, ``predicted`` sliced
     to them, ``rollout``: its other arguments), then the learner trains ``train_seconds`` and the update
     pauses every engine ``update_seconds``. With ``policy="sglang", router="least_loaded"`` it is AReaL's loop
-    at ``max_staleness=0``, to the same seconds."""
+    at ``max_staleness=0``, to the same seconds.
+
+    ``local_steps`` > 1 streams the learner as verl's fully asynchronous recipe does at a staleness threshold
+    of 0: it trains ``local_steps`` updates of ``batch / local_steps`` groups each (``train_seconds /
+    local_steps`` apiece), each as soon as its groups finished (in the order they finish) and the update
+    before it ended; the weights go out after the last. Every token still comes from the weights of its step."""
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
+    local_steps = check_int("local_steps", local_steps, minimum=1)
+    if batch % local_steps:
+        raise InvalidArgument("local_steps", local_steps, f"a divisor of batch = {batch} (each local update trains "
+                                                          "batch / local_steps groups)")
     groups = list(groups)
     if len(groups) < steps * batch:
         raise InvalidArgument("groups", f"{len(groups)} groups", f"at least steps x batch = {steps * batch}")
     starts = np.concatenate([[0], np.cumsum([len(g.lengths) for g in groups])])
-    rollouts = []
+    rollouts, trained_at = [], []
+    unit = batch // local_steps
     for k in range(steps):
         a, b = k * batch, (k + 1) * batch
         mine = None if predicted is None else predicted[starts[a]:starts[b]]
-        rollouts.append(run_rollout(groups[a:b], policy, predicted=mine, **rollout))
-    return SyncSteps(tuple(rollouts), train_seconds, update_seconds)
+        if local_steps == 1:
+            rollouts.append(run_rollout(groups[a:b], policy, predicted=mine, **rollout))
+            continue
+        r = run_rollout(groups[a:b], policy, predicted=mine, **{**rollout, "record": True})
+        finish = np.sort(r.group_finish_seconds())
+        end = 0.0
+        for j in range(local_steps):  # each update once its slice finished and the one before it ended
+            end = max(end, float(finish[(j + 1) * unit - 1])) + train_seconds / local_steps
+        rollouts.append(r)
+        trained_at.append(end)
+    return SyncSteps(tuple(rollouts), train_seconds, update_seconds, local_steps, tuple(trained_at))
 
 
 def _record(index, trained, update_end, first, sizes, marks, finished_at) -> AsyncStep:

@@ -248,3 +248,25 @@ def test_verl_bad_arguments_name_themselves():
         run_verl_async(stream, policy="steal", **kw)
     with pytest.raises(InvalidArgument, match="max_concurrent"):
         run_verl_async(stream, max_concurrent=0, **kw)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+def test_streamed_synchronous_steps_are_verl_at_threshold_zero(policy):
+    """run_sync_steps(local_steps=L): each local update as soon as its slice of the batch finished, as verl's
+    recipe at a threshold of 0 trains (every group of a batch in flight at once: the same rollouts); never
+    slower than one update after the rollout, the same with a learner that takes no time."""
+    stream = _stream(24, seed=9)
+    kw = dict(batch=8, steps=3, train_seconds=1.5, update_seconds=0.1, replicas=2, **COMMON)
+    streamed = run_sync_steps(stream, policy, router="least_loaded", local_steps=4, **kw)
+    verl = run_verl_async(stream, staleness_threshold=0.0, local_steps=4, max_concurrent=8, policy=policy, **kw)
+    assert streamed.seconds == pytest.approx(verl.seconds)
+    whole = run_sync_steps(stream, policy, router="least_loaded", **kw)
+    assert streamed.seconds <= whole.seconds + 1e-9 and streamed.tokens == whole.tokens
+    assert streamed.learner_idle_share == pytest.approx(1 - 3 * 1.5 / streamed.seconds)
+    for at, r in zip(streamed.trained_at, streamed.rollouts):
+        assert r.seconds + 1.5 / 4 - 1e-9 <= at <= r.seconds + 1.5 + 1e-9
+    free = {**kw, "train_seconds": 0.0}
+    assert run_sync_steps(stream, policy, router="least_loaded", local_steps=4, **free).seconds == pytest.approx(
+        run_sync_steps(stream, policy, router="least_loaded", **free).seconds)
+    with pytest.raises(InvalidArgument, match="local_steps"):
+        run_sync_steps(stream, policy, local_steps=3, **kw)

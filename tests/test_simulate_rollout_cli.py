@@ -637,6 +637,7 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     least predicted work, and the project's synchronous steps, against AReaL's synchronous loop on SGLang;
     the numbers are those of simulate.run_async_rollout on the same stream."""
     from simulate import run_async_rollout, run_rollout, run_verl_async
+    from simulate.asynchronous import run_sync_steps
     from simulate.options import SimulateOptions
     from simulate.rollout_report import rollout_step
 
@@ -654,6 +655,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "async: vllm, K=2, least predicted work (lengthsched)",
                          "sync: steal_sglang (lengthsched: each batch placed and stolen, then the learner)",
                          "sync: steal (lengthsched: each batch placed and stolen, then the learner)",
+                         "stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups "
+                         "finish)",
                          "stream: vllm, S=0, 4 local updates (verl fully async)",
                          "async: vllm, S=0.1, 4 local updates (verl fully async)"}
     # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
@@ -676,6 +679,9 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     row = rows["async: vllm, S=0.1, 4 local updates (verl fully async)"]
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl fully async)"]["stale_share"] == 0
+    streamed = run_sync_steps(stream.groups[:12], "steal", predicted=stream.predicted[:48], local_steps=4, **kw)
+    row = rows["stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups finish)"]
+    assert row["seconds"] == pytest.approx(streamed.seconds) and row["stale_share"] == 0
     for r in out["rows"]:
         assert r["tokens_per_second"] == pytest.approx(r["trained_tokens"] / r["seconds"])
         assert r["on_policy_x_sync"] == pytest.approx((1 - r["stale_share"]) * r["x_sync"])
