@@ -777,3 +777,30 @@ def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "async_rl", str(path),
                              "--figure", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "--figure" in result.stderr
+
+
+def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
+    """async_verl (quick): verl's recipe at each threshold against synchronous steps on vLLM's engines; the
+    reference row is 1; rows at threshold 0 and the synchronous ones (streamed or not) train only fresh tokens,
+    the streamed ones at least the unstreamed ones' tokens per second; combine_draws.py pools it."""
+    data = _quick_section(tmp_path, "async_verl")
+    from bench_simulate import VERL_RUNS
+    from combine_draws import combine
+
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in VERL_RUNS} and all(r[2] == 2 for r in rows.values())
+    reference = rows[VERL_RUNS[0][0]]
+    assert reference[3] == reference[4] == reference[5] == reference[9] == reference[10] == 1.0
+    for label, kind, _, extra, _ in VERL_RUNS:
+        r = rows[label]
+        if kind == "sync" or extra.get("staleness_threshold") == 0.0:
+            assert r[6] == r[7] == 0.0 and r[5] == pytest.approx(r[3]) and r[10] == 1.0
+        else:
+            assert 0 < r[6] < 1 and r[3] > 1.0
+    assert rows["stream: vllm + verl routing, 4 local updates as groups finish"][3] >= reference[3]
+    assert rows["stream: vllm + verl routing, 4 local updates as groups finish"][3] == pytest.approx(
+        rows["verl fully async: threshold 0, 4 local updates, batch in flight"][3])  # the same loop
+    path = tmp_path / "async_verl.json"
+    path.write_text(json.dumps({"async_verl": data}))
+    twice = combine("async_verl", [str(path), str(path)])
+    assert [r[3] for r in twice] == pytest.approx([r[3] for r in data["rows"]], rel=1e-12)
