@@ -1411,30 +1411,51 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` learner steps whose seconds are ``share`` x the mean
     rollout of the synchronous SGLang steps, plus ASYNC_UPDATE_SECONDS per update. Per run: (seconds, trained
     tokens, stale share, mean lag, learner idle share, interrupted requests, recomputed tokens)."""
-    from simulate.asynchronous import run_async_rollout, run_sync_steps
+    from simulate.asynchronous import run_async_rollout
 
-    workload, prompts, replicas, factor, seed, cost_text, share = args
+    prompts = args[1]
     most = max(r[2] or 0 for r in runs)
-    groups, realistic, _, _, common = _rollout_setting(workload, (steps + most) * prompts, replicas, factor, seed,
-                                                       cost_text)
-    known = {"realistic": realistic, None: None}
-    kw = dict(batch=prompts, steps=steps, **common)
-    reference = run_sync_steps(groups, "sglang", router="least_loaded", train_seconds=0.0, **kw).rollouts
-    train = share * float(np.mean([r.seconds for r in reference]))
+    groups, known, common, kw, train = _async_setup(args, steps, (steps + most) * prompts, "sglang")
     out = {"train seconds": train}
     for label, engine, eta, how, concurrent, pred in runs:
         if eta is None:  # synchronous steps: each batch's rollout, then the learner and the update
-            done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
-                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **kw)
-            out[label] = (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
+            out[label] = _sync_row(groups, how, known[pred], train, kw)
             continue
         most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
         r = run_async_rollout(groups, batch=prompts, steps=steps, max_staleness=eta, train_seconds=train,
                               update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, router=how, predicted=known[pred],
                               max_concurrent=most_in_flight, **common)
-        out[label] = (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
-                      r.recomputed_tokens)
+        out[label] = _async_row(r)
     return out
+
+
+def _async_setup(args, steps: int, groups_needed: int, engine: str):
+    """(groups, predictions by name, run_rollout's keyword arguments, those with the batch and steps, the
+    learner's seconds per step) of one setting ``args`` of the async sections: the learner takes ``share`` x
+    the mean rollout of the synchronous steps on ``engine``'s engines with verl's routing."""
+    from simulate.asynchronous import run_sync_steps
+
+    workload, prompts, replicas, factor, seed, cost_text, share = args
+    groups, realistic, _, _, common = _rollout_setting(workload, groups_needed, replicas, factor, seed, cost_text)
+    kw = dict(batch=prompts, steps=steps, **common)
+    reference = run_sync_steps(groups, engine, router="least_loaded", train_seconds=0.0, **kw).rollouts
+    train = share * float(np.mean([r.seconds for r in reference]))
+    return groups, {"realistic": realistic, None: None}, common, kw, train
+
+
+def _sync_row(groups, how: str, predicted, train: float, kw: dict, **extra) -> tuple:
+    """Synchronous steps of ``how`` (vllm and sglang behind verl's routing), as an async section's row."""
+    from simulate.asynchronous import run_sync_steps
+
+    done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
+                          predicted=predicted, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **extra, **kw)
+    return (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
+
+
+def _async_row(r) -> tuple:
+    """An AsyncRollout as an async section's row."""
+    return (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
+            r.recomputed_tokens)
 
 
 def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
@@ -1458,18 +1479,25 @@ def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
     return rows
 
 
-def async_rl(quick: bool) -> tuple[str, list]:
-    """Asynchronous RL (AReaL): generation goes on while the learner trains, within a staleness bound, against
-    synchronous steps (AReaL with max_staleness 0, lengthsched's steal), the learner's time a share of the
-    synchronous rollout's."""
+def _async_settings(unit, quick: bool) -> tuple[list, int]:
+    """``unit`` (:func:`_async_unit` or :func:`_verl_unit`) on every setting of PARTIAL_GRID at every learner
+    share (a small grid and 3 steps with ``quick``): the settings as async_rows reads them, and the steps."""
     grid, shares, steps = PARTIAL_GRID, ASYNC_SHARES, ASYNC_STEPS
     if quick:
         grid, shares, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], (0.5,), 3
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, share) for share in shares for w, b, r, f in grid]
-    results = _pool_map(partial(_async_unit, steps=steps), units)
+    results = _pool_map(partial(unit, steps=steps), units)
     settings = [[u[6], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", {k: (list(v) if isinstance(v, tuple)
                                                                                  else v) for k, v in out.items()}]
                 for u, out in zip(units, results)]
+    return settings, steps
+
+
+def async_rl(quick: bool) -> tuple[str, list]:
+    """Asynchronous RL (AReaL): generation goes on while the learner trains, within a staleness bound, against
+    synchronous steps (AReaL with max_staleness 0, lengthsched's steal), the learner's time a share of the
+    synchronous rollout's."""
+    settings, steps = _async_settings(_async_unit, quick)
     rows = async_rows(settings)
     text = table(f"Asynchronous RL ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps "
                  "of B groups; the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
@@ -1513,32 +1541,22 @@ def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` weight versions, the learner's seconds per version
     ``share`` x the mean rollout of the synchronous vLLM + verl steps, plus ASYNC_UPDATE_SECONDS per update;
     per run the tuple of :func:`_async_unit`. A ``max_concurrent`` argument is a multiple of the batch."""
-    from simulate.asynchronous import run_async_rollout, run_sync_steps, run_verl_async
+    from simulate.asynchronous import run_async_rollout, run_verl_async
 
-    workload, prompts, replicas, factor, seed, cost_text, share = args
-    groups, realistic, _, _, common = _rollout_setting(workload, (steps + 2) * prompts, replicas, factor, seed,
-                                                       cost_text)
-    known = {"realistic": realistic, None: None}
-    kw = dict(batch=prompts, steps=steps, **common)
-    reference = run_sync_steps(groups, "vllm", router="least_loaded", train_seconds=0.0, **kw).rollouts
-    train = share * float(np.mean([r.seconds for r in reference]))
+    prompts = args[1]
+    groups, known, common, kw, train = _async_setup(args, steps, (steps + 2) * prompts, "vllm")
     out = {"train seconds": train}
     for label, kind, engine, extra, pred in runs:
         extra = dict(extra)
         if kind == "sync":
-            how = extra.pop("how")
-            done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
-                                  predicted=known[pred], train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS,
-                                  **extra, **kw)
-            out[label] = (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
+            out[label] = _sync_row(groups, extra.pop("how"), known[pred], train, kw, **extra)
             continue
         if "max_concurrent" in extra:
             extra["max_concurrent"] = max(1, int(extra["max_concurrent"] * prompts))
         run = run_verl_async if kind == "verl" else run_async_rollout
         r = run(groups, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, predicted=known[pred],
                 **extra, **kw)
-        out[label] = (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
-                      r.recomputed_tokens)
+        out[label] = _async_row(r)
     return out
 
 
@@ -1546,14 +1564,7 @@ def async_verl(quick: bool) -> tuple[str, list]:
     """verl's fully asynchronous recipe (streamed local updates, a bound on the groups started per version,
     partial rollout) against synchronous steps on vLLM's engines (vLLM + verl, lengthsched's steal) and
     AReaL's loop, the learner's time a share of the synchronous rollout's."""
-    grid, shares, steps = PARTIAL_GRID, ASYNC_SHARES, ASYNC_STEPS
-    if quick:
-        grid, shares, steps = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], (0.5,), 3
-    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, share) for share in shares for w, b, r, f in grid]
-    results = _pool_map(partial(_verl_unit, steps=steps), units)
-    settings = [[u[6], _workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", {k: (list(v) if isinstance(v, tuple)
-                                                                                 else v) for k, v in out.items()}]
-                for u, out in zip(units, results)]
+    settings, steps = _async_settings(_verl_unit, quick)
     rows = async_rows(settings, VERL_RUNS)
     text = table(f"verl's fully asynchronous recipe ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
                  f"{steps} weight versions of B groups; the learner's seconds per version = share x the mean "
