@@ -206,7 +206,7 @@ def compare_async(opts) -> AsyncComparison:
     for s_ in thresholds:
         kind = "async" if s_ else "stream"
         runs.append((f"{kind}: vllm, S={s_:g}, {local} local update{'s' if local > 1 else ''} (verl fully async)",
-                     dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="least_loaded")))
+                     dict(policy="vllm", staleness_threshold=s_, local_steps=local)))
     rows = []
     for label, extra in runs:
         try:

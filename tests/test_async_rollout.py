@@ -270,3 +270,28 @@ def test_streamed_synchronous_steps_are_verl_at_threshold_zero(policy):
         run_sync_steps(stream, policy, router="least_loaded", **free).seconds)
     with pytest.raises(InvalidArgument, match="local_steps"):
         run_sync_steps(stream, policy, local_steps=3, **kw)
+
+
+def test_verl_routes_the_aborted_requests_again_when_they_resume(monkeypatch):
+    """verl sends an aborted request again under a new request id: the router places it afresh (round robin,
+    verl's server manager), ahead of new groups; AReaL's loop keeps it on its engine."""
+    import simulate.asynchronous as module
+
+    moves = []
+    real = module.hand_over
+
+    def spy(job, src, dst, **kw):
+        moves.append((job, src, dst))
+        return real(job, src, dst, **kw)
+
+    monkeypatch.setattr(module, "hand_over", spy)
+    stream = _stream(40, seed=5)
+    kw = dict(batch=8, steps=4, train_seconds=0.2, update_seconds=0.1, replicas=3, **COMMON)
+    out = run_verl_async(stream, staleness_threshold=1.0, local_steps=2, **kw)
+    assert out.interrupted > 0 and moves
+    assert any(src is not dst for _, src, dst in moves)  # some land on another engine
+    for s in out.steps:
+        assert sum(s.lag_tokens) == s.tokens == sum(int(stream[g].lengths.sum()) for g in s.groups)
+    moves.clear()
+    run_async_rollout(stream, max_staleness=1, **kw)
+    assert not moves
