@@ -7,10 +7,11 @@ completions, so spreading a group over replicas costs prefill and memory. Reques
 replicas by a router, or by the policy itself when it plans the placement:
 
 - ``least_loaded``, verl's rollout server manager: each request (one sample of a group) goes to the
-  replica with the fewest requests in flight (verl/experimental/agent_loop/agent_loop.py,
-  ``AsyncLLMServerManager._choose_server``, verl 0.5-0.9: a heap of (load, replica), ties to the
-  lower index). All requests of a step are submitted at once, before any finishes, so request k of
-  the step goes to replica k mod R: a group's G samples are spread over the replicas.
+  replica with the fewest requests (verl/experimental/agent_loop/agent_loop.py,
+  ``AsyncLLMServerManager._choose_server``, verl 0.5-0.9: a heap of (requests, replica), ties to the
+  lower index; at b178a3c it counts the requests sent and never subtracts a finished one). All requests of a
+  step are submitted at once, before any finishes, so request k of the step goes to replica k mod R:
+  a group's G samples are spread over the replicas.
 - ``group_round_robin``, OpenRLHF's: a whole group (its G samples) to one engine, round robin
   (openrlhf/trainer/ppo_utils/samples_generator.py, ``SamplesGenerator._dispatch_prompts_to_vllm``,
   OpenRLHF 0.11.0: each prompt goes with ``num_samples=n_samples_per_prompt`` to the engine at the top
