@@ -1506,10 +1506,11 @@ def async_rl(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
-# verl's fully asynchronous recipe (simulate.run_verl_async) against synchronous steps on vLLM's engines:
-# (label, kind, engine, arguments, predictions); kind "sync" (run_sync_steps: the policy in arguments),
-# "verl" (run_verl_async) or "areal" (run_async_rollout). verl's defaults: staleness_threshold 0.1,
-# trigger_parameter_sync_step 4, partial rollout, 16 groups in flight per server.
+# verl's fully asynchronous recipe (simulate.run_verl_async, verl 0.9.1 unless the row says b178a3c) against
+# synchronous steps on vLLM's engines: (label, kind, engine, arguments, predictions); kind "sync"
+# (run_sync_steps: the policy in arguments), "verl" (run_verl_async) or "areal" (run_async_rollout). verl's
+# defaults: staleness_threshold 0.1, trigger_parameter_sync_step 4, partial rollout, 16 groups in flight per
+# server.
 VERL_RUNS = (
     ("sync: vllm + verl routing", "sync", "vllm", {"how": "vllm"}, None),
     ("sync: steal (lengthsched, realistic predictions)", "sync", "vllm", {"how": "steal"}, "realistic"),
@@ -1522,8 +1523,10 @@ VERL_RUNS = (
     ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
      {"staleness_threshold": 0.0}, None),
     ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
-    ("verl fully async: threshold 0.1, no partial rollout", "verl", "vllm",
-     {"staleness_threshold": 0.1, "partial_rollout": False}, None),
+    ("verl fully async at b178a3c: threshold 0.1 (round robin, resumed requests re-routed)", "verl", "vllm",
+     {"staleness_threshold": 0.1, "version": "b178a3c"}, None),
+    ("verl fully async at b178a3c: threshold 0.1, no partial rollout (the update waits)", "verl", "vllm",
+     {"staleness_threshold": 0.1, "partial_rollout": False, "version": "b178a3c"}, None),
     ("verl fully async: threshold 0.5", "verl", "vllm", {"staleness_threshold": 0.5}, None),
     ("verl fully async: threshold 1", "verl", "vllm", {"staleness_threshold": 1.0}, None),
     ("verl fully async: threshold 0.5, least predicted work (lengthsched)", "verl", "vllm",
@@ -1532,8 +1535,6 @@ VERL_RUNS = (
      {"staleness_threshold": 0.0, "max_concurrent": 1.0}, None),
     ("async: vllm, max_staleness 1 (AReaL)", "areal", "vllm", {"max_staleness": 1}, None),
 )
-
-
 VERL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x sync vllm + verl" for c in ASYNC_COLUMNS]
 
 
