@@ -657,8 +657,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "sync: steal (lengthsched: each batch placed and stolen, then the learner)",
                          "stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups "
                          "finish)",
-                         "stream: vllm, S=0, 4 local updates (verl fully async)",
-                         "async: vllm, S=0.1, 4 local updates (verl fully async)"}
+                         "stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)",
+                         "async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)"}
     # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
     stream = rollout_step(SimulateOptions(prompts=20, replicas=2, group_size=4, max_new_tokens=1024,
                                           model="qwen3-1.7b", budget="3.6GiB"))
@@ -676,9 +676,9 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["trained_length_ratio"] == 1
     assert mine["trained_length_ratio"] == pytest.approx(again.trained_length_ratio)
     verl = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", **kw)
-    row = rows["async: vllm, S=0.1, 4 local updates (verl fully async)"]
+    row = rows["async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)"]
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
-    assert rows["stream: vllm, S=0, 4 local updates (verl fully async)"]["stale_share"] == 0
+    assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
     streamed = run_sync_steps(stream.groups[:12], "steal", predicted=stream.predicted[:48], local_steps=4, **kw)
     row = rows["stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups finish)"]
     assert row["seconds"] == pytest.approx(streamed.seconds) and row["stale_share"] == 0
@@ -729,6 +729,6 @@ def test_staleness_threshold_picks_verls_rows(capsys):
     assert main(["simulate", "--json", *ASYNC, "--max-staleness", "0", "--staleness-threshold", "0,0.5",
                  "--local-steps", "2", "--train-seconds", "0.5"]) == 0
     labels = [r["run"] for r in json.loads(capsys.readouterr().out)["rows"]]
-    assert {"stream: vllm, S=0, 2 local updates (verl fully async)",
-            "async: vllm, S=0.5, 2 local updates (verl fully async)"} <= set(labels)
+    assert {"stream: vllm, S=0, 2 local updates (verl 0.9.1 fully async)",
+            "async: vllm, S=0.5, 2 local updates (verl 0.9.1 fully async)"} <= set(labels)
     assert not any("S=0.1" in label for label in labels)
