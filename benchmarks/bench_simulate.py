@@ -1415,22 +1415,21 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
 
     prompts = args[1]
     most = max(r[2] or 0 for r in runs)
-    groups, known, common, kw, train = _async_setup(args, steps, (steps + most) * prompts, "sglang")
+    groups, known, kw, train = _async_setup(args, steps, (steps + most) * prompts, "sglang")
     out = {"train seconds": train}
     for label, engine, eta, how, concurrent, pred in runs:
         if eta is None:  # synchronous steps: each batch's rollout, then the learner and the update
             out[label] = _sync_row(groups, how, known[pred], train, kw)
             continue
         most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
-        r = run_async_rollout(groups, batch=prompts, steps=steps, max_staleness=eta, train_seconds=train,
-                              update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, router=how, predicted=known[pred],
-                              max_concurrent=most_in_flight, **common)
+        r = run_async_rollout(groups, max_staleness=eta, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS,
+                              policy=engine, router=how, predicted=known[pred], max_concurrent=most_in_flight, **kw)
         out[label] = _async_row(r)
     return out
 
 
 def _async_setup(args, steps: int, groups_needed: int, engine: str):
-    """(groups, predictions by name, run_rollout's keyword arguments, those with the batch and steps, the
+    """(groups, predictions by name, the runs' keyword arguments (run_rollout's with the batch and steps), the
     learner's seconds per step) of one setting ``args`` of the async sections: the learner takes ``share`` x
     the mean rollout of the synchronous steps on ``engine``'s engines with verl's routing."""
     from simulate.asynchronous import run_sync_steps
@@ -1440,7 +1439,7 @@ def _async_setup(args, steps: int, groups_needed: int, engine: str):
     kw = dict(batch=prompts, steps=steps, **common)
     reference = run_sync_steps(groups, engine, router="least_loaded", train_seconds=0.0, **kw).rollouts
     train = share * float(np.mean([r.seconds for r in reference]))
-    return groups, {"realistic": realistic, None: None}, common, kw, train
+    return groups, {"realistic": realistic, None: None}, kw, train
 
 
 def _sync_row(groups, how: str, predicted, train: float, kw: dict, **extra) -> tuple:
@@ -1545,7 +1544,7 @@ def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
     from simulate.asynchronous import run_async_rollout, run_verl_async
 
     prompts = args[1]
-    groups, known, common, kw, train = _async_setup(args, steps, (steps + 2) * prompts, "vllm")
+    groups, known, kw, train = _async_setup(args, steps, (steps + 2) * prompts, "vllm")
     out = {"train seconds": train}
     for label, kind, engine, extra, pred in runs:
         extra = dict(extra)

@@ -136,10 +136,11 @@ def verl_local_steps(opts, batch: int) -> int:
     return steps
 
 
-def check_async_options(opts) -> list[int]:
-    """The staleness bounds of ``opts`` (checked); a flag that has no effect on asynchronous RL is an error."""
+def check_async_options(opts) -> tuple[list[int], list[float]]:
+    """AReaL's staleness bounds and verl's thresholds of ``opts`` (checked); a flag that has no effect on
+    asynchronous RL is an error."""
     bounds = parse_staleness(opts.max_staleness)
-    parse_thresholds(opts.staleness_threshold)
+    thresholds = parse_thresholds(opts.staleness_threshold)
     if opts.steps is None:
         raise InvalidArgument("max_staleness", opts.max_staleness, "--steps N too (the learner steps to simulate)")
     for name, value in (("oversample", opts.oversample), ("partial_rollout", opts.partial_rollout),
@@ -157,7 +158,7 @@ def check_async_options(opts) -> list[int]:
     check_nonnegative_float("update_seconds", opts.update_seconds)
     if opts.max_concurrent is not None:
         check_int("max_concurrent", opts.max_concurrent, minimum=1)
-    return bounds
+    return bounds, thresholds
 
 
 def compare_async(opts) -> AsyncComparison:
@@ -165,10 +166,9 @@ def compare_async(opts) -> AsyncComparison:
     from .options import OPTION_DEFAULTS, resolve
     from .rollout_report import rollout_step
 
-    bounds = check_async_options(opts)
+    bounds, thresholds = check_async_options(opts)
     opts = resolve(opts)
     most = max(bounds)
-    thresholds = parse_thresholds(opts.staleness_threshold)
     steps = check_int("steps", opts.steps, minimum=1)
     batch = check_int("prompts", opts.prompts, minimum=1)
     local = verl_local_steps(opts, batch)

@@ -115,12 +115,8 @@ class AsyncStep:
     groups: tuple[int, ...]  # the groups it trained on, in the order they finished
     tokens: int  # completion tokens of those groups
     lag_tokens: tuple[int, ...]  # of those tokens, how many lag 0, 1, 2, ... versions behind this step's
-    busy_seconds: float = -1.0  # seconds the learner trained (below train_end - train_start where it waited
-    # between local updates, verl's); -1: train_end - train_start
-
-    @property
-    def trained_seconds(self) -> float:
-        return self.train_end - self.train_start if self.busy_seconds < 0 else self.busy_seconds
+    trained_seconds: float  # seconds the learner trained (below train_end - train_start where it waited
+    # between local updates, verl's)
 
 
 @dataclass(frozen=True)
@@ -324,10 +320,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     threshold = check_nonnegative_float("staleness_threshold", staleness_threshold)
-    local_steps = check_int("local_steps", local_steps, minimum=1)
-    if batch % local_steps:
-        raise InvalidArgument("local_steps", local_steps, f"a divisor of batch = {batch} (each local update trains "
-                                                          "batch / local_steps groups)")
+    local_steps = _check_local_steps(local_steps, batch)
     if not isinstance(partial_rollout, (bool, np.bool_)):
         raise InvalidArgument("partial_rollout", partial_rollout, "True or False")
     if not partial_rollout and not old:
@@ -338,8 +331,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
     bound = int(batch * (1.0 + threshold))  # verl's max_required_samples
     cap = (min(VERL_GROUPS_PER_SERVER * check_int("replicas", replicas, minimum=1), bound) if max_concurrent is None
            else check_int("max_concurrent", max_concurrent, minimum=1))
-    rules = _Rules("verl", batch=batch, units=local_steps, cap=cap, bound=bound, drain=not partial_rollout,
-                   threshold=threshold, reroute=old, hold=old)
+    rules = _Rules("verl b178a3c" if old else "verl", batch=batch, units=local_steps, cap=cap, bound=bound,
+                   drain=not partial_rollout, threshold=threshold)
     return _simulate(groups, rules, steps=steps, need=(steps - 1) * batch + bound,
                      need_text="(steps - 1) x batch + floor((1 + staleness_threshold) x batch)",
                      train_seconds=train_seconds,
@@ -349,23 +342,41 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      max_num_seqs=max_num_seqs)
 
 
+def _check_local_steps(local_steps: Any, batch: int) -> int:
+    """``local_steps`` checked: a whole divisor of ``batch`` (each local update trains batch / local_steps
+    groups)."""
+    local_steps = check_int("local_steps", local_steps, minimum=1)
+    if batch % local_steps:
+        raise InvalidArgument("local_steps", local_steps, f"a divisor of batch = {batch} (each local update trains "
+                                                          "batch / local_steps groups)")
+    return local_steps
+
+
 @dataclass(frozen=True)
 class _Rules:
     """What differs between AReaL's loop and verl's (module docstring)."""
 
-    design: str  # "areal" or "verl"
+    design: str  # "areal", "verl" (0.9.1) or "verl b178a3c"
     batch: int  # groups per weight version
     units: int  # learner updates per version, each on batch // units groups
     cap: int  # groups in flight at most
     bound: int  # AReaL: the staleness bound (versions); verl: groups started per count (max_required_samples)
     drain: bool  # an update waits for the requests in flight instead of aborting them
     threshold: float = 0.0  # verl's staleness_threshold (reported)
-    reroute: bool = False  # aborted requests are routed again when they resume (verl b178a3c: a new request id)
-    hold: bool = False  # verl: nothing starts while an update is under way (b178a3c's rollouter.pause())
 
     @property
     def unit(self) -> int:
         return self.batch // self.units
+
+    @property
+    def verl(self) -> bool:
+        return self.design != "areal"
+
+    @property
+    def january(self) -> bool:
+        """verl at b178a3c: nothing starts while an update is under way (its rollouter.pause()), and the
+        requests an update aborted are routed again when they resume (a new request id)."""
+        return self.design == "verl b178a3c"
 
 
 def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, need_text: str, train_seconds: float,
@@ -403,7 +414,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     sizes = [len(x) for x in lengths]
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     plens = common["prompt_lens"]
-    batch, cap, unit, verl = rules.batch, rules.cap, rules.unit, rules.design == "verl"
+    batch, cap, unit = rules.batch, rules.cap, rules.unit
     unit_seconds = train_seconds / rules.units
 
     live = (_RoundRobin(replicas) if router == "round_robin" else
@@ -446,8 +457,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
 
     def capacity() -> int:
         s_ = state
-        if verl:  # b178a3c: nothing starts while the rollouter is paused for an update
-            return 0 if rules.hold and updating() else min(cap - s_["running"], rules.bound - s_["counted"])
+        if rules.verl:  # b178a3c: nothing starts while the rollouter is paused for an update
+            return 0 if rules.january and updating() else min(cap - s_["running"], rules.bound - s_["counted"])
         return min(cap - s_["running"], (rules.bound + s_["version"] + 1) * batch - (s_["accepted"] + s_["running"]))
 
     def wake(r: int, now: float) -> None:
@@ -551,7 +562,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             learner["update_end"] = None
             state["version"] += 1
             state["counted"] = state["running"] + len(ready)  # verl's update_param_version
-            if rules.reroute:
+            if rules.january:
                 reroute()
             for r in sorted(paused):
                 state["idle"] += now - asleep_since.pop(r, now)
@@ -601,14 +612,13 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     state["idle"] += sum(max(0.0, end - since) for since in asleep_since.values())
     return AsyncRollout(
         policy=policy, router=router, replicas=replicas, batch=batch,
-        max_staleness=rules.threshold if verl else rules.bound, max_concurrent=cap,
+        max_staleness=rules.threshold if rules.verl else rules.bound, max_concurrent=cap,
         steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
         interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),
         preemptions=sum(e.preemptions for e in engines), idle_seconds=state["idle"],
         drawn_tokens=int(flat[:int(first[steps * batch]) if steps * batch < n_groups else len(flat)].sum()),
         cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
-        group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)),
-        design=rules.design + (" b178a3c" if rules.hold else ""),
+        group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)), design=rules.design,
         local_steps=rules.units, partial_rollout=not rules.drain)
 
 
@@ -664,10 +674,7 @@ def run_sync_steps(groups: Sequence[Any], policy: str, *, batch: int, steps: int
     steps = check_int("steps", steps, minimum=1)
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
-    local_steps = check_int("local_steps", local_steps, minimum=1)
-    if batch % local_steps:
-        raise InvalidArgument("local_steps", local_steps, f"a divisor of batch = {batch} (each local update trains "
-                                                          "batch / local_steps groups)")
+    local_steps = _check_local_steps(local_steps, batch)
     groups = list(groups)
     if len(groups) < steps * batch:
         raise InvalidArgument("groups", f"{len(groups)} groups", f"at least steps x batch = {steps * batch}")
@@ -710,4 +717,4 @@ def _record(index, trained, update_end, first, sizes, marks, finished_at) -> Asy
     return AsyncStep(index=index, ready_seconds=float(max(finished_at[g] for g in taken)), train_start=float(start),
                      train_end=float(end), update_end=float(update_end), groups=tuple(int(g) for g in taken),
                      tokens=int(tokens), lag_tokens=tuple(lags.get(k, 0) for k in range(width)),
-                     busy_seconds=-1.0 if len(trained) == 1 else float(busy))
+                     trained_seconds=float(busy))
