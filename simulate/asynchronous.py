@@ -75,6 +75,7 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float
 from lengthsched.runtime import POLICIES, Problem
+from lengthsched.runtime.baselines import ran_dry
 from lengthsched.runtime.dispatch import hand_over, lift
 
 from .rollout import (
@@ -473,8 +474,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
 
     def resume(r: int, now: float) -> None:
         """Replica r runs again after it had nothing to run (an SGLang server resets its reservation ratio)."""
-        if hasattr(pols[r], "idle_reset"):
-            pols[r].idle_reset(engines[r])
+        ran_dry(pols[r], engines[r])
         clock.at(r, now)
 
     def submit(now: float) -> None:

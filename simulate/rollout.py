@@ -73,6 +73,7 @@ from lengthsched.placement import (
 )
 from lengthsched.predictor import copy_predictor
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
+from lengthsched.runtime.baselines import ran_dry
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue, WorkStealing
 from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
 from lengthsched.runtime.replicas import replica_engine as _engine
@@ -637,6 +638,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             seen[r] = done
             send(now)
         if not eng.decide(pol):
+            ran_dry(pol, eng)
             clock.idle.add(r)
             continue
         t_next = eng.next_event()
@@ -1010,6 +1012,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                     wake_later(other, at)
             pol.wake_at = []
         if not alive:
+            ran_dry(pol, eng)
             if getattr(pol, "in_transit", None) and pol.in_transit():  # asleep until the first one lands
                 wake_later(r, pol.inbox[r][0][0])
             else:

@@ -1476,3 +1476,36 @@ def test_group_finish_seconds_end_at_the_makespan_and_follow_each_groups_longest
     assert tight.group_finish_seconds().max() == pytest.approx(tight.seconds, rel=1e-12)
     with pytest.raises(InvalidArgument, match="record"):
         run_rollout(groups, policy, router=router, **roomy).group_finish_seconds()
+
+
+@pytest.mark.parametrize("policy", ["sglang", "steal_sglang"])
+def test_an_sglang_engine_that_ran_dry_admits_under_its_initial_ratio_again(policy, monkeypatch):
+    """SGLang's scheduler resets ``new_token_ratio`` to ``init_new_token_ratio`` whenever it has nothing to
+    run (``self_check_during_idle``): a replica that ran dry and gets work later (sent by a capped client,
+    or stolen) reserves for it from the initial ratio again, not from where the decay had gone."""
+    from lengthsched.runtime.baselines import SGLangLike
+    from lengthsched.runtime.dispatch import StealSGLang
+
+    calls = []
+    original = SGLangLike.idle_reset
+
+    def spy(self, eng):
+        calls.append((eng, eng.t, len(eng.running), len(eng.collected)))
+        original(self, eng)
+        assert self.ratio(eng.t) == self.init_ratio and self.ratio(eng.t + 10) < self.init_ratio
+
+    monkeypatch.setattr(SGLangLike, "idle_reset", spy)
+    monkeypatch.setattr(StealSGLang, "idle_reset", spy)
+    groups = _groups([6, 5, 7, 4], seed=2, prompt=25)
+    if policy == "sglang":  # the cache-aware router keeps groups home: replica 2 runs dry at step 115, then more
+        r = run_rollout(groups, policy, replicas=3, router="cache_aware", budget_tokens=700, max_new_tokens=128,
+                        in_flight=5)
+    else:
+        r = run_rollout(groups, policy, replicas=3, budget_tokens=500, max_new_tokens=128,
+                        predicted=np.concatenate([g.lengths for g in groups]))
+    assert [x.tolist() for x in r.collected_lengths] == [g.lengths.tolist() for g in groups]
+    assert calls and all(running == 0 for _, _, running, _ in calls)  # only when nothing runs
+    assert len({id(eng) for eng, *_ in calls}) == 3  # every replica runs dry at its end
+    later = [(t, before, len(eng.collected)) for eng, t, _, before in calls if t > 0 and len(eng.collected) > before]
+    if policy == "sglang":
+        assert later and later[0][0] == 115  # it ran dry mid-step and ran more afterwards

@@ -31,12 +31,14 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from typing import Any
 
 from ..errors import InvalidArgument
 from .engine import Engine
 from .policies import Problem, SimPolicy, overflow_wakeup
 
-__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "AdaptivePlacement", "SGLangLike", "SGLangPriority"]
+__all__ = ["VLLMLike", "VLLMPriority", "PlacedLongestFirst", "AdaptivePlacement", "SGLangLike", "SGLangPriority",
+           "ran_dry"]
 
 
 class _Waiting(SimPolicy):
@@ -236,6 +238,13 @@ class AdaptivePlacement(VLLMLike):
     name = "placed_adaptive"
     places_groups = True
     PROMPT_SHARE = 0.25
+
+
+def ran_dry(policy: Any, eng: Engine) -> None:
+    """Engine ``eng`` has nothing to run: a policy with an ``idle_reset`` (SGLang's) starts its reservation
+    ratio again, so a request sent, stolen or resumed later is admitted under ``init_new_token_ratio``."""
+    if hasattr(policy, "idle_reset"):
+        policy.idle_reset(eng)
 
 
 class SGLangLike(_Waiting):

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..integrations.rollout import CROWDED_POOLS, MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
 from ..integrations.stealing import StealCoordinator
-from .baselines import SGLangLike, VLLMLike
+from .baselines import SGLangLike, VLLMLike, ran_dry
 from .engine import Engine
 from .policies import Problem
 
@@ -431,7 +431,11 @@ class WorkStealing(VLLMLike):
         if self.board and self.problem.online:
             self._learn(eng)
         self._engine_decide(eng)
-        while self.board and not self.waiting and not self.in_transit() and self._room(eng) and self._steal(eng):
+        while self.board and not self.waiting and not self.in_transit() and self._room(eng):
+            if not eng.running:  # dry until what it steals arrives
+                ran_dry(self, eng)
+            if not self._steal(eng):
+                break
             self._engine_decide(eng)
         self.blocked = bool(self.waiting) and not eng.prefill_limited
         if self.MIGRATE_CHUNK and self.STEAL_STARTED and self.board and self.idle_now:
@@ -558,6 +562,7 @@ class StealSGLang(WorkStealing):
     _max_new, _left, _linear = SGLangLike._max_new, SGLangLike._left, SGLangLike._linear
     _remaining = SGLangLike._remaining
     _retraction_key, _requeue = SGLangLike._retraction_key, SGLangLike._requeue
+    idle_reset = SGLangLike.idle_reset  # a replica that ran dry starts its ratio again, before it steals
 
 
 class StealClasses(WorkStealing):
