@@ -1448,23 +1448,26 @@ def _sync_row(groups, how: str, predicted, train: float, kw: dict, **extra) -> t
 
     done = run_sync_steps(groups, how, router="least_loaded" if how in ("vllm", "sglang") else None,
                           predicted=predicted, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, **extra, **kw)
-    return (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens)
+    return (done.seconds, done.tokens, 0.0, 0.0, done.learner_idle_share, 0, done.recomputed_tokens,
+            done.uneven_share)
 
 
 def _async_row(r) -> tuple:
     """An AsyncRollout as an async section's row."""
     return (r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share, r.interrupted,
-            r.recomputed_tokens)
+            r.recomputed_tokens, r.uneven_share)
 
 
 def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
     """Per (share, run): settings, mean tokens/s over the reference's (the first run), the worst, mean
     on-policy tokens/s over the reference's, mean stale share, mean lag, mean learner idle share, mean
     seconds per step over the reference's, mean trained tokens over the reference's (which trains the
-    stream's first groups: the trained groups' length over the drawn ones'). ``settings``: [share, workload,
-    prompts, replicas, pool, {label: row}]."""
+    stream's first groups: the trained groups' length over the drawn ones'), and where every run recorded it
+    (results since 2026-11-28) the mean share of the replicas' seconds one sat idle while another ran.
+    ``settings``: [share, workload, prompts, replicas, pool, {label: row}]."""
     rows = []
     ref = runs[0][0]
+    uneven = all(len(row) > 7 for s in settings for row in s[5].values() if isinstance(row, list | tuple))
     for share in dict.fromkeys(s[0] for s in settings):
         mine = [s[5] for s in settings if s[0] == share]
         for label, *_ in runs:
@@ -1474,8 +1477,15 @@ def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
                          float(np.mean([o[label][2] for o in mine])), float(np.mean([o[label][3] for o in mine])),
                          float(np.mean([o[label][4] for o in mine])),
                          float(np.mean([o[label][0] / o[ref][0] for o in mine])),
-                         float(np.mean([o[label][1] / o[ref][1] for o in mine]))])
+                         float(np.mean([o[label][1] / o[ref][1] for o in mine]))]
+                        + ([float(np.mean([o[label][7] for o in mine]))] if uneven else []))
     return rows
+
+
+def async_columns(columns: list, rows: list) -> list:
+    """``columns`` (ASYNC_COLUMNS or VERL_COLUMNS) for :func:`async_rows`' ``rows``, with the uneven idle
+    where they have it."""
+    return columns + ["uneven idle"] if rows and len(rows[0]) > len(columns) else columns
 
 
 def _async_settings(unit, quick: bool) -> tuple[list, int]:
@@ -1501,7 +1511,7 @@ def async_rl(quick: bool) -> tuple[str, list]:
     text = table(f"Asynchronous RL ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps "
                  "of B groups; the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
                  f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the "
-                 "synchronous SGLang loop's", ASYNC_COLUMNS, rows)
+                 "synchronous SGLang loop's", async_columns(ASYNC_COLUMNS, rows), rows)
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
@@ -1569,7 +1579,8 @@ def async_verl(quick: bool) -> tuple[str, list]:
     text = table(f"verl's fully asynchronous recipe ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
                  f"{steps} weight versions of B groups; the learner's seconds per version = share x the mean "
                  f"synchronous vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): "
-                 "trained tokens per modelled second x the synchronous vLLM + verl loop's", VERL_COLUMNS, rows)
+                 "trained tokens per modelled second x the synchronous vLLM + verl loop's",
+                 async_columns(VERL_COLUMNS, rows), rows)
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 

@@ -30,6 +30,7 @@ from bench_simulate import (  # noqa: E402
     STALENESS_RUNS,
     VERL_COLUMNS,
     VERL_RUNS,
+    async_columns,
     async_rows,
     partial_rows,
 )
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = groups_of(args.sections)
     for section, paths in groups:
         rows = combine(section, paths)
-        columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS else VERL_COLUMNS if section == "async_verl"
-                   else ASYNC_COLUMNS)
+        columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS
+                   else async_columns(VERL_COLUMNS if section == "async_verl" else ASYNC_COLUMNS, rows))
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
         if section not in STEPS_SECTIONS:
             continue

@@ -47,6 +47,8 @@ ASYNC_LEGEND = {
     "length": "the trained groups' tokens over those of as many groups drawn (below 1: it trained shorter ones; "
               "the learner takes the first to finish)",
     "learner idle": "share of the run the learner waited for a batch or an update",
+    "uneven": "share of the replicas' seconds one sat idle while another ran (the tail's imbalance: what placement "
+              "or stealing could win back at most)",
     "interrupted": "requests aborted by weight updates and resumed (their tokens prefilled again)",
 }
 
@@ -61,6 +63,7 @@ class AsyncRow:
     learner_idle: float = 0.0
     interrupted: int = 0
     length_ratio: float = 1.0
+    uneven: float = 0.0
     error: str = ""
 
     @property
@@ -75,7 +78,8 @@ class AsyncRow:
                 "trained_tokens": self.tokens, "tokens_per_second": self.tokens_per_second,
                 "x_sync": ratio, "stale_share": self.stale_share, "mean_lag": self.mean_lag,
                 "on_policy_x_sync": (1 - self.stale_share) * ratio, "trained_length_ratio": self.length_ratio,
-                "learner_idle_share": self.learner_idle, "interrupted": self.interrupted}
+                "learner_idle_share": self.learner_idle, "uneven_share": self.uneven,
+                "interrupted": self.interrupted}
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def compare_async(opts) -> AsyncComparison:
             run = run_verl_async if "staleness_threshold" in extra else run_async_rollout
             r: AsyncRollout = run(groups, **kw, **extra)
             rows.append(AsyncRow(label, r.seconds, r.consumed_tokens, r.stale_share, r.mean_lag, r.learner_idle_share,
-                                 r.interrupted, r.trained_length_ratio))
+                                 r.interrupted, r.trained_length_ratio, r.uneven_share))
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
     # the project's synchronous steps (SGLang's engines, vLLM's), then steal with verl's streamed local updates
@@ -225,7 +229,8 @@ def compare_async(opts) -> AsyncComparison:
         try:
             done = run_sync_steps(groups, policy, predicted=pred, seed=o.seed, batch=batch, steps=steps,
                                   train_seconds=train, update_seconds=update, local_steps=updates, **common)
-            rows.append(AsyncRow(label, done.seconds, done.tokens, learner_idle=done.learner_idle_share))
+            rows.append(AsyncRow(label, done.seconds, done.tokens, learner_idle=done.learner_idle_share,
+                                 uneven=done.uneven_share))
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
     ref = next(row for row in rows if row.label.startswith("sync: sglang, K=0"))
@@ -275,7 +280,7 @@ def format_async(comparison: AsyncComparison) -> str:
         table.append([row.label, f"{row.seconds / comparison.steps:.2f}", f"{row.tokens_per_second:,.0f}",
                       f"{ratio:.3f}", f"{row.stale_share:.3f}", f"{row.mean_lag:.2f}",
                       f"{(1 - row.stale_share) * ratio:.3f}", f"{row.length_ratio:.3f}", f"{row.learner_idle:.3f}",
-                      str(row.interrupted)])
+                      f"{row.uneven:.3f}", str(row.interrupted)])
     lines = [comparison.setting, ""] + aligned(table)
     errors = [f"  {row.label}: {row.error}" for row in comparison.rows if row.error]
     if errors:

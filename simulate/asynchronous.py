@@ -138,6 +138,7 @@ class AsyncRollout:
     preemptions: int
     idle_seconds: float  # replica-seconds with nothing to run or paused, before the end
     drawn_tokens: int = 0  # completion tokens of the stream's first steps x batch groups (a synchronous loop's)
+    uneven_seconds: float = 0.0  # of idle_seconds, those a replica sat idle while another ran (not all idle)
     cost_name: str = ""
     group_submitted: tuple[float, ...] = field(default=(), repr=False)  # per group: when it was submitted (or nan)
     group_finished: tuple[float, ...] = field(default=(), repr=False)  # per group: its last completion (or nan)
@@ -192,6 +193,13 @@ class AsyncRollout:
         """Share of the run the learner waited (for a batch or for an update), not training."""
         busy = sum(s.trained_seconds for s in self.steps)
         return 1.0 - busy / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def uneven_share(self) -> float:
+        """Share of the replicas' seconds (replicas x the run) one sat idle while another ran: the tail's
+        imbalance, what placement or stealing could win back at most (the rest of ``idle_seconds`` is every
+        replica idle at once: the updates, and waits for the learner at the staleness bound)."""
+        return self.uneven_seconds / (self.replicas * self.seconds) if self.seconds > 0 else 0.0
 
 
 class _RoundRobin:
@@ -343,6 +351,18 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      max_num_seqs=max_num_seqs)
 
 
+def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
+    """Replica-seconds of the idle intervals ``naps`` (from, to) during which not every replica was idle."""
+    events = sorted([(a, 1) for a, b in naps if b > a] + [(b, -1) for a, b in naps if b > a])
+    asleep, last, idle, together = 0, 0.0, 0.0, 0.0
+    for t, step in events:
+        idle += asleep * (t - last)
+        if asleep == replicas:
+            together += replicas * (t - last)
+        asleep, last = asleep + step, t
+    return idle - together
+
+
 def _check_local_steps(local_steps: Any, batch: int) -> int:
     """``local_steps`` checked: a whole divisor of ``batch`` (each local update trains batch / local_steps
     groups)."""
@@ -452,6 +472,13 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     learner: dict[str, Any] = dict(training=None, trained=[], pausing=None, update_end=None)
     paused: set[int] = set()
     asleep_since: dict[int, float] = {}
+    naps: list[tuple[float, float]] = []  # every replica's idle (seconds from, to), for the imbalance
+
+    def rise(r: int, now: float) -> None:
+        """Replica r, asleep (idle or paused), runs again from ``now``."""
+        since = asleep_since.pop(r, now)
+        state["idle"] += now - since
+        naps.append((since, now))
 
     def updating() -> bool:
         return learner["pausing"] is not None or learner["update_end"] is not None
@@ -469,7 +496,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         if updating():  # it starts once the weights are there (asleep until then)
             paused.add(r)
         else:
-            state["idle"] += now - asleep_since.pop(r, now)
+            rise(r, now)
             resume(r, now)
 
     def resume(r: int, now: float) -> None:
@@ -565,7 +592,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             if rules.january:
                 reroute()
             for r in sorted(paused):
-                state["idle"] += now - asleep_since.pop(r, now)
+                rise(r, now)
                 if pols[r].waiting or engines[r].running:
                     resume(r, now)
                 else:
@@ -609,13 +636,15 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if len(records) < steps:
         raise InvalidArgument("groups", f"{n_groups} groups", f"a stream long enough for {steps} steps")
     end = records[-1].update_end
-    state["idle"] += sum(max(0.0, end - since) for since in asleep_since.values())
+    for r in list(asleep_since):
+        rise(r, max(end, asleep_since[r]))
     return AsyncRollout(
         policy=policy, router=router, replicas=replicas, batch=batch,
         max_staleness=rules.threshold if rules.verl else rules.bound, max_concurrent=cap,
         steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
         interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),
         preemptions=sum(e.preemptions for e in engines), idle_seconds=state["idle"],
+        uneven_seconds=_uneven(naps, replicas),
         drawn_tokens=int(flat[:int(first[steps * batch]) if steps * batch < n_groups else len(flat)].sum()),
         cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
         group_finished=tuple(float(finished_at.get(g, np.nan)) for g in range(n_groups)), design=rules.design,
@@ -655,6 +684,15 @@ class SyncSteps:
         """Share of the run the learner waited for a rollout or an update."""
         seconds = self.seconds
         return 1.0 - len(self.rollouts) * self.train_seconds / seconds if seconds else 0.0
+
+    @property
+    def uneven_share(self) -> float:
+        """Share of the replicas' seconds one sat idle while another ran (:attr:`AsyncRollout.uneven_share`):
+        each rollout's replicas from their last finish to the slowest one's (a replica that sat idle and then
+        ran again within a rollout is counted from its last finish only)."""
+        seconds, replicas = self.seconds, len(self.rollouts[0].replica_seconds) if self.rollouts else 1
+        waits = sum(r.seconds - s for r in self.rollouts for s in r.replica_seconds)
+        return waits / (replicas * seconds) if seconds else 0.0
 
 
 def run_sync_steps(groups: Sequence[Any], policy: str, *, batch: int, steps: int, train_seconds: float,

@@ -47,6 +47,10 @@ def test_staleness_zero_is_synchronous_rl(policy):
     # every replica idles while the learner trains and the weights go out (nothing to run then), no more
     # than the whole run
     assert 2 * 3 * 0.9 - 1e-9 <= out.idle_seconds <= 2 * out.seconds
+    # of it, the replicas sat idle while the other ran exactly as long as each rollout's tail
+    tails = sum(r.seconds - s for r in sync.rollouts for s in r.replica_seconds)
+    assert out.uneven_seconds == pytest.approx(tails) and 0 < tails < out.idle_seconds - 2 * 3 * 0.9 + 1e-9
+    assert out.uneven_share == pytest.approx(sync.uneven_share) == pytest.approx(tails / (2 * out.seconds))
 
 
 def test_asynchronous_generation_overlaps_training_and_its_tokens_lag():
@@ -270,6 +274,7 @@ def test_streamed_synchronous_steps_are_verl_at_threshold_zero(policy):
     streamed = run_sync_steps(stream, policy, router="least_loaded", local_steps=4, **kw)
     verl = run_verl_async(stream, staleness_threshold=0.0, local_steps=4, max_concurrent=8, policy=policy, **kw)
     assert streamed.seconds == pytest.approx(verl.seconds)
+    assert streamed.uneven_share == pytest.approx(verl.uneven_share) and verl.uneven_share > 0
     whole = run_sync_steps(stream, policy, router="least_loaded", **kw)
     assert streamed.seconds <= whole.seconds + 1e-9 and streamed.tokens == whole.tokens
     assert streamed.learner_idle_share == pytest.approx(1 - 3 * 1.5 / streamed.seconds)
@@ -307,3 +312,27 @@ def test_verl_routes_the_aborted_requests_again_when_they_resume(monkeypatch):
     run_async_rollout(stream, max_staleness=1, **kw)
     current = run_verl_async(stream, staleness_threshold=1.0, local_steps=2, **kw)
     assert current.interrupted > 0 and not moves
+
+
+def test_the_uneven_idle_counts_a_replica_idle_while_another_runs():
+    """simulate.asynchronous._uneven: replica-seconds of idle intervals when not every replica is idle."""
+    from simulate.asynchronous import _uneven
+
+    assert _uneven([], 2) == 0.0
+    assert _uneven([(0.0, 1.0)], 2) == pytest.approx(1.0)  # the other ran throughout
+    assert _uneven([(0.0, 1.0), (0.0, 1.0)], 2) == pytest.approx(0.0)  # both idle: an update, say
+    assert _uneven([(0.0, 2.0), (1.0, 3.0)], 2) == pytest.approx(2.0)  # [0, 1) and [2, 3) alone
+    assert _uneven([(0.0, 2.0), (1.0, 3.0)], 3) == pytest.approx(4.0)  # a third replica ran throughout
+    assert _uneven([(0.0, 1.0), (1.0, 2.0), (2.0, 2.0)], 1) == pytest.approx(0.0)  # one replica: never uneven
+
+
+@settings(max_examples=20, deadline=None)
+@given(threshold=st.sampled_from([0.0, 0.25, 1.0]), replicas=st.integers(1, 3), seed=st.integers(0, 30))
+def test_the_uneven_idle_is_part_of_the_idle_and_none_on_one_replica(threshold, replicas, seed):
+    stream = _stream(40, seed=seed)
+    r = run_verl_async(stream, batch=4, steps=4, staleness_threshold=threshold, local_steps=2, train_seconds=0.3,
+                       update_seconds=0.1, replicas=replicas, **COMMON)
+    assert -1e-9 <= r.uneven_seconds <= r.idle_seconds + 1e-9
+    assert 0.0 <= r.uneven_share <= 1.0
+    if replicas == 1:
+        assert r.uneven_seconds == pytest.approx(0.0, abs=1e-9)

@@ -678,17 +678,19 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     verl = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", **kw)
     row = rows["async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)"]
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
+    assert row["uneven_share"] == pytest.approx(verl.uneven_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
     streamed = run_sync_steps(stream.groups[:12], "steal", predicted=stream.predicted[:48], local_steps=4, **kw)
     row = rows["stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups finish)"]
     assert row["seconds"] == pytest.approx(streamed.seconds) and row["stale_share"] == 0
+    assert row["uneven_share"] == pytest.approx(streamed.uneven_share)
     for r in out["rows"]:
         assert r["tokens_per_second"] == pytest.approx(r["trained_tokens"] / r["seconds"])
         assert r["on_policy_x_sync"] == pytest.approx((1 - r["stale_share"]) * r["x_sync"])
     assert "most trained tokens per second" in out["verdict"]
     assert main(["simulate", *ASYNC, "--max-staleness", "1"]) == 0
     text = capsys.readouterr().out
-    assert "verdict: most trained tokens per second" in text and "interrupted:" in text
+    assert "verdict: most trained tokens per second" in text and "interrupted:" in text and "uneven:" in text
     assert "half the synchronous rollout's mean" in text  # the default learner
 
 
