@@ -118,8 +118,11 @@ class FakeLLMServerClient:
             extra = {"priority": priority} if priority != 0 and rollout == "vllm" else {}
             return await server.generate.remote(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids,
                                                 sampling_params=sampling_params, **extra)
-        finally:
-            self._load_balancer.release_server.remote(server_id=server_id, request_id=request_id)
+        finally:  # the release fields the router declares (verl's _release_server)
+            released = await self._load_balancer.require_release_fields.remote()
+            pool = {"request_id": request_id}
+            self._load_balancer.release_server.remote(server_id=server_id,
+                                                      **{k: pool[k] for k in released if k in pool})
 
 
 class FakeBatch:
@@ -354,7 +357,7 @@ def test_without_the_planner_verls_priorities_spread_a_group():
 def test_router_routes_by_priority_sticks_to_sessions_and_balances_the_rest():
     handles = {"a": "A", "b": "B", "c": "C"}
     lb = lv.PlannedLoadBalancer(handles, {"router_class": lv.ROUTER_CLASS}, max_cache_size=2)
-    assert lb.require_acquire_fields() == ["priority"] and lb.require_release_fields() == []
+    assert lb.require_acquire_fields() == ["priority"] and lb.require_release_fields() == ["request_id"]
     assert lb.acquire_server("r1", priority=4) == ("b", "B")  # 4 mod 3
     assert lb.acquire_server("r1", priority=0) == ("b", "B")  # a second turn stays where the first went
     assert lb.acquire_server("r2", priority=np.int64(6)) == ("a", "A")
@@ -380,6 +383,40 @@ def test_router_routes_by_priority_sticks_to_sessions_and_balances_the_rest():
         lv.PlannedLoadBalancer(["a"])
 
 
+class SlowVLLMServer(FakeVLLMServer):
+    """A server whose requests take time (so that they overlap in flight, as on real engines)."""
+
+    async def generate(self, prompt_ids, sampling_params, request_id, priority=0, **kwargs):
+        self.requests.append({"prompt_ids": list(prompt_ids), "priority": priority, "request_id": request_id})
+        await asyncio.sleep(0.001 * self.true_length(prompt_ids) / 100)
+        return SimpleNamespace(token_ids=[7] * self.true_length(prompt_ids), log_probs=None, extra_fields={},
+                               num_preempted=0, routed_experts=None, stop_reason="stop")
+
+
+def test_behind_verls_fully_async_recipe_the_router_balances_requests_without_a_plan(caplog):
+    """verl 0.9.1's fully asynchronous recipe hands each prompt's n rows to a worker without a priority
+    column (FullyAsyncAgentLoopManager.generate_sequences_single), so SingleTurnAgentLoop sends every
+    request with priority 0: decoded as a plan, all would go to replica 0. Requests in flight that share
+    a priority are not a plan's: they go to the fewest in flight, as verl's own router sends them; a
+    priority is free again once its request was released (the id verl passes at release)."""
+    servers = {f"s{r}": SlowVLLMServer(f"s{r}", true_length) for r in range(4)}
+    router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
+    client = FakeLLMServerClient(trainer_config(), load_balancer_handle=Remote(router))
+
+    async def prompt(k: int, n: int = G):  # one prompt's n samples, all in flight together
+        await asyncio.gather(*[client.generate(uuid.uuid4().hex, prompt_ids=[k], sampling_params={}, priority=0)
+                               for _ in range(n)])
+
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl"):
+        asyncio.run(prompt(1, n=8))
+    assert [len(s.requests) for s in servers.values()] == [2, 2, 2, 2]  # not [8, 0, 0, 0]
+    status = router.get_status()
+    assert status["total_inflight"] == 0 and (status["planned"], status["unplanned"], status["collisions"]) == (1, 7, 7)
+    assert sum("share priority 0" in r.getMessage() for r in caplog.records) == 1  # one warning
+    asyncio.run(prompt(2, n=1))  # alone in flight: its 0 reads as a plan's again (replica 0)
+    assert len(servers["s0"].requests) == 3 and router.get_status()["planned"] == 2
+
+
 def test_the_router_sends_a_request_a_steal_coordinator_moved_to_its_new_replica():
     """A StealCoordinator's Move, applied through reroute: verl's fully-async client resubmits the
     aborted request through acquire_server with the same request id, and it lands on the target."""
@@ -387,16 +424,16 @@ def test_the_router_sends_a_request_a_steal_coordinator_moved_to_its_new_replica
 
     lb = lv.PlannedLoadBalancer({"a": "A", "b": "B"})
     coord = StealCoordinator(2, pool_tokens=10_000, chunk=None)
-    for rid in ("r0", "r1", "r2"):
-        server, _ = lb.acquire_server(rid, priority=0)  # all planned on replica 0
+    for rank, rid in enumerate(("r0", "r1", "r2")):
+        server, _ = lb.acquire_server(rid, priority=2 * rank)  # all planned on replica 0
         coord.submit(rid, lb.get_all_servers().index(server), predicted=100)
     coord.observe(0, {"r0": 5, "r1": 0, "r2": 0})
     (move,) = coord.decide()  # replica 1 has nothing: it takes the back of replica 0's waiting requests
     assert (move.request, move.source, move.target) == ("r2", 0, 1)
     lb.release_server("a", request_id="r2")  # the abort ends its first attempt
     assert lb.reroute("r2", move.target) == "b"
-    assert lb.acquire_server("r2", priority=0) == ("b", "B")  # the resubmission
-    assert lb.acquire_server("r1", priority=0) == ("a", "A")  # the others stay
+    assert lb.acquire_server("r2", priority=4) == ("b", "B")  # the resubmission
+    assert lb.acquire_server("r1", priority=2) == ("a", "A")  # the others stay
     with pytest.raises(InvalidArgument, match="argument 'replica'"):
         lb.reroute("r2", 2)
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
@@ -97,6 +98,8 @@ ROUTER_CLASS = "lengthsched.integrations.verl.PlannedLoadBalancer"
 # verl's router LRU size (workers/rollout/router.py, DEFAULT_ROUTING_CACHE_SIZE).
 _STICKY_ENTRIES = 10000
 
+log = logging.getLogger(__name__)
+
 
 # ----------------------------------------------------------------------------- the router
 class PlannedLoadBalancer:
@@ -111,6 +114,14 @@ class PlannedLoadBalancer:
     requests in flight (the first such, so it is deterministic). A request id seen before goes
     where it went (multi-turn conversations keep their prefix cache), unless that server left.
     Plain Python: verl wraps it in ``ray.remote``.
+
+    A plan gives every row its own priority, so a priority that a request still in flight holds
+    is not a plan's: that request goes to the fewest in flight too (counted in ``collisions``, one
+    warning). verl's fully asynchronous recipe (``verl/experimental/fully_async_policy``, 0.9.1)
+    sets no priorities (every request carries ``SingleTurnAgentLoop``'s default 0) and builds its
+    own agent-loop manager, so behind it this router balances by requests in flight, as verl's own
+    does, instead of sending every request to replica 0. It reads each request's id at release
+    (``require_release_fields``) to know which priorities are in flight.
     """
 
     def __init__(self, servers: Mapping[str, Any], config: Mapping[str, Any] | None = None, *,
@@ -124,14 +135,17 @@ class PlannedLoadBalancer:
         self._max_cache_size = check_int("max_cache_size", max_cache_size, minimum=1)
         self.planned = 0  # requests routed by their priority
         self.unplanned = 0  # requests routed to the least loaded server
+        self.collisions = 0  # of those, requests whose priority another request in flight held
+        self._holding: dict[str, int] = {}  # request id in flight -> its priority
+        self._live: dict[int, int] = {}  # priority -> requests in flight holding it
 
     def require_acquire_fields(self) -> list[str]:
         """The ``generate()`` keyword this router reads at acquire time: ``priority``."""
         return ["priority"]
 
     def require_release_fields(self) -> list[str]:
-        """Nothing beyond the server id at release."""
-        return []
+        """The request id at release: which priorities are still in flight."""
+        return ["request_id"]
 
     def acquire_server(self, request_id: str, priority: Any = None) -> tuple[str, Any]:
         """``(server id, handle)`` for a request: sticky, else the planned replica, else the least
@@ -145,6 +159,13 @@ class PlannedLoadBalancer:
                 raise RuntimeError("No available servers in load balancer")
             ids = list(self._inflight)
             replica = decode_replica(priority, len(ids))
+            if replica is not None and self._live.get(int(priority)):
+                self.collisions += 1
+                if self.collisions == 1:
+                    log.warning("requests in flight share priority %d: priorities that do not come from "
+                                "lengthsched's plan (verl's fully asynchronous recipe sets none); routing such "
+                                "requests to the server with the fewest in flight", int(priority))
+                replica = None
             if replica is None:
                 self.unplanned += 1
                 sid = min(ids, key=lambda s: self._inflight[s])
@@ -153,7 +174,18 @@ class PlannedLoadBalancer:
                 sid = ids[replica]
             self._remember(request_id, sid)
         self._inflight[sid] += 1
+        if decode_replica(priority, 1) is not None:  # a priority it holds while in flight
+            self._release_priority(request_id)
+            self._holding[request_id] = int(priority)
+            self._live[int(priority)] = self._live.get(int(priority), 0) + 1
         return sid, self._servers[sid]
+
+    def _release_priority(self, request_id: Any) -> None:
+        held = self._holding.pop(request_id, None)
+        if held is not None:
+            self._live[held] -= 1
+            if not self._live[held]:
+                del self._live[held]
 
     def reroute(self, request_id: str, replica: int) -> str:
         """Send ``request_id``'s next acquire to the server of ``replica`` (index in
@@ -176,9 +208,10 @@ class PlannedLoadBalancer:
             self._sticky.popitem(last=False)
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
-        """One request on ``server_id`` finished."""
+        """One request on ``server_id`` finished (``request_id``: which; its priority is free again)."""
         if self._inflight.get(server_id, 0) > 0:
             self._inflight[server_id] -= 1
+        self._release_priority(request_id)
 
     def add_servers(self, servers: Mapping[str, Any]) -> None:
         """Register servers (appended to the replica order)."""
@@ -219,7 +252,7 @@ class PlannedLoadBalancer:
         """Loads and routing counts, for debugging."""
         return {"servers": dict(self._inflight), "total_inflight": self.get_total_inflight(),
                 "active_servers": len(self._inflight), "registered_handles": list(self._servers),
-                "planned": self.planned, "unplanned": self.unplanned}
+                "planned": self.planned, "unplanned": self.unplanned, "collisions": self.collisions}
 
 
 # ----------------------------------------------------------------------------- the planner
