@@ -393,15 +393,22 @@ class SlowVLLMServer(FakeVLLMServer):
                                num_preempted=0, routed_experts=None, stop_reason="stop")
 
 
-def test_behind_verls_fully_async_recipe_the_router_balances_requests_without_a_plan(caplog):
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.skipif(not VERL, reason="verl"))])
+def test_behind_verls_fully_async_recipe_the_router_balances_requests_without_a_plan(caplog, real):
     """verl 0.9.1's fully asynchronous recipe hands each prompt's n rows to a worker without a priority
     column (FullyAsyncAgentLoopManager.generate_sequences_single), so SingleTurnAgentLoop sends every
     request with priority 0: decoded as a plan, all would go to replica 0. Requests in flight that share
     a priority are not a plan's: they go to the fewest in flight, as verl's own router sends them; a
-    priority is free again once its request was released (the id verl passes at release)."""
+    priority is free again once its request was released (the id verl passes at release). ``real``:
+    through verl's own FullyAsyncLLMServerClient, the recipe's client."""
     servers = {f"s{r}": SlowVLLMServer(f"s{r}", true_length) for r in range(4)}
     router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
-    client = FakeLLMServerClient(trainer_config(), load_balancer_handle=Remote(router))
+    if real:
+        from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+        client = FullyAsyncLLMServerClient(config=trainer_config(), load_balancer_handle=Remote(router))
+    else:
+        client = FakeLLMServerClient(trainer_config(), load_balancer_handle=Remote(router))
 
     async def prompt(k: int, n: int = G):  # one prompt's n samples, all in flight together
         await asyncio.gather(*[client.generate(uuid.uuid4().hex, prompt_ids=[k], sampling_params={}, priority=0)
