@@ -47,8 +47,7 @@ ASYNC_LEGEND = {
     "length": "the trained groups' tokens over those of as many groups drawn (below 1: it trained shorter ones; "
               "the learner takes the first to finish)",
     "learner idle": "share of the run the learner waited for a batch or an update",
-    "uneven": "share of the replicas' seconds one sat idle while another ran (the tail's imbalance: what placement "
-              "or stealing could win back at most)",
+    "uneven": "share of the replicas' seconds one sat idle while another ran (the tail's imbalance)",
     "interrupted": "requests aborted by weight updates and resumed (their tokens prefilled again)",
 }
 

@@ -197,8 +197,10 @@ class AsyncRollout:
     @property
     def uneven_share(self) -> float:
         """Share of the replicas' seconds (replicas x the run) one sat idle while another ran: the tail's
-        imbalance, what placement or stealing could win back at most (the rest of ``idle_seconds`` is every
-        replica idle at once: the updates, and waits for the learner at the staleness bound)."""
+        imbalance (the rest of ``idle_seconds`` is every replica idle at once: the updates, and waits for the
+        learner at the staleness bound). What a placement or stealing wins by balancing the replicas' idle
+        time; it may also win by making each replica's work cheaper (fewer preemptions and recomputed
+        tokens), which this does not count."""
         return self.uneven_seconds / (self.replicas * self.seconds) if self.seconds > 0 else 0.0
 
 
