@@ -1410,7 +1410,8 @@ ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", 
 def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` learner steps whose seconds are ``share`` x the mean
     rollout of the synchronous SGLang steps, plus ASYNC_UPDATE_SECONDS per update. Per run: (seconds, trained
-    tokens, stale share, mean lag, learner idle share, interrupted requests, recomputed tokens)."""
+    tokens, stale share, mean lag, learner idle share, interrupted requests, recomputed tokens, uneven idle
+    share)."""
     from simulate.asynchronous import run_async_rollout
 
     prompts = args[1]

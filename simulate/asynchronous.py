@@ -467,20 +467,18 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     records: list[AsyncStep] = []
     TRAINER = -1  # the learner's events in the clock's heap (before the replicas' at the same second)
     # counted: verl's staleness_samples (groups started since the count was last reset)
-    state = dict(version=0, next_group=0, running=0, accepted=0, interrupted=0, idle=0.0, counted=0)
+    state = dict(version=0, next_group=0, running=0, accepted=0, interrupted=0, counted=0)
     # The learner: training (groups, start, end) or None; trained: the version's local updates so far;
     # pausing: the replicas still to stop before an update (None: not stopping); update_end: when the update
     # under way ends (None: none).
     learner: dict[str, Any] = dict(training=None, trained=[], pausing=None, update_end=None)
     paused: set[int] = set()
     asleep_since: dict[int, float] = {}
-    naps: list[tuple[float, float]] = []  # every replica's idle (seconds from, to), for the imbalance
+    naps: list[tuple[float, float]] = []  # every replica's idle or paused time (seconds from, to)
 
     def rise(r: int, now: float) -> None:
         """Replica r, asleep (idle or paused), runs again from ``now``."""
-        since = asleep_since.pop(r, now)
-        state["idle"] += now - since
-        naps.append((since, now))
+        naps.append((asleep_since.pop(r, now), now))
 
     def updating() -> bool:
         return learner["pausing"] is not None or learner["update_end"] is not None
@@ -645,7 +643,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         max_staleness=rules.threshold if rules.verl else rules.bound, max_concurrent=cap,
         steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
         interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),
-        preemptions=sum(e.preemptions for e in engines), idle_seconds=state["idle"],
+        preemptions=sum(e.preemptions for e in engines), idle_seconds=sum(b - a for a, b in naps),
         uneven_seconds=_uneven(naps, replicas),
         drawn_tokens=int(flat[:int(first[steps * batch]) if steps * batch < n_groups else len(flat)].sum()),
         cost_name=f"{cost.model} on {cost.gpu}", group_submitted=tuple(float(x) for x in submitted),
