@@ -1497,7 +1497,7 @@ def test_an_sglang_engine_that_ran_dry_admits_under_its_initial_ratio_again(poli
     monkeypatch.setattr(SGLangLike, "idle_reset", spy)
     monkeypatch.setattr(StealSGLang, "idle_reset", spy)
     groups = _groups([6, 5, 7, 4], seed=2, prompt=25)
-    if policy == "sglang":  # the cache-aware router keeps groups home: replica 2 runs dry at step 115, then more
+    if policy == "sglang":  # the cache-aware router keeps groups home: a replica runs dry at step 115, then more
         r = run_rollout(groups, policy, replicas=3, router="cache_aware", budget_tokens=700, max_new_tokens=128,
                         in_flight=5)
     else:
