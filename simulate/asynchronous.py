@@ -74,9 +74,10 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.integrations.rollout import place_ways
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.baselines import ran_dry
-from lengthsched.runtime.dispatch import hand_over, lift
+from lengthsched.runtime.dispatch import GroupQueue, hand_over, lift
 
 from .rollout import (
     DEFAULT_PREFILL_CHUNK,
@@ -87,21 +88,25 @@ from .rollout import (
     _OneClock,
     _prepare,
     run_rollout,
+    steal_ways,
 )
 
 __all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "run_verl_async", "SyncSteps",
-           "run_sync_steps", "VERL_GROUPS_PER_SERVER", "VERL_VERSIONS"]
+           "run_sync_steps", "STEAL_POLICIES", "VERL_GROUPS_PER_SERVER", "VERL_VERSIONS"]
 
 #: The routers :func:`run_async_rollout` accepts: AReaL's (each request to the next server), the others
 #: :class:`simulate.rollout.LiveRouter` routes one request at a time, and ``least_work``: each request to the
-#: server with the fewest predicted tokens still to generate among the requests sent there (needs ``predicted``).
-ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work",)
+#: server with the fewest predicted tokens still to generate among the requests sent there, and ``placed``: each
+#: group as ``steal`` places a step's groups (:class:`_Placed`); both need ``predicted``.
+ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work", "placed")
 
 #: verl's fully asynchronous rollouter keeps at most this many groups in flight per server
 #: (``concurrent_samples_per_replica``, 16 by default in 0.9.1; fixed at 16 at b178a3c).
 VERL_GROUPS_PER_SERVER = 16
 #: The versions of verl's recipe :func:`run_verl_async` models (module docstring), the default first.
 VERL_VERSIONS = ("0.9.1", "b178a3c")
+#: With ``steal=True`` each engine's policy is lengthsched's stealing policy over the same engine.
+STEAL_POLICIES = {"vllm": "steal", "sglang": "steal_sglang"}
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,9 @@ class _RoundRobin:
     def finished(self, replica: int, jobs: Sequence[int]) -> None:
         pass
 
+    def moved(self, job: int, src: int, dst: int) -> None:
+        pass
+
 
 class _Live:
     """:class:`simulate.rollout.LiveRouter` (by requests in flight) with the async loop's calls."""
@@ -229,6 +237,11 @@ class _Live:
 
     def finished(self, replica: int, jobs: Sequence[int]) -> None:
         self.router.finished(replica, len(jobs))
+
+    def moved(self, job: int, src: int, dst: int) -> None:
+        """Request ``job`` in flight on ``src`` was sent to ``dst`` (stolen or moved): counted there now."""
+        self.router.load[src] -= 1
+        self.router.load[dst] += 1
 
 
 class _LeastWork:
@@ -247,14 +260,38 @@ class _LeastWork:
     def finished(self, replica: int, jobs: Sequence[int]) -> None:
         self.work[replica] -= float(sum(self.predicted[j] for j in jobs))
 
+    def moved(self, job: int, src: int, dst: int) -> None:
+        self.work[src] -= float(self.predicted[job])
+        self.work[dst] += float(self.predicted[job])
+
+
+class _Placed(_LeastWork):
+    """Each group placed as ``steal`` places a step's groups (:func:`lengthsched.integrations.rollout.place_ways`):
+    spread over ``ways`` replicas, whole groups where ``ways`` is 1, its runs of completions onto the replicas
+    with the least predicted tokens in flight (sent there and not finished)."""
+
+    def __init__(self, replicas: int, predicted: np.ndarray, ways: int, first: np.ndarray, sizes: Sequence[int]):
+        super().__init__(replicas, predicted)
+        self.ways, self.first, self.sizes = ways, first, sizes
+        self.plan: dict[int, int] = {}  # per request of a group placed and not yet routed: its replica
+
+    def select(self, job: int, group: int) -> int:
+        if job not in self.plan:
+            start, n = int(self.first[group]), int(self.sizes[group])
+            placed = place_ways(self.predicted[start:start + n], [n], len(self.work), self.ways, loads=self.work)
+            self.plan.update(zip(range(start, start + n), placed.tolist()))
+        r = self.plan.pop(job)
+        self.work[r] += float(self.predicted[job])
+        return r
+
 
 def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_staleness: int,
                       train_seconds: float, update_seconds: float = 0.0, train_seconds_per_token: float = 0.0,
                       max_concurrent: int | None = None, policy: str = "sglang", router: str = "round_robin",
                       predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
                       cost: Any = None,
-                      prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None
-                      ) -> AsyncRollout:
+                      prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
+                      steal: bool = False, resubmit_seconds: float = 0.0) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -271,9 +308,17 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         policy: each engine's scheduler, one of :data:`simulate.rollout.THROTTLED_POLICIES`.
         router: one of :data:`ASYNC_ROUTERS` (AReaL's is ``round_robin``).
         predicted: predicted lengths per completion of the stream, flattened in group order (for
-            ``least_work``; the engines here use none).
+            ``least_work`` and ``steal``; the engines here use none).
         replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs: as for
             :func:`simulate.run_rollout` (``budget_tokens`` is each engine's KV pool, prompts included).
+        steal: lengthsched's stealing on top of the router: each engine runs ``steal`` (``steal_sglang`` on
+            SGLang engines) over the requests routed to it, a replica with an empty queue and predicted room
+            taking waiting requests from the back of the fullest queue that waits for memory, and running
+            requests moving (with their tokens, recomputed where they land) to replicas that sit idle, as
+            in :func:`simulate.run_rollout` (:class:`lengthsched.runtime.dispatch.WorkStealing`); needs
+            ``predicted``. The router counts a stolen or moved request on its new replica.
+        resubmit_seconds: with ``steal``, seconds a stolen or moved request travels before its new replica
+            can run it (``WorkStealing.RESUBMIT_SECONDS``: the framework's abort and resubmission; 0: at once).
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -285,7 +330,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      update_seconds=update_seconds, train_seconds_per_token=train_seconds_per_token, policy=policy,
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
-                     max_num_seqs=max_num_seqs)
+                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -294,7 +339,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                    max_concurrent: int | None = None, policy: str = "vllm", router: str | None = None,
                    predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
                    cost: Any = None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-                   max_num_seqs: int | None = None, version: str = "0.9.1") -> AsyncRollout:
+                   max_num_seqs: int | None = None, version: str = "0.9.1", steal: bool = False,
+                   resubmit_seconds: float = 0.0) -> AsyncRollout:
     """Simulate ``steps`` weight versions of verl's fully asynchronous recipe (see the module docstring).
 
     Args:
@@ -320,8 +366,10 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
         router: one of :data:`ASYNC_ROUTERS`; None: the version's (0.9.1: ``least_loaded``, the fewest in
             flight; b178a3c: ``round_robin``, the fewest sent so far, and the requests an update aborted are
             routed again when they resume).
-        predicted, replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs: as for
-            :func:`run_async_rollout`.
+        predicted, replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs, steal,
+            resubmit_seconds: as for :func:`run_async_rollout` (``steal``: what a lengthsched stealing driver
+            inside the recipe would do; verl's own client waits 1 s before it resubmits an aborted request,
+            ``lengthsched.integrations.verl_stealing``'s client about 0.05 s).
         version: whose code: ``"0.9.1"`` (the released wheel) or ``"b178a3c"`` (January 2026), one of
             :data:`VERL_VERSIONS` (module docstring).
     """
@@ -350,7 +398,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      update_seconds=update_seconds, train_seconds_per_token=train_seconds_per_token, policy=policy,
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
-                     max_num_seqs=max_num_seqs)
+                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds)
 
 
 def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
@@ -405,8 +453,9 @@ class _Rules:
 def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, need_text: str, train_seconds: float,
               update_seconds: float, train_seconds_per_token: float, policy: str, router: str, predicted: Any,
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
-              max_num_seqs: int | None) -> AsyncRollout:
-    """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``."""
+              max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0) -> AsyncRollout:
+    """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
+    engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
@@ -419,9 +468,15 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if len(groups) < need:
         raise InvalidArgument("groups", f"{len(groups)} groups", f"at least {need_text} = {need} "
                                                                  "(what the staleness bound may submit)")
-    if (router == "least_work") != (predicted is not None):
+    if not isinstance(steal, (bool, np.bool_)):
+        raise InvalidArgument("steal", steal, "True or False")
+    resubmit_seconds = check_nonnegative_float("resubmit_seconds", resubmit_seconds)
+    if resubmit_seconds > 0 and not steal:
+        raise InvalidArgument("resubmit_seconds", resubmit_seconds, "0 without steal (only stolen and moved "
+                                                                    "requests are resubmitted)")
+    if (router in ("least_work", "placed") or steal) != (predicted is not None):
         raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
-                              "predictions with router 'least_work', and only with it")
+                              "predictions with routers 'least_work' and 'placed' or with steal, and only with them")
     total = sum(len(g.lengths) for g in groups[:need])
     if predicted is not None:
         predicted = np.asarray(predicted, dtype=np.float64).ravel()
@@ -434,19 +489,27 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, 0, prefill_chunk, False,
         max_num_seqs)
     cost = common["cost"]
-    sizes = [len(x) for x in lengths]
-    first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     plens = common["prompt_lens"]
     batch, cap, unit = rules.batch, rules.cap, rules.unit
     unit_seconds = train_seconds / rules.units
 
+    sizes = [len(x) for x in lengths]
+    first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    if router == "placed":  # the spread steal would choose for the groups first in flight
+        opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]
+        n_open = int(sum(sizes[:len(opening)]))
+        _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"])
     live = (_RoundRobin(replicas) if router == "round_robin" else
-            _LeastWork(replicas, common["pred"]) if router == "least_work" else _Live(router, replicas))
+            _LeastWork(replicas, common["pred"]) if router == "least_work" else
+            _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else _Live(router, replicas))
     engines, pols = [], []
-    for _ in range(replicas):
-        problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],
-                          slots=common["max_seqs"], prompt_ids=common["job_keys"])
-        pol = POLICIES[policy].cls(problem)
+    kind = STEAL_POLICIES[policy] if steal else policy
+    problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],
+                      slots=common["max_seqs"], prompt_ids=common["job_keys"],
+                      predicted=common["pred"] if steal else None)
+    for r in range(replicas):
+        pol = POLICIES[kind].cls(problem, GroupQueue(np.zeros(0, dtype=np.int64), []), r) if steal else \
+            POLICIES[kind].cls(problem)
         pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
         eng = _engine(flat, owner, common["tails"], common["prompt_kv"], plens, common["budget"],
                       common["prefill_chunk"], False, pol.block_size, None, cost)
@@ -454,6 +517,13 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)
+    home = np.full(len(flat), -1, dtype=np.int64)  # per request: the replica the router counts it on
+    if steal:  # every replica sees the others' queues and engines; what it sends elsewhere is recorded
+        board, work = [pol.waiting for pol in pols], pols[0].work
+        inbox = [[] for _ in range(replicas)] if resubmit_seconds > 0 else []
+        for pol in pols:
+            pol.board, pol.engines, pol.pols, pol.work, pol.inbox, pol.sent = board, engines, pols, work, inbox, []
+            pol.RESUBMIT_SECONDS = resubmit_seconds
     clock = _OneClock(engines)
     idle = clock.idle
 
@@ -513,6 +583,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             submitted[g] = now
             for job in range(int(first[g]), int(first[g]) + sizes[g]):
                 r = live.select(job, g)
+                home[job] = r
                 pols[r].waiting.insert(0, job)
                 engines[r].claim(job)
                 wake(r, now)
@@ -541,7 +612,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             lift(eng, job)
             pol._requeue(job)
             state["interrupted"] += 1
-        for job in pol.waiting:
+        for job in pol.waiting + [job for _, job in (pol.inbox[r] if steal and pol.inbox else ())]:
             if eng.done[job]:
                 marks[job].append((state["version"], eng.done[job]))
         eng.evict_idle()
@@ -558,8 +629,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         for r in paused:
             pols[r].waiting.clear()
         for job, src in moving:
-            live.finished(src, [job])
+            live.finished(int(home[job]), [job])
             dst = live.select(job, int(owner[job]))
+            home[job] = dst
             hand_over(job, engines[src], engines[dst])
             pols[dst].waiting.insert(0, job)
             if dst in idle:  # asleep through the update: it wakes with the others
@@ -593,7 +665,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                 reroute()
             for r in sorted(paused):
                 rise(r, now)
-                if pols[r].waiting or engines[r].running:
+                if pols[r].waiting or engines[r].running or (steal and pols[r].in_transit()):
                     resume(r, now)
                 else:
                     idle.add(r)
@@ -601,6 +673,26 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             paused.clear()
             submit(now)
             start_training(now)
+
+    def stolen(pol: Any, now: float) -> None:
+        """After a decision of a stealing replica: the router counts each request it sent elsewhere there, and
+        the replicas it sent requests to wake (at once, or when a resubmitted request lands)."""
+        for job, dst in pol.sent:
+            live.moved(job, int(home[job]), dst)
+            home[job] = dst
+        pol.sent.clear()
+        for other in pol.woke:
+            wake(other, now)
+        pol.woke = []
+        for other, at in pol.wake_at:
+            if other in idle:
+                idle.discard(other)
+                if updating():
+                    paused.add(other)
+                else:
+                    rise(other, at)
+                    resume(other, at)
+        pol.wake_at = []
 
     submit(0.0)
     start_training(0.0)
@@ -612,8 +704,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         eng, pol = engines[r], pols[r]
         done = len(eng.collected)
         if done > seen[r]:
-            live.finished(r, eng.collected[seen[r]:done])
             for job in eng.collected[seen[r]:done]:
+                live.finished(int(home[job]), [job])
                 marks[job].append((state["version"], int(flat[job])))
                 g = int(owner[job])
                 left[g] -= 1
@@ -628,10 +720,23 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         if stopping(r):
             pause(r, now)
             continue
-        if not eng.decide(pol):
+        if steal:
+            pol.idle_now, pol.now = idle, now
+        alive = eng.decide(pol)
+        if steal:
+            stolen(pol, now)
+        if not alive:
+            if steal and pol.in_transit():  # asleep until the first request sent here lands
+                land = pol.inbox[r][0][0]
+                naps.append((now, land))
+                clock.at(r, land)
+                continue
             idle.add(r)
             asleep_since[r] = now
             continue
+        if steal and pol.blocked and idle:  # work waits here for memory: the idle replicas may steal it
+            for other in sorted(idle):
+                wake(other, now)
         clock.run(r, eng.t + 1, pol.pads, cost, now)  # a pause or new requests may come at any step
     if len(records) < steps:
         raise InvalidArgument("groups", f"{n_groups} groups", f"a stream long enough for {steps} steps")
@@ -639,7 +744,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     for r in list(asleep_since):
         rise(r, max(end, asleep_since[r]))
     return AsyncRollout(
-        policy=policy, router=router, replicas=replicas, batch=batch,
+        policy=kind, router=router, replicas=replicas, batch=batch,
         max_staleness=rules.threshold if rules.verl else rules.bound, max_concurrent=cap,
         steps=tuple(records), seconds=end, generated_tokens=sum(e.decoded_tokens for e in engines),
         interrupted=state["interrupted"], recomputed_tokens=sum(e.recomputed_tokens for e in engines),

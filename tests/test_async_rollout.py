@@ -83,7 +83,7 @@ def test_submissions_respect_the_staleness_and_concurrency_bounds(eta, batch, co
     max_concurrent the groups in flight (AReaL's StalenessManager.get_capacity)."""
     steps = 3
     stream = _stream((steps + eta) * batch + 2, seed=seed, high=300)
-    predicted = (np.concatenate([g.lengths for g in stream]) if router == "least_work" else None)
+    predicted = (np.concatenate([g.lengths for g in stream]) if router in ("least_work", "placed") else None)
     out = run_async_rollout(stream, batch=batch, steps=steps, max_staleness=eta, train_seconds=train,
                             update_seconds=0.05, max_concurrent=concurrent, router=router, predicted=predicted,
                             policy=policy, replicas=2, **COMMON)
@@ -336,3 +336,119 @@ def test_the_uneven_idle_is_part_of_the_idle_and_none_on_one_replica(threshold, 
     assert 0.0 <= r.uneven_share <= 1.0
     if replicas == 1:
         assert r.uneven_seconds == pytest.approx(0.0, abs=1e-9)
+
+
+def _predicted(stream, seed=0, sigma=0.5):
+    """Prompt-level predictions: each group's median times a log-normal error, the same for its siblings."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([np.full(len(g.lengths), max(1, round(float(np.median(g.lengths)) * rng.lognormal(0, sigma))))
+                           for g in stream])
+
+
+@pytest.mark.parametrize("policy", ["vllm", "sglang"])
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+def test_stealing_on_one_replica_is_the_engine_alone(policy, threshold):
+    """One replica has nobody to steal from and nowhere to move a request: steal=True is the engine's own
+    loop, second for second (steal_sglang is SGLang's FCFS there, steal vLLM's)."""
+    stream = _stream(30, seed=3)
+    kw = dict(batch=4, steps=4, staleness_threshold=threshold, local_steps=2, train_seconds=0.4,
+              update_seconds=0.1, policy=policy, replicas=1, **COMMON)
+    plain = run_verl_async(stream, **kw)
+    stolen = run_verl_async(stream, steal=True, predicted=_predicted(stream), **kw)
+    assert stolen.seconds == pytest.approx(plain.seconds) and stolen.consumed_tokens == plain.consumed_tokens
+    assert stolen.policy == ("steal" if policy == "vllm" else "steal_sglang") and plain.policy == policy
+    areal = dict(batch=4, steps=3, max_staleness=int(threshold > 0), train_seconds=0.4, policy=policy, **COMMON)
+    assert run_async_rollout(stream, steal=True, predicted=_predicted(stream), replicas=1, **areal).seconds == \
+        pytest.approx(run_async_rollout(stream, replicas=1, **areal).seconds)
+    two = run_async_rollout(stream, steal=True, predicted=_predicted(stream), replicas=2, router="placed", **areal)
+    for s in two.steps:  # AReaL's loop steals too; every token of a trained group counted once
+        assert sum(s.lag_tokens) == s.tokens == sum(int(stream[g].lengths.sum()) for g in s.groups)
+
+
+@settings(max_examples=30, deadline=None)
+@given(threshold=st.sampled_from([0.0, 0.1, 1.0]), router=st.sampled_from(["least_loaded", "placed", "round_robin"]),
+       policy=st.sampled_from(["vllm", "sglang"]), resubmit=st.sampled_from([0.0, 0.05, 0.5]),
+       version=st.sampled_from(["0.9.1", "b178a3c"]), seed=st.integers(0, 40))
+def test_stealing_keeps_the_recipes_bounds_and_every_token(threshold, router, policy, resubmit, version, seed):
+    """With stealing on top of any router the recipe's count and concurrency bounds hold, every trained group
+    finished before its step, every token is trained once with its lag counted, and the router's count of
+    requests in flight never goes wrong (a LiveRouter raises on a finish it did not count)."""
+    batch, steps = 4, 3
+    bound = int(batch * (1 + threshold))
+    stream = _stream(steps * batch + bound + 1, seed=seed, high=400)
+    out = run_verl_async(stream, batch=batch, steps=steps, staleness_threshold=threshold, local_steps=2,
+                         train_seconds=0.3, update_seconds=0.05, policy=policy, replicas=3, router=router,
+                         version=version, steal=True, resubmit_seconds=resubmit, predicted=_predicted(stream, seed),
+                         budget_tokens=1024, max_new_tokens=512)
+    submitted, finished = np.asarray(out.group_submitted), np.asarray(out.group_finished)
+    updates = [s.update_end for s in out.steps]
+    for at in submitted[~np.isnan(submitted)]:
+        assert np.sum((submitted <= at) & ~(finished <= at)) <= out.max_concurrent
+    trained = [g for s in out.steps for g in s.groups]
+    assert len(trained) == len(set(trained)) == steps * batch
+    for s, end in zip(out.steps, updates):
+        assert all(finished[g] <= s.ready_seconds + 1e-12 for g in s.groups)
+        assert sum(s.lag_tokens) == s.tokens == sum(int(stream[g].lengths.sum()) for g in s.groups)
+        assert s.update_end == end
+    if threshold == 0.0:
+        assert out.stale_share == 0.0
+    assert out.consumed_tokens == sum(int(stream[g].lengths.sum()) for g in trained)
+
+
+def test_stealing_moves_work_off_a_crowded_replica(monkeypatch):
+    """Whole groups placed by their predictions leave one replica with the groups predicted short that run
+    long: stealing takes its waiting requests and moves its running ones to the replicas that drained, so the
+    same stream finishes sooner, every request it sent elsewhere leaving a replica for another."""
+    from lengthsched.runtime.dispatch import WorkStealing
+
+    rng = np.random.default_rng(2)
+    stream = [Group(f"p{i}", 400, rng.integers(300, 500, size=8)) for i in range(24)]
+    predicted = np.concatenate([np.full(8, 100 if i % 3 == 0 else 400) for i in range(24)])
+    kw = dict(batch=12, steps=2, staleness_threshold=0.0, local_steps=1, train_seconds=0.5, update_seconds=0.1,
+              policy="vllm", replicas=3, router="placed", predicted=predicted, budget_tokens=4096, max_new_tokens=512)
+    plain = run_verl_async(stream, **kw)
+    sent = []
+    real = WorkStealing._send
+
+    def spy(self, job, src, target, **kw_):
+        sent.append((self.engines.index(src), target))
+        return real(self, job, src, target, **kw_)
+
+    monkeypatch.setattr(WorkStealing, "_send", spy)
+    stolen = run_verl_async(stream, steal=True, **kw)
+    assert stolen.seconds < plain.seconds
+    assert stolen.consumed_tokens == plain.consumed_tokens
+    assert sent and all(a != b for a, b in sent)
+
+
+def test_the_placed_router_keeps_groups_whole_in_crowded_pools():
+    """router='placed' sends each group as steal places a step's groups: whole groups where the predicted
+    tokens in flight fill the pools CROWDED_POOLS times over, and verl's spread where everything fits."""
+    from simulate.asynchronous import _Placed
+
+    router = _Placed(3, np.full(12, 10.0), 1, np.array([0, 4, 8]), [4, 4, 4])
+    assert [router.select(j, 0) for j in range(4)] == [0, 0, 0, 0]
+    assert [router.select(j, 1) for j in range(4, 8)] == [1, 1, 1, 1]
+    router.finished(0, [0, 1, 2, 3])
+    assert [router.select(j, 2) for j in range(8, 12)] == [0, 0, 0, 0]  # the least predicted work in flight
+    spread = _Placed(3, np.full(6, 10.0), 3, np.array([0]), [6])
+    assert sorted(spread.select(j, 0) for j in range(6)) == [0, 0, 1, 1, 2, 2]
+    router.moved(8, 0, 2)
+    assert router.work == [30.0, 40.0, 10.0]
+
+
+def test_stealing_bad_arguments_name_themselves():
+    stream = _stream(12)
+    kw = dict(batch=4, steps=2, staleness_threshold=0.5, train_seconds=0.1, **COMMON)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_verl_async(stream, steal=True, **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_verl_async(stream, router="placed", **kw)
+    with pytest.raises(InvalidArgument, match="steal"):
+        run_verl_async(stream, steal="yes", predicted=_predicted(stream), **kw)
+    with pytest.raises(InvalidArgument, match="resubmit_seconds"):
+        run_verl_async(stream, resubmit_seconds=0.5, **kw)
+    with pytest.raises(InvalidArgument, match="resubmit_seconds"):
+        run_verl_async(stream, steal=True, resubmit_seconds=-1.0, predicted=_predicted(stream), **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.1, steal=True, **COMMON)

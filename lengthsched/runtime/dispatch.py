@@ -408,6 +408,9 @@ class WorkStealing(VLLMLike):
         self.work = np.asarray(problem.point(), dtype=np.float64)  # predicted tokens per request
         self.idle_now: set[int] = set()  # set by the caller before each decision: the replicas asleep
         self.woke: list[int] = []  # replicas this decision moved running requests to (the caller wakes them)
+        # Every request a decision sent elsewhere, as (request, target replica), where the caller keeps a
+        # router's count of requests in flight per replica (the asynchronous loops); None: not recorded.
+        self.sent: list[tuple[int, int]] | None = None
         self.now = 0.0  # set by the caller before each decision: the step's clock (modelled seconds)
         # With RESUBMIT_SECONDS: per replica, the requests in transit to it as (seconds ready, job) (shared,
         # set by the caller), and the (replica, seconds) at which this decision's targets can run them
@@ -457,6 +460,8 @@ class WorkStealing(VLLMLike):
         tokens it generated (``kv``: and its KV); another replica is woken to run it. With
         ``RESUBMIT_SECONDS`` it travels that long first (``inbox``) and ``target`` is woken then."""
         hand_over(job, src, self.engines[target], kv=kv)
+        if self.sent is not None:
+            self.sent.append((job, target))
         if self.RESUBMIT_SECONDS > 0 and self.inbox:
             ready = self.now + self.RESUBMIT_SECONDS
             self.inbox[target].append((ready, job))
