@@ -1549,6 +1549,8 @@ VERL_RUNS = (
      {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05}, "realistic"),
     ("verl fully async: threshold 0.1, verl's routing + lengthsched's stealing", "verl", "vllm",
      {"staleness_threshold": 0.1, "steal": True}, "realistic"),
+    ("verl fully async: threshold 0.1, groups placed as steal places them (no stealing)", "verl", "vllm",
+     {"staleness_threshold": 0.1, "router": "placed"}, "realistic"),
     ("verl fully async: threshold 0.5 + lengthsched (groups placed as steal places them, stolen)", "verl", "vllm",
      {"staleness_threshold": 0.5, "router": "placed", "steal": True}, "realistic"),
     ("verl fully async: threshold 0, 4 local updates, batch in flight", "verl", "vllm",
