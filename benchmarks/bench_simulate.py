@@ -1402,6 +1402,12 @@ ASYNC_RUNS = (
     ("sync: steal (lengthsched, realistic predictions)", "vllm", None, "steal", None, "realistic"),
     ("async: vllm, max_staleness 1", "vllm", 1, "round_robin", None, None),
     ("async: vllm, max_staleness 2", "vllm", 2, "round_robin", None, None),
+    ("async: steal_sglang, max_staleness 1, groups placed as steal places them, stolen (lengthsched)", "sglang", 1,
+     "placed+steal", None, "realistic"),
+    ("async: steal_sglang, max_staleness 2, groups placed as steal places them, stolen (lengthsched)", "sglang", 2,
+     "placed+steal", None, "realistic"),
+    ("async: steal, max_staleness 1, groups placed as steal places them, stolen (lengthsched, vLLM's engines)",
+     "vllm", 1, "placed+steal", None, "realistic"),
 )
 ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", "on-policy tokens/s x",
                  "stale share", "mean lag", "learner idle", "seconds per step x", "trained length x drawn"]
@@ -1423,8 +1429,10 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
             out[label] = _sync_row(groups, how, known[pred], train, kw)
             continue
         most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
+        router, _, steal = how.partition("+")  # "placed+steal": the router, and lengthsched's stealing on top
         r = run_async_rollout(groups, max_staleness=eta, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS,
-                              policy=engine, router=how, predicted=known[pred], max_concurrent=most_in_flight, **kw)
+                              policy=engine, router=router, predicted=known[pred], max_concurrent=most_in_flight,
+                              steal=steal == "steal", **kw)
         out[label] = _async_row(r)
     return out
 

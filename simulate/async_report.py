@@ -4,7 +4,9 @@ Every row runs the same stream of groups for N learner steps of B groups on the 
 asynchronous loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's
 engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work, verl 0.9.1's
 fully asynchronous recipe (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0
-and verl's default 0.1 unless given), and the project's synchronous steps (``steal_sglang`` and ``steal``: each
+and verl's default 0.1 unless given), the same recipe with lengthsched's placement and stealing inside it (each
+group placed as ``steal`` places a step's groups, drained replicas stealing and taking running requests), and
+the project's synchronous steps (``steal_sglang`` and ``steal``: each
 batch's rollout, then the learner and the update; and ``steal`` with verl's local updates, each trained as its
 slice of the batch finishes). The reference is AReaL's synchronous loop on SGLang (K = 0, its default backend).
 """
@@ -206,10 +208,14 @@ def compare_async(opts) -> AsyncComparison:
         if most > 0:
             runs.append((f"async: {engine}, K={most}, least predicted work (lengthsched)",
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
+    updates = f"{local} local update{'s' if local > 1 else ''}"
     for s_ in thresholds:
         kind = "async" if s_ else "stream"
-        runs.append((f"{kind}: vllm, S={s_:g}, {local} local update{'s' if local > 1 else ''} (verl 0.9.1 fully async)",
+        runs.append((f"{kind}: vllm, S={s_:g}, {updates} (verl 0.9.1 fully async)",
                      dict(policy="vllm", staleness_threshold=s_, local_steps=local)))
+        runs.append((f"{kind}: steal, S={s_:g}, {updates} (verl 0.9.1 fully async + lengthsched: groups placed, "
+                     "stolen)", dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="placed",
+                                     steal=True, predicted=pred)))
     rows = []
     for label, extra in runs:
         try:

@@ -658,7 +658,11 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups "
                          "finish)",
                          "stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)",
-                         "async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)"}
+                         "async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)",
+                         "stream: steal, S=0, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, "
+                         "stolen)",
+                         "async: steal, S=0.1, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, "
+                         "stolen)"}
     # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
     stream = rollout_step(SimulateOptions(prompts=20, replicas=2, group_size=4, max_new_tokens=1024,
                                           model="qwen3-1.7b", budget="3.6GiB"))
@@ -680,6 +684,10 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
     assert row["uneven_share"] == pytest.approx(verl.uneven_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
+    inside = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", router="placed",
+                            steal=True, predicted=stream.predicted, **kw)
+    row = rows["async: steal, S=0.1, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, stolen)"]
+    assert row["seconds"] == pytest.approx(inside.seconds) and row["stale_share"] == pytest.approx(inside.stale_share)
     streamed = run_sync_steps(stream.groups[:12], "steal", predicted=stream.predicted[:48], local_steps=4, **kw)
     row = rows["stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups finish)"]
     assert row["seconds"] == pytest.approx(streamed.seconds) and row["stale_share"] == 0
