@@ -1409,6 +1409,17 @@ ASYNC_RUNS = (
     ("async: steal, max_staleness 1, groups placed as steal places them, stolen (lengthsched, vLLM's engines)",
      "vllm", 1, "placed+steal", None, "realistic"),
 )
+# lengthsched inside AReaL's loop, each against AReaL's loop on the same engines at the same staleness bound
+ASYNC_PAIRS = (
+    ("async: steal_sglang, max_staleness 1, groups placed as steal places them, stolen (lengthsched)",
+     "async: sglang, max_staleness 1 (AReaL)"),
+    ("async: steal_sglang, max_staleness 2, groups placed as steal places them, stolen (lengthsched)",
+     "async: sglang, max_staleness 2 (AReaL)"),
+    ("async: steal_sglang, max_staleness 2, groups placed as steal places them, stolen (lengthsched)",
+     "async: sglang, max_staleness 2, least predicted work (lengthsched)"),
+    ("async: steal, max_staleness 1, groups placed as steal places them, stolen (lengthsched, vLLM's engines)",
+     "async: vllm, max_staleness 1"),
+)
 ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", "on-policy tokens/s x",
                  "stale share", "mean lag", "learner idle", "seconds per step x", "trained length x drawn"]
 
@@ -1491,6 +1502,28 @@ def async_rows(settings: list, runs=ASYNC_RUNS) -> list:
     return rows
 
 
+PAIRED_COLUMNS = ["share", "run", "against", "settings", "tokens/s x against", "lowest", "highest",
+                  "slower by > 0.1%", "on-policy tokens/s x against", "lowest on-policy", "stale share +"]
+
+
+def paired_rows(settings: list, pairs: tuple) -> list:
+    """Per (share, pair): each setting's tokens per second of the pair's run over its baseline's (the same stream
+    and learner), their mean, lowest and highest, the settings slower by more than 0.1%, the same for on-policy
+    tokens per second (mean, lowest), and the mean change in stale share. ``pairs``: (run, baseline) labels;
+    ``settings`` as :func:`async_rows` reads them."""
+    rows = []
+    for share in dict.fromkeys(s[0] for s in settings):
+        mine = [s[5] for s in settings if s[0] == share]
+        for run, base in pairs:
+            speed = np.array([(o[run][1] / o[run][0]) / (o[base][1] / o[base][0]) for o in mine])
+            fresh = np.array([((1 - o[run][2]) * o[run][1] / o[run][0]) / ((1 - o[base][2]) * o[base][1] / o[base][0])
+                              for o in mine])
+            rows.append([share, run, base, len(mine), float(speed.mean()), float(speed.min()), float(speed.max()),
+                         int(np.sum(speed < 0.999)), float(fresh.mean()), float(fresh.min()),
+                         float(np.mean([o[run][2] - o[base][2] for o in mine]))])
+    return rows
+
+
 def async_columns(columns: list, rows: list) -> list:
     """``columns`` (ASYNC_COLUMNS or VERL_COLUMNS) for :func:`async_rows`' ``rows``, with the uneven idle
     where they have it."""
@@ -1521,6 +1554,8 @@ def async_rl(quick: bool) -> tuple[str, list]:
                  "of B groups; the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
                  f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the "
                  "synchronous SGLang loop's", async_columns(ASYNC_COLUMNS, rows), rows)
+    text += "\n" + table("lengthsched inside AReaL's loop, per setting against AReaL's loop", PAIRED_COLUMNS,
+                         paired_rows(settings, ASYNC_PAIRS))
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
@@ -1566,6 +1601,22 @@ VERL_RUNS = (
     ("async: vllm, max_staleness 1 (AReaL)", "areal", "vllm", {"max_staleness": 1}, None),
 )
 VERL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x sync vllm + verl" for c in ASYNC_COLUMNS]
+_INSIDE = "(groups placed as steal places them, stolen)"
+# lengthsched inside verl's recipe, each against the recipe at the same threshold (and at 0, the streamed steal)
+VERL_PAIRS = (
+    (f"verl fully async: threshold 0, 4 local updates + lengthsched {_INSIDE}",
+     "verl fully async: threshold 0, 4 local updates (streamed, on-policy)"),
+    (f"verl fully async: threshold 0, 4 local updates + lengthsched {_INSIDE}",
+     "stream: steal, 4 local updates as groups finish (lengthsched, realistic predictions)"),
+    (f"verl fully async: threshold 0.1 + lengthsched {_INSIDE}", "verl fully async: threshold 0.1 (verl's default)"),
+    ("verl fully async: threshold 0.1 + lengthsched, 0.05 s to resubmit a stolen request",
+     "verl fully async: threshold 0.1 (verl's default)"),
+    ("verl fully async: threshold 0.1, verl's routing + lengthsched's stealing",
+     "verl fully async: threshold 0.1 (verl's default)"),
+    ("verl fully async: threshold 0.1, groups placed as steal places them (no stealing)",
+     "verl fully async: threshold 0.1 (verl's default)"),
+    (f"verl fully async: threshold 0.5 + lengthsched {_INSIDE}", "verl fully async: threshold 0.5"),
+)
 
 
 def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
@@ -1602,6 +1653,8 @@ def async_verl(quick: bool) -> tuple[str, list]:
                  f"synchronous vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): "
                  "trained tokens per modelled second x the synchronous vLLM + verl loop's",
                  async_columns(VERL_COLUMNS, rows), rows)
+    text += "\n" + table("lengthsched inside verl's recipe, per setting against the recipe", PAIRED_COLUMNS,
+                         paired_rows(settings, VERL_PAIRS))
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 

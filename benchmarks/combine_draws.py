@@ -24,14 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_simulate import (  # noqa: E402
     ASYNC_COLUMNS,
+    ASYNC_PAIRS,
     ASYNC_RUNS,
+    PAIRED_COLUMNS,
     PARTIAL_COLUMNS,
     PARTIAL_RUNS,
     STALENESS_RUNS,
     VERL_COLUMNS,
+    VERL_PAIRS,
     VERL_RUNS,
     async_columns,
     async_rows,
+    paired_rows,
     partial_rows,
 )
 from common import table  # noqa: E402
@@ -40,10 +44,13 @@ SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS
             "async_verl": VERL_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
+#: The sections that also compare runs with their baselines setting by setting.
+PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS}
 
 
-def combine(section: str, paths: list[str]) -> list:
-    """The section's rows over the settings of every result file in ``paths`` pooled (one draw each)."""
+def combine(section: str, paths: list[str], *, paired: bool = False) -> list:
+    """The section's rows over the settings of every result file in ``paths`` pooled (one draw each); with
+    ``paired``, its runs against their baselines setting by setting (``PAIRS``) instead."""
     if section not in SECTIONS:
         raise SystemExit(f"combine_draws.py: error: argument section: got {section!r}; expected one of "
                          + ", ".join(SECTIONS))
@@ -55,6 +62,8 @@ def combine(section: str, paths: list[str]) -> list:
             raise SystemExit(f"combine_draws.py: error: argument paths: got {path!r}; expected a bench_simulate "
                              f"result with a {section} section ({exc})") from None
         pooled += settings if section not in STEPS_SECTIONS else [x[:7] + [draw] for x in settings]
+    if paired:
+        return paired_rows(pooled, PAIRS[section]) if section in PAIRS else []
     return (partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS
             else async_rows(pooled, SECTIONS[section]))
 
@@ -133,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS
                    else async_columns(VERL_COLUMNS if section == "async_verl" else ASYNC_COLUMNS, rows))
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
+        if section in PAIRS:
+            print(table(f"{section} over {len(paths)} draws pooled, per setting against a baseline", PAIRED_COLUMNS,
+                        combine(section, paths, paired=True)))
         if section not in STEPS_SECTIONS:
             continue
         every += [r for r in rows if (r[0], r[1], r[2]) not in seen]

@@ -774,6 +774,13 @@ def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
     twice = combine("async_rl", [str(path), str(path)])
     assert [r[2] for r in twice] == [2 * r[2] for r in data["rows"]]
     assert [r[3] for r in twice] == pytest.approx([r[3] for r in data["rows"]], rel=1e-12)
+    from bench_simulate import ASYNC_PAIRS
+
+    paired = combine("async_rl", [str(path)], paired=True)  # lengthsched inside AReaL's loop against it
+    assert [(r[1], r[2]) for r in paired] == list(ASYNC_PAIRS) and all(r[3] == 2 for r in paired)
+    for r in paired:
+        assert r[5] <= r[4] <= r[6] and r[4] == pytest.approx(
+            np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "combine_draws.py"), "async_rl", str(path),
                              "--figure", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "--figure" in result.stderr
@@ -804,3 +811,14 @@ def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
     path.write_text(json.dumps({"async_verl": data}))
     twice = combine("async_verl", [str(path), str(path)])
     assert [r[3] for r in twice] == pytest.approx([r[3] for r in data["rows"]], rel=1e-12)
+    # lengthsched inside the recipe against the recipe, setting by setting (each setting twice: two "draws")
+    from bench_simulate import VERL_PAIRS, paired_rows
+
+    paired = combine("async_verl", [str(path), str(path)], paired=True)
+    assert [(r[1], r[2]) for r in paired] == list(VERL_PAIRS) and all(r[3] == 4 for r in paired)
+    for r in paired:
+        assert r[5] <= r[4] <= r[6] and 0 <= r[7] <= 4 and r[9] <= r[8] + 1e-12
+        by_setting = [(o[5][r[1]][1] / o[5][r[1]][0]) / (o[5][r[2]][1] / o[5][r[2]][0]) for o in data["settings"]]
+        assert r[4] == pytest.approx(np.mean(by_setting)) and r[7] == 2 * sum(x < 0.999 for x in by_setting)
+    same = paired_rows(data["settings"], ((VERL_RUNS[0][0], VERL_RUNS[0][0]),))
+    assert same[0][4:7] == [1.0, 1.0, 1.0] and same[0][7] == 0 and same[0][10] == 0.0
