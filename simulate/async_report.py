@@ -2,7 +2,8 @@
 
 Every row runs the same stream of groups for N learner steps of B groups on the same machines: AReaL's
 asynchronous loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's
-engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work, verl 0.9.1's
+engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work and with
+lengthsched's placement and stealing inside it (``steal_sglang`` / ``steal`` on the engines), verl 0.9.1's
 fully asynchronous recipe (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0
 and verl's default 0.1 unless given), the same recipe with lengthsched's placement and stealing inside it (each
 group placed as ``steal`` places a step's groups, drained replicas stealing and taking running requests), and
@@ -22,7 +23,14 @@ import numpy as np
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
 
-from .asynchronous import VERL_GROUPS_PER_SERVER, AsyncRollout, run_async_rollout, run_sync_steps, run_verl_async
+from .asynchronous import (
+    STEAL_POLICIES,
+    VERL_GROUPS_PER_SERVER,
+    AsyncRollout,
+    run_async_rollout,
+    run_sync_steps,
+    run_verl_async,
+)
 from .report import aligned, legend
 
 __all__ = ["AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async", "ASYNC_LEGEND",
@@ -208,6 +216,8 @@ def compare_async(opts) -> AsyncComparison:
         if most > 0:
             runs.append((f"async: {engine}, K={most}, least predicted work (lengthsched)",
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
+            runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
+                         dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
     updates = f"{local} local update{'s' if local > 1 else ''}"
     for s_ in thresholds:
         kind = "async" if s_ else "stream"

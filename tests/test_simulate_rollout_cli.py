@@ -653,6 +653,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "async: sglang, K=2, least predicted work (lengthsched)",
                          "sync: vllm, K=0, round robin (AReaL)", "async: vllm, K=2, round robin (AReaL)",
                          "async: vllm, K=2, least predicted work (lengthsched)",
+                         "async: steal_sglang, K=2, groups placed, stolen (lengthsched)",
+                         "async: steal, K=2, groups placed, stolen (lengthsched)",
                          "sync: steal_sglang (lengthsched: each batch placed and stolen, then the learner)",
                          "sync: steal (lengthsched: each batch placed and stolen, then the learner)",
                          "stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups "
@@ -684,6 +686,10 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
     assert row["uneven_share"] == pytest.approx(verl.uneven_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
+    areal = run_async_rollout(stream.groups, max_staleness=2, policy="sglang", router="placed", steal=True,
+                              predicted=stream.predicted, **kw)
+    row = rows["async: steal_sglang, K=2, groups placed, stolen (lengthsched)"]
+    assert row["seconds"] == pytest.approx(areal.seconds) and row["stale_share"] == pytest.approx(areal.stale_share)
     inside = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", router="placed",
                             steal=True, predicted=stream.predicted, **kw)
     row = rows["async: steal, S=0.1, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, stolen)"]
