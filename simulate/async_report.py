@@ -1,15 +1,15 @@
 """``lengthsched simulate --prompts B --replicas R --steps N --max-staleness K,...``: asynchronous RL.
 
-Every row runs the same stream of groups for N learner steps of B groups on the same machines: AReaL's
-asynchronous loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's
-engine (K = 0 is synchronous RL), AReaL's loop with each request routed by least predicted work and with
-lengthsched's placement and stealing inside it (``steal_sglang`` / ``steal`` on the engines), verl 0.9.1's
-fully asynchronous recipe (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0
-and verl's default 0.1 unless given), the same recipe with lengthsched's placement and stealing inside it (each
-group placed as ``steal`` places a step's groups, drained replicas stealing and taking running requests), and
-the project's synchronous steps (``steal_sglang`` and ``steal``: each
-batch's rollout, then the learner and the update; and ``steal`` with verl's local updates, each trained as its
-slice of the batch finishes). The reference is AReaL's synchronous loop on SGLang (K = 0, its default backend).
+Every row runs the same stream of groups for N learner steps of B groups on the same machines: AReaL's asynchronous
+loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's engine (K = 0 is
+synchronous RL), AReaL's loop with each request routed by least predicted work and with lengthsched's placement and
+stealing inside it (``steal_sglang`` / ``steal`` on the engines), verl 0.9.1's fully asynchronous recipe
+(:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0 and verl's default 0.1
+unless given), the same recipe with lengthsched's placement and stealing inside it (each group placed as ``steal``
+places a step's groups, drained replicas stealing and taking running requests), and the project's synchronous steps
+(``steal_sglang`` and ``steal``: each batch's rollout, then the learner and the update; and ``steal`` with verl's
+local updates, each trained as its slice of the batch finishes). The reference is AReaL's synchronous loop on
+SGLang (K = 0, its default backend).
 """
 
 from __future__ import annotations
