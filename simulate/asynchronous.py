@@ -88,6 +88,7 @@ from .rollout import (
     _OneClock,
     _prepare,
     run_rollout,
+    share_board,
     steal_ways,
 )
 
@@ -519,11 +520,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         pols.append(pol)
     home = np.full(len(flat), -1, dtype=np.int64)  # per request: the replica the router counts it on
     if steal:  # every replica sees the others' queues and engines; what it sends elsewhere is recorded
-        board, work = [pol.waiting for pol in pols], pols[0].work
-        inbox = [[] for _ in range(replicas)] if resubmit_seconds > 0 else []
+        share_board(pols, engines, [pol.waiting for pol in pols], resubmit_seconds)
         for pol in pols:
-            pol.board, pol.engines, pol.pols, pol.work, pol.inbox, pol.sent = board, engines, pols, work, inbox, []
-            pol.RESUBMIT_SECONDS = resubmit_seconds
+            pol.sent = []
     clock = _OneClock(engines)
     idle = clock.idle
 
@@ -685,13 +684,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             wake(other, now)
         pol.woke = []
         for other, at in pol.wake_at:
-            if other in idle:
-                idle.discard(other)
-                if updating():
-                    paused.add(other)
-                else:
-                    rise(other, at)
-                    resume(other, at)
+            wake(other, at)
         pol.wake_at = []
 
     submit(0.0)

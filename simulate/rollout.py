@@ -921,6 +921,17 @@ def steal_ways(groups: Sequence[Any], pred: Any, budget_tokens: int, replicas: i
 STEAL_ORDERS = ("placement", "longest", "longest_spread", "longest_crowded")
 
 
+def share_board(pols: list, engines: list, board: list, delay: float) -> None:
+    """Stealing replicas ``pols`` (one per engine of ``engines``) see every replica's queue (``board``, their
+    waiting stacks), engine and policy, and share one array of predicted work (``pols[0]``'s: what a replica
+    learns of a prompt, every replica uses); a stolen or moved request travels ``delay`` seconds (0: at once)."""
+    work = pols[0].work
+    inbox = [[] for _ in pols] if delay > 0 else []
+    for pol in pols:
+        pol.board, pol.engines, pol.pols, pol.work, pol.inbox = board, engines, pols, work, inbox
+        pol.RESUBMIT_SECONDS = delay
+
+
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
                   prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
                   offload=None):
@@ -972,17 +983,12 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
             board.append(pol.waiting)
             for job in mine:
                 eng.claim(job)
-        work = pols[0].work  # one array: what a replica learns of a prompt, every replica uses
-        delay = cls.RESUBMIT_SECONDS if resubmit is None else resubmit
-        inbox = [[] for _ in range(replicas)] if delay > 0 else []
-        for pol in pols:
-            pol.board, pol.engines, pol.pols, pol.work, pol.inbox = board, engines, pols, work, inbox
-            pol.RESUBMIT_SECONDS = delay
+        share_board(pols, engines, board, cls.RESUBMIT_SECONDS if resubmit is None else resubmit)
         if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
             coord = StealCoordinator(replicas, budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
             for r, stack in enumerate(board):
                 for job in stack[::-1]:  # queue order
-                    coord.submit(job, r, float(work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
+                    coord.submit(job, r, float(pols[0].work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
                                  group=int(owner[job]))
             for pol in pols:
                 pol.coord = coord
