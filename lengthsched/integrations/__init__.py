@@ -32,7 +32,9 @@ each module's docstring names the files).
 - verl: :mod:`lengthsched.integrations.verl` (``LengthschedAgentLoopManager``,
   :class:`PlannedLoadBalancer`, :func:`verl_rollout_config`); stealing inside verl's rollout:
   :mod:`lengthsched.integrations.verl_stealing` (``LengthschedStealingAgentLoopManager``, the vLLM
-  server's snapshots, :class:`StealDriver`).
+  server's snapshots, :class:`StealDriver`); inside verl's fully asynchronous recipe:
+  :mod:`lengthsched.integrations.verl_async` (``LengthschedFullyAsyncAgentLoopManager``: each group
+  placed by predicted work, one driver stealing for the whole run; ``install``, ``setup_hook``).
 - slime: :mod:`lengthsched.integrations.slime` (its ``--rollout-function-path`` and
   ``--custom-generate-function-path`` hooks: every batch planned, each sample sent to its planned
   SGLang engine; modelled on slime at commit 624b824, tested against a fake slime).

@@ -192,6 +192,12 @@ class StealCoordinator:
         replica = self._replica("replica", replica)
         return [j for j in self._on[replica] if not self._requests[j].running]
 
+    def loads(self) -> list[float]:
+        """Per replica, the predicted tokens of the requests on it (running, waiting or in transit there,
+        each counted at its whole predicted length until it finishes): what a router that places new
+        work by the replicas' loads reads (the simulator's ``placed`` router counts the same)."""
+        return [float(sum(self._requests[j].predicted for j in on)) for on in self._on]
+
     def replica_of(self, request: Hashable) -> int | None:
         """Where ``request`` runs (or, after a move, goes); None when unknown or finished."""
         req = self._requests.get(request)

@@ -357,25 +357,13 @@ class RolloutPlanner:
         its predictor's own model of what is left after the row's progress. ``loads``: predicted tokens each
         replica already has (:func:`~lengthsched.integrations.plan_rollout`'s; ``groups`` and ``ways`` place
         from them)."""
-        if "uid" not in non_tensor_batch:
-            raise InvalidArgument("non_tensor_batch", sorted(non_tensor_batch), "a 'uid' column (verl's group id)")
-        uids = [u.item() if isinstance(u, np.generic) else u for u in np.asarray(non_tensor_batch["uid"]).tolist()]
-        prompts = non_tensor_batch.get("raw_prompt")
-        keys = [prompt_key(p) for p in prompts] if prompts is not None else [str(u) for u in uids]
-        if len(keys) != len(uids):
-            raise InvalidArgument("raw_prompt", f"{len(keys)} rows", f"{len(uids)} rows, one per uid")
-        first: dict[Hashable, int] = {}
-        for i, u in enumerate(uids):
-            first.setdefault(u, i)
-        per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
-                                                    max_new_tokens=self.max_new_tokens)))
+        uids, keys, work = self.predict(non_tensor_batch)
         placement = self.placement_for(keys)
         extra: dict[str, Any] = {}
         if placement in ("ways", "classes"):
             extra = {"prompt_lens": batch_prompt_tokens(non_tensor_batch, len(uids)), "budget_tokens": self.pool_tokens}
         if placement == "classes":
             extra.update(max_new_tokens=self.max_new_tokens, cost=self.cost)
-        work = [int(per_group[u]) for u in uids]
         generated = non_tensor_batch.get("generated")
         if generated is not None:
             done = as_lengths("generated", np.asarray(generated).reshape(-1), minimum=0, allow_empty=True)
@@ -394,6 +382,24 @@ class RolloutPlanner:
                             order=self.order_for(placement, replicas), **extra)
         self.last_plan = plan
         return plan, keys
+
+    def predict(self, non_tensor_batch: Mapping[str, Any]) -> tuple[list[Hashable], list[str], list[int]]:
+        """Per row of a batch (``uid`` per row; ``raw_prompt`` per row, else the uid is the key): its group
+        id, its prompt key (:func:`prompt_key`) and its group's predicted length (tokens; the predictor is
+        asked once per group)."""
+        if "uid" not in non_tensor_batch:
+            raise InvalidArgument("non_tensor_batch", sorted(non_tensor_batch), "a 'uid' column (verl's group id)")
+        uids = [u.item() if isinstance(u, np.generic) else u for u in np.asarray(non_tensor_batch["uid"]).tolist()]
+        prompts = non_tensor_batch.get("raw_prompt")
+        keys = [prompt_key(p) for p in prompts] if prompts is not None else [str(u) for u in uids]
+        if len(keys) != len(uids):
+            raise InvalidArgument("raw_prompt", f"{len(keys)} rows", f"{len(uids)} rows, one per uid")
+        first: dict[Hashable, int] = {}
+        for i, u in enumerate(uids):
+            first.setdefault(u, i)
+        per_group = dict(zip(first, predict_lengths(self.predictor, [keys[i] for i in first.values()],
+                                                    max_new_tokens=self.max_new_tokens)))
+        return uids, keys, [int(per_group[u]) for u in uids]
 
     def order_for(self, placement: str, replicas: int) -> str | None:
         """How a plan with ``placement`` on ``replicas`` ranks each replica's rows: ``order`` when given,
@@ -425,12 +431,17 @@ class RolloutPlanner:
         batch.non_tensor_batch["priority"] = np.asarray(plan.priority, dtype=np.int64)
         return plan, keys
 
-    def observe(self, keys: Sequence[str], lengths: Sequence[int]) -> int:
+    def observe(self, keys: Sequence[str], lengths: Sequence[int], step: int | None = None) -> int:
         """Feed one training batch's response lengths (tokens, per row) to the predictor as the next
-        rollout step. Returns the rows fed (0 for a predictor without ``observe``)."""
+        rollout step, or as rollout step ``step`` (at least the latest: an asynchronous rollout feeds each
+        group as it comes back, under the weight version it belongs to). Returns the rows fed (0 for a
+        predictor without ``observe``)."""
         if len(keys) != len(lengths):
             raise InvalidArgument("lengths", f"{len(lengths)} values", f"{len(keys)} values, one per key")
-        self.steps += 1
+        if step is None:
+            self.steps += 1
+        else:
+            self.steps = max(self.steps, check_int("step", step, minimum=0))
         fed = observe_lengths(self.predictor, keys, lengths, step=self.steps)
         by_prompt: dict[Hashable, list[int]] = {}
         for key, length in zip(keys, lengths):

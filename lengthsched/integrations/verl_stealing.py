@@ -94,6 +94,7 @@ __all__ = [
     "StealDriver",
     "StealOptions",
     "abort_engine_request",
+    "carried_tokens",
     "engine_snapshot",
     "make_stealing_agent_loop_manager_class",
     "make_stealing_client_class",
@@ -244,16 +245,20 @@ def register_vllm_server(registry: Any = None) -> None:
 
 
 # ----------------------------------------------------------------------------- request ids
-def vllm_request_id(key: Any, request_id: str) -> str:
+def vllm_request_id(key: Any, request_id: str, carried: int | None = None) -> str:
     """The vLLM request id of one attempt of a request: ``ls:{key}~{request_id}~{random}``, where ``key``
     names the row for the coordinator (the manager uses the row's unique priority) and ``request_id`` is
-    the client's (the router's sticky key). Unique per attempt, as verl's fresh uuids are."""
+    the client's (the router's sticky key). Unique per attempt, as verl's fresh uuids are. ``carried``:
+    tokens of the request's earlier attempts that this attempt's prompt carries (the random part then
+    reads ``{carried}.{random}``; :func:`carried_tokens` reads it back), so that a driver counts a
+    request resumed after any abort (a move, or verl's own at a weight update) at its whole progress."""
     key = str(key)
     if not key or _SEP in key:
         raise InvalidArgument("key", key, f"a non-empty row key without {_SEP!r}")
     if not isinstance(request_id, str):
         raise InvalidArgument("request_id", request_id, "the client's request id (a string)")
-    return f"{_PREFIX}{key}{_SEP}{request_id}{_SEP}{uuid.uuid4().hex}"
+    tail = uuid.uuid4().hex if carried is None else f"{check_int('carried', carried, minimum=0)}.{uuid.uuid4().hex}"
+    return f"{_PREFIX}{key}{_SEP}{request_id}{_SEP}{tail}"
 
 
 def parse_vllm_request_id(vllm_id: str) -> tuple[str, str] | None:
@@ -266,6 +271,15 @@ def parse_vllm_request_id(vllm_id: str) -> tuple[str, str] | None:
     if not (key and sep and sep2):
         return None
     return key, request_id
+
+
+def carried_tokens(vllm_id: str) -> int | None:
+    """The tokens of earlier attempts a :func:`vllm_request_id` made with ``carried`` says its prompt
+    carries; None when the id does not say (made without it, or not a lengthsched id)."""
+    if parse_vllm_request_id(vllm_id) is None:
+        return None
+    count, dot, _ = vllm_id.rpartition(_SEP)[2].partition(".")
+    return int(count) if dot and count.isdigit() else None
 
 
 def _moved(output: Any) -> bool:
@@ -331,7 +345,8 @@ def make_stealing_client_class(base: type) -> type:
 
     - vLLM request ids are :func:`vllm_request_id` of the request's ``priority`` (the field the router
       reads, seen in ``_acquire_server`` just before ``_vllm_request_id`` in the same ``generate``
-      call) and its request id; a request without a priority keeps verl's id;
+      call), its request id and the tokens of earlier attempts the attempt's prompt carries (its prompt
+      length less the request's own, seen in ``generate``); a request without a priority keeps verl's id;
     - attempts aborted for a move (:data:`MOVED`, set by ``LengthschedVLLMHttpServer.abort_request``)
       are resubmitted at once (:func:`resume_moved`), not after verl's 1 s wait, which the simulator
       found eats most of what stealing gains (docs/benchmarks.md, "Resubmission delay").
@@ -357,20 +372,32 @@ def make_stealing_client_class(base: type) -> type:
         """verl's fully-async client with vLLM request ids a StealDriver can map back to rows, resubmitting
         the attempts it moved at once."""
 
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+            prompts = self.__dict__.setdefault("_lengthsched_prompts", {})
+            prompts[request_id] = len(prompt_ids)  # the request's own prompt: later attempts carry more
+            try:
+                return await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+                                              **kwargs)
+            finally:
+                prompts.pop(request_id, None)
+
         async def _acquire_server(self, request_id: str, **extra: Any):
             priority = extra.get("priority")
             keys = self.__dict__.setdefault("_lengthsched_keys", {})
             if priority is None:
                 keys.pop(request_id, None)
             else:
-                keys[request_id] = int(priority)
+                first = self.__dict__.get("_lengthsched_prompts", {}).get(request_id)
+                ids = extra.get("prompt_ids")
+                carried = None if first is None or ids is None else max(0, len(ids) - first)
+                keys[request_id] = (int(priority), carried)
             return await super()._acquire_server(request_id, **extra)
 
         def _vllm_request_id(self, request_id: str) -> str:
             key = self.__dict__.get("_lengthsched_keys", {}).pop(request_id, None)
             if key is None:
                 return super()._vllm_request_id(request_id)
-            return vllm_request_id(key, request_id)
+            return vllm_request_id(key[0], request_id, key[1])
 
     StealingLLMServerClient.__module__ = __name__
     return StealingLLMServerClient
@@ -389,6 +416,9 @@ async def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 class _Row:
     request: Hashable
     replica: int
+    predicted: float = 0.0  # as submitted (tokens)
+    prompt: int = 0  # prompt tokens, as submitted
+    group: Hashable = None
     seen: bool = False  # its current attempt appeared in a snapshot
     carried: int = 0  # tokens of earlier (aborted) attempts, in its prompt now
     client_id: str | None = None  # the client's request id (the router's key)
@@ -398,12 +428,14 @@ class _Row:
 @dataclass
 class DriverStats:
     """What a :class:`StealDriver` did: polls, moves applied, moves cancelled (the abort found nothing,
-    or the request had not reached its engine yet), polls that failed (logged)."""
+    or the request had not reached its engine yet), polls that failed (logged), requests resumed (back
+    in a snapshot after the coordinator had let them go)."""
 
     polls: int = 0
     applied: list[Move] = field(default_factory=list)
     cancelled: int = 0
     errors: int = 0
+    resumed: int = 0  # requests seen again after leaving every snapshot (verl's own aborts), submitted again
 
 
 class StealDriver:
@@ -421,7 +453,10 @@ class StealDriver:
     target)`` then ``source.abort_request(vllm id, reset_prefix_cache=False)``; the fully-async client
     resubmits it (prompt plus tokens) through the router, to the target. A move whose abort finds nothing
     is cancelled (``coordinator.cancel``) and the route restored. A request submitted and not yet seen by
-    its engine counts as waiting there, and cannot move before it is seen.
+    its engine counts as waiting there, and cannot move before it is seen. A request that left every
+    snapshot (the coordinator let it go as finished) and comes back, as verl's fully-async client brings
+    back the requests its weight updates abort, is submitted again where it appears, at the progress its
+    vLLM id carries (:func:`carried_tokens`), so a driver can run for a whole asynchronous run.
     """
 
     def __init__(self, coordinator: StealCoordinator, router: Any, servers: Sequence[Any], *,
@@ -448,7 +483,8 @@ class StealDriver:
         if not key or _SEP in key:
             raise InvalidArgument("request", request, f"a request key whose text is non-empty and has no {_SEP!r}")
         self.coordinator.submit(request, replica, predicted, prompt_tokens=prompt_tokens, group=group)
-        self._rows[key] = _Row(request, self.coordinator.replica_of(request))
+        self._rows[key] = _Row(request, self.coordinator.replica_of(request), float(predicted), int(prompt_tokens),
+                               group)
 
     def finish(self, request: Hashable) -> None:
         """``request``'s answer is in."""
@@ -511,8 +547,18 @@ class StealDriver:
             row = self._rows.get(parsed[0]) if parsed else None
             if row is None:
                 continue
+            carried = carried_tokens(vid)
+            if carried is not None:
+                row.carried = carried
             row.seen, row.client_id, row.vllm_id = True, parsed[1], vid
             out[row.request] = row.carried + check_int("generated", tokens, minimum=0)
+            if self.coordinator.replica_of(row.request) is None:
+                # The coordinator took it for finished (it left every snapshot: verl's own abort at a weight
+                # update, resubmitted by its client after a wait); it is back, here, with its progress.
+                self.coordinator.submit(row.request, replica, row.predicted, prompt_tokens=row.prompt,
+                                        group=row.group, generated=out[row.request])
+                row.replica = replica
+                self.stats.resumed += 1
         for row in self._rows.values():  # sent, not yet on its engine: it waits there
             if not row.seen and row.request not in out and self.coordinator.replica_of(row.request) == replica:
                 out[row.request] = row.carried
