@@ -1658,6 +1658,52 @@ def async_verl(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
+# lengthsched inside verl's recipe as lengthsched.integrations.verl_async runs it: its StealDriver decides from
+# snapshots (steal_observed) polled every 0.25 s (StealOptions' default), a moved request resubmitted in about
+# 0.05 s; against the same with exact knowledge of the engines (the async_verl rows) and slower polls.
+DRIVER_RUNS = (
+    ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
+    ("verl fully async: threshold 0.1 + lengthsched, 0.05 s to resubmit a stolen request", "verl", "vllm",
+     {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05}, "realistic"),
+    ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, "router": "placed", "steal": True,
+                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25}, "realistic"),
+    ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, snapshots every 1 s", "verl", "vllm",
+     {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05,
+      "snapshot_seconds": 1.0}, "realistic"),
+    ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
+     {"staleness_threshold": 0.0}, None),
+    ("verl fully async: threshold 0 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, "router": "placed", "steal": True,
+                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25}, "realistic"),
+)
+DRIVER_PAIRS = (
+    (DRIVER_RUNS[1][0], DRIVER_RUNS[0][0]),
+    (DRIVER_RUNS[2][0], DRIVER_RUNS[0][0]),
+    (DRIVER_RUNS[3][0], DRIVER_RUNS[0][0]),
+    (DRIVER_RUNS[2][0], DRIVER_RUNS[1][0]),
+    (DRIVER_RUNS[5][0], DRIVER_RUNS[4][0]),
+)
+DRIVER_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x the recipe at threshold 0.1"
+                  for c in ASYNC_COLUMNS]
+
+
+def async_verl_driver(quick: bool) -> tuple[str, list]:
+    """lengthsched inside verl's recipe as its integration (lengthsched.integrations.verl_async) runs it:
+    stealing decided from snapshots polled every 0.25 s (and 1 s), against the same decided from the engines'
+    exact state and against the recipe, on async_verl's settings."""
+    settings, steps = _async_settings(partial(_verl_unit, runs=DRIVER_RUNS), quick)
+    rows = async_rows(settings, DRIVER_RUNS)
+    text = table(f"lengthsched.integrations.verl_async inside verl's recipe ({_cost_label()}, seed {ROLLOUT_SEED}, "
+                 f"L_max 4096, G = 16, {steps} weight versions of B groups, the learner's seconds per version = share "
+                 "x the mean synchronous vLLM + verl rollout, each update pauses every engine "
+                 f"{ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's at threshold 0.1",
+                 async_columns(DRIVER_COLUMNS, rows), rows)
+    text += "\n" + table("lengthsched.integrations.verl_async, per setting against the recipe and against exact "
+                         "knowledge", PAIRED_COLUMNS, paired_rows(settings, DRIVER_PAIRS))
+    return text, {"rows": rows, "settings": settings, "steps": steps}
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -2259,7 +2305,7 @@ def main(argv=None) -> int:
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
-                "async_verl": async_verl,
+                "async_verl": async_verl, "async_verl_driver": async_verl_driver,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

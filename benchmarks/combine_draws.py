@@ -1,10 +1,10 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
-``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl`` and
-``--sections async_verl`` each run one draw (``--seed``); this reads their JSON results and prints the section's
-table over all the draws' settings pooled: means over every setting of every draw (each draw has the same
-settings, so the mean of the draws' means), the lowest and worst over all of them, and the slower ones counted
-over all of them.
+``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
+``--sections async_verl`` and ``--sections async_verl_driver`` each run one draw (``--seed``); this reads their
+JSON results and prints the section's table over all the draws' settings pooled: means over every setting of
+every draw (each draw has the same settings, so the mean of the draws' means), the lowest and worst over all of
+them, and the slower ones counted over all of them.
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
         benchmarks/results/simulate_rollout_staleness_seed12.json ...
@@ -26,6 +26,9 @@ from bench_simulate import (  # noqa: E402
     ASYNC_COLUMNS,
     ASYNC_PAIRS,
     ASYNC_RUNS,
+    DRIVER_COLUMNS,
+    DRIVER_PAIRS,
+    DRIVER_RUNS,
     PAIRED_COLUMNS,
     PARTIAL_COLUMNS,
     PARTIAL_RUNS,
@@ -41,11 +44,13 @@ from bench_simulate import (  # noqa: E402
 from common import table  # noqa: E402
 
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
-            "async_verl": VERL_RUNS}
+            "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
-PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS}
+PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS}
+#: The columns of each asynchronous section's table.
+COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS}
 
 
 def combine(section: str, paths: list[str], *, paired: bool = False) -> list:
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for section, paths in groups:
         rows = combine(section, paths)
         columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS
-                   else async_columns(VERL_COLUMNS if section == "async_verl" else ASYNC_COLUMNS, rows))
+                   else async_columns(COLUMNS[section], rows))
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
         if section in PAIRS:
             print(table(f"{section} over {len(paths)} draws pooled, per setting against a baseline", PAIRED_COLUMNS,

@@ -73,7 +73,8 @@ from typing import Any
 import numpy as np
 
 from lengthsched import InvalidArgument
-from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
+from lengthsched.integrations import StealCoordinator
 from lengthsched.integrations.rollout import place_ways
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.baselines import ran_dry
@@ -292,7 +293,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
                       cost: Any = None,
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
-                      steal: bool = False, resubmit_seconds: float = 0.0) -> AsyncRollout:
+                      steal: bool = False, resubmit_seconds: float = 0.0,
+                      snapshot_seconds: float | None = None) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -320,6 +322,11 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             ``predicted``. The router counts a stolen or moved request on its new replica.
         resubmit_seconds: with ``steal``, seconds a stolen or moved request travels before its new replica
             can run it (``WorkStealing.RESUBMIT_SECONDS``: the framework's abort and resubmission; 0: at once).
+        snapshot_seconds: with ``steal`` on vLLM's engines, decide from snapshots as a framework's driver
+            does (``steal_observed``: a :class:`lengthsched.integrations.StealCoordinator` told where each
+            request was routed, seeing each replica's requests and their tokens at most every
+            ``snapshot_seconds`` of modelled time, a poll interval) instead of from the engines' exact state;
+            None: exact (``steal``).
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -331,7 +338,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      update_seconds=update_seconds, train_seconds_per_token=train_seconds_per_token, policy=policy,
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
-                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds)
+                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
+                     snapshot_seconds=snapshot_seconds)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -341,7 +349,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                    predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
                    cost: Any = None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                    max_num_seqs: int | None = None, version: str = "0.9.1", steal: bool = False,
-                   resubmit_seconds: float = 0.0) -> AsyncRollout:
+                   resubmit_seconds: float = 0.0, snapshot_seconds: float | None = None) -> AsyncRollout:
     """Simulate ``steps`` weight versions of verl's fully asynchronous recipe (see the module docstring).
 
     Args:
@@ -368,9 +376,11 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
             flight; b178a3c: ``round_robin``, the fewest sent so far, and the requests an update aborted are
             routed again when they resume).
         predicted, replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs, steal,
-            resubmit_seconds: as for :func:`run_async_rollout` (``steal``: what a lengthsched stealing driver
-            inside the recipe would do; verl's own client waits 1 s before it resubmits an aborted request,
-            ``lengthsched.integrations.verl_stealing``'s client about 0.05 s).
+            resubmit_seconds, snapshot_seconds: as for :func:`run_async_rollout` (``steal``: what a lengthsched
+            stealing driver inside the recipe would do; verl's own client waits 1 s before it resubmits an
+            aborted request, ``lengthsched.integrations.verl_stealing``'s client about 0.05 s;
+            ``snapshot_seconds``: the driver's poll interval, 0.25 s by default in
+            ``lengthsched.integrations.verl_async``).
         version: whose code: ``"0.9.1"`` (the released wheel) or ``"b178a3c"`` (January 2026), one of
             :data:`VERL_VERSIONS` (module docstring).
     """
@@ -399,7 +409,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      update_seconds=update_seconds, train_seconds_per_token=train_seconds_per_token, policy=policy,
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
-                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds)
+                     max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
+                     snapshot_seconds=snapshot_seconds)
 
 
 def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
@@ -454,7 +465,8 @@ class _Rules:
 def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, need_text: str, train_seconds: float,
               update_seconds: float, train_seconds_per_token: float, policy: str, router: str, predicted: Any,
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
-              max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0) -> AsyncRollout:
+              max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
+              snapshot_seconds: float | None = None) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
     engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
@@ -475,6 +487,12 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if resubmit_seconds > 0 and not steal:
         raise InvalidArgument("resubmit_seconds", resubmit_seconds, "0 without steal (only stolen and moved "
                                                                     "requests are resubmitted)")
+    if snapshot_seconds is not None:
+        snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
+        if not steal or policy != "vllm":
+            raise InvalidArgument("snapshot_seconds", snapshot_seconds,
+                                  f"None with steal={steal} and policy={policy!r} (snapshots drive stealing on "
+                                  "vLLM's engines: steal_observed)")
     if (router in ("least_work", "placed") or steal) != (predicted is not None):
         raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
                               "predictions with routers 'least_work' and 'placed' or with steal, and only with them")
@@ -504,7 +522,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             _LeastWork(replicas, common["pred"]) if router == "least_work" else
             _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else _Live(router, replicas))
     engines, pols = [], []
-    kind = STEAL_POLICIES[policy] if steal else policy
+    kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
     problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],
                       slots=common["max_seqs"], prompt_ids=common["job_keys"],
                       predicted=common["pred"] if steal else None)
@@ -523,6 +541,13 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         share_board(pols, engines, [pol.waiting for pol in pols], resubmit_seconds)
         for pol in pols:
             pol.sent = []
+    coord = None  # steal_observed: the driver's view, told where each request was routed
+    if snapshot_seconds is not None:
+        cls = POLICIES[kind].cls
+        coord = StealCoordinator(replicas, common["budget"], chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE,
+                                 room=cls.ROOM)
+        for pol in pols:
+            pol.coord, pol.SNAPSHOT_SECONDS = coord, snapshot_seconds
     clock = _OneClock(engines)
     idle = clock.idle
 
@@ -585,6 +610,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                 home[job] = r
                 pols[r].waiting.insert(0, job)
                 engines[r].claim(job)
+                if coord is not None:
+                    coord.submit(job, r, float(common["pred"][job]), prompt_tokens=int(plens[g]), group=g)
                 wake(r, now)
 
     def start_training(now: float) -> None:
@@ -633,6 +660,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             home[job] = dst
             hand_over(job, engines[src], engines[dst])
             pols[dst].waiting.insert(0, job)
+            if coord is not None:
+                coord.submit(job, dst, float(common["pred"][job]), prompt_tokens=int(plens[owner[job]]),
+                             group=int(owner[job]), generated=int(engines[dst].done[job]))
             if dst in idle:  # asleep through the update: it wakes with the others
                 idle.discard(dst)
                 paused.add(dst)

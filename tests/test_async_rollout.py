@@ -357,6 +357,9 @@ def test_stealing_on_one_replica_is_the_engine_alone(policy, threshold):
     stolen = run_verl_async(stream, steal=True, predicted=_predicted(stream), **kw)
     assert stolen.seconds == pytest.approx(plain.seconds) and stolen.consumed_tokens == plain.consumed_tokens
     assert stolen.policy == ("steal" if policy == "vllm" else "steal_sglang") and plain.policy == policy
+    if policy == "vllm":  # decided from snapshots (a driver's polls): nothing to decide on one replica either
+        observed = run_verl_async(stream, steal=True, predicted=_predicted(stream), snapshot_seconds=0.25, **kw)
+        assert observed.seconds == pytest.approx(plain.seconds) and observed.policy == "steal_observed"
     areal = dict(batch=4, steps=3, max_staleness=int(threshold > 0), train_seconds=0.4, policy=policy, **COMMON)
     assert run_async_rollout(stream, steal=True, predicted=_predicted(stream), replicas=1, **areal).seconds == \
         pytest.approx(run_async_rollout(stream, replicas=1, **areal).seconds)
@@ -368,8 +371,10 @@ def test_stealing_on_one_replica_is_the_engine_alone(policy, threshold):
 @settings(max_examples=30, deadline=None)
 @given(threshold=st.sampled_from([0.0, 0.1, 1.0]), router=st.sampled_from(["least_loaded", "placed", "round_robin"]),
        policy=st.sampled_from(["vllm", "sglang"]), resubmit=st.sampled_from([0.0, 0.05, 0.5]),
-       version=st.sampled_from(["0.9.1", "b178a3c"]), seed=st.integers(0, 40))
-def test_stealing_keeps_the_recipes_bounds_and_every_token(threshold, router, policy, resubmit, version, seed):
+       version=st.sampled_from(["0.9.1", "b178a3c"]), seed=st.integers(0, 40),
+       snapshot=st.sampled_from([None, None, 0.25, 1.0]))
+def test_stealing_keeps_the_recipes_bounds_and_every_token(threshold, router, policy, resubmit, version, seed,
+                                                           snapshot):
     """With stealing on top of any router the recipe's count and concurrency bounds hold, every trained group
     finished before its step, every token is trained once with its lag counted, and the router's count of
     requests in flight never goes wrong (a LiveRouter raises on a finish it did not count)."""
@@ -379,7 +384,8 @@ def test_stealing_keeps_the_recipes_bounds_and_every_token(threshold, router, po
     out = run_verl_async(stream, batch=batch, steps=steps, staleness_threshold=threshold, local_steps=2,
                          train_seconds=0.3, update_seconds=0.05, policy=policy, replicas=3, router=router,
                          version=version, steal=True, resubmit_seconds=resubmit, predicted=_predicted(stream, seed),
-                         budget_tokens=1024, max_new_tokens=512)
+                         budget_tokens=1024, max_new_tokens=512,
+                         snapshot_seconds=snapshot if policy == "vllm" else None)
     submitted, finished = np.asarray(out.group_submitted), np.asarray(out.group_finished)
     updates = [s.update_end for s in out.steps]
     for at in submitted[~np.isnan(submitted)]:
@@ -421,6 +427,25 @@ def test_stealing_moves_work_off_a_crowded_replica(monkeypatch):
     assert sent and all(a != b for a, b in sent)
 
 
+def test_stealing_from_snapshots_follows_what_the_driver_is_told():
+    """steal_observed inside verl's recipe (what lengthsched.integrations.verl_async runs): a coordinator told
+    where the router sent each request, deciding from snapshots, moves work a replica that drained can take,
+    and gains as stealing from the engines' exact state does (within a little) on a stream whose whole groups
+    are placed on predictions that miss."""
+    rng = np.random.default_rng(5)
+    stream = [Group(f"p{i}", 200, rng.integers(50, 900, size=8)) for i in range(40)]
+    predicted = np.concatenate([np.full(8, 400) for _ in range(40)])
+    kw = dict(batch=12, steps=3, staleness_threshold=0.1, local_steps=1, train_seconds=0.5, update_seconds=0.1,
+              policy="vllm", replicas=3, router="placed", predicted=predicted, budget_tokens=6000,
+              max_new_tokens=1024)
+    plain = run_verl_async(stream, **kw)
+    exact = run_verl_async(stream, steal=True, resubmit_seconds=0.05, **kw)
+    observed = run_verl_async(stream, steal=True, resubmit_seconds=0.05, snapshot_seconds=0.25, **kw)
+    assert observed.policy == "steal_observed" and observed.consumed_tokens == plain.consumed_tokens
+    assert observed.seconds < plain.seconds and exact.seconds < plain.seconds
+    assert observed.seconds <= 1.05 * exact.seconds
+
+
 def test_the_placed_router_keeps_groups_whole_in_crowded_pools():
     """router='placed' sends each group as steal places a step's groups: whole groups where the predicted
     tokens in flight fill the pools CROWDED_POOLS times over, and verl's spread where everything fits."""
@@ -452,3 +477,10 @@ def test_stealing_bad_arguments_name_themselves():
         run_verl_async(stream, steal=True, resubmit_seconds=-1.0, predicted=_predicted(stream), **kw)
     with pytest.raises(InvalidArgument, match="predicted"):
         run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.1, steal=True, **COMMON)
+    with pytest.raises(InvalidArgument, match="snapshot_seconds"):
+        run_verl_async(stream, snapshot_seconds=0.25, **kw)  # without steal
+    with pytest.raises(InvalidArgument, match="snapshot_seconds"):
+        run_verl_async(stream, steal=True, snapshot_seconds=0.0, predicted=_predicted(stream), **kw)
+    with pytest.raises(InvalidArgument, match="snapshot_seconds"):
+        run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.1, steal=True, policy="sglang",
+                          snapshot_seconds=0.25, predicted=_predicted(stream), **COMMON)
