@@ -5,8 +5,10 @@ loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's 
 synchronous RL), AReaL's loop with each request routed by least predicted work and with lengthsched's placement and
 stealing inside it (``steal_sglang`` / ``steal`` on the engines), verl 0.9.1's fully asynchronous recipe
 (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0 and verl's default 0.1
-unless given), the same recipe with lengthsched's placement and stealing inside it (each group placed as ``steal``
-places a step's groups, drained replicas stealing and taking running requests), and the project's synchronous steps
+unless given), the same recipe with lengthsched's placement and stealing inside it as
+:mod:`lengthsched.integrations.verl_async` runs it (each group placed as ``steal`` places a step's groups, drained
+replicas stealing and taking running requests, decided from snapshots polled every 0.25 s, a moved request landing
+0.05 s later: ``steal_observed``), and the project's synchronous steps
 (``steal_sglang`` and ``steal``: each batch's rollout, then the learner and the update; and ``steal`` with verl's
 local updates, each trained as its slice of the batch finishes). The reference is AReaL's synchronous loop on
 SGLang (K = 0, its default backend).
@@ -22,6 +24,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 
 from .asynchronous import (
     STEAL_POLICIES,
@@ -41,6 +44,9 @@ MAX_STALENESS = 64
 #: The largest ``--staleness-threshold`` accepted (a share of the batch), and the thresholds shown without it.
 MAX_THRESHOLD = 64.0
 VERL_THRESHOLDS = (0.0, 0.1)
+#: How lengthsched.integrations.verl_async's driver decides: its default poll interval and the estimated seconds a
+#: moved request takes to land (the arguments of run_verl_async for the recipe with lengthsched inside).
+INTEGRATION = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS}
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {
@@ -223,9 +229,10 @@ def compare_async(opts) -> AsyncComparison:
         kind = "async" if s_ else "stream"
         runs.append((f"{kind}: vllm, S={s_:g}, {updates} (verl 0.9.1 fully async)",
                      dict(policy="vllm", staleness_threshold=s_, local_steps=local)))
-        runs.append((f"{kind}: steal, S={s_:g}, {updates} (verl 0.9.1 fully async + lengthsched: groups placed, "
-                     "stolen)", dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="placed",
-                                     steal=True, predicted=pred)))
+        runs.append((f"{kind}: steal_observed, S={s_:g}, {updates} (verl 0.9.1 fully async + "
+                     "lengthsched.integrations.verl_async: groups placed, stolen)",
+                     dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="placed", steal=True,
+                          predicted=pred, **INTEGRATION)))
     rows = []
     for label, extra in runs:
         try:

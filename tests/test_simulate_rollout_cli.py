@@ -661,10 +661,10 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "finish)",
                          "stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)",
                          "async: vllm, S=0.1, 4 local updates (verl 0.9.1 fully async)",
-                         "stream: steal, S=0, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, "
-                         "stolen)",
-                         "async: steal, S=0.1, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, "
-                         "stolen)"}
+                         "stream: steal_observed, S=0, 4 local updates (verl 0.9.1 fully async + "
+                         "lengthsched.integrations.verl_async: groups placed, stolen)",
+                         "async: steal_observed, S=0.1, 4 local updates (verl 0.9.1 fully async + "
+                         "lengthsched.integrations.verl_async: groups placed, stolen)"}
     # the stream: (3 steps + K 2) x 4 prompts, as one rollout step of 20 prompts draws them
     stream = rollout_step(SimulateOptions(prompts=20, replicas=2, group_size=4, max_new_tokens=1024,
                                           model="qwen3-1.7b", budget="3.6GiB"))
@@ -691,8 +691,9 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     row = rows["async: steal_sglang, K=2, groups placed, stolen (lengthsched)"]
     assert row["seconds"] == pytest.approx(areal.seconds) and row["stale_share"] == pytest.approx(areal.stale_share)
     inside = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", router="placed",
-                            steal=True, predicted=stream.predicted, **kw)
-    row = rows["async: steal, S=0.1, 4 local updates (verl 0.9.1 fully async + lengthsched: groups placed, stolen)"]
+                            steal=True, predicted=stream.predicted, snapshot_seconds=0.25, resubmit_seconds=0.05, **kw)
+    row = rows["async: steal_observed, S=0.1, 4 local updates (verl 0.9.1 fully async + "
+               "lengthsched.integrations.verl_async: groups placed, stolen)"]
     assert row["seconds"] == pytest.approx(inside.seconds) and row["stale_share"] == pytest.approx(inside.stale_share)
     streamed = run_sync_steps(stream.groups[:12], "steal", predicted=stream.predicted[:48], local_steps=4, **kw)
     row = rows["stream: steal (lengthsched: each batch placed and stolen, 4 local updates as its groups finish)"]

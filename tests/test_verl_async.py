@@ -404,3 +404,30 @@ def test_install_against_verls_real_recipe(monkeypatch):
                 "config.actor_rollout_ref.actor.ppo_mini_batch_size * self.require_batches",
                 "self.config.async_training.trigger_parameter_sync_step"):
         assert key in text
+
+
+@pytest.mark.slow
+@requires_verl
+def test_the_setup_hook_installs_lengthsched_in_rays_actors():
+    """Ray runs the job's worker_process_setup_hook in every worker process: an actor that imports the recipe's
+    module (as the rollouter's does) finds lengthsched's manager and client there, also an actor with a
+    runtime_env of its own (Ray merges it with the job's). Starts a local Ray (minutes on two cores)."""
+    ray = pytest.importorskip("ray")
+    root = str(Path(__file__).resolve().parents[1])
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"worker_process_setup_hook": va.SETUP_HOOK, "env_vars": {"PYTHONPATH": root}})
+    try:
+        @ray.remote
+        class Probe:
+            def names(self):
+                import importlib
+
+                module = importlib.import_module(va.RECIPE_MODULE)
+                return module.FullyAsyncAgentLoopManager.__name__, module.FullyAsyncLLMServerClient.__name__
+
+        expected = ("LengthschedFullyAsyncAgentLoopManager", "StealingLLMServerClient")
+        assert ray.get(Probe.remote().names.remote()) == expected
+        own = Probe.options(runtime_env={"env_vars": {"PYTHONPATH": root, "LENGTHSCHED_PROBE": "1"}}).remote()
+        assert ray.get(own.names.remote()) == expected
+    finally:
+        ray.shutdown()

@@ -89,6 +89,7 @@ from .verl import batch_prompt_tokens
 
 __all__ = [
     "MOVED",
+    "RESUBMIT_ESTIMATE_SECONDS",
     "STEALING_MANAGER_CLASS",
     "VLLM_VERSION",
     "StealDriver",
@@ -109,6 +110,10 @@ __all__ = [
 
 VLLM_VERSION = "0.24.0"  # the vLLM verl 0.9.1 pins (its "vllm" extra): the output processor read here
 MOVED = "lengthsched_moved"  # extra_fields key of an attempt the server aborted for a StealDriver move
+#: Seconds a moved request takes to land on its target with the stealing client (the driver's abort, the answer
+#: back to the client, the router, the new request: a few Ray calls): an estimate, not measured; the simulator's
+#: ``resubmit_seconds`` when it models this integration.
+RESUBMIT_ESTIMATE_SECONDS = 0.05
 STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
 _PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
 _SEP = "~"
