@@ -34,10 +34,12 @@ from lengthsched.integrations import verl_stealing as vs
 def test_whole_groups_go_to_the_least_loaded_replica_with_unique_priorities_naming_it():
     placer = va.StreamPlacer(1000, ways=1)
     replica, priority = placer.place([50.0] * 4, 10, 3, loads=[300.0, 100.0, 200.0])
+    base = va.StreamPlacer.ROW_BASE * 3  # far above the priorities verl gives a validation batch (0 to n - 1)
     assert replica.tolist() == [1] * 4  # whole group, least predicted work in flight
-    assert priority.tolist() == [k * 3 + 1 for k in range(4)]
+    assert priority.tolist() == [base + k * 3 + 1 for k in range(4)]
     replica, priority = placer.place([10.0] * 2, 10, 3, loads=[0.0, 500.0, 0.0])
-    assert replica.tolist() == [0, 0] and priority.tolist() == [12, 15]  # row numbers go on: unique for the run
+    assert replica.tolist() == [0, 0]
+    assert priority.tolist() == [base + 12, base + 15]  # row numbers go on: unique for the run
     assert (priority % 3 == replica).all() and placer.groups == 2 and placer.rows == 6
 
 
@@ -292,6 +294,40 @@ def test_a_weight_update_aborts_every_request_and_the_driver_follows_them_back_w
     assert all(c is not None for c in carried) and max(carried) >= 10 and carried.count(0) == 8
 
 
+def test_a_batch_of_several_groups_places_each_in_turn_and_validation_priorities_are_left_alone():
+    lengths = {k: 6 for k in range(8)}
+    engines, servers, router = cluster(lengths, max_num_seqs=8, replicas=2)
+    config = trainer_config(response_length=512, ways=1, steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    plain = FakeFullyAsyncLLMServerClient(config=config, load_balancer_handle=Remote(router))
+    client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
+    manager = va.make_fully_async_manager_class(FakeFullyAsyncAgentLoopManager, client_cls)(config, plain)
+    manager.agent_loop_workers = [Remote(Worker(manager.llm_client))]
+    two = group_batch(0, 4, "a")
+    other = group_batch(1, 4, "b")
+    for key in two.non_tensor_batch:
+        two.non_tensor_batch[key] = np.concatenate([two.non_tensor_batch[key], other.non_tensor_batch[key]])
+    validation = FakeBatch({"row": np.arange(4), "priority": np.arange(4, dtype=np.int64)})  # verl's 0..n-1
+
+    async def go():
+        task = asyncio.ensure_future(manager.generate_sequences_single(two))
+        await asyncio.sleep(0.001)
+        check = asyncio.ensure_future(Worker(manager.llm_client).generate_sequences(validation))
+        while not (task.done() and check.done()):
+            await asyncio.sleep(0.0005)
+            for e in engines:
+                e.step()
+        await manager.lengthsched_driver.stop()
+        return task.result(), check.result()
+
+    out, checked = asyncio.run(go())
+    assert out.batch["response_mask"].sum(-1).tolist() == [6] * 8
+    assert checked.batch["response_mask"].sum(-1).tolist() == [6] * 4
+    placed = two.non_tensor_batch["priority"] % 2
+    assert len(set(placed[:4])) == 1 and len(set(placed[4:])) == 1 and placed[0] != placed[4]  # one group each
+    assert manager.lengthsched_status()["groups"] == 2 and manager.lengthsched_groups_back == 2
+    assert not manager.lengthsched_driver.stats.applied  # nothing taken for a row: the driver knows only its own
+
+
 def test_the_manager_names_bad_settings():
     client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
     manager_cls = va.make_fully_async_manager_class(FakeFullyAsyncAgentLoopManager, client_cls)
@@ -417,7 +453,7 @@ def test_the_setup_hook_installs_lengthsched_in_rays_actors():
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"worker_process_setup_hook": va.SETUP_HOOK, "env_vars": {"PYTHONPATH": root}})
     try:
-        @ray.remote
+        @ray.remote(num_cpus=0)  # two at once on a one-CPU node
         class Probe:
             def names(self):
                 import importlib

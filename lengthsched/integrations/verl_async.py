@@ -104,10 +104,15 @@ class StreamPlacer:
     from the groups first in flight; this follows a stream whose prompts change). ``ways``: a fixed
     spread instead (1: whole groups).
 
-    :meth:`place` returns each row's replica and a priority ``(next row number) x replicas + replica``:
-    unique for the run (verl's router takes a priority held by a request in flight for someone else's)
-    and increasing, so that an engine that schedules by priority starts rows in the order they came.
+    :meth:`place` returns each row's replica and a priority ``(ROW_BASE + row number) x replicas +
+    replica``: unique for the run (verl's router takes a priority held by a request in flight for someone
+    else's), apart from the small priorities verl gives validation batches (0 to n - 1: the driver, which
+    keys rows by priority, must not take a validation request for a row), and increasing, so that an engine
+    that schedules by priority starts rows in the order they came.
     """
+
+    #: Row numbers start here (see the class docstring); priorities stay below 2**63 up to 2**31 replicas.
+    ROW_BASE = 2**32
 
     def __init__(self, pool_tokens: int, *, concurrency: int | None = None, ways: int | None = None):
         self.pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
@@ -148,7 +153,7 @@ class StreamPlacer:
         replica = place_ways(pred, [pred.size], replicas, ways, loads=loads)
         if ways >= replicas:  # verl's spread: start where the last group stopped, as a round robin would
             replica = (replica + self.rows) % replicas
-        priority = (self.rows + np.arange(pred.size, dtype=np.int64)) * replicas + replica
+        priority = (self.ROW_BASE + self.rows + np.arange(pred.size, dtype=np.int64)) * replicas + replica
         self.rows += pred.size
         return replica.astype(np.int64), priority.astype(np.int64)
 
@@ -277,18 +282,22 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             uids, keys, work = self.lengthsched_planner.predict(ntb)
             tokens = batch_prompt_tokens(ntb, len(uids))
             replicas = driver.coordinator.replicas
-            replica, priority = self.lengthsched_placer.place(work, max(tokens, default=0), replicas,
-                                                              loads=driver.coordinator.loads())
+            replica = np.zeros(len(uids), dtype=np.int64)
+            priority = np.zeros(len(uids), dtype=np.int64)
+            for group in dict.fromkeys(uids):  # the recipe hands over one group; a batch of several, each in turn
+                rows = [i for i, u in enumerate(uids) if u == group]
+                replica[rows], priority[rows] = self.lengthsched_placer.place(
+                    [work[i] for i in rows], max(tokens[i] for i in rows), replicas, loads=driver.coordinator.loads())
+                for i in rows:
+                    driver.submit(int(priority[i]), int(replica[i]), float(work[i]), prompt_tokens=tokens[i],
+                                  group=uids[i])
             ntb["priority"] = priority
-            for i in range(len(uids)):
-                driver.submit(int(priority[i]), int(replica[i]), float(work[i]), prompt_tokens=tokens[i],
-                              group=uids[i])
             try:
                 output = await super().generate_sequences_single(prompts)
             finally:
                 for p in priority:
                     driver.finish(int(p))
-            self.lengthsched_groups_back += 1
+            self.lengthsched_groups_back += len(set(uids))
             version = self._lengthsched_version  # groups per weight version: one rollout step of the predictor
             step = self.lengthsched_groups_back // version if version else 0
             self.lengthsched_planner.observe(keys, response_lengths(output), step=step)
