@@ -388,22 +388,46 @@ def test_install_on_import_patches_the_module_when_it_is_imported(tmp_path, monk
         sys.modules.pop(name, None)
 
 
-def test_main_runs_the_recipes_entry_with_the_setup_hook(monkeypatch):
+def test_main_runs_the_recipes_entry_with_the_setup_hook(tmp_path, monkeypatch):
+    """``python -m lengthsched.integrations.verl_async ARGS`` runs the recipe's entry as ``python -m`` would
+    (Hydra finds its config beside the file only so), with the hook added to ARGS and the recipe's module
+    patched when the entry imports it (a fake package here; verl's real entry composes its config with the
+    hook: docs/howto-verl.md)."""
+    package = tmp_path / "lsched_main_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "record.py").write_text("argv = []\nmanager = None\n")
+    (package / "recipe.py").write_text("class FullyAsyncAgentLoopManager:\n    pass\n\n\n"
+                                       "class FullyAsyncLLMServerClient:\n    pass\n")
+    (package / "entry.py").write_text(
+        "import sys\n\nfrom lsched_main_pkg import record, recipe\n\n"
+        "if __name__ == '__main__':\n"
+        "    record.argv = list(sys.argv[1:])\n"
+        "    record.manager = recipe.FullyAsyncAgentLoopManager.__name__\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(va, "RECIPE_MODULE", "lsched_main_pkg.recipe")
+    monkeypatch.setattr(va, "ENTRY_MODULE", "lsched_main_pkg.entry")
     monkeypatch.setattr(va, "_MADE", {})
-    recipe, ran = fake_recipe(va.RECIPE_MODULE), []
-    entry = ModuleType(va.ENTRY_MODULE)
-    entry.main = lambda: ran.append(list(sys.argv[1:]))
-    monkeypatch.setitem(sys.modules, va.RECIPE_MODULE, recipe)
-    monkeypatch.setitem(sys.modules, va.ENTRY_MODULE, entry)
     monkeypatch.setattr(vs, "register_vllm_server", lambda registry=None: None)
+    monkeypatch.setattr(vs, "make_stealing_client_class", lambda base: base)  # the fake client has no parent
     monkeypatch.setattr(sys, "argv", ["x"])
-    va.main(["trainer.total_epochs=1"])
-    assert ran == [["trainer.total_epochs=1",
-                    f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={va.SETUP_HOOK}"]]
-    assert recipe.FullyAsyncAgentLoopManager.__name__ == "LengthschedFullyAsyncAgentLoopManager"
-    va.main(["++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my.hook"])
-    assert ran[-1] == ["++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my.hook"]
+    try:
+        va.main(["trainer.total_epochs=1"])
+        from lsched_main_pkg import record
+
+        assert record.argv == ["trainer.total_epochs=1",
+                               f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={va.SETUP_HOOK}"]
+        assert record.manager == "LengthschedFullyAsyncAgentLoopManager"
+        va.main(["++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my.hook"])
+        assert record.argv == ["++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my.hook"]
+    finally:
+        for name in [n for n in sys.modules if n.startswith("lsched_main_pkg")]:
+            del sys.modules[name]
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, va._InstallOnImport)]
     assert va.SETUP_HOOK == f"{va.__name__}.setup_hook" and callable(va.setup_hook)
+    monkeypatch.setattr(va, "ENTRY_MODULE", "no_such_package_here.entry")
+    with pytest.raises(ImportError, match="not importable"):
+        va.main([])
 
 
 def test_the_manager_class_needs_verl_only_when_asked_for(monkeypatch):

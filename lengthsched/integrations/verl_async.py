@@ -60,6 +60,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
+import runpy
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -381,9 +382,12 @@ class _ThenLoader(importlib.abc.Loader):
         self.then(module)
 
 
-def install_on_import(name: str = RECIPE_MODULE, then: Any = install) -> bool:
-    """``then(module)`` (default :func:`install`) on module ``name`` now if it is imported, else right after
-    it is (a finder on ``sys.meta_path``, removed once used). Returns True when it ran now."""
+def install_on_import(name: str | None = None, then: Any = None) -> bool:
+    """``then(module)`` (default :func:`install`) on module ``name`` (default :data:`RECIPE_MODULE`) now if it
+    is imported, else right after it is (a finder on ``sys.meta_path``, removed once used). Returns True when
+    it ran now."""
+    name = RECIPE_MODULE if name is None else name
+    then = install if then is None else then
     if name in sys.modules:
         then(sys.modules[name])
         return True
@@ -407,13 +411,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not any("worker_process_setup_hook" in a for a in args):
         args.append(f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}")
     install_on_import()  # the entry imports the recipe module: patched as it is
-    try:
-        entry = importlib.import_module(ENTRY_MODULE)
-    except ImportError as exc:
-        raise ImportError(f"verl's fully asynchronous recipe is not importable: pip install 'lengthsched[verl]' "
-                          f"(verl==0.9.1): {exc}") from None
+    if importlib.util.find_spec(ENTRY_MODULE.rpartition(".")[0]) is None:
+        raise ImportError("verl's fully asynchronous recipe is not importable: pip install 'lengthsched[verl]' "
+                          "(verl==0.9.1)")
     sys.argv = [sys.argv[0], *args]
-    entry.main()
+    # as ``python -m`` runs it: Hydra finds the recipe's config directory beside the entry's file only then
+    runpy.run_module(ENTRY_MODULE, run_name="__main__", alter_sys=True)
 
 
 # ----------------------------------------------------------------------------- the class made from verl on access
