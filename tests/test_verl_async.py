@@ -491,3 +491,15 @@ def test_the_setup_hook_installs_lengthsched_in_rays_actors():
         assert ray.get(own.names.remote()) == expected
     finally:
         ray.shutdown()
+
+
+def test_the_example_launch_script_names_the_integration_and_parses():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "examples" / "verl_fully_async_lengthsched.sh"
+    text = script.read_text()
+    assert "NOT run" in text and "python -m lengthsched.integrations.verl_async" in text
+    assert "router_class: lengthsched.integrations.verl.PlannedLoadBalancer" in text
+    assert "+lengthsched.steal.pool_tokens=" in text
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
