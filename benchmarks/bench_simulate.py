@@ -24,6 +24,7 @@ import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
+from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned, run_slime_planned_in_order
 from simulate.compiled import COMPILED_POLICIES, engine_many
@@ -1660,28 +1661,37 @@ def async_verl(quick: bool) -> tuple[str, list]:
 
 # lengthsched inside verl's recipe as lengthsched.integrations.verl_async runs it: its StealDriver decides from
 # snapshots (steal_observed) polled every 0.25 s (StealOptions' default), a moved request resubmitted in about
-# 0.05 s; against the same with exact knowledge of the engines (the async_verl rows) and slower polls.
+# 0.05 s, each group spread no wider than PREFILL_SHARE allows; against the same with exact knowledge of the
+# engines and steal's spread (the async_verl rows), slower polls, and without the prefill cap.
 DRIVER_RUNS = (
     ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
     ("verl fully async: threshold 0.1 + lengthsched, 0.05 s to resubmit a stolen request", "verl", "vllm",
      {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
      "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, "router": "placed", "steal": True,
-                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25}, "realistic"),
+                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25,
+                                   "prefill_share": PREFILL_SHARE}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, snapshots every 1 s", "verl", "vllm",
      {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05,
-      "snapshot_seconds": 1.0}, "realistic"),
+      "snapshot_seconds": 1.0, "prefill_share": PREFILL_SHARE}, "realistic"),
     ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
      {"staleness_threshold": 0.0}, None),
     ("verl fully async: threshold 0 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
      "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, "router": "placed", "steal": True,
-                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25}, "realistic"),
+                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25,
+                                   "prefill_share": PREFILL_SHARE}, "realistic"),
+    ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, spread as steal spreads a step's "
+     "groups (no prefill cap)", "verl", "vllm", {"staleness_threshold": 0.1, "router": "placed", "steal": True,
+                                                 "resubmit_seconds": 0.05, "snapshot_seconds": 0.25},
+     "realistic"),
 )
 DRIVER_PAIRS = (
     (DRIVER_RUNS[1][0], DRIVER_RUNS[0][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[0][0]),
     (DRIVER_RUNS[3][0], DRIVER_RUNS[0][0]),
+    (DRIVER_RUNS[6][0], DRIVER_RUNS[0][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[1][0]),
+    (DRIVER_RUNS[2][0], DRIVER_RUNS[6][0]),
     (DRIVER_RUNS[5][0], DRIVER_RUNS[4][0]),
 )
 DRIVER_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x the recipe at threshold 0.1"

@@ -24,6 +24,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 
 from .asynchronous import (
@@ -44,9 +45,11 @@ MAX_STALENESS = 64
 #: The largest ``--staleness-threshold`` accepted (a share of the batch), and the thresholds shown without it.
 MAX_THRESHOLD = 64.0
 VERL_THRESHOLDS = (0.0, 0.1)
-#: How lengthsched.integrations.verl_async's driver decides: its default poll interval and the estimated seconds a
-#: moved request takes to land (the arguments of run_verl_async for the recipe with lengthsched inside).
-INTEGRATION = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS}
+#: How lengthsched.integrations.verl_async decides: its driver's default poll interval, the estimated seconds a moved
+#: request takes to land, and its placement's cap on a group's spread (the arguments of run_verl_async for the
+#: recipe with lengthsched inside).
+INTEGRATION = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS,
+               "prefill_share": PREFILL_SHARE}
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {

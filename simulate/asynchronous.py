@@ -294,7 +294,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       cost: Any = None,
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
                       steal: bool = False, resubmit_seconds: float = 0.0,
-                      snapshot_seconds: float | None = None) -> AsyncRollout:
+                      snapshot_seconds: float | None = None, prefill_share: float | None = None) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -327,6 +327,10 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             request was routed, seeing each replica's requests and their tokens at most every
             ``snapshot_seconds`` of modelled time, a poll interval) instead of from the engines' exact state;
             None: exact (``steal``).
+        prefill_share: with ``router="placed"``, spread a group over at most ``1 + floor(prefill_share x
+            predicted completion tokens / prompt tokens)`` of the groups first in flight
+            (:func:`lengthsched.integrations.rollout.spread_ways`' cap, ``PREFILL_SHARE`` in
+            ``lengthsched.integrations.verl_async``); None: ``steal``'s spread alone.
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -339,7 +343,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -349,7 +353,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                    predicted: Any = None, replicas: int = 1, budget_tokens: int, max_new_tokens: int,
                    cost: Any = None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                    max_num_seqs: int | None = None, version: str = "0.9.1", steal: bool = False,
-                   resubmit_seconds: float = 0.0, snapshot_seconds: float | None = None) -> AsyncRollout:
+                   resubmit_seconds: float = 0.0, snapshot_seconds: float | None = None,
+                   prefill_share: float | None = None) -> AsyncRollout:
     """Simulate ``steps`` weight versions of verl's fully asynchronous recipe (see the module docstring).
 
     Args:
@@ -376,11 +381,11 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
             flight; b178a3c: ``round_robin``, the fewest sent so far, and the requests an update aborted are
             routed again when they resume).
         predicted, replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs, steal,
-            resubmit_seconds, snapshot_seconds: as for :func:`run_async_rollout` (``steal``: what a lengthsched
-            stealing driver inside the recipe would do; verl's own client waits 1 s before it resubmits an
-            aborted request, ``lengthsched.integrations.verl_stealing``'s client about 0.05 s;
+            resubmit_seconds, snapshot_seconds, prefill_share: as for :func:`run_async_rollout` (``steal``:
+            what a lengthsched stealing driver inside the recipe would do; verl's own client waits 1 s before
+            it resubmits an aborted request, ``lengthsched.integrations.verl_stealing``'s client about 0.05 s;
             ``snapshot_seconds``: the driver's poll interval, 0.25 s by default in
-            ``lengthsched.integrations.verl_async``).
+            ``lengthsched.integrations.verl_async``, whose placement caps the spread by ``prefill_share``).
         version: whose code: ``"0.9.1"`` (the released wheel) or ``"b178a3c"`` (January 2026), one of
             :data:`VERL_VERSIONS` (module docstring).
     """
@@ -410,7 +415,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share)
 
 
 def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
@@ -466,7 +471,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
               update_seconds: float, train_seconds_per_token: float, policy: str, router: str, predicted: Any,
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
               max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
-              snapshot_seconds: float | None = None) -> AsyncRollout:
+              snapshot_seconds: float | None = None, prefill_share: float | None = None) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
     engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
@@ -493,6 +498,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             raise InvalidArgument("snapshot_seconds", snapshot_seconds,
                                   f"None with steal={steal} and policy={policy!r} (snapshots drive stealing on "
                                   "vLLM's engines: steal_observed)")
+    if prefill_share is not None:
+        prefill_share = check_positive_float("prefill_share", prefill_share)
+        if router != "placed":
+            raise InvalidArgument("prefill_share", prefill_share, f"None with router={router!r} (it caps how "
+                                                                  "widely router 'placed' spreads a group)")
     if (router in ("least_work", "placed") or steal) != (predicted is not None):
         raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
                               "predictions with routers 'least_work' and 'placed' or with steal, and only with them")
@@ -517,7 +527,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if router == "placed":  # the spread steal would choose for the groups first in flight
         opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]
         n_open = int(sum(sizes[:len(opening)]))
-        _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"])
+        _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
+                             prefill_share=prefill_share)
     live = (_RoundRobin(replicas) if router == "round_robin" else
             _LeastWork(replicas, common["pred"]) if router == "least_work" else
             _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else _Live(router, replicas))

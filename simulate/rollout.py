@@ -904,16 +904,17 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 
 def steal_ways(groups: Sequence[Any], pred: Any, budget_tokens: int, replicas: int, max_new_tokens: int,
-               cls: Any = WorkStealing) -> tuple[np.ndarray, int]:
+               cls: Any = WorkStealing, prefill_share: float | None = None) -> tuple[np.ndarray, int]:
     """What a stealing policy with ``PLACE = "ways"`` (``cls``, default ``steal``'s ``WorkStealing``) places
     by: each completion's predicted work in tokens (flattened in group order; without predictions, as
     the replicas assume, ``max_new_tokens`` each) and over how many replicas each group is spread
     (:func:`lengthsched.integrations.rollout.spread_ways` with the class's ``PROMPT_SHARE`` and
-    ``CROWDED_POOLS``; 1: whole groups)."""
+    ``CROWDED_POOLS``, and ``prefill_share``; 1: whole groups)."""
     sizes = [len(g.lengths) for g in groups]
     work = np.full(sum(sizes), float(max_new_tokens)) if pred is None else np.asarray(pred, dtype=np.float64)
     ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget_tokens, replicas,
-                       cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS)
+                       cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS,
+                       prefill_share=prefill_share)
     return work, ways
 
 

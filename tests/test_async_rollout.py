@@ -462,6 +462,30 @@ def test_the_placed_router_keeps_groups_whole_in_crowded_pools():
     assert router.work == [30.0, 40.0, 10.0]
 
 
+def test_the_prefill_share_caps_how_widely_the_placed_router_spreads_a_group(monkeypatch):
+    """prefill_share: a group spreads over at most 1 + share x predicted tokens / prompt tokens replicas (its
+    prompt prefilled again on each replica beyond the first); long prompts in roomy pools are placed whole."""
+    import simulate.asynchronous as sa
+
+    stream = [Group(f"p{i}", 600, np.full(8, 300)) for i in range(30)]
+    seen = []
+    real = sa.place_ways
+
+    def spy(pred, sizes, replicas, ways, loads=None):
+        seen.append(ways)
+        return real(pred, sizes, replicas, ways, loads=loads)
+
+    monkeypatch.setattr(sa, "place_ways", spy)
+    kw = dict(batch=8, steps=2, staleness_threshold=0.0, local_steps=1, train_seconds=0.2, policy="vllm", replicas=4,
+              router="placed", predicted=np.full(240, 300.0), budget_tokens=400_000, max_new_tokens=512)
+    spread = run_verl_async(stream, **kw)
+    assert set(seen) == {4}  # roomy pools: verl's spread
+    seen.clear()
+    capped = run_verl_async(stream, prefill_share=0.25, **kw)
+    assert set(seen) == {1 + int(0.25 * 8 * 300 / 600)} == {2}  # each extra replica re-prefills 600 of 2,400 tokens
+    assert capped.consumed_tokens == spread.consumed_tokens
+
+
 def test_stealing_bad_arguments_name_themselves():
     stream = _stream(12)
     kw = dict(batch=4, steps=2, staleness_threshold=0.5, train_seconds=0.1, **COMMON)
@@ -477,6 +501,10 @@ def test_stealing_bad_arguments_name_themselves():
         run_verl_async(stream, steal=True, resubmit_seconds=-1.0, predicted=_predicted(stream), **kw)
     with pytest.raises(InvalidArgument, match="predicted"):
         run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.1, steal=True, **COMMON)
+    with pytest.raises(InvalidArgument, match="prefill_share"):
+        run_verl_async(stream, prefill_share=0.1, steal=True, predicted=_predicted(stream), **kw)  # not 'placed'
+    with pytest.raises(InvalidArgument, match="prefill_share"):
+        run_verl_async(stream, router="placed", prefill_share=-1.0, predicted=_predicted(stream), **kw)
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):
         run_verl_async(stream, snapshot_seconds=0.25, **kw)  # without steal
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):

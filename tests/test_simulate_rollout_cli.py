@@ -691,7 +691,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     row = rows["async: steal_sglang, K=2, groups placed, stolen (lengthsched)"]
     assert row["seconds"] == pytest.approx(areal.seconds) and row["stale_share"] == pytest.approx(areal.stale_share)
     inside = run_verl_async(stream.groups, staleness_threshold=0.1, local_steps=4, policy="vllm", router="placed",
-                            steal=True, predicted=stream.predicted, snapshot_seconds=0.25, resubmit_seconds=0.05, **kw)
+                            steal=True, predicted=stream.predicted, snapshot_seconds=0.25, resubmit_seconds=0.05,
+                            prefill_share=0.1, **kw)
     row = rows["async: steal_observed, S=0.1, 4 local updates (verl 0.9.1 fully async + "
                "lengthsched.integrations.verl_async: groups placed, stolen)"]
     assert row["seconds"] == pytest.approx(inside.seconds) and row["stale_share"] == pytest.approx(inside.stale_share)

@@ -46,12 +46,23 @@ def test_whole_groups_go_to_the_least_loaded_replica_with_unique_priorities_nami
 def test_the_spread_follows_the_groups_in_flight_and_their_prompts():
     # prompts of 1,000 tokens, 64 groups in flight, 8 replicas: a tight pool holds few prompts -> whole groups
     tight = va.StreamPlacer(8_000, concurrency=64)
-    roomy = va.StreamPlacer(4_000_000, concurrency=64)
-    for placer in (tight, roomy):
+    roomy = va.StreamPlacer(4_000_000, concurrency=64, prefill_share=None)
+    capped = va.StreamPlacer(4_000_000, concurrency=64)  # PREFILL_SHARE: prompts re-prefilled <= 0.1 of the work
+    short = va.StreamPlacer(4_000_000, concurrency=64)
+    for placer in (tight, roomy, capped):
         assert placer.ways_for(8) == 8  # nothing seen yet: verl's spread
         placer.place([500.0] * 16, 1000, 8, loads=[0.0] * 8)
+    short.place([500.0] * 16, 100, 8, loads=[0.0] * 8)
     assert tight.ways_for(8) == spread_ways([1000] * 64, 8_000, 8, work_tokens=64 * 8000.0) == 1
     assert roomy.ways_for(8) == spread_ways([1000] * 64, 4_000_000, 8, work_tokens=64 * 8000.0) == 8
+    # a group of 8,000 predicted tokens whose prompt is 1,000: one more replica would re-prefill 12.5% > 10%
+    assert capped.ways_for(8) == 1 + int(0.1 * 8000 / 1000) == 1
+    assert short.ways_for(8) == min(8, 1 + int(0.1 * 8000 / 100)) == 8  # a short prompt spreads as verl does
+    assert spread_ways([1000] * 4, 4_000_000, 8, work_tokens=4 * 8000.0, prefill_share=0.3) == 3
+    with pytest.raises(InvalidArgument, match="work_tokens"):
+        spread_ways([1000], 4_000_000, 8, prefill_share=0.1)
+    with pytest.raises(InvalidArgument, match="prefill_share"):
+        va.StreamPlacer(100, prefill_share=0.0)
     # a spread group continues the round robin where the last group stopped
     replica, _ = roomy.place([1.0] * 3, 1000, 8)
     assert replica.tolist() == [0, 1, 2]

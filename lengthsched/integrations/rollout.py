@@ -61,7 +61,8 @@ from .. import partition
 from ..errors import InvalidArgument, as_lengths, check_int, check_positive_float
 from ..predictor import copy_predictor
 
-__all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "ORDERS", "PLACEMENTS", "PROMPT_SHARE", "STEAL_SHARE", "ClientQueues",
+__all__ = ["CROWDED_POOLS", "MOVE_CHUNK", "ORDERS", "PLACEMENTS", "PREFILL_SHARE", "PROMPT_SHARE", "STEAL_SHARE",
+           "ClientQueues",
            "RolloutPlan", "decode_replica", "move_requests", "observe_lengths", "place_groups", "place_ways",
            "plan_rollout", "predict_lengths", "spread_ways", "steal_requests"]
 
@@ -77,6 +78,13 @@ PROMPT_SHARE = 1.0
 #: requests on (of 6, 8 and 10, 6 gains most there, with the best worst case, and loses nothing on the
 #: held-out prompts or under the fitted 8B cost), docs/benchmarks.md, "How widely to spread a group".
 CROWDED_POOLS = 6.0
+
+#: For a stream of groups kept in flight (verl's fully asynchronous recipe: :mod:`~.verl_async`), at most
+#: this share of a group's predicted completion tokens re-prefilled as its prompt on the replicas beyond the
+#: first (:func:`spread_ways` ``prefill_share``): each replica a group spreads over prefills its prompt once
+#: more. Chosen on one draw of the asynchronous settings (0.05, 0.1 and whole groups tried) and checked on
+#: three others (docs/benchmarks.md, "lengthsched.integrations.verl_async inside the recipe").
+PREFILL_SHARE = 0.1
 
 #: The share of the victim's waiting predicted work a drained replica takes (:func:`steal_requests`).
 STEAL_SHARE = 0.5
@@ -135,27 +143,39 @@ def place_groups(work: Any, replicas: int, loads: Any = None) -> tuple[int, ...]
 
 
 def spread_ways(prompt_tokens: Any, budget_tokens: int, replicas: int, share: float = PROMPT_SHARE, *,
-                work_tokens: float | None = None, crowded: float = CROWDED_POOLS) -> int:
+                work_tokens: float | None = None, crowded: float = CROWDED_POOLS,
+                prefill_share: float | None = None) -> int:
     """Over how many replicas to spread each group: the most (up to ``replicas``) for which the prompts
     a replica receives, ``ways / replicas`` of all the step's prompts (``prompt_tokens``: each group's
     prompt length in tokens), take at most ``share`` of its KV pool (``budget_tokens``, tokens), and
     at least 1; ``replicas`` when there are no prompt tokens. With ``work_tokens`` (the step's
     predicted completion tokens in all): 1 (whole groups) once they reach ``crowded`` pools per
-    replica and there are prompt tokens. Spreading wider balances the replicas whatever the length
-    predictions got wrong (each replica gets a share of every group); it costs each prompt's prefill
-    and KV on every replica that runs one of its completions. In a step that keeps every pool full
-    the requests wait anyway and stealing balances the replicas, so whole groups cost little."""
+    replica and there are prompt tokens; with ``prefill_share`` too (:data:`PREFILL_SHARE` for a stream
+    of groups), at most ``1 + floor(prefill_share x work_tokens / prompt tokens)``: the prompts prefilled
+    again on the replicas beyond each group's first stay within that share of its predicted work.
+    Spreading wider balances the replicas whatever the length predictions got wrong (each replica gets a
+    share of every group); it costs each prompt's prefill and KV on every replica that runs one of its
+    completions. In a step that keeps every pool full the requests wait anyway and stealing balances
+    the replicas, so whole groups cost little."""
     held = int(np.sum(as_lengths("prompt_tokens", prompt_tokens, minimum=0, allow_empty=True)))
     budget_tokens = check_int("budget_tokens", budget_tokens, minimum=1)
     replicas = check_int("replicas", replicas, minimum=1)
     share = check_positive_float("share", share)
     crowded = check_positive_float("crowded", crowded)
     work = None if work_tokens is None else check_positive_float("work_tokens", work_tokens)
+    if prefill_share is not None:
+        prefill_share = check_positive_float("prefill_share", prefill_share)
+        if work is None:
+            raise InvalidArgument("work_tokens", None, "the predicted completion tokens in all: prefill_share "
+                                                       "weighs the prompts' prefill against them")
     if held == 0:
         return replicas
     if work is not None and work / replicas >= crowded * budget_tokens:
         return 1
-    return int(max(1, min(replicas, np.floor(replicas * share * budget_tokens / held))))
+    ways = int(max(1, min(replicas, np.floor(replicas * share * budget_tokens / held))))
+    if prefill_share is not None:
+        ways = min(ways, 1 + int(np.floor(prefill_share * work / held)))
+    return ways
 
 
 def place_ways(predicted: Any, group_sizes: Any, replicas: int, ways: int, loads: Any = None) -> np.ndarray:

@@ -67,8 +67,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, check_int
-from .rollout import place_ways, spread_ways
+from ..errors import InvalidArgument, check_int, check_positive_float
+from .rollout import PREFILL_SHARE, place_ways, spread_ways
 from .verl import _options, batch_prompt_tokens, planner_from_config, response_lengths
 from .verl_stealing import StealDriver, _call, steal_options
 
@@ -102,8 +102,10 @@ class StreamPlacer:
     flight at a time (the recipe's ``max_concurrent_samples``); with ``ways`` None each group is spread
     over :func:`~lengthsched.integrations.rollout.spread_ways` replicas of ``concurrency`` groups with the
     mean prompt and the mean predicted work of the groups placed so far (the simulator decides it once
-    from the groups first in flight; this follows a stream whose prompts change). ``ways``: a fixed
-    spread instead (1: whole groups).
+    from the groups first in flight; this follows a stream whose prompts change), at most ``1 +
+    prefill_share x`` predicted work / prompt tokens (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`:
+    every replica a group spreads over prefills its prompt again, for every group of the stream; None: no
+    cap). ``ways``: a fixed spread instead (1: whole groups).
 
     :meth:`place` returns each row's replica and a priority ``(ROW_BASE + row number) x replicas +
     replica``: unique for the run (verl's router takes a priority held by a request in flight for someone
@@ -115,8 +117,10 @@ class StreamPlacer:
     #: Row numbers start here (see the class docstring); priorities stay below 2**63 up to 2**31 replicas.
     ROW_BASE = 2**32
 
-    def __init__(self, pool_tokens: int, *, concurrency: int | None = None, ways: int | None = None):
+    def __init__(self, pool_tokens: int, *, concurrency: int | None = None, ways: int | None = None,
+                 prefill_share: float | None = PREFILL_SHARE):
         self.pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
+        self.prefill_share = None if prefill_share is None else check_positive_float("prefill_share", prefill_share)
         self.concurrency = None if concurrency is None else check_int("concurrency", concurrency, minimum=1)
         self.ways = None if ways is None else check_int("ways", ways, minimum=1)
         self.groups = 0  # groups placed
@@ -135,7 +139,10 @@ class StreamPlacer:
         c = self.concurrency if self.concurrency is not None else replicas * CONCURRENT_PER_REPLICA
         prompt = int(round(self._prompt_sum / self.groups))
         work = self._work_sum / self.groups * c
-        return spread_ways([prompt] * c, self.pool_tokens, replicas, work_tokens=work if work > 0 else None)
+        if work <= 0:
+            return spread_ways([prompt] * c, self.pool_tokens, replicas)
+        return spread_ways([prompt] * c, self.pool_tokens, replicas, work_tokens=work,
+                           prefill_share=self.prefill_share)
 
     def place(self, predicted: Sequence[float], prompt_tokens: int, replicas: int,
               loads: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -270,9 +277,12 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                 driver.start()
                 self.lengthsched_driver, self.lengthsched_servers = driver, servers
                 if self.lengthsched_placer is None:
+                    share = _options(self.config).get("prefill_share", PREFILL_SHARE)
                     self.lengthsched_placer = StreamPlacer(
                         self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways,
-                        concurrency=concurrency_of(self.config, len(servers)))
+                        concurrency=concurrency_of(self.config, len(servers)),
+                        prefill_share=None if share is None else check_positive_float("lengthsched.prefill_share",
+                                                                                      share))
                 else:
                     self.lengthsched_placer.concurrency = concurrency_of(self.config, len(servers))
             return driver
