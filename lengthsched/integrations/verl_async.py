@@ -105,7 +105,9 @@ class StreamPlacer:
     from the groups first in flight; this follows a stream whose prompts change), at most ``1 +
     prefill_share x`` predicted work / prompt tokens (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`:
     every replica a group spreads over prefills its prompt again, for every group of the stream; None: no
-    cap). ``ways``: a fixed spread instead (1: whole groups).
+    cap). ``ways``: a fixed spread instead (1: whole groups). A group spread over every replica continues a
+    round robin from where the last one stopped (the simulator starts each at replica 0: the same where the
+    group size is a multiple of the replicas).
 
     :meth:`place` returns each row's replica and a priority ``(ROW_BASE + row number) x replicas +
     replica``: unique for the run (verl's router takes a priority held by a request in flight for someone
