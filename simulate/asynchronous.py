@@ -327,8 +327,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             request was routed, seeing each replica's requests and their tokens at most every
             ``snapshot_seconds`` of modelled time, a poll interval) instead of from the engines' exact state;
             None: exact (``steal``).
-        prefill_share: with ``router="placed"``, spread a group over at most ``1 + floor(prefill_share x
-            predicted completion tokens / prompt tokens)`` of the groups first in flight
+        prefill_share: with ``router="placed"``, cap the spread chosen from the groups first in flight at
+            ``1 + floor(prefill_share x`` their predicted completion tokens / their prompt tokens``)``
             (:func:`lengthsched.integrations.rollout.spread_ways`' cap, ``PREFILL_SHARE`` in
             ``lengthsched.integrations.verl_async``); None: ``steal``'s spread alone.
     """
