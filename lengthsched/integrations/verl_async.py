@@ -240,6 +240,9 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             options = _options(config)
             ways = options.get("ways")
             self.lengthsched_ways = None if ways is None else check_int("lengthsched.ways", ways, minimum=1)
+            share = options.get("prefill_share", PREFILL_SHARE)  # present and null: no cap
+            self._lengthsched_prefill_share = None if share is None else check_positive_float(
+                "lengthsched.prefill_share", share)
             if not isinstance(llm_client, client_class):
                 llm_client = client_class(config=llm_client.config, load_balancer_handle=llm_client._load_balancer,
                                           only_hybrid=getattr(llm_client, "_only_hybrid", False))
@@ -279,12 +282,10 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                 driver.start()
                 self.lengthsched_driver, self.lengthsched_servers = driver, servers
                 if self.lengthsched_placer is None:
-                    share = _options(self.config).get("prefill_share", PREFILL_SHARE)
                     self.lengthsched_placer = StreamPlacer(
                         self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways,
                         concurrency=concurrency_of(self.config, len(servers)),
-                        prefill_share=None if share is None else check_positive_float("lengthsched.prefill_share",
-                                                                                      share))
+                        prefill_share=self._lengthsched_prefill_share)
                 else:
                     self.lengthsched_placer.concurrency = concurrency_of(self.config, len(servers))
             return driver
