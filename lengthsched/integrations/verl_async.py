@@ -324,8 +324,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             stats = driver.stats if driver is not None else None
             return {"groups": placer.groups if placer else 0, "ways": placer.last_ways if placer else None,
                     "replicas": len(self.lengthsched_servers),
-                    "steals": sum(m.kind == "steal" for m in stats.applied) if stats else 0,
-                    "moves": sum(m.kind == "move" for m in stats.applied) if stats else 0,
+                    "steals": stats.steals if stats else 0, "moves": stats.moves if stats else 0,
                     "cancelled": stats.cancelled if stats else 0, "resumed": stats.resumed if stats else 0,
                     "polls": stats.polls if stats else 0, "errors": stats.errors if stats else 0,
                     "restarts": self.lengthsched_restarts}

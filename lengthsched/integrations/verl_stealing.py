@@ -76,6 +76,7 @@ import importlib
 import inspect
 import logging
 import uuid
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,6 +115,7 @@ MOVED = "lengthsched_moved"  # extra_fields key of an attempt the server aborted
 #: back to the client, the router, the new request: a few Ray calls): an estimate, not measured; the simulator's
 #: ``resubmit_seconds`` when it models this integration.
 RESUBMIT_ESTIMATE_SECONDS = 0.05
+KEPT_MOVES = 100_000  # DriverStats.applied keeps the latest this many moves
 STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
 _PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
 _SEP = "~"
@@ -432,15 +434,19 @@ class _Row:
 
 @dataclass
 class DriverStats:
-    """What a :class:`StealDriver` did: polls, moves applied, moves cancelled (the abort found nothing,
+    """What a :class:`StealDriver` did: polls, moves applied (the latest kept; all counted by kind), moves
+    cancelled (the abort found nothing,
     or the request had not reached its engine yet), polls that failed (logged), requests resumed (back
     in a snapshot after the coordinator had let them go)."""
 
     polls: int = 0
-    applied: list[Move] = field(default_factory=list)
+    #: The latest moves applied (at most :data:`KEPT_MOVES`: a driver may run for a whole training run).
+    applied: deque[Move] = field(default_factory=lambda: deque(maxlen=KEPT_MOVES))
     cancelled: int = 0
     errors: int = 0
     resumed: int = 0  # requests seen again after leaving every snapshot (verl's own aborts), submitted again
+    steals: int = 0  # moves applied of each kind, all of them
+    moves: int = 0
 
 
 class StealDriver:
@@ -536,6 +542,8 @@ class StealDriver:
             if await self._apply(move):
                 applied.append(move)
         self.stats.applied.extend(applied)
+        self.stats.steals += sum(m.kind == "steal" for m in applied)
+        self.stats.moves += sum(m.kind == "move" for m in applied)
         return applied
 
     def _observed(self, replica: int, snap: Mapping[str, Any]) -> dict[Hashable, int]:
@@ -690,8 +698,8 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
             finally:
                 stats = await driver.stop()
             timing = output.meta_info.setdefault("timing", {})
-            timing["lengthsched/steals"] = sum(m.kind == "steal" for m in stats.applied)
-            timing["lengthsched/moves"] = sum(m.kind == "move" for m in stats.applied)
+            timing["lengthsched/steals"] = stats.steals
+            timing["lengthsched/moves"] = stats.moves
             timing["lengthsched/steal_cancelled"] = stats.cancelled
             return output
 
