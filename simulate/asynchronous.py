@@ -74,8 +74,8 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
-from lengthsched.integrations import StealCoordinator
 from lengthsched.integrations.rollout import place_ways
+from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.baselines import ran_dry
 from lengthsched.runtime.dispatch import GroupQueue, hand_over, lift
@@ -88,6 +88,7 @@ from .rollout import (
     _engine,
     _OneClock,
     _prepare,
+    observe_board,
     run_rollout,
     share_board,
     steal_ways,
@@ -103,8 +104,9 @@ __all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "r
 ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work", "placed")
 
 #: verl's fully asynchronous rollouter keeps at most this many groups in flight per server
-#: (``concurrent_samples_per_replica``, 16 by default in 0.9.1; fixed at 16 at b178a3c).
-VERL_GROUPS_PER_SERVER = 16
+#: (``concurrent_samples_per_replica``, 16 by default in 0.9.1; fixed at 16 at b178a3c): the default
+#: lengthsched.integrations.verl_async reads too.
+VERL_GROUPS_PER_SERVER = CONCURRENT_PER_REPLICA
 #: The versions of verl's recipe :func:`run_verl_async` models (module docstring), the default first.
 VERL_VERSIONS = ("0.9.1", "b178a3c")
 #: With ``steal=True`` each engine's policy is lengthsched's stealing policy over the same engine.
@@ -552,13 +554,14 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         share_board(pols, engines, [pol.waiting for pol in pols], resubmit_seconds)
         for pol in pols:
             pol.sent = []
-    coord = None  # steal_observed: the driver's view, told where each request was routed
-    if snapshot_seconds is not None:
-        cls = POLICIES[kind].cls
-        coord = StealCoordinator(replicas, common["budget"], chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE,
-                                 room=cls.ROOM)
-        for pol in pols:
-            pol.coord, pol.SNAPSHOT_SECONDS = coord, snapshot_seconds
+    # steal_observed: the driver's view, told where each request was routed (tell)
+    coord = None if snapshot_seconds is None else observe_board(pols, common["budget"], snapshot_seconds)
+
+    def tell(job: int, r: int) -> None:
+        if coord is not None:
+            g = int(owner[job])
+            coord.submit(job, r, float(common["pred"][job]), prompt_tokens=int(plens[g]), group=g,
+                         generated=int(engines[r].done[job]))
     clock = _OneClock(engines)
     idle = clock.idle
 
@@ -621,8 +624,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                 home[job] = r
                 pols[r].waiting.insert(0, job)
                 engines[r].claim(job)
-                if coord is not None:
-                    coord.submit(job, r, float(common["pred"][job]), prompt_tokens=int(plens[g]), group=g)
+                tell(job, r)
                 wake(r, now)
 
     def start_training(now: float) -> None:
@@ -671,9 +673,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             home[job] = dst
             hand_over(job, engines[src], engines[dst])
             pols[dst].waiting.insert(0, job)
-            if coord is not None:
-                coord.submit(job, dst, float(common["pred"][job]), prompt_tokens=int(plens[owner[job]]),
-                             group=int(owner[job]), generated=int(engines[dst].done[job]))
+            tell(job, dst)
             if dst in idle:  # asleep through the update: it wakes with the others
                 idle.discard(dst)
                 paused.add(dst)

@@ -933,6 +933,20 @@ def share_board(pols: list, engines: list, board: list, delay: float) -> None:
         pol.RESUBMIT_SECONDS = delay
 
 
+def observe_board(pols: list, budget: int, snapshot: float | None = None) -> StealCoordinator:
+    """``steal_observed`` replicas ``pols`` decide through one :class:`~lengthsched.integrations.StealCoordinator`
+    (their class's chunk, steal share and room; each replica's pool ``budget`` tokens), each looking at most every
+    ``snapshot`` modelled seconds (None: the class's ``SNAPSHOT_SECONDS``). The caller tells it what it submits
+    where; returns it."""
+    cls = type(pols[0])
+    coord = StealCoordinator(len(pols), budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
+    for pol in pols:
+        pol.coord = coord
+        if snapshot is not None:
+            pol.SNAPSHOT_SECONDS = snapshot
+    return coord
+
+
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
                   prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
                   offload=None):
@@ -986,15 +1000,11 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                 eng.claim(job)
         share_board(pols, engines, board, cls.RESUBMIT_SECONDS if resubmit is None else resubmit)
         if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
-            coord = StealCoordinator(replicas, budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
+            coord = observe_board(pols, budget, snapshot)
             for r, stack in enumerate(board):
                 for job in stack[::-1]:  # queue order
                     coord.submit(job, r, float(pols[0].work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
                                  group=int(owner[job]))
-            for pol in pols:
-                pol.coord = coord
-                if snapshot is not None:
-                    pol.SNAPSHOT_SECONDS = snapshot
     dispatcher = Dispatcher(queue, [] if cls.STEALS else pols)
     for pol in pols:
         if hasattr(pol, "dispatcher"):  # Seer's divided rollout gives requests back while it decides

@@ -69,7 +69,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
-from .verl import _options, batch_prompt_tokens, planner_from_config, response_lengths
+from .verl import VERL_VERSION, _options, batch_prompt_tokens, planner_from_config, response_lengths
 from .verl_stealing import StealDriver, _call, steal_options
 
 __all__ = [
@@ -90,6 +90,7 @@ ASYNC_MANAGER_CLASS = "lengthsched.integrations.verl_async.LengthschedFullyAsync
 SETUP_HOOK = "lengthsched.integrations.verl_async.setup_hook"
 #: The recipe's default groups in flight per replica (``async_training.concurrent_samples_per_replica``).
 CONCURRENT_PER_REPLICA = 16
+_MISSING = f"verl's fully asynchronous recipe is not importable: pip install 'lengthsched[verl]' (verl=={VERL_VERSION})"
 
 log = logging.getLogger(__name__)
 
@@ -347,8 +348,7 @@ def install(module: Any = None, registry: Any = None) -> Any:
         try:
             module = importlib.import_module(RECIPE_MODULE)
         except ImportError as exc:
-            raise ImportError(f"verl's fully asynchronous recipe is not importable: pip install 'lengthsched[verl]' "
-                              f"(verl==0.9.1): {exc}") from None
+            raise ImportError(f"{_MISSING}: {exc}") from None
     for name in ("FullyAsyncAgentLoopManager", "FullyAsyncLLMServerClient"):
         if not isinstance(getattr(module, name, None), type):
             raise InvalidArgument("module", getattr(module, "__name__", module),
@@ -424,8 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.append(f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}")
     install_on_import()  # the entry imports the recipe module: patched as it is
     if importlib.util.find_spec(ENTRY_MODULE.rpartition(".")[0]) is None:
-        raise ImportError("verl's fully asynchronous recipe is not importable: pip install 'lengthsched[verl]' "
-                          "(verl==0.9.1)")
+        raise ImportError(_MISSING)
     sys.argv = [sys.argv[0], *args]
     # as ``python -m`` runs it: Hydra finds the recipe's config directory beside the entry's file only then
     runpy.run_module(ENTRY_MODULE, run_name="__main__", alter_sys=True)
