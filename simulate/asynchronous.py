@@ -75,7 +75,7 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
 from lengthsched.integrations.rollout import place_ways
-from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA
+from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA, StreamPlacer
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.baselines import ran_dry
 from lengthsched.runtime.dispatch import GroupQueue, hand_over, lift
@@ -99,9 +99,14 @@ __all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "r
 
 #: The routers :func:`run_async_rollout` accepts: AReaL's (each request to the next server), the others
 #: :class:`simulate.rollout.LiveRouter` routes one request at a time, and ``least_work``: each request to the
-#: server with the fewest predicted tokens still to generate among the requests sent there, and ``placed``: each
-#: group as ``steal`` places a step's groups (:class:`_Placed`); both need ``predicted``.
-ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work", "placed")
+#: server with the fewest predicted tokens still to generate among the requests sent there, ``placed``: each
+#: group as ``steal`` places a step's groups, its spread decided once from the groups first in flight
+#: (:class:`_Placed`), and ``stream``: each group placed by lengthsched.integrations.verl_async's own
+#: :class:`~lengthsched.integrations.verl_async.StreamPlacer`, as that integration places it (its spread
+#: re-estimated at every group, the loads read from the driver's coordinator where snapshots drive stealing).
+ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work", "placed", "stream")
+#: The routers of :data:`ASYNC_ROUTERS` that need ``predicted``.
+PREDICTED_ROUTERS = ("least_work", "placed", "stream")
 
 #: verl's fully asynchronous rollouter keeps at most this many groups in flight per server
 #: (``concurrent_samples_per_replica``, 16 by default in 0.9.1; fixed at 16 at b178a3c): the default
@@ -272,17 +277,28 @@ class _LeastWork:
 class _Placed(_LeastWork):
     """Each group placed as ``steal`` places a step's groups (:func:`lengthsched.integrations.rollout.place_ways`):
     spread over ``ways`` replicas, whole groups where ``ways`` is 1, its runs of completions onto the replicas
-    with the least predicted tokens in flight (sent there and not finished)."""
+    with the least predicted tokens in flight (sent there and not finished). With ``placer`` (router
+    ``stream``) the group is placed by that :class:`lengthsched.integrations.verl_async.StreamPlacer` instead,
+    the code lengthsched.integrations.verl_async runs: its spread re-estimated at every group from the groups
+    placed so far, the loads read from ``loads`` (the driver's coordinator where one is given, as the
+    integration reads them; else the router's own count)."""
 
-    def __init__(self, replicas: int, predicted: np.ndarray, ways: int, first: np.ndarray, sizes: Sequence[int]):
+    def __init__(self, replicas: int, predicted: np.ndarray, ways: int, first: np.ndarray, sizes: Sequence[int],
+                 placer: StreamPlacer | None = None, prompt_lens: np.ndarray | None = None, loads: Any = None):
         super().__init__(replicas, predicted)
         self.ways, self.first, self.sizes = ways, first, sizes
+        self.placer, self.prompt_lens, self.loads = placer, prompt_lens, loads
         self.plan: dict[int, int] = {}  # per request of a group placed and not yet routed: its replica
 
     def select(self, job: int, group: int) -> int:
         if job not in self.plan:
             start, n = int(self.first[group]), int(self.sizes[group])
-            placed = place_ways(self.predicted[start:start + n], [n], len(self.work), self.ways, loads=self.work)
+            pred = self.predicted[start:start + n]
+            if self.placer is None:
+                placed = place_ways(pred, [n], len(self.work), self.ways, loads=self.work)
+            else:
+                loads = self.work if self.loads is None else self.loads()
+                placed, _ = self.placer.place(pred, int(self.prompt_lens[group]), len(self.work), loads=loads)
             self.plan.update(zip(range(start, start + n), placed.tolist()))
         r = self.plan.pop(job)
         self.work[r] += float(self.predicted[job])
@@ -332,7 +348,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         prefill_share: with ``router="placed"``, cap the spread chosen from the groups first in flight at
             ``1 + floor(prefill_share x`` their predicted completion tokens / their prompt tokens``)``
             (:func:`lengthsched.integrations.rollout.spread_ways`' cap, ``PREFILL_SHARE`` in
-            ``lengthsched.integrations.verl_async``); None: ``steal``'s spread alone.
+            ``lengthsched.integrations.verl_async``); with ``router="stream"``, the ``prefill_share`` of its
+            ``StreamPlacer``; None: ``steal``'s spread alone.
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -502,12 +519,14 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                                   "vLLM's engines: steal_observed)")
     if prefill_share is not None:
         prefill_share = check_positive_float("prefill_share", prefill_share)
-        if router != "placed":
+        if router not in ("placed", "stream"):
             raise InvalidArgument("prefill_share", prefill_share, f"None with router={router!r} (it caps how "
-                                                                  "widely router 'placed' spreads a group)")
-    if (router in ("least_work", "placed") or steal) != (predicted is not None):
+                                                                  "widely routers 'placed' and 'stream' spread a "
+                                                                  "group)")
+    if (router in PREDICTED_ROUTERS or steal) != (predicted is not None):
         raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
-                              "predictions with routers 'least_work' and 'placed' or with steal, and only with them")
+                              "predictions with routers " + ", ".join(map(repr, PREDICTED_ROUTERS))
+                              + " or with steal, and only with them")
     total = sum(len(g.lengths) for g in groups[:need])
     if predicted is not None:
         predicted = np.asarray(predicted, dtype=np.float64).ravel()
@@ -526,14 +545,21 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
 
     sizes = [len(x) for x in lengths]
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]  # the groups first in flight
+    ways = replicas
     if router == "placed":  # the spread steal would choose for the groups first in flight
-        opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]
         n_open = int(sum(sizes[:len(opening)]))
         _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
                              prefill_share=prefill_share)
-    live = (_RoundRobin(replicas) if router == "round_robin" else
-            _LeastWork(replicas, common["pred"]) if router == "least_work" else
-            _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else _Live(router, replicas))
+    if router == "stream":  # the integration's own placer; its concurrency: the groups in flight
+        placer = StreamPlacer(common["budget"], concurrency=len(opening), prefill_share=prefill_share)
+        live = _Placed(replicas, common["pred"], ways, first, sizes, placer, plens,
+                       None if snapshot_seconds is None else lambda: coord.loads())
+    else:
+        live = (_RoundRobin(replicas) if router == "round_robin" else
+                _LeastWork(replicas, common["pred"]) if router == "least_work" else
+                _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else
+                _Live(router, replicas))
     engines, pols = [], []
     kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
     problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lengthsched import InvalidArgument
 from simulate import ASYNC_ROUTERS, run_async_rollout, run_rollout, run_verl_async
-from simulate.asynchronous import run_sync_steps
+from simulate.asynchronous import PREDICTED_ROUTERS, run_sync_steps
 from simulate.workloads import Group
 
 COMMON = dict(budget_tokens=2048, max_new_tokens=512)
@@ -83,7 +83,7 @@ def test_submissions_respect_the_staleness_and_concurrency_bounds(eta, batch, co
     max_concurrent the groups in flight (AReaL's StalenessManager.get_capacity)."""
     steps = 3
     stream = _stream((steps + eta) * batch + 2, seed=seed, high=300)
-    predicted = (np.concatenate([g.lengths for g in stream]) if router in ("least_work", "placed") else None)
+    predicted = np.concatenate([g.lengths for g in stream]) if router in PREDICTED_ROUTERS else None
     out = run_async_rollout(stream, batch=batch, steps=steps, max_staleness=eta, train_seconds=train,
                             update_seconds=0.05, max_concurrent=concurrent, router=router, predicted=predicted,
                             policy=policy, replicas=2, **COMMON)
@@ -369,7 +369,8 @@ def test_stealing_on_one_replica_is_the_engine_alone(policy, threshold):
 
 
 @settings(max_examples=30, deadline=None)
-@given(threshold=st.sampled_from([0.0, 0.1, 1.0]), router=st.sampled_from(["least_loaded", "placed", "round_robin"]),
+@given(threshold=st.sampled_from([0.0, 0.1, 1.0]),
+       router=st.sampled_from(["least_loaded", "placed", "stream", "round_robin"]),
        policy=st.sampled_from(["vllm", "sglang"]), resubmit=st.sampled_from([0.0, 0.05, 0.5]),
        version=st.sampled_from(["0.9.1", "b178a3c"]), seed=st.integers(0, 40),
        snapshot=st.sampled_from([None, None, 0.25, 1.0]))
@@ -486,6 +487,88 @@ def test_the_prefill_share_caps_how_widely_the_placed_router_spreads_a_group(mon
     assert capped.consumed_tokens == spread.consumed_tokens
 
 
+def _spy_stream(monkeypatch):
+    """Records every StreamPlacer.place call (predicted, prompt, loads, replicas returned) and every request the
+    async loop's _Placed router sends (job, replica)."""
+    import simulate.asynchronous as sa
+    from lengthsched.integrations.verl_async import StreamPlacer
+
+    calls, sent = [], []
+    place, select = StreamPlacer.place, sa._Placed.select
+
+    def spy_place(self, predicted, prompt_tokens, replicas, loads=None):
+        out = place(self, predicted, prompt_tokens, replicas, loads=loads)
+        calls.append((np.array(predicted), prompt_tokens, None if loads is None else list(loads), out[0].tolist(),
+                      self.last_ways))
+        return out
+
+    def spy_select(self, job, group):
+        r = select(self, job, group)
+        sent.append((job, r))
+        return r
+
+    monkeypatch.setattr(StreamPlacer, "place", spy_place)
+    monkeypatch.setattr(sa._Placed, "select", spy_select)
+    return calls, sent
+
+
+def test_the_stream_router_places_each_group_with_the_integrations_placer(monkeypatch):
+    """router='stream': each group, when its first request is routed, goes through
+    lengthsched.integrations.verl_async.StreamPlacer (the integration's code): in stream order, with the group's
+    predictions and prompt and the router's count of predicted tokens in flight as loads, and every request of
+    the group goes where the placer put it."""
+    calls, sent = _spy_stream(monkeypatch)
+    stream = _stream(20, size=6, seed=3, high=500)
+    predicted = _predicted(stream, 3)
+    out = run_verl_async(stream, batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, update_seconds=0.05,
+                         replicas=3, router="stream", predicted=predicted, prefill_share=0.1, budget_tokens=1500,
+                         max_new_tokens=512)
+    started = int(np.sum(~np.isnan(np.asarray(out.group_submitted))))
+    assert len(calls) == started
+    assert calls[0][2] == [0.0, 0.0, 0.0] and any(sum(c[2]) > 0 for c in calls[1:])  # the groups in flight
+    firsts = {}
+    for g, (pred, prompt, loads, placed, ways) in enumerate(calls):
+        assert prompt == stream[g].prompt_len
+        np.testing.assert_array_equal(pred, predicted[6 * g:6 * g + 6])
+        assert len(loads) == 3 and min(loads) >= 0.0 and 1 <= ways <= 3
+        assert len(set(placed)) <= ways
+        firsts[g] = placed
+    for job, r in sent:  # requests aborted by an update are routed again where they were (verl 0.9.1)
+        g, k = divmod(job, 6)
+        assert r == firsts[g][k]
+
+
+def test_the_stream_router_reads_the_drivers_loads_where_snapshots_drive_stealing(monkeypatch):
+    """With snapshot_seconds the stream router places by the driver's coordinator (its loads()), as the
+    integration does; stealing then moves requests, and every token is still trained once."""
+    calls, _ = _spy_stream(monkeypatch)
+    stream = _stream(20, size=6, seed=5, high=500)
+    kw = dict(batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, update_seconds=0.05, replicas=3,
+              predicted=_predicted(stream, 5), budget_tokens=1500, max_new_tokens=512, steal=True,
+              resubmit_seconds=0.05)
+    out = run_verl_async(stream, router="stream", snapshot_seconds=0.25, prefill_share=0.1, **kw)
+    assert out.policy == "steal_observed" and calls
+    assert calls[0][2] == [0.0, 0.0, 0.0]  # nothing in flight yet
+    assert any(sum(c[2]) > 0 for c in calls[1:])  # the coordinator counts the groups placed before
+    trained = [g for s in out.steps for g in s.groups]
+    assert len(trained) == len(set(trained)) == 12
+
+
+def test_the_stream_router_is_the_placed_router_on_a_steady_stream():
+    """On a stream of alike groups (one prompt length, one prediction, G a multiple of the replicas) the
+    integration's placer, re-estimating its spread at every group, makes the placed router's decision: the same
+    run to the last token and second, with and without stealing."""
+    stream = [Group(f"p{i}", 40, np.random.default_rng(i).integers(5, 600, size=8)) for i in range(24)]
+    kw = dict(batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, update_seconds=0.05, replicas=4,
+              predicted=np.full(24 * 8, 250.0), max_new_tokens=1024)
+    for budget in (1200, 20_000):  # whole groups in crowded pools; verl's spread in roomy ones
+        for steal in (False, True):
+            a = run_verl_async(stream, router="placed", budget_tokens=budget, steal=steal, **kw)
+            b = run_verl_async(stream, router="stream", budget_tokens=budget, steal=steal, **kw)
+            assert (b.seconds, b.consumed_tokens, b.recomputed_tokens) == (a.seconds, a.consumed_tokens,
+                                                                           a.recomputed_tokens)
+
+
 def test_stealing_bad_arguments_name_themselves():
     stream = _stream(12)
     kw = dict(batch=4, steps=2, staleness_threshold=0.5, train_seconds=0.1, **COMMON)
@@ -505,6 +588,10 @@ def test_stealing_bad_arguments_name_themselves():
         run_verl_async(stream, prefill_share=0.1, steal=True, predicted=_predicted(stream), **kw)  # not 'placed'
     with pytest.raises(InvalidArgument, match="prefill_share"):
         run_verl_async(stream, router="placed", prefill_share=-1.0, predicted=_predicted(stream), **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_verl_async(stream, router="stream", **kw)
+    with pytest.raises(InvalidArgument, match="prefill_share"):
+        run_verl_async(stream, router="stream", prefill_share=0.0, predicted=_predicted(stream), **kw)
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):
         run_verl_async(stream, snapshot_seconds=0.25, **kw)  # without steal
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):
