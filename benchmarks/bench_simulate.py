@@ -24,9 +24,9 @@ import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
-from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned, run_slime_planned_in_order
+from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.rollout import steal_ways
@@ -1661,29 +1661,30 @@ def async_verl(quick: bool) -> tuple[str, list]:
 
 # lengthsched inside verl's recipe as lengthsched.integrations.verl_async runs it: its StealDriver decides from
 # snapshots (steal_observed) polled every 0.25 s (StealOptions' default), a moved request resubmitted in about
-# 0.05 s, each group spread no wider than PREFILL_SHARE allows; against the same with exact knowledge of the
-# engines and steal's spread (the async_verl rows), slower polls, and without the prefill cap.
+# 0.05 s, each group placed by the integration's own StreamPlacer (router "stream": its spread re-estimated at every
+# group from the groups placed so far, no wider than PREFILL_SHARE allows, by the coordinator's loads); against the
+# same with exact knowledge of the engines and steal's spread (the async_verl rows), slower polls, without the
+# prefill cap, and with the placement as the simulator modelled it before (router "placed": the spread decided once
+# from the groups first in flight).
+_INTEGRATION = INTEGRATION  # the CLI's rows of the recipe with lengthsched inside run the same
 DRIVER_RUNS = (
     ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
     ("verl fully async: threshold 0.1 + lengthsched, 0.05 s to resubmit a stolen request", "verl", "vllm",
      {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
-     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, "router": "placed", "steal": True,
-                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25,
-                                   "prefill_share": PREFILL_SHARE}, "realistic"),
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, snapshots every 1 s", "verl", "vllm",
-     {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05,
-      "snapshot_seconds": 1.0, "prefill_share": PREFILL_SHARE}, "realistic"),
+     {"staleness_threshold": 0.1, **_INTEGRATION, "snapshot_seconds": 1.0}, "realistic"),
     ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
      {"staleness_threshold": 0.0}, None),
     ("verl fully async: threshold 0 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
-     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, "router": "placed", "steal": True,
-                                   "resubmit_seconds": 0.05, "snapshot_seconds": 0.25,
-                                   "prefill_share": PREFILL_SHARE}, "realistic"),
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, **_INTEGRATION}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, spread as steal spreads a step's "
-     "groups (no prefill cap)", "verl", "vllm", {"staleness_threshold": 0.1, "router": "placed", "steal": True,
-                                                 "resubmit_seconds": 0.05, "snapshot_seconds": 0.25},
+     "groups (no prefill cap)", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION, "prefill_share": None},
      "realistic"),
+    ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, its spread decided once from the groups "
+     "first in flight (router 'placed')", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION,
+                                                           "router": "placed"}, "realistic"),
 )
 DRIVER_PAIRS = (
     (DRIVER_RUNS[1][0], DRIVER_RUNS[0][0]),
@@ -1692,6 +1693,7 @@ DRIVER_PAIRS = (
     (DRIVER_RUNS[6][0], DRIVER_RUNS[0][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[1][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[6][0]),
+    (DRIVER_RUNS[2][0], DRIVER_RUNS[7][0]),
     (DRIVER_RUNS[5][0], DRIVER_RUNS[4][0]),
 )
 DRIVER_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x the recipe at threshold 0.1"

@@ -45,11 +45,11 @@ MAX_STALENESS = 64
 #: The largest ``--staleness-threshold`` accepted (a share of the batch), and the thresholds shown without it.
 MAX_THRESHOLD = 64.0
 VERL_THRESHOLDS = (0.0, 0.1)
-#: How lengthsched.integrations.verl_async decides: its driver's default poll interval, the estimated seconds a moved
-#: request takes to land, and its placement's cap on a group's spread (the arguments of run_verl_async for the
-#: recipe with lengthsched inside).
-INTEGRATION = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS,
-               "prefill_share": PREFILL_SHARE}
+#: How lengthsched.integrations.verl_async decides: its own placer (router ``stream``), its driver's default poll
+#: interval, the estimated seconds a moved request takes to land, and its placement's cap on a group's spread (the
+#: arguments of run_verl_async for the recipe with lengthsched inside).
+INTEGRATION = {"router": "stream", "steal": True, "snapshot_seconds": StealOptions.poll_interval,
+               "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS, "prefill_share": PREFILL_SHARE}
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {
@@ -234,8 +234,7 @@ def compare_async(opts) -> AsyncComparison:
                      dict(policy="vllm", staleness_threshold=s_, local_steps=local)))
         runs.append((f"{kind}: steal_observed, S={s_:g}, {updates} (verl 0.9.1 fully async + "
                      "lengthsched.integrations.verl_async: groups placed, stolen)",
-                     dict(policy="vllm", staleness_threshold=s_, local_steps=local, router="placed", steal=True,
-                          predicted=pred, **INTEGRATION)))
+                     dict(policy="vllm", staleness_threshold=s_, local_steps=local, predicted=pred, **INTEGRATION)))
     rows = []
     for label, extra in runs:
         try:
