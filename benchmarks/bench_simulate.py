@@ -1620,6 +1620,15 @@ VERL_PAIRS = (
 )
 
 
+def _default_planner(max_new_tokens: int):
+    """The predictor lengthsched.integrations.verl's RolloutPlanner builds without a trained one (prediction
+    "online" of the async sections): OnlineLengthPredictor from response_length / 2, learning from every group that
+    comes back (a fresh one per run)."""
+    from lengthsched.integrations.verl import RolloutPlanner
+
+    return RolloutPlanner(max_new_tokens=max_new_tokens).predictor
+
+
 def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` weight versions, the learner's seconds per version
     ``share`` x the mean rollout of the synchronous vLLM + verl steps, plus ASYNC_UPDATE_SECONDS per update;
@@ -1637,7 +1646,8 @@ def _verl_unit(args, runs=VERL_RUNS, steps=ASYNC_STEPS):
         if "max_concurrent" in extra:
             extra["max_concurrent"] = max(1, int(extra["max_concurrent"] * prompts))
         run = run_verl_async if kind == "verl" else run_async_rollout
-        r = run(groups, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, predicted=known[pred],
+        predicted = _default_planner(kw["max_new_tokens"]) if pred == "online" else known[pred]
+        r = run(groups, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS, policy=engine, predicted=predicted,
                 **extra, **kw)
         out[label] = _async_row(r)
     return out
@@ -1685,6 +1695,9 @@ DRIVER_RUNS = (
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, its spread decided once from the groups "
      "first in flight (router 'placed')", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION,
                                                            "router": "placed"}, "realistic"),
+    ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async without a trained predictor (its online "
+     "predictor from response_length / 2, learning from the groups back)", "verl", "vllm",
+     {"staleness_threshold": 0.1, **_INTEGRATION}, "online"),
 )
 DRIVER_PAIRS = (
     (DRIVER_RUNS[1][0], DRIVER_RUNS[0][0]),
@@ -1694,6 +1707,8 @@ DRIVER_PAIRS = (
     (DRIVER_RUNS[2][0], DRIVER_RUNS[1][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[6][0]),
     (DRIVER_RUNS[2][0], DRIVER_RUNS[7][0]),
+    (DRIVER_RUNS[8][0], DRIVER_RUNS[0][0]),
+    (DRIVER_RUNS[8][0], DRIVER_RUNS[2][0]),
     (DRIVER_RUNS[5][0], DRIVER_RUNS[4][0]),
 )
 DRIVER_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x the recipe at threshold 0.1"

@@ -74,7 +74,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
-from lengthsched.integrations.rollout import place_ways
+from lengthsched.integrations.rollout import observe_lengths, place_ways, predict_lengths
 from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA, StreamPlacer
 from lengthsched.runtime import POLICIES, Problem
 from lengthsched.runtime.baselines import ran_dry
@@ -329,7 +329,11 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         policy: each engine's scheduler, one of :data:`simulate.rollout.THROTTLED_POLICIES`.
         router: one of :data:`ASYNC_ROUTERS` (AReaL's is ``round_robin``).
         predicted: predicted lengths per completion of the stream, flattened in group order (for
-            ``least_work`` and ``steal``; the engines here use none).
+            ``least_work`` and ``steal``; the engines here use none); or a predictor (the
+            :class:`lengthsched.LengthPredictor` protocol, e.g. :class:`lengthsched.OnlineLengthPredictor`)
+            asked once per group, by its ``prompt_id``, when the group is submitted and, where it has
+            ``observe``, told the group's lengths when the whole group is back (rollout step = groups back //
+            ``batch``): what lengthsched.integrations.verl_async's planner does.
         replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs: as for
             :func:`simulate.run_rollout` (``budget_tokens`` is each engine's KV pool, prompts included).
         steal: lengthsched's stealing on top of the router: each engine runs ``steal`` (``steal_sglang`` on
@@ -528,7 +532,10 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                               "predictions with routers " + ", ".join(map(repr, PREDICTED_ROUTERS))
                               + " or with steal, and only with them")
     total = sum(len(g.lengths) for g in groups[:need])
-    if predicted is not None:
+    learning = None  # a predictor asked as each group is submitted and told its lengths when it is back
+    if predicted is not None and hasattr(predicted, "predict"):
+        learning, predicted = predicted, None
+    elif predicted is not None:
         predicted = np.asarray(predicted, dtype=np.float64).ravel()
         if len(predicted) < total:
             raise InvalidArgument("predicted", f"{len(predicted)} predictions", f"one per completion of the "
@@ -538,6 +545,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, 0, prefill_chunk, False,
         max_num_seqs)
+    if learning is not None:  # filled as the groups are submitted (submit)
+        common["pred"] = np.zeros(len(flat), dtype=np.float64)
     cost = common["cost"]
     plens = common["prompt_lens"]
     batch, cap, unit = rules.batch, rules.cap, rules.unit
@@ -601,7 +610,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     records: list[AsyncStep] = []
     TRAINER = -1  # the learner's events in the clock's heap (before the replicas' at the same second)
     # counted: verl's staleness_samples (groups started since the count was last reset)
-    state = dict(version=0, next_group=0, running=0, accepted=0, interrupted=0, counted=0)
+    state = dict(version=0, next_group=0, running=0, accepted=0, interrupted=0, counted=0, back=0)
     # The learner: training (groups, start, end) or None; trained: the version's local updates so far;
     # pausing: the replicas still to stop before an update (None: not stopping); update_end: when the update
     # under way ends (None: none).
@@ -645,6 +654,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             state["running"] += 1
             state["counted"] += 1
             submitted[g] = now
+            if learning is not None:  # the group's predicted length, asked once when it is submitted
+                rows = slice(int(first[g]), int(first[g]) + sizes[g])
+                common["pred"][rows] = predict_lengths(learning, [keys[g]], max_new_tokens=common["max_new"])[0]
+                if steal:  # the replicas' shared predicted work
+                    pols[0].work[rows] = common["pred"][rows]
             for job in range(int(first[g]), int(first[g]) + sizes[g]):
                 r = live.select(job, g)
                 home[job] = r
@@ -774,6 +788,10 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                     state["accepted"] += 1
                     finished_at[g] = now
                     ready.append(g)
+                    if learning is not None:  # back: its lengths teach the predictor (a rollout step per version)
+                        state["back"] += 1
+                        observe_lengths(learning, [keys[g]] * sizes[g], flat[first[g]:first[g] + sizes[g]].tolist(),
+                                        step=state["back"] // batch)
             seen[r] = done
             submit(now)
             start_training(now)

@@ -569,6 +569,70 @@ def test_the_stream_router_is_the_placed_router_on_a_steady_stream():
                                                                            a.recomputed_tokens)
 
 
+class _Recording:
+    """A predictor that predicts ``value`` tokens for every prompt and records what it is asked and told."""
+
+    def __init__(self, value):
+        self.value, self.asked, self.told = value, [], []
+
+    def predict(self, prompts, prefixes=None):
+        from lengthsched import LengthPrediction
+
+        self.asked.append(list(prompts))
+        return LengthPrediction(np.full(len(prompts), float(self.value)))
+
+    def observe(self, prompt, length, *, step=None):
+        self.told.append((prompt, length, step))
+
+
+@pytest.mark.parametrize("steal,snapshot", [(False, None), (True, None), (True, 0.25)])
+def test_a_predictor_is_asked_per_group_as_submitted_and_told_the_lengths_when_back(steal, snapshot):
+    """predicted may be a predictor, as lengthsched.integrations.verl_async's planner uses one: asked once per
+    group (by prompt) when the group is submitted, told every length of a group when the whole group is back,
+    as rollout step = groups back // batch. Predicting a constant, it runs as the same constant given per
+    completion."""
+    stream = _stream(20, size=6, seed=7, high=500)
+    kw = dict(batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, update_seconds=0.05, replicas=3,
+              router="stream", budget_tokens=1500, max_new_tokens=512, steal=steal, snapshot_seconds=snapshot,
+              resubmit_seconds=0.05 if steal else 0.0)
+    pred = _Recording(180)
+    out = run_verl_async(stream, predicted=pred, **kw)
+    fixed = run_verl_async(stream, predicted=np.full(120, 180.0), **kw)
+    assert (out.seconds, out.consumed_tokens, out.recomputed_tokens) == (fixed.seconds, fixed.consumed_tokens,
+                                                                         fixed.recomputed_tokens)
+    submitted = np.asarray(out.group_submitted)
+    started = np.flatnonzero(~np.isnan(submitted))
+    assert pred.asked == [[stream[g].prompt_id] for g in started]  # in submission order, one prompt each
+    back = [g for g in np.argsort(np.asarray(out.group_finished), kind="stable") if np.isfinite(out.group_finished[g])]
+    told = [(p, n) for p, n, _ in pred.told]
+    assert told[:6 * len(back)] == [(stream[g].prompt_id, int(n)) for g in back for n in stream[g].lengths]
+    steps = [step for _, _, step in pred.told]
+    assert steps == sorted(steps) and steps[0] == 0 and steps[-1] == len(pred.told) // 6 // 4
+
+
+def test_the_online_predictor_learns_the_streams_lengths(monkeypatch):
+    """Without a trained predictor (the online one from a default of response_length / 2), the groups placed
+    after the first ones come back are predicted near the stream's typical length, not the default."""
+    import simulate.asynchronous as sa
+    from lengthsched import OnlineLengthPredictor
+
+    stream = _stream(24, size=6, seed=9, low=50, high=150)
+    online = OnlineLengthPredictor(default_length=256, max_new_tokens=512)
+    seen = []
+    real = sa.predict_lengths
+
+    def spy(predictor, queries, **kw):
+        out = real(predictor, queries, **kw)
+        seen.append(int(out[0]))
+        return out
+
+    monkeypatch.setattr(sa, "predict_lengths", spy)
+    run_verl_async(stream, batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, replicas=2,
+                   router="stream", predicted=online, budget_tokens=1500, max_new_tokens=512)
+    assert seen[0] == 256  # nothing known yet
+    assert all(40 <= n <= 160 for n in seen[-4:])  # the running mean of what came back
+
+
 def test_stealing_bad_arguments_name_themselves():
     stream = _stream(12)
     kw = dict(batch=4, steps=2, staleness_threshold=0.5, train_seconds=0.1, **COMMON)
