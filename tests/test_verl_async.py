@@ -178,12 +178,13 @@ def group_batch(k: int, g: int, prompt: str):
 
 
 def run_stream(lengths_of_group, *, replicas=2, concurrency=3, lengthsched=True, sync_at=(), seats=2,
-               prompts=None, base=FakeFullyAsyncLLMServerClient, **options):
+               prompts=None, base=FakeFullyAsyncLLMServerClient, add_at=None, **options):
     """A stream of groups (group k's true lengths ``lengths_of_group[k]``) through the recipe's manager (with
     lengthsched installed, or verl's own: the fully-async client and a router that balances by requests in
     flight; ``base``: the fully-async client class, verl's real one where it is importable) over stepped fake
     vLLM engines, ``concurrency`` groups in flight as the rollouter keeps them; at
-    each step in ``sync_at`` every request in flight is aborted as a weight update does. Returns (steps,
+    each step in ``sync_at`` every request in flight is aborted as a weight update does; at step ``add_at`` a
+    replica joins (the router's ``add_servers``, as the recipe adds a hybrid replica). Returns (steps,
     outputs per group, manager, engines, client, the groups' batches: the manager wrote their priorities)."""
     g = len(lengths_of_group[0])
     lengths = {k * g + i: n for k, group in enumerate(lengths_of_group) for i, n in enumerate(group)}
@@ -213,6 +214,11 @@ def run_stream(lengths_of_group, *, replicas=2, concurrency=3, lengthsched=True,
             await asyncio.sleep(0.0005)
             for k in [k for k, t in active.items() if t.done()]:
                 done[k] = active.pop(k).result()
+            if steps == add_at and len(engines) == replicas:  # a hybrid replica joins
+                extra_engines, extra_servers, _ = cluster(lengths, max_num_seqs=seats, replicas=1)
+                engines.append(extra_engines[0])
+                servers.append(extra_servers[0])
+                router.add_servers({"10.0.1.0:8000": Remote(extra_servers[0])})
             if steps in sync_at and steps not in synced:  # a weight update: every request in flight aborted
                 synced.add(steps)  # (vLLM's pause_generation)
                 for server in servers:
@@ -280,6 +286,45 @@ def test_a_replica_that_drains_steals_the_waiting_rows_of_a_long_group():
     # no KV pool, where a whole group holds its prompt once: what placing whole groups buys); stealing gets
     # within the rows' wait for a poll and a replica to drain
     assert plain_steps <= steps <= 1.15 * plain_steps
+
+
+def test_a_replica_that_joins_steals_the_requests_in_flight_the_new_driver_took_over():
+    """The recipe adds a hybrid replica (router.add_servers): the next group starts a new driver over three
+    replicas, which takes over the requests in flight of the first two; the new replica, empty, steals rows
+    of groups placed before it joined, and every row still finishes once with its own length."""
+    groups = [[60, 60, 60, 60]] * 4 + [[5, 5, 5, 5]] * 4
+    steps, _, manager, engines, client, batches = run_stream(groups, concurrency=4, ways=1, add_at=3)
+    status = manager.lengthsched_status()
+    assert status["restarts"] == 1 and status["replicas"] == 3 and status["adopted"] > 0
+    early = {p for b in batches[:4] for p in b.non_tensor_batch["priority"].tolist()}  # placed before it joined
+    joined = {int(vs.parse_vllm_request_id(vid)[0]) for vid in engines[2].started}
+    assert joined & early  # the new replica ran rows it took over
+    assert manager.lengthsched_driver.coordinator.loads() == [0.0, 0.0, 0.0]  # every row let go
+
+
+def test_a_driver_takes_over_another_drivers_requests_by_server():
+    """StealDriver.adopt: the requests on servers that stayed keep their progress, attempt and prediction on
+    their replica's new index; those on a server that left stay in the rows, out of the coordinator's view
+    until a snapshot shows them."""
+    lengths = {k: 50 for k in range(6)}
+    engines, servers, router = cluster(lengths, max_num_seqs=1, replicas=2)
+    old = vs.StealDriver(StealCoordinator(2, 10_000), router, servers)
+    for k in range(6):
+        old.submit(k, k % 2, 40.0 + k, prompt_tokens=7, group=k // 3)
+    old.coordinator.observe(0, {0: 12, 2: 0, 4: 0})
+    engines3, servers3, _ = cluster(lengths, max_num_seqs=1, replicas=3)
+    new = vs.StealDriver(StealCoordinator(3, 10_000), router, servers3)
+    assert new.adopt(old, [2, None]) == 3  # old replica 0 is replica 2 here; old replica 1's server left
+    assert [new.coordinator.replica_of(k) for k in range(6)] == [2, None, 2, None, 2, None]
+    assert new.coordinator.generated_of(0) == 12 and new.coordinator.loads() == [0.0, 0.0, 40.0 + 42.0 + 44.0]
+    assert sorted(new._rows) == [str(k) for k in range(6)]  # the others come back into view when seen
+    assert new.adopt(old, [2, None]) == 0  # nothing twice
+    with pytest.raises(InvalidArgument, match="replicas"):
+        new.adopt(old, [0])
+    with pytest.raises(InvalidArgument, match="replicas"):
+        new.adopt(old, [3, None])
+    with pytest.raises(InvalidArgument, match="other"):
+        new.adopt("driver", [0, 1])
 
 
 @pytest.mark.parametrize("real_client", [False, pytest.param(True, marks=requires_verl)])

@@ -203,6 +203,12 @@ class StealCoordinator:
         req = self._requests.get(request)
         return None if req is None else req.replica
 
+    def generated_of(self, request: Hashable) -> int | None:
+        """The tokens ``request`` had generated at the last snapshot that showed it (those carried from an
+        earlier replica included); None when unknown or finished."""
+        req = self._requests.get(request)
+        return None if req is None else int(req.generated)
+
     # ------------------------------------------------------------------ decisions
     def decide(self, thieves: Iterable[int] | None = None, sources: Iterable[int] | None = None) -> list[Move]:
         """Steals for every replica with nothing waiting and room in its pool, then moves of running

@@ -253,13 +253,15 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             self.lengthsched_driver: StealDriver | None = None
             self.lengthsched_servers: list[str] = []
             self.lengthsched_restarts = 0  # drivers started again because the router's servers changed
+            self.lengthsched_adopted = 0  # requests in flight the new drivers took over
             self.lengthsched_groups_back = 0
             self._lengthsched_version = learner_groups_of(config)
 
         async def lengthsched_driver_for(self) -> StealDriver:
             """The driver for the router's current servers (started with the first group; a new one when
-            the servers change, as the recipe's dynamic resources add and remove replicas: the requests
-            in flight then stay where they are, out of the new driver's view)."""
+            the servers change, as the recipe's dynamic resources add and remove hybrid replicas, which
+            takes over the old one's requests in flight on the servers that stayed: an added replica can
+            steal them at once; those on a removed server come back into view where verl resubmits them)."""
             lock = self.__dict__.setdefault("_lengthsched_lock", asyncio.Lock())
             async with lock:  # groups start concurrently: one driver
                 return await self._lengthsched_driver_for()
@@ -271,15 +273,20 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                 raise RuntimeError("No available servers in load balancer")
             driver = self.lengthsched_driver
             if driver is None or servers != self.lengthsched_servers:
-                if driver is not None:
-                    await driver.stop()
+                old = driver
+                if old is not None:
+                    await old.stop()
                     self.lengthsched_restarts += 1
-                    log.warning("lengthsched: the router's servers changed (%d -> %d): a new StealDriver; "
-                                "requests in flight stay where they are", len(self.lengthsched_servers),
-                                len(servers))
                 handles = await _call(router, "get_server_handles")
                 driver = StealDriver(self.lengthsched_steal.coordinator(len(servers)), router, handles,
                                      poll_interval=self.lengthsched_steal.poll_interval)
+                if old is not None:
+                    index = {sid: r for r, sid in enumerate(servers)}
+                    adopted = driver.adopt(old, [index.get(sid) for sid in self.lengthsched_servers])
+                    self.lengthsched_adopted += adopted
+                    log.warning("lengthsched: the router's servers changed (%d -> %d): a new StealDriver, "
+                                "%d requests in flight taken over", len(self.lengthsched_servers), len(servers),
+                                adopted)
                 driver.start()
                 self.lengthsched_driver, self.lengthsched_servers = driver, servers
                 if self.lengthsched_placer is None:
@@ -309,9 +316,10 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             ntb["priority"] = priority
             try:
                 output = await super().generate_sequences_single(prompts)
-            finally:
-                for p in priority:
-                    driver.finish(int(p))
+            finally:  # the driver that took the rows over, if the servers changed meanwhile, lets them go too
+                for d in dict.fromkeys([driver, self.lengthsched_driver]):
+                    for p in priority:
+                        d.finish(int(p))
             self.lengthsched_groups_back += len(set(uids))
             version = self._lengthsched_version  # groups per weight version: one rollout step of the predictor
             step = self.lengthsched_groups_back // version if version else 0
@@ -320,7 +328,8 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
 
         def lengthsched_status(self) -> dict[str, Any]:
             """What lengthsched did so far: groups placed, the last spread, the driver's steals, moves,
-            cancelled moves, resumed requests, polls and errors, and its restarts."""
+            cancelled moves, resumed requests, polls and errors, its restarts and the requests in flight the
+            new drivers took over."""
             driver, placer = self.lengthsched_driver, self.lengthsched_placer
             stats = driver.stats if driver is not None else None
             return {"groups": placer.groups if placer else 0, "ways": placer.last_ways if placer else None,
@@ -328,7 +337,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                     "steals": stats.steals if stats else 0, "moves": stats.moves if stats else 0,
                     "cancelled": stats.cancelled if stats else 0, "resumed": stats.resumed if stats else 0,
                     "polls": stats.polls if stats else 0, "errors": stats.errors if stats else 0,
-                    "restarts": self.lengthsched_restarts}
+                    "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
 
     LengthschedFullyAsyncAgentLoopManager.__module__ = __name__
     return LengthschedFullyAsyncAgentLoopManager

@@ -78,7 +78,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -501,6 +501,38 @@ class StealDriver:
         """``request``'s answer is in."""
         self._rows.pop(str(request), None)
         self.coordinator.finish(request)
+
+    def adopt(self, other: StealDriver, replicas: Sequence[int | None]) -> int:
+        """Take over the requests ``other`` (a driver stopped because the router's servers changed) had in
+        flight: ``replicas[r]`` is the replica here of ``other``'s replica ``r`` (None: its server left, and
+        its requests with it: verl resubmits them elsewhere, and they come back into view when they appear in a
+        snapshot here). Each keeps its predicted length, prompt, group, the tokens its earlier attempts carried
+        and its current attempt, so it can be stolen or moved at once; a request ``other`` had let go (it left
+        every snapshot, as a weight update's aborts do) is submitted again where it next appears. Returns how
+        many requests were taken over onto a replica here."""
+        if not isinstance(other, StealDriver):
+            raise InvalidArgument("other", type(other).__name__, "a StealDriver")
+        replicas = list(replicas)
+        if len(replicas) != other.coordinator.replicas:
+            raise InvalidArgument("replicas", replicas, f"one entry per replica of the other driver "
+                                                        f"({other.coordinator.replicas})")
+        for r in replicas:
+            if r is not None:
+                self.coordinator._replica("replicas", r)
+        adopted = 0
+        for key, row in other._rows.items():
+            if key in self._rows:
+                continue
+            where = other.coordinator.replica_of(row.request)
+            target = None if where is None else replicas[where]
+            if target is None:  # out of view until a snapshot shows it (``_observed``: resumed)
+                self._rows[key] = replace(row, seen=False, vllm_id=None)
+                continue
+            self.coordinator.submit(row.request, target, row.predicted, prompt_tokens=row.prompt, group=row.group,
+                                    generated=other.coordinator.generated_of(row.request))
+            self._rows[key] = replace(row, replica=target)
+            adopted += 1
+        return adopted
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
