@@ -331,7 +331,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
         predicted: predicted lengths per completion of the stream, flattened in group order (for
             ``least_work`` and ``steal``; the engines here use none); or a predictor (the
             :class:`lengthsched.LengthPredictor` protocol, e.g. :class:`lengthsched.OnlineLengthPredictor`)
-            asked once per group, by its ``prompt_id``, when the group is submitted and, where it has
+            asked once per group, by its ``prompt_id``, when the group is submitted (the groups first in flight
+            when the run starts, before any is back) and, where it has
             ``observe``, told the group's lengths when the whole group is back (rollout step = groups back //
             ``batch``): what lengthsched.integrations.verl_async's planner does.
         replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs: as for
@@ -555,6 +556,18 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     sizes = [len(x) for x in lengths]
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]  # the groups first in flight
+    asked = np.zeros(len(groups), dtype=bool)  # with a learning predictor: the groups predicted so far
+
+    def ask(g: int) -> None:
+        """The group's predicted length, asked once (the opening groups at the start: they are submitted
+        before any group is back, so it is what their submission would get)."""
+        if learning is not None and not asked[g]:
+            asked[g] = True
+            common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(learning, [keys[g]],
+                                                                          max_new_tokens=common["max_new"])[0]
+
+    for g in range(len(opening)):
+        ask(g)
     ways = replicas
     if router == "placed":  # the spread steal would choose for the groups first in flight
         n_open = int(sum(sizes[:len(opening)]))
@@ -654,11 +667,10 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             state["running"] += 1
             state["counted"] += 1
             submitted[g] = now
-            if learning is not None:  # the group's predicted length, asked once when it is submitted
-                rows = slice(int(first[g]), int(first[g]) + sizes[g])
-                common["pred"][rows] = predict_lengths(learning, [keys[g]], max_new_tokens=common["max_new"])[0]
+            if learning is not None:  # the group's predicted length, asked once (by its submission at the latest)
+                ask(g)
                 if steal:  # the replicas' shared predicted work
-                    pols[0].work[rows] = common["pred"][rows]
+                    pols[0].work[first[g]:first[g] + sizes[g]] = common["pred"][first[g]:first[g] + sizes[g]]
             for job in range(int(first[g]), int(first[g]) + sizes[g]):
                 r = live.select(job, g)
                 home[job] = r

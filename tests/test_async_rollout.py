@@ -585,15 +585,17 @@ class _Recording:
         self.told.append((prompt, length, step))
 
 
-@pytest.mark.parametrize("steal,snapshot", [(False, None), (True, None), (True, 0.25)])
-def test_a_predictor_is_asked_per_group_as_submitted_and_told_the_lengths_when_back(steal, snapshot):
+@pytest.mark.parametrize("steal,snapshot,router", [(False, None, "stream"), (True, None, "stream"),
+                                                   (True, 0.25, "stream"), (True, 0.25, "placed"),
+                                                   (False, None, "least_work")])
+def test_a_predictor_is_asked_per_group_as_submitted_and_told_the_lengths_when_back(steal, snapshot, router):
     """predicted may be a predictor, as lengthsched.integrations.verl_async's planner uses one: asked once per
     group (by prompt) when the group is submitted, told every length of a group when the whole group is back,
     as rollout step = groups back // batch. Predicting a constant, it runs as the same constant given per
     completion."""
     stream = _stream(20, size=6, seed=7, high=500)
     kw = dict(batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, update_seconds=0.05, replicas=3,
-              router="stream", budget_tokens=1500, max_new_tokens=512, steal=steal, snapshot_seconds=snapshot,
+              router=router, budget_tokens=1500, max_new_tokens=512, steal=steal, snapshot_seconds=snapshot,
               resubmit_seconds=0.05 if steal else 0.0)
     pred = _Recording(180)
     out = run_verl_async(stream, predicted=pred, **kw)
