@@ -1893,6 +1893,52 @@ def rollout_resubmit(quick: bool) -> tuple[str, list]:
                  ["settings", "variant", "n", "mean", "worst", "slower by > 0.1%"], rows), rows
 
 
+# The first step of a run with lengthsched's verl integrations and no trained predictor: their default
+# (OnlineLengthPredictor, RolloutPlanner) predicts response_length / 2 for every completion until it has seen a
+# length. COLD_START_LENGTH is that at L_max 4096.
+COLD_START_LENGTH = 2048
+COLD_START_RUNS = (
+    ("steal, realistic prompt-level predictions (the grid's row)", "realistic", False),
+    (f"steal, every completion predicted {COLD_START_LENGTH} (placed by it: the integrations until 2026-11-29)",
+     "cold", False),
+    (f"steal over verl's spread, every completion predicted {COLD_START_LENGTH} (the verl integrations' first "
+     "step since 2026-11-29)", "cold", True),
+    (f"steal, every completion predicted {CONSTANT_PREDICTION} (the grid's constant row)", "constant", False),
+    ("steal over verl's spread, realistic predictions", "realistic", True),
+)
+
+
+def _cold_start_unit(args) -> dict:
+    """One setting of rollout_cold_start: makespan of each COLD_START_RUNS row over vLLM + verl's."""
+    from simulate.rollout import route
+
+    groups, realistic, _, constant, common = _rollout_setting(*args)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    known = {"realistic": realistic, "constant": constant, "cold": np.full(len(realistic), COLD_START_LENGTH)}
+    spread = route(groups, "least_loaded", common["replicas"])
+    return {label: run_rollout(groups, "steal", predicted=known[pred], placement=spread if over else None,
+                               **common).seconds / base for label, pred, over in COLD_START_RUNS}
+
+
+def rollout_cold_start(quick: bool) -> tuple[str, list]:
+    """The first step without a trained predictor: steal placing by a made-up length everywhere against steal
+    over verl's spread (what the verl integrations now do until the predictor has seen a length), on the
+    rollout grid (one draw, --seed)."""
+    grid = [("castillo", 64, 4, 2), ("long tail", 16, 4, 16)] if quick else ROLLOUT_GRID
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
+    results = _pool_map(_cold_start_unit, units)
+    rows = []
+    for label, *_ in COLD_START_RUNS:
+        summary = _ratio_summary(units, [out[label] for out in results])
+        worst = units[int(np.argmax([out[label] for out in results]))][:4]
+        rows.append([label] + summary[:5] + [" ".join(map(str, worst))])
+    text = table(f"The first step without a trained predictor ({_cost_label()}, seed {ROLLOUT_SEED}, the rollout "
+                 "grid): makespan x vLLM FCFS + verl routing", ["run", "settings", "mean", "several replicas",
+                                                                "worst", "slower by > 0.1%", "worst setting"], rows)
+    per = [[*u[:4], *(round(out[label], 4) for label, *_ in COLD_START_RUNS)] for u, out in zip(units, results)]
+    return text, {"rows": rows, "settings": per}
+
+
 SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
 FREE_CHUNK = 128  # the chunk of the free-loads bound: the best of SEER_CHUNKS when loads cost nothing
 SEER_TIGHT_POOLS = (2, 4)  # pools (x L_max) of the long-tail settings rollout_seer also reports alone
@@ -2333,6 +2379,7 @@ def main(argv=None) -> int:
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
+                "rollout_cold_start": rollout_cold_start,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

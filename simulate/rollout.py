@@ -412,7 +412,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     ``record`` keeps each replica's :class:`~lengthsched.runtime.Timeline` for figures.
     ``placement``: the replica (0 to ``replicas - 1``) of every completion, flattened in group
     order, instead of the router's: your own router's placement, evaluated (not with a policy that
-    places or dispatches requests itself). ``max_num_seqs``: requests each replica runs at once at
+    places or dispatches requests itself, except the stealing ones, ``steal`` and its variants, which then
+    steal over it instead of their own placement: what lengthsched's integrations do over a plan's
+    ``spread``). ``max_num_seqs``: requests each replica runs at once at
     most (vLLM's ``max_num_seqs``, SGLang's ``max_running_requests``; verl sets 1024 by default);
     None: only the pool limits them (Seer's dispatcher then keeps vLLM's default of 256 requests per
     replica). ``resubmit_seconds``: for the policies that move requests between replicas by abort and
@@ -456,7 +458,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     online = predicted if hasattr(predicted, "observe") else None
     cost = common["cost"]
     if placement is not None:
-        if spec.dispatch or spec.places_groups:
+        if (spec.dispatch or spec.places_groups) and not getattr(spec.cls, "STEALS", False):
             raise InvalidArgument("placement", "an array", f"no placement with policy {policy!r}, which places "
                                                            "or dispatches requests itself")
         placement = _check_placement(placement, len(flat), replicas)
@@ -495,9 +497,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, fixed=placement,
                                                     window=window, **common)
     elif spec.dispatch:
+        used_router = "dispatch" if placement is None else "given"
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
-                                                   snapshot=snapshot_seconds, **common)
-        used_router = "dispatch"
+                                                   snapshot=snapshot_seconds, given=placement, **common)
     else:
         if placement is None and getattr(spec.cls, "PLACE", None) == "classes":
             placement = _plan_classes(policy, replicas, owner, common)
@@ -947,15 +949,17 @@ def observe_board(pols: list, budget: int, snapshot: float | None = None) -> Ste
     return coord
 
 
-def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, flat, owner, tails,
-                  prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None,
-                  offload=None):
+def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, given=None, flat, owner,
+                  tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost,
+                  max_seqs=None, offload=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
-    from each other's queues (``steal``)."""
+    from each other's queues (``steal``; ``given``: the placement to steal over instead of the policy's)."""
     cls = POLICIES[policy].cls
     ways = None  # with PLACE "ways": over how many replicas each group is spread
     if cls.STEALS:  # placed before the step (cls.PLACE); replicas steal later
-        if cls.PLACE == "time":
+        if given is not None:
+            placed = given
+        elif cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
         elif cls.PLACE == "classes":  # steal_classes: placed_classes's placement
             placed = _plan_classes(policy, replicas, owner, dict(pred=pred, max_new=max_new, prompt_lens=prompt_lens,

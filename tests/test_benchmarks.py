@@ -822,3 +822,22 @@ def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
         assert r[4] == pytest.approx(np.mean(by_setting)) and r[7] == 2 * sum(x < 0.999 for x in by_setting)
     same = paired_rows(data["settings"], ((VERL_RUNS[0][0], VERL_RUNS[0][0]),))
     assert same[0][4:7] == [1.0, 1.0, 1.0] and same[0][7] == 0 and same[0][10] == 0.0
+
+
+def test_rollout_cold_start_quick(tmp_path):
+    """rollout_cold_start (quick): one row per run of COLD_START_RUNS, the per-setting ratios are the runs'
+    makespans over vLLM + verl's as run_rollout gives them, and stealing over verl's spread with the made-up
+    length is never slower than verl's spread with vLLM by more than 0.1% there."""
+    data = _quick_section(tmp_path, "rollout_cold_start")
+    import bench_simulate as bench
+
+    from simulate import run_rollout
+
+    assert [row[0] for row in data["rows"]] == [label for label, *_ in bench.COLD_START_RUNS]
+    first = data["settings"][0]
+    groups, realistic, _, _, common = bench._rollout_setting(*first[:4], bench.ROLLOUT_SEED, None)
+    base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
+    assert first[4] == round(run_rollout(groups, "steal", predicted=realistic, **common).seconds / base, 4)
+    spread_cold = [label for label, pred, over in bench.COLD_START_RUNS if pred == "cold" and over][0]
+    column = 4 + [label for label, *_ in bench.COLD_START_RUNS].index(spread_cold)
+    assert all(row[column] <= 1.001 for row in data["settings"])

@@ -332,9 +332,30 @@ def test_a_given_placement_is_run_as_given_and_checked():
     for bad in (mine[:-1], np.r_[mine[:-1], 3], mine.astype(float), np.r_[mine[:-1], -1]):
         with pytest.raises(InvalidArgument, match="placement"):
             run_rollout(groups, "vllm", placement=bad, **common)
-    for policy in ("steal", "seer", "placed_lpt"):
+    for policy in ("seer", "placed_lpt"):
         with pytest.raises(InvalidArgument, match="placement.*places or dispatches"):
             run_rollout(groups, policy, placement=mine, **common)
+
+
+@pytest.mark.parametrize("policy", ["steal", "steal_observed", "steal_classes"])
+def test_the_stealing_policies_steal_over_a_given_placement(policy):
+    """steal and its variants run over a given placement instead of their own (what an integration does over a
+    plan's spread): their own placement given back reproduces the run; verl's spread given is stolen over, so
+    it is no slower here than vLLM over the same spread, and every completion is collected once."""
+    groups = _groups([8, 8, 8, 8, 8, 8], seed=5)
+    pred = np.concatenate([np.full(len(g.lengths), int(np.median(g.lengths))) for g in groups])
+    common = dict(replicas=3, budget_tokens=2500, max_new_tokens=400, predicted=pred)
+    own = run_rollout(groups, policy, **common)
+    again = run_rollout(groups, policy, placement=own.placement, **common)
+    assert again.router == "given" and again.seconds == own.seconds
+    assert again.placement.tolist() == own.placement.tolist()
+    verl = route(groups, "least_loaded", 3)
+    over = run_rollout(groups, policy, placement=verl, **common)
+    assert over.router == "given" and over.placement.tolist() == verl.tolist()
+    assert sorted(np.concatenate(over.collected_lengths).tolist()) == sorted(
+        np.concatenate([g.lengths for g in groups]).tolist())
+    plain = run_rollout(groups, "vllm", placement=verl, budget_tokens=2500, max_new_tokens=400, replicas=3)
+    assert over.seconds <= plain.seconds * 1.05
 
 
 @settings(max_examples=15, deadline=None)

@@ -519,6 +519,30 @@ def test_planner_with_steals_placement():
         lv.planner_from_config(trainer_config(placement="ways"))
 
 
+def test_the_default_placement_is_verls_spread_until_the_default_predictor_has_seen_a_length():
+    """Without a trained predictor every row is predicted default_length, a made-up number: the planner built
+    from a config that names no placement (or auto) plans verl's spread until the predictor was told a length,
+    then its placement; a placement the config names, or a predictor it gives, holds from the first batch."""
+    ntb = rollout_batch(False, 1).non_tensor_batch
+    planner = lv.planner_from_config(trainer_config(steal={"pool_tokens": 300}), default_placement="ways")
+    assert not planner.informed and planner.uninformed_placement == "spread"
+    assert planner.plan(ntb, replicas=3)[0].placement == "spread"
+    keys = planner.predict(ntb)[1]
+    planner.observe(keys, [40] * len(keys))
+    assert planner.informed and planner.observed == len(keys)
+    assert planner.plan(ntb, replicas=3)[0].placement == "ways"
+    auto = lv.planner_from_config(trainer_config(placement="auto", steal={"pool_tokens": 300}),
+                                  default_placement="ways")
+    assert auto.plan(ntb, replicas=3)[0].placement == "spread"
+    named = lv.planner_from_config(trainer_config(placement="ways", steal={"pool_tokens": 300}))
+    assert named.uninformed_placement is None and named.plan(ntb, replicas=3)[0].placement == "ways"
+    given = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), placement="ways", pool_tokens=300,
+                              uninformed_placement="spread")
+    assert given.informed and given.plan(ntb, replicas=3)[0].placement == "ways"
+    with pytest.raises(InvalidArgument, match="argument 'uninformed_placement'"):
+        lv.RolloutPlanner(uninformed_placement="ways")
+
+
 def test_planner_with_length_classes_and_the_recommendation(tmp_path):
     """placement='classes' is plan_rollout's length classes with each row's prompt tokens, the pool,
     the response length and the cost; 'auto' plans classes for a batch whose every prompt was seen in

@@ -723,7 +723,7 @@ def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_repor
 def test_the_stealing_manager_steals_over_length_classes_in_placement_order():
     """A batch planned in length classes (lengthsched.placement=classes, or auto with agreeing history)
     runs as the simulator's steal_classes: the classes' placement, each replica's rows in batch order,
-    the driver stealing; without history auto plans steal's placement."""
+    the driver stealing; auto before any length is known plans verl's spread."""
     lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}
     _, _, manager, out = run_stealing_manager(lengths, placement="classes", steal={"pool_tokens": 100_000,
                                                                                   "poll_interval": 0.001})
@@ -738,7 +738,8 @@ def test_the_stealing_manager_steals_over_length_classes_in_placement_order():
     _, _, manager, out = run_stealing_manager(lengths, placement="auto", order="longest",
                                               steal={"pool_tokens": 100_000, "poll_interval": 0.001})
     plan = manager.lengthsched_planner().last_plan
-    assert (plan.placement, plan.order) == ("ways", "longest")  # no history yet: steal's placement; order as asked
+    # no lengths known yet (the default predictor, told nothing): verl's spread; order as asked
+    assert (plan.placement, plan.order) == ("spread", "longest")
 
 
 def test_the_verl_classes_need_verl_only_when_asked_for():

@@ -302,14 +302,24 @@ class RolloutPlanner:
     there: the simulator's ``steal_classes`` orders its one replica so); ``default_order`` None: the
     placement's default.
     ``fallback``: ``auto``'s placement without agreeing history (``spread``; the stealing manager's
-    ``ways``).
+    ``ways``). ``uninformed_placement``: the placement while the predictions say nothing (:attr:`informed`:
+    the default predictor before it was told any length, every row predicted ``default_length``); None:
+    ``placement`` throughout. :func:`planner_from_config` sets ``spread`` where the config names no placement
+    (or ``auto``): placing by predicted work on a made-up length everywhere may put whole groups where verl's
+    spread is faster, by up to 21% in the simulator (docs/benchmarks.md, "The first step without a trained
+    predictor").
     """
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
                  placement: str = "spread", pool_tokens: int | None = None, order: str | None = None,
-                 cost: Any = None, fallback: str = "spread", default_order: str | None = None):
+                 cost: Any = None, fallback: str = "spread", default_order: str | None = None,
+                 uninformed_placement: str | None = None):
         if placement != "auto":
             check_placement(placement)
+        if uninformed_placement not in (None, "spread", "groups"):
+            raise InvalidArgument("uninformed_placement", uninformed_placement,
+                                  "None, 'spread' or 'groups' (placements that need no pool)")
+        self.uninformed_placement = uninformed_placement
         self.placement = placement
         self.fallback = check_placement(fallback, ("spread", "groups", "ways"))
         self.order = check_order(order)
@@ -333,6 +343,10 @@ class RolloutPlanner:
         #: Per prompt key, its completions' lengths (tokens, at least 1) in the latest training step that
         #: had two or more of them: what ``auto`` reads.
         self.history: dict[Hashable, list[int]] = {}
+        #: Whether the predictor is the planner's own default (the online predictor, nothing trained).
+        self.default_predictor = predictor is None
+        #: Rows whose lengths the predictor was told so far (:meth:`observe`).
+        self.observed = 0
         if predictor is None:
             from ..online import OnlineLengthPredictor
 
@@ -411,11 +425,20 @@ class RolloutPlanner:
             return "longest"
         return self.default_order
 
+    @property
+    def informed(self) -> bool:
+        """Whether the predictions say anything: a predictor was given, or the planner's default online
+        predictor has been told some lengths. Before that every row is predicted ``default_length``, a
+        made-up number."""
+        return not self.default_predictor or self.observed > 0
+
     def placement_for(self, keys: Sequence[Hashable]) -> str:
-        """The placement of a batch whose rows have prompt ``keys``: the planner's, or for ``auto``
-        ``classes`` when every prompt was seen in an earlier training step and
-        :func:`lengthsched.placement.recommend_rollout_policy` picks length classes
-        (``steal_classes``) from their siblings' lengths there, else ``fallback``."""
+        """The placement of a batch whose rows have prompt ``keys``: ``uninformed_placement`` while the
+        predictions say nothing (:attr:`informed`); else the planner's, or for ``auto`` ``classes`` when every
+        prompt was seen in an earlier training step and :func:`lengthsched.placement.recommend_rollout_policy`
+        picks length classes (``steal_classes``) from their siblings' lengths there, else ``fallback``."""
+        if not self.informed and self.uninformed_placement is not None:
+            return self.uninformed_placement
         if self.placement != "auto":
             return self.placement
         prompts = list(dict.fromkeys(keys))
@@ -443,6 +466,7 @@ class RolloutPlanner:
         else:
             self.steps = max(self.steps, check_int("step", step, minimum=0))
         fed = observe_lengths(self.predictor, keys, lengths, step=self.steps)
+        self.observed += fed
         by_prompt: dict[Hashable, list[int]] = {}
         for key, length in zip(keys, lengths):
             by_prompt.setdefault(key, []).append(length)
@@ -540,10 +564,11 @@ def planner_from_config(config: Any, default_placement: str = "spread",
     if pool is None and isinstance(steal, Mapping):
         pool = steal.get("pool_tokens")
     placement = options.get("placement", default_placement)
+    chosen = options.get("placement") not in (None, "auto")  # the config names a placement itself
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
                           placement=placement, pool_tokens=pool if placement in _POOL_PLACEMENTS else None,
                           order=options.get("order"), default_order=default_order, cost=options.get("cost"),
-                          fallback=default_placement)
+                          fallback=default_placement, uninformed_placement=None if chosen else "spread")
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
