@@ -368,6 +368,12 @@ class OnlineLengthPredictor:
         return cls(prior, **{**spreads, **options})
 
     # ------------------------------------------------------------------ observations
+    @property
+    def informed(self) -> bool:
+        """Whether its predictions rest on anything: a prior, or a length it was told. Before that every
+        prompt is predicted ``default_length`` (a made-up number a placement should not act on)."""
+        return self.prior is not None or self._count > 0
+
     def set_step(self, step: int) -> None:
         """Start rollout step ``step`` (>= the current one): observations from now on belong to it."""
         step = check_int("step", step, minimum=0)

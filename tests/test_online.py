@@ -674,3 +674,14 @@ def test_copy_predictor_learns_apart_and_shares_the_model_it_holds():
     assert twin.prior is prior and online.predict(["a"]).lengths.tolist() == before
     assert twin.predict(["a"]).lengths[0] > before[0]
     assert copy_predictor(7) == 7  # anything deep-copyable without attributes
+
+
+def test_informed_says_whether_the_predictions_rest_on_anything():
+    """Without a prior and before any length, every prompt is predicted default_length: not informed; one
+    length told, or any prior, makes it informed."""
+    bare = OnlineLengthPredictor(default_length=700)
+    assert not bare.informed
+    assert bare.predict(["a", "b"]).lengths.tolist() == [700, 700]
+    bare.observe("a", 120)
+    assert bare.informed
+    assert OnlineLengthPredictor(prior=300).informed and OnlineLengthPredictor(prior={"a": 10}).informed

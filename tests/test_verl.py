@@ -539,6 +539,9 @@ def test_the_default_placement_is_verls_spread_until_the_default_predictor_has_s
     given = lv.RolloutPlanner(ls.ConstantLengthPredictor(100), placement="ways", pool_tokens=300,
                               uninformed_placement="spread")
     assert given.informed and given.plan(ntb, replicas=3)[0].placement == "ways"
+    bare = lv.RolloutPlanner(ls.OnlineLengthPredictor(), placement="ways", pool_tokens=300,
+                             uninformed_placement="spread")  # a given predictor that says it knows nothing
+    assert not bare.informed and bare.plan(ntb, replicas=3)[0].placement == "spread"
     with pytest.raises(InvalidArgument, match="argument 'uninformed_placement'"):
         lv.RolloutPlanner(uninformed_placement="ways")
 

@@ -427,10 +427,13 @@ class RolloutPlanner:
 
     @property
     def informed(self) -> bool:
-        """Whether the predictions say anything: a predictor was given, or the planner's default online
+        """Whether the predictions say anything: a predictor was given (one with an ``informed`` attribute,
+        as :class:`~lengthsched.OnlineLengthPredictor`, says itself), or the planner's default online
         predictor has been told some lengths. Before that every row is predicted ``default_length``, a
         made-up number."""
-        return not self.default_predictor or self.observed > 0
+        if self.default_predictor:
+            return self.observed > 0
+        return bool(getattr(self.predictor, "informed", True))
 
     def placement_for(self, keys: Sequence[Hashable]) -> str:
         """The placement of a batch whose rows have prompt ``keys``: ``uninformed_placement`` while the
