@@ -517,8 +517,8 @@ class StealDriver:
             raise InvalidArgument("replicas", replicas, f"one entry per replica of the other driver "
                                                         f"({other.coordinator.replicas})")
         for r in replicas:
-            if r is not None:
-                self.coordinator._replica("replicas", r)
+            if r is not None and not 0 <= check_int("replicas", r, minimum=0) < self.coordinator.replicas:
+                raise InvalidArgument("replicas", replicas, f"replicas below {self.coordinator.replicas} or None")
         adopted = 0
         for key, row in other._rows.items():
             if key in self._rows:
