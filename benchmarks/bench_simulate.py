@@ -29,7 +29,7 @@ from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_plan
 from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.rollout import steal_ways
+from simulate.rollout import route, steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
@@ -1674,30 +1674,30 @@ def async_verl(quick: bool) -> tuple[str, list]:
 # 0.05 s, each group placed by the integration's own StreamPlacer (router "stream": its spread re-estimated at every
 # group from the groups placed so far, no wider than PREFILL_SHARE allows, by the coordinator's loads); against the
 # same with exact knowledge of the engines and steal's spread (the async_verl rows), slower polls, without the
-# prefill cap, and with the placement as the simulator modelled it before (router "placed": the spread decided once
-# from the groups first in flight).
-_INTEGRATION = INTEGRATION  # the CLI's rows of the recipe with lengthsched inside run the same
+# prefill cap, with the placement as the simulator modelled it before (router "placed": the spread decided once
+# from the groups first in flight), and without a trained predictor. INTEGRATION: the settings the CLI's rows of
+# the recipe with lengthsched inside run too.
 DRIVER_RUNS = (
     ("verl fully async: threshold 0.1 (verl's default)", "verl", "vllm", {"staleness_threshold": 0.1}, None),
     ("verl fully async: threshold 0.1 + lengthsched, 0.05 s to resubmit a stolen request", "verl", "vllm",
      {"staleness_threshold": 0.1, "router": "placed", "steal": True, "resubmit_seconds": 0.05}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
-     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION}, "realistic"),
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.1, **INTEGRATION}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, snapshots every 1 s", "verl", "vllm",
-     {"staleness_threshold": 0.1, **_INTEGRATION, "snapshot_seconds": 1.0}, "realistic"),
+     {"staleness_threshold": 0.1, **INTEGRATION, "snapshot_seconds": 1.0}, "realistic"),
     ("verl fully async: threshold 0, 4 local updates (streamed, on-policy)", "verl", "vllm",
      {"staleness_threshold": 0.0}, None),
     ("verl fully async: threshold 0 + lengthsched.integrations.verl_async (snapshots every 0.25 s, 0.05 s to "
-     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, **_INTEGRATION}, "realistic"),
+     "resubmit)", "verl", "vllm", {"staleness_threshold": 0.0, **INTEGRATION}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, spread as steal spreads a step's "
-     "groups (no prefill cap)", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION, "prefill_share": None},
+     "groups (no prefill cap)", "verl", "vllm", {"staleness_threshold": 0.1, **INTEGRATION, "prefill_share": None},
      "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, its spread decided once from the groups "
-     "first in flight (router 'placed')", "verl", "vllm", {"staleness_threshold": 0.1, **_INTEGRATION,
+     "first in flight (router 'placed')", "verl", "vllm", {"staleness_threshold": 0.1, **INTEGRATION,
                                                            "router": "placed"}, "realistic"),
     ("verl fully async: threshold 0.1 + lengthsched.integrations.verl_async without a trained predictor (its online "
      "predictor from response_length / 2, learning from the groups back)", "verl", "vllm",
-     {"staleness_threshold": 0.1, **_INTEGRATION}, "online"),
+     {"staleness_threshold": 0.1, **INTEGRATION}, "online"),
 )
 DRIVER_PAIRS = (
     (DRIVER_RUNS[1][0], DRIVER_RUNS[0][0]),
@@ -1910,8 +1910,6 @@ COLD_START_RUNS = (
 
 def _cold_start_unit(args) -> dict:
     """One setting of rollout_cold_start: makespan of each COLD_START_RUNS row over vLLM + verl's."""
-    from simulate.rollout import route
-
     groups, realistic, _, constant, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
     known = {"realistic": realistic, "constant": constant, "cold": np.full(len(realistic), COLD_START_LENGTH)}

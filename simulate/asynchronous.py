@@ -556,18 +556,17 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     sizes = [len(x) for x in lengths]
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     opening = groups[:min(rules.cap, rules.bound if rules.verl else batch)]  # the groups first in flight
-    asked = np.zeros(len(groups), dtype=bool)  # with a learning predictor: the groups predicted so far
 
     def ask(g: int) -> None:
-        """The group's predicted length, asked once (the opening groups at the start: they are submitted
-        before any group is back, so it is what their submission would get)."""
-        if learning is not None and not asked[g]:
-            asked[g] = True
-            common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(learning, [keys[g]],
-                                                                          max_new_tokens=common["max_new"])[0]
+        """Group g's predicted length from the learning predictor, asked once: the groups first in flight at the
+        start (submitted before any group is back, so it is what their submission would get), the others as
+        they are submitted."""
+        common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(learning, [keys[g]],
+                                                                      max_new_tokens=common["max_new"])[0]
 
-    for g in range(len(opening)):
-        ask(g)
+    if learning is not None:
+        for g in range(len(opening)):
+            ask(g)
     ways = replicas
     if router == "placed":  # the spread steal would choose for the groups first in flight
         n_open = int(sum(sizes[:len(opening)]))
@@ -667,8 +666,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             state["running"] += 1
             state["counted"] += 1
             submitted[g] = now
-            if learning is not None:  # the group's predicted length, asked once (by its submission at the latest)
-                ask(g)
+            if learning is not None:
+                if g >= len(opening):
+                    ask(g)
                 if steal:  # the replicas' shared predicted work
                     pols[0].work[first[g]:first[g] + sizes[g]] = common["pred"][first[g]:first[g] + sizes[g]]
             for job in range(int(first[g]), int(first[g]) + sizes[g]):

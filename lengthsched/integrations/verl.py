@@ -343,8 +343,6 @@ class RolloutPlanner:
         #: Per prompt key, its completions' lengths (tokens, at least 1) in the latest training step that
         #: had two or more of them: what ``auto`` reads.
         self.history: dict[Hashable, list[int]] = {}
-        #: Whether the predictor is the planner's own default (the online predictor, nothing trained).
-        self.default_predictor = predictor is None
         #: Rows whose lengths the predictor was told so far (:meth:`observe`).
         self.observed = 0
         if predictor is None:
@@ -427,12 +425,10 @@ class RolloutPlanner:
 
     @property
     def informed(self) -> bool:
-        """Whether the predictions say anything: a predictor was given (one with an ``informed`` attribute,
-        as :class:`~lengthsched.OnlineLengthPredictor`, says itself), or the planner's default online
-        predictor has been told some lengths. Before that every row is predicted ``default_length``, a
-        made-up number."""
-        if self.default_predictor:
-            return self.observed > 0
+        """Whether the predictions say anything: the predictor's own ``informed`` (an
+        :class:`~lengthsched.OnlineLengthPredictor`, the default, is not before it has a prior or was told a
+        length: every row is then predicted ``default_length``, a made-up number); True for a predictor
+        without that attribute (a trained one)."""
         return bool(getattr(self.predictor, "informed", True))
 
     def placement_for(self, keys: Sequence[Hashable]) -> str:
