@@ -1937,6 +1937,77 @@ def rollout_cold_start(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": per}
 
 
+# slime's first step and first epoch with lengthsched.integrations.slime and no trained predictor (its default
+# OnlineLengthPredictor): (label, prediction, run_slime_planned's keyword arguments). "cold": COLD_START_LENGTH for
+# every completion (rollout_max_response_len / 2, the default predictor before it has seen a length), as an array
+# the planner trusts; "default": the default predictor itself, told nothing (the integration leaves the step to
+# slime's router); "unseen": the default predictor after one step of other prompts (this step's prompts never seen:
+# each predicted the mean log length seen, the first epoch); "history": the default predictor after one epoch of
+# these prompts (the second epoch).
+SLIME_COLD_RUNS = (
+    ("slime + the plan, realistic prompt-level predictions (a trained predictor)", "realistic", {}),
+    (f"first step, planned on {COLD_START_LENGTH} everywhere (the integration until 2026-11-29)", "cold", {}),
+    (f"first step, verl's spread on {COLD_START_LENGTH}, every sample sent at once (the best planned first step "
+     "found)", "cold", {"placement": "spread", "window": 0.0}),
+    ("first step as the integration ships since 2026-11-29 (slime's router until the predictor has seen a length)",
+     "default", {}),
+    ("first epoch: the default predictor after one step of other prompts (these never seen)", "unseen", {}),
+    ("second epoch: the default predictor after one epoch of these prompts", "history", {}),
+)
+
+
+def _default_slime_predictor(seen, lmax: int = 4096, key: str = ""):
+    """The slime integration's default predictor (an OnlineLengthPredictor, default_length L_max / 2) after one
+    rollout step of the groups ``seen`` (their prompts keyed ``key + prompt_id``), at the next step."""
+    from lengthsched import OnlineLengthPredictor
+
+    predictor = OnlineLengthPredictor(default_length=lmax // 2, max_new_tokens=lmax)
+    for g in seen:
+        for n in g.lengths:
+            predictor.observe(key + g.prompt_id, int(n))
+    predictor.set_step(1 if seen else 0)
+    return predictor
+
+
+def _slime_cold_unit(args) -> dict:
+    """One setting of slime_cold_start: makespan of each SLIME_COLD_RUNS row over slime as it ships."""
+    workload, prompts, replicas, factor, seed, _ = args
+    groups, realistic, _, _, common = _rollout_setting(*args)
+    cap = SLIME_CONCURRENCY * replicas
+    base = run_rollout(groups, "sglang", router="cache_aware", in_flight=cap, **common).seconds
+    other = rollout_groups(workload, prompts, seed + 1000)[0]
+    before = rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), epoch=1)[0]
+    known = {"realistic": lambda: realistic, "cold": lambda: np.full(len(realistic), COLD_START_LENGTH),
+             "default": lambda: _default_slime_predictor([]),
+             "unseen": lambda: _default_slime_predictor(other, key="other:"),
+             "history": lambda: _default_slime_predictor(before)}
+    return {label: run_slime_planned(groups, known[pred](), in_flight=cap, **extra, **common)[0].seconds / base
+            for label, pred, extra in SLIME_COLD_RUNS}
+
+
+def slime_cold_start(quick: bool) -> tuple[str, dict]:
+    """slime with lengthsched.integrations.slime and no trained predictor: its first step planned on a made-up
+    length, the best planned alternative, what the integration does now (slime's router until the predictor has
+    seen a length), and its first and second epochs, against slime as it ships, on the rollout grid's settings
+    with several replicas (one draw, --seed)."""
+    grid = [("castillo", 64, 4, 4), ("long tail", 16, 4, 16)] if quick else [u for u in ROLLOUT_GRID if u[2] > 1]
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
+    results = _pool_map(_slime_cold_unit, units)
+    rows = []
+    for label, *_ in SLIME_COLD_RUNS:
+        ratios = [out[label] for out in results]
+        summary = _ratio_summary(units, ratios)
+        worst = units[int(np.argmax(ratios))][:4]
+        rows.append([label, summary[0], summary[1], summary[3], summary[4],
+                     int(np.sum(np.asarray(ratios) < 0.999)), " ".join(map(str, worst))])
+    text = table(f"slime without a trained predictor ({_cost_label()}, seed {ROLLOUT_SEED}, the rollout grid's "
+                 "settings with several replicas): makespan x slime as it ships (SGLang + its cache-aware router, "
+                 f"{SLIME_CONCURRENCY} x R in flight)",
+                 ["run", "settings", "mean", "worst", "slower by > 0.1%", "faster by > 0.1%", "worst setting"], rows)
+    per = [[*u[:4], *(round(out[label], 4) for label, *_ in SLIME_COLD_RUNS)] for u, out in zip(units, results)]
+    return text, {"rows": rows, "settings": per}
+
+
 SEER_CHUNKS = (128, 512, 2048)  # tokens per chunk of Seer's divided rollout (seer_divided's CHUNK)
 FREE_CHUNK = 128  # the chunk of the free-loads bound: the best of SEER_CHUNKS when loads cost nothing
 SEER_TIGHT_POOLS = (2, 4)  # pools (x L_max) of the long-tail settings rollout_seer also reports alone
@@ -2377,7 +2448,7 @@ def main(argv=None) -> int:
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
-                "rollout_cold_start": rollout_cold_start,
+                "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -683,7 +683,10 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``
     and ``submit`` as there, each replica's pool ``budget_tokens``) plans the step from ``predicted``
     (per completion, flattened in group order; a prompt-level predictor's, the same for siblings: each
-    group's first is used), slime submits the groups in the order it returns them, its semaphore keeps
+    group's first is used; or the planner's predictor itself, e.g. a :class:`lengthsched.OnlineLengthPredictor`,
+    asked about each group's ``prompt_id``: one that has seen no length leaves the step unplanned, as the
+    integration does by default, and the step is then slime as it ships, SGLang's engines behind its
+    ``cache_aware`` router), slime submits the groups in the order it returns them, its semaphore keeps
     ``in_flight`` requests in flight (slime: 512 x ``replicas``; None: all sent at once), and each is sent
     to its planned replica's SGLang engine (``sglang``), through the integration's client window:
     ``window`` KV pools per engine (default the integration's
@@ -694,28 +697,40 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
     from types import SimpleNamespace
 
-    from lengthsched.integrations.slime import REPLICA_KEY, WINDOW, SlimePlanner
+    from lengthsched.integrations.slime import REPLICA_KEY, WINDOW, WORK_KEY, SlimePlanner
     from lengthsched.predictor import OracleLengthPredictor
 
     window = WINDOW if window is None else check_nonnegative_float("window", window)
 
     groups = list(groups)
     sizes = [len(g.lengths) for g in groups]
-    pred = np.asarray(predicted, dtype=np.float64)
-    if pred.shape != (sum(sizes),):
-        raise InvalidArgument("predicted", f"{pred.size} values", f"{sum(sizes)} values, one per completion")
     starts = np.cumsum([0] + sizes[:-1])
-    keys = [f"{i}:{g.prompt_id}" for i, g in enumerate(groups)]
-    table = {k: max(1, int(round(pred[s]))) for k, s, n in zip(keys, starts, sizes) if n > 0}
+    if hasattr(predicted, "predict"):  # the planner's own predictor, keyed by prompt
+        keys, predictor, pred = [g.prompt_id for g in groups], predicted, None
+    else:
+        pred = np.asarray(predicted, dtype=np.float64)
+        if pred.shape != (sum(sizes),):
+            raise InvalidArgument("predicted", f"{pred.size} values", f"{sum(sizes)} values, one per completion")
+        keys = [f"{i}:{g.prompt_id}" for i, g in enumerate(groups)]
+        predictor = OracleLengthPredictor({k: max(1, int(round(pred[s]))) for k, s, n in zip(keys, starts, sizes)
+                                           if n > 0})
     samples = [[SimpleNamespace(prompt=k, tokens=[], metadata={}, index=i)
                 for _ in range(n)] for i, (k, g, n) in enumerate(zip(keys, groups, sizes))]
     planner = SlimePlanner(placement=placement, pool_tokens=budget_tokens if placement == "ways" else None,
-                           submit=submit, max_new_tokens=max_new_tokens, predictor=OracleLengthPredictor(table))
+                           submit=submit, max_new_tokens=max_new_tokens, predictor=predictor)
     planned = [g for g in planner.plan(samples, replicas, prompt_lens=[int(g.prompt_len) for g in groups]) if g]
+    if not planner.planning:  # slime's router sends the step, as slime ships
+        result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
+                             max_new_tokens=max_new_tokens, in_flight=in_flight, **kwargs)
+        return result, np.arange(len(groups), dtype=np.int64)
     order = np.array([g[0].index for g in planned] + [i for i, n in enumerate(sizes) if n == 0], dtype=np.int64)
     placed = np.array([s.metadata[REPLICA_KEY] for g in planned for s in g], dtype=np.int64)
     reordered = [groups[i] for i in order]
-    pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) else pred
+    if pred is None:  # what the plan predicted, per completion
+        pred_reordered = np.array([max(1, s.metadata[WORK_KEY]) for g in planned for s in g], dtype=np.int64)
+    else:
+        pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) \
+            else pred
     result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
                          in_flight=in_flight, client_window=(window or None) if replicas > 1 else None,

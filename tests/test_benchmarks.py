@@ -824,6 +824,29 @@ def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
     assert same[0][4:7] == [1.0, 1.0, 1.0] and same[0][7] == 0 and same[0][10] == 0.0
 
 
+def test_slime_cold_start_quick(tmp_path):
+    """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
+    makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships
+    (its default predictor told nothing) is slime's own step exactly."""
+    data = _quick_section(tmp_path, "slime_cold_start")
+    import bench_simulate as bench
+
+    from simulate import run_rollout, run_slime_planned
+
+    labels = [label for label, *_ in bench.SLIME_COLD_RUNS]
+    assert [row[0] for row in data["rows"]] == labels
+    first = data["settings"][0]
+    groups, realistic, _, _, common = bench._rollout_setting(*first[:4], bench.ROLLOUT_SEED, None)
+    cap = bench.SLIME_CONCURRENCY * first[2]
+    base = run_rollout(groups, "sglang", router="cache_aware", in_flight=cap, **common).seconds
+    planned = run_slime_planned(groups, realistic, in_flight=cap, **common)[0].seconds
+    assert first[4] == round(planned / base, 4)
+    shipped = 4 + [pred for _, pred, _ in bench.SLIME_COLD_RUNS].index("default")
+    assert all(row[shipped] == 1.0 for row in data["settings"])
+    for row in data["rows"]:
+        assert row[1] == len(data["settings"]) and row[4] + row[5] <= row[1] and row[3] >= row[2] - 1e-12
+
+
 def test_rollout_cold_start_quick(tmp_path):
     """rollout_cold_start (quick): one row per run of COLD_START_RUNS, the per-setting ratios are the runs'
     makespans over vLLM + verl's as run_rollout gives them, and stealing over verl's spread with the made-up

@@ -204,6 +204,33 @@ def test_the_planner_learns_each_prompts_length_from_the_rollouts_it_observes():
     assert [g[0].prompt for g in again] == ["y", "z", "x"]
 
 
+def test_until_the_default_predictor_has_seen_a_length_batches_go_unplanned_through_slimes_router():
+    planner = SlimePlanner(placement="groups", max_new_tokens=4096)
+    assert planner.uninformed == "router" and not planner.planning
+    stale = batch(["x", "y", "z"])
+    stale[1][0].metadata.update({REPLICA_KEY: 1, ls_slime.WORK_KEY: 9, ls_slime.NEED_KEY: 30})  # an old plan's
+    first = planner.plan(stale, replicas=2)
+    assert [g[0].prompt for g in first] == ["x", "y", "z"] and planner.last_plan is None
+    assert all(s.metadata == {} for g in first for s in g)  # no engine named: generate() uses the router
+    for g, n in zip(first, (100, 3000, 800)):
+        for s in g:
+            s.response_length, s.status = n, Status.COMPLETED
+    planner.observe(first)
+    assert planner.planning
+    again = planner.plan(batch(["x", "y", "z"]), replicas=2)
+    assert [g[0].prompt for g in again] == ["y", "z", "x"] and all(REPLICA_KEY in s.metadata for g in again for s in g)
+    # a length you give, or uninformed="plan", plans the first batch on the made-up length
+    for told in (SlimePlanner(placement="groups", default_length=700),
+                 SlimePlanner(placement="groups", uninformed="plan")):
+        assert told.uninformed == "plan" and told.planning
+        assert all(REPLICA_KEY in s.metadata for g in told.plan(batch(["x", "y"]), 2) for s in g)
+    # a trained predictor is informed from the start; "router" with a length given keeps the router
+    assert SlimePlanner(placement="groups", predictor=OracleLengthPredictor({"x": 5})).planning
+    assert not SlimePlanner(placement="groups", default_length=700, uninformed="router").planning
+    with pytest.raises(InvalidArgument, match="uninformed"):
+        SlimePlanner(placement="groups", uninformed="spread")
+
+
 def test_the_planner_checks_its_arguments():
     with pytest.raises(InvalidArgument, match="placement"):
         SlimePlanner(placement="classes")
@@ -349,6 +376,26 @@ def test_each_sample_goes_to_the_engine_its_plan_named_and_the_planner_learns(mo
     assert ls_slime.planner_for(args) is planner and planner.planner.steps == 2
 
 
+def test_the_first_rollout_goes_through_the_router_until_the_planner_has_seen_lengths(monkeypatch):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    args = slime_args(lengthsched_placement="groups")  # no default length, no lengthsched_uninformed: "router"
+    source = Source(list(lengths))
+    ls_slime.generate_rollout(args, 0, source)
+    assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 16
+    assert ls_slime.planner_for(args).planning  # it saw the first rollout's lengths
+    fake.posts.clear()
+    ls_slime.generate_rollout(args, 1, source)
+    assert {u for u, _ in fake.posts} <= {f"http://{h}:{p}/generate" for h, p in map(engine_address, ENGINES)}
+    assert [p for _, p in fake.posts[::4]] == ["p1", "p3", "p2", "p0"]  # planned: longest predicted first
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args(lengthsched_placement="groups", lengthsched_uninformed="plan")).planning
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="uninformed"):
+        ls_slime.planner_for(slime_args(lengthsched_placement="groups", lengthsched_uninformed="never"))
+
+
 def test_unplanned_samples_and_evaluation_go_through_the_router(monkeypatch):
     fake = FakeSlime(ENGINES, {"q": 10})
     fake.install(monkeypatch)
@@ -388,7 +435,8 @@ def test_your_own_generate_function_runs_every_turn_on_the_planned_engine(monkey
     module = types.ModuleType("my_agent")
     module.agent, module.plain, module.constant = agent, plain, 3
     monkeypatch.setitem(sys.modules, "my_agent", module)
-    args = slime_args(lengthsched_placement="groups", lengthsched_generate_function_path="my_agent.agent")
+    args = slime_args(lengthsched_placement="groups", lengthsched_generate_function_path="my_agent.agent",
+                      lengthsched_uninformed="plan")
     out = ls_slime.generate_rollout(args, 0, Source(list(lengths)))
     engines = sorted(ENGINES)
     by_prompt = {s.prompt: s.metadata[REPLICA_KEY] for g in out.samples for s in g}
@@ -537,6 +585,30 @@ def test_the_model_of_slime_with_the_plan_runs_the_planners_placement_on_sglang(
     assert windowed.seconds == pytest.approx(again.seconds, rel=1e-12)
     with pytest.raises(InvalidArgument, match="predicted"):
         run_slime_planned(groups, pred[:-1], in_flight=None, **common)
+
+
+def test_the_model_with_the_planners_own_predictor_leaves_an_uninformed_step_to_slimes_router():
+    from lengthsched import OnlineLengthPredictor
+
+    groups = _groups([6, 5, 7, 4, 8], seed=4)
+    common = dict(replicas=3, budget_tokens=900, max_new_tokens=512, in_flight=12)
+    told_nothing = OnlineLengthPredictor(default_length=256, max_new_tokens=512)
+    result, order = run_slime_planned(groups, told_nothing, **common)
+    slime = run_rollout(groups, "sglang", router="cache_aware", **common)
+    assert order.tolist() == list(range(5)) and result.seconds == slime.seconds
+    assert result.placement.tolist() == slime.placement.tolist()
+    # informed, it plans as the same predictions given per completion would (keyed by prompt_id)
+    learnt = OnlineLengthPredictor(default_length=256, max_new_tokens=512)
+    for g in groups[:3]:
+        for n in g.lengths:
+            learnt.observe(g.prompt_id, int(n))
+    learnt.set_step(1)
+    said = learnt.predict([g.prompt_id for g in groups]).lengths
+    per_completion = np.concatenate([np.full(len(g.lengths), round(x)) for g, x in zip(groups, said)])
+    planned, order = run_slime_planned(groups, learnt, **common)
+    same, same_order = run_slime_planned(groups, per_completion, **common)
+    assert order.tolist() == same_order.tolist() and planned.placement.tolist() == same.placement.tolist()
+    assert planned.seconds == pytest.approx(same.seconds, rel=1e-12)
 
 
 @settings(max_examples=20, deadline=None)

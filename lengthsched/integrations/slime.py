@@ -27,7 +27,8 @@ This module supplies, for those two hooks:
   runs slime's own ``generate_rollout`` with the data source wrapped (:class:`PlannedDataSource`), so
   every batch of groups it takes is planned before slime submits it: each group's length predicted from
   its prompt (default :class:`~lengthsched.OnlineLengthPredictor`, fed with the finished lengths of
-  earlier rollouts, so a prompt seen in an earlier epoch is predicted from its history), the samples
+  earlier rollouts, so a prompt seen in an earlier epoch is predicted from its history; until it has seen
+  a rollout, the batches go through slime's router unplanned: ``lengthsched_uninformed``), the samples
   placed on the engines by :func:`~lengthsched.integrations.plan_rollout` (default ``"ways"``: the
   simulator's ``steal`` placement, each group over as many engines as the KV pools hold its prompt,
   whole groups in crowded steps), and the groups handed to slime longest predicted first (on several
@@ -57,8 +58,12 @@ Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
   (``groups``) and logs a warning.
 - ``lengthsched_submit``: ``auto`` (default: groups handed to slime longest predicted first on several
   engines, in the data source's order on one), ``longest`` or ``batch`` (the data source's order).
-- ``lengthsched_default_length``: the prediction for a prompt never seen (tokens; default half of
-  ``rollout_max_response_len``).
+- ``lengthsched_default_length``: the default predictor's prediction for every prompt before it has seen a
+  rollout (tokens; default half of ``rollout_max_response_len``; afterwards a prompt never seen is predicted
+  the mean log length of those seen). Given, the first rollout is planned on it.
+- ``lengthsched_uninformed``: what the batches taken before the predictor has seen a length get:
+  ``router`` (the default without ``lengthsched_default_length``) sends them unplanned through slime's
+  router, as slime does; ``plan`` plans them on the made-up ``lengthsched_default_length``.
 - ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2; 0: every
   sample sent at once, nothing stolen); it needs the pool (``lengthsched_pool_tokens`` or the engine's
   answer), else every sample is sent at once. ``lengthsched_steal``: false keeps each sample on its
@@ -132,6 +137,7 @@ NEED_KEY = "lengthsched_need"  # sample.metadata key: its prompt plus predicted 
 WINDOW = 2.0
 _WAKE_SECONDS = 0.5  # how often a sample waiting in the client checks whether slime aborted the rollout
 SUBMIT_ORDERS = ("auto", "longest", "batch")
+UNINFORMED = ("router", "plan")  # SlimePlanner's uninformed: what a batch gets while the predictions say nothing
 PLACEMENTS = ("ways", "groups", "spread")
 
 log = logging.getLogger(__name__)
@@ -163,21 +169,41 @@ class SlimePlanner:
     ``max_new_tokens``: the longest a completion may be (slime's ``rollout_max_response_len``);
     ``predictor`` and ``default_length``: as :class:`~lengthsched.integrations.verl.RolloutPlanner`'s
     (default an :class:`~lengthsched.OnlineLengthPredictor` that learns from :meth:`observe`).
+    ``uninformed``: what :meth:`plan` does while the predictions say nothing (the default predictor before
+    it was told a length: every sample predicted ``default_length``, a made-up number): ``"router"``
+    leaves the batch unplanned, so every sample goes through slime's router as slime sends it, until the
+    predictor has seen a rollout; ``"plan"`` plans it on the predictions anyway. None (the default):
+    ``"plan"`` where ``default_length`` is given (a length you chose is information), else ``"router"``.
+    In the simulator, planning the first step on ``response_length / 2`` everywhere was up to 40% slower
+    than slime (its client window counts the made-up tokens) and no planned rule was never slower
+    (docs/benchmarks.md, "slime's first step without a trained predictor").
     """
 
     def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
-                 max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None):
+                 max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None,
+                 uninformed: str | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
         if submit not in SUBMIT_ORDERS:
             raise InvalidArgument("submit", submit, "one of " + ", ".join(SUBMIT_ORDERS))
+        if uninformed is None:
+            uninformed = "router" if default_length is None else "plan"
+        if uninformed not in UNINFORMED:
+            raise InvalidArgument("uninformed", uninformed, "one of " + ", ".join(UNINFORMED))
         if placement == "ways" and pool_tokens is None:
             raise InvalidArgument("pool_tokens", None, "each engine's KV pool in tokens (placement 'ways' needs it; "
                                                        "or placement 'groups')")
-        self.placement, self.submit = placement, submit
+        self.placement, self.submit, self.uninformed = placement, submit, uninformed
         self.planner = RolloutPlanner(predictor, max_new_tokens=max_new_tokens, default_length=default_length,
                                       placement=placement, pool_tokens=pool_tokens, order="batch")
         self.last_plan: RolloutPlan | None = None
+
+    @property
+    def planning(self) -> bool:
+        """Whether :meth:`plan` plans a batch now: always with ``uninformed="plan"``; else once the predictions
+        say something (:attr:`RolloutPlanner.informed <lengthsched.integrations.verl.RolloutPlanner.informed>`:
+        a trained predictor, or the default one after it was told a length)."""
+        return self.uninformed == "plan" or self.planner.informed
 
     def plan(self, groups: Sequence[Sequence[Any]], replicas: int,
              prompt_lens: Sequence[int] | None = None, loads: Sequence[float] | None = None) -> list[list[Any]]:
@@ -202,6 +228,16 @@ class SlimePlanner:
                 raise InvalidArgument("prompt_lens", f"{len(prompt_lens)} values", f"{len(groups)}, one per group")
         index = [i for i, g in enumerate(groups) if g]
         if not index:
+            return groups
+        if not self.planning:  # nothing known yet: slime's router sends the batch, as slime would
+            for g in groups:
+                for sample in g:
+                    for key in (REPLICA_KEY, WORK_KEY, NEED_KEY):
+                        (getattr(sample, "metadata", None) or {}).pop(key, None)
+            self.last_plan = None
+            log.info("lengthsched: the length predictor has seen no rollout yet: %d group(s) go through slime's "
+                     "router unplanned (lengthsched_uninformed: plan, or lengthsched_default_length, plans them)",
+                     len(index))
             return groups
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
         left = self._resumed_left([groups[i] for i in index], prompts)
@@ -418,7 +454,8 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
                                 submit=getattr(args, "lengthsched_submit", None) or "auto",
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
-                                                                               None))
+                                                                               None),
+                                uninformed=getattr(args, "lengthsched_uninformed", None) or None)
     return _PLANNER
 
 
