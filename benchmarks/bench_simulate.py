@@ -1905,7 +1905,39 @@ COLD_START_RUNS = (
      "step since 2026-11-29)", "cold", True),
     (f"steal, every completion predicted {CONSTANT_PREDICTION} (the grid's constant row)", "constant", False),
     ("steal over verl's spread, realistic predictions", "realistic", True),
+    ("steal, first epoch: the default predictor after one step of other prompts (these never seen)", "unseen",
+     False),
+    ("steal, second epoch: the default predictor after one epoch of these prompts", "history", False),
 )
+
+
+def _default_predictor_after(seen, key: str = "", lmax: int = 4096):
+    """The integrations' default predictor (lengthsched.integrations.verl.RolloutPlanner's without a trained one,
+    which the slime integration's planner also builds) after one rollout step of the groups ``seen`` (their
+    prompts keyed ``key + prompt_id``), at the next step."""
+    predictor = _default_planner(lmax)
+    for g in seen:
+        for n in g.lengths:
+            predictor.observe(key + g.prompt_id, int(n))
+    predictor.set_step(1 if seen else 0)
+    return predictor
+
+
+def _seen_before(workload: str, prompts: int, seed: int, groups) -> dict:
+    """The steps the default predictor saw before a grid setting's step in the cold-start sections: "unseen", a
+    step of other prompts (another draw, keyed apart: this step's prompts never seen); "history", these prompts
+    one epoch earlier."""
+    return {"unseen": (rollout_groups(workload, prompts, seed + 1000)[0], "other:"),
+            "history": (rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), epoch=1)[0], "")}
+
+
+def _per_completion(predictor, groups, lmax: int = 4096) -> np.ndarray:
+    """What ``predictor`` says of each group's prompt, per completion (the same for siblings, >= 1 token), as
+    the verl integrations' planner asks it (once per group, rounded and capped at L_max)."""
+    from lengthsched.integrations.rollout import predict_lengths
+
+    said = predict_lengths(predictor, [g.prompt_id for g in groups], max_new_tokens=lmax)
+    return np.concatenate([np.full(len(g.lengths), max(1, int(x))) for g, x in zip(groups, said)])
 
 
 def _cold_start_unit(args) -> dict:
@@ -1913,6 +1945,8 @@ def _cold_start_unit(args) -> dict:
     groups, realistic, _, constant, common = _rollout_setting(*args)
     base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
     known = {"realistic": realistic, "constant": constant, "cold": np.full(len(realistic), COLD_START_LENGTH)}
+    for name, (seen, key) in _seen_before(args[0], args[1], args[4], groups).items():
+        known[name] = _per_completion(_default_predictor_after(seen, key), groups)
     spread = route(groups, "least_loaded", common["replicas"])
     return {label: run_rollout(groups, "steal", predicted=known[pred], placement=spread if over else None,
                                **common).seconds / base for label, pred, over in COLD_START_RUNS}
@@ -1956,31 +1990,17 @@ SLIME_COLD_RUNS = (
 )
 
 
-def _default_slime_predictor(seen, lmax: int = 4096, key: str = ""):
-    """The slime integration's default predictor (an OnlineLengthPredictor, default_length L_max / 2) after one
-    rollout step of the groups ``seen`` (their prompts keyed ``key + prompt_id``), at the next step."""
-    from lengthsched import OnlineLengthPredictor
-
-    predictor = OnlineLengthPredictor(default_length=lmax // 2, max_new_tokens=lmax)
-    for g in seen:
-        for n in g.lengths:
-            predictor.observe(key + g.prompt_id, int(n))
-    predictor.set_step(1 if seen else 0)
-    return predictor
-
-
 def _slime_cold_unit(args) -> dict:
     """One setting of slime_cold_start: makespan of each SLIME_COLD_RUNS row over slime as it ships."""
     workload, prompts, replicas, factor, seed, _ = args
     groups, realistic, _, _, common = _rollout_setting(*args)
     cap = SLIME_CONCURRENCY * replicas
     base = run_rollout(groups, "sglang", router="cache_aware", in_flight=cap, **common).seconds
-    other = rollout_groups(workload, prompts, seed + 1000)[0]
-    before = rollout_groups(workload, prompts, seed, size=len(groups[0].lengths), epoch=1)[0]
+    seen = _seen_before(workload, prompts, seed, groups)
     known = {"realistic": lambda: realistic, "cold": lambda: np.full(len(realistic), COLD_START_LENGTH),
-             "default": lambda: _default_slime_predictor([]),
-             "unseen": lambda: _default_slime_predictor(other, key="other:"),
-             "history": lambda: _default_slime_predictor(before)}
+             "default": lambda: _default_predictor_after([]),
+             "unseen": lambda: _default_predictor_after(*seen["unseen"]),
+             "history": lambda: _default_predictor_after(*seen["history"])}
     return {label: run_slime_planned(groups, known[pred](), in_flight=cap, **extra, **common)[0].seconds / base
             for label, pred, extra in SLIME_COLD_RUNS}
 
