@@ -527,6 +527,28 @@ def load_object(spec: Any, argument: str, form: str, blank: str | None = None) -
         raise InvalidArgument(argument, spec, f"an importable {form} ({exc})") from None
 
 
+def _section(config: Any, name: str) -> Any:
+    """``config[name]`` of a verl config node (a DictConfig, a mapping or an object), None where it lacks it."""
+    try:
+        return config.get(name, None) if hasattr(config, "get") else getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - a struct config without the key
+        return None
+
+
+def _number(config: Any, path: str, default: float | None = None) -> float | None:
+    """The number at the dotted ``path`` of a verl config (e.g. ``"actor_rollout_ref.rollout.response_length"``),
+    ``default`` where a part of the path is missing or the value is not a number."""
+    node = config
+    for name in path.split("."):
+        node = _section(node, name)
+        if node is None:
+            return default
+    try:
+        return float(node)
+    except (TypeError, ValueError):
+        return default
+
+
 def _options(config: Any) -> dict[str, Any]:
     """The ``lengthsched`` section of a verl trainer config (a DictConfig or a mapping), as a dict."""
     section = config.get("lengthsched", None) if hasattr(config, "get") else None
@@ -554,10 +576,8 @@ def planner_from_config(config: Any, default_placement: str = "spread",
         made = load_object(predictor, "lengthsched.predictor", "'module:callable'",
                            "'module:callable' returning a LengthPredictor")
         predictor = made() if isinstance(made, type) or (callable(made) and not hasattr(made, "predict")) else made
-    try:
-        limit = int(config.actor_rollout_ref.rollout.response_length)
-    except (AttributeError, TypeError, ValueError):
-        limit = None
+    limit = _number(config, "actor_rollout_ref.rollout.response_length")
+    limit = None if limit is None else int(limit)
     pool = options.get("pool_tokens")
     steal = options.get("steal")
     if pool is None and isinstance(steal, Mapping):

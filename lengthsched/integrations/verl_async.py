@@ -69,7 +69,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
-from .verl import VERL_VERSION, _options, batch_prompt_tokens, planner_from_config, response_lengths
+from .verl import VERL_VERSION, _number, _options, _section, batch_prompt_tokens, planner_from_config, response_lengths
 from .verl_stealing import StealDriver, _call, steal_options
 
 __all__ = [
@@ -167,25 +167,6 @@ class StreamPlacer:
         priority = (self.ROW_BASE + self.rows + np.arange(pred.size, dtype=np.int64)) * replicas + replica
         self.rows += pred.size
         return replica.astype(np.int64), priority.astype(np.int64)
-
-
-def _section(config: Any, name: str) -> Any:
-    try:
-        return config.get(name, None) if hasattr(config, "get") else getattr(config, name, None)
-    except Exception:  # noqa: BLE001 - a struct config without the key
-        return None
-
-
-def _number(config: Any, path: str, default: float | None = None) -> float | None:
-    node = config
-    for name in path.split("."):
-        node = _section(node, name)
-        if node is None:
-            return default
-    try:
-        return float(node)
-    except (TypeError, ValueError):
-        return default
 
 
 def learner_groups_of(config: Any) -> int | None:
