@@ -283,8 +283,11 @@ class _Placed(_LeastWork):
     placed so far, the loads read from ``loads`` (the driver's coordinator where one is given, as the
     integration reads them; else the router's own count)."""
 
-    def __init__(self, replicas: int, predicted: np.ndarray, ways: int, first: np.ndarray, sizes: Sequence[int],
-                 placer: StreamPlacer | None = None, prompt_lens: np.ndarray | None = None, loads: Any = None):
+    def __init__(self, replicas: int, predicted: np.ndarray, first: np.ndarray, sizes: Sequence[int], *,
+                 ways: int | None = None, placer: StreamPlacer | None = None, prompt_lens: np.ndarray | None = None,
+                 loads: Any = None):
+        if (ways is None) == (placer is None):
+            raise ValueError("_Placed takes ways (router 'placed') or a placer (router 'stream'), one of them")
         super().__init__(replicas, predicted)
         self.ways, self.first, self.sizes = ways, first, sizes
         self.placer, self.prompt_lens, self.loads = placer, prompt_lens, loads
@@ -567,20 +570,18 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if learning is not None:
         for g in range(len(opening)):
             ask(g)
-    ways = replicas
     if router == "placed":  # the spread steal would choose for the groups first in flight
         n_open = int(sum(sizes[:len(opening)]))
         _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
                              prefill_share=prefill_share)
-    if router == "stream":  # the integration's own placer; its concurrency: the groups in flight
+        live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
+    elif router == "stream":  # the integration's own placer; its concurrency: the groups in flight
         placer = StreamPlacer(common["budget"], concurrency=len(opening), prefill_share=prefill_share)
-        live = _Placed(replicas, common["pred"], ways, first, sizes, placer, plens,
-                       None if snapshot_seconds is None else lambda: coord.loads())
+        live = _Placed(replicas, common["pred"], first, sizes, placer=placer, prompt_lens=plens,
+                       loads=None if snapshot_seconds is None else lambda: coord.loads())
     else:
         live = (_RoundRobin(replicas) if router == "round_robin" else
-                _LeastWork(replicas, common["pred"]) if router == "least_work" else
-                _Placed(replicas, common["pred"], ways, first, sizes) if router == "placed" else
-                _Live(router, replicas))
+                _LeastWork(replicas, common["pred"]) if router == "least_work" else _Live(router, replicas))
     engines, pols = [], []
     kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
     problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],

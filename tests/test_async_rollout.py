@@ -452,12 +452,12 @@ def test_the_placed_router_keeps_groups_whole_in_crowded_pools():
     tokens in flight fill the pools CROWDED_POOLS times over, and verl's spread where everything fits."""
     from simulate.asynchronous import _Placed
 
-    router = _Placed(3, np.full(12, 10.0), 1, np.array([0, 4, 8]), [4, 4, 4])
+    router = _Placed(3, np.full(12, 10.0), np.array([0, 4, 8]), [4, 4, 4], ways=1)
     assert [router.select(j, 0) for j in range(4)] == [0, 0, 0, 0]
     assert [router.select(j, 1) for j in range(4, 8)] == [1, 1, 1, 1]
     router.finished(0, [0, 1, 2, 3])
     assert [router.select(j, 2) for j in range(8, 12)] == [0, 0, 0, 0]  # the least predicted work in flight
-    spread = _Placed(3, np.full(6, 10.0), 3, np.array([0]), [6])
+    spread = _Placed(3, np.full(6, 10.0), np.array([0]), [6], ways=3)
     assert sorted(spread.select(j, 0) for j in range(6)) == [0, 0, 1, 1, 2, 2]
     router.moved(8, 0, 2)
     assert router.work == [30.0, 40.0, 10.0]
