@@ -1306,6 +1306,89 @@ def rollout_partial(quick: bool) -> tuple[str, list]:
     return text, {"rows": rows, "settings": settings, "steps": steps, "valid_share": PARTIAL_VALID}
 
 
+# slime_dynamic_sampling: over-sampled rollouts as slime runs them (simulate.rollout.Refill: another
+# --over-sampling-batch-size groups whenever the filter has dropped so many that those submitted and not dropped fall
+# below --rollout-batch-size). Modes: (over-sampling batch / rollout batch, partial rollout, the filter's share of
+# groups that pass or None), on rollout_partial's grid; runs: (label, the integration's options or None for slime
+# as it ships).
+DYNAMIC_MODES = ((1.0, False, 0.7), (1.0, True, 0.7), (1.5, False, 0.7), (1.5, True, 0.7), (1.25, False, None),
+                 (1.25, True, None))
+DYNAMIC_STEPS = 5
+DYNAMIC_RUNS = (
+    ("slime: sglang + cache-aware router", None),
+    ("slime + lengthsched.integrations.slime: whole groups in batch order, no window (its over-sampled defaults since "
+     "2026-11-29)", {"placement": "groups", "submit": "batch", "window": 0.0}),
+    ("slime + the integration's defaults otherwise: ways, longest first, client window (also over-sampled until "
+     "2026-11-29)", {}),
+    ("slime + the plan: whole groups, shortest predicted first, client window",
+     {"placement": "groups", "submit": "shortest"}),
+    ("slime + the plan: whole groups, shortest predicted first, no window",
+     {"placement": "groups", "submit": "shortest", "window": 0.0}),
+)
+
+
+def _dynamic_unit(args) -> dict:
+    """One setting and mode of slime_dynamic_sampling: per DYNAMIC_RUNS row (kept tokens per second, kept length
+    ratio, groups submitted per step, stale share), and slime's kept tokens per second in the model without
+    further batches ("previous model": a step keeps fewer groups when too few pass)."""
+    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry, valid) = args
+    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2
+    if workload == "castillo":
+        need = min(need, 3598)  # the bundled CASTILLO prompts
+    groups, realistic, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    shared = dict(batch=prompts, oversample=over, steps=DYNAMIC_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
+                  replicas, valid=valid, filter_seed=seed, **common)
+    out = {}
+    for label, options in DYNAMIC_RUNS:
+        extra = {"router": "cache_aware"} if options is None else {"run": run_slime_planned_in_order,
+                                                                   "predicted": realistic, **options}
+        r = run_oversampled_steps(groups, "sglang", refill=True, **shared, **extra)
+        out[label] = [r.kept_tokens_per_second, r.kept_length_ratio, float(np.mean([x.submitted for x in r.steps])),
+                      r.stale_share]
+    r = run_oversampled_steps(groups, "sglang", router="cache_aware", **shared)
+    out["previous model"] = [r.kept_tokens_per_second, r.kept_length_ratio,
+                             float(np.mean([x.submitted for x in r.steps])), r.stale_share, r.shortfall]
+    return out
+
+
+def slime_dynamic_sampling(quick: bool) -> tuple[str, dict]:
+    """Over-sampled rollouts as slime runs them (its dynamic sampling submits further batches inside a step):
+    slime as it ships against slime with lengthsched's integration, its defaults for over-sampled rollouts and
+    the others, on rollout_partial's grid (one draw, --seed)."""
+    grid, modes = PARTIAL_GRID, DYNAMIC_MODES
+    if quick:
+        grid, modes = [("castillo", 16, 2, 4)], ((1.0, False, 0.7), (1.25, True, None))
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
+    results = _pool_map(_dynamic_unit, units)
+    base = DYNAMIC_RUNS[0][0]
+    rows = []
+    for mode in modes:
+        mine = [out for u, out in zip(units, results) if u[6] == mode]
+        for label, _ in DYNAMIC_RUNS:
+            ratio = np.array([out[label][0] / out[base][0] for out in mine])
+            rows.append([mode[0], "yes" if mode[1] else "no", "-" if mode[2] is None else mode[2], label, len(mine),
+                         float(ratio.mean()), float(ratio.min()), int(np.sum(ratio < 0.999)),
+                         float(np.mean([out[label][1] for out in mine])),
+                         float(np.mean([out[label][2] for out in mine])),
+                         float(np.mean([out[label][3] for out in mine]))])
+        previous = np.array([out["previous model"][0] / out[base][0] for out in mine])
+        rows.append([mode[0], "yes" if mode[1] else "no", "-" if mode[2] is None else mode[2],
+                     "slime, previous model (no further batches: a step keeps fewer groups when too few pass)",
+                     len(mine), float(previous.mean()), float(previous.min()), int(np.sum(previous < 0.999)),
+                     float(np.mean([out["previous model"][1] for out in mine])),
+                     float(np.mean([out["previous model"][2] for out in mine])),
+                     float(np.mean([out["previous model"][3] for out in mine]))])
+    text = table(f"slime's over-sampled rollouts with its dynamic sampling ({_cost_label()}, seed {ROLLOUT_SEED}, "
+                 f"{DYNAMIC_STEPS} steps, rollout_partial's grid): kept tokens per modelled second x slime as it "
+                 "ships, same mode", ["over-sampling batch / B", "partial rollout", "filter passes", "run",
+                                      "settings", "kept tokens/s x slime", "lowest", "slower by > 0.1%",
+                                      "kept / drawn mean length", "groups submitted per step", "stale share"], rows)
+    settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
+    return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+
+
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
                    "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
                    "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
@@ -2469,6 +2552,7 @@ def main(argv=None) -> int:
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
+                "slime_dynamic_sampling": slime_dynamic_sampling,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

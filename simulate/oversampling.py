@@ -41,9 +41,12 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import as_lengths, check_int, check_positive_float
 
-from .rollout import RolloutResult, run_rollout
+from .rollout import Refill, RolloutResult, _Releases, run_rollout
 from .workloads import Group
 
+#: With ``refill``, the most chunks of fresh groups a step is offered (it submits them only as slime's dynamic
+#: sampling asks for them; the rest stay in the stream).
+REFILL_CHUNKS = 8
 #: What ``run_oversampled_steps``' ``resume`` accepts.
 RESUME = ("left", "siblings")
 #: What ``run_oversampled_steps``' ``carry_limit`` accepts: what happens to a group ``max_carry`` steps old.
@@ -182,7 +185,7 @@ class OversampledSteps:
 def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, oversample: float, steps: int,
                           partial: bool = True, predicted: Any = None, resume: str = "siblings",
                           prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
-                          max_carry: int | None = None, carry_limit: str = "drop",
+                          max_carry: int | None = None, carry_limit: str = "drop", refill: bool = False,
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
                           **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
@@ -212,7 +215,14 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     then the first others to finish up to ``batch``; more than ``batch`` when more are that old), which the
     benchmarks find slower and no fresher on average (docs/benchmarks.md) (AReaL's
     ``max_head_offpolicyness`` and verl's fully-async ``staleness_threshold`` bound the same age by
-    throttling submissions, which these synchronous steps do not model). ``run``:
+    throttling submissions, which these synchronous steps do not model). ``refill``: slime's dynamic sampling
+    as slime runs it (:class:`simulate.rollout.Refill`, needs ``in_flight`` in ``kwargs``): a step submits
+    ``ceil(batch x oversample)`` groups (slime's ``--over-sampling-batch-size``; the carried ones first), and
+    another as many whenever the groups submitted less those the filter dropped fall below ``batch``, until
+    ``batch`` groups that pass have finished; the groups it never submitted stay in the stream (or the buffer)
+    for the next step. Each step is offered its carried groups and up to :data:`REFILL_CHUNKS` chunks of fresh
+    ones (the stream permitting); without it (the default) a step submits ``ceil(batch x oversample)`` groups
+    and keeps fewer than ``batch`` when too few of them pass. Not with ``carry_limit="wait"``. ``run``:
     how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
     policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
     ``kwargs`` go to it (``replicas``, ``budget_tokens``,
@@ -245,6 +255,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if carry_limit not in CARRY_LIMITS:
         raise InvalidArgument("carry_limit", carry_limit, " or ".join(map(repr, CARRY_LIMITS)))
     prior_sigma = check_positive_float("prior_sigma", prior_sigma)
+    refill = bool(refill)
+    if refill and max_carry is not None and carry_limit == "wait":
+        raise InvalidArgument("carry_limit", carry_limit, "'drop' with refill (a step waits for no group it may "
+                                                          "not have submitted)")
     submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
@@ -257,19 +271,19 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     kept_groups: list[np.ndarray] = []  # every group kept so far (complete: what the framework has seen)
     first = np.zeros(len(stream), dtype=np.int64)  # the step each group was first submitted in
     for step in range(steps):
-        take = carried[:submit]
-        carried = carried[submit:]
+        take = carried if refill else carried[:submit]  # with refill every carried group is a candidate
+        carried = [] if refill else carried[submit:]
         carried_in = len(take)
         need = submit - len(take)
         if fresh + need > len(stream):
             raise InvalidArgument("stream", f"{len(stream)} groups",
                                   f"at least {fresh + need} for {steps} steps of {submit} groups")
-        take += list(range(fresh, fresh + need))
+        if refill:  # the candidates: up to REFILL_CHUNKS chunks of fresh groups after the carried ones
+            need = min(len(stream) - fresh, max(need, REFILL_CHUNKS * submit - len(take)))
+        take = take + list(range(fresh, fresh + need))
         first[fresh:fresh + need] = step
         fresh += need
         old[take] = generated[take]
-        was, full = old[take], lengths[take]
-        resumed = int(was[(was > 0) & (was < full)].sum())  # partial responses prefilled again
         left = None
         if predicted is not None:
             left = np.maximum(1, predicted[take] - old[take])
@@ -277,11 +291,33 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                 left = _sibling_predictions(take, predicted, lengths, old, left, kept_groups, prior_sigma, kwargs)
         parts, owners, samples, pred = _step_groups(stream, take, lengths, generated, left)
         finish = np.full(len(take), 0.0)  # a group whose samples all finished earlier: at once
-        result = run(parts, policy, predicted=pred, record=True, **kwargs) if parts else None
+        extra = {}
+        if refill:
+            extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners))
+        result = run(parts, policy, predicted=pred, record=True, **extra, **kwargs) if parts else None
         if keep_results:
             results.append(result)
+        if refill:  # when each candidate was submitted (inf: never; what it did not submit goes back)
+            if result is None:
+                releases = _Releases(extra["refill"], np.zeros(0, dtype=np.int64))
+                releases.release(0.0)
+                finish = releases.seconds
+            else:
+                finish = np.asarray(result.released_seconds, dtype=np.float64).copy()
+            k = int(np.isfinite(finish).sum())  # the candidates submitted: a prefix
+            if k < carried_in:
+                carried, fresh = take[k:carried_in], fresh - need
+            else:
+                fresh -= len(take) - k
+            take, finish = take[:k], finish[:k]
+            keep = owners < k
+            owners, samples = owners[keep], [x for x, y in zip(samples, keep) if y]
+            parts_ran = np.flatnonzero(keep)
         if result is not None:
-            np.maximum.at(finish, owners, result.group_finish_seconds())
+            found = result.group_finish_seconds()
+            np.maximum.at(finish, owners, found[parts_ran] if refill else found)
+        was, full = old[take], lengths[take]
+        resumed = int(was[(was > 0) & (was < full)].sum())  # partial responses prefilled again
         order = np.argsort(finish, kind="stable")
         due = np.zeros(len(take), dtype=bool)  # groups the step must finish (carry_limit="wait")
         if max_carry is not None and carry_limit == "wait":
@@ -297,9 +333,14 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             end = max(end, float(finish[due].max()))
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
-        if result is not None:
+        if result is not None and samples:
             at = tuple(np.concatenate(samples).T)  # (stream group, sample) of every completion run
-            new = old[at] + result.generated_at(end)
+            made = result.generated_at(end)
+            if refill:  # the completions of the parts submitted, in the run's flattened order
+                sizes = np.array([len(p.lengths) for p in parts], dtype=np.int64)
+                starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+                made = np.concatenate([made[a:a + n] for a, n in zip(starts[parts_ran], sizes[parts_ran])])
+            new = old[at] + made
             born[at] += (new - generated[at]) * step
             generated[at] = new
         decoded = int(generated[take].sum() - before)

@@ -83,13 +83,50 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_second
 from .run import _cost, _predictions
 from .workloads import Group
 
-__all__ = ["ROUTERS", "LiveRouter", "RolloutResult", "cache_aware_placement", "place_by_length_class", "run_rollout",
-           "run_slime_planned", "run_slime_planned_in_order", "route"]
+__all__ = ["ROUTERS", "LiveRouter", "Refill", "RolloutResult", "cache_aware_placement", "place_by_length_class",
+           "run_rollout", "run_slime_planned", "run_slime_planned_in_order", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
 # slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
 # router_balance_abs_threshold=10, router_balance_rel_threshold=1.2; the router's own defaults: 64 and 1.5)
 SLIME_BALANCE_ABS, SLIME_BALANCE_REL = 10, 1.2
+
+
+@dataclass(frozen=True)
+class Refill:
+    """slime's dynamic sampling inside one step (``run_rollout(..., refill=)``; slime at 624b824,
+    ``generate_rollout_async``): the step's candidate groups, ``units`` in submission order, are submitted
+    ``chunk`` at a time (``--over-sampling-batch-size``, taken from the data source at once); the first
+    chunk at the start, and another whenever the units submitted less those the dynamic-sampling filter
+    dropped fall below ``batch`` (``--rollout-batch-size``: ``state.remaining_batch_size``), until
+    ``batch`` units that pass have finished (the step's end; slime then aborts the rest) or no candidate is
+    left. A unit finishes when its last request finishes; ``passes[u]``: whether unit u passes the filter
+    (DAPO's, which drops a group whose rewards all agree), decided when it finishes. ``owners``: per group
+    given to ``run_rollout``, its unit (several groups may make one unit: the parts of a resumed group);
+    None: group i is unit i. A unit with no group finishes when it is submitted. A chunk is units
+    ``k x chunk`` to ``(k + 1) x chunk - 1``; its groups are submitted in the order given (a planner may
+    order the groups within each chunk). Needs ``in_flight`` (slime's semaphore). ``plan`` (with a given
+    placement): a client that plans each chunk when it submits it, called as ``plan(units, loads)`` with the
+    chunk's units (a range) and each replica's outstanding predicted tokens in the client's queues and in
+    flight (``ClientQueues.outstanding``; None without a client window); it returns the chunk's requests
+    (indices into the flattened step) in the order to send them and each one's replica, which replace the
+    given placement's (what :mod:`lengthsched.integrations.slime` does with each batch slime takes)."""
+
+    batch: int
+    chunk: int
+    passes: tuple[bool, ...]
+    owners: tuple[int, ...] | None = None
+    plan: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        check_int("batch", self.batch, minimum=1)
+        check_int("chunk", self.chunk, minimum=1)
+        object.__setattr__(self, "passes", tuple(bool(x) for x in self.passes))
+        if self.owners is not None:
+            owners = tuple(int(u) for u in self.owners)
+            if any(u < 0 or u >= len(self.passes) for u in owners):
+                raise InvalidArgument("owners", list(owners[:5]), f"unit indices from 0 to {len(self.passes) - 1}")
+            object.__setattr__(self, "owners", owners)
 
 
 @dataclass(frozen=True)
@@ -104,7 +141,9 @@ class RolloutResult:
     included; ``loaded_tokens``: KV tokens loaded from a global KV pool instead of recomputed (requests
     that moved with their KV: ``seer_divided``, ``steal`` with ``MIGRATE_KV``), priced by the cost's
     host link; ``timelines`` (with ``record=True``) and ``clocks`` (each replica's (step, seconds)
-    at every event) serve figures."""
+    at every event) serve figures. ``released_seconds`` (a run with a :class:`Refill`): per unit, the
+    modelled seconds at which it was submitted, ``inf`` for a unit never submitted (its groups never ran:
+    their ``collected_lengths`` are still listed, their placement is -1); None otherwise."""
 
     policy: str
     router: str
@@ -127,6 +166,7 @@ class RolloutResult:
     timelines: tuple[Timeline | None, ...] = field(default=(), repr=False)
     clocks: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), repr=False)
     step_logs: tuple[StepLog, ...] = field(default=(), repr=False)
+    released_seconds: np.ndarray | None = field(default=None, repr=False)
 
     def _step_ends(self, replica: int) -> tuple[np.ndarray, np.ndarray]:
         """``replica``'s clock as (decode step, modelled seconds at its end), one point per step: a replica
@@ -169,7 +209,10 @@ class RolloutResult:
             ends = self.seconds_at(replica, np.array([seg[3] for seg in timeline.segments], dtype=np.float64))
             np.maximum.at(finish, jobs, ends)
         starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-        return np.array([finish[a:a + n].max() if n else 0.0 for a, n in zip(starts, sizes)], dtype=np.float64)
+        out = np.array([finish[a:a + n].max() if n else 0.0 for a, n in zip(starts, sizes)], dtype=np.float64)
+        if self.released_seconds is not None:  # a Refill's groups never submitted: never finished
+            out[[bool(n) and bool((self.placement[a:a + n] < 0).all()) for a, n in zip(starts, sizes)]] = np.inf
+        return out
 
     def generated_at(self, seconds: float) -> np.ndarray:
         """Per completion (flattened in ``collected_lengths``' order), the tokens it had generated by the
@@ -397,7 +440,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 placement: Any = None, max_num_seqs: int | None = None,
                 resubmit_seconds: float | None = None, kv_offload: bool | str = False,
                 snapshot_seconds: float | None = None, in_flight: int | None = None,
-                client_window: float | None = None, client_steals: bool = True) -> RolloutResult:
+                client_window: float | None = None, client_steals: bool = True,
+                refill: Refill | None = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -445,7 +489,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     at least); with ``client_steals`` a replica whose queue is empty takes the last queued request of
     the replica with the most predicted work queued (a steal without an abort: the request was never
     sent). ``in_flight`` then caps the requests in the client's queues and sent (slime's semaphore is
-    held by a sample from the moment it enters the client). Returns a :class:`RolloutResult`."""
+    held by a sample from the moment it enters the client). ``refill`` (with ``in_flight``): slime's dynamic
+    sampling inside the step, a :class:`Refill`: the groups are submitted a chunk of units at a time, the
+    next chunk when the filter has dropped so many that those submitted and not dropped fall below its
+    ``batch``, and the run ends when every request submitted has finished (the result's
+    ``released_seconds`` says when each unit was submitted; the step's end is its ``batch``-th finished
+    unit that passes). Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     spec, groups, lengths, flat, owner, keys, common = _prepare(
@@ -484,6 +533,18 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                                   f"{', '.join(THROTTLED_POLICIES)})")
         if in_flight is None:
             in_flight = len(flat)
+    if refill is not None:
+        if not isinstance(refill, Refill):
+            raise InvalidArgument("refill", type(refill).__name__, "a simulate.rollout.Refill")
+        if in_flight is None:
+            raise InvalidArgument("refill", "without in_flight", "in_flight (slime's semaphore: dynamic sampling "
+                                                                 "submits through it)")
+        if len(refill.owners if refill.owners is not None else refill.passes) != len(groups):
+            raise InvalidArgument("refill", f"owners for {len(refill.owners or refill.passes)} groups",
+                                  f"one unit per group given ({len(groups)})")
+        if refill.plan is not None and placement is None:
+            raise InvalidArgument("refill", "a plan without a placement", "a placement for the plan to replace "
+                                                                          "(a client that sends where it planned)")
     if in_flight is not None:
         in_flight = check_int("in_flight", in_flight, minimum=1)
         if policy not in THROTTLED_POLICIES:
@@ -494,8 +555,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                                   f"a time: {', '.join(LiveRouter.ROUTERS)})")
         used_router = router if placement is None else "given"
         window = None if client_window is None else (client_window, bool(client_steals))
-        engines, clocks, placement = _run_throttled(policy, router, replicas, in_flight, online, fixed=placement,
-                                                    window=window, **common)
+        engines, clocks, placement, released = _run_throttled(policy, router, replicas, in_flight, online,
+                                                              fixed=placement, window=window, refill=refill,
+                                                              **common)
     elif spec.dispatch:
         used_router = "dispatch" if placement is None else "given"
         engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
@@ -514,7 +576,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     collected = np.zeros(len(flat), dtype=bool)
     for eng in engines:
         collected[np.asarray(eng.collected, dtype=np.int64)] = True
-    if not collected.all():
+    ran = np.ones(len(flat), dtype=bool) if refill is None else placement >= 0  # a Refill submits some
+    if not collected[ran].all():
         raise InvalidArgument("policy", policy, "a policy that collects every completion it launches")
     replica_seconds = tuple(float(secs[-1]) for _, secs in clocks)
     prompt_lens = common["prompt_lens"]
@@ -525,14 +588,16 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
         recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
         prefill_tokens=sum(int(log.prefill_tokens.sum()) for log in logs),
-        lower_bound_seconds=_lower_bound(cost, flat, owner, prompt_lens, common["budget"], replicas),
-        tokens=int(flat.sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
+        lower_bound_seconds=_lower_bound(cost, flat[ran], owner[ran], prompt_lens, common["budget"], replicas)
+        if ran.any() else 0.0,
+        tokens=int(flat[ran].sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
         + (f" x{cost.tp}" if cost.tp > 1 else ""),
         collected_lengths=tuple(lengths), placement=placement,
         prompt_loads=sum(eng.prompt_loads for eng in engines),
         peak_kv_tokens=tuple(eng.peak_kv for eng in engines),
         loaded_tokens=sum(eng.loaded_tokens for eng in engines),
-        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks), step_logs=logs)
+        timelines=tuple(eng.timeline for eng in engines), clocks=tuple(clocks), step_logs=logs,
+        released_seconds=None if refill is None else released)
 
 
 class _OneClock:
@@ -577,7 +642,7 @@ THROTTLED_POLICIES = ("vllm", "sglang")
 
 def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
                    job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None,
-                   window=None):
+                   window=None, refill=None):
     """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
     flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
     replica), in submission order, by a :class:`LiveRouter`, or to its replica in ``fixed`` (a given
@@ -585,8 +650,12 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     sent, every replica decides at every step, so a request routed to a busy replica joins its queue at
     the replica's next step (as a serving engine takes new requests between steps). ``window``: (share,
     steals) of ``run_rollout``'s ``client_window`` and ``client_steals``: the requests admitted by the cap
-    wait in per-replica client queues and are sent as :class:`_ClientWindow` allows."""
+    wait in per-replica client queues and are sent as :class:`_ClientWindow` allows. ``refill``: a
+    :class:`Refill` (:class:`_Releases`) that submits the requests a chunk of units at a time; returns, besides
+    the engines, clocks and placement, when each unit was submitted (None without it)."""
     live = LiveRouter(router, replicas) if fixed is None else None
+    if refill is not None and refill.plan is not None:
+        fixed = np.array(fixed, dtype=np.int64)  # the plan places each chunk when it is submitted
     client = None if window is None else _ClientWindow(fixed, replicas, owner, prompt_lens, pred, max_new, budget,
                                                        *window)
     engines, pols = [], []
@@ -603,6 +672,16 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         engines.append(eng)
         pols.append(pol)
     n, sent = len(flat), 0
+    def planned(units: range) -> np.ndarray:  # a Refill's plan: the chunk's requests placed when submitted
+        jobs, where = refill.plan(units, None if client is None else client.queues.outstanding())
+        jobs = np.asarray(jobs, dtype=np.int64)
+        fixed[jobs] = np.asarray(where, dtype=np.int64)
+        if client is not None:
+            client.fixed[jobs] = fixed[jobs]
+        return jobs
+
+    releases = None if refill is None else _Releases(refill, owner, None if refill.plan is None else planned)
+    queue = np.arange(n) if releases is None else releases.queue  # the requests submitted, in submission order
     placement = np.full(n, -1, dtype=np.int64)
     seen = [0] * replicas  # finishes already counted, per replica
     clock = _OneClock(engines)
@@ -610,8 +689,8 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     def send(now: float) -> None:  # route what the free slots allow; wake the idle replicas that got some
         nonlocal sent
         if client is not None:
-            while sent < n and sent - sum(seen) < cap:  # through the cap into the client's queues
-                client.enter(sent)
+            while sent < len(queue) and sent - sum(seen) < cap:  # through the cap into the client's queues
+                client.enter(int(queue[sent]))
                 sent += 1
             for job, r in client.send():
                 placement[job] = r
@@ -619,14 +698,17 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
                 engines[r].claim(job)
                 clock.wake((r,), now)
             return
-        while sent < n and sent - sum(seen) < cap:
-            r = live.select(int(owner[sent])) if live is not None else int(fixed[sent])
-            placement[sent] = r
-            pols[r].waiting.insert(0, sent)
-            engines[r].claim(sent)
+        while sent < len(queue) and sent - sum(seen) < cap:
+            job = int(queue[sent])
+            r = live.select(int(owner[job])) if live is not None else int(fixed[job])
+            placement[job] = r
+            pols[r].waiting.insert(0, job)
+            engines[r].claim(job)
             sent += 1
             clock.wake((r,), now)
 
+    if releases is not None:
+        releases.release(0.0)
     send(0.0)
     while clock.heap:
         now, r = heapq.heappop(clock.heap)
@@ -637,6 +719,8 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
                 live.finished(r, done - seen[r])
             if client is not None:
                 client.finished(r, eng.collected[seen[r]:done])
+            if releases is not None:
+                releases.finished(eng.collected[seen[r]:done], now)
             seen[r] = done
             send(now)
         if not eng.decide(pol):
@@ -644,12 +728,60 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             clock.idle.add(r)
             continue
         t_next = eng.next_event()
-        if sent < n:  # requests still wait to be sent: take them between steps
+        if sent < len(queue):  # requests still wait to be sent: take them between steps
             t_next = min(t_next, eng.t + 1)
         clock.run(r, t_next, pol.pads, cost, now)
-    if sent < n or (placement < 0).any():
+    if sent < len(queue) or (placement[queue] < 0).any():
         raise InvalidArgument("policy", policy, "an engine policy that finishes every request it is sent")
-    return engines, clock.clocks(), placement
+    return engines, clock.clocks(), placement, None if releases is None else releases.seconds
+
+
+class _Releases:
+    """A :class:`Refill` in :func:`_run_throttled`: ``queue`` (a growing list of request indices) holds the
+    requests submitted so far, in submission order; :meth:`release` submits chunks of units while slime's rule
+    asks for more, :meth:`finished` counts the requests that finished and the units they complete."""
+
+    def __init__(self, refill: Refill, owner: np.ndarray, plan: Any = None):
+        self.refill, self.plan = refill, plan
+        units = len(refill.passes)
+        unit_of_group = np.arange(units) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+        self.unit = unit_of_group[owner] if len(owner) else np.zeros(0, dtype=np.int64)  # per request
+        self.left = np.bincount(self.unit, minlength=units)  # per unit, its requests not finished
+        order = np.argsort(self.unit, kind="stable")
+        self.bounds = np.searchsorted(self.unit[order], np.arange(units + 1))
+        self.order = order  # unit u's requests: order[bounds[u]:bounds[u + 1]]
+        self.seconds = np.full(units, np.inf)
+        self.queue: list[int] = []
+        self.submitted = self.dropped = self.kept = 0
+
+    def release(self, now: float) -> None:
+        """slime's ``while state.remaining_batch_size < target_data_size``: submit the next chunks."""
+        refill, units = self.refill, len(self.refill.passes)
+        while self.kept < refill.batch and self.submitted - self.dropped < refill.batch and self.submitted < units:
+            chunk = range(self.submitted, min(units, self.submitted + refill.chunk))
+            self.submitted = chunk.stop
+            self.seconds[chunk.start:chunk.stop] = now
+            if self.plan is not None:  # placed and ordered now, from what the replicas have
+                self.queue.extend(self.plan(chunk).tolist())
+            else:  # the chunk's requests in the order given (a planner may have ordered its groups)
+                self.queue.extend(np.sort(self.order[self.bounds[chunk.start]:self.bounds[chunk.stop]]).tolist())
+            for u in chunk:
+                if self.left[u] == 0:  # nothing to run: done when submitted
+                    self._unit_done(u)
+
+    def finished(self, jobs, now: float) -> None:
+        for job in jobs:
+            u = int(self.unit[job])
+            self.left[u] -= 1
+            if self.left[u] == 0:
+                self._unit_done(u)
+        self.release(now)
+
+    def _unit_done(self, u: int) -> None:
+        if self.refill.passes[u]:
+            self.kept += 1
+        else:
+            self.dropped += 1
 
 
 class _ClientWindow:
@@ -677,7 +809,7 @@ class _ClientWindow:
 
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,
                       max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "auto",
-                      window: float | None = None, steals: bool = True,
+                      window: float | None = None, steals: bool = True, refill: Refill | None = None,
                       **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
     """slime with :mod:`lengthsched.integrations.slime` (its rollout and generate hooks), in the model:
     the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``
@@ -694,6 +826,10 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     as the integration) with ``steals``
     (``run_rollout``'s ``client_window`` and ``client_steals``). Returns the run (its groups in
     submission order, so its ``collected_lengths`` are too) and that order (indices into ``groups``).
+    ``refill`` (a :class:`Refill`, slime's dynamic sampling): each chunk of units is planned as its own batch, as
+    the integration plans every batch slime takes (its groups handed over in the planner's order within the
+    chunk; each batch placed as a fresh one, where the integration places a further batch from what the
+    engines still have in the client's queues and in flight, which the model does not know when it plans).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
     from types import SimpleNamespace
 
@@ -718,11 +854,17 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                 for _ in range(n)] for i, (k, g, n) in enumerate(zip(keys, groups, sizes))]
     planner = SlimePlanner(placement=placement, pool_tokens=budget_tokens if placement == "ways" else None,
                            submit=submit, max_new_tokens=max_new_tokens, predictor=predictor)
-    planned = [g for g in planner.plan(samples, replicas, prompt_lens=[int(g.prompt_len) for g in groups]) if g]
+    prompt_lens = [int(g.prompt_len) for g in groups]
     if not planner.planning:  # slime's router sends the step, as slime ships
         result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
-                             max_new_tokens=max_new_tokens, in_flight=in_flight, **kwargs)
+                             max_new_tokens=max_new_tokens, in_flight=in_flight, refill=refill, **kwargs)
         return result, np.arange(len(groups), dtype=np.int64)
+    client_window = (window or None) if replicas > 1 else None
+    if refill is not None:  # each chunk planned when slime takes it, from what the engines still have
+        return _slime_refill(groups, samples, sizes, starts, pred, planner, refill, replicas=replicas,
+                             budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
+                             client_window=client_window, client_steals=steals, **kwargs)
+    planned = [g for g in planner.plan(samples, replicas, prompt_lens=prompt_lens) if g]
     order = np.array([g[0].index for g in planned] + [i for i, n in enumerate(sizes) if n == 0], dtype=np.int64)
     placed = np.array([s.metadata[REPLICA_KEY] for g in planned for s in g], dtype=np.int64)
     reordered = [groups[i] for i in order]
@@ -733,9 +875,39 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
             else pred
     result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
-                         in_flight=in_flight, client_window=(window or None) if replicas > 1 else None,
-                         client_steals=steals, **kwargs)
+                         in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
     return result, order
+
+
+def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwargs) -> tuple[RolloutResult, np.ndarray]:
+    """:func:`run_slime_planned` with slime's dynamic sampling: every chunk of units planned by ``planner`` when
+    it is submitted (:class:`Refill`'s ``plan``), from the client's outstanding predicted tokens per engine (the
+    integration's ``PlannedDataSource``), its groups handed over in the planner's order. The groups stay in the
+    order given (the returned order is the identity)."""
+    from lengthsched.integrations.rollout import predict_lengths
+    from lengthsched.integrations.slime import REPLICA_KEY
+
+    unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+    if pred is None:  # the planner's predictions, per completion (the same for siblings)
+        said = predict_lengths(planner.planner.predictor, [s[0].prompt for s in samples if s] or [],
+                               max_new_tokens=kwargs["max_new_tokens"])
+        per_group, it = [], iter(said)
+        for n in sizes:
+            per_group.append(np.full(n, max(1, int(next(it))) if n else 1, dtype=np.int64))
+        pred = np.concatenate(per_group) if per_group else np.zeros(0, dtype=np.int64)
+    prompt_lens = [int(g.prompt_len) for g in groups]
+
+    def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
+        idx = [i for i in np.flatnonzero((unit >= units.start) & (unit < units.stop)) if sizes[i]]
+        planned = [g for g in planner.plan([samples[i] for i in idx], kwargs["replicas"],
+                                           prompt_lens=[prompt_lens[i] for i in idx], loads=loads) if g]
+        jobs = [np.arange(starts[g[0].index], starts[g[0].index] + len(g)) for g in planned]
+        where = [s.metadata[REPLICA_KEY] for g in planned for s in g]
+        return (np.concatenate(jobs) if jobs else np.zeros(0, dtype=np.int64)), np.asarray(where, dtype=np.int64)
+
+    result = run_rollout(groups, "sglang", predicted=np.asarray(pred), placement=np.zeros(sum(sizes), dtype=np.int64),
+                         refill=dataclasses.replace(refill, plan=plan), **kwargs)
+    return result, np.arange(len(groups), dtype=np.int64)
 
 
 def run_slime_planned_in_order(groups: Sequence[Any], policy: str = "sglang", *, predicted: Any,

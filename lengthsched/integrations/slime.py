@@ -49,25 +49,35 @@ This module supplies, for those two hooks:
 
 Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
 
-- ``lengthsched_placement``: ``ways`` (default), ``groups`` (whole groups by predicted work) or
-  ``spread`` (sample i of the batch to engine i mod R).
+- ``lengthsched_placement``: ``ways`` (default), ``groups`` (whole groups by predicted work; the default
+  where the rollouts are over-sampled) or ``spread`` (sample i of the batch to engine i mod R).
+
+Over-sampled rollouts (:func:`oversampled`: a ``--dynamic-sampling-filter-path``, or
+``--over-sampling-batch-size`` above ``--rollout-batch-size``) end at the ``rollout_batch_size``-th group that
+passes, not when every group submitted has finished; slime's dynamic sampling submits another batch each
+time the filter has dropped so many that those submitted and not dropped fall short. What wins there is
+finishing whole groups early, not balancing the last finish, and the plan's defaults become whole groups
+(``groups``) in the data source's order with no client window: in the simulator (slime's dynamic sampling
+modelled, ``simulate.rollout.Refill``; docs/benchmarks.md, "slime's dynamic sampling") the makespan defaults
+were slower than slime there, the whole groups slightly faster with the same share of long groups kept.
 - ``lengthsched_pool_tokens``: each engine's KV pool in tokens, prompts included (what ``ways`` needs:
   SGLang logs it at start, "max_total_num_tokens"); without it the planner asks the first engine's
   ``/get_server_info`` (or ``/server_info``) for ``max_total_num_tokens``, times ``dp_size`` (one pool
   per data-parallel rank: :func:`engine_pool_tokens`), and, where that fails, places whole groups
   (``groups``) and logs a warning.
 - ``lengthsched_submit``: ``auto`` (default: groups handed to slime longest predicted first on several
-  engines, in the data source's order on one), ``longest`` or ``batch`` (the data source's order).
+  engines, in the data source's order on one; ``batch`` where the rollouts are over-sampled), ``longest``,
+  ``shortest`` or ``batch`` (the data source's order).
 - ``lengthsched_default_length``: the default predictor's prediction for every prompt before it has seen a
   rollout (tokens; default half of ``rollout_max_response_len``; afterwards a prompt never seen is predicted
   the mean log length of those seen). Given, the first rollout is planned on it.
 - ``lengthsched_uninformed``: what the batches taken before the predictor has seen a length get:
   ``router`` (the default without ``lengthsched_default_length``) sends them unplanned through slime's
   router, as slime does; ``plan`` plans them on the made-up ``lengthsched_default_length``.
-- ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2; 0: every
-  sample sent at once, nothing stolen); it needs the pool (``lengthsched_pool_tokens`` or the engine's
-  answer), else every sample is sent at once. ``lengthsched_steal``: false keeps each sample on its
-  planned engine (the window alone).
+- ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2, or 0 where
+  the rollouts are over-sampled; 0: every sample sent at once, nothing stolen); it needs the pool
+  (``lengthsched_pool_tokens`` or the engine's answer), else every sample is sent at once.
+  ``lengthsched_steal``: false keeps each sample on its planned engine (the window alone).
 - ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
   lengthsched.integrations.slime.buffer_filter``, the most rollouts a group may be carried in slime's
   buffer; one carried more is thrown away (:func:`buffer_filter`; default: no limit).
@@ -122,6 +132,7 @@ __all__ = [
     "generate",
     "engine_pool_tokens",
     "generate_rollout",
+    "oversampled",
     "planner_for",
     "reset",
 ]
@@ -136,7 +147,7 @@ NEED_KEY = "lengthsched_need"  # sample.metadata key: its prompt plus predicted 
 #: project's plan"); on one engine there is no window.
 WINDOW = 2.0
 _WAKE_SECONDS = 0.5  # how often a sample waiting in the client checks whether slime aborted the rollout
-SUBMIT_ORDERS = ("auto", "longest", "batch")
+SUBMIT_ORDERS = ("auto", "longest", "shortest", "batch")
 UNINFORMED = ("router", "plan")  # SlimePlanner's uninformed: what a batch gets while the predictions say nothing
 PLACEMENTS = ("ways", "groups", "spread")
 
@@ -241,10 +252,10 @@ class SlimePlanner:
             return groups
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
         left = self._resumed_left([groups[i] for i in index], prompts)
-        if self.submit == "longest" or (self.submit == "auto" and replicas > 1):
+        if self.submit in ("longest", "shortest") or (self.submit == "auto" and replicas > 1):
             first = predict_lengths(self.planner.predictor, prompts, max_new_tokens=self.planner.max_new_tokens)
             first = np.array([x.max() if x.any() else f for x, f in zip(left, first)])  # resumed: what is left
-            order = np.argsort(-first, kind="stable")
+            order = np.argsort(first if self.submit == "shortest" else -first, kind="stable")
             index, prompts, left = [index[i] for i in order], [prompts[i] for i in order], [left[i] for i in order]
         live = [groups[i] for i in index]
         batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(live) for _ in g]),
@@ -438,13 +449,28 @@ def _pool_tokens(args: Any, engines: Sequence[str]) -> int | None:
     return None
 
 
+def oversampled(args: Any) -> bool:
+    """Whether slime's rollouts end before every group submitted has finished: a dynamic-sampling filter
+    (``--dynamic-sampling-filter-path``: each group it drops may make slime submit another
+    ``--over-sampling-batch-size`` groups) or ``--over-sampling-batch-size`` above ``--rollout-batch-size``. A
+    rollout then ends at its ``rollout_batch_size``-th group that passes, and the plan's defaults change (see
+    the module docstring)."""
+    if getattr(args, "dynamic_sampling_filter_path", None):
+        return True
+    over, batch = getattr(args, "over_sampling_batch_size", None), getattr(args, "rollout_batch_size", None)
+    return isinstance(over, int) and isinstance(batch, int) and over > batch
+
+
 def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
     """The planner of this run, made on first use from ``args`` (slime's, with the
     ``lengthsched_*`` keys of its ``--custom-config-path`` YAML) and kept across rollouts, so its
-    predictor learns from every rollout's lengths."""
+    predictor learns from every rollout's lengths. Where the rollouts are over-sampled (:func:`oversampled`)
+    the defaults are whole groups (``groups``) handed over in the data source's order (``batch``) with no
+    client window; else ``ways``, ``auto`` and :data:`WINDOW`."""
     global _PLANNER
     if _PLANNER is None:
-        placement = getattr(args, "lengthsched_placement", None) or "ways"
+        over = oversampled(args)
+        placement = getattr(args, "lengthsched_placement", None) or ("groups" if over else "ways")
         pool = _pool_tokens(args, engines) if placement == "ways" else None
         if placement == "ways" and pool is None:
             log.warning("lengthsched: each engine's KV pool is unknown (set lengthsched_pool_tokens): "
@@ -452,7 +478,7 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
             placement = "groups"
         max_new = getattr(args, "rollout_max_response_len", None)
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
-                                submit=getattr(args, "lengthsched_submit", None) or "auto",
+                                submit=getattr(args, "lengthsched_submit", None) or ("batch" if over else "auto"),
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None)
@@ -515,7 +541,7 @@ def _client_queues(args: Any, planner: SlimePlanner, engines: int) -> ClientQueu
     the window is 0, the pool is unknown or there is one engine (nothing to steal from: in the simulator
     the window alone held samples back there, up to 5.7% slower than slime in 26 of 120 settings)."""
     share = getattr(args, "lengthsched_window", None)
-    share = WINDOW if share is None else float(share)
+    share = (0.0 if oversampled(args) else WINDOW) if share is None else float(share)
     if share < 0:
         raise InvalidArgument("lengthsched_window", share, "a number of KV pools >= 0 (0: no window)")
     pool = planner.planner.pool_tokens
