@@ -1315,15 +1315,16 @@ DYNAMIC_MODES = ((1.0, False, 0.7), (1.0, True, 0.7), (1.5, False, 0.7), (1.5, T
                  (1.25, True, None))
 DYNAMIC_STEPS = 5
 DYNAMIC_RUNS = (
-    ("slime: sglang + cache-aware router", None),
-    ("slime + lengthsched.integrations.slime: whole groups in batch order, no window (its over-sampled defaults since "
-     "2026-11-29)", {"placement": "groups", "submit": "batch", "window": 0.0}),
-    ("slime + the integration's defaults otherwise: ways, longest first, client window (also over-sampled until "
-     "2026-11-29)", {}),
-    ("slime + the plan: whole groups, shortest predicted first, client window",
+    ("slime: sglang + cache-aware router (also lengthsched.integrations.slime's default for over-sampled rollouts "
+     "since 2026-11-29: nothing planned)", None),
+    ("slime + the plan, lengthsched_oversampled: plan (whole groups, shortest predicted first, client window)",
      {"placement": "groups", "submit": "shortest"}),
     ("slime + the plan: whole groups, shortest predicted first, no window",
      {"placement": "groups", "submit": "shortest", "window": 0.0}),
+    ("slime + the plan: whole groups in batch order, no window", {"placement": "groups", "submit": "batch",
+                                                                  "window": 0.0}),
+    ("slime + the plan with the makespan defaults: ways, longest first, client window (the integration's for every "
+     "rollout until 2026-11-29)", {}),
 )
 
 

@@ -21,12 +21,14 @@ rollout time), next to what the carried tokens cost: the share of the kept token
 earlier step, by an older policy (slime's ``--mask-offpolicy-in-partial-rollout`` masks them).
 
 A dynamic-sampling filter (``valid``: DAPO drops groups whose rewards all agree) throws away a
-group that fails it when it finishes; the step then ends at its ``batch``-th group that passed.
+group that fails it when it finishes; the step then ends at its ``batch``-th group that passed. With
+``refill=True`` the step submits as slime's dynamic sampling does (:class:`simulate.rollout.Refill`): another
+``ceil(batch x oversample)`` groups whenever the filter has dropped so many that those submitted and not dropped
+fall below ``batch``, so a step keeps ``batch`` groups while the stream lasts; without it a step submits its
+groups once and keeps fewer when too few pass (what a framework that does not refill mid-step gets).
 
-Not modelled: the further batches slime submits in the middle of a step whose groups the filter
-drops faster than expected (a step with too few passing groups keeps fewer), a filter that depends
-on length or difficulty, the learner's time between steps, and a policy whose lengths drift between
-steps (the stream's lengths are fixed).
+Not modelled: a filter that depends on length or difficulty, the learner's time between steps, and a policy
+whose lengths drift between steps (the stream's lengths are fixed).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class StepRecord:
     waited since it was first submitted (0: submitted in this step); ``filtered_tokens``: the tokens of
     the groups a dynamic-sampling filter dropped when they finished (all of them, whenever generated);
     ``shortfall``: groups the step kept fewer than ``batch`` (the filter passed too few of those it
-    submitted: slime would have submitted more in the middle of the step, which is not modelled);
+    submitted: slime submits more in the middle of the step, ``run_oversampled_steps(..., refill=True)``; with
+    it, only where the stream ran out);
     ``token_age``: the kept tokens' ages summed, in steps (a token generated in the step that kept it is 0
     steps old, one generated the step before 1, ...); ``forced``: groups the step waited for because they
     had reached ``max_carry`` (``carry_limit="wait"``), kept or filtered; ``expired``: groups it dropped
@@ -206,8 +209,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     stream group passes with that probability (drawn with ``filter_seed``, whatever its length); or one
     bool per stream group. A group the filter drops when it finishes is thrown away (slime does not
     return it to the buffer) and the step ends at its ``batch``-th finished group that passed; a step
-    whose groups pass too few keeps fewer (``StepRecord.shortfall``: slime would submit more groups in
-    the middle of the step, not modelled). ``max_carry`` (with ``partial``): a staleness limit, the most
+    whose groups pass too few keeps fewer (``StepRecord.shortfall``) unless ``refill``. ``max_carry`` (with ``partial``): a staleness limit, the most
     steps a group may wait between its first submission and the step that keeps it (None: no limit; 1: a
     kept token is at most one policy update old). ``carry_limit`` says how it is kept: ``"drop"`` (the
     default), a group that would be carried once more is thrown away with its tokens; ``"wait"``, a step

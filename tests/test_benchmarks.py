@@ -824,6 +824,30 @@ def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
     assert same[0][4:7] == [1.0, 1.0, 1.0] and same[0][7] == 0 and same[0][10] == 0.0
 
 
+def test_slime_dynamic_sampling_quick(tmp_path):
+    """slime_dynamic_sampling (quick): per mode one row per run of DYNAMIC_RUNS and one for the previous model; the
+    ratios are kept tokens per second over slime's in the same mode, as run_oversampled_steps gives them."""
+    data = _quick_section(tmp_path, "slime_dynamic_sampling")
+    import bench_simulate as bench
+
+    from simulate.oversampling import run_oversampled_steps
+
+    labels = [label for label, _ in bench.DYNAMIC_RUNS]
+    modes = {tuple(s[4]) for s in data["settings"]}
+    assert len(data["rows"]) == len(modes) * (len(labels) + 1)
+    assert all(row[3] in labels or row[3].startswith("slime, previous model") for row in data["rows"])
+    w, b, r, f, mode, out = data["settings"][0]
+    over, carry, valid = mode
+    need = bench.DYNAMIC_STEPS * int(np.ceil(b * over - 1e-9)) * 2
+    groups, realistic, _, _, common = bench._rollout_setting(w, min(need, 3598), r, f, bench.ROLLOUT_SEED, None)
+    slime = run_oversampled_steps(groups, "sglang", batch=b, oversample=over, steps=bench.DYNAMIC_STEPS,
+                                  partial=carry, in_flight=bench.SLIME_CONCURRENCY * r, valid=valid,
+                                  filter_seed=bench.ROLLOUT_SEED, refill=True, router="cache_aware", **common)
+    assert out[labels[0]][0] == pytest.approx(slime.kept_tokens_per_second)
+    first = [row for row in data["rows"] if (row[0], row[1] == "yes") == (over, carry)]
+    assert first[0][5] == 1.0 and first[1][5] == pytest.approx(out[labels[1]][0] / out[labels[0]][0])
+
+
 def test_slime_cold_start_quick(tmp_path):
     """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
     makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships

@@ -292,3 +292,146 @@ def test_slime_with_the_integration_runs_the_over_sampled_steps(partial):
     lost = sum(s.dropped_tokens for s in out.steps)
     assert sum(s.decoded_tokens for s in out.steps) == out.kept_tokens + out.carried_tokens + lost
     assert (out.stale_share > 0 and lost == 0) if partial else (out.stale_share == 0 and lost > 0)
+
+
+# ------------------------------------------------------------------------------ slime's dynamic sampling (Refill)
+def _replayed_releases(refill, finish_if_run, groups_of_unit):
+    """slime's rule (generate_rollout_async) replayed from each unit's finish: the release time of every unit."""
+    units = len(refill.passes)
+    released = np.full(units, np.inf)
+    submitted = dropped = kept = 0
+    events = []  # (finish time, unit) of the units submitted and not yet counted
+
+    def release(now):
+        nonlocal submitted
+        while kept < refill.batch and submitted - dropped < refill.batch and submitted < units:
+            for u in range(submitted, min(units, submitted + refill.chunk)):
+                released[u] = now
+                events.append((max(now, finish_if_run[u]) if groups_of_unit[u] else now, u))
+            submitted = min(units, submitted + refill.chunk)
+
+    release(0.0)
+    while events:
+        events.sort()
+        now, u = events.pop(0)
+        if refill.passes[u]:
+            kept += 1
+        else:
+            dropped += 1
+        release(now)
+    return released
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 14), batch=st.integers(1, 5), chunk=st.integers(1, 6),
+       share=st.sampled_from([0.3, 0.6, 1.0]), replicas=st.integers(1, 3), cap=st.integers(4, 40))
+def test_a_refill_submits_a_chunk_whenever_the_filter_leaves_too_few(seed, n, batch, chunk, share, replicas, cap):
+    """Refill: the first chunk at 0 s; another exactly when a unit that fails finishes and leaves those submitted
+    and not dropped below batch, none after batch units passed; units never submitted never run."""
+    from simulate.rollout import Refill
+
+    stream = _stream(n, seed=seed, high=300)
+    passes = tuple(bool(x) for x in np.random.default_rng(seed).random(n) < share)
+    refill = Refill(batch=batch, chunk=max(chunk, batch), passes=passes)
+    r = run_rollout(stream, "sglang", router="cache_aware", replicas=replicas, in_flight=cap, refill=refill,
+                    record=True, **COMMON)
+    released = r.released_seconds
+    assert released[0] == 0.0 and np.all(np.diff(released[np.isfinite(released)]) >= 0)
+    finish = r.group_finish_seconds()
+    ran = np.isfinite(released)
+    assert np.all(np.isinf(finish[~ran])) and np.all(np.isfinite(finish[ran]))
+    sizes = [len(g.lengths) for g in stream]
+    starts = np.cumsum([0] + sizes[:-1])
+    assert all((r.placement[a:a + k] < 0).all() != bool(x) for a, k, x in zip(starts, sizes, ran))
+    assert np.all(finish[ran] >= released[ran])
+    replayed = _replayed_releases(refill, finish, [1] * n)
+    assert np.array_equal(np.isfinite(replayed), ran)
+    assert np.allclose(replayed[ran], released[ran])
+    # every unit passing, one chunk for all: the run without a Refill
+    whole = Refill(batch=n, chunk=n, passes=(True,) * n)
+    plain = run_rollout(stream, "sglang", router="cache_aware", replicas=replicas, in_flight=cap, **COMMON)
+    again = run_rollout(stream, "sglang", router="cache_aware", replicas=replicas, in_flight=cap, refill=whole,
+                        **COMMON)
+    assert again.seconds == plain.seconds and np.array_equal(again.placement, plain.placement)
+
+
+def test_a_refill_needs_slimes_semaphore_and_one_unit_per_group():
+    from simulate.rollout import Refill
+
+    stream = _stream(4)
+    with pytest.raises(InvalidArgument, match="refill"):
+        run_rollout(stream, "sglang", refill=Refill(2, 2, (True,) * 4), **COMMON)
+    with pytest.raises(InvalidArgument, match="refill"):
+        run_rollout(stream, "sglang", in_flight=8, refill=Refill(2, 2, (True,) * 3), **COMMON)
+    with pytest.raises(InvalidArgument, match="refill"):
+        run_rollout(stream, "sglang", in_flight=8, refill=Refill(2, 2, (True,) * 4, plan=lambda u, loads: None),
+                    **COMMON)
+    with pytest.raises(InvalidArgument, match="owners"):
+        Refill(2, 2, (True,) * 2, owners=(0, 2))
+    with pytest.raises(InvalidArgument, match="chunk"):
+        Refill(2, 0, (True,) * 2)
+
+
+def test_over_sampled_steps_with_refill_submit_more_where_the_filter_drops_groups():
+    """refill=True: no step keeps fewer than batch while the stream lasts; a step submits whole chunks (its
+    carried groups first); groups it never submitted are the next step's; with every group passing and enough
+    over-sampling nothing changes."""
+    stream = _stream(120, seed=3, high=400)
+    fails = np.array([i % 3 == 0 for i in range(120)])
+    common = dict(batch=4, oversample=1.0, steps=4, valid=~fails, replicas=2, router="cache_aware", in_flight=16,
+                  **COMMON)
+    old = run_oversampled_steps(stream, "sglang", partial=False, **common)
+    new = run_oversampled_steps(stream, "sglang", partial=False, refill=True, keep_results=True, **common)
+    assert old.shortfall > 0 and new.shortfall == 0
+    assert all(s.submitted % 4 == 0 and s.submitted >= 8 for s in new.steps)  # at least one more chunk each
+    drawn = sum(s.submitted for s in new.steps)
+    seen = sorted(g for s in new.steps for g in s.kept) + [g for g in range(drawn) if fails[g]]
+    assert set(seen) <= set(range(drawn))  # only groups of the stream's first `drawn` were used
+    assert len([g for s in new.steps for g in s.kept]) == 16 and not any(fails[g] for s in new.steps for g in s.kept)
+    for step, result in zip(new.steps, new.results):  # the step ends at its 4th finished group that passes
+        finish = result.group_finish_seconds()
+        assert np.isfinite(finish).sum() == step.submitted
+    with_partial = run_oversampled_steps(stream, "sglang", partial=True, refill=True, **common)
+    assert with_partial.shortfall == 0 and len({g for s in with_partial.steps for g in s.kept}) == 16
+    everyone = dict(common, valid=None, oversample=1.5)
+    a = run_oversampled_steps(stream, "sglang", partial=True, **everyone)
+    b = run_oversampled_steps(stream, "sglang", partial=True, refill=True, **everyone)
+    assert a.steps == b.steps
+    with pytest.raises(InvalidArgument, match="carry_limit"):
+        run_oversampled_steps(stream, "sglang", partial=True, refill=True, max_carry=1, carry_limit="wait", **common)
+
+
+def test_slime_with_the_integration_plans_each_batch_when_slime_takes_it():
+    """run_slime_planned(refill=): each chunk placed when submitted, from what the client still has per engine;
+    one chunk for all the groups is the plan without dynamic sampling."""
+    from simulate import run_slime_planned
+    from simulate.rollout import Refill
+
+    stream = _stream(12, seed=9, high=300)
+    pred = np.concatenate([np.full(len(g.lengths), int(np.median(g.lengths))) for g in stream])
+    common = dict(replicas=3, budget_tokens=1500, max_new_tokens=512, in_flight=20)
+    plain, order = run_slime_planned(stream, pred, **common)
+    whole, same = run_slime_planned(stream, pred, refill=Refill(12, 12, (True,) * 12), **common)
+    assert whole.seconds == pytest.approx(plain.seconds, rel=1e-12) and np.array_equal(same, np.arange(12))
+    fails = tuple(i % 2 == 0 for i in range(12))
+    seen = []
+    import lengthsched.integrations.slime as ls_slime
+
+    real = ls_slime.SlimePlanner.plan
+
+    def spy(self, groups, replicas, prompt_lens=None, loads=None):
+        seen.append(None if loads is None else list(loads))
+        return real(self, groups, replicas, prompt_lens=prompt_lens, loads=loads)
+
+    ls_slime.SlimePlanner.plan = spy
+    try:
+        run, _ = run_slime_planned(stream, pred, placement="groups", refill=Refill(3, 3, fails), **common)
+    finally:
+        ls_slime.SlimePlanner.plan = real
+    chunks = int(np.isfinite(run.released_seconds).sum()) // 3
+    assert chunks >= 2 and len(seen) == chunks  # planned once per chunk slime took
+    assert seen[0] == [0.0, 0.0, 0.0] and any(sum(x) > 0 for x in seen[1:])  # later chunks: from the engines' load
+    sizes = [len(g.lengths) for g in stream]
+    starts = np.cumsum([0] + sizes[:-1])
+    for u in range(chunks * 3):  # whole groups ("groups"), each on one engine
+        assert len(set(run.placement[starts[u]:starts[u] + sizes[u]].tolist())) == 1

@@ -544,6 +544,58 @@ def test_samples_waiting_in_the_client_when_slime_aborts_come_back_aborted(monke
     assert len(fake.posts) == 2 and ls_slime._QUEUES is None and not ls_slime._WAITING
 
 
+def test_over_sampled_rollouts_are_planned_only_when_asked_then_whole_groups_shortest_first():
+    """A dynamic-sampling filter, or an over-sampling batch above the rollout batch: the rollout ends at its
+    B-th group that passes; the planner's defaults become groups / shortest; what the YAML names is kept."""
+    assert not ls_slime.oversampled(slime_args(rollout_batch_size=32, over_sampling_batch_size=32))
+    assert ls_slime.oversampled(slime_args(rollout_batch_size=32, over_sampling_batch_size=48))
+    assert ls_slime.oversampled(slime_args(dynamic_sampling_filter_path="slime.rollout.filter_hub.f"))
+    assert not ls_slime.oversampled(slime_args(dynamic_sampling_filter_path=None))
+    over = slime_args(dynamic_sampling_filter_path="f", lengthsched_pool_tokens=5000)
+    planner = ls_slime.planner_for(over)
+    assert (planner.placement, planner.submit, planner.planner.pool_tokens) == ("groups", "shortest", 5000)
+    assert ls_slime._client_queues(over, planner, 3).limit == ls_slime.WINDOW * 5000
+    ls_slime.reset()
+    named = slime_args(dynamic_sampling_filter_path="f", lengthsched_pool_tokens=5000, lengthsched_placement="ways",
+                       lengthsched_submit="batch", lengthsched_window=0)
+    planner = ls_slime.planner_for(named)
+    assert (planner.placement, planner.submit) == ("ways", "batch")
+    assert ls_slime._client_queues(named, planner, 3) is None
+    ls_slime.reset()
+    plain = ls_slime.planner_for(slime_args(lengthsched_pool_tokens=5000))
+    assert (plain.placement, plain.submit) == ("ways", "auto")
+    ls_slime.reset()
+
+
+def test_an_over_sampled_rollout_runs_as_slime_runs_it_unless_the_yaml_says_plan(monkeypatch):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    args = slime_args(lengthsched_placement="groups", lengthsched_default_length=300,
+                      dynamic_sampling_filter_path="my.filter")
+    source = Source(list(lengths))
+    for rollout in range(2):  # slime's router both times; the planner learns the lengths all the same
+        fake.posts.clear()
+        ls_slime.generate_rollout(args, rollout, source)
+        assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 16
+    assert ls_slime.planner_for(args).planner.steps == 2
+    ls_slime.reset()
+    fake.posts.clear()
+    planned = slime_args(lengthsched_placement="groups", lengthsched_default_length=300,
+                         dynamic_sampling_filter_path="my.filter", lengthsched_oversampled="plan")
+    ls_slime.generate_rollout(planned, 0, source)
+    assert all(u != "http://10.0.0.1:3000/generate" for u, _ in fake.posts)
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_oversampled"):
+        ls_slime.generate_rollout(slime_args(lengthsched_oversampled="sometimes"), 0, source)
+
+
+def test_shortest_first_hands_the_groups_over_shortest_predicted_first():
+    lengths = {"a": 100, "b": 900, "c": 400}
+    planner = SlimePlanner(placement="groups", submit="shortest", predictor=OracleLengthPredictor(lengths))
+    assert [g[0].prompt for g in planner.plan(batch(list(lengths)), replicas=1)] == ["a", "c", "b"]
+
+
 def test_the_window_is_configured_by_slimes_args(monkeypatch):
     planner = SlimePlanner(placement="ways", pool_tokens=1000)
     assert ls_slime._client_queues(slime_args(), planner, 3).limit == ls_slime.WINDOW * 1000

@@ -50,23 +50,29 @@ This module supplies, for those two hooks:
 Configuration, as keys of slime's ``--custom-config-path`` YAML (all optional):
 
 - ``lengthsched_placement``: ``ways`` (default), ``groups`` (whole groups by predicted work; the default
-  where the rollouts are over-sampled) or ``spread`` (sample i of the batch to engine i mod R).
+  of planned over-sampled rollouts) or ``spread`` (sample i of the batch to engine i mod R).
+- ``lengthsched_oversampled``: what an over-sampled rollout gets (:func:`oversampled`: a
+  ``--dynamic-sampling-filter-path``, or ``--over-sampling-batch-size`` above ``--rollout-batch-size``):
+  ``router`` (default) runs slime's own rollout, nothing planned (the predictor still learns from it);
+  ``plan`` plans it, by default whole groups (``groups``) handed over shortest predicted first
+  (``shortest``) through the client window.
 
-Over-sampled rollouts (:func:`oversampled`: a ``--dynamic-sampling-filter-path``, or
-``--over-sampling-batch-size`` above ``--rollout-batch-size``) end at the ``rollout_batch_size``-th group that
-passes, not when every group submitted has finished; slime's dynamic sampling submits another batch each
-time the filter has dropped so many that those submitted and not dropped fall short. What wins there is
-finishing whole groups early, not balancing the last finish, and the plan's defaults become whole groups
-(``groups``) in the data source's order with no client window: in the simulator (slime's dynamic sampling
-modelled, ``simulate.rollout.Refill``; docs/benchmarks.md, "slime's dynamic sampling") the makespan defaults
-were slower than slime there, the whole groups slightly faster with the same share of long groups kept.
+Over-sampled rollouts end at the ``rollout_batch_size``-th group that passes, not when every group submitted
+has finished, and slime's dynamic sampling submits another batch each time the filter has dropped so many
+that those submitted and not dropped fall short. What pays there is finishing whole groups early, not
+balancing the last finish, and slime's cache-aware router already keeps groups whole: in the simulator
+(slime's dynamic sampling modelled, ``simulate.rollout.Refill``; docs/benchmarks.md, "slime's dynamic
+sampling") the makespan plan was 1.3% slower than slime there (up to 13%), whole groups in batch order 0.5%
+faster (up to 5.5% slower), whole groups shortest first 2.0% faster (up to 5.5% slower) with fewer long groups
+kept (the kept groups' mean length 0.786 of those drawn against slime's 0.867, without partial rollout): too
+little, and too unsafe, to be the default.
 - ``lengthsched_pool_tokens``: each engine's KV pool in tokens, prompts included (what ``ways`` needs:
   SGLang logs it at start, "max_total_num_tokens"); without it the planner asks the first engine's
   ``/get_server_info`` (or ``/server_info``) for ``max_total_num_tokens``, times ``dp_size`` (one pool
   per data-parallel rank: :func:`engine_pool_tokens`), and, where that fails, places whole groups
   (``groups``) and logs a warning.
 - ``lengthsched_submit``: ``auto`` (default: groups handed to slime longest predicted first on several
-  engines, in the data source's order on one; ``batch`` where the rollouts are over-sampled), ``longest``,
+  engines, in the data source's order on one; ``shortest`` in planned over-sampled rollouts), ``longest``,
   ``shortest`` or ``batch`` (the data source's order).
 - ``lengthsched_default_length``: the default predictor's prediction for every prompt before it has seen a
   rollout (tokens; default half of ``rollout_max_response_len``; afterwards a prompt never seen is predicted
@@ -74,8 +80,8 @@ were slower than slime there, the whole groups slightly faster with the same sha
 - ``lengthsched_uninformed``: what the batches taken before the predictor has seen a length get:
   ``router`` (the default without ``lengthsched_default_length``) sends them unplanned through slime's
   router, as slime does; ``plan`` plans them on the made-up ``lengthsched_default_length``.
-- ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2, or 0 where
-  the rollouts are over-sampled; 0: every sample sent at once, nothing stolen); it needs the pool
+- ``lengthsched_window``: each engine's client window in KV pools (default :data:`WINDOW`, 2; 0: every
+  sample sent at once, nothing stolen); it needs the pool
   (``lengthsched_pool_tokens`` or the engine's answer), else every sample is sent at once.
   ``lengthsched_steal``: false keeps each sample on its planned engine (the window alone).
 - ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
@@ -132,6 +138,7 @@ __all__ = [
     "generate",
     "engine_pool_tokens",
     "generate_rollout",
+    "OVERSAMPLED_MODES",
     "oversampled",
     "planner_for",
     "reset",
@@ -149,6 +156,7 @@ WINDOW = 2.0
 _WAKE_SECONDS = 0.5  # how often a sample waiting in the client checks whether slime aborted the rollout
 SUBMIT_ORDERS = ("auto", "longest", "shortest", "batch")
 UNINFORMED = ("router", "plan")  # SlimePlanner's uninformed: what a batch gets while the predictions say nothing
+OVERSAMPLED_MODES = ("router", "plan")  # lengthsched_oversampled: what an over-sampled rollout gets
 PLACEMENTS = ("ways", "groups", "spread")
 
 log = logging.getLogger(__name__)
@@ -464,21 +472,21 @@ def oversampled(args: Any) -> bool:
 def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
     """The planner of this run, made on first use from ``args`` (slime's, with the
     ``lengthsched_*`` keys of its ``--custom-config-path`` YAML) and kept across rollouts, so its
-    predictor learns from every rollout's lengths. Where the rollouts are over-sampled (:func:`oversampled`)
-    the defaults are whole groups (``groups``) handed over in the data source's order (``batch``) with no
-    client window; else ``ways``, ``auto`` and :data:`WINDOW`."""
+    predictor learns from every rollout's lengths. Where the rollouts are over-sampled (:func:`oversampled`) and
+    ``lengthsched_oversampled`` is ``plan``, the defaults are whole groups (``groups``) handed over shortest
+    predicted first (``shortest``), the window's pool read as for ``ways``; else ``ways`` and ``auto``."""
     global _PLANNER
     if _PLANNER is None:
         over = oversampled(args)
         placement = getattr(args, "lengthsched_placement", None) or ("groups" if over else "ways")
-        pool = _pool_tokens(args, engines) if placement == "ways" else None
+        pool = _pool_tokens(args, engines) if placement == "ways" or over else None  # over-sampled: the window's
         if placement == "ways" and pool is None:
             log.warning("lengthsched: each engine's KV pool is unknown (set lengthsched_pool_tokens): "
                         "placing whole groups by predicted work instead of 'ways'")
             placement = "groups"
         max_new = getattr(args, "rollout_max_response_len", None)
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
-                                submit=getattr(args, "lengthsched_submit", None) or ("batch" if over else "auto"),
+                                submit=getattr(args, "lengthsched_submit", None) or ("shortest" if over else "auto"),
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None)
@@ -520,6 +528,13 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if not engines:
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
+    mode = getattr(args, "lengthsched_oversampled", None) or "router"
+    if mode not in OVERSAMPLED_MODES:
+        raise InvalidArgument("lengthsched_oversampled", mode, "one of " + ", ".join(OVERSAMPLED_MODES))
+    if mode == "router" and oversampled(args):  # slime's own rollout; the predictor still learns from it
+        output = sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+        planner.observe(getattr(output, "samples", output))
+        return output
     _ENGINES[:] = engines
     global _QUEUES
     _QUEUES = _client_queues(args, planner, len(engines))
@@ -541,7 +556,7 @@ def _client_queues(args: Any, planner: SlimePlanner, engines: int) -> ClientQueu
     the window is 0, the pool is unknown or there is one engine (nothing to steal from: in the simulator
     the window alone held samples back there, up to 5.7% slower than slime in 26 of 120 settings)."""
     share = getattr(args, "lengthsched_window", None)
-    share = (0.0 if oversampled(args) else WINDOW) if share is None else float(share)
+    share = WINDOW if share is None else float(share)
     if share < 0:
         raise InvalidArgument("lengthsched_window", share, "a number of KV pools >= 0 (0: no window)")
     pool = planner.planner.pool_tokens
