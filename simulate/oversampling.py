@@ -209,8 +209,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     stream group passes with that probability (drawn with ``filter_seed``, whatever its length); or one
     bool per stream group. A group the filter drops when it finishes is thrown away (slime does not
     return it to the buffer) and the step ends at its ``batch``-th finished group that passed; a step
-    whose groups pass too few keeps fewer (``StepRecord.shortfall``) unless ``refill``. ``max_carry`` (with ``partial``): a staleness limit, the most
-    steps a group may wait between its first submission and the step that keeps it (None: no limit; 1: a
+    whose groups pass too few keeps fewer (``StepRecord.shortfall``) unless ``refill``. ``max_carry`` (with
+    ``partial``): a staleness limit, the most steps a group may wait between its first submission and the
+    step that keeps it (None: no limit; 1: a
     kept token is at most one policy update old). ``carry_limit`` says how it is kept: ``"drop"`` (the
     default), a group that would be carried once more is thrown away with its tokens; ``"wait"``, a step
     does not end before every group submitted ``max_carry`` steps ago has finished (those groups are kept,

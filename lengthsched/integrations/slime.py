@@ -97,10 +97,9 @@ What it is worth, in the simulator (docs/benchmarks.md, "slime with the project'
 slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
 engines fed this plan. What it does not do: move a sample once sent (``steal_sglang`` in the simulator
 also moves running requests and steals those queued inside SGLang, which needs aborts by request id that
-slime's ``generate`` does not send); with dynamic sampling (``--dynamic-sampling-filter-path``) each
-further batch slime takes is placed from what each engine still has queued and in flight in the client
-(:meth:`ClientQueues.outstanding`; with the window on), a rule not measured in the simulator, which
-models one batch per rollout; with ``--sglang-dp-size``
+slime's ``generate`` does not send); plan an over-sampled rollout unless asked (``lengthsched_oversampled:
+plan``: then each further batch slime takes is placed from what each engine still has queued and in flight
+in the client, :meth:`ClientQueues.outstanding`, with the window on); with ``--sglang-dp-size``
 > 1 an engine's pool counts all its data-parallel ranks and the engine is planned as one replica (SGLang
 spreads its requests over the ranks); a generate function of your own
 (``lengthsched_generate_function_path``) is trusted to post to the address in the ``args`` it is given,
