@@ -78,7 +78,9 @@ class SimulateOptions:
                                      "comma-separated: least_loaded (verl), group_round_robin (OpenRLHF), cache_aware "
                                      "(SGLang's router as slime runs it), contiguous_chunks (TRL 1.9's vllm-serve), "
                                      "slime_plan (slime with lengthsched.integrations.slime: the project's plan sent "
-                                     "through its client queues; sglang only) (default all five)")
+                                     "through its client queues; sglang only; with --oversample above 1 the "
+                                     "integration's default leaves such steps to slime: the cache_aware row) "
+                                     "(default all five)")
     headroom: bool = _opt(False, "in a rollout step, also search the placement that would be fastest with every "
                                  "true length known (an oracle: what placement could buy at most over vLLM FCFS "
                                  "replicas; simulate.search_placement) and report it apart from the policies")
