@@ -360,7 +360,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                 expired = [g for g in rest if step + 1 - first[g] > max_carry]
                 rest = [g for g in rest if step + 1 - first[g] <= max_carry]
                 dropped = int(generated[expired].sum()) if expired else 0
-            carried = rest + carried
+            # slime's buffer appends the aborted groups after those it still held (refill: never submitted)
+            carried = carried + rest if refill else rest + carried
         else:
             dropped = int((generated[rest] - old[rest]).sum())
         records.append(StepRecord(seconds=end, submitted=len(take), carried_in=carried_in,

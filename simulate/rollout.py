@@ -672,6 +672,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         engines.append(eng)
         pols.append(pol)
     n, sent = len(flat), 0
+
     def planned(units: range) -> np.ndarray:  # a Refill's plan: the chunk's requests placed when submitted
         jobs, where = refill.plan(units, None if client is None else client.queues.outstanding())
         jobs = np.asarray(jobs, dtype=np.int64)
@@ -826,10 +827,11 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     as the integration) with ``steals``
     (``run_rollout``'s ``client_window`` and ``client_steals``). Returns the run (its groups in
     submission order, so its ``collected_lengths`` are too) and that order (indices into ``groups``).
-    ``refill`` (a :class:`Refill`, slime's dynamic sampling): each chunk of units is planned as its own batch, as
-    the integration plans every batch slime takes (its groups handed over in the planner's order within the
-    chunk; each batch placed as a fresh one, where the integration places a further batch from what the
-    engines still have in the client's queues and in flight, which the model does not know when it plans).
+    ``refill`` (a :class:`Refill`, slime's dynamic sampling): each chunk of units is planned as its own batch
+    when it is submitted, as the integration plans every batch slime takes: its groups handed over in the
+    planner's order, placed from what each engine still has in the client's queues and in flight (with the
+    client window; without it, as a fresh batch, as the integration has no queues to read then). The groups
+    then stay in the order given (the returned order is the identity).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
     from types import SimpleNamespace
 
