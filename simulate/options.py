@@ -124,6 +124,12 @@ class SimulateOptions:
                                            "--dynamic-sampling-filter-path), each group passing at random "
                                            "whatever its length: a dropped group's tokens are thrown away and a "
                                            "step ends at its --prompts-th group that passed")
+    slime_refill: bool = _opt(False, "with --steps and --in-flight, slime's dynamic sampling inside a step: the rows "
+                                     "sent through the in-flight cap (slime's, sglang behind cache_aware or "
+                                     "least_loaded, and slime_plan) submit another --prompts x --oversample groups "
+                                     "whenever the filter has dropped so many that too few could still pass, "
+                                     "instead of keeping fewer (slime's generate_rollout_async); the other rows as "
+                                     "without it")
     max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
                                            "engines keep generating while the learner trains, submitting groups "
                                            "while at most (K + version + 1) x --prompts were submitted (AReaL's "

@@ -235,6 +235,10 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
             value = getattr(opts, name)
             if value != OPTION_DEFAULTS[name]:
                 raise InvalidArgument(name, value, "--max-staleness K too (it is a setting of asynchronous RL)")
+    if opts.slime_refill and (opts.steps is None or opts.in_flight is None or opts.max_staleness is not None):
+        raise InvalidArgument("slime_refill", True, "--steps N and --in-flight M too, without --max-staleness (it "
+                                                    "adds slime's batches inside the over-sampled steps sent through "
+                                                    "the in-flight cap)")
     if opts.valid_share is not None:
         share = opts.valid_share
         if opts.steps is None:
@@ -312,9 +316,18 @@ class RolloutStep:
 
         return DEFAULT_POLICY if self.history is None else recommend_rollout_policy(list(self.history))
 
-    def run(self, policy: str, router: str | None, *, record: bool = False) -> RolloutResult:
+    def capped(self, policy: str, router: str | None) -> bool:
+        """Whether the run of ``policy`` and ``router`` goes through the framework's in-flight cap (``--in-flight``:
+        slime's semaphore): the engines whose queues are first come first served behind a live router, and
+        :data:`PLAN_ROUTER`."""
+        if self.opts.in_flight is None:
+            return False
+        return router == PLAN_ROUTER or (policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS)
+
+    def run(self, policy: str, router: str | None, *, record: bool = False, refill: Any = None) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself; ``router``
-        :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``)."""
+        :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``); ``refill``:
+        slime's dynamic sampling inside the step (:class:`simulate.rollout.Refill`, a run through the cap)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
         if router == PLAN_ROUTER:
             if policy != "sglang":
@@ -324,14 +337,15 @@ class RolloutStep:
                                               budget_tokens=self.pool, max_new_tokens=o.max_new_tokens,
                                               in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
                                               cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk,
-                                              record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload)
-        capped = o.in_flight is not None and policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS
+                                              record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload,
+                                              refill=refill)
+        capped = self.capped(policy, router)
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
                            resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
                            snapshot_seconds=o.poll_seconds if spec.polls else None,
-                           in_flight=o.in_flight * o.replicas if capped else None)
+                           in_flight=o.in_flight * o.replicas if capped else None, refill=refill)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -363,8 +377,9 @@ def submitted_groups(opts: SimulateOptions) -> int:
     """Groups the step submits: ``--prompts``, times ``--oversample`` (rounded) when given; with ``--steps``,
     the stream the steps draw from (each step submits ``ceil(prompts x oversample)``, carried groups
     included, so the stream holds enough for every step)."""
-    if opts.steps is not None:
-        return opts.steps * submitted_per_step(opts.prompts, opts.oversample)
+    if opts.steps is not None:  # with --slime-refill, room for the batches added while the filter drops groups
+        more = 1 + math.ceil(1 / (opts.valid_share or 1.0)) if opts.slime_refill else 1
+        return opts.steps * submitted_per_step(opts.prompts, opts.oversample) * more
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
 
 
@@ -445,19 +460,21 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
     and vLLM FCFS + verl's routing without over-sampling (every submitted group kept) as the reference."""
     o = step.opts
 
-    def one(policy, router, oversample):
-        def run(parts, name, *, predicted, record, **_):
-            return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record)
+    def one(policy, router, oversample, reference=False):
+        def run(parts, name, *, predicted, record, refill=None, **_):
+            return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record,
+                                                                                    refill=refill)
 
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
                                      valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens,
-                                     max_carry=o.max_carry, carry_limit=o.carry_limit or "drop")
+                                     max_carry=o.max_carry, carry_limit=o.carry_limit or "drop",
+                                     refill=bool(o.slime_refill) and not reference and step.capped(policy, router))
 
     rows = []
-    for policy, router, oversample in [(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]:
+    for i, (policy, router, oversample) in enumerate([(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]):
         try:
-            done = one(policy, router, oversample)
+            done = one(policy, router, oversample, reference=i == 0)
             spec = POLICIES[policy]  # the router a run of it reports (run_rollout's)
             shown = "dispatch" if spec.dispatch else "placed" if spec.places_groups else router
             rows.append(RolloutRow(policy, shown, None, steps=done))
@@ -477,6 +494,8 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                   + ("is waited for and kept" if o.carry_limit == "wait" else "is dropped instead of carried again"))
                + ("" if o.valid_share is None else f"; a dynamic-sampling filter keeps {o.valid_share:g} of the "
                                                     "finished groups, at random, in every row")
+               + ("; the rows through the in-flight cap submit another batch inside a step whenever too few "
+                  "could still pass (slime's dynamic sampling)" if o.slime_refill else "")
                + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
                f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
                f"{step.pool:,} KV tokens, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
@@ -569,6 +588,8 @@ def rollout_headline(comparison: RolloutComparison) -> str:
         return _steps_headline(comparison)
     done = [r for r in comparison.rows if r.result is not None]
     failed = [r.label for r in comparison.rows if r.result is None]
+    if not done:
+        return "verdict: every run failed: " + "; ".join(f"{r.label}: {r.error}" for r in comparison.rows)
     base = comparison.baseline
     best = min(done, key=lambda r: r.result.seconds)
     line = (f"verdict: fastest: {best.label}, {best.result.seconds:.2f} s "

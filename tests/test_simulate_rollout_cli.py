@@ -95,7 +95,7 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     ("--steps", "3"), ("--partial-rollout", None), ("--max-carry", "1"), ("--carry-limit", "drop"),
     ("--valid-share", "0.7"), ("--max-staleness", "1"), ("--train-seconds", "2"), ("--update-seconds", "2"),
     ("--max-concurrent", "4"), ("--oversample", "1.5"), ("--in-flight", "8"), ("--draws", "2"),
-    ("--staleness-threshold", "0.1"), ("--local-steps", "2"),
+    ("--staleness-threshold", "0.1"), ("--local-steps", "2"), ("--slime-refill", None),
 ])
 def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, capsys):
     """simulate.report.ROLLOUT_ONLY: a flag only a rollout step uses, given without --prompts or --replicas,
@@ -590,6 +590,26 @@ def test_valid_share_filters_the_over_sampled_steps(capsys):
         assert err.count("\n") == 1 and "--valid-share" in err
     assert main(args[:-7] + ["--oversample", "2", "--valid-share", "0.5"]) == 2
     assert "--steps N too" in capsys.readouterr().err
+
+
+def test_slime_refill_adds_batches_inside_the_steps_sent_through_the_cap(capsys):
+    """--slime-refill (with --steps and --in-flight): the rows through the in-flight cap keep --prompts groups a
+    step (slime submits more while the filter drops them), the reference (verl, no over-sampling) keeps fewer;
+    without --in-flight it is one line."""
+    args = ["simulate", "--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
+            "--oversample", "1", "--steps", "3", "--valid-share", "0.6", "--in-flight", "16"]
+    assert main(args + ["--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(args + ["--slime-refill", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "slime's dynamic sampling" in out["setting"]
+    slime = [r for r in out["rows"] if r["router"] == "cache_aware"][0]
+    assert slime["shortfall"] == 0 and [r for r in before["rows"] if r["router"] == "cache_aware"][0]["shortfall"] > 0
+    assert out["rows"][0]["shortfall"] > 0  # the reference is verl's: no batch added inside a step
+    assert main(args[:-2] + ["--slime-refill"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'slime_refill'" in err and "--in-flight" in err
 
 
 def test_max_carry_bounds_the_kept_tokens_age(capsys):
