@@ -1335,9 +1335,7 @@ def _dynamic_unit(args) -> dict:
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry, valid) = args
-    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2
-    if workload == "castillo":
-        need = min(need, 3598)  # the bundled CASTILLO prompts
+    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2  # CASTILLO gives all its 3,598 prompts at most
     groups, realistic, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     shared = dict(batch=prompts, oversample=over, steps=DYNAMIC_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
                   replicas, valid=valid, filter_seed=seed, **common)

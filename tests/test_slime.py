@@ -580,6 +580,10 @@ def test_an_over_sampled_rollout_runs_as_slime_runs_it_unless_the_yaml_says_plan
         assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 16
     assert ls_slime.planner_for(args).planner.steps == 2
     ls_slime.reset()
+    fake.gets.clear()  # left to slime's router, nothing asks an engine for its pool
+    ls_slime.generate_rollout(slime_args(dynamic_sampling_filter_path="my.filter"), 0, source)
+    assert fake.gets == ["http://10.0.0.1:3000/workers"]
+    ls_slime.reset()
     fake.posts.clear()
     planned = slime_args(lengthsched_placement="groups", lengthsched_default_length=300,
                          dynamic_sampling_filter_path="my.filter", lengthsched_oversampled="plan")

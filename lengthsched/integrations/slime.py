@@ -468,6 +468,14 @@ def oversampled(args: Any) -> bool:
     return isinstance(over, int) and isinstance(batch, int) and over > batch
 
 
+def _oversampled_mode(args: Any) -> str:
+    """``lengthsched_oversampled`` (default ``router``), checked."""
+    mode = getattr(args, "lengthsched_oversampled", None) or "router"
+    if mode not in OVERSAMPLED_MODES:
+        raise InvalidArgument("lengthsched_oversampled", mode, "one of " + ", ".join(OVERSAMPLED_MODES))
+    return mode
+
+
 def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
     """The planner of this run, made on first use from ``args`` (slime's, with the
     ``lengthsched_*`` keys of its ``--custom-config-path`` YAML) and kept across rollouts, so its
@@ -478,7 +486,10 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
     if _PLANNER is None:
         over = oversampled(args)
         placement = getattr(args, "lengthsched_placement", None) or ("groups" if over else "ways")
-        pool = _pool_tokens(args, engines) if placement == "ways" or over else None  # over-sampled: the window's
+        # the engine is asked for its pool only where a plan needs it: 'ways', or the window of planned
+        # over-sampled rollouts (left to slime's router, they plan nothing)
+        asked = placement == "ways" or (over and _oversampled_mode(args) == "plan")
+        pool = _pool_tokens(args, engines if asked else ())
         if placement == "ways" and pool is None:
             log.warning("lengthsched: each engine's KV pool is unknown (set lengthsched_pool_tokens): "
                         "placing whole groups by predicted work instead of 'ways'")
@@ -527,10 +538,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if not engines:
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
-    mode = getattr(args, "lengthsched_oversampled", None) or "router"
-    if mode not in OVERSAMPLED_MODES:
-        raise InvalidArgument("lengthsched_oversampled", mode, "one of " + ", ".join(OVERSAMPLED_MODES))
-    if mode == "router" and oversampled(args):  # slime's own rollout; the predictor still learns from it
+    if _oversampled_mode(args) == "router" and oversampled(args):  # slime's own rollout; the predictor learns
         output = sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
         planner.observe(getattr(output, "samples", output))
         return output
