@@ -1388,6 +1388,95 @@ def slime_dynamic_sampling(quick: bool) -> tuple[str, dict]:
     return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
 
 
+# slime_difficulty: slime's dynamic sampling with DAPO's filter drawn from a model of prompt difficulty tied to length
+# (simulate.difficulty: hard prompts run long and fail together), against the filter drawn at random with the same
+# share, and the integration's lengthsched_filter_order (every batch likely-kept first by what the filter did with
+# each prompt one epoch earlier). Modes: (over-sampling batch / B, partial rollout); runs: (label, the integration's
+# plan options or None for slime's router, the filter's flags: "difficulty" or "random", the history that orders
+# the batches: None, "previous epoch", "empty" or "this epoch" (oracle)).
+DIFFICULTY_MODES = ((1.0, False), (1.0, True), (1.5, False), (1.5, True))
+DIFFICULTY_RUNS = (
+    ("slime: sglang + cache-aware router, DAPO's filter of the difficulty model", None, "difficulty", None),
+    ("slime, the filter drawn at random with the same share (the model before 2026-11-29)", None, "random", None),
+    ("slime + lengthsched_filter_order (history: one earlier epoch)", None, "difficulty", "previous epoch"),
+    ("slime + lengthsched_filter_order, first epoch (no history yet)", None, "difficulty", "empty"),
+    ("slime + the plan (lengthsched_oversampled: plan)", {"placement": "groups", "submit": "shortest"}, "difficulty",
+     None),
+    ("slime + the plan + lengthsched_filter_order (one earlier epoch)", {"placement": "groups", "submit": "shortest"},
+     "difficulty", "previous epoch"),
+    ("slime + filter order by this step's own outcomes (oracle)", None, "difficulty", "this epoch"),
+)
+
+
+def _difficulty_unit(args) -> dict:
+    """One setting and mode of slime_difficulty: per DIFFICULTY_RUNS row (kept tokens per second, kept length
+    ratio, the kept groups' mean pass rate, filtered share of the generated tokens)."""
+    from lengthsched.filtering import FilterHistory
+    from simulate.difficulty import filter_passes, pass_rates
+    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
+    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2
+    groups, realistic, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    size = len(groups[0].lengths)
+    rates = pass_rates(groups, seed=seed)
+    flags = {"difficulty": filter_passes(rates, size, seed=seed, epoch=1)}
+    flags["random"] = float(flags["difficulty"].mean())
+    earlier = {"previous epoch": filter_passes(rates, size, seed=seed, epoch=0), "this epoch": flags["difficulty"]}
+    shared = dict(batch=prompts, oversample=over, steps=DYNAMIC_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
+                  replicas, filter_seed=seed, refill=True, **common)
+    out = {}
+    for label, options, valid, known in DIFFICULTY_RUNS:
+        history = None
+        if known is not None:
+            history = FilterHistory()
+            if known in earlier:
+                history.observe_many([g.prompt_id for g in groups], earlier[known].tolist())
+        extra = {"router": "cache_aware"} if options is None else {
+            "run": partial(run_slime_planned_in_order, filter_history=history), "predicted": realistic, **options}
+        r = run_oversampled_steps(groups, "sglang", valid=flags[valid], filter_history=history, **shared, **extra)
+        kept = [g for step in r.steps for g in step.kept]
+        out[label] = [r.kept_tokens_per_second, r.kept_length_ratio, float(np.mean(rates[kept])) if kept else 0.0,
+                      r.filtered_share]
+    return out
+
+
+def slime_difficulty(quick: bool) -> tuple[str, dict]:
+    """slime's dynamic sampling under DAPO's filter drawn from the difficulty model (simulate.difficulty) rather
+    than at random, and the integration's filter order, on rollout_partial's grid (one draw, --seed)."""
+    grid, modes = PARTIAL_GRID, DIFFICULTY_MODES
+    if quick:
+        grid, modes = [("castillo", 16, 2, 4)], ((1.0, False),)
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
+    results = _pool_map(_difficulty_unit, units)
+    settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
+    rows = difficulty_rows(settings)
+    text = table(f"slime's dynamic sampling, DAPO's filter from the difficulty model ({_cost_label()}, seed "
+                 f"{ROLLOUT_SEED}, {DYNAMIC_STEPS} steps, rollout_partial's grid): kept tokens per modelled second x "
+                 "slime as it ships under the same filter", DIFFICULTY_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+
+
+DIFFICULTY_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "settings", "kept tokens/s x slime",
+                      "lowest", "highest", "slower by > 0.1%", "kept / drawn mean length",
+                      "kept groups' mean pass rate", "filtered share of generated"]
+
+
+def difficulty_rows(settings: list) -> list:
+    """slime_difficulty's rows from its settings ([workload, prompts, replicas, pool, [over, partial], {run:
+    [kept tokens/s, kept length ratio, mean pass rate, filtered share]}], several draws pooled)."""
+    base = DIFFICULTY_RUNS[0][0]
+    rows = []
+    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
+        mine = [x[5] for x in settings if tuple(x[4]) == mode]
+        for label, *_ in DIFFICULTY_RUNS:
+            ratio = np.array([out[label][0] / out[base][0] for out in mine])
+            rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), float(ratio.mean()),
+                         float(ratio.min()), float(ratio.max()), int(np.sum(ratio < 0.999))]
+                        + [float(np.mean([out[label][i] for out in mine])) for i in (1, 2, 3)])
+    return rows
+
+
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
                    "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
                    "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
@@ -2551,7 +2640,7 @@ def main(argv=None) -> int:
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
-                "slime_dynamic_sampling": slime_dynamic_sampling,
+                "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -27,8 +27,9 @@ group that fails it when it finishes; the step then ends at its ``batch``-th gro
 fall below ``batch``, so a step keeps ``batch`` groups while the stream lasts; without it a step submits its
 groups once and keeps fewer when too few pass (what a framework that does not refill mid-step gets).
 
-Not modelled: a filter that depends on length or difficulty, the learner's time between steps, and a policy
-whose lengths drift between steps (the stream's lengths are fixed).
+Which groups the filter drops is given (``valid``): at random, or drawn from a model of prompt difficulty tied
+to length (:mod:`simulate.difficulty`: hard prompts run long and fail together). Not modelled: the learner's
+time between steps, and a policy whose lengths and difficulty drift between steps (the stream's are fixed).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import as_lengths, check_int, check_positive_float
+from lengthsched.filtering import FilterHistory, order_by_pass
 
 from .rollout import Refill, RolloutResult, _Releases, run_rollout
 from .workloads import Group
@@ -190,7 +192,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                           prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
                           max_carry: int | None = None, carry_limit: str = "drop", refill: bool = False,
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
-                          **kwargs: Any) -> OversampledSteps:
+                          filter_history: FilterHistory | None = None, **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
@@ -230,7 +232,14 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
     ``kwargs`` go to it (``replicas``, ``budget_tokens``,
     ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
-    waits for every group it submitted (nothing carried). Returns :class:`OversampledSteps`."""
+    waits for every group it submitted (nothing carried). ``filter_history``: a
+    :class:`lengthsched.filtering.FilterHistory` (keyed by the groups' ``prompt_id``) that orders every batch a
+    step takes likely-kept first (each ``ceil(batch x oversample)`` candidates in turn, carried ones included, by
+    :func:`lengthsched.filtering.order_by_pass`; ties in the order given), as
+    :mod:`lengthsched.integrations.slime` orders the batches it hands slime with ``lengthsched_filter_order``,
+    and learns what the filter did with every group that finished before its step ended (kept or dropped),
+    as that integration's ``dynamic_sampling_filter`` records it; None: batches in stream order. Returns
+    :class:`OversampledSteps`."""
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     oversample = check_positive_float("oversample", oversample)
@@ -286,6 +295,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         take = take + list(range(fresh, fresh + need))
         first[fresh:fresh + need] = step
         fresh += need
+        drawn_in = take  # in the buffer's and the stream's order (what goes back is in it)
+        if filter_history is not None:
+            take = _pass_order(take, submit, filter_history, stream)
         old[take] = generated[take]
         left = None
         if predicted is not None:
@@ -307,11 +319,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                 finish = releases.seconds
             else:
                 finish = np.asarray(result.released_seconds, dtype=np.float64).copy()
-            k = int(np.isfinite(finish).sum())  # the candidates submitted: a prefix
-            if k < carried_in:
-                carried, fresh = take[k:carried_in], fresh - need
-            else:
-                fresh -= len(take) - k
+            k = int(np.isfinite(finish).sum())  # the candidates submitted: a prefix, whole batches
+            back = set(take[k:])  # ordered within batches, so these are drawn_in's last ones
+            carried = [g for g in drawn_in[:carried_in] if g in back]
+            fresh -= sum(g in back for g in drawn_in[carried_in:])
             take, finish = take[:k], finish[:k]
             keep = owners < k
             owners, samples = owners[keep], [x for x, y in zip(samples, keep) if y]
@@ -349,6 +360,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         decoded = int(generated[take].sum() - before)
         kept = [take[i] for i in kept_local]
         kept_groups += [lengths[g] for g in kept]
+        if filter_history is not None:  # what the filter said of every group that finished in the step
+            filter_history.observe_many([stream[g].prompt_id for g in kept + filtered],
+                                        [True] * len(kept) + [False] * len(filtered))
         kept_set = set(kept) | set(filtered)
         rest = [g for g in take if g not in kept_set]
         kept_tokens = int(lengths[kept].sum())
@@ -378,6 +392,16 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     return OversampledSteps(policy=policy, batch=batch, oversample=oversample, partial=partial, group_size=size,
                             steps=tuple(records), mean_length=float(drawn.mean()), carried=tuple(carried),
                             carried_tokens=int(generated[carried].sum()) if carried else 0, results=tuple(results))
+
+
+def _pass_order(take: list[int], size: int, history: FilterHistory, stream: Sequence[Any]) -> list[int]:
+    """``take`` with every batch of ``size`` candidates ordered likely-kept first (stable)."""
+    out = []
+    for start in range(0, len(take), size):
+        block = take[start:start + size]
+        p = history.pass_probability([stream[g].prompt_id for g in block])
+        out += [block[i] for i in order_by_pass(p)]
+    return out
 
 
 def _passes(valid: Any, count: int, seed: int) -> np.ndarray:

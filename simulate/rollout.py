@@ -811,7 +811,7 @@ class _ClientWindow:
 def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, budget_tokens: int,
                       max_new_tokens: int, in_flight: int | None, placement: str = "ways", submit: str = "auto",
                       window: float | None = None, steals: bool = True, refill: Refill | None = None,
-                      **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
+                      filter_history: Any = None, **kwargs: Any) -> tuple[RolloutResult, np.ndarray]:
     """slime with :mod:`lengthsched.integrations.slime` (its rollout and generate hooks), in the model:
     the integration's own planner (:class:`~lengthsched.integrations.slime.SlimePlanner`, ``placement``
     and ``submit`` as there, each replica's pool ``budget_tokens``) plans the step from ``predicted``
@@ -832,6 +832,10 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     planner's order, placed from what each engine still has in the client's queues and in flight (with the
     client window; without it, as a fresh batch, as the integration has no queues to read then). The groups
     then stay in the order given (the returned order is the identity).
+    ``filter_history``: a :class:`lengthsched.filtering.FilterHistory` (keyed by ``prompt_id``): the planner orders
+    every batch likely-kept first by it, its ``submit`` order breaking ties (the integration's
+    ``lengthsched_filter_order``; :func:`simulate.run_oversampled_steps` feeds it). Unplanned steps keep the order
+    given (``run_oversampled_steps`` orders the batches with the same history).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
     from types import SimpleNamespace
 
@@ -854,8 +858,11 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                                            if n > 0})
     samples = [[SimpleNamespace(prompt=k, tokens=[], metadata={}, index=i)
                 for _ in range(n)] for i, (k, g, n) in enumerate(zip(keys, groups, sizes))]
+    if filter_history is not None and pred is not None:  # the planner's keys are "index:prompt_id"
+        filter_history = _PromptHistory(filter_history, {k: g.prompt_id for k, g in zip(keys, groups)})
     planner = SlimePlanner(placement=placement, pool_tokens=budget_tokens if placement == "ways" else None,
-                           submit=submit, max_new_tokens=max_new_tokens, predictor=predictor)
+                           submit=submit, max_new_tokens=max_new_tokens, predictor=predictor,
+                           filter_order=filter_history is not None, history=filter_history)
     prompt_lens = [int(g.prompt_len) for g in groups]
     if not planner.planning:  # slime's router sends the step, as slime ships
         result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
@@ -879,6 +886,24 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
                          in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
     return result, order
+
+
+class _PromptHistory:
+    """A :class:`lengthsched.filtering.FilterHistory` asked by the planner's own keys (``names``: key ->
+    prompt id)."""
+
+    def __init__(self, history: Any, names: dict):
+        self.history, self.names = history, names
+
+    @property
+    def informed(self) -> bool:
+        return self.history.informed
+
+    def pass_probability(self, keys):
+        return self.history.pass_probability([self.names.get(k, k) for k in keys])
+
+    def observe(self, key, kept: bool) -> None:
+        self.history.observe(self.names.get(key, key), kept)
 
 
 def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwargs) -> tuple[RolloutResult, np.ndarray]:

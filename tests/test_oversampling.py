@@ -435,3 +435,72 @@ def test_slime_with_the_integration_plans_each_batch_when_slime_takes_it():
     starts = np.cumsum([0] + sizes[:-1])
     for u in range(chunks * 3):  # whole groups ("groups"), each on one engine
         assert len(set(run.placement[starts[u]:starts[u] + sizes[u]].tolist())) == 1
+
+
+def _ordered_spy(calls):
+    """A run for run_oversampled_steps that records the prompt ids of each step's groups, in submission order."""
+    def run(groups, policy, **kwargs):
+        calls.append([g.prompt_id for g in groups])
+        return run_rollout(groups, policy, **kwargs)
+    return run
+
+
+@settings(deadline=None, max_examples=25)
+@given(seed=st.integers(0, 10**6), batch=st.integers(1, 4), oversample=st.sampled_from([1.0, 1.5]),
+       partial=st.booleans(), refill=st.booleans())
+def test_a_filter_history_hands_each_batch_over_likely_kept_first_and_learns_what_the_filter_did(seed, batch,
+                                                                                                  oversample,
+                                                                                                  partial, refill):
+    """Every batch of ceil(batch x oversample) candidates likely-kept first (ties in stream order), the groups
+    never submitted back in the stream or buffer (nothing lost or kept twice), and the history told of every
+    group that finished in its step: kept, or dropped by the filter."""
+    from lengthsched.filtering import FilterHistory
+    from simulate.oversampling import submitted_per_step
+
+    stream = _stream(80, size=3, seed=seed, high=300)
+    fails = np.random.default_rng(seed).random(80) < 0.3
+    history = FilterHistory()
+    history.observe_many([g.prompt_id for g in stream], (~fails).tolist())  # one earlier epoch, the same outcomes
+    before = history.groups
+    calls = []
+    extra = dict(in_flight=8, router="cache_aware") if refill else dict(router="least_loaded")
+    out = run_oversampled_steps(stream, "sglang" if refill else "vllm", batch=batch, oversample=oversample, steps=3,
+                                partial=partial, valid=~fails, refill=refill, filter_history=history,
+                                run=_ordered_spy(calls), replicas=2, **extra, **COMMON)
+    size = submitted_per_step(batch, oversample)
+    index = {g.prompt_id: i for i, g in enumerate(stream)}
+    for ids in calls if not partial else []:  # without carried groups every candidate is one group of the run
+        for start in range(0, len(ids), size):
+            block = [fails[index[p]] for p in ids[start:start + size]]
+            assert block == sorted(block)  # the likely-kept (kept last epoch) first
+    kept = [g for s in out.steps for g in s.kept]
+    assert len(kept) == len(set(kept)) and not any(fails[g] for g in kept)
+    assert len(kept) == 3 * batch - out.shortfall
+    assert history.kept - (before - int(fails.sum())) == len(kept)  # every kept group told as kept
+    assert history.groups - history.kept - int(fails.sum()) >= sum(s.filtered_tokens > 0 for s in out.steps)
+
+
+def test_an_empty_filter_history_changes_nothing_where_every_prompt_is_new():
+    from lengthsched.filtering import FilterHistory
+
+    stream = _stream(60, seed=5, high=400)
+    fails = np.array([i % 4 == 0 for i in range(60)])
+    common = dict(batch=3, oversample=1.0, steps=4, valid=~fails, replicas=2, router="cache_aware", in_flight=12,
+                  partial=True, refill=True, **COMMON)
+    plain = run_oversampled_steps(stream, "sglang", **common)
+    history = FilterHistory()
+    ordered = run_oversampled_steps(stream, "sglang", filter_history=history, **common)
+    assert plain.steps == ordered.steps
+    assert history.groups == sum(len(s.kept) for s in plain.steps) + history.groups - history.kept
+    assert history.kept == sum(len(s.kept) for s in plain.steps) and history.groups > history.kept
+
+
+def test_each_batch_of_candidates_is_ordered_on_its_own():
+    from lengthsched.filtering import FilterHistory
+    from simulate.oversampling import _pass_order
+
+    stream = _stream(7)
+    history = FilterHistory(memory=None)
+    history.observe_many(["p0", "p1", "p2", "p5"], [False, True, False, True])
+    # batches of 3: [0, 1, 2] -> 1 first; [3, 4, 5] -> 5 (kept) before 3, 4 (unseen, the share); [6]
+    assert _pass_order(list(range(7)), 3, history, stream) == [1, 0, 2, 5, 3, 4, 6]

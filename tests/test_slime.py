@@ -725,3 +725,88 @@ def test_the_buffer_filter_is_pop_first_without_a_limit_and_drops_groups_carried
     for bad in (0, "2", 1.5):
         with pytest.raises(InvalidArgument, match="lengthsched_max_carry"):
             ls_slime.buffer_filter(SimpleNamespace(lengthsched_max_carry=bad), None, batch(["a"]), 1)
+
+
+# ------------------------------------------------------------------------ the dynamic-sampling filter's history
+def _install_filters(monkeypatch, calls):
+    """slime's filter hub (DAPO's check_reward_nonzero_std, answering a DynamicFilterOutput) and a user's legacy
+    filter answering a bool."""
+    hub = types.ModuleType("slime.rollout.filter_hub.dynamic_sampling_filters")
+
+    def check_reward_nonzero_std(args, samples, **kwargs):
+        calls.append(("slime", [s.prompt for s in samples], kwargs))
+        rewards = [s.reward for s in samples]
+        return SimpleNamespace(keep=bool(np.std(rewards) > 1e-6), reason=None)
+
+    hub.check_reward_nonzero_std = check_reward_nonzero_std
+    mine = types.ModuleType("my_filters")
+    mine.at_least_one = lambda args, samples, **kw: any(s.reward for s in samples)
+    for name, module in (("slime.rollout.filter_hub", types.ModuleType("slime.rollout.filter_hub")),
+                         ("slime.rollout.filter_hub.dynamic_sampling_filters", hub), ("my_filters", mine)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def _rewarded(prompt, rewards):
+    group = batch([prompt], g=len(rewards))[0]
+    for s, r in zip(group, rewards):
+        s.reward = r
+    return group
+
+
+def test_the_dynamic_sampling_filter_runs_the_named_filter_and_records_what_it_kept(monkeypatch):
+    calls = []
+    FakeSlime(ENGINES, {}).install(monkeypatch)
+    _install_filters(monkeypatch, calls)
+    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
+                      lengthsched_pool_tokens=5000)
+    out = ls_slime.dynamic_sampling_filter(args, _rewarded("easy", [1, 1, 1, 1]), extra=1)
+    assert out.keep is False and calls == [("slime", ["easy"] * 4, {"extra": 1})]  # slime's answer, unchanged
+    assert ls_slime.dynamic_sampling_filter(args, _rewarded("mixed", [1, 0, 1, 0])).keep is True
+    history = ls_slime.planner_for(args).history
+    assert (history.groups, history.kept) == (2, 1)
+    p = history.pass_probability(["easy", "mixed", "unseen"])
+    assert p[1] > p[2] > p[0]
+    ls_slime.reset()
+    mine = slime_args(lengthsched_dynamic_sampling_filter_path="my_filters.at_least_one",
+                      lengthsched_pool_tokens=5000)
+    assert ls_slime.dynamic_sampling_filter(mine, _rewarded("hard", [0, 0, 0, 0])) is False  # a legacy bool
+    assert ls_slime.planner_for(mine).history.pass_probability(["hard"])[0] < 0.5
+    ls_slime.reset()
+    for path in ("lengthsched.integrations.slime.dynamic_sampling_filter", "my_filters.nothing"):
+        with pytest.raises(InvalidArgument, match="lengthsched_dynamic_sampling_filter_path"):
+            ls_slime.dynamic_sampling_filter(slime_args(lengthsched_dynamic_sampling_filter_path=path),
+                                             _rewarded("x", [0, 1]))
+
+
+def test_the_planner_orders_a_batch_likely_kept_first_only_when_asked():
+    lengths = {"a": 100, "b": 900, "c": 400, "d": 700}
+    planner = SlimePlanner(placement="groups", predictor=OracleLengthPredictor(lengths), filter_order=True)
+    assert [g[0].prompt for g in planner.plan(batch(list(lengths)), replicas=2)] == ["b", "d", "c", "a"]  # no history
+    planner.history.observe_many(["b", "c"], [False, True])
+    assert [g[0].prompt for g in planner.plan(batch(list(lengths)), replicas=2)] == ["c", "d", "a", "b"]
+    off = SlimePlanner(placement="groups", predictor=OracleLengthPredictor(lengths), history=planner.history)
+    assert [g[0].prompt for g in off.plan(batch(list(lengths)), replicas=2)] == ["b", "d", "c", "a"]
+    unplanned = SlimePlanner(placement="groups", filter_order=True, history=planner.history)  # router mode
+    assert not unplanned.planning
+    assert [g[0].prompt for g in unplanned.plan(batch(list(lengths)), replicas=2)] == ["c", "a", "d", "b"]
+    with pytest.raises(InvalidArgument, match="history"):
+        SlimePlanner(placement="groups", history={"b": 0.1})
+
+
+def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kept_first(monkeypatch):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
+                      lengthsched_filter_order=True)
+    source = Source(list(lengths))
+    ls_slime.generate_rollout(args, 0, source)
+    assert [p for _, p in fake.posts[::4]] == ["p0", "p1", "p2", "p3"]  # nothing known: the data source's order
+    ls_slime.planner_for(args).history.observe_many(["p0", "p2", "p1"], [False, False, True])  # what the filter did
+    fake.posts.clear()
+    ls_slime.generate_rollout(args, 1, source)
+    assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 16  # still slime's router
+    assert [p for _, p in fake.posts[::4]] == ["p1", "p3", "p0", "p2"]
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_filter_order"):
+        ls_slime.planner_for(slime_args(lengthsched_filter_order="yes"))

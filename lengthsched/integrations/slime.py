@@ -119,6 +119,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
+from ..filtering import FilterHistory, order_by_pass
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -133,6 +134,8 @@ __all__ = [
     "PlannedDataSource",
     "SlimePlanner",
     "buffer_filter",
+    "DEFAULT_FILTER_PATH",
+    "dynamic_sampling_filter",
     "engine_address",
     "generate",
     "engine_pool_tokens",
@@ -195,11 +198,15 @@ class SlimePlanner:
     In the simulator, planning the first step on ``response_length / 2`` everywhere was up to 40% slower
     than slime (its client window counts the made-up tokens) and no planned rule was never slower
     (docs/benchmarks.md, "slime's first step without a trained predictor").
+    ``history``: what the dynamic-sampling filter did with each prompt's groups
+    (:class:`~lengthsched.filtering.FilterHistory`, fed by :func:`dynamic_sampling_filter`; a fresh one by
+    default); with ``filter_order`` every batch, planned or not, is returned likely-kept first
+    (:meth:`order_by_filter`), the order ``submit`` gives breaking ties.
     """
 
     def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
                  max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None,
-                 uninformed: str | None = None):
+                 uninformed: str | None = None, filter_order: bool = False, history: FilterHistory | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
         if submit not in SUBMIT_ORDERS:
@@ -211,7 +218,11 @@ class SlimePlanner:
         if placement == "ways" and pool_tokens is None:
             raise InvalidArgument("pool_tokens", None, "each engine's KV pool in tokens (placement 'ways' needs it; "
                                                        "or placement 'groups')")
+        if history is not None and not all(hasattr(history, a) for a in ("pass_probability", "informed", "observe")):
+            raise InvalidArgument("history", type(history).__name__, "a lengthsched.filtering.FilterHistory or None")
         self.placement, self.submit, self.uninformed = placement, submit, uninformed
+        self.filter_order = bool(filter_order)
+        self.history = FilterHistory() if history is None else history
         self.planner = RolloutPlanner(predictor, max_new_tokens=max_new_tokens, default_length=default_length,
                                       placement=placement, pool_tokens=pool_tokens, order="batch")
         self.last_plan: RolloutPlan | None = None
@@ -256,7 +267,7 @@ class SlimePlanner:
             log.info("lengthsched: the length predictor has seen no rollout yet: %d group(s) go through slime's "
                      "router unplanned (lengthsched_uninformed: plan, or lengthsched_default_length, plans them)",
                      len(index))
-            return groups
+            return self.order_by_filter(groups)
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
         left = self._resumed_left([groups[i] for i in index], prompts)
         if self.submit in ("longest", "shortest") or (self.submit == "auto" and replicas > 1):
@@ -285,7 +296,23 @@ class SlimePlanner:
                 sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work),
                                         NEED_KEY: int(work + prompt + done)})
         self.last_plan = plan
-        return live + [g for g in groups if not g]
+        return self.order_by_filter(live) + [g for g in groups if not g]
+
+    def order_by_filter(self, groups: list[list[Any]]) -> list[list[Any]]:
+        """``groups`` likely-kept first by :attr:`history` (:func:`~lengthsched.filtering.order_by_pass`: ties,
+        and every group while the history is empty, in the order given) where ``filter_order`` is on, else as
+        given. Groups of no samples go last."""
+        if not self.filter_order or not self.history.informed:
+            return groups
+        live = [g for g in groups if g]
+        order = order_by_pass(self.history.pass_probability([prompt_key(g[0].prompt) for g in live]))
+        return [live[i] for i in order] + [g for g in groups if not g]
+
+    def observe_filter(self, group: Sequence[Any], kept: bool) -> None:
+        """Record that the dynamic-sampling filter kept (or dropped) ``group`` (its samples' prompt is the key)."""
+        samples = _flat(group)
+        if samples:
+            self.history.observe(prompt_key(samples[0].prompt), bool(kept))
 
     def _resumed_left(self, groups: list[list[Any]], keys: list[str]) -> list[np.ndarray]:
         """Per group, per sample, what a resumed group's unfinished samples have left to generate: the
@@ -377,6 +404,57 @@ def buffer_filter(args: Any, rollout_id: Any, buffer: list, num_samples: int) ->
     return taken
 
 
+#: The filter :func:`dynamic_sampling_filter` runs where ``lengthsched_dynamic_sampling_filter_path`` names none:
+#: slime's DAPO filter (a group is kept when its rewards are not all equal).
+DEFAULT_FILTER_PATH = "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std"
+_FILTERS: dict[str, Any] = {}  # path -> the filter function loaded
+
+
+def _filter_kept(output: Any) -> bool:
+    """Whether a dynamic filter's answer keeps the group: a ``DynamicFilterOutput``'s ``keep``, or a legacy
+    bool (slime's ``call_dynamic_filter`` reads both)."""
+    keep = getattr(output, "keep", output)
+    return bool(keep.item() if hasattr(keep, "item") else keep)
+
+
+def dynamic_sampling_filter(args: Any, samples: list, **kwargs: Any) -> Any:
+    """slime's ``--dynamic-sampling-filter-path`` (``lengthsched.integrations.slime.dynamic_sampling_filter``): runs
+    the filter named by ``args.lengthsched_dynamic_sampling_filter_path`` (a key of the ``--custom-config-path``
+    YAML; default :data:`DEFAULT_FILTER_PATH`, slime's DAPO filter) on a finished group and returns its answer
+    unchanged, after recording in the planner's :class:`~lengthsched.filtering.FilterHistory` whether it kept
+    the group (by the group's prompt). slime calls its filter on every group that finishes, kept or not, so
+    the history sees the groups slime drops, which a rollout's output does not hold. With
+    ``lengthsched_filter_order: true`` the planner hands slime every batch likely-kept first
+    (:meth:`SlimePlanner.order_by_filter`)."""
+    path = str(getattr(args, "lengthsched_dynamic_sampling_filter_path", None) or DEFAULT_FILTER_PATH)
+    if path == f"{__name__}.dynamic_sampling_filter":
+        raise InvalidArgument("lengthsched_dynamic_sampling_filter_path", path,
+                              "the filter to run (e.g. slime's check_reward_nonzero_std), not this recorder itself")
+    if path not in _FILTERS:
+        function = load_object(path, "lengthsched_dynamic_sampling_filter_path", "'package.module.function'")
+        if not callable(function):
+            raise InvalidArgument("lengthsched_dynamic_sampling_filter_path", path,
+                                  "an importable 'package.module.function' (a callable)")
+        _FILTERS[path] = function
+    output = _FILTERS[path](args, samples, **kwargs)
+    planner_for(args).observe_filter(samples, _filter_kept(output))
+    return output
+
+
+class _OrderedSource:
+    """slime's data source with every batch ordered by the planner's filter history, nothing planned (an
+    over-sampled rollout left to slime's router with ``lengthsched_filter_order`` on)."""
+
+    def __init__(self, source: Any, planner: SlimePlanner):
+        self.source, self.planner = source, planner
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        return self.planner.order_by_filter(list(self.source.get_samples(num_samples)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
 class PlannedDataSource:
     """slime's data source with every batch of groups planned by ``planner`` on ``replicas`` engines
     (``get_samples``); everything else passes through to ``source``."""
@@ -411,6 +489,7 @@ def reset() -> None:
     _ENGINES.clear()
     _WAITING.clear()
     _USER_FUNCTIONS.clear()
+    _FILTERS.clear()
 
 
 def _positive_int(value: Any) -> int | None:
@@ -499,8 +578,19 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                                 submit=getattr(args, "lengthsched_submit", None) or ("shortest" if over else "auto"),
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
-                                uninformed=getattr(args, "lengthsched_uninformed", None) or None)
+                                uninformed=getattr(args, "lengthsched_uninformed", None) or None,
+                                filter_order=_flag(args, "lengthsched_filter_order", False))
     return _PLANNER
+
+
+def _flag(args: Any, name: str, default: bool) -> bool:
+    """A boolean key of the ``--custom-config-path`` YAML (true / false), checked."""
+    value = getattr(args, name, None)
+    if value is None:
+        return default
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgument(name, value, "true or false")
+    return bool(value)
 
 
 def _engines(args: Any) -> list[str]:
@@ -539,7 +629,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
     if _oversampled_mode(args) == "router" and oversampled(args):  # slime's own rollout; the predictor learns
-        output = sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
+        source = _OrderedSource(data_source, planner) if planner.filter_order else data_source
+        output = sglang_rollout.generate_rollout(args, rollout_id, source, evaluation=False)
         planner.observe(getattr(output, "samples", output))
         return output
     _ENGINES[:] = engines
