@@ -130,6 +130,15 @@ class SimulateOptions:
                                      "whenever the filter has dropped so many that too few could still pass, "
                                      "instead of keeping fewer (slime's generate_rollout_async); the other rows as "
                                      "without it")
+    difficulty: bool = _opt(False, "with --steps, DAPO's filter (a group whose rewards all agree is dropped) drawn "
+                                   "from a model of prompt difficulty tied to length instead of at random: each "
+                                   "prompt's chance of a right answer from a Beta law, the long prompts the hard "
+                                   "ones (simulate.difficulty, fitted to GSM8K's labelled solutions); not with "
+                                   "--valid-share")
+    filter_order: bool = _opt(False, "with --difficulty, every over-sampled row hands each batch to the engines "
+                                     "likely-kept first, by what the filter did with the same prompts one epoch "
+                                     "earlier (lengthsched.integrations.slime's lengthsched_filter_order); the "
+                                     "reference is not over-sampled and keeps its order")
     max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
                                            "engines keep generating while the learner trains, submitting groups "
                                            "while at most (K + version + 1) x --prompts were submitted (AReaL's "

@@ -373,6 +373,8 @@ ROLLOUT_ONLY = (
     ("carry_limit", "it limits how long a rollout step's groups are carried"),
     ("valid_share", "it filters the groups of rollout steps"),
     ("slime_refill", "it adds batches inside slime's over-sampled rollout steps"),
+    ("difficulty", "it filters the groups of rollout steps"),
+    ("filter_order", "it orders the batches of over-sampled rollout steps"),
     ("max_staleness", "it runs asynchronous RL on a rollout's replicas"),
     ("staleness_threshold", "it runs verl's asynchronous RL on a rollout's replicas"),
     ("local_steps", "it times the learner of verl's asynchronous RL"),

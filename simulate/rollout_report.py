@@ -18,12 +18,14 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
+from lengthsched.filtering import FilterHistory
 from lengthsched.integrations.rollout import CROWDED_POOLS
 from lengthsched.memory import ROLLOUT_DECODE_ROWS
 from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
+from .difficulty import DEFAULT_DIFFICULTY, filter_passes, pass_rates
 from .options import OPTION_DEFAULTS, ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
@@ -245,6 +247,12 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
             raise InvalidArgument("valid_share", share, "--steps N too (the filter drops groups of over-sampled steps)")
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share <= 1:
             raise InvalidArgument("valid_share", share, "a share of the finished groups in (0, 1], e.g. 0.7")
+    if opts.difficulty and (opts.steps is None or opts.valid_share is not None):
+        raise InvalidArgument("difficulty", True, "--steps N too, and no --valid-share (the filter is drawn from the "
+                                                  "difficulty model instead of at random)")
+    if opts.filter_order and not opts.difficulty:
+        raise InvalidArgument("filter_order", True, "--difficulty too (the order follows what its filter did with "
+                                                    "each prompt one epoch earlier)")
     kind, _, arg = str(opts.predictor).partition(":")
     if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
         raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
@@ -324,10 +332,13 @@ class RolloutStep:
             return False
         return router == PLAN_ROUTER or (policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS)
 
-    def run(self, policy: str, router: str | None, *, record: bool = False, refill: Any = None) -> RolloutResult:
+    def run(self, policy: str, router: str | None, *, record: bool = False, refill: Any = None,
+            filter_history: Any = None) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself; ``router``
         :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``); ``refill``:
-        slime's dynamic sampling inside the step (:class:`simulate.rollout.Refill`, a run through the cap)."""
+        slime's dynamic sampling inside the step (:class:`simulate.rollout.Refill`, a run through the cap);
+        ``filter_history``: the integration's planner orders each batch by it (:data:`PLAN_ROUTER` only; the other
+        rows get their batches ordered by ``run_oversampled_steps``)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
         if router == PLAN_ROUTER:
             if policy != "sglang":
@@ -338,7 +349,7 @@ class RolloutStep:
                                               in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
                                               cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk,
                                               record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload,
-                                              refill=refill)
+                                              refill=refill, filter_history=filter_history)
         capped = self.capped(policy, router)
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
@@ -378,9 +389,30 @@ def submitted_groups(opts: SimulateOptions) -> int:
     the stream the steps draw from (each step submits ``ceil(prompts x oversample)``, carried groups
     included, so the stream holds enough for every step)."""
     if opts.steps is not None:  # with --slime-refill, room for the batches added while the filter drops groups
-        more = 1 + math.ceil(1 / (opts.valid_share or 1.0)) if opts.slime_refill else 1
+        more = 1 + math.ceil(1 / _filter_share(opts)) if opts.slime_refill else 1
         return opts.steps * submitted_per_step(opts.prompts, opts.oversample) * more
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
+
+
+def _filter_share(opts: SimulateOptions) -> float:
+    """The share of the groups the filter is expected to keep: --valid-share's, the difficulty model's at the
+    group size (16 where the workload decides it), or 1 without a filter."""
+    if opts.difficulty:
+        return DEFAULT_DIFFICULTY.pass_share(opts.group_size or 16)
+    return opts.valid_share or 1.0
+
+
+def _filter(step: RolloutStep) -> tuple[Any, np.ndarray | None]:
+    """The filter of ``--steps`` (``run_oversampled_steps``' ``valid``) and, with --filter-order, what it did with
+    every prompt one epoch earlier (None without): from the difficulty model (seed --seed) with --difficulty,
+    else --valid-share's share."""
+    o = step.opts
+    if not o.difficulty:
+        return o.valid_share, None
+    size = len(step.groups[0].lengths)
+    rates = pass_rates(step.groups, seed=o.seed)
+    earlier = filter_passes(rates, size, seed=o.seed, epoch=0) if o.filter_order else None
+    return filter_passes(rates, size, seed=o.seed, epoch=1), earlier
 
 
 def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
@@ -459,15 +491,23 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
     """``--steps``: every run over the same stream of over-sampled steps (:func:`simulate.run_oversampled_steps`),
     and vLLM FCFS + verl's routing without over-sampling (every submitted group kept) as the reference."""
     o = step.opts
+    valid, earlier = _filter(step)
 
     def one(policy, router, oversample, reference=False):
+        history = None
+        if earlier is not None and not reference:  # what the filter did with each prompt one epoch earlier
+            history = FilterHistory()
+            history.observe_many([g.prompt_id for g in step.groups], earlier.tolist())
+
         def run(parts, name, *, predicted, record, refill=None, **_):
             return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record,
-                                                                                    refill=refill)
+                                                                                    refill=refill,
+                                                                                    filter_history=history)
 
         return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
                                      partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
-                                     valid=o.valid_share, filter_seed=o.seed, max_new_tokens=o.max_new_tokens,
+                                     valid=valid, filter_history=history, filter_seed=o.seed,
+                                     max_new_tokens=o.max_new_tokens,
                                      max_carry=o.max_carry, carry_limit=o.carry_limit or "drop",
                                      refill=bool(o.slime_refill) and not reference and step.capped(policy, router))
 
@@ -494,6 +534,12 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                   + ("is waited for and kept" if o.carry_limit == "wait" else "is dropped instead of carried again"))
                + ("" if o.valid_share is None else f"; a dynamic-sampling filter keeps {o.valid_share:g} of the "
                                                     "finished groups, at random, in every row")
+               + ("" if not o.difficulty else
+                  f"; DAPO's filter drops the groups whose rewards all agree, each prompt's chance of a reward drawn "
+                  f"from the difficulty model (the long prompts the hard ones; it keeps "
+                  f"{float(np.mean(valid)):.3f} of this stream's groups), in every row")
+               + ("; the over-sampled rows hand each batch over likely-kept first, by what the filter did with the "
+                  "same prompts one epoch earlier" if o.filter_order else "")
                + ("; the rows through the in-flight cap submit another batch inside a step whenever too few "
                   "could still pass (slime's dynamic sampling)" if o.slime_refill else "")
                + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
@@ -693,7 +739,7 @@ STEPS_COLUMNS = {
     "age": "the kept tokens' mean age in steps (policy updates between the step that generated a token and the "
            "one that kept it)",
     "waited": "the most steps a kept group waited between its first submission and the step that kept it",
-    "filtered": "with --valid-share: the share of the generated tokens in groups the filter dropped",
+    "filtered": "with --valid-share or --difficulty: the share of the generated tokens in groups the filter dropped",
 }
 
 
@@ -749,7 +795,7 @@ def _steps_headline(comparison: RolloutComparison) -> str:
 
 def _format_steps(comparison: RolloutComparison) -> str:
     reference, rows = _steps_rows(comparison)
-    filtered = comparison.options.get("valid_share") is not None
+    filtered = comparison.options.get("valid_share") is not None or bool(comparison.options.get("difficulty"))
     head = ["run"] + [c for c in STEPS_COLUMNS if filtered or c != "filtered"]
     table = [head]
     ref = reference.steps.kept_tokens_per_second if reference is not None else None

@@ -504,3 +504,36 @@ def test_each_batch_of_candidates_is_ordered_on_its_own():
     history.observe_many(["p0", "p1", "p2", "p5"], [False, True, False, True])
     # batches of 3: [0, 1, 2] -> 1 first; [3, 4, 5] -> 5 (kept) before 3, 4 (unseen, the share); [6]
     assert _pass_order(list(range(7)), 3, history, stream) == [1, 0, 2, 5, 3, 4, 6]
+
+
+def test_slime_with_the_integration_orders_each_batch_by_the_filter_history():
+    """run_slime_planned(filter_history=): the planner hands each batch over likely-kept first (its own keys mapped
+    back to the prompt ids the history knows), its submit order breaking ties."""
+    import lengthsched.integrations.slime as ls_slime
+    from lengthsched.filtering import FilterHistory
+    from simulate import run_slime_planned
+    from simulate.rollout import Refill
+
+    stream = _stream(12, seed=9, high=300)
+    pred = np.concatenate([np.full(len(g.lengths), int(np.median(g.lengths))) for g in stream])
+    history = FilterHistory()
+    history.observe_many([g.prompt_id for g in stream], [i % 2 == 1 for i in range(12)])  # the odd ones kept
+    seen = []
+    real = ls_slime.SlimePlanner.plan
+
+    def spy(self, groups, replicas, prompt_lens=None, loads=None):
+        out = real(self, groups, replicas, prompt_lens=prompt_lens, loads=loads)
+        seen.append([g[0].index for g in out if g])
+        return out
+
+    ls_slime.SlimePlanner.plan = spy
+    try:
+        run_slime_planned(stream, pred, placement="groups", submit="batch", replicas=2, budget_tokens=1500,
+                          max_new_tokens=512, in_flight=20, refill=Refill(6, 6, (True,) * 12),
+                          filter_history=history)
+        run_slime_planned(stream, pred, placement="groups", submit="batch", replicas=2, budget_tokens=1500,
+                          max_new_tokens=512, in_flight=20, filter_history=history)
+    finally:
+        ls_slime.SlimePlanner.plan = real
+    assert seen[0] == [1, 3, 5, 0, 2, 4]  # the first batch of 6: the kept ones first, each part in batch order
+    assert seen[-1] == [1, 3, 5, 7, 9, 11, 0, 2, 4, 6, 8, 10]  # one batch of all twelve

@@ -95,7 +95,8 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     ("--steps", "3"), ("--partial-rollout", None), ("--max-carry", "1"), ("--carry-limit", "drop"),
     ("--valid-share", "0.7"), ("--max-staleness", "1"), ("--train-seconds", "2"), ("--update-seconds", "2"),
     ("--max-concurrent", "4"), ("--oversample", "1.5"), ("--in-flight", "8"), ("--draws", "2"),
-    ("--staleness-threshold", "0.1"), ("--local-steps", "2"), ("--slime-refill", None),
+    ("--staleness-threshold", "0.1"), ("--local-steps", "2"), ("--slime-refill", None), ("--difficulty", None),
+    ("--filter-order", None),
 ])
 def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, capsys):
     """simulate.report.ROLLOUT_ONLY: a flag only a rollout step uses, given without --prompts or --replicas,
@@ -610,6 +611,31 @@ def test_slime_refill_adds_batches_inside_the_steps_sent_through_the_cap(capsys)
     assert main(args[:-2] + ["--slime-refill"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'slime_refill'" in err and "--in-flight" in err
+
+
+def test_difficulty_draws_the_filter_from_the_model_and_filter_order_orders_the_batches(capsys):
+    """--difficulty (with --steps): DAPO's filter drawn from the difficulty model in every row (the setting says
+    the share it keeps); --filter-order orders the over-sampled rows' batches by one earlier epoch, not the
+    reference's; either without what it needs is one line."""
+    args = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
+            "--oversample", "1.5", "--steps", "3", "--in-flight", "16", "--slime-refill", "--difficulty"]
+    assert main(args + ["--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "drawn from the difficulty model" in plain["setting"] and "likely-kept first" not in plain["setting"]
+    assert all(r["filtered_share"] > 0 for r in plain["rows"])
+    assert main(args + ["--filter-order", "--json"]) == 0
+    ordered = json.loads(capsys.readouterr().out)
+    assert "likely-kept first" in ordered["setting"]
+    assert ordered["rows"][0] == plain["rows"][0]  # the reference is not over-sampled: nothing to order
+    assert main(args) == 0
+    assert "  filtered: " in capsys.readouterr().out
+    for bad, name in ((args + ["--valid-share", "0.5"], "'difficulty'"),
+                      ([a for a in args if a != "--difficulty"] + ["--filter-order"], "'filter_order'"),
+                      (args[:-8] + ["--difficulty"], "'difficulty'")):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and name in err
 
 
 def test_max_carry_bounds_the_kept_tokens_age(capsys):

@@ -797,8 +797,7 @@ def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kep
     lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
     fake = FakeSlime(ENGINES, lengths)
     fake.install(monkeypatch)
-    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
-                      lengthsched_filter_order=True)
+    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter")
     source = Source(list(lengths))
     ls_slime.generate_rollout(args, 0, source)
     assert [p for _, p in fake.posts[::4]] == ["p0", "p1", "p2", "p3"]  # nothing known: the data source's order
@@ -807,6 +806,15 @@ def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kep
     ls_slime.generate_rollout(args, 1, source)
     assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 16  # still slime's router
     assert [p for _, p in fake.posts[::4]] == ["p1", "p3", "p0", "p2"]
+    ls_slime.reset()
+    off = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
+                     lengthsched_filter_order=False)  # records only
+    ls_slime.planner_for(off).history.observe_many(["p0", "p2", "p1"], [False, False, True])
+    fake.posts.clear()
+    ls_slime.generate_rollout(off, 0, source)
+    assert [p for _, p in fake.posts[::4]] == ["p0", "p1", "p2", "p3"]
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args()).filter_order  # the default, acting once the history knows something
     ls_slime.reset()
     with pytest.raises(InvalidArgument, match="lengthsched_filter_order"):
         ls_slime.planner_for(slime_args(lengthsched_filter_order="yes"))
