@@ -15,10 +15,13 @@ Main entry points:
 - :mod:`lengthsched.predictor` -- the length-predictor protocol and oracles.
 - :class:`OnlineLengthPredictor` -- lengths from the prompt's finished and running siblings and its
   earlier rollout steps (:mod:`lengthsched.online`).
+- :class:`FilterHistory` -- what a dynamic-sampling filter did with each prompt's groups, and the order
+  that hands the likely-kept first (:mod:`lengthsched.filtering`).
 """
 
 from . import packing, partition, refill
 from .errors import BudgetTooSmall, ConfigError, InvalidArgument, LengthschedError
+from .filtering import FilterHistory, order_by_pass
 from .learner import LearnerCost, LearnerShapes, learner_cost, learner_micro_batches, learner_tokens
 from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, parse_bytes
 from .online import OnlineLengthPredictor
@@ -42,6 +45,7 @@ __all__ = [
     "BudgetTooSmall",
     "ConfigError",
     "ConstantLengthPredictor",
+    "FilterHistory",
     "FreeKV",
     "GroupScheduler",
     "InvalidArgument",
@@ -66,6 +70,7 @@ __all__ = [
     "execute",
     "held_bytes",
     "make_refill_queue",
+    "order_by_pass",
     "pack_micro_groups",
     "packing",
     "parse_bytes",

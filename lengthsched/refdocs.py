@@ -88,9 +88,10 @@ needs the `simulate` extra to report; `predictor_training` and `sampler` need Py
 # Modules whose public names (``__all__``) make up the API page, in reading order.
 API_MODULES = (
     "lengthsched", "lengthsched.partition", "lengthsched.packing", "lengthsched.placement", "lengthsched.refill",
-    "lengthsched.learner",
+    "lengthsched.learner", "lengthsched.filtering",
     "lengthsched.sgpo", "lengthsched.integrations", "lengthsched.runtime", "lengthsched.cost",
     "simulate", "simulate.workloads", "simulate.fast", "simulate.compiled", "simulate.epoch",
+    "simulate.difficulty",
     "predictor_training", "predictor_training.evaluate", "predictor_training.online_eval",
     "sampler", "sampler.prefix_grouper", "sampler.correction", "sampler.trl",
 )

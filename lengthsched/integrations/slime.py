@@ -45,14 +45,15 @@ This module supplies, for those two hooks:
   resumed sample (its ``tokens`` the prompt plus a partial response of ``response_length`` tokens) is
   planned by what it has left to generate, and its partial response counts in its engine's window.
 - :func:`dynamic_sampling_filter` (``--dynamic-sampling-filter-path
-  lengthsched.integrations.slime.dynamic_sampling_filter``): runs your filter (``lengthsched_dynamic_sampling_filter_path``,
-  default slime's DAPO filter ``check_reward_nonzero_std``) and records, per prompt, whether it kept each
-  group (:class:`~lengthsched.filtering.FilterHistory`); from the next epoch on every batch is handed to slime
-  likely-kept first (``lengthsched_filter_order``), planned or left to slime's router. A prompt whose groups
-  the filter dropped (all right or all wrong) tends to be dropped again, and hard prompts run long: in the
-  simulator, with DAPO's filter drawn from a model of difficulty tied to length fitted to GSM8K's labelled
-  solutions, the order gave slime 0.7-12% more kept tokens per second on average (docs/benchmarks.md, "DAPO's
-  filter tied to difficulty"); the first epoch, with no history yet, is slime's own.
+  lengthsched.integrations.slime.dynamic_sampling_filter``): runs your filter
+  (``lengthsched_dynamic_sampling_filter_path``, default slime's DAPO filter ``check_reward_nonzero_std``) and
+  records, per prompt, whether it kept each group (:class:`~lengthsched.filtering.FilterHistory`); from the
+  next epoch on every batch is handed to slime likely-kept first (``lengthsched_filter_order``), planned or
+  left to slime's router. A prompt whose groups the filter dropped (all right or all wrong) tends to be
+  dropped again, and hard prompts run long: in the simulator, with DAPO's filter drawn from a model of
+  difficulty tied to length fitted to GSM8K's labelled solutions, the order gave slime 0.6-12% more kept
+  tokens per second on average (docs/benchmarks.md, "DAPO's filter tied to difficulty"); the first epoch,
+  with no history yet, is slime's own.
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
   neither slime, torch nor an HTTP client; slime is imported when a hook runs).
 
