@@ -848,6 +848,35 @@ def test_slime_dynamic_sampling_quick(tmp_path):
     assert first[0][5] == 1.0 and first[1][5] == pytest.approx(out[labels[1]][0] / out[labels[0]][0])
 
 
+def test_slime_difficulty_quick(tmp_path):
+    """slime_difficulty (quick): one row per run of DIFFICULTY_RUNS; the reference is slime under the difficulty
+    model's filter as run_oversampled_steps gives it; an empty history changes nothing (the first epoch);
+    combine_draws.py pools two copies of a draw into the same rows."""
+    data = _quick_section(tmp_path, "slime_difficulty")
+    import bench_simulate as bench
+    from combine_draws import combine
+
+    from simulate.difficulty import filter_passes, pass_rates
+    from simulate.oversampling import run_oversampled_steps
+
+    labels = [label for label, *_ in bench.DIFFICULTY_RUNS]
+    assert [row[2] for row in data["rows"]] == labels
+    w, b, r, f, (over, carry), out = data["settings"][0]
+    need = bench.DYNAMIC_STEPS * int(np.ceil(b * over - 1e-9)) * 2
+    groups, _, _, _, common = bench._rollout_setting(w, need, r, f, bench.ROLLOUT_SEED, None)
+    flags = filter_passes(pass_rates(groups, seed=bench.ROLLOUT_SEED), len(groups[0].lengths),
+                          seed=bench.ROLLOUT_SEED, epoch=1)
+    slime = run_oversampled_steps(groups, "sglang", batch=b, oversample=over, steps=bench.DYNAMIC_STEPS,
+                                  partial=carry, in_flight=bench.SLIME_CONCURRENCY * r, valid=flags, refill=True,
+                                  router="cache_aware", **common)
+    assert out[labels[0]][0] == pytest.approx(slime.kept_tokens_per_second)
+    assert out[labels[3]] == out[labels[0]]  # no history yet: slime's own order
+    assert data["rows"][0][4] == 1.0 and data["rows"][2][4] == pytest.approx(out[labels[2]][0] / out[labels[0]][0])
+    path = tmp_path / "slime_difficulty.json"
+    assert combine("slime_difficulty", [str(path), str(path)]) == [
+        row[:3] + [row[3] * 2] + row[4:7] + [row[7] * 2] + row[8:] for row in data["rows"]]
+
+
 def test_slime_cold_start_quick(tmp_path):
     """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
     makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships
