@@ -1,10 +1,10 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
-``--sections async_verl``, ``--sections async_verl_driver`` and ``--sections slime_difficulty`` each run one draw (``--seed``); this reads their
-JSON results and prints the section's table over all the draws' settings pooled: means over every setting of
-every draw (each draw has the same settings, so the mean of the draws' means), the lowest and worst over all of
-them, and the slower ones counted over all of them.
+``--sections async_verl``, ``--sections async_verl_driver`` and ``--sections slime_difficulty`` each run one
+draw (``--seed``); this reads their JSON results and prints the section's table over all the draws' settings
+pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
+means), the lowest and worst over all of them, and the slower ones counted over all of them.
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
         benchmarks/results/simulate_rollout_staleness_seed12.json ...
