@@ -51,7 +51,7 @@ This module supplies, for those two hooks:
   next epoch on every batch is handed to slime likely-kept first (``lengthsched_filter_order``), planned or
   left to slime's router. A prompt whose groups the filter dropped (all right or all wrong) tends to be
   dropped again, and hard prompts run long: in the simulator, with DAPO's filter drawn from a model of
-  difficulty tied to length fitted to GSM8K's labelled solutions, the order gave slime 0.6-12% more kept
+  difficulty tied to length fitted to GSM8K's labelled solutions, the order gave slime 0.8-12% more kept
   tokens per second on average (docs/benchmarks.md, "DAPO's filter tied to difficulty"); the first epoch,
   with no history yet, is slime's own.
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
