@@ -818,3 +818,33 @@ def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kep
     ls_slime.reset()
     with pytest.raises(InvalidArgument, match="lengthsched_filter_order"):
         ls_slime.planner_for(slime_args(lengthsched_filter_order="yes"))
+
+
+def test_the_filters_history_is_saved_after_every_rollout_and_read_back_by_a_resumed_run(monkeypatch, tmp_path):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    _install_filters(monkeypatch, [])
+    path = tmp_path / "history.json"
+    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
+                      lengthsched_filter_history_path=str(path))
+    source = Source(list(lengths))
+    ls_slime.generate_rollout(args, 0, source)
+    for prompt, rewards in (("p0", [1, 1, 1, 1]), ("p1", [0, 1, 0, 1]), ("p2", [0, 0, 0, 0])):
+        ls_slime.dynamic_sampling_filter(args, _rewarded(prompt, rewards))
+    ls_slime.generate_rollout(args, 1, source)
+    assert path.exists()
+    before = ls_slime.planner_for(args).history.pass_probability(["p0", "p1", "p2", "p3"])
+    ls_slime.reset()  # a run resumed from its checkpoint: a new process, a new planner
+    fake.posts.clear()
+    ls_slime.generate_rollout(args, 2, source)
+    assert ls_slime.planner_for(args).history.pass_probability(["p0", "p1", "p2", "p3"]).tolist() == pytest.approx(
+        before.tolist())
+    assert [p for _, p in fake.posts[::4]] == ["p1", "p3", "p0", "p2"]  # ordered from the first rollout on
+    ls_slime.reset()
+    path.write_text("{not json")
+    with pytest.raises(InvalidArgument, match="lengthsched_filter_history_path"):
+        ls_slime.planner_for(args)
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_filter_history_path"):
+        ls_slime.planner_for(slime_args(lengthsched_filter_history_path=3))

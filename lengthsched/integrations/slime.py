@@ -97,6 +97,8 @@ little, and too unsafe, to be the default.
 - ``lengthsched_dynamic_sampling_filter_path``: the filter :func:`dynamic_sampling_filter` runs (default
   :data:`DEFAULT_FILTER_PATH`, slime's ``check_reward_nonzero_std``). ``lengthsched_filter_order``: true (the
   default) hands every batch over likely-kept first once the history knows something; false only records.
+  ``lengthsched_filter_history_path``: a JSON file the history is read from when the planner is made and
+  written to (atomically) after every training rollout, so a run resumed from a checkpoint keeps it.
 - ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
   lengthsched.integrations.slime.buffer_filter``, the most rollouts a group may be carried in slime's
   buffer; one carried more is thrown away (:func:`buffer_filter`; default: no limit).
@@ -124,7 +126,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import json
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -133,6 +137,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from ..filtering import FilterHistory, order_by_pass
+from ..io import atomic_write_text
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -592,8 +597,38 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None,
-                                filter_order=_flag(args, "lengthsched_filter_order", True))
+                                filter_order=_flag(args, "lengthsched_filter_order", True),
+                                history=_load_history(args))
     return _PLANNER
+
+
+def _history_path(args: Any) -> str | None:
+    path = getattr(args, "lengthsched_filter_history_path", None)
+    if path is not None and (not isinstance(path, str) or not path):
+        raise InvalidArgument("lengthsched_filter_history_path", path, "a file path (the filter's history, JSON)")
+    return path
+
+
+def _load_history(args: Any) -> FilterHistory | None:
+    """The filter history saved at ``lengthsched_filter_history_path`` (a run resumed from a checkpoint keeps
+    what the filter did with each prompt), or None (a fresh one) where the key is unset or the file is not there
+    yet."""
+    path = _history_path(args)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return FilterHistory.from_dict(json.load(handle))
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument("lengthsched_filter_history_path", path,
+                              f"a JSON file written by lengthsched's slime integration ({exc})") from exc
+
+
+def _save_history(args: Any, planner: SlimePlanner) -> None:
+    """Write the planner's filter history to ``lengthsched_filter_history_path`` (atomically), where set."""
+    path = _history_path(args)
+    if path is not None and hasattr(planner.history, "to_dict"):
+        atomic_write_text(path, json.dumps(planner.history.to_dict()) + "\n")
 
 
 def _flag(args: Any, name: str, default: bool) -> bool:
@@ -645,6 +680,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         source = _OrderedSource(data_source, planner) if planner.filter_order else data_source
         output = sglang_rollout.generate_rollout(args, rollout_id, source, evaluation=False)
         planner.observe(getattr(output, "samples", output))
+        _save_history(args, planner)
         return output
     _ENGINES[:] = engines
     global _QUEUES
@@ -658,6 +694,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         _WAITING.clear()
     samples = getattr(output, "samples", output)
     planner.observe(samples)
+    _save_history(args, planner)
     return output
 
 
