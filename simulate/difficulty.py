@@ -37,7 +37,7 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
-__all__ = ["DIFFICULTY_FILE", "DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded",
+__all__ = ["DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded",
            "filter_passes"]
 
 DIFFICULTY_FILE = Path(__file__).with_name("data") / "gsm8k_gpt3_solutions.csv.gz"
