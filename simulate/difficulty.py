@@ -101,9 +101,9 @@ def _read(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return data[:, words], data[:, correct]
 
 
-def fit_difficulty(path: str | Path = DIFFICULTY_FILE, *, draws: int = 200_000, seed: int = 0) -> Difficulty:
+def fit_difficulty(path: str | Path | None = None, *, draws: int = 200_000, seed: int = 0) -> Difficulty:
     """Fit a :class:`Difficulty` to labelled solutions (``path``: a CSV with ``<solver>_words`` and
-    ``<solver>_correct`` columns, one row per question; default the bundled GSM8K file): the Beta law by
+    ``<solver>_correct`` columns, one row per question; None: the bundled GSM8K file): the Beta law by
     maximum likelihood on the number of correct solutions per question (beta-binomial), the copula's
     correlation by bisection so that ``draws`` simulated questions (seed ``seed``; their solutions' log
     lengths as noisy as the data's within a question) give the data's Spearman correlation between that
@@ -111,7 +111,7 @@ def fit_difficulty(path: str | Path = DIFFICULTY_FILE, *, draws: int = 200_000, 
     from scipy import optimize, stats
 
     draws = check_int("draws", draws, minimum=1000)
-    words, correct = _read(path)
+    words, correct = _read(DIFFICULTY_FILE if path is None else path)
     n = correct.shape[1]
     k = correct.sum(axis=1).astype(np.int64)
     fit = optimize.minimize(lambda t: -stats.betabinom.logpmf(k, n, np.exp(t[0]), np.exp(t[1])).sum(), [0.0, 0.0],
