@@ -250,6 +250,10 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if opts.difficulty and (opts.steps is None or opts.valid_share is not None):
         raise InvalidArgument("difficulty", True, "--steps N too, and no --valid-share (the filter is drawn from the "
                                                   "difficulty model instead of at random)")
+    if opts.difficulty and opts.group_size is not None and opts.group_size < 2:
+        raise InvalidArgument("group_size", opts.group_size, "at least 2 with --difficulty (DAPO's filter drops "
+                                                             "a group whose rewards all agree: one completion "
+                                                             "always does)")
     if opts.filter_order and not opts.difficulty:
         raise InvalidArgument("filter_order", True, "--difficulty too (the order follows what its filter did with "
                                                     "each prompt one epoch earlier)")
@@ -410,6 +414,9 @@ def _filter(step: RolloutStep) -> tuple[Any, np.ndarray | None]:
     if not o.difficulty:
         return o.valid_share, None
     size = len(step.groups[0].lengths)
+    if size < 2:
+        raise InvalidArgument("group_size", size, "at least 2 with --difficulty (DAPO's filter drops a group whose "
+                                                  "rewards all agree: one completion always does)")
     rates = pass_rates(step.groups, seed=o.seed)
     earlier = filter_passes(rates, size, seed=o.seed, epoch=0) if o.filter_order else None
     return filter_passes(rates, size, seed=o.seed, epoch=1), earlier

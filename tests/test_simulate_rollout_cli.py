@@ -632,7 +632,8 @@ def test_difficulty_draws_the_filter_from_the_model_and_filter_order_orders_the_
     assert "  filtered: " in capsys.readouterr().out
     for bad, name in ((args + ["--valid-share", "0.5"], "'difficulty'"),
                       ([a for a in args if a != "--difficulty"] + ["--filter-order"], "'filter_order'"),
-                      (args[:-8] + ["--difficulty"], "'difficulty'")):
+                      (args[:-8] + ["--difficulty"], "'difficulty'"),
+                      ([a if a != "4" else "1" for a in args], "'group_size'")):
         assert main(bad) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and name in err
