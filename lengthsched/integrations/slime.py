@@ -449,11 +449,7 @@ def dynamic_sampling_filter(args: Any, samples: list, **kwargs: Any) -> Any:
         raise InvalidArgument("lengthsched_dynamic_sampling_filter_path", path,
                               "the filter to run (e.g. slime's check_reward_nonzero_std), not this recorder itself")
     if path not in _FILTERS:
-        function = load_object(path, "lengthsched_dynamic_sampling_filter_path", "'package.module.function'")
-        if not callable(function):
-            raise InvalidArgument("lengthsched_dynamic_sampling_filter_path", path,
-                                  "an importable 'package.module.function' (a callable)")
-        _FILTERS[path] = function
+        _FILTERS[path] = _load_function(path, "lengthsched_dynamic_sampling_filter_path")
     output = _FILTERS[path](args, samples, **kwargs)
     planner_for(args).observe_filter(samples, _filter_kept(output))
     return output
@@ -760,12 +756,18 @@ def _user_generate(args: Any) -> tuple[Any, bool] | None:
     if not path:
         return None
     if path not in _USER_FUNCTIONS:
-        function = load_object(str(path), "lengthsched_generate_function_path", "'package.module.function'")
-        if not callable(function):
-            raise InvalidArgument("lengthsched_generate_function_path", path,
-                                  "an importable 'package.module.function' (a callable)")
+        function = _load_function(str(path), "lengthsched_generate_function_path")
         _USER_FUNCTIONS[path] = (function, "evaluation" in inspect.signature(function).parameters)
     return _USER_FUNCTIONS[path]
+
+
+def _load_function(path: str, argument: str) -> Any:
+    """The function ``path`` (``package.module.function``) names, for the YAML key ``argument``: an error naming
+    it where the path does not import or names something that cannot be called."""
+    function = load_object(path, argument, "'package.module.function'")
+    if not callable(function):
+        raise InvalidArgument(argument, path, "an importable 'package.module.function' (a callable)")
+    return function
 
 
 async def _generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool) -> Any:
