@@ -250,10 +250,8 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if opts.difficulty and (opts.steps is None or opts.valid_share is not None):
         raise InvalidArgument("difficulty", True, "--steps N too, and no --valid-share (the filter is drawn from the "
                                                   "difficulty model instead of at random)")
-    if opts.difficulty and opts.group_size is not None and opts.group_size < 2:
-        raise InvalidArgument("group_size", opts.group_size, "at least 2 with --difficulty (DAPO's filter drops "
-                                                             "a group whose rewards all agree: one completion "
-                                                             "always does)")
+    if opts.difficulty and opts.group_size is not None:
+        _check_filter_group(opts.group_size)
     if opts.filter_order and not opts.difficulty:
         raise InvalidArgument("filter_order", True, "--difficulty too (the order follows what its filter did with "
                                                     "each prompt one epoch earlier)")
@@ -406,6 +404,14 @@ def _filter_share(opts: SimulateOptions) -> float:
     return opts.valid_share or 1.0
 
 
+def _check_filter_group(size: int) -> int:
+    """``size`` (completions per group), which --difficulty needs to be at least 2."""
+    if size < 2:
+        raise InvalidArgument("group_size", size, "at least 2 with --difficulty (DAPO's filter drops a group whose "
+                                                  "rewards all agree: one completion always does)")
+    return size
+
+
 def _filter(step: RolloutStep) -> tuple[Any, np.ndarray | None]:
     """The filter of ``--steps`` (``run_oversampled_steps``' ``valid``) and, with --filter-order, what it did with
     every prompt one epoch earlier (None without): from the difficulty model (seed --seed) with --difficulty,
@@ -413,10 +419,7 @@ def _filter(step: RolloutStep) -> tuple[Any, np.ndarray | None]:
     o = step.opts
     if not o.difficulty:
         return o.valid_share, None
-    size = len(step.groups[0].lengths)
-    if size < 2:
-        raise InvalidArgument("group_size", size, "at least 2 with --difficulty (DAPO's filter drops a group whose "
-                                                  "rewards all agree: one completion always does)")
+    size = _check_filter_group(len(step.groups[0].lengths))  # the workload's size where --group-size is not given
     rates = pass_rates(step.groups, seed=o.seed)
     earlier = filter_passes(rates, size, seed=o.seed, epoch=0) if o.filter_order else None
     return filter_passes(rates, size, seed=o.seed, epoch=1), earlier
