@@ -1405,14 +1405,19 @@ DIFFICULTY_RUNS = (
     ("slime + the plan + lengthsched_filter_order (one earlier epoch)", {"placement": "groups", "submit": "shortest"},
      "difficulty", "previous epoch"),
     ("slime + filter order by this step's own outcomes (oracle)", None, "difficulty", "this epoch"),
+    ("slime + lengthsched_selective_rollout (GRESO's skip; one earlier epoch)", None, "difficulty",
+     "previous epoch, skip"),
+    ("slime + lengthsched_selective_rollout + lengthsched_filter_order (one earlier epoch)", None, "difficulty",
+     "previous epoch, skip, order"),
 )
 
 
 def _difficulty_unit(args) -> dict:
     """One setting and mode of slime_difficulty: per DIFFICULTY_RUNS row (kept tokens per second, kept length
-    ratio, the kept groups' mean pass rate, filtered share of the generated tokens)."""
-    from lengthsched.filtering import FilterHistory
-    from simulate.difficulty import filter_passes, pass_rates
+    ratio, the kept groups' mean pass rate, filtered share of the generated tokens, prompts skipped that would have
+    passed per kept group)."""
+    from lengthsched.filtering import FilterHistory, SelectiveRollout
+    from simulate.difficulty import filter_passes, filter_sides, pass_rates, selective_stream
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
@@ -1422,22 +1427,34 @@ def _difficulty_unit(args) -> dict:
     rates = pass_rates(groups, seed=seed)
     flags = {"difficulty": filter_passes(rates, size, seed=seed, epoch=1)}
     flags["random"] = float(flags["difficulty"].mean())
-    earlier = {"previous epoch": filter_passes(rates, size, seed=seed, epoch=0), "this epoch": flags["difficulty"]}
+    sides = filter_sides(rates, size, seed=seed, epoch=0)
+    earlier = {"previous epoch": sides, "this epoch": filter_sides(rates, size, seed=seed, epoch=1)}
     shared = dict(batch=prompts, oversample=over, steps=DYNAMIC_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
                   replicas, filter_seed=seed, refill=True, **common)
     out = {}
     for label, options, valid, known in DIFFICULTY_RUNS:
-        history = None
+        history, runs, stream = None, None, groups
         if known is not None:
             history = FilterHistory()
-            if known in earlier:
-                history.observe_many([g.prompt_id for g in groups], earlier[known].tolist())
+            said = earlier.get(known.split(",")[0])
+            if said is not None:
+                history.observe_many([g.prompt_id for g in groups], [x is None for x in said], said)
+        if known is not None and "skip" in known:  # GRESO's skip as the dataloader serves the epoch
+            runs = selective_stream(groups, history, SelectiveRollout(seed=seed))
+            stream = [g for g, on in zip(groups, runs) if on]
+            history = history if "order" in known else None
         extra = {"router": "cache_aware"} if options is None else {
             "run": partial(run_slime_planned_in_order, filter_history=history), "predicted": realistic, **options}
-        r = run_oversampled_steps(groups, "sglang", valid=flags[valid], filter_history=history, **shared, **extra)
-        kept = [g for step in r.steps for g in step.kept]
+        valid_flags = flags[valid] if runs is None or isinstance(flags[valid], float) else flags[valid][runs]
+        r = run_oversampled_steps(stream, "sglang", valid=valid_flags, filter_history=history, **shared, **extra)
+        index = np.arange(len(groups)) if runs is None else np.flatnonzero(runs)
+        kept = [int(index[g]) for step in r.steps for g in step.kept]
+        lost = 0.0
+        if runs is not None and kept:  # skipped before the furthest prompt the run reached, that would have passed
+            reached = int(index[max(max(step.kept) for step in r.steps if step.kept)]) + 1
+            lost = float(np.sum(~runs[:reached] & flags["difficulty"][:reached])) / len(kept)
         out[label] = [r.kept_tokens_per_second, r.kept_length_ratio, float(np.mean(rates[kept])) if kept else 0.0,
-                      r.filtered_share]
+                      r.filtered_share, lost]
     return out
 
 
@@ -1459,12 +1476,14 @@ def slime_difficulty(quick: bool) -> tuple[str, dict]:
 
 DIFFICULTY_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "settings", "kept tokens/s x slime",
                       "lowest", "highest", "slower by > 0.1%", "kept / drawn mean length",
-                      "kept groups' mean pass rate", "filtered share of generated"]
+                      "kept groups' mean pass rate", "filtered share of generated",
+                      "skipped prompts that would have passed, per kept group"]
 
 
 def difficulty_rows(settings: list) -> list:
     """slime_difficulty's rows from its settings ([workload, prompts, replicas, pool, [over, partial], {run:
-    [kept tokens/s, kept length ratio, mean pass rate, filtered share]}], several draws pooled)."""
+    [kept tokens/s, kept length ratio, mean pass rate, filtered share, skipped that would have passed per kept
+    group (0 where absent)]}], several draws pooled)."""
     base = DIFFICULTY_RUNS[0][0]
     rows = []
     for mode in dict.fromkeys(tuple(x[4]) for x in settings):
@@ -1473,7 +1492,8 @@ def difficulty_rows(settings: list) -> list:
             ratio = np.array([out[label][0] / out[base][0] for out in mine])
             rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), float(ratio.mean()),
                          float(ratio.min()), float(ratio.max()), int(np.sum(ratio < 0.999))]
-                        + [float(np.mean([out[label][i] for out in mine])) for i in (1, 2, 3)])
+                        + [float(np.mean([out[label][i] for out in mine])) for i in (1, 2, 3)]
+                        + [float(np.mean([out[label][4] if len(out[label]) > 4 else 0.0 for out in mine]))])
     return rows
 
 

@@ -16,12 +16,13 @@ Main entry points:
 - :class:`OnlineLengthPredictor` -- lengths from the prompt's finished and running siblings and its
   earlier rollout steps (:mod:`lengthsched.online`).
 - :class:`FilterHistory` -- what a dynamic-sampling filter did with each prompt's groups, and the order
-  that hands the likely-kept first (:mod:`lengthsched.filtering`).
+  that hands the likely-kept first; :class:`SelectiveRollout`, GRESO's skip of the prompts it keeps
+  dropping (:mod:`lengthsched.filtering`).
 """
 
 from . import packing, partition, refill
 from .errors import BudgetTooSmall, ConfigError, InvalidArgument, LengthschedError
-from .filtering import FilterHistory, order_by_pass
+from .filtering import FilterHistory, SelectiveRollout, order_by_pass
 from .learner import LearnerCost, LearnerShapes, learner_cost, learner_micro_batches, learner_tokens
 from .memory import FreeKV, KVCompression, ModelMemory, PromptKV, parse_bytes
 from .online import OnlineLengthPredictor
@@ -66,6 +67,7 @@ __all__ = [
     "RefillQueue",
     "RefillRule",
     "Schedule",
+    "SelectiveRollout",
     "SubsetFill",
     "execute",
     "held_bytes",

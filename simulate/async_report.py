@@ -168,7 +168,8 @@ def check_async_options(opts) -> tuple[list[int], list[float]]:
     for name, value in (("oversample", opts.oversample), ("partial_rollout", opts.partial_rollout),
                         ("max_carry", opts.max_carry), ("carry_limit", opts.carry_limit),
                         ("valid_share", opts.valid_share), ("difficulty", opts.difficulty),
-                        ("filter_order", opts.filter_order), ("draws", opts.draws), ("headroom", opts.headroom),
+                        ("filter_order", opts.filter_order), ("selective", opts.selective), ("draws", opts.draws),
+                        ("headroom", opts.headroom),
                         ("plot", opts.plot), ("in_flight", opts.in_flight), ("kv_offload", opts.kv_offload),
                         ("policies", opts.policies), ("routers", opts.routers),
                         ("resubmit_seconds", opts.resubmit_seconds), ("poll_seconds", opts.poll_seconds)):

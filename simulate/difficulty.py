@@ -38,7 +38,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
 __all__ = ["DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded",
-           "filter_passes"]
+           "filter_passes", "filter_sides", "record_epoch", "selective_stream"]
 
 DIFFICULTY_FILE = Path(__file__).with_name("data") / "gsm8k_gpt3_solutions.csv.gz"
 
@@ -179,3 +179,28 @@ def filter_passes(rates: Any, group_size: int, *, seed: int = 0, epoch: int = 0)
     the rewards drawn by :func:`rewarded`: what ``simulate.run_oversampled_steps(valid=)`` takes."""
     k = rewarded(rates, group_size, seed=seed, epoch=epoch)
     return (k > 0) & (k < group_size)
+
+
+def filter_sides(rates: Any, group_size: int, *, seed: int = 0, epoch: int = 0) -> list[str | None]:
+    """Per group, why DAPO's filter drops it: ``"easy"`` (every completion rewarded), ``"hard"`` (none), or None
+    (it passes), the rewards drawn by :func:`rewarded` (the same draws as :func:`filter_passes`)."""
+    k = rewarded(rates, group_size, seed=seed, epoch=epoch)
+    return ["easy" if x == group_size else "hard" if x == 0 else None for x in k.tolist()]
+
+
+def record_epoch(history: Any, groups: Sequence[Any], rates: Any, group_size: int, *, seed: int = 0,
+                 epoch: int = 0) -> np.ndarray:
+    """Draw one epoch of the filter's verdicts on ``groups`` (:func:`filter_sides`) and record each in ``history``
+    (a :class:`lengthsched.FilterHistory`, keyed by ``prompt_id``, with the side of every dropped group), as
+    ``lengthsched.integrations.slime.dynamic_sampling_filter`` records them; returns whether each group passed."""
+    sides = filter_sides(rates, group_size, seed=seed, epoch=epoch)
+    passed = np.array([side is None for side in sides], dtype=bool)
+    history.observe_many([g.prompt_id for g in groups], passed.tolist(), sides)
+    return passed
+
+
+def selective_stream(groups: Sequence[Any], history: Any, rule: Any) -> np.ndarray:
+    """Which of ``groups`` run (True) and which ``rule`` (a :class:`lengthsched.SelectiveRollout`) skips by what
+    ``history`` holds for their prompts: GRESO's skip as the dataloader serves an epoch's prompts (the rule's
+    exploration probabilities as they are; it adapts between epochs, not within one)."""
+    return rule.select(history, [g.prompt_id for g in groups])

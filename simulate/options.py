@@ -139,6 +139,11 @@ class SimulateOptions:
                                      "likely-kept first, by what the filter did with the same prompts one epoch "
                                      "earlier (lengthsched.integrations.slime's lengthsched_filter_order); the "
                                      "reference is not over-sampled and keeps its order")
+    selective: bool = _opt(False, "with --difficulty, every over-sampled row skips prompts as GRESO's pre-rollout "
+                                  "filter does (lengthsched.SelectiveRollout: a prompt whose group the filter "
+                                  "dropped one epoch earlier, all right or all wrong, is skipped with probability "
+                                  "one half; lengthsched.integrations.slime's lengthsched_selective_rollout): "
+                                  "skipped prompts are not generated; the reference runs every prompt")
     max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
                                            "engines keep generating while the learner trains, submitting groups "
                                            "while at most (K + version + 1) x --prompts were submitted (AReaL's "

@@ -375,6 +375,7 @@ ROLLOUT_ONLY = (
     ("slime_refill", "it adds batches inside slime's over-sampled rollout steps"),
     ("difficulty", "it filters the groups of rollout steps"),
     ("filter_order", "it orders the batches of over-sampled rollout steps"),
+    ("selective", "it skips prompts of over-sampled rollout steps"),
     ("max_staleness", "it runs asynchronous RL on a rollout's replicas"),
     ("staleness_threshold", "it runs verl's asynchronous RL on a rollout's replicas"),
     ("local_steps", "it times the learner of verl's asynchronous RL"),

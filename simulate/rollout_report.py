@@ -18,14 +18,14 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
-from lengthsched.filtering import FilterHistory
+from lengthsched.filtering import FilterHistory, SelectiveRollout
 from lengthsched.integrations.rollout import CROWDED_POOLS
 from lengthsched.memory import ROLLOUT_DECODE_ROWS
 from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
-from .difficulty import DEFAULT_DIFFICULTY, filter_passes, pass_rates
+from .difficulty import DEFAULT_DIFFICULTY, filter_passes, filter_sides, pass_rates, selective_stream
 from .options import OPTION_DEFAULTS, ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
@@ -255,6 +255,9 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if opts.filter_order and not opts.difficulty:
         raise InvalidArgument("filter_order", True, "--difficulty too (the order follows what its filter did with "
                                                     "each prompt one epoch earlier)")
+    if opts.selective and not opts.difficulty:
+        raise InvalidArgument("selective", True, "--difficulty too (the skip follows what its filter did with each "
+                                                 "prompt one epoch earlier)")
     kind, _, arg = str(opts.predictor).partition(":")
     if opts.draws and not ((kind == "prompt" and spec_sigma(arg) > 0) or (sigma is not None and sigma > 0)):
         raise InvalidArgument("draws", opts.draws, "0 with --predictor " + str(opts.predictor) + " (nothing to "
@@ -412,17 +415,25 @@ def _check_filter_group(size: int) -> int:
     return size
 
 
-def _filter(step: RolloutStep) -> tuple[Any, np.ndarray | None]:
-    """The filter of ``--steps`` (``run_oversampled_steps``' ``valid``) and, with --filter-order, what it did with
-    every prompt one epoch earlier (None without): from the difficulty model (seed --seed) with --difficulty,
-    else --valid-share's share."""
+def _filter(step: RolloutStep) -> tuple[Any, list | None]:
+    """The filter of ``--steps`` (``run_oversampled_steps``' ``valid``) and, with --filter-order or --selective,
+    why it dropped each prompt's group one epoch earlier (:func:`simulate.difficulty.filter_sides`; None
+    without): from the difficulty model (seed --seed) with --difficulty, else --valid-share's share."""
     o = step.opts
     if not o.difficulty:
         return o.valid_share, None
     size = _check_filter_group(len(step.groups[0].lengths))  # the workload's size where --group-size is not given
     rates = pass_rates(step.groups, seed=o.seed)
-    earlier = filter_passes(rates, size, seed=o.seed, epoch=0) if o.filter_order else None
+    earlier = filter_sides(rates, size, seed=o.seed, epoch=0) if o.filter_order or o.selective else None
     return filter_passes(rates, size, seed=o.seed, epoch=1), earlier
+
+
+def _earlier_history(step: RolloutStep, earlier: list) -> FilterHistory:
+    """A filter history holding what the filter did with each of ``step``'s prompts one epoch earlier (``earlier``:
+    :func:`simulate.difficulty.filter_sides`)."""
+    history = FilterHistory()
+    history.observe_many([g.prompt_id for g in step.groups], [side is None for side in earlier], earlier)
+    return history
 
 
 def step_predictions(opts: SimulateOptions, groups: list, before: tuple | None, seed: int) -> np.ndarray:
@@ -502,21 +513,33 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
     and vLLM FCFS + verl's routing without over-sampling (every submitted group kept) as the reference."""
     o = step.opts
     valid, earlier = _filter(step)
+    runs_flags = None  # --selective: which prompts the over-sampled rows run (the same for every row)
+    if o.selective:
+        runs_flags = selective_stream(step.groups, _earlier_history(step, earlier), SelectiveRollout(seed=o.seed))
+        if not runs_flags.any():
+            raise InvalidArgument("selective", True, "a stream with a prompt left to run (every one was skipped)")
 
     def one(policy, router, oversample, reference=False):
         history = None
-        if earlier is not None and not reference:  # what the filter did with each prompt one epoch earlier
-            history = FilterHistory()
-            history.observe_many([g.prompt_id for g in step.groups], earlier.tolist())
+        if o.filter_order and not reference:  # what the filter did with each prompt one epoch earlier
+            history = _earlier_history(step, earlier)
+        groups, predicted, flags = step.groups, step.predicted, valid
+        if runs_flags is not None and not reference:
+            groups = [g for g, on in zip(groups, runs_flags) if on]
+            predicted = None if predicted is None else np.concatenate(
+                [p for p, on in zip(np.split(np.asarray(predicted), np.cumsum([len(g.lengths) for g in
+                                                                                step.groups])[:-1]), runs_flags)
+                 if on])
+            flags = np.asarray(valid)[runs_flags]
 
         def run(parts, name, *, predicted, record, refill=None, **_):
             return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record,
                                                                                     refill=refill,
                                                                                     filter_history=history)
 
-        return run_oversampled_steps(step.groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
-                                     partial=o.partial_rollout, predicted=step.predicted, resume=STEPS_RESUME, run=run,
-                                     valid=valid, filter_history=history, filter_seed=o.seed,
+        return run_oversampled_steps(groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
+                                     partial=o.partial_rollout, predicted=predicted, resume=STEPS_RESUME, run=run,
+                                     valid=flags, filter_history=history, filter_seed=o.seed,
                                      max_new_tokens=o.max_new_tokens,
                                      max_carry=o.max_carry, carry_limit=o.carry_limit or "drop",
                                      refill=bool(o.slime_refill) and not reference and step.capped(policy, router))
@@ -550,6 +573,10 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                   f"{float(np.mean(valid)):.3f} of this stream's groups), in every row")
                + ("; the over-sampled rows hand each batch over likely-kept first, by what the filter did with the "
                   "same prompts one epoch earlier" if o.filter_order else "")
+               + ("" if runs_flags is None else
+                  f"; the over-sampled rows skip {int((~runs_flags).sum())} of the {len(runs_flags)} prompts as GRESO "
+                  f"does (dropped one epoch earlier, each skipped with probability one half; "
+                  f"{int((~runs_flags & np.asarray(valid)).sum())} of them would have passed)")
                + ("; the rows through the in-flight cap submit another batch inside a step whenever too few "
                   "could still pass (slime's dynamic sampling)" if o.slime_refill else "")
                + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
