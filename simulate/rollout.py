@@ -902,8 +902,8 @@ class _PromptHistory:
     def pass_probability(self, keys):
         return self.history.pass_probability([self.names.get(k, k) for k in keys])
 
-    def observe(self, key, kept: bool) -> None:
-        self.history.observe(self.names.get(key, key), kept)
+    def observe(self, key, kept: bool, side: str | None = None) -> None:
+        self.history.observe(self.names.get(key, key), kept, side)
 
 
 def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwargs) -> tuple[RolloutResult, np.ndarray]:

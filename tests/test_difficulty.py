@@ -1,5 +1,6 @@
 """simulate.difficulty (DAPO's filter drawn from a model of prompt difficulty tied to length) and
-lengthsched.filtering (the filter's history per prompt, and the order that puts likely-kept groups first)."""
+lengthsched.filtering (the filter's history per prompt, the order that puts likely-kept groups first, and GRESO's
+skip of the prompts it keeps dropping)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,18 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from lengthsched import InvalidArgument
-from lengthsched.filtering import FilterHistory, order_by_pass
-from simulate.difficulty import DEFAULT_DIFFICULTY, Difficulty, filter_passes, fit_difficulty, pass_rates, rewarded
+from lengthsched.filtering import FilterHistory, SelectiveRollout, order_by_pass
+from simulate.difficulty import (
+    DEFAULT_DIFFICULTY,
+    Difficulty,
+    filter_passes,
+    filter_sides,
+    fit_difficulty,
+    pass_rates,
+    record_epoch,
+    rewarded,
+    selective_stream,
+)
 from simulate.workloads import Group
 
 
@@ -145,3 +156,102 @@ def test_history_arguments_are_checked():
         order_by_pass([0.5, 2.0])
     with pytest.raises(InvalidArgument, match="data"):
         FilterHistory.from_dict({"x": 1})
+
+
+# ------------------------------------------------------------------------------ sides and GRESO's skip
+def test_the_history_records_why_a_group_was_dropped_and_counts_streaks():
+    h = FilterHistory(memory=3)
+    h.observe_many(["a", "a", "b", "b", "c", "c", "d"], [False, False, False, True, False, False, False],
+                   ["hard", "hard", "easy", None, "easy", "hard", None])
+    assert (h.groups, h.kept, h.easy, h.hard) == (7, 1, 2, 3)
+    easy, hard = h.streaks(["a", "b", "c", "d", "new"])
+    assert easy.tolist() == [0, 0, 0, 0, 0] and hard.tolist() == [2, 0, 1, 0, 0]
+    # the side does not change the chance of passing: a dropped group is a dropped group
+    plain = FilterHistory(memory=3)
+    plain.observe_many(["a", "a", "b", "b", "c", "c", "d"], [False, False, False, True, False, False, False])
+    keys = ["a", "b", "c", "d", "new"]
+    assert h.pass_probability(keys).tolist() == pytest.approx(plain.pass_probability(keys).tolist())
+    for _ in range(5):
+        h.observe("e", False, "easy")
+    assert h.streaks(["e"])[0].tolist() == [3]  # no longer than the memory
+    back = FilterHistory.from_dict(h.to_dict())
+    assert (back.easy, back.hard, back.kept, back.groups) == (h.easy, h.hard, h.kept, h.groups)
+    assert [x.tolist() for x in back.streaks(keys)] == [x.tolist() for x in h.streaks(keys)]
+    assert back.pass_probability(keys).tolist() == pytest.approx(h.pass_probability(keys).tolist())
+
+
+def test_sides_are_checked():
+    h = FilterHistory()
+    with pytest.raises(InvalidArgument, match="side"):
+        h.observe("a", True, "easy")  # a kept group has no side
+    with pytest.raises(InvalidArgument, match="side"):
+        h.observe("a", False, "solved")
+    with pytest.raises(InvalidArgument, match="sides"):
+        h.observe_many(["a", "b"], [False, False], ["easy"])
+    with pytest.raises(InvalidArgument, match="data"):
+        FilterHistory.from_dict({"outcomes": {"a": ["medium"]}})
+    with pytest.raises(InvalidArgument, match="kept"):
+        FilterHistory.from_dict({"outcomes": {"a": ["easy"]}, "groups": 1, "easy": 1, "kept": 1})
+
+
+def test_greso_skips_a_streak_with_one_minus_p_to_the_streak():
+    h = FilterHistory(memory=None)
+    h.observe_many(["e1", "e2", "e2", "h1", "h3", "h3", "h3", "k"], [False] * 7 + [True],
+                   ["easy", "easy", "easy", "hard", "hard", "hard", "hard", None])
+    rule = SelectiveRollout(p_easy=0.5, p_hard=0.2)
+    keys = ["e1", "e2", "h1", "h3", "k", "new"]
+    assert rule.skip_probability(h, keys).tolist() == pytest.approx([0.5, 0.75, 0.8, 0.99, 0.0, 0.0])  # floor 0.01
+    runs = np.array([rule.select(h, keys) for _ in range(4000)])
+    assert runs[:, 4:].all()  # never skips a prompt without a streak
+    assert (1 - runs.mean(axis=0))[:4].tolist() == pytest.approx([0.5, 0.75, 0.8, 0.99], abs=0.03)
+    again = SelectiveRollout(p_easy=0.5, p_hard=0.2)
+    assert again.select(h, keys * 10).tolist() == SelectiveRollout(p_easy=0.5, p_hard=0.2).select(h, keys * 10).tolist()
+
+
+def test_greso_explores_less_when_too_many_dropped_groups_were_generated_and_more_otherwise():
+    h = FilterHistory()
+    rule = SelectiveRollout(p_easy=0.5, p_hard=0.5, target=0.3, step=0.1, min_p=0.3, max_p=0.7)
+    assert rule.adapt(h) is None and (rule.p_easy, rule.p_hard) == (0.5, 0.5)  # nothing observed
+    h.observe_many(list("abcdefghij"), [False] * 2 + [True] * 8, ["easy", "easy"] + [None] * 8)
+    assert rule.adapt(h) == pytest.approx((0.2, 0.0))  # all right 0.2 >= 0.1: skip more; all wrong 0 < 0.2: less
+    assert (rule.p_easy, rule.p_hard) == pytest.approx((0.4, 0.6))
+    assert rule.adapt(h) is None  # only what is new counts
+    h.observe_many(list("klmnopqrst"), [False] * 5 + [True] * 5, ["hard"] * 5 + [None] * 5)
+    rule.adapt(h)
+    rule.adapt(h)
+    assert (rule.p_easy, rule.p_hard) == pytest.approx((0.5, 0.5))
+    for _ in range(3):
+        h.observe_many(["x"] * 10, [False] * 10, ["easy"] * 5 + ["hard"] * 5)
+        rule.adapt(h)
+    assert (rule.p_easy, rule.p_hard) == pytest.approx((0.3, 0.3))  # held at min_p
+    back = SelectiveRollout.from_dict(rule.to_dict())
+    assert back.to_dict() == rule.to_dict() and back.adapt(h) is None
+
+
+def test_greso_arguments_are_checked():
+    for name, kwargs in (("p_easy", {"p_easy": 1.5}), ("p_hard", {"p_hard": 0.01}), ("max_p", {"min_p": 0.6,
+                                                                                                "max_p": 0.4}),
+                         ("target", {"target": -0.1}), ("step", {"step": True}), ("seed", {"seed": -1}),
+                         ("min_p", {"min_p": "low"})):
+        with pytest.raises(InvalidArgument, match=name):
+            SelectiveRollout(**kwargs)
+    with pytest.raises(InvalidArgument, match="data"):
+        SelectiveRollout.from_dict([0.5])
+    with pytest.raises(InvalidArgument, match="seen"):
+        SelectiveRollout.from_dict({"seen": [1, 2]})
+
+
+def test_an_epoch_of_the_difficulty_model_is_recorded_with_its_sides_and_skipped_by_them():
+    groups = _groups(np.linspace(100, 3000, 400))
+    rates = pass_rates(groups, seed=3)
+    sides = filter_sides(rates, 16, seed=3, epoch=0)
+    passes = filter_passes(rates, 16, seed=3, epoch=0)
+    assert [x is None for x in sides] == passes.tolist()
+    k = rewarded(rates, 16, seed=3, epoch=0)
+    assert all((x == "easy") == (n == 16) and (x == "hard") == (n == 0) for x, n in zip(sides, k))
+    history = FilterHistory()
+    assert record_epoch(history, groups, rates, 16, seed=3, epoch=0).tolist() == passes.tolist()
+    assert (history.easy, history.hard) == (sides.count("easy"), sides.count("hard"))
+    runs = selective_stream(groups, history, SelectiveRollout(p_easy=0.05, p_hard=0.05))
+    assert runs[passes].all()  # a prompt its filter kept is never skipped
+    assert (~runs[~passes]).mean() == pytest.approx(0.95, abs=0.05)

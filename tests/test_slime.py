@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthsched import InvalidArgument
+from lengthsched import InvalidArgument, SelectiveRollout
 from lengthsched.integrations import slime as ls_slime
 from lengthsched.integrations.slime import REPLICA_KEY, SlimePlanner, engine_address
 from lengthsched.predictor import OracleLengthPredictor
@@ -848,3 +849,96 @@ def test_the_filters_history_is_saved_after_every_rollout_and_read_back_by_a_res
     ls_slime.reset()
     with pytest.raises(InvalidArgument, match="lengthsched_filter_history_path"):
         ls_slime.planner_for(slime_args(lengthsched_filter_history_path=3))
+
+
+class Cycle(Source):
+    """A slime data source that hands out its prompts in turn, round and round."""
+
+    def __init__(self, prompts, g=4):
+        super().__init__(prompts, g)
+        self.at = 0
+
+    def get_samples(self, n):
+        out = [self.prompts[(self.at + i) % len(self.prompts)] for i in range(n)]
+        self.at += n
+        return batch(out, self.g)
+
+
+class SkipHard(SelectiveRollout):
+    """GRESO's rule made certain: every prompt whose latest group was dropped all wrong is skipped."""
+
+    def select(self, history, keys):
+        return history.streaks(keys)[1] == 0
+
+
+def test_the_filter_hook_records_whether_a_dropped_group_was_all_right_or_all_wrong(monkeypatch):
+    FakeSlime(ENGINES, {}).install(monkeypatch)
+    _install_filters(monkeypatch, [])
+    args = slime_args(lengthsched_pool_tokens=5000)
+    for prompt, rewards in (("easy", [1, 1, 1, 1]), ("hard", [0, 0, 0, 0]), ("neg", [-1, -1, -1, -1]),
+                            ("mixed", [1, 0, 1, 0])):
+        ls_slime.dynamic_sampling_filter(args, _rewarded(prompt, rewards))
+    history = ls_slime.planner_for(args).history
+    assert (history.groups, history.kept, history.easy, history.hard) == (4, 1, 1, 2)
+    assert [x.tolist() for x in history.streaks(["easy", "hard", "neg", "mixed"])] == [[1, 0, 0, 0], [0, 1, 1, 0]]
+    ls_slime.reset()
+    strict = slime_args(lengthsched_pool_tokens=5000, lengthsched_solved_reward=2)  # a reward of 1 is not solved
+    ls_slime.dynamic_sampling_filter(strict, _rewarded("easy", [1, 1, 1, 1]))
+    assert ls_slime.planner_for(strict).history.hard == 1
+    ls_slime.reset()
+    group = _rewarded("dict", [0, 0, 0, 0])
+    for s in group:  # slime's Sample: the reward read through get_reward_value (here a dict by reward_key)
+        s.reward = {"acc": 1.0}
+        s.get_reward_value = lambda args, s=s: s.reward[args.reward_key]
+    ls_slime.dynamic_sampling_filter(slime_args(reward_key="acc", lengthsched_pool_tokens=5000,
+                                                lengthsched_dynamic_sampling_filter_path="my_filters.at_least_one"),
+                                     group)
+    assert ls_slime.planner_for(slime_args()).history.easy == 0  # at_least_one kept it: no side
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_solved_reward"):
+        ls_slime.dynamic_sampling_filter(slime_args(lengthsched_solved_reward="high"), _rewarded("x", [0, 0]))
+
+
+def test_selective_rollout_skips_prompts_the_filter_keeps_dropping_and_fills_the_batch(monkeypatch, tmp_path):
+    lengths = {f"p{i}": 100 * (i + 1) for i in range(6)}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    _install_filters(monkeypatch, [])
+    path = tmp_path / "history.json"
+    args = slime_args(dynamic_sampling_filter_path="lengthsched.integrations.slime.dynamic_sampling_filter",
+                      lengthsched_selective_rollout=True, lengthsched_filter_history_path=str(path),
+                      lengthsched_filter_order=False)
+    planner = ls_slime.planner_for(args)
+    assert isinstance(planner.selective, SelectiveRollout)
+    planner.selective = SkipHard(p_easy=0.5, p_hard=0.5)
+    for prompt, rewards in (("p1", [0, 0, 0, 0]), ("p2", [1, 0, 1, 0]), ("p4", [0, 0, 0, 0])):
+        ls_slime.dynamic_sampling_filter(args, _rewarded(prompt, rewards))
+    source = Cycle(list(lengths))
+    ls_slime.generate_rollout(args, 0, source)  # slime asks for 4 groups: p1 and p4 skipped, p5 and p0 drawn
+    assert [p for _, p in fake.posts[::4]] == ["p0", "p2", "p3", "p5"]  # slime's router, the source's order
+    assert planner.skipped == 2 and len(fake.posts) == 16
+    saved = json.loads(path.read_text())
+    assert saved["selective"]["p_hard"] != 0.5 or saved["selective"]["p_easy"] != 0.5  # adapted after the rollout
+    # a group partial rollout carries (it holds generated tokens) is never skipped
+    carried = batch(["p1"])[0]
+    for s in carried:
+        s.response_length, s.tokens = 50, list(range(60))
+    assert planner.select_groups([carried, batch(["p4"])[0]]) == [True, False]
+    ls_slime.reset()  # a resumed run reads the rule's state back with the history
+    again = ls_slime.planner_for(args)
+    assert again.selective.to_dict()["p_hard"] == saved["selective"]["p_hard"]
+    assert again.history.streaks(["p1"])[1].tolist() == [1]
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args()).selective is None  # off by default
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_selective_rollout"):
+        ls_slime.planner_for(slime_args(lengthsched_selective_rollout="yes"))
+    with pytest.raises(InvalidArgument, match="selective"):
+        SlimePlanner(placement="groups", selective=0.5)
+
+
+def test_a_batch_whose_every_prompt_is_skipped_is_handed_over_short_not_drawn_for_ever():
+    planner = SlimePlanner(placement="groups", selective=SkipHard())
+    planner.history.observe("p0", False, "hard")
+    source = ls_slime._SelectiveSource(Cycle(["p0"]), planner)
+    assert source.get_samples(2) == [] and planner.skipped == 2 * ls_slime.SKIP_DRAWS

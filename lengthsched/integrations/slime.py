@@ -54,6 +54,8 @@ This module supplies, for those two hooks:
   difficulty tied to length fitted to GSM8K's labelled solutions, the order gave slime 0.8-12% more kept
   tokens per second on average (docs/benchmarks.md, "DAPO's filter tied to difficulty"); the first epoch,
   with no history yet, is slime's own.
+  With ``lengthsched_selective_rollout: true`` it also skips the prompts the history says will be dropped
+  again (GRESO's pre-rollout filter).
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
   neither slime, torch nor an HTTP client; slime is imported when a hook runs).
 
@@ -99,6 +101,15 @@ little, and too unsafe, to be the default.
   default) hands every batch over likely-kept first once the history knows something; false only records.
   ``lengthsched_filter_history_path``: a JSON file the history is read from when the planner is made and
   written to (atomically) after every training rollout, so a run resumed from a checkpoint keeps it.
+- ``lengthsched_selective_rollout``: true skips prompts before they run, as GRESO does
+  (:class:`~lengthsched.filtering.SelectiveRollout`, needs the filter hook above): a prompt whose latest groups
+  the filter dropped all right (or all wrong) ``n`` times in a row is skipped with probability
+  ``1 - max(p ** n, 0.01)``, ``p`` adapted after every rollout towards GRESO's target shares; the batch is
+  filled from the data source in its place, and a group carried by partial rollout is never skipped. Default
+  false: it changes which prompts the learner sees (in the simulator, where prompts do not get easier, about a
+  third of the prompts it skipped would have passed the filter). ``lengthsched_solved_reward`` (default 0.5):
+  a reward at or above it is a solved completion, which tells an all-right group from an all-wrong one;
+  ``lengthsched_selective_seed`` (default 0) seeds its draws; its state is saved with the history.
 - ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
   lengthsched.integrations.slime.buffer_filter``, the most rollouts a group may be carried in slime's
   buffer; one carried more is thrown away (:func:`buffer_filter`; default: no limit).
@@ -136,7 +147,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from ..filtering import FilterHistory, order_by_pass
+from ..filtering import FilterHistory, SelectiveRollout, order_by_pass
 from ..io import atomic_write_text
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
@@ -219,12 +230,15 @@ class SlimePlanner:
     ``history``: what the dynamic-sampling filter did with each prompt's groups
     (:class:`~lengthsched.filtering.FilterHistory`, fed by :func:`dynamic_sampling_filter`; a fresh one by
     default); with ``filter_order`` every batch, planned or not, is returned likely-kept first
-    (:meth:`order_by_filter`), the order ``submit`` gives breaking ties.
+    (:meth:`order_by_filter`), the order ``submit`` gives breaking ties. ``selective``: a
+    :class:`~lengthsched.filtering.SelectiveRollout` (GRESO's skip, by the same history) that
+    :meth:`select_groups` applies to every batch slime takes, or None (nothing skipped).
     """
 
     def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
                  max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None,
-                 uninformed: str | None = None, filter_order: bool = False, history: FilterHistory | None = None):
+                 uninformed: str | None = None, filter_order: bool = False, history: FilterHistory | None = None,
+                 selective: SelectiveRollout | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
         if submit not in SUBMIT_ORDERS:
@@ -239,8 +253,12 @@ class SlimePlanner:
         if history is not None and not all(hasattr(history, a) for a in ("pass_probability", "informed", "observe")):
             raise InvalidArgument("history", type(history).__name__, "a lengthsched.filtering.FilterHistory or None")
         self.placement, self.submit, self.uninformed = placement, submit, uninformed
+        if selective is not None and not isinstance(selective, SelectiveRollout):
+            raise InvalidArgument("selective", type(selective).__name__, "a lengthsched.SelectiveRollout or None")
         self.filter_order = bool(filter_order)
         self.history = FilterHistory() if history is None else history
+        self.selective = selective
+        self.skipped = 0  # groups select_groups skipped, every rollout
         self.planner = RolloutPlanner(predictor, max_new_tokens=max_new_tokens, default_length=default_length,
                                       placement=placement, pool_tokens=pool_tokens, order="batch")
         self.last_plan: RolloutPlan | None = None
@@ -326,11 +344,27 @@ class SlimePlanner:
         order = order_by_pass(self.history.pass_probability([prompt_key(g[0].prompt) for g in live]))
         return [live[i] for i in order] + [g for g in groups if not g]
 
-    def observe_filter(self, group: Sequence[Any], kept: bool) -> None:
-        """Record that the dynamic-sampling filter kept (or dropped) ``group`` (its samples' prompt is the key)."""
+    def observe_filter(self, group: Sequence[Any], kept: bool, side: str | None = None) -> None:
+        """Record that the dynamic-sampling filter kept (or dropped) ``group`` (its samples' prompt is the key);
+        ``side``: why a dropped group was dropped (``"easy"``, ``"hard"``, or None: not known)."""
         samples = _flat(group)
         if samples:
-            self.history.observe(prompt_key(samples[0].prompt), bool(kept))
+            self.history.observe(prompt_key(samples[0].prompt), bool(kept), None if kept else side)
+
+    def select_groups(self, groups: Sequence[Sequence[Any]]) -> list[bool]:
+        """Per group, whether it runs (True) or :attr:`selective` skips its prompt; True for every group without a
+        rule, and for a group that already holds generated tokens (partial rollout carries it: its work is
+        spent)."""
+        groups = list(groups)
+        if self.selective is None:
+            return [True] * len(groups)
+        fresh = [i for i, g in enumerate(groups) if g and not any(_sample_generated(x) for x in _flat(g))]
+        runs = [True] * len(groups)
+        drawn = self.selective.select(self.history, [prompt_key(_flat(groups[i])[0].prompt) for i in fresh])
+        for i, on in zip(fresh, drawn.tolist()):
+            runs[i] = on
+        self.skipped += runs.count(False)
+        return runs
 
     def _resumed_left(self, groups: list[list[Any]], keys: list[str]) -> list[np.ndarray]:
         """Per group, per sample, what a resumed group's unfinished samples have left to generate: the
@@ -451,8 +485,65 @@ def dynamic_sampling_filter(args: Any, samples: list, **kwargs: Any) -> Any:
     if path not in _FILTERS:
         _FILTERS[path] = _load_function(path, "lengthsched_dynamic_sampling_filter_path")
     output = _FILTERS[path](args, samples, **kwargs)
-    planner_for(args).observe_filter(samples, _filter_kept(output))
+    kept = _filter_kept(output)
+    planner_for(args).observe_filter(samples, kept, None if kept else _dropped_side(args, samples))
     return output
+
+
+#: A reward at or above this counts as a solved completion where ``lengthsched_solved_reward`` is not set: for
+#: the side of a dropped group (slime's math rewards are 1 and 0, or 1 and -1).
+SOLVED_REWARD = 0.5
+
+
+def _dropped_side(args: Any, samples: Any) -> str | None:
+    """Why the filter dropped ``samples``: ``"easy"`` when every reward is at least ``lengthsched_solved_reward``
+    (default :data:`SOLVED_REWARD`), ``"hard"`` when none is, None when they straddle it or a reward is not a
+    number (then the group counts as dropped, side unknown, and :class:`SelectiveRollout` does not skip by it)."""
+    solved = getattr(args, "lengthsched_solved_reward", None)
+    if solved is None:
+        solved = SOLVED_REWARD
+    if not isinstance(solved, (int, float)) or isinstance(solved, bool) or not np.isfinite(solved):
+        raise InvalidArgument("lengthsched_solved_reward", solved, "a number (a reward at or above it is solved)")
+    rewards = []
+    for sample in _flat(samples):
+        value = sample.get_reward_value(args) if hasattr(sample, "get_reward_value") else getattr(sample, "reward",
+                                                                                                  None)
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
+            return None
+        rewards.append(float(value))
+    if not rewards:
+        return None
+    right = sum(r >= solved for r in rewards)
+    return "easy" if right == len(rewards) else "hard" if right == 0 else None
+
+
+#: The most groups a batch draws from slime's data source, per group asked, while ``lengthsched_selective_rollout``
+#: skips (past it the batch is handed over short: slime asks again for what is missing).
+SKIP_DRAWS = 8
+
+
+class _SelectiveSource:
+    """slime's data source with GRESO's skip (:meth:`SlimePlanner.select_groups`): the groups of the prompts it
+    skips are drawn and not handed over, and more are drawn in their place (up to :data:`SKIP_DRAWS` x the groups
+    asked), so a batch keeps its size. A skipped prompt is spent for this pass over the data, as GRESO's
+    dataloader spends it."""
+
+    def __init__(self, source: Any, planner: SlimePlanner):
+        self.source, self.planner = source, planner
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        drawn = 0
+        while len(out) < num_samples and drawn < SKIP_DRAWS * max(1, num_samples):
+            groups = list(self.source.get_samples(num_samples - len(out)))
+            if not groups:
+                break
+            drawn += len(groups)
+            out += [g for g, on in zip(groups, self.planner.select_groups(groups)) if on]
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
 
 
 class _OrderedSource:
@@ -594,7 +685,7 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None,
                                 filter_order=_flag(args, "lengthsched_filter_order", True),
-                                history=_load_history(args))
+                                history=_load_history(args), selective=_load_selective(args))
     return _PLANNER
 
 
@@ -620,11 +711,41 @@ def _load_history(args: Any) -> FilterHistory | None:
                               f"a JSON file written by lengthsched's slime integration ({exc})") from exc
 
 
-def _save_history(args: Any, planner: SlimePlanner) -> None:
-    """Write the planner's filter history to ``lengthsched_filter_history_path`` (atomically), where set."""
+def _load_selective(args: Any) -> SelectiveRollout | None:
+    """GRESO's skip where ``lengthsched_selective_rollout`` is true (default false): the rule saved with the
+    history at ``lengthsched_filter_history_path`` where there is one, else a fresh
+    :class:`~lengthsched.filtering.SelectiveRollout` (seeded by ``lengthsched_selective_seed``, default 0)."""
+    if not _flag(args, "lengthsched_selective_rollout", False):
+        return None
+    path = _history_path(args)
+    if path is not None and os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                saved = json.load(handle).get("selective")
+            if saved is not None:
+                return SelectiveRollout.from_dict(saved)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise InvalidArgument("lengthsched_filter_history_path", path,
+                                  f"a JSON file written by lengthsched's slime integration ({exc})") from exc
+    seed = getattr(args, "lengthsched_selective_seed", None)
+    return SelectiveRollout(seed=0 if seed is None else check_int("lengthsched_selective_seed", seed, minimum=0))
+
+
+def _after_rollout(args: Any, planner: SlimePlanner) -> None:
+    """After a training rollout: GRESO's exploration adapted to what the filter saw in it, and the filter's
+    history (with the rule) written to ``lengthsched_filter_history_path`` (atomically), where set."""
+    if planner.selective is not None:
+        shares = planner.selective.adapt(planner.history)
+        if shares is not None:
+            log.info("lengthsched: %d groups skipped so far; this rollout's dropped groups all right %.3f, all wrong "
+                     "%.3f; p_easy %.2f, p_hard %.2f", planner.skipped, *shares, planner.selective.p_easy,
+                     planner.selective.p_hard)
     path = _history_path(args)
     if path is not None and hasattr(planner.history, "to_dict"):
-        atomic_write_text(path, json.dumps(planner.history.to_dict()) + "\n")
+        data = planner.history.to_dict()
+        if planner.selective is not None:
+            data["selective"] = planner.selective.to_dict()
+        atomic_write_text(path, json.dumps(data) + "\n")
 
 
 def _flag(args: Any, name: str, default: bool) -> bool:
@@ -672,11 +793,13 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if not engines:
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
+    if planner.selective is not None:
+        data_source = _SelectiveSource(data_source, planner)
     if _oversampled_mode(args) == "router" and oversampled(args):  # slime's own rollout; the predictor learns
         source = _OrderedSource(data_source, planner) if planner.filter_order else data_source
         output = sglang_rollout.generate_rollout(args, rollout_id, source, evaluation=False)
         planner.observe(getattr(output, "samples", output))
-        _save_history(args, planner)
+        _after_rollout(args, planner)
         return output
     _ENGINES[:] = engines
     global _QUEUES
@@ -690,7 +813,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         _WAITING.clear()
     samples = getattr(output, "samples", output)
     planner.observe(samples)
-    _save_history(args, planner)
+    _after_rollout(args, planner)
     return output
 
 
