@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_routers_without_a_rollout_step_say_they_have_no_effect(capsys):
     ("--valid-share", "0.7"), ("--max-staleness", "1"), ("--train-seconds", "2"), ("--update-seconds", "2"),
     ("--max-concurrent", "4"), ("--oversample", "1.5"), ("--in-flight", "8"), ("--draws", "2"),
     ("--staleness-threshold", "0.1"), ("--local-steps", "2"), ("--slime-refill", None), ("--difficulty", None),
-    ("--filter-order", None),
+    ("--filter-order", None), ("--selective", None),
 ])
 def test_every_rollout_flag_without_a_rollout_step_is_one_line(flag, value, capsys):
     """simulate.report.ROLLOUT_ONLY: a flag only a rollout step uses, given without --prompts or --replicas,
@@ -634,6 +635,29 @@ def test_difficulty_draws_the_filter_from_the_model_and_filter_order_orders_the_
                       ([a for a in args if a != "--difficulty"] + ["--filter-order"], "'filter_order'"),
                       (args[:-8] + ["--difficulty"], "'difficulty'"),
                       ([a if a != "4" else "1" for a in args], "'group_size'")):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and name in err
+
+
+def test_selective_skips_prompts_the_filter_dropped_an_epoch_earlier_in_the_over_sampled_rows(capsys):
+    """--selective (with --difficulty): the over-sampled rows run without the prompts GRESO's rule skipped (the
+    setting says how many, and how many of them would have passed), the reference runs them all; without
+    --difficulty, or with --max-staleness, it is one line."""
+    args = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
+            "--oversample", "1.5", "--steps", "3", "--in-flight", "16", "--slime-refill", "--difficulty"]
+    assert main(args + ["--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--selective", "--json"]) == 0
+    skipped = json.loads(capsys.readouterr().out)
+    assert "skip" not in plain["setting"]
+    assert re.search(r"skip \d+ of the \d+ prompts as GRESO does .*; \d+ of them would have passed",
+                     skipped["setting"])
+    assert skipped["rows"][0] == plain["rows"][0]  # the reference runs every prompt
+    assert skipped["rows"][1] != plain["rows"][1]
+    for bad, name in (([a for a in args if a != "--difficulty"] + ["--selective"], "'selective'"),
+                      (args[:-8] + ["--steps", "3", "--selective", "--max-staleness", "1"], "'selective'")):
         assert main(bad) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and name in err
