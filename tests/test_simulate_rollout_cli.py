@@ -614,13 +614,17 @@ def test_slime_refill_adds_batches_inside_the_steps_sent_through_the_cap(capsys)
     assert err.count("\n") == 1 and "'slime_refill'" in err and "--in-flight" in err
 
 
+# a small over-sampled step under the difficulty model's filter, slime's row only
+DIFFICULTY_STEP = ("simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+                   "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
+                   "--oversample", "1.5", "--steps", "3", "--in-flight", "16", "--slime-refill", "--difficulty")
+
+
 def test_difficulty_draws_the_filter_from_the_model_and_filter_order_orders_the_batches(capsys):
     """--difficulty (with --steps): DAPO's filter drawn from the difficulty model in every row (the setting says
     the share it keeps); --filter-order orders the over-sampled rows' batches by one earlier epoch, not the
     reference's; either without what it needs is one line."""
-    args = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
-            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
-            "--oversample", "1.5", "--steps", "3", "--in-flight", "16", "--slime-refill", "--difficulty"]
+    args = list(DIFFICULTY_STEP)
     assert main(args + ["--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert "drawn from the difficulty model" in plain["setting"] and "likely-kept first" not in plain["setting"]
@@ -644,9 +648,7 @@ def test_selective_skips_prompts_the_filter_dropped_an_epoch_earlier_in_the_over
     """--selective (with --difficulty): the over-sampled rows run without the prompts GRESO's rule skipped (the
     setting says how many, and how many of them would have passed), the reference runs them all; without
     --difficulty, or with --max-staleness, it is one line."""
-    args = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
-            "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--policies", "sglang", "--routers", "cache_aware",
-            "--oversample", "1.5", "--steps", "3", "--in-flight", "16", "--slime-refill", "--difficulty"]
+    args = list(DIFFICULTY_STEP)
     assert main(args + ["--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main(args + ["--selective", "--json"]) == 0
