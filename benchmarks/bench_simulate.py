@@ -1497,6 +1497,95 @@ def difficulty_rows(settings: list) -> list:
     return rows
 
 
+# slime_difficulty_drift: GRESO's skip and the filter order when the policy learns between epochs (simulate.difficulty.
+# learnt_rates: each prompt's log-odds of a reward grow by DRIFTS per epoch, a log-normal learning speed per prompt),
+# with HISTORY_EPOCHS earlier epochs recorded (the skip applied in them too, so a skipped prompt's streak stands).
+# Modes: (over-sampling batch / B, partial rollout): the one where the skip was never slower and the one where it lost.
+DRIFT_MODES = ((1.5, True), (1.0, False))
+DRIFTS = (0.0, 0.5, 1.0)
+HISTORY_EPOCHS = (1, 4)
+DRIFT_RUNS = ("slime as it ships", "slime + lengthsched_filter_order", "slime + lengthsched_selective_rollout",
+              "slime + lengthsched_selective_rollout + lengthsched_filter_order")
+
+
+def _drift_unit(args) -> dict:
+    """One setting and mode of slime_difficulty_drift: per (drift, epochs recorded) and DRIFT_RUNS row, [kept tokens
+    per second, skipped prompts that would have passed per kept group, skipped share of the epoch's prompts, the
+    kept groups' mean pass rate at that epoch]."""
+    from lengthsched.filtering import FilterHistory, SelectiveRollout
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates, run_epochs
+    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
+    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2
+    groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    size = len(groups[0].lengths)
+    rates = pass_rates(groups, seed=seed)
+    shared = dict(batch=prompts, oversample=over, steps=DYNAMIC_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
+                  replicas, filter_seed=seed, refill=True, router="cache_aware", **common)
+    out = {}
+    for drift in DRIFTS:
+        for epochs in HISTORY_EPOCHS:
+            now = learnt_rates(rates, epochs, drift=drift, seed=seed)
+            valid = filter_passes(now, size, seed=seed, epoch=epochs)
+            for label in DRIFT_RUNS:
+                skip, order = "selective" in label, "filter_order" in label
+                history = FilterHistory()
+                rule = SelectiveRollout(seed=seed) if skip else None
+                if skip or order:
+                    run_epochs(groups, rates, size, epochs, history, rule=rule, drift=drift, seed=seed)
+                runs = rule.select(history, [g.prompt_id for g in groups]) if skip else np.ones(len(groups), bool)
+                index = np.flatnonzero(runs)
+                r = run_oversampled_steps([groups[i] for i in index], "sglang", valid=valid[runs],
+                                          filter_history=history if order else None, **shared)
+                kept = [int(index[g]) for step in r.steps for g in step.kept]
+                reached = int(index[max(max(st.kept) for st in r.steps if st.kept)]) + 1 if kept else 0
+                lost = float(np.sum(~runs[:reached] & valid[:reached])) / max(1, len(kept))
+                out[f"{drift}|{epochs}|{label}"] = [r.kept_tokens_per_second, lost,
+                                                     float(np.mean(~runs[:reached])) if reached else 0.0,
+                                                     float(np.mean(now[kept])) if kept else 0.0]
+    return out
+
+
+DRIFT_COLUMNS = ["over-sampling batch / B", "partial rollout", "drift (log-odds per epoch)", "epochs recorded", "run",
+                 "settings", "kept tokens/s x slime", "lowest", "slower by > 0.1%", "skipped share of prompts reached",
+                 "skipped prompts that would have passed, per kept group", "kept groups' mean pass rate"]
+
+
+def drift_rows(settings: list) -> list:
+    """slime_difficulty_drift's rows from its settings ([workload, prompts, replicas, pool, [over, partial], {"drift|
+    epochs|run": [...]}], several draws pooled)."""
+    rows = []
+    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
+        mine = [x[5] for x in settings if tuple(x[4]) == mode]
+        for drift in DRIFTS:
+            for epochs in HISTORY_EPOCHS:
+                base = [out[f"{drift}|{epochs}|{DRIFT_RUNS[0]}"][0] for out in mine]
+                for label in DRIFT_RUNS:
+                    vals = [out[f"{drift}|{epochs}|{label}"] for out in mine]
+                    ratio = np.array([v[0] / b for v, b in zip(vals, base)])
+                    rows.append([mode[0], "yes" if mode[1] else "no", drift, epochs, label, len(mine),
+                                 float(ratio.mean()), float(ratio.min()), int(np.sum(ratio < 0.999))]
+                                + [float(np.mean([v[i] for v in vals])) for i in (2, 1, 3)])
+    return rows
+
+
+def slime_difficulty_drift(quick: bool) -> tuple[str, dict]:
+    """GRESO's skip and the filter order when prompts get easier between epochs, on rollout_partial's grid (one
+    draw, --seed)."""
+    grid, modes = PARTIAL_GRID, DRIFT_MODES
+    if quick:
+        grid, modes = [("castillo", 16, 2, 4)], ((1.5, True),)
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
+    results = _pool_map(_drift_unit, units)
+    settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
+    rows = drift_rows(settings)
+    text = table(f"GRESO's skip and the filter order when the policy learns ({_cost_label()}, seed {ROLLOUT_SEED}, "
+                 f"{DYNAMIC_STEPS} steps of the epoch after those recorded, rollout_partial's grid): kept tokens per "
+                 "modelled second x slime as it ships in the same epoch", DRIFT_COLUMNS, rows)
+    return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+
+
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
                    "lowest", "long tail only", "x vllm + verl, same over-sampling", "worst", "slower by > 0.1%",
                    "on-policy kept tokens/s x vllm + verl (1.0)", "stale share of kept tokens", "highest",
@@ -2661,6 +2750,7 @@ def main(argv=None) -> int:
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
+                "slime_difficulty_drift": slime_difficulty_drift,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -38,7 +38,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
 __all__ = ["DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded",
-           "filter_passes", "filter_sides", "record_epoch", "selective_stream"]
+           "filter_passes", "filter_sides", "record_epoch", "selective_stream", "learnt_rates", "run_epochs"]
 
 DIFFICULTY_FILE = Path(__file__).with_name("data") / "gsm8k_gpt3_solutions.csv.gz"
 
@@ -204,3 +204,50 @@ def selective_stream(groups: Sequence[Any], history: Any, rule: Any) -> np.ndarr
     ``history`` holds for their prompts: GRESO's skip as the dataloader serves an epoch's prompts (the rule's
     exploration probabilities as they are; it adapts between epochs, not within one)."""
     return rule.select(history, [g.prompt_id for g in groups])
+
+
+def learnt_rates(rates: Any, epoch: int, *, drift: float = 0.0, spread: float = 0.5, seed: int = 0) -> np.ndarray:
+    """``rates`` (each prompt's chance of a rewarded completion at epoch 0) after ``epoch`` epochs of a policy
+    that learns: each prompt's log-odds grow by ``drift x s`` per epoch, ``s`` its own learning speed, log-normal
+    with median 1 and ``spread`` the standard deviation of its log, drawn once per prompt (seed ``seed``). ``drift``
+    0 (the default) leaves them as they are, the model the benchmarks use unless they say otherwise. Not fitted to
+    anything: a sensitivity knob (a prompt at 0 stays unsolvable; log-odds are taken on rates clipped to
+    [1e-9, 1 - 1e-9])."""
+    rates = np.asarray(rates, dtype=np.float64)
+    if rates.ndim != 1 or not np.all((rates >= 0) & (rates <= 1)):
+        raise InvalidArgument("rates", f"{rates.size} values", "one probability in [0, 1] per group")
+    epoch = check_int("epoch", epoch, minimum=0)
+    for name, value in (("drift", drift), ("spread", spread)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
+            raise InvalidArgument(name, value, "a finite number >= 0 (log-odds per epoch)" if name == "drift" else
+                                  "a finite number >= 0 (the sd of the log learning speed)")
+    if drift == 0 or epoch == 0:
+        return rates.copy()
+    speed = np.exp(spread * np.random.default_rng([check_int("seed", seed, minimum=0), 11]).standard_normal(rates.size))
+    p = np.clip(rates, 1e-9, 1 - 1e-9)
+    logit = np.log(p) - np.log1p(-p) + epoch * drift * speed
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
+def run_epochs(groups: Sequence[Any], rates: Any, group_size: int, epochs: int, history: Any, *, rule: Any = None,
+               drift: float = 0.0, spread: float = 0.5, seed: int = 0) -> np.ndarray:
+    """The filter's verdicts over ``epochs`` epochs of ``groups`` before the one a benchmark runs, recorded in
+    ``history`` (:func:`record_epoch`'s way, epoch ``e``'s rates :func:`learnt_rates` ``(rates, e, drift=...)``).
+    With ``rule`` (a :class:`lengthsched.SelectiveRollout`) every epoch first skips by what ``history`` holds then
+    (a skipped prompt is not generated, so nothing is recorded for it: its streak stands), and the rule adapts
+    after each epoch (GRESO adapts after every step; one epoch is the grain here). Returns, per epoch and group,
+    whether it ran (an ``epochs x len(groups)`` boolean array)."""
+    groups = list(groups)
+    epochs = check_int("epochs", epochs, minimum=0)
+    keys = [g.prompt_id for g in groups]
+    ran = np.ones((epochs, len(groups)), dtype=bool)
+    for e in range(epochs):
+        if rule is not None:
+            ran[e] = rule.select(history, keys)
+        sides = filter_sides(learnt_rates(rates, e, drift=drift, spread=spread, seed=seed), group_size, seed=seed,
+                             epoch=e)
+        on = np.flatnonzero(ran[e])
+        history.observe_many([keys[i] for i in on], [sides[i] is None for i in on], [sides[i] for i in on])
+        if rule is not None:
+            rule.adapt(history)
+    return ran
