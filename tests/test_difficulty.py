@@ -18,9 +18,11 @@ from simulate.difficulty import (
     filter_passes,
     filter_sides,
     fit_difficulty,
+    learnt_rates,
     pass_rates,
     record_epoch,
     rewarded,
+    run_epochs,
     selective_stream,
 )
 from simulate.workloads import Group
@@ -255,3 +257,50 @@ def test_an_epoch_of_the_difficulty_model_is_recorded_with_its_sides_and_skipped
     runs = selective_stream(groups, history, SelectiveRollout(p_easy=0.05, p_hard=0.05))
     assert runs[passes].all()  # a prompt its filter kept is never skipped
     assert (~runs[~passes]).mean() == pytest.approx(0.95, abs=0.05)
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.integers(0, 6), st.floats(0, 2))
+def test_a_learning_policy_makes_every_prompt_easier_epoch_by_epoch(rates, epoch, drift):
+    base = np.asarray(rates)
+    now = learnt_rates(base, epoch, drift=drift, seed=1)
+    later = learnt_rates(base, epoch + 1, drift=drift, seed=1)
+    assert now.shape == base.shape and np.all((now >= 0) & (now <= 1))
+    assert np.all(later >= now - 1e-12)
+    if drift == 0 or epoch == 0:
+        assert now.tolist() == base.tolist()
+
+
+def test_learnt_rates_shift_log_odds_by_a_speed_per_prompt():
+    base = np.full(2000, 0.5)
+    one = learnt_rates(base, 1, drift=1.0, spread=0.0, seed=2)
+    assert one == pytest.approx(np.full(2000, 1 / (1 + np.exp(-1.0))))  # no spread: every prompt learns alike
+    spread = learnt_rates(base, 2, drift=0.5, spread=0.5, seed=2)
+    logits = np.log(spread / (1 - spread))
+    assert np.median(logits) == pytest.approx(1.0, rel=0.05)  # median speed 1: 2 epochs x 0.5
+    assert np.std(np.log(logits)) == pytest.approx(0.5, rel=0.1)
+    assert learnt_rates(base, 2, drift=0.5, seed=2).tolist() == spread.tolist()  # the speeds are the prompt's own
+    for name, kwargs in (("drift", {"drift": -0.1}), ("spread", {"spread": float("inf")}), ("epoch", {"epoch": -1}),
+                         ("rates", {"rates": [1.5]})):
+        with pytest.raises(InvalidArgument, match=name):
+            learnt_rates(**{"rates": [0.5], "epoch": 1, **kwargs})
+
+
+def test_earlier_epochs_are_recorded_and_a_skipped_prompt_keeps_its_streak():
+    groups = _groups(np.linspace(100, 3000, 300))
+    rates = pass_rates(groups, seed=5)
+    plain = FilterHistory(memory=None)
+    ran = run_epochs(groups, rates, 16, 3, plain, seed=5)
+    assert ran.shape == (3, 300) and ran.all() and plain.groups == 900
+    first = FilterHistory(memory=None)
+    record_epoch(first, groups, rates, 16, seed=5, epoch=0)  # the same draws as run_epochs' first epoch
+    assert plain.to_dict()["outcomes"]["p0"][0] == first.to_dict()["outcomes"]["p0"][0]
+    skipping, rule = FilterHistory(memory=None), SelectiveRollout(p_easy=0.05, p_hard=0.05, seed=5)
+    ran = run_epochs(groups, rates, 16, 3, skipping, rule=rule, seed=5)
+    assert ran[0].all() and not ran[1:].all() and skipping.groups == ran.sum()
+    # a prompt skipped in an epoch recorded nothing then: its outcomes are one per epoch it ran
+    outcomes = skipping.to_dict()["outcomes"]
+    assert all(len(outcomes[g.prompt_id]) == ran[:, i].sum() for i, g in enumerate(groups))
+    assert rule.to_dict()["seen"][0] == skipping.groups  # adapted after every epoch
+    learning = FilterHistory(memory=None)
+    run_epochs(groups, rates, 16, 3, learning, drift=1.0, seed=5)
+    assert learning.easy > plain.easy and learning.hard < plain.hard  # a learning policy solves more
