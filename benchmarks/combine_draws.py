@@ -1,7 +1,8 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
-``--sections async_verl``, ``--sections async_verl_driver`` and ``--sections slime_difficulty`` each run one
+``--sections async_verl``, ``--sections async_verl_driver``, ``--sections slime_difficulty`` and
+``--sections slime_difficulty_drift`` each run one
 draw (``--seed``); this reads their JSON results and prints the section's table over all the draws' settings
 pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
 means), the lowest and worst over all of them, and the slower ones counted over all of them.
@@ -28,6 +29,8 @@ from bench_simulate import (  # noqa: E402
     ASYNC_RUNS,
     DIFFICULTY_COLUMNS,
     DIFFICULTY_RUNS,
+    DRIFT_COLUMNS,
+    DRIFT_RUNS,
     DRIVER_COLUMNS,
     DRIVER_PAIRS,
     DRIVER_RUNS,
@@ -41,13 +44,15 @@ from bench_simulate import (  # noqa: E402
     async_columns,
     async_rows,
     difficulty_rows,
+    drift_rows,
     paired_rows,
     partial_rows,
 )
 from common import table  # noqa: E402
 
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
-            "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS}
+            "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
+            "slime_difficulty_drift": DRIFT_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
@@ -74,6 +79,8 @@ def combine(section: str, paths: list[str], *, paired: bool = False) -> list:
         return paired_rows(pooled, PAIRS[section]) if section in PAIRS else []
     if section == "slime_difficulty":
         return difficulty_rows(pooled)
+    if section == "slime_difficulty_drift":
+        return drift_rows(pooled)
     return (partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS
             else async_rows(pooled, SECTIONS[section]))
 
@@ -150,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     for section, paths in groups:
         rows = combine(section, paths)
         columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS else DIFFICULTY_COLUMNS
-                   if section == "slime_difficulty" else async_columns(COLUMNS[section], rows))
+                   if section == "slime_difficulty" else DRIFT_COLUMNS if section == "slime_difficulty_drift"
+                   else async_columns(COLUMNS[section], rows))
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
         if section in PAIRS:
             print(table(f"{section} over {len(paths)} draws pooled, per setting against a baseline", PAIRED_COLUMNS,

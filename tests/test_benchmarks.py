@@ -877,6 +877,38 @@ def test_slime_difficulty_quick(tmp_path):
         row[:3] + [row[3] * 2] + row[4:7] + [row[7] * 2] + row[8:] for row in data["rows"]]
 
 
+def test_slime_difficulty_drift_quick(tmp_path):
+    """slime_difficulty_drift (quick): per drift and epochs recorded, one row per run of DRIFT_RUNS against slime in
+    the same epoch; slime's number is run_oversampled_steps' under that epoch's filter; only the skipping rows skip,
+    and they skip more with more epochs recorded; combine_draws.py pools two copies of a draw into the same rows."""
+    data = _quick_section(tmp_path, "slime_difficulty_drift")
+    import bench_simulate as bench
+    from combine_draws import combine
+
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+    from simulate.oversampling import run_oversampled_steps
+
+    rows = data["rows"]
+    assert len(rows) == len(bench.DRIFTS) * len(bench.HISTORY_EPOCHS) * len(bench.DRIFT_RUNS)
+    assert [row[4] for row in rows[:4]] == list(bench.DRIFT_RUNS)
+    assert all(row[6] == 1.0 for row in rows[::4])  # slime against itself
+    assert all(row[9] == 0.0 and row[10] == 0.0 for i, row in enumerate(rows) if i % 4 < 2)  # nothing skipped
+    skips = {(row[2], row[3]): row[9] for row in rows if "selective" in row[4]}
+    assert all(skips[(d, 4)] > skips[(d, 1)] > 0 for d in bench.DRIFTS)
+    w, b, r, f, (over, carry), out = data["settings"][0]
+    need = bench.DYNAMIC_STEPS * int(np.ceil(b * over - 1e-9)) * 2
+    groups, _, _, _, common = bench._rollout_setting(w, need, r, f, bench.ROLLOUT_SEED, None)
+    rates = learnt_rates(pass_rates(groups, seed=bench.ROLLOUT_SEED), 4, drift=0.5, seed=bench.ROLLOUT_SEED)
+    flags = filter_passes(rates, len(groups[0].lengths), seed=bench.ROLLOUT_SEED, epoch=4)
+    slime = run_oversampled_steps(groups, "sglang", batch=b, oversample=over, steps=bench.DYNAMIC_STEPS,
+                                  partial=carry, in_flight=bench.SLIME_CONCURRENCY * r, valid=flags, refill=True,
+                                  router="cache_aware", **common)
+    assert out[f"0.5|4|{bench.DRIFT_RUNS[0]}"][0] == pytest.approx(slime.kept_tokens_per_second)
+    path = tmp_path / "slime_difficulty_drift.json"
+    assert combine("slime_difficulty_drift", [str(path), str(path)]) == [
+        row[:5] + [row[5] * 2] + row[6:8] + [row[8] * 2] + row[9:] for row in rows]
+
+
 def test_slime_cold_start_quick(tmp_path):
     """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
     makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships

@@ -107,9 +107,10 @@ little, and too unsafe, to be the default.
   ``1 - max(p ** n, 0.01)``, ``p`` adapted after every rollout towards GRESO's target shares; the batch is
   filled from the data source in its place, and a group carried by partial rollout is never skipped. Default
   false: it changes which prompts the learner sees (in the simulator, where prompts do not get easier, a third
-  to a half of the prompts it skipped would have passed the filter: 4-6 per 100 groups trained). ``lengthsched_solved_reward`` (default 0.5):
-  a reward at or above it is a solved completion, which tells an all-right group from an all-wrong one;
-  ``lengthsched_selective_seed`` (default 0) seeds its draws; its state is saved with the history.
+  to a half of the prompts it skipped would have passed the filter: 4-6 per 100 groups trained).
+  ``lengthsched_solved_reward`` (default 0.5): a reward at or above it is a solved completion, which tells an
+  all-right group from an all-wrong one; ``lengthsched_selective_seed`` (default 0) seeds its draws; its state
+  is saved with the history.
 - ``lengthsched_max_carry``: with ``--partial-rollout`` and ``--buffer-filter-path
   lengthsched.integrations.slime.buffer_filter``, the most rollouts a group may be carried in slime's
   buffer; one carried more is thrown away (:func:`buffer_filter`; default: no limit).
