@@ -1517,7 +1517,7 @@ def _drift_unit(args) -> dict:
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
-    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 2
+    need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 3  # half as many again: the skip takes up to a third
     groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     size = len(groups[0].lengths)
     rates = pass_rates(groups, seed=seed)
