@@ -1461,17 +1461,23 @@ def _difficulty_unit(args) -> dict:
 def slime_difficulty(quick: bool) -> tuple[str, dict]:
     """slime's dynamic sampling under DAPO's filter drawn from the difficulty model (simulate.difficulty) rather
     than at random, and the integration's filter order, on rollout_partial's grid (one draw, --seed)."""
-    grid, modes = PARTIAL_GRID, DIFFICULTY_MODES
+    return _difficulty_section(_difficulty_unit, DIFFICULTY_MODES, (1.0, False), difficulty_rows, DIFFICULTY_COLUMNS,
+                               f"slime's dynamic sampling, DAPO's filter from the difficulty model ({_cost_label()}, "
+                               f"seed {ROLLOUT_SEED}, {DYNAMIC_STEPS} steps, rollout_partial's grid): kept tokens per "
+                               "modelled second x slime as it ships under the same filter", quick)
+
+
+def _difficulty_section(unit, modes, quick_mode, rows_of, columns, title: str, quick: bool) -> tuple[str, dict]:
+    """A section over rollout_partial's grid x ``modes`` (quick: one small setting in ``quick_mode``): ``unit`` per
+    setting and mode, ``rows_of`` its settings ([workload, prompts, replicas, pool, [mode], {run: ...}])."""
+    grid = PARTIAL_GRID
     if quick:
-        grid, modes = [("castillo", 16, 2, 4)], ((1.0, False),)
+        grid, modes = [("castillo", 16, 2, 4)], (quick_mode,)
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
-    results = _pool_map(_difficulty_unit, units)
+    results = _pool_map(unit, units)
     settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
-    rows = difficulty_rows(settings)
-    text = table(f"slime's dynamic sampling, DAPO's filter from the difficulty model ({_cost_label()}, seed "
-                 f"{ROLLOUT_SEED}, {DYNAMIC_STEPS} steps, rollout_partial's grid): kept tokens per modelled second x "
-                 "slime as it ships under the same filter", DIFFICULTY_COLUMNS, rows)
-    return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+    rows = rows_of(settings)
+    return table(title, columns, rows), {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
 
 
 DIFFICULTY_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "settings", "kept tokens/s x slime",
@@ -1573,17 +1579,11 @@ def drift_rows(settings: list) -> list:
 def slime_difficulty_drift(quick: bool) -> tuple[str, dict]:
     """GRESO's skip and the filter order when prompts get easier between epochs, on rollout_partial's grid (one
     draw, --seed)."""
-    grid, modes = PARTIAL_GRID, DRIFT_MODES
-    if quick:
-        grid, modes = [("castillo", 16, 2, 4)], ((1.5, True),)
-    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
-    results = _pool_map(_drift_unit, units)
-    settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
-    rows = drift_rows(settings)
-    text = table(f"GRESO's skip and the filter order when the policy learns ({_cost_label()}, seed {ROLLOUT_SEED}, "
-                 f"{DYNAMIC_STEPS} steps of the epoch after those recorded, rollout_partial's grid): kept tokens per "
-                 "modelled second x slime as it ships in the same epoch", DRIFT_COLUMNS, rows)
-    return text, {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+    return _difficulty_section(_drift_unit, DRIFT_MODES, (1.5, True), drift_rows, DRIFT_COLUMNS,
+                               f"GRESO's skip and the filter order when the policy learns ({_cost_label()}, seed "
+                               f"{ROLLOUT_SEED}, {DYNAMIC_STEPS} steps of the epoch after those recorded, "
+                               "rollout_partial's grid): kept tokens per modelled second x slime as it ships in the "
+                               "same epoch", quick)
 
 
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
