@@ -211,8 +211,8 @@ def learnt_rates(rates: Any, epoch: int, *, drift: float = 0.0, spread: float = 
     that learns: each prompt's log-odds grow by ``drift x s`` per epoch, ``s`` its own learning speed, log-normal
     with median 1 and ``spread`` the standard deviation of its log, drawn once per prompt (seed ``seed``). ``drift``
     0 (the default) leaves them as they are, the model the benchmarks use unless they say otherwise. Not fitted to
-    anything: a sensitivity knob (a prompt at 0 stays unsolvable; log-odds are taken on rates clipped to
-    [1e-9, 1 - 1e-9])."""
+    anything: a sensitivity knob. Log-odds are taken on rates clipped to [1e-9, 1 - 1e-9], and no rate is ever
+    lowered (a prompt at 1 stays at 1; one at 0 stays practically unsolvable, its log-odds starting at -20.7)."""
     rates = np.asarray(rates, dtype=np.float64)
     if rates.ndim != 1 or not np.all((rates >= 0) & (rates <= 1)):
         raise InvalidArgument("rates", f"{rates.size} values", "one probability in [0, 1] per group")
@@ -224,9 +224,10 @@ def learnt_rates(rates: Any, epoch: int, *, drift: float = 0.0, spread: float = 
     if drift == 0 or epoch == 0:
         return rates.copy()
     speed = np.exp(spread * np.random.default_rng([check_int("seed", seed, minimum=0), 11]).standard_normal(rates.size))
+    from scipy.special import expit, logit
+
     p = np.clip(rates, 1e-9, 1 - 1e-9)
-    logit = np.log(p) - np.log1p(-p) + epoch * drift * speed
-    return 1.0 / (1.0 + np.exp(-logit))
+    return np.maximum(rates, expit(logit(p) + epoch * drift * speed))
 
 
 def run_epochs(groups: Sequence[Any], rates: Any, group_size: int, epochs: int, history: Any, *, rule: Any = None,
