@@ -1417,7 +1417,7 @@ def _difficulty_unit(args) -> dict:
     ratio, the kept groups' mean pass rate, filtered share of the generated tokens, prompts skipped that would have
     passed per kept group)."""
     from lengthsched.filtering import FilterHistory, SelectiveRollout
-    from simulate.difficulty import filter_passes, filter_sides, pass_rates, selective_stream
+    from simulate.difficulty import filter_passes, filter_sides, observe_sides, pass_rates, selective_stream
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
@@ -1433,29 +1433,34 @@ def _difficulty_unit(args) -> dict:
                   replicas, filter_seed=seed, refill=True, **common)
     out = {}
     for label, options, valid, known in DIFFICULTY_RUNS:
-        history, runs, stream = None, None, groups
+        history, runs = None, np.ones(len(groups), dtype=bool)
         if known is not None:
             history = FilterHistory()
             said = earlier.get(known.split(",")[0])
             if said is not None:
-                history.observe_many([g.prompt_id for g in groups], [x is None for x in said], said)
+                observe_sides(history, groups, said)
         if known is not None and "skip" in known:  # GRESO's skip as the dataloader serves the epoch
             runs = selective_stream(groups, history, SelectiveRollout(seed=seed))
-            stream = [g for g, on in zip(groups, runs) if on]
             history = history if "order" in known else None
         extra = {"router": "cache_aware"} if options is None else {
             "run": partial(run_slime_planned_in_order, filter_history=history), "predicted": realistic, **options}
-        valid_flags = flags[valid] if runs is None or isinstance(flags[valid], float) else flags[valid][runs]
-        r = run_oversampled_steps(stream, "sglang", valid=valid_flags, filter_history=history, **shared, **extra)
-        index = np.arange(len(groups)) if runs is None else np.flatnonzero(runs)
-        kept = [int(index[g]) for step in r.steps for g in step.kept]
-        lost = 0.0
-        if runs is not None and kept:  # skipped before the furthest prompt the run reached, that would have passed
-            reached = int(index[max(max(step.kept) for step in r.steps if step.kept)]) + 1
-            lost = float(np.sum(~runs[:reached] & flags["difficulty"][:reached])) / len(kept)
+        valid_flags = flags[valid] if isinstance(flags[valid], float) else flags[valid][runs]
+        r = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid_flags,
+                                  filter_history=history, **shared, **extra)
+        kept, _, lost = _kept_after_skip(r, runs, flags["difficulty"])
         out[label] = [r.kept_tokens_per_second, r.kept_length_ratio, float(np.mean(rates[kept])) if kept else 0.0,
                       r.filtered_share, lost]
     return out
+
+
+def _kept_after_skip(result, runs: np.ndarray, valid: np.ndarray) -> tuple[list[int], int, float]:
+    """Of a run of over-sampled steps over the stream's groups that ``runs`` let run (the others skipped): the
+    stream indices of the groups it kept, how far into the stream it reached (one past the furthest group it kept),
+    and how many skipped groups before that ``valid`` says would have passed, per kept group."""
+    index = np.flatnonzero(runs)
+    kept = [int(index[g]) for step in result.steps for g in step.kept]
+    reached = int(index[max(max(step.kept) for step in result.steps if step.kept)]) + 1 if kept else 0
+    return kept, reached, float(np.sum(~runs[:reached] & valid[:reached])) / max(1, len(kept))
 
 
 def slime_difficulty(quick: bool) -> tuple[str, dict]:
@@ -1541,12 +1546,9 @@ def _drift_unit(args) -> dict:
                 if skip or order:
                     run_epochs(groups, rates, size, epochs, history, rule=rule, drift=drift, seed=seed)
                 runs = rule.select(history, [g.prompt_id for g in groups]) if skip else np.ones(len(groups), bool)
-                index = np.flatnonzero(runs)
-                r = run_oversampled_steps([groups[i] for i in index], "sglang", valid=valid[runs],
+                r = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
                                           filter_history=history if order else None, **shared)
-                kept = [int(index[g]) for step in r.steps for g in step.kept]
-                reached = int(index[max(max(st.kept) for st in r.steps if st.kept)]) + 1 if kept else 0
-                lost = float(np.sum(~runs[:reached] & valid[:reached])) / max(1, len(kept))
+                kept, reached, lost = _kept_after_skip(r, runs, valid)
                 out[f"{drift}|{epochs}|{label}"] = [r.kept_tokens_per_second, lost,
                                                      float(np.mean(~runs[:reached])) if reached else 0.0,
                                                      float(np.mean(now[kept])) if kept else 0.0]

@@ -109,10 +109,7 @@ class FilterHistory:
         was kept or dropped with no side recorded, and neither exceeds ``memory``."""
         easy, hard = np.zeros(len(keys), dtype=np.int64), np.zeros(len(keys), dtype=np.int64)
         for i, key in enumerate(keys):
-            try:
-                seen = self._outcomes.get(key)
-            except TypeError as exc:
-                raise InvalidArgument("keys", repr(key), "hashable prompt keys") from exc
+            seen = self._seen(key)
             if not seen or seen[-1] not in SIDES:
                 continue
             last, n = seen[-1], 0
@@ -128,13 +125,18 @@ class FilterHistory:
         share, s = self.share, self.prior_strength
         out = np.empty(len(keys), dtype=np.float64)
         for i, key in enumerate(keys):
-            try:
-                seen = self._outcomes.get(key)
-            except TypeError as exc:
-                raise InvalidArgument("keys", repr(key), "hashable prompt keys") from exc
+            seen = self._seen(key)
             n, k = (len(seen), sum(o is True for o in seen)) if seen else (0, 0)
             out[i] = (k + s * share) / (n + s)
         return out
+
+    def _seen(self, key: Hashable) -> deque | None:
+        """The outcomes remembered for ``key`` (None: never observed); an unhashable one is an error naming
+        ``keys``."""
+        try:
+            return self._outcomes.get(key)
+        except TypeError as exc:
+            raise InvalidArgument("keys", repr(key), "hashable prompt keys") from exc
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able copy (string keys: a key is written as ``str(key)``)."""

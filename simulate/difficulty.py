@@ -37,8 +37,8 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int
 
-__all__ = ["DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded",
-           "filter_passes", "filter_sides", "record_epoch", "selective_stream", "learnt_rates", "run_epochs"]
+__all__ = ["DEFAULT_DIFFICULTY", "Difficulty", "fit_difficulty", "pass_rates", "rewarded", "filter_passes",
+           "filter_sides", "observe_sides", "record_epoch", "selective_stream", "learnt_rates", "run_epochs"]
 
 DIFFICULTY_FILE = Path(__file__).with_name("data") / "gsm8k_gpt3_solutions.csv.gz"
 
@@ -194,9 +194,14 @@ def record_epoch(history: Any, groups: Sequence[Any], rates: Any, group_size: in
     (a :class:`lengthsched.FilterHistory`, keyed by ``prompt_id``, with the side of every dropped group), as
     ``lengthsched.integrations.slime.dynamic_sampling_filter`` records them; returns whether each group passed."""
     sides = filter_sides(rates, group_size, seed=seed, epoch=epoch)
-    passed = np.array([side is None for side in sides], dtype=bool)
-    history.observe_many([g.prompt_id for g in groups], passed.tolist(), sides)
-    return passed
+    observe_sides(history, groups, sides)
+    return np.array([side is None for side in sides], dtype=bool)
+
+
+def observe_sides(history: Any, groups: Sequence[Any], sides: Sequence[str | None]) -> None:
+    """Record in ``history`` (keyed by ``prompt_id``) what the filter did with each of ``groups``: ``sides`` as
+    :func:`filter_sides` gives them (None: kept; ``"easy"`` or ``"hard"``: dropped, and why)."""
+    history.observe_many([g.prompt_id for g in groups], [side is None for side in sides], sides)
 
 
 def selective_stream(groups: Sequence[Any], history: Any, rule: Any) -> np.ndarray:
@@ -248,7 +253,7 @@ def run_epochs(groups: Sequence[Any], rates: Any, group_size: int, epochs: int, 
         sides = filter_sides(learnt_rates(rates, e, drift=drift, spread=spread, seed=seed), group_size, seed=seed,
                              epoch=e)
         on = np.flatnonzero(ran[e])
-        history.observe_many([keys[i] for i in on], [sides[i] is None for i in on], [sides[i] for i in on])
+        observe_sides(history, [groups[i] for i in on], [sides[i] for i in on])
         if rule is not None:
             rule.adapt(history)
     return ran

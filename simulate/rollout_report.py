@@ -25,7 +25,7 @@ from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
 from lengthsched.runtime import POLICIES
 
-from .difficulty import DEFAULT_DIFFICULTY, filter_passes, filter_sides, pass_rates, selective_stream
+from .difficulty import DEFAULT_DIFFICULTY, filter_passes, filter_sides, observe_sides, pass_rates, selective_stream
 from .options import OPTION_DEFAULTS, ROLLOUT_DEFAULTS, SimulateOptions, resolve
 from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps, submitted_per_step
 from .report import (
@@ -432,7 +432,7 @@ def _earlier_history(step: RolloutStep, earlier: list) -> FilterHistory:
     """A filter history holding what the filter did with each of ``step``'s prompts one epoch earlier (``earlier``:
     :func:`simulate.difficulty.filter_sides`)."""
     history = FilterHistory()
-    history.observe_many([g.prompt_id for g in step.groups], [side is None for side in earlier], earlier)
+    observe_sides(history, step.groups, earlier)
     return history
 
 

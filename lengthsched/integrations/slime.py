@@ -680,13 +680,14 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                         "placing whole groups by predicted work instead of 'ways'")
             placement = "groups"
         max_new = getattr(args, "rollout_max_response_len", None)
+        filter_order = _flag(args, "lengthsched_filter_order", True)
+        history, selective = _load_saved(args)
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
                                 submit=getattr(args, "lengthsched_submit", None) or ("shortest" if over else "auto"),
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None,
-                                filter_order=_flag(args, "lengthsched_filter_order", True),
-                                history=_load_history(args), selective=_load_selective(args))
+                                filter_order=filter_order, history=history, selective=selective)
     return _PLANNER
 
 
@@ -697,39 +698,33 @@ def _history_path(args: Any) -> str | None:
     return path
 
 
-def _load_history(args: Any) -> FilterHistory | None:
-    """The filter history saved at ``lengthsched_filter_history_path`` (a run resumed from a checkpoint keeps
-    what the filter did with each prompt), or None (a fresh one) where the key is unset or the file is not there
-    yet."""
-    path = _history_path(args)
-    if path is None or not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return FilterHistory.from_dict(json.load(handle))
-    except (OSError, ValueError) as exc:
-        raise InvalidArgument("lengthsched_filter_history_path", path,
-                              f"a JSON file written by lengthsched's slime integration ({exc})") from exc
-
-
-def _load_selective(args: Any) -> SelectiveRollout | None:
-    """GRESO's skip where ``lengthsched_selective_rollout`` is true (default false): the rule saved with the
-    history at ``lengthsched_filter_history_path`` where there is one, else a fresh
+def _load_saved(args: Any) -> tuple[FilterHistory | None, SelectiveRollout | None]:
+    """What the planner starts from, read once from ``lengthsched_filter_history_path`` (a run resumed from a
+    checkpoint keeps what the filter did with each prompt): the filter history, or None (a fresh one) where the key
+    is unset or the file is not there yet; and GRESO's skip where ``lengthsched_selective_rollout`` is true (default
+    false): the rule saved with the history where there is one, else a fresh
     :class:`~lengthsched.filtering.SelectiveRollout` (seeded by ``lengthsched_selective_seed``, default 0)."""
-    if not _flag(args, "lengthsched_selective_rollout", False):
-        return None
     path = _history_path(args)
+    saved = history = None
     if path is not None and os.path.exists(path):
         try:
             with open(path, encoding="utf-8") as handle:
-                saved = json.load(handle).get("selective")
-            if saved is not None:
-                return SelectiveRollout.from_dict(saved)
-        except (OSError, ValueError, AttributeError) as exc:
+                saved = json.load(handle)
+            history = FilterHistory.from_dict(saved)
+        except (OSError, ValueError) as exc:
+            raise InvalidArgument("lengthsched_filter_history_path", path,
+                                  f"a JSON file written by lengthsched's slime integration ({exc})") from exc
+    if not _flag(args, "lengthsched_selective_rollout", False):
+        return history, None
+    if saved is not None and saved.get("selective") is not None:
+        try:
+            return history, SelectiveRollout.from_dict(saved["selective"])
+        except ValueError as exc:
             raise InvalidArgument("lengthsched_filter_history_path", path,
                                   f"a JSON file written by lengthsched's slime integration ({exc})") from exc
     seed = getattr(args, "lengthsched_selective_seed", None)
-    return SelectiveRollout(seed=0 if seed is None else check_int("lengthsched_selective_seed", seed, minimum=0))
+    return history, SelectiveRollout(seed=0 if seed is None else check_int("lengthsched_selective_seed", seed,
+                                                                          minimum=0))
 
 
 def _after_rollout(args: Any, planner: SlimePlanner) -> None:
