@@ -1472,10 +1472,11 @@ def slime_difficulty(quick: bool) -> tuple[str, dict]:
                                "modelled second x slime as it ships under the same filter", quick)
 
 
-def _difficulty_section(unit, modes, quick_mode, rows_of, columns, title: str, quick: bool) -> tuple[str, dict]:
-    """A section over rollout_partial's grid x ``modes`` (quick: one small setting in ``quick_mode``): ``unit`` per
-    setting and mode, ``rows_of`` its settings ([workload, prompts, replicas, pool, [mode], {run: ...}])."""
-    grid = PARTIAL_GRID
+def _difficulty_section(unit, modes, quick_mode, rows_of, columns, title: str, quick: bool,
+                        grid=PARTIAL_GRID) -> tuple[str, dict]:
+    """A section over ``grid`` (rollout_partial's by default) x ``modes`` (quick: one small setting in
+    ``quick_mode``): ``unit`` per setting and mode, ``rows_of`` its settings ([workload, prompts, replicas, pool,
+    [mode], {run: ...}])."""
     if quick:
         grid, modes = [("castillo", 16, 2, 4)], (quick_mode,)
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
@@ -1586,6 +1587,98 @@ def slime_difficulty_drift(quick: bool) -> tuple[str, dict]:
                                f"{ROLLOUT_SEED}, {DYNAMIC_STEPS} steps of the epoch after those recorded, "
                                "rollout_partial's grid): kept tokens per modelled second x slime as it ships in the "
                                "same epoch", quick)
+
+
+# slime_order_horizon: the filter order and GRESO's skip over a longer run of slime's dynamic sampling. The sections
+# above run 5 steps; with partial rollout a step's aborted groups come back to the next one with their tokens, so an
+# order that puts the likely-dropped groups last defers their work into the carried pile rather than saving it, and
+# 5 steps end before the deferred work is paid for. One run of HORIZON_STEPS steps per setting, mode and row, its
+# kept tokens per second read after each of HORIZON_MARKS steps (a step's outcome does not depend on the steps after
+# it, so the first 5 are the 5-step run's). Grid: rollout_partial's settings of 64 prompts (30 steps of 256 would
+# need more prompts than CASTILLO's bundled 3,598). Rows: (label, drift in log-odds per epoch, epochs recorded, the
+# order's history: None, "recorded" or "oracle", GRESO's skip); each against slime as it ships under the same drift.
+HORIZON_STEPS = 30
+HORIZON_MARKS = (5, 10, 20, 30)
+HORIZON_GRID = [x for x in PARTIAL_GRID if x[1] == 64]
+HORIZON_MODES = ((1.0, False), (1.5, False), (1.0, True), (1.5, True))
+HORIZON_RUNS = (
+    ("slime as it ships", 0.0, 1, None, False),
+    ("slime + lengthsched_filter_order (one earlier epoch recorded)", 0.0, 1, "recorded", False),
+    ("slime + the order by this epoch's own outcomes (oracle)", 0.0, 1, "oracle", False),
+    ("slime + lengthsched_selective_rollout (one earlier epoch; changes the data)", 0.0, 1, None, True),
+    ("slime as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, None, False),
+    ("slime + lengthsched_filter_order, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, "recorded",
+     False),
+)
+
+
+def _horizon_unit(args) -> dict:
+    """One setting and mode of slime_order_horizon: per HORIZON_RUNS row, [[kept tokens per second after each of
+    HORIZON_MARKS steps], [filtered share of the generated tokens after each]]."""
+    from lengthsched.filtering import FilterHistory, SelectiveRollout
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates, run_epochs
+    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+
+    workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
+    need = HORIZON_STEPS * submitted_per_step(prompts, over) * 2
+    groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    size, keys = len(groups[0].lengths), [g.prompt_id for g in groups]
+    rates = pass_rates(groups, seed=seed)
+    shared = dict(batch=prompts, oversample=over, steps=HORIZON_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
+                  replicas, filter_seed=seed, refill=True, router="cache_aware", **common)
+    out = {}
+    for label, drift, epochs, known, skip in HORIZON_RUNS:
+        valid = filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed, epoch=epochs)
+        history, rule, runs = FilterHistory(), SelectiveRollout(seed=seed) if skip else None, np.ones(len(groups), bool)
+        if known == "oracle":
+            history.observe_many(keys, list(valid))
+        elif known is not None or skip:
+            run_epochs(groups, rates, size, epochs, history, rule=rule, drift=drift, seed=seed)
+        if skip:
+            runs = rule.select(history, keys)
+        r = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
+                                  filter_history=history if known else None, **shared)
+        seconds, kept, filtered, decoded = (np.cumsum([getattr(s, name) for s in r.steps]) for name in
+                                            ("seconds", "kept_tokens", "filtered_tokens", "decoded_tokens"))
+        at = np.array(HORIZON_MARKS) - 1
+        out[label] = [(kept[at] / seconds[at]).tolist(), (filtered[at] / np.maximum(1, decoded[at])).tolist()]
+    return out
+
+
+HORIZON_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "settings"] + [
+    f"kept tokens/s x slime after {m} steps" for m in HORIZON_MARKS] + [
+    f"lowest after {HORIZON_MARKS[-1]}", f"slower by > 0.1% after {HORIZON_MARKS[-1]}",
+    f"filtered share of generated after {HORIZON_MARKS[0]}", f"after {HORIZON_MARKS[-1]}"]
+
+
+def horizon_rows(settings: list) -> list:
+    """slime_order_horizon's rows from its settings ([workload, prompts, replicas, pool, [over, partial], {run:
+    [[kept tokens/s per mark], [filtered share per mark]]}], several draws pooled); each run against slime as it
+    ships under the same drift (the first row of its drift in HORIZON_RUNS)."""
+    base_of = {}
+    for label, drift, *_ in HORIZON_RUNS:
+        base_of.setdefault(drift, label)
+    rows = []
+    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
+        mine = [x[5] for x in settings if tuple(x[4]) == mode]
+        for label, drift, *_ in HORIZON_RUNS:
+            ratio = np.array([np.array(out[label][0]) / np.array(out[base_of[drift]][0]) for out in mine])
+            filtered = np.array([out[label][1] for out in mine])
+            rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), *ratio.mean(axis=0).tolist(),
+                         float(ratio[:, -1].min()), int(np.sum(ratio[:, -1] < 0.999)), float(filtered[:, 0].mean()),
+                         float(filtered[:, -1].mean())])
+    return rows
+
+
+def slime_order_horizon(quick: bool) -> tuple[str, dict]:
+    """The filter order and GRESO's skip over 30 steps of slime's dynamic sampling, read after 5, 10, 20 and 30
+    (rollout_partial's settings of 64 prompts, one draw, --seed)."""
+    text, out = _difficulty_section(_horizon_unit, HORIZON_MODES, (1.5, True), horizon_rows, HORIZON_COLUMNS,
+                                    f"slime's dynamic sampling over {HORIZON_STEPS} steps ({_cost_label()}, seed "
+                                    f"{ROLLOUT_SEED}, rollout_partial's settings of 64 prompts): kept tokens per "
+                                    "modelled second x slime as it ships after so many steps", quick,
+                                    grid=HORIZON_GRID)
+    return text, out | {"steps": HORIZON_STEPS, "marks": list(HORIZON_MARKS)}
 
 
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
@@ -2752,7 +2845,7 @@ def main(argv=None) -> int:
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
-                "slime_difficulty_drift": slime_difficulty_drift,
+                "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
                 "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
