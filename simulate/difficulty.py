@@ -22,6 +22,12 @@ questions none of the four solved run 1.63 x as long as those all four solved). 
 different models are not a group of one policy: the law's spread is wider than one model's, and the data
 says nothing about reasoning models, whose long wrong answers may tie length to difficulty more strongly.
 Pass your own :class:`Difficulty` where you know your task's.
+
+Across epochs the same prompts draw their rewards again from the same chances, unless the policy learns:
+:func:`learnt_rates` raises every prompt's log-odds by a drift per epoch (each prompt at its own log-normal
+speed; a sensitivity knob, fitted to nothing), and :func:`run_epochs` records the filter's verdicts of earlier
+epochs (with their sides: all right or all wrong) in a :class:`lengthsched.FilterHistory`, GRESO's skip
+(:class:`lengthsched.SelectiveRollout`) applied in them when given.
 """
 
 from __future__ import annotations
