@@ -1594,11 +1594,12 @@ def slime_difficulty_drift(quick: bool) -> tuple[str, dict]:
 # order that puts the likely-dropped groups last defers their work into the carried pile rather than saving it, and
 # 5 steps end before the deferred work is paid for. One run of HORIZON_STEPS steps per setting, mode and row, its
 # kept tokens per second read after each of HORIZON_MARKS steps (a step's outcome does not depend on the steps after
-# it, so the first 5 are the 5-step run's). Grid: rollout_partial's settings of 64 prompts (30 steps of 256 would
-# need more prompts than CASTILLO's bundled 3,598). Rows: (label, drift in log-odds per epoch, epochs recorded, the
-# order's history: None, "recorded" or "oracle", GRESO's skip); each against slime as it ships under the same drift.
-HORIZON_STEPS = 30
-HORIZON_MARKS = (5, 10, 20, 30)
+# it, so the first 5 are the 5-step run's). Grid: rollout_partial's settings of 64 prompts (20 steps of 256 would
+# need more prompts than CASTILLO's bundled 3,598; 30 of 64 ran out of them without partial rollout). Rows: (label,
+# drift in log-odds per epoch, epochs recorded, the order's history: None, "recorded" or "oracle", GRESO's skip);
+# each against slime as it ships under the same drift.
+HORIZON_STEPS = 20
+HORIZON_MARKS = (5, 10, 15, 20)
 HORIZON_GRID = [x for x in PARTIAL_GRID if x[1] == 64]
 HORIZON_MODES = ((1.0, False), (1.5, False), (1.0, True), (1.5, True))
 HORIZON_RUNS = (
@@ -1620,7 +1621,7 @@ def _horizon_unit(args) -> dict:
     from simulate.oversampling import run_oversampled_steps, submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
-    need = HORIZON_STEPS * submitted_per_step(prompts, over) * 2
+    need = HORIZON_STEPS * submitted_per_step(prompts, over) * 3  # every CASTILLO prompt at 1x: the skip takes some
     groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     size, keys = len(groups[0].lengths), [g.prompt_id for g in groups]
     rates = pass_rates(groups, seed=seed)
@@ -1671,8 +1672,8 @@ def horizon_rows(settings: list) -> list:
 
 
 def slime_order_horizon(quick: bool) -> tuple[str, dict]:
-    """The filter order and GRESO's skip over 30 steps of slime's dynamic sampling, read after 5, 10, 20 and 30
-    (rollout_partial's settings of 64 prompts, one draw, --seed)."""
+    """The filter order and GRESO's skip over HORIZON_STEPS steps of slime's dynamic sampling, read after each of
+    HORIZON_MARKS (rollout_partial's settings of 64 prompts, one draw, --seed)."""
     text, out = _difficulty_section(_horizon_unit, HORIZON_MODES, (1.5, True), horizon_rows, HORIZON_COLUMNS,
                                     f"slime's dynamic sampling over {HORIZON_STEPS} steps ({_cost_label()}, seed "
                                     f"{ROLLOUT_SEED}, rollout_partial's settings of 64 prompts): kept tokens per "
