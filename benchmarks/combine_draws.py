@@ -1,8 +1,8 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
-``--sections async_verl``, ``--sections async_verl_driver``, ``--sections slime_difficulty`` and
-``--sections slime_difficulty_drift`` each run one
+``--sections async_verl``, ``--sections async_verl_driver``, ``--sections slime_difficulty``,
+``--sections slime_difficulty_drift`` and ``--sections slime_order_horizon`` each run one
 draw (``--seed``); this reads their JSON results and prints the section's table over all the draws' settings
 pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
 means), the lowest and worst over all of them, and the slower ones counted over all of them.
@@ -34,6 +34,8 @@ from bench_simulate import (  # noqa: E402
     DRIVER_COLUMNS,
     DRIVER_PAIRS,
     DRIVER_RUNS,
+    HORIZON_COLUMNS,
+    HORIZON_RUNS,
     PAIRED_COLUMNS,
     PARTIAL_COLUMNS,
     PARTIAL_RUNS,
@@ -45,6 +47,7 @@ from bench_simulate import (  # noqa: E402
     async_rows,
     difficulty_rows,
     drift_rows,
+    horizon_rows,
     paired_rows,
     partial_rows,
 )
@@ -52,13 +55,17 @@ from common import table  # noqa: E402
 
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
             "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
-            "slime_difficulty_drift": DRIFT_RUNS}
+            "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
 PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS}
 #: The columns of each asynchronous section's table.
 COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS}
+#: The slime sections' rows (from their pooled settings) and columns.
+SLIME_TABLES = {"slime_difficulty": (difficulty_rows, DIFFICULTY_COLUMNS),
+                "slime_difficulty_drift": (drift_rows, DRIFT_COLUMNS),
+                "slime_order_horizon": (horizon_rows, HORIZON_COLUMNS)}
 
 
 def combine(section: str, paths: list[str], *, paired: bool = False) -> list:
@@ -77,10 +84,8 @@ def combine(section: str, paths: list[str], *, paired: bool = False) -> list:
         pooled += settings if section not in STEPS_SECTIONS else [x[:7] + [draw] for x in settings]
     if paired:
         return paired_rows(pooled, PAIRS[section]) if section in PAIRS else []
-    if section == "slime_difficulty":
-        return difficulty_rows(pooled)
-    if section == "slime_difficulty_drift":
-        return drift_rows(pooled)
+    if section in SLIME_TABLES:
+        return SLIME_TABLES[section][0](pooled)
     return (partial_rows(pooled, SECTIONS[section]) if section in STEPS_SECTIONS
             else async_rows(pooled, SECTIONS[section]))
 
@@ -156,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = groups_of(args.sections)
     for section, paths in groups:
         rows = combine(section, paths)
-        columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS else DIFFICULTY_COLUMNS
-                   if section == "slime_difficulty" else DRIFT_COLUMNS if section == "slime_difficulty_drift"
-                   else async_columns(COLUMNS[section], rows))
+        columns = (PARTIAL_COLUMNS if section in STEPS_SECTIONS else SLIME_TABLES[section][1]
+                   if section in SLIME_TABLES else async_columns(COLUMNS[section], rows))
         print(table(f"{section} over {len(paths)} draws pooled", columns, rows))
         if section in PAIRS:
             print(table(f"{section} over {len(paths)} draws pooled, per setting against a baseline", PAIRED_COLUMNS,

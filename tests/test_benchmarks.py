@@ -909,6 +909,43 @@ def test_slime_difficulty_drift_quick(tmp_path):
         row[:5] + [row[5] * 2] + row[6:8] + [row[8] * 2] + row[9:] for row in rows]
 
 
+def test_slime_order_horizon_quick(tmp_path):
+    """slime_order_horizon (quick): one row per run of HORIZON_RUNS, each against slime under the same drift; a
+    mark's kept tokens per second is what a run of that many steps gives (a step does not depend on the steps after
+    it), checked against run_oversampled_steps for slime and for the order after the first mark;
+    combine_draws.py pools two copies of a draw into the same rows."""
+    data = _quick_section(tmp_path, "slime_order_horizon")
+    import bench_simulate as bench
+    from combine_draws import combine
+
+    from lengthsched.filtering import FilterHistory
+    from simulate.difficulty import filter_passes, pass_rates, run_epochs
+    from simulate.oversampling import run_oversampled_steps
+
+    rows, labels = data["rows"], [label for label, *_ in bench.HORIZON_RUNS]
+    assert [row[2] for row in rows] == labels and data["marks"] == list(bench.HORIZON_MARKS)
+    assert rows[0][4:8] == [1.0] * 4 and rows[4][4:8] == [1.0] * 4  # slime against itself, per drift
+    w, b, r, f, (over, carry), out = data["settings"][0]
+    need = bench.HORIZON_STEPS * int(np.ceil(b * over - 1e-9)) * 3
+    groups, _, _, _, common = bench._rollout_setting(w, need, r, f, bench.ROLLOUT_SEED, None)
+    size, seed = len(groups[0].lengths), bench.ROLLOUT_SEED
+    rates = pass_rates(groups, seed=seed)
+    flags = filter_passes(rates, size, seed=seed, epoch=1)
+    shared = dict(batch=b, oversample=over, steps=bench.HORIZON_MARKS[0], partial=carry, valid=flags, refill=True,
+                  in_flight=bench.SLIME_CONCURRENCY * r, filter_seed=seed, router="cache_aware", **common)
+    slime = run_oversampled_steps(groups, "sglang", **shared)
+    history = FilterHistory()
+    run_epochs(groups, rates, size, 1, history, seed=seed)
+    ordered = run_oversampled_steps(groups, "sglang", filter_history=history, **shared)
+    assert out[labels[0]][0][0] == pytest.approx(slime.kept_tokens_per_second)
+    assert out[labels[1]][0][0] == pytest.approx(ordered.kept_tokens_per_second)
+    assert rows[1][4] == pytest.approx(ordered.kept_tokens_per_second / slime.kept_tokens_per_second)
+    assert out[labels[0]][1][0] == pytest.approx(slime.filtered_share)
+    path = tmp_path / "slime_order_horizon.json"
+    assert combine("slime_order_horizon", [str(path), str(path)]) == [
+        row[:3] + [row[3] * 2] + row[4:9] + [row[9] * 2] + row[10:] for row in rows]
+
+
 def test_slime_cold_start_quick(tmp_path):
     """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
     makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships
