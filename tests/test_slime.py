@@ -817,6 +817,13 @@ def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kep
     ls_slime.reset()
     assert ls_slime.planner_for(slime_args()).filter_order  # the default, acting once the history knows something
     ls_slime.reset()
+    # with partial rollout the aborted groups come back with their tokens: the order would only defer their work
+    assert not ls_slime.planner_for(slime_args(partial_rollout=True)).filter_order
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args(partial_rollout=True, lengthsched_filter_order=True)).filter_order
+    ls_slime.reset()
+    assert ls_slime.planner_for(slime_args(partial_rollout=False)).filter_order
+    ls_slime.reset()
     with pytest.raises(InvalidArgument, match="lengthsched_filter_order"):
         ls_slime.planner_for(slime_args(lengthsched_filter_order="yes"))
 

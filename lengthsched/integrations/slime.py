@@ -49,11 +49,12 @@ This module supplies, for those two hooks:
   (``lengthsched_dynamic_sampling_filter_path``, default slime's DAPO filter ``check_reward_nonzero_std``) and
   records, per prompt, whether it kept each group (:class:`~lengthsched.filtering.FilterHistory`); from the
   next epoch on every batch is handed to slime likely-kept first (``lengthsched_filter_order``), planned or
-  left to slime's router. A prompt whose groups the filter dropped (all right or all wrong) tends to be
-  dropped again, and hard prompts run long: in the simulator, with DAPO's filter drawn from a model of
-  difficulty tied to length fitted to GSM8K's labelled solutions, the order gave slime 0.8-12% more kept
-  tokens per second on average (docs/benchmarks.md, "DAPO's filter tied to difficulty"); the first epoch,
-  with no history yet, is slime's own.
+  left to slime's router, where slime runs without ``--partial-rollout`` (by default). A prompt whose groups
+  the filter dropped (all right or all wrong) tends to be dropped again, and hard prompts run long: in the
+  simulator, with DAPO's filter drawn from a model of difficulty tied to length fitted to GSM8K's labelled
+  solutions, the order gave slime 4.1-10.8% more kept tokens per second on average over 20 steps without
+  partial rollout, and was 0.4-2.0% slower with it (docs/benchmarks.md, "Over twenty steps"); the first
+  epoch, with no history yet, is slime's own.
   With ``lengthsched_selective_rollout: true`` it also skips the prompts the history says will be dropped
   again (GRESO's pre-rollout filter).
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
@@ -97,8 +98,11 @@ little, and too unsafe, to be the default.
   (``lengthsched_pool_tokens`` or the engine's answer), else every sample is sent at once.
   ``lengthsched_steal``: false keeps each sample on its planned engine (the window alone).
 - ``lengthsched_dynamic_sampling_filter_path``: the filter :func:`dynamic_sampling_filter` runs (default
-  :data:`DEFAULT_FILTER_PATH`, slime's ``check_reward_nonzero_std``). ``lengthsched_filter_order``: true (the
-  default) hands every batch over likely-kept first once the history knows something; false only records.
+  :data:`DEFAULT_FILTER_PATH`, slime's ``check_reward_nonzero_std``). ``lengthsched_filter_order``: true hands
+  every batch over likely-kept first once the history knows something; false only records. The default follows
+  slime's ``--partial-rollout``: true without it, false with it (the groups a step aborts then come back with
+  their tokens, so putting the likely-dropped ones last defers their work rather than saving it, and over 20
+  steps the order was slower than slime's own; docs/benchmarks.md, "Over twenty steps").
   ``lengthsched_filter_history_path``: a JSON file the history is read from when the planner is made and
   written to (atomically) after every training rollout, so a run resumed from a checkpoint keeps it.
 - ``lengthsched_selective_rollout``: true skips prompts before they run, as GRESO does
@@ -680,7 +684,9 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                         "placing whole groups by predicted work instead of 'ways'")
             placement = "groups"
         max_new = getattr(args, "rollout_max_response_len", None)
-        filter_order = _flag(args, "lengthsched_filter_order", True)
+        # the order saves work only where a step throws its aborted groups away; with partial rollout they come
+        # back with their tokens and the order defers their work instead (docs/benchmarks.md, "Over twenty steps")
+        filter_order = _flag(args, "lengthsched_filter_order", not bool(getattr(args, "partial_rollout", False)))
         history, selective = _load_saved(args)
         _PLANNER = SlimePlanner(placement=placement, pool_tokens=pool,
                                 submit=getattr(args, "lengthsched_submit", None) or ("shortest" if over else "auto"),
