@@ -138,7 +138,9 @@ class SimulateOptions:
     filter_order: bool = _opt(False, "with --difficulty, every over-sampled row hands each batch to the engines "
                                      "likely-kept first, by what the filter did with the same prompts one epoch "
                                      "earlier (lengthsched.integrations.slime's lengthsched_filter_order); the "
-                                     "reference is not over-sampled and keeps its order")
+                                     "reference is not over-sampled and keeps its order. With --partial-rollout "
+                                     "run --steps 20 or more: the order defers the groups it puts last to later "
+                                     "steps, which a short run does not charge for")
     selective: bool = _opt(False, "with --difficulty, every over-sampled row skips prompts as GRESO's pre-rollout "
                                   "filter does (lengthsched.SelectiveRollout: a prompt whose group the filter "
                                   "dropped one epoch earlier, all right or all wrong, is skipped with probability "

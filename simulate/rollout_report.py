@@ -75,6 +75,9 @@ MAX_OVERSAMPLE = 10.0
 CLI_ROUTERS = ROUTERS + (PLAN_ROUTER,)
 #: slime as it ships: SGLang's engines behind SGLang's cache-aware router (the row the plan is compared with).
 SLIME = ("sglang", "cache_aware")
+#: Steps below which a run with partial rollout flatters --filter-order (it defers the groups it puts last to later
+#: steps; docs/benchmarks.md, "Over twenty steps"): the setting line says so.
+SHORT_RUN = 20
 
 
 @dataclass(frozen=True)
@@ -573,6 +576,9 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                   f"{float(np.mean(valid)):.3f} of this stream's groups), in every row")
                + ("; the over-sampled rows hand each batch over likely-kept first, by what the filter did with the "
                   "same prompts one epoch earlier" if o.filter_order else "")
+               + (f"; with partial rollout {o.steps} steps flatter that order, which defers the groups it puts last "
+                  f"to later steps rather than saving them: run --steps {SHORT_RUN} or more" if
+                  o.filter_order and o.partial_rollout and o.steps < SHORT_RUN else "")
                + ("" if runs_flags is None else
                   f"; the over-sampled rows skip {int((~runs_flags).sum())} of the {len(runs_flags)} prompts as GRESO "
                   f"does (dropped one epoch earlier, each skipped with probability one half; "

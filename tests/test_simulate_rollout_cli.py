@@ -631,8 +631,11 @@ def test_difficulty_draws_the_filter_from_the_model_and_filter_order_orders_the_
     assert all(r["filtered_share"] > 0 for r in plain["rows"])
     assert main(args + ["--filter-order", "--json"]) == 0
     ordered = json.loads(capsys.readouterr().out)
-    assert "likely-kept first" in ordered["setting"]
+    assert "likely-kept first" in ordered["setting"] and "flatter" not in ordered["setting"]
     assert ordered["rows"][0] == plain["rows"][0]  # the reference is not over-sampled: nothing to order
+    # with partial rollout a short run flatters the order (it defers what it puts last): the setting says so
+    assert main(args + ["--filter-order", "--partial-rollout", "--json"]) == 0
+    assert "3 steps flatter that order" in json.loads(capsys.readouterr().out)["setting"]
     assert main(args) == 0
     assert "  filtered: " in capsys.readouterr().out
     for bad, name in ((args + ["--valid-share", "0.5"], "'difficulty'"),
