@@ -1607,6 +1607,8 @@ HORIZON_RUNS = (
     ("slime + lengthsched_filter_order (one earlier epoch recorded)", 0.0, 1, "recorded", False),
     ("slime + the order by this epoch's own outcomes (oracle)", 0.0, 1, "oracle", False),
     ("slime + lengthsched_selective_rollout (one earlier epoch; changes the data)", 0.0, 1, None, True),
+    ("slime + lengthsched_selective_rollout + lengthsched_filter_order (one earlier epoch; changes the data)", 0.0, 1,
+     "recorded", True),
     ("slime as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, None, False),
     ("slime + lengthsched_filter_order, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, "recorded",
      False),

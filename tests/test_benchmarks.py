@@ -924,7 +924,8 @@ def test_slime_order_horizon_quick(tmp_path):
 
     rows, labels = data["rows"], [label for label, *_ in bench.HORIZON_RUNS]
     assert [row[2] for row in rows] == labels and data["marks"] == list(bench.HORIZON_MARKS)
-    assert rows[0][4:8] == [1.0] * 4 and rows[4][4:8] == [1.0] * 4  # slime against itself, per drift
+    bases = [i for i, (label, *_) in enumerate(bench.HORIZON_RUNS) if label.startswith("slime as it ships")]
+    assert len(bases) == 2 and all(rows[i][4:8] == [1.0] * 4 for i in bases)  # slime against itself, per drift
     w, b, r, f, (over, carry), out = data["settings"][0]
     need = bench.HORIZON_STEPS * int(np.ceil(b * over - 1e-9)) * 3
     groups, _, _, _, common = bench._rollout_setting(w, need, r, f, bench.ROLLOUT_SEED, None)
