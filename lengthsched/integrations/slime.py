@@ -49,7 +49,7 @@ This module supplies, for those two hooks:
   (``lengthsched_dynamic_sampling_filter_path``, default slime's DAPO filter ``check_reward_nonzero_std``) and
   records, per prompt, whether it kept each group (:class:`~lengthsched.filtering.FilterHistory`); from the
   next epoch on every batch is handed to slime likely-kept first (``lengthsched_filter_order``), planned or
-  left to slime's router, where slime runs without ``--partial-rollout`` (by default). A prompt whose groups
+  left to slime's router; by default only where slime runs without ``--partial-rollout``. A prompt whose groups
   the filter dropped (all right or all wrong) tends to be dropped again, and hard prompts run long: in the
   simulator, with DAPO's filter drawn from a model of difficulty tied to length fitted to GSM8K's labelled
   solutions, the order gave slime 4.1-10.8% more kept tokens per second on average over 20 steps without
