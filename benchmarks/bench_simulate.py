@@ -1473,17 +1473,17 @@ def slime_difficulty(quick: bool) -> tuple[str, dict]:
 
 
 def _difficulty_section(unit, modes, quick_mode, rows_of, columns, title: str, quick: bool,
-                        grid=PARTIAL_GRID) -> tuple[str, dict]:
+                        grid=PARTIAL_GRID, steps: int = DYNAMIC_STEPS) -> tuple[str, dict]:
     """A section over ``grid`` (rollout_partial's by default) x ``modes`` (quick: one small setting in
     ``quick_mode``): ``unit`` per setting and mode, ``rows_of`` its settings ([workload, prompts, replicas, pool,
-    [mode], {run: ...}])."""
+    [mode], {run: ...}]); ``steps``: the over-sampled steps each unit runs (recorded with the results)."""
     if quick:
         grid, modes = [("castillo", 16, 2, 4)], (quick_mode,)
     units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST, m) for m in modes for w, b, r, f in grid]
     results = _pool_map(unit, units)
     settings = [[*u[:4], list(u[6]), out] for u, out in zip(units, results)]
     rows = rows_of(settings)
-    return table(title, columns, rows), {"rows": rows, "settings": settings, "steps": DYNAMIC_STEPS}
+    return table(title, columns, rows), {"rows": rows, "settings": settings, "steps": steps}
 
 
 DIFFICULTY_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "settings", "kept tokens/s x slime",
@@ -1524,9 +1524,8 @@ def _drift_unit(args) -> dict:
     """One setting and mode of slime_difficulty_drift: per (drift, epochs recorded) and DRIFT_RUNS row, [kept tokens
     per second, skipped prompts that would have passed per kept group, skipped share of the epoch's prompts, the
     kept groups' mean pass rate at that epoch]."""
-    from lengthsched.filtering import FilterHistory, SelectiveRollout
-    from simulate.difficulty import filter_passes, learnt_rates, pass_rates, run_epochs
-    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+    from simulate.oversampling import submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
     need = DYNAMIC_STEPS * submitted_per_step(prompts, over) * 3  # half as many again: the skip takes up to a third
@@ -1541,19 +1540,37 @@ def _drift_unit(args) -> dict:
             now = learnt_rates(rates, epochs, drift=drift, seed=seed)
             valid = filter_passes(now, size, seed=seed, epoch=epochs)
             for label in DRIFT_RUNS:
-                skip, order = "selective" in label, "filter_order" in label
-                history = FilterHistory()
-                rule = SelectiveRollout(seed=seed) if skip else None
-                if skip or order:
-                    run_epochs(groups, rates, size, epochs, history, rule=rule, drift=drift, seed=seed)
-                runs = rule.select(history, [g.prompt_id for g in groups]) if skip else np.ones(len(groups), bool)
-                r = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
-                                          filter_history=history if order else None, **shared)
+                r, runs = _after_epochs(groups, rates, valid, shared, epochs=epochs, drift=drift, seed=seed,
+                                        order="recorded" if "filter_order" in label else None,
+                                        skip="selective" in label)
                 kept, reached, lost = _kept_after_skip(r, runs, valid)
                 out[f"{drift}|{epochs}|{label}"] = [r.kept_tokens_per_second, lost,
                                                      float(np.mean(~runs[:reached])) if reached else 0.0,
                                                      float(np.mean(now[kept])) if kept else 0.0]
     return out
+
+
+def _after_epochs(groups, rates, valid, shared: dict, *, epochs: int, drift: float, seed: int, order: str | None,
+                  skip: bool):
+    """slime's over-sampled steps over ``groups`` (``valid``: the filter's verdicts this epoch) after ``epochs``
+    earlier epochs at ``drift`` (:func:`simulate.difficulty.run_epochs`, recorded where the run orders or skips);
+    ``order``: None (slime's own order), "recorded" (the integration's order by the recorded epochs) or "oracle"
+    (by this epoch's own verdicts, nothing recorded); ``skip``: GRESO's skip by the recorded epochs. Returns the
+    run and which groups ran (the others skipped)."""
+    from lengthsched.filtering import FilterHistory, SelectiveRollout
+    from simulate.difficulty import run_epochs
+    from simulate.oversampling import run_oversampled_steps
+
+    keys = [g.prompt_id for g in groups]
+    history, rule = FilterHistory(), SelectiveRollout(seed=seed) if skip else None
+    if order == "oracle":
+        history.observe_many(keys, list(valid))
+    elif order is not None or skip:
+        run_epochs(groups, rates, len(groups[0].lengths), epochs, history, rule=rule, drift=drift, seed=seed)
+    runs = rule.select(history, keys) if skip else np.ones(len(groups), dtype=bool)
+    result = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
+                                   filter_history=history if order else None, **shared)
+    return result, runs
 
 
 DRIFT_COLUMNS = ["over-sampling batch / B", "partial rollout", "drift (log-odds per epoch)", "epochs recorded", "run",
@@ -1618,29 +1635,22 @@ HORIZON_RUNS = (
 def _horizon_unit(args) -> dict:
     """One setting and mode of slime_order_horizon: per HORIZON_RUNS row, [[kept tokens per second after each of
     HORIZON_MARKS steps], [filtered share of the generated tokens after each]]."""
-    from lengthsched.filtering import FilterHistory, SelectiveRollout
-    from simulate.difficulty import filter_passes, learnt_rates, pass_rates, run_epochs
-    from simulate.oversampling import run_oversampled_steps, submitted_per_step
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+    from simulate.oversampling import submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
     need = HORIZON_STEPS * submitted_per_step(prompts, over) * 3  # every CASTILLO prompt at 1x: the skip takes some
     groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
-    size, keys = len(groups[0].lengths), [g.prompt_id for g in groups]
+    size = len(groups[0].lengths)
     rates = pass_rates(groups, seed=seed)
     shared = dict(batch=prompts, oversample=over, steps=HORIZON_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
                   replicas, filter_seed=seed, refill=True, router="cache_aware", **common)
+    verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
+                                               epoch=epochs) for _, drift, epochs, *_ in HORIZON_RUNS}
     out = {}
     for label, drift, epochs, known, skip in HORIZON_RUNS:
-        valid = filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed, epoch=epochs)
-        history, rule, runs = FilterHistory(), SelectiveRollout(seed=seed) if skip else None, np.ones(len(groups), bool)
-        if known == "oracle":
-            history.observe_many(keys, list(valid))
-        elif known is not None or skip:
-            run_epochs(groups, rates, size, epochs, history, rule=rule, drift=drift, seed=seed)
-        if skip:
-            runs = rule.select(history, keys)
-        r = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
-                                  filter_history=history if known else None, **shared)
+        r, _ = _after_epochs(groups, rates, verdicts[drift, epochs], shared, epochs=epochs, drift=drift, seed=seed,
+                             order=known, skip=skip)
         seconds, kept, filtered, decoded = (np.cumsum([getattr(s, name) for s in r.steps]) for name in
                                             ("seconds", "kept_tokens", "filtered_tokens", "decoded_tokens"))
         at = np.array(HORIZON_MARKS) - 1
@@ -1680,8 +1690,8 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
                                     f"slime's dynamic sampling over {HORIZON_STEPS} steps ({_cost_label()}, seed "
                                     f"{ROLLOUT_SEED}, rollout_partial's settings of 64 prompts): kept tokens per "
                                     "modelled second x slime as it ships after so many steps", quick,
-                                    grid=HORIZON_GRID)
-    return text, out | {"steps": HORIZON_STEPS, "marks": list(HORIZON_MARKS)}
+                                    grid=HORIZON_GRID, steps=HORIZON_STEPS)
+    return text, out | {"marks": list(HORIZON_MARKS)}
 
 
 PARTIAL_COLUMNS = ["over-sampling", "partial rollout", "run", "settings", "kept tokens/s x vllm + verl (1.0)",
