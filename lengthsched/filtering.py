@@ -21,6 +21,8 @@ Numpy only, like the rest of the core.
 
 from __future__ import annotations
 
+import json
+import os
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
@@ -28,10 +30,20 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgument, check_int
+from .io import atomic_write_text
 
-__all__ = ["SIDES", "FilterHistory", "SelectiveRollout", "order_by_pass"]
+__all__ = ["SIDES", "SKIP_DRAWS", "SOLVED_REWARD", "FilterHistory", "SelectiveRollout", "dropped_side",
+           "order_by_pass", "read_filter_state", "write_filter_state"]
 
 SIDES = ("easy", "hard")  # a dropped group: every completion rewarded, or none
+
+#: A reward at or above this counts as a solved completion unless the integration is told otherwise: it tells an
+#: all-right dropped group from an all-wrong one (math rewards are 1 and 0, or 1 and -1).
+SOLVED_REWARD = 0.5
+
+#: The most prompts an integration draws from the data, per prompt asked, while :class:`SelectiveRollout` skips
+#: (past it the integration hands over what it has).
+SKIP_DRAWS = 8
 
 
 class FilterHistory:
@@ -244,6 +256,51 @@ class SelectiveRollout:
             raise InvalidArgument("seen", seen, "three counts: groups, easy, hard")
         rule._seen = tuple(check_int("seen", v, minimum=0) for v in seen)
         return rule
+
+
+def dropped_side(rewards: Iterable[Any], solved: float = SOLVED_REWARD) -> str | None:
+    """Why the filter dropped a group with these rewards: ``"easy"`` when every one is at least ``solved``,
+    ``"hard"`` when none is, None when they straddle it, a reward is not a number, or there is none (then the
+    group counts as dropped, side unknown, and :class:`SelectiveRollout` does not skip by it)."""
+    right = total = 0
+    for value in rewards:
+        if not isinstance(value, (int, float, np.number)) or isinstance(value, (bool, np.bool_)):
+            return None
+        right += float(value) >= solved
+        total += 1
+    if not total:
+        return None
+    return "easy" if right == total else "hard" if right == 0 else None
+
+
+def read_filter_state(path: str | None, argument: str, selective: bool) -> tuple[FilterHistory | None,
+                                                                                SelectiveRollout | None]:
+    """What :func:`write_filter_state` saved at ``path`` (a run resumed from a checkpoint keeps what the filter did
+    with each prompt): the history, or None where ``path`` is None or not there yet; and, where ``selective``,
+    the :class:`SelectiveRollout` saved with it (None if none was). A file that is not such JSON is an error
+    naming ``argument`` (the setting that gave ``path``)."""
+    if path is None or not os.path.exists(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        history = FilterHistory.from_dict(saved)
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(argument, path, f"a JSON file of lengthsched's filter history ({exc})") from exc
+    if not selective or saved.get("selective") is None:
+        return history, None
+    try:
+        return history, SelectiveRollout.from_dict(saved["selective"])
+    except ValueError as exc:
+        raise InvalidArgument(argument, path, f"a JSON file of lengthsched's filter history ({exc})") from exc
+
+
+def write_filter_state(path: str, history: FilterHistory, selective: SelectiveRollout | None = None) -> None:
+    """``history`` (and ``selective``'s state, where given) written to ``path`` as JSON, atomically."""
+    data = history.to_dict()
+    if selective is not None:
+        data["selective"] = selective.to_dict()
+    atomic_write_text(path, json.dumps(data) + "\n")
 
 
 def _probability(name: str, value: Any) -> float:

@@ -142,9 +142,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
-import json
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -152,8 +150,16 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from ..filtering import FilterHistory, SelectiveRollout, order_by_pass
-from ..io import atomic_write_text
+from ..filtering import (
+    SKIP_DRAWS,
+    SOLVED_REWARD,
+    FilterHistory,
+    SelectiveRollout,
+    dropped_side,
+    order_by_pass,
+    read_filter_state,
+    write_filter_state,
+)
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -495,36 +501,16 @@ def dynamic_sampling_filter(args: Any, samples: list, **kwargs: Any) -> Any:
     return output
 
 
-#: A reward at or above this counts as a solved completion where ``lengthsched_solved_reward`` is not set: for
-#: the side of a dropped group (slime's math rewards are 1 and 0, or 1 and -1).
-SOLVED_REWARD = 0.5
-
-
 def _dropped_side(args: Any, samples: Any) -> str | None:
-    """Why the filter dropped ``samples``: ``"easy"`` when every reward is at least ``lengthsched_solved_reward``
-    (default :data:`SOLVED_REWARD`), ``"hard"`` when none is, None when they straddle it or a reward is not a
-    number (then the group counts as dropped, side unknown, and :class:`SelectiveRollout` does not skip by it)."""
+    """Why the filter dropped ``samples`` (:func:`~lengthsched.filtering.dropped_side` of their rewards, a reward at
+    or above ``lengthsched_solved_reward``, default :data:`~lengthsched.filtering.SOLVED_REWARD`, solved)."""
     solved = getattr(args, "lengthsched_solved_reward", None)
     if solved is None:
         solved = SOLVED_REWARD
     if not isinstance(solved, (int, float)) or isinstance(solved, bool) or not np.isfinite(solved):
         raise InvalidArgument("lengthsched_solved_reward", solved, "a number (a reward at or above it is solved)")
-    rewards = []
-    for sample in _flat(samples):
-        value = sample.get_reward_value(args) if hasattr(sample, "get_reward_value") else getattr(sample, "reward",
-                                                                                                  None)
-        if not isinstance(value, (int, float, np.number)) or isinstance(value, bool):
-            return None
-        rewards.append(float(value))
-    if not rewards:
-        return None
-    right = sum(r >= solved for r in rewards)
-    return "easy" if right == len(rewards) else "hard" if right == 0 else None
-
-
-#: The most groups a batch draws from slime's data source, per group asked, while ``lengthsched_selective_rollout``
-#: skips (past it the batch is handed over short: slime asks again for what is missing).
-SKIP_DRAWS = 8
+    return dropped_side((sample.get_reward_value(args) if hasattr(sample, "get_reward_value")
+                         else getattr(sample, "reward", None) for sample in _flat(samples)), solved)
 
 
 class _SelectiveSource:
@@ -710,24 +696,12 @@ def _load_saved(args: Any) -> tuple[FilterHistory | None, SelectiveRollout | Non
     is unset or the file is not there yet; and GRESO's skip where ``lengthsched_selective_rollout`` is true (default
     false): the rule saved with the history where there is one, else a fresh
     :class:`~lengthsched.filtering.SelectiveRollout` (seeded by ``lengthsched_selective_seed``, default 0)."""
-    path = _history_path(args)
-    saved = history = None
-    if path is not None and os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                saved = json.load(handle)
-            history = FilterHistory.from_dict(saved)
-        except (OSError, ValueError) as exc:
-            raise InvalidArgument("lengthsched_filter_history_path", path,
-                                  f"a JSON file written by lengthsched's slime integration ({exc})") from exc
-    if not _flag(args, "lengthsched_selective_rollout", False):
+    selective = _flag(args, "lengthsched_selective_rollout", False)
+    history, saved_rule = read_filter_state(_history_path(args), "lengthsched_filter_history_path", selective)
+    if not selective:
         return history, None
-    if saved is not None and saved.get("selective") is not None:
-        try:
-            return history, SelectiveRollout.from_dict(saved["selective"])
-        except ValueError as exc:
-            raise InvalidArgument("lengthsched_filter_history_path", path,
-                                  f"a JSON file written by lengthsched's slime integration ({exc})") from exc
+    if saved_rule is not None:
+        return history, saved_rule
     seed = getattr(args, "lengthsched_selective_seed", None)
     return history, SelectiveRollout(seed=0 if seed is None else check_int("lengthsched_selective_seed", seed,
                                                                           minimum=0))
@@ -744,10 +718,7 @@ def _after_rollout(args: Any, planner: SlimePlanner) -> None:
                      planner.selective.p_hard)
     path = _history_path(args)
     if path is not None and hasattr(planner.history, "to_dict"):
-        data = planner.history.to_dict()
-        if planner.selective is not None:
-            data["selective"] = planner.selective.to_dict()
-        atomic_write_text(path, json.dumps(data) + "\n")
+        write_filter_state(path, planner.history, planner.selective)
 
 
 def _flag(args: Any, name: str, default: bool) -> bool:
