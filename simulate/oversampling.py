@@ -192,7 +192,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                           prior_sigma: float = 0.5, valid: Any = None, filter_seed: int = 0,
                           max_carry: int | None = None, carry_limit: str = "drop", refill: bool = False,
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
-                          filter_history: FilterHistory | None = None, **kwargs: Any) -> OversampledSteps:
+                          filter_history: FilterHistory | None = None, refill_rule: str = "slime",
+                          refill_cap: int | None = None, **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
@@ -238,8 +239,12 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     :func:`lengthsched.filtering.order_by_pass`; ties in the order given), as
     :mod:`lengthsched.integrations.slime` orders the batches it hands slime with ``lengthsched_filter_order``,
     and learns what the filter did with every group that finished before its step ended (kept or dropped),
-    as that integration's ``dynamic_sampling_filter`` records it; None: batches in stream order. Returns
-    :class:`OversampledSteps`."""
+    as that integration's ``dynamic_sampling_filter`` records it; None: batches in stream order.
+    ``refill_rule="verl"`` (with ``refill``, without ``partial``, ``oversample`` 1): verl 0.9.1's v1 sync trainer's
+    dynamic sampling instead of slime's (:class:`simulate.rollout.Refill`'s ``rule``: ``batch`` groups, then two for
+    every dropped one while fewer than ``batch`` passed, at most ``refill_cap`` groups in flight, None: no bound);
+    its step ends when every group it submitted has finished (verl drains them), keeps the first ``batch`` that
+    passed and throws the surplus away (counted in ``dropped_tokens``). Returns :class:`OversampledSteps`."""
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     oversample = check_positive_float("oversample", oversample)
@@ -271,6 +276,12 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if refill and max_carry is not None and carry_limit == "wait":
         raise InvalidArgument("carry_limit", carry_limit, "'drop' with refill (a step waits for no group it may "
                                                           "not have submitted)")
+    if refill_rule not in ("slime", "verl"):
+        raise InvalidArgument("refill_rule", refill_rule, "'slime' or 'verl'")
+    verl = refill_rule == "verl"
+    if verl and (not refill or partial or oversample != 1):
+        raise InvalidArgument("refill_rule", refill_rule, "'slime' unless refill=True, partial=False and oversample 1 "
+                                                          "(verl's v1 sync trainer refills without partial rollout)")
     submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
@@ -308,7 +319,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         finish = np.full(len(take), 0.0)  # a group whose samples all finished earlier: at once
         extra = {}
         if refill:
-            extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners))
+            extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners),
+                                     rule=refill_rule, cap=refill_cap)
         result = run(parts, policy, predicted=pred, record=True, **extra, **kwargs) if parts else None
         if keep_results:
             results.append(result)
@@ -345,6 +357,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             float(finish.max()) if slots else 0.0)
         if due.any():
             end = max(end, float(finish[due].max()))
+        if verl:  # verl drains every group it submitted before it samples the batch
+            end = float(finish.max()) if len(finish) else 0.0
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
         if result is not None and samples:

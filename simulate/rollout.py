@@ -92,6 +92,10 @@ ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunk
 SLIME_BALANCE_ABS, SLIME_BALANCE_REL = 10, 1.2
 
 
+#: What :class:`Refill` models: slime's dynamic sampling or verl's v1 trainer's.
+REFILL_RULES = ("slime", "verl")
+
+
 @dataclass(frozen=True)
 class Refill:
     """slime's dynamic sampling inside one step (``run_rollout(..., refill=)``; slime at 624b824,
@@ -110,17 +114,31 @@ class Refill:
     chunk's units (a range) and each replica's outstanding predicted tokens in the client's queues and in
     flight (``ClientQueues.outstanding``; None without a client window); it returns the chunk's requests
     (indices into the flattened step) in the order to send them and each one's replica, which replace the
-    given placement's (what :mod:`lengthsched.integrations.slime` does with each batch slime takes)."""
+    given placement's (what :mod:`lengthsched.integrations.slime` does with each batch slime takes).
+
+    ``rule="verl"``: verl 0.9.1's v1 sync trainer instead (``trainer/ppo/v1/replay_buffer.py``,
+    ``ReplayBuffer.sample`` with ``algorithm.filter_groups``): ``batch`` units at the start, then two more for every
+    unit the filter drops while fewer than ``batch`` have passed, one at a time, at most ``cap`` units submitted and
+    not finished (``max_inflight_gen_batches`` x ``train_batch_size``; None: no bound); once ``batch`` have passed
+    nothing more is submitted and everything submitted runs to its end (verl drains, then discards the surplus).
+    ``chunk`` is not used. verl decides at each poll of its replay buffer (every 2 s by default); the model decides
+    when a unit finishes."""
 
     batch: int
     chunk: int
     passes: tuple[bool, ...]
     owners: tuple[int, ...] | None = None
     plan: Any = field(default=None, compare=False, repr=False)
+    rule: str = "slime"
+    cap: int | None = None
 
     def __post_init__(self):
         check_int("batch", self.batch, minimum=1)
         check_int("chunk", self.chunk, minimum=1)
+        if self.rule not in REFILL_RULES:
+            raise InvalidArgument("rule", self.rule, " or ".join(map(repr, REFILL_RULES)))
+        if self.cap is not None:
+            check_int("cap", self.cap, minimum=self.batch)
         object.__setattr__(self, "passes", tuple(bool(x) for x in self.passes))
         if self.owners is not None:
             owners = tuple(int(u) for u in self.owners)
@@ -754,12 +772,23 @@ class _Releases:
         self.seconds = np.full(units, np.inf)
         self.queue: list[int] = []
         self.submitted = self.dropped = self.kept = 0
+        self.credit = refill.batch  # verl: units it may still submit (the first batch, then two per drop)
+
+    def _more(self) -> bool:
+        """Whether the rule submits another unit now (one more chunk: slime; one more unit: verl)."""
+        refill = self.refill
+        if self.kept >= refill.batch or self.submitted >= len(refill.passes):
+            return False
+        if refill.rule == "verl":
+            return self.credit > 0 and (refill.cap is None or self.submitted - self.kept - self.dropped < refill.cap)
+        return self.submitted - self.dropped < refill.batch  # slime's remaining_batch_size < target_data_size
 
     def release(self, now: float) -> None:
-        """slime's ``while state.remaining_batch_size < target_data_size``: submit the next chunks."""
+        """Submit what the rule asks for now: slime's next chunks, or verl's next units."""
         refill, units = self.refill, len(self.refill.passes)
-        while self.kept < refill.batch and self.submitted - self.dropped < refill.batch and self.submitted < units:
-            chunk = range(self.submitted, min(units, self.submitted + refill.chunk))
+        while self._more():
+            chunk = range(self.submitted, min(units, self.submitted + (1 if refill.rule == "verl" else refill.chunk)))
+            self.credit -= len(chunk)
             self.submitted = chunk.stop
             self.seconds[chunk.start:chunk.stop] = now
             if self.plan is not None:  # placed and ordered now, from what the replicas have
@@ -783,6 +812,7 @@ class _Releases:
             self.kept += 1
         else:
             self.dropped += 1
+            self.credit += 2  # verl refills two for every group its filter drops (slime: unused)
 
 
 class _ClientWindow:

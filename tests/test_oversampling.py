@@ -355,6 +355,87 @@ def test_a_refill_submits_a_chunk_whenever_the_filter_leaves_too_few(seed, n, ba
     assert again.seconds == plain.seconds and np.array_equal(again.placement, plain.placement)
 
 
+def _replayed_verl_releases(refill, finish_if_run):
+    """verl's v1 sync rule (ReplayBuffer.sample) replayed from each unit's finish: batch units at 0 s, two more per
+    dropped unit while fewer than batch passed, one at a time, at most refill.cap in flight."""
+    units = len(refill.passes)
+    released = np.full(units, np.inf)
+    submitted = done = kept = 0
+    credit = refill.batch
+    events = []
+
+    def release(now):
+        nonlocal submitted, credit
+        while (kept < refill.batch and submitted < units and credit > 0
+               and (refill.cap is None or submitted - done < refill.cap)):
+            released[submitted] = now
+            events.append((max(now, finish_if_run[submitted]), submitted))
+            submitted += 1
+            credit -= 1
+
+    release(0.0)
+    while events:
+        events.sort()
+        now, u = events.pop(0)
+        done += 1
+        if refill.passes[u]:
+            kept += 1
+        else:
+            credit += 2
+        release(now)
+    return released
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 14), batch=st.integers(1, 5), extra=st.sampled_from([None, 0, 3]),
+       share=st.sampled_from([0.3, 0.6, 1.0]), replicas=st.integers(1, 3))
+def test_verls_refill_submits_two_for_every_drop_within_its_cap_and_drains(seed, n, batch, extra, share, replicas):
+    """Refill(rule="verl"): batch units at 0 s, then one unit at a time while the credit (two per dropped unit)
+    lasts and fewer than cap are in flight, none once batch passed; every unit submitted runs to its end."""
+    from simulate.rollout import Refill
+
+    stream = _stream(n, seed=seed, high=300)
+    passes = tuple(bool(x) for x in np.random.default_rng(seed).random(n) < share)
+    refill = Refill(batch=batch, chunk=1, passes=passes, rule="verl", cap=None if extra is None else batch + extra)
+    r = run_rollout(stream, "vllm", router="least_loaded", replicas=replicas, in_flight=10**6, refill=refill,
+                    record=True, **COMMON)
+    released, finish = r.released_seconds, r.group_finish_seconds()
+    ran = np.isfinite(released)
+    assert ran[:min(batch, n)].all() and (released[:min(batch, n)] == 0).all()
+    assert np.all(np.isfinite(finish[ran])) and np.all(np.isinf(finish[~ran]))
+    assert r.seconds == pytest.approx(float(finish[ran].max()), rel=1e-9)  # drained: the step ends with its last
+    replayed = _replayed_verl_releases(refill, finish)
+    assert np.array_equal(np.isfinite(replayed), ran)
+    assert np.allclose(replayed[ran], released[ran])
+    dropped_before_last = sum(not passes[u] for u in np.flatnonzero(ran))
+    assert ran.sum() <= batch + 2 * dropped_before_last
+
+
+def test_verls_dapo_steps_keep_the_batch_drain_and_throw_the_surplus_away():
+    stream = _stream(200, seed=3, high=400)
+    valid = np.random.default_rng(3).random(200) < 0.4
+    out = run_oversampled_steps(stream, "vllm", batch=6, oversample=1.0, steps=4, partial=False, valid=valid,
+                                refill=True, refill_rule="verl", refill_cap=12, in_flight=10**6,
+                                router="least_loaded", keep_results=True, **COMMON)
+    for step, result in zip(out.steps, out.results):
+        assert len(step.kept) == 6 and step.shortfall == 0
+        assert step.seconds == pytest.approx(result.seconds, rel=1e-9)  # the step waits for everything submitted
+        assert step.decoded_tokens == step.kept_tokens + step.filtered_tokens + step.dropped_tokens
+    kept = [g for s in out.steps for g in s.kept]
+    assert all(valid[g] for g in kept) and len(set(kept)) == len(kept)
+    assert sum(s.dropped_tokens for s in out.steps) > 0  # some surplus passed and was thrown away
+    for bad in (dict(partial=True), dict(oversample=1.5), dict(refill=False)):
+        options = dict(partial=False, oversample=1.0, refill=True) | bad
+        with pytest.raises(InvalidArgument, match="refill_rule"):
+            run_oversampled_steps(stream, "vllm", batch=6, steps=1, valid=valid, refill_rule="verl",
+                                  in_flight=10**6, router="least_loaded", **options, **COMMON)
+    from simulate.rollout import Refill
+    with pytest.raises(InvalidArgument, match="rule"):
+        Refill(2, 1, (True,) * 3, rule="openrlhf")
+    with pytest.raises(InvalidArgument, match="cap"):
+        Refill(4, 1, (True,) * 6, rule="verl", cap=3)
+
+
 def test_a_refill_needs_slimes_semaphore_and_one_unit_per_group():
     from simulate.rollout import Refill
 
