@@ -1551,12 +1551,12 @@ def _drift_unit(args) -> dict:
 
 
 def _after_epochs(groups, rates, valid, shared: dict, *, epochs: int, drift: float, seed: int, order: str | None,
-                  skip: bool):
+                  skip: bool, policy: str = "sglang"):
     """slime's over-sampled steps over ``groups`` (``valid``: the filter's verdicts this epoch) after ``epochs``
     earlier epochs at ``drift`` (:func:`simulate.difficulty.run_epochs`, recorded where the run orders or skips);
     ``order``: None (slime's own order), "recorded" (the integration's order by the recorded epochs) or "oracle"
-    (by this epoch's own verdicts, nothing recorded); ``skip``: GRESO's skip by the recorded epochs. Returns the
-    run and which groups ran (the others skipped)."""
+    (by this epoch's own verdicts, nothing recorded); ``skip``: GRESO's skip by the recorded epochs; ``policy``: the
+    engines' (slime's SGLang by default). Returns the run and which groups ran (the others skipped)."""
     from lengthsched.filtering import FilterHistory, SelectiveRollout
     from simulate.difficulty import run_epochs
     from simulate.oversampling import run_oversampled_steps
@@ -1568,7 +1568,7 @@ def _after_epochs(groups, rates, valid, shared: dict, *, epochs: int, drift: flo
     elif order is not None or skip:
         run_epochs(groups, rates, len(groups[0].lengths), epochs, history, rule=rule, drift=drift, seed=seed)
     runs = rule.select(history, keys) if skip else np.ones(len(groups), dtype=bool)
-    result = run_oversampled_steps([g for g, on in zip(groups, runs) if on], "sglang", valid=valid[runs],
+    result = run_oversampled_steps([g for g, on in zip(groups, runs) if on], policy, valid=valid[runs],
                                    filter_history=history if order else None, **shared)
     return result, runs
 
@@ -1691,6 +1691,90 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
                                     f"{ROLLOUT_SEED}, rollout_partial's settings of 64 prompts): kept tokens per "
                                     "modelled second x slime as it ships after so many steps", quick,
                                     grid=HORIZON_GRID, steps=HORIZON_STEPS)
+    return text, out | {"marks": list(HORIZON_MARKS)}
+
+
+# verl_dapo_skip: GRESO's skip (lengthsched.integrations.verl_selective) inside verl 0.9.1's own dynamic sampling, its
+# v1 sync trainer with algorithm.filter_groups (simulate.rollout.Refill(rule="verl"): the batch, then two groups for
+# every dropped one, at most max_inflight_gen_batches x the batch in flight, every group submitted drained and the
+# surplus thrown away), on vLLM's engines behind verl's router, no partial rollout. The filter's verdicts from the
+# difficulty model; HORIZON_STEPS steps read after HORIZON_MARKS; rows (label, drift in log-odds per epoch, epochs
+# recorded, GRESO's skip), each against verl as it ships under the same drift. Modes: max_inflight_gen_batches.
+VERL_DAPO_MODES = ((1,), (2,))
+VERL_DAPO_RUNS = (
+    ("verl's dynamic sampling as it ships", 0.0, 1, False),
+    ("verl + verl_selective (one earlier epoch recorded; changes the data)", 0.0, 1, True),
+    ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False),
+    ("verl + verl_selective, the policy learning (drift 0.5, four epochs recorded; changes the data)", 0.5, 4, True),
+)
+
+
+def _verl_dapo_unit(args) -> dict:
+    """One setting and mode of verl_dapo_skip: per VERL_DAPO_RUNS row, [[kept tokens per second after each of
+    HORIZON_MARKS steps], [filtered share of the generated tokens after each], [surplus share (passed, thrown
+    away) after each], skipped share of the prompts reached, skipped prompts that would have passed per kept
+    group]."""
+    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+
+    workload, prompts, replicas, factor, seed, cost_text, (inflight,) = args
+    need = HORIZON_STEPS * prompts * 6  # verl refills two per drop: a step draws up to ~3x its batch
+    groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    size = len(groups[0].lengths)
+    rates = pass_rates(groups, seed=seed)
+    shared = dict(batch=prompts, oversample=1.0, steps=HORIZON_STEPS, partial=False, in_flight=10**9,
+                  filter_seed=seed, refill=True, refill_rule="verl", refill_cap=inflight * prompts,
+                  router="least_loaded", **common)
+    verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
+                                               epoch=epochs) for _, drift, epochs, _ in VERL_DAPO_RUNS}
+    out = {}
+    for label, drift, epochs, skip in VERL_DAPO_RUNS:
+        valid = verdicts[drift, epochs]
+        r, runs = _after_epochs(groups, rates, valid, shared, epochs=epochs, drift=drift, seed=seed, order=None,
+                                skip=skip, policy="vllm")
+        seconds, kept, filtered, surplus, decoded = (
+            np.cumsum([getattr(x, name) for x in r.steps]) for name in
+            ("seconds", "kept_tokens", "filtered_tokens", "dropped_tokens", "decoded_tokens"))
+        at = np.array(HORIZON_MARKS) - 1
+        _, reached, lost = _kept_after_skip(r, runs, valid)
+        out[label] = [(kept[at] / seconds[at]).tolist(), (filtered[at] / np.maximum(1, decoded[at])).tolist(),
+                      (surplus[at] / np.maximum(1, decoded[at])).tolist(),
+                      float(np.mean(~runs[:reached])) if reached else 0.0, lost]
+    return out
+
+
+VERL_DAPO_COLUMNS = ["max_inflight_gen_batches", "run", "settings"] + [
+    f"kept tokens/s x verl after {m} steps" for m in HORIZON_MARKS] + [
+    f"lowest after {HORIZON_MARKS[-1]}", f"slower by > 0.1% after {HORIZON_MARKS[-1]}",
+    f"filtered share of generated after {HORIZON_MARKS[-1]}", f"surplus share after {HORIZON_MARKS[-1]}",
+    "skipped share of prompts reached", "skipped prompts that would have passed, per kept group"]
+
+
+def verl_dapo_rows(settings: list) -> list:
+    """verl_dapo_skip's rows from its settings ([workload, prompts, replicas, pool, [inflight], {run: [...]}],
+    several draws pooled); each run against verl as it ships under the same drift."""
+    base_of = {}
+    for label, drift, *_ in VERL_DAPO_RUNS:
+        base_of.setdefault(drift, label)
+    rows = []
+    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
+        mine = [x[5] for x in settings if tuple(x[4]) == mode]
+        for label, drift, *_ in VERL_DAPO_RUNS:
+            ratio = np.array([np.array(out[label][0]) / np.array(out[base_of[drift]][0]) for out in mine])
+            rows.append([mode[0], label, len(mine), *ratio.mean(axis=0).tolist(), float(ratio[:, -1].min()),
+                         int(np.sum(ratio[:, -1] < 0.999))]
+                        + [float(np.mean([out[label][i][-1] for out in mine])) for i in (1, 2)]
+                        + [float(np.mean([out[label][i] for out in mine])) for i in (3, 4)])
+    return rows
+
+
+def verl_dapo_skip(quick: bool) -> tuple[str, dict]:
+    """GRESO's skip inside verl's v1 dynamic sampling over HORIZON_STEPS steps, read after each of HORIZON_MARKS
+    (rollout_partial's settings of 64 prompts, one draw, --seed)."""
+    text, out = _difficulty_section(_verl_dapo_unit, VERL_DAPO_MODES, (1,), verl_dapo_rows, VERL_DAPO_COLUMNS,
+                                    f"verl's dynamic sampling (v1 sync trainer) over {HORIZON_STEPS} steps "
+                                    f"({_cost_label()}, seed {ROLLOUT_SEED}, rollout_partial's settings of 64 "
+                                    "prompts, vLLM + verl's router): kept tokens per modelled second x verl as it "
+                                    "ships after so many steps", quick, grid=HORIZON_GRID, steps=HORIZON_STEPS)
     return text, out | {"marks": list(HORIZON_MARKS)}
 
 
@@ -2859,7 +2943,7 @@ def main(argv=None) -> int:
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
-                "paper": paper, "batches": batches, "speed": speed,
+                "verl_dapo_skip": verl_dapo_skip, "paper": paper, "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):
         start = time.perf_counter()
