@@ -41,6 +41,8 @@ from bench_simulate import (  # noqa: E402
     PARTIAL_RUNS,
     STALENESS_RUNS,
     VERL_COLUMNS,
+    VERL_DAPO_COLUMNS,
+    VERL_DAPO_RUNS,
     VERL_PAIRS,
     VERL_RUNS,
     async_columns,
@@ -50,22 +52,25 @@ from bench_simulate import (  # noqa: E402
     horizon_rows,
     paired_rows,
     partial_rows,
+    verl_dapo_rows,
 )
 from common import table  # noqa: E402
 
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
             "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
-            "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS}
+            "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS,
+            "verl_dapo_skip": VERL_DAPO_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
 PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS}
 #: The columns of each asynchronous section's table.
 COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS}
-#: The slime sections' rows (from their pooled settings) and columns.
+#: The dynamic-sampling sections' rows (from their pooled settings) and columns: slime's, and verl's v1 trainer's.
 SLIME_TABLES = {"slime_difficulty": (difficulty_rows, DIFFICULTY_COLUMNS),
                 "slime_difficulty_drift": (drift_rows, DRIFT_COLUMNS),
-                "slime_order_horizon": (horizon_rows, HORIZON_COLUMNS)}
+                "slime_order_horizon": (horizon_rows, HORIZON_COLUMNS),
+                "verl_dapo_skip": (verl_dapo_rows, VERL_DAPO_COLUMNS)}
 
 
 def combine(section: str, paths: list[str], *, paired: bool = False) -> list:

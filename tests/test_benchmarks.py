@@ -947,6 +947,35 @@ def test_slime_order_horizon_quick(tmp_path):
         row[:3] + [row[3] * 2] + row[4:9] + [row[9] * 2] + row[10:] for row in rows]
 
 
+def test_verl_dapo_skip_quick(tmp_path):
+    """verl_dapo_skip (quick): one row per run of VERL_DAPO_RUNS, each against verl as it ships under the same drift;
+    verl's run after the first mark is run_oversampled_steps with verl's rule; combine_draws.py pools two copies of
+    a draw into the same rows."""
+    data = _quick_section(tmp_path, "verl_dapo_skip")
+    import bench_simulate as bench
+    from combine_draws import combine
+
+    from simulate.difficulty import filter_passes, pass_rates
+    from simulate.oversampling import run_oversampled_steps
+
+    rows, labels = data["rows"], [label for label, *_ in bench.VERL_DAPO_RUNS]
+    assert [row[1] for row in rows] == labels and data["marks"] == list(bench.HORIZON_MARKS)
+    assert rows[0][3:7] == [1.0] * 4 and rows[2][3:7] == [1.0] * 4  # verl against itself, per drift
+    assert rows[1][-2] > 0 and rows[0][-2] == 0  # the skip skipped, verl did not
+    w, b, r, f, (inflight,), out = data["settings"][0]
+    groups, _, _, _, common = bench._rollout_setting(w, bench.HORIZON_STEPS * b * 6, r, f, bench.ROLLOUT_SEED, None)
+    seed = bench.ROLLOUT_SEED
+    flags = filter_passes(pass_rates(groups, seed=seed), len(groups[0].lengths), seed=seed, epoch=1)
+    verl = run_oversampled_steps(groups, "vllm", batch=b, oversample=1.0, steps=bench.HORIZON_MARKS[0],
+                                 partial=False, valid=flags, refill=True, refill_rule="verl", refill_cap=inflight * b,
+                                 in_flight=10**9, filter_seed=seed, router="least_loaded", **common)
+    assert out[labels[0]][0][0] == pytest.approx(verl.kept_tokens_per_second)
+    assert out[labels[0]][1][0] == pytest.approx(verl.filtered_share)
+    path = tmp_path / "verl_dapo_skip.json"
+    assert combine("verl_dapo_skip", [str(path), str(path)]) == [
+        row[:2] + [row[2] * 2] + row[3:8] + [row[8] * 2] + row[9:] for row in rows]
+
+
 def test_slime_cold_start_quick(tmp_path):
     """slime_cold_start (quick): one row per run of SLIME_COLD_RUNS; the per-setting ratios are the runs'
     makespans over slime as it ships, as run_slime_planned gives them; the first step as the integration ships
