@@ -1694,18 +1694,26 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
     return text, out | {"marks": list(HORIZON_MARKS)}
 
 
-# verl_dapo_skip: GRESO's skip (lengthsched.integrations.verl_selective) inside verl 0.9.1's own dynamic sampling, its
-# v1 sync trainer with algorithm.filter_groups (simulate.rollout.Refill(rule="verl"): the batch, then two groups for
-# every dropped one, at most max_inflight_gen_batches x the batch in flight, every group submitted drained and the
-# surplus thrown away), on vLLM's engines behind verl's router, no partial rollout. The filter's verdicts from the
-# difficulty model; HORIZON_STEPS steps read after HORIZON_MARKS; rows (label, drift in log-odds per epoch, epochs
-# recorded, GRESO's skip), each against verl as it ships under the same drift. Modes: max_inflight_gen_batches.
+# verl_dapo_skip: lengthsched inside verl 0.9.1's own dynamic sampling, its v1 sync trainer with
+# algorithm.filter_groups (simulate.rollout.Refill(rule="verl"): the batch, then two groups for every dropped one, at
+# most max_inflight_gen_batches x the batch in flight, every group submitted drained, the batch taken from those that
+# passed in an order unrelated to length and the surplus thrown away), on vLLM's engines behind verl's router, no
+# partial rollout. lengthsched.integrations.verl_selective adds two things: its refill (submit only while the groups
+# in flight are expected to pass fewer than the batch still needs: Refill's by_need; the same data) and GRESO's skip
+# (changes the data). The filter's verdicts from the difficulty model; HORIZON_STEPS steps read after HORIZON_MARKS;
+# rows (label, drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl
+# as it ships under the same drift. Modes: max_inflight_gen_batches.
 VERL_DAPO_MODES = ((1,), (2,))
 VERL_DAPO_RUNS = (
-    ("verl's dynamic sampling as it ships", 0.0, 1, False),
-    ("verl + verl_selective (one earlier epoch recorded; changes the data)", 0.0, 1, True),
-    ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False),
-    ("verl + verl_selective, the policy learning (drift 0.5, four epochs recorded; changes the data)", 0.5, 4, True),
+    ("verl's dynamic sampling as it ships", 0.0, 1, False, False),
+    ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True),
+    ("verl + verl_selective's skip (one earlier epoch recorded; changes the data)", 0.0, 1, True, False),
+    ("verl + verl_selective's skip and refill (one earlier epoch recorded; changes the data)", 0.0, 1, True, True),
+    ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False,
+     False),
+    ("verl + verl_selective's refill, the policy learning (drift 0.5; the same data)", 0.5, 4, False, True),
+    ("verl + verl_selective's skip and refill, the policy learning (drift 0.5, four epochs recorded; changes the "
+     "data)", 0.5, 4, True, True),
 )
 
 
@@ -1725,12 +1733,12 @@ def _verl_dapo_unit(args) -> dict:
                   filter_seed=seed, refill=True, refill_rule="verl", refill_cap=inflight * prompts,
                   router="least_loaded", **common)
     verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
-                                               epoch=epochs) for _, drift, epochs, _ in VERL_DAPO_RUNS}
+                                               epoch=epochs) for _, drift, epochs, *_ in VERL_DAPO_RUNS}
     out = {}
-    for label, drift, epochs, skip in VERL_DAPO_RUNS:
+    for label, drift, epochs, skip, need in VERL_DAPO_RUNS:
         valid = verdicts[drift, epochs]
-        r, runs = _after_epochs(groups, rates, valid, shared, epochs=epochs, drift=drift, seed=seed, order=None,
-                                skip=skip, policy="vllm")
+        r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need}, epochs=epochs, drift=drift,
+                                seed=seed, order=None, skip=skip, policy="vllm")
         seconds, kept, filtered, surplus, decoded = (
             np.cumsum([getattr(x, name) for x in r.steps]) for name in
             ("seconds", "kept_tokens", "filtered_tokens", "dropped_tokens", "decoded_tokens"))
@@ -1768,8 +1776,8 @@ def verl_dapo_rows(settings: list) -> list:
 
 
 def verl_dapo_skip(quick: bool) -> tuple[str, dict]:
-    """GRESO's skip inside verl's v1 dynamic sampling over HORIZON_STEPS steps, read after each of HORIZON_MARKS
-    (rollout_partial's settings of 64 prompts, one draw, --seed)."""
+    """lengthsched's refill and GRESO's skip inside verl's v1 dynamic sampling over HORIZON_STEPS steps, read after
+    each of HORIZON_MARKS (rollout_partial's settings of 64 prompts, one draw, --seed)."""
     text, out = _difficulty_section(_verl_dapo_unit, VERL_DAPO_MODES, (1,), verl_dapo_rows, VERL_DAPO_COLUMNS,
                                     f"verl's dynamic sampling (v1 sync trainer) over {HORIZON_STEPS} steps "
                                     f"({_cost_label()}, seed {ROLLOUT_SEED}, rollout_partial's settings of 64 "

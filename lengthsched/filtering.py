@@ -22,6 +22,7 @@ Numpy only, like the rest of the core.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
@@ -33,7 +34,8 @@ from .errors import InvalidArgument, check_int
 from .io import atomic_write_text
 
 __all__ = ["SIDES", "SKIP_DRAWS", "SOLVED_REWARD", "FilterHistory", "SelectiveRollout", "dropped_side",
-           "order_by_pass", "read_filter_state", "write_filter_state"]
+           "need_refill", "order_by_pass", "read_filter_state",
+           "write_filter_state"]
 
 SIDES = ("easy", "hard")  # a dropped group: every completion rewarded, or none
 
@@ -301,6 +303,17 @@ def write_filter_state(path: str, history: FilterHistory, selective: SelectiveRo
     if selective is not None:
         data["selective"] = selective.to_dict()
     atomic_write_text(path, json.dumps(data) + "\n")
+
+
+def need_refill(missing: int, inflight: int, kept: int, finished: int) -> int:
+    """How many more groups to submit when ``missing`` more must pass the filter and ``inflight`` are running: enough
+    that those running and those submitted are expected to pass ``missing`` at the pass share
+    ``(kept + 1) / (finished + 2)`` (the groups finished so far, ``kept`` of them passed); 1 when nothing runs and
+    some are missing, so the step goes on; 0 when nothing is missing."""
+    if missing <= 0:
+        return 0
+    share = (kept + 1) / (finished + 2)
+    return max(int(inflight == 0), math.ceil(missing / share - inflight - 1e-9))
 
 
 def _probability(name: str, value: Any) -> float:

@@ -193,7 +193,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                           max_carry: int | None = None, carry_limit: str = "drop", refill: bool = False,
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
                           filter_history: FilterHistory | None = None, refill_rule: str = "slime",
-                          refill_cap: int | None = None, **kwargs: Any) -> OversampledSteps:
+                          refill_cap: int | None = None, refill_need: bool = False, **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
@@ -243,8 +243,12 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     ``refill_rule="verl"`` (with ``refill``, without ``partial``, ``oversample`` 1): verl 0.9.1's v1 sync trainer's
     dynamic sampling instead of slime's (:class:`simulate.rollout.Refill`'s ``rule``: ``batch`` groups, then two for
     every dropped one while fewer than ``batch`` passed, at most ``refill_cap`` groups in flight, None: no bound);
-    its step ends when every group it submitted has finished (verl drains them), keeps the first ``batch`` that
-    passed and throws the surplus away (counted in ``dropped_tokens``). Returns :class:`OversampledSteps`."""
+    its step ends when every group it submitted has finished (verl drains them), keeps ``batch`` of those that
+    passed, the first submitted (verl takes them in its uids' set order, unrelated to length), and throws the surplus
+    away (counted in ``dropped_tokens``). ``refill_need`` (with ``refill_rule="verl"``):
+    lengthsched's refill inside verl's allowance (:class:`simulate.rollout.Refill`'s ``by_need``: a group only while
+    those in flight are expected to pass fewer than the batch still needs, the pass share counted over the run's
+    finished groups). Returns :class:`OversampledSteps`."""
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     oversample = check_positive_float("oversample", oversample)
@@ -282,6 +286,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if verl and (not refill or partial or oversample != 1):
         raise InvalidArgument("refill_rule", refill_rule, "'slime' unless refill=True, partial=False and oversample 1 "
                                                           "(verl's v1 sync trainer refills without partial rollout)")
+    if refill_need and not verl:
+        raise InvalidArgument("refill_need", refill_need, "False unless refill_rule='verl'")
+    run_kept = run_finished = 0  # verl: the groups the run's earlier steps finished, and of them passed
     submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
     lengths = np.array([np.asarray(g.lengths, dtype=np.int64) for g in stream])
@@ -320,7 +327,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         extra = {}
         if refill:
             extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners),
-                                     rule=refill_rule, cap=refill_cap)
+                                     rule=refill_rule, cap=refill_cap,
+                                     by_need=(run_kept, run_finished) if refill_need else None)
         result = run(parts, policy, predicted=pred, record=True, **extra, **kwargs) if parts else None
         if keep_results:
             results.append(result)
@@ -349,6 +357,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         if max_carry is not None and carry_limit == "wait":
             due = step - first[take] >= max_carry
         good = order[passes[np.asarray(take)][order]]  # the groups that pass, in finish order
+        if verl:  # verl samples the batch from all it drained, in an order unrelated to length (uuid keys in a set)
+            good = np.sort(good)
         others = good[~due[good]]
         slots = max(0, batch - int(due[good].sum()))
         kept_local = np.concatenate([good[due[good]], others[:slots]])
@@ -359,6 +369,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             end = max(end, float(finish[due].max()))
         if verl:  # verl drains every group it submitted before it samples the batch
             end = float(finish.max()) if len(finish) else 0.0
+            run_kept += int(passes[np.asarray(take, dtype=np.int64)].sum())
+            run_finished += len(take)
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]
         before = generated[take].sum()
         if result is not None and samples:

@@ -63,6 +63,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, partition
 from lengthsched.errors import as_lengths, check_int, check_nonnegative_float, check_positive_float
+from lengthsched.filtering import need_refill
 from lengthsched.integrations.rollout import ClientQueues, place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
 from lengthsched.placement import (
@@ -122,7 +123,11 @@ class Refill:
     not finished (``max_inflight_gen_batches`` x ``train_batch_size``; None: no bound); once ``batch`` have passed
     nothing more is submitted and everything submitted runs to its end (verl drains, then discards the surplus).
     ``chunk`` is not used. verl decides at each poll of its replay buffer (every 2 s by default); the model decides
-    when a unit finishes."""
+    when a unit finishes. ``by_need`` (with ``rule="verl"``): lengthsched's refill inside verl's allowance
+    (:mod:`lengthsched.integrations.verl_selective`): a unit is submitted only while the groups in flight are
+    expected to pass fewer than the batch still needs, or when none is in flight; the pass share is
+    ``(kept + 1) / (finished + 2)`` over the units finished in earlier steps (``by_need``: their kept and finished
+    counts) and in this one (:func:`lengthsched.filtering.need_refill`)."""
 
     batch: int
     chunk: int
@@ -131,6 +136,7 @@ class Refill:
     plan: Any = field(default=None, compare=False, repr=False)
     rule: str = "slime"
     cap: int | None = None
+    by_need: tuple[int, int] | None = None
 
     def __post_init__(self):
         check_int("batch", self.batch, minimum=1)
@@ -139,6 +145,13 @@ class Refill:
             raise InvalidArgument("rule", self.rule, " or ".join(map(repr, REFILL_RULES)))
         if self.cap is not None:
             check_int("cap", self.cap, minimum=self.batch)
+        if self.by_need is not None:
+            if self.rule != "verl" or len(self.by_need) != 2:
+                raise InvalidArgument("by_need", self.by_need, "None, or with rule 'verl' the (kept, finished) "
+                                                               "counts of earlier steps")
+            kept, done = (check_int("by_need", x, minimum=0) for x in self.by_need)
+            if kept > done:
+                raise InvalidArgument("by_need", self.by_need, "kept at most finished")
         object.__setattr__(self, "passes", tuple(bool(x) for x in self.passes))
         if self.owners is not None:
             owners = tuple(int(u) for u in self.owners)
@@ -780,7 +793,14 @@ class _Releases:
         if self.kept >= refill.batch or self.submitted >= len(refill.passes):
             return False
         if refill.rule == "verl":
-            return self.credit > 0 and (refill.cap is None or self.submitted - self.kept - self.dropped < refill.cap)
+            inflight = self.submitted - self.kept - self.dropped
+            if self.credit <= 0 or (refill.cap is not None and inflight >= refill.cap):
+                return False
+            if refill.by_need is None:
+                return True
+            kept, done = refill.by_need
+            finished = self.kept + self.dropped
+            return need_refill(refill.batch - self.kept, inflight, kept + self.kept, done + finished) > 0
         return self.submitted - self.dropped < refill.batch  # slime's remaining_batch_size < target_data_size
 
     def release(self, now: float) -> None:

@@ -364,10 +364,17 @@ def _replayed_verl_releases(refill, finish_if_run):
     credit = refill.batch
     events = []
 
+    def wanted():  # lengthsched's refill (by_need): the groups in flight fall short of what is missing, in expectation
+        if refill.by_need is None:
+            return True
+        share = (refill.by_need[0] + kept + 1) / (refill.by_need[1] + done + 2)
+        inflight = submitted - done
+        return inflight == 0 or share * inflight < refill.batch - kept - 1e-9
+
     def release(now):
         nonlocal submitted, credit
         while (kept < refill.batch and submitted < units and credit > 0
-               and (refill.cap is None or submitted - done < refill.cap)):
+               and (refill.cap is None or submitted - done < refill.cap) and wanted()):
             released[submitted] = now
             events.append((max(now, finish_if_run[submitted]), submitted))
             submitted += 1
@@ -388,15 +395,19 @@ def _replayed_verl_releases(refill, finish_if_run):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n=st.integers(2, 14), batch=st.integers(1, 5), extra=st.sampled_from([None, 0, 3]),
-       share=st.sampled_from([0.3, 0.6, 1.0]), replicas=st.integers(1, 3))
-def test_verls_refill_submits_two_for_every_drop_within_its_cap_and_drains(seed, n, batch, extra, share, replicas):
+       share=st.sampled_from([0.3, 0.6, 1.0]), replicas=st.integers(1, 3),
+       by_need=st.sampled_from([None, (0, 0), (3, 10), (9, 10)]))
+def test_verls_refill_submits_two_for_every_drop_within_its_cap_and_drains(seed, n, batch, extra, share, replicas,
+                                                                           by_need):
     """Refill(rule="verl"): batch units at 0 s, then one unit at a time while the credit (two per dropped unit)
-    lasts and fewer than cap are in flight, none once batch passed; every unit submitted runs to its end."""
+    lasts and fewer than cap are in flight, none once batch passed; every unit submitted runs to its end. With
+    by_need (lengthsched's refill) only while those in flight are expected to pass fewer than are missing."""
     from simulate.rollout import Refill
 
     stream = _stream(n, seed=seed, high=300)
     passes = tuple(bool(x) for x in np.random.default_rng(seed).random(n) < share)
-    refill = Refill(batch=batch, chunk=1, passes=passes, rule="verl", cap=None if extra is None else batch + extra)
+    refill = Refill(batch=batch, chunk=1, passes=passes, rule="verl", cap=None if extra is None else batch + extra,
+                    by_need=by_need)
     r = run_rollout(stream, "vllm", router="least_loaded", replicas=replicas, in_flight=10**6, refill=refill,
                     record=True, **COMMON)
     released, finish = r.released_seconds, r.group_finish_seconds()
@@ -434,6 +445,39 @@ def test_verls_dapo_steps_keep_the_batch_drain_and_throw_the_surplus_away():
         Refill(2, 1, (True,) * 3, rule="openrlhf")
     with pytest.raises(InvalidArgument, match="cap"):
         Refill(4, 1, (True,) * 6, rule="verl", cap=3)
+    for bad in ((1, 0), (1, 2, 3)):
+        with pytest.raises(InvalidArgument, match="by_need"):
+            Refill(4, 1, (True,) * 6, rule="verl", by_need=bad)
+    with pytest.raises(InvalidArgument, match="by_need"):
+        Refill(4, 1, (True,) * 6, by_need=(0, 0))  # slime's rule has no such refill
+    with pytest.raises(InvalidArgument, match="refill_need"):
+        run_oversampled_steps(stream, "vllm", batch=6, steps=1, oversample=1.0, valid=valid, refill=True,
+                              refill_need=True, in_flight=10**6, router="least_loaded", **COMMON)
+
+
+def test_need_refill_submits_what_the_pass_share_says_is_missing():
+    from lengthsched.filtering import need_refill
+
+    assert need_refill(0, 5, 1, 2) == 0 and need_refill(-1, 0, 0, 0) == 0  # nothing missing
+    assert need_refill(3, 0, 0, 0) == 6  # share 1/2 before anything finished: twice what is missing
+    assert need_refill(3, 4, 0, 0) == 2  # four in flight expected to pass two
+    assert need_refill(2, 8, 8, 8) == 0  # share 0.9: eight in flight are expected to pass 7.2
+    assert need_refill(1, 40, 0, 98) == 60  # share 0.01: a hundred expected to be needed, forty already running
+    assert need_refill(2, 0, 98, 98) == 3  # share 0.99: two are expected to pass 1.98
+    assert need_refill(1, 0, 0, 0) == 2 and need_refill(1, 1, 0, 0) == 1
+
+
+def test_lengthsched_refill_in_verls_steps_draws_fewer_and_throws_less_away():
+    stream = _stream(400, seed=4, high=400)
+    valid = np.random.default_rng(4).random(400) < 0.4
+    runs = {need: run_oversampled_steps(stream, "vllm", batch=8, oversample=1.0, steps=5, partial=False, valid=valid,
+                                        refill=True, refill_rule="verl", refill_cap=8, refill_need=need,
+                                        in_flight=10**6, router="least_loaded", **COMMON) for need in (False, True)}
+    for out in runs.values():
+        assert all(len(s.kept) == 8 for s in out.steps)
+    submitted = {need: sum(s.submitted for s in out.steps) for need, out in runs.items()}
+    surplus = {need: sum(s.dropped_tokens for s in out.steps) for need, out in runs.items()}
+    assert submitted[True] < submitted[False] and surplus[True] < surplus[False]
 
 
 def test_a_refill_needs_slimes_semaphore_and_one_unit_per_group():
