@@ -68,7 +68,7 @@ KIND = _Kinds()
 
 # ----------------------------------------------------------------------------- the selector
 def test_a_prompt_dropped_on_one_side_is_skipped_and_one_never_dropped_runs():
-    selector = vsel.PromptSelector(SelectiveRollout(p_easy=0.05, p_hard=0.05, min_p=0.05, seed=1))
+    selector = vsel.PromptSelector(SelectiveRollout(p_easy=0.05, p_hard=0.05, min_p=0.05, seed=1), skip=True)
     for _ in range(4):
         selector.history.observe("solved", False, "easy")
         selector.history.observe("unsolved", False, "hard")
@@ -85,7 +85,7 @@ def test_a_prompt_dropped_on_one_side_is_skipped_and_one_never_dropped_runs():
 
 
 def test_after_max_draws_skipped_fetches_the_last_is_handed_over_and_counted_forced():
-    selector = vsel.PromptSelector(SelectiveRollout(p_easy=0.05, min_p=0.05), max_draws=3)
+    selector = vsel.PromptSelector(SelectiveRollout(p_easy=0.05, min_p=0.05), max_draws=3, skip=True)
     for _ in range(4):
         selector.history.observe("solved", False, "easy")
     selector.rule.FLOOR = 0.0  # this test's rule skips a streak surely
@@ -171,6 +171,12 @@ class FakeReplayBuffer:
         self.refill_fn, self.filter_groups_metric = refill_fn, filter_groups_metric
         self.finished: dict[str, list[float]] = {}  # uid -> its trajectories' rewards
         self._dapo_classification_cache: dict[str, dict] = defaultdict(dict)
+        # the status sets of verl's snapshot: here every group finishes when submitted, none is pending or running
+        self.pending_keys, self.running_keys, self.failure_keys = defaultdict(set), defaultdict(set), defaultdict(set)
+
+    @property
+    def finished_keys(self) -> dict[str, set]:
+        return {"train": set(self.finished)}
 
     def _dapo_filtered_keys(self, partition_id):
         cache = self._dapo_classification_cache[partition_id]
@@ -262,11 +268,12 @@ def test_the_buffer_gets_the_filter_settings_verl_gives_its_own_and_the_skip_cut
     prompts = world()
     plain = FakeTrainer(prompts, lambda **kw: FakeReplayBuffer(
         **kw, **vsel.builtin_buffer_kwargs(FakeTrainer(prompts, lambda **_: None), sync=True)))
-    skipping = FakeTrainer(prompts, selective_cls, {"seed": 2})
+    skipping = FakeTrainer(prompts, selective_cls, {"skip": True, "seed": 2, "refill": "verl"})  # the skip alone
     buffer = skipping.replay_buffer
     assert isinstance(buffer, FakeReplayBuffer) and buffer.kwargs == {
         "trainer_mode": "sync", "filter_groups_metric": "acc", "train_batch_size": 3, "gen_batch_size": 1,
-        "max_inflight_gen_batches": 1, "sync_refill_failed_groups": False, "sampler_kwargs": {"seed": 2}}
+        "max_inflight_gen_batches": 1, "sync_refill_failed_groups": False,
+        "sampler_kwargs": {"skip": True, "seed": 2, "refill": "verl"}}
     steps = 24  # 24 prompts, 6 of them kept: 12 passes over the data, the streaks long enough to skip on
     trained_plain, trained_skipping = run_steps(plain, steps), run_steps(skipping, steps)
     selector = buffer.lengthsched_selector
@@ -285,12 +292,41 @@ def test_the_buffer_gets_the_filter_settings_verl_gives_its_own_and_the_skip_cut
     assert dropped_skipping < dropped_plain
 
 
+def test_the_refill_by_need_submits_fewer_than_verls_two_per_drop_and_skips_nothing():
+    selective_cls = vsel.make_selective_replay_buffer_class(FakeReplayBuffer, sync=True)
+    prompts = world()
+    runs = {refill: FakeTrainer(prompts, selective_cls, {"skip": False, "refill": refill}) for refill in vsel.REFILLS}
+    trained = {refill: run_steps(trainer, 12) for refill, trainer in runs.items()}
+    for refill, trainer in runs.items():
+        selector = trainer.replay_buffer.lengthsched_selector
+        assert selector.skipped == 0 and selector.handed == len(trainer.generated)  # every prompt drawn runs
+        assert {KIND[trainer.key_of[uid]] for uids in trained[refill] for uid in uids} == {"mixed"}
+        assert (selector.withheld > 0) == (refill == "need")
+    assert len(runs["need"].generated) < len(runs["verl"].generated)
+
+
+def test_the_refill_asks_verl_for_what_is_missing_at_the_historys_pass_share():
+    selector = vsel.PromptSelector()
+    assert selector.refill_count(10, 3, 0) == 6  # nothing seen: share 1/2, twice what is missing
+    selector.history.observe_many(["a"] * 8, [True] * 8)  # share 0.9
+    assert selector.refill_count(10, 3, 0) == 4 and selector.refill_count(10, 3, 4) == 0
+    assert selector.refill_count(2, 30, 0) == 2  # never more than verl asked
+    assert selector.withheld == (10 - 6) + (10 - 4) + 10
+    verl = vsel.PromptSelector(refill="verl")
+    assert verl.refill_count(10, 3, 0) == 10 and verl.withheld == 0
+    with pytest.raises(InvalidArgument, match="refill"):
+        vsel.PromptSelector(refill="half")
+    with pytest.raises(InvalidArgument, match=r"sampler_kwargs\.skip"):
+        vsel.PromptSelector.from_options({"skip": "no"})
+
+
 def test_each_training_sample_reports_the_step_and_validation_does_not():
     trainer = FakeTrainer(world(), vsel.make_selective_replay_buffer_class(FakeReplayBuffer, sync=True))
     trainer._add_prompts_to_generate(3)
     _, metrics = trainer.replay_buffer.sample(1, "train", 3)
     assert metrics["training/filter_groups/evicted_samples"] >= 0  # verl's own metrics kept
     assert metrics["lengthsched/selective/handed"] >= 3 and "lengthsched/selective/p_easy" in metrics
+    assert "lengthsched/selective/withheld" in metrics
     before = trainer.replay_buffer.lengthsched_selector.rule.p_easy
     trainer._add_prompts_to_generate(3)
     _, metrics = trainer.replay_buffer.sample(1, "val", 3)
@@ -321,8 +357,11 @@ class MemoryTQ:
     def __init__(self):
         self.tags: dict[str, dict[str, dict]] = defaultdict(dict)
         self.values: dict[str, dict[str, dict]] = defaultdict(dict)
+        self.on_poll = None  # called before every listing of all partitions (the replay buffer's poll)
 
     def kv_list(self, partition_id=None):
+        if partition_id is None and self.on_poll is not None:
+            self.on_poll()
         if partition_id is not None:
             return {partition_id: dict(self.tags.get(partition_id, {}))}
         return {p: dict(items) for p, items in self.tags.items()}
@@ -345,23 +384,36 @@ class MemoryTQ:
             self.values[partition_id].pop(key, None)
 
 
-class InstantAgentLoopManager:
-    """Generation that finishes every group at once: each submitted prompt's ``N`` trajectories written to the
-    queue (``{uid}_{session}_0``, reward ``rm_scores`` by the prompt's kind) and the prompt marked finished."""
+class PollingAgentLoopManager:
+    """Generation that finishes each submitted group one to three of the replay buffer's polls later (in turn), its
+    prompt running until then; finished, its ``N`` trajectories are in the queue (``{uid}_{session}_0``, reward
+    ``rm_scores`` by the prompt's kind) and the prompt is marked finished. So verl's loop sees groups in flight when
+    it refills, and drains them."""
 
     def __init__(self, tq):
-        self.tq, self.generated = tq, []
+        self.tq, self.generated, self.running = tq, [], []  # running: [polls left, uid, key]
+        self.key_of: dict[str, str] = {}
+        tq.on_poll = self.poll
 
     def generate_sequences(self, batch):
-        import torch
         for uid, prompt in zip(list(batch["uid"]), list(batch["raw_prompt"])):
             key = prompt_key(prompt)
             self.generated.append(key)
+            self.key_of[uid] = key
+            self.tq.tags["train"][uid] = {**self.tq.tags["train"][uid], "status": "running"}
+            self.running.append([1 + len(self.generated) % 3, uid, key])
+
+    def poll(self):
+        import torch
+        for item in self.running:
+            item[0] -= 1
+        for _, uid, key in [item for item in self.running if item[0] <= 0]:
             tags = self.tq.tags["train"]
             for session, reward in enumerate(rewards(KIND[key])):
                 tags[f"{uid}_{session}_0"] = {"status": "finished"}
                 self.tq.values["train"][f"{uid}_{session}_0"] = {"rm_scores": torch.tensor([0.0, reward])}
             tags[uid] = {**tags[uid], "status": "finished"}
+        self.running = [item for item in self.running if item[0] > 0]
 
 
 class Dataloader:
@@ -378,9 +430,10 @@ class Dataloader:
                    "raw_prompt": np.array([np.array(prompt, dtype=object)], dtype=object)}
 
 
-def real_trainer(monkeypatch, tq, custom: bool, prompts, sampler_kwargs=None):
-    """verl's real ``PPOTrainerSync`` without its workers: the config its replay buffer and prompt path read,
-    ``_build_replay_buffer`` run as verl runs it (loading ours by name where ``custom``)."""
+def real_trainer(monkeypatch, tq, custom: bool, prompts, sampler_kwargs=None, inflight: int = 1):
+    """verl's real ``PPOTrainerSync`` without its workers: the config its replay buffer and prompt path read
+    (``inflight``: ``max_inflight_gen_batches``), ``_build_replay_buffer`` run as verl runs it (loading ours by name
+    where ``custom``)."""
     from omegaconf import OmegaConf
     from verl.trainer.ppo.v1 import replay_buffer, trainer_base
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -393,13 +446,13 @@ def real_trainer(monkeypatch, tq, custom: bool, prompts, sampler_kwargs=None):
     config = OmegaConf.create({
         "trainer": {"v1": {"trainer_mode": "sync", "sync": {}, "sampler": sampler}},
         "algorithm": {"filter_groups": {"enable": True, "metric": "reward", "max_num_gen_batches": 0,
-                                        "max_inflight_gen_batches": 1}},
+                                        "max_inflight_gen_batches": inflight}},
         "reward": {"reward_model": {"enable": False, "enable_resource_pool": False}},
         "data": {"train_batch_size": 3, "gen_batch_size": 1}})
     trainer = object.__new__(PPOTrainerSync)
     trainer.config, trainer.trainer_mode, trainer.global_steps = config, "sync", 1
     trainer.train_dataloader, trainer.train_dataloader_it = Dataloader(prompts), None
-    trainer.agent_loop_manager = InstantAgentLoopManager(tq)
+    trainer.agent_loop_manager = PollingAgentLoopManager(tq)
     trainer.replay_buffer = trainer._build_replay_buffer()
     trainer.replay_buffer.poll_interval = 0.0
     return trainer
@@ -419,27 +472,34 @@ def run_real(trainer, steps: int) -> list[list[str]]:
 
 @requires_v1
 def test_verls_real_trainer_loads_the_buffer_by_name_and_its_filter_runs_as_before(monkeypatch):
+    """verl's real trainer path and sync buffer: plain verl, lengthsched's default (its refill alone: the same
+    data), and the refill with GRESO's skip; every step trains three groups the filter keeps, each run draws fewer."""
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
-    prompts = world()
-    tq_plain, tq_skip = MemoryTQ(), MemoryTQ()
-    plain = real_trainer(monkeypatch, tq_plain, False, prompts)
-    trained_plain = run_real(plain, 24)
-    skipping = real_trainer(monkeypatch, tq_skip, True, prompts, {"seed": 2})
-    trained_skip = run_real(skipping, 24)
-    buffer = skipping.replay_buffer
+    prompts = world(mixed=12, easy=6, hard=6)  # half kept: verl's two per drop asks for more than the batch needs
+    trainers, trained = {}, {}
+    runs = (("verl", False, None), ("refill", True, {}), ("both", True, {"skip": True, "seed": 2}))
+    for name, custom, options in runs:
+        # each run on its own queue (real_trainer points verl's modules at it), built and run before the next
+        trainers[name] = real_trainer(monkeypatch, MemoryTQ(), custom, prompts, options, inflight=4)
+        trained[name] = run_real(trainers[name], 24)
+    generated = {name: trainer.agent_loop_manager.generated for name, trainer in trainers.items()}
+    for name, trainer in trainers.items():
+        assert all(len(t) == 3 for t in trained[name])
+        assert {KIND[trainer.agent_loop_manager.key_of[uid]] for t in trained[name] for uid in t} == {"mixed"}
+    buffer = trainers["both"].replay_buffer
     assert type(buffer).__name__ == "SelectiveReplayBuffer" and isinstance(buffer, ReplayBuffer)
     # the settings verl gives its own buffer, read from the trainer
     assert (buffer.filter_groups_metric, buffer.train_batch_size, buffer.gen_batch_size,
-            buffer.max_inflight_gen_batches) == ("reward", 3, 1, 1)
-    assert all(len(t) == 3 for t in trained_plain) and all(len(t) == 3 for t in trained_skip)
-    selector = buffer.lengthsched_selector
-    generated_plain, generated_skip = plain.agent_loop_manager.generated, skipping.agent_loop_manager.generated
-    assert selector.handed == len(generated_skip) and selector.skipped > 0
-    assert selector.observed == selector.history.groups > 0 and len(selector.history) == len(prompts)
-    assert {"easy", "hard"} <= {side for outcomes in selector.history.to_dict()["outcomes"].values()
+            buffer.max_inflight_gen_batches) == ("reward", 3, 1, 4)
+    refill, both = (trainers[name].replay_buffer.lengthsched_selector for name in ("refill", "both"))
+    assert refill.skipped == 0 and refill.withheld > 0 and refill.handed == len(generated["refill"])
+    assert both.skipped > 0 and both.handed == len(generated["both"])
+    assert both.observed == both.history.groups > 0 and len(both.history) == len(prompts)
+    assert {"easy", "hard"} <= {side for outcomes in both.history.to_dict()["outcomes"].values()
                                 for side in outcomes}
-    assert len(generated_skip) < 0.8 * len(generated_plain)
-    assert "lengthsched/selective/skipped" in skipping.last_metrics
+    assert len(generated["both"]) < len(generated["refill"]) < len(generated["verl"])
+    assert len(generated["both"]) < 0.8 * len(generated["verl"])
+    assert "lengthsched/selective/withheld" in trainers["both"].last_metrics
 
 
 @requires_v1

@@ -1,12 +1,19 @@
-"""verl: GRESO's skip in verl's own dynamic sampling (the v1 trainer's DAPO group filter).
+"""verl: lengthsched inside verl's own dynamic sampling (the v1 trainer's DAPO group filter): a refill that submits
+what the batch needs instead of two prompts per dropped group, and GRESO's skip.
 
-GRESO (arXiv 2506.02177) skips, before the rollout, the prompts whose latest groups the dynamic-sampling filter
-dropped all right or all wrong: they would most likely be dropped again, and generating them is rollout time
-spent on groups the step throws away. GRESO is built on verl; lengthsched has the rule
-(:class:`~lengthsched.filtering.SelectiveRollout` over a :class:`~lengthsched.filtering.FilterHistory`) and this
-module puts it into verl 0.9.1's own filter. Modelled on verl 0.9.1's code (the wheel's sources; tested with fakes
-and, where verl installs, against its real replay buffers with TransferQueue faked in memory; not run on a GPU
-cluster). Files under ``verl/trainer/ppo/v1/``:
+verl 0.9.1's v1 sync trainer with ``algorithm.filter_groups.enable`` drops every finished group whose trajectories
+agree (all right or all wrong) and, for each, submits two more prompts while fewer than ``train_batch_size`` groups
+were kept; then it waits for every group still running and throws the surplus away. Two prompts per drop submit more
+than the batch needs whenever most groups pass, and the step waits for all of them. This module's replay buffer
+refills instead only while the groups in flight are expected to pass fewer than the batch still needs
+(:func:`~lengthsched.filtering.need_refill`, the pass share of the groups the filter has classified so far): the
+same data, fewer groups generated and thrown away. GRESO (arXiv 2506.02177) also skips, before the rollout, the
+prompts whose latest groups the filter dropped all right or all wrong: they would most likely be dropped again.
+lengthsched has the rule (:class:`~lengthsched.filtering.SelectiveRollout` over a
+:class:`~lengthsched.filtering.FilterHistory`); the skip changes which prompts the learner sees. Modelled on verl
+0.9.1's code (the wheel's sources; tested with fakes and, where verl installs, against its real trainer path and
+replay buffers with TransferQueue faked in memory; not run on a GPU cluster). Files under
+``verl/trainer/ppo/v1/``:
 
 - ``trainer_base.py``, ``PPOTrainer._init_dataloader``: with ``algorithm.filter_groups.enable`` the dataloader
   fetches one prompt at a time (``data.gen_batch_size`` is forced to 1), and ``_fetch_one_gen_batch`` gives each
@@ -14,9 +21,10 @@ cluster). Files under ``verl/trainer/ppo/v1/``:
 - ``replay_buffer.py``, ``ReplayBuffer._dapo_filtered_keys``: every finished group is classified once, by the
   value its trajectories share of ``algorithm.filter_groups.metric`` (``"reward"``: each trajectory's summed
   ``rm_scores``; another name: ``reward_extra_info[name]``), or None where they differ (the group is kept);
-  ``sample`` evicts the groups with a shared value and, in the sync trainer, refills twice as many prompts
-  through ``refill_fn`` (the trainer's ``_add_prompts_to_generate``) until ``train_batch_size`` groups are
-  kept; the async trainers' ``ReplayBufferAsync`` refills as many as it evicted;
+  ``sample`` evicts the groups with a shared value and, in the sync trainer, adds two refill credits for each,
+  spent through ``refill_fn`` (the trainer's ``_add_prompts_to_generate``) within ``max_inflight_gen_batches`` x
+  ``train_batch_size`` prompts in flight, until ``train_batch_size`` groups are kept; then it drains what runs and
+  discards the surplus. The async trainers' ``ReplayBufferAsync`` refills as many as it evicted;
 - ``PPOTrainer._build_replay_buffer``: ``trainer.v1.sampler.custom_sampler.{path,name}`` replaces the replay
   buffer; a custom one gets ``trainer_mode``, ``trainer_config``, the off-policy settings, ``sampler_kwargs``
   (``trainer.v1.sampler.sampler_kwargs``) and ``refill_fn``, but not the filter's settings (its metric, the
@@ -24,32 +32,37 @@ cluster). Files under ``verl/trainer/ppo/v1/``:
 
 This module supplies:
 
-- :class:`PromptSelector` (numpy only): the skip for a trainer that draws prompts fetch by fetch and learns which
-  group was dropped by its uid: :meth:`~PromptSelector.draw` fetches until a fetch holds a prompt the rule runs
-  (at most ``max_draws`` fetches, then it hands over the last: a skipped prompt is spent for this pass over the
-  data, as GRESO's dataloader spends it), :meth:`~PromptSelector.observe` records what the filter did with a
-  group, :meth:`~PromptSelector.end_step` adapts the rule after each training step and saves the history;
+- :class:`PromptSelector` (numpy only): what the buffer decides. :meth:`~PromptSelector.draw` fetches until a
+  fetch holds a prompt the rule runs (at most ``max_draws`` fetches, then it hands over the last: a skipped prompt
+  is spent for this pass over the data, as GRESO's dataloader spends it), :meth:`~PromptSelector.observe` records
+  what the filter did with a group, :meth:`~PromptSelector.refill_count` cuts verl's refill to the need,
+  :meth:`~PromptSelector.end_step` adapts the rule after each training step and saves the history;
 - :func:`selective_replay_buffer`: the custom sampler verl loads by name. It builds verl's own replay buffer
   (``ReplayBuffer`` for ``trainer.v1.trainer_mode=sync``, ``ReplayBufferAsync`` otherwise) with the filter
-  settings verl gives its built-in one (read from the trainer, so the filter runs exactly as it would without
-  lengthsched), records every group its filter classifies, wraps the trainer's ``_fetch_one_gen_batch`` with
-  :meth:`PromptSelector.draw`, and adds ``lengthsched/selective/*`` metrics to every training step's.
+  settings verl gives its built-in one (read from the trainer, so the filter classifies and evicts exactly as it
+  would without lengthsched), records every group its filter classifies, wraps the trainer's
+  ``_fetch_one_gen_batch`` with :meth:`PromptSelector.draw` and, in the sync buffer, its ``refill_fn`` with
+  :meth:`PromptSelector.refill_count`, and adds ``lengthsched/selective/*`` metrics to every training step's.
   ``SelectiveReplayBuffer`` and ``SelectiveReplayBufferAsync`` (made from verl's classes on first access) are
   the two classes.
 
-Settings (``trainer.v1.sampler.sampler_kwargs``, each added with Hydra's ``+``): ``history_path`` (a JSON file
-the history and the rule's state are read from at start and written to, atomically, after every training step,
-so a run resumed from a checkpoint keeps them; default none: the history lives as long as the run),
-``p_easy``, ``p_hard``, ``target``, ``step``, ``min_p``, ``max_p``, ``seed`` (the rule's, see
-:class:`~lengthsched.filtering.SelectiveRollout`; GRESO's defaults), ``solved_reward`` (a shared metric value at
-or above it is an all-right group; default :data:`~lengthsched.filtering.SOLVED_REWARD`, 0.5) and ``max_draws``
-(default :data:`~lengthsched.filtering.SKIP_DRAWS`, 8). The trainer needs ``trainer.use_v1=True`` and
-``algorithm.filter_groups.enable=True``: without the filter there is nothing to learn from.
+Settings (``trainer.v1.sampler.sampler_kwargs``, each added with Hydra's ``+``): ``skip`` (default false: the
+data as verl draws it; true: GRESO's skip, which changes what the learner sees), ``refill`` (``"need"``, the
+default, or ``"verl"``: two per drop, as verl does; the async buffers always refill as verl does),
+``history_path`` (a JSON file the history and the rule's state are read from at start and written to,
+atomically, after every training step, so a run resumed from a checkpoint keeps them; default none: the history
+lives as long as the run), ``p_easy``, ``p_hard``, ``target``, ``step``, ``min_p``, ``max_p``, ``seed`` (the
+rule's, see :class:`~lengthsched.filtering.SelectiveRollout`; GRESO's defaults), ``solved_reward`` (a shared
+metric value at or above it is an all-right group; default :data:`~lengthsched.filtering.SOLVED_REWARD`, 0.5)
+and ``max_draws`` (default :data:`~lengthsched.filtering.SKIP_DRAWS`, 8). The trainer needs
+``trainer.use_v1=True`` and ``algorithm.filter_groups.enable=True``: without the filter there is nothing to learn
+from.
 
 What it uses of verl beyond its documented hooks (checked against verl 0.9.1's real classes by
 ``tests/test_verl_selective.py`` in CI's verl stage): the trainer is ``refill_fn.__self__``;
 ``PPOTrainer._resolve_filter_groups_metric`` and ``_fetch_one_gen_batch``; the buffer's
-``_dapo_filtered_keys`` and ``_dapo_classification_cache``. A prompt's key is
+``_dapo_filtered_keys``, ``_dapo_classification_cache`` and its status sets (``finished_keys``,
+``failure_keys``, ``pending_keys``, ``running_keys``). A prompt's key is
 :func:`~lengthsched.integrations.verl.prompt_key` of its ``raw_prompt`` (the planner's key).
 
 Importing this module imports neither verl, Ray nor torch.
@@ -71,12 +84,13 @@ from ..filtering import (
     FilterHistory,
     SelectiveRollout,
     dropped_side,
+    need_refill,
     read_filter_state,
     write_filter_state,
 )
 from .verl import VERL_VERSION, prompt_key
 
-__all__ = ["OPTIONS", "SAMPLER_KWARGS", "PromptSelector", "builtin_buffer_kwargs",
+__all__ = ["OPTIONS", "REFILLS", "SAMPLER_KWARGS", "PromptSelector", "builtin_buffer_kwargs",
            "make_selective_replay_buffer_class", "selective_replay_buffer"]
 
 log = logging.getLogger(__name__)
@@ -85,8 +99,11 @@ log = logging.getLogger(__name__)
 SAMPLER_KWARGS = "trainer.v1.sampler.sampler_kwargs"
 
 #: The settings :meth:`PromptSelector.from_options` reads; any other key in ``sampler_kwargs`` is an error.
-OPTIONS = ("history_path", "p_easy", "p_hard", "target", "step", "min_p", "max_p", "seed", "solved_reward",
-           "max_draws")
+OPTIONS = ("skip", "refill", "history_path", "p_easy", "p_hard", "target", "step", "min_p", "max_p", "seed",
+           "solved_reward", "max_draws")
+
+#: What the ``refill`` setting accepts: lengthsched's refill by need (the default) or verl's own two per drop.
+REFILLS = ("need", "verl")
 
 _RULE_OPTIONS = ("p_easy", "p_hard", "target", "step", "min_p", "max_p", "seed")
 
@@ -97,17 +114,21 @@ class PromptSelector:
     """GRESO's skip for a trainer that fetches prompts and learns what its filter did with each group by a uid.
 
     ``rule`` (default a fresh :class:`~lengthsched.filtering.SelectiveRollout`) decides from ``history`` (default
-    a fresh :class:`~lengthsched.filtering.FilterHistory`) whether a prompt runs. ``solved_reward``: a dropped
-    group whose rewards all agree on a value at or above it was all right (``"easy"``), below it all wrong
-    (``"hard"``). ``max_draws``: the most fetches :meth:`draw` makes for one it hands over. ``path``: where
-    :meth:`end_step` writes the history and the rule (None: nowhere).
+    a fresh :class:`~lengthsched.filtering.FilterHistory`) whether a prompt runs where ``skip`` (default false:
+    every prompt runs, the history is still kept). ``refill``: ``"need"`` (:meth:`refill_count` cuts the
+    trainer's refill to what the batch needs) or ``"verl"`` (as asked). ``solved_reward``: a dropped group whose
+    rewards all agree on a value at or above it was all right (``"easy"``), below it all wrong (``"hard"``).
+    ``max_draws``: the most fetches :meth:`draw` makes for one it hands over. ``path``: where :meth:`end_step`
+    writes the history and the rule (None: nowhere).
 
     Counters (cumulative): ``skipped`` prompts drawn and not handed over, ``forced`` fetches handed over after
     ``max_draws`` skips although the rule would skip them, ``handed`` prompts handed over, ``observed`` groups
-    whose filter verdict was recorded."""
+    whose filter verdict was recorded, ``withheld`` prompts the trainer asked to refill and :meth:`refill_count`
+    did not submit."""
 
     def __init__(self, rule: SelectiveRollout | None = None, history: FilterHistory | None = None, *,
-                 solved_reward: float = SOLVED_REWARD, max_draws: int = SKIP_DRAWS, path: str | None = None):
+                 solved_reward: float = SOLVED_REWARD, max_draws: int = SKIP_DRAWS, path: str | None = None,
+                 skip: bool = False, refill: str = "need"):
         if rule is not None and not isinstance(rule, SelectiveRollout):
             raise InvalidArgument("rule", type(rule).__name__, "a lengthsched.SelectiveRollout or None")
         if history is not None and not isinstance(history, FilterHistory):
@@ -117,14 +138,19 @@ class PromptSelector:
             raise InvalidArgument("solved_reward", solved_reward, "a finite number (a reward at or above it is solved)")
         if path is not None and (not isinstance(path, str) or not path):
             raise InvalidArgument("path", path, "a file path (the filter's history, JSON) or None")
+        if not isinstance(skip, (bool, np.bool_)):
+            raise InvalidArgument("skip", skip, "true or false (whether GRESO's rule skips prompts)")
+        if refill not in REFILLS:
+            raise InvalidArgument("refill", refill, " or ".join(map(repr, REFILLS)))
+        self.skip, self.refill = bool(skip), refill
         self.rule = SelectiveRollout() if rule is None else rule
         self.history = FilterHistory() if history is None else history
         self.solved_reward = float(solved_reward)
         self.max_draws = check_int("max_draws", max_draws, minimum=1)
         self.path = path
-        self.skipped = self.forced = self.handed = self.observed = 0
+        self.skipped = self.forced = self.handed = self.observed = self.withheld = 0
         self._keys: dict[Hashable, Hashable] = {}  # uid -> prompt key, handed over and not yet observed
-        self._last = (0, 0, 0)  # skipped, forced, handed at the last end_step
+        self._last = (0, 0, 0, 0)  # skipped, forced, handed, withheld at the last end_step
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | None, argument: str = SAMPLER_KWARGS) -> PromptSelector:
@@ -151,7 +177,8 @@ class PromptSelector:
                 raise InvalidArgument(f"{argument}.{exc.name}", exc.value, exc.expected) from None
         try:
             return cls(rule, history, solved_reward=options.get("solved_reward", SOLVED_REWARD),
-                       max_draws=options.get("max_draws", SKIP_DRAWS), path=path)
+                       max_draws=options.get("max_draws", SKIP_DRAWS), path=path, skip=options.get("skip", False),
+                       refill=options.get("refill", "need"))
         except InvalidArgument as exc:
             raise InvalidArgument(f"{argument}.{exc.name}", exc.value, exc.expected) from None
 
@@ -164,7 +191,7 @@ class PromptSelector:
             uids, keys = ids(batch)
             if len(uids) != len(keys):
                 raise InvalidArgument("ids", f"{len(uids)} uids, {len(keys)} keys", "one prompt key per uid")
-            if not len(keys) or bool(np.any(self.rule.select(self.history, list(keys)))):
+            if not self.skip or not len(keys) or bool(np.any(self.rule.select(self.history, list(keys)))):
                 break
             if n == self.max_draws:
                 self.forced += 1
@@ -187,6 +214,17 @@ class PromptSelector:
         self.observed += 1
         return True
 
+    def refill_count(self, asked: int, missing: int, inflight: int) -> int:
+        """How many of the ``asked`` prompts verl's filter would refill to submit, when ``missing`` more groups must
+        pass for the batch and ``inflight`` run: all of them with ``refill="verl"``; else at most what
+        :func:`~lengthsched.filtering.need_refill` says at the history's pass share (the rest counted as
+        withheld)."""
+        asked = check_int("asked", asked, minimum=0)
+        count = asked if self.refill == "verl" else min(asked, need_refill(missing, inflight, self.history.kept,
+                                                                          self.history.groups))
+        self.withheld += asked - count
+        return count
+
     def end_step(self) -> dict[str, float]:
         """After a training step: the rule adapted to what the filter did since the last call
         (:meth:`SelectiveRollout.adapt`), the history written to :attr:`path`, and the step's metrics (prompts
@@ -194,13 +232,14 @@ class PromptSelector:
         ``p_hard``; prompts the history knows; where groups were observed, their shares dropped all right and
         all wrong)."""
         shares = self.rule.adapt(self.history)
-        now = (self.skipped, self.forced, self.handed)
-        skipped, forced, handed = (a - b for a, b in zip(now, self._last))
+        now = (self.skipped, self.forced, self.handed, self.withheld)
+        skipped, forced, handed, withheld = (a - b for a, b in zip(now, self._last))
         self._last = now
         if self.path is not None:
             write_filter_state(self.path, self.history, self.rule)
         metrics = {"lengthsched/selective/skipped": float(skipped), "lengthsched/selective/forced": float(forced),
-                   "lengthsched/selective/handed": float(handed), "lengthsched/selective/p_easy": self.rule.p_easy,
+                   "lengthsched/selective/handed": float(handed), "lengthsched/selective/withheld": float(withheld),
+                   "lengthsched/selective/p_easy": self.rule.p_easy,
                    "lengthsched/selective/p_hard": self.rule.p_hard,
                    "lengthsched/selective/prompts_known": float(len(self.history))}
         if shares is not None:
@@ -261,9 +300,24 @@ def make_selective_replay_buffer_class(base: type, sync: bool) -> type:
                 raise InvalidArgument("algorithm.filter_groups.enable", False,
                                       "True: GRESO's skip learns from the groups verl's dynamic-sampling filter drops")
             super().__init__(**kwargs)
+            self.lengthsched_batch: int | None = None  # the batch the running sample() collects
             if trainer is not None:
                 fetch = trainer._fetch_one_gen_batch
                 trainer._fetch_one_gen_batch = lambda: self.lengthsched_selector.draw(fetch, fetch_ids)
+            if sync and self.refill_fn is not None:
+                verl_refill = self.refill_fn
+                self.refill_fn = lambda asked: self.lengthsched_refill(verl_refill, asked)
+
+        def lengthsched_refill(self, verl_refill: Callable[[int], Any], asked: int) -> int:
+            """verl's refill of ``asked`` prompts (two per dropped group), cut to what
+            :meth:`PromptSelector.refill_count` says the batch needs: the groups missing are the batch less those
+            finished and not evicted (this poll's snapshot), the groups in flight those pending or running."""
+            if self.lengthsched_batch is None:
+                return verl_refill(asked)
+            done = len(self.finished_keys["train"] | self.failure_keys["train"])
+            inflight = len(self.pending_keys["train"]) + len(self.running_keys["train"])
+            count = self.lengthsched_selector.refill_count(asked, self.lengthsched_batch - done, inflight)
+            return verl_refill(count) if count else 0
 
         def _dapo_filtered_keys(self, partition_id: str) -> Any:
             cache = self._dapo_classification_cache[partition_id]
@@ -275,7 +329,11 @@ def make_selective_replay_buffer_class(base: type, sync: bool) -> type:
             return out
 
         def sample(self, global_steps: int, partition_id: str, batch_size: int) -> Any:
-            batch, metrics = super().sample(global_steps, partition_id, batch_size)
+            self.lengthsched_batch = batch_size if partition_id != "val" else None
+            try:
+                batch, metrics = super().sample(global_steps, partition_id, batch_size)
+            finally:
+                self.lengthsched_batch = None
             if partition_id != "val":
                 metrics.update(self.lengthsched_selector.end_step())
             return batch, metrics
