@@ -35,9 +35,10 @@ each module's docstring names the files).
   server's snapshots, :class:`StealDriver`); inside verl's fully asynchronous recipe:
   :mod:`lengthsched.integrations.verl_async` (``LengthschedFullyAsyncAgentLoopManager``: each group
   placed by predicted work, one driver stealing for the whole run; ``install``, ``setup_hook``).
-  GRESO's skip inside verl's own dynamic sampling (the v1 trainer's DAPO filter):
-  :mod:`lengthsched.integrations.verl_selective` (``selective_replay_buffer``, the custom replay buffer
-  verl loads by name; :class:`~lengthsched.integrations.verl_selective.PromptSelector`).
+  Inside verl's own dynamic sampling (the v1 trainer's DAPO filter): :mod:`lengthsched.integrations.verl_selective`
+  (``selective_replay_buffer``, the custom replay buffer verl loads by name: a refill by what the batch needs
+  instead of two prompts per dropped group, and GRESO's skip on request;
+  :class:`~lengthsched.integrations.verl_selective.PromptSelector`).
 - slime: :mod:`lengthsched.integrations.slime` (its ``--rollout-function-path`` and
   ``--custom-generate-function-path`` hooks: every batch planned, each sample sent to its planned
   SGLang engine; modelled on slime at commit 624b824, tested against a fake slime).
