@@ -1697,13 +1697,15 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
 # verl_dapo_skip: lengthsched inside verl 0.9.1's own dynamic sampling, its v1 sync trainer with
 # algorithm.filter_groups (simulate.rollout.Refill(rule="verl"): the batch, then two groups for every dropped one, at
 # most max_inflight_gen_batches x the batch in flight, every group submitted drained, the batch taken from those that
-# passed in an order unrelated to length and the surplus thrown away), on vLLM's engines behind verl's router, no
-# partial rollout. lengthsched.integrations.verl_selective adds two things: its refill (submit only while the groups
-# in flight are expected to pass fewer than the batch still needs: Refill's by_need; the same data) and GRESO's skip
-# (changes the data). The filter's verdicts from the difficulty model; HORIZON_STEPS steps read after HORIZON_MARKS;
-# rows (label, drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl
-# as it ships under the same drift. Modes: max_inflight_gen_batches.
+# passed in an order unrelated to length and the surplus thrown away; every decision at a poll of its replay buffer,
+# VERL_POLL_SECONDS apart), on vLLM's engines behind verl's router, no partial rollout.
+# lengthsched.integrations.verl_selective adds two things: its refill (submit only while the groups in flight are
+# expected to pass fewer than the batch still needs: Refill's by_need; the same data) and GRESO's skip (changes the
+# data). The filter's verdicts from the difficulty model; HORIZON_STEPS steps read after HORIZON_MARKS; rows (label,
+# drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl as it ships
+# under the same drift. Modes: max_inflight_gen_batches.
 VERL_DAPO_MODES = ((1,), (2,))
+VERL_POLL_SECONDS = 2.0  # verl 0.9.1's ReplayBuffer.poll_interval: it refills, and sees the last group finish, at polls
 VERL_DAPO_RUNS = (
     ("verl's dynamic sampling as it ships", 0.0, 1, False, False),
     ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True),
@@ -1731,7 +1733,7 @@ def _verl_dapo_unit(args) -> dict:
     rates = pass_rates(groups, seed=seed)
     shared = dict(batch=prompts, oversample=1.0, steps=HORIZON_STEPS, partial=False, in_flight=10**9,
                   filter_seed=seed, refill=True, refill_rule="verl", refill_cap=inflight * prompts,
-                  router="least_loaded", **common)
+                  refill_poll=VERL_POLL_SECONDS, router="least_loaded", **common)
     verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
                                                epoch=epochs) for _, drift, epochs, *_ in VERL_DAPO_RUNS}
     out = {}

@@ -193,7 +193,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
                           max_carry: int | None = None, carry_limit: str = "drop", refill: bool = False,
                           run: Callable[..., RolloutResult] | None = None, keep_results: bool = False,
                           filter_history: FilterHistory | None = None, refill_rule: str = "slime",
-                          refill_cap: int | None = None, refill_need: bool = False, **kwargs: Any) -> OversampledSteps:
+                          refill_cap: int | None = None, refill_need: bool = False, refill_poll: float | None = None,
+                          **kwargs: Any) -> OversampledSteps:
     """Run ``steps`` rollout steps of slime's over-sampling: each submits ``ceil(batch x oversample)``
     groups (with ``partial``, the groups the last step aborted first, in their order, then fresh
     ones from ``stream``), ends at its ``batch``-th finished group and aborts the rest (see the
@@ -248,7 +249,9 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     away (counted in ``dropped_tokens``). ``refill_need`` (with ``refill_rule="verl"``):
     lengthsched's refill inside verl's allowance (:class:`simulate.rollout.Refill`'s ``by_need``: a group only while
     those in flight are expected to pass fewer than the batch still needs, the pass share counted over the run's
-    finished groups). Returns :class:`OversampledSteps`."""
+    finished groups). ``refill_poll`` (with ``refill_rule="verl"``): verl's poll interval in seconds (its replay
+    buffer refills, and sees the step's last group finish, only at its polls; :class:`simulate.rollout.Refill`'s
+    ``poll``); None: at once. Returns :class:`OversampledSteps`."""
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
     oversample = check_positive_float("oversample", oversample)
@@ -286,6 +289,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if verl and (not refill or partial or oversample != 1):
         raise InvalidArgument("refill_rule", refill_rule, "'slime' unless refill=True, partial=False and oversample 1 "
                                                           "(verl's v1 sync trainer refills without partial rollout)")
+    if refill_poll is not None and not verl:
+        raise InvalidArgument("refill_poll", refill_poll, "None unless refill_rule='verl'")
     if refill_need and not verl:
         raise InvalidArgument("refill_need", refill_need, "False unless refill_rule='verl'")
     run_kept = run_finished = 0  # verl: the groups the run's earlier steps finished, and of them passed
@@ -328,7 +333,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         if refill:
             extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners),
                                      rule=refill_rule, cap=refill_cap,
-                                     by_need=(run_kept, run_finished) if refill_need else None)
+                                     by_need=(run_kept, run_finished) if refill_need else None,
+                                     poll=refill_poll)
         result = run(parts, policy, predicted=pred, record=True, **extra, **kwargs) if parts else None
         if keep_results:
             results.append(result)
@@ -367,8 +373,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             float(finish.max()) if slots else 0.0)
         if due.any():
             end = max(end, float(finish[due].max()))
-        if verl:  # verl drains every group it submitted before it samples the batch
+        if verl:  # verl drains every group it submitted before it samples the batch (seen at its next poll)
             end = float(finish.max()) if len(finish) else 0.0
+            if refill_poll is not None:
+                end = math.ceil(end / refill_poll - 1e-9) * refill_poll
             run_kept += int(passes[np.asarray(take, dtype=np.int64)].sum())
             run_finished += len(take)
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]

@@ -122,12 +122,13 @@ class Refill:
     unit the filter drops while fewer than ``batch`` have passed, one at a time, at most ``cap`` units submitted and
     not finished (``max_inflight_gen_batches`` x ``train_batch_size``; None: no bound); once ``batch`` have passed
     nothing more is submitted and everything submitted runs to its end (verl drains, then discards the surplus).
-    ``chunk`` is not used. verl decides at each poll of its replay buffer (every 2 s by default); the model decides
-    when a unit finishes. ``by_need`` (with ``rule="verl"``): lengthsched's refill inside verl's allowance
+    ``chunk`` is not used. ``by_need`` (with ``rule="verl"``): lengthsched's refill inside verl's allowance
     (:mod:`lengthsched.integrations.verl_selective`): a unit is submitted only while the groups in flight are
     expected to pass fewer than the batch still needs, or when none is in flight; the pass share is
     ``(kept + 1) / (finished + 2)`` over the units finished in earlier steps (``by_need``: their kept and finished
-    counts) and in this one (:func:`lengthsched.filtering.need_refill`)."""
+    counts) and in this one (:func:`lengthsched.filtering.need_refill`). ``poll`` (with ``rule="verl"``): verl's
+    replay buffer sees finished groups and refills only at its polls, every ``poll`` seconds from the step's start
+    (``ReplayBuffer.poll_interval``, 2 s); None: at once."""
 
     batch: int
     chunk: int
@@ -137,6 +138,7 @@ class Refill:
     rule: str = "slime"
     cap: int | None = None
     by_need: tuple[int, int] | None = None
+    poll: float | None = None
 
     def __post_init__(self):
         check_int("batch", self.batch, minimum=1)
@@ -145,6 +147,10 @@ class Refill:
             raise InvalidArgument("rule", self.rule, " or ".join(map(repr, REFILL_RULES)))
         if self.cap is not None:
             check_int("cap", self.cap, minimum=self.batch)
+        if self.poll is not None:
+            if self.rule != "verl":
+                raise InvalidArgument("poll", self.poll, "None with rule 'slime' (slime submits as groups finish)")
+            check_positive_float("poll", self.poll)
         if self.by_need is not None:
             if self.rule != "verl" or len(self.by_need) != 2:
                 raise InvalidArgument("by_need", self.by_need, "None, or with rule 'verl' the (kept, finished) "
@@ -744,6 +750,10 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     send(0.0)
     while clock.heap:
         now, r = heapq.heappop(clock.heap)
+        if r < 0:  # a poll of the framework (a Refill with poll): it submits what finished since asks for
+            releases.poll(now)
+            send(now)
+            continue
         eng, pol = engines[r], pols[r]
         done = len(eng.collected)
         if done > seen[r]:
@@ -752,7 +762,9 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             if client is not None:
                 client.finished(r, eng.collected[seen[r]:done])
             if releases is not None:
-                releases.finished(eng.collected[seen[r]:done], now)
+                tick = releases.finished(eng.collected[seen[r]:done], now)
+                if tick is not None:
+                    heapq.heappush(clock.heap, (tick, -1))
             seen[r] = done
             send(now)
         if not eng.decide(pol):
@@ -786,6 +798,7 @@ class _Releases:
         self.queue: list[int] = []
         self.submitted = self.dropped = self.kept = 0
         self.credit = refill.batch  # verl: units it may still submit (the first batch, then two per drop)
+        self.ticks: set[float] = set()  # the polls scheduled (a Refill with poll)
 
     def _more(self) -> bool:
         """Whether the rule submits another unit now (one more chunk: slime; one more unit: verl)."""
@@ -819,12 +832,27 @@ class _Releases:
                 if self.left[u] == 0:  # nothing to run: done when submitted
                     self._unit_done(u)
 
-    def finished(self, jobs, now: float) -> None:
+    def finished(self, jobs, now: float) -> float | None:
+        """Count the requests ``jobs`` that finished at ``now`` and submit what the rule asks for; with a poll, the
+        rule decides at the next poll instead: returns its time when a new poll must be scheduled, else None."""
         for job in jobs:
             u = int(self.unit[job])
             self.left[u] -= 1
             if self.left[u] == 0:
                 self._unit_done(u)
+        poll = self.refill.poll
+        if poll is None:
+            self.release(now)
+            return None
+        tick = math.ceil(now / poll - 1e-9) * poll
+        if tick in self.ticks:
+            return None
+        self.ticks.add(tick)
+        return tick
+
+    def poll(self, now: float) -> None:
+        """A poll at ``now``: the rule submits what it asks for."""
+        self.ticks.discard(now)
         self.release(now)
 
     def _unit_done(self, u: int) -> None:

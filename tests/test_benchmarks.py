@@ -970,12 +970,14 @@ def test_verl_dapo_skip_quick(tmp_path):
     flags = filter_passes(pass_rates(groups, seed=seed), len(groups[0].lengths), seed=seed, epoch=1)
     verl = run_oversampled_steps(groups, "vllm", batch=b, oversample=1.0, steps=bench.HORIZON_MARKS[0],
                                  partial=False, valid=flags, refill=True, refill_rule="verl", refill_cap=inflight * b,
-                                 in_flight=10**9, filter_seed=seed, router="least_loaded", **common)
+                                 refill_poll=bench.VERL_POLL_SECONDS, in_flight=10**9, filter_seed=seed,
+                                 router="least_loaded", **common)
     assert out[labels[0]][0][0] == pytest.approx(verl.kept_tokens_per_second)
     assert out[labels[0]][1][0] == pytest.approx(verl.filtered_share)
     need = run_oversampled_steps(groups, "vllm", batch=b, oversample=1.0, steps=bench.HORIZON_MARKS[0],
                                  partial=False, valid=flags, refill=True, refill_rule="verl", refill_cap=inflight * b,
-                                 refill_need=True, in_flight=10**9, filter_seed=seed, router="least_loaded", **common)
+                                 refill_need=True, refill_poll=bench.VERL_POLL_SECONDS, in_flight=10**9,
+                                 filter_seed=seed, router="least_loaded", **common)
     assert out[labels[1]][0][0] == pytest.approx(need.kept_tokens_per_second)
     path = tmp_path / "verl_dapo_skip.json"
     assert combine("verl_dapo_skip", [str(path), str(path)]) == [

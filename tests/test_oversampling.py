@@ -3,6 +3,8 @@ RolloutResult.generated_at (what an abort leaves)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -380,15 +382,24 @@ def _replayed_verl_releases(refill, finish_if_run):
             submitted += 1
             credit -= 1
 
-    release(0.0)
-    while events:
-        events.sort()
-        now, u = events.pop(0)
+    def count(u):
+        nonlocal done, kept, credit
         done += 1
         if refill.passes[u]:
             kept += 1
         else:
             credit += 2
+
+    release(0.0)
+    while events:
+        events.sort()
+        if refill.poll is None:
+            now, u = events.pop(0)
+            count(u)
+        else:  # verl's poll: every group finished by the next poll counted there, then the rule decides
+            now = math.ceil(events[0][0] / refill.poll - 1e-9) * refill.poll
+            while events and events[0][0] <= now + 1e-9:
+                count(events.pop(0)[1])
         release(now)
     return released
 
@@ -396,18 +407,19 @@ def _replayed_verl_releases(refill, finish_if_run):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n=st.integers(2, 14), batch=st.integers(1, 5), extra=st.sampled_from([None, 0, 3]),
        share=st.sampled_from([0.3, 0.6, 1.0]), replicas=st.integers(1, 3),
-       by_need=st.sampled_from([None, (0, 0), (3, 10), (9, 10)]))
+       by_need=st.sampled_from([None, (0, 0), (3, 10), (9, 10)]), poll=st.sampled_from([None, 0.5, 2.0]))
 def test_verls_refill_submits_two_for_every_drop_within_its_cap_and_drains(seed, n, batch, extra, share, replicas,
-                                                                           by_need):
+                                                                           by_need, poll):
     """Refill(rule="verl"): batch units at 0 s, then one unit at a time while the credit (two per dropped unit)
     lasts and fewer than cap are in flight, none once batch passed; every unit submitted runs to its end. With
-    by_need (lengthsched's refill) only while those in flight are expected to pass fewer than are missing."""
+    by_need (lengthsched's refill) only while those in flight are expected to pass fewer than are missing; with a
+    poll only at the polls, from what finished before each."""
     from simulate.rollout import Refill
 
     stream = _stream(n, seed=seed, high=300)
     passes = tuple(bool(x) for x in np.random.default_rng(seed).random(n) < share)
     refill = Refill(batch=batch, chunk=1, passes=passes, rule="verl", cap=None if extra is None else batch + extra,
-                    by_need=by_need)
+                    by_need=by_need, poll=poll)
     r = run_rollout(stream, "vllm", router="least_loaded", replicas=replicas, in_flight=10**6, refill=refill,
                     record=True, **COMMON)
     released, finish = r.released_seconds, r.group_finish_seconds()
@@ -416,6 +428,8 @@ def test_verls_refill_submits_two_for_every_drop_within_its_cap_and_drains(seed,
     assert np.all(np.isfinite(finish[ran])) and np.all(np.isinf(finish[~ran]))
     assert r.seconds == pytest.approx(float(finish[ran].max()), rel=1e-9)  # drained: the step ends with its last
     replayed = _replayed_verl_releases(refill, finish)
+    if poll is not None:  # every later submission at a poll
+        assert np.allclose(np.round(released[ran] / poll), released[ran] / poll)
     assert np.array_equal(np.isfinite(replayed), ran)
     assert np.allclose(replayed[ran], released[ran])
     dropped_before_last = sum(not passes[u] for u in np.flatnonzero(ran))
@@ -450,6 +464,15 @@ def test_verls_dapo_steps_keep_the_batch_drain_and_throw_the_surplus_away():
             Refill(4, 1, (True,) * 6, rule="verl", by_need=bad)
     with pytest.raises(InvalidArgument, match="by_need"):
         Refill(4, 1, (True,) * 6, by_need=(0, 0))  # slime's rule has no such refill
+    with pytest.raises(InvalidArgument, match="poll"):
+        Refill(4, 1, (True,) * 6, poll=2.0)  # slime submits as groups finish
+    with pytest.raises(InvalidArgument, match="refill_poll"):
+        run_oversampled_steps(stream, "vllm", batch=6, steps=1, oversample=1.0, valid=valid, refill=True,
+                              refill_poll=2.0, in_flight=10**6, router="least_loaded", **COMMON)
+    polled = run_oversampled_steps(stream, "vllm", batch=6, oversample=1.0, steps=2, partial=False, valid=valid,
+                                   refill=True, refill_rule="verl", refill_cap=12, refill_poll=2.0, in_flight=10**6,
+                                   router="least_loaded", **COMMON)
+    assert all(s.seconds % 2.0 == 0 and len(s.kept) == 6 for s in polled.steps)  # verl sees the end at a poll
     with pytest.raises(InvalidArgument, match="refill_need"):
         run_oversampled_steps(stream, "vllm", batch=6, steps=1, oversample=1.0, valid=valid, refill=True,
                               refill_need=True, in_flight=10**6, router="least_loaded", **COMMON)
