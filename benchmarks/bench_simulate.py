@@ -1664,22 +1664,30 @@ HORIZON_COLUMNS = ["over-sampling batch / B", "partial rollout", "run", "setting
     f"filtered share of generated after {HORIZON_MARKS[0]}", f"after {HORIZON_MARKS[-1]}"]
 
 
+def _against_base(settings: list, runs: tuple):
+    """Per mode of ``settings`` ([workload, prompts, replicas, pool, [mode], {run: [[kept tokens/s per mark], ...]}])
+    and per run of ``runs`` ((label, drift, ...)): the mode, the run's label, the mode's outcomes and, per setting
+    and mark, the run's kept tokens per second over those of the first run of the same drift in ``runs``."""
+    base_of = {}
+    for label, drift, *_ in runs:
+        base_of.setdefault(drift, label)
+    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
+        mine = [x[5] for x in settings if tuple(x[4]) == mode]
+        for label, drift, *_ in runs:
+            yield mode, label, mine, np.array([np.array(out[label][0]) / np.array(out[base_of[drift]][0])
+                                               for out in mine])
+
+
 def horizon_rows(settings: list) -> list:
     """slime_order_horizon's rows from its settings ([workload, prompts, replicas, pool, [over, partial], {run:
     [[kept tokens/s per mark], [filtered share per mark]]}], several draws pooled); each run against slime as it
     ships under the same drift (the first row of its drift in HORIZON_RUNS)."""
-    base_of = {}
-    for label, drift, *_ in HORIZON_RUNS:
-        base_of.setdefault(drift, label)
     rows = []
-    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
-        mine = [x[5] for x in settings if tuple(x[4]) == mode]
-        for label, drift, *_ in HORIZON_RUNS:
-            ratio = np.array([np.array(out[label][0]) / np.array(out[base_of[drift]][0]) for out in mine])
-            filtered = np.array([out[label][1] for out in mine])
-            rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), *ratio.mean(axis=0).tolist(),
-                         float(ratio[:, -1].min()), int(np.sum(ratio[:, -1] < 0.999)), float(filtered[:, 0].mean()),
-                         float(filtered[:, -1].mean())])
+    for mode, label, mine, ratio in _against_base(settings, HORIZON_RUNS):
+        filtered = np.array([out[label][1] for out in mine])
+        rows.append([mode[0], "yes" if mode[1] else "no", label, len(mine), *ratio.mean(axis=0).tolist(),
+                     float(ratio[:, -1].min()), int(np.sum(ratio[:, -1] < 0.999)), float(filtered[:, 0].mean()),
+                     float(filtered[:, -1].mean())])
     return rows
 
 
@@ -1762,18 +1770,12 @@ VERL_DAPO_COLUMNS = ["max_inflight_gen_batches", "run", "settings"] + [
 def verl_dapo_rows(settings: list) -> list:
     """verl_dapo_skip's rows from its settings ([workload, prompts, replicas, pool, [inflight], {run: [...]}],
     several draws pooled); each run against verl as it ships under the same drift."""
-    base_of = {}
-    for label, drift, *_ in VERL_DAPO_RUNS:
-        base_of.setdefault(drift, label)
     rows = []
-    for mode in dict.fromkeys(tuple(x[4]) for x in settings):
-        mine = [x[5] for x in settings if tuple(x[4]) == mode]
-        for label, drift, *_ in VERL_DAPO_RUNS:
-            ratio = np.array([np.array(out[label][0]) / np.array(out[base_of[drift]][0]) for out in mine])
-            rows.append([mode[0], label, len(mine), *ratio.mean(axis=0).tolist(), float(ratio[:, -1].min()),
-                         int(np.sum(ratio[:, -1] < 0.999))]
-                        + [float(np.mean([out[label][i][-1] for out in mine])) for i in (1, 2)]
-                        + [float(np.mean([out[label][i] for out in mine])) for i in (3, 4)])
+    for mode, label, mine, ratio in _against_base(settings, VERL_DAPO_RUNS):
+        rows.append([mode[0], label, len(mine), *ratio.mean(axis=0).tolist(), float(ratio[:, -1].min()),
+                     int(np.sum(ratio[:, -1] < 0.999))]
+                    + [float(np.mean([out[label][i][-1] for out in mine])) for i in (1, 2)]
+                    + [float(np.mean([out[label][i] for out in mine])) for i in (3, 4)])
     return rows
 
 
