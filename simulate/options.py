@@ -146,6 +146,14 @@ class SimulateOptions:
                                   "dropped one epoch earlier, all right or all wrong, is skipped with probability "
                                   "one half; lengthsched.integrations.slime's lengthsched_selective_rollout): "
                                   "skipped prompts are not generated; the reference runs every prompt")
+    verl_dynamic_sampling: bool = _opt(False, "with --steps and a filter (--valid-share or --difficulty), verl's own "
+                                              "dynamic sampling instead of over-sampling (its v1 sync trainer's "
+                                              "algorithm.filter_groups: two prompts refilled per dropped group, every "
+                                              "group in flight drained, the surplus thrown away, decisions at its 2 s "
+                                              "poll; vllm + least_loaded): verl as it ships against the same with "
+                                              "lengthsched.integrations.verl_selective's refill by need (the same "
+                                              "data), and with --selective its skip too; --oversample 1 or none, not "
+                                              "with --partial-rollout, --slime-refill, --filter-order or --in-flight")
     max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
                                            "engines keep generating while the learner trains, submitting groups "
                                            "while at most (K + version + 1) x --prompts were submitted (AReaL's "

@@ -376,6 +376,7 @@ ROLLOUT_ONLY = (
     ("difficulty", "it filters the groups of rollout steps"),
     ("filter_order", "it orders the batches of over-sampled rollout steps"),
     ("selective", "it skips prompts of over-sampled rollout steps"),
+    ("verl_dynamic_sampling", "it runs verl's dynamic sampling in rollout steps"),
     ("max_staleness", "it runs asynchronous RL on a rollout's replicas"),
     ("staleness_threshold", "it runs verl's asynchronous RL on a rollout's replicas"),
     ("local_steps", "it times the learner of verl's asynchronous RL"),

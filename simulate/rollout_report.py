@@ -212,6 +212,9 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
         if not isinstance(over, (int, float)) or isinstance(over, bool) or not (1.0 <= over <= MAX_OVERSAMPLE):
             raise InvalidArgument("oversample", over, f"groups submitted per group kept, 1 to {MAX_OVERSAMPLE:g} "
                                                       "(e.g. 1.25)")
+    if opts.verl_dynamic_sampling:
+        _check_verl_dynamic(opts)
+        opts = dataclasses.replace(opts, oversample=1.0)
     if opts.steps is not None:
         check_int("steps", opts.steps, minimum=1)
         if opts.oversample is None:
@@ -270,6 +273,29 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
         # with history the project's recommendation may be steal_classes: show it
         opts = dataclasses.replace(opts, policies=opts.policies + ",steal_classes")
     return opts
+
+
+def _check_verl_dynamic(opts: SimulateOptions) -> None:
+    """--verl-dynamic-sampling: the options it needs and those it does not combine with."""
+    if opts.steps is None or (opts.valid_share is None and not opts.difficulty):
+        raise InvalidArgument("verl_dynamic_sampling", True, "--steps N and a filter (--valid-share or --difficulty) "
+                                                             "too (verl refills the groups its filter drops)")
+    if opts.oversample not in (None, 1):
+        raise InvalidArgument("oversample", opts.oversample, "1 or none with --verl-dynamic-sampling (verl submits "
+                                                             "the batch and refills what its filter drops)")
+    for name in ("partial_rollout", "slime_refill", "filter_order"):
+        if getattr(opts, name):
+            raise InvalidArgument(name, True, "off with --verl-dynamic-sampling (verl's v1 sync trainer drains every "
+                                              "group it submitted and has no partial rollout or order)")
+    for name in ("policies", "routers"):
+        if getattr(opts, name) != ROLLOUT_DEFAULTS[name]:
+            raise InvalidArgument(name, getattr(opts, name), "the default with --verl-dynamic-sampling (its rows are "
+                                                             "vllm behind verl's router, as verl ships and with "
+                                                             "lengthsched's refill)")
+    if opts.in_flight is not None or opts.max_staleness is not None:
+        name = "in_flight" if opts.in_flight is not None else "max_staleness"
+        raise InvalidArgument(name, getattr(opts, name), "none with --verl-dynamic-sampling (verl's router sends "
+                                                         "every request at once; its synchronous trainer)")
 
 
 def history_sigma(predictor: Any) -> float | None:
@@ -398,6 +424,8 @@ def submitted_groups(opts: SimulateOptions) -> int:
     included, so the stream holds enough for every step)."""
     if opts.steps is not None:  # with --slime-refill, room for the batches added while the filter drops groups
         more = 1 + math.ceil(1 / _filter_share(opts)) if opts.slime_refill else 1
+        if opts.verl_dynamic_sampling:  # verl refills two per drop: a step draws up to about 2 / share of its batch
+            more = 1 + math.ceil(2 / _filter_share(opts))
         return opts.steps * submitted_per_step(opts.prompts, opts.oversample) * more
     return opts.prompts if opts.oversample is None else max(opts.prompts, int(round(opts.prompts * opts.oversample)))
 
@@ -511,10 +539,73 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
 STEPS_RESUME = "siblings"
 
 
+#: verl 0.9.1's replay buffer polls every this many seconds (``ReplayBuffer.poll_interval``): --verl-dynamic-sampling.
+VERL_POLL_SECONDS = 2.0
+#: The runs of --verl-dynamic-sampling: (router shown, lengthsched's refill by need, GRESO's skip); the first is the
+#: reference (verl as it ships), the last only with --selective.
+VERL_DYNAMIC_RUNS = (("least_loaded", False, False), ("least_loaded + verl_selective refill", True, False),
+                     ("least_loaded + verl_selective refill and skip", True, True))
+
+
+def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
+    """``--verl-dynamic-sampling``: verl's v1 dynamic sampling over ``--steps`` (:func:`simulate.run_oversampled_steps`
+    with ``refill_rule="verl"``, its poll, vLLM behind verl's router, nothing capped in flight), as it ships and with
+    :mod:`lengthsched.integrations.verl_selective`'s refill by need (and GRESO's skip with ``--selective``)."""
+    o = step.opts
+    valid, earlier = _filter(step)
+    skip = selective_stream(step.groups, _earlier_history(step, earlier), SelectiveRollout(seed=o.seed)) \
+        if o.selective else np.ones(len(step.groups), dtype=bool)
+    sizes = np.cumsum([len(g.lengths) for g in step.groups])[:-1]
+    rows = []
+    for shown, need, skipping in VERL_DYNAMIC_RUNS[:3 if o.selective else 2]:
+        runs = skip if skipping else np.ones(len(step.groups), dtype=bool)
+        groups = [g for g, on in zip(step.groups, runs) if on]
+        predicted = np.concatenate([p for p, on in zip(np.split(np.asarray(step.predicted), sizes), runs) if on])
+        flags = valid if not isinstance(valid, np.ndarray) else valid[runs]
+
+        def run(parts, name, *, predicted, record, refill=None, **_):
+            return run_rollout(parts, name, replicas=o.replicas, router="least_loaded", budget_tokens=step.pool,
+                               max_new_tokens=o.max_new_tokens, predicted=predicted, cost=step.cost, seed=o.seed,
+                               prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
+                               kv_offload=o.kv_offload, in_flight=len(predicted), refill=refill)
+
+        try:
+            done = run_oversampled_steps(groups, "vllm", batch=o.prompts, oversample=1.0, steps=o.steps, partial=False,
+                                         predicted=predicted, run=run, valid=flags, filter_seed=o.seed, refill=True,
+                                         refill_rule="verl", refill_cap=o.prompts, refill_need=need,
+                                         refill_poll=VERL_POLL_SECONDS, max_new_tokens=o.max_new_tokens)
+            rows.append(RolloutRow("vllm", shown, None, steps=done))
+        except LengthschedError as exc:
+            if not need and "budget_tokens" in str(exc):
+                raise InvalidArgument("budget", o.budget, f"a larger replica memory: {exc}") from None
+            rows.append(RolloutRow("vllm", shown, None, str(exc)))
+    reference = rows.pop(0)
+    filter_text = (f"a dynamic-sampling filter keeps {o.valid_share:g} of the finished groups, at random"
+                   if o.valid_share is not None else
+                   f"DAPO's filter drops the groups whose rewards all agree, each prompt's chance of a reward drawn "
+                   f"from the difficulty model (it keeps {float(np.mean(valid)):.3f} of this stream's groups)")
+    setting = (f"{o.steps} rollout steps of verl's dynamic sampling (its v1 sync trainer with "
+               f"algorithm.filter_groups): {o.prompts} prompts x G={len(step.groups[0].lengths)} submitted, two more "
+               f"for every group the filter drops while fewer than {o.prompts} passed (at most {o.prompts} in "
+               f"flight), every group in flight drained, {o.prompts} of those that passed kept and the surplus thrown "
+               f"away, each decision at a poll every {VERL_POLL_SECONDS:g} s; {filter_text}"
+               + ("" if not o.selective else
+                  f"; the skipping row skips {int((~skip).sum())} of the {len(skip)} prompts as GRESO does (dropped "
+                  f"one epoch earlier, each skipped with probability one half; "
+                  f"{int((~skip & np.asarray(valid)).sum())} of them would have passed)")
+               + f"; from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of {step.memory.name} "
+               f"({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens, vLLM "
+               f"behind verl's router, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
+               f"{step.cost.gpu}")
+    return RolloutComparison(dataclasses.asdict(o), setting, step.pool, (reference, *rows), step)
+
+
 def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
     """``--steps``: every run over the same stream of over-sampled steps (:func:`simulate.run_oversampled_steps`),
     and vLLM FCFS + verl's routing without over-sampling (every submitted group kept) as the reference."""
     o = step.opts
+    if o.verl_dynamic_sampling:
+        return _compare_verl_dynamic(step)
     valid, earlier = _filter(step)
     runs_flags = None  # --selective: which prompts the over-sampled rows run (the same for every row)
     if o.selective:
@@ -784,6 +875,16 @@ STEPS_COLUMNS = {
     "waited": "the most steps a kept group waited between its first submission and the step that kept it",
     "filtered": "with --valid-share or --difficulty: the share of the generated tokens in groups the filter dropped",
 }
+#: The columns of --verl-dynamic-sampling's table (no partial rollout: nothing is stale or waits).
+VERL_STEPS_COLUMNS = {
+    "s/step": "modelled seconds per step on average (each step ends at the poll after its last group finished)",
+    "kept tok/s": STEPS_COLUMNS["kept tok/s"],
+    "x ref": "kept tok/s over the reference's (the first row: verl as it ships, two prompts refilled per drop)",
+    "surplus": "the share of the generated tokens in groups that passed the filter and were thrown away (beyond "
+               "--prompts)",
+    "kept len": STEPS_COLUMNS["kept len"],
+    "filtered": STEPS_COLUMNS["filtered"],
+}
 
 
 def _steps_rows(comparison: RolloutComparison) -> tuple[RolloutRow | None, list[RolloutRow]]:
@@ -802,6 +903,16 @@ def _steps_headline(comparison: RolloutComparison) -> str:
         return "verdict: no policy ran the over-sampled steps"
     best = max(done, key=lambda r: r.steps.kept_tokens_per_second)
     b = best.steps
+    if opts.get("verl_dynamic_sampling"):
+        line = (f"verdict: over {opts['steps']} steps of verl's dynamic sampling, the most kept tokens per second: "
+                f"{best.label}, {b.kept_tokens_per_second:,.0f}")
+        if reference is not None:
+            r = reference.steps
+            line += (f", {b.kept_tokens_per_second / r.kept_tokens_per_second:.3f} x verl as it ships "
+                     f"({r.kept_tokens_per_second:,.0f}); it threw away {b.dropped_share:.1%} of what it generated as "
+                     f"surplus (verl {r.dropped_share:.1%})")
+        failed = [r.label for r in rows if r.steps is None]
+        return line + (f"; could not run: {', '.join(failed)}" if failed else "")
     line = (f"verdict: over {opts['steps']} over-sampled steps ({opts['oversample']:g}x, "
             + ("partial rollout" if opts["partial_rollout"] else "aborted groups dropped")
             + f"), the most kept tokens per second: {best.label}, {b.kept_tokens_per_second:,.0f}")
@@ -839,25 +950,30 @@ def _steps_headline(comparison: RolloutComparison) -> str:
 def _format_steps(comparison: RolloutComparison) -> str:
     reference, rows = _steps_rows(comparison)
     filtered = comparison.options.get("valid_share") is not None or bool(comparison.options.get("difficulty"))
-    head = ["run"] + [c for c in STEPS_COLUMNS if filtered or c != "filtered"]
+    verl = bool(comparison.options.get("verl_dynamic_sampling"))
+    meanings = VERL_STEPS_COLUMNS if verl else STEPS_COLUMNS
+    head = ["run"] + [c for c in meanings if filtered or c != "filtered"]
     table = [head]
     ref = reference.steps.kept_tokens_per_second if reference is not None else None
     for row in ([reference] if reference is not None else []) + rows:
         o = row.steps
-        label = row.label + (" (reference, no over-sampling)" if row is reference else "")
+        label = row.label + ("" if row is not reference else " (reference: verl as it ships)" if verl
+                             else " (reference, no over-sampling)")
         if o is None:
             table.append([label, "fails"] + ["-"] * (len(head) - 2))
             continue
-        table.append([label, f"{o.seconds / len(o.steps):.2f}", f"{o.kept_tokens_per_second:,.0f}",
-                      f"{o.kept_tokens_per_second / ref:.3f}" if ref else "-", f"{o.fresh_tokens_per_second:,.0f}",
-                      f"{o.stale_share:.3f}", f"{o.dropped_share:.3f}", f"{o.kept_length_ratio:.3f}",
-                      f"{o.mean_token_age:.2f}", str(o.max_wait)]
-                     + ([f"{o.filtered_share:.3f}"] if filtered else []))
+        cells = {"s/step": f"{o.seconds / len(o.steps):.2f}", "kept tok/s": f"{o.kept_tokens_per_second:,.0f}",
+                 "x ref": f"{o.kept_tokens_per_second / ref:.3f}" if ref else "-",
+                 "on-policy tok/s": f"{o.fresh_tokens_per_second:,.0f}", "stale": f"{o.stale_share:.3f}",
+                 "dropped": f"{o.dropped_share:.3f}", "surplus": f"{o.dropped_share:.3f}",
+                 "kept len": f"{o.kept_length_ratio:.3f}", "age": f"{o.mean_token_age:.2f}", "waited": str(o.max_wait),
+                 "filtered": f"{o.filtered_share:.3f}"}
+        table.append([label] + [cells[c] for c in head[1:]])
     lines = [comparison.setting, ""] + aligned(table)
     errors = [f"  {r.label}: {r.error}" for r in rows if r.error]
     if errors:
         lines += ["", "could not run:"] + errors
-    lines += ["", _steps_headline(comparison), "", "columns:", legend(STEPS_COLUMNS, head[1:])]
+    lines += ["", _steps_headline(comparison), "", "columns:", legend(meanings, head[1:])]
     return "\n".join(lines)
 
 

@@ -668,6 +668,59 @@ def test_selective_skips_prompts_the_filter_dropped_an_epoch_earlier_in_the_over
         assert err.count("\n") == 1 and name in err
 
 
+VERL_DYNAMIC = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "4", "--max-new-tokens", "1024",
+                "--model", "qwen3-1.7b", "--budget", "3.6GiB", "--steps", "3", "--difficulty",
+                "--verl-dynamic-sampling"]
+
+
+def test_verl_dynamic_sampling_compares_verl_as_it_ships_with_the_refill_and_the_skip(capsys):
+    """--verl-dynamic-sampling (with --steps and a filter): verl's v1 dynamic sampling as the reference, the refill
+    by need (and with --selective the skip) as rows, each run as run_oversampled_steps with verl's rule gives it;
+    every step keeps --prompts groups; what it cannot combine with is one line."""
+    import numpy as np
+
+    from simulate import run_oversampled_steps
+    from simulate.difficulty import filter_passes, pass_rates
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import VERL_POLL_SECONDS, compare_rollout
+
+    cli = main
+    assert cli(VERL_DYNAMIC + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "verl's dynamic sampling" in out["setting"] and "poll every 2 s" in out["setting"]
+    assert [r["router"] for r in out["rows"]] == ["least_loaded", "least_loaded + verl_selective refill"]
+    assert all(r["policy"] == "vllm" and r["shortfall"] == 0 for r in out["rows"])
+    assert "x verl as it ships" in out["verdict"] and "surplus" in out["verdict"]
+    assert cli(VERL_DYNAMIC + ["--selective", "--json"]) == 0
+    skipping = json.loads(capsys.readouterr().out)
+    assert skipping["rows"][:2] == out["rows"] and len(skipping["rows"]) == 3
+    assert re.search(r"skips \d+ of the \d+ prompts as GRESO does", skipping["setting"])
+    # the reference is run_oversampled_steps with verl's rule (and poll) on the step's stream
+    comparison = compare_rollout(SimulateOptions(prompts=6, replicas=2, group_size=4, max_new_tokens=1024,
+                                                 model="qwen3-1.7b", budget="3.6GiB", steps=3, difficulty=True,
+                                                 verl_dynamic_sampling=True))
+    step, seed = comparison.step, comparison.options["seed"]
+    valid = filter_passes(pass_rates(step.groups, seed=seed), 4, seed=seed, epoch=1)
+    verl = run_oversampled_steps(step.groups, "vllm", batch=6, oversample=1.0, steps=3, partial=False,
+                                 predicted=np.asarray(step.predicted), valid=valid, filter_seed=seed, refill=True,
+                                 refill_rule="verl", refill_cap=6, refill_poll=VERL_POLL_SECONDS, in_flight=10**9,
+                                 router="least_loaded", replicas=2, budget_tokens=step.pool, max_new_tokens=1024,
+                                 cost=step.cost, seed=seed)
+    assert comparison.rows[0].steps.kept_tokens_per_second == pytest.approx(verl.kept_tokens_per_second)
+    assert cli(VERL_DYNAMIC) == 0
+    text = capsys.readouterr().out
+    assert "(reference: verl as it ships)" in text and "  surplus: " in text and "  stale: " not in text
+    for extra, name in ((["--partial-rollout"], "'partial_rollout'"), (["--oversample", "1.5"], "'oversample'"),
+                        (["--in-flight", "16"], "'in_flight'"), (["--policies", "steal"], "'policies'"),
+                        (["--filter-order"], "'filter_order'")):
+        assert cli(VERL_DYNAMIC + extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and name in err
+    assert cli([a for a in VERL_DYNAMIC if a != "--difficulty"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'verl_dynamic_sampling'" in err
+
+
 def test_max_carry_bounds_the_kept_tokens_age(capsys):
     """--max-carry K [--carry-limit wait|drop] (with --partial-rollout): no kept group waited more than K steps
     in any over-sampled row (the reference carries nothing), the kept tokens' mean age is a column and a JSON
