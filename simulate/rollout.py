@@ -750,7 +750,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     send(0.0)
     while clock.heap:
         now, r = heapq.heappop(clock.heap)
-        if r < 0:  # a poll of the framework (a Refill with poll): it submits what finished since asks for
+        if r < 0:  # a poll of the framework (a Refill with poll): its rule submits what it asks for now
             releases.poll(now)
             send(now)
             continue

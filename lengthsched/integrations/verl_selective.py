@@ -282,14 +282,15 @@ def builtin_buffer_kwargs(trainer: Any, sync: bool) -> dict[str, Any]:
 
 
 def make_selective_replay_buffer_class(base: type, sync: bool) -> type:
-    """``base`` (verl's ``ReplayBuffer`` or ``ReplayBufferAsync``) with GRESO's skip (:class:`PromptSelector`, from
-    ``sampler_kwargs``): it records every group its filter classifies, wraps the trainer's
-    ``_fetch_one_gen_batch`` with :meth:`PromptSelector.draw` and adds the selector's metrics to every training
+    """``base`` (verl's ``ReplayBuffer`` or ``ReplayBufferAsync``) with a :class:`PromptSelector` (from
+    ``sampler_kwargs``): it records every group its filter classifies, wraps the trainer's ``_fetch_one_gen_batch``
+    with :meth:`PromptSelector.draw` (GRESO's skip, where on), in the sync buffer its ``refill_fn`` with
+    :meth:`PromptSelector.refill_count` (the refill by need), and adds the selector's metrics to every training
     ``sample``. ``sync``: whether verl would build ``base`` for the sync trainer (which decides the settings it is
-    given, :func:`builtin_buffer_kwargs`)."""
+    given, :func:`builtin_buffer_kwargs`, and whether the refill is cut)."""
 
     class SelectiveReplayBuffer(base):  # type: ignore[misc, valid-type]
-        """verl's replay buffer with GRESO's skip (lengthsched.integrations.verl_selective)."""
+        """verl's replay buffer with lengthsched's refill by need and GRESO's skip (verl_selective)."""
 
         def __init__(self, **kwargs: Any):
             self.lengthsched_selector = PromptSelector.from_options(kwargs.get("sampler_kwargs"))
@@ -298,7 +299,8 @@ def make_selective_replay_buffer_class(base: type, sync: bool) -> type:
                 kwargs = {**builtin_buffer_kwargs(trainer, sync), **kwargs}
             if kwargs.get("filter_groups_metric") is None:
                 raise InvalidArgument("algorithm.filter_groups.enable", False,
-                                      "True: GRESO's skip learns from the groups verl's dynamic-sampling filter drops")
+                                      "True: the buffer's refill and skip learn from the groups verl's "
+                                      "dynamic-sampling filter drops")
             super().__init__(**kwargs)
             self.lengthsched_batch: int | None = None  # the batch the running sample() collects
             if trainer is not None:
