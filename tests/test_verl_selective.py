@@ -393,6 +393,7 @@ class PollingAgentLoopManager:
     def __init__(self, tq):
         self.tq, self.generated, self.running = tq, [], []  # running: [polls left, uid, key]
         self.key_of: dict[str, str] = {}
+        self.fail_every, self.done = 0, 0  # every fail_every-th group to finish fails (0: none)
         tq.on_poll = self.poll
 
     def generate_sequences(self, batch):
@@ -409,6 +410,10 @@ class PollingAgentLoopManager:
             item[0] -= 1
         for _, uid, key in [item for item in self.running if item[0] <= 0]:
             tags = self.tq.tags["train"]
+            self.done += 1
+            if self.fail_every and self.done % self.fail_every == 0:
+                tags[uid] = {**tags[uid], "status": "failure"}  # no trajectory: verl keeps it sampleable
+                continue
             for session, reward in enumerate(rewards(KIND[key])):
                 tags[f"{uid}_{session}_0"] = {"status": "finished"}
                 self.tq.values["train"][f"{uid}_{session}_0"] = {"rm_scores": torch.tensor([0.0, reward])}
@@ -500,6 +505,19 @@ def test_verls_real_trainer_loads_the_buffer_by_name_and_its_filter_runs_as_befo
     assert len(generated["both"]) < len(generated["refill"]) < len(generated["verl"])
     assert len(generated["both"]) < 0.8 * len(generated["verl"])
     assert "lengthsched/selective/withheld" in trainers["both"].last_metrics
+
+
+@requires_v1
+def test_groups_that_fail_or_are_trained_unclassified_are_forgotten(monkeypatch):
+    """A group that fails (no trajectory: verl's sync buffer keeps it sampleable and may train it) never gets a
+    verdict; the buffer forgets its uid when verl clears or trains it, so after every step nothing is left."""
+    trainer = real_trainer(monkeypatch, MemoryTQ(), True, world(mixed=12, easy=6, hard=6), {}, inflight=4)
+    trainer.agent_loop_manager.fail_every = 5
+    run_real(trainer, 12)
+    selector = trainer.replay_buffer.lengthsched_selector
+    assert trainer.agent_loop_manager.done >= 5 and selector.observed < selector.handed  # some failed unclassified
+    assert selector._keys == {}  # everything verl cleared or trained was forgotten
+    assert selector.forget(["never handed"]) == 0
 
 
 @requires_v1

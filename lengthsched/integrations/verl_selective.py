@@ -61,8 +61,8 @@ from.
 What it uses of verl beyond its documented hooks (checked against verl 0.9.1's real classes by
 ``tests/test_verl_selective.py`` in CI's verl stage): the trainer is ``refill_fn.__self__``;
 ``PPOTrainer._resolve_filter_groups_metric`` and ``_fetch_one_gen_batch``; the buffer's
-``_dapo_filtered_keys``, ``_dapo_classification_cache`` and its status sets (``finished_keys``,
-``failure_keys``, ``pending_keys``, ``running_keys``). A prompt's key is
+``_dapo_filtered_keys``, ``_dapo_classification_cache``, ``_clear_groups``, ``_materialize_batch`` and its status
+sets (``finished_keys``, ``failure_keys``, ``pending_keys``, ``running_keys``). A prompt's key is
 :func:`~lengthsched.integrations.verl.prompt_key` of its ``raw_prompt`` (the planner's key).
 
 Importing this module imports neither verl, Ray nor torch.
@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -214,6 +214,12 @@ class PromptSelector:
         self.observed += 1
         return True
 
+    def forget(self, uids: Iterable[Hashable]) -> int:
+        """Drop what :meth:`draw` remembered of ``uids`` whose groups left without a verdict (a failed group, or one
+        trained or cleared before it was classified), so the uids of a long run do not pile up; returns how many
+        were dropped."""
+        return sum(self._keys.pop(uid, None) is not None for uid in uids)
+
     def refill_count(self, asked: int, missing: int, inflight: int) -> int:
         """How many of the ``asked`` prompts verl's filter would refill to submit, when ``missing`` more groups must
         pass for the batch and ``inflight`` run: all of them with ``refill="verl"``; else at most what
@@ -320,6 +326,15 @@ def make_selective_replay_buffer_class(base: type, sync: bool) -> type:
             inflight = len(self.pending_keys["train"]) + len(self.running_keys["train"])
             count = self.lengthsched_selector.refill_count(asked, self.lengthsched_batch - done, inflight)
             return verl_refill(count) if count else 0
+
+        def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+            super()._clear_groups(partition_id, uids)
+            self.lengthsched_selector.forget(uids)  # evicted: classified already, or failed (no verdict)
+
+        def _materialize_batch(self, partition_id: str, selected_prompt_uids: list[str],
+                               partition_snapshot: dict) -> Any:
+            self.lengthsched_selector.forget(selected_prompt_uids)  # trained (a failed group never classified)
+            return super()._materialize_batch(partition_id, selected_prompt_uids, partition_snapshot)
 
         def _dapo_filtered_keys(self, partition_id: str) -> Any:
             cache = self._dapo_classification_cache[partition_id]
