@@ -29,7 +29,7 @@ from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_plan
 from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.rollout import route, steal_ways
+from simulate.rollout import VERL_POLL_SECONDS, route, steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
@@ -1632,29 +1632,41 @@ HORIZON_RUNS = (
 )
 
 
+def _verdicts(rates, size: int, seed: int, runs: tuple) -> dict:
+    """The filter's verdicts this epoch per (drift, epochs recorded) of ``runs`` ((label, drift, epochs, ...)): each
+    pair drawn once, the prompts' rates learnt over the recorded epochs."""
+    from simulate.difficulty import filter_passes, learnt_rates
+
+    return {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
+                                           epoch=epochs) for _, drift, epochs, *_ in runs}
+
+
+def _at_marks(result, *names: str) -> list[np.ndarray]:
+    """Per name of a step record's field, its running sum over ``result``'s steps read after each of
+    HORIZON_MARKS."""
+    at = np.array(HORIZON_MARKS) - 1
+    return [np.cumsum([getattr(s, name) for s in result.steps])[at] for name in names]
+
+
 def _horizon_unit(args) -> dict:
     """One setting and mode of slime_order_horizon: per HORIZON_RUNS row, [[kept tokens per second after each of
     HORIZON_MARKS steps], [filtered share of the generated tokens after each]]."""
-    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+    from simulate.difficulty import pass_rates
     from simulate.oversampling import submitted_per_step
 
     workload, prompts, replicas, factor, seed, cost_text, (over, carry) = args
     need = HORIZON_STEPS * submitted_per_step(prompts, over) * 3  # every CASTILLO prompt at 1x: the skip takes some
     groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
-    size = len(groups[0].lengths)
     rates = pass_rates(groups, seed=seed)
     shared = dict(batch=prompts, oversample=over, steps=HORIZON_STEPS, partial=carry, in_flight=SLIME_CONCURRENCY *
                   replicas, filter_seed=seed, refill=True, router="cache_aware", **common)
-    verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
-                                               epoch=epochs) for _, drift, epochs, *_ in HORIZON_RUNS}
+    verdicts = _verdicts(rates, len(groups[0].lengths), seed, HORIZON_RUNS)
     out = {}
     for label, drift, epochs, known, skip in HORIZON_RUNS:
         r, _ = _after_epochs(groups, rates, verdicts[drift, epochs], shared, epochs=epochs, drift=drift, seed=seed,
                              order=known, skip=skip)
-        seconds, kept, filtered, decoded = (np.cumsum([getattr(s, name) for s in r.steps]) for name in
-                                            ("seconds", "kept_tokens", "filtered_tokens", "decoded_tokens"))
-        at = np.array(HORIZON_MARKS) - 1
-        out[label] = [(kept[at] / seconds[at]).tolist(), (filtered[at] / np.maximum(1, decoded[at])).tolist()]
+        seconds, kept, filtered, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens", "decoded_tokens")
+        out[label] = [(kept / seconds).tolist(), (filtered / np.maximum(1, decoded)).tolist()]
     return out
 
 
@@ -1713,7 +1725,6 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
 # drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl as it ships
 # under the same drift. Modes: max_inflight_gen_batches.
 VERL_DAPO_MODES = ((1,), (2,))
-VERL_POLL_SECONDS = 2.0  # verl 0.9.1's ReplayBuffer.poll_interval: it refills, and sees the last group finish, at polls
 VERL_DAPO_RUNS = (
     ("verl's dynamic sampling as it ships", 0.0, 1, False, False),
     ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True),
@@ -1732,30 +1743,26 @@ def _verl_dapo_unit(args) -> dict:
     HORIZON_MARKS steps], [filtered share of the generated tokens after each], [surplus share (passed, thrown
     away) after each], skipped share of the prompts reached, skipped prompts that would have passed per kept
     group]."""
-    from simulate.difficulty import filter_passes, learnt_rates, pass_rates
+    from simulate.difficulty import pass_rates
 
     workload, prompts, replicas, factor, seed, cost_text, (inflight,) = args
     need = HORIZON_STEPS * prompts * 6  # verl refills two per drop: a step draws up to ~3x its batch
     groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
-    size = len(groups[0].lengths)
     rates = pass_rates(groups, seed=seed)
     shared = dict(batch=prompts, oversample=1.0, steps=HORIZON_STEPS, partial=False, in_flight=10**9,
                   filter_seed=seed, refill=True, refill_rule="verl", refill_cap=inflight * prompts,
                   refill_poll=VERL_POLL_SECONDS, router="least_loaded", **common)
-    verdicts = {(drift, epochs): filter_passes(learnt_rates(rates, epochs, drift=drift, seed=seed), size, seed=seed,
-                                               epoch=epochs) for _, drift, epochs, *_ in VERL_DAPO_RUNS}
+    verdicts = _verdicts(rates, len(groups[0].lengths), seed, VERL_DAPO_RUNS)
     out = {}
     for label, drift, epochs, skip, need in VERL_DAPO_RUNS:
         valid = verdicts[drift, epochs]
         r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need}, epochs=epochs, drift=drift,
                                 seed=seed, order=None, skip=skip, policy="vllm")
-        seconds, kept, filtered, surplus, decoded = (
-            np.cumsum([getattr(x, name) for x in r.steps]) for name in
-            ("seconds", "kept_tokens", "filtered_tokens", "dropped_tokens", "decoded_tokens"))
-        at = np.array(HORIZON_MARKS) - 1
+        seconds, kept, filtered, surplus, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens",
+                                                              "dropped_tokens", "decoded_tokens")
         _, reached, lost = _kept_after_skip(r, runs, valid)
-        out[label] = [(kept[at] / seconds[at]).tolist(), (filtered[at] / np.maximum(1, decoded[at])).tolist(),
-                      (surplus[at] / np.maximum(1, decoded[at])).tolist(),
+        out[label] = [(kept / seconds).tolist(), (filtered / np.maximum(1, decoded)).tolist(),
+                      (surplus / np.maximum(1, decoded)).tolist(),
                       float(np.mean(~runs[:reached])) if reached else 0.0, lost]
     return out
 

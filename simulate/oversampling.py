@@ -45,7 +45,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import as_lengths, check_int, check_positive_float
 from lengthsched.filtering import FilterHistory, order_by_pass
 
-from .rollout import Refill, RolloutResult, _Releases, run_rollout
+from .rollout import REFILL_RULES, Refill, RolloutResult, _Releases, run_rollout
 from .workloads import Group
 
 #: With ``refill``, the most chunks of fresh groups a step is offered (it submits them only as slime's dynamic
@@ -283,8 +283,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     if refill and max_carry is not None and carry_limit == "wait":
         raise InvalidArgument("carry_limit", carry_limit, "'drop' with refill (a step waits for no group it may "
                                                           "not have submitted)")
-    if refill_rule not in ("slime", "verl"):
-        raise InvalidArgument("refill_rule", refill_rule, "'slime' or 'verl'")
+    if refill_rule not in REFILL_RULES:
+        raise InvalidArgument("refill_rule", refill_rule, " or ".join(map(repr, REFILL_RULES)))
     verl = refill_rule == "verl"
     if verl and (not refill or partial or oversample != 1):
         raise InvalidArgument("refill_rule", refill_rule, "'slime' unless refill=True, partial=False and oversample 1 "

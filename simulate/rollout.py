@@ -84,8 +84,9 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_second
 from .run import _cost, _predictions
 from .workloads import Group
 
-__all__ = ["ROUTERS", "LiveRouter", "Refill", "RolloutResult", "cache_aware_placement", "place_by_length_class",
-           "run_rollout", "run_slime_planned", "run_slime_planned_in_order", "route"]
+__all__ = ["REFILL_RULES", "ROUTERS", "VERL_POLL_SECONDS", "LiveRouter", "Refill", "RolloutResult",
+           "cache_aware_placement", "place_by_length_class", "run_rollout", "run_slime_planned",
+           "run_slime_planned_in_order", "route"]
 
 ROUTERS = ("least_loaded", "group_round_robin", "cache_aware", "contiguous_chunks")
 # slime's settings of SGLang's router (slime/backends/sglang_utils/arguments.py, add_sglang_arguments: set_defaults
@@ -95,6 +96,9 @@ SLIME_BALANCE_ABS, SLIME_BALANCE_REL = 10, 1.2
 
 #: What :class:`Refill` models: slime's dynamic sampling or verl's v1 trainer's.
 REFILL_RULES = ("slime", "verl")
+#: verl 0.9.1's replay buffer polls every this many seconds (``ReplayBuffer.poll_interval``): it refills, and sees the
+#: step's last group finish, at its polls (:class:`Refill`'s ``poll`` where verl is modelled).
+VERL_POLL_SECONDS = 2.0
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from .report import (
 from .rollout import (
     ROUTERS,
     THROTTLED_POLICIES,
+    VERL_POLL_SECONDS,
     LiveRouter,
     RolloutResult,
     run_rollout,
@@ -367,12 +368,13 @@ class RolloutStep:
         return router == PLAN_ROUTER or (policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS)
 
     def run(self, policy: str, router: str | None, *, record: bool = False, refill: Any = None,
-            filter_history: Any = None) -> RolloutResult:
+            filter_history: Any = None, in_flight: int | None = None) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself; ``router``
         :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``); ``refill``:
         slime's dynamic sampling inside the step (:class:`simulate.rollout.Refill`, a run through the cap);
         ``filter_history``: the integration's planner orders each batch by it (:data:`PLAN_ROUTER` only; the other
-        rows get their batches ordered by ``run_oversampled_steps``)."""
+        rows get their batches ordered by ``run_oversampled_steps``). ``in_flight``: the requests in flight at most
+        over all replicas, in place of ``--in-flight``'s cap (verl's loop: every request sent at once)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
         if router == PLAN_ROUTER:
             if policy != "sglang":
@@ -390,7 +392,8 @@ class RolloutStep:
                            prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
                            resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
                            snapshot_seconds=o.poll_seconds if spec.polls else None,
-                           in_flight=o.in_flight * o.replicas if capped else None, refill=refill)
+                           in_flight=in_flight if in_flight is not None else o.in_flight * o.replicas if capped
+                           else None, refill=refill)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -539,12 +542,20 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
 STEPS_RESUME = "siblings"
 
 
-#: verl 0.9.1's replay buffer polls every this many seconds (``ReplayBuffer.poll_interval``): --verl-dynamic-sampling.
-VERL_POLL_SECONDS = 2.0
 #: The runs of --verl-dynamic-sampling: (router shown, lengthsched's refill by need, GRESO's skip); the first is the
 #: reference (verl as it ships), the last only with --selective.
 VERL_DYNAMIC_RUNS = (("least_loaded", False, False), ("least_loaded + verl_selective refill", True, False),
                      ("least_loaded + verl_selective refill and skip", True, True))
+
+
+def _running(step: RolloutStep, runs: np.ndarray | None) -> tuple[list, np.ndarray]:
+    """The groups of ``step`` whose prompts run (``runs``: per group, False where GRESO's skip skipped it; None:
+    all) and their predictions, flattened in group order."""
+    if runs is None or step.predicted is None:
+        return ([g for g, on in zip(step.groups, runs) if on] if runs is not None else step.groups), step.predicted
+    sizes = np.cumsum([len(g.lengths) for g in step.groups])[:-1]
+    return ([g for g, on in zip(step.groups, runs) if on],
+            np.concatenate([p for p, on in zip(np.split(np.asarray(step.predicted), sizes), runs) if on]))
 
 
 def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
@@ -555,19 +566,14 @@ def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
     valid, earlier = _filter(step)
     skip = selective_stream(step.groups, _earlier_history(step, earlier), SelectiveRollout(seed=o.seed)) \
         if o.selective else np.ones(len(step.groups), dtype=bool)
-    sizes = np.cumsum([len(g.lengths) for g in step.groups])[:-1]
     rows = []
     for shown, need, skipping in VERL_DYNAMIC_RUNS[:3 if o.selective else 2]:
-        runs = skip if skipping else np.ones(len(step.groups), dtype=bool)
-        groups = [g for g, on in zip(step.groups, runs) if on]
-        predicted = np.concatenate([p for p, on in zip(np.split(np.asarray(step.predicted), sizes), runs) if on])
-        flags = valid if not isinstance(valid, np.ndarray) else valid[runs]
+        groups, predicted = _running(step, skip if skipping else None)
+        flags = valid[skip] if skipping else valid
 
-        def run(parts, name, *, predicted, record, refill=None, **_):
-            return run_rollout(parts, name, replicas=o.replicas, router="least_loaded", budget_tokens=step.pool,
-                               max_new_tokens=o.max_new_tokens, predicted=predicted, cost=step.cost, seed=o.seed,
-                               prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
-                               kv_offload=o.kv_offload, in_flight=len(predicted), refill=refill)
+        def run(parts, name, *, predicted, record, refill=None, **_):  # every request of the step sent at once
+            return dataclasses.replace(step, groups=parts, predicted=predicted).run(
+                name, "least_loaded", record=record, refill=refill, in_flight=len(predicted))
 
         try:
             done = run_oversampled_steps(groups, "vllm", batch=o.prompts, oversample=1.0, steps=o.steps, partial=False,
@@ -619,11 +625,7 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
             history = _earlier_history(step, earlier)
         groups, predicted, flags = step.groups, step.predicted, valid
         if runs_flags is not None and not reference:
-            groups = [g for g, on in zip(groups, runs_flags) if on]
-            predicted = None if predicted is None else np.concatenate(
-                [p for p, on in zip(np.split(np.asarray(predicted), np.cumsum([len(g.lengths) for g in
-                                                                                step.groups])[:-1]), runs_flags)
-                 if on])
+            groups, predicted = _running(step, runs_flags)
             flags = np.asarray(valid)[runs_flags]
 
         def run(parts, name, *, predicted, record, refill=None, **_):
