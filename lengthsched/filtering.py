@@ -33,7 +33,8 @@ import numpy as np
 from .errors import InvalidArgument, check_int
 from .io import atomic_write_text
 
-__all__ = ["SIDES", "SKIP_DRAWS", "SOLVED_REWARD", "FilterHistory", "SelectiveRollout", "dropped_side",
+__all__ = ["SIDES", "SKIP_DRAWS", "SOLVED_REWARD", "FilterHistory", "SelectiveRollout", "check_solved_reward",
+           "dropped_side",
            "need_refill", "order_by_pass", "read_filter_state",
            "write_filter_state"]
 
@@ -258,6 +259,14 @@ class SelectiveRollout:
             raise InvalidArgument("seen", seen, "three counts: groups, easy, hard")
         rule._seen = tuple(check_int("seen", v, minimum=0) for v in seen)
         return rule
+
+
+def check_solved_reward(name: str, value: Any) -> float:
+    """``value`` as the reward at or above which a completion counts as solved (:func:`dropped_side`'s ``solved``),
+    checked: a finite number; ``name`` is the setting that gave it."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value):
+        raise InvalidArgument(name, value, "a finite number (a reward at or above it is solved)")
+    return float(value)
 
 
 def dropped_side(rewards: Iterable[Any], solved: float = SOLVED_REWARD) -> str | None:

@@ -155,6 +155,7 @@ from ..filtering import (
     SOLVED_REWARD,
     FilterHistory,
     SelectiveRollout,
+    check_solved_reward,
     dropped_side,
     order_by_pass,
     read_filter_state,
@@ -505,10 +506,7 @@ def _dropped_side(args: Any, samples: Any) -> str | None:
     """Why the filter dropped ``samples`` (:func:`~lengthsched.filtering.dropped_side` of their rewards, a reward at
     or above ``lengthsched_solved_reward``, default :data:`~lengthsched.filtering.SOLVED_REWARD`, solved)."""
     solved = getattr(args, "lengthsched_solved_reward", None)
-    if solved is None:
-        solved = SOLVED_REWARD
-    if not isinstance(solved, (int, float)) or isinstance(solved, bool) or not np.isfinite(solved):
-        raise InvalidArgument("lengthsched_solved_reward", solved, "a number (a reward at or above it is solved)")
+    solved = SOLVED_REWARD if solved is None else check_solved_reward("lengthsched_solved_reward", solved)
     return dropped_side((sample.get_reward_value(args) if hasattr(sample, "get_reward_value")
                          else getattr(sample, "reward", None) for sample in _flat(samples)), solved)
 

@@ -83,6 +83,7 @@ from ..filtering import (
     SOLVED_REWARD,
     FilterHistory,
     SelectiveRollout,
+    check_solved_reward,
     dropped_side,
     need_refill,
     read_filter_state,
@@ -133,9 +134,7 @@ class PromptSelector:
             raise InvalidArgument("rule", type(rule).__name__, "a lengthsched.SelectiveRollout or None")
         if history is not None and not isinstance(history, FilterHistory):
             raise InvalidArgument("history", type(history).__name__, "a lengthsched.FilterHistory or None")
-        if (not isinstance(solved_reward, (int, float)) or isinstance(solved_reward, bool)
-                or not np.isfinite(solved_reward)):
-            raise InvalidArgument("solved_reward", solved_reward, "a finite number (a reward at or above it is solved)")
+        solved_reward = check_solved_reward("solved_reward", solved_reward)
         if path is not None and (not isinstance(path, str) or not path):
             raise InvalidArgument("path", path, "a file path (the filter's history, JSON) or None")
         if not isinstance(skip, (bool, np.bool_)):
@@ -145,7 +144,7 @@ class PromptSelector:
         self.skip, self.refill = bool(skip), refill
         self.rule = SelectiveRollout() if rule is None else rule
         self.history = FilterHistory() if history is None else history
-        self.solved_reward = float(solved_reward)
+        self.solved_reward = solved_reward
         self.max_draws = check_int("max_draws", max_draws, minimum=1)
         self.path = path
         self.skipped = self.forced = self.handed = self.observed = self.withheld = 0
