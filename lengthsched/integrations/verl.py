@@ -80,6 +80,7 @@ from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 __all__ = [
     "CHARS_PER_TOKEN",
     "MANAGER_CLASS",
+    "ManagerPlanning",
     "ROUTER_CLASS",
     "VERL_VERSION",
     "PlannedLoadBalancer",
@@ -138,6 +139,8 @@ class PlannedLoadBalancer:
         self.collisions = 0  # of those, requests whose priority another request in flight held
         self._holding: dict[str, int] = {}  # request id in flight -> its priority
         self._live: dict[int, int] = {}  # priority -> requests in flight holding it
+        # priority -> replicas of the requests still to come that carry it (expect())
+        self._routes: OrderedDict[int, list[int]] = OrderedDict()
 
     def require_acquire_fields(self) -> list[str]:
         """The ``generate()`` keyword this router reads at acquire time: ``priority``."""
@@ -159,7 +162,12 @@ class PlannedLoadBalancer:
                 raise RuntimeError("No available servers in load balancer")
             ids = list(self._inflight)
             replica = decode_replica(priority, len(ids))
-            if replica is not None and self._live.get(int(priority)):
+            routes = self._routes.get(int(priority)) if replica is not None else None
+            if routes:
+                replica = routes.pop(0) % len(ids)
+                if not routes:
+                    del self._routes[int(priority)]
+            elif replica is not None and self._live.get(int(priority)):
                 self.collisions += 1
                 if self.collisions == 1:
                     log.warning("requests in flight share priority %d: priorities that do not come from "
@@ -179,6 +187,28 @@ class PlannedLoadBalancer:
             self._holding[request_id] = int(priority)
             self._live[int(priority)] = self._live.get(int(priority), 0) + 1
         return sid, self._servers[sid]
+
+    def expect(self, routes: Mapping[int, Sequence[int]]) -> int:
+        """Requests to come that share a priority, and where each goes: ``routes`` maps a priority to the
+        replicas (indices in :meth:`get_all_servers`) of the requests that will carry it, one each in the
+        order they arrive. verl's v1 trainer gives all the completions of a prompt the prompt's priority
+        (:mod:`lengthsched.integrations.verl_v1` says so here before it dispatches them); without this
+        they would count as requests sharing a priority. A request whose priority has no route left is
+        routed as before. Keeps the newest ``max_cache_size`` priorities. Returns the requests expected."""
+        if not isinstance(routes, Mapping):
+            raise InvalidArgument("routes", type(routes).__name__, "a mapping priority -> replica indices")
+        count = 0
+        for priority, replicas in routes.items():
+            priority = check_int("routes priority", priority, minimum=0)
+            if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
+                raise InvalidArgument(f"routes[{priority}]", replicas, "a sequence of replica indices")
+            taken = [check_int(f"routes[{priority}]", r, minimum=0) for r in replicas]
+            self._routes[priority] = taken
+            self._routes.move_to_end(priority)
+            count += len(taken)
+        while len(self._routes) > self._max_cache_size:
+            self._routes.popitem(last=False)
+        return count
 
     def _release_priority(self, request_id: Any) -> None:
         held = self._holding.pop(request_id, None)
@@ -360,7 +390,7 @@ class RolloutPlanner:
         self.last_plan: RolloutPlan | None = None
 
     def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int,
-             loads: Any = None) -> tuple[RolloutPlan, list[str]]:
+             loads: Any = None, base: int = 0) -> tuple[RolloutPlan, list[str]]:
         """The plan of a batch's rows (``uid`` per row; ``raw_prompt`` per row, else the uid is the
         key) on ``replicas``, and each row's prompt key. An optional ``generated`` column gives the
         tokens a row generated before (a partial rollout resumed): its predicted work is then what is
@@ -368,7 +398,7 @@ class RolloutPlanner:
         column says it (tokens to go; 0: not given for that row), as the slime integration does from
         its predictor's own model of what is left after the row's progress. ``loads``: predicted tokens each
         replica already has (:func:`~lengthsched.integrations.plan_rollout`'s; ``groups`` and ``ways`` place
-        from them)."""
+        from them). ``base``: added to every priority (:func:`~lengthsched.integrations.plan_rollout`'s)."""
         uids, keys, work = self.predict(non_tensor_batch)
         placement = self.placement_for(keys)
         extra: dict[str, Any] = {}
@@ -390,7 +420,7 @@ class RolloutPlanner:
             work = [int(t) if t > 0 else w for w, t in zip(work, told)]
         if loads is not None and placement in ("groups", "ways"):
             extra["loads"] = loads
-        plan = plan_rollout(uids, work, replicas=replicas, placement=placement,
+        plan = plan_rollout(uids, work, replicas=replicas, placement=placement, base=base,
                             order=self.order_for(placement, replicas), **extra)
         self.last_plan = plan
         return plan, keys
@@ -590,6 +620,36 @@ def planner_from_config(config: Any, default_placement: str = "spread",
                           fallback=default_placement, uninformed_placement=None if chosen else "spread")
 
 
+class ManagerPlanning:
+    """What the planning agent-loop managers share (verl's legacy one here, the v1 trainer's in
+    :mod:`lengthsched.integrations.verl_v1`): the planner, built once from the trainer config's ``lengthsched``
+    section, and the router. Needs ``self.config`` and ``self.llm_client`` (verl's ``AgentLoopManager`` sets them)."""
+
+    #: The placement when the config names none (the stealing manager plans with steal's, "ways").
+    lengthsched_default_placement = "spread"
+    #: The order when the config names none (None: the placement's; the stealing manager: "batch").
+    lengthsched_default_order: str | None = None
+
+    def lengthsched_planner(self) -> RolloutPlanner:
+        """The planner (built once from the trainer config)."""
+        planner = getattr(self, "_lengthsched_planner", None)
+        if planner is None:
+            planner = self._lengthsched_planner = planner_from_config(
+                self.config, default_placement=self.lengthsched_default_placement,
+                default_order=self.lengthsched_default_order)
+        return planner
+
+    def lengthsched_router(self) -> Any:
+        """The router's actor handle (``llm_client._load_balancer``, the one private attribute of verl 0.9.1
+        this uses), None where the client has none."""
+        return getattr(self.llm_client, "_load_balancer", None)
+
+    def lengthsched_configured_replicas(self) -> int | None:
+        """``lengthsched.replicas`` from the trainer config, None where it is not set."""
+        configured = _options(self.config).get("replicas")
+        return None if configured is None else check_int("lengthsched.replicas", configured, minimum=1)
+
+
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
     """``LengthschedAgentLoopManager``: ``base`` (verl's ``AgentLoopManager``) whose
     ``generate_sequences`` plans the batch first (:class:`RolloutPlanner`, built from the trainer
@@ -603,29 +663,15 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
     """
     wrap = auto_await if auto_await is not None else (lambda f: f)
 
-    class LengthschedAgentLoopManager(base):  # type: ignore[misc, valid-type]
+    class LengthschedAgentLoopManager(ManagerPlanning, base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopManager with a lengthsched plan per batch (lengthsched.integrations.verl)."""
-
-        #: The placement when the config names none (the stealing manager plans with steal's, "ways").
-        lengthsched_default_placement = "spread"
-        #: The order when the config names none (None: the placement's; the stealing manager: "batch").
-        lengthsched_default_order: str | None = None
-
-        def lengthsched_planner(self) -> RolloutPlanner:
-            """The planner (built once from the trainer config)."""
-            planner = getattr(self, "_lengthsched_planner", None)
-            if planner is None:
-                planner = self._lengthsched_planner = planner_from_config(
-                    self.config, default_placement=self.lengthsched_default_placement,
-                    default_order=self.lengthsched_default_order)
-            return planner
 
         async def lengthsched_replicas(self) -> int:
             """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
-            configured = _options(self.config).get("replicas")
+            configured = self.lengthsched_configured_replicas()
             if configured is not None:
-                return check_int("lengthsched.replicas", configured, minimum=1)
-            router = getattr(self.llm_client, "_load_balancer", None)
+                return configured
+            router = self.lengthsched_router()
             if router is None:
                 return 1
             return max(1, len(await router.get_all_servers.remote()))

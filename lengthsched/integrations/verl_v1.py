@@ -1,0 +1,304 @@
+"""verl's v1 trainer: plan every batch of prompts it dispatches, route each completion to its replica.
+
+verl 0.9.1's v1 trainer (``trainer.use_v1=True``; ``trainer/main_ppo.py``, ``TaskRunnerV1``) builds
+the agent-loop manager that ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` names
+(default ``trainer/ppo/v1/agent_loop_tq.py``, ``AgentLoopManagerTQ``) with ``cls.create(config=,
+llm_client=, teacher_client=, reward_loop_worker_handles=)``. It differs from the legacy trainer's
+(:mod:`lengthsched.integrations.verl`) in what this module has to work with:
+
+- ``generate_sequences(batch)`` gets **one row per prompt** (a ``TensorDict``: ``uid``,
+  ``raw_prompt``, ..., and the batch-wide ``global_steps`` and ``validate``), splits it over the
+  agent-loop workers (``AgentLoopWorkerTQ``) with ``ray.get`` and returns nothing: each worker runs
+  a prompt's ``n`` sessions (the row's ``__rollout_n__``, else ``rollout.n``, or ``val_kwargs.n``
+  when validating) and puts what they generate into TransferQueue, from where the trainer's replay
+  buffer takes it. The trainer calls it once a step, and again for every refill under DAPO's filter
+  (``ReplayBuffer``'s ``refill_fn``) or for the next step's prompts in its asynchronous modes.
+- Each session passes the prompt's columns to the agent loop as keyword arguments, so a ``priority``
+  column reaches ``SingleTurnAgentLoop.run(priority=)`` / ``ToolAgentLoop.run``,
+  ``LLMServerClient.generate(priority=)``, the router's ``acquire_server`` and (vLLM, non-zero) the
+  engine, **the same priority for all of a prompt's completions**. verl itself sets none (every
+  request carries the agent loop's default 0).
+
+This module supplies ``LengthschedAgentLoopManagerTQ`` (made on first access from verl's
+``AgentLoopManagerTQ``: needs verl), which, before verl dispatches a batch:
+
+- plans it with the legacy manager's :class:`~lengthsched.integrations.verl.RolloutPlanner` (the
+  same ``lengthsched`` config section: predictor, placement, order, pools), each prompt's row
+  repeated its ``n`` times, priorities above those of every earlier batch (``base``), and with
+  ``groups`` and ``ways`` from the predicted tokens still running on each replica (the groups
+  dispatched earlier and not yet finished: refills and asynchronous steps land beside them);
+- writes each prompt's priority (the lowest of its rows') into a ``priority`` column, and tells
+  :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` (:meth:`~PlannedLoadBalancer.expect`)
+  where each of that priority's requests goes: any placement, spread ones included, survives the
+  shared priority. With verl's own router the priorities still order each vLLM engine's queue
+  (``scheduling_policy=priority``) and a warning says the placement is lost;
+- collects the lengths its workers (``LengthschedAgentLoopWorkerTQ``, verl's worker that also
+  remembers how many tokens each finished session generated) saw since the last call, and feeds
+  the training prompts' lengths to the planner under the step they were dispatched in.
+
+Importing this module imports neither verl, Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int
+from .verl import VERL_VERSION, ManagerPlanning
+
+__all__ = ["MANAGER_TQ_CLASS", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_worker_class"]
+
+MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedAgentLoopManagerTQ"
+
+log = logging.getLogger(__name__)
+
+
+def generated_tokens(output: Any) -> int:
+    """Tokens the model generated in one verl ``AgentLoopOutput`` (the sum of its ``response_mask``: 1 for
+    the model's tokens, 0 for a tool's), or the length of its ``response_ids`` where it has no mask."""
+    mask = getattr(output, "response_mask", None)
+    if mask is not None:
+        return int(sum(int(m) for m in mask))
+    return len(getattr(output, "response_ids", ()) or ())
+
+
+def make_tq_worker_class(base: type) -> type:
+    """``LengthschedAgentLoopWorkerTQ``: ``base`` (the class under verl's ``AgentLoopWorkerTQ`` actor,
+    ``AgentLoopWorkerTQ.__ray_actor_class__``) that also remembers, per prompt, the tokens each of its
+    sessions generated (:func:`generated_tokens` of the session's last output), and hands the finished
+    prompts' lengths over once when the manager asks (``lengthsched_take``). A prompt counts as finished
+    when all its sessions settled, failed ones included (their lengths are missing)."""
+
+    class LengthschedAgentLoopWorkerTQ(base):  # type: ignore[misc, valid-type]
+        """verl's AgentLoopWorkerTQ that reports its prompts' lengths (lengthsched.integrations.verl_v1)."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self._lengthsched_running: dict[Hashable, list[int]] = {}
+            self._lengthsched_done: list[tuple[Hashable, list[int]]] = []
+
+        async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict,
+                              trace: bool = False) -> None:
+            uid = prompt.get("uid")
+            self._lengthsched_running.setdefault(uid, [])
+            try:
+                await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
+            finally:
+                self._lengthsched_done.append((uid, self._lengthsched_running.pop(uid, [])))
+
+        async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:
+            outputs = output if isinstance(output, list) else [output]
+            lengths = self._lengthsched_running.get(kwargs.get("uid"))
+            if outputs and lengths is not None:
+                lengths.append(generated_tokens(outputs[-1]))
+            return await super()._agent_loop_postprocess(output, validate, **kwargs)
+
+        def lengthsched_take(self) -> list[tuple[Hashable, list[int]]]:
+            """The prompts finished since the last call: ``(uid, tokens per session)``."""
+            done, self._lengthsched_done = self._lengthsched_done, []
+            return done
+
+    LengthschedAgentLoopWorkerTQ.__module__ = __name__
+    return LengthschedAgentLoopWorkerTQ
+
+
+@dataclass
+class _Dispatched:
+    """A prompt the manager dispatched and has not heard finish: its prompt key, the step it was dispatched
+    in (None: unknown), whether it is a validation prompt, and its predicted tokens on each replica."""
+
+    key: str
+    step: int | None
+    validate: bool
+    work: np.ndarray
+
+
+def _rows(batch: Any, name: str) -> list[Any] | None:
+    """Column ``name`` of a verl TensorDict (or a mapping of columns) as a list, None where it is missing."""
+    if name not in batch.keys():
+        return None
+    value = batch[name]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return [v.item() if isinstance(v, np.generic) else v for v in value]
+
+
+def _scalar(batch: Any, name: str, default: Any) -> Any:
+    """The batch-wide value ``name`` (verl's ``NonTensorData``: ``global_steps``, ``validate``)."""
+    if name not in batch.keys():
+        return default
+    value = batch[name]
+    return getattr(value, "data", value)
+
+
+def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
+                                     get: Callable[[Any], Any] | None = None,
+                                     assign: Callable[[Any, str, list], None] | None = None) -> type:
+    """``LengthschedAgentLoopManagerTQ``: ``base`` (verl's ``AgentLoopManagerTQ``) whose ``generate_sequences``
+    plans each batch of prompts (the module docstring says how) before verl dispatches it.
+
+    ``worker_class``: the agent-loop worker actor class to run (verl: ``ray.remote`` of
+    :func:`make_tq_worker_class`); None keeps the base's. ``get``: resolves what a Ray actor method's
+    ``.remote()`` returns (verl: ``ray.get``; the base manager is synchronous). ``assign``: writes a per-row
+    column into the batch (verl: ``tensordict_utils.assign_non_tensor_stack``; default item assignment).
+    The number of replicas comes from ``lengthsched.replicas`` or else the router.
+    """
+    resolve = get if get is not None else (lambda ref: ref)
+    put = assign if assign is not None else (lambda batch, name, values: batch.__setitem__(name, values))
+
+    class LengthschedAgentLoopManagerTQ(ManagerPlanning, base):  # type: ignore[misc, valid-type]
+        """verl's AgentLoopManagerTQ with a lengthsched plan per batch (lengthsched.integrations.verl_v1)."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            if worker_class is not None:
+                self.agent_loop_workers_class = worker_class
+            #: Prompts dispatched and not yet heard finish, by uid.
+            self.lengthsched_running: dict[Hashable, _Dispatched] = {}
+            self._lengthsched_base = 0  # the next batch's lowest priority
+            self._lengthsched_warned: set[str] = set()
+
+        def _lengthsched_warn(self, what: str, message: str, *args: Any) -> None:
+            if what not in self._lengthsched_warned:
+                self._lengthsched_warned.add(what)
+                log.warning(message, *args)
+
+        def lengthsched_replicas(self) -> int:
+            """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
+            configured = self.lengthsched_configured_replicas()
+            if configured is not None:
+                return configured
+            router = self.lengthsched_router()
+            if router is None:
+                return 1
+            return max(1, len(resolve(router.get_all_servers.remote())))
+
+        def lengthsched_collect(self) -> int:
+            """Hear which prompts finished since the last call (from every worker), feed the training prompts'
+            lengths to the planner under the step each was dispatched in, and stop counting their work on
+            the replicas. Returns the prompts heard finish."""
+            finished: list[tuple[Hashable, list[int]]] = []
+            for worker in getattr(self, "agent_loop_workers", None) or []:
+                if not hasattr(worker, "lengthsched_take"):
+                    self._lengthsched_warn("worker", "the agent-loop workers do not report lengths (%s): the planner "
+                                                     "learns nothing and counts no running work",
+                                           type(worker).__name__)
+                    continue
+                finished.extend(resolve(worker.lengthsched_take.remote()))
+            by_step: dict[int | None, tuple[list[str], list[int]]] = {}
+            for uid, lengths in finished:
+                prompt = self.lengthsched_running.pop(uid, None)
+                if prompt is None or prompt.validate or not lengths:
+                    continue
+                keys, seen = by_step.setdefault(prompt.step, ([], []))
+                keys.extend([prompt.key] * len(lengths))
+                seen.extend(int(n) for n in lengths)
+            planner = self.lengthsched_planner()
+            for step in sorted(by_step, key=lambda s: -1 if s is None else s):
+                planner.observe(*by_step[step], step=step)
+            return len(finished)
+
+        def lengthsched_loads(self, replicas: int) -> np.ndarray:
+            """Predicted tokens of the prompts still running, per replica."""
+            loads = np.zeros(replicas, dtype=np.int64)
+            for prompt in self.lengthsched_running.values():
+                if len(prompt.work) == replicas:
+                    loads += prompt.work
+            return loads
+
+        def lengthsched_plan(self, prompts: Any) -> Any:
+            """Plan a batch of prompts and write each prompt's ``priority``; returns the plan (None for an empty
+            batch). The router is told where each priority's requests go."""
+            uids = _rows(prompts, "uid")
+            if not uids:
+                return None
+            if len(set(uids)) != len(uids):
+                raise InvalidArgument("uid", f"{len(uids) - len(set(uids))} repeated", "one row per prompt, "
+                                                                                       "each with its own uid")
+            validate = bool(_scalar(prompts, "validate", False))
+            step = _scalar(prompts, "global_steps", None)
+            step = None if step is None else check_int("global_steps", step, minimum=0)
+            rollout = self.config.actor_rollout_ref.rollout
+            default_n = rollout.val_kwargs.n if validate else rollout.n
+            counts = _rows(prompts, "__rollout_n__") or [default_n] * len(uids)
+            counts = [check_int("__rollout_n__", n, minimum=0) for n in counts]
+            if not sum(counts):
+                return None
+            raw = _rows(prompts, "raw_prompt")
+            expanded: dict[str, Any] = {"uid": np.asarray([u for u, n in zip(uids, counts) for _ in range(n)],
+                                                          dtype=object)}
+            if raw is not None:
+                rows = np.empty(sum(counts), dtype=object)
+                rows[:] = [p for p, n in zip(raw, counts) for _ in range(n)]
+                expanded["raw_prompt"] = rows
+            replicas = self.lengthsched_replicas()
+            base = -(-self._lengthsched_base // replicas) * replicas
+            planner = self.lengthsched_planner()
+            plan, keys = planner.plan(expanded, replicas, loads=self.lengthsched_loads(replicas), base=base)
+            self._lengthsched_base = max(plan.priority) + 1
+            group_rows: dict[int, list[int]] = {}
+            for row, group in enumerate(plan.group):
+                group_rows.setdefault(group, []).append(row)
+            group_of = {key: g for g, key in enumerate(plan.group_keys)}
+            routes: dict[int, list[int]] = {}
+            priorities = []
+            for uid, n in zip(uids, counts):
+                if not n:
+                    priorities.append(base)  # runs nothing
+                    continue
+                rows = sorted(group_rows[group_of[uid]], key=lambda i: plan.priority[i])
+                priority = int(plan.priority[rows[0]])
+                routes[priority] = [int(plan.replica[i]) for i in rows]
+                priorities.append(priority)
+                work = np.zeros(replicas, dtype=np.int64)
+                np.add.at(work, [plan.replica[i] for i in rows], [plan.predicted[i] for i in rows])
+                self.lengthsched_running[uid] = _Dispatched(keys[rows[0]], step, validate, work)
+            put(prompts, "priority", priorities)
+            router = self.lengthsched_router()
+            if router is not None and hasattr(router, "expect"):
+                resolve(router.expect.remote(routes))
+            elif replicas > 1:
+                self._lengthsched_warn("router", "the router is not lengthsched's PlannedLoadBalancer "
+                                                 "(rollout.router_config_path): the plan orders each engine's queue "
+                                                 "but does not place the completions")
+            return plan
+
+        def generate_sequences(self, prompts: Any) -> None:
+            self.lengthsched_collect()
+            self.lengthsched_plan(prompts)
+            return super().generate_sequences(prompts)
+
+    LengthschedAgentLoopManagerTQ.__module__ = __name__
+    return LengthschedAgentLoopManagerTQ
+
+
+_MADE: dict[str, type] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``LengthschedAgentLoopManagerTQ`` and ``LengthschedAgentLoopWorkerTQ`` are made from verl's classes on first
+    access (verl loads the manager by name: ``agent.agent_loop_manager_class``), so importing this module needs
+    no verl."""
+    if name not in ("LengthschedAgentLoopManagerTQ", "LengthschedAgentLoopWorkerTQ"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _MADE:
+        try:
+            v1 = importlib.import_module("verl.trainer.ppo.v1.agent_loop_tq")
+            tensordict_utils = importlib.import_module("verl.utils.tensordict_utils")
+            ray = importlib.import_module("ray")
+        except ImportError as exc:
+            raise ImportError(f"verl is not installed: pip install 'lengthsched[verl]' (verl=={VERL_VERSION}): "
+                              f"{exc}") from None
+        worker = make_tq_worker_class(v1.AgentLoopWorkerTQ.__ray_actor_class__)
+        _MADE["LengthschedAgentLoopWorkerTQ"] = worker
+        _MADE["LengthschedAgentLoopManagerTQ"] = make_tq_agent_loop_manager_class(
+            v1.AgentLoopManagerTQ, ray.remote(worker), get=lambda ref: ray.get(ref),
+            assign=tensordict_utils.assign_non_tensor_stack)
+    return _MADE[name]
+

@@ -1,0 +1,464 @@
+"""lengthsched.integrations.verl_v1: the planning agent-loop manager of verl's v1 trainer.
+
+Two layers, as in test_verl.py. Without verl: fakes of verl 0.9.1's ``AgentLoopManagerTQ`` (one row per prompt,
+split over the workers) and ``AgentLoopWorkerTQ`` (a prompt's ``n`` sessions, each through the LLM client with the
+prompt's columns, ``priority`` among them) carry batches from the manager through our router to fake vLLM servers.
+Where verl's v1 trainer imports (CI's verl stage), verl's real ``AgentLoopManagerTQ.generate_sequences`` (TensorDict
+chunking, ``ray.get`` resolved in one event loop) and the real worker's ``generate_sequences`` / ``_run_prompt``
+(rows to prompt dicts, ``__rollout_n__``, TransferQueue status tags faked in memory) run under our classes, with only
+the agent loop itself and the servers faked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import uuid
+from collections import defaultdict
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from test_verl import VERL, Config, FakeLLMServerClient, FakeVLLMServer, Remote
+
+from lengthsched import InvalidArgument
+from lengthsched.integrations import verl as lv
+from lengthsched.integrations import verl_v1 as vv1
+
+# Six prompts; each one's completions have the true lengths below (tokens).
+TRUE = {f"q{k}": n for k, n in enumerate([400, 60, 300, 50, 200, 80])}
+G = 4
+
+
+def _v1_importable() -> bool:
+    try:
+        importlib.import_module("verl.trainer.ppo.v1.agent_loop_tq")
+        importlib.import_module("verl.workers.rollout.llm_server")
+    except Exception:  # noqa: BLE001 - verl or TransferQueue absent
+        return False
+    return True
+
+
+V1 = VERL and _v1_importable()
+requires_v1 = pytest.mark.skipif(not V1, reason="verl 0.9.1's v1 trainer is not importable "
+                                                "(pip install 'lengthsched[verl]', with TransferQueue)")
+
+
+def true_length(prompt_ids) -> int:
+    return list(TRUE.values())[prompt_ids[0] - 1]
+
+
+def config(**lengthsched: Any) -> Any:
+    """The trainer config the manager and verl's v1 worker read (test_verl.trainer_config's, with ``rollout.n``)."""
+    rollout = {"name": "vllm", "response_length": 512, "full_determinism": False, "n": G, "val_kwargs": {"n": 2},
+               "temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False,
+               "agent": {"default_agent_loop": "single_turn_agent"}}
+    data = {"actor_rollout_ref": {"model": {}, "rollout": rollout}}
+    if lengthsched:
+        data["lengthsched"] = lengthsched
+    if VERL:
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(data)
+    return Config(data)
+
+
+def resolve(ref: Any) -> Any:
+    """What ``ray.get`` gives for the fakes' handles (an awaitable of the result)."""
+    async def wait():
+        return await ref
+    return asyncio.run(wait())
+
+
+# ----------------------------------------------------------------------------- the fakes
+class FakeBatch(dict):
+    """verl's v1 prompt batch (a TensorDict): per-row columns, and the batch-wide ``global_steps`` and
+    ``validate``; ``chunk`` as ``TensorDict.chunk``."""
+
+    SCALARS = ("global_steps", "validate")
+
+    def __len__(self) -> int:
+        return len(self["uid"])
+
+    def chunk(self, parts: int) -> list[FakeBatch]:
+        size = -(-len(self) // parts)
+        return [FakeBatch({k: (v if k in self.SCALARS else v[i:i + size]) for k, v in self.items()})
+                for i in range(0, len(self), size)]
+
+
+def prompt_batch(step: int, prompts: list[str] | None = None, validate: bool = False,
+                 counts: list[int] | None = None) -> FakeBatch:
+    names = prompts if prompts is not None else list(TRUE)
+    batch = FakeBatch(uid=[f"s{step}-{q}-{uuid.uuid4().hex[:6]}" for q in names],
+                      raw_prompt=[[{"role": "user", "content": q}] for q in names],
+                      prompt_ids=[[list(TRUE).index(q) + 1] for q in names], global_steps=step, validate=validate)
+    if counts is not None:
+        batch["__rollout_n__"] = list(counts)
+    return batch
+
+
+class FakeAgentLoopManagerTQ:
+    """verl 0.9.1's ``AgentLoopManagerTQ`` (trainer/ppo/v1/agent_loop_tq.py): ``generate_sequences`` splits the
+    prompts over the workers and waits only for them to take the prompts (``ray.get``), not for the results."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.agent_loop_workers_class = "AgentLoopWorkerTQ"
+        self.config, self.llm_client = config, llm_client
+        self.agent_loop_workers: list = []
+
+    def generate_sequences(self, prompts) -> None:
+        for worker, chunk in zip(self.agent_loop_workers, prompts.chunk(len(self.agent_loop_workers))):
+            resolve(worker.generate_sequences.remote(chunk))
+
+
+class FakeWorkerTQ:
+    """verl 0.9.1's ``AgentLoopWorkerTQ``: ``generate_sequences`` takes the prompts and returns (the sessions run
+    in the background: here when the test calls ``finish``); ``_run_prompt`` runs ``__rollout_n__`` (else
+    ``rollout.n`` / ``val_kwargs.n``) sessions, each a single-turn loop (``int(priority)``, a fresh request id)
+    whose output goes to ``_agent_loop_postprocess``, and settles them all, a failed session included."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.config, self.client = config, llm_client
+        self.pending: list[tuple[dict, dict]] = []
+        self.stored: list[tuple[str, int]] = []  # (uid, session) put into the queue
+        self.fail: set[str] = set()  # prompt names whose first session fails
+
+    async def generate_sequences(self, batch) -> None:
+        for i in range(len(batch)):
+            prompt = {k: (v if k in FakeBatch.SCALARS else v[i]) for k, v in batch.items()}
+            validate = prompt.pop("validate")
+            self.pending.append((prompt, {"validate": validate}))
+
+    async def _run_prompt(self, prompt, sampling_params, trajectory, trace=False) -> None:
+        rollout = self.config.actor_rollout_ref.rollout
+        n = prompt.pop("__rollout_n__", rollout.n if not trajectory["validate"] else rollout.val_kwargs.n)
+
+        async def session(i: int) -> None:
+            if i == 0 and prompt["raw_prompt"][0]["content"] in self.fail:
+                raise RuntimeError("the engine died")
+            out = await self.client.generate(uuid.uuid4().hex, prompt_ids=prompt["prompt_ids"], sampling_params={},
+                                             priority=int(prompt.get("priority", 0)))
+            output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+            await self._agent_loop_postprocess(output, trajectory["validate"], uid=prompt["uid"], session_id=i)
+
+        await asyncio.gather(*[session(i) for i in range(n)], return_exceptions=True)
+
+    async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
+        self.stored.append((kwargs["uid"], kwargs["session_id"]))
+
+    def finish(self) -> None:
+        """Run every prompt taken so far to the end."""
+        pending, self.pending = self.pending, []
+
+        async def run():
+            for prompt, trajectory in pending:
+                await self._run_prompt(prompt, {}, trajectory=trajectory)
+        asyncio.run(run())
+
+
+Worker = vv1.make_tq_worker_class(FakeWorkerTQ)
+Manager = vv1.make_tq_agent_loop_manager_class(FakeAgentLoopManagerTQ, "our workers", get=resolve)
+
+
+def pipeline(replicas: int = 3, workers: int = 2, router: Any = None, **lengthsched: Any):
+    """Our manager over the fake base with ``replicas`` fake vLLM servers behind ``router`` (default ours)."""
+    servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(replicas)}
+    router = router if router is not None else lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
+    cfg = config(**lengthsched)
+    client = FakeLLMServerClient(cfg, load_balancer_handle=Remote(router))
+    manager = Manager(cfg, client)
+    local = [Worker(cfg, client) for _ in range(workers)]
+    manager.agent_loop_workers = [Remote(w) for w in local]
+    return manager, router, servers, local
+
+
+def finish(workers) -> None:
+    for worker in workers:
+        worker.finish()
+
+
+def sent_by_prompt(servers) -> dict[int, list[str]]:
+    """Per prompt (its id), the servers its requests went to."""
+    where: dict[int, list[str]] = defaultdict(list)
+    for sid, server in servers.items():
+        for request in server.requests:
+            where[request["prompt_ids"][0]].append(sid)
+    return where
+
+
+# ----------------------------------------------------------------------------- the fakes' checks
+def test_every_completion_goes_where_the_plan_puts_it_though_a_prompt_has_one_priority():
+    manager, router, servers, workers = pipeline()
+    assert manager.agent_loop_workers_class == "our workers"
+    ids = list(servers)
+    for step in (1, 2):
+        for server in servers.values():
+            server.requests.clear()
+        batch = prompt_batch(step)
+        manager.generate_sequences(batch)
+        plan = manager.lengthsched_planner().last_plan
+        # verl's spread (the default): row i to replica i mod 3, a prompt's G rows adjacent, so its four
+        # completions go to three replicas though all four carry the prompt's one priority.
+        assert plan.placement == "spread" and len(plan) == len(TRUE) * G
+        finish(workers)
+        for row, (uid, priority) in enumerate(zip(batch["uid"], batch["priority"])):
+            rows = [i for i, g in enumerate(plan.group) if plan.group_keys[g] == uid]
+            assert priority == min(plan.priority[i] for i in rows)
+            planned = sorted(ids[plan.replica[i]] for i in rows)
+            assert sorted(sent_by_prompt(servers)[row + 1]) == planned and len(set(planned)) == 3
+        assert all(request["priority"] in batch["priority"] for s in servers.values() for request in s.requests)
+    assert router.planned == 2 * len(TRUE) * G and router.unplanned == 0 and router.collisions == 0
+    # The lengths came back through the workers: in step 2 each replica starts its longest first.
+    assert manager.lengthsched_planner().observed == len(TRUE) * G
+    for server in servers.values():
+        started = [true_length(r["prompt_ids"]) for r in server.admission_order()]
+        assert started == sorted(started, reverse=True)
+
+
+def test_whole_groups_are_balanced_by_the_lengths_learned_in_the_step_before():
+    manager, router, servers, workers = pipeline(placement="groups")
+    manager.generate_sequences(prompt_batch(1))
+    finish(workers)
+    for server in servers.values():
+        server.requests.clear()
+    manager.generate_sequences(prompt_batch(2))
+    planner = manager.lengthsched_planner()
+    assert planner.observed == len(TRUE) * G and planner.steps == 1 and planner.last_plan.placement == "groups"
+    finish(workers)
+    where = sent_by_prompt(servers)
+    assert all(len(set(sids)) == 1 and len(sids) == G for sids in where.values())
+    work = {sid: sum(G * true_length([p]) for p, sids in where.items() if sids[0] == sid) for sid in servers}
+    assert max(work.values()) == G * 400  # q0 alone: the optimal makespan
+    for server in servers.values():
+        started = [true_length(r["prompt_ids"]) for r in server.admission_order()]
+        assert started == sorted(started, reverse=True)
+    assert router.collisions == 0 and router.unplanned == 0
+
+
+def test_a_refill_is_placed_beside_the_work_still_running_and_queued_behind_it():
+    manager, router, servers, workers = pipeline(placement="groups")
+    manager.generate_sequences(prompt_batch(1))
+    finish(workers)
+    first = prompt_batch(2, ["q0", "q2"])  # about 1600 and 1200 tokens, still running when the refill comes
+    manager.generate_sequences(first)
+    loads = manager.lengthsched_loads(3)
+    predicted = manager.lengthsched_planner().last_plan.replica_work
+    assert sorted(loads.tolist()) == [0] + sorted(w for w in predicted if w) and min(predicted[:1]) > 1000
+    refill = prompt_batch(2, ["q3", "q5"])
+    manager.generate_sequences(refill)
+    # Both refill prompts go to the idle replica (about 200 + 320 tokens), not round the replicas.
+    idle = int(np.argmin(loads))
+    plan = manager.lengthsched_planner().last_plan
+    assert set(plan.replica) == {idle}
+    assert min(refill["priority"]) > max(first["priority"])  # an engine's queue serves the earlier batch first
+    finish(workers)
+    assert manager.lengthsched_loads(3).sum() > 0  # heard only at the next call (or collect)
+    assert manager.lengthsched_collect() == 4 and manager.lengthsched_loads(3).tolist() == [0, 0, 0]
+    manager.generate_sequences(prompt_batch(3, ["q1"]))
+    last = manager.lengthsched_planner().last_plan
+    assert sorted(manager.lengthsched_loads(3).tolist()) == [0, 0, sum(last.replica_work)] and 200 < sum(
+        last.replica_work) < 300  # q1: 4 x 60 tokens, predicted from step 1
+    assert manager.lengthsched_planner().steps == 2
+
+
+def test_per_prompt_group_sizes_validation_and_failed_sessions():
+    manager, router, servers, workers = pipeline()
+    batch = prompt_batch(1, ["q0", "q1", "q2"], counts=[2, 0, 5])
+    manager.generate_sequences(batch)
+    finish(workers)
+    where = sent_by_prompt(servers)
+    assert {p: len(s) for p, s in where.items()} == {1: 2, 3: 5}
+    assert router.planned == 7 and router.collisions == 0
+    assert manager.lengthsched_collect() == 3 and manager.lengthsched_planner().observed == 7
+    # Validation prompts are planned (val_kwargs.n each) but teach the planner nothing.
+    manager.generate_sequences(prompt_batch(1, ["q3"], validate=True))
+    finish(workers)
+    assert sum(len(s) for s in sent_by_prompt(servers).values()) == 9
+    manager.lengthsched_collect()
+    assert manager.lengthsched_planner().observed == 7 and not manager.lengthsched_running
+    # A prompt whose session failed still finishes: its other sessions' lengths are learned, its work forgotten.
+    workers[0].fail.add("q4")
+    manager.generate_sequences(prompt_batch(2, ["q4", "q5"]))
+    finish(workers)
+    manager.lengthsched_collect()
+    assert manager.lengthsched_planner().observed == 7 + (G - 1) + G and not manager.lengthsched_running
+    with pytest.raises(InvalidArgument, match="uid"):
+        twice = prompt_batch(3, ["q0", "q1"])
+        twice["uid"] = ["same", "same"]
+        manager.generate_sequences(twice)
+    with pytest.raises(InvalidArgument, match="__rollout_n__"):
+        manager.generate_sequences(prompt_batch(3, ["q0"], counts=[-1]))
+
+
+class VerlRouter:
+    """verl's default router: no ``expect``; each request to the server with the fewest in flight."""
+
+    def __init__(self, servers):
+        self.inner = lv.PlannedLoadBalancer(servers)
+
+    def __getattr__(self, name):
+        if name == "expect":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+def test_behind_verls_own_router_the_priorities_order_and_a_warning_says_the_placement_is_lost(caplog):
+    servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(2)}
+    router = VerlRouter({sid: Remote(s) for sid, s in servers.items()})
+    manager, _, servers, workers = pipeline(replicas=2, router=router)
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.verl_v1"):
+        manager.generate_sequences(prompt_batch(1))
+        manager.generate_sequences(prompt_batch(2))
+    assert sum("does not place" in r.getMessage() for r in caplog.records) == 1
+    # Workers that do not report lengths: one warning, nothing learned, nothing counted as running.
+    plain = pipeline(replicas=2)[0]
+    plain.agent_loop_workers = [Remote(FakeWorkerTQ(config(), None))]
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.verl_v1"):
+        plain.lengthsched_collect()
+        plain.lengthsched_collect()
+    assert sum("do not report" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_router_takes_routes_for_shared_priorities_in_arrival_order():
+    router = lv.PlannedLoadBalancer({"a": 1, "b": 2, "c": 3})
+    assert router.expect({7: [2, 0, 2]}) == 3
+    sent = [router.acquire_server(f"r{i}", priority=7)[0] for i in range(4)]
+    # Three routes, then a fourth request with the priority that requests in flight hold: the fewest in flight.
+    assert sent[:3] == ["c", "a", "c"] and sent[3] == "b"
+    assert router.planned == 3 and router.collisions == 1
+    for bad, name in [({-1: [0]}, "routes priority"), ({1: "ab"}, "routes\\[1\\]"), ({1: [0.5]}, "routes\\[1\\]"),
+                      ([1, 2], "routes")]:
+        with pytest.raises(InvalidArgument, match=name):
+            router.expect(bad)
+    small = lv.PlannedLoadBalancer({"a": 1, "b": 2}, max_cache_size=2)
+    small.expect({1: [1], 3: [1], 5: [1]})  # the oldest priority's routes are dropped
+    assert small.acquire_server("x", priority=1)[0] == "b"  # 1 mod 2 without a route
+    assert small.acquire_server("y", priority=3)[0] == "b" and small.acquire_server("z", priority=5)[0] == "b"
+
+
+def test_generated_tokens_and_the_classes_need_verl_only_when_asked_for():
+    assert vv1.generated_tokens(SimpleNamespace(response_mask=[1, 1, 0, 1], response_ids=[5] * 4)) == 3
+    assert vv1.generated_tokens(SimpleNamespace(response_ids=[5] * 6)) == 6
+    with pytest.raises(AttributeError):
+        vv1.SomethingElse  # noqa: B018 - the attribute access is the test
+    if not V1:
+        with pytest.raises(ImportError, match="lengthsched\\[verl\\]"):
+            vv1.LengthschedAgentLoopManagerTQ  # noqa: B018
+
+
+# ----------------------------------------------------------------------------- verl's real classes
+@requires_v1
+def test_the_fakes_have_verls_signatures():
+    import inspect
+
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    def names(f):  # Ray's actor wrapper adds a tracing context
+        return [p for p in inspect.signature(f).parameters if p != "_ray_trace_ctx"]
+
+    worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    assert names(FakeAgentLoopManagerTQ.__init__) == names(agent_loop_tq.AgentLoopManager.__init__)
+    manager = agent_loop_tq.AgentLoopManagerTQ
+    assert names(FakeAgentLoopManagerTQ.generate_sequences) == names(manager.generate_sequences)
+    assert names(FakeWorkerTQ.__init__) == names(agent_loop_tq.AgentLoopWorker.__init__)
+    for name in ("generate_sequences", "_run_prompt", "_agent_loop_postprocess"):
+        assert names(getattr(FakeWorkerTQ, name)) == names(getattr(worker, name)), name
+
+
+class AsyncTQ:
+    """TransferQueue's async tag put, in memory (what ``AgentLoopWorkerTQ._run_prompt`` calls)."""
+
+    def __init__(self):
+        self.tags: dict[str, dict] = defaultdict(dict)
+
+    async def async_kv_put(self, key, partition_id, tag=None, **kwargs):
+        self.tags[partition_id][key] = dict(tag or {})
+
+
+@requires_v1
+def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
+    import ray
+    import torch
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.import_utils import load_class_from_fqn
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    base_worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    manager_cls, worker_cls = vv1.LengthschedAgentLoopManagerTQ, vv1.LengthschedAgentLoopWorkerTQ
+    # TaskRunnerV1.init_agent_loop_manager loads the class rollout.agent.agent_loop_manager_class names so.
+    assert load_class_from_fqn(vv1.MANAGER_TQ_CLASS, "AgentLoopManager") is manager_cls
+    assert issubclass(manager_cls, agent_loop_tq.AgentLoopManagerTQ) and issubclass(worker_cls, base_worker)
+    loop = asyncio.new_event_loop()
+    tq = AsyncTQ()
+    monkeypatch.setattr(agent_loop_tq, "tq", tq)
+
+    async def wait(refs):
+        return [await ref for ref in refs] if isinstance(refs, list) else await refs
+
+    monkeypatch.setattr(ray, "get", lambda refs: loop.run_until_complete(wait(refs)))
+
+    def light_init(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.config, self.llm_client, self.background_tasks = config, llm_client, set()
+
+    async def agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        # SingleTurnAgentLoop.run's request, then verl's postprocess with the loop's output.
+        out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=[int(kwargs["index"]) + 1],
+                                             sampling_params=sampling_params, priority=int(kwargs["priority"]))
+        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+    stored: list[tuple[str, int]] = []
+
+    async def postprocess(self, output, validate, **kwargs):
+        stored.append((kwargs["uid"], kwargs["session_id"]))
+
+    monkeypatch.setattr(base_worker, "__init__", light_init)
+    monkeypatch.setattr(base_worker, "_run_agent_loop", agent_loop)
+    monkeypatch.setattr(base_worker, "_agent_loop_postprocess", postprocess)
+
+    servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(3)}
+    router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
+    cfg = config(placement="groups")
+    client = LLMServerClient(config=cfg, load_balancer_handle=Remote(router))
+    manager = manager_cls(cfg, client)
+    assert manager.agent_loop_workers_class.__ray_actor_class__ is worker_cls
+    workers = [worker_cls(cfg, client) for _ in range(2)]
+    manager.agent_loop_workers = [Remote(w) for w in workers]
+
+    def batch(step: int, names: list[str]):
+        raw = np.empty(len(names), dtype=object)
+        raw[:] = [[{"role": "user", "content": q}] for q in names]
+        made = tu.get_tensordict({"input_ids": torch.zeros(len(names), 2, dtype=torch.long), "raw_prompt": raw,
+                                  "index": np.array([list(TRUE).index(q) for q in names]),
+                                  "uid": np.array([uuid.uuid4().hex for _ in names], dtype=object)})
+        tu.assign_non_tensor_data(made, "global_steps", step)
+        return made
+
+    def settle():
+        for w in workers:
+            loop.run_until_complete(wait(list(w.background_tasks)))
+
+    try:
+        first = batch(1, list(TRUE))
+        assert manager.generate_sequences(first) is None
+        settle()
+        assert len(stored) == len(TRUE) * G and router.planned == len(TRUE) * G and router.collisions == 0
+        assert all(tag["status"] == "finished" for tag in tq.tags["train"].values())
+        assert [int(p) for p in first["priority"]] == sorted(int(p) for p in first["priority"])
+        for server in servers.values():
+            server.requests.clear()
+        manager.generate_sequences(batch(2, list(TRUE)))
+        settle()
+        planner = manager.lengthsched_planner()
+        assert planner.observed == len(TRUE) * G and planner.last_plan.placement == "groups"
+        where = defaultdict(set)
+        for sid, server in servers.items():
+            for request in server.requests:
+                where[request["prompt_ids"][0]].add(sid)
+        assert all(len(s) == 1 for s in where.values()) and len(where) == len(TRUE)
+        assert router.collisions == 0 and router.unplanned == 0
+    finally:
+        loop.close()
