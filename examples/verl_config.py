@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="rollout.tensor_model_parallel_size")
     parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm")
     parser.add_argument("--router-yaml", default="lengthsched_router.yaml", help="where to write the router file")
+    parser.add_argument("--trainer", choices=("v1", "legacy"), default="v1",
+                        help="verl's trainer: v1 (verl 0.9.1's default) or legacy (trainer.use_v1=false)")
     args = parser.parse_args(argv)
 
     memory = ls.ModelMemory.from_preset(args.preset)
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     config = verl_rollout_config(plan, memory, gpu_memory_bytes=args.gpu_memory, kv_budget_bytes=args.kv_budget,
                                  groups_per_replica=args.groups_per_replica, engine=args.engine,
                                  tensor_parallel_size=args.tensor_parallel_size, router_config_path=args.router_yaml,
-                                 max_model_len=args.prompt_tokens + args.max_new_tokens)
+                                 max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer)
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")
     print("\n".join(config.overrides()))
 

@@ -18,6 +18,7 @@ N=${N:-16}                            # completions per prompt (G)
 PROMPTS=${PROMPTS:-256}               # prompts per step (B)
 PROMPT_LEN=${PROMPT_LEN:-512}
 RESPONSE_LEN=${RESPONSE_LEN:-2048}
+TRAINER=${TRAINER:-v1}                # verl's trainer: v1 (its default) or legacy
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
 VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 
@@ -25,10 +26,11 @@ REPLICAS=$((GPUS / TP))
 GROUPS_PER_REPLICA=$(((PROMPTS + REPLICAS - 1) / REPLICAS))
 
 # The rollout settings: scheduling_policy=priority, max_num_seqs, gpu_memory_utilization and
-# engine_kwargs.vllm.kv_cache_memory_bytes from the plan; the manager and the router by name.
+# engine_kwargs.vllm.kv_cache_memory_bytes from the plan; the manager and the router by name, for verl's
+# default v1 trainer (trainer.use_v1=true; TRAINER=legacy: the legacy trainer and its manager).
 mapfile -t LENGTHSCHED < <(python examples/verl_config.py --preset "$PRESET" --group-size "$N" --slots "$N" \
     --groups-per-replica "$GROUPS_PER_REPLICA" --prompt-tokens "$PROMPT_LEN" --max-new-tokens "$RESPONSE_LEN" \
-    --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml)
+    --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml --trainer "$TRAINER")
 
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \

@@ -636,6 +636,13 @@ def test_planner_from_config_loads_a_predictor_factory(predictors):
         lv.planner_from_config(trainer_config(predictor="no.such.module:thing"))
 
 
+def test_the_legacy_manager_refuses_the_v1_trainers_batches_and_names_the_manager_to_use():
+    client = FakeLLMServerClient(trainer_config(), load_balancer_handle=None)
+    manager = lv.make_agent_loop_manager_class(FakeAgentLoopManager)(trainer_config(), client)
+    with pytest.raises(TypeError, match="trainer.use_v1=False.*verl_v1.LengthschedAgentLoopManagerTQ"):
+        asyncio.run(manager.generate_sequences({"uid": ["u0"], "raw_prompt": ["q"]}))  # a TensorDict's columns
+
+
 def test_the_manager_needs_verl_only_when_asked_for():
     if VERL:
         assert lv.LengthschedAgentLoopManager.__module__ == "lengthsched.integrations.verl"
@@ -659,7 +666,7 @@ def test_verl_rollout_config_by_hand():
     assert r["engine_kwargs"] == {"vllm": {"kv_cache_memory_bytes": 15_503_982_592}}
     assert r["max_num_seqs"] == 64 and r["scheduling_policy"] == "priority" and r["enable_prefix_caching"] is True
     assert r["gpu_memory_utilization"] == config.setup.fraction and r["max_model_len"] == 2560
-    assert r["agent"] == {"agent_loop_manager_class": lv.MANAGER_CLASS}
+    assert r["agent"] == {"agent_loop_manager_class": lv.MANAGER_TQ_CLASS}
     assert r["router_config_path"] == "lengthsched_router.yaml"
     assert config.router_yaml == "router_class: lengthsched.integrations.verl.PlannedLoadBalancer\n"
     assert config.overrides() == [
@@ -671,10 +678,15 @@ def test_verl_rollout_config_by_hand():
         "actor_rollout_ref.rollout.max_model_len=2560",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=15503982592",
-        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={lv.MANAGER_CLASS}",
+        f"+actor_rollout_ref.rollout.agent.agent_loop_manager_class={lv.MANAGER_TQ_CLASS}",
         "actor_rollout_ref.rollout.router_config_path=lengthsched_router.yaml",
+        "trainer.use_v1=true",
         "+lengthsched.predictor=lengthsched_test_predictors:make",
     ]
+    # verl 0.9.1 runs its v1 trainer by default; the legacy one (and its manager) on request.
+    legacy = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, trainer="legacy")
+    assert legacy.rollout["agent"] == {"agent_loop_manager_class": lv.MANAGER_CLASS}
+    assert legacy.overrides()[-1] == "trainer.use_v1=false"
     tp2 = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, tensor_parallel_size=2)
     assert tp2.rollout["engine_kwargs"]["vllm"]["kv_cache_memory_bytes"] == 15_503_982_592 // 2
     assert tp2.rollout["tensor_model_parallel_size"] == 2
@@ -691,6 +703,7 @@ def test_verl_rollout_config_by_hand():
     ({"predictor": 3}, "predictor"),
     ({"gpu_memory_bytes": "1GiB"}, "gpu_memory_bytes"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"trainer": "v0"}, "trainer"),
 ])
 def test_verl_rollout_config_names_bad_arguments(kwargs, name):
     plan = ls.plan_group([2048] * 4, slots=2, max_new_tokens=2048, prompt_tokens=512)
@@ -748,8 +761,13 @@ def test_rollout_config_composes_with_verls_hydra_config(predictors):
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)  # verl's own RolloutConfig validation
     assert rollout.scheduling_policy == "priority" and rollout.max_num_seqs == 64
     assert rollout.engine_kwargs["vllm"] == {"kv_cache_memory_bytes": 15_503_982_592}
-    assert rollout.agent.agent_loop_manager_class == lv.MANAGER_CLASS
+    assert rollout.agent.agent_loop_manager_class == lv.MANAGER_TQ_CLASS and cfg.trainer.use_v1 is True
     assert isinstance(lv.planner_from_config(cfg).predictor, ls.ConstantLengthPredictor)
+    legacy = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", trainer="legacy")
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=legacy.overrides())
+    assert cfg.trainer.use_v1 is False and cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == \
+        lv.MANAGER_CLASS
 
 
 @requires_verl

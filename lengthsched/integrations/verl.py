@@ -80,12 +80,14 @@ from .vllm_adapter import VLLM_NULL_BLOCKS, vllm_setup
 __all__ = [
     "CHARS_PER_TOKEN",
     "MANAGER_CLASS",
+    "MANAGER_TQ_CLASS",
     "ManagerPlanning",
     "ROUTER_CLASS",
     "VERL_VERSION",
     "PlannedLoadBalancer",
     "RolloutPlanner",
     "TOKENS_PER_MESSAGE",
+    "TRAINERS",
     "VerlRolloutConfig",
     "batch_prompt_tokens",
     "make_agent_loop_manager_class",
@@ -94,7 +96,11 @@ __all__ = [
 ]
 
 VERL_VERSION = "0.9.1"  # the version the contract above was read from and tested with
-MANAGER_CLASS = "lengthsched.integrations.verl.LengthschedAgentLoopManager"
+MANAGER_CLASS = "lengthsched.integrations.verl.LengthschedAgentLoopManager"  # the legacy trainer's
+#: The v1 trainer's (verl 0.9.1's default, ``trainer.use_v1=True``): :mod:`lengthsched.integrations.verl_v1`.
+MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedAgentLoopManagerTQ"
+#: verl's trainers and the manager each needs (``verl_rollout_config``'s ``trainer``).
+TRAINERS = {"v1": MANAGER_TQ_CLASS, "legacy": MANAGER_CLASS}
 ROUTER_CLASS = "lengthsched.integrations.verl.PlannedLoadBalancer"
 # verl's router LRU size (workers/rollout/router.py, DEFAULT_ROUTING_CACHE_SIZE).
 _STICKY_ENTRIES = 10000
@@ -683,6 +689,9 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
 
         @wrap
         async def generate_sequences(self, prompts: Any) -> Any:
+            if not hasattr(prompts, "non_tensor_batch"):  # a TensorDict of prompts: verl's v1 trainer
+                raise TypeError(f"{type(self).__name__} plans the legacy trainer's batches (trainer.use_v1=False); "
+                                f"verl 0.9.1's default v1 trainer needs agent_loop_manager_class={MANAGER_TQ_CLASS}")
             planner = self.lengthsched_planner()
             plan, keys = planner.plan_batch(prompts, await self.lengthsched_replicas())
             output = await self.lengthsched_run(prompts, plan)
@@ -722,7 +731,7 @@ def __getattr__(name: str) -> Any:
 @dataclass(frozen=True)
 class VerlRolloutConfig:
     """verl rollout settings for a plan: ``rollout`` (nested, under ``actor_rollout_ref.rollout``),
-    ``extra`` (top-level sections: ``lengthsched``), ``router_yaml`` (the text of the router
+    ``extra`` (top-level sections: ``trainer``, ``lengthsched``), ``router_yaml`` (the text of the router
     file ``rollout.router_config_path`` names) and the engine :class:`EngineSetup` they came from."""
 
     rollout: dict[str, Any]
@@ -733,14 +742,14 @@ class VerlRolloutConfig:
     def overrides(self) -> list[str]:
         """Hydra command-line overrides for ``python -m verl.trainer.main_ppo``: keys verl's schema
         lacks (``engine_kwargs.<engine>.*``, ``agent.agent_loop_manager_class``, ``lengthsched.*``)
-        get a ``+``."""
+        get a ``+`` (``trainer.*`` does not: verl has that section)."""
         out: list[str] = []
         known_sections = ("engine_kwargs", "agent")
         for key, value in _flatten(self.rollout):
             new = key.split(".")[0] in known_sections and key.count(".") >= 1
             out.append(f"{'+' if new else ''}actor_rollout_ref.rollout.{key}={_hydra_value(value)}")
         for key, value in _flatten(self.extra):
-            out.append(f"+{key}={_hydra_value(value)}")
+            out.append(f"{'' if key.startswith('trainer.') else '+'}{key}={_hydra_value(value)}")
         return out
 
 
@@ -775,6 +784,7 @@ def verl_rollout_config(
     max_model_len: int | None = None,
     router_config_path: str = "lengthsched_router.yaml",
     predictor: str | None = None,
+    trainer: str = "v1",
 ) -> VerlRolloutConfig:
     """verl 0.9.1 rollout settings that run ``plan`` (one group's plan) ``groups_per_replica``
     times at once on every replica, in a memory budget.
@@ -789,9 +799,14 @@ def verl_rollout_config(
     SGLang gets no priority settings, as verl 0.9.1 does not forward priorities to it (the
     router still places its groups). Both get the manager (``agent.agent_loop_manager_class``) and
     the router (``router_config_path``, whose text is ``router_yaml``); ``predictor`` goes to
-    ``lengthsched.predictor`` ('module:callable').
+    ``lengthsched.predictor`` ('module:callable'). ``trainer``: verl's trainer (one of :data:`TRAINERS`),
+    ``"v1"`` (verl 0.9.1's default: ``trainer.use_v1=true`` and :data:`MANAGER_TQ_CLASS`) or ``"legacy"``
+    (``trainer.use_v1=false`` and :data:`MANAGER_CLASS`; the stealing manager builds on it).
     """
     check_plan(plan)
+    if trainer not in TRAINERS:
+        raise InvalidArgument("trainer", trainer, "'v1' (verl 0.9.1's default trainer) or 'legacy' (trainer.use_v1="
+                                                  "false)")
     if engine not in ("vllm", "sglang"):
         raise InvalidArgument("engine", engine, "vllm or sglang")
     groups = check_int("groups_per_replica", groups_per_replica, minimum=1)
@@ -825,8 +840,10 @@ def verl_rollout_config(
             "tensor_model_parallel_size": setup.tensor_parallel_size,
             "engine_kwargs": {"sglang": {"max_total_tokens": kw["max_total_tokens"]}},
         }
-    rollout["agent"] = {"agent_loop_manager_class": MANAGER_CLASS}
+    rollout["agent"] = {"agent_loop_manager_class": TRAINERS[trainer]}
     rollout["router_config_path"] = router_config_path
-    extra = {"lengthsched": {"predictor": predictor}} if predictor is not None else {}
+    extra: dict[str, Any] = {"trainer": {"use_v1": trainer == "v1"}}
+    if predictor is not None:
+        extra["lengthsched"] = {"predictor": predictor}
     return VerlRolloutConfig(rollout=rollout, extra=extra, router_yaml=f"router_class: {ROUTER_CLASS}\n", setup=setup)
 

@@ -50,11 +50,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .verl import VERL_VERSION, ManagerPlanning
+from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning
 
 __all__ = ["MANAGER_TQ_CLASS", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_worker_class"]
-
-MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedAgentLoopManagerTQ"
 
 log = logging.getLogger(__name__)
 
