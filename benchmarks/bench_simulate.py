@@ -29,7 +29,7 @@ from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_plan
 from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.rollout import VERL_POLL_SECONDS, route, steal_ways
+from simulate.rollout import VERL_POLL_SECONDS, route, run_verl_planned, steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
@@ -1568,6 +1568,8 @@ def _after_epochs(groups, rates, valid, shared: dict, *, epochs: int, drift: flo
     elif order is not None or skip:
         run_epochs(groups, rates, len(groups[0].lengths), epochs, history, rule=rule, drift=drift, seed=seed)
     runs = rule.select(history, keys) if skip else np.ones(len(groups), dtype=bool)
+    if skip and shared.get("predicted") is not None:
+        raise InvalidArgument("predicted", "given", "None with skip (the predictions of the groups that run)")
     result = run_oversampled_steps([g for g, on in zip(groups, runs) if on], policy, valid=valid[runs],
                                    filter_history=history if order else None, **shared)
     return result, runs
@@ -1725,16 +1727,23 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
 # drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl as it ships
 # under the same drift. Modes: max_inflight_gen_batches.
 VERL_DAPO_MODES = ((1,), (2,))
+# (label, drift, epochs recorded, GRESO's skip, lengthsched's refill by need, the v1 manager's order: None where verl's
+# own AgentLoopManagerTQ dispatches, "longest" where lengthsched.integrations.verl_v1's plans each batch longest
+# predicted first, realistic predictions, each request routed to the fewest in flight as verl's router does)
 VERL_DAPO_RUNS = (
-    ("verl's dynamic sampling as it ships", 0.0, 1, False, False),
-    ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True),
-    ("verl + verl_selective's skip (one earlier epoch recorded; changes the data)", 0.0, 1, True, False),
-    ("verl + verl_selective's skip and refill (one earlier epoch recorded; changes the data)", 0.0, 1, True, True),
+    ("verl's dynamic sampling as it ships", 0.0, 1, False, False, None),
+    ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True, None),
+    ("verl + verl_selective's skip (one earlier epoch recorded; changes the data)", 0.0, 1, True, False, None),
+    ("verl + verl_selective's skip and refill (one earlier epoch recorded; changes the data)", 0.0, 1, True, True,
+     None),
+    ("verl + the v1 manager longest predicted first (not its default under the filter)", 0.0, 1, False, False,
+     "longest"),
+    ("verl + the v1 manager longest predicted first + verl_selective's refill", 0.0, 1, False, True, "longest"),
     ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False,
-     False),
-    ("verl + verl_selective's refill, the policy learning (drift 0.5; the same data)", 0.5, 4, False, True),
+     False, None),
+    ("verl + verl_selective's refill, the policy learning (drift 0.5; the same data)", 0.5, 4, False, True, None),
     ("verl + verl_selective's skip and refill, the policy learning (drift 0.5, four epochs recorded; changes the "
-     "data)", 0.5, 4, True, True),
+     "data)", 0.5, 4, True, True, None),
 )
 
 
@@ -1747,17 +1756,19 @@ def _verl_dapo_unit(args) -> dict:
 
     workload, prompts, replicas, factor, seed, cost_text, (inflight,) = args
     need = HORIZON_STEPS * prompts * 6  # verl refills two per drop: a step draws up to ~3x its batch
-    groups, _, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
+    groups, realistic, _, _, common = _rollout_setting(workload, need, replicas, factor, seed, cost_text)
     rates = pass_rates(groups, seed=seed)
     shared = dict(batch=prompts, oversample=1.0, steps=HORIZON_STEPS, partial=False, in_flight=10**9,
                   filter_seed=seed, refill=True, refill_rule="verl", refill_cap=inflight * prompts,
                   refill_poll=VERL_POLL_SECONDS, router="least_loaded", **common)
     verdicts = _verdicts(rates, len(groups[0].lengths), seed, VERL_DAPO_RUNS)
     out = {}
-    for label, drift, epochs, skip, need in VERL_DAPO_RUNS:
+    for label, drift, epochs, skip, need, order in VERL_DAPO_RUNS:
         valid = verdicts[drift, epochs]
-        r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need}, epochs=epochs, drift=drift,
-                                seed=seed, order=None, skip=skip, policy="vllm")
+        planned = {} if order is None else {"run": partial(run_verl_planned, order=order),
+                                            "predicted": realistic}
+        r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need} | planned, epochs=epochs,
+                                drift=drift, seed=seed, order=None, skip=skip, policy="vllm")
         seconds, kept, filtered, surplus, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens",
                                                               "dropped_tokens", "decoded_tokens")
         _, reached, lost = _kept_after_skip(r, runs, valid)

@@ -30,6 +30,7 @@ from .rollout import (
     run_rollout,
     run_slime_planned,
     run_slime_planned_in_order,
+    run_verl_planned,
 )
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
@@ -58,6 +59,7 @@ __all__ = [
     "run_rollout",
     "run_slime_planned",
     "run_slime_planned_in_order",
+    "run_verl_planned",
     "run_oversampled_steps",
     "OversampledSteps",
     "StepRecord",

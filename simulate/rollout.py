@@ -439,6 +439,10 @@ class LiveRouter:
                                                   f"{replica}")
         self.load[replica] -= count
 
+    def count(self, replica: int) -> None:
+        """A request placed on ``replica`` by someone else (a plan): counted in flight there."""
+        self.load[replica] += 1
+
 
 def route(groups: Sequence[Group], router: str, replicas: int, predicted: np.ndarray | None = None,
           places_groups: bool = False, prompt_share: float | None = None, budget_tokens: int | None = None
@@ -697,6 +701,8 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     live = LiveRouter(router, replicas) if fixed is None else None
     if refill is not None and refill.plan is not None:
         fixed = np.array(fixed, dtype=np.int64)  # the plan places each chunk when it is submitted
+        if window is None and router in LiveRouter.ROUTERS:  # a request the plan leaves to the router (-1)
+            live = LiveRouter(router, replicas)
     client = None if window is None else _ClientWindow(fixed, replicas, owner, prompt_lens, pred, max_new, budget,
                                                        *window)
     engines, pols = [], []
@@ -742,7 +748,11 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             return
         while sent < len(queue) and sent - sum(seen) < cap:
             job = int(queue[sent])
-            r = live.select(int(owner[job])) if live is not None else int(fixed[job])
+            r = -1 if fixed is None else int(fixed[job])
+            if r < 0:  # routed as it is sent
+                r = live.select(int(owner[job]))
+            elif live is not None:
+                live.count(r)
             placement[job] = r
             pols[r].waiting.insert(0, job)
             engines[r].claim(job)
@@ -823,18 +833,23 @@ class _Releases:
     def release(self, now: float) -> None:
         """Submit what the rule asks for now: slime's next chunks, or verl's next units."""
         refill, units = self.refill, len(self.refill.passes)
+        batch = None  # verl with a plan: the units released now, planned together
         while self._more():
             chunk = range(self.submitted, min(units, self.submitted + (1 if refill.rule == "verl" else refill.chunk)))
             self.credit -= len(chunk)
             self.submitted = chunk.stop
             self.seconds[chunk.start:chunk.stop] = now
-            if self.plan is not None:  # placed and ordered now, from what the replicas have
+            if self.plan is not None and refill.rule == "verl":  # verl hands its manager every unit it asks
+                batch = range(chunk.start if batch is None else batch.start, chunk.stop)  # for now in one batch
+            elif self.plan is not None:  # placed and ordered now, from what the replicas have
                 self.queue.extend(self.plan(chunk).tolist())
             else:  # the chunk's requests in the order given (a planner may have ordered its groups)
                 self.queue.extend(np.sort(self.order[self.bounds[chunk.start]:self.bounds[chunk.stop]]).tolist())
             for u in chunk:
                 if self.left[u] == 0:  # nothing to run: done when submitted
                     self._unit_done(u)
+        if batch is not None:
+            self.queue.extend(self.plan(batch).tolist())
 
     def finished(self, jobs, now: float) -> float | None:
         """Count the requests ``jobs`` that finished at ``now`` and submit what the rule asks for; with a poll, the
@@ -1017,6 +1032,49 @@ def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwarg
     result = run_rollout(groups, "sglang", predicted=np.asarray(pred), placement=np.zeros(sum(sizes), dtype=np.int64),
                          refill=dataclasses.replace(refill, plan=plan), **kwargs)
     return result, np.arange(len(groups), dtype=np.int64)
+
+
+def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: Any, refill: Refill,
+                     order: str = "longest", **kwargs: Any) -> RolloutResult:
+    """verl 0.9.1's v1 sync trainer with :mod:`lengthsched.integrations.verl_v1`'s manager, under verl's dynamic
+    sampling (``refill``: a :class:`Refill` with ``rule="verl"``): every batch of prompts verl hands the manager at
+    once (the step's batch, then the refill of each poll) is planned when it is submitted, as the manager plans
+    it: :func:`lengthsched.integrations.plan_rollout` over ``predicted`` (per completion, flattened in group
+    order), verl's spread (row i of the batch to replica i mod R) and longest predicted first, each request sent to
+    its planned replica. vLLM with ``scheduling_policy=priority`` serves each replica's queue by (priority,
+    arrival), and preempts the largest; each later batch's priorities are above every earlier one's, so the
+    engines' FCFS policy ``"vllm"`` over requests submitted in the plan's order does the same (the only
+    ``policy``). ``kwargs`` go to :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``,
+    ``in_flight``, ...; a ``router`` is not used: the plan places every request). A ``run`` for
+    :func:`simulate.run_oversampled_steps` with ``refill_rule="verl"``; the groups stay in the order given."""
+    from lengthsched.integrations.rollout import plan_rollout
+
+    if policy != "vllm":
+        raise InvalidArgument("policy", policy, "'vllm' (verl's engines; FCFS over the plan's order is its priority "
+                                                "scheduling here)")
+    if not isinstance(refill, Refill) or refill.rule != "verl":
+        raise InvalidArgument("refill", refill, "a simulate.rollout.Refill with rule='verl' (verl's dynamic sampling)")
+    groups = list(groups)
+    sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    pred = as_lengths("predicted", predicted, minimum=0)
+    if pred.shape != (int(sizes.sum()),):
+        raise InvalidArgument("predicted", f"{pred.size} values", f"{int(sizes.sum())} values, one per completion")
+    unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+    replicas = kwargs.get("replicas", 1)
+
+    def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
+        idx = [int(i) for i in np.flatnonzero((unit >= units.start) & (unit < units.stop)) if sizes[i]]
+        if not idx:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        rows = np.concatenate([np.arange(starts[i], starts[i] + sizes[i]) for i in idx])
+        made = plan_rollout(np.repeat(idx, sizes[idx]).tolist(), pred[rows], replicas=replicas, placement="spread",
+                            order=order)
+        sent = np.asarray(made.submission_order(), dtype=np.int64)
+        return rows[sent], np.full(len(sent), -1, dtype=np.int64)  # routed as verl's router routes them
+
+    return run_rollout(groups, "vllm", predicted=pred, placement=np.zeros(int(sizes.sum()), dtype=np.int64),
+                       refill=dataclasses.replace(refill, plan=plan), **kwargs)
 
 
 def run_slime_planned_in_order(groups: Sequence[Any], policy: str = "sglang", *, predicted: Any,

@@ -962,7 +962,7 @@ def test_verl_dapo_skip_quick(tmp_path):
     assert [row[1] for row in rows] == labels and data["marks"] == list(bench.HORIZON_MARKS)
     bases = [i for i, (label, *_) in enumerate(bench.VERL_DAPO_RUNS) if "as it ships" in label]
     assert len(bases) == 2 and all(rows[i][3:7] == [1.0] * 4 for i in bases)  # verl against itself, per drift
-    skips = [i for i, (_, _, _, skip, _) in enumerate(bench.VERL_DAPO_RUNS) if skip]
+    skips = [i for i, (_, _, _, skip, *_) in enumerate(bench.VERL_DAPO_RUNS) if skip]
     assert all(rows[i][-2] > 0 for i in skips) and all(rows[i][-2] == 0 for i in range(len(rows)) if i not in skips)
     w, b, r, f, (inflight,), out = data["settings"][0]
     groups, _, _, _, common = bench._rollout_setting(w, bench.HORIZON_STEPS * b * 6, r, f, bench.ROLLOUT_SEED, None)

@@ -3,6 +3,7 @@ RolloutResult.generated_at (what an abort leaves)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -476,6 +477,62 @@ def test_verls_dapo_steps_keep_the_batch_drain_and_throw_the_surplus_away():
     with pytest.raises(InvalidArgument, match="refill_need"):
         run_oversampled_steps(stream, "vllm", batch=6, steps=1, oversample=1.0, valid=valid, refill=True,
                               refill_need=True, in_flight=10**6, router="least_loaded", **COMMON)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), replicas=st.integers(1, 3), need=st.booleans(), poll=st.sampled_from([None, 2.0]))
+def test_verls_manager_in_its_dynamic_sampling_loop_batch_order_is_verl_and_longest_orders_each_batch(seed, replicas,
+                                                                                                      need, poll):
+    """run_verl_planned: the v1 manager's plan inside verl's loop. In batch order (priorities rising in the order
+    verl hands the prompts over) with verl's least-loaded routing it is verl's own run, step for step; longest first
+    submits each batch verl hands over (the step's, each poll's refill) longest predicted first."""
+    import functools
+
+    from simulate.rollout import run_verl_planned
+
+    stream = _stream(120, seed=seed, high=400)
+    valid = np.random.default_rng(seed).random(120) < 0.5
+    predicted = np.repeat(np.random.default_rng(seed + 1).integers(1, 400, 120), len(stream[0].lengths))
+    shared = dict(batch=5, oversample=1.0, steps=3, partial=False, valid=valid, refill=True, refill_rule="verl",
+                  refill_cap=10, refill_need=need, refill_poll=poll, in_flight=10**6, router="least_loaded",
+                  replicas=replicas, keep_results=True, **COMMON)
+    plain = run_oversampled_steps(stream, "vllm", **shared)
+    same = run_oversampled_steps(stream, "vllm", predicted=predicted, run=functools.partial(run_verl_planned,
+                                                                                            order="batch"), **shared)
+    assert [dataclasses.astuple(a) for a in plain.steps] == [dataclasses.astuple(b) for b in same.steps]
+    with pytest.raises(InvalidArgument, match="policy"):
+        run_oversampled_steps(stream, "sglang", predicted=predicted, run=run_verl_planned, **shared)
+
+
+def test_verls_manager_plans_every_batch_verl_hands_over_at_once_longest_first(monkeypatch):
+    import lengthsched.integrations.rollout as lr
+    from simulate.rollout import Refill, run_verl_planned
+
+    calls = []
+    real = lr.plan_rollout
+
+    def recording(keys, predicted, **kwargs):
+        made = real(keys, predicted, **kwargs)
+        calls.append((list(dict.fromkeys(keys)), [int(predicted[i]) for i in made.submission_order()]))
+        return made
+
+    monkeypatch.setattr(lr, "plan_rollout", recording)
+    stream = _stream(40, seed=5, high=400)
+    passes = tuple(bool(x) for x in np.random.default_rng(5).random(40) < 0.4)
+    predicted = np.repeat(np.random.default_rng(6).integers(1, 400, 40), len(stream[0].lengths))
+    refill = Refill(batch=6, chunk=1, passes=passes, rule="verl", cap=12, poll=2.0)
+    result = run_verl_planned(stream, predicted=predicted, refill=refill, replicas=2, in_flight=10**6,
+                              router="least_loaded", record=True, **COMMON)
+    released = np.asarray(result.released_seconds)
+    assert calls[0][0] == list(range(6))  # the step's batch, planned together
+    batches = [sorted(np.flatnonzero(released == t).tolist()) for t in sorted(set(released[np.isfinite(released)]))]
+    assert [sorted(units) for units, _ in calls] == batches  # one plan per poll that released prompts
+    assert len(calls) > 1 and all(sent == sorted(sent, reverse=True) for _, sent in calls)  # longest first
+    with pytest.raises(InvalidArgument, match="refill"):
+        run_verl_planned(stream, predicted=predicted, refill=Refill(6, 2, passes), replicas=2, in_flight=10**6,
+                         **COMMON)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_verl_planned(stream, predicted=predicted[:-1], refill=refill, replicas=2, in_flight=10**6, **COMMON)
 
 
 def test_need_refill_submits_what_the_pass_share_says_is_missing():

@@ -189,32 +189,42 @@ def sent_by_prompt(servers) -> dict[int, list[str]]:
 
 
 # ----------------------------------------------------------------------------- the fakes' checks
-def test_every_completion_goes_where_the_plan_puts_it_though_a_prompt_has_one_priority():
+def test_by_default_each_prompt_gets_one_priority_longest_first_and_verls_least_loaded_routing():
     manager, router, servers, workers = pipeline()
     assert manager.agent_loop_workers_class == "our workers"
-    ids = list(servers)
     for step in (1, 2):
         for server in servers.values():
             server.requests.clear()
         batch = prompt_batch(step)
         manager.generate_sequences(batch)
         plan = manager.lengthsched_planner().last_plan
-        # verl's spread (the default): row i to replica i mod 3, a prompt's G rows adjacent, so its four
-        # completions go to three replicas though all four carry the prompt's one priority.
         assert plan.placement == "spread" and len(plan) == len(TRUE) * G
-        finish(workers)
-        for row, (uid, priority) in enumerate(zip(batch["uid"], batch["priority"])):
+        # Each prompt's priority is the lowest of its G rows'; all of its completions carry it.
+        for uid, priority in zip(batch["uid"], batch["priority"]):
             rows = [i for i, g in enumerate(plan.group) if plan.group_keys[g] == uid]
             assert priority == min(plan.priority[i] for i in rows)
-            planned = sorted(ids[plan.replica[i]] for i in rows)
-            assert sorted(sent_by_prompt(servers)[row + 1]) == planned and len(set(planned)) == 3
-        assert all(request["priority"] in batch["priority"] for s in servers.values() for request in s.requests)
-    assert router.planned == 2 * len(TRUE) * G and router.unplanned == 0 and router.collisions == 0
-    # The lengths came back through the workers: in step 2 each replica starts its longest first.
+        assert len(set(batch["priority"])) == len(TRUE) and min(batch["priority"]) >= (step - 1) * len(TRUE) * G
+        finish(workers)
+        sent = [r for s in servers.values() for r in s.requests]
+        assert len(sent) == len(TRUE) * G and {r["priority"] for r in sent} <= set(batch["priority"]) | {0}
+    # spread: the router sends every request to the server with the fewest in flight (the fakes finish each at
+    # once: the first server), as verl's router does; no priority counts as shared.
+    assert router.unplanned == 2 * len(TRUE) * G and router.planned == 0 and router.collisions == 0
+    # The lengths came back through the workers: in step 2 the longest predicted starts first.
     assert manager.lengthsched_planner().observed == len(TRUE) * G
-    for server in servers.values():
-        started = [true_length(r["prompt_ids"]) for r in server.admission_order()]
-        assert started == sorted(started, reverse=True)
+    started = [true_length(r["prompt_ids"]) for r in servers["10.0.0.0:8000"].admission_order()]
+    assert started == sorted(started, reverse=True) and len(started) == len(TRUE) * G
+
+
+def test_under_dapos_filter_the_default_order_is_verls_batch_order():
+    made = config()
+    made["algorithm"] = {"filter_groups": {"enable": True}}
+    client = FakeLLMServerClient(made, load_balancer_handle=Remote(lv.PlannedLoadBalancer({"a": Remote(None)})))
+    manager = Manager(made, client)
+    assert vv1.filter_groups(made) and not vv1.filter_groups(config())
+    assert manager.lengthsched_planner().order_for("spread", 4) == "batch"
+    made["lengthsched"] = {"order": "longest"}  # the config's own order wins
+    assert Manager(made, client).lengthsched_planner().order_for("spread", 4) == "longest"
 
 
 def test_whole_groups_are_balanced_by_the_lengths_learned_in_the_step_before():
@@ -270,7 +280,7 @@ def test_per_prompt_group_sizes_validation_and_failed_sessions():
     finish(workers)
     where = sent_by_prompt(servers)
     assert {p: len(s) for p, s in where.items()} == {1: 2, 3: 5}
-    assert router.planned == 7 and router.collisions == 0
+    assert router.unplanned == 7 and router.collisions == 0
     assert manager.lengthsched_collect() == 3 and manager.lengthsched_planner().observed == 7
     # Validation prompts are planned (val_kwargs.n each) but teach the planner nothing.
     manager.generate_sequences(prompt_batch(1, ["q3"], validate=True))
@@ -328,6 +338,9 @@ def test_the_router_takes_routes_for_shared_priorities_in_arrival_order():
     # Three routes, then a fourth request with the priority that requests in flight hold: the fewest in flight.
     assert sent[:3] == ["c", "a", "c"] and sent[3] == "b"
     assert router.planned == 3 and router.collisions == 1
+    assert router.expect({10: [None, None]}) == 2  # None: the fewest in flight, no collision
+    assert [router.acquire_server(f"s{i}", priority=10)[0] for i in range(2)] == ["a", "b"]  # a, b: 1 each
+    assert router.unplanned == 3 and router.collisions == 1
     for bad, name in [({-1: [0]}, "routes priority"), ({1: "ab"}, "routes\\[1\\]"), ({1: [0.5]}, "routes\\[1\\]"),
                       ([1, 2], "routes")]:
         with pytest.raises(InvalidArgument, match=name):

@@ -145,8 +145,8 @@ class PlannedLoadBalancer:
         self.collisions = 0  # of those, requests whose priority another request in flight held
         self._holding: dict[str, int] = {}  # request id in flight -> its priority
         self._live: dict[int, int] = {}  # priority -> requests in flight holding it
-        # priority -> replicas of the requests still to come that carry it (expect())
-        self._routes: OrderedDict[int, list[int]] = OrderedDict()
+        # priority -> replicas of the requests still to come that carry it (expect(); None: the least loaded)
+        self._routes: OrderedDict[int, list[int | None]] = OrderedDict()
 
     def require_acquire_fields(self) -> list[str]:
         """The ``generate()`` keyword this router reads at acquire time: ``priority``."""
@@ -170,7 +170,8 @@ class PlannedLoadBalancer:
             replica = decode_replica(priority, len(ids))
             routes = self._routes.get(int(priority)) if replica is not None else None
             if routes:
-                replica = routes.pop(0) % len(ids)
+                replica = routes.pop(0)
+                replica = None if replica is None else replica % len(ids)
                 if not routes:
                     del self._routes[int(priority)]
             elif replica is not None and self._live.get(int(priority)):
@@ -200,7 +201,9 @@ class PlannedLoadBalancer:
         order they arrive. verl's v1 trainer gives all the completions of a prompt the prompt's priority
         (:mod:`lengthsched.integrations.verl_v1` says so here before it dispatches them); without this
         they would count as requests sharing a priority. A request whose priority has no route left is
-        routed as before. Keeps the newest ``max_cache_size`` priorities. Returns the requests expected."""
+        routed as before. A replica None sends its request to the server with the fewest in flight (as verl's
+        own router does), the priority still ordering the engine's queue. Keeps the newest ``max_cache_size``
+        priorities. Returns the requests expected."""
         if not isinstance(routes, Mapping):
             raise InvalidArgument("routes", type(routes).__name__, "a mapping priority -> replica indices")
         count = 0
@@ -208,7 +211,7 @@ class PlannedLoadBalancer:
             priority = check_int("routes priority", priority, minimum=0)
             if isinstance(replicas, (str, bytes)) or not isinstance(replicas, Sequence):
                 raise InvalidArgument(f"routes[{priority}]", replicas, "a sequence of replica indices")
-            taken = [check_int(f"routes[{priority}]", r, minimum=0) for r in replicas]
+            taken = [None if r is None else check_int(f"routes[{priority}]", r, minimum=0) for r in replicas]
             self._routes[priority] = taken
             self._routes.move_to_end(priority)
             count += len(taken)

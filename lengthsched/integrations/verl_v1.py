@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning
+from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _section
 
-__all__ = ["MANAGER_TQ_CLASS", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_worker_class"]
+__all__ = ["MANAGER_TQ_CLASS", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
+           "make_tq_worker_class"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,16 @@ class _Dispatched:
     work: np.ndarray
 
 
+def filter_groups(config: Any) -> bool:
+    """Whether a verl trainer config turns DAPO's group filter on (``algorithm.filter_groups.enable``)."""
+    node = config
+    for name in ("algorithm", "filter_groups", "enable"):
+        node = _section(node, name)
+        if node is None:
+            return False
+    return bool(node)
+
+
 def _rows(batch: Any, name: str) -> list[Any] | None:
     """Column ``name`` of a verl TensorDict (or a mapping of columns) as a list, None where it is missing."""
     if name not in batch.keys():
@@ -157,6 +168,8 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             super().__init__(*args, **kwargs)
             if worker_class is not None:
                 self.agent_loop_workers_class = worker_class
+            if filter_groups(self.config):  # under DAPO's filter longest first lost: batch order (module docstring)
+                self.lengthsched_default_order = "batch"
             #: Prompts dispatched and not yet heard finish, by uid.
             self.lengthsched_running: dict[Hashable, _Dispatched] = {}
             self._lengthsched_base = 0  # the next batch's lowest priority
@@ -252,7 +265,9 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                     continue
                 rows = sorted(group_rows[group_of[uid]], key=lambda i: plan.priority[i])
                 priority = int(plan.priority[rows[0]])
-                routes[priority] = [int(plan.replica[i]) for i in rows]
+                # spread: to the fewest in flight as each is sent, as verl's router does (refills come while the
+                # replicas are unevenly loaded); other placements: the plan's replicas
+                routes[priority] = [None if plan.placement == "spread" else int(plan.replica[i]) for i in rows]
                 priorities.append(priority)
                 work = np.zeros(replicas, dtype=np.int64)
                 np.add.at(work, [plan.replica[i] for i in rows], [plan.predicted[i] for i in rows])
