@@ -12,7 +12,6 @@ the agent loop itself and the servers faked.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import uuid
 from collections import defaultdict
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_verl import VERL, Config, FakeLLMServerClient, FakeVLLMServer, Remote
+from test_verl_selective import V1, requires_v1  # verl's v1 trainer imports (its agent_loop_tq among them)
 
 from lengthsched import InvalidArgument
 from lengthsched.integrations import verl as lv
@@ -30,20 +30,6 @@ from lengthsched.integrations import verl_v1 as vv1
 # Six prompts; each one's completions have the true lengths below (tokens).
 TRUE = {f"q{k}": n for k, n in enumerate([400, 60, 300, 50, 200, 80])}
 G = 4
-
-
-def _v1_importable() -> bool:
-    try:
-        importlib.import_module("verl.trainer.ppo.v1.agent_loop_tq")
-        importlib.import_module("verl.workers.rollout.llm_server")
-    except Exception:  # noqa: BLE001 - verl or TransferQueue absent
-        return False
-    return True
-
-
-V1 = VERL and _v1_importable()
-requires_v1 = pytest.mark.skipif(not V1, reason="verl 0.9.1's v1 trainer is not importable "
-                                                "(pip install 'lengthsched[verl]', with TransferQueue)")
 
 
 def true_length(prompt_ids) -> int:

@@ -653,10 +653,13 @@ class ManagerPlanning:
         this uses), None where the client has none."""
         return getattr(self.llm_client, "_load_balancer", None)
 
-    def lengthsched_configured_replicas(self) -> int | None:
-        """``lengthsched.replicas`` from the trainer config, None where it is not set."""
+    def lengthsched_known_replicas(self) -> int | None:
+        """Replicas to plan for where the router need not be asked: ``lengthsched.replicas`` from the trainer
+        config, or 1 without a router; None: the router's server count (``get_all_servers``)."""
         configured = _options(self.config).get("replicas")
-        return None if configured is None else check_int("lengthsched.replicas", configured, minimum=1)
+        if configured is not None:
+            return check_int("lengthsched.replicas", configured, minimum=1)
+        return 1 if self.lengthsched_router() is None else None
 
 
 def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
@@ -677,13 +680,8 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
 
         async def lengthsched_replicas(self) -> int:
             """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
-            configured = self.lengthsched_configured_replicas()
-            if configured is not None:
-                return configured
-            router = self.lengthsched_router()
-            if router is None:
-                return 1
-            return max(1, len(await router.get_all_servers.remote()))
+            known = self.lengthsched_known_replicas()
+            return known if known is not None else max(1, len(await self.lengthsched_router().get_all_servers.remote()))
 
         async def lengthsched_run(self, prompts: Any, plan: RolloutPlan) -> Any:
             """Run the planned batch: verl's ``generate_sequences`` (a hook: the stealing manager of

@@ -189,13 +189,10 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
 
         def lengthsched_replicas(self) -> int:
             """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
-            configured = self.lengthsched_configured_replicas()
-            if configured is not None:
-                return configured
-            router = self.lengthsched_router()
-            if router is None:
-                return 1
-            return max(1, len(resolve(router.get_all_servers.remote())))
+            known = self.lengthsched_known_replicas()
+            if known is not None:
+                return known
+            return max(1, len(resolve(self.lengthsched_router().get_all_servers.remote())))
 
         def lengthsched_collect(self) -> int:
             """Hear which prompts finished since the last call (from every worker), feed the training prompts'
