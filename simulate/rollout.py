@@ -119,7 +119,10 @@ class Refill:
     chunk's units (a range) and each replica's outstanding predicted tokens in the client's queues and in
     flight (``ClientQueues.outstanding``; None without a client window); it returns the chunk's requests
     (indices into the flattened step) in the order to send them and each one's replica, which replace the
-    given placement's (what :mod:`lengthsched.integrations.slime` does with each batch slime takes).
+    given placement's (what :mod:`lengthsched.integrations.slime` does with each batch slime takes); a replica
+    -1 leaves the request to ``run_rollout``'s ``router`` as it is sent (``"least_loaded"`` or
+    ``"cache_aware"``; not with a client window). With ``rule="verl"`` the units released at one moment (the
+    step's batch, a poll's refills) are planned in one call, as verl hands them to its manager in one batch.
 
     ``rule="verl"``: verl 0.9.1's v1 sync trainer instead (``trainer/ppo/v1/replay_buffer.py``,
     ``ReplayBuffer.sample`` with ``algorithm.filter_groups``): ``batch`` units at the start, then two more for every
@@ -1040,13 +1043,15 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
     sampling (``refill``: a :class:`Refill` with ``rule="verl"``): every batch of prompts verl hands the manager at
     once (the step's batch, then the refill of each poll) is planned when it is submitted, as the manager plans
     it: :func:`lengthsched.integrations.plan_rollout` over ``predicted`` (per completion, flattened in group
-    order), verl's spread (row i of the batch to replica i mod R) and longest predicted first, each request sent to
-    its planned replica. vLLM with ``scheduling_policy=priority`` serves each replica's queue by (priority,
-    arrival), and preempts the largest; each later batch's priorities are above every earlier one's, so the
-    engines' FCFS policy ``"vllm"`` over requests submitted in the plan's order does the same (the only
-    ``policy``). ``kwargs`` go to :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``,
-    ``in_flight``, ...; a ``router`` is not used: the plan places every request). A ``run`` for
-    :func:`simulate.run_oversampled_steps` with ``refill_rule="verl"``; the groups stay in the order given."""
+    order), its default spread and ``order`` (``"longest"`` predicted first, or ``"batch"``: verl's order), each
+    request sent in the plan's order and routed as it is sent by ``router`` (``"least_loaded"``: the fewest in
+    flight, where the manager leaves a spread plan's requests, as verl's router routes them). vLLM with
+    ``scheduling_policy=priority`` serves each replica's queue by (priority, arrival), and preempts the largest;
+    each later batch's priorities are above every earlier one's, so the engines' FCFS policy ``"vllm"`` over
+    requests submitted in the plan's order does the same (the only ``policy``); in ``"batch"`` order the run is
+    verl's own. ``kwargs`` go to :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``,
+    ``in_flight``, ``router``, ...). A ``run`` for :func:`simulate.run_oversampled_steps` with
+    ``refill_rule="verl"``; the groups stay in the order given."""
     from lengthsched.integrations.rollout import plan_rollout
 
     if policy != "vllm":

@@ -195,7 +195,7 @@ class PlannedLoadBalancer:
             self._live[int(priority)] = self._live.get(int(priority), 0) + 1
         return sid, self._servers[sid]
 
-    def expect(self, routes: Mapping[int, Sequence[int]]) -> int:
+    def expect(self, routes: Mapping[int, Sequence[int | None]]) -> int:
         """Requests to come that share a priority, and where each goes: ``routes`` maps a priority to the
         replicas (indices in :meth:`get_all_servers`) of the requests that will carry it, one each in the
         order they arrive. verl's v1 trainer gives all the completions of a prompt the prompt's priority
