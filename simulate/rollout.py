@@ -753,6 +753,9 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             job = int(queue[sent])
             r = -1 if fixed is None else int(fixed[job])
             if r < 0:  # routed as it is sent
+                if live is None:
+                    raise InvalidArgument("refill", "a plan that leaves a request to the router", "a router that "
+                                          f"routes one at a time ({', '.join(LiveRouter.ROUTERS)}), no client window")
                 r = live.select(int(owner[job]))
             elif live is not None:
                 live.count(r)
@@ -1059,6 +1062,9 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
                                                 "scheduling here)")
     if not isinstance(refill, Refill) or refill.rule != "verl":
         raise InvalidArgument("refill", refill, "a simulate.rollout.Refill with rule='verl' (verl's dynamic sampling)")
+    if kwargs.get("router") not in LiveRouter.ROUTERS or kwargs.get("client_window") is not None:
+        raise InvalidArgument("router", kwargs.get("router"), "'least_loaded' (verl's router, which routes the "
+                                                              "manager's spread requests) and no client_window")
     groups = list(groups)
     sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)

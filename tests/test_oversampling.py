@@ -530,9 +530,17 @@ def test_verls_manager_plans_every_batch_verl_hands_over_at_once_longest_first(m
     assert len(calls) > 1 and all(sent == sorted(sent, reverse=True) for _, sent in calls)  # longest first
     with pytest.raises(InvalidArgument, match="refill"):
         run_verl_planned(stream, predicted=predicted, refill=Refill(6, 2, passes), replicas=2, in_flight=10**6,
-                         **COMMON)
+                         router="least_loaded", **COMMON)
     with pytest.raises(InvalidArgument, match="predicted"):
-        run_verl_planned(stream, predicted=predicted[:-1], refill=refill, replicas=2, in_flight=10**6, **COMMON)
+        run_verl_planned(stream, predicted=predicted[:-1], refill=refill, replicas=2, in_flight=10**6,
+                         router="least_loaded", **COMMON)
+    with pytest.raises(InvalidArgument, match="router"):  # the manager's spread requests need verl's router
+        run_verl_planned(stream, predicted=predicted, refill=refill, replicas=2, in_flight=10**6, **COMMON)
+    with pytest.raises(InvalidArgument, match="refill"):  # a plan leaving a request to no router
+        size = len(stream[0].lengths)
+        run_rollout(stream, "vllm", placement=np.zeros(len(predicted), dtype=np.int64), in_flight=10**6, replicas=2,
+                    router="group_round_robin", refill=Refill(6, 1, passes, rule="verl", plan=lambda u, loads: (
+                        np.arange(u.start * size, u.stop * size), np.full(len(u) * size, -1))), **COMMON)
 
 
 def test_need_refill_submits_what_the_pass_share_says_is_missing():
