@@ -88,6 +88,12 @@ class _Prompt:
     running: dict[Hashable, int] = field(default_factory=dict)  # completion -> tokens generated so far
 
 
+#: The format name of :meth:`OnlineLengthPredictor.state_dict`.
+STATE_FORMAT = "lengthsched.online-state/1"
+# The per-prompt statistics saved, in order (all of _Prompt's but the running completions).
+_STATE_FIELDS = ("prior_mean", "step", "n", "total", "squares", "hist_weight", "hist_total", "hist_squares",
+                 "hist_groups", "hist_ss", "hist_dof", "hist_steps", "hist_steps_y", "hist_steps_sq")
+
 _GRID = np.linspace(0.0005, 0.9995, 1999)  # probabilities at which an empirical residual law is kept
 _TABLE_Z = np.linspace(-40.0, 40.0, 32001)  # standardised residuals at which log-survivals are tabulated
 _erfc = np.frompyfunc(math.erfc, 1, 1)
@@ -414,6 +420,45 @@ class OnlineLengthPredictor:
         weight = self.forgetting ** (self.step - step)  # an observation of an earlier step counts decayed
         self._sum_log += weight * y
         self._count += weight
+
+    # ------------------------------------------------------------------ saving what it learnt
+    def state_dict(self) -> dict[str, Any]:
+        """What it has learnt, as JSON-ready data (``format`` ``lengthsched.online-state/1``): the current step, the
+        running sums behind the empirical prior and the drift estimate, and per prompt its sufficient statistics
+        (prompts must be strings). Not its settings (the constructor's arguments: make the predictor the same
+        way, then :meth:`load_state_dict`), nor the progress of completions still running. A predictor loaded
+        from it predicts exactly as this one does."""
+        bad = next((k for k in self._prompts if not isinstance(k, str)), None)
+        if bad is not None:
+            raise InvalidArgument("prompt", bad, "string prompt keys (the state is saved as JSON)")
+        return {"format": STATE_FORMAT, "step": self.step, "sum_log": self._sum_log, "count": self._count,
+                "drift_sum": self._drift_sum, "drift_weight": self._drift_weight,
+                "prompts": {k: [getattr(v, f) for f in _STATE_FIELDS] for k, v in self._prompts.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replace what it has learnt with ``state`` (from :meth:`state_dict`); InvalidArgument naming the part
+        that is wrong, the predictor unchanged."""
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise InvalidArgument("state", type(state).__name__ if not isinstance(state, Mapping) else
+                                  state.get("format"), f"a mapping of format {STATE_FORMAT!r} (state_dict())")
+        try:
+            step = check_int("state step", state["step"], minimum=0)
+            sums = [float(state[k]) for k in ("sum_log", "count", "drift_sum", "drift_weight")]
+            prompts = {}
+            for key, values in dict(state["prompts"]).items():
+                if not isinstance(key, str) or len(values) != len(_STATE_FIELDS):
+                    raise InvalidArgument("state prompts", key, f"a string key with {len(_STATE_FIELDS)} values")
+                prior = None if values[0] is None else float(values[0])
+                rest = [check_int("state prompt step", values[1], minimum=0), check_int("state n", values[2],
+                                                                                        minimum=0)]
+                prompts[key] = _Prompt(prior, *rest, *(float(v) for v in values[3:]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidArgument("state", type(exc).__name__, f"the parts state_dict() writes ({exc})") from None
+        if not all(math.isfinite(x) for x in sums):
+            raise InvalidArgument("state", sums, "finite sums")
+        self.step = step
+        self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
+        self._prompts = prompts
 
     def _state(self, prompt: Hashable) -> _Prompt:
         state = self._prompts.get(prompt)

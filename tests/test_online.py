@@ -150,6 +150,55 @@ def test_steps_only_move_forward():
     assert p.step == 5
 
 
+@settings(max_examples=30, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(1, 3000), st.integers(0, 2)),
+                       min_size=0, max_size=40),
+       drift=st.booleans(), prior=st.sampled_from([None, 300]), later=st.lists(st.tuples(
+           st.sampled_from(["a", "e"]), st.integers(1, 3000)), max_size=6))
+def test_a_predictor_loaded_from_its_saved_state_predicts_and_learns_as_the_original(events, drift, prior, later):
+    def made():
+        return OnlineLengthPredictor(prior, drift=drift, default_length=256, max_new_tokens=4096)
+
+    original, step = made(), 0
+    for prompt, length, gap in events:
+        step += gap
+        original.observe(prompt, length, step=step)
+    saved = json.loads(json.dumps(original.state_dict()))  # what a file holds
+    loaded = made()
+    loaded.load_state_dict(saved)
+    asked = ["a", "b", "c", "d", "e"]
+
+    def same():
+        for q in (original, loaded):
+            assert q.informed == original.informed
+        a = original.predict(asked, quantiles=(0.1, 0.9))
+        b = loaded.predict(asked, quantiles=(0.1, 0.9))
+        assert np.array_equal(a.lengths, b.lengths) and all(np.array_equal(a.quantiles[k], b.quantiles[k])
+                                                        for k in a.quantiles)
+
+    same()
+    for prompt, length in later:  # both go on learning alike
+        for q in (original, loaded):
+            q.observe(prompt, length, step=step + 1)
+    same()
+
+
+def test_a_saved_state_that_is_wrong_is_refused_and_changes_nothing():
+    p = OnlineLengthPredictor(default_length=256)
+    p.observe("a", 100)
+    before = p.state_dict()
+    good = json.loads(json.dumps(before))
+    for bad in [{}, {**good, "format": "x"}, {**good, "step": -1}, {**good, "prompts": {"a": [1, 2]}},
+                {**good, "count": float("nan")}, {**good, "prompts": {"a": [None, 0, 1] + ["x"] * 11}}, [1]]:
+        with pytest.raises(InvalidArgument, match="state"):
+            p.load_state_dict(bad)
+        assert p.state_dict() == before
+    q = OnlineLengthPredictor(default_length=256)
+    q.observe(("tuple", "key"), 100)
+    with pytest.raises(InvalidArgument, match="prompt"):
+        q.state_dict()
+
+
 def test_drift_is_estimated_from_prompts_seen_in_consecutive_steps():
     rng = np.random.default_rng(0)
     growth = math.log(1.05)

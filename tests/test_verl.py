@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import json
 import subprocess
 import sys
 import uuid
@@ -623,6 +624,41 @@ def predictors(monkeypatch):
     """A module ``lengthsched_test_predictors`` with a predictor factory ``make``."""
     monkeypatch.setitem(sys.modules, "lengthsched_test_predictors",
                         SimpleNamespace(make=lambda: ls.ConstantLengthPredictor(32)))
+
+
+def test_a_planner_resumed_from_its_state_file_plans_and_learns_as_the_one_that_wrote_it(tmp_path):
+    path = tmp_path / "planner.json"
+    config = trainer_config(placement="auto", pool_tokens=4 * 4096, state_path=str(path))
+    first = lv.planner_from_config(config)
+    assert first.state_path == str(path) and not path.exists()
+    uids = np.repeat(np.array(["u0", "u1", "u2"], dtype=object), 4)
+    batch = {"uid": uids, "raw_prompt": np.array([f"question {u}" for u in uids], dtype=object)}
+    _, keys = first.plan(batch, replicas=2)
+    first.observe(keys, [300, 310, 290, 305, 80, 85, 82, 90, 1200, 1150, 1300, 1250])  # written at once
+    saved = path.read_text()
+    resumed = lv.planner_from_config(config)  # a run restarted from a checkpoint
+    assert (resumed.steps, resumed.observed, resumed.history) == (first.steps, first.observed, first.history)
+    a, b = first.plan(batch, replicas=2)[0], resumed.plan(batch, replicas=2)[0]
+    assert a == b and a.placement == "classes"  # the history that auto reads came back too
+    for planner in (first, resumed):
+        planner.observe(keys, [400] * 12, step=5)
+    assert first.plan(batch, replicas=2)[0] == resumed.plan(batch, replicas=2)[0]
+    assert json.loads(path.read_text())["steps"] == 5 != json.loads(saved)["steps"]
+    first.observe(keys[:4], [410] * 4, step=5)  # more of step 5 (an asynchronous rollout): saved within a minute
+    assert json.loads(path.read_text())["observed"] == first.observed - 4
+    path.write_text("{not json")
+    with pytest.raises(InvalidArgument, match="state_path"):
+        lv.planner_from_config(config)
+    path.write_text(json.dumps({"format": lv.PLANNER_STATE_FORMAT, "steps": 1}))
+    with pytest.raises(InvalidArgument, match="state_path"):
+        lv.planner_from_config(config)
+    with pytest.raises(InvalidArgument, match="state_path"):
+        lv.RolloutPlanner(state_path=3)
+    fresh = lv.RolloutPlanner()
+    with pytest.raises(InvalidArgument, match="path"):
+        fresh.save_state()  # no state_path, no path
+    fresh.save_state(tmp_path / "other.json")  # a trained predictor would save no predictor state; the default does
+    assert json.loads((tmp_path / "other.json").read_text())["predictor"]["format"] == "lengthsched.online-state/1"
 
 
 def test_planner_from_config_loads_a_predictor_factory(predictors):

@@ -53,6 +53,7 @@ import importlib
 import json
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, as_lengths, check_int
+from ..io import atomic_write_text
 from ..memory import ModelMemory
 from ..placement import recommend_rollout_policy
 from ..plan import Plan
@@ -82,6 +84,8 @@ __all__ = [
     "MANAGER_CLASS",
     "MANAGER_TQ_CLASS",
     "ManagerPlanning",
+    "PLANNER_STATE_FORMAT",
+    "SAVE_SECONDS",
     "ROUTER_CLASS",
     "VERL_VERSION",
     "PlannedLoadBalancer",
@@ -96,6 +100,10 @@ __all__ = [
 ]
 
 VERL_VERSION = "0.9.1"  # the version the contract above was read from and tested with
+#: The format name of :meth:`RolloutPlanner.state` (``lengthsched.state_path``'s file).
+PLANNER_STATE_FORMAT = "lengthsched.planner-state/1"
+#: Within one rollout step, the planner's state file is rewritten at most this often (seconds).
+SAVE_SECONDS = 60.0
 MANAGER_CLASS = "lengthsched.integrations.verl.LengthschedAgentLoopManager"  # the legacy trainer's
 #: The v1 trainer's (verl 0.9.1's default, ``trainer.use_v1=True``): :mod:`lengthsched.integrations.verl_v1`.
 MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedAgentLoopManagerTQ"
@@ -347,12 +355,16 @@ class RolloutPlanner:
     (or ``auto``): placing by predicted work on a made-up length everywhere may put whole groups where verl's
     spread is faster, by up to 21% in the simulator (docs/benchmarks.md, "The first step without a trained
     predictor").
+    ``state_path``: a JSON file of what the planner learns (:meth:`state`), read when the planner is made (where it
+    exists) and written atomically after an :meth:`observe` that starts a rollout step (every one, where each
+    step's lengths come in one batch), else at most every :data:`SAVE_SECONDS` (an asynchronous rollout that
+    feeds each group as it finishes); None: nothing is saved.
     """
 
     def __init__(self, predictor: Any = None, *, max_new_tokens: int | None = None, default_length: int | None = None,
                  placement: str = "spread", pool_tokens: int | None = None, order: str | None = None,
                  cost: Any = None, fallback: str = "spread", default_order: str | None = None,
-                 uninformed_placement: str | None = None):
+                 uninformed_placement: str | None = None, state_path: str | os.PathLike | None = None):
         if placement != "auto":
             check_placement(placement)
         if uninformed_placement not in (None, "spread", "groups"):
@@ -397,6 +409,48 @@ class RolloutPlanner:
         self.max_new_tokens = max_new_tokens
         self.steps = 0
         self.last_plan: RolloutPlan | None = None
+        if state_path is not None and (not isinstance(state_path, (str, os.PathLike)) or not str(state_path)):
+            raise InvalidArgument("state_path", state_path, "a file path for what the planner learns (JSON), or None")
+        self.state_path = state_path
+        self._saved: tuple[int | None, float] = (None, 0.0)  # (steps, time.monotonic()) of the latest save
+        if state_path is not None and os.path.exists(state_path):
+            self.load_state(state_path)
+
+    def state(self) -> dict[str, Any]:
+        """What the planner has learnt, JSON-ready (``format`` :data:`PLANNER_STATE_FORMAT`): rollout steps and rows
+        observed, the sibling lengths ``auto`` reads, and the predictor's ``state_dict()`` where it has one (the
+        default :class:`~lengthsched.OnlineLengthPredictor` does; a trained predictor learns nothing here)."""
+        saver = getattr(self.predictor, "state_dict", None)
+        return {"format": PLANNER_STATE_FORMAT, "steps": self.steps, "observed": self.observed,
+                "history": {str(k): v for k, v in self.history.items()},
+                "predictor": saver() if callable(saver) else None}
+
+    def save_state(self, path: str | os.PathLike | None = None) -> None:
+        """:meth:`state` written to ``path`` (default ``state_path``) as JSON, atomically."""
+        path = self.state_path if path is None else path
+        if path is None:
+            raise InvalidArgument("path", None, "a file path (or a planner made with state_path)")
+        atomic_write_text(path, json.dumps(self.state()) + "\n")
+
+    def load_state(self, path: str | os.PathLike) -> None:
+        """Resume from what :meth:`save_state` wrote at ``path`` (a run restarted from a checkpoint): steps, rows
+        observed, history and the predictor's state (loaded where the predictor can take it). A file that is not
+        such JSON is an :class:`InvalidArgument` naming ``state_path``; the planner is then unchanged."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                saved = json.load(handle)
+            if not isinstance(saved, dict) or saved.get("format") != PLANNER_STATE_FORMAT:
+                raise ValueError(f"not of format {PLANNER_STATE_FORMAT!r}")
+            steps = check_int("steps", saved["steps"], minimum=0)
+            observed = check_int("observed", saved["observed"], minimum=0)
+            history = {str(k): [check_int("history", n, minimum=1) for n in v] for k, v in saved["history"].items()}
+            learnt = saved.get("predictor")
+            loader = getattr(self.predictor, "load_state_dict", None)
+            if learnt is not None and callable(loader):
+                loader(learnt)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
+            raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
+        self.steps, self.observed, self.history = steps, observed, history
 
     def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int,
              loads: Any = None, base: int = 0) -> tuple[RolloutPlan, list[str]]:
@@ -511,6 +565,10 @@ class RolloutPlanner:
         for key, seen in by_prompt.items():
             if len(seen) >= 2:
                 self.history[key] = [max(1, int(n)) for n in seen]
+        now = time.monotonic()
+        if self.state_path is not None and (self.steps != self._saved[0] or now - self._saved[1] >= SAVE_SECONDS):
+            self.save_state()
+            self._saved = (self.steps, now)
         return fed
 
 
@@ -607,8 +665,10 @@ def planner_from_config(config: Any, default_placement: str = "spread",
     ``default_placement``, which is also ``auto``'s fallback), ``lengthsched.pool_tokens`` (each
     replica's KV pool in tokens, for ``ways``, ``classes`` and ``auto``; else
     ``lengthsched.steal.pool_tokens``), ``lengthsched.order`` (``longest`` or ``batch``; default
-    ``default_order``, None: the placement's) and ``lengthsched.cost`` (the path of a step-cost JSON,
-    for ``classes`` and ``auto``)."""
+    ``default_order``, None: the placement's), ``lengthsched.cost`` (the path of a step-cost JSON,
+    for ``classes`` and ``auto``) and ``lengthsched.state_path`` (a JSON file the planner's learning is read from
+    when it is made and written to after every training batch, atomically: a run resumed from a checkpoint keeps
+    what it learnt)."""
     options = _options(config)
     predictor = options.get("predictor")
     if predictor is not None:
@@ -626,7 +686,8 @@ def planner_from_config(config: Any, default_placement: str = "spread",
     return RolloutPlanner(predictor, max_new_tokens=limit, default_length=options.get("default_length"),
                           placement=placement, pool_tokens=pool if placement in _POOL_PLACEMENTS else None,
                           order=options.get("order"), default_order=default_order, cost=options.get("cost"),
-                          fallback=default_placement, uninformed_placement=None if chosen else "spread")
+                          fallback=default_placement, uninformed_placement=None if chosen else "spread",
+                          state_path=options.get("state_path"))
 
 
 class ManagerPlanning:
