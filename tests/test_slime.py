@@ -828,6 +828,29 @@ def test_an_over_sampled_rollout_left_to_slimes_router_is_handed_over_likely_kep
         ls_slime.planner_for(slime_args(lengthsched_filter_order="yes"))
 
 
+def test_what_the_planner_learnt_of_the_lengths_is_read_back_by_a_resumed_run(monkeypatch, tmp_path):
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+    path = tmp_path / "planner.json"
+    args = slime_args(lengthsched_state_path=str(path))
+    source = Source(list(lengths))
+    ls_slime.generate_rollout(args, 0, source)
+    ls_slime.generate_rollout(args, 1, source)
+    learnt = ls_slime.planner_for(args).planner
+    assert path.exists() and learnt.informed and learnt.observed > 0
+    said = learnt.predict({"uid": np.array(list(lengths), dtype=object)})[2]
+    ls_slime.reset()  # a run resumed from its checkpoint: a new process, a new planner
+    resumed = ls_slime.planner_for(args).planner
+    assert resumed.informed and (resumed.steps, resumed.observed) == (learnt.steps, learnt.observed)
+    assert resumed.predict({"uid": np.array(list(lengths), dtype=object)})[2] == said
+    ls_slime.reset()
+    path.write_text("{not json")
+    with pytest.raises(InvalidArgument, match="state_path"):
+        ls_slime.planner_for(args)
+    ls_slime.reset()
+
+
 def test_the_filters_history_is_saved_after_every_rollout_and_read_back_by_a_resumed_run(monkeypatch, tmp_path):
     lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
     fake = FakeSlime(ENGINES, lengths)

@@ -105,6 +105,9 @@ little, and too unsafe, to be the default.
   steps the order was slower than slime's own; docs/benchmarks.md, "Over twenty steps").
   ``lengthsched_filter_history_path``: a JSON file the history is read from when the planner is made and
   written to (atomically) after every training rollout, so a run resumed from a checkpoint keeps it.
+- ``lengthsched_state_path``: the same for what the planner learns of the lengths (the default predictor's
+  statistics: :meth:`RolloutPlanner.state <lengthsched.integrations.verl.RolloutPlanner.state>`), so a resumed
+  run does not start uninformed.
 - ``lengthsched_selective_rollout``: true skips prompts before they run, as GRESO does
   (:class:`~lengthsched.filtering.SelectiveRollout`, needs the filter hook above): a prompt whose latest groups
   the filter dropped all right (or all wrong) ``n`` times in a row is skipped with probability
@@ -250,7 +253,7 @@ class SlimePlanner:
     def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
                  max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None,
                  uninformed: str | None = None, filter_order: bool = False, history: FilterHistory | None = None,
-                 selective: SelectiveRollout | None = None):
+                 selective: SelectiveRollout | None = None, state_path: str | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
         if submit not in SUBMIT_ORDERS:
@@ -272,7 +275,8 @@ class SlimePlanner:
         self.selective = selective
         self.skipped = 0  # groups select_groups skipped, every rollout
         self.planner = RolloutPlanner(predictor, max_new_tokens=max_new_tokens, default_length=default_length,
-                                      placement=placement, pool_tokens=pool_tokens, order="batch")
+                                      placement=placement, pool_tokens=pool_tokens, order="batch",
+                                      state_path=state_path)
         self.last_plan: RolloutPlan | None = None
 
     @property
@@ -677,7 +681,8 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                                 max_new_tokens=max_new, default_length=getattr(args, "lengthsched_default_length",
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None,
-                                filter_order=filter_order, history=history, selective=selective)
+                                filter_order=filter_order, history=history, selective=selective,
+                                state_path=getattr(args, "lengthsched_state_path", None))
     return _PLANNER
 
 
