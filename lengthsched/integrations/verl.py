@@ -632,14 +632,23 @@ def _section(config: Any, name: str) -> Any:
         return None
 
 
-def _number(config: Any, path: str, default: float | None = None) -> float | None:
-    """The number at the dotted ``path`` of a verl config (e.g. ``"actor_rollout_ref.rollout.response_length"``),
-    ``default`` where a part of the path is missing or the value is not a number."""
+def _setting(config: Any, path: str) -> Any:
+    """The value at the dotted ``path`` of a verl config (e.g. ``"algorithm.filter_groups.enable"``), None where a
+    part of the path is missing."""
     node = config
     for name in path.split("."):
         node = _section(node, name)
         if node is None:
-            return default
+            return None
+    return node
+
+
+def _number(config: Any, path: str, default: float | None = None) -> float | None:
+    """The number at the dotted ``path`` of a verl config (e.g. ``"actor_rollout_ref.rollout.response_length"``),
+    ``default`` where a part of the path is missing or the value is not a number."""
+    node = _setting(config, path)
+    if node is None:
+        return default
     try:
         return float(node)
     except (TypeError, ValueError):

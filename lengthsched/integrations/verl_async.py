@@ -69,7 +69,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
-from .verl import VERL_VERSION, _number, _options, _section, batch_prompt_tokens, planner_from_config, response_lengths
+from .verl import VERL_VERSION, _number, _options, _setting, batch_prompt_tokens, planner_from_config, response_lengths
 from .verl_stealing import StealDriver, _call, steal_options
 
 __all__ = [
@@ -214,7 +214,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
 
         def __init__(self, config, llm_client, *args: Any, **kwargs: Any):
             self.lengthsched_steal = steal_options(config)
-            engine = _section(_section(_section(config, "actor_rollout_ref"), "rollout"), "name")
+            engine = _setting(config, "actor_rollout_ref.rollout.name")
             if engine not in (None, "vllm"):
                 raise InvalidArgument("actor_rollout_ref.rollout.name", engine,
                                       "'vllm': lengthsched's stealing reads vLLM servers' snapshots (install the "

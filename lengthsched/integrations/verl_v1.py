@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _section
+from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _setting
 
 __all__ = ["MANAGER_TQ_CLASS", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
            "make_tq_worker_class"]
@@ -127,12 +127,7 @@ class _Dispatched:
 
 def filter_groups(config: Any) -> bool:
     """Whether a verl trainer config turns DAPO's group filter on (``algorithm.filter_groups.enable``)."""
-    node = config
-    for name in ("algorithm", "filter_groups", "enable"):
-        node = _section(node, name)
-        if node is None:
-            return False
-    return bool(node)
+    return bool(_setting(config, "algorithm.filter_groups.enable"))
 
 
 def _rows(batch: Any, name: str) -> list[Any] | None:
