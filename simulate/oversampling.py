@@ -45,7 +45,7 @@ from lengthsched import InvalidArgument
 from lengthsched.errors import as_lengths, check_int, check_positive_float
 from lengthsched.filtering import FilterHistory, order_by_pass
 
-from .rollout import REFILL_RULES, Refill, RolloutResult, _Releases, run_rollout
+from .rollout import REFILL_RULES, Refill, RolloutResult, _Releases, next_poll, run_rollout
 from .workloads import Group
 
 #: With ``refill``, the most chunks of fresh groups a step is offered (it submits them only as slime's dynamic
@@ -376,7 +376,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         if verl:  # verl drains every group it submitted before it samples the batch (seen at its next poll)
             end = float(finish.max()) if len(finish) else 0.0
             if refill_poll is not None:
-                end = math.ceil(end / refill_poll - 1e-9) * refill_poll
+                end = next_poll(end, refill_poll)
             run_kept += int(passes[np.asarray(take, dtype=np.int64)].sum())
             run_finished += len(take)
         filtered = [take[i] for i in order if not passes[take[i]] and finish[i] <= end]

@@ -101,6 +101,12 @@ REFILL_RULES = ("slime", "verl")
 VERL_POLL_SECONDS = 2.0
 
 
+def next_poll(seconds: float, poll: float) -> float:
+    """The first poll at or after ``seconds`` of a framework that polls every ``poll`` seconds from 0 (a time within
+    a nanosecond past a poll counts as that poll)."""
+    return math.ceil(seconds / poll - 1e-9) * poll
+
+
 @dataclass(frozen=True)
 class Refill:
     """slime's dynamic sampling inside one step (``run_rollout(..., refill=)``; slime at 624b824,
@@ -869,7 +875,7 @@ class _Releases:
         if poll is None:
             self.release(now)
             return None
-        tick = math.ceil(now / poll - 1e-9) * poll
+        tick = next_poll(now, poll)
         if tick in self.ticks:
             return None
         self.ticks.add(tick)
