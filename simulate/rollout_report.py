@@ -548,6 +548,19 @@ VERL_DYNAMIC_RUNS = (("least_loaded", False, False), ("least_loaded + verl_selec
                      ("least_loaded + verl_selective refill and skip", True, True))
 
 
+def _step_run(step: RolloutStep, router: str | None, *, filter_history: Any = None, at_once: bool = False):
+    """A ``run`` for :func:`simulate.run_oversampled_steps`: :meth:`RolloutStep.run` of the groups it is given, with
+    their predictions, under ``router`` (``filter_history``: as there; ``at_once``: every request of the step sent at
+    once, as verl's loop sends them, in place of ``--in-flight``'s cap)."""
+
+    def run(parts, name, *, predicted, record, refill=None, **_):
+        return dataclasses.replace(step, groups=parts, predicted=predicted).run(
+            name, router, record=record, refill=refill, filter_history=filter_history,
+            in_flight=len(predicted) if at_once else None)
+
+    return run
+
+
 def _running(step: RolloutStep, runs: np.ndarray | None) -> tuple[list, np.ndarray]:
     """The groups of ``step`` whose prompts run (``runs``: per group, False where GRESO's skip skipped it; None:
     all) and their predictions, flattened in group order."""
@@ -571,13 +584,10 @@ def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
         groups, predicted = _running(step, skip if skipping else None)
         flags = valid[skip] if skipping else valid
 
-        def run(parts, name, *, predicted, record, refill=None, **_):  # every request of the step sent at once
-            return dataclasses.replace(step, groups=parts, predicted=predicted).run(
-                name, "least_loaded", record=record, refill=refill, in_flight=len(predicted))
-
         try:
             done = run_oversampled_steps(groups, "vllm", batch=o.prompts, oversample=1.0, steps=o.steps, partial=False,
-                                         predicted=predicted, run=run, valid=flags, filter_seed=o.seed, refill=True,
+                                         predicted=predicted, run=_step_run(step, "least_loaded", at_once=True),
+                                         valid=flags, filter_seed=o.seed, refill=True,
                                          refill_rule="verl", refill_cap=o.prompts, refill_need=need,
                                          refill_poll=VERL_POLL_SECONDS, max_new_tokens=o.max_new_tokens)
             rows.append(RolloutRow("vllm", shown, None, steps=done))
@@ -628,13 +638,9 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
             groups, predicted = _running(step, runs_flags)
             flags = np.asarray(valid)[runs_flags]
 
-        def run(parts, name, *, predicted, record, refill=None, **_):
-            return dataclasses.replace(step, groups=parts, predicted=predicted).run(name, router, record=record,
-                                                                                    refill=refill,
-                                                                                    filter_history=history)
-
         return run_oversampled_steps(groups, policy, batch=o.prompts, oversample=oversample, steps=o.steps,
-                                     partial=o.partial_rollout, predicted=predicted, resume=STEPS_RESUME, run=run,
+                                     partial=o.partial_rollout, predicted=predicted, resume=STEPS_RESUME,
+                                     run=_step_run(step, router, filter_history=history),
                                      valid=flags, filter_history=history, filter_seed=o.seed,
                                      max_new_tokens=o.max_new_tokens,
                                      max_carry=o.max_carry, carry_limit=o.carry_limit or "drop",
