@@ -484,8 +484,8 @@ def test_verls_dapo_steps_keep_the_batch_drain_and_throw_the_surplus_away():
 def test_verls_manager_in_its_dynamic_sampling_loop_batch_order_is_verl_and_longest_orders_each_batch(seed, replicas,
                                                                                                       need, poll):
     """run_verl_planned: the v1 manager's plan inside verl's loop. In batch order (priorities rising in the order
-    verl hands the prompts over) with verl's least-loaded routing it is verl's own run, step for step; longest first
-    submits each batch verl hands over (the step's, each poll's refill) longest predicted first."""
+    verl hands the prompts over) with verl's least-loaded routing it is verl's own run, step for step (longest first:
+    the next test); only vLLM's engines."""
     import functools
 
     from simulate.rollout import run_verl_planned
@@ -495,7 +495,7 @@ def test_verls_manager_in_its_dynamic_sampling_loop_batch_order_is_verl_and_long
     predicted = np.repeat(np.random.default_rng(seed + 1).integers(1, 400, 120), len(stream[0].lengths))
     shared = dict(batch=5, oversample=1.0, steps=3, partial=False, valid=valid, refill=True, refill_rule="verl",
                   refill_cap=10, refill_need=need, refill_poll=poll, in_flight=10**6, router="least_loaded",
-                  replicas=replicas, keep_results=True, **COMMON)
+                  replicas=replicas, **COMMON)
     plain = run_oversampled_steps(stream, "vllm", **shared)
     same = run_oversampled_steps(stream, "vllm", predicted=predicted, run=functools.partial(run_verl_planned,
                                                                                             order="batch"), **shared)
