@@ -442,7 +442,7 @@ def test_install_on_import_patches_the_module_when_it_is_imported(tmp_path, monk
     import lsched_fake_pkg.recipe as recipe  # noqa: PLC0415 - the import is what is tested
 
     assert seen == [recipe] and recipe.VALUE == 1
-    assert not any(isinstance(f, va._InstallOnImport) for f in sys.meta_path)  # used once, gone
+    assert not any(isinstance(f, vs._InstallOnImport) for f in sys.meta_path)  # used once, gone
     assert va.install_on_import("lsched_fake_pkg.recipe", seen.append) is True and seen == [recipe, recipe]
     for name in ("lsched_fake_pkg.recipe", "lsched_fake_pkg"):
         sys.modules.pop(name, None)
@@ -483,7 +483,7 @@ def test_main_runs_the_recipes_entry_with_the_setup_hook(tmp_path, monkeypatch):
     finally:
         for name in [n for n in sys.modules if n.startswith("lsched_main_pkg")]:
             del sys.modules[name]
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, va._InstallOnImport)]
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, vs._InstallOnImport)]
     assert va.SETUP_HOOK == f"{va.__name__}.setup_hook" and callable(va.setup_hook)
     monkeypatch.setattr(va, "ENTRY_MODULE", "no_such_package_here.entry")
     with pytest.raises(ImportError, match="not importable"):

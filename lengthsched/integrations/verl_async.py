@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import importlib.abc
 import importlib.util
 import logging
 import runpy
@@ -70,7 +69,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
 from .verl import VERL_VERSION, _number, _options, _setting, batch_prompt_tokens, planner_from_config, response_lengths
-from .verl_stealing import StealDriver, _call, steal_options
+from .verl_stealing import StealDriver, driver_for, on_import, steal_options, stealing_client
 
 __all__ = [
     "ASYNC_MANAGER_CLASS",
@@ -225,10 +224,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             share = options.get("prefill_share", PREFILL_SHARE)  # present and null: no cap
             self._lengthsched_prefill_share = None if share is None else check_positive_float(
                 "lengthsched.prefill_share", share)
-            if not isinstance(llm_client, client_class):
-                llm_client = client_class(config=llm_client.config, load_balancer_handle=llm_client._load_balancer,
-                                          only_hybrid=getattr(llm_client, "_only_hybrid", False))
-            super().__init__(config, llm_client, *args, **kwargs)
+            super().__init__(config, stealing_client(llm_client, client_class), *args, **kwargs)
             self.lengthsched_planner = planner_from_config(config)
             self.lengthsched_placer: StreamPlacer | None = None
             self.lengthsched_driver: StealDriver | None = None
@@ -248,35 +244,22 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                 return await self._lengthsched_driver_for()
 
         async def _lengthsched_driver_for(self) -> StealDriver:
-            router = self.llm_client._load_balancer
-            servers = list(await _call(router, "get_all_servers"))
-            if not servers:
-                raise RuntimeError("No available servers in load balancer")
-            driver = self.lengthsched_driver
-            if driver is None or servers != self.lengthsched_servers:
-                old = driver
-                if old is not None:
-                    await old.stop()
-                    self.lengthsched_restarts += 1
-                handles = await _call(router, "get_server_handles")
-                driver = StealDriver(self.lengthsched_steal.coordinator(len(servers)), router, handles,
-                                     poll_interval=self.lengthsched_steal.poll_interval)
-                if old is not None:
-                    index = {sid: r for r, sid in enumerate(servers)}
-                    adopted = driver.adopt(old, [index.get(sid) for sid in self.lengthsched_servers])
-                    self.lengthsched_adopted += adopted
-                    log.warning("lengthsched: the router's servers changed (%d -> %d): a new StealDriver, "
-                                "%d requests in flight taken over", len(self.lengthsched_servers), len(servers),
-                                adopted)
-                driver.start()
-                self.lengthsched_driver, self.lengthsched_servers = driver, servers
-                if self.lengthsched_placer is None:
-                    self.lengthsched_placer = StreamPlacer(
-                        self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways,
-                        concurrency=concurrency_of(self.config, len(servers)),
-                        prefill_share=self._lengthsched_prefill_share)
-                else:
-                    self.lengthsched_placer.concurrency = concurrency_of(self.config, len(servers))
+            old = self.lengthsched_driver
+            driver, servers, adopted = await driver_for(self.llm_client._load_balancer, self.lengthsched_steal, old,
+                                                        self.lengthsched_servers)
+            if adopted is None:
+                return driver
+            if old is not None:
+                self.lengthsched_restarts += 1
+                self.lengthsched_adopted += adopted
+            self.lengthsched_driver, self.lengthsched_servers = driver, servers
+            if self.lengthsched_placer is None:
+                self.lengthsched_placer = StreamPlacer(
+                    self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways,
+                    concurrency=concurrency_of(self.config, len(servers)),
+                    prefill_share=self._lengthsched_prefill_share)
+            else:
+                self.lengthsched_placer.concurrency = concurrency_of(self.config, len(servers))
             return driver
 
         async def generate_sequences_single(self, prompts: Any) -> Any:
@@ -355,47 +338,11 @@ def install(module: Any = None, registry: Any = None) -> Any:
     return module
 
 
-class _InstallOnImport(importlib.abc.MetaPathFinder):
-    """Runs ``then(module)`` right after ``name`` is imported (once), whoever imports it."""
-
-    def __init__(self, name: str, then: Any):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once; and the search below must not find this finder
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _ThenLoader(spec.loader, self.then)
-        return spec
-
-
-class _ThenLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, then: Any):
-        self.loader, self.then = loader, then
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.loader.exec_module(module)
-        self.then(module)
-
-
 def install_on_import(name: str | None = None, then: Any = None) -> bool:
     """``then(module)`` (default :func:`install`) on module ``name`` (default :data:`RECIPE_MODULE`) now if it
-    is imported, else right after it is (a finder on ``sys.meta_path``, removed once used). Returns True when
-    it ran now."""
-    name = RECIPE_MODULE if name is None else name
-    then = install if then is None else then
-    if name in sys.modules:
-        then(sys.modules[name])
-        return True
-    if not any(isinstance(f, _InstallOnImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _InstallOnImport(name, then))
-    return False
+    is imported, else right after it is (:func:`~lengthsched.integrations.verl_stealing.on_import`). Returns True
+    when it ran now."""
+    return on_import(RECIPE_MODULE if name is None else name, install if then is None else then)
 
 
 def setup_hook() -> None:

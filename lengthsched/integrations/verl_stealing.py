@@ -73,8 +73,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.abc
+import importlib.util
 import inspect
 import logging
+import sys
+import threading
 import uuid
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
@@ -117,6 +121,8 @@ MOVED = "lengthsched_moved"  # extra_fields key of an attempt the server aborted
 RESUBMIT_ESTIMATE_SECONDS = 0.05
 KEPT_MOVES = 100_000  # DriverStats.applied keeps the latest this many moves
 STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
+REPLICA_MODULE = "verl.workers.rollout.replica"  # verl's RolloutReplicaRegistry lives here
+SETUP_HOOK = "lengthsched.integrations.verl_stealing.setup_hook"  # Ray's worker_process_setup_hook (v1 trainer)
 _PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
 _SEP = "~"
 
@@ -249,6 +255,57 @@ def register_vllm_server(registry: Any = None) -> None:
     if registry is None:
         registry = importlib.import_module("verl.workers.rollout.replica").RolloutReplicaRegistry
     registry.register("vllm", lambda: _lazy("LengthschedVLLMReplica"))
+
+
+# ----------------------------------------------------------------------------- running code when a module is imported
+class _InstallOnImport(importlib.abc.MetaPathFinder):
+    """Runs ``then(module)`` right after ``name`` is imported (once), whoever imports it."""
+
+    def __init__(self, name: str, then: Any):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; and the search below must not find this finder
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, then: Any):
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+
+def on_import(name: str, then: Any) -> bool:
+    """``then(module)`` on module ``name`` now if it is imported, else right after it is, whoever imports it (a
+    finder on ``sys.meta_path``, removed once used; one per name). Returns True when it ran now."""
+    if name in sys.modules:
+        then(sys.modules[name])
+        return True
+    if not any(isinstance(f, _InstallOnImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnImport(name, then))
+    return False
+
+
+def setup_hook() -> None:
+    """A Ray ``worker_process_setup_hook`` (name it by :data:`SETUP_HOOK` in the job's ``runtime_env``: verl's
+    ``run_ppo`` merges ``ray_kwargs.ray_init.runtime_env`` into its own): :func:`register_vllm_server` in every
+    worker process, right after verl's replica module (:data:`REPLICA_MODULE`) is imported there. verl's v1 trainer
+    needs it: its ``TaskRunnerV1`` actor builds the replicas (``trainer.init()``) before it loads the agent-loop
+    manager, so the registration that loading the stealing manager does comes too late there (the legacy trainer
+    loads the manager first). Imports nothing heavy itself."""
+    on_import(REPLICA_MODULE, lambda module: register_vllm_server(module.RolloutReplicaRegistry))
 
 
 # ----------------------------------------------------------------------------- request ids
@@ -679,6 +736,75 @@ def steal_options(config: Any) -> StealOptions:
     return options
 
 
+def stealing_client(client: Any, client_class: type) -> Any:
+    """``client`` (the LLM client verl hands a manager) as ``client_class`` (the stealing client,
+    :func:`make_stealing_client_class`): the same router (``_load_balancer``), config and ``only_hybrid``; a client
+    of that class already is returned as it is."""
+    if isinstance(client, client_class):
+        return client
+    return client_class(config=client.config, load_balancer_handle=client._load_balancer,
+                        only_hybrid=getattr(client, "_only_hybrid", False))
+
+
+async def driver_for(router: Any, options: StealOptions, driver: StealDriver | None,
+                     servers: Sequence[str]) -> tuple[StealDriver, list[str], int | None]:
+    """The :class:`StealDriver` for ``router``'s current servers (``get_all_servers``): ``driver`` while they are
+    still ``servers``; else a new one, started, over every server the router has now (``options``' coordinator and
+    polls), which took over ``driver``'s requests in flight on the servers that stayed (:meth:`StealDriver.adopt`;
+    ``driver`` is stopped): an added replica can steal them at once, and those on a server that left come back into
+    view where verl resubmits them. Returns ``(driver, the router's servers, requests taken over)``, the last None
+    when ``driver`` stays. Raises RuntimeError when the router has no server (verl's text) or a server has no
+    ``lengthsched_snapshot`` (verl built its own vLLM server class: :func:`register_vllm_server` came too late, as
+    in the v1 trainer without :func:`setup_hook`)."""
+    current = list(await _call(router, "get_all_servers"))
+    if not current:
+        raise RuntimeError("No available servers in load balancer")
+    if driver is not None and current == list(servers):
+        return driver, current, None
+    handles = list(await _call(router, "get_server_handles"))
+    missing = [r for r, handle in enumerate(handles) if not hasattr(handle, "lengthsched_snapshot")]
+    if missing:
+        raise RuntimeError(f"the vLLM servers of replicas {missing} are verl's own (no lengthsched_snapshot): verl "
+                           f"built them before lengthsched registered its server class; add "
+                           f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}")
+    new = StealDriver(options.coordinator(len(current)), router, handles, poll_interval=options.poll_interval)
+    adopted = 0
+    if driver is not None:
+        await driver.stop()
+        index = {sid: r for r, sid in enumerate(current)}
+        adopted = new.adopt(driver, [index.get(sid) for sid in servers])
+        log.warning("lengthsched: the router's servers changed (%d -> %d): a new StealDriver, %d requests in flight "
+                    "taken over", len(servers), len(current), adopted)
+    new.start()
+    return new, current, adopted
+
+
+class LoopThread:
+    """An asyncio event loop of its own, in a daemon thread, for a caller with none running: verl's v1 trainer
+    calls its agent-loop manager synchronously, and a :class:`StealDriver` there polls between (and across) its
+    calls. :meth:`run` runs a coroutine on the loop and waits for its result; :meth:`close` stops the loop."""
+
+    def __init__(self, name: str = "lengthsched-steal"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        """The result of coroutine ``coro`` run on the loop (its exception raised here); ``timeout`` in seconds."""
+        if self.loop.is_closed() or threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("LoopThread.run: the loop is closed, or this is its own thread (await instead)")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop and its thread (idempotent). Stop what runs on it first."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
 def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> type:
     """``LengthschedStealingAgentLoopManager``: ``base`` (a planning manager made by
     :func:`lengthsched.integrations.verl.make_agent_loop_manager_class`) that
@@ -705,9 +831,7 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
 
         def __init__(self, config, llm_client, *args: Any, **kwargs: Any):
             self.lengthsched_steal = steal_options(config)
-            if not isinstance(llm_client, client_class):
-                llm_client = client_class(config=llm_client.config, load_balancer_handle=llm_client._load_balancer)
-            super().__init__(config, llm_client, *args, **kwargs)
+            super().__init__(config, stealing_client(llm_client, client_class), *args, **kwargs)
             self.lengthsched_driver: StealDriver | None = None
 
         lengthsched_default_placement = "ways"  # steal's placement unless the config names another
