@@ -794,3 +794,45 @@ def test_fakes_match_verls_and_vllms_signatures():
 
     assert names(RolloutReplicaRegistry.register) == ["name", "loader"]
     assert issubclass(vs.StealingLLMServerClient, FullyAsyncLLMServerClient)
+
+
+def test_the_setup_hook_registers_the_server_class_when_verls_replica_module_is_imported(tmp_path, monkeypatch):
+    """What Ray's worker_process_setup_hook does in each worker (verl's v1 trainer builds its replicas before it
+    loads the manager): the registration waits for verl's replica module and runs right after it is imported."""
+    import sys
+
+    assert vs.SETUP_HOOK == f"{vs.__name__}.setup_hook" and vs.REPLICA_MODULE == "verl.workers.rollout.replica"
+    package = tmp_path / "lsched_fake_verl"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "replica.py").write_text("class RolloutReplicaRegistry:\n    _registry = {'vllm': 'verl'}\n"
+                                        "    @classmethod\n    def register(cls, name, loader):\n"
+                                        "        cls._registry[name] = loader\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(vs, "REPLICA_MODULE", "lsched_fake_verl.replica")
+    try:
+        vs.setup_hook()
+        assert "lsched_fake_verl.replica" not in sys.modules  # nothing imported by the hook itself
+        from lsched_fake_verl.replica import RolloutReplicaRegistry
+
+        assert RolloutReplicaRegistry._registry["vllm"] != "verl" and callable(RolloutReplicaRegistry._registry["vllm"])
+    finally:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, vs._InstallOnImport)]
+        for name in ("lsched_fake_verl.replica", "lsched_fake_verl"):
+            sys.modules.pop(name, None)
+
+
+@requires_verl
+def test_the_setup_hook_names_verls_replica_module():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from lengthsched.integrations import verl_stealing as vs; vs.setup_hook(); "
+            "from verl.workers.rollout.replica import RolloutReplicaRegistry as R; "
+            "print(R._registry['vllm'].__qualname__)")
+    root = str(Path(__file__).resolve().parents[1])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": root})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "register_vllm_server" in out.stdout

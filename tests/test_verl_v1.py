@@ -25,6 +25,7 @@ from test_verl_selective import V1, requires_v1  # verl's v1 trainer imports (it
 
 from lengthsched import InvalidArgument
 from lengthsched.integrations import verl as lv
+from lengthsched.integrations import verl_stealing as vs
 from lengthsched.integrations import verl_v1 as vv1
 
 # Six prompts; each one's completions have the true lengths below (tokens).
@@ -94,16 +95,19 @@ class FakeAgentLoopManagerTQ:
         self.config, self.llm_client = config, llm_client
         self.agent_loop_workers: list = []
 
+    run = staticmethod(resolve)  # what ray.get is for these fakes (the live harness runs them on its loop)
+
     def generate_sequences(self, prompts) -> None:
         for worker, chunk in zip(self.agent_loop_workers, prompts.chunk(len(self.agent_loop_workers))):
-            resolve(worker.generate_sequences.remote(chunk))
+            self.run(worker.generate_sequences.remote(chunk))
 
 
 class FakeWorkerTQ:
     """verl 0.9.1's ``AgentLoopWorkerTQ``: ``generate_sequences`` takes the prompts and returns (the sessions run
     in the background: here when the test calls ``finish``); ``_run_prompt`` runs ``__rollout_n__`` (else
-    ``rollout.n`` / ``val_kwargs.n``) sessions, each a single-turn loop (``int(priority)``, a fresh request id)
-    whose output goes to ``_agent_loop_postprocess``, and settles them all, a failed session included."""
+    ``rollout.n`` / ``val_kwargs.n``) sessions through ``_run_agent_loop`` (the prompt's columns and the session id
+    as keyword arguments), each a single-turn loop (``int(priority)``, a fresh request id) whose output goes to
+    ``_agent_loop_postprocess``, and settles them all, a failed session included."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         self.config, self.client = config, llm_client
@@ -124,12 +128,16 @@ class FakeWorkerTQ:
         async def session(i: int) -> None:
             if i == 0 and prompt["raw_prompt"][0]["content"] in self.fail:
                 raise RuntimeError("the engine died")
-            out = await self.client.generate(uuid.uuid4().hex, prompt_ids=prompt["prompt_ids"], sampling_params={},
-                                             priority=int(prompt.get("priority", 0)))
-            output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
-            await self._agent_loop_postprocess(output, trajectory["validate"], uid=prompt["uid"], session_id=i)
+            await self._run_agent_loop(sampling_params, trajectory=trajectory, trace=trace, session_id=i,
+                                       agent_name="single_turn_agent", **prompt)
 
         await asyncio.gather(*[session(i) for i in range(n)], return_exceptions=True)
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        out = await self.client.generate(uuid.uuid4().hex, prompt_ids=kwargs["prompt_ids"],
+                                         sampling_params=dict(sampling_params), priority=int(kwargs.get("priority", 0)))
+        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
         self.stored.append((kwargs["uid"], kwargs["session_id"]))
@@ -362,7 +370,7 @@ def test_the_fakes_have_verls_signatures():
     manager = agent_loop_tq.AgentLoopManagerTQ
     assert names(FakeAgentLoopManagerTQ.generate_sequences) == names(manager.generate_sequences)
     assert names(FakeWorkerTQ.__init__) == names(agent_loop_tq.AgentLoopWorker.__init__)
-    for name in ("generate_sequences", "_run_prompt", "_agent_loop_postprocess"):
+    for name in ("generate_sequences", "_run_prompt", "_agent_loop_postprocess", "_run_agent_loop"):
         assert names(getattr(FakeWorkerTQ, name)) == names(getattr(worker, name)), name
 
 
@@ -461,3 +469,304 @@ def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
         assert router.collisions == 0 and router.unplanned == 0
     finally:
         loop.close()
+
+
+# ----------------------------------------------------------------------------- stealing in the v1 trainer
+class LiveWorkerTQ(FakeWorkerTQ):
+    """The fake worker whose ``generate_sequences`` starts each prompt's sessions as tasks and returns, as verl's
+    v1 worker does ("fire-and-forget"): they run on the harness's loop beside the stepped engines."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
+        self.tasks: list[asyncio.Task] = []
+
+    async def generate_sequences(self, batch) -> None:
+        for i in range(len(batch)):
+            prompt = {k: (v if k in FakeBatch.SCALARS else v[i]) for k, v in batch.items()}
+            trajectory = {"validate": prompt.pop("validate")}
+            self.tasks.append(asyncio.ensure_future(self._run_prompt(prompt, {"max_tokens": 512}, trajectory)))
+
+
+class Live:
+    """verl's v1 rollout, live: the stealing manager (over the fake v1 base) dispatches batches synchronously, as
+    ``TaskRunnerV1`` calls it, while the workers' sessions, the stealing client, our router, the vLLM servers with
+    snapshots over stepped engines (test_verl_stealing's: ``max_num_seqs`` running at a time, one token each per step)
+    and the manager's driver all run on one event loop in a thread of their own (the manager's :class:`LoopThread`,
+    shared), the engines stepped every 0.5 ms.
+    ``lengths[k]``: the true length of prompt ``k``'s completions (its ``prompt_ids`` are ``[k, 0, 0, 0]``)."""
+
+    def __init__(self, lengths: dict[int, int], *, replicas: int = 2, max_num_seqs: int = 2, snapshots: bool = True,
+                 **lengthsched: Any):
+        from test_verl_stealing import FakeFullyAsyncLLMServerClient, FakeVLLMHttpServer, cluster
+
+        self.lengths = lengths
+        self.engines, servers, self.router = cluster(lengths, max_num_seqs=max_num_seqs, replicas=replicas)
+        if not snapshots:  # verl's own server class: what the v1 trainer builds without the setup hook
+            plain = [FakeVLLMHttpServer(e) for e in self.engines]
+            self.router = lv.PlannedLoadBalancer({f"10.0.0.{r}:8000": Remote(s) for r, s in enumerate(plain)})
+        self.shared = vs.LoopThread("test-cluster")
+        self.steps = 0
+        self._stop = False
+        self.shared.run(self._start_stepper())
+
+        self.manager_cls = self.make_manager_class(FakeFullyAsyncLLMServerClient)
+        self.config = config(**lengthsched)
+        self.plain = SimpleNamespace(config=self.config, _load_balancer=Remote(self.router))
+        self.manager = self.manager_cls(config=self.config, llm_client=self.plain, teacher_client=None,
+                                        reward_loop_worker_handles=None)
+        self.manager.lengthsched_loop = self.shared  # one loop for everything (the driver's own otherwise)
+        self.workers = [self.make_worker() for _ in range(2)]
+        self.manager.agent_loop_workers = [Remote(w) for w in self.workers]
+
+    def get(self, ref: Any) -> Any:
+        """``ray.get``: the result of a fake actor call, awaited on the cluster's loop."""
+        return self.shared.run(_awaited(ref))
+
+    def make_manager_class(self, fully_async_client: type) -> type:
+        get = self.get
+
+        class LiveBase(FakeAgentLoopManagerTQ):
+            run = staticmethod(get)
+
+        return vv1.make_tq_stealing_manager_class(vv1.make_tq_agent_loop_manager_class(LiveBase, "live", get=get),
+                                                  vs.make_stealing_client_class(fully_async_client))
+
+    def make_worker(self) -> Any:
+        return vv1.make_tq_worker_class(LiveWorkerTQ)(self.config, self.manager.llm_client)
+
+    def tasks(self) -> list:
+        """The sessions' tasks started so far (verl's worker keeps those still running)."""
+        return [t for w in self.workers for t in w.tasks]
+
+    async def _start_stepper(self) -> None:
+        async def step():
+            while not self._stop:
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                if any(e.running or e.waiting for e in self.engines):
+                    for e in self.engines:
+                        e.step()
+                    self.steps += 1
+                await asyncio.sleep(0.0005)
+        self._stepper = asyncio.ensure_future(step())
+
+    def batch(self, step: int, prompts: list[int], fail: str | None = None) -> FakeBatch:
+        made = FakeBatch(uid=[f"s{step}-p{k}-{uuid.uuid4().hex[:6]}" for k in prompts],
+                         raw_prompt=[[{"role": "user", "content": f"p{k}"}] for k in prompts],
+                         prompt_ids=[[k, 0, 0, 0] for k in prompts], global_steps=step, validate=False)
+        if fail is not None:
+            for w in self.workers:
+                w.fail.add(fail)
+        return made
+
+    def settle(self) -> int:
+        """Wait for every session started so far; then the driver's last poll. Returns the engine steps so far."""
+        async def wait():
+            await asyncio.gather(*self.tasks())
+            driver = self.manager.lengthsched_driver
+            if driver is not None:
+                await driver.poll_once()
+        self.shared.run(wait())
+        return self.steps
+
+    def close(self) -> None:
+        self._stop = True
+        self.shared.run(_awaited(self._stepper))
+        self.manager.lengthsched_close()
+
+
+async def _awaited(ref: Any) -> Any:
+    return [await r for r in ref] if isinstance(ref, list) else await ref
+
+
+def stored_lengths(live: Live) -> dict[int, list[int]]:
+    """Per prompt, the tokens each of its stored sessions generated (what the workers handed the manager)."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for w in live.workers:
+        for uid, lengths in w._lengthsched_done:
+            out[int(uid.split("-")[1][1:])].extend(lengths)
+    return out
+
+
+def test_the_v1_stealing_manager_gives_each_completion_its_row_and_steals_across_dispatches():
+    lengths = {0: 40, 1: 4, 2: 4, 3: 4, 4: 4, 5: 4}  # prompt 0's four completions are long
+    steal = {"pool_tokens": 100_000, "poll_interval": 0.001}
+    live = Live(lengths, placement="groups", steal=steal)
+    try:
+        manager = live.manager
+        # verl's plain client swapped for the stealing one, on the same router
+        assert type(manager.llm_client).__name__ == "StealingLLMServerClient"
+        assert manager.llm_client._load_balancer is live.plain._load_balancer
+        first = live.batch(1, list(lengths))
+        assert manager.generate_sequences(first) is None
+        driver = manager.lengthsched_driver
+        plan = manager.lengthsched_planner().last_plan
+        assert (plan.placement, plan.order) == ("groups", "batch")
+        # Every session has its own priority: the plan's rows, each prompt's lowest first; its requests keep it.
+        rows = {uid: sorted(int(plan.priority[i]) for i, g in enumerate(plan.group) if plan.group_keys[g] == uid)
+                for uid in first["uid"]}
+        assert [list(p) for p in first[vv1.PRIORITIES]] == [rows[u] for u in first["uid"]]
+        assert list(first["priority"]) == [rows[u][0] for u in first["uid"]]
+        live.settle()
+        seen = {vs.parse_vllm_request_id(s.external_req_id)[0] for e in live.engines
+                for s in e.output_processor.request_states.values()}
+        assert not seen  # all done
+        keys = [vs.parse_vllm_request_id(rid)[0] for e in live.engines for rid in e.started]
+        assert set(keys) == {str(p) for r in rows.values() for p in r}  # every row's own key reached an engine
+        assert live.router.collisions == 0 and live.router.planned >= len(lengths) * G
+        # The long prompt's group sat on one replica; the other drained and took its waiting completions.
+        assert driver.stats.steals + driver.stats.moves > 0 and not driver._rows
+        assert stored_lengths(live) == {k: [n] * G for k, n in lengths.items()}  # nothing lost or cut
+        # The next dispatch: the same driver goes on; the lengths learned; a session failing before it reaches an
+        # engine leaves a row the driver counts as waiting until its prompt is heard finish.
+        second = live.batch(2, [1, 2], fail="p2")
+        manager.generate_sequences(second)
+        assert manager.lengthsched_driver is driver and manager.lengthsched_planner().observed == len(lengths) * G
+        live.settle()
+        failed = second[vv1.PRIORITIES][1]  # p2's rows
+        assert list(driver._rows) == [str(failed[0])]  # session 0 of p2 failed before it was sent
+        manager.lengthsched_collect()
+        assert not driver._rows and not manager.lengthsched_running
+        status = manager.lengthsched_status()
+        assert status["replicas"] == 2 and status["steals"] == driver.stats.steals and status["restarts"] == 0
+    finally:
+        live.close()
+    assert live.manager.lengthsched_loop is None and driver._task is None
+
+
+def test_stealing_in_the_v1_trainer_finishes_the_step_sooner():
+    lengths = {0: 20, 1: 20, 2: 20}  # three groups of four on two replicas: two groups on one of them
+    steps = {}
+    for name, poll in (("steal", 0.001), ("none", 1000.0)):  # polled once at the start only: nothing to steal
+        live = Live(lengths, max_num_seqs=1, placement="groups", steal={"pool_tokens": 100_000,
+                                                                         "poll_interval": poll})
+        try:
+            live.manager.generate_sequences(live.batch(1, list(lengths)))
+            steps[name] = live.settle()
+            assert stored_lengths(live) == {k: [n] * G for k, n in lengths.items()}
+        finally:
+            live.close()
+    # Without stealing one replica runs its eight completions one at a time (160 steps), the other its four (80);
+    # the replica that drained takes waiting ones (about 120 steps).
+    assert steps["none"] == 160 and steps["steal"] < 0.85 * steps["none"], steps
+
+
+def test_the_v1_stealing_manager_needs_vllm_the_steal_section_and_servers_with_snapshots():
+    with pytest.raises(InvalidArgument, match="lengthsched.steal"):
+        Live({0: 4}).close()
+    made = config(steal={"pool_tokens": 1000})
+    made["actor_rollout_ref"]["rollout"]["name"] = "sglang"
+    live = Live({0: 4}, steal={"pool_tokens": 1000})
+    try:
+        with pytest.raises(InvalidArgument, match="rollout.name"):
+            live.manager_cls(made, live.plain)
+        # Without the setup hook verl's v1 trainer builds its own server class: the first dispatch says what to add.
+        assert live.manager.lengthsched_planner().placement == "ways"  # steal's placement by default
+    finally:
+        live.close()
+    plain = Live({0: 4, 1: 4}, snapshots=False, steal={"pool_tokens": 1000})
+    try:
+        with pytest.raises(RuntimeError, match="worker_process_setup_hook=lengthsched.integrations.verl_stealing"):
+            plain.manager.generate_sequences(plain.batch(1, [0, 1]))
+    finally:
+        plain.close()
+
+
+def test_the_v1_worker_runs_each_session_with_its_own_priority():
+    calls = []
+
+    class Base:
+        async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+            calls.append(kwargs)
+
+        async def _agent_loop_postprocess(self, output, validate, **kwargs):
+            return None
+
+    worker = object.__new__(vv1.make_tq_worker_class(Base))
+    run = worker._run_agent_loop
+
+    async def go():
+        await run({}, {}, agent_name="a", session_id=1, priority=3, **{vv1.PRIORITIES: [8, 10, 12]})
+        await run({}, {}, agent_name="a", session_id=0, priority=3)  # no column: the prompt's priority
+        await run({}, {}, agent_name="a", session_id=5, priority=3, **{vv1.PRIORITIES: [8]})  # none for it
+    asyncio.run(go())
+    assert [c["priority"] for c in calls] == [10, 3, 3] and all(vv1.PRIORITIES not in c for c in calls)
+
+
+@requires_v1
+def test_verls_real_v1_classes_run_the_stealing_manager(monkeypatch):
+    """verl's real AgentLoopManagerTQ and AgentLoopWorkerTQ (generate_sequences, _run_prompt: the TensorDict, its
+    non-tensor columns to the sessions' keyword arguments) and its real fully-async client under the stealing manager,
+    loaded as verl loads it; only the agent loop itself (one request per session), TransferQueue and the engines are
+    fakes."""
+    import ray
+    import torch
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.import_utils import load_class_from_fqn
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    manager_cls = load_class_from_fqn(vv1.STEALING_MANAGER_TQ_CLASS, "AgentLoopManager")
+    assert manager_cls is vv1.LengthschedStealingAgentLoopManagerTQ
+    assert issubclass(manager_cls, vv1.LengthschedAgentLoopManagerTQ)
+    base_worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    monkeypatch.setattr(agent_loop_tq, "tq", AsyncTQ())
+    sessions: list[tuple[str, int, int, bool, int]] = []
+
+    def light_init(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.config, self.llm_client, self.background_tasks = config, llm_client, set()
+
+    async def agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=[int(kwargs["index"]), 0, 0, 0],
+                                             sampling_params=dict(sampling_params, max_tokens=512),
+                                             priority=int(kwargs["priority"]))
+        sessions.append((kwargs["uid"], kwargs["session_id"], int(kwargs["priority"]), vv1.PRIORITIES in kwargs,
+                         len(out.token_ids)))
+        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+    async def postprocess(self, output, validate, **kwargs):
+        return None
+
+    monkeypatch.setattr(base_worker, "__init__", light_init)
+    monkeypatch.setattr(base_worker, "_run_agent_loop", agent_loop)
+    monkeypatch.setattr(base_worker, "_agent_loop_postprocess", postprocess)
+
+    class RealLive(Live):
+        def make_manager_class(self, fully_async_client: type) -> type:
+            return manager_cls
+
+        def make_worker(self) -> Any:
+            return vv1.LengthschedAgentLoopWorkerTQ(self.config, self.manager.llm_client)
+
+        def tasks(self) -> list:
+            return [t for w in self.workers for t in w.background_tasks]
+
+        def batch(self, step: int, prompts: list[int], fail: str | None = None) -> Any:
+            raw = np.empty(len(prompts), dtype=object)
+            raw[:] = [[{"role": "user", "content": f"p{k}"}] for k in prompts]
+            made = tu.get_tensordict({"input_ids": torch.zeros(len(prompts), 2, dtype=torch.long), "raw_prompt": raw,
+                                      "index": np.array(prompts),
+                                      "uid": np.array([uuid.uuid4().hex for _ in prompts], dtype=object)})
+            tu.assign_non_tensor_data(made, "global_steps", step)
+            return made
+
+    lengths = {0: 20, 1: 20, 2: 20}
+    live = RealLive(lengths, max_num_seqs=1, placement="groups", steal={"pool_tokens": 100_000,
+                                                                        "poll_interval": 0.001})
+    monkeypatch.setattr(ray, "get", live.get)
+    try:
+        assert isinstance(live.manager.llm_client, FullyAsyncLLMServerClient)
+        batch = live.batch(1, list(lengths))
+        assert live.manager.generate_sequences(batch) is None
+        steps = live.settle()
+        plan = live.manager.lengthsched_planner().last_plan
+        # each session ran with its own row's priority; the column went no further than the worker
+        assert sorted(p for _, _, p, _, _ in sessions) == sorted(int(p) for p in plan.priority)
+        assert not any(column for _, _, _, column, _ in sessions)
+        assert sorted((u, i) for u, i, _, _, _ in sessions) == sorted((u, i) for u in batch["uid"] for i in range(G))
+        assert all(n == 20 for *_, n in sessions) and live.router.collisions == 0
+        driver = live.manager.lengthsched_driver
+        assert driver.stats.steals > 0 and not driver._rows and steps < 0.85 * 160
+    finally:
+        live.close()

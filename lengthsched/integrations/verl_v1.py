@@ -57,12 +57,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _setting
+from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _setting, batch_prompt_tokens
+from .verl_stealing import LoopThread, StealDriver, driver_for, steal_options, stealing_client
 
-__all__ = ["MANAGER_TQ_CLASS", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
-           "make_tq_worker_class"]
+__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "STEALING_MANAGER_TQ_CLASS", "filter_groups", "generated_tokens",
+           "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class", "make_tq_worker_class"]
 
 log = logging.getLogger(__name__)
+
+#: The stealing manager's per-prompt column: the priority of each of its sessions (read by the worker).
+PRIORITIES = "lengthsched_priorities"
+STEALING_MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedStealingAgentLoopManagerTQ"
 
 
 def generated_tokens(output: Any) -> int:
@@ -79,7 +84,10 @@ def make_tq_worker_class(base: type) -> type:
     ``AgentLoopWorkerTQ.__ray_actor_class__``) that also remembers, per prompt, the tokens each of its
     sessions generated (:func:`generated_tokens` of the session's last output), and hands the finished
     prompts' lengths over once when the manager asks (``lengthsched_take``). A prompt counts as finished
-    when all its sessions settled, failed ones included (their lengths are missing)."""
+    when all its sessions settled, failed ones included (their lengths are missing). A prompt with a
+    :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
+    of the prompt's ``priority`` (verl passes a prompt's columns to all its sessions alike); the column itself
+    goes no further."""
 
     class LengthschedAgentLoopWorkerTQ(base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopWorkerTQ that reports its prompts' lengths (lengthsched.integrations.verl_v1)."""
@@ -105,6 +113,13 @@ def make_tq_worker_class(base: type) -> type:
                 lengths.append(generated_tokens(outputs[-1]))
             return await super()._agent_loop_postprocess(output, validate, **kwargs)
 
+        async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, **kwargs: Any) -> Any:
+            priorities = kwargs.pop(PRIORITIES, None)  # the stealing manager's: one per session
+            session = kwargs.get("session_id")
+            if priorities is not None and isinstance(session, (int, np.integer)) and 0 <= session < len(priorities):
+                kwargs["priority"] = int(priorities[session])
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+
         def lengthsched_take(self) -> list[tuple[Hashable, list[int]]]:
             """The prompts finished since the last call: ``(uid, tokens per session)``."""
             done, self._lengthsched_done = self._lengthsched_done, []
@@ -117,12 +132,14 @@ def make_tq_worker_class(base: type) -> type:
 @dataclass
 class _Dispatched:
     """A prompt the manager dispatched and has not heard finish: its prompt key, the step it was dispatched
-    in (None: unknown), whether it is a validation prompt, and its predicted tokens on each replica."""
+    in (None: unknown), whether it is a validation prompt, its predicted tokens on each replica, and its rows'
+    priorities in the plan."""
 
     key: str
     step: int | None
     validate: bool
     work: np.ndarray
+    priorities: tuple[int, ...] = ()  # its rows' priorities, lowest first
 
 
 def filter_groups(config: Any) -> bool:
@@ -202,8 +219,11 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                     continue
                 finished.extend(resolve(worker.lengthsched_take.remote()))
             by_step: dict[int | None, tuple[list[str], list[int]]] = {}
+            gone: list[_Dispatched] = []
             for uid, lengths in finished:
                 prompt = self.lengthsched_running.pop(uid, None)
+                if prompt is not None:
+                    gone.append(prompt)
                 if prompt is None or prompt.validate or not lengths:
                     continue
                 keys, seen = by_step.setdefault(prompt.step, ([], []))
@@ -212,7 +232,11 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             planner = self.lengthsched_planner()
             for step in sorted(by_step, key=lambda s: -1 if s is None else s):
                 planner.observe(*by_step[step], step=step)
+            self.lengthsched_forget(gone)
             return len(finished)
+
+        def lengthsched_forget(self, prompts: list[_Dispatched]) -> None:
+            """Hook: ``prompts`` were heard finish (every session settled). Nothing to do here."""
 
         def lengthsched_loads(self, replicas: int) -> np.ndarray:
             """Predicted tokens of the prompts still running, per replica."""
@@ -256,30 +280,45 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             for row, group in enumerate(plan.group):
                 group_rows.setdefault(group, []).append(row)
             group_of = {key: g for g, key in enumerate(plan.group_keys)}
+            prompt_rows: list[list[int]] = []  # each prompt's rows in the plan, lowest priority first
+            for uid, n in zip(uids, counts):
+                rows = sorted(group_rows[group_of[uid]], key=lambda i: plan.priority[i]) if n else []
+                prompt_rows.append(rows)
+                if rows:
+                    work = np.zeros(replicas, dtype=np.int64)  # (spread: as the plan spread it; the router balances)
+                    np.add.at(work, [plan.replica[i] for i in rows], [plan.predicted[i] for i in rows])
+                    self.lengthsched_running[uid] = _Dispatched(keys[rows[0]], step, validate, work,
+                                                                tuple(int(plan.priority[i]) for i in rows))
+            self.lengthsched_publish(prompts, plan, prompt_rows, base)
+            return plan
+
+        def lengthsched_publish(self, prompts: Any, plan: Any, prompt_rows: list[list[int]], base: int) -> None:
+            """Write each prompt's ``priority`` (the lowest of its rows', ``prompt_rows[k]``: row indices of
+            ``plan``; ``base`` for a prompt that runs nothing) and tell the router where that priority's requests
+            go."""
             routes: dict[int, list[int | None]] = {}
             priorities = []
-            for uid, n in zip(uids, counts):
-                if not n:
+            for rows in prompt_rows:
+                if not rows:
                     priorities.append(base)  # runs nothing
                     continue
-                rows = sorted(group_rows[group_of[uid]], key=lambda i: plan.priority[i])
                 priority = int(plan.priority[rows[0]])
                 # spread: to the fewest in flight as each is sent, as verl's router does (refills come while the
                 # replicas are unevenly loaded); other placements: the plan's replicas
                 routes[priority] = [None if plan.placement == "spread" else int(plan.replica[i]) for i in rows]
                 priorities.append(priority)
-                work = np.zeros(replicas, dtype=np.int64)  # (spread: as the plan spread it; the router balances)
-                np.add.at(work, [plan.replica[i] for i in rows], [plan.predicted[i] for i in rows])
-                self.lengthsched_running[uid] = _Dispatched(keys[rows[0]], step, validate, work)
-            put(prompts, "priority", priorities)
+            self.lengthsched_column(prompts, "priority", priorities)
             router = self.lengthsched_router()
             if router is not None and hasattr(router, "expect"):
                 resolve(router.expect.remote(routes))
-            elif replicas > 1:
+            elif plan.replicas > 1:
                 self._lengthsched_warn("router", "the router is not lengthsched's PlannedLoadBalancer "
                                                  "(rollout.router_config_path): the plan orders each engine's queue "
                                                  "but does not place the completions")
-            return plan
+
+        def lengthsched_column(self, prompts: Any, name: str, values: list) -> None:
+            """Write a per-row column into a batch of prompts (verl: ``assign_non_tensor_stack``)."""
+            put(prompts, name, values)
 
         def generate_sequences(self, prompts: Any) -> None:
             self.lengthsched_collect()
@@ -290,14 +329,139 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
     return LengthschedAgentLoopManagerTQ
 
 
+def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
+    """``LengthschedStealingAgentLoopManagerTQ``: ``base`` (the planning manager of
+    :func:`make_tq_agent_loop_manager_class`, running ``LengthschedAgentLoopWorkerTQ``) with work stealing between
+    the vLLM replicas, as :mod:`~lengthsched.integrations.verl_stealing`'s manager does in the legacy trainer:
+
+    - swaps the client verl hands it for ``client_class`` (the stealing client,
+      :func:`~lengthsched.integrations.verl_stealing.make_stealing_client_class` of verl's
+      ``FullyAsyncLLMServerClient``) on the same router, before its workers are made;
+    - plans with ``steal``'s placement (``ways``, each replica's pool ``lengthsched.steal.pool_tokens``) and batch
+      order unless the config names others;
+    - gives **every completion its own priority**: the plan's row priorities go into a :data:`PRIORITIES` column
+      (one list per prompt), which the worker applies session by session, so each request keeps its row's
+      replica (the priority's residue, which :class:`~lengthsched.integrations.verl.PlannedLoadBalancer` routes by)
+      and its place in its engine's queue, and the driver knows each request by its row (``priority`` still holds
+      the prompt's lowest, for a worker that does not read the column);
+    - runs **one** :class:`~lengthsched.integrations.verl_stealing.StealDriver` across the trainer's dispatches
+      (verl's v1 ``generate_sequences`` returns before the sessions end, and a refill or the next step's prompts
+      arrive while earlier ones still run), on an event loop of its own
+      (:class:`~lengthsched.integrations.verl_stealing.LoopThread`): each dispatch submits its rows (replica,
+      predicted length, prompt tokens, the prompt's uid as group) before verl sends them; a row leaves the driver
+      when its server reports it complete, or when its prompt is heard finish (a session that failed before it
+      reached an engine); a new driver takes over when the router's servers change
+      (:func:`~lengthsched.integrations.verl_stealing.driver_for`).
+
+    verl's v1 trainer builds its vLLM servers before it loads this manager, so the server class with snapshots must
+    be registered earlier, in the trainer's Ray actor: Ray's ``worker_process_setup_hook`` =
+    :data:`~lengthsched.integrations.verl_stealing.SETUP_HOOK` (``++ray_kwargs.ray_init.runtime_env
+    .worker_process_setup_hook=...``); without it the first dispatch stops with an error that says so. Options: the
+    ``lengthsched.steal`` section (:func:`~lengthsched.integrations.verl_stealing.steal_options`). What it did so
+    far: :meth:`lengthsched_status`; :meth:`lengthsched_close` stops the driver and its loop.
+    """
+
+    class LengthschedStealingAgentLoopManagerTQ(base):  # type: ignore[misc, valid-type]
+        """verl's AgentLoopManagerTQ with a plan per batch and work stealing (lengthsched.integrations.verl_v1)."""
+
+        lengthsched_default_placement = "ways"  # steal's placement unless the config names another
+        lengthsched_default_order = "batch"  # steal's order: each replica's rows as placed
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            args = list(args)
+            config = kwargs["config"] if "config" in kwargs else args[0]
+            self.lengthsched_steal = steal_options(config)
+            engine = _setting(config, "actor_rollout_ref.rollout.name")
+            if engine not in (None, "vllm"):
+                raise InvalidArgument("actor_rollout_ref.rollout.name", engine,
+                                      "'vllm': lengthsched's stealing reads vLLM servers' snapshots")
+            if "llm_client" in kwargs:
+                kwargs["llm_client"] = stealing_client(kwargs["llm_client"], client_class)
+            else:
+                args[1] = stealing_client(args[1], client_class)
+            super().__init__(*args, **kwargs)
+            self.lengthsched_loop: LoopThread | None = None
+            self.lengthsched_driver: StealDriver | None = None
+            self.lengthsched_servers: list[str] = []
+            self.lengthsched_restarts = 0  # drivers started again because the router's servers changed
+            self.lengthsched_adopted = 0  # requests in flight the new drivers took over
+
+        def lengthsched_on_loop(self, coro: Any) -> Any:
+            """Run ``coro`` on the driver's event loop (started on first use) and wait for its result."""
+            if self.lengthsched_loop is None:
+                self.lengthsched_loop = LoopThread()
+            return self.lengthsched_loop.run(coro)
+
+        def lengthsched_publish(self, prompts: Any, plan: Any, prompt_rows: list[list[int]], base: int) -> None:
+            self.lengthsched_column(prompts, "priority", [int(plan.priority[r[0]]) if r else base for r in prompt_rows])
+            self.lengthsched_column(prompts, PRIORITIES, [[int(plan.priority[i]) for i in r] for r in prompt_rows])
+            columns = {name: _rows(prompts, name) for name in ("raw_prompt_ids", "raw_prompt")}
+            tokens = batch_prompt_tokens({k: v for k, v in columns.items() if v is not None}, len(prompt_rows))
+            uids = _rows(prompts, "uid")
+            rows = [(int(plan.priority[i]), float(plan.predicted[i]), tokens[k], uids[k])
+                    for k, r in enumerate(prompt_rows) for i in r]
+            self.lengthsched_on_loop(self._lengthsched_submit(rows))
+
+        async def _lengthsched_submit(self, rows: list[tuple[int, float, int, Hashable]]) -> None:
+            old = self.lengthsched_driver
+            driver, servers, adopted = await driver_for(self.llm_client._load_balancer, self.lengthsched_steal, old,
+                                                        self.lengthsched_servers)
+            if adopted is not None:
+                if old is not None:
+                    self.lengthsched_restarts += 1
+                    self.lengthsched_adopted += adopted
+                self.lengthsched_driver, self.lengthsched_servers = driver, servers
+            replicas = driver.coordinator.replicas
+            for priority, predicted, tokens, group in rows:  # where the router sends it: the priority's residue
+                driver.submit(priority, priority % replicas, predicted, prompt_tokens=tokens, group=group)
+
+        def lengthsched_forget(self, prompts: list[_Dispatched]) -> None:
+            priorities = [p for prompt in prompts for p in prompt.priorities]
+            if priorities and self.lengthsched_driver is not None:
+                self.lengthsched_on_loop(self._lengthsched_finish(priorities))
+
+        async def _lengthsched_finish(self, priorities: list[int]) -> None:
+            for priority in priorities:  # rows their servers reported complete are gone already
+                self.lengthsched_driver.finish(priority)
+
+        def generate_sequences(self, prompts: Any) -> None:
+            out = super().generate_sequences(prompts)
+            if self.lengthsched_driver is not None:
+                log.info("lengthsched: %s", self.lengthsched_status())
+            return out
+
+        def lengthsched_status(self) -> dict[str, Any]:
+            """What the stealing did so far: replicas, the driver's steals, moves, cancelled moves, resumed
+            requests, polls and failed polls, its restarts and the requests in flight the new drivers took over."""
+            stats = self.lengthsched_driver.stats if self.lengthsched_driver is not None else None
+            return {"replicas": len(self.lengthsched_servers),
+                    **{name: getattr(stats, name) if stats else 0
+                       for name in ("steals", "moves", "cancelled", "resumed", "polls", "errors")},
+                    "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
+
+        def lengthsched_close(self) -> None:
+            """Stop the driver and its event loop (idempotent); a later dispatch starts them again."""
+            loop, self.lengthsched_loop = self.lengthsched_loop, None
+            driver, self.lengthsched_driver = self.lengthsched_driver, None
+            self.lengthsched_servers = []
+            if loop is not None:
+                if driver is not None:
+                    loop.run(driver.stop())
+                loop.close()
+
+    LengthschedStealingAgentLoopManagerTQ.__module__ = __name__
+    return LengthschedStealingAgentLoopManagerTQ
+
+
 _MADE: dict[str, type] = {}
 
 
 def __getattr__(name: str) -> Any:
-    """``LengthschedAgentLoopManagerTQ`` and ``LengthschedAgentLoopWorkerTQ`` are made from verl's classes on first
-    access (verl loads the manager by name: ``agent.agent_loop_manager_class``), so importing this module needs
-    no verl."""
-    if name not in ("LengthschedAgentLoopManagerTQ", "LengthschedAgentLoopWorkerTQ"):
+    """``LengthschedAgentLoopManagerTQ``, ``LengthschedAgentLoopWorkerTQ`` and
+    ``LengthschedStealingAgentLoopManagerTQ`` are made from verl's classes on first access (verl loads the manager
+    by name: ``agent.agent_loop_manager_class``), so importing this module needs no verl."""
+    if name not in ("LengthschedAgentLoopManagerTQ", "LengthschedAgentLoopWorkerTQ",
+                    "LengthschedStealingAgentLoopManagerTQ"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name not in _MADE:
         try:
@@ -307,10 +471,15 @@ def __getattr__(name: str) -> Any:
         except ImportError as exc:
             raise ImportError(f"verl is not installed: pip install 'lengthsched[verl]' (verl=={VERL_VERSION}): "
                               f"{exc}") from None
-        worker = make_tq_worker_class(v1.AgentLoopWorkerTQ.__ray_actor_class__)
-        _MADE["LengthschedAgentLoopWorkerTQ"] = worker
-        _MADE["LengthschedAgentLoopManagerTQ"] = make_tq_agent_loop_manager_class(
-            v1.AgentLoopManagerTQ, ray.remote(worker), get=lambda ref: ray.get(ref),
-            assign=tensordict_utils.assign_non_tensor_stack)
-    return _MADE[name]
+        if "LengthschedAgentLoopManagerTQ" not in _MADE:
+            worker = make_tq_worker_class(v1.AgentLoopWorkerTQ.__ray_actor_class__)
+            _MADE["LengthschedAgentLoopWorkerTQ"] = worker
+            _MADE["LengthschedAgentLoopManagerTQ"] = make_tq_agent_loop_manager_class(
+                v1.AgentLoopManagerTQ, ray.remote(worker), get=lambda ref: ray.get(ref),
+                assign=tensordict_utils.assign_non_tensor_stack)
+        if name == "LengthschedStealingAgentLoopManagerTQ":
+            from . import verl_stealing
 
+            _MADE[name] = make_tq_stealing_manager_class(_MADE["LengthschedAgentLoopManagerTQ"],
+                                                         verl_stealing.StealingLLMServerClient)
+    return _MADE[name]
