@@ -7,7 +7,9 @@ cluster (NOT run where lengthsched is developed). Written against verl 0.9.1 and
 
 Each replica runs --groups-per-replica groups of G completions at once, each group planned with
 --slots slots (every completion may reach --max-new-tokens); the KV pool is what those plans hold
-at their peak (kv_cache_memory_bytes, per GPU), or --kv-budget.
+at their peak (kv_cache_memory_bytes, per GPU), or --kv-budget. --steal names the trainer's
+stealing manager (with its pool, and for the v1 trainer Ray's setup hook that registers the vLLM
+server class with snapshots).
 
     python examples/verl_config.py --preset qwen3-1.7b --group-size 16 --slots 8 --groups-per-replica 8
 """
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--router-yaml", default="lengthsched_router.yaml", help="where to write the router file")
     parser.add_argument("--trainer", choices=("v1", "legacy"), default="v1",
                         help="verl's trainer: v1 (verl 0.9.1's default) or legacy (trainer.use_v1=false)")
+    parser.add_argument("--steal", action="store_true",
+                        help="the trainer's stealing manager (vLLM): replicas that drain take waiting requests")
     args = parser.parse_args(argv)
 
     memory = ls.ModelMemory.from_preset(args.preset)
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     config = verl_rollout_config(plan, memory, gpu_memory_bytes=args.gpu_memory, kv_budget_bytes=args.kv_budget,
                                  groups_per_replica=args.groups_per_replica, engine=args.engine,
                                  tensor_parallel_size=args.tensor_parallel_size, router_config_path=args.router_yaml,
-                                 max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer)
+                                 max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
+                                 steal=args.steal)
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")
     print("\n".join(config.overrides()))
 

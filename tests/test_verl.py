@@ -29,6 +29,7 @@ import lengthsched as ls
 from lengthsched import InvalidArgument
 from lengthsched.integrations import plan_rollout
 from lengthsched.integrations import verl as lv
+from lengthsched.integrations import verl_stealing as vs
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = ls.ModelMemory.from_preset("qwen3-1.7b")
@@ -740,6 +741,8 @@ def test_verl_rollout_config_by_hand():
     ({"gpu_memory_bytes": "1GiB"}, "gpu_memory_bytes"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"trainer": "v0"}, "trainer"),
+    ({"steal": True, "engine": "sglang"}, "steal"),
+    ({"steal": 1}, "steal"),
 ])
 def test_verl_rollout_config_names_bad_arguments(kwargs, name):
     plan = ls.plan_group([2048] * 4, slots=2, max_new_tokens=2048, prompt_tokens=512)
@@ -758,8 +761,13 @@ def test_example_verl_config_prints_the_overrides(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "actor_rollout_ref.rollout.scheduling_policy=priority" in result.stdout
     assert router.read_text() == (ROOT / "examples" / "verl_router.yaml").read_text().splitlines()[-1] + "\n"
+    steal = subprocess.run([sys.executable, str(script), "--steal", "--router-yaml", str(router)],
+                           capture_output=True, text=True, check=False, cwd=ROOT)
+    assert steal.returncode == 0, steal.stderr
+    assert f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={vs.SETUP_HOOK}" in steal.stdout
+    assert f"agent_loop_manager_class={lv.STEALING_MANAGER_TQ_CLASS}" in steal.stdout
     launch = (ROOT / "examples" / "verl_grpo_lengthsched.sh").read_text()
-    assert "NOT run" in launch and "examples/verl_config.py" in launch
+    assert "NOT run" in launch and "examples/verl_config.py" in launch and '"${STEAL_FLAG[@]}"' in launch
     assert subprocess.run(["bash", "-n", str(ROOT / "examples" / "verl_grpo_lengthsched.sh")]).returncode == 0
 
 
@@ -804,6 +812,19 @@ def test_rollout_config_composes_with_verls_hydra_config(predictors):
         cfg = compose(config_name="ppo_trainer", overrides=legacy.overrides())
     assert cfg.trainer.use_v1 is False and cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == \
         lv.MANAGER_CLASS
+    # Stealing: the trainer's stealing manager, the pool in tokens, and (v1) Ray's setup hook in verl's runtime_env.
+    for trainer, manager in lv.STEALING_TRAINERS.items():
+        steal = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, steal=True,
+                                       trainer=trainer)
+        with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"),
+                                   version_base=None):
+            cfg = compose(config_name="ppo_trainer", overrides=steal.overrides())
+        assert cfg.actor_rollout_ref.rollout.agent.agent_loop_manager_class == manager
+        assert cfg.lengthsched.steal.pool_tokens == 135_168  # 8 x (512 + 8 x 2048) tokens
+        assert vs.steal_options(cfg).pool_tokens == 135_168
+        hook = cfg.ray_kwargs.ray_init.runtime_env.get("worker_process_setup_hook")
+        assert hook == (vs.SETUP_HOOK if trainer == "v1" else None)
+        assert cfg.ray_kwargs.ray_init.runtime_env.py_executable is None  # verl's own key kept
 
 
 @requires_verl

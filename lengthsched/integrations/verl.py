@@ -109,6 +109,13 @@ MANAGER_CLASS = "lengthsched.integrations.verl.LengthschedAgentLoopManager"  # t
 MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedAgentLoopManagerTQ"
 #: verl's trainers and the manager each needs (``verl_rollout_config``'s ``trainer``).
 TRAINERS = {"v1": MANAGER_TQ_CLASS, "legacy": MANAGER_CLASS}
+#: The stealing managers (``verl_rollout_config(..., steal=True)``): the legacy trainer's
+#: (:mod:`lengthsched.integrations.verl_stealing`) and the v1 trainer's (:mod:`lengthsched.integrations.verl_v1`).
+STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
+STEALING_MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedStealingAgentLoopManagerTQ"
+STEALING_TRAINERS = {"v1": STEALING_MANAGER_TQ_CLASS, "legacy": STEALING_MANAGER_CLASS}
+#: Ray's ``worker_process_setup_hook`` the v1 trainer needs for stealing (:func:`~.verl_stealing.setup_hook`).
+STEAL_SETUP_HOOK = "lengthsched.integrations.verl_stealing.setup_hook"
 ROUTER_CLASS = "lengthsched.integrations.verl.PlannedLoadBalancer"
 # verl's router LRU size (workers/rollout/router.py, DEFAULT_ROUTING_CACHE_SIZE).
 _STICKY_ENTRIES = 10000
@@ -813,14 +820,17 @@ class VerlRolloutConfig:
     def overrides(self) -> list[str]:
         """Hydra command-line overrides for ``python -m verl.trainer.main_ppo``: keys verl's schema
         lacks (``engine_kwargs.<engine>.*``, ``agent.agent_loop_manager_class``, ``lengthsched.*``)
-        get a ``+`` (``trainer.*`` does not: verl has that section)."""
+        get a ``+`` (``trainer.*`` does not: verl has that section; ``ray_kwargs.*`` gets ``++``, set or
+        added)."""
         out: list[str] = []
         known_sections = ("engine_kwargs", "agent")
         for key, value in _flatten(self.rollout):
             new = key.split(".")[0] in known_sections and key.count(".") >= 1
             out.append(f"{'+' if new else ''}actor_rollout_ref.rollout.{key}={_hydra_value(value)}")
         for key, value in _flatten(self.extra):
-            out.append(f"{'' if key.startswith('trainer.') else '+'}{key}={_hydra_value(value)}")
+            # trainer.* is in verl's schema; ray_kwargs.ray_init.runtime_env is too, and may hold the key already
+            prefix = "" if key.startswith("trainer.") else "++" if key.startswith("ray_kwargs.") else "+"
+            out.append(f"{prefix}{key}={_hydra_value(value)}")
         return out
 
 
@@ -856,6 +866,7 @@ def verl_rollout_config(
     router_config_path: str = "lengthsched_router.yaml",
     predictor: str | None = None,
     trainer: str = "v1",
+    steal: bool = False,
 ) -> VerlRolloutConfig:
     """verl 0.9.1 rollout settings that run ``plan`` (one group's plan) ``groups_per_replica``
     times at once on every replica, in a memory budget.
@@ -872,7 +883,11 @@ def verl_rollout_config(
     the router (``router_config_path``, whose text is ``router_yaml``); ``predictor`` goes to
     ``lengthsched.predictor`` ('module:callable'). ``trainer``: verl's trainer (one of :data:`TRAINERS`),
     ``"v1"`` (verl 0.9.1's default: ``trainer.use_v1=true`` and :data:`MANAGER_TQ_CLASS`) or ``"legacy"``
-    (``trainer.use_v1=false`` and :data:`MANAGER_CLASS`; the stealing manager builds on it).
+    (``trainer.use_v1=false`` and :data:`MANAGER_CLASS`). ``steal``: the trainer's stealing manager instead
+    (:data:`STEALING_TRAINERS`; vLLM only) with ``lengthsched.steal.pool_tokens`` = the KV pool in tokens (less
+    vLLM's null block, at the model's bytes per token), and for the v1 trainer Ray's ``worker_process_setup_hook``
+    (:data:`STEAL_SETUP_HOOK`, ``ray_kwargs.ray_init.runtime_env``), which registers the vLLM server class with
+    snapshots before verl builds its replicas.
     """
     check_plan(plan)
     if trainer not in TRAINERS:
@@ -880,6 +895,8 @@ def verl_rollout_config(
                                                   "false)")
     if engine not in ("vllm", "sglang"):
         raise InvalidArgument("engine", engine, "vllm or sglang")
+    if not isinstance(steal, bool) or (steal and engine != "vllm"):
+        raise InvalidArgument("steal", steal, "True (engine 'vllm': stealing reads vLLM's snapshots) or False")
     groups = check_int("groups_per_replica", groups_per_replica, minimum=1)
     if not isinstance(router_config_path, str) or not router_config_path:
         raise InvalidArgument("router_config_path", router_config_path, "a path for the router YAML")
@@ -887,8 +904,8 @@ def verl_rollout_config(
         raise InvalidArgument("predictor", predictor, "'module:callable' returning a LengthPredictor, or None")
     running = groups * plan_concurrency(plan)
     mem = engine_memory(memory, engine)
+    reserved = VLLM_NULL_BLOCKS * mem.kv_bytes(mem.block_size) if engine == "vllm" else 0
     if kv_budget_bytes is None:
-        reserved = VLLM_NULL_BLOCKS * mem.kv_bytes(mem.block_size) if engine == "vllm" else 0
         kv_budget_bytes = groups * plan_kv_bytes(plan, mem) + reserved
     if engine == "vllm":
         setup = vllm_setup(plan, memory, gpu_memory_bytes=gpu_memory_bytes, kv_budget_bytes=kv_budget_bytes,
@@ -911,10 +928,17 @@ def verl_rollout_config(
             "tensor_model_parallel_size": setup.tensor_parallel_size,
             "engine_kwargs": {"sglang": {"max_total_tokens": kw["max_total_tokens"]}},
         }
-    rollout["agent"] = {"agent_loop_manager_class": TRAINERS[trainer]}
+    rollout["agent"] = {"agent_loop_manager_class": (STEALING_TRAINERS if steal else TRAINERS)[trainer]}
     rollout["router_config_path"] = router_config_path
     extra: dict[str, Any] = {"trainer": {"use_v1": trainer == "v1"}}
+    options: dict[str, Any] = {}
     if predictor is not None:
-        extra["lengthsched"] = {"predictor": predictor}
+        options["predictor"] = predictor
+    if steal:
+        options["steal"] = {"pool_tokens": int(setup.kv_tokens - reserved // mem.kv_bytes_per_token)}
+        if trainer == "v1":
+            extra["ray_kwargs"] = {"ray_init": {"runtime_env": {"worker_process_setup_hook": STEAL_SETUP_HOOK}}}
+    if options:
+        extra["lengthsched"] = options
     return VerlRolloutConfig(rollout=rollout, extra=extra, router_yaml=f"router_class: {ROUTER_CLASS}\n", setup=setup)
 

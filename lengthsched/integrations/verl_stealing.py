@@ -90,7 +90,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
-from .verl import batch_prompt_tokens
+from .verl import STEAL_SETUP_HOOK, STEALING_MANAGER_CLASS, batch_prompt_tokens
 
 __all__ = [
     "MOVED",
@@ -120,9 +120,8 @@ MOVED = "lengthsched_moved"  # extra_fields key of an attempt the server aborted
 #: ``resubmit_seconds`` when it models this integration.
 RESUBMIT_ESTIMATE_SECONDS = 0.05
 KEPT_MOVES = 100_000  # DriverStats.applied keeps the latest this many moves
-STEALING_MANAGER_CLASS = "lengthsched.integrations.verl_stealing.LengthschedStealingAgentLoopManager"
 REPLICA_MODULE = "verl.workers.rollout.replica"  # verl's RolloutReplicaRegistry lives here
-SETUP_HOOK = "lengthsched.integrations.verl_stealing.setup_hook"  # Ray's worker_process_setup_hook (v1 trainer)
+SETUP_HOOK = STEAL_SETUP_HOOK  # Ray's worker_process_setup_hook that registers the server class (v1 trainer)
 _PREFIX = "ls:"  # vLLM request ids made by the stealing client start with it
 _SEP = "~"
 

@@ -57,7 +57,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
-from .verl import MANAGER_TQ_CLASS, VERL_VERSION, ManagerPlanning, _setting, batch_prompt_tokens
+from .verl import (
+    MANAGER_TQ_CLASS,
+    STEALING_MANAGER_TQ_CLASS,
+    VERL_VERSION,
+    ManagerPlanning,
+    _setting,
+    batch_prompt_tokens,
+)
 from .verl_stealing import LoopThread, StealDriver, driver_for, steal_options, stealing_client
 
 __all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "STEALING_MANAGER_TQ_CLASS", "filter_groups", "generated_tokens",
@@ -67,7 +74,6 @@ log = logging.getLogger(__name__)
 
 #: The stealing manager's per-prompt column: the priority of each of its sessions (read by the worker).
 PRIORITIES = "lengthsched_priorities"
-STEALING_MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedStealingAgentLoopManagerTQ"
 
 
 def generated_tokens(output: Any) -> int:
