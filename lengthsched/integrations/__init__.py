@@ -34,7 +34,10 @@ each module's docstring names the files).
   :mod:`lengthsched.integrations.verl_stealing` (``LengthschedStealingAgentLoopManager``, the vLLM
   server's snapshots, :class:`StealDriver`); inside verl's fully asynchronous recipe:
   :mod:`lengthsched.integrations.verl_async` (``LengthschedFullyAsyncAgentLoopManager``: each group
-  placed by predicted work, one driver stealing for the whole run; ``install``, ``setup_hook``).
+  placed by predicted work, one driver stealing for the whole run; ``install``, ``setup_hook``); verl's default
+  (v1) trainer: :mod:`lengthsched.integrations.verl_v1` (``LengthschedAgentLoopManagerTQ`` and, with stealing,
+  ``LengthschedStealingAgentLoopManagerTQ``, which needs ``verl_stealing.setup_hook`` as Ray's
+  ``worker_process_setup_hook``).
   Inside verl's own dynamic sampling (the v1 trainer's DAPO filter): :mod:`lengthsched.integrations.verl_selective`
   (``selective_replay_buffer``, the custom replay buffer verl loads by name: a refill by what the batch needs
   instead of two prompts per dropped group, and GRESO's skip on request;

@@ -43,6 +43,12 @@ This module supplies ``LengthschedAgentLoopManagerTQ`` (made on first access fro
   remembers how many tokens each finished session generated) saw since the last call, and feeds
   the training prompts' lengths to the planner under the step they were dispatched in.
 
+``LengthschedStealingAgentLoopManagerTQ`` (:func:`make_tq_stealing_manager_class`) adds work stealing between
+the vLLM replicas: each completion its own row priority (:data:`PRIORITIES`), one
+:class:`~lengthsched.integrations.verl_stealing.StealDriver` across the trainer's dispatches, and Ray's
+``worker_process_setup_hook`` (:func:`lengthsched.integrations.verl_stealing.setup_hook`) to register the vLLM
+server class with snapshots before the v1 trainer builds its servers.
+
 Importing this module imports neither verl, Ray nor torch.
 """
 
