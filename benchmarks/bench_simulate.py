@@ -24,12 +24,13 @@ import numpy as np
 from common import ROOT, machine, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
+from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned, run_slime_planned_in_order
 from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
-from simulate.rollout import VERL_POLL_SECONDS, route, run_verl_planned, steal_ways
+from simulate.rollout import VERL_POLL_SECONDS, route, run_verl_planned, run_verl_stealing, steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
 
@@ -1730,6 +1731,9 @@ VERL_DAPO_MODES = ((1,), (2,))
 # (label, drift, epochs recorded, GRESO's skip, lengthsched's refill by need, the v1 manager's order: None where verl's
 # own AgentLoopManagerTQ dispatches, "longest" where lengthsched.integrations.verl_v1's plans each batch longest
 # predicted first, realistic predictions, each request routed to the fewest in flight as verl's router does)
+#: How the stealing manager's driver runs (verl_stealing's defaults: StealOptions.poll_interval, the stealing client's
+#: estimated round trip).
+VERL_STEALING = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS}
 VERL_DAPO_RUNS = (
     ("verl's dynamic sampling as it ships", 0.0, 1, False, False, None),
     ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True, None),
@@ -1739,6 +1743,9 @@ VERL_DAPO_RUNS = (
     ("verl + the v1 manager longest predicted first (not its default under the filter)", 0.0, 1, False, False,
      "longest"),
     ("verl + the v1 manager longest predicted first + verl_selective's refill", 0.0, 1, False, True, "longest"),
+    ("verl + the v1 stealing manager (steal's placement and batch order; snapshots every 0.25 s, 0.05 s to "
+     "resubmit)", 0.0, 1, False, False, "steal"),
+    ("verl + the v1 stealing manager + verl_selective's refill", 0.0, 1, False, True, "steal"),
     ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False,
      False, None),
     ("verl + verl_selective's refill, the policy learning (drift 0.5; the same data)", 0.5, 4, False, True, None),
@@ -1765,10 +1772,14 @@ def _verl_dapo_unit(args) -> dict:
     out = {}
     for label, drift, epochs, skip, need, order in VERL_DAPO_RUNS:
         valid = verdicts[drift, epochs]
-        planned = {} if order is None else {"run": partial(run_verl_planned, order=order),
-                                            "predicted": realistic}
+        policy, planned = "vllm", {}
+        if order == "steal":  # verl_v1's stealing manager, as verl_stealing's defaults run it
+            policy, planned = "steal_observed", {"run": partial(run_verl_stealing, **VERL_STEALING),
+                                                 "predicted": realistic}
+        elif order is not None:
+            planned = {"run": partial(run_verl_planned, order=order), "predicted": realistic}
         r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need} | planned, epochs=epochs,
-                                drift=drift, seed=seed, order=None, skip=skip, policy="vllm")
+                                drift=drift, seed=seed, order=None, skip=skip, policy=policy)
         seconds, kept, filtered, surplus, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens",
                                                               "dropped_tokens", "decoded_tokens")
         _, reached, lost = _kept_after_skip(r, runs, valid)

@@ -31,6 +31,7 @@ from .rollout import (
     run_slime_planned,
     run_slime_planned_in_order,
     run_verl_planned,
+    run_verl_stealing,
 )
 from .run import SimResult, lower_bound, retained_kv_curve, run_batch, run_group
 
@@ -60,6 +61,7 @@ __all__ = [
     "run_slime_planned",
     "run_slime_planned_in_order",
     "run_verl_planned",
+    "run_verl_stealing",
     "run_oversampled_steps",
     "OversampledSteps",
     "StepRecord",

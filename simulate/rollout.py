@@ -590,13 +590,18 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     if refill is not None:
         if not isinstance(refill, Refill):
             raise InvalidArgument("refill", type(refill).__name__, "a simulate.rollout.Refill")
-        if in_flight is None:
+        # a stealing policy places each batch the refill releases by the refill's plan (verl's v1 stealing manager)
+        steals = spec.dispatch and getattr(spec.cls, "STEALS", False)
+        if steals and (refill.plan is None or in_flight is not None or placement is not None):
+            raise InvalidArgument("refill", f"with policy {policy!r}", "a plan that places each batch, and no "
+                                  "in_flight or placement (a stealing policy runs what the plan places)")
+        if in_flight is None and not steals:
             raise InvalidArgument("refill", "without in_flight", "in_flight (slime's semaphore: dynamic sampling "
-                                                                 "submits through it)")
+                                                                 "submits through it), or a stealing policy")
         if len(refill.owners if refill.owners is not None else refill.passes) != len(groups):
             raise InvalidArgument("refill", f"owners for {len(refill.owners or refill.passes)} groups",
                                   f"one unit per group given ({len(groups)})")
-        if refill.plan is not None and placement is None:
+        if refill.plan is not None and placement is None and not steals:
             raise InvalidArgument("refill", "a plan without a placement", "a placement for the plan to replace "
                                                                           "(a client that sends where it planned)")
     if in_flight is not None:
@@ -614,8 +619,9 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                                                               **common)
     elif spec.dispatch:
         used_router = "dispatch" if placement is None else "given"
-        engines, clocks, placement = _run_dispatch(policy, replicas, online, keys, groups, resubmit=resubmit_seconds,
-                                                   snapshot=snapshot_seconds, given=placement, **common)
+        engines, clocks, placement, released = _run_dispatch(policy, replicas, online, keys, groups,
+                                                             resubmit=resubmit_seconds, snapshot=snapshot_seconds,
+                                                             given=placement, refill=refill, **common)
     else:
         if placement is None and getattr(spec.cls, "PLACE", None) == "classes":
             placement = _plan_classes(policy, replicas, owner, common)
@@ -1072,26 +1078,89 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
         raise InvalidArgument("router", kwargs.get("router"), "'least_loaded' (verl's router, which routes the "
                                                               "manager's spread requests) and no client_window")
     groups = list(groups)
-    sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-    pred = as_lengths("predicted", predicted, minimum=0)
-    if pred.shape != (int(sizes.sum()),):
-        raise InvalidArgument("predicted", f"{pred.size} values", f"{int(sizes.sum())} values, one per completion")
-    unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+    chunks = _UnitRows(groups, predicted, refill)
     replicas = kwargs.get("replicas", 1)
 
     def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
-        idx = [int(i) for i in np.flatnonzero((unit >= units.start) & (unit < units.stop)) if sizes[i]]
-        if not idx:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        rows = np.concatenate([np.arange(starts[i], starts[i] + sizes[i]) for i in idx])
-        made = plan_rollout(np.repeat(idx, sizes[idx]).tolist(), pred[rows], replicas=replicas, placement="spread",
-                            order=order)
+        idx, rows = chunks.rows(units)
+        if not len(rows):
+            return rows, rows
+        made = plan_rollout(np.repeat(idx, chunks.sizes[idx]).tolist(), chunks.pred[rows], replicas=replicas,
+                            placement="spread", order=order)
         sent = np.asarray(made.submission_order(), dtype=np.int64)
         return rows[sent], np.full(len(sent), -1, dtype=np.int64)  # routed as verl's router routes them
 
-    return run_rollout(groups, "vllm", predicted=pred, placement=np.zeros(int(sizes.sum()), dtype=np.int64),
+    return run_rollout(groups, "vllm", predicted=chunks.pred, placement=np.zeros(len(chunks.pred), dtype=np.int64),
                        refill=dataclasses.replace(refill, plan=plan), **kwargs)
+
+
+def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, predicted: Any, refill: Refill,
+                      **kwargs: Any) -> RolloutResult:
+    """verl 0.9.1's v1 sync trainer with :mod:`lengthsched.integrations.verl_v1`'s stealing manager
+    (``LengthschedStealingAgentLoopManagerTQ``) under verl's dynamic sampling (``refill``: a :class:`Refill` with
+    ``rule="verl"``): every batch verl hands the manager at once (the step's batch, then each poll's refill) is
+    planned when it is submitted, as the manager plans it: :func:`lengthsched.integrations.plan_rollout` with
+    ``steal``'s placement (``"ways"``: each group over as many replicas as the pools hold its prompts, placed from
+    the predicted tokens of the batches still running where they were planned) in batch order, each request queued
+    at the back of its planned replica's queue; the replicas steal waiting requests from each other and move running
+    ones as ``policy`` does: ``"steal_observed"`` (the default: decisions from snapshots, as the manager's
+    ``StealDriver`` makes them; ``snapshot_seconds`` and ``resubmit_seconds`` as its poll interval and the stealing
+    client's round trip) or ``"steal"``. ``predicted``: per completion, flattened in group order. ``kwargs`` go to
+    :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``, ``cost``, ...), except ``router``
+    (None or verl's ``"least_loaded"``) and ``in_flight`` (None or unbounded), which :func:`run_verl_planned` needs
+    and this takes for the same calls. A ``run`` for :func:`simulate.run_oversampled_steps` with
+    ``refill_rule="verl"``; the groups stay in the order given."""
+    from lengthsched.integrations.rollout import plan_rollout
+
+    if policy not in ("steal", "steal_observed"):
+        raise InvalidArgument("policy", policy, "'steal_observed' (the stealing manager's driver) or 'steal'")
+    if not isinstance(refill, Refill) or refill.rule != "verl":
+        raise InvalidArgument("refill", refill, "a simulate.rollout.Refill with rule='verl' (verl's dynamic sampling)")
+    groups = list(groups)
+    chunks = _UnitRows(groups, predicted, refill)
+    in_flight, router = kwargs.pop("in_flight", None), kwargs.pop("router", None)  # as run_verl_planned's callers
+    if router not in (None, "least_loaded"):
+        raise InvalidArgument("router", router, "None or 'least_loaded' (verl's; the stealing manager places each "
+                                                "batch itself)")
+    if in_flight is not None and check_int("in_flight", in_flight, minimum=1) < len(chunks.pred):
+        raise InvalidArgument("in_flight", in_flight, f"None or at least {len(chunks.pred)} (verl sends every "
+                                                      "request of a batch at once)")
+    replicas, budget = kwargs.get("replicas", 1), kwargs.get("budget_tokens")
+    prompt_lens = np.array([int(g.prompt_len) for g in groups], dtype=np.int64)
+
+    def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
+        idx, rows = chunks.rows(units)
+        if not len(rows):
+            return rows, rows
+        owners = np.repeat(idx, chunks.sizes[idx])
+        made = plan_rollout(owners.tolist(), chunks.pred[rows], replicas=replicas, placement="ways", order="batch",
+                            prompt_lens=prompt_lens[owners], budget_tokens=budget, loads=loads)
+        sent = np.asarray(made.submission_order(), dtype=np.int64)
+        return rows[sent], np.asarray(made.replica, dtype=np.int64)[sent]
+
+    return run_rollout(groups, policy, predicted=chunks.pred, refill=dataclasses.replace(refill, plan=plan), **kwargs)
+
+
+class _UnitRows:
+    """A step's requests by the units of a :class:`Refill` (for the plans of :func:`run_verl_planned` and
+    :func:`run_verl_stealing`): ``pred`` (per completion), ``sizes`` (per group) and :meth:`rows`."""
+
+    def __init__(self, groups: Sequence[Any], predicted: Any, refill: Refill):
+        self.sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
+        self.starts = np.concatenate(([0], np.cumsum(self.sizes)[:-1])).astype(np.int64)
+        self.pred = as_lengths("predicted", predicted, minimum=0)
+        if self.pred.shape != (int(self.sizes.sum()),):
+            raise InvalidArgument("predicted", f"{self.pred.size} values",
+                                  f"{int(self.sizes.sum())} values, one per completion")
+        self.unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+
+    def rows(self, units: range) -> tuple[np.ndarray, np.ndarray]:
+        """The groups of ``units`` that have requests, and their requests (indices into the flattened step)."""
+        idx = np.array([i for i in np.flatnonzero((self.unit >= units.start) & (self.unit < units.stop))
+                        if self.sizes[i]], dtype=np.int64)
+        if not len(idx):
+            return idx, np.zeros(0, dtype=np.int64)
+        return idx, np.concatenate([np.arange(self.starts[i], self.starts[i] + self.sizes[i]) for i in idx])
 
 
 def run_slime_planned_in_order(groups: Sequence[Any], policy: str = "sglang", *, predicted: Any,
@@ -1320,15 +1389,25 @@ def observe_board(pols: list, budget: int, snapshot: float | None = None) -> Ste
     return coord
 
 
-def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, given=None, flat, owner,
-                  tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record, cost,
-                  max_seqs=None, offload=None):
+def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, given=None, refill=None,
+                  flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record,
+                  cost, max_seqs=None, offload=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
-    from each other's queues (``steal``; ``given``: the placement to steal over instead of the policy's)."""
+    from each other's queues (``steal``; ``given``: the placement to steal over instead of the policy's).
+    ``refill`` (a stealing policy): a :class:`Refill` whose ``plan`` places each batch of units it releases (verl's
+    v1 stealing manager, :func:`run_verl_stealing`): ``plan(units, loads)`` with the predicted tokens of the units
+    released and not finished on each replica where they were planned, returning the batch's requests in the order
+    to queue them and each one's replica; they join the back of their replicas' queues. Returns the engines, the
+    clocks, where each request finished (-1: never submitted) and, with ``refill``, when each unit was released."""
     cls = POLICIES[policy].cls
     ways = None  # with PLACE "ways": over how many replicas each group is spread
+    if refill is not None and not cls.STEALS:
+        raise InvalidArgument("refill", type(refill).__name__, f"None with policy {policy!r} (only the stealing "
+                                                               "policies place a refill's batches as planned)")
     if cls.STEALS:  # placed before the step (cls.PLACE); replicas steal later
-        if given is not None:
+        if refill is not None:  # nothing before the refill's plan places its first batch
+            placed = np.full(len(flat), -1, dtype=np.int64)
+        elif given is not None:
             placed = given
         elif cls.PLACE == "time":
             placed = place_by_time(groups, replicas, pred, budget, cost, max_new)
@@ -1374,6 +1453,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
             for job in mine:
                 eng.claim(job)
         share_board(pols, engines, board, cls.RESUBMIT_SECONDS if resubmit is None else resubmit)
+        coord = None
         if hasattr(pols[0], "coord"):  # steal_observed: one coordinator, told what was submitted where
             coord = observe_board(pols, budget, snapshot)
             for r, stack in enumerate(board):
@@ -1386,11 +1466,43 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
             pol.dispatcher = dispatcher
     clock = _OneClock(engines)
     idle, wake, wake_later = clock.idle, clock.wake, clock.at  # wake_later: asleep until a given second
+    releases, seen, moment = None, [0] * replicas, [0.0]  # moment: the event being handled (seconds)
+    if refill is not None:
+        def planned(units: range) -> np.ndarray:  # the plan's batch, queued on its replicas
+            work = pols[0].work
+            live = (placed >= 0) & (releases.left[releases.unit] > 0)  # released, its unit not finished
+            loads = np.bincount(placed[live], weights=work[live], minlength=replicas)
+            jobs, where = refill.plan(units, loads)
+            jobs, where = np.asarray(jobs, dtype=np.int64), np.asarray(where, dtype=np.int64)
+            if len(jobs) != len(where) or ((where < 0) | (where >= replicas)).any():
+                raise InvalidArgument("refill", "a plan that leaves a request unplaced", f"a replica below "
+                                      f"{replicas} for every request (a stealing policy runs what the plan places)")
+            for job, r in zip(jobs.tolist(), where.tolist()):
+                placed[job] = r
+                pols[r].waiting.insert(0, job)  # the back of its queue (a stack: the front is the end)
+                engines[r].claim(job)
+                if coord is not None:
+                    coord.submit(job, r, float(work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
+                                 group=int(owner[job]))
+            wake(set(where.tolist()), moment[0])
+            return jobs
+
+        releases = _Releases(refill, owner, planned)
+        releases.release(0.0)
 
     while clock.heap:
         now, r = heapq.heappop(clock.heap)
+        moment[0] = now
+        if r < 0:  # a poll of the framework (a Refill with poll): its rule releases what it asks for now
+            releases.poll(now)
+            continue
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
+        if releases is not None and len(eng.collected) > seen[r]:  # finished since its last decision
+            tick = releases.finished(eng.collected[seen[r]:], now)
+            seen[r] = len(eng.collected)
+            if tick is not None:
+                heapq.heappush(clock.heap, (tick, -1))
         pol.idle_now = idle  # the replicas asleep now (steal's moves of running requests go there)
         pol.now = now
         alive = eng.decide(pol)
@@ -1415,7 +1527,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
         clock.run(r, eng.next_event(), pol.pads, cost, now)
     if len(queue):
         raise InvalidArgument("policy", policy, "a dispatching policy that starts every request")
-    placement = np.zeros(len(flat), dtype=np.int64)
+    placement = np.zeros(len(flat), dtype=np.int64) if refill is None else np.full(len(flat), -1, dtype=np.int64)
     for r, eng in enumerate(engines):
         placement[np.asarray(eng.collected, dtype=np.int64)] = r  # where each finished
-    return engines, clock.clocks(), placement
+    if refill is not None and (placement[placed >= 0] < 0).any():
+        raise InvalidArgument("policy", policy, "a stealing policy that finishes every request it is sent")
+    return engines, clock.clocks(), placement, None if releases is None else releases.seconds

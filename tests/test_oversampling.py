@@ -750,3 +750,75 @@ def test_slime_with_the_integration_orders_each_batch_by_the_filter_history():
         ls_slime.SlimePlanner.plan = real
     assert seen[0] == [1, 3, 5, 0, 2, 4]  # the first batch of 6: the kept ones first, each part in batch order
     assert seen[-1] == [1, 3, 5, 7, 9, 11, 0, 2, 4, 6, 8, 10]  # one batch of all twelve
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), replicas=st.integers(1, 3), need=st.booleans(), poll=st.sampled_from([None, 2.0]),
+       policy=st.sampled_from(["steal", "steal_observed"]))
+def test_verls_stealing_manager_in_its_dynamic_sampling_loop_runs_every_request_it_is_given(seed, replicas, need,
+                                                                                           poll, policy):
+    """run_verl_stealing: the v1 stealing manager inside verl's loop submits what verl's rule asks for (the same
+    units as verl's own run while no step has ended differently: here the first step's batch), every request it
+    submits finishes, and each step keeps its batch of groups that pass."""
+    from simulate.rollout import run_verl_stealing
+
+    stream = _stream(120, seed=seed, high=400)
+    valid = np.random.default_rng(seed).random(120) < 0.5
+    predicted = np.repeat(np.random.default_rng(seed + 1).integers(1, 400, 120), len(stream[0].lengths))
+    shared = dict(batch=5, oversample=1.0, steps=3, partial=False, valid=valid, refill=True, refill_rule="verl",
+                  refill_cap=10, refill_need=need, refill_poll=poll, in_flight=10**6, router="least_loaded",
+                  replicas=replicas, keep_results=True, **COMMON)
+    out = run_oversampled_steps(stream, policy, predicted=predicted, run=run_verl_stealing, **shared)
+    for step, result in zip(out.steps, out.results):
+        assert len(step.kept) == 5 and all(valid[g] for g in step.kept)
+        submitted = np.isfinite(np.asarray(result.released_seconds))
+        # verl drains what it submitted (and sees the end at its next poll)
+        assert step.seconds == pytest.approx(result.seconds if poll is None else math.ceil(result.seconds / poll)
+                                             * poll, rel=1e-9)
+        assert (result.placement >= 0).sum() == sum(len(stream[0].lengths) for _ in np.flatnonzero(submitted))
+    assert len({g for s in out.steps for g in s.kept}) == 15
+
+
+def test_verls_stealing_manager_plans_each_batch_beside_the_work_still_running(monkeypatch):
+    import lengthsched.integrations.rollout as lr
+    from simulate.rollout import Refill, run_verl_stealing
+
+    calls = []
+    real = lr.plan_rollout
+
+    def recording(keys, predicted, **kwargs):
+        made = real(keys, predicted, **kwargs)
+        calls.append((list(dict.fromkeys(keys)), kwargs, made))
+        return made
+
+    monkeypatch.setattr(lr, "plan_rollout", recording)
+    stream = _stream(40, seed=5, high=400)
+    passes = tuple(bool(x) for x in np.random.default_rng(5).random(40) < 0.4)
+    predicted = np.repeat(np.random.default_rng(6).integers(1, 400, 40), len(stream[0].lengths))
+    refill = Refill(batch=6, chunk=1, passes=passes, rule="verl", cap=12)  # refills as groups finish
+    result = run_verl_stealing(stream, "steal", predicted=predicted, refill=refill, replicas=3, **COMMON)
+    released = np.asarray(result.released_seconds)
+    batches = [sorted(np.flatnonzero(released == t).tolist()) for t in sorted(set(released[np.isfinite(released)]))]
+    assert [sorted(units) for units, _, _ in calls] == batches and len(calls) > 1  # one plan per release
+    for units, kwargs, made in calls:
+        assert (kwargs["placement"], kwargs["order"], kwargs["budget_tokens"]) == ("ways", "batch", COMMON[
+            "budget_tokens"])
+        assert list(kwargs["prompt_lens"]) == [stream[u].prompt_len for u in units for _ in stream[u].lengths]
+    assert not np.any(calls[0][1]["loads"]) and any(np.any(kwargs["loads"]) for _, kwargs, _ in calls[1:])
+    # (a later batch is placed beside the predicted tokens of the earlier ones still running)
+    submitted = np.flatnonzero(np.isfinite(released))
+    assert (result.placement >= 0).sum() == len(submitted) * len(stream[0].lengths)
+    for bad, kwargs in ((dict(policy="vllm"), {}), (dict(refill=Refill(6, 2, passes)), {}),
+                        ({}, dict(router="cache_aware")), ({}, dict(in_flight=3))):
+        args = dict(policy="steal", refill=refill) | bad
+        with pytest.raises(InvalidArgument, match=next(iter(bad or kwargs))):
+            run_verl_stealing(stream, args.pop("policy"), predicted=predicted, **args, replicas=3, **kwargs, **COMMON)
+    plan = Refill(6, 1, passes, rule="verl", plan=lambda units, loads: (np.zeros(0, dtype=np.int64),) * 2)
+    with pytest.raises(InvalidArgument, match="refill"):  # a stealing policy runs a plan, not a router's cap
+        run_rollout(stream, "steal", replicas=2, in_flight=10**6, refill=plan, **COMMON)
+    with pytest.raises(InvalidArgument, match="refill"):
+        run_rollout(stream, "steal", replicas=2, refill=Refill(6, 1, passes, rule="verl"), **COMMON)
+    leaves = Refill(6, 1, passes, rule="verl", plan=lambda units, loads: (
+        np.arange(units.start * 4, units.stop * 4), np.full(len(units) * 4, -1)))
+    with pytest.raises(InvalidArgument, match="refill"):  # every request needs its replica
+        run_rollout(stream, "steal", replicas=2, refill=leaves, **COMMON)
