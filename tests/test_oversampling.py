@@ -787,9 +787,8 @@ def test_verls_stealing_manager_plans_each_batch_beside_the_work_still_running(m
     real = lr.plan_rollout
 
     def recording(keys, predicted, **kwargs):
-        made = real(keys, predicted, **kwargs)
-        calls.append((list(dict.fromkeys(keys)), kwargs, made))
-        return made
+        calls.append((list(dict.fromkeys(keys)), kwargs))
+        return real(keys, predicted, **kwargs)
 
     monkeypatch.setattr(lr, "plan_rollout", recording)
     stream = _stream(40, seed=5, high=400)
@@ -799,12 +798,12 @@ def test_verls_stealing_manager_plans_each_batch_beside_the_work_still_running(m
     result = run_verl_stealing(stream, "steal", predicted=predicted, refill=refill, replicas=3, **COMMON)
     released = np.asarray(result.released_seconds)
     batches = [sorted(np.flatnonzero(released == t).tolist()) for t in sorted(set(released[np.isfinite(released)]))]
-    assert [sorted(units) for units, _, _ in calls] == batches and len(calls) > 1  # one plan per release
-    for units, kwargs, made in calls:
+    assert [sorted(units) for units, _ in calls] == batches and len(calls) > 1  # one plan per release
+    for units, kwargs in calls:
         assert (kwargs["placement"], kwargs["order"], kwargs["budget_tokens"]) == ("ways", "batch", COMMON[
             "budget_tokens"])
         assert list(kwargs["prompt_lens"]) == [stream[u].prompt_len for u in units for _ in stream[u].lengths]
-    assert not np.any(calls[0][1]["loads"]) and any(np.any(kwargs["loads"]) for _, kwargs, _ in calls[1:])
+    assert not np.any(calls[0][1]["loads"]) and any(np.any(kwargs["loads"]) for _, kwargs in calls[1:])
     # (a later batch is placed beside the predicted tokens of the earlier ones still running)
     submitted = np.flatnonzero(np.isfinite(released))
     assert (result.placement >= 0).sum() == len(submitted) * len(stream[0].lengths)
