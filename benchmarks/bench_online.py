@@ -3,7 +3,7 @@
 Run from the repository root:
 
     python benchmarks/bench_online.py            # every CASTILLO validate prompt (about 3.5 minutes on 2 cores)
-    python benchmarks/bench_online.py --quick    # 40 prompts per dataset, fewer resamples and steps (seconds)
+    python benchmarks/bench_online.py --quick    # 20 prompts per dataset, fewer resamples and steps (seconds)
 
 Results: benchmarks/results/online.json (``--out``); the tables go to docs/online.md.
 
@@ -47,11 +47,12 @@ CASTILLO = DATA_DIR / "castillo_qwen2.5-7b_lengths.jsonl"
 BERT = ROOT / "benchmarks" / "results" / "crossfit_h200_pretrain.json"
 BERT_RUN = ROOT / "benchmarks" / "results" / "predictor_h200_pretrain.json"  # lists the prompts seen in pretraining
 SIBLINGS = (0, 1, 2, 4, 5, -1)
+QUICK_PROMPTS = 20  # --quick: a check that every path runs (its numbers mean little)
 
 
 def _groups(args) -> dict:
     groups = load_groups(CASTILLO, splits=["validate"])
-    return limit_groups(groups, 40) if args.quick else groups
+    return limit_groups(groups, QUICK_PROMPTS) if args.quick else groups
 
 
 def _bert_prior(groups: dict) -> tuple[dict, dict] | None:
@@ -146,7 +147,7 @@ def _drift_tables(d: dict, label: str) -> str:
 
 def section_drift(args) -> tuple[str, dict]:
     groups = _groups(args)
-    steps = 6 if args.quick else args.steps
+    steps = 4 if args.quick else args.steps
     runs = {}
     for name, spread in (("uniform", 0.0), ("per-prompt", 0.02)):
         runs[name] = drift_experiment(groups, steps=steps, growth=args.growth, growth_spread=spread, seed=args.seed,
@@ -168,7 +169,8 @@ def section_drift(args) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 prompts per dataset, 20 resamples, 6 drift steps")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_PROMPTS} prompts per dataset, 20 resamples, 4 drift steps")
     parser.add_argument("--sections", default="siblings,drift", help="comma-separated sections: siblings, drift")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resamples of prompts for tau-b's interval")
     parser.add_argument("--steps", type=int, default=20, help="drift: simulated RL steps")
