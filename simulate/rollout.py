@@ -985,7 +985,7 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
         return result, np.arange(len(groups), dtype=np.int64)
     client_window = (window or None) if replicas > 1 else None
     if refill is not None:  # each chunk planned when slime takes it, from what the engines still have
-        return _slime_refill(groups, samples, sizes, starts, pred, planner, refill, replicas=replicas,
+        return _slime_refill(groups, samples, sizes, pred, planner, refill, replicas=replicas,
                              budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
                              client_window=client_window, client_steals=steals, **kwargs)
     planned = [g for g in planner.plan(samples, replicas, prompt_lens=prompt_lens) if g]
@@ -1021,7 +1021,7 @@ class _PromptHistory:
         self.history.observe(self.names.get(key, key), kept, side)
 
 
-def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwargs) -> tuple[RolloutResult, np.ndarray]:
+def _slime_refill(groups, samples, sizes, pred, planner, refill, **kwargs) -> tuple[RolloutResult, np.ndarray]:
     """:func:`run_slime_planned` with slime's dynamic sampling: every chunk of units planned by ``planner`` when
     it is submitted (:class:`Refill`'s ``plan``), from the client's outstanding predicted tokens per engine (the
     integration's ``PlannedDataSource``), its groups handed over in the planner's order. The groups stay in the
@@ -1029,7 +1029,7 @@ def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwarg
     from lengthsched.integrations.rollout import predict_lengths
     from lengthsched.integrations.slime import REPLICA_KEY
 
-    unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
+    chunks = _UnitRows(groups, refill)
     if pred is None:  # the planner's predictions, per completion (the same for siblings)
         said = predict_lengths(planner.planner.predictor, [s[0].prompt for s in samples if s] or [],
                                max_new_tokens=kwargs["max_new_tokens"])
@@ -1040,10 +1040,10 @@ def _slime_refill(groups, samples, sizes, starts, pred, planner, refill, **kwarg
     prompt_lens = [int(g.prompt_len) for g in groups]
 
     def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
-        idx = [i for i in np.flatnonzero((unit >= units.start) & (unit < units.stop)) if sizes[i]]
+        idx = chunks.groups(units)
         planned = [g for g in planner.plan([samples[i] for i in idx], kwargs["replicas"],
                                            prompt_lens=[prompt_lens[i] for i in idx], loads=loads) if g]
-        jobs = [np.arange(starts[g[0].index], starts[g[0].index] + len(g)) for g in planned]
+        jobs = [np.arange(chunks.starts[g[0].index], chunks.starts[g[0].index] + len(g)) for g in planned]
         where = [s.metadata[REPLICA_KEY] for g in planned for s in g]
         return (np.concatenate(jobs) if jobs else np.zeros(0, dtype=np.int64)), np.asarray(where, dtype=np.int64)
 
@@ -1067,8 +1067,6 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
     verl's own. ``kwargs`` go to :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``,
     ``in_flight``, ``router``, ...). A ``run`` for :func:`simulate.run_oversampled_steps` with
     ``refill_rule="verl"``; the groups stay in the order given."""
-    from lengthsched.integrations.rollout import plan_rollout
-
     if policy != "vllm":
         raise InvalidArgument("policy", policy, "'vllm' (verl's engines; FCFS over the plan's order is its priority "
                                                 "scheduling here)")
@@ -1078,17 +1076,12 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
         raise InvalidArgument("router", kwargs.get("router"), "'least_loaded' (verl's router, which routes the "
                                                               "manager's spread requests) and no client_window")
     groups = list(groups)
-    chunks = _UnitRows(groups, predicted, refill)
+    chunks = _UnitRows(groups, refill, predicted)
     replicas = kwargs.get("replicas", 1)
 
     def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
-        idx, rows = chunks.rows(units)
-        if not len(rows):
-            return rows, rows
-        made = plan_rollout(np.repeat(idx, chunks.sizes[idx]).tolist(), chunks.pred[rows], replicas=replicas,
-                            placement="spread", order=order)
-        sent = np.asarray(made.submission_order(), dtype=np.int64)
-        return rows[sent], np.full(len(sent), -1, dtype=np.int64)  # routed as verl's router routes them
+        sent, _ = chunks.plan(units, replicas=replicas, placement="spread", order=order)
+        return sent, np.full(len(sent), -1, dtype=np.int64)  # routed as verl's router routes them
 
     return run_rollout(groups, "vllm", predicted=chunks.pred, placement=np.zeros(len(chunks.pred), dtype=np.int64),
                        refill=dataclasses.replace(refill, plan=plan), **kwargs)
@@ -1110,14 +1103,12 @@ def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, 
     (None or verl's ``"least_loaded"``) and ``in_flight`` (None or unbounded), which :func:`run_verl_planned` needs
     and this takes for the same calls. A ``run`` for :func:`simulate.run_oversampled_steps` with
     ``refill_rule="verl"``; the groups stay in the order given."""
-    from lengthsched.integrations.rollout import plan_rollout
-
     if policy not in ("steal", "steal_observed"):
         raise InvalidArgument("policy", policy, "'steal_observed' (the stealing manager's driver) or 'steal'")
     if not isinstance(refill, Refill) or refill.rule != "verl":
         raise InvalidArgument("refill", refill, "a simulate.rollout.Refill with rule='verl' (verl's dynamic sampling)")
     groups = list(groups)
-    chunks = _UnitRows(groups, predicted, refill)
+    chunks = _UnitRows(groups, refill, predicted)
     in_flight, router = kwargs.pop("in_flight", None), kwargs.pop("router", None)  # as run_verl_planned's callers
     if router not in (None, "least_loaded"):
         raise InvalidArgument("router", router, "None or 'least_loaded' (verl's; the stealing manager places each "
@@ -1129,38 +1120,53 @@ def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, 
     prompt_lens = np.array([int(g.prompt_len) for g in groups], dtype=np.int64)
 
     def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
-        idx, rows = chunks.rows(units)
-        if not len(rows):
-            return rows, rows
-        owners = np.repeat(idx, chunks.sizes[idx])
-        made = plan_rollout(owners.tolist(), chunks.pred[rows], replicas=replicas, placement="ways", order="batch",
-                            prompt_lens=prompt_lens[owners], budget_tokens=budget, loads=loads)
-        sent = np.asarray(made.submission_order(), dtype=np.int64)
-        return rows[sent], np.asarray(made.replica, dtype=np.int64)[sent]
+        return chunks.plan(units, replicas=replicas, placement="ways", order="batch", prompt_lens=prompt_lens,
+                           budget_tokens=budget, loads=loads)
 
     return run_rollout(groups, policy, predicted=chunks.pred, refill=dataclasses.replace(refill, plan=plan), **kwargs)
 
 
 class _UnitRows:
-    """A step's requests by the units of a :class:`Refill` (for the plans of :func:`run_verl_planned` and
-    :func:`run_verl_stealing`): ``pred`` (per completion), ``sizes`` (per group) and :meth:`rows`."""
+    """A step's requests by the units of a :class:`Refill` (for the plans of :func:`run_verl_planned`,
+    :func:`run_verl_stealing` and :func:`run_slime_planned`'s refill): ``sizes`` and ``starts`` (per group),
+    ``pred`` (per completion; None where not given), :meth:`groups`, :meth:`rows` and :meth:`plan`."""
 
-    def __init__(self, groups: Sequence[Any], predicted: Any, refill: Refill):
+    def __init__(self, groups: Sequence[Any], refill: Refill, predicted: Any = None):
         self.sizes = np.array([len(g.lengths) for g in groups], dtype=np.int64)
         self.starts = np.concatenate(([0], np.cumsum(self.sizes)[:-1])).astype(np.int64)
-        self.pred = as_lengths("predicted", predicted, minimum=0)
-        if self.pred.shape != (int(self.sizes.sum()),):
+        self.pred = None if predicted is None else as_lengths("predicted", predicted, minimum=0)
+        if self.pred is not None and self.pred.shape != (int(self.sizes.sum()),):
             raise InvalidArgument("predicted", f"{self.pred.size} values",
                                   f"{int(self.sizes.sum())} values, one per completion")
         self.unit = np.arange(len(groups)) if refill.owners is None else np.asarray(refill.owners, dtype=np.int64)
 
+    def groups(self, units: range) -> np.ndarray:
+        """The groups of ``units`` that have requests, in group order."""
+        return np.array([i for i in np.flatnonzero((self.unit >= units.start) & (self.unit < units.stop))
+                         if self.sizes[i]], dtype=np.int64)
+
     def rows(self, units: range) -> tuple[np.ndarray, np.ndarray]:
-        """The groups of ``units`` that have requests, and their requests (indices into the flattened step)."""
-        idx = np.array([i for i in np.flatnonzero((self.unit >= units.start) & (self.unit < units.stop))
-                        if self.sizes[i]], dtype=np.int64)
+        """:meth:`groups` of ``units``, and their requests (indices into the flattened step)."""
+        idx = self.groups(units)
         if not len(idx):
             return idx, np.zeros(0, dtype=np.int64)
         return idx, np.concatenate([np.arange(self.starts[i], self.starts[i] + self.sizes[i]) for i in idx])
+
+    def plan(self, units: range, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The requests of ``units`` planned by :func:`lengthsched.integrations.plan_rollout` over ``pred``
+        (``options``: its keywords; ``prompt_lens`` given per group, taken per request here), in the plan's
+        submission order, and each one's replica in the plan."""
+        from lengthsched.integrations.rollout import plan_rollout
+
+        idx, rows = self.rows(units)
+        if not len(rows):
+            return rows, rows
+        owners = np.repeat(idx, self.sizes[idx])
+        if options.get("prompt_lens") is not None:
+            options["prompt_lens"] = np.asarray(options["prompt_lens"])[owners]
+        made = plan_rollout(owners.tolist(), self.pred[rows], **options)
+        sent = np.asarray(made.submission_order(), dtype=np.int64)
+        return rows[sent], np.asarray(made.replica, dtype=np.int64)[sent]
 
 
 def run_slime_planned_in_order(groups: Sequence[Any], policy: str = "sglang", *, predicted: Any,
