@@ -794,9 +794,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
             if client is not None:
                 client.finished(r, eng.collected[seen[r]:done])
             if releases is not None:
-                tick = releases.finished(eng.collected[seen[r]:done], now)
-                if tick is not None:
-                    heapq.heappush(clock.heap, (tick, -1))
+                releases.finished(eng.collected[seen[r]:done], now, clock.heap)
             seen[r] = done
             send(now)
         if not eng.decide(pol):
@@ -869,9 +867,10 @@ class _Releases:
         if batch is not None:
             self.queue.extend(self.plan(batch).tolist())
 
-    def finished(self, jobs, now: float) -> float | None:
+    def finished(self, jobs, now: float, heap: list) -> None:
         """Count the requests ``jobs`` that finished at ``now`` and submit what the rule asks for; with a poll, the
-        rule decides at the next poll instead: returns its time when a new poll must be scheduled, else None."""
+        rule decides at the next poll instead, which is pushed on ``heap`` (a clock's: ``(seconds, -1)``) unless it
+        is there already."""
         for job in jobs:
             u = int(self.unit[job])
             self.left[u] -= 1
@@ -880,12 +879,11 @@ class _Releases:
         poll = self.refill.poll
         if poll is None:
             self.release(now)
-            return None
+            return
         tick = next_poll(now, poll)
-        if tick in self.ticks:
-            return None
-        self.ticks.add(tick)
-        return tick
+        if tick not in self.ticks:
+            self.ticks.add(tick)
+            heapq.heappush(heap, (tick, -1))
 
     def poll(self, now: float) -> None:
         """A poll at ``now``: the rule submits what it asks for."""
@@ -1505,10 +1503,8 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
         wake(dispatcher.assign(), now)
         eng, pol = engines[r], pols[r]
         if releases is not None and len(eng.collected) > seen[r]:  # finished since its last decision
-            tick = releases.finished(eng.collected[seen[r]:], now)
+            releases.finished(eng.collected[seen[r]:], now, clock.heap)
             seen[r] = len(eng.collected)
-            if tick is not None:
-                heapq.heappush(clock.heap, (tick, -1))
         pol.idle_now = idle  # the replicas asleep now (steal's moves of running requests go there)
         pol.now = now
         alive = eng.decide(pol)
