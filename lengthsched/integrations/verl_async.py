@@ -69,7 +69,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
 from .verl import VERL_VERSION, _number, _options, _setting, batch_prompt_tokens, planner_from_config, response_lengths
-from .verl_stealing import StealDriver, driver_for, on_import, steal_options, stealing_client
+from .verl_stealing import RunDriver, StealDriver, on_import, steal_options, stealing_client
 
 __all__ = [
     "ASYNC_MANAGER_CLASS",
@@ -208,7 +208,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
     and ``only_hybrid`` kept). Validation batches (``generate_sequences``) run as verl runs them.
     """
 
-    class LengthschedFullyAsyncAgentLoopManager(base):  # type: ignore[misc, valid-type]
+    class LengthschedFullyAsyncAgentLoopManager(RunDriver, base):  # type: ignore[misc, valid-type]
         """verl's fully-async agent-loop manager with lengthsched's placement and stealing."""
 
         def __init__(self, config, llm_client, *args: Any, **kwargs: Any):
@@ -227,10 +227,7 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             super().__init__(config, stealing_client(llm_client, client_class), *args, **kwargs)
             self.lengthsched_planner = planner_from_config(config)
             self.lengthsched_placer: StreamPlacer | None = None
-            self.lengthsched_driver: StealDriver | None = None
-            self.lengthsched_servers: list[str] = []
-            self.lengthsched_restarts = 0  # drivers started again because the router's servers changed
-            self.lengthsched_adopted = 0  # requests in flight the new drivers took over
+            self._lengthsched_keep_driver()
             self.lengthsched_groups_back = 0
             self._lengthsched_version = learner_groups_of(config)
 
@@ -244,23 +241,15 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
                 return await self._lengthsched_driver_for()
 
         async def _lengthsched_driver_for(self) -> StealDriver:
-            old = self.lengthsched_driver
-            driver, servers, adopted = await driver_for(self.llm_client._load_balancer, self.lengthsched_steal, old,
-                                                        self.lengthsched_servers)
-            if adopted is None:
-                return driver
-            if old is not None:
-                self.lengthsched_restarts += 1
-                self.lengthsched_adopted += adopted
-            self.lengthsched_driver, self.lengthsched_servers = driver, servers
-            if self.lengthsched_placer is None:
-                self.lengthsched_placer = StreamPlacer(
-                    self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways,
-                    concurrency=concurrency_of(self.config, len(servers)),
-                    prefill_share=self._lengthsched_prefill_share)
-            else:
-                self.lengthsched_placer.concurrency = concurrency_of(self.config, len(servers))
-            return driver
+            if await self._lengthsched_current_driver(self.llm_client._load_balancer, self.lengthsched_steal):
+                concurrency = concurrency_of(self.config, len(self.lengthsched_servers))
+                if self.lengthsched_placer is None:
+                    self.lengthsched_placer = StreamPlacer(
+                        self.lengthsched_steal.pool_tokens, ways=self.lengthsched_ways, concurrency=concurrency,
+                        prefill_share=self._lengthsched_prefill_share)
+                else:
+                    self.lengthsched_placer.concurrency = concurrency
+            return self.lengthsched_driver
 
         async def generate_sequences_single(self, prompts: Any) -> Any:
             driver = await self.lengthsched_driver_for()
@@ -291,17 +280,11 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             return output
 
         def lengthsched_status(self) -> dict[str, Any]:
-            """What lengthsched did so far: groups placed, the last spread, the driver's steals, moves,
-            cancelled moves, resumed requests, polls and errors, its restarts and the requests in flight the
-            new drivers took over."""
-            driver, placer = self.lengthsched_driver, self.lengthsched_placer
-            stats = driver.stats if driver is not None else None
+            """What lengthsched did so far: groups placed, the last spread, and the driver's
+            (:meth:`~lengthsched.integrations.verl_stealing.RunDriver.lengthsched_driver_status`)."""
+            placer = self.lengthsched_placer
             return {"groups": placer.groups if placer else 0, "ways": placer.last_ways if placer else None,
-                    "replicas": len(self.lengthsched_servers),
-                    "steals": stats.steals if stats else 0, "moves": stats.moves if stats else 0,
-                    "cancelled": stats.cancelled if stats else 0, "resumed": stats.resumed if stats else 0,
-                    "polls": stats.polls if stats else 0, "errors": stats.errors if stats else 0,
-                    "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
+                    **self.lengthsched_driver_status()}
 
     LengthschedFullyAsyncAgentLoopManager.__module__ = __name__
     return LengthschedFullyAsyncAgentLoopManager

@@ -778,6 +778,42 @@ async def driver_for(router: Any, options: StealOptions, driver: StealDriver | N
     return new, current, adopted
 
 
+class RunDriver:
+    """Mixin of the managers that keep one :class:`StealDriver` for a whole run (verl_async's and verl_v1's
+    stealing managers): ``lengthsched_driver`` (None before the first batch), ``lengthsched_servers`` (the
+    router's servers it polls), ``lengthsched_restarts`` (new drivers started because those changed) and
+    ``lengthsched_adopted`` (requests in flight they took over). Call :meth:`_lengthsched_keep_driver` from
+    ``__init__``."""
+
+    def _lengthsched_keep_driver(self) -> None:
+        self.lengthsched_driver: StealDriver | None = None
+        self.lengthsched_servers: list[str] = []
+        self.lengthsched_restarts = 0
+        self.lengthsched_adopted = 0
+
+    async def _lengthsched_current_driver(self, router: Any, options: StealOptions) -> bool:
+        """Make ``lengthsched_driver`` the driver for ``router``'s current servers (:func:`driver_for`); True where
+        it is a new one (the first, or one after the servers changed)."""
+        old = self.lengthsched_driver
+        driver, servers, adopted = await driver_for(router, options, old, self.lengthsched_servers)
+        if adopted is None:
+            return False
+        if old is not None:
+            self.lengthsched_restarts += 1
+            self.lengthsched_adopted += adopted
+        self.lengthsched_driver, self.lengthsched_servers = driver, servers
+        return True
+
+    def lengthsched_driver_status(self) -> dict[str, Any]:
+        """Replicas polled, the driver's steals, moves, cancelled moves, resumed requests, polls and failed polls,
+        its restarts and the requests in flight the new drivers took over."""
+        stats = self.lengthsched_driver.stats if self.lengthsched_driver is not None else None
+        return {"replicas": len(self.lengthsched_servers),
+                **{name: getattr(stats, name) if stats else 0
+                   for name in ("steals", "moves", "cancelled", "resumed", "polls", "errors")},
+                "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
+
+
 class LoopThread:
     """An asyncio event loop of its own, in a daemon thread, for a caller with none running: verl's v1 trainer
     calls its agent-loop manager synchronously, and a :class:`StealDriver` there polls between (and across) its

@@ -71,7 +71,7 @@ from .verl import (
     _setting,
     batch_prompt_tokens,
 )
-from .verl_stealing import LoopThread, StealDriver, driver_for, steal_options, stealing_client
+from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
 __all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "STEALING_MANAGER_TQ_CLASS", "filter_groups", "generated_tokens",
            "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class", "make_tq_worker_class"]
@@ -373,7 +373,7 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
     far: :meth:`lengthsched_status`; :meth:`lengthsched_close` stops the driver and its loop.
     """
 
-    class LengthschedStealingAgentLoopManagerTQ(base):  # type: ignore[misc, valid-type]
+    class LengthschedStealingAgentLoopManagerTQ(RunDriver, base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopManagerTQ with a plan per batch and work stealing (lengthsched.integrations.verl_v1)."""
 
         lengthsched_default_placement = "ways"  # steal's placement unless the config names another
@@ -393,10 +393,7 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
                 args[1] = stealing_client(args[1], client_class)
             super().__init__(*args, **kwargs)
             self.lengthsched_loop: LoopThread | None = None
-            self.lengthsched_driver: StealDriver | None = None
-            self.lengthsched_servers: list[str] = []
-            self.lengthsched_restarts = 0  # drivers started again because the router's servers changed
-            self.lengthsched_adopted = 0  # requests in flight the new drivers took over
+            self._lengthsched_keep_driver()
 
         def lengthsched_on_loop(self, coro: Any) -> Any:
             """Run ``coro`` on the driver's event loop (started on first use) and wait for its result."""
@@ -415,14 +412,8 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
             self.lengthsched_on_loop(self._lengthsched_submit(rows))
 
         async def _lengthsched_submit(self, rows: list[tuple[int, float, int, Hashable]]) -> None:
-            old = self.lengthsched_driver
-            driver, servers, adopted = await driver_for(self.llm_client._load_balancer, self.lengthsched_steal, old,
-                                                        self.lengthsched_servers)
-            if adopted is not None:
-                if old is not None:
-                    self.lengthsched_restarts += 1
-                    self.lengthsched_adopted += adopted
-                self.lengthsched_driver, self.lengthsched_servers = driver, servers
+            await self._lengthsched_current_driver(self.llm_client._load_balancer, self.lengthsched_steal)
+            driver = self.lengthsched_driver
             replicas = driver.coordinator.replicas
             for priority, predicted, tokens, group in rows:  # where the router sends it: the priority's residue
                 driver.submit(priority, priority % replicas, predicted, prompt_tokens=tokens, group=group)
@@ -443,13 +434,9 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
             return out
 
         def lengthsched_status(self) -> dict[str, Any]:
-            """What the stealing did so far: replicas, the driver's steals, moves, cancelled moves, resumed
-            requests, polls and failed polls, its restarts and the requests in flight the new drivers took over."""
-            stats = self.lengthsched_driver.stats if self.lengthsched_driver is not None else None
-            return {"replicas": len(self.lengthsched_servers),
-                    **{name: getattr(stats, name) if stats else 0
-                       for name in ("steals", "moves", "cancelled", "resumed", "polls", "errors")},
-                    "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
+            """What the stealing did so far (:meth:`~lengthsched.integrations.verl_stealing.RunDriver
+            .lengthsched_driver_status`)."""
+            return self.lengthsched_driver_status()
 
         def lengthsched_close(self) -> None:
             """Stop the driver and its event loop (idempotent); a later dispatch starts them again."""
