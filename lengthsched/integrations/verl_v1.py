@@ -154,6 +154,12 @@ class _Dispatched:
     priorities: tuple[int, ...] = ()  # its rows' priorities, lowest first
 
 
+def _lowest(plan: Any, prompt_rows: list[list[int]], base: int) -> list[int]:
+    """Each prompt's priority: the lowest of its rows' (``prompt_rows[k]``: row indices of ``plan``, lowest priority
+    first), ``base`` for a prompt that runs nothing."""
+    return [int(plan.priority[rows[0]]) if rows else base for rows in prompt_rows]
+
+
 def filter_groups(config: Any) -> bool:
     """Whether a verl trainer config turns DAPO's group filter on (``algorithm.filter_groups.enable``)."""
     return bool(_setting(config, "algorithm.filter_groups.enable"))
@@ -308,18 +314,11 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             """Write each prompt's ``priority`` (the lowest of its rows', ``prompt_rows[k]``: row indices of
             ``plan``; ``base`` for a prompt that runs nothing) and tell the router where that priority's requests
             go."""
-            routes: dict[int, list[int | None]] = {}
-            priorities = []
-            for rows in prompt_rows:
-                if not rows:
-                    priorities.append(base)  # runs nothing
-                    continue
-                priority = int(plan.priority[rows[0]])
-                # spread: to the fewest in flight as each is sent, as verl's router does (refills come while the
-                # replicas are unevenly loaded); other placements: the plan's replicas
-                routes[priority] = [None if plan.placement == "spread" else int(plan.replica[i]) for i in rows]
-                priorities.append(priority)
-            self.lengthsched_column(prompts, "priority", priorities)
+            # spread: to the fewest in flight as each is sent, as verl's router does (refills come while the
+            # replicas are unevenly loaded); other placements: the plan's replicas
+            routes = {int(plan.priority[rows[0]]): [None if plan.placement == "spread" else int(plan.replica[i])
+                                                    for i in rows] for rows in prompt_rows if rows}
+            self.lengthsched_column(prompts, "priority", _lowest(plan, prompt_rows, base))
             router = self.lengthsched_router()
             if router is not None and hasattr(router, "expect"):
                 resolve(router.expect.remote(routes))
@@ -402,7 +401,7 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
             return self.lengthsched_loop.run(coro)
 
         def lengthsched_publish(self, prompts: Any, plan: Any, prompt_rows: list[list[int]], base: int) -> None:
-            self.lengthsched_column(prompts, "priority", [int(plan.priority[r[0]]) if r else base for r in prompt_rows])
+            self.lengthsched_column(prompts, "priority", _lowest(plan, prompt_rows, base))
             self.lengthsched_column(prompts, PRIORITIES, [[int(plan.priority[i]) for i in r] for r in prompt_rows])
             columns = {name: _rows(prompts, name) for name in ("raw_prompt_ids", "raw_prompt")}
             tokens = batch_prompt_tokens({k: v for k, v in columns.items() if v is not None}, len(prompt_rows))
