@@ -1728,12 +1728,14 @@ def slime_order_horizon(quick: bool) -> tuple[str, dict]:
 # drift in log-odds per epoch, epochs recorded, GRESO's skip, lengthsched's refill), each against verl as it ships
 # under the same drift. Modes: max_inflight_gen_batches.
 VERL_DAPO_MODES = ((1,), (2,))
-# (label, drift, epochs recorded, GRESO's skip, lengthsched's refill by need, the v1 manager's order: None where verl's
-# own AgentLoopManagerTQ dispatches, "longest" where lengthsched.integrations.verl_v1's plans each batch longest
-# predicted first, realistic predictions, each request routed to the fewest in flight as verl's router does)
 #: How the stealing manager's driver runs (verl_stealing's defaults: StealOptions.poll_interval, the stealing client's
 #: estimated round trip).
 VERL_STEALING = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS}
+# (label, drift, epochs recorded, GRESO's skip, lengthsched's refill by need, the v1 manager: None where verl's own
+# AgentLoopManagerTQ dispatches, "longest" where lengthsched.integrations.verl_v1's manager plans each batch longest
+# predicted first, each request routed to the fewest in flight as verl's router does, "steal" where its stealing
+# manager plans each batch with steal's placement and its driver steals (steal_observed at VERL_STEALING); realistic
+# predictions for both)
 VERL_DAPO_RUNS = (
     ("verl's dynamic sampling as it ships", 0.0, 1, False, False, None),
     ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True, None),
