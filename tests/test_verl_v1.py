@@ -504,16 +504,16 @@ class Live:
         if not snapshots:  # verl's own server class: what the v1 trainer builds without the setup hook
             plain = [FakeVLLMHttpServer(e) for e in self.engines]
             self.router = lv.PlannedLoadBalancer({f"10.0.0.{r}:8000": Remote(s) for r, s in enumerate(plain)})
-        self.shared = vs.LoopThread("test-cluster")
-        self.steps = 0
-        self._stop = False
-        self.shared.run(self._start_stepper())
-
         self.manager_cls = self.make_manager_class(FakeFullyAsyncLLMServerClient)
         self.config = config(**lengthsched)
         self.plain = SimpleNamespace(config=self.config, _load_balancer=Remote(self.router))
         self.manager = self.manager_cls(config=self.config, llm_client=self.plain, teacher_client=None,
                                         reward_loop_worker_handles=None)
+        # the loop and the stepper only once the manager is made (a config it refuses leaves no thread running)
+        self.shared = vs.LoopThread("test-cluster")
+        self.steps = 0
+        self._stop = False
+        self.shared.run(self._start_stepper())
         self.manager.lengthsched_loop = self.shared  # one loop for everything (the driver's own otherwise)
         self.workers = [self.make_worker() for _ in range(2)]
         self.manager.agent_loop_workers = [Remote(w) for w in self.workers]
