@@ -4,6 +4,7 @@ Run from the repository root:
 
     python benchmarks/bench_online.py            # every CASTILLO validate prompt (about 3.5 minutes on 2 cores)
     python benchmarks/bench_online.py --quick    # 20 prompts per dataset, fewer resamples and steps (seconds)
+    python benchmarks/bench_online.py --sections speed --out benchmarks/results/online_speed.json   # timing
 
 Results: benchmarks/results/online.json (``--out``); the tables go to docs/online.md.
 
@@ -22,6 +23,11 @@ forgetting rate fitted on the other half's history (``fit_forgetting``), and the
 more at the predictor's default forgetting 0.5. Section ``drift``:
 :func:`predictor_training.online_eval.drift_experiment`, 20 simulated RL steps with +3% mean length
 per step, every prompt alike and with per-prompt growth spread 0.02 (growth_i = 0.03 + 0.02 z).
+Section ``speed`` (timing, so not in the default sections): what one poll of a rollout step costs, the
+predictor fitted on every validate prompt answering for the running completions of 256 prompts x 16
+(``--quick``: 64) with some siblings finished and the others part-way, median of ``--repeats`` calls; and
+its residual-law lookup (``log_sf``, most of a call's time) against np.interp on the same table (the
+lookup before it read the evenly spaced table by index), both measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,11 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 from common import ROOT, machine, report, run_sections, table
 
+from lengthsched import OnlineLengthPredictor
 from lengthsched.io import DATA_DIR
+from lengthsched.online import _TABLE_Z
 from predictor_training.online_eval import (
     check_targets,
     drift_experiment,
@@ -167,21 +177,100 @@ def section_drift(args) -> tuple[str, dict]:
     return "\n".join(texts), {"runs": runs, "targets": targets}
 
 
+SPEED_PROMPTS, SPEED_SIBLINGS = 256, 16  # a rollout step's poll: prompts x completions each
+
+
+def _median_ms(call, repeats: int) -> float:
+    call()  # warm-up (first-call caches)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return round(1e3 * float(np.median(times)), 3)
+
+
+def _interp_log_sf(table: np.ndarray):
+    """The residual law's lookup by np.interp (a binary search per value) over the same table."""
+    top = _TABLE_Z[-1]
+
+    def log_sf(z):
+        z = np.asarray(z, dtype=np.float64)
+        inside = np.interp(z, _TABLE_Z, table, left=0.0, right=table[-1])
+        return np.where(z > top, table[-1] - 0.5 * (np.minimum(z, 1e150) ** 2 - top * top), inside)
+    return log_sf
+
+
+def section_speed(args) -> tuple[str, dict]:
+    groups = {k: g.lengths.tolist() for k, g in load_groups(CASTILLO, splits=["validate"]).items()}
+    predictor = OnlineLengthPredictor.fit(groups)
+    rng = np.random.default_rng(args.seed)
+    keys = list(groups)
+    n = 64 if args.quick else SPEED_PROMPTS
+    prompts, prefixes, completions = [], [], []
+    for i in rng.choice(len(keys), n, replace=False):
+        lengths = groups[keys[i]]
+        finished = int(rng.integers(0, 9))  # siblings heard finish; the others are running
+        for j in range(finished):
+            predictor.observe(keys[i], lengths[j % len(lengths)])
+        for j in range(finished, SPEED_SIBLINGS):
+            total = lengths[j % len(lengths)]
+            prompts.append(keys[i])
+            prefixes.append(int(rng.integers(0, total)))
+            completions.append((keys[i], j))
+
+    def poll():
+        return predictor.predict(prompts, prefixes, quantiles=(0.9,), completions=completions)
+
+    repeats = 3 if args.quick else args.repeats
+    residuals = predictor.residuals
+    z = rng.normal(0.0, 3.0, (60, 64, 16))  # one block of the predictive's grid (queries x points x components)
+    reference = _interp_log_sf(residuals._log_sf)
+    difference = float(np.max(np.abs(residuals.log_sf(z) - reference(z))))
+    lookup = {"table": _median_ms(lambda: residuals.log_sf(z), 10 * repeats),
+              "np.interp": _median_ms(lambda: reference(z), 10 * repeats)}
+    table_answer = poll()
+    table_ms = _median_ms(poll, repeats)
+    residuals.log_sf = reference  # the same predictor answering with the np.interp lookup
+    try:
+        interp_answer = poll()
+        interp_ms = _median_ms(poll, repeats)
+    finally:
+        del residuals.log_sf
+    agree = max(float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+                for a, b in ((table_answer.lengths, interp_answer.lengths),
+                             (table_answer.quantile(0.9), interp_answer.quantile(0.9))))
+    rows = [["log_sf, one block of 61,440 values", lookup["np.interp"], lookup["table"],
+             round(lookup["np.interp"] / lookup["table"], 2), f"{difference:.1e} (log)"],
+            [f"predict, {len(prompts)} running completions of {n} prompts x {SPEED_SIBLINGS}, q0.9", interp_ms,
+             table_ms, round(interp_ms / table_ms, 2), f"{agree:g} tokens"]]
+    text = table(f"Online predictor speed (median of {repeats} calls, 10x that for log_sf; ms)",
+                 ["call", "np.interp lookup", "table by index", "ratio", "largest difference"], rows)
+    return text, {"prompts": n, "siblings": SPEED_SIBLINGS, "queries": len(prompts), "repeats": repeats,
+                  "log_sf_ms": lookup, "log_sf_max_difference": difference,
+                  "predict_ms": {"np.interp": interp_ms, "table": table_ms},
+                  "predict_max_difference_tokens": agree}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK_PROMPTS} prompts per dataset, 20 resamples, 4 drift steps")
-    parser.add_argument("--sections", default="siblings,drift", help="comma-separated sections: siblings, drift")
+    parser.add_argument("--sections", default="siblings,drift",
+                        help="comma-separated sections: siblings, drift, speed (timing: not in the default)")
+    parser.add_argument("--repeats", type=int, default=7, help="speed: timed calls per measurement (median)")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resamples of prompts for tau-b's interval")
     parser.add_argument("--steps", type=int, default=20, help="drift: simulated RL steps")
     parser.add_argument("--growth", type=float, default=0.03, help="drift: growth of the mean length per step")
     parser.add_argument("--seed", type=int, default=0, help="seed of the halves, reveal order, history and draws")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "online.json"), help="results JSON")
     args = parser.parse_args(argv)
-    texts, results = run_sections(parser, args, {"siblings": section_siblings, "drift": section_drift})
+    texts, results = run_sections(parser, args, {"siblings": section_siblings, "drift": section_drift,
+                                                 "speed": section_speed})
     results = {"machine": machine(), "command": " ".join([Path(sys.argv[0]).name] + (argv or sys.argv[1:])),
                **results}
-    report(results, texts, args.out, "data, not timing: the numbers do not depend on this machine")
+    report(results, texts, args.out, "speed is timing on this machine; the other sections are data" if "speed" in
+           results else "data, not timing: the numbers do not depend on this machine")
     return 0
 
 

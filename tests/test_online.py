@@ -488,12 +488,17 @@ def test_the_online_path_never_imports_torch(small_trace):
 def test_the_benchmark_runs_quick(tmp_path):
     out = tmp_path / "online.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_online.py"), "--quick", "--out",
-                             str(out)], capture_output=True, text=True, timeout=300, check=False)
+                             str(out), "--sections", "siblings,drift,speed"],
+                            capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert {"machine", "siblings", "drift"} <= set(data)
+    assert {"machine", "siblings", "drift", "speed"} <= set(data)
     assert {"none", "regression"} <= set(data["siblings"]["evaluations"])
     assert "### Targets (siblings)" in result.stdout and "### Drift" in result.stdout
+    speed = data["speed"]  # the two lookups answer alike (timings are for benchmarks/, not asserted)
+    assert speed["queries"] > 0 and speed["log_sf_max_difference"] < 1e-9
+    assert speed["predict_max_difference_tokens"] < 1.0
+    assert "### Online predictor speed" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------- per-prompt laws
@@ -506,6 +511,29 @@ def mixed_groups(n: int, size: int = 10, *, seed: int = 0) -> dict[str, list[int
     spreads = np.where(rng.random(n) < 0.5, 0.05, 0.4)
     return {f"q{i}": np.maximum(1, np.rint(np.exp(m + s * rng.standard_normal(size)))).astype(int).tolist()
             for i, (m, s) in enumerate(zip(means, spreads))}
+
+
+@FAST
+@given(st.sampled_from(["normal", "student", "skewed"]),
+       st.lists(st.one_of(st.floats(-60, 60), st.sampled_from([math.inf, -math.inf, math.nan, 40.0, -40.0,
+                                                                39.99875, 1e200])), min_size=1, max_size=40))
+def test_the_residual_tables_lookup_is_linear_interpolation_in_float64(law, z):
+    """log_sf reads its evenly spaced table by index: it must equal np.interp over the table (zero below
+    it, the normal tail's slope above it, NaN for NaN) to float64 rounding, for the normal and for
+    empirical laws."""
+    from lengthsched.online import _GRID, _TABLE_Z, _Residuals
+
+    rng = np.random.default_rng(0)
+    draws = {"normal": None, "student": rng.standard_t(3, 20000), "skewed": rng.lognormal(0.0, 0.8, 20000) - 1.0}[law]
+    residuals = _Residuals(None if draws is None else np.quantile(draws, _GRID))
+    z = np.array(z)
+    table = residuals._log_sf
+    inside = np.interp(z, _TABLE_Z, table, left=0.0, right=table[-1])
+    expected = np.where(z > _TABLE_Z[-1], table[-1] - 0.5 * (np.minimum(z, 1e150) ** 2 - _TABLE_Z[-1] ** 2), inside)
+    got = residuals.log_sf(z)
+    assert got.shape == z.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)  # NaN where expected is NaN
+    assert float(residuals.log_sf(np.float64(1.5))) == pytest.approx(float(residuals.log_sf(np.array([1.5]))[0]))
 
 
 def test_fit_spreads_with_laws_recovers_a_spread_law_and_a_skewed_prior():
