@@ -1731,11 +1731,14 @@ VERL_DAPO_MODES = ((1,), (2,))
 #: How the stealing manager's driver runs (verl_stealing's defaults: StealOptions.poll_interval, the stealing client's
 #: estimated round trip).
 VERL_STEALING = {"snapshot_seconds": StealOptions.poll_interval, "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS}
+#: steal's class options that turn stealing and moves off (its placement and per-replica queues alone).
+NO_STEALING = {"ROOM": 0.0, "MIGRATE_CHUNK": None}
 # (label, drift, epochs recorded, GRESO's skip, lengthsched's refill by need, the v1 manager: None where verl's own
 # AgentLoopManagerTQ dispatches, "longest" where lengthsched.integrations.verl_v1's manager plans each batch longest
 # predicted first, each request routed to the fewest in flight as verl's router does, "steal" where its stealing
-# manager plans each batch with steal's placement and its driver steals (steal_observed at VERL_STEALING); realistic
-# predictions for both)
+# manager plans each batch with steal's placement and its driver steals (steal_observed at VERL_STEALING), "placed"
+# where the same placement and queues run with nothing stolen or moved (steal with NO_STEALING: what the
+# placement alone is worth); realistic predictions for all)
 VERL_DAPO_RUNS = (
     ("verl's dynamic sampling as it ships", 0.0, 1, False, False, None),
     ("verl + verl_selective's refill (the same data)", 0.0, 1, False, True, None),
@@ -1748,6 +1751,10 @@ VERL_DAPO_RUNS = (
     ("verl + the v1 stealing manager (steal's placement and batch order; snapshots every 0.25 s, 0.05 s to "
      "resubmit)", 0.0, 1, False, False, "steal"),
     ("verl + the v1 stealing manager + verl_selective's refill", 0.0, 1, False, True, "steal"),
+    ("verl + the v1 stealing manager's placement alone (nothing stolen or moved; an analysis row)", 0.0, 1, False,
+     False, "placed"),
+    ("verl + the v1 stealing manager's placement alone + verl_selective's refill (an analysis row)", 0.0, 1, False,
+     True, "placed"),
     ("verl's dynamic sampling as it ships, the policy learning (drift 0.5, four epochs recorded)", 0.5, 4, False,
      False, None),
     ("verl + verl_selective's refill, the policy learning (drift 0.5; the same data)", 0.5, 4, False, True, None),
@@ -1774,14 +1781,19 @@ def _verl_dapo_unit(args) -> dict:
     out = {}
     for label, drift, epochs, skip, need, order in VERL_DAPO_RUNS:
         valid = verdicts[drift, epochs]
-        policy, planned = "vllm", {}
+        policy, planned, patch = "vllm", {}, {}
         if order == "steal":  # verl_v1's stealing manager, as verl_stealing's defaults run it
             policy, planned = "steal_observed", {"run": partial(run_verl_stealing, **VERL_STEALING),
                                                  "predicted": realistic}
+        elif order == "placed":  # its placement and queues, nothing stolen or moved (no snapshots to decide from)
+            policy, patch = "steal", NO_STEALING
+            planned = {"run": partial(run_verl_stealing, resubmit_seconds=VERL_STEALING["resubmit_seconds"]),
+                       "predicted": realistic}
         elif order is not None:
             planned = {"run": partial(run_verl_planned, order=order), "predicted": realistic}
-        r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need} | planned, epochs=epochs,
-                                drift=drift, seed=seed, order=None, skip=skip, policy=policy)
+        with _patched(POLICIES[policy].cls, **patch):
+            r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need} | planned, epochs=epochs,
+                                    drift=drift, seed=seed, order=None, skip=skip, policy=policy)
         seconds, kept, filtered, surplus, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens",
                                                               "dropped_tokens", "decoded_tokens")
         _, reached, lost = _kept_after_skip(r, runs, valid)
