@@ -234,9 +234,22 @@ def true_length_of(lengths):
     return lambda prompt_ids: lengths[prompt_ids[0]]
 
 
-def cluster(lengths, max_num_seqs: int, replicas: int):
+def per_turn_length_of(lengths, tool: int = 9, tool_tokens: int = 3):
+    """Each turn of a multi-turn session generates its row's length (``lengths[k]``: tokens, or a list of them per
+    turn): what its prompt holds up to the last tool answer (``tool_tokens`` of token ``tool`` each) counts as
+    prompt, what follows (tokens carried by a moved attempt) as generated."""
+    def length(prompt_ids):
+        at = [i for i, t in enumerate(prompt_ids) if t == tool]
+        per = lengths[prompt_ids[0]]
+        turn = per if isinstance(per, int) else per[min(len(at) // tool_tokens, len(per) - 1)]
+        return (at[-1] if at else PROMPT - 1) + 1 - PROMPT + turn
+    return length
+
+
+def cluster(lengths, max_num_seqs: int, replicas: int, true_length=None):
     servers_cls = vs.make_vllm_server_class(FakeVLLMHttpServer)
-    engines = [FakeAsyncLLM(true_length_of(lengths), max_num_seqs) for _ in range(replicas)]
+    length = true_length_of(lengths) if true_length is None else true_length
+    engines = [FakeAsyncLLM(length, max_num_seqs) for _ in range(replicas)]
     servers = [servers_cls(e) for e in engines]
     router = lv.PlannedLoadBalancer({f"10.0.0.{r}:8000": Remote(s) for r, s in enumerate(servers)})
     return engines, servers, router
@@ -652,6 +665,55 @@ def test_steal_options_from_the_config():
     default = vs.steal_options(trainer_config(steal={"pool_tokens": 4096}))
     assert (default.chunk, default.poll_interval) == (128, 0.25) and default.coordinator(2).chunk == 128
     assert vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "chunk": 64})).coordinator(2).chunk == 64
+    # turns: verl's multi_turn switch unless the section says otherwise
+    assert default.turns is False
+    multi = trainer_config(steal={"pool_tokens": 4096})
+    multi["actor_rollout_ref"]["rollout"]["multi_turn"] = {"enable": True}
+    assert vs.steal_options(multi).turns is True
+    multi["lengthsched"]["steal"]["turns"] = False
+    assert vs.steal_options(multi).turns is False
+    with pytest.raises(InvalidArgument, match="lengthsched.steal.turns"):
+        vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "turns": "yes"}))
+
+
+def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_with_the_tokens_before():
+    _, servers, router = cluster({0: 5}, 2, 2)
+    with pytest.raises(InvalidArgument, match="argument 'turns'"):
+        vs.StealDriver(StealCoordinator(2, 1000), router, servers, turns=1)
+    for turns in (True, False):
+        coord = StealCoordinator(2, pool_tokens=10_000, chunk=None)
+        driver = vs.StealDriver(coord, router, servers, turns=turns)
+
+        def see(replica, generated, finished=(), driver=driver, coord=coord):  # one replica's part of a poll
+            seen = driver._observed(replica, {"generated": generated, "finished": list(finished)})
+            coord.observe(replica, seen)
+            return seen
+
+        driver.submit(7, 0, 100.0, prompt_tokens=4, group="g")
+        first = vs.vllm_request_id(7, "session", 0)
+        see(0, {first: 30})
+        assert coord.generated_of(7) == 30
+        see(0, {}, [first])  # the first turn ends
+        assert coord.replica_of(7) is None
+        if not turns:  # the row is done: a later request under its key is not followed
+            assert not driver._rows
+            see(1, {vs.vllm_request_id(7, "session", 0): 3})
+            assert coord.replica_of(7) is None and driver.stats.turns == 0
+            continue
+        assert list(driver._rows) == ["7"]  # kept, between turns: nothing of it waits anywhere
+        assert see(0, {}) == {}
+        second = vs.vllm_request_id(7, "session", 0)  # the next turn: the conversation is its prompt
+        assert see(1, {second: 3}) == {7: 33}
+        assert coord.replica_of(7) == 1 and coord.generated_of(7) == 33
+        assert (driver.stats.turns, driver.stats.resumed) == (1, 0)
+        moved = vs.vllm_request_id(7, "session", 8)  # a move's attempt carries the turn's 8 tokens so far
+        assert see(1, {moved: 2}) == {7: 40}
+        see(1, {}, [moved])
+        assert coord.replica_of(7) is None and driver._rows["7"].done == 40
+        driver.finish(7)  # its prompt is heard finish
+        assert not driver._rows
+        see(0, {vs.vllm_request_id(7, "session", 0): 1})
+        assert coord.replica_of(7) is None and driver.stats.turns == 1
 
 
 class Worker:

@@ -31,6 +31,7 @@ from lengthsched.integrations import verl_v1 as vv1
 # Six prompts; each one's completions have the true lengths below (tokens).
 TRUE = {f"q{k}": n for k, n in enumerate([400, 60, 300, 50, 200, 80])}
 G = 4
+TOOL = [9, 9, 9]  # a tool's answer between two turns of the fake multi-turn loop (token 9 marks it)
 
 
 def true_length(prompt_ids) -> int:
@@ -107,10 +108,16 @@ class FakeWorkerTQ:
     in the background: here when the test calls ``finish``); ``_run_prompt`` runs ``__rollout_n__`` (else
     ``rollout.n`` / ``val_kwargs.n``) sessions through ``_run_agent_loop`` (the prompt's columns and the session id
     as keyword arguments), each a single-turn loop (``int(priority)``, a fresh request id) whose output goes to
-    ``_agent_loop_postprocess``, and settles them all, a failed session included."""
+    ``_agent_loop_postprocess``, and settles them all, a failed session included. ``agent_name`` "tool_agent"
+    runs verl's ``ToolAgentLoop`` as it talks to the client: ``TURNS`` turns of one request id, each a
+    ``generate`` of the conversation so far (the prompt, the earlier turns' tokens and a tool's answer of
+    :data:`TOOL` tokens) that names no priority; the session's tokens are its turns' together."""
+
+    agent_name = "single_turn_agent"
+    TURNS = 2
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        self.config, self.client = config, llm_client
+        self.config, self.llm_client = config, llm_client
         self.pending: list[tuple[dict, dict]] = []
         self.stored: list[tuple[str, int]] = []  # (uid, session) put into the queue
         self.fail: set[str] = set()  # prompt names whose first session fails
@@ -129,14 +136,27 @@ class FakeWorkerTQ:
             if i == 0 and prompt["raw_prompt"][0]["content"] in self.fail:
                 raise RuntimeError("the engine died")
             await self._run_agent_loop(sampling_params, trajectory=trajectory, trace=trace, session_id=i,
-                                       agent_name="single_turn_agent", **prompt)
+                                       agent_name=self.agent_name, **prompt)
 
         await asyncio.gather(*[session(i) for i in range(n)], return_exceptions=True)
 
     async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
-        out = await self.client.generate(uuid.uuid4().hex, prompt_ids=kwargs["prompt_ids"],
-                                         sampling_params=dict(sampling_params), priority=int(kwargs.get("priority", 0)))
-        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        if agent_name == "tool_agent":
+            request_id, conversation, mask = uuid.uuid4().hex, list(kwargs["prompt_ids"]), []
+            for turn in range(self.TURNS):
+                if turn:
+                    conversation += TOOL
+                    mask += [0] * len(TOOL)
+                out = await self.llm_client.generate(request_id=request_id, prompt_ids=conversation,
+                                                     sampling_params=dict(sampling_params))
+                conversation += out.token_ids
+                mask += [1] * len(out.token_ids)
+            output = SimpleNamespace(response_ids=conversation[len(kwargs["prompt_ids"]):], response_mask=mask)
+        else:
+            out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=kwargs["prompt_ids"],
+                                                 sampling_params=dict(sampling_params),
+                                                 priority=int(kwargs.get("priority", 0)))
+            output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
         return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
@@ -496,16 +516,19 @@ class Live:
     ``lengths[k]``: the true length of prompt ``k``'s completions (its ``prompt_ids`` are ``[k, 0, 0, 0]``)."""
 
     def __init__(self, lengths: dict[int, int], *, replicas: int = 2, max_num_seqs: int = 2, snapshots: bool = True,
-                 **lengthsched: Any):
-        from test_verl_stealing import FakeFullyAsyncLLMServerClient, FakeVLLMHttpServer, cluster
+                 multi_turn: bool = False, **lengthsched: Any):
+        from test_verl_stealing import FakeFullyAsyncLLMServerClient, FakeVLLMHttpServer, cluster, per_turn_length_of
 
-        self.lengths = lengths
-        self.engines, servers, self.router = cluster(lengths, max_num_seqs=max_num_seqs, replicas=replicas)
+        self.lengths, self.multi_turn = lengths, multi_turn
+        self.engines, servers, self.router = cluster(lengths, max_num_seqs=max_num_seqs, replicas=replicas,
+                                                     true_length=per_turn_length_of(lengths) if multi_turn else None)
         if not snapshots:  # verl's own server class: what the v1 trainer builds without the setup hook
             plain = [FakeVLLMHttpServer(e) for e in self.engines]
             self.router = lv.PlannedLoadBalancer({f"10.0.0.{r}:8000": Remote(s) for r, s in enumerate(plain)})
         self.manager_cls = self.make_manager_class(FakeFullyAsyncLLMServerClient)
         self.config = config(**lengthsched)
+        if multi_turn:  # verl's switch for tool loops (the stealing driver follows their turns)
+            self.config["actor_rollout_ref"]["rollout"]["multi_turn"] = {"enable": True}
         self.plain = SimpleNamespace(config=self.config, _load_balancer=Remote(self.router))
         self.manager = self.manager_cls(config=self.config, llm_client=self.plain, teacher_client=None,
                                         reward_loop_worker_handles=None)
@@ -532,7 +555,10 @@ class Live:
                                                   vs.make_stealing_client_class(fully_async_client))
 
     def make_worker(self) -> Any:
-        return vv1.make_tq_worker_class(LiveWorkerTQ)(self.config, self.manager.llm_client)
+        worker = vv1.make_tq_worker_class(LiveWorkerTQ)(self.config, self.manager.llm_client)
+        if self.multi_turn:
+            worker.agent_name = "tool_agent"
+        return worker
 
     def tasks(self) -> list:
         """The sessions' tasks started so far (verl's worker keeps those still running)."""
@@ -693,43 +719,34 @@ def test_the_v1_worker_runs_each_session_with_its_own_priority():
     assert [c["priority"] for c in calls] == [10, 3, 3] and all(vv1.PRIORITIES not in c for c in calls)
 
 
-@requires_v1
-def test_verls_real_v1_classes_run_the_stealing_manager(monkeypatch):
-    """verl's real AgentLoopManagerTQ and AgentLoopWorkerTQ (generate_sequences, _run_prompt: the TensorDict, its
-    non-tensor columns to the sessions' keyword arguments) and its real fully-async client under the stealing manager,
-    loaded as verl loads it; only the agent loop itself (one request per session), TransferQueue and the engines are
-    fakes."""
-    import ray
+def real_v1(monkeypatch, agent_loop: Any = None) -> type:
+    """A ``Live`` over verl's real v1 classes: the stealing manager loaded as verl loads it, its real
+    AgentLoopManagerTQ and AgentLoopWorkerTQ (generate_sequences, _run_prompt: the TensorDict, its non-tensor columns
+    to the sessions' keyword arguments) and its real fully-async client; TransferQueue, the engines and the agent loop
+    are fakes: ``agent_loop`` replaces the worker's ``_run_agent_loop`` (None: verl's own runs, which instantiates
+    the registered agent loop with the worker's client)."""
     import torch
     from verl.trainer.ppo.v1 import agent_loop_tq
     from verl.utils import tensordict_utils as tu
     from verl.utils.import_utils import load_class_from_fqn
-    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
 
     manager_cls = load_class_from_fqn(vv1.STEALING_MANAGER_TQ_CLASS, "AgentLoopManager")
     assert manager_cls is vv1.LengthschedStealingAgentLoopManagerTQ
     assert issubclass(manager_cls, vv1.LengthschedAgentLoopManagerTQ)
     base_worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
     monkeypatch.setattr(agent_loop_tq, "tq", AsyncTQ())
-    sessions: list[tuple[str, int, int, bool, int]] = []
 
     def light_init(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         self.config, self.llm_client, self.background_tasks = config, llm_client, set()
-
-    async def agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
-        out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=[int(kwargs["index"]), 0, 0, 0],
-                                             sampling_params=dict(sampling_params, max_tokens=512),
-                                             priority=int(kwargs["priority"]))
-        sessions.append((kwargs["uid"], kwargs["session_id"], int(kwargs["priority"]), vv1.PRIORITIES in kwargs,
-                         len(out.token_ids)))
-        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
-        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+        self.tokenizer = self.processor = self.hf_model_type = self.dataset_cls = None
+        self.tools = []
 
     async def postprocess(self, output, validate, **kwargs):
         return None
 
     monkeypatch.setattr(base_worker, "__init__", light_init)
-    monkeypatch.setattr(base_worker, "_run_agent_loop", agent_loop)
+    if agent_loop is not None:
+        monkeypatch.setattr(base_worker, "_run_agent_loop", agent_loop)
     monkeypatch.setattr(base_worker, "_agent_loop_postprocess", postprocess)
 
     class RealLive(Live):
@@ -751,6 +768,28 @@ def test_verls_real_v1_classes_run_the_stealing_manager(monkeypatch):
             tu.assign_non_tensor_data(made, "global_steps", step)
             return made
 
+    return RealLive
+
+
+@requires_v1
+def test_verls_real_v1_classes_run_the_stealing_manager(monkeypatch):
+    """verl's real v1 classes under the stealing manager (:func:`real_v1`), the agent loop one request per
+    session."""
+    import ray
+    from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient
+
+    sessions: list[tuple[str, int, int, bool, int]] = []
+
+    async def agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=[int(kwargs["index"]), 0, 0, 0],
+                                             sampling_params=dict(sampling_params, max_tokens=512),
+                                             priority=int(kwargs["priority"]))
+        sessions.append((kwargs["uid"], kwargs["session_id"], int(kwargs["priority"]), vv1.PRIORITIES in kwargs,
+                         len(out.token_ids)))
+        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+    RealLive = real_v1(monkeypatch, agent_loop)
     lengths = {0: 20, 1: 20, 2: 20}
     live = RealLive(lengths, max_num_seqs=1, placement="groups", steal={"pool_tokens": 100_000,
                                                                         "poll_interval": 0.001})
@@ -768,5 +807,160 @@ def test_verls_real_v1_classes_run_the_stealing_manager(monkeypatch):
         assert all(n == 20 for *_, n in sessions) and live.router.collisions == 0
         driver = live.manager.lengthsched_driver
         assert driver.stats.steals > 0 and not driver._rows and steps < 0.85 * 160
+    finally:
+        live.close()
+
+
+# ----------------------------------------------------------------------------- multi-turn agent loops
+def test_every_request_of_a_session_carries_its_priority_even_where_the_agent_loop_names_none():
+    """verl's ToolAgentLoop passes no priority to generate(): the worker's client gives each request its session's
+    (a context variable per session task: concurrent sessions keep their own); a priority named is kept."""
+    sent = []
+
+    class Client:
+        tokenizer = None
+
+        async def generate(self, request_id, **kwargs):
+            await asyncio.sleep(0)
+            sent.append((request_id, kwargs.get("priority")))
+
+    class Base:
+        def __init__(self, config, llm_client):
+            self.llm_client = llm_client
+
+        async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+            for turn in range(3):  # as ToolAgentLoop: no priority on any turn
+                await self.llm_client.generate(request_id=f"{kwargs['session_id']}-{turn}", prompt_ids=[1],
+                                               sampling_params={})
+            await self.llm_client.generate(f"{kwargs['session_id']}-named", prompt_ids=[1], sampling_params={},
+                                           priority=99)
+
+        async def _agent_loop_postprocess(self, output, validate, **kwargs):
+            return None
+
+    inner = Client()
+    worker = vv1.make_tq_worker_class(Base)(None, inner)
+    assert isinstance(worker.llm_client, vv1.SessionPriorityClient) and worker.llm_client.lengthsched_client is inner
+    worker.llm_client.tokenizer = "tok"  # verl's worker sets attributes on its client: they reach the client
+    assert inner.tokenizer == "tok" and worker.llm_client.tokenizer == "tok"
+
+    async def go():
+        await asyncio.gather(*[worker._run_agent_loop({}, {}, agent_name="tool_agent", session_id=i, priority=3,
+                                                      **{vv1.PRIORITIES: [20, 21, 22]}) for i in range(3)])
+        assert vv1.SESSION_PRIORITY.get() is None  # reset after each session
+        await worker.llm_client.generate("outside", prompt_ids=[1], sampling_params={})
+    asyncio.run(go())
+    got = dict(sent)
+    assert all(got[f"{i}-{t}"] == 20 + i for i in range(3) for t in range(3))
+    assert all(got[f"{i}-named"] == 99 for i in range(3)) and got["outside"] is None
+
+
+def test_the_stealing_driver_follows_the_turns_of_multi_turn_sessions():
+    """With verl's multi_turn switch on, every turn of a tool loop reaches its engine named by its session's row, on
+    the replica the plan gave it unless the driver moved it; a finished turn does not finish the row: the next turn
+    is followed where it appears, with the tokens of the turns before; the rows go when their prompts are heard
+    finish."""
+    lengths = {0: 30, 1: 6, 2: 6}  # tokens per turn; two turns a session
+    live = Live(lengths, max_num_seqs=2, placement="groups", multi_turn=True,
+                steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    try:
+        manager = live.manager
+        batch = live.batch(1, list(lengths))
+        manager.generate_sequences(batch)
+        driver = manager.lengthsched_driver
+        assert driver.turns and manager.lengthsched_steal.turns
+        live.settle()
+        rows = {str(p) for ps in batch[vv1.PRIORITIES] for p in ps}
+        keys = [vs.parse_vllm_request_id(rid) for e in live.engines for rid in e.started]
+        assert all(k is not None for k in keys) and {k[0] for k in keys} == rows  # every turn named by its row
+        assert len(keys) >= 2 * len(rows)  # two turns each (more attempts where one moved)
+        moved = {str(m.request) for m in driver.stats.applied}
+        for row in rows - moved:  # a session nobody moved kept its replica for both turns
+            assert len({r for r, e in enumerate(live.engines) for rid in e.started
+                        if vs.parse_vllm_request_id(rid)[0] == row}) == 1
+        assert stored_lengths(live) == {k: [2 * n] * G for k, n in lengths.items()}
+        assert driver.stats.turns > 0 and driver.stats.errors == 0
+        assert driver.coordinator.loads() == [0.0, 0.0]  # every turn let go ...
+        assert set(driver._rows) == rows  # ... the rows kept until their prompts are heard finish
+        manager.lengthsched_collect()
+        assert not driver._rows and manager.lengthsched_status()["turns"] == driver.stats.turns
+    finally:
+        live.close()
+
+
+def test_following_the_turns_lets_a_drained_replica_take_a_long_later_turn():
+    """Prompt 0's second turns are long and sit on one replica: the driver that follows the turns sees them wait
+    and the other replica, drained, takes some (steals whose progress holds the first turn's tokens); the driver
+    that does not (``turns: false``) sees none of them, and no stealing at all is slower still."""
+    lengths = {0: [2, 40], 1: [6, 6], 2: [6, 6]}  # tokens per turn
+    steps, drivers = {}, {}
+    for name, steal in (("turns", {"turns": True}), ("first turn only", {"turns": False}),
+                        ("none", {"poll_interval": 1000.0})):  # polled once at the start: nothing to steal
+        live = Live(lengths, max_num_seqs=2, placement="groups", multi_turn=True,
+                    steal={"pool_tokens": 100_000, "poll_interval": 0.001, **steal})
+        try:
+            live.manager.generate_sequences(live.batch(1, list(lengths)))
+            steps[name], drivers[name] = live.settle(), live.manager.lengthsched_driver
+            assert stored_lengths(live) == {0: [42] * G, 1: [12] * G, 2: [12] * G}
+        finally:
+            live.close()
+    later = [m for m in drivers["turns"].stats.applied if m.kind == "steal" and m.generated >= 2]
+    assert later and drivers["turns"].stats.turns == 3 * G
+    assert drivers["first turn only"].stats.turns == 0
+    assert steps["turns"] <= steps["first turn only"] < steps["none"], steps
+
+
+class ToolLikeAgentLoop:
+    """An agent loop as verl's ``ToolAgentLoop`` talks to its client: made by verl's worker with
+    ``server_manager=`` its client, ``run`` sends ``TURNS`` turns of one request id, each the conversation so far
+    (the prompt, the turns before and a tool's answer) with no priority."""
+
+    TURNS = 2
+
+    def __init__(self, trainer_config, server_manager, **kwargs):
+        self.server_manager = server_manager
+
+    async def run(self, sampling_params, **kwargs):
+        request_id, conversation, mask = uuid.uuid4().hex, [int(kwargs["index"]), 0, 0, 0], []
+        for turn in range(self.TURNS):
+            if turn:
+                conversation += TOOL
+                mask += [0] * len(TOOL)
+            out = await self.server_manager.generate(request_id=request_id, prompt_ids=list(conversation),
+                                                     sampling_params=dict(sampling_params, max_tokens=512))
+            conversation += out.token_ids
+            mask += [1] * len(out.token_ids)
+        return SimpleNamespace(response_ids=conversation[4:], response_mask=mask)
+
+
+@requires_v1
+def test_verls_own_agent_loop_runner_gives_every_turn_of_a_tool_loop_its_sessions_priority(monkeypatch):
+    """verl's real worker runs a registered multi-turn loop (its ``_run_agent_loop``: the loop made with the worker's
+    client, ``run`` with the session's columns) under the stealing manager with verl's multi_turn switch on: every
+    turn reaches its engine named by its session's row, and the driver follows the turns."""
+    import ray
+    from verl.experimental.agent_loop import agent_loop as verl_agent_loop
+
+    monkeypatch.setitem(verl_agent_loop._agent_loop_registry, "lengthsched_test_tool_agent",
+                        {"_target_": f"{__name__}.ToolLikeAgentLoop"})
+    RealLive = real_v1(monkeypatch)
+    lengths = {0: [2, 30], 1: [6, 6], 2: [6, 6]}
+    live = RealLive(lengths, max_num_seqs=2, placement="groups", multi_turn=True,
+                    steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    live.config["data"] = {}
+    live.config["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "lengthsched_test_tool_agent"
+    monkeypatch.setattr(ray, "get", live.get)
+    try:
+        batch = live.batch(1, list(lengths))
+        live.manager.generate_sequences(batch)
+        live.settle()
+        plan = live.manager.lengthsched_planner().last_plan
+        keys = [vs.parse_vllm_request_id(rid) for e in live.engines for rid in e.started]
+        assert all(k is not None for k in keys) and {k[0] for k in keys} == {str(int(p)) for p in plan.priority}
+        assert len(keys) >= 2 * len(plan.priority)  # both turns of every session, each named by its row
+        driver = live.manager.lengthsched_driver
+        assert driver.stats.turns > 0 and driver.stats.errors == 0 and live.router.collisions == 0
+        done = {uid: n for w in live.workers for uid, n in w._lengthsched_done}
+        assert sorted(sum(v) for v in done.values()) == sorted(sum(lengths[k]) * G for k in lengths)
     finally:
         live.close()

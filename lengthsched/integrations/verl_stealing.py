@@ -90,7 +90,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
-from .verl import STEAL_SETUP_HOOK, STEALING_MANAGER_CLASS, batch_prompt_tokens
+from .verl import STEAL_SETUP_HOOK, STEALING_MANAGER_CLASS, _setting, batch_prompt_tokens
 
 __all__ = [
     "MOVED",
@@ -494,6 +494,9 @@ class _Row:
     carried: int = 0  # tokens of earlier (aborted) attempts, in its prompt now
     client_id: str | None = None  # the client's request id (the router's key)
     vllm_id: str | None = None  # its current attempt on the engine
+    done: int = 0  # tokens its earlier turns generated (as last seen; StealDriver with turns)
+    last: int = 0  # tokens of its current turn as last seen (carried included)
+    between: bool = False  # a turn ended and the next has not appeared yet
 
 
 @dataclass
@@ -509,6 +512,7 @@ class DriverStats:
     cancelled: int = 0
     errors: int = 0
     resumed: int = 0  # requests seen again after leaving every snapshot (verl's own aborts), submitted again
+    turns: int = 0  # later turns of multi-turn sessions seen (StealDriver with turns), submitted where they appear
     steals: int = 0  # moves applied of each kind, all of them
     moves: int = 0
 
@@ -532,10 +536,18 @@ class StealDriver:
     snapshot (the coordinator let it go as finished) and comes back, as verl's fully-async client brings
     back the requests its weight updates abort, is submitted again where it appears, at the progress its
     vLLM id carries (:func:`carried_tokens`), so a driver can run for a whole asynchronous run.
+
+    ``turns``: the rows are multi-turn sessions (an agent loop with tools: every turn a request of its own,
+    with the session's priority, see ``verl_v1.SESSION_PRIORITY``). A finished attempt then ends a *turn*,
+    not the row: the coordinator lets it go, the row stays until :meth:`finish`, and the session's next turn is
+    submitted again where it appears (its prompt grew by the turns before; the router sends it to the replica
+    the conversation was on), its progress the tokens of the earlier turns (as last seen) plus its own, against
+    the session's predicted length. The caller must :meth:`finish` every row (its managers do: when the
+    prompt is heard finish). Without ``turns`` (the default) a finished attempt finishes the row.
     """
 
     def __init__(self, coordinator: StealCoordinator, router: Any, servers: Sequence[Any], *,
-                 poll_interval: float = 0.25):
+                 poll_interval: float = 0.25, turns: bool = False):
         if not isinstance(coordinator, StealCoordinator):
             raise InvalidArgument("coordinator", type(coordinator).__name__, "a StealCoordinator")
         if not hasattr(router, "reroute"):
@@ -546,6 +558,9 @@ class StealDriver:
             raise InvalidArgument("servers", servers, f"one server per replica ({coordinator.replicas})")
         self.coordinator, self.router, self.servers = coordinator, router, servers
         self.poll_interval = check_positive_float("poll_interval", poll_interval)
+        if not isinstance(turns, bool):
+            raise InvalidArgument("turns", turns, "True (rows are multi-turn sessions) or False")
+        self.turns = turns
         self.stats = DriverStats()
         self._rows: dict[str, _Row] = {}
         self._task: asyncio.Task | None = None
@@ -649,7 +664,10 @@ class StealDriver:
             parsed = parse_vllm_request_id(vid)
             row = self._rows.get(parsed[0]) if parsed else None
             if row is not None and row.vllm_id in (None, vid):
-                self.finish(row.request)
+                if self.turns:
+                    self._turn_ended(row)
+                else:
+                    self.finish(row.request)
         out: dict[Hashable, int] = {}
         for vid, tokens in snap["generated"].items():
             parsed = parse_vllm_request_id(vid)
@@ -660,18 +678,32 @@ class StealDriver:
             if carried is not None:
                 row.carried = carried
             row.seen, row.client_id, row.vllm_id = True, parsed[1], vid
-            out[row.request] = row.carried + check_int("generated", tokens, minimum=0)
+            row.last = row.carried + check_int("generated", tokens, minimum=0)
+            out[row.request] = row.done + row.last
             if self.coordinator.replica_of(row.request) is None:
                 # The coordinator took it for finished (it left every snapshot: verl's own abort at a weight
-                # update, resubmitted by its client after a wait); it is back, here, with its progress.
+                # update, resubmitted by its client after a wait), or its session's next turn began; it is
+                # back, here, with its progress.
                 self.coordinator.submit(row.request, replica, row.predicted, prompt_tokens=row.prompt,
                                         group=row.group, generated=out[row.request])
                 row.replica = replica
-                self.stats.resumed += 1
+                if row.between:
+                    row.between = False
+                    self.stats.turns += 1
+                else:
+                    self.stats.resumed += 1
         for row in self._rows.values():  # sent, not yet on its engine: it waits there
             if not row.seen and row.request not in out and self.coordinator.replica_of(row.request) == replica:
-                out[row.request] = row.carried
+                out[row.request] = row.done + row.carried
         return out
+
+    def _turn_ended(self, row: _Row) -> None:
+        """A turn of the multi-turn session ``row`` finished: the coordinator lets it go; the row waits for the
+        next turn (or :meth:`finish`), its tokens so far kept."""
+        self.coordinator.finish(row.request)
+        row.done += row.last
+        row.last = row.carried = 0
+        row.seen, row.vllm_id, row.between = False, None, True
 
     async def _apply(self, move: Move) -> bool:
         row = self._rows.get(str(move.request))
@@ -686,7 +718,7 @@ class StealDriver:
             self.coordinator.cancel(move)
             self.stats.cancelled += 1
             return False
-        row.carried += int(result.get("generated", max(0, move.generated - row.carried)))
+        row.carried += int(result.get("generated", max(0, move.generated - row.done - row.carried)))
         row.replica, row.seen, row.vllm_id = move.target, False, None
         return True
 
@@ -697,7 +729,8 @@ class StealOptions:
     """The trainer config's ``lengthsched.steal`` section: ``pool_tokens`` (KV tokens of one replica's
     pool, required), ``poll_interval`` (seconds between the driver's polls, default 0.25), ``chunk``
     (tokens between moves of running requests, default :data:`~.rollout.MOVE_CHUNK`, 128; null: running
-    requests never move), ``share`` and ``room`` (:class:`StealCoordinator`'s).
+    requests never move), ``share`` and ``room`` (:class:`StealCoordinator`'s), ``turns`` (the rows are
+    multi-turn sessions, :class:`StealDriver`'s; default: ``actor_rollout_ref.rollout.multi_turn.enable``).
 
     The defaults are what the simulator found fastest with this module's client, which resubmits a
     moved request at once (``steal_observed`` with a snapshot every 0.25 s and 0.05 s per resubmission:
@@ -714,6 +747,7 @@ class StealOptions:
     chunk: int | None = MOVE_CHUNK
     share: float = STEAL_SHARE
     room: float = 1.0
+    turns: bool = False
 
     def coordinator(self, replicas: int) -> StealCoordinator:
         """A coordinator for ``replicas`` with these settings."""
@@ -727,7 +761,7 @@ def steal_options(config: Any) -> StealOptions:
     if not hasattr(steal, "get") or steal.get("pool_tokens", None) is None:
         raise InvalidArgument("lengthsched.steal", steal,
                               "a section with pool_tokens (KV tokens per replica): +lengthsched.steal.pool_tokens=N")
-    known = {"pool_tokens", "poll_interval", "chunk", "share", "room"}
+    known = {"pool_tokens", "poll_interval", "chunk", "share", "room", "turns"}
     unknown = sorted(set(steal) - known)
     if unknown:
         raise InvalidArgument("lengthsched.steal", unknown, f"options among {sorted(known)}")
@@ -739,8 +773,19 @@ def steal_options(config: Any) -> StealOptions:
         chunk=None if chunk is None else check_int("lengthsched.steal.chunk", chunk, minimum=1),
         share=check_positive_float("lengthsched.steal.share", steal.get("share", STEAL_SHARE), maximum=1.0),
         room=check_positive_float("lengthsched.steal.room", steal.get("room", 1.0)),
+        turns=_turns(config, steal.get("turns", None)),
     )
     return options
+
+
+def _turns(config: Any, turns: Any) -> bool:
+    """``lengthsched.steal.turns``, or where it is not set whether verl runs multi-turn agent loops
+    (``actor_rollout_ref.rollout.multi_turn.enable``)."""
+    if turns is None:
+        return bool(_setting(config, "actor_rollout_ref.rollout.multi_turn.enable"))
+    if not isinstance(turns, bool):
+        raise InvalidArgument("lengthsched.steal.turns", turns, "true or false (rows are multi-turn sessions)")
+    return turns
 
 
 def stealing_client(client: Any, client_class: type) -> Any:
@@ -774,7 +819,8 @@ async def driver_for(router: Any, options: StealOptions, driver: StealDriver | N
         raise RuntimeError(f"the vLLM servers of replicas {missing} are verl's own (no lengthsched_snapshot): verl "
                            f"built them before lengthsched registered its server class; add "
                            f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={SETUP_HOOK}")
-    new = StealDriver(options.coordinator(len(current)), router, handles, poll_interval=options.poll_interval)
+    new = StealDriver(options.coordinator(len(current)), router, handles, poll_interval=options.poll_interval,
+                      turns=options.turns)
     adopted = 0
     if driver is not None:
         await driver.stop()
@@ -813,12 +859,12 @@ class RunDriver:
         return True
 
     def lengthsched_driver_status(self) -> dict[str, Any]:
-        """Replicas polled, the driver's steals, moves, cancelled moves, resumed requests, polls and failed polls,
-        its restarts and the requests in flight the new drivers took over."""
+        """Replicas polled, the driver's steals, moves, cancelled moves, resumed requests, later turns seen, polls
+        and failed polls, its restarts and the requests in flight the new drivers took over."""
         stats = self.lengthsched_driver.stats if self.lengthsched_driver is not None else None
         return {"replicas": len(self.lengthsched_servers),
                 **{name: getattr(stats, name) if stats else 0
-                   for name in ("steals", "moves", "cancelled", "resumed", "polls", "errors")},
+                   for name in ("steals", "moves", "cancelled", "resumed", "turns", "polls", "errors")},
                 "restarts": self.lengthsched_restarts, "adopted": self.lengthsched_adopted}
 
 

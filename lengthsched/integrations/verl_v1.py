@@ -14,10 +14,13 @@ llm_client=, teacher_client=, reward_loop_worker_handles=)``. It differs from th
   buffer takes it. The trainer calls it once a step, and again for every refill under DAPO's filter
   (``ReplayBuffer``'s ``refill_fn``) or for the next step's prompts in its asynchronous modes.
 - Each session passes the prompt's columns to the agent loop as keyword arguments, so a ``priority``
-  column reaches ``SingleTurnAgentLoop.run(priority=)`` / ``ToolAgentLoop.run``,
-  ``LLMServerClient.generate(priority=)``, the router's ``acquire_server`` and (vLLM, non-zero) the
-  engine, **the same priority for all of a prompt's completions**. verl itself sets none (every
-  request carries the agent loop's default 0).
+  column reaches ``SingleTurnAgentLoop.run(priority=)``, ``LLMServerClient.generate(priority=)``, the
+  router's ``acquire_server`` and (vLLM, non-zero) the engine, **the same priority for all of a prompt's
+  completions**. verl itself sets none (every request carries the agent loop's default 0). verl's
+  multi-turn ``ToolAgentLoop.run`` takes the priority but passes none to ``generate``: its turns would reach
+  the router and the engine without one. ``LengthschedAgentLoopWorkerTQ`` gives every request of a session
+  that names no priority its session's (:data:`SESSION_PRIORITY`, :class:`SessionPriorityClient`), so each
+  turn of a tool loop is routed and queued as its plan says, and keeps its replica's prefix cache.
 
 This module supplies ``LengthschedAgentLoopManagerTQ`` (made on first access from verl's
 ``AgentLoopManagerTQ``: needs verl), which, before verl dispatches a batch:
@@ -57,6 +60,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Hashable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,13 +77,42 @@ from .verl import (
 )
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
-__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "STEALING_MANAGER_TQ_CLASS", "filter_groups", "generated_tokens",
-           "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class", "make_tq_worker_class"]
+__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "SESSION_PRIORITY", "STEALING_MANAGER_TQ_CLASS", "SessionPriorityClient",
+           "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class",
+           "make_tq_worker_class"]
 
 log = logging.getLogger(__name__)
 
 #: The stealing manager's per-prompt column: the priority of each of its sessions (read by the worker).
 PRIORITIES = "lengthsched_priorities"
+
+#: The priority of the agent-loop session the current asyncio task runs (None outside one):
+#: ``LengthschedAgentLoopWorkerTQ`` sets it around each session; :class:`SessionPriorityClient` gives it to the
+#: session's requests that name none (verl's ``ToolAgentLoop`` names none on any turn).
+SESSION_PRIORITY: ContextVar[int | None] = ContextVar("lengthsched_session_priority", default=None)
+
+
+class SessionPriorityClient:
+    """verl's LLM client (``LLMServerClient`` or a subclass) as a worker's agent loops see it: ``generate`` without
+    a ``priority`` takes its session's (:data:`SESSION_PRIORITY`, where one is set), so every turn of a multi-turn
+    loop reaches the router and the engine with the priority its plan gave the session; everything else is the
+    client's own (attributes read and set through to it)."""
+
+    def __init__(self, client: Any):
+        object.__setattr__(self, "lengthsched_client", client)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if "priority" not in kwargs:
+            priority = SESSION_PRIORITY.get()
+            if priority is not None:
+                kwargs["priority"] = priority
+        return await self.lengthsched_client.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "lengthsched_client"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.lengthsched_client, name, value)
 
 
 def generated_tokens(output: Any) -> int:
@@ -99,13 +132,16 @@ def make_tq_worker_class(base: type) -> type:
     when all its sessions settled, failed ones included (their lengths are missing). A prompt with a
     :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
     of the prompt's ``priority`` (verl passes a prompt's columns to all its sessions alike); the column itself
-    goes no further."""
+    goes no further. Its agent loops get the client as a :class:`SessionPriorityClient`: every request of a
+    session carries the session's priority, the turns of a multi-turn loop included."""
 
     class LengthschedAgentLoopWorkerTQ(base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopWorkerTQ that reports its prompts' lengths (lengthsched.integrations.verl_v1)."""
 
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
+            if not isinstance(self.llm_client, SessionPriorityClient):
+                self.llm_client = SessionPriorityClient(self.llm_client)
             self._lengthsched_running: dict[Hashable, list[int]] = {}
             self._lengthsched_done: list[tuple[Hashable, list[int]]] = []
 
@@ -130,7 +166,12 @@ def make_tq_worker_class(base: type) -> type:
             session = kwargs.get("session_id")
             if priorities is not None and isinstance(session, (int, np.integer)) and 0 <= session < len(priorities):
                 kwargs["priority"] = int(priorities[session])
-            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+            priority = kwargs.get("priority")
+            token = SESSION_PRIORITY.set(None if priority is None else int(priority))
+            try:
+                return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+            finally:
+                SESSION_PRIORITY.reset(token)
 
         def lengthsched_take(self) -> list[tuple[Hashable, list[int]]]:
             """The prompts finished since the last call: ``(uid, tokens per session)``."""
