@@ -716,6 +716,33 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         assert coord.replica_of(7) is None and driver.stats.turns == 1
 
 
+
+def test_a_round_ends_every_replicas_finished_attempts_before_it_reads_what_runs():
+    """A session's next turn may show on one replica in the round whose snapshot of another reports its last turn
+    finished: the turn ends first, so the new one is taken up with the tokens before it."""
+    class Server:
+        def __init__(self):
+            self.snap = {"generated": {}, "finished": []}
+
+        def lengthsched_snapshot(self):
+            return self.snap
+
+        def abort_request(self, request_id, reset_prefix_cache=True):  # nothing here moves
+            return {"aborted": False, "request_id": request_id}
+
+    servers = [Server(), Server()]
+    driver = vs.StealDriver(StealCoordinator(2, 10_000, chunk=None), SimpleNamespace(reroute=lambda *a: None),
+                            servers, turns=True)
+    driver.submit(3, 1, 50.0)
+    first = vs.vllm_request_id(3, "s", 0)
+    servers[1].snap = {"generated": {first: 20}, "finished": []}
+    asyncio.run(driver.poll_once())
+    servers[0].snap = {"generated": {vs.vllm_request_id(3, "s", 0): 2}, "finished": []}  # the next turn, on 0
+    servers[1].snap = {"generated": {}, "finished": [first]}
+    asyncio.run(driver.poll_once())
+    coord = driver.coordinator
+    assert (coord.replica_of(3), coord.generated_of(3), driver.stats.turns) == (0, 22, 1)
+
 class Worker:
     """An agent-loop worker running verl's single-turn loop (a request id per row, the row's priority) on
     its client; rows' prompts are ``[row, 0, 0, 0]``."""

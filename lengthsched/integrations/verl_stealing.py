@@ -646,8 +646,10 @@ class StealDriver:
         """One round (see the class docstring); returns the moves applied."""
         snaps = await asyncio.gather(*[_call(s, "lengthsched_snapshot") for s in self.servers])
         self.stats.polls += 1
+        for snap in snaps:  # every replica's finished attempts first: a request (a session's next turn, a moved
+            self._ended(snap)  # attempt) may appear on one replica in the round its last attempt ended on another
         for replica, snap in enumerate(snaps):
-            self.coordinator.observe(replica, self._observed(replica, snap))
+            self.coordinator.observe(replica, self._observed(replica, {**snap, "finished": ()}))
         applied = []
         for move in self.coordinator.decide():
             if await self._apply(move):
@@ -657,7 +659,8 @@ class StealDriver:
         self.stats.moves += sum(m.kind == "move" for m in applied)
         return applied
 
-    def _observed(self, replica: int, snap: Mapping[str, Any]) -> dict[Hashable, int]:
+    def _ended(self, snap: Mapping[str, Any]) -> None:
+        """The attempts a snapshot reports finished: their rows finish (with ``turns``: their turns end)."""
         if not isinstance(snap, Mapping) or not isinstance(snap.get("generated"), Mapping):
             raise InvalidArgument("snapshot", snap, "{'generated': {vllm id: tokens}, 'finished': [vllm ids]}")
         for vid in snap.get("finished", ()):
@@ -668,6 +671,11 @@ class StealDriver:
                     self._turn_ended(row)
                 else:
                     self.finish(row.request)
+
+    def _observed(self, replica: int, snap: Mapping[str, Any]) -> dict[Hashable, int]:
+        """What ``replica``'s snapshot says of the rows: its finished attempts (:meth:`_ended`), then each row's
+        tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear."""
+        self._ended(snap)
         out: dict[Hashable, int] = {}
         for vid, tokens in snap["generated"].items():
             parsed = parse_vllm_request_id(vid)
