@@ -1086,7 +1086,7 @@ def run_verl_planned(groups: Sequence[Any], policy: str = "vllm", *, predicted: 
 
 
 def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, predicted: Any, refill: Refill,
-                      **kwargs: Any) -> RolloutResult:
+                      placement: str = "ways", **kwargs: Any) -> RolloutResult:
     """verl 0.9.1's v1 sync trainer with :mod:`lengthsched.integrations.verl_v1`'s stealing manager
     (``LengthschedStealingAgentLoopManagerTQ``) under verl's dynamic sampling (``refill``: a :class:`Refill` with
     ``rule="verl"``): every batch verl hands the manager at once (the step's batch, then each poll's refill) is
@@ -1096,7 +1096,9 @@ def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, 
     at the back of its planned replica's queue; the replicas steal waiting requests from each other and move running
     ones as ``policy`` does: ``"steal_observed"`` (the default: decisions from snapshots, as the manager's
     ``StealDriver`` makes them; ``snapshot_seconds`` and ``resubmit_seconds`` as its poll interval and the stealing
-    client's round trip) or ``"steal"``. ``predicted``: per completion, flattened in group order. ``kwargs`` go to
+    client's round trip) or ``"steal"``. ``placement``: the plan's, the manager's ``lengthsched.placement``
+    (``"ways"``, its default; ``"spread"``: row i of a batch to replica i mod R; ``"groups"``: whole groups by
+    predicted work). ``predicted``: per completion, flattened in group order. ``kwargs`` go to
     :func:`run_rollout` (``replicas``, ``budget_tokens``, ``max_new_tokens``, ``cost``, ...), except ``router``
     (None or verl's ``"least_loaded"``) and ``in_flight`` (None or unbounded), which :func:`run_verl_planned` needs
     and this takes for the same calls. A ``run`` for :func:`simulate.run_oversampled_steps` with
@@ -1105,6 +1107,8 @@ def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, 
         raise InvalidArgument("policy", policy, "'steal_observed' (the stealing manager's driver) or 'steal'")
     if not isinstance(refill, Refill) or refill.rule != "verl":
         raise InvalidArgument("refill", refill, "a simulate.rollout.Refill with rule='verl' (verl's dynamic sampling)")
+    if placement not in ("ways", "spread", "groups"):
+        raise InvalidArgument("placement", placement, "'ways' (the stealing manager's default), 'spread' or 'groups'")
     groups = list(groups)
     chunks = _UnitRows(groups, refill, predicted)
     in_flight, router = kwargs.pop("in_flight", None), kwargs.pop("router", None)  # as run_verl_planned's callers
@@ -1118,8 +1122,8 @@ def run_verl_stealing(groups: Sequence[Any], policy: str = "steal_observed", *, 
     prompt_lens = np.array([int(g.prompt_len) for g in groups], dtype=np.int64)
 
     def plan(units: range, loads) -> tuple[np.ndarray, np.ndarray]:
-        return chunks.plan(units, replicas=replicas, placement="ways", order="batch", prompt_lens=prompt_lens,
-                           budget_tokens=budget, loads=loads)
+        return chunks.plan(units, replicas=replicas, placement=placement, order="batch", prompt_lens=prompt_lens,
+                           budget_tokens=budget, loads=None if placement == "spread" else loads)
 
     return run_rollout(groups, policy, predicted=chunks.pred, refill=dataclasses.replace(refill, plan=plan), **kwargs)
 

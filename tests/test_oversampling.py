@@ -807,8 +807,14 @@ def test_verls_stealing_manager_plans_each_batch_beside_the_work_still_running(m
     # (a later batch is placed beside the predicted tokens of the earlier ones still running)
     submitted = np.flatnonzero(np.isfinite(released))
     assert (result.placement >= 0).sum() == len(submitted) * len(stream[0].lengths)
+    # lengthsched.placement=spread: row i of each batch to replica i mod R, placed without the loads
+    calls.clear()
+    spread = run_verl_stealing(stream, "steal", predicted=predicted, refill=refill, replicas=3, placement="spread",
+                               **COMMON)
+    assert calls and all(kwargs["placement"] == "spread" and kwargs["loads"] is None for _, kwargs in calls)
+    assert (spread.placement >= 0).sum() == (result.placement >= 0).sum()
     for bad, kwargs in ((dict(policy="vllm"), {}), (dict(refill=Refill(6, 2, passes)), {}),
-                        ({}, dict(router="cache_aware")), ({}, dict(in_flight=3))):
+                        ({}, dict(router="cache_aware")), ({}, dict(in_flight=3)), ({}, dict(placement="classes"))):
         args = dict(policy="steal", refill=refill) | bad
         with pytest.raises(InvalidArgument, match=next(iter(bad or kwargs))):
             run_verl_stealing(stream, args.pop("policy"), predicted=predicted, **args, replicas=3, **kwargs, **COMMON)
