@@ -862,3 +862,93 @@ def test_plan_priorities_reach_vllm_under_verls_nonzero_rule():
     plan = plan_rollout(["a"] * 3 + ["b"] * 3, [5, 9, 1, 4, 4, 4], replicas=2)
     zero = [i for i, p in enumerate(plan.priority) if p == 0]
     assert len(zero) == 1 and plan.replica[zero[0]] == 0 and plan.rank[zero[0]] == 0
+
+
+# ----------------------------------------------------------------------------- sessions' priorities (multi-turn)
+def test_the_worker_gives_every_request_of_a_session_its_priority_and_the_manager_runs_that_worker():
+    """verl 0.9.1's ToolAgentLoop names no priority on any turn: LengthschedAgentLoopWorker (verl's worker with
+    SessionPriorities) gives each request its session's, concurrent sessions apart; the planning manager runs
+    that worker unless its base names one."""
+    sent = []
+
+    class Client:
+        async def generate(self, request_id, **kwargs):
+            await asyncio.sleep(0)
+            sent.append((request_id, kwargs.get("priority")))
+
+    class BaseWorker:  # verl's AgentLoopWorker: the client as llm_client, one session per _run_agent_loop
+        def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+            self.llm_client = llm_client
+
+        async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+            for turn in range(2):  # as ToolAgentLoop
+                await self.llm_client.generate(request_id=f"{kwargs['priority']}-{turn}", prompt_ids=[1],
+                                               sampling_params={})
+
+    worker = lv.make_worker_class(BaseWorker)(trainer_config(), Client())
+    assert isinstance(worker.llm_client, lv.SessionPriorityClient)
+
+    async def go():
+        await asyncio.gather(*[worker._run_agent_loop({}, {}, agent_name="tool_agent", priority=p) for p in (4, 9)])
+    asyncio.run(go())
+    assert sorted(sent) == [("4-0", 4), ("4-1", 4), ("9-0", 9), ("9-1", 9)]
+
+    made = lv.make_agent_loop_manager_class(FakeAgentLoopManager, worker_class="our workers")
+    assert made(trainer_config(), None).agent_loop_workers_class == "our workers"
+
+    class Custom(FakeAgentLoopManager):
+        agent_loop_workers_class = "yours"
+
+    assert lv.make_agent_loop_manager_class(Custom, worker_class="ours")(trainer_config(), None) \
+        .agent_loop_workers_class == "yours"
+    assert lv.make_agent_loop_manager_class(FakeAgentLoopManager)(trainer_config(), None) \
+        .__dict__.get("agent_loop_workers_class") is None  # none given: verl's
+
+
+@requires_verl
+def test_verls_real_worker_runs_a_tool_loop_whose_every_turn_carries_the_sessions_priority(monkeypatch):
+    """verl's real AgentLoopWorker._run_agent_loop (the legacy trainer's and the fully-async recipe's) under
+    LengthschedAgentLoopWorker: it makes the registered multi-turn loop with the worker's client, and every turn
+    reaches the client with the session's priority; the planning managers run this worker."""
+    from test_verl_v1 import ToolLikeAgentLoop  # noqa: F401 - registered by name below
+    from verl.experimental.agent_loop import agent_loop as verl_agent_loop
+
+    monkeypatch.setitem(verl_agent_loop._agent_loop_registry, "lengthsched_test_tool_agent",
+                        {"_target_": "test_verl_v1.ToolLikeAgentLoop"})
+    worker_cls = lv.LengthschedAgentLoopWorker
+    assert issubclass(worker_cls, verl_agent_loop.AgentLoopWorker) and worker_cls is lv.LengthschedAgentLoopWorker
+    sent = []
+
+    class Client:
+        async def generate(self, request_id, **kwargs):
+            sent.append((request_id, kwargs.get("priority"), len(kwargs["prompt_ids"])))
+            return SimpleNamespace(token_ids=[7] * 5)
+
+    def light_init(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.config, self.llm_client = config, llm_client
+        self.tokenizer = self.processor = self.hf_model_type = self.dataset_cls = None
+        self.tools = []
+
+    async def postprocess(self, output, validate, **kwargs):
+        return output
+
+    monkeypatch.setattr(verl_agent_loop.AgentLoopWorker, "__init__", light_init)
+    monkeypatch.setattr(verl_agent_loop.AgentLoopWorker, "_agent_loop_postprocess", postprocess)
+    config = trainer_config()
+    config["data"] = {}
+    worker = worker_cls(config, Client())
+    trajectory = {"step": 1, "sample_index": 0, "rollout_n": 0, "validate": False}
+
+    async def go():
+        await asyncio.gather(*[worker._run_agent_loop({}, dict(trajectory, sample_index=i), trace=False,
+                                                      agent_name="lengthsched_test_tool_agent", index=i, priority=p)
+                               for i, p in enumerate((12, 30))])
+    asyncio.run(go())
+    by_priority = {p: sorted(n for _, q, n in sent if q == p) for p in (12, 30)}
+    assert by_priority == {12: [4, 12], 30: [4, 12]}  # two turns each: the prompt, then it with 5 tokens and a tool's 3
+    manager = lv.LengthschedAgentLoopManager.__new__(lv.LengthschedAgentLoopManager)
+    verl_init = verl_agent_loop.AgentLoopManager.__init__
+    monkeypatch.setattr(verl_agent_loop.AgentLoopManager, "__init__",
+                        lambda self, *a, **k: verl_init(self, config, None))
+    manager.__init__(config, None)
+    assert manager.agent_loop_workers_class.__ray_actor_class__ is worker_cls  # a Ray actor of our worker

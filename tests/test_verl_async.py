@@ -419,14 +419,14 @@ def fake_registry():
 def test_install_replaces_the_recipes_manager_and_client_once_and_registers_the_vllm_server(monkeypatch):
     monkeypatch.setattr(va, "_MADE", {})
     module, registry = fake_recipe(), fake_registry()
-    assert va.install(module, registry) is module
+    assert va.install(module, registry, worker_class=None) is module  # None: the fake manager's workers
     manager, client = module.FullyAsyncAgentLoopManager, module.FullyAsyncLLMServerClient
     assert issubclass(manager, FakeFullyAsyncAgentLoopManager) and issubclass(client, FakeFullyAsyncLLMServerClient)
     assert manager.__name__ == "LengthschedFullyAsyncAgentLoopManager" and set(registry.entries) == {"vllm"}
-    va.install(module, registry)  # idempotent: not a subclass of itself
+    va.install(module, registry, worker_class=None)  # idempotent: not a subclass of itself
     assert module.FullyAsyncAgentLoopManager is manager and module.FullyAsyncLLMServerClient is client
     with pytest.raises(InvalidArgument, match="argument 'module'"):
-        va.install(ModuleType("not_the_recipe"), registry)
+        va.install(ModuleType("not_the_recipe"), registry, worker_class=None)
 
 
 def test_install_on_import_patches_the_module_when_it_is_imported(tmp_path, monkeypatch):
@@ -470,6 +470,7 @@ def test_main_runs_the_recipes_entry_with_the_setup_hook(tmp_path, monkeypatch):
     monkeypatch.setattr(va, "_MADE", {})
     monkeypatch.setattr(vs, "register_vllm_server", lambda registry=None: None)
     monkeypatch.setattr(vs, "make_stealing_client_class", lambda base: base)  # the fake client has no parent
+    monkeypatch.setattr(va, "_verl_worker", lambda: None)  # the fake recipe's manager keeps its workers
     monkeypatch.setattr(sys, "argv", ["x"])
     try:
         va.main(["trainer.total_epochs=1"])

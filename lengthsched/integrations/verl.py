@@ -10,8 +10,10 @@ under ``verl/``:
   ``experimental/agent_loop/agent_loop.py``, ``AgentLoopManager``).
 - ``AgentLoopManager.generate_sequences`` fills ``non_tensor_batch["priority"]`` with
   ``arange(len(batch))`` only when the column is missing, then splits the batch over its agent-loop
-  workers; each row's ``priority`` reaches ``SingleTurnAgentLoop.run`` / ``ToolAgentLoop.run`` and
-  ``LLMServerClient.generate(..., priority=...)`` (``workers/rollout/llm_server.py``).
+  workers; each row's ``priority`` reaches ``SingleTurnAgentLoop.run``, which passes it to
+  ``LLMServerClient.generate(..., priority=...)`` (``workers/rollout/llm_server.py``), and
+  ``ToolAgentLoop.run``, which passes none to ``generate`` on any turn (``LengthschedAgentLoopWorker``
+  gives each of them its session's: :class:`SessionPriorityClient`).
 - ``LLMServerClient.generate`` passes its keyword arguments, ``priority`` included, to
   ``_acquire_server``, which hands the fields the router declares in ``require_acquire_fields``
   to ``acquire_server`` of the router actor; then it forwards ``priority`` to the vLLM server
@@ -37,7 +39,9 @@ This module supplies:
   ``non_tensor_batch["priority"]``;
 - ``LengthschedAgentLoopManager`` (made on first access, from verl's ``AgentLoopManager``: needs
   verl): runs the planner before verl's own ``generate_sequences``, so verl forwards the planned
-  priorities, and feeds the planner afterwards;
+  priorities, and feeds the planner afterwards; its workers are ``LengthschedAgentLoopWorker`` (verl's
+  ``AgentLoopWorker`` whose every request of a session carries the session's priority, multi-turn loops'
+  turns included: :class:`SessionPriorities`);
 - :class:`PlannedLoadBalancer`: a router (verl's ``RequestLoadBalancer`` protocol, plain Python)
   that reads the replica from a request's priority (``priority mod replicas``) and sends it there,
   sticky per request id (multi-turn), least-loaded for requests without a planned priority;
@@ -56,6 +60,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +95,9 @@ __all__ = [
     "VERL_VERSION",
     "PlannedLoadBalancer",
     "RolloutPlanner",
+    "SESSION_PRIORITY",
+    "SessionPriorities",
+    "SessionPriorityClient",
     "TOKENS_PER_MESSAGE",
     "TRAINERS",
     "VerlRolloutConfig",
@@ -739,7 +747,67 @@ class ManagerPlanning:
         return 1 if self.lengthsched_router() is None else None
 
 
-def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
+#: The priority of the agent-loop session the current asyncio task runs (None outside one): a
+#: :class:`SessionPriorities` worker sets it around each session; :class:`SessionPriorityClient` gives it to the
+#: session's requests that name none (verl 0.9.1's ``ToolAgentLoop`` names none on any turn).
+SESSION_PRIORITY: ContextVar[int | None] = ContextVar("lengthsched_session_priority", default=None)
+
+
+class SessionPriorityClient:
+    """verl's LLM client (``LLMServerClient`` or a subclass) as a worker's agent loops see it: ``generate`` without
+    a ``priority`` takes its session's (:data:`SESSION_PRIORITY`, where one is set), so every turn of a multi-turn
+    loop reaches the router and the engine with the priority its plan gave the session; everything else is the
+    client's own (attributes read and set through to it)."""
+
+    def __init__(self, client: Any):
+        object.__setattr__(self, "lengthsched_client", client)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if "priority" not in kwargs:
+            priority = SESSION_PRIORITY.get()
+            if priority is not None:
+                kwargs["priority"] = priority
+        return await self.lengthsched_client.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "lengthsched_client"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.lengthsched_client, name, value)
+
+
+class SessionPriorities:
+    """Mixin of an agent-loop worker class (before verl's ``AgentLoopWorker`` or ``AgentLoopWorkerTQ``): its agent
+    loops get the worker's client as a :class:`SessionPriorityClient`, and each session (``_run_agent_loop``) runs
+    with :data:`SESSION_PRIORITY` set to its ``priority`` keyword (the row's; verl runs each session in a task of its
+    own, so concurrent sessions keep theirs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.llm_client, SessionPriorityClient):
+            self.llm_client = SessionPriorityClient(self.llm_client)
+
+    async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, **kwargs: Any) -> Any:
+        priority = kwargs.get("priority")
+        token = SESSION_PRIORITY.set(None if priority is None else int(priority))
+        try:
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
+        finally:
+            SESSION_PRIORITY.reset(token)
+
+
+def make_worker_class(base: type) -> type:
+    """``LengthschedAgentLoopWorker``: ``base`` (verl's ``AgentLoopWorker``, the legacy trainer's and the fully-async
+    recipe's) with :class:`SessionPriorities`: every request of a session carries the session's priority."""
+
+    class LengthschedAgentLoopWorker(SessionPriorities, base):  # type: ignore[misc, valid-type]
+        """verl's AgentLoopWorker whose sessions' requests all carry their priority (lengthsched.integrations.verl)."""
+
+    LengthschedAgentLoopWorker.__module__ = __name__
+    return LengthschedAgentLoopWorker
+
+
+def make_agent_loop_manager_class(base: type, auto_await: Any = None, worker_class: Any = None) -> type:
     """``LengthschedAgentLoopManager``: ``base`` (verl's ``AgentLoopManager``) whose
     ``generate_sequences`` plans the batch first (:class:`RolloutPlanner`, built from the trainer
     config's ``lengthsched`` section), lets verl run it with the planned priorities, then feeds the
@@ -748,12 +816,19 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
     The number of replicas comes from ``lengthsched.replicas`` or else the router
     (``llm_client._load_balancer.get_all_servers``, the one private attribute of verl 0.9.1 this
     uses). ``auto_await``: verl's decorator (``verl.utils.ray_utils.auto_await``), so that the
-    method can be called with or without ``await`` as verl's own is.
+    method can be called with or without ``await`` as verl's own is. ``worker_class``: the agent-loop worker actor
+    class to run (verl: ``ray.remote`` of ``LengthschedAgentLoopWorker``) unless ``base`` names its own; None keeps
+    verl's.
     """
     wrap = auto_await if auto_await is not None else (lambda f: f)
 
     class LengthschedAgentLoopManager(ManagerPlanning, base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopManager with a lengthsched plan per batch (lengthsched.integrations.verl)."""
+
+        def __init__(self, *args: Any, **kwargs: Any):
+            if worker_class is not None and not hasattr(self, "agent_loop_workers_class"):
+                self.agent_loop_workers_class = worker_class  # verl's __init__ keeps a class that is set
+            super().__init__(*args, **kwargs)
 
         async def lengthsched_replicas(self) -> int:
             """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""
@@ -785,24 +860,29 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None) -> type:
     return LengthschedAgentLoopManager
 
 
-_MANAGER: type | None = None
+_MADE: dict[str, Any] = {}
 
 
 def __getattr__(name: str) -> Any:
-    """``LengthschedAgentLoopManager`` is made from verl's ``AgentLoopManager`` on first access
-    (verl loads it by name: ``agent.agent_loop_manager_class``), so importing this module needs no verl."""
-    global _MANAGER
-    if name != "LengthschedAgentLoopManager":
+    """``LengthschedAgentLoopManager`` and ``LengthschedAgentLoopWorker`` are made from verl's ``AgentLoopManager``
+    and ``AgentLoopWorker`` on first access (verl loads the manager by name: ``agent.agent_loop_manager_class``; Ray
+    finds the worker class by name in its workers), so importing this module needs no verl."""
+    if name not in ("LengthschedAgentLoopManager", "LengthschedAgentLoopWorker"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if _MANAGER is None:
+    if name not in _MADE:
         try:
             agent_loop = importlib.import_module("verl.experimental.agent_loop.agent_loop")
             ray_utils = importlib.import_module("verl.utils.ray_utils")
+            ray = importlib.import_module("ray")
         except ImportError as exc:
             raise ImportError(f"verl is not installed: pip install 'lengthsched[verl]' (verl=={VERL_VERSION}): "
                               f"{exc}") from None
-        _MANAGER = make_agent_loop_manager_class(agent_loop.AgentLoopManager, ray_utils.auto_await)
-    return _MANAGER
+        if "LengthschedAgentLoopWorker" not in _MADE:
+            _MADE["LengthschedAgentLoopWorker"] = make_worker_class(agent_loop.AgentLoopWorker)
+        if name == "LengthschedAgentLoopManager":
+            _MADE[name] = make_agent_loop_manager_class(agent_loop.AgentLoopManager, ray_utils.auto_await,
+                                                        ray.remote(_MADE["LengthschedAgentLoopWorker"]))
+    return _MADE[name]
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -196,7 +196,7 @@ def concurrency_of(config: Any, replicas: int) -> int:
 
 
 # ----------------------------------------------------------------------------- the manager
-def make_fully_async_manager_class(base: type, client_class: type) -> type:
+def make_fully_async_manager_class(base: type, client_class: type, worker_class: Any = None) -> type:
     """``LengthschedFullyAsyncAgentLoopManager``: ``base`` (verl 0.9.1's ``FullyAsyncAgentLoopManager``)
     whose ``generate_sequences_single`` (one prompt's rows) places the group by predicted work
     (:class:`StreamPlacer`), writes the rows' ``priority`` (the router sends each row to its replica), and
@@ -205,7 +205,10 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
     (as rollout step = groups seen / :func:`learner_groups_of`). ``client_class``: the stealing client
     (:func:`~lengthsched.integrations.verl_stealing.make_stealing_client_class` of verl's
     ``FullyAsyncLLMServerClient``), which replaces a client of another class at construction (its router
-    and ``only_hybrid`` kept). Validation batches (``generate_sequences``) run as verl runs them.
+    and ``only_hybrid`` kept). ``worker_class``: the agent-loop worker actor class to run unless ``base`` names its
+    own (:func:`install`: ``ray.remote`` of :mod:`~lengthsched.integrations.verl`'s ``LengthschedAgentLoopWorker``,
+    whose sessions' requests, a multi-turn loop's turns included, all carry their priority); None keeps verl's.
+    Validation batches (``generate_sequences``) run as verl runs them.
     """
 
     class LengthschedFullyAsyncAgentLoopManager(RunDriver, base):  # type: ignore[misc, valid-type]
@@ -224,6 +227,8 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
             share = options.get("prefill_share", PREFILL_SHARE)  # present and null: no cap
             self._lengthsched_prefill_share = None if share is None else check_positive_float(
                 "lengthsched.prefill_share", share)
+            if worker_class is not None and not hasattr(self, "agent_loop_workers_class"):
+                self.agent_loop_workers_class = worker_class  # verl's __init__ keeps a class that is set
             super().__init__(config, stealing_client(llm_client, client_class), *args, **kwargs)
             self.lengthsched_planner = planner_from_config(config)
             self.lengthsched_placer: StreamPlacer | None = None
@@ -291,13 +296,26 @@ def make_fully_async_manager_class(base: type, client_class: type) -> type:
 
 
 # ----------------------------------------------------------------------------- installing it into the recipe
-def install(module: Any = None, registry: Any = None) -> Any:
+_VERL_WORKER = object()  # install's default worker class (see there)
+
+
+def _verl_worker() -> Any:
+    """``ray.remote`` of :mod:`~lengthsched.integrations.verl`'s ``LengthschedAgentLoopWorker`` (needs verl and Ray)."""
+    from . import verl as lv
+
+    return importlib.import_module("ray").remote(lv.LengthschedAgentLoopWorker)
+
+
+def install(module: Any = None, registry: Any = None, worker_class: Any = _VERL_WORKER) -> Any:
     """Replace ``FullyAsyncAgentLoopManager`` and ``FullyAsyncLLMServerClient`` in verl's recipe module
     (``module``; default :data:`RECIPE_MODULE`, imported) by lengthsched's manager and stealing client,
     and register the vLLM replica class with snapshots in ``registry`` (default verl's
     ``RolloutReplicaRegistry``). The rollouter reads both globals when it starts
     (``_init_async_rollout_manager``), so this must run in the rollouter's process before it starts
-    (:func:`setup_hook`). Idempotent; returns the module."""
+    (:func:`setup_hook`). ``worker_class``: the agent-loop worker actor class the manager runs (default
+    ``ray.remote`` of :mod:`~lengthsched.integrations.verl`'s ``LengthschedAgentLoopWorker``, made from verl's: every
+    request of a session, a multi-turn loop's turns included, carries its priority; None: verl's own). Idempotent;
+    returns the module."""
     from . import verl_stealing as vs
 
     if module is None:
@@ -311,8 +329,10 @@ def install(module: Any = None, registry: Any = None) -> Any:
                                   f"verl's fully_async_rollouter module (a class {name})")
     if getattr(module.FullyAsyncAgentLoopManager, "_lengthsched_installed", False):
         return module
+    if worker_class is _VERL_WORKER:
+        worker_class = _verl_worker()
     client = vs.make_stealing_client_class(module.FullyAsyncLLMServerClient)
-    manager = make_fully_async_manager_class(module.FullyAsyncAgentLoopManager, client)
+    manager = make_fully_async_manager_class(module.FullyAsyncAgentLoopManager, client, worker_class)
     manager._lengthsched_installed = True
     _MADE["LengthschedFullyAsyncAgentLoopManager"] = manager
     module.FullyAsyncAgentLoopManager, module.FullyAsyncLLMServerClient = manager, client

@@ -938,7 +938,7 @@ def make_stealing_agent_loop_manager_class(base: type, client_class: type) -> ty
             router = self.llm_client._load_balancer
             servers = await _call(router, "get_server_handles")
             driver = StealDriver(self.lengthsched_steal.coordinator(plan.replicas), router, servers,
-                                 poll_interval=self.lengthsched_steal.poll_interval)
+                                 poll_interval=self.lengthsched_steal.poll_interval, turns=self.lengthsched_steal.turns)
             ntb = prompts.non_tensor_batch
             uids = np.asarray(ntb["uid"]).tolist()
             for i, tokens in enumerate(batch_prompt_tokens(ntb, len(uids))):

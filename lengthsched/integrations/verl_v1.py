@@ -19,7 +19,7 @@ llm_client=, teacher_client=, reward_loop_worker_handles=)``. It differs from th
   completions**. verl itself sets none (every request carries the agent loop's default 0). verl's
   multi-turn ``ToolAgentLoop.run`` takes the priority but passes none to ``generate``: its turns would reach
   the router and the engine without one. ``LengthschedAgentLoopWorkerTQ`` gives every request of a session
-  that names no priority its session's (:data:`SESSION_PRIORITY`, :class:`SessionPriorityClient`), so each
+  that names no priority its session's (:class:`~lengthsched.integrations.verl.SessionPriorities`), so each
   turn of a tool loop is routed and queued as its plan says, and keeps its replica's prefix cache.
 
 This module supplies ``LengthschedAgentLoopManagerTQ`` (made on first access from verl's
@@ -60,7 +60,6 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable, Hashable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +68,12 @@ import numpy as np
 from ..errors import InvalidArgument, check_int
 from .verl import (
     MANAGER_TQ_CLASS,
+    SESSION_PRIORITY,
     STEALING_MANAGER_TQ_CLASS,
     VERL_VERSION,
     ManagerPlanning,
+    SessionPriorities,
+    SessionPriorityClient,
     _setting,
     batch_prompt_tokens,
 )
@@ -79,41 +81,12 @@ from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
 __all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "SESSION_PRIORITY", "STEALING_MANAGER_TQ_CLASS", "SessionPriorityClient",
            "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class",
-           "make_tq_worker_class"]
+           "make_tq_worker_class"]  # SESSION_PRIORITY, SessionPriorityClient: verl's, named here too
 
 log = logging.getLogger(__name__)
 
 #: The stealing manager's per-prompt column: the priority of each of its sessions (read by the worker).
 PRIORITIES = "lengthsched_priorities"
-
-#: The priority of the agent-loop session the current asyncio task runs (None outside one):
-#: ``LengthschedAgentLoopWorkerTQ`` sets it around each session; :class:`SessionPriorityClient` gives it to the
-#: session's requests that name none (verl's ``ToolAgentLoop`` names none on any turn).
-SESSION_PRIORITY: ContextVar[int | None] = ContextVar("lengthsched_session_priority", default=None)
-
-
-class SessionPriorityClient:
-    """verl's LLM client (``LLMServerClient`` or a subclass) as a worker's agent loops see it: ``generate`` without
-    a ``priority`` takes its session's (:data:`SESSION_PRIORITY`, where one is set), so every turn of a multi-turn
-    loop reaches the router and the engine with the priority its plan gave the session; everything else is the
-    client's own (attributes read and set through to it)."""
-
-    def __init__(self, client: Any):
-        object.__setattr__(self, "lengthsched_client", client)
-
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
-        if "priority" not in kwargs:
-            priority = SESSION_PRIORITY.get()
-            if priority is not None:
-                kwargs["priority"] = priority
-        return await self.lengthsched_client.generate(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "lengthsched_client"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.lengthsched_client, name, value)
-
 
 def generated_tokens(output: Any) -> int:
     """Tokens the model generated in one verl ``AgentLoopOutput`` (the sum of its ``response_mask``: 1 for
@@ -132,16 +105,14 @@ def make_tq_worker_class(base: type) -> type:
     when all its sessions settled, failed ones included (their lengths are missing). A prompt with a
     :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
     of the prompt's ``priority`` (verl passes a prompt's columns to all its sessions alike); the column itself
-    goes no further. Its agent loops get the client as a :class:`SessionPriorityClient`: every request of a
-    session carries the session's priority, the turns of a multi-turn loop included."""
+    goes no further. Every request of a session carries the session's priority, the turns of a multi-turn loop
+    included (:class:`~lengthsched.integrations.verl.SessionPriorities`)."""
 
-    class LengthschedAgentLoopWorkerTQ(base):  # type: ignore[misc, valid-type]
+    class LengthschedAgentLoopWorkerTQ(SessionPriorities, base):  # type: ignore[misc, valid-type]
         """verl's AgentLoopWorkerTQ that reports its prompts' lengths (lengthsched.integrations.verl_v1)."""
 
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            if not isinstance(self.llm_client, SessionPriorityClient):
-                self.llm_client = SessionPriorityClient(self.llm_client)
             self._lengthsched_running: dict[Hashable, list[int]] = {}
             self._lengthsched_done: list[tuple[Hashable, list[int]]] = []
 
@@ -166,12 +137,7 @@ def make_tq_worker_class(base: type) -> type:
             session = kwargs.get("session_id")
             if priorities is not None and isinstance(session, (int, np.integer)) and 0 <= session < len(priorities):
                 kwargs["priority"] = int(priorities[session])
-            priority = kwargs.get("priority")
-            token = SESSION_PRIORITY.set(None if priority is None else int(priority))
-            try:
-                return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)
-            finally:
-                SESSION_PRIORITY.reset(token)
+            return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)  # SessionPriorities next
 
         def lengthsched_take(self) -> list[tuple[Hashable, list[int]]]:
             """The prompts finished since the last call: ``(uid, tokens per session)``."""
