@@ -35,11 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine, report, run_sections, table
+from common import ROOT, machine, median_ms, report, run_sections, table
 
 from lengthsched import OnlineLengthPredictor
 from lengthsched.io import DATA_DIR
@@ -181,13 +180,7 @@ SPEED_PROMPTS, SPEED_SIBLINGS = 256, 16  # a rollout step's poll: prompts x comp
 
 
 def _median_ms(call, repeats: int) -> float:
-    call()  # warm-up (first-call caches)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return round(1e3 * float(np.median(times)), 3)
+    return round(median_ms(call, repeats), 3)
 
 
 def _interp_log_sf(table: np.ndarray):

@@ -15,6 +15,7 @@ lengths, resampled within one prompt for G > 10) and from a uniform distribution
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -22,21 +23,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine, pin_one_core, report, table
+from common import ROOT, machine, median_ms, pin_one_core, report, table
 
 import lengthsched
 from lengthsched import ModelMemory, partition, plan_group
 from lengthsched.io import DATA_DIR
-
-
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def castillo_groups() -> list[list[int]]:
@@ -182,13 +173,50 @@ def _poll(coord, snaps, grown: int) -> int:
     return len(coord.decide())
 
 
+class _SnapshotServer:
+    """A vLLM server with snapshots, in process: its snapshot fixed (what arrives from Ray, already decoded), an
+    abort that finds nothing (no move is wanted in the steady state)."""
+
+    def __init__(self, snap: dict):
+        self.snap = snap
+
+    def lengthsched_snapshot(self) -> dict:
+        return self.snap
+
+    def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict:
+        return {"aborted": False, "request_id": request_id}
+
+
+def _driver_state(rng, groups, replicas: int, per: int):
+    """A StealDriver over in-process servers in :func:`_coordinator_state`'s steady state: ``per`` requests on each
+    replica, 3 of 4 running 500 tokens in, 1 of 4 waiting, each snapshot keyed by the requests' vLLM ids."""
+    from types import SimpleNamespace
+
+    from lengthsched.integrations import StealCoordinator
+    from lengthsched.integrations.verl_stealing import StealDriver, vllm_request_id
+
+    snaps = [{"generated": {}, "finished": []} for _ in range(replicas)]
+    driver = StealDriver(StealCoordinator(replicas, pool_tokens=per * 700, chunk=128),
+                         SimpleNamespace(reroute=lambda *args: None), [_SnapshotServer(s) for s in snaps])
+    for r in range(replicas):
+        for i in range(per):
+            key = r * per + i
+            driver.submit(key, r, float(real_group(rng, groups, 1)[0]), prompt_tokens=300, group=(r, i // 16))
+            snaps[r]["generated"][vllm_request_id(key, f"client-{key}", 0)] = 500 if i < 3 * per // 4 else 0
+    return driver
+
+
 def bench_coordinator(rng, groups, reps: int, cases) -> tuple[str, list]:
     """What one poll of a StealDriver costs the process that runs it (verl's agent-loop manager): the
     coordinator's ``observe`` of every replica's snapshot and its ``decide``, median ms over ``reps``
     polls, in two states: steady (every replica busy with requests waiting: nothing to decide) and a
-    drain (one replica finished everything: it steals). ``cases``: (replicas, requests per replica);
-    requests come in groups of 16 with CASTILLO lengths as predictions."""
+    drain (one replica finished everything: it steals); and the whole steady poll of a
+    :class:`~lengthsched.integrations.verl_stealing.StealDriver` (:meth:`poll_once` over in-process servers: every
+    snapshot read by vLLM id, the coordinator's part, nothing to apply; without the Ray calls and the snapshots'
+    transfer). ``cases``: (replicas, requests per replica); requests come in groups of 16 with CASTILLO lengths as
+    predictions."""
     rows = []
+    loop = asyncio.new_event_loop()
     for replicas, per in cases:
         coord, snaps = _coordinator_state(rng, groups, replicas, per, None)
         tick = iter(range(1, 10**9))
@@ -200,12 +228,18 @@ def bench_coordinator(rng, groups, reps: int, cases) -> tuple[str, list]:
             start = time.perf_counter()
             moves.append(_poll(coord, snaps, 200))
             times.append(time.perf_counter() - start)
+        driver = _driver_state(rng, groups, replicas, per)
+        loop.run_until_complete(driver.poll_once())  # the first round submits nothing new: the state settles
+        driver_ms = median_ms(lambda d=driver: loop.run_until_complete(d.poll_once()), reps)
+        assert driver.stats.applied.maxlen and not driver.stats.applied and driver.stats.errors == 0
         rows.append([replicas, per, replicas * per, steady_ms, statistics.median(times) * 1e3,
-                     int(statistics.median(moves))])
+                     int(statistics.median(moves)), driver_ms])
+    loop.close()
     return table("StealCoordinator: one poll (observe every replica's snapshot, then decide), median ms, "
-                 "one core; steady = nothing to decide; drain = one replica finished everything",
-                 ["replicas", "requests per replica", "requests", "steady ms", "drain ms", "moves in a drain"],
-                 rows), rows
+                 "one core; steady = nothing to decide; drain = one replica finished everything; driver = "
+                 "StealDriver.poll_once in the steady state (snapshots read by vLLM id, then the coordinator)",
+                 ["replicas", "requests per replica", "requests", "steady ms", "drain ms", "moves in a drain",
+                  "driver steady ms"], rows), rows
 
 
 def main(argv=None) -> int:

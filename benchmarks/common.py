@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,17 @@ def device_name(where=None) -> str:
     if dev.type == "cuda":
         return f"cuda: {torch.cuda.get_device_name(dev)}"
     return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def median_ms(fn, reps: int) -> float:
+    """The median of ``reps`` timed calls of ``fn`` (after one untimed warm-up call), in milliseconds."""
+    fn()  # warm-up (first-call caches)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def machine() -> dict:

@@ -696,7 +696,7 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         see(0, {}, [first])  # the first turn ends
         assert coord.replica_of(7) is None
         if not turns:  # the row is done: a later request under its key is not followed
-            assert not driver._rows
+            assert not driver._rows and not driver._attempts
             see(1, {vs.vllm_request_id(7, "session", 0): 3})
             assert coord.replica_of(7) is None and driver.stats.turns == 0
             continue
@@ -708,8 +708,10 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         assert (driver.stats.turns, driver.stats.resumed) == (1, 0)
         moved = vs.vllm_request_id(7, "session", 8)  # a move's attempt carries the turn's 8 tokens so far
         assert see(1, {moved: 2}) == {7: 40}
+        assert driver._attempts == {moved: "7"}  # its current attempt only, read again without parsing its id
+        assert see(1, {moved: 3}) == {7: 41}
         see(1, {}, [moved])
-        assert coord.replica_of(7) is None and driver._rows["7"].done == 40
+        assert coord.replica_of(7) is None and driver._rows["7"].done == 41 and not driver._attempts
         driver.finish(7)  # its prompt is heard finish
         assert not driver._rows
         see(0, {vs.vllm_request_id(7, "session", 0): 1})

@@ -563,6 +563,7 @@ class StealDriver:
         self.turns = turns
         self.stats = DriverStats()
         self._rows: dict[str, _Row] = {}
+        self._attempts: dict[str, str] = {}  # each row's current attempt (vLLM id) -> its key: read without parsing
         self._task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ hooks
@@ -578,7 +579,9 @@ class StealDriver:
 
     def finish(self, request: Hashable) -> None:
         """``request``'s answer is in."""
-        self._rows.pop(str(request), None)
+        row = self._rows.pop(str(request), None)
+        if row is not None:
+            self._forget_attempt(row)
         self.coordinator.finish(request)
 
     def adopt(self, other: StealDriver, replicas: Sequence[int | None]) -> int:
@@ -610,6 +613,8 @@ class StealDriver:
             self.coordinator.submit(row.request, target, row.predicted, prompt_tokens=row.prompt, group=row.group,
                                     generated=other.coordinator.generated_of(row.request))
             self._rows[key] = replace(row, replica=target)
+            if row.vllm_id is not None:
+                self._attempts[row.vllm_id] = key
             adopted += 1
         return adopted
 
@@ -648,8 +653,9 @@ class StealDriver:
         self.stats.polls += 1
         for snap in snaps:  # every replica's finished attempts first: a request (a session's next turn, a moved
             self._ended(snap)  # attempt) may appear on one replica in the round its last attempt ended on another
+        unseen = [row for row in self._rows.values() if not row.seen]
         for replica, snap in enumerate(snaps):
-            self.coordinator.observe(replica, self._observed(replica, {**snap, "finished": ()}))
+            self.coordinator.observe(replica, self._observed(replica, {**snap, "finished": ()}, unseen))
         applied = []
         for move in self.coordinator.decide():
             if await self._apply(move):
@@ -672,20 +678,32 @@ class StealDriver:
                 else:
                     self.finish(row.request)
 
-    def _observed(self, replica: int, snap: Mapping[str, Any]) -> dict[Hashable, int]:
+    def _observed(self, replica: int, snap: Mapping[str, Any], unseen: list[_Row] | None = None,
+                  ) -> dict[Hashable, int]:
         """What ``replica``'s snapshot says of the rows: its finished attempts (:meth:`_ended`), then each row's
-        tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear."""
+        tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear.
+        ``unseen``: the rows not seen at the start of the round (None: read from the rows)."""
         self._ended(snap)
         out: dict[Hashable, int] = {}
         for vid, tokens in snap["generated"].items():
-            parsed = parse_vllm_request_id(vid)
-            row = self._rows.get(parsed[0]) if parsed else None
-            if row is None:
-                continue
-            carried = carried_tokens(vid)
-            if carried is not None:
-                row.carried = carried
-            row.seen, row.client_id, row.vllm_id = True, parsed[1], vid
+            key = self._attempts.get(vid)
+            if key is None:  # an attempt not seen before (or someone else's request): its id says whose
+                parsed = parse_vllm_request_id(vid)
+                row = self._rows.get(parsed[0]) if parsed else None
+                if row is None:
+                    continue
+                carried = carried_tokens(vid)
+                if carried is not None:
+                    row.carried = carried
+                self._forget_attempt(row)
+                row.client_id, row.vllm_id = parsed[1], vid
+                self._attempts[vid] = parsed[0]
+            else:
+                row = self._rows.get(key)
+                if row is None:  # its row left (never here: an attempt is forgotten with its row)
+                    self._attempts.pop(vid, None)
+                    continue
+            row.seen = True
             row.last = row.carried + check_int("generated", tokens, minimum=0)
             out[row.request] = row.done + row.last
             if self.coordinator.replica_of(row.request) is None:
@@ -700,10 +718,16 @@ class StealDriver:
                     self.stats.turns += 1
                 else:
                     self.stats.resumed += 1
-        for row in self._rows.values():  # sent, not yet on its engine: it waits there
+        for row in self._rows.values() if unseen is None else unseen:  # sent, not yet on its engine: it waits there
             if not row.seen and row.request not in out and self.coordinator.replica_of(row.request) == replica:
                 out[row.request] = row.done + row.carried
         return out
+
+    def _forget_attempt(self, row: _Row) -> None:
+        """``row`` has no current attempt any more (it ended, or was aborted for a move)."""
+        if row.vllm_id is not None:
+            self._attempts.pop(row.vllm_id, None)
+            row.vllm_id = None
 
     def _turn_ended(self, row: _Row) -> None:
         """A turn of the multi-turn session ``row`` finished: the coordinator lets it go; the row waits for the
@@ -711,7 +735,8 @@ class StealDriver:
         self.coordinator.finish(row.request)
         row.done += row.last
         row.last = row.carried = 0
-        row.seen, row.vllm_id, row.between = False, None, True
+        self._forget_attempt(row)
+        row.seen, row.between = False, True
 
     async def _apply(self, move: Move) -> bool:
         row = self._rows.get(str(move.request))
@@ -727,7 +752,8 @@ class StealDriver:
             self.stats.cancelled += 1
             return False
         row.carried += int(result.get("generated", max(0, move.generated - row.done - row.carried)))
-        row.replica, row.seen, row.vllm_id = move.target, False, None
+        self._forget_attempt(row)
+        row.replica, row.seen = move.target, False
         return True
 
 
