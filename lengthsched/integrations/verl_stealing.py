@@ -538,7 +538,7 @@ class StealDriver:
     vLLM id carries (:func:`carried_tokens`), so a driver can run for a whole asynchronous run.
 
     ``turns``: the rows are multi-turn sessions (an agent loop with tools: every turn a request of its own,
-    with the session's priority, see ``verl_v1.SESSION_PRIORITY``). A finished attempt then ends a *turn*,
+    with the session's priority, see ``verl.SESSION_PRIORITY``). A finished attempt then ends a *turn*,
     not the row: the coordinator lets it go, the row stays until :meth:`finish`, and the session's next turn is
     submitted again where it appears (its prompt grew by the turns before; the router sends it to the replica
     the conversation was on), its progress the tokens of the earlier turns (as last seen) plus its own, against
