@@ -152,8 +152,11 @@ class SimulateOptions:
                                               "group in flight drained, the surplus thrown away, decisions at its 2 s "
                                               "poll; vllm + least_loaded): verl as it ships against the same with "
                                               "lengthsched.integrations.verl_selective's refill by need (the same "
-                                              "data), and with --selective its skip too; --oversample 1 or none, not "
-                                              "with --partial-rollout, --slime-refill, --filter-order or --in-flight")
+                                              "data), verl_v1's stealing manager alone and with that refill "
+                                              "(steal_observed; --poll-seconds and --resubmit-seconds default to its "
+                                              "driver's 0.25 and 0.05 s there), and with --selective the skip too; "
+                                              "--oversample 1 or none, not with --partial-rollout, --slime-refill, "
+                                              "--filter-order or --in-flight")
     max_staleness: str | None = _opt(None, "with --steps N, simulate asynchronous RL as AReaL runs it instead: the "
                                            "engines keep generating while the learner trains, submitting groups "
                                            "while at most (K + version + 1) x --prompts were submitted (AReaL's "

@@ -20,6 +20,7 @@ from lengthsched import InvalidArgument, LengthschedError, parse_bytes
 from lengthsched.errors import check_int
 from lengthsched.filtering import FilterHistory, SelectiveRollout
 from lengthsched.integrations.rollout import CROWDED_POOLS
+from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 from lengthsched.memory import ROLLOUT_DECODE_ROWS
 from lengthsched.memory import rollout_pool_tokens as _pool_tokens
 from lengthsched.placement import CLASSES_MAX_SPREAD, recommend_rollout_policy, sibling_spread
@@ -51,6 +52,7 @@ from .rollout import (
     RolloutResult,
     run_rollout,
     run_slime_planned_in_order,
+    run_verl_stealing,
     steal_ways,
 )
 from .workloads import WORKLOADS, history_predictions
@@ -542,10 +544,14 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
 STEPS_RESUME = "siblings"
 
 
-#: The runs of --verl-dynamic-sampling: (router shown, lengthsched's refill by need, GRESO's skip); the first is the
-#: reference (verl as it ships), the last only with --selective.
-VERL_DYNAMIC_RUNS = (("least_loaded", False, False), ("least_loaded + verl_selective refill", True, False),
-                     ("least_loaded + verl_selective refill and skip", True, True))
+#: The runs of --verl-dynamic-sampling: (policy, router shown, lengthsched's refill by need, GRESO's skip); the first
+#: is the reference (verl as it ships), the last only with --selective. Policy steal_observed: verl_v1's stealing
+#: manager (simulate.run_verl_stealing) in place of verl's AgentLoopManagerTQ and router.
+VERL_DYNAMIC_RUNS = (("vllm", "least_loaded", False, False),
+                     ("vllm", "least_loaded + verl_selective refill", True, False),
+                     ("steal_observed", "verl_v1 stealing manager", False, False),
+                     ("steal_observed", "verl_v1 stealing manager + verl_selective refill", True, False),
+                     ("vllm", "least_loaded + verl_selective refill and skip", True, True))
 
 
 def _step_run(step: RolloutStep, router: str | None, *, filter_history: Any = None, at_once: bool = False):
@@ -559,6 +565,31 @@ def _step_run(step: RolloutStep, router: str | None, *, filter_history: Any = No
             in_flight=len(predicted) if at_once else None)
 
     return run
+
+
+def _stealing_run(step: RolloutStep):
+    """A ``run`` for :func:`simulate.run_oversampled_steps`: verl_v1's stealing manager inside verl's loop
+    (:func:`simulate.rollout.run_verl_stealing`, ``steal_observed``) with its driver's defaults (a snapshot every
+    ``StealOptions.poll_interval`` s, ``RESUBMIT_ESTIMATE_SECONDS`` to resubmit) unless ``--poll-seconds`` /
+    ``--resubmit-seconds`` say otherwise."""
+    o = step.opts
+
+    def run(parts, name, *, predicted, record, refill=None, **_):
+        return run_verl_stealing(parts, name, predicted=predicted, refill=refill, replicas=o.replicas,
+                                 budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost, seed=o.seed,
+                                 prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
+                                 kv_offload=o.kv_offload, snapshot_seconds=_stealing_poll(o),
+                                 resubmit_seconds=_stealing_resubmit(o))
+
+    return run
+
+
+def _stealing_poll(o: SimulateOptions) -> float:
+    return o.poll_seconds if o.poll_seconds is not None else StealOptions.poll_interval
+
+
+def _stealing_resubmit(o: SimulateOptions) -> float:
+    return o.resubmit_seconds if o.resubmit_seconds else RESUBMIT_ESTIMATE_SECONDS
 
 
 def _running(step: RolloutStep, runs: np.ndarray | None) -> tuple[list, np.ndarray]:
@@ -580,21 +611,24 @@ def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
     skip = selective_stream(step.groups, _earlier_history(step, earlier), SelectiveRollout(seed=o.seed)) \
         if o.selective else np.ones(len(step.groups), dtype=bool)
     rows = []
-    for shown, need, skipping in VERL_DYNAMIC_RUNS[:3 if o.selective else 2]:
+    for policy, shown, need, skipping in VERL_DYNAMIC_RUNS[:len(VERL_DYNAMIC_RUNS) if o.selective else -1]:
         groups, predicted = _running(step, skip if skipping else None)
         flags = valid[skip] if skipping else valid
-
+        stealing = policy != "vllm"
         try:
-            done = run_oversampled_steps(groups, "vllm", batch=o.prompts, oversample=1.0, steps=o.steps, partial=False,
-                                         predicted=predicted, run=_step_run(step, "least_loaded", at_once=True),
-                                         valid=flags, filter_seed=o.seed, refill=True,
+            if stealing and predicted is None:
+                raise InvalidArgument("predictor", o.predictor, "predictions for the stealing manager's plan")
+            done = run_oversampled_steps(groups, policy, batch=o.prompts, oversample=1.0, steps=o.steps, partial=False,
+                                         predicted=predicted, valid=flags, filter_seed=o.seed, refill=True,
+                                         run=_stealing_run(step) if stealing else
+                                         _step_run(step, "least_loaded", at_once=True),
                                          refill_rule="verl", refill_cap=o.prompts, refill_need=need,
                                          refill_poll=VERL_POLL_SECONDS, max_new_tokens=o.max_new_tokens)
-            rows.append(RolloutRow("vllm", shown, None, steps=done))
+            rows.append(RolloutRow(policy, shown, None, steps=done))
         except LengthschedError as exc:
-            if not need and "budget_tokens" in str(exc):
+            if not need and not stealing and "budget_tokens" in str(exc):
                 raise InvalidArgument("budget", o.budget, f"a larger replica memory: {exc}") from None
-            rows.append(RolloutRow("vllm", shown, None, str(exc)))
+            rows.append(RolloutRow(policy, shown, None, str(exc)))
     reference = rows.pop(0)
     filter_text = (f"a dynamic-sampling filter keeps {o.valid_share:g} of the finished groups, at random"
                    if o.valid_share is not None else
@@ -611,8 +645,10 @@ def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
                   f"{int((~skip & np.asarray(valid)).sum())} of them would have passed)")
                + f"; from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of {step.memory.name} "
                f"({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens, vLLM "
-               f"behind verl's router, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
-               f"{step.cost.gpu}")
+               f"behind verl's router, predictor {o.predictor}; the stealing manager's rows plan each batch verl hands "
+               f"over with steal's placement beside the work still running and steal from snapshots every "
+               f"{_stealing_poll(o):g} s, {_stealing_resubmit(o):g} s to resubmit; seconds modelled for "
+               f"{step.cost.model} on {step.cost.gpu}")
     return RolloutComparison(dataclasses.asdict(o), setting, step.pool, (reference, *rows), step)
 
 

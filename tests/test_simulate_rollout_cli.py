@@ -675,8 +675,9 @@ VERL_DYNAMIC = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size",
 
 def test_verl_dynamic_sampling_compares_verl_as_it_ships_with_the_refill_and_the_skip(capsys):
     """--verl-dynamic-sampling (with --steps and a filter): verl's v1 dynamic sampling as the reference, the refill
-    by need (and with --selective the skip) as rows, each run as run_oversampled_steps with verl's rule gives it;
-    every step keeps --prompts groups; what it cannot combine with is one line."""
+    by need, verl_v1's stealing manager alone and with the refill (and with --selective the skip) as rows, each run as
+    run_oversampled_steps with verl's rule gives it; every step keeps --prompts groups; what it cannot combine with
+    is one line."""
     import numpy as np
 
     from simulate import run_oversampled_steps
@@ -688,12 +689,16 @@ def test_verl_dynamic_sampling_compares_verl_as_it_ships_with_the_refill_and_the
     assert cli(VERL_DYNAMIC + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert "verl's dynamic sampling" in out["setting"] and "poll every 2 s" in out["setting"]
-    assert [r["router"] for r in out["rows"]] == ["least_loaded", "least_loaded + verl_selective refill"]
-    assert all(r["policy"] == "vllm" and r["shortfall"] == 0 for r in out["rows"])
+    assert [(r["policy"], r["router"]) for r in out["rows"]] == [
+        ("vllm", "least_loaded"), ("vllm", "least_loaded + verl_selective refill"),
+        ("steal_observed", "verl_v1 stealing manager"),
+        ("steal_observed", "verl_v1 stealing manager + verl_selective refill")]
+    assert all(r["shortfall"] == 0 and r["error"] is None for r in out["rows"])
+    assert "snapshots every 0.25 s, 0.05 s to resubmit" in out["setting"]
     assert "x verl as it ships" in out["verdict"] and "surplus" in out["verdict"]
     assert cli(VERL_DYNAMIC + ["--selective", "--json"]) == 0
     skipping = json.loads(capsys.readouterr().out)
-    assert skipping["rows"][:2] == out["rows"] and len(skipping["rows"]) == 3
+    assert skipping["rows"][:4] == out["rows"] and len(skipping["rows"]) == 5
     assert re.search(r"skips \d+ of the \d+ prompts as GRESO does", skipping["setting"])
     # the reference is run_oversampled_steps with verl's rule (and poll) on the step's stream
     comparison = compare_rollout(SimulateOptions(prompts=6, replicas=2, group_size=4, max_new_tokens=1024,
@@ -707,6 +712,18 @@ def test_verl_dynamic_sampling_compares_verl_as_it_ships_with_the_refill_and_the
                                  router="least_loaded", replicas=2, budget_tokens=step.pool, max_new_tokens=1024,
                                  cost=step.cost, seed=seed)
     assert comparison.rows[0].steps.kept_tokens_per_second == pytest.approx(verl.kept_tokens_per_second)
+    # the stealing manager's row is run_verl_stealing inside the same loop, at the driver's defaults
+    from functools import partial
+
+    from simulate.rollout import run_verl_stealing
+
+    stealing = run_oversampled_steps(step.groups, "steal_observed", batch=6, oversample=1.0, steps=3, partial=False,
+                                     predicted=np.asarray(step.predicted), valid=valid, filter_seed=seed, refill=True,
+                                     refill_rule="verl", refill_cap=6, refill_poll=VERL_POLL_SECONDS, in_flight=10**9,
+                                     run=partial(run_verl_stealing, snapshot_seconds=0.25, resubmit_seconds=0.05),
+                                     replicas=2, budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost,
+                                     seed=seed)
+    assert comparison.rows[2].steps.kept_tokens_per_second == pytest.approx(stealing.kept_tokens_per_second)
     assert cli(VERL_DYNAMIC) == 0
     text = capsys.readouterr().out
     assert "(reference: verl as it ships)" in text and "  surplus: " in text and "  stale: " not in text
