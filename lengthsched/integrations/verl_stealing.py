@@ -771,8 +771,8 @@ class StealOptions:
     0.966 of vLLM + verl on the grid's multi-replica settings, 0.932 on steps of 512-1024 prompts on 16-32
     replicas, against 0.986 and 0.963 with verl's own client, which waits 1 s, polled every second and
     without moves, the defaults until 2026-11-27; docs/benchmarks.md, "Resubmission delay"). The
-    coordinator's share of a poll costs the manager 1-4 ms of one core for 4,096-16,384 requests in
-    flight, up to 10 ms when a replica drains (``bench_planning.py --sections coordinator``). With a
+    driver's poll costs the manager 2.4-13 ms of one core for 4,096-16,384 requests in flight (the coordinator's
+    share 1-4 ms, up to 9 ms when a replica drains; ``bench_planning.py --sections coordinator``). With a
     client that waits before it resubmits, set ``chunk`` to null: moves of running requests then lose
     more than they gain."""
 
