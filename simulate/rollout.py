@@ -735,7 +735,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         pols.append(pol)
     n, sent = len(flat), 0
 
-    def planned(units: range) -> np.ndarray:  # a Refill's plan: the chunk's requests placed when submitted
+    def planned(units: range, now: float) -> np.ndarray:  # a Refill's plan: the chunk's requests placed when submitted
         jobs, where = refill.plan(units, None if client is None else client.queues.outstanding())
         jobs = np.asarray(jobs, dtype=np.int64)
         fixed[jobs] = np.asarray(where, dtype=np.int64)
@@ -813,7 +813,9 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
 class _Releases:
     """A :class:`Refill` in :func:`_run_throttled`: ``queue`` (a growing list of request indices) holds the
     requests submitted so far, in submission order; :meth:`release` submits chunks of units while slime's rule
-    asks for more, :meth:`finished` counts the requests that finished and the units they complete."""
+    asks for more, :meth:`finished` counts the requests that finished and the units they complete. ``plan``
+    (optional): ``plan(units, now)`` submits the requests of ``units`` at ``now`` (seconds) and returns them in
+    submission order."""
 
     def __init__(self, refill: Refill, owner: np.ndarray, plan: Any = None):
         self.refill, self.plan = refill, plan
@@ -858,14 +860,14 @@ class _Releases:
             if self.plan is not None and refill.rule == "verl":  # verl hands its manager every unit it asks
                 batch = range(chunk.start if batch is None else batch.start, chunk.stop)  # for now in one batch
             elif self.plan is not None:  # placed and ordered now, from what the replicas have
-                self.queue.extend(self.plan(chunk).tolist())
+                self.queue.extend(self.plan(chunk, now).tolist())
             else:  # the chunk's requests in the order given (a planner may have ordered its groups)
                 self.queue.extend(np.sort(self.order[self.bounds[chunk.start]:self.bounds[chunk.stop]]).tolist())
             for u in chunk:
                 if self.left[u] == 0:  # nothing to run: done when submitted
                     self._unit_done(u)
         if batch is not None:
-            self.queue.extend(self.plan(batch).tolist())
+            self.queue.extend(self.plan(batch, now).tolist())
 
     def finished(self, jobs, now: float, heap: list) -> None:
         """Count the requests ``jobs`` that finished at ``now`` and submit what the rule asks for; with a poll, the
@@ -1474,9 +1476,9 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
             pol.dispatcher = dispatcher
     clock = _OneClock(engines)
     idle, wake, wake_later = clock.idle, clock.wake, clock.at  # wake_later: asleep until a given second
-    releases, seen, moment = None, [0] * replicas, [0.0]  # moment: the event being handled (seconds)
+    releases, seen = None, [0] * replicas
     if refill is not None:
-        def planned(units: range) -> np.ndarray:  # the plan's batch, queued on its replicas
+        def planned(units: range, now: float) -> np.ndarray:  # the plan's batch, queued on its replicas at ``now``
             work = pols[0].work
             live = (placed >= 0) & (releases.left[releases.unit] > 0)  # released, its unit not finished
             loads = np.bincount(placed[live], weights=work[live], minlength=replicas)
@@ -1492,7 +1494,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                 if coord is not None:
                     coord.submit(job, r, float(work[job]), prompt_tokens=int(prompt_lens[owner[job]]),
                                  group=int(owner[job]))
-            wake(set(where.tolist()), moment[0])
+            wake(set(where.tolist()), now)
             return jobs
 
         releases = _Releases(refill, owner, planned)
@@ -1500,7 +1502,6 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
 
     while clock.heap:
         now, r = heapq.heappop(clock.heap)
-        moment[0] = now
         if r < 0:  # a poll of the framework (a Refill with poll): its rule releases what it asks for now
             releases.poll(now)
             continue
