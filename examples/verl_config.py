@@ -9,7 +9,8 @@ Each replica runs --groups-per-replica groups of G completions at once, each gro
 --slots slots (every completion may reach --max-new-tokens); the KV pool is what those plans hold
 at their peak (kv_cache_memory_bytes, per GPU), or --kv-budget. --steal names the trainer's
 stealing manager (with its pool, and for the v1 trainer Ray's setup hook that registers the vLLM
-server class with snapshots).
+server class with snapshots); --selective the v1 trainer's replay buffer from
+lengthsched.integrations.verl_selective (its refill by need under algorithm.filter_groups, which you turn on).
 
     python examples/verl_config.py --preset qwen3-1.7b --group-size 16 --slots 8 --groups-per-replica 8
 """
@@ -41,16 +42,23 @@ def main(argv: list[str] | None = None) -> None:
                         help="verl's trainer: v1 (verl 0.9.1's default) or legacy (trainer.use_v1=false)")
     parser.add_argument("--steal", action="store_true",
                         help="the trainer's stealing manager (vLLM): replicas that drain take waiting requests")
+    parser.add_argument("--selective", action="store_true",
+                        help="the v1 trainer's replay buffer from lengthsched.integrations.verl_selective: under "
+                             "algorithm.filter_groups it refills only what the batch still needs")
     args = parser.parse_args(argv)
 
     memory = ls.ModelMemory.from_preset(args.preset)
     plan = ls.plan_group([args.max_new_tokens] * args.group_size, slots=args.slots,
                          max_new_tokens=args.max_new_tokens, prompt_tokens=args.prompt_tokens)
-    config = verl_rollout_config(plan, memory, gpu_memory_bytes=args.gpu_memory, kv_budget_bytes=args.kv_budget,
-                                 groups_per_replica=args.groups_per_replica, engine=args.engine,
-                                 tensor_parallel_size=args.tensor_parallel_size, router_config_path=args.router_yaml,
-                                 max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
-                                 steal=args.steal)
+    try:
+        config = verl_rollout_config(plan, memory, gpu_memory_bytes=args.gpu_memory, kv_budget_bytes=args.kv_budget,
+                                     groups_per_replica=args.groups_per_replica, engine=args.engine,
+                                     tensor_parallel_size=args.tensor_parallel_size,
+                                     router_config_path=args.router_yaml,
+                                     max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
+                                     steal=args.steal, selective=args.selective)
+    except ls.InvalidArgument as exc:  # one readable line and exit status 2, as the lengthsched CLI does
+        parser.error(str(exc))
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")
     print("\n".join(config.overrides()))
 

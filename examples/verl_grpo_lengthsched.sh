@@ -20,6 +20,8 @@ PROMPT_LEN=${PROMPT_LEN:-512}
 RESPONSE_LEN=${RESPONSE_LEN:-2048}
 TRAINER=${TRAINER:-v1}                # verl's trainer: v1 (its default) or legacy
 STEAL=${STEAL:-0}                     # 1: the stealing manager (replicas that drain take waiting requests)
+SELECTIVE=${SELECTIVE:-0}             # 1 (v1): verl_selective's replay buffer, for DAPO's filter (pass
+                                      # algorithm.filter_groups.enable=true yourself): refills only what is needed
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
 VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 
@@ -29,12 +31,14 @@ GROUPS_PER_REPLICA=$(((PROMPTS + REPLICAS - 1) / REPLICAS))
 # The rollout settings: scheduling_policy=priority, max_num_seqs, gpu_memory_utilization and
 # engine_kwargs.vllm.kv_cache_memory_bytes from the plan; the manager and the router by name, for verl's
 # default v1 trainer (trainer.use_v1=true; TRAINER=legacy: the legacy trainer and its manager; STEAL=1: the
-# trainer's stealing manager, its pool, and for v1 Ray's worker_process_setup_hook).
-STEAL_FLAG=()
-if [ "$STEAL" = 1 ]; then STEAL_FLAG=(--steal); fi
+# trainer's stealing manager, its pool, and for v1 Ray's worker_process_setup_hook; SELECTIVE=1: the custom replay
+# buffer of lengthsched.integrations.verl_selective).
+FLAGS=()
+if [ "$STEAL" = 1 ]; then FLAGS=(--steal); fi
+if [ "$SELECTIVE" = 1 ]; then FLAGS+=(--selective); fi
 mapfile -t LENGTHSCHED < <(python examples/verl_config.py --preset "$PRESET" --group-size "$N" --slots "$N" \
     --groups-per-replica "$GROUPS_PER_REPLICA" --prompt-tokens "$PROMPT_LEN" --max-new-tokens "$RESPONSE_LEN" \
-    --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml --trainer "$TRAINER" "${STEAL_FLAG[@]}")
+    --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml --trainer "$TRAINER" "${FLAGS[@]}")
 
 python -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \

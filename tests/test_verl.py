@@ -721,6 +721,14 @@ def test_verl_rollout_config_by_hand():
         "+lengthsched.predictor=lengthsched_test_predictors:make",
     ]
     # verl 0.9.1 runs its v1 trainer by default; the legacy one (and its manager) on request.
+    # verl_selective's replay buffer (the v1 trainer's custom sampler), by the names verl loads it with
+    selective = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, selective=True)
+    assert selective.overrides()[-2:] == [
+        "trainer.v1.sampler.custom_sampler.path=pkg://lengthsched.integrations.verl_selective",
+        "trainer.v1.sampler.custom_sampler.name=selective_replay_buffer"]
+    from lengthsched.integrations import verl_selective
+
+    assert callable(getattr(verl_selective, lv.SELECTIVE_SAMPLER["name"]))
     legacy = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, trainer="legacy")
     assert legacy.rollout["agent"] == {"agent_loop_manager_class": lv.MANAGER_CLASS}
     assert legacy.overrides()[-1] == "trainer.use_v1=false"
@@ -743,6 +751,8 @@ def test_verl_rollout_config_by_hand():
     ({"trainer": "v0"}, "trainer"),
     ({"steal": True, "engine": "sglang"}, "steal"),
     ({"steal": 1}, "steal"),
+    ({"selective": True, "trainer": "legacy"}, "selective"),
+    ({"selective": "yes"}, "selective"),
 ])
 def test_verl_rollout_config_names_bad_arguments(kwargs, name):
     plan = ls.plan_group([2048] * 4, slots=2, max_new_tokens=2048, prompt_tokens=512)
@@ -767,7 +777,15 @@ def test_example_verl_config_prints_the_overrides(tmp_path):
     assert f"++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook={vs.SETUP_HOOK}" in steal.stdout
     assert f"agent_loop_manager_class={lv.STEALING_MANAGER_TQ_CLASS}" in steal.stdout
     launch = (ROOT / "examples" / "verl_grpo_lengthsched.sh").read_text()
-    assert "NOT run" in launch and "examples/verl_config.py" in launch and '"${STEAL_FLAG[@]}"' in launch
+    assert "NOT run" in launch and "examples/verl_config.py" in launch and '"${FLAGS[@]}"' in launch
+    assert "FLAGS+=(--selective)" in launch
+    selective = subprocess.run([sys.executable, str(script), "--steal", "--selective", "--router-yaml", str(router)],
+                               capture_output=True, text=True, check=False, cwd=ROOT)
+    assert selective.returncode == 0, selective.stderr
+    assert f"trainer.v1.sampler.custom_sampler.path={lv.SELECTIVE_SAMPLER['path']}" in selective.stdout
+    legacy = subprocess.run([sys.executable, str(script), "--selective", "--trainer", "legacy", "--router-yaml",
+                             str(router)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert legacy.returncode == 2 and "'selective'" in legacy.stderr and "Traceback" not in legacy.stderr
     assert subprocess.run(["bash", "-n", str(ROOT / "examples" / "verl_grpo_lengthsched.sh")]).returncode == 0
 
 

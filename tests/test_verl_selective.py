@@ -24,6 +24,7 @@ import pytest
 
 from lengthsched import InvalidArgument
 from lengthsched.filtering import SelectiveRollout, dropped_side, read_filter_state
+from lengthsched.integrations import verl as lv
 from lengthsched.integrations import verl_selective as vsel
 from lengthsched.integrations.verl import prompt_key
 
@@ -445,8 +446,7 @@ def real_trainer(monkeypatch, tq, custom: bool, prompts, sampler_kwargs=None, in
     monkeypatch.setattr(replay_buffer, "tq", tq)
     monkeypatch.setattr(trainer_base, "tq", tq)
     sampler = {"max_off_policy_threshold": 8, "max_off_policy_strategy": "drop", "sync_refill_failed_groups": False,
-               "custom_sampler": {"path": "pkg://lengthsched.integrations.verl_selective" if custom else None,
-                                  "name": "selective_replay_buffer" if custom else None},
+               "custom_sampler": dict(lv.SELECTIVE_SAMPLER) if custom else {"path": None, "name": None},
                "sampler_kwargs": sampler_kwargs or {}}
     config = OmegaConf.create({
         "trainer": {"v1": {"trainer_mode": "sync", "sync": {}, "sampler": sampler}},

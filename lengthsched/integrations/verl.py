@@ -92,6 +92,7 @@ __all__ = [
     "PLANNER_STATE_FORMAT",
     "SAVE_SECONDS",
     "ROUTER_CLASS",
+    "SELECTIVE_SAMPLER",
     "VERL_VERSION",
     "PlannedLoadBalancer",
     "RolloutPlanner",
@@ -124,6 +125,9 @@ STEALING_MANAGER_TQ_CLASS = "lengthsched.integrations.verl_v1.LengthschedStealin
 STEALING_TRAINERS = {"v1": STEALING_MANAGER_TQ_CLASS, "legacy": STEALING_MANAGER_CLASS}
 #: Ray's ``worker_process_setup_hook`` the v1 trainer needs for stealing (:func:`~.verl_stealing.setup_hook`).
 STEAL_SETUP_HOOK = "lengthsched.integrations.verl_stealing.setup_hook"
+#: The v1 trainer's custom replay buffer of :mod:`~lengthsched.integrations.verl_selective` (its refill by need under
+#: ``algorithm.filter_groups``): ``trainer.v1.sampler.custom_sampler.{path,name}``.
+SELECTIVE_SAMPLER = {"path": "pkg://lengthsched.integrations.verl_selective", "name": "selective_replay_buffer"}
 ROUTER_CLASS = "lengthsched.integrations.verl.PlannedLoadBalancer"
 # verl's router LRU size (workers/rollout/router.py, DEFAULT_ROUTING_CACHE_SIZE).
 _STICKY_ENTRIES = 10000
@@ -947,6 +951,7 @@ def verl_rollout_config(
     predictor: str | None = None,
     trainer: str = "v1",
     steal: bool = False,
+    selective: bool = False,
 ) -> VerlRolloutConfig:
     """verl 0.9.1 rollout settings that run ``plan`` (one group's plan) ``groups_per_replica``
     times at once on every replica, in a memory budget.
@@ -967,7 +972,10 @@ def verl_rollout_config(
     (:data:`STEALING_TRAINERS`; vLLM only) with ``lengthsched.steal.pool_tokens`` = the KV pool in tokens (less
     vLLM's null block, at the model's bytes per token), and for the v1 trainer Ray's ``worker_process_setup_hook``
     (:data:`STEAL_SETUP_HOOK`, ``ray_kwargs.ray_init.runtime_env``), which registers the vLLM server class with
-    snapshots before verl builds its replicas.
+    snapshots before verl builds its replicas. ``selective``: the v1 trainer's replay buffer from
+    :mod:`~lengthsched.integrations.verl_selective` (:data:`SELECTIVE_SAMPLER`; its refill by need under DAPO's
+    ``algorithm.filter_groups``, which the caller turns on; with ``steal`` the combination the simulator ranks
+    first there).
     """
     check_plan(plan)
     if trainer not in TRAINERS:
@@ -977,6 +985,8 @@ def verl_rollout_config(
         raise InvalidArgument("engine", engine, "vllm or sglang")
     if not isinstance(steal, bool) or (steal and engine != "vllm"):
         raise InvalidArgument("steal", steal, "True (engine 'vllm': stealing reads vLLM's snapshots) or False")
+    if not isinstance(selective, bool) or (selective and trainer != "v1"):
+        raise InvalidArgument("selective", selective, "True (trainer 'v1': its custom replay buffer) or False")
     groups = check_int("groups_per_replica", groups_per_replica, minimum=1)
     if not isinstance(router_config_path, str) or not router_config_path:
         raise InvalidArgument("router_config_path", router_config_path, "a path for the router YAML")
@@ -1011,6 +1021,8 @@ def verl_rollout_config(
     rollout["agent"] = {"agent_loop_manager_class": (STEALING_TRAINERS if steal else TRAINERS)[trainer]}
     rollout["router_config_path"] = router_config_path
     extra: dict[str, Any] = {"trainer": {"use_v1": trainer == "v1"}}
+    if selective:
+        extra["trainer"]["v1"] = {"sampler": {"custom_sampler": dict(SELECTIVE_SAMPLER)}}
     options: dict[str, Any] = {}
     if predictor is not None:
         options["predictor"] = predictor
