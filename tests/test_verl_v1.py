@@ -516,10 +516,10 @@ class Live:
     ``lengths[k]``: the true length of prompt ``k``'s completions (its ``prompt_ids`` are ``[k, 0, 0, 0]``)."""
 
     def __init__(self, lengths: dict[int, int], *, replicas: int = 2, max_num_seqs: int = 2, snapshots: bool = True,
-                 multi_turn: bool = False, **lengthsched: Any):
+                 multi_turn: bool = False, sync_at: tuple[int, ...] = (), **lengthsched: Any):
         from test_verl_stealing import FakeFullyAsyncLLMServerClient, FakeVLLMHttpServer, cluster, per_turn_length_of
 
-        self.lengths, self.multi_turn = lengths, multi_turn
+        self.lengths, self.multi_turn, self.sync_at = lengths, multi_turn, set(sync_at)
         self.engines, servers, self.router = cluster(lengths, max_num_seqs=max_num_seqs, replicas=replicas,
                                                      true_length=per_turn_length_of(lengths) if multi_turn else None)
         if not snapshots:  # verl's own server class: what the v1 trainer builds without the setup hook
@@ -569,6 +569,11 @@ class Live:
             while not self._stop:
                 for _ in range(20):
                     await asyncio.sleep(0)
+                if self.steps in self.sync_at:  # verl's async trainers at a weight sync: every request aborted
+                    self.sync_at.discard(self.steps)  # (abort_replicas; the fully-async client resubmits them)
+                    for e in self.engines:
+                        for state in list(e.waiting) + list(e.running):
+                            await e.abort(state.external_req_id)
                 if any(e.running or e.waiting for e in self.engines):
                     for e in self.engines:
                         e.step()
@@ -962,5 +967,28 @@ def test_verls_own_agent_loop_runner_gives_every_turn_of_a_tool_loop_its_session
         assert driver.stats.turns > 0 and driver.stats.errors == 0 and live.router.collisions == 0
         done = {uid: n for w in live.workers for uid, n in w._lengthsched_done}
         assert sorted(sum(v) for v in done.values()) == sorted(sum(lengths[k]) * G for k in lengths)
+    finally:
+        live.close()
+
+
+def test_the_v1_stealing_manager_follows_requests_that_verls_async_trainers_abort_at_a_weight_sync():
+    """verl's colocate_async trainer aborts every request at each weight sync (abort_replicas) and its fully-async
+    client resubmits them with their tokens: the driver takes each up again where it reappears, at the progress its
+    id carries, and keeps stealing; every session still ends with its own length."""
+    lengths = {0: 40, 1: 8, 2: 8}
+    live = Live(lengths, max_num_seqs=2, placement="groups", sync_at=(6, 20),
+                steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    try:
+        live.manager.llm_client.retry_delay = 0.02  # verl's client waits (1 s) before it resubmits: 20 polls here
+        live.manager.generate_sequences(live.batch(1, list(lengths)))
+        live.settle()
+        driver = live.manager.lengthsched_driver
+        assert not live.sync_at  # both syncs happened
+        assert stored_lengths(live) == {k: [n] * G for k, n in lengths.items()}
+        status = live.manager.lengthsched_status()
+        assert status["resumed"] > 0 and status["errors"] == 0 and status["steals"] + status["moves"] > 0
+        carried = [vs.carried_tokens(vid) for e in live.engines for vid in e.started]
+        assert max(c for c in carried if c is not None) > 0  # resubmissions carried their tokens
+        assert driver.coordinator.loads() == [0.0, 0.0]
     finally:
         live.close()
