@@ -88,6 +88,7 @@ log = logging.getLogger(__name__)
 #: The stealing manager's per-prompt column: the priority of each of its sessions (read by the worker).
 PRIORITIES = "lengthsched_priorities"
 
+
 def generated_tokens(output: Any) -> int:
     """Tokens the model generated in one verl ``AgentLoopOutput`` (the sum of its ``response_mask``: 1 for
     the model's tokens, 0 for a tool's), or the length of its ``response_ids`` where it has no mask."""
