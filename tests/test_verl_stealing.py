@@ -234,10 +234,10 @@ def true_length_of(lengths):
     return lambda prompt_ids: lengths[prompt_ids[0]]
 
 
-def per_turn_length_of(lengths, tool: int = 9, tool_tokens: int = 3):
+def per_turn_length_of(lengths, tool: int = -1, tool_tokens: int = 3):
     """Each turn of a multi-turn session generates its row's length (``lengths[k]``: tokens, or a list of them per
-    turn): what its prompt holds up to the last tool answer (``tool_tokens`` of token ``tool`` each) counts as
-    prompt, what follows (tokens carried by a moved attempt) as generated."""
+    turn): what its prompt holds up to the last tool answer (``tool_tokens`` of token ``tool`` each, an id no row
+    key takes) counts as prompt, what follows (tokens carried by a moved attempt) as generated."""
     def length(prompt_ids):
         at = [i for i, t in enumerate(prompt_ids) if t == tool]
         per = lengths[prompt_ids[0]]
@@ -745,6 +745,7 @@ def test_a_round_ends_every_replicas_finished_attempts_before_it_reads_what_runs
     coord = driver.coordinator
     assert (coord.replica_of(3), coord.generated_of(3), driver.stats.turns) == (0, 22, 1)
 
+
 class Worker:
     """An agent-loop worker running verl's single-turn loop (a request id per row, the row's priority) on
     its client; rows' prompts are ``[row, 0, 0, 0]``."""
@@ -766,18 +767,55 @@ class Worker:
         return FakeBatch(dict(ntb), {"response_mask": mask}, {})
 
 
-def run_stealing_manager(lengths: dict, replicas: int = 2, **lengthsched: Any):
+class ToolWorker:
+    """verl's ``AgentLoopWorker`` running a two-turn tool loop per row, as ``ToolAgentLoop`` talks to the client:
+    each turn a ``generate`` of the conversation so far under one request id, naming no priority, a tool's answer of
+    three tokens (token -1) between the turns; each session in a task of its own."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.llm_client = llm_client
+
+    async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+        request_id, conversation, made = uuid.uuid4().hex, [int(kwargs["row"]), 0, 0, 0], 0
+        for turn in range(2):
+            if turn:
+                conversation += [-1, -1, -1]
+            out = await self.llm_client.generate(request_id=request_id, prompt_ids=list(conversation),
+                                                 sampling_params={"max_tokens": 512})
+            conversation += out.token_ids
+            made += len(out.token_ids)
+        return made
+
+    async def generate_sequences(self, batch):
+        ntb = batch.non_tensor_batch
+        made = await asyncio.gather(*[self._run_agent_loop({}, {}, agent_name="tool_agent", row=ntb["row"][i],
+                                                           priority=int(ntb["priority"][i]))
+                                      for i in range(len(batch))])
+        mask = np.zeros((len(batch), 512), dtype=np.int64)
+        for i, n in enumerate(made):
+            mask[i, :n] = 1
+        from test_verl import FakeBatch
+
+        return FakeBatch(dict(ntb), {"response_mask": mask}, {})
+
+
+def run_stealing_manager(lengths: dict, replicas: int = 2, multi_turn: bool = False, **lengthsched: Any):
     """One batch through the stealing manager (configured by ``lengthsched``) over ``replicas`` stepped
-    fake engines: (manager class, the plain client, the manager, its output)."""
-    engines, servers, router = cluster(lengths, max_num_seqs=2, replicas=replicas)
+    fake engines: (manager class, the plain client, the manager, its output). ``multi_turn``: verl's switch on and
+    the rows run :class:`ToolWorker`'s two-turn loop (as ``lv.make_worker_class`` makes it), ``lengths`` per turn."""
+    engines, servers, router = cluster(lengths, max_num_seqs=2, replicas=replicas,
+                                       true_length=per_turn_length_of(lengths) if multi_turn else None)
     config = trainer_config(response_length=512, **lengthsched)
+    if multi_turn:
+        config["actor_rollout_ref"]["rollout"]["multi_turn"] = {"enable": True}
     client_cls = vs.make_stealing_client_class(FakeFullyAsyncLLMServerClient)
     manager_cls = vs.make_stealing_agent_loop_manager_class(lv.make_agent_loop_manager_class(FakeAgentLoopManager),
                                                             client_cls)
     plain = SimpleNamespace(config=config, _load_balancer=Remote(router))
     manager = manager_cls(config, plain)
     assert isinstance(manager.llm_client, client_cls) and manager.llm_client._load_balancer is plain._load_balancer
-    manager.agent_loop_workers = [Remote(Worker(manager.llm_client))]
+    worker = lv.make_worker_class(ToolWorker)(config, manager.llm_client) if multi_turn else Worker(manager.llm_client)
+    manager.agent_loop_workers = [Remote(worker)]
     batch = rollout_batch(False, 1)
     batch.non_tensor_batch["row"] = np.arange(24)
 
@@ -790,8 +828,21 @@ def run_stealing_manager(lengths: dict, replicas: int = 2, **lengthsched: Any):
         return task.result()
 
     out = asyncio.run(go())
-    assert out.batch["response_mask"].sum(-1).tolist() == [lengths[k] for k in range(24)]
+    assert out.batch["response_mask"].sum(-1).tolist() == [lengths[k] * (2 if multi_turn else 1) for k in range(24)]
     return manager_cls, plain, manager, out
+
+
+def test_the_legacy_stealing_manager_steers_every_turn_of_a_tool_loop():
+    """verl's legacy trainer with a multi-turn tool loop: the manager's worker class gives every turn its row's
+    priority, so each turn reaches its engine under the row's key, and the driver (turns: verl's multi_turn switch)
+    follows the turns."""
+    lengths = {k: 40 if k % 6 == 0 else 4 for k in range(24)}
+    _, _, manager, out = run_stealing_manager(lengths, multi_turn=True, placement="groups",
+                                              steal={"pool_tokens": 100_000, "poll_interval": 0.001})
+    driver = manager.lengthsched_driver
+    assert driver.turns and driver.stats.turns > 0 and driver.stats.errors == 0  # the second turns taken up
+    # every turn let go (the driver, made for this batch, goes with it: its rows wait for no further turn)
+    assert driver.coordinator.loads() == [0.0, 0.0] and all(row.between for row in driver._rows.values())
 
 
 def test_the_stealing_manager_swaps_the_client_runs_a_driver_per_batch_and_reports_its_moves():

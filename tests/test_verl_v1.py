@@ -31,7 +31,7 @@ from lengthsched.integrations import verl_v1 as vv1
 # Six prompts; each one's completions have the true lengths below (tokens).
 TRUE = {f"q{k}": n for k, n in enumerate([400, 60, 300, 50, 200, 80])}
 G = 4
-TOOL = [9, 9, 9]  # a tool's answer between two turns of the fake multi-turn loop (token 9 marks it)
+TOOL = [-1, -1, -1]  # a tool's answer between two turns of the fake multi-turn loop (token -1 marks it)
 
 
 def true_length(prompt_ids) -> int:
