@@ -338,6 +338,7 @@ def test_the_snapshot_reads_external_ids_and_generated_tokens_from_vllms_output_
             engine.step()
         assert set(engine.output_processor.request_states) != {"a", "b"}  # keyed by internal ids
         assert vs.engine_snapshot(engine) == {"a": 3, "b": 0}  # b waits for a seat: it has generated nothing
+        assert vs.engine_prompt_tokens(engine) == {"a": 5, "b": 5}
         result = await vs.abort_engine_request(engine, "a")
         assert result == {"aborted": True, "request_id": "a", "generated": 3} and engine.aborts == ["a"]
         assert (await tasks[0]).outputs[0].finish_reason == "abort"
@@ -354,6 +355,10 @@ def test_the_snapshot_reads_external_ids_and_generated_tokens_from_vllms_output_
               "old": SimpleNamespace(detokenizer=SimpleNamespace(num_output_tokens=lambda: 2))}
     assert vs.engine_snapshot(SimpleNamespace(output_processor=SimpleNamespace(request_states=states))) == \
         {"x": 9, "old": 2}
+    # prompt tokens: RequestState.prompt_len, else its prompt_token_ids' length; neither: left out
+    states["x-1"].prompt_len, states["old"].prompt_token_ids = 30, [1, 2, 3]
+    assert vs.engine_prompt_tokens(SimpleNamespace(output_processor=SimpleNamespace(request_states=states))) == \
+        {"x": 30, "old": 3}
     with pytest.raises(InvalidArgument, match="argument 'engine'"):
         vs.engine_snapshot(object())
     with pytest.raises(InvalidArgument, match="argument 'request_id'"):
@@ -368,21 +373,22 @@ def test_verls_own_abort_request_misses_vllms_internal_ids_and_the_server_class_
         await asyncio.sleep(0)
         engine.step()
         assert (await plain.abort_request("req-1"))["aborted"] is False  # verl 0.9.1 under vLLM 0.24 ids
-        assert await ours.lengthsched_snapshot() == {"generated": {"req-1": 1}, "finished": []}
+        assert await ours.lengthsched_snapshot() == {"generated": {"req-1": 1}, "prompts": {"req-1": 4},
+                                                     "finished": []}
         assert await ours.abort_request("req-1", reset_prefix_cache=False) == \
             {"aborted": True, "request_id": "req-1", "generated": 1}
         out = await task
         assert out.stop_reason == "aborted" and out.token_ids == [7] and ours.cleared == 0
-        assert await ours.lengthsched_snapshot() == {"generated": {}, "finished": []}  # aborted: not finished
+        assert await ours.lengthsched_snapshot() == {"generated": {}, "prompts": {}, "finished": []}  # aborted
         done = asyncio.ensure_future(ours.generate([0] * 4, {"max_tokens": 2}, "req-2"))
         await asyncio.sleep(0)
         engine.step()
         engine.step()
         assert (await done).stop_reason == "completed"
-        assert await ours.lengthsched_snapshot() == {"generated": {}, "finished": ["req-2"]}
+        assert await ours.lengthsched_snapshot() == {"generated": {}, "prompts": {}, "finished": ["req-2"]}
         assert (await ours.abort_request("req-2"))["aborted"] is False and ours.cleared == 0
         follower = vs.make_vllm_server_class(FakeVLLMHttpServer)(engine, node_rank=1)
-        assert await follower.lengthsched_snapshot() == {"generated": {}, "finished": []}
+        assert await follower.lengthsched_snapshot() == {"generated": {}, "prompts": {}, "finished": []}
         assert (await follower.abort_request("x"))["aborted"] is False
 
     asyncio.run(go())
@@ -684,8 +690,9 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         coord = StealCoordinator(2, pool_tokens=10_000, chunk=None)
         driver = vs.StealDriver(coord, router, servers, turns=turns)
 
-        def see(replica, generated, finished=(), driver=driver, coord=coord):  # one replica's part of a poll
-            seen = driver._observed(replica, {"generated": generated, "finished": list(finished)})
+        def see(replica, generated, finished=(), prompts=None, driver=driver, coord=coord):  # one replica's part
+            seen = driver._observed(replica, {"generated": generated, "finished": list(finished),
+                                              "prompts": prompts or {}})
             coord.observe(replica, seen)
             return seen
 
@@ -703,7 +710,8 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         assert list(driver._rows) == ["7"]  # kept, between turns: nothing of it waits anywhere
         assert see(0, {}) == {}
         second = vs.vllm_request_id(7, "session", 0)  # the next turn: the conversation is its prompt
-        assert see(1, {second: 3}) == {7: 33}
+        assert see(1, {second: 3}, prompts={second: 4 + 30 + 12}) == {7: 33}  # the prompt, turn one, a tool's 12
+        assert driver._rows["7"].prompt == 16  # the first prompt and the tool's answer: a move recomputes them too
         assert coord.replica_of(7) == 1 and coord.generated_of(7) == 33
         assert (driver.stats.turns, driver.stats.resumed) == (1, 0)
         moved = vs.vllm_request_id(7, "session", 8)  # a move's attempt carries the turn's 8 tokens so far

@@ -46,7 +46,8 @@ released wheels (tested with fakes built from them and, for the client, against 
 The pieces, all importable without verl, Ray, vLLM or torch (the verl-derived classes are made on
 first access, like ``LengthschedAgentLoopManager``):
 
-- :func:`engine_snapshot` and :func:`abort_engine_request`: read and abort through a vLLM ``AsyncLLM``;
+- :func:`engine_snapshot`, :func:`engine_prompt_tokens` and :func:`abort_engine_request`: read and abort through a
+  vLLM ``AsyncLLM``;
 - :func:`make_vllm_server_class` (``LengthschedVLLMHttpServer``: verl's server plus
   ``lengthsched_snapshot()`` and a working ``abort_request``), :func:`make_vllm_replica_class`,
   :func:`register_vllm_server`;
@@ -106,6 +107,7 @@ __all__ = [
     "abort_engine_request",
     "carried_tokens",
     "driver_for",
+    "engine_prompt_tokens",
     "engine_snapshot",
     "make_stealing_agent_loop_manager_class",
     "make_stealing_client_class",
@@ -157,13 +159,34 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
     one id (parallel sampling) report the most advanced. A read of a dict on the engine's event loop: call
     it there (verl's server actor runs on it)."""
     out: dict[str, int] = {}
-    for internal, state in list(_request_states(engine).items()):
-        detokenizer = getattr(state, "detokenizer", None)
-        if detokenizer is None:
-            continue
-        rid = getattr(state, "external_req_id", None) or internal
-        out[rid] = max(out.get(rid, 0), int(detokenizer.num_output_tokens()))
+    for rid, state in _token_states(engine):
+        out[rid] = max(out.get(rid, 0), int(state.detokenizer.num_output_tokens()))
     return out
+
+
+def engine_prompt_tokens(engine: Any) -> dict[str, int]:
+    """``{request id: prompt tokens}`` for every request in flight in a vLLM v1 ``AsyncLLM`` (the requests of
+    :func:`engine_snapshot`): ``RequestState.prompt_len``, or the length of its ``prompt_token_ids`` where that
+    attribute is absent (requests with neither are left out). A multi-turn session's later turn carries the
+    conversation so far in its prompt, an attempt resubmitted after a move its tokens too."""
+    out: dict[str, int] = {}
+    for rid, state in _token_states(engine):
+        n = getattr(state, "prompt_len", None)
+        if n is None:
+            ids = getattr(state, "prompt_token_ids", None)
+            n = None if ids is None else len(ids)
+        if n is not None:
+            out[rid] = int(n)
+    return out
+
+
+def _token_states(engine: Any) -> list[tuple[str, Any]]:
+    """``(request id, state)`` of the requests in flight that generate tokens (a detokenizer; several internal
+    requests of one id, parallel sampling, each listed), by the caller's id (``external_req_id``, else the
+    state's id)."""
+    return [(getattr(state, "external_req_id", None) or internal, state)
+            for internal, state in list(_request_states(engine).items())
+            if getattr(state, "detokenizer", None) is not None]
 
 
 async def abort_engine_request(engine: Any, request_id: str) -> dict[str, Any]:
@@ -187,10 +210,10 @@ async def abort_engine_request(engine: Any, request_id: str) -> dict[str, Any]:
 def make_vllm_server_class(base: type) -> type:
     """``LengthschedVLLMHttpServer``: ``base`` (verl 0.9.1's ``vLLMHttpServer``) with
 
-    - ``lengthsched_snapshot()`` -> ``{"generated": {vllm id: tokens}, "finished": [vllm ids]}``: the
-      requests in flight (:func:`engine_snapshot`) and those whose ``generate`` returned a completed
-      answer since the previous call (not aborted ones: their client resubmits them). Nodes other
-      than rank 0 hold no engine and answer empty;
+    - ``lengthsched_snapshot()`` -> ``{"generated": {vllm id: tokens}, "prompts": {vllm id: prompt tokens},
+      "finished": [vllm ids]}``: the requests in flight (:func:`engine_snapshot`, :func:`engine_prompt_tokens`)
+      and those whose ``generate`` returned a completed answer since the previous call (not aborted ones: their
+      client resubmits them). Nodes other than rank 0 hold no engine and answer empty;
     - ``abort_request(request_id, reset_prefix_cache=True)``: verl's signature and answer, through
       :func:`abort_engine_request` (verl's own finds nothing under vLLM 0.24's internal ids, see the
       module docstring); ``reset_prefix_cache`` clears the KV cache as verl's does. The attempt it
@@ -219,8 +242,9 @@ def make_vllm_server_class(base: type) -> type:
         async def lengthsched_snapshot(self) -> dict[str, Any]:
             finished, self._lengthsched_done = self._lengthsched_done, []
             if getattr(self, "node_rank", 0) != 0:
-                return {"generated": {}, "finished": finished}
-            return {"generated": engine_snapshot(self.engine), "finished": finished}
+                return {"generated": {}, "prompts": {}, "finished": finished}
+            return {"generated": engine_snapshot(self.engine), "prompts": engine_prompt_tokens(self.engine),
+                    "finished": finished}
 
         async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
             if getattr(self, "node_rank", 0) != 0:
@@ -682,8 +706,11 @@ class StealDriver:
                   ) -> dict[Hashable, int]:
         """What ``replica``'s snapshot says of the rows: its finished attempts (:meth:`_ended`), then each row's
         tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear.
-        ``unseen``: the rows not seen at the start of the round (None: read from the rows)."""
+        ``unseen``: the rows not seen at the start of the round (None: read from the rows). A later turn's prompt
+        (the snapshot's ``prompts``, where given) sets its row's prompt tokens: the first prompt and the tools'
+        answers, so a move of it is priced with the whole conversation."""
         self._ended(snap)
+        prompts = snap.get("prompts")
         out: dict[Hashable, int] = {}
         for vid, tokens in snap["generated"].items():
             key = self._attempts.get(vid)
@@ -695,6 +722,9 @@ class StealDriver:
                 carried = carried_tokens(vid)
                 if carried is not None:
                     row.carried = carried
+                prompt = prompts.get(vid) if isinstance(prompts, Mapping) else None
+                if prompt is not None and row.between:  # a later turn: the conversation less what it generated
+                    row.prompt = max(row.prompt, int(prompt) - row.carried - row.done)
                 self._forget_attempt(row)
                 row.client_id, row.vllm_id = parsed[1], vid
                 self._attempts[vid] = parsed[0]
