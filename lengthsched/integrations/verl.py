@@ -104,6 +104,7 @@ __all__ = [
     "VerlRolloutConfig",
     "batch_prompt_tokens",
     "make_agent_loop_manager_class",
+    "make_worker_class",
     "prompt_key",
     "verl_rollout_config",
 ]
