@@ -708,7 +708,8 @@ class StealDriver:
         tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear.
         ``unseen``: the rows not seen at the start of the round (None: read from the rows). A later turn's prompt
         (the snapshot's ``prompts``, where given) sets its row's prompt tokens: the first prompt and the tools'
-        answers, so a move of it is priced with the whole conversation."""
+        answers, so the coordinator's estimate of its replica's KV (the room a steal needs) holds the whole
+        conversation."""
         self._ended(snap)
         prompts = snap.get("prompts")
         out: dict[Hashable, int] = {}
