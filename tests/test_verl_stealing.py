@@ -691,8 +691,9 @@ def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_
         driver = vs.StealDriver(coord, router, servers, turns=turns)
 
         def see(replica, generated, finished=(), prompts=None, driver=driver, coord=coord):  # one replica's part
-            seen = driver._observed(replica, {"generated": generated, "finished": list(finished),
-                                              "prompts": prompts or {}})
+            snap = {"generated": generated, "finished": list(finished), "prompts": prompts or {}}
+            driver._ended(snap)  # as poll_once: the finished attempts first
+            seen = driver._observed(replica, snap)
             coord.observe(replica, seen)
             return seen
 

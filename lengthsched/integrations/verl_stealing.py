@@ -158,10 +158,7 @@ def engine_snapshot(engine: Any) -> dict[str, int]:
     carries. States without a detokenizer (pooling requests) are left out; several internal requests of
     one id (parallel sampling) report the most advanced. A read of a dict on the engine's event loop: call
     it there (verl's server actor runs on it)."""
-    out: dict[str, int] = {}
-    for rid, state in _token_states(engine):
-        out[rid] = max(out.get(rid, 0), int(state.detokenizer.num_output_tokens()))
-    return out
+    return _engine_reading(engine)[0]
 
 
 def engine_prompt_tokens(engine: Any) -> dict[str, int]:
@@ -169,24 +166,27 @@ def engine_prompt_tokens(engine: Any) -> dict[str, int]:
     :func:`engine_snapshot`): ``RequestState.prompt_len``, or the length of its ``prompt_token_ids`` where that
     attribute is absent (requests with neither are left out). A multi-turn session's later turn carries the
     conversation so far in its prompt, an attempt resubmitted after a move its tokens too."""
-    out: dict[str, int] = {}
-    for rid, state in _token_states(engine):
+    return _engine_reading(engine)[1]
+
+
+def _engine_reading(engine: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """:func:`engine_snapshot` and :func:`engine_prompt_tokens` in one pass over the requests in flight that
+    generate tokens (a detokenizer), by the caller's id (``external_req_id``, else the state's id)."""
+    generated: dict[str, int] = {}
+    prompts: dict[str, int] = {}
+    for internal, state in list(_request_states(engine).items()):
+        detokenizer = getattr(state, "detokenizer", None)
+        if detokenizer is None:
+            continue
+        rid = getattr(state, "external_req_id", None) or internal
+        generated[rid] = max(generated.get(rid, 0), int(detokenizer.num_output_tokens()))
         n = getattr(state, "prompt_len", None)
         if n is None:
             ids = getattr(state, "prompt_token_ids", None)
             n = None if ids is None else len(ids)
         if n is not None:
-            out[rid] = int(n)
-    return out
-
-
-def _token_states(engine: Any) -> list[tuple[str, Any]]:
-    """``(request id, state)`` of the requests in flight that generate tokens (a detokenizer; several internal
-    requests of one id, parallel sampling, each listed), by the caller's id (``external_req_id``, else the
-    state's id)."""
-    return [(getattr(state, "external_req_id", None) or internal, state)
-            for internal, state in list(_request_states(engine).items())
-            if getattr(state, "detokenizer", None) is not None]
+            prompts[rid] = int(n)
+    return generated, prompts
 
 
 async def abort_engine_request(engine: Any, request_id: str) -> dict[str, Any]:
@@ -243,8 +243,8 @@ def make_vllm_server_class(base: type) -> type:
             finished, self._lengthsched_done = self._lengthsched_done, []
             if getattr(self, "node_rank", 0) != 0:
                 return {"generated": {}, "prompts": {}, "finished": finished}
-            return {"generated": engine_snapshot(self.engine), "prompts": engine_prompt_tokens(self.engine),
-                    "finished": finished}
+            generated, prompts = _engine_reading(self.engine)
+            return {"generated": generated, "prompts": prompts, "finished": finished}
 
         async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
             if getattr(self, "node_rank", 0) != 0:
@@ -507,6 +507,13 @@ async def _call(handle: Any, method: str, *args: Any, **kwargs: Any) -> Any:
     return await out if inspect.isawaitable(out) else out
 
 
+def _generated(snap: Any) -> Mapping[str, int]:
+    """A server's snapshot's ``generated`` (:class:`InvalidArgument` for anything not shaped like one)."""
+    if not isinstance(snap, Mapping) or not isinstance(snap.get("generated"), Mapping):
+        raise InvalidArgument("snapshot", snap, "{'generated': {vllm id: tokens}, 'finished': [vllm ids]}")
+    return snap["generated"]
+
+
 @dataclass
 class _Row:
     request: Hashable
@@ -679,7 +686,7 @@ class StealDriver:
             self._ended(snap)  # attempt) may appear on one replica in the round its last attempt ended on another
         unseen = [row for row in self._rows.values() if not row.seen]
         for replica, snap in enumerate(snaps):
-            self.coordinator.observe(replica, self._observed(replica, {**snap, "finished": ()}, unseen))
+            self.coordinator.observe(replica, self._observed(replica, snap, unseen))
         applied = []
         for move in self.coordinator.decide():
             if await self._apply(move):
@@ -691,8 +698,7 @@ class StealDriver:
 
     def _ended(self, snap: Mapping[str, Any]) -> None:
         """The attempts a snapshot reports finished: their rows finish (with ``turns``: their turns end)."""
-        if not isinstance(snap, Mapping) or not isinstance(snap.get("generated"), Mapping):
-            raise InvalidArgument("snapshot", snap, "{'generated': {vllm id: tokens}, 'finished': [vllm ids]}")
+        _generated(snap)
         for vid in snap.get("finished", ()):
             parsed = parse_vllm_request_id(vid)
             row = self._rows.get(parsed[0]) if parsed else None
@@ -704,16 +710,16 @@ class StealDriver:
 
     def _observed(self, replica: int, snap: Mapping[str, Any], unseen: list[_Row] | None = None,
                   ) -> dict[Hashable, int]:
-        """What ``replica``'s snapshot says of the rows: its finished attempts (:meth:`_ended`), then each row's
-        tokens so far (the coordinator's ``observe``), rows it takes up again submitted where they appear.
-        ``unseen``: the rows not seen at the start of the round (None: read from the rows). A later turn's prompt
+        """What ``replica``'s snapshot says of the rows in flight (its finished attempts are :meth:`_ended`'s, done
+        first for every replica): each row's tokens so far (the coordinator's ``observe``), rows it takes up again
+        submitted where they appear. ``unseen``: the rows not seen at the start of the round (None: read from the
+        rows). A later turn's prompt
         (the snapshot's ``prompts``, where given) sets its row's prompt tokens: the first prompt and the tools'
         answers, so the coordinator's estimate of its replica's KV (the room a steal needs) holds the whole
         conversation."""
-        self._ended(snap)
         prompts = snap.get("prompts")
         out: dict[Hashable, int] = {}
-        for vid, tokens in snap["generated"].items():
+        for vid, tokens in _generated(snap).items():
             key = self._attempts.get(vid)
             if key is None:  # an attempt not seen before (or someone else's request): its id says whose
                 parsed = parse_vllm_request_id(vid)
@@ -730,10 +736,7 @@ class StealDriver:
                 row.client_id, row.vllm_id = parsed[1], vid
                 self._attempts[vid] = parsed[0]
             else:
-                row = self._rows.get(key)
-                if row is None:  # its row left (never here: an attempt is forgotten with its row)
-                    self._attempts.pop(vid, None)
-                    continue
+                row = self._rows[key]  # an attempt is forgotten with its row (finish, _turn_ended, _apply)
             row.seen = True
             row.last = row.carried + check_int("generated", tokens, minimum=0)
             out[row.request] = row.done + row.last
