@@ -801,6 +801,13 @@ class SessionPriorities:
             SESSION_PRIORITY.reset(token)
 
 
+def _use_workers(manager: Any, worker_class: Any) -> None:
+    """Before verl's ``AgentLoopManager.__init__``: make ``manager`` run ``worker_class`` (a Ray actor class; None:
+    verl's), unless its class names its own (verl's ``__init__`` keeps an ``agent_loop_workers_class`` that is set)."""
+    if worker_class is not None and not hasattr(manager, "agent_loop_workers_class"):
+        manager.agent_loop_workers_class = worker_class
+
+
 def make_worker_class(base: type) -> type:
     """``LengthschedAgentLoopWorker``: ``base`` (verl's ``AgentLoopWorker``, the legacy trainer's and the fully-async
     recipe's) with :class:`SessionPriorities`: every request of a session carries the session's priority."""
@@ -831,8 +838,7 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None, worker_cla
         """verl's AgentLoopManager with a lengthsched plan per batch (lengthsched.integrations.verl)."""
 
         def __init__(self, *args: Any, **kwargs: Any):
-            if worker_class is not None and not hasattr(self, "agent_loop_workers_class"):
-                self.agent_loop_workers_class = worker_class  # verl's __init__ keeps a class that is set
+            _use_workers(self, worker_class)
             super().__init__(*args, **kwargs)
 
         async def lengthsched_replicas(self) -> int:

@@ -68,7 +68,16 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import PREFILL_SHARE, place_ways, spread_ways
-from .verl import VERL_VERSION, _number, _options, _setting, batch_prompt_tokens, planner_from_config, response_lengths
+from .verl import (
+    VERL_VERSION,
+    _number,
+    _options,
+    _setting,
+    _use_workers,
+    batch_prompt_tokens,
+    planner_from_config,
+    response_lengths,
+)
 from .verl_stealing import RunDriver, StealDriver, on_import, steal_options, stealing_client
 
 __all__ = [
@@ -227,8 +236,7 @@ def make_fully_async_manager_class(base: type, client_class: type, worker_class:
             share = options.get("prefill_share", PREFILL_SHARE)  # present and null: no cap
             self._lengthsched_prefill_share = None if share is None else check_positive_float(
                 "lengthsched.prefill_share", share)
-            if worker_class is not None and not hasattr(self, "agent_loop_workers_class"):
-                self.agent_loop_workers_class = worker_class  # verl's __init__ keeps a class that is set
+            _use_workers(self, worker_class)
             super().__init__(config, stealing_client(llm_client, client_class), *args, **kwargs)
             self.lengthsched_planner = planner_from_config(config)
             self.lengthsched_placer: StreamPlacer | None = None
