@@ -95,7 +95,7 @@ class VLLMLike(_Waiting):
     def decide(self, eng: Engine) -> None:
         nxt = eng.t + 1
         used = eng.blocks(nxt)
-        if used > self.blocks and eng.evict_idle():  # cached prompts nothing references go first
+        if used > self.blocks and eng.evict_idle((used - self.blocks) * self.block_size):  # unreferenced cache first
             used = eng.blocks(nxt)
         while used > self.blocks:  # the next step does not fit: preempt a victim
             job = self._victim(eng)
@@ -106,7 +106,7 @@ class VLLMLike(_Waiting):
         while self.waiting and eng.live < self.cap:
             job = self._head()
             need = self._blocks_needed(eng, job)
-            if used + need > self.blocks and eng.evict_idle():
+            if used + need > self.blocks and eng.evict_idle((used + need - self.blocks) * self.block_size, keep=job):
                 used, need = eng.blocks(nxt), self._blocks_needed(eng, job)
             if used + need > self.blocks or not eng.can_prefill(job):
                 return
@@ -129,8 +129,10 @@ class VLLMLike(_Waiting):
 
     def _blocks_needed(self, eng: Engine, job: int) -> int:
         """Blocks admitting ``job`` takes at its first step: its tail, recomputed tokens and next token,
-        and its prompt's whole blocks when they are not held (prompts in the pool)."""
-        return -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size) + eng.load_need(job) // self.block_size
+        and its prompt's whole blocks when they are not held (prompts in the pool), less the blocks of its
+        conversation cached here (a later turn: ``Engine.cache_conversation``), which become its own."""
+        return -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size) + eng.load_need(job) // self.block_size \
+            - eng.reused_blocks(job)
 
     def wakeup(self, eng: Engine) -> int | None:
         """The last step before the blocks run out (each sequence takes a new block every 16 steps)."""
@@ -165,11 +167,20 @@ class VLLMPriority(VLLMLike):
         super().__init__(problem)
         # A request's priority is minus its predicted length (tokens): equal predictions tie.
         self.priority = [-int(x) for x in problem.point()] if problem.predicted is not None else [0] * problem.n
+        # Each request's arrival (its index; a caller that submits requests over time renumbers them with
+        # set_arrival): ties of priority go by arrival, and a preempted request keeps its own.
+        self.arrival = list(range(problem.n))
         self.waiting = [(self.priority[j], j, j) for j in range(problem.n)]
         heapq.heapify(self.waiting)
-        # (priority, job) as one integer per job, ordered as the pairs are (0 <= job < n): the victim is
-        # picked with a C-level key (a tuple per running request per preemption was most of the time)
+        # (priority, arrival) as one integer per job, ordered as the pairs are (0 <= arrival < n): the victim
+        # is picked with a C-level key (a tuple per running request per preemption was most of the time)
         self._rank = [p * problem.n + j for j, p in enumerate(self.priority)]
+
+    def set_arrival(self, job: int, arrival: int) -> None:
+        """``job`` arrived ``arrival``-th (0 <= arrival < n: the order in which requests reached the
+        engine), for requests submitted while the engine runs (vLLM's arrival time)."""
+        self.arrival[job] = arrival
+        self._rank[job] = self.priority[job] * len(self.priority) + arrival
 
     def _head(self) -> int:
         return self.waiting[0][2]
@@ -178,10 +189,10 @@ class VLLMPriority(VLLMLike):
         heapq.heappop(self.waiting)
 
     def _requeue(self, job: int) -> None:
-        heapq.heappush(self.waiting, (self.priority[job], job, job))
+        heapq.heappush(self.waiting, (self.priority[job], self.arrival[job], job))
 
     def _victim(self, eng: Engine) -> int:
-        return max(eng.running, key=self._rank.__getitem__)  # the largest (priority, job)
+        return max(eng.running, key=self._rank.__getitem__)  # the largest (priority, arrival)
 
     def decide(self, eng: Engine) -> None:
         changed = self.observe_events(eng)
@@ -194,8 +205,8 @@ class VLLMPriority(VLLMLike):
                 n = len(self.priority)
                 for j, total in zip(waiting + running, point.tolist()):
                     self.priority[j] = -int(total)
-                    self._rank[j] = self.priority[j] * n + j
-                self.waiting = [(self.priority[j], j, j) for _, _, j in self.waiting]
+                    self._rank[j] = self.priority[j] * n + self.arrival[j]
+                self.waiting = [(self.priority[j], self.arrival[j], j) for _, _, j in self.waiting]
                 heapq.heapify(self.waiting)
         super().decide(eng)
 

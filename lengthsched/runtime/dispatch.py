@@ -66,6 +66,7 @@ def hand_over(job: int, src: Engine, dst: Engine, *, kv: bool = False) -> None:
     if src is not dst:
         dst.done[job], src.done[job] = src.done[job], 0
         src.transferred.discard(job)
+        src.drop_cached(job)  # a later turn's conversation cached at src: recomputed at dst
     src.unclaim(job)
     if kv:
         dst.transferred.add(job)
@@ -417,6 +418,9 @@ class WorkStealing(VLLMLike):
         # (the caller wakes each then).
         self.inbox: list[list[tuple[float, int]]] = []
         self.wake_at: list[tuple[int, float]] = []
+        # Requests the stealing does not see (shared, set by the caller): never stolen nor moved (a multi-turn
+        # rollout's later turns under a driver that follows first turns only, simulate.run_multiturn).
+        self.pinned: set[int] = set()
 
     # The engine each replica runs (its admissions, preemptions and wake-ups): vLLM's; StealSGLang: SGLang's.
     _engine_start = VLLMLike.start
@@ -450,6 +454,8 @@ class WorkStealing(VLLMLike):
         :func:`lengthsched.integrations.rollout.move_requests`); their KV is recomputed where they land
         or (MIGRATE_KV) loaded there through a global pool."""
         ended = chunk_ended(eng, self.MIGRATE_CHUNK)
+        if self.pinned:
+            ended = [j for j in ended if j not in self.pinned]
         for job, r in move_requests(ended, self.idle_now, self.work, {j: eng.age(j) for j in ended},
                                     len(eng.running)):
             lift(eng, job)
@@ -529,7 +535,9 @@ class WorkStealing(VLLMLike):
         :func:`lengthsched.integrations.rollout.steal_requests`); False if none."""
         board, blocked = self.board, [pol.blocked for pol in self.pols]
         generated = {job: self.engines[r].done[job] for r, stack in enumerate(board) if blocked[r] for job in stack}
-        victim, taken = steal_requests([stack[::-1] for stack in board], self.replica, blocked, self.work, generated,
+        pinned = self.pinned
+        queues = [[j for j in stack[::-1] if j not in pinned] if pinned else stack[::-1] for stack in board]
+        victim, taken = steal_requests(queues, self.replica, blocked, self.work, generated,
                                        share=self.STEAL_SHARE, started=self.STEAL_STARTED)
         if victim is None:
             return False

@@ -180,6 +180,12 @@ class Engine:
         # evict_idle) instead of leaving the pool: for engines sent a group's requests over time (a
         # framework's in-flight cap), whose prefix cache keeps the prompt for the siblings still to come.
         self.cache_prompts = False
+        # Conversations in the prefix cache (multi-turn rollouts, cache_conversation): job -> tokens of its own KV
+        # (its earlier turns) cached here for it, in the order cached; their whole blocks are held in the pool.
+        self._conv: dict[int, int] = {}
+        self._conv_held = 0  # KV tokens (whole blocks) the cached conversations take
+        self.cache_hits = 0  # admissions that found their conversation cached
+        self.cache_hit_tokens = 0  # tokens those admissions did not prefill
 
     # ------------------------------------------------------------------ views
     def age(self, job: int) -> int:
@@ -194,7 +200,7 @@ class Engine:
         """KV tokens held by live sequences at the end of step ``at`` (default now)."""
         at = self.t if at is None else at
         if self._exact:
-            return self.sum_ages(at) + self._prompt_held + self._loading_tokens
+            return self.sum_ages(at) + self._prompt_held + self._loading_tokens + self._conv_held
         return self.block * self.blocks(at)
 
     def blocks(self, at: int | None = None) -> int:
@@ -207,7 +213,7 @@ class Engine:
         b, res, n = self.block, self._residues, len(self.origin)
         k, m = divmod(at, b)
         return (self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0)
-                + self._prompt_held // b + self._loading_blocks)
+                + self._prompt_held // b + self._loading_blocks + self._conv_held // b)
 
     def first_block_needs(self) -> list[tuple[int, int]]:
         """(steps from now until a sequence next needs a new block, how many sequences), by step."""
@@ -247,6 +253,7 @@ class Engine:
         if self.slots is not None and len(self.origin) >= self.slots:
             raise SimulationError(f"admitting job {job} exceeds slots={self.slots} at step {self.t}")
         need = self.prefill_need(job)
+        hit = self.cached_hit(job) if self._conv else 0
         if not self._prefill_fits(need):
             raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step "
                                   f"{self.t + 1}, more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
@@ -259,8 +266,13 @@ class Engine:
             self._prefill_ctx_next += load * (load + 1) // 2
             need -= load
         self._prefill_next += need + load
-        # The recomputed tokens attend the cached prompt prefix and, causally, each other.
-        self._prefill_ctx_next += need * (self.context[job] - self.tail[job]) + need * (need + 1) // 2
+        # The recomputed tokens attend the cached prompt prefix (and the cached conversation) and, causally, each other.
+        self._prefill_ctx_next += need * (self.context[job] - self.tail[job] + hit) + need * (need + 1) // 2
+        if job in self._conv:  # its conversation's blocks become its own
+            self.drop_cached(job)
+            if hit:
+                self.cache_hits += 1
+                self.cache_hit_tokens += hit
         if self._group is not None:
             self._live_of[self._group[job]] += 1
         if job in self.transferred:
@@ -340,8 +352,48 @@ class Engine:
         preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`).
         A job in :attr:`transferred` brings its own KV (tail and generated tokens): only the shared
         prompt may need a prefill."""
-        own = 0 if job in self.transferred else self.own_kv(job)
+        own = 0 if job in self.transferred else self.own_kv(job) - (self.cached_hit(job) if self._conv else 0)
         return own + self.load_need(job)
+
+    # ------------------------------------------------------------------ conversations in the prefix cache
+    def cache_conversation(self, job: int, tokens: int) -> None:
+        """This replica's prefix cache keeps the first ``tokens`` of ``job``'s own KV (a later turn of a
+        multi-turn rollout: its prompt's partial block and the earlier turns, what the previous turn held
+        when it finished here) until ``job`` is admitted here, when its whole blocks are not prefilled
+        again (:meth:`cached_hit`), or until it is evicted (:meth:`evict_idle`, oldest first) or dropped
+        (:meth:`drop_cached`). Meanwhile the cached blocks are held in the pool, as unreferenced cached
+        blocks are in vLLM's (reused only by evicting them)."""
+        self.drop_cached(job)
+        tokens = int(tokens)
+        if tokens > 0:
+            self._conv[job] = tokens
+            self._conv_held += -(-tokens // self.block) * self.block
+
+    def cached_hit(self, job: int) -> int:
+        """Tokens of ``job``'s own KV its admission here finds in the prefix cache: the whole blocks of
+        its cached conversation (0 when none; a partial last block is prefilled again, as vLLM's prefix
+        cache matches full blocks only)."""
+        if job in self.transferred or self.done[job]:
+            return 0
+        return min(self._conv.get(job, 0) // self.block * self.block, self.own_kv(job))
+
+    def reused_blocks(self, job: int) -> int:
+        """Blocks of the pool ``job``'s cached conversation holds, which become its own when it is admitted
+        here (0 when none)."""
+        tokens = self._conv.get(job, 0) if self._conv else 0
+        return -(-tokens // self.block)
+
+    def drop_cached(self, job: int) -> int:
+        """Forget ``job``'s cached conversation here (it runs elsewhere); returns the KV tokens freed."""
+        tokens = self._conv.pop(job, 0) if self._conv else 0
+        held = -(-tokens // self.block) * self.block
+        self._conv_held -= held
+        return held
+
+    @property
+    def conversation_kv_held(self) -> int:
+        """KV tokens the cached conversations take now (whole blocks)."""
+        return self._conv_held
 
     # ------------------------------------------------------------------ prompts in the pool
     def hold_prompts(self, groups, prompt_kv) -> None:
@@ -386,10 +438,18 @@ class Engine:
         group = self._group[job]
         return 0 if group in self._held else self._prompt_kv[group]
 
-    def evict_idle(self) -> int:
-        """Drop the prompt KV of held groups with no live row here; returns the tokens freed."""
+    def evict_idle(self, shortfall: int | None = None, keep: int | None = None) -> int:
+        """Drop the prompt KV of held groups with no live row here, then cached conversations
+        (:meth:`cache_conversation`) oldest first until ``shortfall`` tokens are freed in all (None: every
+        one), never ``keep``'s (a job about to be admitted with it); returns the tokens freed."""
         idle = [g for g in self._held if not self._live_of[g]]
-        return sum(self._unload(g) for g in idle)
+        freed = sum(self._unload(g) for g in idle)
+        if self._conv:
+            for job in [j for j in self._conv if j != keep]:
+                if shortfall is not None and freed >= shortfall:
+                    break
+                freed += self.drop_cached(job)
+        return freed
 
     def _unload(self, group: int) -> int:
         del self._held[group]
