@@ -3,6 +3,8 @@
 ``run_group(lengths, policy, ...)`` simulates one group; ``run_batch`` several groups sharing a
 budget; ``run_rollout`` an RL rollout step (many groups on several engine replicas);
 ``run_oversampled_steps`` over-sampled steps one after another (slime's partial rollout);
+``run_multiturn`` a multi-turn (agentic) rollout step: sessions of several turns with tool calls
+between them, sticky routing and the engines' prefix cache (:mod:`simulate.multiturn`);
 ``run_async_rollout`` asynchronous RL (AReaL's loop: generation goes on while the learner trains,
 within a staleness bound); ``run_verl_async`` verl's fully asynchronous recipe (streamed local updates,
 a bound on the groups started per weight version);
@@ -18,6 +20,7 @@ from lengthsched.runtime import POLICIES, Engine, Problem, SimPolicy, Simulation
 
 from .asynchronous import ASYNC_ROUTERS, AsyncRollout, AsyncStep, run_async_rollout, run_verl_async
 from .headroom import PlacementSearch, search_placement
+from .multiturn import MULTITURN_POLICIES, MultiTurnResult, Turns, run_multiturn, split_turns
 from .oversampling import OversampledSteps, StepRecord, run_oversampled_steps
 from .rollout import (
     ROUTERS,
@@ -58,6 +61,11 @@ __all__ = [
     "run_batch",
     "run_group",
     "run_rollout",
+    "run_multiturn",
+    "split_turns",
+    "Turns",
+    "MultiTurnResult",
+    "MULTITURN_POLICIES",
     "run_slime_planned",
     "run_slime_planned_in_order",
     "run_verl_planned",

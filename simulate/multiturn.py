@@ -1,0 +1,370 @@
+"""Multi-turn rollouts: agent loops whose completions are several turns with tool calls between them.
+
+An agentic RL step (verl's ``ToolAgentLoop``, slime's and AReaL's multi-turn rollouts) runs each
+completion as a *session*: the model generates a turn, stops at a tool call, the tool runs for some
+seconds while the engine serves others, its answer is appended to the conversation, and the next turn
+is a new request whose prompt is the whole conversation so far. Three things a single-turn step does
+not have decide where its time goes:
+
+- **Gaps.** A session leaves its engine for the tool's seconds; the step ends when the last session's
+  last turn ends, so a session with long tools and many turns is a critical path no placement shortens.
+- **Growing prompts, and the prefix cache.** Turn k's prompt is the prompt, the earlier turns and the
+  tools' answers. An engine that ran turn k - 1 still holds that conversation in its prefix cache
+  (vLLM's unreferenced cached blocks), unless it evicted it under pressure; there turn k prefills only
+  the tool's answer. Anywhere else it prefills the whole conversation.
+- **Routing.** verl's ``AsyncLLMServerManager`` (0.9.1, ``experimental/agent_loop/agent_loop.py``)
+  sends a session's first request to the server that has received the fewest sessions and every later
+  turn to the same server (sticky by request id), for the cache. A later turn joins the back of that
+  engine's queue.
+
+:func:`run_multiturn` models this on the replicas' one clock in modelled seconds. Each turn is a request
+of its own (the engine's job); a turn's prompt tail and context include the conversation before it;
+when a turn finishes at ``t`` its session's next turn arrives at ``t`` + its tool's seconds on the same
+replica, and that replica's prefix cache keeps the conversation meanwhile
+(``Engine.cache_conversation``: held in the pool as vLLM holds cached blocks, evicted oldest first when
+the pool needs room, a hit skips the prefill of its whole blocks). A replica that has a turn arriving
+decides at its first step boundary after the arrival (its steps are cut short to see it).
+
+Policies (``MULTITURN_POLICIES``):
+
+- ``vllm``: vLLM FCFS on every replica, verl's sticky session routing (the baseline).
+- ``vllm_priority``: vLLM's priority scheduling, priorities from the predictions (minus the session's
+  predicted length, longest first), the sessions routed as verl routes them. With ``follow_turns``
+  every turn carries its session's priority (``lengthsched.integrations.verl.SessionPriorityClient``);
+  without, only the first turn does and later turns take vLLM's default priority 0, which ranks with the
+  plan's first (a plan's priorities are ranks from 0, lower first), so later turns go ahead of every
+  planned request still waiting, by arrival: what verl 0.9.1's ``ToolAgentLoop`` makes of lengthsched's
+  plan (it passes no priority to ``generate``).
+- ``steal``: the project's policy (``lengthsched.runtime.dispatch.WorkStealing``) over the sessions' first
+  turns, placed as it places requests; a later turn joins its session's replica's queue. With
+  ``follow_turns`` it may be stolen or moved like any request, its predicted work what the session's
+  prediction leaves after the earlier turns (``StealDriver(turns=True)``); without, the stealing never
+  sees it (a driver that follows first turns only).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lengthsched import InvalidArgument
+from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
+from lengthsched.integrations.rollout import place_ways
+from lengthsched.runtime import Engine, Problem
+from lengthsched.runtime.baselines import VLLMPriority, ran_dry
+from lengthsched.runtime.dispatch import GroupQueue
+from lengthsched.runtime.replicas import prompt_blocks
+from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
+
+from .rollout import _lower_bound, _OneClock, _prepare, route, share_board, steal_ways
+
+__all__ = ["MULTITURN_POLICIES", "MultiTurnResult", "Turns", "run_multiturn", "split_turns"]
+
+#: The policies :func:`run_multiturn` models.
+MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal")
+
+
+@dataclass(frozen=True)
+class Turns:
+    """The turns of a step's completions, flattened in group order: completion i generates
+    ``lengths[i]`` (tokens per turn, summing to its length), and between turn k and k + 1 a tool runs
+    for ``tool_seconds[i][k]`` seconds and adds ``tool_tokens[i][k]`` tokens to the conversation."""
+
+    lengths: tuple[np.ndarray, ...]
+    tool_tokens: tuple[np.ndarray, ...]
+    tool_seconds: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        n = len(self.lengths)
+        if len(self.tool_tokens) != n or len(self.tool_seconds) != n:
+            raise InvalidArgument("turns", f"{n} sessions, {len(self.tool_tokens)} tool tokens, "
+                                  f"{len(self.tool_seconds)} tool seconds", "one entry per completion in each")
+        for i, (ls, tt, ts) in enumerate(zip(self.lengths, self.tool_tokens, self.tool_seconds)):
+            if len(ls) < 1 or np.min(ls) < 1:
+                raise InvalidArgument("turns", f"completion {i}'s turns {list(ls)}", "one turn at least, each of "
+                                                                                    "at least one token")
+            if len(tt) != len(ls) - 1 or len(ts) != len(ls) - 1:
+                raise InvalidArgument("turns", f"completion {i}: {len(ls)} turns, {len(tt)} tool answers, "
+                                               f"{len(ts)} tool seconds", "one tool call between two turns")
+            if len(tt) and (np.min(tt) < 0 or not np.all(np.isfinite(ts)) or np.min(ts) < 0):
+                raise InvalidArgument("turns", f"completion {i}'s tools {list(tt)}, {list(ts)}",
+                                      "non-negative tokens and finite non-negative seconds")
+
+    @property
+    def count(self) -> int:
+        """Turns in all."""
+        return sum(len(x) for x in self.lengths)
+
+
+def split_turns(groups: Sequence[Any], *, turns: tuple[int, int] = (2, 5),
+                tool_tokens: tuple[int, int] = (30, 600), tool_seconds: float = 0.5, tool_sigma: float = 1.0,
+                seed: int = 0) -> Turns:
+    """Turn every completion of ``groups`` (objects with ``lengths``) into a session: its length cut
+    at random points into a number of turns drawn uniformly from ``turns`` (at most its length), a
+    tool call between two turns whose answer adds a number of tokens drawn log-uniformly from
+    ``tool_tokens`` and which lasts a log-normal number of seconds (median ``tool_seconds``, log-sd
+    ``tool_sigma``; a search or a code run: a fraction of a second to many seconds)."""
+    lo, hi = (check_int("turns", t, minimum=1) for t in turns)
+    if hi < lo:
+        raise InvalidArgument("turns", turns, "(fewest, most) with fewest <= most")
+    t_lo, t_hi = (check_int("tool_tokens", t, minimum=0) for t in tool_tokens)
+    if t_hi < t_lo:
+        raise InvalidArgument("tool_tokens", tool_tokens, "(fewest, most) with fewest <= most")
+    median = check_positive_float("tool_seconds", tool_seconds)
+    sigma = check_nonnegative_float("tool_sigma", tool_sigma)
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    lengths, answers, seconds = [], [], []
+    for g in groups:
+        for total in np.asarray(g.lengths, dtype=np.int64).tolist():
+            k = min(int(rng.integers(lo, hi + 1)), total)
+            cuts = np.sort(rng.choice(np.arange(1, total), size=k - 1, replace=False)) if k > 1 else []
+            lengths.append(np.diff(np.concatenate([[0], cuts, [total]])).astype(np.int64))
+            answers.append(np.round(np.exp(rng.uniform(math.log(max(t_lo, 1)), math.log(max(t_hi, 1)), k - 1)))
+                           .astype(np.int64) if t_hi > 0 else np.zeros(k - 1, dtype=np.int64))
+            seconds.append(median * np.exp(sigma * rng.standard_normal(k - 1)))
+    return Turns(tuple(lengths), tuple(answers), tuple(seconds))
+
+
+@dataclass(frozen=True)
+class MultiTurnResult:
+    """One multi-turn rollout step. ``seconds``: the makespan (modelled; the last turn's finish);
+    ``replica_seconds``: when each replica ran its last step; ``preemptions``, ``recomputed_tokens``,
+    ``prefill_tokens`` (prompts, conversations, recomputation): summed over replicas; ``cache_hits``:
+    later turns that found their conversation in their replica's prefix cache, ``cache_hit_tokens``:
+    the tokens they did not prefill; ``later_turns``: turns after the first; ``moved_turns``: later turns
+    that ran elsewhere than their previous turn (stolen or moved); ``lower_bound_seconds``: no placement
+    and schedule finishes sooner (the larger of the single-turn bound over every turn as a request of its
+    own and the slowest session's path: its tokens decoded alone plus its tools' seconds);
+    ``tokens``: tokens generated."""
+
+    policy: str
+    follow_turns: bool
+    prefix_cache: bool
+    replicas: int
+    seconds: float
+    replica_seconds: tuple[float, ...]
+    preemptions: int
+    recomputed_tokens: int
+    prefill_tokens: int
+    cache_hits: int
+    cache_hit_tokens: int
+    later_turns: int
+    moved_turns: int
+    lower_bound_seconds: float
+    tokens: int
+    budget_tokens: int
+
+
+def _enqueue(pol: Any, job: int, arrival: int) -> None:
+    """``job``, the ``arrival``-th request to reach an engine, joins the back of ``pol``'s waiting queue
+    (vLLM's priority queue: by its priority, then arrival)."""
+    if isinstance(pol, VLLMPriority):
+        pol.set_arrival(job, arrival)
+        heapq.heappush(pol.waiting, (pol.priority[job], arrival, job))
+    else:
+        pol.waiting.insert(0, job)  # a stack: the front is the end
+
+
+def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, replicas: int = 1,
+                  budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None,
+                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, follow_turns: bool = True,
+                  prefix_cache: bool = True) -> MultiTurnResult:
+    """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
+    ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
+    :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
+    engines under ``policy`` (:data:`MULTITURN_POLICIES`). ``budget_tokens``: each replica's KV pool in
+    tokens, prompts and cached conversations included; ``max_new_tokens``: the most a session generates;
+    ``predicted``: each session's predicted total length, flattened in group order (a prompt-level
+    predictor gives siblings the same number), or None; ``cost``: the step-cost model (default Qwen3-1.7B
+    on the H100 preset); ``follow_turns``: whether the policy steers later turns (``vllm_priority``:
+    their session's priority; ``steal``: they may be stolen and moved); ``prefix_cache``: whether a
+    replica keeps a conversation (and a prompt with nothing running) cached for the next turn."""
+    if policy not in MULTITURN_POLICIES:
+        raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
+    if not isinstance(turns, Turns):
+        raise InvalidArgument("turns", type(turns).__name__, "a simulate.multiturn.Turns (split_turns)")
+    if hasattr(predicted, "observe") or hasattr(predicted, "predict"):
+        raise InvalidArgument("predicted", type(predicted).__name__, "predicted lengths per session (a predictor "
+                                                                     "object is not modelled in multi-turn steps)")
+    spec, groups, _, flat, owner, _, common = _prepare(groups, policy, replicas, budget_tokens, max_new_tokens,
+                                                        predicted, cost, 0, prefill_chunk, False)
+    if len(turns.lengths) != len(flat):
+        raise InvalidArgument("turns", f"{len(turns.lengths)} sessions", f"{len(flat)}, one per completion")
+    totals = np.array([int(x.sum()) for x in turns.lengths], dtype=np.int64)
+    if (totals != flat).any():
+        bad = int(np.flatnonzero(totals != flat)[0])
+        raise InvalidArgument("turns", f"completion {bad}'s turns sum to {int(totals[bad])}",
+                              f"its length, {int(flat[bad])} tokens")
+    cost, pred, budget, prompt_lens = common["cost"], common["pred"], common["budget"], common["prompt_lens"]
+    cls = spec.cls
+    block = cls.block_size
+    steals = bool(getattr(cls, "STEALS", False))
+
+    # The turns as requests, numbered turn by turn (every first turn, then every second one, ...).
+    counts = np.array([len(x) for x in turns.lengths], dtype=np.int64)
+    level_of, session_of = [], []
+    for k in range(int(counts.max())):
+        ids = np.flatnonzero(counts > k)
+        session_of.append(ids)
+        level_of.append(np.full(len(ids), k, dtype=np.int64))
+    session = np.concatenate(session_of)
+    level = np.concatenate(level_of)
+    n = len(session)
+    job_of = {(int(s), int(k)): j for j, (s, k) in enumerate(zip(session.tolist(), level.tolist()))}
+    length = np.array([int(turns.lengths[s][k]) for s, k in zip(session.tolist(), level.tolist())], dtype=np.int64)
+    before = np.zeros(n, dtype=np.int64)  # tokens the session generated in its earlier turns
+    conv = np.zeros(n, dtype=np.int64)  # conversation before the turn beyond the prompt (turns and tool answers)
+    nxt = np.full(n, -1, dtype=np.int64)
+    gap = np.zeros(n)
+    for j in range(n):
+        s, k = int(session[j]), int(level[j])
+        if k:
+            before[j] = int(turns.lengths[s][:k].sum())
+            conv[j] = before[j] + int(turns.tool_tokens[s][:k].sum())
+        if k + 1 < counts[s]:
+            nxt[j] = job_of[(s, k + 1)]
+            gap[j] = float(turns.tool_seconds[s][k])
+    job_owner = owner[session]
+    tails_p, prompt_kv = prompt_blocks(prompt_lens, block)
+    tails = tails_p[job_owner] + conv
+    context = prompt_lens[job_owner] + conv
+    need = prompt_kv[job_owner] + -(-(tails + length) // block) * block
+    if need.max() > budget:
+        bad = int(np.argmax(need))
+        raise InvalidArgument("budget_tokens", budget, f"at least {int(need[bad])} tokens: turn {int(level[bad]) + 1} "
+                                                       f"of session {int(session[bad])} with its conversation "
+                                                       f"({int(context[bad])} tokens) in blocks of {block}")
+    # What each turn's request tells the engine: the session's prediction (priority) or what it leaves (work).
+    if pred is None:
+        job_pred = None
+    elif policy == "vllm_priority":
+        job_pred = pred[session].astype(np.int64)
+        if not follow_turns:
+            # vLLM's default priority 0, ahead of every planned request (a plan's priorities are ranks, >= 0)
+            job_pred[level > 0] = common["max_new"]
+    else:
+        job_pred = np.maximum(pred[session] - before, 1).astype(np.int64)
+
+    problem = Problem(lengths=length, max_new_tokens=common["max_new"], budget_tokens=budget, predicted=job_pred,
+                      slots=common["max_seqs"])
+    engines, pols = [], []
+    for r in range(replicas):
+        pol = cls(problem, GroupQueue(np.zeros(0, dtype=np.int64), []), r, []) if steals else cls(problem)
+        pol.waiting.clear()
+        eng = Engine(length, tails=tails if block > 1 or conv.any() else None, block_size=block,
+                     budget_tokens=budget, enforce_budget=True, context=context, prefill_chunk=common["prefill_chunk"])
+        eng.hold_prompts(job_owner, prompt_kv)
+        eng.cache_prompts = prefix_cache
+        engines.append(eng)
+        pols.append(pol)
+    first = np.flatnonzero(level == 0)  # = session ids, in order
+    if steals:
+        work, ways = steal_ways(groups, pred, budget, replicas, common["max_new"], cls)
+        placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
+        share_board(pols, engines, [pol.waiting for pol in pols], cls.RESUBMIT_SECONDS)
+        pinned = set() if follow_turns else set(np.flatnonzero(level > 0).tolist())
+        for pol in pols:
+            pol.pinned = pinned
+    else:
+        placed = route(groups, "least_loaded", replicas)  # verl: each session to the server with fewest sessions
+    where = np.full(n, -1, dtype=np.int64)  # the replica each turn is sent to
+    arrived = 0  # requests that reached an engine so far
+    for j in first.tolist():
+        r = int(placed[j])
+        where[j] = r
+        _enqueue(pols[r], j, arrived)
+        arrived += 1
+        engines[r].claim(j)
+
+    clock = _OneClock(engines)
+    idle, wake = clock.idle, clock.wake
+    arrivals: list[tuple[float, int]] = []  # (seconds, turn) of later turns whose tools run
+    due: list[list[float]] = [[] for _ in range(replicas)]  # per replica, a heap of its arrivals' seconds
+    seen = [0] * replicas
+    ran = np.full(n, -1, dtype=np.int64)  # the replica each turn finished on
+    while clock.heap:
+        now, r = heapq.heappop(clock.heap)
+        if r < 0:  # tools that finished by now: their next turns join their replicas' queues
+            while arrivals and arrivals[0][0] <= now:
+                _, job = heapq.heappop(arrivals)
+                target = int(where[job])
+                heapq.heappop(due[target])
+                _enqueue(pols[target], job, arrived)
+                arrived += 1
+                engines[target].claim(job)
+                wake((target,), now)
+                if steals and idle:  # the idle may steal it
+                    wake(list(idle), now)
+            continue
+        eng, pol = engines[r], pols[r]
+        if len(eng.collected) > seen[r]:
+            for job in eng.collected[seen[r]:]:
+                ran[job] = r
+                later = int(nxt[job])
+                if later < 0:
+                    continue
+                at = now + float(gap[job])
+                where[later] = r  # sticky: where its session's turn ran
+                if prefix_cache:
+                    eng.cache_conversation(later, int(tails[job] + length[job]))
+                heapq.heappush(arrivals, (at, later))
+                heapq.heappush(due[r], at)
+                heapq.heappush(clock.heap, (at, -1))
+            seen[r] = len(eng.collected)
+        if steals:
+            pol.idle_now, pol.now = idle, now
+        alive = eng.decide(pol)
+        if getattr(pol, "woke", None):
+            wake(pol.woke, now)
+            pol.woke = []
+        if not alive:
+            ran_dry(pol, eng)
+            idle.add(r)
+            continue
+        if steals and pol.blocked and idle:
+            wake(list(idle), now)
+        t_next = eng.next_event()
+        if due[r]:  # a turn arrives here: decide at the first step boundary after it
+            step = cost.segment_seconds_float(1, max(eng.live, 1), eng.read_tokens())
+            ahead = max(1, int((due[r][0] - now) / step)) if step > 0 else 1
+            t_next = min(t_next, eng.t + ahead)
+        clock.run(r, t_next, pol.pads, cost, now)
+    if (ran < 0).any():
+        raise InvalidArgument("policy", policy, "a policy that finishes every turn it is sent")
+    later = level > 0
+    moved = int(np.sum(later & (ran != ran[_previous(session, level, job_of)])))
+    logs = [eng.step_log() for eng in engines]
+    replica_seconds = tuple(float(secs[-1]) for _, secs in clock.clocks())
+    return MultiTurnResult(
+        policy=policy, follow_turns=bool(follow_turns), prefix_cache=bool(prefix_cache), replicas=replicas,
+        seconds=max(replica_seconds), replica_seconds=replica_seconds,
+        preemptions=sum(eng.preemptions for eng in engines),
+        recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
+        prefill_tokens=sum(int(log.prefill_tokens.sum()) for log in logs),
+        cache_hits=sum(eng.cache_hits for eng in engines),
+        cache_hit_tokens=sum(eng.cache_hit_tokens for eng in engines),
+        later_turns=int(later.sum()), moved_turns=moved,
+        lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
+                                _session_bound(cost, turns, flat, prompt_lens[owner])),
+        tokens=int(flat.sum()), budget_tokens=budget)
+
+
+def _previous(session: np.ndarray, level: np.ndarray, job_of: dict) -> np.ndarray:
+    """Per turn, the index of its session's previous turn (itself for a first turn)."""
+    return np.array([job_of[(int(s), int(k) - 1)] if k else j
+                     for j, (s, k) in enumerate(zip(session.tolist(), level.tolist()))], dtype=np.int64)
+
+
+def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray) -> float:
+    """The slowest session's path (seconds): its tokens decoded alone (one row a step, reading its prompt and
+    its own tokens, no tool answers) plus its tools' seconds."""
+    steps = flat.astype(np.int64)
+    kv = steps * context + steps * (steps - 1) // 2
+    decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv), dtype=float)
+    tools = np.array([float(np.sum(x)) for x in turns.tool_seconds])
+    return float(np.max(decode + tools))

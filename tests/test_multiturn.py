@@ -1,0 +1,170 @@
+"""simulate.run_multiturn: sessions of several turns with tool calls between them, and the engine's prefix cache of
+conversations (Engine.cache_conversation)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument
+from lengthsched.runtime import Engine
+from simulate import Turns, run_multiturn, run_rollout, split_turns
+from simulate.multiturn import MULTITURN_POLICIES
+from simulate.workloads import Group
+
+
+def _groups(sizes, seed=0, prompt=40, low=5, high=300):
+    rng = np.random.default_rng(seed)
+    return [Group(f"p{i}", prompt + 7 * i, rng.integers(low, high, size=n)) for i, n in enumerate(sizes)]
+
+
+def _one_turn_each(groups) -> Turns:
+    lengths = [np.array([x]) for g in groups for x in g.lengths]
+    empty = [np.zeros(0, dtype=np.int64)] * len(lengths)
+    return Turns(tuple(lengths), tuple(empty), tuple(np.zeros(0) for _ in lengths))
+
+
+@pytest.mark.parametrize("policy", MULTITURN_POLICIES)
+@pytest.mark.parametrize("budget", [1200, 4000])
+def test_sessions_of_one_turn_are_the_single_turn_rollout(policy, budget):
+    """One turn per session and no prefix cache: the step run_rollout simulates, to the last digit (the same
+    engines, placement and decisions on one clock)."""
+    groups = _groups([6, 6, 6, 6], seed=3)
+    predicted = np.concatenate([np.full(6, int(np.median(g.lengths))) for g in groups])
+    kwargs = dict(replicas=3, budget_tokens=budget, max_new_tokens=400, predicted=predicted)
+    single = run_rollout(groups, policy, router="least_loaded" if policy != "steal" else None, **kwargs)
+    multi = run_multiturn(groups, _one_turn_each(groups), policy, prefix_cache=False, **kwargs)
+    assert multi.seconds == pytest.approx(single.seconds, rel=1e-12)
+    assert multi.replica_seconds == pytest.approx(single.replica_seconds, rel=1e-12)
+    assert (multi.preemptions, multi.recomputed_tokens, multi.prefill_tokens) == \
+        (single.preemptions, single.recomputed_tokens, single.prefill_tokens)
+    assert multi.later_turns == multi.moved_turns == multi.cache_hits == 0
+    assert multi.lower_bound_seconds == pytest.approx(single.lower_bound_seconds)
+    assert multi.lower_bound_seconds <= multi.seconds
+
+
+def test_a_later_turn_waits_for_its_tool_and_finds_its_conversation_cached():
+    """One session: 40 tokens, a 2 s tool answering 50 tokens, 30 tokens. The step lasts at least the tool; with the
+    prefix cache the second turn prefills only the tool's answer and the conversation's last partial block."""
+    groups = [Group("p", 100, np.array([70]))]
+    turns = Turns((np.array([40, 30]),), (np.array([50]),), (np.array([2.0]),))
+    kwargs = dict(replicas=1, budget_tokens=4096, max_new_tokens=100)
+    cached = run_multiturn(groups, turns, "vllm", **kwargs)
+    cold = run_multiturn(groups, turns, "vllm", prefix_cache=False, **kwargs)
+    assert cached.later_turns == 1 and cached.cache_hits == 1 and cold.cache_hits == 0
+    # the first turn holds prompt tail 4 (100 = 6 blocks of 16 + 4) + 40 tokens: 2 whole blocks cached (32 tokens)
+    assert cached.cache_hit_tokens == 32
+    # without the cache the prompt left the pool with the first turn (its 96 tokens of whole blocks prefilled again)
+    assert cold.prefill_tokens - cached.prefill_tokens == 32 + 96
+    assert cached.prefill_tokens == 100 + (4 + 40 + 50 - 32)
+    assert 2.0 < cached.seconds < cold.seconds
+    assert cached.lower_bound_seconds > 2.0 and cached.lower_bound_seconds <= cached.seconds
+
+
+def test_the_step_is_never_shorter_than_its_slowest_tool_chain():
+    groups = _groups([4, 4], seed=1)
+    turns = split_turns(groups, turns=(3, 3), tool_seconds=1.5, tool_sigma=0.0, seed=2)
+    out = run_multiturn(groups, turns, "vllm", replicas=2, budget_tokens=3000, max_new_tokens=400)
+    assert out.seconds >= 2 * 1.5
+    assert out.later_turns == 2 * 8 and out.tokens == sum(int(g.lengths.sum()) for g in groups)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.sampled_from([900, 1500, 6000]),
+       policy=st.sampled_from(MULTITURN_POLICIES), follow=st.booleans(), cache=st.booleans())
+def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, policy, follow, cache):
+    """The engines enforce each pool (prompts, live requests and cached conversations); every turn finishes; the
+    bound is below the makespan; a stealing run that does not follow turns never moves a later one."""
+    groups = _groups([5, 3, 4], seed=seed, high=200)
+    turns = split_turns(groups, turns=(1, 4), tool_tokens=(5, 80), tool_seconds=0.3, seed=seed)
+    rng = np.random.default_rng(seed)
+    predicted = np.concatenate([np.full(len(g.lengths), int(rng.integers(20, 200))) for g in groups])
+    out = run_multiturn(groups, turns, policy, replicas=2, budget_tokens=budget, max_new_tokens=400,
+                        predicted=predicted, follow_turns=follow, prefix_cache=cache)
+    assert out.lower_bound_seconds <= out.seconds * (1 + 1e-9)
+    assert out.later_turns == turns.count - len(turns.lengths)
+    assert out.cache_hits <= out.later_turns and (cache or out.cache_hits == 0)
+    if policy != "steal" or not follow:
+        assert out.moved_turns == 0
+
+
+def test_stealing_that_follows_turns_moves_later_turns_that_wait():
+    """Sessions alternate long and short second turns, so every long one lands on replica 0 (each group spread
+    over both replicas, sticky turns) and waits there for memory; the stealing that follows turns takes some to
+    replica 1 and ends sooner than the one that sees first turns only (the same as vLLM with verl's routing)."""
+    lengths = np.array([1200, 20] * 3)
+    groups = [Group("a", 32, lengths), Group("b", 32, lengths)]
+    turns = Turns(tuple(np.array([10, x - 10]) for _ in groups for x in lengths), tuple([np.array([16])] * 12),
+                  tuple([np.array([0.2])] * 12))
+    kwargs = dict(replicas=2, budget_tokens=3 * 1280, max_new_tokens=1300, predicted=np.full(12, 600))
+    placed = run_multiturn(groups, turns, "steal", follow_turns=False, **kwargs)
+    followed = run_multiturn(groups, turns, "steal", **kwargs)
+    verl = run_multiturn(groups, turns, "vllm", **kwargs)
+    assert placed.moved_turns == 0 and followed.moved_turns > 0
+    assert placed.seconds == pytest.approx(verl.seconds)
+    assert followed.seconds < 0.8 * placed.seconds
+
+
+def test_split_turns_cuts_every_length_and_draws_tools():
+    groups = _groups([8, 8], seed=5, low=1, high=50)
+    turns = split_turns(groups, turns=(2, 5), tool_tokens=(10, 100), tool_seconds=0.5, tool_sigma=0.5, seed=1)
+    flat = np.concatenate([g.lengths for g in groups])
+    assert [int(x.sum()) for x in turns.lengths] == flat.tolist()
+    for total, ls, tt, ts in zip(flat, turns.lengths, turns.tool_tokens, turns.tool_seconds):
+        assert min(2, total) <= len(ls) <= min(5, total) and ls.min() >= 1
+        assert len(tt) == len(ts) == len(ls) - 1
+        assert ((tt >= 10) & (tt <= 100)).all() and (ts > 0).all()
+    again = split_turns(groups, turns=(2, 5), tool_tokens=(10, 100), tool_seconds=0.5, tool_sigma=0.5, seed=1)
+    assert all((a == b).all() for a, b in zip(turns.lengths, again.lengths))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(turns=(3, 2)), "turns"), (dict(turns=(0, 2)), "turns"), (dict(tool_tokens=(9, 1)), "tool_tokens"),
+    (dict(tool_seconds=0.0), "tool_seconds"), (dict(tool_sigma=-1.0), "tool_sigma"), (dict(seed=-1), "seed")])
+def test_split_turns_names_a_bad_argument(kwargs, name):
+    with pytest.raises(InvalidArgument, match=name):
+        split_turns(_groups([2]), **kwargs)
+
+
+def test_run_multiturn_names_a_bad_argument():
+    groups = _groups([2, 2])
+    turns = split_turns(groups, seed=0)
+    kwargs = dict(replicas=1, budget_tokens=4000, max_new_tokens=400)
+    with pytest.raises(InvalidArgument, match="policy"):
+        run_multiturn(groups, turns, "seer", **kwargs)
+    with pytest.raises(InvalidArgument, match="turns"):
+        run_multiturn(groups, [np.array([3])], "vllm", **kwargs)
+    with pytest.raises(InvalidArgument, match="turns"):
+        run_multiturn(groups, split_turns(_groups([2, 2], seed=9), seed=0), "vllm", **kwargs)
+    with pytest.raises(InvalidArgument, match="turns"):
+        run_multiturn(groups[:1], turns, "vllm", **kwargs)
+    with pytest.raises(InvalidArgument, match="budget_tokens"):
+        run_multiturn(groups, turns, "vllm", replicas=1, budget_tokens=300, max_new_tokens=400)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_multiturn(groups, turns, "vllm", predicted=object.__new__(type("P", (), {"predict": None})), **kwargs)
+    with pytest.raises(InvalidArgument, match="turns"):
+        Turns((np.array([3, 0]),), (np.array([1]),), (np.array([1.0]),))
+    with pytest.raises(InvalidArgument, match="turns"):
+        Turns((np.array([3, 2]),), (np.array([], dtype=np.int64),), (np.array([1.0]),))
+    with pytest.raises(InvalidArgument, match="turns"):
+        Turns((np.array([3, 2]),), (np.array([4]),), (np.array([np.inf]),))
+
+
+def test_engine_caches_conversations_in_the_pool_and_evicts_the_oldest_first():
+    eng = Engine([5, 5, 5], tails=[40, 20, 33], block_size=16, budget_tokens=10_000)
+    eng.cache_conversation(0, 40)  # 3 blocks held, 2 whole blocks hit
+    eng.cache_conversation(1, 20)  # 2 blocks held, 1 hit
+    assert eng.conversation_kv_held == 80 and eng.kv_tokens() == 80
+    assert (eng.cached_hit(0), eng.cached_hit(1), eng.cached_hit(2)) == (32, 16, 0)
+    assert eng.reused_blocks(0) == 3 and eng.prefill_need(0) == 40 - 32
+    assert eng.evict_idle(10, keep=0) == 32 and eng.conversation_kv_held == 48  # job 1's, not the kept one
+    eng.cache_conversation(2, 33)
+    assert eng.evict_idle(1) == 48  # the oldest first: job 0's
+    assert list(eng._conv) == [2]
+    eng.admit(2)  # a hit: 32 tokens not prefilled, its cached blocks become its own
+    assert eng.cache_hits == 1 and eng.cache_hit_tokens == 32 and eng.conversation_kv_held == 0
+    eng.advance(1, False)
+    assert eng.step_log().prefill_tokens.tolist() == [1]
+    assert eng.evict_idle() == 0
