@@ -1024,3 +1024,27 @@ def test_rollout_cold_start_quick(tmp_path):
     spread_cold = [label for label, pred, over in bench.COLD_START_RUNS if pred == "cold" and over][0]
     column = 4 + [label for label, *_ in bench.COLD_START_RUNS].index(spread_cold)
     assert all(row[column] <= 1.001 for row in data["settings"])
+
+
+def test_rollout_multiturn_quick(tmp_path):
+    """rollout_multiturn (quick): one row per MULTITURN_ROWS row against vLLM FCFS with verl's sticky routing; a
+    setting's ratios are run_multiturn's makespans, the baseline against itself 1; only steal that follows turns
+    moves later turns."""
+    data = _quick_section(tmp_path, "rollout_multiturn")
+    import bench_simulate as bench
+
+    from simulate import run_multiturn, split_turns
+
+    rows = data["rows"]
+    assert [row[0] for row in rows] == [label for label, *_ in bench.MULTITURN_ROWS]
+    assert rows[0][2:5] == [1.0, 1.0, 1.0] and rows[0][8] == 0.0
+    moves = [row[8] for row in rows]
+    assert moves[5] > 0 and all(m == 0 for i, m in enumerate(moves) if i not in (5, 6))
+    w, b, r, f, tool, base, bound, *ratios = data["settings"][0]
+    groups, realistic, _, _ = bench.rollout_groups(w, b, bench.ROLLOUT_SEED)
+    turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=bench.ROLLOUT_SEED)
+    kwargs = dict(replicas=r, budget_tokens=f * bench.MULTITURN_CONTEXT, max_new_tokens=4096)
+    verl = run_multiturn(groups, turns, "vllm", **kwargs)
+    followed = run_multiturn(groups, turns, "steal", predicted=realistic, **kwargs)
+    assert base == pytest.approx(verl.seconds) and bound == pytest.approx(verl.lower_bound_seconds / verl.seconds)
+    assert ratios[4] == pytest.approx(followed.seconds / verl.seconds)
