@@ -30,6 +30,7 @@ from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_plan
 from simulate.async_report import INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
+from simulate.multiturn import MULTITURN_RUNS
 from simulate.rollout import VERL_POLL_SECONDS, route, run_verl_planned, run_verl_stealing, steal_ways
 from simulate.workloads import castillo_file_groups, castillo_groups, prompt_lengths, trace_groups
 
@@ -2424,30 +2425,19 @@ def rollout_resubmit(quick: bool) -> tuple[str, list]:
 MULTITURN_GRID = [(w, b, r, f, tool) for w in ("castillo", "long tail") for b, r in ((64, 4), (256, 8))
                   for f in (2, 4, 16) for tool in (0.5, 2.0)]
 MULTITURN_CONTEXT = 8192  # tokens: the longest conversation (prompt, 4096 generated, tool answers); pools are x this
-MULTITURN_ROWS = (  # label, policy, predictions, follow_turns, prefix_cache
-    ("vllm + verl's sticky routing (the baseline)", "vllm", None, True, True),
-    ("vllm + verl's sticky routing, no prefix cache", "vllm", None, True, False),
-    ("vllm_priority, plan priorities on first turns only (verl 0.9.1's ToolAgentLoop: later turns at 0, first)",
-     "vllm_priority", "realistic", False, True),
-    ("vllm_priority, the session's priority on every turn (SessionPriorityClient)", "vllm_priority", "realistic",
-     True, True),
-    ("steal, first turns only (a driver that does not follow turns)", "steal", "realistic", False, True),
-    ("steal, every turn (StealDriver(turns=True))", "steal", "realistic", True, True),
-    ("steal, every turn, oracle predictions", "steal", "oracle", True, True),
-)
 
 
 def _multiturn_unit(args) -> dict:
-    """One setting of rollout_multiturn: per MULTITURN_ROWS row (makespan, lower bound, cache hits, later turns,
-    moved turns, preemptions, recomputed tokens)."""
+    """One setting of rollout_multiturn: per MULTITURN_RUNS row, realistic predictions where it takes some (makespan,
+    lower bound, cache hits, later turns, moved turns, preemptions, recomputed tokens)."""
     from simulate import run_multiturn, split_turns
 
     workload, prompts, replicas, factor, tool, seed, cost_text = args
     groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed)
     turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=seed)
-    known = {"realistic": realistic, "oracle": oracle, None: None}
+    known = {"given": realistic, "oracle": oracle, None: None}
     out = {}
-    for label, policy, pred, follow, cache in MULTITURN_ROWS:
+    for label, policy, follow, cache, pred in MULTITURN_RUNS:
         r = run_multiturn(groups, turns, policy, replicas=replicas, budget_tokens=factor * MULTITURN_CONTEXT,
                           max_new_tokens=4096, predicted=known[pred], cost=_rollout_cost(cost_text),
                           follow_turns=follow, prefix_cache=cache)
@@ -2463,9 +2453,9 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
     grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
     units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
     results = _pool_map(_multiturn_unit, units)
-    base_label = MULTITURN_ROWS[0][0]
+    base_label = MULTITURN_RUNS[0][0]
     rows, settings = [], []
-    for label, *_ in MULTITURN_ROWS:
+    for label, *_ in MULTITURN_RUNS:
         ratios = np.array([out[label][0] / out[base_label][0] for out in results])
         to_bound = np.array([out[label][0] / out[label][1] for out in results])
         hits = sum(out[label][2] for out in results) / max(1, sum(out[label][3] for out in results))
@@ -2475,7 +2465,7 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
     for u, out in zip(units, results):
         base = out[base_label][0]
         settings.append([u[0], u[1], u[2], u[3], u[4], base, out[base_label][1] / base]
-                        + [out[label][0] / base for label, *_ in MULTITURN_ROWS[1:]])
+                        + [out[label][0] / base for label, *_ in MULTITURN_RUNS[1:]])
     text = table(f"Multi-turn steps ({_cost_label()}, seed {ROLLOUT_SEED}; sessions of 2-5 turns, tools of median "
                  "0.5 or 2 s answering 30-600 tokens; pools 2, 4 and 16 x 8192 tokens; verl's sticky session "
                  "routing): makespan x vLLM FCFS", ["row", "settings", "mean", "best", "worst", "slower by > 0.1%",
@@ -2483,7 +2473,7 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
                  rows)
     text += "\n\n" + table("Per setting: makespan x vLLM FCFS (LB: the lower bound, x the same)",
                             ["workload", "prompts", "replicas", "pool x 8192", "tool median s", "vllm seconds",
-                             "LB"] + [label for label, *_ in MULTITURN_ROWS[1:]], settings)
+                             "LB"] + [label for label, *_ in MULTITURN_RUNS[1:]], settings)
     return text, {"rows": rows, "settings": settings}
 
 

@@ -214,6 +214,8 @@ def _run_rollout_step(opts: SimulateOptions) -> int:
     """``--prompts`` / ``--replicas``: one rollout step, every policy and router, one table."""
     from .rollout_report import compare_rollout, format_rollout, rollout_figures
 
+    if opts.turns is not None:
+        return _run_multiturn(opts)
     if opts.max_staleness is not None:
         return _run_async(opts)
     comparison = compare_rollout(opts, record=bool(opts.plot))
@@ -235,11 +237,22 @@ def _run_async(opts: SimulateOptions) -> int:
     """``--max-staleness``: AReaL's asynchronous loop against synchronous steps, one table."""
     from .async_report import compare_async, format_async
 
-    comparison = compare_async(opts)
+    return _report(opts, compare_async(opts), format_async)
+
+
+def _run_multiturn(opts: SimulateOptions) -> int:
+    """``--turns``: one multi-turn step, every run of simulate.multiturn.MULTITURN_RUNS, one table."""
+    from .multiturn_report import compare_multiturn, format_multiturn
+
+    return _report(opts, compare_multiturn(opts), format_multiturn)
+
+
+def _report(opts: SimulateOptions, comparison, formatted) -> int:
+    """Print ``comparison`` (``formatted``'s table, or its JSON with --json) and write its JSON to --output."""
     payload = json.dumps(comparison.to_dict(), indent=1, default=_jsonable)
     if opts.output:
         atomic_write_text(opts.output, payload + "\n")
-    print(payload if opts.json else format_async(comparison))
+    print(payload if opts.json else formatted(comparison))
     return 0
 
 

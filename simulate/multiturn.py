@@ -63,10 +63,25 @@ from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
 from .rollout import _lower_bound, _OneClock, _prepare, route, share_board, steal_ways
 
-__all__ = ["MULTITURN_POLICIES", "MultiTurnResult", "Turns", "run_multiturn", "split_turns"]
+__all__ = ["MULTITURN_POLICIES", "MULTITURN_RUNS", "MultiTurnResult", "Turns", "run_multiturn", "split_turns"]
 
 #: The policies :func:`run_multiturn` models.
 MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal")
+
+#: The runs a multi-turn comparison makes (``lengthsched simulate --turns``, ``bench_simulate.py --sections
+#: rollout_multiturn``): (label, policy, follow_turns, prefix_cache, predictions: None, "given" or "oracle"); the
+#: first is the reference.
+MULTITURN_RUNS = (
+    ("vllm + verl's sticky routing (the baseline)", "vllm", True, True, None),
+    ("vllm + verl's sticky routing, no prefix cache", "vllm", True, False, None),
+    ("vllm_priority, plan priorities on first turns only (verl 0.9.1's ToolAgentLoop: later turns at 0, first)",
+     "vllm_priority", False, True, "given"),
+    ("vllm_priority, the session's priority on every turn (SessionPriorityClient)", "vllm_priority", True, True,
+     "given"),
+    ("steal, first turns only (a driver that does not follow turns)", "steal", False, True, "given"),
+    ("steal, every turn (StealDriver(turns=True))", "steal", True, True, "given"),
+    ("steal, every turn, oracle predictions", "steal", True, True, "oracle"),
+)
 
 
 @dataclass(frozen=True)

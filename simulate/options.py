@@ -94,6 +94,19 @@ class SimulateOptions:
                                    "and loads it back instead of recomputing it (vLLM's --kv-offloading-backend "
                                    "native; each load timed over the host link and overlapping the decoding, as "
                                    "vLLM loads asynchronously)")
+    turns: str | None = _opt(None, "in a rollout step, simulate agent loops instead: each completion cut at random "
+                                   "into N turns, or LO-HI drawn per completion (e.g. 2-5), a tool call between two "
+                                   "turns (--tool-seconds, --tool-tokens), each later turn a new request of the whole "
+                                   "conversation sent to its session's replica (verl's sticky routing) and prefilled "
+                                   "from that replica's prefix cache while it holds the conversation; rows: vLLM FCFS, "
+                                   "vllm_priority with the plan's priorities on first turns only and on every turn, "
+                                   "steal following later turns or not (simulate.run_multiturn); --budget must hold "
+                                   "the longest conversation")
+    tool_seconds: float = _opt(0.5, "with --turns, the median seconds of a tool call (log-normal, log-sd "
+                                    "--tool-sigma)")
+    tool_sigma: float = _opt(0.5, "with --turns, the log-sd of a tool call's seconds (0: every call --tool-seconds)")
+    tool_tokens: str = _opt("30-600", "with --turns, the tokens a tool's answer adds to the conversation: LO-HI, "
+                                      "drawn log-uniformly, or N")
     draws: int = _opt(0, "in a rollout step, also run every policy on this many more draws of the predictor's "
                          "errors (prompt:SIGMA's, or history's prior; seeds --seed + 1 .. --seed + DRAWS, the "
                          "prompts and completions unchanged) and report each policy's median, best and worst "

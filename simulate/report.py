@@ -383,6 +383,10 @@ ROLLOUT_ONLY = (
     ("train_seconds", "it times the learner of asynchronous RL"),
     ("update_seconds", "it times the weight updates of asynchronous RL"),
     ("max_concurrent", "it caps the groups asynchronous RL keeps in flight"),
+    ("turns", "it cuts a rollout step's completions into turns"),
+    ("tool_seconds", "it times the tool calls of a multi-turn rollout step"),
+    ("tool_sigma", "it times the tool calls of a multi-turn rollout step"),
+    ("tool_tokens", "it sizes the tools' answers in a multi-turn rollout step"),
 )
 
 

@@ -185,6 +185,10 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     opts = resolve(opts)
     check_int("prompts", opts.prompts, minimum=1)
     check_int("replicas", opts.replicas, minimum=1)
+    if opts.turns is None:  # the tool flags without --turns are errors
+        from .multiturn_report import check_multiturn_options
+
+        check_multiturn_options(opts)
     if opts.sweep is not None:
         raise InvalidArgument("sweep", opts.sweep, "no --sweep with --prompts / --replicas (a rollout step has no "
                                                    "sweep)")

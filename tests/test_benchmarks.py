@@ -1027,7 +1027,7 @@ def test_rollout_cold_start_quick(tmp_path):
 
 
 def test_rollout_multiturn_quick(tmp_path):
-    """rollout_multiturn (quick): one row per MULTITURN_ROWS row against vLLM FCFS with verl's sticky routing; a
+    """rollout_multiturn (quick): one row per MULTITURN_RUNS row against vLLM FCFS with verl's sticky routing; a
     setting's ratios are run_multiturn's makespans, the baseline against itself 1; only steal that follows turns
     moves later turns."""
     data = _quick_section(tmp_path, "rollout_multiturn")
@@ -1036,7 +1036,7 @@ def test_rollout_multiturn_quick(tmp_path):
     from simulate import run_multiturn, split_turns
 
     rows = data["rows"]
-    assert [row[0] for row in rows] == [label for label, *_ in bench.MULTITURN_ROWS]
+    assert [row[0] for row in rows] == [label for label, *_ in bench.MULTITURN_RUNS]
     assert rows[0][2:5] == [1.0, 1.0, 1.0] and rows[0][8] == 0.0
     moves = [row[8] for row in rows]
     assert moves[5] > 0 and all(m == 0 for i, m in enumerate(moves) if i not in (5, 6))

@@ -896,3 +896,66 @@ def test_staleness_threshold_picks_verls_rows(capsys):
     assert {"stream: vllm, S=0, 2 local updates (verl 0.9.1 fully async)",
             "async: vllm, S=0.5, 2 local updates (verl 0.9.1 fully async)"} <= set(labels)
     assert not any("S=0.1" in label for label in labels)
+
+
+TURNS = ["simulate", "--prompts", "6", "--replicas", "2", "--group-size", "8", "--max-new-tokens", "1024",
+         "--model", "qwen3-1.7b", "--budget", "4.2GiB", "--turns", "2-4", "--tool-tokens", "20-200"]
+
+
+def test_turns_compare_the_multi_turn_runs_and_name_the_fastest(capsys, tmp_path):
+    """--turns: one row per MULTITURN_RUNS run on the same sessions, each run_multiturn's step; the verdict names the
+    fastest run that needs no oracle, with its gain over vLLM + verl's sticky routing; the JSON file holds it all."""
+    from simulate import run_multiturn, split_turns
+    from simulate.multiturn import MULTITURN_RUNS
+    from simulate.multiturn_report import MULTITURN_LEGEND
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    out_file = tmp_path / "turns.json"
+    assert main(TURNS + ["--output", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("one multi-turn rollout step: 6 prompts x G=8 from castillo")
+    assert "sessions of 2-4 turns" in out
+    for label, *_ in MULTITURN_RUNS:
+        assert label in out
+    for column in MULTITURN_LEGEND:
+        assert f"  {column}: " in out
+    data = json.loads(out_file.read_text())
+    rows = data["rows"]
+    assert [row["run"] for row in rows] == [label for label, *_ in MULTITURN_RUNS]
+    assert rows[0]["x_vllm"] == 1.0 and [row["oracle"] for row in rows] == [False] * 6 + [True]
+    fastest = min((row for row in rows if not row["oracle"]), key=lambda row: row["seconds"])
+    if fastest["seconds"] < rows[0]["seconds"] * (1 - 1e-9):
+        gain = rows[0]["seconds"] / fastest["seconds"] - 1
+        assert data["verdict"] == (f"fastest: {fastest['run']}, {fastest['seconds']:.2f} s, {gain:.1%} faster than "
+                                   f"{rows[0]['run']} ({rows[0]['seconds']:.2f} s)")
+    else:
+        assert data["verdict"].endswith("no run is faster")
+    assert f"verdict: {data['verdict']}" in out
+    # the runs are simulate.run_multiturn's on the step rollout_step makes of the same flags
+    step = rollout_step(SimulateOptions(prompts=6, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                                        budget="4.2GiB"))
+    turns = split_turns(step.groups, turns=(2, 4), tool_tokens=(20, 200), tool_seconds=0.5, tool_sigma=0.5, seed=0)
+    steal = run_multiturn(step.groups, turns, "steal", replicas=2, budget_tokens=step.pool, max_new_tokens=1024,
+                          predicted=step.predicted, cost=step.cost)
+    assert rows[5]["seconds"] == pytest.approx(steal.seconds) and rows[5]["moved_turns"] == steal.moved_turns
+
+
+@pytest.mark.parametrize("extra, name", [
+    (["--turns", "0"], "turns"), (["--turns", "4-2"], "turns"), (["--turns", "two"], "turns"),
+    (["--turns", "2", "--tool-tokens", "9-3"], "tool_tokens"),
+    (["--turns", "2", "--tool-seconds", "0"], "tool_seconds"),
+    (["--turns", "2", "--tool-sigma", "-1"], "tool_sigma"), (["--tool-seconds", "2"], "tool_seconds"),
+    (["--tool-tokens", "5"], "tool_tokens"), (["--turns", "2", "--policies", "vllm"], "policies"),
+    (["--turns", "2", "--steps", "2", "--oversample", "1"], "oversample"),
+    (["--turns", "2", "--predictor", "history"], "predictor"),
+    (["--turns", "2-3", "--tool-tokens", "3000-3000", "--budget", "3.8GiB"], "budget")])
+def test_bad_multi_turn_settings_are_one_line(extra, name, capsys):
+    assert main(SMALL + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lengthsched simulate: error: ") and f"argument '{name}'" in err and err.count("\n") == 1
+
+
+def test_turns_without_a_rollout_step_are_an_error(capsys):
+    assert main(["simulate", "--turns", "2-5"]) == 2
+    assert "--prompts or --replicas with it" in capsys.readouterr().err

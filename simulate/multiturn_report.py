@@ -1,0 +1,183 @@
+"""``lengthsched simulate --prompts B --replicas R --turns LO-HI``: one multi-turn (agentic) rollout step.
+
+Every completion of the step is a session cut at random into turns (:func:`simulate.split_turns`), a tool call
+between two turns; every row of :data:`simulate.multiturn.MULTITURN_RUNS` runs the same sessions
+(:func:`simulate.run_multiturn`) on the same replicas: vLLM FCFS with verl's sticky session routing (the reference),
+the same without a prefix cache, vLLM's priority scheduling with the plan's priorities on first turns only (verl
+0.9.1's ``ToolAgentLoop``) and on every turn (lengthsched's workers), and ``steal`` blind to later turns and
+following them, with ``--predictor``'s predictions, and once with the true lengths (an oracle row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lengthsched import InvalidArgument, LengthschedError
+from lengthsched.errors import check_nonnegative_float, check_positive_float
+
+from .multiturn import MULTITURN_RUNS, MultiTurnResult, run_multiturn, split_turns
+from .options import OPTION_DEFAULTS, SimulateOptions, resolve
+from .report import aligned, legend
+
+__all__ = ["MULTITURN_LEGEND", "MultiTurnComparison", "check_multiturn_options", "compare_multiturn",
+           "format_multiturn", "parse_range"]
+
+#: The columns of the table, and what each means.
+MULTITURN_LEGEND = {
+    "run": "the engines' policy, how later turns are steered, and the predictions ((oracle): every session's true "
+           "length, not available to a real run)",
+    "seconds": "the step's makespan: the last turn's finish (modelled)",
+    "x vllm": "seconds / those of vLLM FCFS with verl's sticky routing (below 1: faster)",
+    "x LB": "seconds / the lower bound (the larger of the single-turn bound over every turn and the slowest "
+            "session's tokens decoded alone plus its tools' seconds)",
+    "preempted": "preemptions (each recomputes what the request had generated)",
+    "prefilled": "tokens prefilled: prompts, conversations of later turns, recomputation",
+    "cached": "share of the later turns that found their conversation in their replica's prefix cache",
+    "moved": "share of the later turns that ran on another replica than their previous turn (stolen or moved)",
+}
+
+
+def parse_range(name: str, text: Any, minimum: int) -> tuple[int, int]:
+    """``N`` or ``LO-HI`` (whole numbers, ``minimum`` <= LO <= HI) as (LO, HI)."""
+    lo, sep, hi = str(text).strip().partition("-")
+    try:
+        low = int(lo)
+        high = int(hi) if sep else low
+    except ValueError:
+        low, high = minimum - 1, minimum - 1
+    if low < minimum or high < low:
+        raise InvalidArgument(name, text, f"N or LO-HI, whole numbers with {minimum} <= LO <= HI (e.g. 2-5)")
+    return low, high
+
+
+def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The turns and tool tokens of ``opts`` (checked); a flag that has no effect on a multi-turn step is an error,
+    and so are the tool flags without ``--turns``."""
+    if opts.turns is None:
+        for name in ("tool_seconds", "tool_sigma", "tool_tokens"):
+            if getattr(opts, name) != OPTION_DEFAULTS[name]:
+                raise InvalidArgument(name, getattr(opts, name), "--turns too (it sets a multi-turn step's tools)")
+        return (1, 1), (0, 0)
+    turns = parse_range("turns", opts.turns, 1)
+    tokens = parse_range("tool_tokens", opts.tool_tokens, 0)
+    check_positive_float("tool_seconds", opts.tool_seconds)
+    check_nonnegative_float("tool_sigma", opts.tool_sigma)
+    for name in ("oversample", "steps", "max_staleness", "in_flight", "headroom", "draws", "plot", "kv_offload",
+                 "resubmit_seconds", "poll_seconds", "policies", "routers", "slots"):
+        value = getattr(opts, name)
+        if value != OPTION_DEFAULTS[name]:
+            raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --turns (its rows are fixed: vLLM "
+                                               "FCFS, vllm_priority and steal, each with and without steering later "
+                                               "turns)")
+    if str(opts.predictor).startswith("history"):
+        raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA or constant:TOKENS with --turns "
+                                                           "(each session's total length, predicted once)")
+    return turns, tokens
+
+
+@dataclass(frozen=True)
+class MultiTurnComparison:
+    options: dict
+    setting: str
+    labels: tuple[str, ...]
+    results: tuple[MultiTurnResult | None, ...]  # None: the run failed (errors says why)
+    errors: tuple[str, ...]
+    oracle: tuple[bool, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        ref = self.results[0]
+        rows = []
+        for label, result, error, oracle in zip(self.labels, self.results, self.errors, self.oracle):
+            if result is None:
+                rows.append({"run": label, "error": error})
+                continue
+            rows.append({"run": label, "oracle": oracle, **dataclasses.asdict(result),
+                         "x_vllm": result.seconds / ref.seconds,
+                         "x_lower_bound": result.seconds / result.lower_bound_seconds})
+        return {"setting": self.setting, "options": self.options, "reference": self.labels[0], "rows": rows,
+                "verdict": multiturn_headline(self)}
+
+
+def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
+    """Every run of :data:`MULTITURN_RUNS` on the multi-turn step ``opts`` describe."""
+    from .rollout_report import rollout_step
+
+    turns_range, tokens = check_multiturn_options(opts)
+    step = rollout_step(dataclasses.replace(opts, turns=None, tool_seconds=OPTION_DEFAULTS["tool_seconds"],
+                                            tool_sigma=OPTION_DEFAULTS["tool_sigma"],
+                                            tool_tokens=OPTION_DEFAULTS["tool_tokens"]))
+    o = resolve(opts)
+    groups = step.groups
+    turns = split_turns(groups, turns=turns_range, tool_tokens=tokens, tool_seconds=float(opts.tool_seconds),
+                        tool_sigma=float(opts.tool_sigma), seed=o.seed)
+    oracle = np.concatenate([np.asarray(g.lengths, dtype=np.int64) for g in groups])
+    known = {None: None, "given": step.predicted, "oracle": oracle}
+    labels, results, errors, oracles = [], [], [], []
+    for label, policy, follow, cache, pred in MULTITURN_RUNS:
+        labels.append(label)
+        oracles.append(pred == "oracle")
+        try:
+            results.append(run_multiturn(groups, turns, policy, replicas=o.replicas, budget_tokens=step.pool,
+                                         max_new_tokens=o.max_new_tokens, predicted=known[pred], cost=step.cost,
+                                         prefill_chunk=o.prefill_chunk, follow_turns=follow, prefix_cache=cache))
+            errors.append("")
+        except InvalidArgument as exc:
+            if exc.name == "budget_tokens":
+                raise InvalidArgument("budget", o.budget, f"a replica memory whose KV pool ({step.pool:,} tokens) "
+                                                          f"holds the longest conversation: {exc}") from None
+            raise
+        except LengthschedError as exc:
+            results.append(None)
+            errors.append(str(exc))
+    if results[0] is None:
+        raise InvalidArgument("budget", o.budget, f"a setting the reference run can simulate: {errors[0]}")
+    count = turns.count
+    span = str(turns_range[0]) if turns_range[0] == turns_range[1] else f"{turns_range[0]}-{turns_range[1]}"
+    setting = (f"one multi-turn rollout step: {o.prompts} prompts x G={len(groups[0].lengths)} from {o.workload} "
+               f"(L_max={o.max_new_tokens} generated per session) as sessions of {span} turns "
+               f"({count:,} turns in all), tool calls of median {opts.tool_seconds:g} s (log-sd "
+               f"{opts.tool_sigma:g}) answering {tokens[0]}-{tokens[1]} tokens, on {o.replicas} replicas of "
+               f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
+               f"{step.pool:,} KV tokens; verl's sticky session routing; predictor {o.predictor}; seconds modelled "
+               f"for {step.cost.model} on {step.cost.gpu}")
+    return MultiTurnComparison(dataclasses.asdict(opts), setting, tuple(labels), tuple(results), tuple(errors),
+                               tuple(oracles))
+
+
+def multiturn_headline(comparison: MultiTurnComparison) -> str:
+    """One line: the fastest run that needs no oracle, against vLLM + verl."""
+    ref = comparison.results[0]
+    ran = [(label, r) for label, r, oracle in zip(comparison.labels, comparison.results, comparison.oracle)
+           if r is not None and not oracle]
+    label, best = min(ran, key=lambda x: x[1].seconds)
+    if best.seconds >= ref.seconds * (1 - 1e-9):
+        return f"fastest: {comparison.labels[0]} ({ref.seconds:.2f} s); no run is faster"
+    gain = ref.seconds / best.seconds - 1
+    return (f"fastest: {label}, {best.seconds:.2f} s, {gain:.1%} faster than {comparison.labels[0]} "
+            f"({ref.seconds:.2f} s)")
+
+
+def format_multiturn(comparison: MultiTurnComparison) -> str:
+    """The comparison as an aligned table (the reference first, then the runs in :data:`MULTITURN_RUNS` order)."""
+    ref = comparison.results[0]
+    head = list(MULTITURN_LEGEND)
+    table = [head]
+    for label, r, oracle in zip(comparison.labels, comparison.results, comparison.oracle):
+        name = label + (" (oracle)" if oracle and "oracle" not in label else "")
+        if r is None:
+            table.append([name, "fails"] + ["-"] * (len(head) - 2))
+            continue
+        later = max(r.later_turns, 1)
+        table.append([name, f"{r.seconds:.2f}", f"{r.seconds / ref.seconds:.3f}",
+                      f"{r.seconds / r.lower_bound_seconds:.3f}", f"{r.preemptions:,}", f"{r.prefill_tokens:,}",
+                      f"{r.cache_hits / later:.1%}", f"{r.moved_turns / later:.1%}"])
+    lines = [comparison.setting, ""] + aligned(table)
+    errors = [f"  {label}: {error}" for label, error in zip(comparison.labels, comparison.errors) if error]
+    if errors:
+        lines += ["", "could not run:"] + errors
+    lines += ["", "verdict: " + multiturn_headline(comparison), "", "columns:", legend(MULTITURN_LEGEND, head)]
+    return "\n".join(lines)
