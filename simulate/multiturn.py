@@ -38,8 +38,11 @@ Policies (``MULTITURN_POLICIES``):
 - ``steal``: the project's policy (``lengthsched.runtime.dispatch.WorkStealing``) over the sessions' first
   turns, placed as it places requests; a later turn joins its session's replica's queue. With
   ``follow_turns`` it may be stolen or moved like any request, its predicted work what the session's
-  prediction leaves after the earlier turns (``StealDriver(turns=True)``); without, the stealing never
-  sees it (a driver that follows first turns only).
+  prediction leaves after the earlier turns; without, the stealing never sees it.
+- ``steal_observed``: the same, every steal and move decided by a
+  :class:`~lengthsched.integrations.StealCoordinator` from the replicas' snapshots, as lengthsched's verl
+  drivers decide (``StealDriver(turns=True)`` with ``follow_turns``: every later turn submitted to it, its
+  prompt the conversation; without, it is told of first turns only, as ``StealDriver(turns=False)``).
 """
 
 from __future__ import annotations
@@ -61,12 +64,12 @@ from lengthsched.runtime.dispatch import GroupQueue
 from lengthsched.runtime.replicas import prompt_blocks
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
-from .rollout import _lower_bound, _OneClock, _prepare, route, share_board, steal_ways
+from .rollout import _lower_bound, _OneClock, _prepare, observe_board, route, share_board, steal_ways
 
 __all__ = ["MULTITURN_POLICIES", "MULTITURN_RUNS", "MultiTurnResult", "Turns", "run_multiturn", "split_turns"]
 
 #: The policies :func:`run_multiturn` models.
-MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal")
+MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal", "steal_observed")
 
 #: The runs a multi-turn comparison makes (``lengthsched simulate --turns``, ``bench_simulate.py --sections
 #: rollout_multiturn``): (label, policy, follow_turns, prefix_cache, predictions: None, "given" or "oracle"); the
@@ -79,7 +82,11 @@ MULTITURN_RUNS = (
     ("vllm_priority, the session's priority on every turn (SessionPriorityClient)", "vllm_priority", True, True,
      "given"),
     ("steal, first turns only (a driver that does not follow turns)", "steal", False, True, "given"),
-    ("steal, every turn (StealDriver(turns=True))", "steal", True, True, "given"),
+    ("steal, every turn", "steal", True, True, "given"),
+    ("steal_observed, first turns only (StealDriver(turns=False): decided from snapshots)", "steal_observed", False,
+     True, "given"),
+    ("steal_observed, every turn (StealDriver(turns=True): decided from snapshots)", "steal_observed", True, True,
+     "given"),
     ("steal, every turn, oracle predictions", "steal", True, True, "oracle"),
 )
 
@@ -188,7 +195,7 @@ def _enqueue(pol: Any, job: int, arrival: int) -> None:
 def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, replicas: int = 1,
                   budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None,
                   prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, follow_turns: bool = True,
-                  prefix_cache: bool = True) -> MultiTurnResult:
+                  prefix_cache: bool = True, snapshot_seconds: float | None = None) -> MultiTurnResult:
     """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
     ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
     :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
@@ -198,9 +205,16 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     predictor gives siblings the same number), or None; ``cost``: the step-cost model (default Qwen3-1.7B
     on the H100 preset); ``follow_turns``: whether the policy steers later turns (``vllm_priority``:
     their session's priority; ``steal``: they may be stolen and moved); ``prefix_cache``: whether a
-    replica keeps a conversation (and a prompt with nothing running) cached for the next turn."""
+    replica keeps a conversation (and a prompt with nothing running) cached for the next turn;
+    ``snapshot_seconds``: for ``steal_observed``, the modelled seconds between a replica's snapshots at least
+    (``run_rollout``'s; None: the policy's own)."""
     if policy not in MULTITURN_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
+    if snapshot_seconds is not None:
+        snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
+        if policy != "steal_observed":
+            raise InvalidArgument("snapshot_seconds", snapshot_seconds, "None with policy " + repr(policy)
+                                  + " (steal_observed decides from snapshots)")
     if not isinstance(turns, Turns):
         raise InvalidArgument("turns", type(turns).__name__, "a simulate.multiturn.Turns (split_turns)")
     if hasattr(predicted, "observe") or hasattr(predicted, "predict"):
@@ -278,6 +292,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         engines.append(eng)
         pols.append(pol)
     first = np.flatnonzero(level == 0)  # = session ids, in order
+    coord = None
     if steals:
         work, ways = steal_ways(groups, pred, budget, replicas, common["max_new"], cls)
         placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
@@ -285,16 +300,25 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         pinned = set() if follow_turns else set(np.flatnonzero(level > 0).tolist())
         for pol in pols:
             pol.pinned = pinned
+        if hasattr(pols[0], "coord"):  # steal_observed: a coordinator told what is submitted where
+            coord = observe_board(pols, budget, snapshot_seconds)
     else:
         placed = route(groups, "least_loaded", replicas)  # verl: each session to the server with fewest sessions
     where = np.full(n, -1, dtype=np.int64)  # the replica each turn is sent to
     arrived = 0  # requests that reached an engine so far
-    for j in first.tolist():
-        r = int(placed[j])
-        where[j] = r
-        _enqueue(pols[r], j, arrived)
+
+    def send(job: int, r: int) -> None:  # ``job`` joins the back of replica r's queue
+        nonlocal arrived
+        _enqueue(pols[r], job, arrived)
         arrived += 1
-        engines[r].claim(j)
+        engines[r].claim(job)
+        if coord is not None and (follow_turns or not level[job]):  # a driver that sees it
+            coord.submit(job, r, float(pols[0].work[job]), prompt_tokens=int(context[job]),
+                         group=int(job_owner[job]))
+
+    for j in first.tolist():
+        where[j] = int(placed[j])
+        send(j, int(placed[j]))
 
     clock = _OneClock(engines)
     idle, wake = clock.idle, clock.wake
@@ -309,9 +333,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                 _, job = heapq.heappop(arrivals)
                 target = int(where[job])
                 heapq.heappop(due[target])
-                _enqueue(pols[target], job, arrived)
-                arrived += 1
-                engines[target].claim(job)
+                send(job, target)
                 wake((target,), now)
                 if steals and idle:  # the idle may steal it
                     wake(list(idle), now)

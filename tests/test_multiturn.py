@@ -86,19 +86,25 @@ def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, polic
     assert out.lower_bound_seconds <= out.seconds * (1 + 1e-9)
     assert out.later_turns == turns.count - len(turns.lengths)
     assert out.cache_hits <= out.later_turns and (cache or out.cache_hits == 0)
-    if policy != "steal" or not follow:
+    if not policy.startswith("steal") or not follow:
         assert out.moved_turns == 0
+
+
+def _piled_up():
+    """Two prompts whose sessions alternate long and short second turns: each group spread over both replicas,
+    every long second turn lands on replica 0 (sticky turns) and waits there for memory."""
+    lengths = np.array([1200, 20] * 3)
+    groups = [Group("a", 32, lengths), Group("b", 32, lengths)]
+    turns = Turns(tuple(np.array([10, x - 10]) for _ in groups for x in lengths), tuple([np.array([16])] * 12),
+                  tuple([np.array([0.2])] * 12))
+    return groups, turns, dict(replicas=2, budget_tokens=3 * 1280, max_new_tokens=1300, predicted=np.full(12, 600))
 
 
 def test_stealing_that_follows_turns_moves_later_turns_that_wait():
     """Sessions alternate long and short second turns, so every long one lands on replica 0 (each group spread
     over both replicas, sticky turns) and waits there for memory; the stealing that follows turns takes some to
     replica 1 and ends sooner than the one that sees first turns only (the same as vLLM with verl's routing)."""
-    lengths = np.array([1200, 20] * 3)
-    groups = [Group("a", 32, lengths), Group("b", 32, lengths)]
-    turns = Turns(tuple(np.array([10, x - 10]) for _ in groups for x in lengths), tuple([np.array([16])] * 12),
-                  tuple([np.array([0.2])] * 12))
-    kwargs = dict(replicas=2, budget_tokens=3 * 1280, max_new_tokens=1300, predicted=np.full(12, 600))
+    groups, turns, kwargs = _piled_up()
     placed = run_multiturn(groups, turns, "steal", follow_turns=False, **kwargs)
     followed = run_multiturn(groups, turns, "steal", **kwargs)
     verl = run_multiturn(groups, turns, "vllm", **kwargs)
@@ -168,3 +174,18 @@ def test_engine_caches_conversations_in_the_pool_and_evicts_the_oldest_first():
     eng.advance(1, False)
     assert eng.step_log().prefill_tokens.tolist() == [1]
     assert eng.evict_idle() == 0
+
+
+def test_steal_observed_submits_later_turns_to_its_coordinator_only_when_it_follows_them():
+    """steal_observed decides from snapshots through a StealCoordinator: told of first turns only, it never moves a
+    later turn; told of every turn, it takes long later turns that wait to the other replica, as steal does."""
+    groups, turns, kwargs = _piled_up()
+    blind = run_multiturn(groups, turns, "steal_observed", follow_turns=False, **kwargs)
+    followed = run_multiturn(groups, turns, "steal_observed", **kwargs)
+    polled = run_multiturn(groups, turns, "steal_observed", snapshot_seconds=0.25, **kwargs)
+    assert blind.moved_turns == 0 and followed.moved_turns > 0 and polled.moved_turns > 0
+    assert followed.seconds < 0.8 * blind.seconds and polled.seconds < 0.9 * blind.seconds
+    with pytest.raises(InvalidArgument, match="snapshot_seconds"):
+        run_multiturn(groups, turns, "steal", snapshot_seconds=0.25, **kwargs)
+    with pytest.raises(InvalidArgument, match="snapshot_seconds"):
+        run_multiturn(groups, turns, "steal_observed", snapshot_seconds=0.0, **kwargs)
