@@ -41,8 +41,9 @@ Policies (``MULTITURN_POLICIES``):
   prediction leaves after the earlier turns; without, the stealing never sees it.
 - ``steal_observed``: the same, every steal and move decided by a
   :class:`~lengthsched.integrations.StealCoordinator` from the replicas' snapshots, as lengthsched's verl
-  drivers decide (``StealDriver(turns=True)`` with ``follow_turns``: every later turn submitted to it, its
-  prompt the conversation; without, it is told of first turns only, as ``StealDriver(turns=False)``).
+  drivers decide (``StealDriver(turns=True)`` with ``follow_turns``: the coordinator learns of a later turn
+  from the first snapshot of its replica that shows it, as the driver does, its prompt the conversation;
+  without, it is told of first turns only, as ``StealDriver(turns=False)``).
 """
 
 from __future__ import annotations
@@ -302,6 +303,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
             pol.pinned = pinned
         if hasattr(pols[0], "coord"):  # steal_observed: a coordinator told what is submitted where
             coord = observe_board(pols, budget, snapshot_seconds)
+            for pol in pols[1:]:
+                pol.unannounced = pols[0].unannounced
     else:
         placed = route(groups, "least_loaded", replicas)  # verl: each session to the server with fewest sessions
     where = np.full(n, -1, dtype=np.int64)  # the replica each turn is sent to
@@ -313,8 +316,11 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         arrived += 1
         engines[r].claim(job)
         if coord is not None and (follow_turns or not level[job]):  # a driver that sees it
-            coord.submit(job, r, float(pols[0].work[job]), prompt_tokens=int(context[job]),
-                         group=int(job_owner[job]))
+            told = dict(predicted=float(pols[0].work[job]), prompt_tokens=int(context[job]), group=int(job_owner[job]))
+            if level[job]:  # a later turn: the driver learns of it from the first snapshot that shows it
+                pols[0].unannounced[job] = told
+            else:  # a first turn: submitted by the manager
+                coord.submit(job, r, **told)
 
     for j in first.tolist():
         where[j] = int(placed[j])

@@ -189,3 +189,18 @@ def test_steal_observed_submits_later_turns_to_its_coordinator_only_when_it_foll
         run_multiturn(groups, turns, "steal", snapshot_seconds=0.25, **kwargs)
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):
         run_multiturn(groups, turns, "steal_observed", snapshot_seconds=0.0, **kwargs)
+
+
+def test_steal_observed_takes_a_later_turn_only_after_a_snapshot_shows_it():
+    """In pools that hold every session nothing waits: the driver's coordinator, which learns of a later turn from
+    the first snapshot that shows it on its engine (running by then), steals none, though replicas whose sessions
+    sit in tool calls look idle while later turns arrive elsewhere; it makes only the moves of running turns to
+    idle replicas that steal, which sees the engines, makes (the same step)."""
+    groups = _groups([8, 8, 8, 8], seed=4, high=400)
+    turns = split_turns(groups, turns=(3, 5), tool_tokens=(10, 50), tool_seconds=0.2, seed=4)
+    predicted = np.concatenate([np.full(8, int(np.median(g.lengths))) for g in groups])
+    kwargs = dict(replicas=4, budget_tokens=200_000, max_new_tokens=400, predicted=predicted)
+    observed = run_multiturn(groups, turns, "steal_observed", **kwargs)
+    engines = run_multiturn(groups, turns, "steal", **kwargs)
+    assert observed.later_turns > 50 and observed.preemptions == 0
+    assert observed.moved_turns == engines.moved_turns and observed.seconds == pytest.approx(engines.seconds)

@@ -639,6 +639,10 @@ class StealObserved(WorkStealing):
                  keys: Sequence[Any] = ()):
         super().__init__(problem, queue, replica, keys)
         self.coord: StealCoordinator | None = None  # set by the caller in a rollout
+        # Requests the coordinator learns of from the first snapshot that shows them (shared, set by the caller):
+        # request -> keyword arguments of its StealCoordinator.submit (a multi-turn session's later turns, which
+        # a framework's driver sees only once they are on an engine; simulate.run_multiturn).
+        self.unannounced: dict[int, dict] = {}
         self._collected = 0  # finishes already reported
         self._snapshot_at: int | None = None  # the step of this replica's last snapshot
         self._snapshot_seconds = 0.0  # and its modelled seconds
@@ -666,6 +670,9 @@ class StealObserved(WorkStealing):
         done = eng.done.__getitem__
         snapshot.update(zip(self.waiting, map(done, self.waiting)))
         snapshot.update(zip(eng.loading, map(done, eng.loading)))  # in flight, waiting for their KV
+        if self.unannounced:
+            for job in [j for j in snapshot if j in self.unannounced]:
+                self.coord.submit(job, self.replica, generated=snapshot[job], **self.unannounced.pop(job))
         self.coord.observe(self.replica, snapshot)
         changed = False
         for move in self.coord.decide(thieves={self.replica, *self.idle_now}, sources={self.replica}):
