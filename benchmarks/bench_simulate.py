@@ -2477,6 +2477,34 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
     return text, {"rows": rows, "settings": settings}
 
 
+def multiturn_speed(quick: bool) -> tuple[str, list]:
+    """Wall time of one simulated multi-turn step of 256 prompts x 16 on 8 replicas (2-5 turns, tools of median
+    0.5 s), per MULTITURN_RUNS run, one core."""
+    from simulate import run_multiturn, split_turns
+
+    pin_one_core()
+    rows = []
+    for workload in ("castillo", "long tail"):
+        groups, realistic, oracle, _ = rollout_groups(workload, 64 if quick else 256, ROLLOUT_SEED)
+        turns = split_turns(groups, tool_seconds=0.5, tool_sigma=0.5, seed=ROLLOUT_SEED)
+        known = {"given": realistic, "oracle": oracle, None: None}
+        for factor in ((4,) if quick else (2, 16)):
+            for label, policy, follow, cache, pred in MULTITURN_RUNS:
+                times = []
+                for _ in range(1 if quick else 3):
+                    start = time.perf_counter()
+                    run_multiturn(groups, turns, policy, replicas=8, budget_tokens=factor * MULTITURN_CONTEXT,
+                                  max_new_tokens=4096, predicted=known[pred], follow_turns=follow,
+                                  prefix_cache=cache)
+                    times.append(time.perf_counter() - start)
+                rows.append([workload, f"{factor} x 8192", label, turns.count, statistics.median(times)])
+    unpin()
+    worst = max(r[4] for r in rows)
+    return table(f"Simulating one multi-turn step of {64 if quick else 256} prompts x 16 on 8 replicas (2-5 turns, "
+                 f"tools of median 0.5 s): wall seconds per run on one core (median of {1 if quick else 3}); the "
+                 f"slowest takes {worst:.2f} s", ["workload", "pool", "run", "turns", "wall seconds"], rows), rows
+
+
 # The first step of a run with lengthsched's verl integrations and no trained predictor: their default
 # (OnlineLengthPredictor, RolloutPlanner) predicts response_length / 2 for every completion until it has seen a
 # length. COLD_START_LENGTH is that at L_max 4096.
@@ -3055,7 +3083,8 @@ def main(argv=None) -> int:
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
-                "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn, "paper": paper,
+                "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn,
+                "multiturn_speed": multiturn_speed, "paper": paper,
                 "batches": batches, "speed": speed,
                 "scaling": scaling}
     for name in args.sections.split(","):

@@ -1050,3 +1050,14 @@ def test_rollout_multiturn_quick(tmp_path):
     followed = run_multiturn(groups, turns, "steal", predicted=realistic, **kwargs)
     assert base == pytest.approx(verl.seconds) and bound == pytest.approx(verl.lower_bound_seconds / verl.seconds)
     assert ratios[4] == pytest.approx(followed.seconds / verl.seconds)
+
+
+def test_multiturn_speed_quick(tmp_path):
+    """multiturn_speed (quick): a wall time for every MULTITURN_RUNS run on each workload, the step's turns counted."""
+    data = _quick_section(tmp_path, "multiturn_speed")
+    import bench_simulate as bench
+
+    rows = data["rows"]
+    assert [row[2] for row in rows] == [label for label, *_ in bench.MULTITURN_RUNS] * 2
+    assert {row[0] for row in rows} == {"castillo", "long tail"}
+    assert all(row[3] > 64 * 16 and row[4] > 0 for row in rows)
