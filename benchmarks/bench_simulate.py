@@ -2466,6 +2466,8 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
         base = out[base_label][0]
         settings.append([u[0], u[1], u[2], u[3], u[4], base, out[base_label][1] / base]
                         + [out[label][0] / base for label, *_ in MULTITURN_RUNS[1:]])
+    if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None:
+        _multiturn_figure(settings, ROOT / "docs" / "figures" / "multiturn.png")
     text = table(f"Multi-turn steps ({_cost_label()}, seed {ROLLOUT_SEED}; sessions of 2-5 turns, tools of median "
                  "0.5 or 2 s answering 30-600 tokens; pools 2, 4 and 16 x 8192 tokens; verl's sticky session "
                  "routing): makespan x vLLM FCFS", ["row", "settings", "mean", "best", "worst", "slower by > 0.1%",
@@ -2475,6 +2477,37 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
                             ["workload", "prompts", "replicas", "pool x 8192", "tool median s", "vllm seconds",
                              "LB"] + [label for label, *_ in MULTITURN_RUNS[1:]], settings)
     return text, {"rows": rows, "settings": settings}
+
+
+def _multiturn_figure(settings: list, path) -> None:
+    """Makespan / vLLM + verl's of every multi-turn setting, per run (one dot per setting, one colour per workload;
+    hollow dots: tools of median 2 s)."""
+    from simulate.plots import pyplot, save_figure
+
+    plt = pyplot()
+    labels = [label for label, *_ in MULTITURN_RUNS[1:]]
+    fig, ax = plt.subplots(figsize=(11, 5.2))
+    rng = np.random.default_rng(0)
+    for workload, color in (("castillo", "#1f77b4"), ("long tail", "#ff7f0e")):
+        for tool, fill in ((0.5, True), (2.0, False)):
+            mine = [row for row in settings if row[0] == workload and row[4] == tool]
+            for i in range(len(labels)):
+                ys = [row[7 + i] for row in mine]
+                ax.scatter(i + rng.uniform(-0.25, 0.25, len(ys)), ys, s=14, alpha=0.7,
+                           facecolors=color if fill else "none", edgecolors=color,
+                           label=f"{workload}, tools {tool:g} s" if i == 0 else None)
+    for i in range(len(labels)):
+        ax.plot([i - 0.35, i + 0.35], [np.mean([row[7 + i] for row in settings])] * 2, color="black", linewidth=1.5,
+                label="mean over the settings" if i == 0 else None)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+    short = [label.split(" (")[0] for label in labels]
+    ax.set_xticks(range(len(labels)), short, rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("modelled makespan / vLLM FCFS + verl's sticky routing")
+    ax.set_title(f"Multi-turn steps: one dot per setting (64 x 16 on 4 and 256 x 16 on 8 replicas, pools 2-16 x 8192; "
+                 f"{_cost_label()})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 def multiturn_speed(quick: bool) -> tuple[str, list]:
