@@ -196,7 +196,8 @@ def _enqueue(pol: Any, job: int, arrival: int) -> None:
 def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, replicas: int = 1,
                   budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None,
                   prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, follow_turns: bool = True,
-                  prefix_cache: bool = True, snapshot_seconds: float | None = None) -> MultiTurnResult:
+                  prefix_cache: bool = True, snapshot_seconds: float | None = None,
+                  max_num_seqs: int | None = None) -> MultiTurnResult:
     """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
     ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
     :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
@@ -208,7 +209,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     their session's priority; ``steal``: they may be stolen and moved); ``prefix_cache``: whether a
     replica keeps a conversation (and a prompt with nothing running) cached for the next turn;
     ``snapshot_seconds``: for ``steal_observed``, the modelled seconds between a replica's snapshots at least
-    (``run_rollout``'s; None: the policy's own)."""
+    (``run_rollout``'s; None: the policy's own); ``max_num_seqs``: requests each replica runs at once at most
+    (vLLM's ``max_num_seqs``; None: only the pool limits them)."""
     if policy not in MULTITURN_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
     if snapshot_seconds is not None:
@@ -222,7 +224,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         raise InvalidArgument("predicted", type(predicted).__name__, "predicted lengths per session (a predictor "
                                                                      "object is not modelled in multi-turn steps)")
     spec, groups, _, flat, owner, _, common = _prepare(groups, policy, replicas, budget_tokens, max_new_tokens,
-                                                        predicted, cost, 0, prefill_chunk, False)
+                                                        predicted, cost, 0, prefill_chunk, False, max_num_seqs)
     if len(turns.lengths) != len(flat):
         raise InvalidArgument("turns", f"{len(turns.lengths)} sessions", f"{len(flat)}, one per completion")
     totals = np.array([int(x.sum()) for x in turns.lengths], dtype=np.int64)

@@ -67,7 +67,7 @@ def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tup
     check_positive_float("tool_seconds", opts.tool_seconds)
     check_nonnegative_float("tool_sigma", opts.tool_sigma)
     for name in ("oversample", "steps", "max_staleness", "in_flight", "headroom", "draws", "plot", "kv_offload",
-                 "resubmit_seconds", "poll_seconds", "policies", "routers", "slots"):
+                 "resubmit_seconds", "poll_seconds", "policies", "routers"):
         value = getattr(opts, name)
         if value != OPTION_DEFAULTS[name]:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --turns (its rows are fixed: vLLM "
@@ -123,7 +123,8 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
         try:
             results.append(run_multiturn(groups, turns, policy, replicas=o.replicas, budget_tokens=step.pool,
                                          max_new_tokens=o.max_new_tokens, predicted=known[pred], cost=step.cost,
-                                         prefill_chunk=o.prefill_chunk, follow_turns=follow, prefix_cache=cache))
+                                         prefill_chunk=o.prefill_chunk, follow_turns=follow, prefix_cache=cache,
+                                         max_num_seqs=o.slots))
             errors.append("")
         except InvalidArgument as exc:
             if exc.name == "budget_tokens":

@@ -204,3 +204,17 @@ def test_steal_observed_takes_a_later_turn_only_after_a_snapshot_shows_it():
     engines = run_multiturn(groups, turns, "steal", **kwargs)
     assert observed.later_turns > 50 and observed.preemptions == 0
     assert observed.moved_turns == engines.moved_turns and observed.seconds == pytest.approx(engines.seconds)
+
+
+def test_a_running_cap_limits_each_replica():
+    """max_num_seqs: each replica runs at most that many turns at once (vLLM's max_num_seqs), so the step is slower
+    than with the pool alone; a bad cap is an error naming it."""
+    groups = _groups([6, 6], seed=2)
+    turns = split_turns(groups, turns=(2, 3), tool_seconds=0.1, seed=2)
+    kwargs = dict(replicas=2, budget_tokens=50_000, max_new_tokens=400)
+    free = run_multiturn(groups, turns, "vllm", **kwargs)
+    capped = run_multiturn(groups, turns, "vllm", max_num_seqs=1, **kwargs)
+    two = run_multiturn(groups, turns, "vllm", max_num_seqs=2, **kwargs)
+    assert capped.seconds > two.seconds > free.seconds and capped.seconds > 1.2 * free.seconds
+    with pytest.raises(InvalidArgument, match="max_num_seqs"):
+        run_multiturn(groups, turns, "vllm", max_num_seqs=0, **kwargs)
