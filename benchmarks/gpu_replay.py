@@ -50,6 +50,9 @@ from lengthsched.errors import InvalidArgument
 from lengthsched.memory import ModelMemory
 
 DEFAULT_POLICIES = "vllm:least_loaded,vllm_priority:least_loaded,seer,steal"
+#: --turns: vLLM FCFS (the baseline), vLLM priority with every turn's session priority, steal blind to later turns
+#: and following them.
+MULTITURN_DEFAULT = "vllm,vllm_priority+,steal,steal+"
 
 
 def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
@@ -122,12 +125,19 @@ def split_router(router: str | None) -> tuple[str | None, int | None]:
     return base, int(per)
 
 
-def check_policies(ap, text: str) -> None:
+def check_policies(ap, text: str, turns: bool = False) -> None:
     """--policies names rollout policies of the registry and routers of simulate.ROUTERS or slime_plan (sglang
-    only), each optionally ROUTER@K (else a usage error)."""
+    only), each optionally ROUTER@K (else a usage error); with ``turns``, policies of
+    simulate.MULTITURN_POLICIES, each optionally POLICY+ (it follows later turns), and no router."""
     from lengthsched.runtime import POLICIES
-    from simulate import ROUTERS
+    from simulate import MULTITURN_POLICIES, ROUTERS
 
+    if turns:
+        for name, router in parse_policies(text):
+            if name.rstrip("+") not in MULTITURN_POLICIES or router is not None:
+                ap.error(f"--policies {text!r} with --turns: {name!r}; expected POLICY or POLICY+ (following later "
+                         f"turns) with POLICY one of {', '.join(MULTITURN_POLICIES)}, no router")
+        return
     try:
         items = parse_policies(text)
         routers = [split_router(router) for _, router in items]
@@ -146,20 +156,30 @@ def check_policies(ap, text: str) -> None:
 
 def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]:
     """Each policy's rollout of the setting: makespan, replica seconds and every step, expanded (with
-    ``fitted``, also the makespan of the same steps priced by it, ``fitted_seconds``)."""
-    from bench_simulate import _rollout_setting
+    ``fitted``, also the makespan of the same steps priced by it, ``fitted_seconds``). With ``args.turns``
+    (LO, HI), a multi-turn step (``simulate.run_multiturn``: sessions of LO-HI turns, tools of median
+    ``args.tool_seconds``, a pool of ``args.factor`` x 8192 tokens; a policy named POLICY+ follows later turns)."""
+    from bench_simulate import MULTITURN_CONTEXT, _rollout_setting
 
-    from simulate import run_rollout, run_slime_planned
+    from simulate import run_multiturn, run_rollout, run_slime_planned, split_turns
 
     groups, realistic, oracle, constant, common = _rollout_setting(args.workload, args.prompts, args.replicas,
                                                                    args.factor, args.seed, None)
     common["cost"] = cost
     pred = {"realistic": realistic, "oracle": oracle, "constant": constant, "none": None}[args.predictions]
+    spec_turns = getattr(args, "turns", None)
+    turns = None if spec_turns is None else split_turns(groups, turns=spec_turns, tool_seconds=args.tool_seconds,
+                                                         tool_sigma=0.5, seed=args.seed)
     runs = []
     for name, spec in parse_policies(args.policies):
         router, per = split_router(spec)
         cap = None if per is None else per * args.replicas
-        if router == SLIME_PLAN:  # slime with lengthsched.integrations.slime: its plan and client queues
+        if turns is not None:  # a multi-turn step; POLICY+ follows later turns
+            base, follow = name.rstrip("+"), name.endswith("+")
+            r = run_multiturn(groups, turns, base, replicas=args.replicas, max_new_tokens=common["max_new_tokens"],
+                              budget_tokens=args.factor * MULTITURN_CONTEXT, cost=cost,
+                              predicted=None if base == "vllm" else pred, follow_turns=follow)
+        elif router == SLIME_PLAN:  # slime with lengthsched.integrations.slime: its plan and client queues
             if pred is None:
                 raise InvalidArgument("--predictions", "none", f"predictions for {SLIME_PLAN} (it plans from them)")
             r, _ = run_slime_planned(groups, pred, in_flight=cap, **common)
@@ -312,7 +332,14 @@ def main(argv=None) -> int:
                          "bundled CASTILLO prompt's length) or a number of tokens")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--factor", type=int, default=2, help="KV pool per replica in L_max (4096 tokens)")
+    ap.add_argument("--factor", type=int, default=2, help="KV pool per replica in L_max (4096 tokens); with "
+                                                         "--turns in 8192 tokens (the longest conversation)")
+    ap.add_argument("--turns", default=None, help="LO-HI: a multi-turn step instead (simulate.run_multiturn: every "
+                                                  "completion cut into LO-HI turns, a tool call between two; "
+                                                  "--policies then POLICY or POLICY+ of "
+                                                  "simulate.MULTITURN_POLICIES, + following later turns; default "
+                                                  "vllm,vllm_priority+,steal,steal+)")
+    ap.add_argument("--tool-seconds", type=float, default=0.5, help="with --turns, the tools' median seconds")
     ap.add_argument("--seed", type=int, default=11, help="the grid's draw (bench_simulate --seed)")
     ap.add_argument("--predictions", default="realistic", choices=("realistic", "oracle", "constant", "none"))
     ap.add_argument("--policies", default=DEFAULT_POLICIES,
@@ -329,7 +356,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="report JSON (default benchmarks/results/replay_<card>.json)")
     args = ap.parse_args(argv)
     start = time.monotonic()
-    check_policies(ap, args.policies)
+    if args.turns is not None:
+        lo, sep, hi = args.turns.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())) or int(lo) < 1 or int(hi or lo) < int(lo):
+            ap.error(f"--turns {args.turns!r}: expected N or LO-HI with 1 <= LO <= HI")
+        args.turns = (int(lo), int(hi or lo))
+        if args.tool_seconds <= 0:
+            ap.error(f"--tool-seconds {args.tool_seconds}: expected seconds > 0")
+        if args.policies == DEFAULT_POLICIES:
+            args.policies = MULTITURN_DEFAULT
+    check_policies(ap, args.policies, turns=args.turns is not None)
     if args.long_tail_prompts is not None:
         from bench_simulate import long_tail_workload
 
@@ -384,8 +420,10 @@ def main(argv=None) -> int:
                "model": "tiny-qwen3 (--quick)" if args.quick else f"{name} shapes, random weights",
                "command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
                "setting": {"workload": args.workload, "prompts": args.prompts, "group": 16,
-                           "replicas": args.replicas, "pool": f"{args.factor} x L_max", "seed": args.seed,
-                           "predictions": args.predictions},
+                           "replicas": args.replicas, "seed": args.seed, "predictions": args.predictions,
+                           "pool": f"{args.factor} x L_max" if args.turns is None else f"{args.factor} x 8192",
+                           **({} if args.turns is None else {"turns": list(args.turns),
+                                                             "tool_seconds": args.tool_seconds})},
                "cost": f"{cost.model} on the {cost.gpu} preset", "fitted": args.fitted or None,
                "note": "CPU run: checks the code path, not GPU evidence" if device.type != "cuda" else None}
     deadline = start + args.budget_seconds

@@ -16,7 +16,9 @@
 # POLICIES (POLICY[:ROUTER[@K]], comma-separated, the first the baseline) replaces gpu_replay.py's default
 # four; REPORT_SUFFIX is appended to the reports' names (gpu_replay_slime.sh sets _slime).
 # LONG_TAIL_PROMPTS (castillo or a number of tokens) gives the long tail's groups prompts (its trace has
-# none); the reports are then named ..._prompts<value>.
+# none); the reports are then named ..._prompts<value>. TURNS (N or LO-HI) replays multi-turn steps instead
+# (gpu_replay.py --turns; POOL then in 8192-token units; gpu_replay_multiturn.sh sets it); TOOL_SECONDS their
+# tools' median seconds (default 0.5).
 #
 # CPU check of the script itself (tiny model, a minute):
 #     DEVICE=cpu QUICK=1 PYTHON=.venv/bin/python bash benchmarks/gpu_replay.sh /tmp/gpu-replay-check
@@ -48,8 +50,9 @@ for i in "${!LIST[@]}"; do
     if [ "$MODEL" != qwen3-1.7b ]; then name+="_$MODEL"; fi
     name+="${REPORT_SUFFIX:-}"   # e.g. _slime (gpu_replay_slime.sh)
     PROMPT_ARG=()
+    if [ -n "${TURNS:-}" ]; then PROMPT_ARG=(--turns "$TURNS" --tool-seconds "${TOOL_SECONDS:-0.5}"); fi
     if [ -n "${LONG_TAIL_PROMPTS:-}" ] && [ "$work" = long_tail ]; then
-        PROMPT_ARG=(--long-tail-prompts "$LONG_TAIL_PROMPTS"); name+="_prompts$LONG_TAIL_PROMPTS"
+        PROMPT_ARG+=(--long-tail-prompts "$LONG_TAIL_PROMPTS"); name+="_prompts$LONG_TAIL_PROMPTS"
     fi
     if [ "$share" -lt 60 ]; then echo "== $name: skipped, no time left" | tee -a "$OUT/env.log"; continue; fi
     echo "== $name (timeout ${share}s)" | tee "$OUT/$name.log"

@@ -163,7 +163,8 @@ class MultiTurnResult:
     that ran elsewhere than their previous turn (stolen or moved); ``lower_bound_seconds``: no placement
     and schedule finishes sooner (the larger of the single-turn bound over every turn as a request of its
     own and the slowest session's path: its tokens decoded alone plus its tools' seconds);
-    ``tokens``: tokens generated."""
+    ``tokens``: tokens generated; ``step_logs``: each replica's :class:`~lengthsched.runtime.StepLog` (what
+    ``benchmarks/gpu_replay.py`` replays)."""
 
     policy: str
     follow_turns: bool
@@ -181,6 +182,7 @@ class MultiTurnResult:
     lower_bound_seconds: float
     tokens: int
     budget_tokens: int
+    step_logs: tuple = ()
 
 
 def _enqueue(pol: Any, job: int, arrival: int) -> None:
@@ -396,7 +398,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         later_turns=int(later.sum()), moved_turns=moved,
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
                                 _session_bound(cost, turns, flat, prompt_lens[owner])),
-        tokens=int(flat.sum()), budget_tokens=budget)
+        tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs))
 
 
 def _previous(session: np.ndarray, level: np.ndarray, job_of: dict) -> np.ndarray:

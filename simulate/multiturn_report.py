@@ -95,7 +95,8 @@ class MultiTurnComparison:
             if result is None:
                 rows.append({"run": label, "error": error})
                 continue
-            rows.append({"run": label, "oracle": oracle, **dataclasses.asdict(result),
+            fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name != "step_logs"}
+            rows.append({"run": label, "oracle": oracle, **fields,
                          "x_vllm": result.seconds / ref.seconds,
                          "x_lower_bound": result.seconds / result.lower_bound_seconds})
         return {"setting": self.setting, "options": self.options, "reference": self.labels[0], "rows": rows,
