@@ -61,6 +61,8 @@ SLOW_TESTS = frozenset({
     "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
     "test_cost.py::test_gpu_cost_script_compiles_the_forward_on_cpu_quick",
     "test_replay.py::test_gpu_replay_script_runs_on_cpu_quick",
+    "test_replay.py::test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick",
+    "test_replay.py::test_gpu_replay_runs_a_multi_turn_step_on_cpu_quick",
     # A hub name without network: each waits 20-50 s for the Hugging Face hub client to give up.
     "test_predictor_training.py::test_cli_wrong_schema_and_offline_hub_encoder",
     "test_sampler_cli.py::test_errors_are_one_line[argv3-without network access pass a local model directory]",
@@ -126,6 +128,8 @@ TORCH_TESTS = frozenset({
     "test_cost.py::test_gpu_cost_script_runs_on_cpu_quick",
     "test_cost.py::test_gpu_cost_script_compiles_the_forward_on_cpu_quick",
     "test_replay.py::test_gpu_replay_script_runs_on_cpu_quick",
+    "test_replay.py::test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick",
+    "test_replay.py::test_gpu_replay_runs_a_multi_turn_step_on_cpu_quick",
     "test_docs.py::test_reference_pages_match_the_code",  # documents predictor_training.model
     "test_runtime.py::test_every_list_of_policies_derives_from_the_registry",  # imports sampler.core
     # pages whose runnable blocks train, predict or sample
