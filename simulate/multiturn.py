@@ -253,7 +253,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     length = np.array([int(turns.lengths[s][k]) for s, k in zip(session.tolist(), level.tolist())], dtype=np.int64)
     before = np.zeros(n, dtype=np.int64)  # tokens the session generated in its earlier turns
     conv = np.zeros(n, dtype=np.int64)  # conversation before the turn beyond the prompt (turns and tool answers)
-    nxt = np.full(n, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)  # its session's next turn (-1: the last)
+    prev = np.arange(n)  # its session's previous turn (itself for a first turn)
     gap = np.zeros(n)
     for j in range(n):
         s, k = int(session[j]), int(level[j])
@@ -262,6 +263,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
             conv[j] = before[j] + int(turns.tool_tokens[s][:k].sum())
         if k + 1 < counts[s]:
             nxt[j] = job_of[(s, k + 1)]
+            prev[nxt[j]] = j
             gap[j] = float(turns.tool_seconds[s][k])
     job_owner = owner[session]
     tails_p, prompt_kv = prompt_blocks(prompt_lens, block)
@@ -384,7 +386,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     if (ran < 0).any():
         raise InvalidArgument("policy", policy, "a policy that finishes every turn it is sent")
     later = level > 0
-    moved = int(np.sum(later & (ran != ran[_previous(session, level, job_of)])))
+    moved = int(np.sum(later & (ran != ran[prev])))
     logs = [eng.step_log() for eng in engines]
     replica_seconds = tuple(float(secs[-1]) for _, secs in clock.clocks())
     return MultiTurnResult(
@@ -399,12 +401,6 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
                                 _session_bound(cost, turns, flat, prompt_lens[owner])),
         tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs))
-
-
-def _previous(session: np.ndarray, level: np.ndarray, job_of: dict) -> np.ndarray:
-    """Per turn, the index of its session's previous turn (itself for a first turn)."""
-    return np.array([job_of[(int(s), int(k) - 1)] if k else j
-                     for j, (s, k) in enumerate(zip(session.tolist(), level.tolist()))], dtype=np.int64)
 
 
 def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray) -> float:

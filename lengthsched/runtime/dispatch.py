@@ -665,6 +665,7 @@ class StealObserved(WorkStealing):
         self._snapshot_at, self._snapshot_seconds = eng.t, self.now
         for job in eng.collected[self._collected:]:
             self.coord.finish(job)
+            self.unannounced.pop(job, None)  # finished between two snapshots: never shown to the coordinator
         self._collected = len(eng.collected)
         snapshot = {job: eng.age(job) for job in eng.running}
         done = eng.done.__getitem__
