@@ -44,6 +44,17 @@ Policies (``MULTITURN_POLICIES``):
   drivers decide (``StealDriver(turns=True)`` with ``follow_turns``: the coordinator learns of a later turn
   from the first snapshot of its replica that shows it, as the driver does, its prompt the conversation;
   without, it is told of first turns only, as ``StealDriver(turns=False)``).
+- ``sglang``: SGLang's FCFS scheduler on every replica (``lengthsched.runtime.baselines.SGLangLike``: a request
+  admitted only with room for its whole remaining ``max_new_tokens`` beyond the running requests'
+  reservations). Its radix cache keeps a conversation token by token; the cached tokens of conversations count
+  as free when it admits (SGLang's ``PrefillAdder`` counts the tree's evictable tokens as available) and are
+  evicted, oldest first, only when a request's tokens need their room. Routed as ``router`` says: verl's sticky
+  sessions, or ``cache_aware``, SGLang's router on every turn as slime runs it (a request goes where the longest
+  prefix of its text the router has seen went, when that is more than 30% of its text and the loads are
+  balanced; the router never sees answers, so after a long turn the next one often goes to the least loaded
+  replica and prefills its whole conversation there), or a ``placement`` with a client window
+  (:func:`run_slime_multiturn`: lengthsched's slime integration).
+- ``steal_sglang``: ``steal`` over SGLang's engines (every turn may be stolen or moved, with ``follow_turns``).
 """
 
 from __future__ import annotations
@@ -65,12 +76,30 @@ from lengthsched.runtime.dispatch import GroupQueue
 from lengthsched.runtime.replicas import prompt_blocks
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
-from .rollout import _lower_bound, _OneClock, _prepare, observe_board, route, share_board, steal_ways
+from .rollout import (
+    LiveRouter,
+    _check_placement,
+    _ClientWindow,
+    _lower_bound,
+    _OneClock,
+    _prepare,
+    observe_board,
+    route,
+    share_board,
+    steal_ways,
+)
 
-__all__ = ["MULTITURN_POLICIES", "MULTITURN_RUNS", "MultiTurnResult", "Turns", "run_multiturn", "split_turns"]
+__all__ = ["CACHE_THRESHOLD", "MULTITURN_POLICIES", "MULTITURN_ROUTERS", "MULTITURN_RUNS", "MULTITURN_SLIME_RUNS",
+           "MultiTurnResult", "Turns", "run_multiturn", "run_multiturn_row", "run_slime_multiturn", "split_turns"]
 
 #: The policies :func:`run_multiturn` models.
-MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal", "steal_observed")
+MULTITURN_POLICIES = ("vllm", "vllm_priority", "steal", "steal_observed", "sglang", "steal_sglang")
+#: How :func:`run_multiturn` routes the sessions of an engine policy: ``sticky`` (verl's) or ``cache_aware``
+#: (SGLang's router, as slime runs it).
+MULTITURN_ROUTERS = ("sticky", "cache_aware")
+#: sglang-router's ``cache_threshold`` (0.3, its default; slime keeps it): a request goes where its text's longest
+#: cached prefix is only when that prefix is more than this share of its text.
+CACHE_THRESHOLD = 0.3
 
 #: The runs a multi-turn comparison makes (``lengthsched simulate --turns``, ``bench_simulate.py --sections
 #: rollout_multiturn``): (label, policy, follow_turns, prefix_cache, predictions: None, "given" or "oracle"); the
@@ -90,6 +119,30 @@ MULTITURN_RUNS = (
      "given"),
     ("steal, every turn, oracle predictions", "steal", True, True, "oracle"),
 )
+
+
+#: The runs of a multi-turn comparison on SGLang's engines, as slime runs them (``bench_simulate.py --sections
+#: rollout_multiturn_slime``): (label, policy, options, predictions: None or "given"); the first is the reference,
+#: slime as it ships. Policy ``"slime"``: :func:`run_slime_multiturn` (options: its ``window``); the others
+#: :func:`run_multiturn` (options: its ``router``). Every turn of a stealing run may be stolen or moved.
+MULTITURN_SLIME_RUNS = (
+    ("sglang + SGLang's router on every turn (slime as it ships)", "sglang", {"router": "cache_aware"}, None),
+    ("sglang, sticky sessions (verl's routing)", "sglang", {}, None),
+    ("sglang + lengthsched.integrations.slime (plan, client window of 2 pools)", "slime", {}, "given"),
+    ("sglang + lengthsched.integrations.slime, no window (lengthsched_window: 0)", "slime", {"window": 0.0}, "given"),
+    ("steal_sglang, every turn (aborts by request id: not in the slime integration)", "steal_sglang", {}, "given"),
+    ("vllm + verl's sticky routing (vLLM's engines)", "vllm", {}, None),
+    ("steal, every turn (vLLM's engines)", "steal", {}, "given"),
+)
+
+
+def run_multiturn_row(policy: str, options: dict, groups: Sequence[Any], turns: Turns, predicted: Any,
+                      **kwargs: Any) -> MultiTurnResult:
+    """One run of :data:`MULTITURN_SLIME_RUNS`: ``policy`` ``"slime"`` is :func:`run_slime_multiturn`, any other
+    :func:`run_multiturn`; ``options`` and ``kwargs`` (``replicas``, ``budget_tokens``, ...) go to it."""
+    if policy == "slime":
+        return run_slime_multiturn(groups, turns, predicted, **options, **kwargs)
+    return run_multiturn(groups, turns, policy, predicted=predicted, **options, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -122,6 +175,12 @@ class Turns:
     def count(self) -> int:
         """Turns in all."""
         return sum(len(x) for x in self.lengths)
+
+    def take(self, sessions: Any) -> Turns:
+        """The turns of ``sessions`` (indices), in that order: what a step whose completions were reordered runs."""
+        index = np.asarray(sessions, dtype=np.int64).ravel().tolist()
+        return Turns(tuple(self.lengths[i] for i in index), tuple(self.tool_tokens[i] for i in index),
+                     tuple(self.tool_seconds[i] for i in index))
 
 
 def split_turns(groups: Sequence[Any], *, turns: tuple[int, int] = (2, 5),
@@ -183,6 +242,7 @@ class MultiTurnResult:
     tokens: int
     budget_tokens: int
     step_logs: tuple = ()
+    router: str = "sticky"
 
 
 def _enqueue(pol: Any, job: int, arrival: int) -> None:
@@ -199,7 +259,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                   budget_tokens: int, max_new_tokens: int, predicted: Any = None, cost: Any = None,
                   prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, follow_turns: bool = True,
                   prefix_cache: bool = True, snapshot_seconds: float | None = None,
-                  max_num_seqs: int | None = None) -> MultiTurnResult:
+                  max_num_seqs: int | None = None, router: str = "sticky", placement: Any = None,
+                  client_window: float | None = None, client_steals: bool = True) -> MultiTurnResult:
     """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
     ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
     :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
@@ -212,9 +273,31 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     replica keeps a conversation (and a prompt with nothing running) cached for the next turn;
     ``snapshot_seconds``: for ``steal_observed``, the modelled seconds between a replica's snapshots at least
     (``run_rollout``'s; None: the policy's own); ``max_num_seqs``: requests each replica runs at once at most
-    (vLLM's ``max_num_seqs``; None: only the pool limits them)."""
+    (vLLM's ``max_num_seqs``; None: only the pool limits them).
+
+    ``router`` (the engine policies; the stealing ones place sessions themselves): ``"sticky"`` (verl 0.9.1's
+    ``AsyncLLMServerManager``: a session's first request to the server that has had the fewest sessions, every
+    later turn to the same one) or ``"cache_aware"`` (sglang-router's ``CacheAwarePolicy``, as slime runs it:
+    every request, each turn, routed when it is sent on the requests in flight per replica; where the loads are
+    balanced (see :class:`~simulate.rollout.LiveRouter`) it goes where the longest prefix of its text the router
+    has seen went, if that prefix is more than :data:`CACHE_THRESHOLD` of its text, else to the least loaded
+    replica. The router sees requests, not answers: a first turn matches its group's prompt, sent first where the
+    group's first request went; turn 2 matches only the prompt, so it returns to the group's replica if the
+    prompt is more than 0.3 of its conversation; turn k > 2 matches turn k - 1's request, so it returns to that
+    turn's replica if that request is more than 0.3 of its own. A turn sent elsewhere than its conversation
+    prefills it whole there.) ``placement``: the replica of every session (flattened in group order), all its
+    turns there (sticky), instead of the router's: a client that sends each session where a plan put it, as
+    :mod:`lengthsched.integrations.slime`'s ``generate`` does for a multi-turn generate function. ``client_window``
+    (with ``placement``): that client's window (``run_rollout``'s): the sessions wait in its queue per replica,
+    in session order, and a replica is sent the next while the predicted tokens (prompt plus predicted session
+    length) of the sessions it was sent and that have not ended stay within ``client_window`` x
+    ``budget_tokens``; with ``client_steals`` a replica whose queue ran empty takes the last queued session of
+    the replica with the most predicted work queued. :func:`run_slime_multiturn` runs the integration's plan
+    this way."""
     if policy not in MULTITURN_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
+    if router not in MULTITURN_ROUTERS:
+        raise InvalidArgument("router", router, "one of " + ", ".join(MULTITURN_ROUTERS))
     if snapshot_seconds is not None:
         snapshot_seconds = check_positive_float("snapshot_seconds", snapshot_seconds)
         if policy != "steal_observed":
@@ -238,6 +321,21 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     cls = spec.cls
     block = cls.block_size
     steals = bool(getattr(cls, "STEALS", False))
+    if steals:
+        for name, value, default in (("router", router, "sticky"), ("placement", placement, None),
+                                     ("client_window", client_window, None)):
+            if value != default if default is not None else value is not None:
+                raise InvalidArgument(name, value if name != "placement" else "a placement", f"{default!r} with "
+                                      f"policy {policy!r} (it places the sessions itself)")
+    if placement is not None:
+        if router != "sticky":
+            raise InvalidArgument("router", router, "'sticky' with a placement (every turn to its session's replica)")
+        placement = _check_placement(placement, len(flat), replicas)
+    if client_window is not None:
+        client_window = check_positive_float("client_window", client_window)
+        if placement is None:
+            raise InvalidArgument("client_window", client_window, "None without a placement (the client queues each "
+                                                                  "session for its planned replica)")
 
     # The turns as requests, numbered turn by turn (every first turn, then every second one, ...).
     counts = np.array([len(x) for x in turns.lengths], dtype=np.int64)
@@ -311,8 +409,15 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
             coord = observe_board(pols, budget, snapshot_seconds)
             for pol in pols[1:]:
                 pol.unannounced = pols[0].unannounced
+    elif placement is not None:
+        placed = placement
+    elif router == "cache_aware":  # every first turn sent at once: a group's go where its first went while balanced
+        live = LiveRouter("cache_aware", replicas)
+        placed = np.array([live.select(int(g)) for g in job_owner[first].tolist()], dtype=np.int64)
     else:
         placed = route(groups, "least_loaded", replicas)  # verl: each session to the server with fewest sessions
+    if router != "cache_aware":
+        live = None
     where = np.full(n, -1, dtype=np.int64)  # the replica each turn is sent to
     arrived = 0  # requests that reached an engine so far
 
@@ -328,14 +433,24 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
             else:  # a first turn: submitted by the manager
                 coord.submit(job, r, **told)
 
-    for j in first.tolist():
-        where[j] = int(placed[j])
-        send(j, int(placed[j]))
+    window = None
+    if client_window is not None:  # a client's queues: each session waits for its planned replica's window
+        window = _ClientWindow(placed, replicas, owner, prompt_lens, pred, common["max_new"], budget, client_window,
+                               client_steals)
+        for j in first.tolist():
+            window.enter(j)
+        initial = window.send()
+    else:
+        initial = [(j, int(placed[j])) for j in first.tolist()]
+    for j, r in initial:
+        where[j] = r
+        send(j, r)
 
     clock = _OneClock(engines)
     idle, wake = clock.idle, clock.wake
     arrivals: list[tuple[float, int]] = []  # (seconds, turn) of later turns whose tools run
     due: list[list[float]] = [[] for _ in range(replicas)]  # per replica, a heap of its arrivals' seconds
+    due_all: list[float] = []  # arrivals whose replica the router picks when they come (every replica sees them)
     seen = [0] * replicas
     ran = np.full(n, -1, dtype=np.int64)  # the replica each turn finished on
     while clock.heap:
@@ -343,8 +458,18 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         if r < 0:  # tools that finished by now: their next turns join their replicas' queues
             while arrivals and arrivals[0][0] <= now:
                 _, job = heapq.heappop(arrivals)
-                target = int(where[job])
-                heapq.heappop(due[target])
+                if live is None:
+                    target = int(where[job])
+                    heapq.heappop(due[target])
+                else:  # SGLang's router: by the longest prefix it has seen of the turn's text, unless imbalanced
+                    heapq.heappop(due_all)
+                    before_turn = int(prev[job])
+                    home, matched = ((live.home[int(job_owner[job])], int(prompt_lens[job_owner[job]]))
+                                     if level[job] == 1 else (int(where[before_turn]), int(context[before_turn])))
+                    target = live.select_prefix(home, matched / max(1, int(context[job])), CACHE_THRESHOLD)
+                    where[job] = target
+                    if target != ran[before_turn]:  # its conversation, cached where its turn ran, is not used
+                        engines[int(ran[before_turn])].drop_cached(job)
                 send(job, target)
                 wake((target,), now)
                 if steals and idle:  # the idle may steal it
@@ -352,19 +477,32 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
             continue
         eng, pol = engines[r], pols[r]
         if len(eng.collected) > seen[r]:
+            ended = []
             for job in eng.collected[seen[r]:]:
                 ran[job] = r
+                if live is not None:
+                    live.finished(r)
                 later = int(nxt[job])
                 if later < 0:
+                    ended.append(int(session[job]))
                     continue
                 at = now + float(gap[job])
-                where[later] = r  # sticky: where its session's turn ran
                 if prefix_cache:
                     eng.cache_conversation(later, int(tails[job] + length[job]))
                 heapq.heappush(arrivals, (at, later))
-                heapq.heappush(due[r], at)
+                if live is None:
+                    where[later] = r  # sticky: where its session's turn ran
+                    heapq.heappush(due[r], at)
+                else:
+                    heapq.heappush(due_all, at)
                 heapq.heappush(clock.heap, (at, -1))
             seen[r] = len(eng.collected)
+            if window is not None and ended:  # sessions that ended leave their replica's window
+                window.finished(r, ended)
+                for j, target in window.send():
+                    where[j] = target
+                    send(j, target)
+                    wake((target,), now)
         if steals:
             pol.idle_now, pol.now = idle, now
         alive = eng.decide(pol)
@@ -378,9 +516,10 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         if steals and pol.blocked and idle:
             wake(list(idle), now)
         t_next = eng.next_event()
-        if due[r]:  # a turn arrives here: decide at the first step boundary after it
+        if due[r] or due_all:  # a turn arrives here (or anywhere): decide at the first step boundary after it
+            soon = min(due[r][0] if due[r] else math.inf, due_all[0] if due_all else math.inf)
             step = cost.segment_seconds_float(1, max(eng.live, 1), eng.read_tokens())
-            ahead = max(1, int((due[r][0] - now) / step)) if step > 0 else 1
+            ahead = max(1, int((soon - now) / step)) if step > 0 else 1
             t_next = min(t_next, eng.t + ahead)
         clock.run(r, t_next, pol.pads, cost, now)
     if (ran < 0).any():
@@ -400,7 +539,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         later_turns=int(later.sum()), moved_turns=moved,
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
                                 _session_bound(cost, turns, flat, prompt_lens[owner])),
-        tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs))
+        tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs),
+        router="placed" if placement is not None else router)
 
 
 def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray) -> float:
@@ -411,3 +551,37 @@ def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarra
     decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv), dtype=float)
     tools = np.array([float(np.sum(x)) for x in turns.tool_seconds])
     return float(np.max(decode + tools))
+
+
+def run_slime_multiturn(groups: Sequence[Any], turns: Turns, predicted: Any, *, replicas: int, budget_tokens: int,
+                        max_new_tokens: int, window: float | None = None, steals: bool = True,
+                        **kwargs: Any) -> MultiTurnResult:
+    """slime running a multi-turn generate function on SGLang's engines, with :mod:`lengthsched.integrations.slime`
+    (``lengthsched_generate_function_path``: every request the function posts, each turn, goes to the engine its
+    sample was planned on), in the model: the integration's own planner (``placement="ways"``, ``submit="auto"``,
+    each replica's pool ``budget_tokens``) plans the step from ``predicted`` (each session's predicted length,
+    flattened in group order: a prompt-level predictor's, or the planner's predictor itself, asked about each
+    group's ``prompt_id``; one that has seen no length leaves the step unplanned, and it is then slime as it ships:
+    ``run_multiturn(..., "sglang", router="cache_aware")``), the sessions are handed over in the planner's order and
+    wait in the client's window (``window`` KV pools per engine, default the integration's
+    :data:`~lengthsched.integrations.slime.WINDOW`; 0: every session sent at once; none on one replica) with
+    ``steals``, each one's turns all on its engine. ``kwargs`` go to :func:`run_multiturn` (``cost``,
+    ``prefix_cache``, ``max_num_seqs``, ``prefill_chunk``). The result's sessions are in the planner's order."""
+    from lengthsched.integrations.slime import WINDOW
+
+    from .rollout import _slime_order, _slime_planner
+
+    window = WINDOW if window is None else check_nonnegative_float("window", window)
+    for name in ("router", "placement", "client_window", "client_steals", "predicted"):
+        if name in kwargs:
+            raise InvalidArgument(name, kwargs[name], "not given (run_slime_multiturn routes through the plan)")
+    groups, sizes, starts, pred, samples, planner = _slime_planner(groups, predicted, budget_tokens, max_new_tokens,
+                                                                   "ways", "auto", None)
+    common = dict(replicas=replicas, budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, **kwargs)
+    if not planner.planning:  # slime's router sends every turn, as slime ships
+        return run_multiturn(groups, turns, "sglang", router="cache_aware", **common)
+    order, placed, pred_reordered = _slime_order(planner, samples, groups, sizes, starts, pred, replicas)
+    sessions = np.concatenate([np.arange(starts[i], starts[i] + sizes[i]) for i in order]) if len(order) else []
+    return run_multiturn([groups[i] for i in order], turns.take(sessions), "sglang", predicted=pred_reordered,
+                         placement=placed, client_window=(window or None) if replicas > 1 else None,
+                         client_steals=steals, **common)

@@ -428,12 +428,23 @@ class LiveRouter:
 
     def select(self, group: int) -> int:
         """The replica of the next request, of ``group``; counted in flight there."""
+        r = self._pick(self.home.get(group, -1) if self.router == "cache_aware" else -1)
+        self.home.setdefault(group, r)
+        return r
+
+    def select_prefix(self, home: int, rate: float, threshold: float) -> int:
+        """The replica of a request whose longest prefix the router has seen went to ``home`` and is ``rate`` of
+        its text (SGLang's router: there when the rate exceeds ``threshold``, its ``cache_threshold``, and the loads
+        are balanced; else the least loaded); counted in flight there."""
+        return self._pick(home if rate > threshold else -1)
+
+    def _pick(self, home: int) -> int:
+        """``home`` (-1: none) unless the loads are imbalanced, else the least loaded; counted in flight there."""
         load = self.load
         low = min(load)
-        r = self.home.get(group, -1) if self.router == "cache_aware" else -1
+        r = home
         if r < 0 or (max(load) - low > self.abs and max(load) > low * self.rel):
             r = load.index(low)
-        self.home.setdefault(group, r)
         load[r] += 1
         return r
 
@@ -952,12 +963,35 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     ``lengthsched_filter_order``; :func:`simulate.run_oversampled_steps` feeds it). Unplanned steps keep the order
     given (``run_oversampled_steps`` orders the batches with the same history).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
-    from types import SimpleNamespace
-
-    from lengthsched.integrations.slime import REPLICA_KEY, WINDOW, WORK_KEY, SlimePlanner
-    from lengthsched.predictor import OracleLengthPredictor
+    from lengthsched.integrations.slime import WINDOW
 
     window = WINDOW if window is None else check_nonnegative_float("window", window)
+    groups, sizes, starts, pred, samples, planner = _slime_planner(groups, predicted, budget_tokens, max_new_tokens,
+                                                                   placement, submit, filter_history)
+    if not planner.planning:  # slime's router sends the step, as slime ships
+        result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
+                             max_new_tokens=max_new_tokens, in_flight=in_flight, refill=refill, **kwargs)
+        return result, np.arange(len(groups), dtype=np.int64)
+    client_window = (window or None) if replicas > 1 else None
+    if refill is not None:  # each chunk planned when slime takes it, from what the engines still have
+        return _slime_refill(groups, samples, sizes, pred, planner, refill, replicas=replicas,
+                             budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
+                             client_window=client_window, client_steals=steals, **kwargs)
+    order, placed, pred_reordered = _slime_order(planner, samples, groups, sizes, starts, pred, replicas)
+    result = run_rollout([groups[i] for i in order], "sglang", replicas=replicas, budget_tokens=budget_tokens,
+                         max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
+                         in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
+    return result, order
+
+
+def _slime_planner(groups, predicted, budget_tokens, max_new_tokens, placement, submit, filter_history):
+    """The integration's planner for a step of ``groups`` (``run_slime_planned``'s arguments): returns the groups
+    (a list), their sizes and first completions' indices, the predictions per completion (None: the planner's
+    own predictor), the samples the planner is handed (one namespace per completion) and the planner."""
+    from types import SimpleNamespace
+
+    from lengthsched.integrations.slime import SlimePlanner
+    from lengthsched.predictor import OracleLengthPredictor
 
     groups = list(groups)
     sizes = [len(g.lengths) for g in groups]
@@ -978,29 +1012,24 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     planner = SlimePlanner(placement=placement, pool_tokens=budget_tokens if placement == "ways" else None,
                            submit=submit, max_new_tokens=max_new_tokens, predictor=predictor,
                            filter_order=filter_history is not None, history=filter_history)
+    return groups, sizes, starts, pred, samples, planner
+
+
+def _slime_order(planner, samples, groups, sizes, starts, pred, replicas) -> tuple[np.ndarray, np.ndarray, Any]:
+    """The planner's plan of a step (:func:`_slime_planner`'s): the order it hands the groups to slime (indices
+    into ``groups``), each completion's replica in that order, and each completion's prediction in that order."""
+    from lengthsched.integrations.slime import REPLICA_KEY, WORK_KEY
+
     prompt_lens = [int(g.prompt_len) for g in groups]
-    if not planner.planning:  # slime's router sends the step, as slime ships
-        result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
-                             max_new_tokens=max_new_tokens, in_flight=in_flight, refill=refill, **kwargs)
-        return result, np.arange(len(groups), dtype=np.int64)
-    client_window = (window or None) if replicas > 1 else None
-    if refill is not None:  # each chunk planned when slime takes it, from what the engines still have
-        return _slime_refill(groups, samples, sizes, pred, planner, refill, replicas=replicas,
-                             budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
-                             client_window=client_window, client_steals=steals, **kwargs)
     planned = [g for g in planner.plan(samples, replicas, prompt_lens=prompt_lens) if g]
     order = np.array([g[0].index for g in planned] + [i for i, n in enumerate(sizes) if n == 0], dtype=np.int64)
     placed = np.array([s.metadata[REPLICA_KEY] for g in planned for s in g], dtype=np.int64)
-    reordered = [groups[i] for i in order]
     if pred is None:  # what the plan predicted, per completion
         pred_reordered = np.array([max(1, s.metadata[WORK_KEY]) for g in planned for s in g], dtype=np.int64)
     else:
         pred_reordered = np.concatenate([pred[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) \
             else pred
-    result = run_rollout(reordered, "sglang", replicas=replicas, budget_tokens=budget_tokens,
-                         max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
-                         in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
-    return result, order
+    return order, placed, pred_reordered
 
 
 class _PromptHistory:

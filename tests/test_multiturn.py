@@ -218,3 +218,87 @@ def test_a_running_cap_limits_each_replica():
     assert capped.seconds > two.seconds > free.seconds and capped.seconds > 1.2 * free.seconds
     with pytest.raises(InvalidArgument, match="max_num_seqs"):
         run_multiturn(groups, turns, "vllm", max_num_seqs=0, **kwargs)
+
+
+def _two_groups_one_busy(first_turn: int):
+    """Group a's two sessions start on replica 0 (its home under SGLang's router): a1 runs a first turn of
+    ``first_turn`` tokens, a 0.01 s tool answering 20 tokens, then 30 tokens; a2 one long turn that keeps replica 0
+    busy. Group b's one short session starts on replica 1 and is done before a1's tool returns."""
+    groups = [Group("a", 100, np.array([first_turn + 30, 1500])), Group("b", 100, np.array([5]))]
+    turns = Turns((np.array([first_turn, 30]), np.array([1500]), np.array([5])),
+                  (np.array([20]), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)),
+                  (np.array([0.01]), np.zeros(0), np.zeros(0)))
+    return groups, turns, dict(replicas=2, budget_tokens=20_000, max_new_tokens=1600)
+
+
+def test_sglangs_router_sends_a_turn_home_only_while_the_prompt_is_most_of_its_text():
+    """SGLang's router sees requests, not answers: turn 2 matches only its prompt. With a short first turn (prompt
+    100 of 150 tokens) it returns to its group's replica and finds its conversation cached; after a long one (100
+    of 520) it goes to the least loaded replica, moved, and prefills its conversation there. verl's sticky routing
+    keeps it home either way."""
+    for first, home in ((30, True), (400, False)):
+        groups, turns, kwargs = _two_groups_one_busy(first)
+        routed = run_multiturn(groups, turns, "sglang", router="cache_aware", **kwargs)
+        sticky = run_multiturn(groups, turns, "sglang", **kwargs)
+        assert routed.router == "cache_aware" and sticky.router == "sticky"
+        assert sticky.moved_turns == 0 and sticky.cache_hits == 1
+        assert (routed.moved_turns, routed.cache_hits) == ((0, 1) if home else (1, 0))
+        if not home:
+            assert routed.prefill_tokens > sticky.prefill_tokens
+
+
+def test_sglang_counts_cached_conversations_as_free_when_it_admits():
+    """One session on one SGLang engine: the second turn reserves its whole max_new_tokens, which fits only if the
+    cached conversation's 40 tokens count as free (SGLang's evictable tokens); they are not evicted (the request
+    takes them over), so the turn finds its conversation."""
+    groups = [Group("p", 100, np.array([70]))]
+    turns = Turns((np.array([40, 30]),), (np.array([50]),), (np.array([2.0]),))
+    out = run_multiturn(groups, turns, "sglang", replicas=1, budget_tokens=260, max_new_tokens=100)
+    assert out.cache_hits == 1 and out.cache_hit_tokens == 40
+
+
+def test_run_slime_multiturn_is_slime_as_it_ships_until_its_predictor_has_seen_a_length():
+    """With an online predictor that has seen nothing the integration leaves the step to slime (SGLang's router on
+    every turn); with predictions each session runs every turn on its planned engine, through the client window."""
+    from lengthsched import OnlineLengthPredictor
+    from simulate.multiturn import run_slime_multiturn
+
+    groups = _groups([6, 6, 6, 6], seed=4)
+    turns = split_turns(groups, turns=(2, 3), tool_tokens=(5, 40), tool_seconds=0.2, seed=4)
+    kwargs = dict(replicas=3, budget_tokens=2500, max_new_tokens=400)
+    cold = run_slime_multiturn(groups, turns, OnlineLengthPredictor(), **kwargs)
+    slime = run_multiturn(groups, turns, "sglang", router="cache_aware", **kwargs)
+    assert cold.seconds == slime.seconds and cold.router == "cache_aware"
+    predicted = np.concatenate([np.full(6, int(np.median(g.lengths))) for g in groups])
+    planned = run_slime_multiturn(groups, turns, predicted, window=0.2, **kwargs)  # about two sessions an engine
+    at_once = run_slime_multiturn(groups, turns, predicted, window=0, **kwargs)
+    assert planned.router == at_once.router == "placed"
+    assert planned.moved_turns == at_once.moved_turns == 0
+    assert planned.tokens == at_once.tokens == slime.tokens
+    assert planned.seconds != at_once.seconds  # the window held sessions back
+    one = run_slime_multiturn(groups, turns, predicted, replicas=1, budget_tokens=2500, max_new_tokens=400)
+    assert one.seconds == run_multiturn(groups, turns, "sglang", replicas=1, budget_tokens=2500,
+                                        max_new_tokens=400).seconds
+
+
+def test_run_multiturn_names_a_bad_routing_argument():
+    groups = _groups([2, 2])
+    turns = split_turns(groups, seed=0)
+    kwargs = dict(replicas=2, budget_tokens=4000, max_new_tokens=400)
+    with pytest.raises(InvalidArgument, match="router"):
+        run_multiturn(groups, turns, "vllm", router="round_robin", **kwargs)
+    with pytest.raises(InvalidArgument, match="router"):
+        run_multiturn(groups, turns, "steal", router="cache_aware", **kwargs)
+    with pytest.raises(InvalidArgument, match="placement"):
+        run_multiturn(groups, turns, "steal_sglang", placement=[0, 1, 0, 1], **kwargs)
+    with pytest.raises(InvalidArgument, match="placement"):
+        run_multiturn(groups, turns, "sglang", placement=[0, 1, 0], **kwargs)
+    with pytest.raises(InvalidArgument, match="router"):
+        run_multiturn(groups, turns, "sglang", placement=[0, 1, 0, 1], router="cache_aware", **kwargs)
+    with pytest.raises(InvalidArgument, match="client_window"):
+        run_multiturn(groups, turns, "sglang", client_window=2.0, **kwargs)
+    with pytest.raises(InvalidArgument, match="client_window"):
+        run_multiturn(groups, turns, "sglang", placement=[0, 1, 0, 1], client_window=-1.0, **kwargs)
+    from simulate.multiturn import run_slime_multiturn
+    with pytest.raises(InvalidArgument, match="router"):
+        run_slime_multiturn(groups, turns, np.full(4, 50), router="sticky", **kwargs)

@@ -291,7 +291,7 @@ class SGLangLike(_Waiting):
     def decide(self, eng: Engine) -> None:
         lmax, budget, nxt = self.problem.max_new_tokens, self.budget, eng.t + 1
         used = eng.kv_tokens(nxt)
-        if used > budget and eng.evict_idle():  # cached prompts nothing references go first
+        if used > budget and eng.evict_idle(used - budget):  # cached prompts nothing references go first
             used = eng.kv_tokens(nxt)
         if used > budget:
             order = sorted(eng.running, key=lambda j: self._retraction_key(eng, j))
@@ -308,16 +308,32 @@ class SGLangLike(_Waiting):
         reserved = ratio * self._remaining(eng)  # ratio x the running requests' remaining max_new_tokens
         waiting, done = self.waiting, eng.done
         while waiting and len(eng.origin) < self.cap:
-            need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
-            hold = self._left(eng, waiting[-1], done[waiting[-1]])  # the new one's, whole (this round)
-            if used + need + reserved + hold > budget and eng.evict_idle():
-                used = eng.kv_tokens(nxt)
-                need = done[waiting[-1]] + 1 + eng.load_need(waiting[-1])
-            if used + need + reserved + hold > budget or not eng.can_prefill(waiting[-1]):
+            job = waiting[-1]
+            need = self._tokens_needed(eng, job)
+            hold = self._left(eng, job, done[job])  # the new one's, whole (this round)
+            if used + need + reserved + hold > budget and eng.evict_idle(used + need + reserved + hold - budget,
+                                                                         keep=job, conversations=False):
+                used, need = eng.kv_tokens(nxt), self._tokens_needed(eng, job)
+            # The radix cache's evictable tokens count as free (PrefillAdder's rem_total_tokens: available plus
+            # evictable): cached conversations, other than the one this request takes over, are evicted only when
+            # its tokens need their room.
+            cached = eng.conversation_kv_held - eng.reused_blocks(job) * eng.block
+            if used - cached + need + reserved + hold > budget or not eng.can_prefill(job):
                 return
+            if used + need > budget:
+                eng.evict_idle(used + need - budget, keep=job)
+                used = eng.kv_tokens(nxt)
             used += need
             reserved += hold
             eng.admit(waiting.pop())
+
+    @staticmethod
+    def _tokens_needed(eng: Engine, job: int) -> int:
+        """KV tokens admitting ``job`` adds at its first step: its prompt tail (a later turn's conversation),
+        recomputed tokens and next token, and its prompt when not held (prompts in the pool), less its
+        conversation cached here (a later turn: ``Engine.cache_conversation``; SGLang's radix cache matches it
+        token by token, and its tokens, counted in the pool already, become the request's own)."""
+        return eng.tail[job] + eng.done[job] + 1 + eng.load_need(job) - eng.reused_blocks(job) * eng.block
 
     def _max_new(self, eng: Engine, job: int) -> int:
         """``job``'s max_new_tokens as SGLang takes it: at most the pool less its prompt and 2 tokens
@@ -400,9 +416,11 @@ class SGLangLike(_Waiting):
             return overflow
         if not self._linear(eng):  # clipped reservations are not linear in the steps: decide every step
             return min(overflow, eng.t + 1)
-        delay = self.admission_delay(eng.kv_tokens(eng.t + 1), self._remaining(eng), eng.live,
-                                     eng.done[self.waiting[-1]] + 1, horizon, self.ratio(eng.t),
-                                     eng.load_need(self.waiting[-1]))
+        head = self.waiting[-1]  # (cached conversations count as free, as in decide)
+        used = eng.kv_tokens(eng.t + 1) - eng.conversation_kv_held + eng.reused_blocks(head) * eng.block
+        delay = self.admission_delay(used, self._remaining(eng), eng.live,
+                                     self._tokens_needed(eng, head) - eng.load_need(head), horizon, self.ratio(eng.t),
+                                     eng.load_need(head))
         return overflow if delay is None else eng.t + delay
 
 

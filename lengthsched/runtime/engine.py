@@ -438,13 +438,13 @@ class Engine:
         group = self._group[job]
         return 0 if group in self._held else self._prompt_kv[group]
 
-    def evict_idle(self, shortfall: int | None = None, keep: int | None = None) -> int:
-        """Drop the prompt KV of held groups with no live row here, then cached conversations
-        (:meth:`cache_conversation`) oldest first until ``shortfall`` tokens are freed in all (None: every
-        one), never ``keep``'s (a job about to be admitted with it); returns the tokens freed."""
+    def evict_idle(self, shortfall: int | None = None, keep: int | None = None, conversations: bool = True) -> int:
+        """Drop the prompt KV of held groups with no live row here, then (with ``conversations``) cached
+        conversations (:meth:`cache_conversation`) oldest first until ``shortfall`` tokens are freed in all (None:
+        every one), never ``keep``'s (a job about to be admitted with it); returns the tokens freed."""
         idle = [g for g in self._held if not self._live_of[g]]
         freed = sum(self._unload(g) for g in idle)
-        if self._conv:
+        if self._conv and conversations:
             for job in [j for j in self._conv if j != keep]:
                 if shortfall is not None and freed >= shortfall:
                     break
