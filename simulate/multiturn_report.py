@@ -5,7 +5,10 @@ between two turns; every row of :data:`simulate.multiturn.MULTITURN_RUNS` runs t
 (:func:`simulate.run_multiturn`) on the same replicas: vLLM FCFS with verl's sticky session routing (the reference),
 the same without a prefix cache, vLLM's priority scheduling with the plan's priorities on first turns only (verl
 0.9.1's ``ToolAgentLoop``) and on every turn (lengthsched's workers), and ``steal`` blind to later turns and
-following them, with ``--predictor``'s predictions, and once with the true lengths (an oracle row).
+following them, with ``--predictor``'s predictions, and once with the true lengths (an oracle row). With
+``--framework slime`` the rows are :data:`simulate.multiturn.MULTITURN_SLIME_RUNS` instead: SGLang's engines behind
+SGLang's router on every turn (slime as it ships, the reference), sticky sessions, lengthsched's slime integration
+with and without its client window, ``steal_sglang``, and vLLM's engines beside.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_nonnegative_float, check_positive_float
 
-from .multiturn import MULTITURN_RUNS, MultiTurnResult, run_multiturn, split_turns
+from .multiturn import MULTITURN_RUNS, MULTITURN_SLIME_RUNS, MultiTurnResult, run_multiturn_row, split_turns
 from .options import OPTION_DEFAULTS, SimulateOptions, resolve
 from .report import aligned, legend
 
@@ -31,13 +34,15 @@ MULTITURN_LEGEND = {
     "run": "the engines' policy, how later turns are steered, and the predictions ((oracle): every session's true "
            "length, not available to a real run)",
     "seconds": "the step's makespan: the last turn's finish (modelled)",
-    "x vllm": "seconds / those of vLLM FCFS with verl's sticky routing (below 1: faster)",
+    "x ref": "seconds / those of the first run (below 1: faster): vLLM FCFS with verl's sticky routing, or with "
+             "--framework slime SGLang behind its router (slime as it ships)",
     "x LB": "seconds / the lower bound (the larger of the single-turn bound over every turn and the slowest "
             "session's tokens decoded alone plus its tools' seconds)",
     "preempted": "preemptions (each recomputes what the request had generated)",
     "prefilled": "tokens prefilled: prompts, conversations of later turns, recomputation",
     "cached": "share of the later turns that found their conversation in their replica's prefix cache",
-    "moved": "share of the later turns that ran on another replica than their previous turn (stolen or moved)",
+    "moved": "share of the later turns that ran on another replica than their previous turn (stolen, moved, or "
+             "routed elsewhere by SGLang's router)",
 }
 
 
@@ -58,9 +63,10 @@ def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tup
     """The turns and tool tokens of ``opts`` (checked); a flag that has no effect on a multi-turn step is an error,
     and so are the tool flags without ``--turns``."""
     if opts.turns is None:
-        for name in ("tool_seconds", "tool_sigma", "tool_tokens"):
+        for name in ("tool_seconds", "tool_sigma", "tool_tokens", "framework"):
             if getattr(opts, name) != OPTION_DEFAULTS[name]:
-                raise InvalidArgument(name, getattr(opts, name), "--turns too (it sets a multi-turn step's tools)")
+                what = "whose runs a multi-turn step compares" if name == "framework" else "a multi-turn step's tools"
+                raise InvalidArgument(name, getattr(opts, name), f"--turns too (it sets {what})")
         return (1, 1), (0, 0)
     turns = parse_range("turns", opts.turns, 1)
     tokens = parse_range("tool_tokens", opts.tool_tokens, 0)
@@ -96,21 +102,25 @@ class MultiTurnComparison:
                 rows.append({"run": label, "error": error})
                 continue
             fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.name != "step_logs"}
-            rows.append({"run": label, "oracle": oracle, **fields,
-                         "x_vllm": result.seconds / ref.seconds,
+            versus = {"x_reference": result.seconds / ref.seconds}
+            if self.options.get("framework", "verl") == "verl":  # (the reference is vLLM FCFS + verl)
+                versus["x_vllm"] = versus["x_reference"]
+            rows.append({"run": label, "oracle": oracle, **fields, **versus,
                          "x_lower_bound": result.seconds / result.lower_bound_seconds})
         return {"setting": self.setting, "options": self.options, "reference": self.labels[0], "rows": rows,
                 "verdict": multiturn_headline(self)}
 
 
 def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
-    """Every run of :data:`MULTITURN_RUNS` on the multi-turn step ``opts`` describe."""
+    """Every run of :data:`MULTITURN_RUNS` (``--framework slime``: :data:`MULTITURN_SLIME_RUNS`) on the multi-turn
+    step ``opts`` describe."""
     from .rollout_report import rollout_step
 
     turns_range, tokens = check_multiturn_options(opts)
     step = rollout_step(dataclasses.replace(opts, turns=None, tool_seconds=OPTION_DEFAULTS["tool_seconds"],
                                             tool_sigma=OPTION_DEFAULTS["tool_sigma"],
-                                            tool_tokens=OPTION_DEFAULTS["tool_tokens"]))
+                                            tool_tokens=OPTION_DEFAULTS["tool_tokens"],
+                                            framework=OPTION_DEFAULTS["framework"]))
     o = resolve(opts)
     groups = step.groups
     turns = split_turns(groups, turns=turns_range, tool_tokens=tokens, tool_seconds=float(opts.tool_seconds),
@@ -118,14 +128,18 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
     oracle = np.concatenate([np.asarray(g.lengths, dtype=np.int64) for g in groups])
     known = {None: None, "given": step.predicted, "oracle": oracle}
     labels, results, errors, oracles = [], [], [], []
-    for label, policy, follow, cache, pred in MULTITURN_RUNS:
+    common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
+    if opts.framework == "slime":
+        runs = list(MULTITURN_SLIME_RUNS)
+    else:
+        runs = [(label, policy, dict(follow_turns=follow, prefix_cache=cache), pred)
+                for label, policy, follow, cache, pred in MULTITURN_RUNS]
+    for label, policy, options, pred in runs:
         labels.append(label)
         oracles.append(pred == "oracle")
         try:
-            results.append(run_multiturn(groups, turns, policy, replicas=o.replicas, budget_tokens=step.pool,
-                                         max_new_tokens=o.max_new_tokens, predicted=known[pred], cost=step.cost,
-                                         prefill_chunk=o.prefill_chunk, follow_turns=follow, prefix_cache=cache,
-                                         max_num_seqs=o.slots))
+            results.append(run_multiturn_row(policy, options, groups, turns, known[pred], **common))
             errors.append("")
         except InvalidArgument as exc:
             if exc.name == "budget_tokens":
@@ -144,23 +158,37 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
                f"({count:,} turns in all), tool calls of median {opts.tool_seconds:g} s (log-sd "
                f"{opts.tool_sigma:g}) answering {tokens[0]}-{tokens[1]} tokens, on {o.replicas} replicas of "
                f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
-               f"{step.pool:,} KV tokens; verl's sticky session routing; predictor {o.predictor}; seconds modelled "
+               f"{step.pool:,} KV tokens; "
+               + ("verl's sticky session routing" if opts.framework == "verl" else "slime's rollout on SGLang")
+               + f"; predictor {o.predictor}; seconds modelled "
                f"for {step.cost.model} on {step.cost.gpu}")
     return MultiTurnComparison(dataclasses.asdict(opts), setting, tuple(labels), tuple(results), tuple(errors),
                                tuple(oracles))
 
 
 def multiturn_headline(comparison: MultiTurnComparison) -> str:
-    """One line: the fastest run that needs no oracle, against vLLM + verl."""
+    """One line: the fastest run that needs no oracle, against the reference (the first run); with ``--framework
+    slime`` the fastest on SGLang's engines (what slime can run), and the fastest on vLLM's beside it."""
     ref = comparison.results[0]
     ran = [(label, r) for label, r, oracle in zip(comparison.labels, comparison.results, comparison.oracle)
            if r is not None and not oracle]
+    if comparison.options.get("framework", "verl") != "slime":
+        return _fastest(ran, comparison.labels[0], ref)
+    sglang = [(label, r) for label, r in ran if "sglang" in r.policy]
+    vllm = [(label, r) for label, r in ran if "sglang" not in r.policy]
+    line = "on SGLang's engines, " + _fastest(sglang, comparison.labels[0], ref)
+    if vllm:
+        label, best = min(vllm, key=lambda x: x[1].seconds)
+        line += f"; on vLLM's: {label}, {best.seconds:.2f} s ({best.seconds / ref.seconds:.3f} x the reference)"
+    return line
+
+
+def _fastest(ran: list, ref_label: str, ref: MultiTurnResult) -> str:
     label, best = min(ran, key=lambda x: x[1].seconds)
     if best.seconds >= ref.seconds * (1 - 1e-9):
-        return f"fastest: {comparison.labels[0]} ({ref.seconds:.2f} s); no run is faster"
+        return f"fastest: {ref_label} ({ref.seconds:.2f} s); no run is faster"
     gain = ref.seconds / best.seconds - 1
-    return (f"fastest: {label}, {best.seconds:.2f} s, {gain:.1%} faster than {comparison.labels[0]} "
-            f"({ref.seconds:.2f} s)")
+    return f"fastest: {label}, {best.seconds:.2f} s, {gain:.1%} faster than {ref_label} ({ref.seconds:.2f} s)"
 
 
 def format_multiturn(comparison: MultiTurnComparison) -> str:

@@ -107,6 +107,11 @@ class SimulateOptions:
     tool_sigma: float = _opt(0.5, "with --turns, the log-sd of a tool call's seconds (0: every call --tool-seconds)")
     tool_tokens: str = _opt("30-600", "with --turns, the tokens a tool's answer adds to the conversation: LO-HI, "
                                       "drawn log-uniformly, or N")
+    framework: str = _opt("verl", "with --turns, whose rollout to compare against: verl (vLLM's engines, verl's "
+                                  "sticky session routing, the rows above) or slime (SGLang's engines: slime as it "
+                                  "ships, SGLang's router on every turn; sticky sessions; lengthsched.integrations."
+                                  "slime's plan with and without its client window; steal_sglang; vLLM's engines "
+                                  "beside)", choices=["verl", "slime"])
     draws: int = _opt(0, "in a rollout step, also run every policy on this many more draws of the predictor's "
                          "errors (prompt:SIGMA's, or history's prior; seeds --seed + 1 .. --seed + DRAWS, the "
                          "prompts and completions unchanged) and report each policy's median, best and worst "

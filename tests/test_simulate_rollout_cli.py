@@ -942,8 +942,42 @@ def test_turns_compare_the_multi_turn_runs_and_name_the_fastest(capsys, tmp_path
     assert rows[5]["seconds"] == pytest.approx(steal.seconds) and rows[5]["moved_turns"] == steal.moved_turns
 
 
+def test_turns_with_slime_compare_its_runs_on_sglang_and_name_the_fastest_there(capsys, tmp_path):
+    """--framework slime: one row per MULTITURN_SLIME_RUNS run, each run_multiturn_row's step, against slime as it
+    ships (SGLang's router on every turn); the verdict names the fastest on SGLang's engines and the fastest on
+    vLLM's beside it."""
+    from simulate import split_turns
+    from simulate.multiturn import MULTITURN_SLIME_RUNS, run_multiturn_row
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    out_file = tmp_path / "slime.json"
+    assert main(TURNS + ["--framework", "slime", "--output", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "slime's rollout on SGLang" in out
+    data = json.loads(out_file.read_text())
+    rows = data["rows"]
+    assert [row["run"] for row in rows] == [label for label, *_ in MULTITURN_SLIME_RUNS]
+    assert rows[0]["x_reference"] == 1.0 and "x_vllm" not in rows[0]
+    assert [row["policy"] for row in rows] == [p if p != "slime" else "sglang" for _, p, *_ in MULTITURN_SLIME_RUNS]
+    assert rows[0]["router"] == "cache_aware" and rows[2]["router"] == "placed"
+    sglang = [row for row in rows if "sglang" in row["policy"]]
+    fastest = min(sglang, key=lambda row: row["seconds"])
+    assert data["verdict"].startswith("on SGLang's engines, fastest: ")
+    assert (fastest["run"] in data["verdict"]) or data["verdict"].split(";")[0].endswith("no run is faster")
+    assert "; on vLLM's: " in data["verdict"] and f"verdict: {data['verdict']}" in out
+    step = rollout_step(SimulateOptions(prompts=6, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                                        budget="4.2GiB"))
+    turns = split_turns(step.groups, turns=(2, 4), tool_tokens=(20, 200), tool_seconds=0.5, tool_sigma=0.5, seed=0)
+    _, policy, options, _ = MULTITURN_SLIME_RUNS[2]
+    planned = run_multiturn_row(policy, options, step.groups, turns, step.predicted, replicas=2,
+                                budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost)
+    assert rows[2]["seconds"] == pytest.approx(planned.seconds)
+
+
 @pytest.mark.parametrize("extra, name", [
     (["--turns", "0"], "turns"), (["--turns", "4-2"], "turns"), (["--turns", "two"], "turns"),
+    (["--framework", "slime"], "framework"),
     (["--turns", "2", "--tool-tokens", "9-3"], "tool_tokens"),
     (["--turns", "2", "--tool-seconds", "0"], "tool_seconds"),
     (["--turns", "2", "--tool-sigma", "-1"], "tool_sigma"), (["--tool-seconds", "2"], "tool_seconds"),
