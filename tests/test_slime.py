@@ -458,6 +458,39 @@ def test_your_own_generate_function_runs_every_turn_on_the_planned_engine(monkey
             asyncio.run(ls_slime.generate(slime_args(lengthsched_generate_function_path=bad), sample("p0"), {}))
 
 
+def test_with_multi_turn_every_turn_goes_through_slimes_router_and_the_planner_learns(monkeypatch):
+    """lengthsched_multi_turn: true: nothing is planned (no sample names an engine, no engine is asked its pool),
+    every turn of the agent's generate function posts to slime's router, and the planner learns the lengths all
+    the same; a value that is not a boolean is an error naming the key."""
+    lengths = {"p0": 100, "p1": 2000, "p2": 700, "p3": 1200}
+    fake = FakeSlime(ENGINES, lengths)
+    fake.install(monkeypatch)
+
+    async def agent(args, smp, sampling_params):  # two turns, each a POST to args' address
+        from slime.rollout import sglang_rollout
+
+        for _ in range(2):
+            smp = await sglang_rollout.generate(args, smp, sampling_params)
+        return smp
+
+    module = types.ModuleType("my_turns")
+    module.agent = agent
+    monkeypatch.setitem(sys.modules, "my_turns", module)
+    args = slime_args(lengthsched_placement="groups", lengthsched_generate_function_path="my_turns.agent",
+                      lengthsched_uninformed="plan", lengthsched_multi_turn=True,
+                      custom_generate_function_path="lengthsched.integrations.slime.generate")
+    for rollout in range(2):
+        fake.posts.clear()
+        out = ls_slime.generate_rollout(args, rollout, Source(list(lengths)))
+        assert [u for u, _ in fake.posts] == ["http://10.0.0.1:3000/generate"] * 32
+        assert all(REPLICA_KEY not in s.metadata for g in out.samples for s in g)
+    assert ls_slime.planner_for(args).planner.steps == 2
+    assert fake.gets == ["http://10.0.0.1:3000/workers"] * 2
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match="lengthsched_multi_turn"):
+        ls_slime.generate_rollout(slime_args(lengthsched_multi_turn="yes"), 0, Source(list(lengths)))
+
+
 def test_the_pool_size_comes_from_the_config_or_the_engine_else_whole_groups(monkeypatch, caplog):
     info = {"version": "0.5", "internal_states": [{"max_total_num_tokens": 123_456}]}
     fake = FakeSlime(ENGINES, {"a": 10})

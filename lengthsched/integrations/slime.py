@@ -126,6 +126,13 @@ little, and too unsafe, to be the default.
   ``generate`` with a copy of ``args`` whose ``sglang_router_ip`` / ``sglang_router_port`` are the planned
   engine's, so every request it posts to that address (each turn) goes to that engine; ``evaluation=``
   is passed where its signature has it, as slime passes it.
+- ``lengthsched_multi_turn``: true where the generate function posts several requests per sample (the turns of an
+  agent loop with tools): then no rollout is planned, slime's router places every turn, and the integration only
+  learns the lengths (and orders the batches by the filter history, ``lengthsched_filter_order``). In the
+  simulator's multi-turn steps (docs/benchmarks.md, "Multi-turn steps on SGLang's engines") pinning each session to
+  its planned engine was 3.7% slower than slime's router on average without the client window and 12.7% with it
+  (up to 1.60x): SGLang's router sends a later turn elsewhere when the engines' loads drift apart (a third of the
+  later turns), and the window holds sessions back while their tools run. Default false.
 
 What it is worth, in the simulator (docs/benchmarks.md, "slime with the project's plan"): against
 slime as it ships (SGLang's engines behind its cache-aware router, its 512 x R in-flight cap), the same
@@ -184,6 +191,7 @@ __all__ = [
     "generate",
     "engine_pool_tokens",
     "generate_rollout",
+    "multi_turn",
     "OVERSAMPLED_MODES",
     "oversampled",
     "planner_for",
@@ -645,6 +653,12 @@ def oversampled(args: Any) -> bool:
     return isinstance(over, int) and isinstance(batch, int) and over > batch
 
 
+def multi_turn(args: Any) -> bool:
+    """``lengthsched_multi_turn`` (default false), checked: the generate function posts several requests per sample
+    (the turns of an agent loop), and every one of them is left to slime's router (see the module docstring)."""
+    return _flag(args, "lengthsched_multi_turn", False)
+
+
 def _oversampled_mode(args: Any) -> str:
     """``lengthsched_oversampled`` (default ``router``), checked."""
     mode = getattr(args, "lengthsched_oversampled", None) or "router"
@@ -771,7 +785,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     planner = planner_for(args, engines)
     if planner.selective is not None:
         data_source = _SelectiveSource(data_source, planner)
-    if _oversampled_mode(args) == "router" and oversampled(args):  # slime's own rollout; the predictor learns
+    if (_oversampled_mode(args) == "router" and oversampled(args)) or multi_turn(args):
+        # slime's own rollout (its router places every request); the predictor learns
         source = _OrderedSource(data_source, planner) if planner.filter_order else data_source
         output = sglang_rollout.generate_rollout(args, rollout_id, source, evaluation=False)
         planner.observe(getattr(output, "samples", output))
