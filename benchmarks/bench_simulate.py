@@ -2446,16 +2446,30 @@ def _multiturn_unit(args) -> dict:
     return out
 
 
-def rollout_multiturn(quick: bool) -> tuple[str, dict]:
-    """Multi-turn steps (simulate.run_multiturn): CASTILLO and long-tail sessions cut into 2-5 turns, tool calls
-    of log-normal seconds (median 0.5 or 2 s, log-sd 0.5) answering 30-600 tokens, on 4 or 8 replicas with verl's
-    sticky session routing; what vLLM's priority scheduling and steal make of them, each against vLLM FCFS."""
-    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
-    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
-    results = _pool_map(_multiturn_unit, units)
-    base_label = MULTITURN_RUNS[0][0]
+def _multiturn_slime_unit(args) -> dict:
+    """One setting of rollout_multiturn_slime: per MULTITURN_SLIME_RUNS row, as _multiturn_unit."""
+    from simulate import split_turns
+    from simulate.multiturn import MULTITURN_SLIME_RUNS, run_multiturn_row
+
+    workload, prompts, replicas, factor, tool, seed, cost_text = args
+    groups, realistic, _, _ = rollout_groups(workload, prompts, seed)
+    turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=seed)
+    out = {}
+    for label, policy, options, pred in MULTITURN_SLIME_RUNS:
+        r = run_multiturn_row(policy, options, groups, turns, realistic if pred else None, replicas=replicas,
+                              budget_tokens=factor * MULTITURN_CONTEXT, max_new_tokens=4096,
+                              cost=_rollout_cost(cost_text))
+        out[label] = (r.seconds, r.lower_bound_seconds, r.cache_hits, r.later_turns, r.moved_turns, r.preemptions,
+                      r.recomputed_tokens)
+    return out
+
+
+def _multiturn_tables(units: list, results: list, labels: list[str]) -> tuple[list, list]:
+    """Summary rows (per run: settings, mean, best and worst makespan x the first run's, settings slower by more
+    than 0.1%, mean seconds / LB, later turns cached, later turns moved) and per-setting rows."""
+    base_label = labels[0]
     rows, settings = [], []
-    for label, *_ in MULTITURN_RUNS:
+    for label in labels:
         ratios = np.array([out[label][0] / out[base_label][0] for out in results])
         to_bound = np.array([out[label][0] / out[label][1] for out in results])
         hits = sum(out[label][2] for out in results) / max(1, sum(out[label][3] for out in results))
@@ -2465,17 +2479,50 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
     for u, out in zip(units, results):
         base = out[base_label][0]
         settings.append([u[0], u[1], u[2], u[3], u[4], base, out[base_label][1] / base]
-                        + [out[label][0] / base for label, *_ in MULTITURN_RUNS[1:]])
+                        + [out[label][0] / base for label in labels[1:]])
+    return rows, settings
+
+
+MULTITURN_SUMMARY_COLUMNS = ["row", "settings", "mean", "best", "worst", "slower by > 0.1%", "mean seconds / LB",
+                             "later turns cached", "later turns moved"]
+
+
+def rollout_multiturn(quick: bool) -> tuple[str, dict]:
+    """Multi-turn steps (simulate.run_multiturn): CASTILLO and long-tail sessions cut into 2-5 turns, tool calls
+    of log-normal seconds (median 0.5 or 2 s, log-sd 0.5) answering 30-600 tokens, on 4 or 8 replicas with verl's
+    sticky session routing; what vLLM's priority scheduling and steal make of them, each against vLLM FCFS."""
+    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
+    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
+    results = _pool_map(_multiturn_unit, units)
+    labels = [label for label, *_ in MULTITURN_RUNS]
+    rows, settings = _multiturn_tables(units, results, labels)
     if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None:
         _multiturn_figure(settings, ROOT / "docs" / "figures" / "multiturn.png")
     text = table(f"Multi-turn steps ({_cost_label()}, seed {ROLLOUT_SEED}; sessions of 2-5 turns, tools of median "
                  "0.5 or 2 s answering 30-600 tokens; pools 2, 4 and 16 x 8192 tokens; verl's sticky session "
-                 "routing): makespan x vLLM FCFS", ["row", "settings", "mean", "best", "worst", "slower by > 0.1%",
-                                                   "mean seconds / LB", "later turns cached", "later turns moved"],
-                 rows)
+                 "routing): makespan x vLLM FCFS", MULTITURN_SUMMARY_COLUMNS, rows)
     text += "\n\n" + table("Per setting: makespan x vLLM FCFS (LB: the lower bound, x the same)",
                             ["workload", "prompts", "replicas", "pool x 8192", "tool median s", "vllm seconds",
-                             "LB"] + [label for label, *_ in MULTITURN_RUNS[1:]], settings)
+                             "LB"] + labels[1:], settings)
+    return text, {"rows": rows, "settings": settings}
+
+
+def rollout_multiturn_slime(quick: bool) -> tuple[str, dict]:
+    """Multi-turn steps on SGLang's engines, as slime runs them (simulate.multiturn.MULTITURN_SLIME_RUNS): the
+    rollout_multiturn grid, slime as it ships (SGLang's router on every turn) against sticky sessions,
+    lengthsched.integrations.slime's plan with and without its client window, steal_sglang, and vLLM's engines."""
+    from simulate.multiturn import MULTITURN_SLIME_RUNS
+
+    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
+    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
+    results = _pool_map(_multiturn_slime_unit, units)
+    labels = [label for label, *_ in MULTITURN_SLIME_RUNS]
+    rows, settings = _multiturn_tables(units, results, labels)
+    text = table(f"Multi-turn steps on SGLang's engines ({_cost_label()}, seed {ROLLOUT_SEED}; the rollout_multiturn "
+                 "grid): makespan x SGLang behind its router (slime as it ships)", MULTITURN_SUMMARY_COLUMNS, rows)
+    text += "\n\n" + table("Per setting: makespan x slime as it ships (LB: the lower bound, x the same)",
+                            ["workload", "prompts", "replicas", "pool x 8192", "tool median s", "slime seconds",
+                             "LB"] + labels[1:], settings)
     return text, {"rows": rows, "settings": settings}
 
 
@@ -3117,6 +3164,7 @@ def main(argv=None) -> int:
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
                 "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn,
+                "rollout_multiturn_slime": rollout_multiturn_slime,
                 "multiturn_speed": multiturn_speed, "paper": paper,
                 "batches": batches, "speed": speed,
                 "scaling": scaling}
