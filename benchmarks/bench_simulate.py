@@ -2427,36 +2427,20 @@ MULTITURN_GRID = [(w, b, r, f, tool) for w in ("castillo", "long tail") for b, r
 MULTITURN_CONTEXT = 8192  # tokens: the longest conversation (prompt, 4096 generated, tool answers); pools are x this
 
 
-def _multiturn_unit(args) -> dict:
-    """One setting of rollout_multiturn: per MULTITURN_RUNS row, realistic predictions where it takes some (makespan,
-    lower bound, cache hits, later turns, moved turns, preemptions, recomputed tokens)."""
-    from simulate import run_multiturn, split_turns
+def _multiturn_unit(args, runs=None) -> dict:
+    """One setting of rollout_multiturn (``runs``: MULTITURN_RUNS) or rollout_multiturn_slime (MULTITURN_SLIME_RUNS):
+    per run, realistic predictions where it takes some (makespan, lower bound, cache hits, later turns, moved turns,
+    preemptions, recomputed tokens)."""
+    from simulate import split_turns
+    from simulate.multiturn import run_multiturn_row
 
     workload, prompts, replicas, factor, tool, seed, cost_text = args
     groups, realistic, oracle, _ = rollout_groups(workload, prompts, seed)
     turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=seed)
     known = {"given": realistic, "oracle": oracle, None: None}
     out = {}
-    for label, policy, follow, cache, pred in MULTITURN_RUNS:
-        r = run_multiturn(groups, turns, policy, replicas=replicas, budget_tokens=factor * MULTITURN_CONTEXT,
-                          max_new_tokens=4096, predicted=known[pred], cost=_rollout_cost(cost_text),
-                          follow_turns=follow, prefix_cache=cache)
-        out[label] = (r.seconds, r.lower_bound_seconds, r.cache_hits, r.later_turns, r.moved_turns, r.preemptions,
-                      r.recomputed_tokens)
-    return out
-
-
-def _multiturn_slime_unit(args) -> dict:
-    """One setting of rollout_multiturn_slime: per MULTITURN_SLIME_RUNS row, as _multiturn_unit."""
-    from simulate import split_turns
-    from simulate.multiturn import MULTITURN_SLIME_RUNS, run_multiturn_row
-
-    workload, prompts, replicas, factor, tool, seed, cost_text = args
-    groups, realistic, _, _ = rollout_groups(workload, prompts, seed)
-    turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=seed)
-    out = {}
-    for label, policy, options, pred in MULTITURN_SLIME_RUNS:
-        r = run_multiturn_row(policy, options, groups, turns, realistic if pred else None, replicas=replicas,
+    for label, policy, options, pred in MULTITURN_RUNS if runs is None else runs:
+        r = run_multiturn_row(policy, options, groups, turns, known[pred], replicas=replicas,
                               budget_tokens=factor * MULTITURN_CONTEXT, max_new_tokens=4096,
                               cost=_rollout_cost(cost_text))
         out[label] = (r.seconds, r.lower_bound_seconds, r.cache_hits, r.later_turns, r.moved_turns, r.preemptions,
@@ -2515,7 +2499,7 @@ def rollout_multiturn_slime(quick: bool) -> tuple[str, dict]:
 
     grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
     units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
-    results = _pool_map(_multiturn_slime_unit, units)
+    results = _pool_map(partial(_multiturn_unit, runs=MULTITURN_SLIME_RUNS), units)
     labels = [label for label, *_ in MULTITURN_SLIME_RUNS]
     rows, settings = _multiturn_tables(units, results, labels)
     text = table(f"Multi-turn steps on SGLang's engines ({_cost_label()}, seed {ROLLOUT_SEED}; the rollout_multiturn "
@@ -2569,13 +2553,12 @@ def multiturn_speed(quick: bool) -> tuple[str, list]:
         turns = split_turns(groups, tool_seconds=0.5, tool_sigma=0.5, seed=ROLLOUT_SEED)
         known = {"given": realistic, "oracle": oracle, None: None}
         for factor in ((4,) if quick else (2, 16)):
-            for label, policy, follow, cache, pred in MULTITURN_RUNS:
+            for label, policy, options, pred in MULTITURN_RUNS:
                 times = []
                 for _ in range(1 if quick else 3):
                     start = time.perf_counter()
                     run_multiturn(groups, turns, policy, replicas=8, budget_tokens=factor * MULTITURN_CONTEXT,
-                                  max_new_tokens=4096, predicted=known[pred], follow_turns=follow,
-                                  prefix_cache=cache)
+                                  max_new_tokens=4096, predicted=known[pred], **options)
                     times.append(time.perf_counter() - start)
                 rows.append([workload, f"{factor} x 8192", label, turns.count, statistics.median(times)])
     unpin()

@@ -102,22 +102,22 @@ MULTITURN_ROUTERS = ("sticky", "cache_aware")
 CACHE_THRESHOLD = 0.3
 
 #: The runs a multi-turn comparison makes (``lengthsched simulate --turns``, ``bench_simulate.py --sections
-#: rollout_multiturn``): (label, policy, follow_turns, prefix_cache, predictions: None, "given" or "oracle"); the
-#: first is the reference.
+#: rollout_multiturn``): (label, policy, options for :func:`run_multiturn`, predictions: None, "given" or "oracle");
+#: the first is the reference.
 MULTITURN_RUNS = (
-    ("vllm + verl's sticky routing (the baseline)", "vllm", True, True, None),
-    ("vllm + verl's sticky routing, no prefix cache", "vllm", True, False, None),
+    ("vllm + verl's sticky routing (the baseline)", "vllm", {}, None),
+    ("vllm + verl's sticky routing, no prefix cache", "vllm", {"prefix_cache": False}, None),
     ("vllm_priority, plan priorities on first turns only (verl 0.9.1's ToolAgentLoop: later turns at 0, first)",
-     "vllm_priority", False, True, "given"),
-    ("vllm_priority, the session's priority on every turn (SessionPriorityClient)", "vllm_priority", True, True,
-     "given"),
-    ("steal, first turns only (a driver that does not follow turns)", "steal", False, True, "given"),
-    ("steal, every turn", "steal", True, True, "given"),
-    ("steal_observed, first turns only (StealDriver(turns=False): decided from snapshots)", "steal_observed", False,
-     True, "given"),
-    ("steal_observed, every turn (StealDriver(turns=True): decided from snapshots)", "steal_observed", True, True,
-     "given"),
-    ("steal, every turn, oracle predictions", "steal", True, True, "oracle"),
+     "vllm_priority", {"follow_turns": False}, "given"),
+    ("vllm_priority, the session's priority on every turn (SessionPriorityClient)", "vllm_priority", {}, "given"),
+    ("steal, first turns only (a driver that does not follow turns)", "steal", {"follow_turns": False}, "given"),
+    ("steal, every turn", "steal", {}, "given"),
+    ("steal_observed, first turns only (StealDriver(turns=False): decided from snapshots)", "steal_observed",
+     {"follow_turns": False}, "given"),
+    ("steal_observed, every turn (StealDriver(turns=True): decided from snapshots)", "steal_observed", {}, "given"),
+    ("steal, every turn, oracle predictions", "steal", {}, "oracle"),
+    ("vllm + a cache-aware router on every turn (SGLang's router's rule: later turns rebalanced by load)", "vllm",
+     {"router": "cache_aware"}, None),
 )
 
 

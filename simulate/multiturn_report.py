@@ -5,7 +5,8 @@ between two turns; every row of :data:`simulate.multiturn.MULTITURN_RUNS` runs t
 (:func:`simulate.run_multiturn`) on the same replicas: vLLM FCFS with verl's sticky session routing (the reference),
 the same without a prefix cache, vLLM's priority scheduling with the plan's priorities on first turns only (verl
 0.9.1's ``ToolAgentLoop``) and on every turn (lengthsched's workers), and ``steal`` blind to later turns and
-following them, with ``--predictor``'s predictions, and once with the true lengths (an oracle row). With
+following them, with ``--predictor``'s predictions, once with the true lengths (an oracle row), and vLLM behind a
+cache-aware router that rebalances later turns by load (SGLang's router's rule). With
 ``--framework slime`` the rows are :data:`simulate.multiturn.MULTITURN_SLIME_RUNS` instead: SGLang's engines behind
 SGLang's router on every turn (slime as it ships, the reference), sticky sessions, lengthsched's slime integration
 with and without its client window, ``steal_sglang``, and vLLM's engines beside.
@@ -130,12 +131,7 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
     labels, results, errors, oracles = [], [], [], []
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
                   prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
-    if opts.framework == "slime":
-        runs = list(MULTITURN_SLIME_RUNS)
-    else:
-        runs = [(label, policy, dict(follow_turns=follow, prefix_cache=cache), pred)
-                for label, policy, follow, cache, pred in MULTITURN_RUNS]
-    for label, policy, options, pred in runs:
+    for label, policy, options, pred in MULTITURN_SLIME_RUNS if opts.framework == "slime" else MULTITURN_RUNS:
         labels.append(label)
         oracles.append(pred == "oracle")
         try:

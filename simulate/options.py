@@ -100,7 +100,8 @@ class SimulateOptions:
                                    "conversation sent to its session's replica (verl's sticky routing) and prefilled "
                                    "from that replica's prefix cache while it holds the conversation; rows: vLLM FCFS, "
                                    "vllm_priority with the plan's priorities on first turns only and on every turn, "
-                                   "steal following later turns or not (simulate.run_multiturn); --budget must hold "
+                                   "steal following later turns or not, vLLM behind a cache-aware router "
+                                   "(simulate.run_multiturn); --budget must hold "
                                    "the longest conversation")
     tool_seconds: float = _opt(0.5, "with --turns, the median seconds of a tool call (log-normal, log-sd "
                                     "--tool-sigma)")

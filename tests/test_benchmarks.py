@@ -1039,8 +1039,8 @@ def test_rollout_multiturn_quick(tmp_path):
     assert [row[0] for row in rows] == [label for label, *_ in bench.MULTITURN_RUNS]
     assert rows[0][2:5] == [1.0, 1.0, 1.0] and rows[0][8] == 0.0
     moves = [row[8] for row in rows]
-    followed = [i for i, (_, policy, follow, *_) in enumerate(bench.MULTITURN_RUNS) if policy.startswith("steal")
-                and follow]
+    followed = [i for i, (_, policy, options, _) in enumerate(bench.MULTITURN_RUNS)
+                if (policy.startswith("steal") and options.get("follow_turns", True)) or "router" in options]
     assert moves[5] > 0 and all(m == 0 for i, m in enumerate(moves) if i not in followed)
     w, b, r, f, tool, base, bound, *ratios = data["settings"][0]
     groups, realistic, _, _ = bench.rollout_groups(w, b, bench.ROLLOUT_SEED)
