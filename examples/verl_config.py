@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--selective", action="store_true",
                         help="the v1 trainer's replay buffer from lengthsched.integrations.verl_selective: under "
                              "algorithm.filter_groups it refills only what the batch still needs")
+    parser.add_argument("--routing", choices=("sticky", "cache_aware"), default="sticky",
+                        help="the router's rule for what no plan places: sticky (verl's) or cache_aware (SGLang's "
+                             "router's rule: for multi-turn agent loops, later turns rebalanced by load)")
     args = parser.parse_args(argv)
 
     memory = ls.ModelMemory.from_preset(args.preset)
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
                                      tensor_parallel_size=args.tensor_parallel_size,
                                      router_config_path=args.router_yaml,
                                      max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
-                                     steal=args.steal, selective=args.selective)
+                                     steal=args.steal, selective=args.selective, routing=args.routing)
     except ls.InvalidArgument as exc:  # one readable line and exit status 2, as the lengthsched CLI does
         parser.error(str(exc))
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")

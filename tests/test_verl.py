@@ -112,7 +112,9 @@ class FakeLLMServerClient:
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None,
                        audio_data=None, mm_processor_kwargs=None, **kwargs):
         declared = await self._load_balancer.require_acquire_fields.remote()
-        fields = {name: kwargs[name] for name in declared if name in kwargs}
+        offered = dict(prompt_ids=prompt_ids, sampling_params=sampling_params, image_data=image_data,
+                       video_data=video_data, audio_data=audio_data, mm_processor_kwargs=mm_processor_kwargs, **kwargs)
+        fields = {name: offered[name] for name in declared if name in offered}
         server_id, server = await self._load_balancer.acquire_server.remote(request_id=request_id, **fields)
         try:
             priority = kwargs.pop("priority", 0)
@@ -385,6 +387,41 @@ def test_router_routes_by_priority_sticks_to_sessions_and_balances_the_rest():
         lv.PlannedLoadBalancer(["a"])
 
 
+def test_cache_aware_routing_keeps_siblings_and_turns_together_while_balanced_and_rebalances_otherwise():
+    """routing: cache_aware (SGLang's router's rule): a first request goes where the first with the same prompt went,
+    a later turn back to its previous server while that turn's prompt is more than 0.3 of its own, both only while
+    the loads are balanced; else the server with the fewest in flight. A rerouted request goes where it was sent."""
+    lb = lv.PlannedLoadBalancer({"a": "A", "b": "B", "c": "C"}, {"routing": "cache_aware", "balance_abs_threshold": 2,
+                                                                 "balance_rel_threshold": 1.5})
+    prompt, other = list(range(100)), list(range(1, 101))
+    assert [lb.acquire_server(f"s{i}", prompt_ids=prompt)[0] for i in range(3)] == ["a", "a", "a"]  # siblings
+    assert lb.acquire_server("t0", prompt_ids=other)[0] == "b"  # another prompt: the fewest in flight
+    assert lb.acquire_server("s3", prompt_ids=prompt)[0] == "c"  # a: 3, c: 0 is imbalanced (3 - 0 > 2, 3 > 0)
+    for _ in range(3):
+        lb.release_server("a", request_id=None)
+    # s0's second turn: its first prompt (100 tokens) is 0.5 of 200 -> back to a; s1's (100 of 400) -> the fewest
+    assert lb.acquire_server("s0", prompt_ids=list(range(200)))[0] == "a"
+    assert lb.acquire_server("s1", prompt_ids=list(range(400)))[0] == "a"  # the fewest (a tie: the first), its own
+    assert lb.rebalanced == 0
+    assert lb.acquire_server("s2", prompt_ids=list(range(1000)))[0] == "b"  # 100 of 1000: a has 2, b 1
+    assert lb.rebalanced == 1
+    assert lb.reroute("s0", 2) == "c" and lb.acquire_server("s0", prompt_ids=list(range(5000)))[0] == "c"
+    # planned requests keep the plan, whatever the rule
+    assert lb.acquire_server("p", priority=4, prompt_ids=prompt)[0] == "b"
+    assert lb.get_status()["routing"] == "cache_aware"
+    assert lb.clear_sticky_cache()["cleared_entries"] > 0 and not lb._homes and not lb._tokens
+    sticky = lv.PlannedLoadBalancer({"a": "A", "b": "B"})
+    assert sticky.acquire_server("x")[0] == "a" and sticky.acquire_server("x", prompt_ids=[1] * 999)[0] == "a"
+    for kwargs, name in ((dict(routing="random"), "routing"), (dict(cache_threshold=0.5), "cache_threshold"),
+                         (dict(routing="cache_aware", cache_threshold=2), "cache_threshold"),
+                         (dict(routing="cache_aware", balance_abs_threshold=-1), "balance_abs_threshold"),
+                         (dict(routing="cache_aware", balance_rel_threshold=0.5), "balance_rel_threshold")):
+        with pytest.raises(InvalidArgument, match=f"argument '{name}'"):
+            lv.PlannedLoadBalancer({"a": "A"}, **kwargs)
+    with pytest.raises(InvalidArgument, match="argument 'routing'"):
+        lv.PlannedLoadBalancer({"a": "A"}, {"routing": "sgl"})
+
+
 class SlowVLLMServer(FakeVLLMServer):
     """A server whose requests take time (so that they overlap in flight, as on real engines)."""
 
@@ -424,6 +461,34 @@ def test_behind_verls_fully_async_recipe_the_router_balances_requests_without_a_
     assert sum("share priority 0" in r.getMessage() for r in caplog.records) == 1  # one warning
     asyncio.run(prompt(2, n=1))  # alone in flight: its 0 reads as a plan's again (replica 0)
     assert len(servers["s0"].requests) == 3 and router.get_status()["planned"] == 2
+
+
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.skipif(not VERL, reason="verl"))])
+def test_cache_aware_routing_reads_the_prompt_ids_verls_client_passes(real):
+    """routing: cache_aware through verl's client (``real``: verl 0.9.1's own LLMServerClient, which serializes the
+    fields a router declares): every request's prompt_ids reach the router; siblings' first requests go together, a
+    session's second turn returns to its server, and another prompt goes to the fewest in flight."""
+    servers = {f"s{r}": SlowVLLMServer(f"s{r}", true_length) for r in range(2)}
+    router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()}, {"routing": "cache_aware"})
+    if real:
+        from verl.workers.rollout.llm_server import LLMServerClient
+
+        client = LLMServerClient(config=trainer_config(), load_balancer_handle=Remote(router))
+    else:
+        client = FakeLLMServerClient(trainer_config(), load_balancer_handle=Remote(router))
+
+    async def session(rid: str, prompt: list[int]):  # two turns of one request id, a tool's answer between them
+        await client.generate(rid, prompt_ids=prompt, sampling_params={})
+        await client.generate(rid, prompt_ids=prompt + [9] * 5, sampling_params={})
+
+    async def step():
+        await asyncio.gather(session("a0", [1, 5, 5]), session("a1", [1, 5, 5]), session("b0", [2, 6, 6]))
+
+    asyncio.run(step())
+    assert router._tokens == {"a0": 8, "a1": 8, "b0": 8}
+    by_server = {sid: sorted(r["prompt_ids"][0] for r in s.requests) for sid, s in servers.items()}
+    assert by_server == {"s0": [1, 1, 1, 1], "s1": [2, 2]} and router.rebalanced == 0
+    assert router.get_total_inflight() == 0
 
 
 def test_the_router_sends_a_request_a_steal_coordinator_moved_to_its_new_replica():
@@ -806,7 +871,16 @@ def test_router_loads_through_verls_plugin_path_and_follows_its_protocol(tmp_pat
     for name in protocol:
         theirs = inspect.signature(getattr(RequestLoadBalancer, name)).parameters
         ours = inspect.signature(getattr(cls, name)).parameters
-        assert [p for p in theirs if p not in ("self", "extra")] == [p for p in ours if p not in ("self", "priority")]
+        assert [p for p in theirs if p not in ("self", "extra")] == \
+            [p for p in ours if p not in ("self", "priority", "prompt_ids")]  # (acquire fields it declares)
+    aware_yaml = lv.verl_rollout_config(ls.plan_group([64], slots=1, max_new_tokens=64), QWEN, gpu_memory_bytes="80GiB",
+                                        routing="cache_aware").router_yaml
+    path.write_text(aware_yaml)
+    aware = cls({"a": 1, "b": 2}, _load_router_yaml(str(path)))
+    assert aware.routing == "cache_aware" and aware.require_acquire_fields() == ["priority", "prompt_ids"]
+    with pytest.raises(InvalidArgument, match="argument 'routing'"):
+        lv.verl_rollout_config(ls.plan_group([64], slots=1, max_new_tokens=64), QWEN, gpu_memory_bytes="80GiB",
+                               routing="sgl")
 
 
 @requires_verl
