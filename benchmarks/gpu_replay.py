@@ -51,8 +51,8 @@ from lengthsched.memory import ModelMemory
 
 DEFAULT_POLICIES = "vllm:least_loaded,vllm_priority:least_loaded,seer,steal"
 #: --turns: vLLM FCFS (the baseline), vLLM priority with every turn's session priority, steal blind to later turns
-#: and following them.
-MULTITURN_DEFAULT = "vllm,vllm_priority+,steal,steal+"
+#: and following them, vLLM FCFS behind a cache-aware router (SGLang's rule: later turns rebalanced by load).
+MULTITURN_DEFAULT = "vllm,vllm_priority+,steal,steal+,vllm:cache_aware"
 
 
 def expand(log, cost: StepCost) -> dict[str, np.ndarray]:
@@ -128,15 +128,20 @@ def split_router(router: str | None) -> tuple[str | None, int | None]:
 def check_policies(ap, text: str, turns: bool = False) -> None:
     """--policies names rollout policies of the registry and routers of simulate.ROUTERS or slime_plan (sglang
     only), each optionally ROUTER@K (else a usage error); with ``turns``, policies of
-    simulate.MULTITURN_POLICIES, each optionally POLICY+ (it follows later turns), and no router."""
+    simulate.MULTITURN_POLICIES, each optionally POLICY+ (it follows later turns), and for the engine policies a
+    router of simulate.multiturn.MULTITURN_ROUTERS (POLICY:ROUTER)."""
     from lengthsched.runtime import POLICIES
     from simulate import MULTITURN_POLICIES, ROUTERS
+    from simulate.multiturn import MULTITURN_ROUTERS
 
     if turns:
         for name, router in parse_policies(text):
-            if name.rstrip("+") not in MULTITURN_POLICIES or router is not None:
+            base = name.rstrip("+")
+            if base not in MULTITURN_POLICIES or (router is not None and (router not in MULTITURN_ROUTERS
+                                                                        or base.startswith("steal"))):
                 ap.error(f"--policies {text!r} with --turns: {name!r}; expected POLICY or POLICY+ (following later "
-                         f"turns) with POLICY one of {', '.join(MULTITURN_POLICIES)}, no router")
+                         f"turns) with POLICY one of {', '.join(MULTITURN_POLICIES)}, an engine policy optionally "
+                         f"POLICY:ROUTER with ROUTER one of {', '.join(MULTITURN_ROUTERS)}")
         return
     try:
         items = parse_policies(text)
@@ -178,7 +183,8 @@ def simulate(args, cost: StepCost, fitted: StepCost | None = None) -> list[dict]
             base, follow = name.rstrip("+"), name.endswith("+")
             r = run_multiturn(groups, turns, base, replicas=args.replicas, max_new_tokens=common["max_new_tokens"],
                               budget_tokens=args.factor * MULTITURN_CONTEXT, cost=cost,
-                              predicted=None if base == "vllm" else pred, follow_turns=follow)
+                              predicted=None if base in ("vllm", "sglang") else pred, follow_turns=follow,
+                              router=router or "sticky")
         elif router == SLIME_PLAN:  # slime with lengthsched.integrations.slime: its plan and client queues
             if pred is None:
                 raise InvalidArgument("--predictions", "none", f"predictions for {SLIME_PLAN} (it plans from them)")
@@ -337,8 +343,9 @@ def main(argv=None) -> int:
     ap.add_argument("--turns", default=None, help="LO-HI: a multi-turn step instead (simulate.run_multiturn: every "
                                                   "completion cut into LO-HI turns, a tool call between two; "
                                                   "--policies then POLICY or POLICY+ of "
-                                                  "simulate.MULTITURN_POLICIES, + following later turns; default "
-                                                  "vllm,vllm_priority+,steal,steal+)")
+                                                  "simulate.MULTITURN_POLICIES, + following later turns, "
+                                                  "POLICY:cache_aware an engine policy behind a cache-aware router; "
+                                                  "default " + MULTITURN_DEFAULT + ")")
     ap.add_argument("--tool-seconds", type=float, default=0.5, help="with --turns, the tools' median seconds")
     ap.add_argument("--seed", type=int, default=11, help="the grid's draw (bench_simulate --seed)")
     ap.add_argument("--predictions", default="realistic", choices=("realistic", "oracle", "constant", "none"))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-turn (agentic) rollout steps replayed on one GPU (benchmarks/gpu_replay.sh with --turns): the steps
 # simulate.run_multiturn says vLLM FCFS with verl's sticky session routing (the baseline), vLLM priority with
-# every turn's session priority, and steal blind to later turns and following them run (sessions of 2-5 turns,
+# every turn's session priority, steal blind to later turns and following them, and vLLM FCFS behind a
+# cache-aware router (later turns rebalanced by load) run (sessions of 2-5 turns,
 # tools of median 0.5 s, conversations prefilled from each replica's prefix cache where it still holds them),
 # a sample drawn in proportion to their modelled seconds and run with a Qwen3-1.7B-shaped model. What it
 # checks: that the modelled gains of following the turns hold in measured step seconds, and how the model

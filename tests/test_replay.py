@@ -283,8 +283,9 @@ def test_gpu_replay_runs_slime_with_and_without_the_plan_on_cpu_quick(tmp_path):
 
 def test_gpu_replay_runs_a_multi_turn_step_on_cpu_quick(tmp_path):
     """--turns LO-HI (gpu_replay_multiturn.sh's): the simulator's multi-turn runs of the setting, POLICY+ following
-    later turns, each run_multiturn's step to the last digit; a policy the multi-turn model lacks, a router, or a
-    bad --turns is a usage line."""
+    later turns, POLICY:cache_aware behind a cache-aware router, each run_multiturn's step to the last digit; a
+    policy the multi-turn model lacks, a router it lacks or on a stealing policy, or a bad --turns is a usage
+    line."""
     from types import SimpleNamespace
 
     from bench_simulate import MULTITURN_CONTEXT, _rollout_setting
@@ -297,19 +298,23 @@ def test_gpu_replay_runs_a_multi_turn_step_on_cpu_quick(tmp_path):
     result = _quick_replay("--turns", "2-4", "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert [p["policy"] for p in report["policies"]] == ["vllm", "vllm_priority+", "steal", "steal+"]
+    assert [p["policy"] for p in report["policies"]] == ["vllm", "vllm_priority+", "steal", "steal+",
+                                                         "vllm + cache_aware"]
     assert report["setting"]["turns"] == [2, 4] and report["setting"]["pool"] == "2 x 8192"
     groups, realistic, _, _, common = _rollout_setting("castillo", 16, 2, 2, 11, None)
     cost = StepCost.from_gpu(ModelMemory.from_preset("qwen3-1.7b"), "h100")
     args = SimpleNamespace(workload="castillo", prompts=16, replicas=2, factor=2, seed=11, predictions="realistic",
-                           policies="vllm,steal+", turns=(2, 4), tool_seconds=0.5)
+                           policies="vllm,steal+,vllm:cache_aware", turns=(2, 4), tool_seconds=0.5)
     runs = gpu_replay.simulate(args, cost)
     turns = split_turns(groups, turns=(2, 4), tool_seconds=0.5, tool_sigma=0.5, seed=11)
     kwargs = dict(replicas=2, budget_tokens=2 * MULTITURN_CONTEXT, max_new_tokens=4096, cost=cost)
     assert runs[0]["seconds"] == run_multiturn(groups, turns, "vllm", **kwargs).seconds
     assert runs[1]["seconds"] == run_multiturn(groups, turns, "steal", predicted=realistic, **kwargs).seconds
+    assert runs[2]["seconds"] == run_multiturn(groups, turns, "vllm", router="cache_aware", **kwargs).seconds
     assert sum(len(s["rows"]) for s in runs[1]["steps"]) > 0
-    for extra, message in ((("--policies", "seer"), "with --turns"), (("--policies", "vllm:least_loaded"), "no router"),
+    for extra, message in ((("--policies", "seer"), "with --turns"),
+                           (("--policies", "vllm:least_loaded"), "ROUTER one of"),
+                           (("--policies", "steal:cache_aware"), "ROUTER one of"),
                            (("--turns", "3-1"), "--turns")):
         bad = _quick_replay(*extra, *(() if "--turns" in extra else ("--turns", "2")), "--out",
                             str(tmp_path / "bad.json"))
