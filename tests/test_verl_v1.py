@@ -287,6 +287,36 @@ def test_a_refill_is_placed_beside_the_work_still_running_and_queued_behind_it()
     assert manager.lengthsched_planner().steps == 2
 
 
+def test_prompts_a_dead_worker_never_reports_are_forgotten_after_running_steps(caplog):
+    """A worker that died never reports its prompts: their predicted work would count on the replicas for the rest
+    of the run. lengthsched.running_steps (default RUNNING_STEPS) steps after their dispatch they are forgotten, with
+    one warning, and the next batch is planned on empty replicas; null keeps them."""
+    manager, router, servers, workers = pipeline(placement="groups")
+    manager.generate_sequences(prompt_batch(1))
+    finish(workers)
+    manager.generate_sequences(prompt_batch(2, ["q0", "q2"]))
+    for worker in workers:  # the worker died: its prompts never run, never report
+        worker.pending.clear()
+    assert manager.lengthsched_loads(3).sum() > 0
+    manager.generate_sequences(prompt_batch(2 + vv1.RUNNING_STEPS, ["q3"]))  # not yet: exactly RUNNING_STEPS later
+    assert len(manager.lengthsched_running) == 3
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        manager.generate_sequences(prompt_batch(3 + vv1.RUNNING_STEPS, ["q5"]))
+    assert sorted(u.split("-")[1] for u in manager.lengthsched_running) == ["q3", "q5"]  # q0 and q2 forgotten
+    assert sum("never heard finish" in r.getMessage() for r in caplog.records) == 1
+    left = sum(p.work for p in manager.lengthsched_running.values())
+    assert manager.lengthsched_loads(3).tolist() == left.tolist() and left.sum() < 1000  # q3 and q5: no q0 (1600)
+    kept, _, _, kept_workers = pipeline(placement="groups", running_steps=None)
+    kept.generate_sequences(prompt_batch(1, ["q0"]))
+    kept_workers[0].pending.clear()
+    kept_workers[1].pending.clear()
+    kept.generate_sequences(prompt_batch(100, ["q1"]))
+    assert len(kept.lengthsched_running) == 2
+    bad, _, _, _ = pipeline(running_steps=0)
+    with pytest.raises(InvalidArgument, match="lengthsched.running_steps"):
+        bad.generate_sequences(prompt_batch(1, ["q0"]))
+
+
 def test_per_prompt_group_sizes_validation_and_failed_sessions():
     manager, router, servers, workers = pipeline()
     batch = prompt_batch(1, ["q0", "q1", "q2"], counts=[2, 0, 5])

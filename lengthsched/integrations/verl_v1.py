@@ -74,14 +74,16 @@ from .verl import (
     ManagerPlanning,
     SessionPriorities,
     SessionPriorityClient,
+    _options,
     _setting,
     batch_prompt_tokens,
 )
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
-__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "SESSION_PRIORITY", "STEALING_MANAGER_TQ_CLASS", "SessionPriorityClient",
-           "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class",
-           "make_tq_worker_class"]  # SESSION_PRIORITY, SessionPriorityClient: verl's, named here too
+__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "RUNNING_STEPS", "SESSION_PRIORITY", "STEALING_MANAGER_TQ_CLASS",
+           "SessionPriorityClient", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
+           "make_tq_stealing_manager_class", "make_tq_worker_class"]
+# (SESSION_PRIORITY, SessionPriorityClient: verl's, named here too)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,11 @@ def make_tq_worker_class(base: type) -> type:
 
     LengthschedAgentLoopWorkerTQ.__module__ = __name__
     return LengthschedAgentLoopWorkerTQ
+
+
+#: Training steps after which a prompt dispatched and never heard finish is forgotten (``lengthsched.running_steps``;
+#: null: never): verl's asynchronous modes let a prompt run a step or two past its own, far less than this.
+RUNNING_STEPS = 8
 
 
 @dataclass
@@ -261,6 +268,26 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             self.lengthsched_forget(gone)
             return len(finished)
 
+        def lengthsched_expire(self, step: int | None) -> int:
+            """Forget the prompts dispatched more than ``lengthsched.running_steps`` (default
+            :data:`RUNNING_STEPS`) training steps before ``step`` and never heard finish: a worker that died (or a
+            session that never settled) would keep their predicted work counted on the replicas for the rest of
+            the run. They count as finished for :meth:`lengthsched_forget` (the stealing driver lets their rows
+            go); their lengths, should they come, are not learnt. A warning names them. Returns how many."""
+            limit = _options(self.config).get("running_steps", RUNNING_STEPS)
+            limit = None if limit is None else check_int("lengthsched.running_steps", limit, minimum=1)
+            if step is None or limit is None:
+                return 0
+            stale = [uid for uid, prompt in self.lengthsched_running.items()
+                     if prompt.step is not None and step - prompt.step > limit]
+            if stale:
+                gone = [self.lengthsched_running.pop(uid) for uid in stale]
+                log.warning("lengthsched: %d prompts dispatched more than %d steps before step %d were never heard "
+                            "finish (a worker that died?); their work no longer counts on the replicas", len(stale),
+                            limit, step)
+                self.lengthsched_forget(gone)
+            return len(stale)
+
         def lengthsched_forget(self, prompts: list[_Dispatched]) -> None:
             """Hook: ``prompts`` were heard finish (every session settled). Nothing to do here."""
 
@@ -300,6 +327,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             replicas = self.lengthsched_replicas()
             base = -(-self._lengthsched_base // replicas) * replicas
             planner = self.lengthsched_planner()
+            self.lengthsched_expire(step)
             plan, keys = planner.plan(expanded, replicas, loads=self.lengthsched_loads(replicas), base=base)
             self._lengthsched_base = max(plan.priority) + 1
             group_rows: dict[int, list[int]] = {}
