@@ -1052,6 +1052,33 @@ def test_rollout_multiturn_quick(tmp_path):
     assert ratios[4] == pytest.approx(followed.seconds / verl.seconds)
 
 
+def test_rollout_multiturn_slime_quick(tmp_path):
+    """rollout_multiturn_slime (quick): one row per MULTITURN_SLIME_RUNS row against slime as it ships (SGLang's
+    router on every turn); a setting's ratios are run_multiturn_row's makespans; only the routed and stealing runs
+    move later turns, the integration's pinned sessions never."""
+    data = _quick_section(tmp_path, "rollout_multiturn_slime")
+    import bench_simulate as bench
+
+    from simulate import split_turns
+    from simulate.multiturn import MULTITURN_SLIME_RUNS, run_multiturn_row
+
+    rows = data["rows"]
+    assert [row[0] for row in rows] == [label for label, *_ in MULTITURN_SLIME_RUNS]
+    assert rows[0][2:5] == [1.0, 1.0, 1.0] and rows[0][8] > 0  # slime's router sends some later turns elsewhere
+    pinned = [i for i, (_, policy, options, _) in enumerate(MULTITURN_SLIME_RUNS)
+              if policy == "slime" or (policy in ("sglang", "vllm") and "router" not in options)]
+    assert all(rows[i][8] == 0 for i in pinned)
+    w, b, r, f, tool, base, bound, *ratios = data["settings"][0]
+    groups, realistic, _, _ = bench.rollout_groups(w, b, bench.ROLLOUT_SEED)
+    turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=bench.ROLLOUT_SEED)
+    kwargs = dict(replicas=r, budget_tokens=f * bench.MULTITURN_CONTEXT, max_new_tokens=4096)
+    _, policy, options, _ = MULTITURN_SLIME_RUNS[0]
+    slime = run_multiturn_row(policy, options, groups, turns, None, **kwargs)
+    _, policy, options, _ = MULTITURN_SLIME_RUNS[2]
+    planned = run_multiturn_row(policy, options, groups, turns, realistic, **kwargs)
+    assert base == pytest.approx(slime.seconds) and ratios[1] == pytest.approx(planned.seconds / slime.seconds)
+
+
 def test_multiturn_speed_quick(tmp_path):
     """multiturn_speed (quick): a wall time for every MULTITURN_RUNS run on each workload, the step's turns counted."""
     data = _quick_section(tmp_path, "multiturn_speed")
