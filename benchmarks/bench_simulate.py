@@ -2443,8 +2443,8 @@ def _multiturn_unit(args, runs=None) -> dict:
         r = run_multiturn_row(policy, options, groups, turns, known[pred], replicas=replicas,
                               budget_tokens=factor * MULTITURN_CONTEXT, max_new_tokens=4096,
                               cost=_rollout_cost(cost_text))
-        out[label] = (r.seconds, r.lower_bound_seconds, r.cache_hits, r.later_turns, r.moved_turns, r.preemptions,
-                      r.recomputed_tokens)
+        out[label] = (r.seconds, r.lower_bound_seconds, r.cache_hits + r.host_hits, r.later_turns, r.moved_turns,
+                      r.preemptions, r.recomputed_tokens)
     return out
 
 
@@ -2467,6 +2467,16 @@ def _multiturn_tables(units: list, results: list, labels: list[str]) -> tuple[li
     return rows, settings
 
 
+def _multiturn_runs(quick: bool, runs: tuple) -> tuple[list[str], list, list]:
+    """The multi-turn grid (quick: two of its settings), seed and cost of the run, under ``runs``: their labels,
+    the summary rows and the per-setting rows (:func:`_multiturn_tables`)."""
+    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
+    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
+    results = _pool_map(partial(_multiturn_unit, runs=runs), units)
+    labels = [label for label, *_ in runs]
+    return (labels, *_multiturn_tables(units, results, labels))
+
+
 MULTITURN_SUMMARY_COLUMNS = ["row", "settings", "mean", "best", "worst", "slower by > 0.1%", "mean seconds / LB",
                              "later turns cached", "later turns moved"]
 
@@ -2475,11 +2485,7 @@ def rollout_multiturn(quick: bool) -> tuple[str, dict]:
     """Multi-turn steps (simulate.run_multiturn): CASTILLO and long-tail sessions cut into 2-5 turns, tool calls
     of log-normal seconds (median 0.5 or 2 s, log-sd 0.5) answering 30-600 tokens, on 4 or 8 replicas with verl's
     sticky session routing; what vLLM's priority scheduling and steal make of them, each against vLLM FCFS."""
-    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
-    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
-    results = _pool_map(_multiturn_unit, units)
-    labels = [label for label, *_ in MULTITURN_RUNS]
-    rows, settings = _multiturn_tables(units, results, labels)
+    labels, rows, settings = _multiturn_runs(quick, MULTITURN_RUNS)
     if not quick and ROLLOUT_COST is None and ROLLOUT_SEED == 11 and ROLLOUT_MAX_SEQS is None:
         _multiturn_figure(settings, ROOT / "docs" / "figures" / "multiturn.png")
     text = table(f"Multi-turn steps ({_cost_label()}, seed {ROLLOUT_SEED}; sessions of 2-5 turns, tools of median "
@@ -2497,11 +2503,7 @@ def rollout_multiturn_slime(quick: bool) -> tuple[str, dict]:
     lengthsched.integrations.slime's plan with and without its client window, steal_sglang, and vLLM's engines."""
     from simulate.multiturn import MULTITURN_SLIME_RUNS
 
-    grid = [("castillo", 64, 4, 2, 0.5), ("long tail", 64, 4, 16, 2.0)] if quick else MULTITURN_GRID
-    units = [(*u, ROLLOUT_SEED, ROLLOUT_COST) for u in grid]
-    results = _pool_map(partial(_multiturn_unit, runs=MULTITURN_SLIME_RUNS), units)
-    labels = [label for label, *_ in MULTITURN_SLIME_RUNS]
-    rows, settings = _multiturn_tables(units, results, labels)
+    labels, rows, settings = _multiturn_runs(quick, MULTITURN_SLIME_RUNS)
     text = table(f"Multi-turn steps on SGLang's engines ({_cost_label()}, seed {ROLLOUT_SEED}; the rollout_multiturn "
                  "grid): makespan x SGLang behind its router (slime as it ships)", MULTITURN_SUMMARY_COLUMNS, rows)
     text += "\n\n" + table("Per setting: makespan x slime as it ships (LB: the lower bound, x the same)",
@@ -2539,6 +2541,30 @@ def _multiturn_figure(settings: list, path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+#: rollout_multiturn_offload's runs (MULTITURN_RUNS' format): what KV offloading to host memory does to the
+#: multi-turn comparison (conversations evicted under pressure come back by a load instead of a prefill).
+MULTITURN_OFFLOAD_RUNS = (
+    ("vllm + verl's sticky routing (the baseline)", "vllm", {}, None),
+    ("vllm + verl's sticky routing, KV offloading", "vllm", {"kv_offload": True}, None),
+    ("vllm + a cache-aware router on every turn, KV offloading", "vllm", {"router": "cache_aware", "kv_offload": True},
+     None),
+    ("steal, every turn, KV offloading", "steal", {"kv_offload": True}, "given"),
+)
+
+
+def rollout_multiturn_offload(quick: bool) -> tuple[str, dict]:
+    """The rollout_multiturn grid with every replica keeping what it evicts in host memory
+    (run_multiturn(kv_offload=True)): vLLM + verl with and without it, the cache-aware router and steal with it."""
+    labels, rows, settings = _multiturn_runs(quick, MULTITURN_OFFLOAD_RUNS)
+    text = table(f"Multi-turn steps with KV offloading ({_cost_label()}, seed {ROLLOUT_SEED}; the rollout_multiturn "
+                 "grid): makespan x vLLM FCFS + verl's sticky routing without offloading", MULTITURN_SUMMARY_COLUMNS,
+                 rows)
+    text += "\n\n" + table("Per setting: makespan x vLLM FCFS + verl without offloading (LB: the lower bound)",
+                            ["workload", "prompts", "replicas", "pool x 8192", "tool median s", "vllm seconds",
+                             "LB"] + labels[1:], settings)
+    return text, {"rows": rows, "settings": settings}
 
 
 def multiturn_speed(quick: bool) -> tuple[str, list]:
@@ -3148,6 +3174,7 @@ def main(argv=None) -> int:
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
                 "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn,
                 "rollout_multiturn_slime": rollout_multiturn_slime,
+                "rollout_multiturn_offload": rollout_multiturn_offload,
                 "multiturn_speed": multiturn_speed, "paper": paper,
                 "batches": batches, "speed": speed,
                 "scaling": scaling}

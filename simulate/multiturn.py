@@ -73,7 +73,7 @@ from lengthsched.integrations.rollout import place_ways
 from lengthsched.runtime import Engine, Problem
 from lengthsched.runtime.baselines import VLLMPriority, ran_dry
 from lengthsched.runtime.dispatch import GroupQueue
-from lengthsched.runtime.replicas import prompt_blocks
+from lengthsched.runtime.replicas import async_load_steps, prompt_blocks
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
 from .rollout import (
@@ -223,7 +223,8 @@ class MultiTurnResult:
     and schedule finishes sooner (the larger of the single-turn bound over every turn as a request of its
     own and the slowest session's path: its tokens decoded alone plus its tools' seconds);
     ``tokens``: tokens generated; ``step_logs``: each replica's :class:`~lengthsched.runtime.StepLog` (what
-    ``benchmarks/gpu_replay.py`` replays)."""
+    ``benchmarks/gpu_replay.py`` replays); ``router``: how the sessions were routed (``"placed"``: a
+    placement); ``host_hits``: later turns that loaded their conversation from host memory (``kv_offload``)."""
 
     policy: str
     follow_turns: bool
@@ -243,6 +244,7 @@ class MultiTurnResult:
     budget_tokens: int
     step_logs: tuple = ()
     router: str = "sticky"
+    host_hits: int = 0
 
 
 def _enqueue(pol: Any, job: int, arrival: int) -> None:
@@ -260,7 +262,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                   prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, follow_turns: bool = True,
                   prefix_cache: bool = True, snapshot_seconds: float | None = None,
                   max_num_seqs: int | None = None, router: str = "sticky", placement: Any = None,
-                  client_window: float | None = None, client_steals: bool = True) -> MultiTurnResult:
+                  client_window: float | None = None, client_steals: bool = True,
+                  kv_offload: bool = False) -> MultiTurnResult:
     """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
     ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
     :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
@@ -293,7 +296,11 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     length) of the sessions it was sent and that have not ended stay within ``client_window`` x
     ``budget_tokens``; with ``client_steals`` a replica whose queue ran empty takes the last queued session of
     the replica with the most predicted work queued. :func:`run_slime_multiturn` runs the integration's plan
-    this way."""
+    this way. ``kv_offload``: every replica keeps in host memory what it evicts (vLLM's ``--kv-offloading-backend
+    native`` with prefix caching): a preempted request's KV, loaded back asynchronously when it runs there again
+    (``run_rollout``'s), and a cached conversation evicted under pressure, which a later turn admitted there loads
+    back instead of prefilling (its load charged to the step that admits it, a pessimistic bound; without
+    ``prefix_cache`` only the preempted requests); host memory is taken to hold everything."""
     if policy not in MULTITURN_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
     if router not in MULTITURN_ROUTERS:
@@ -303,6 +310,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         if policy != "steal_observed":
             raise InvalidArgument("snapshot_seconds", snapshot_seconds, "None with policy " + repr(policy)
                                   + " (steal_observed decides from snapshots)")
+    if not isinstance(kv_offload, bool):
+        raise InvalidArgument("kv_offload", kv_offload, "True (evicted KV kept in host memory) or False")
     if not isinstance(turns, Turns):
         raise InvalidArgument("turns", type(turns).__name__, "a simulate.multiturn.Turns (split_turns)")
     if hasattr(predicted, "observe") or hasattr(predicted, "predict"):
@@ -394,6 +403,9 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                      budget_tokens=budget, enforce_budget=True, context=context, prefill_chunk=common["prefill_chunk"])
         eng.hold_prompts(job_owner, prompt_kv)
         eng.cache_prompts = prefix_cache
+        if kv_offload:
+            eng.offload, eng.offload_conversations = True, prefix_cache
+            eng.load_steps = async_load_steps(cost)
         engines.append(eng)
         pols.append(pol)
     first = np.flatnonzero(level == 0)  # = session ids, in order
@@ -536,6 +548,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         prefill_tokens=sum(int(log.prefill_tokens.sum()) for log in logs),
         cache_hits=sum(eng.cache_hits for eng in engines),
         cache_hit_tokens=sum(eng.cache_hit_tokens for eng in engines),
+        host_hits=sum(eng.host_hits for eng in engines),
         later_turns=int(later.sum()), moved_turns=moved,
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
                                 _session_bound(cost, turns, flat, prompt_lens[owner])),

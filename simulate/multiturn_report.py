@@ -41,7 +41,8 @@ MULTITURN_LEGEND = {
             "session's tokens decoded alone plus its tools' seconds)",
     "preempted": "preemptions (each recomputes what the request had generated)",
     "prefilled": "tokens prefilled: prompts, conversations of later turns, recomputation",
-    "cached": "share of the later turns that found their conversation in their replica's prefix cache",
+    "cached": "share of the later turns that found their conversation in their replica's prefix cache (with "
+              "--kv-offload, or loaded it from the replica's host memory)",
     "moved": "share of the later turns that ran on another replica than their previous turn (stolen, moved, or "
              "routed elsewhere by SGLang's router)",
 }
@@ -73,7 +74,7 @@ def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tup
     tokens = parse_range("tool_tokens", opts.tool_tokens, 0)
     check_positive_float("tool_seconds", opts.tool_seconds)
     check_nonnegative_float("tool_sigma", opts.tool_sigma)
-    for name in ("oversample", "steps", "max_staleness", "in_flight", "headroom", "draws", "plot", "kv_offload",
+    for name in ("oversample", "steps", "max_staleness", "in_flight", "headroom", "draws", "plot",
                  "resubmit_seconds", "poll_seconds", "policies", "routers"):
         value = getattr(opts, name)
         if value != OPTION_DEFAULTS[name]:
@@ -130,7 +131,7 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
     known = {None: None, "given": step.predicted, "oracle": oracle}
     labels, results, errors, oracles = [], [], [], []
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
-                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots, kv_offload=bool(opts.kv_offload))
     for label, policy, options, pred in MULTITURN_SLIME_RUNS if opts.framework == "slime" else MULTITURN_RUNS:
         labels.append(label)
         oracles.append(pred == "oracle")
@@ -156,6 +157,7 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
                f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
                f"{step.pool:,} KV tokens; "
                + ("verl's sticky session routing" if opts.framework == "verl" else "slime's rollout on SGLang")
+               + ("; evicted KV kept in host memory (--kv-offload)" if opts.kv_offload else "")
                + f"; predictor {o.predictor}; seconds modelled "
                f"for {step.cost.model} on {step.cost.gpu}")
     return MultiTurnComparison(dataclasses.asdict(opts), setting, tuple(labels), tuple(results), tuple(errors),
@@ -200,7 +202,7 @@ def format_multiturn(comparison: MultiTurnComparison) -> str:
         later = max(r.later_turns, 1)
         table.append([name, f"{r.seconds:.2f}", f"{r.seconds / ref.seconds:.3f}",
                       f"{r.seconds / r.lower_bound_seconds:.3f}", f"{r.preemptions:,}", f"{r.prefill_tokens:,}",
-                      f"{r.cache_hits / later:.1%}", f"{r.moved_turns / later:.1%}"])
+                      f"{(r.cache_hits + r.host_hits) / later:.1%}", f"{r.moved_turns / later:.1%}"])
     lines = [comparison.setting, ""] + aligned(table)
     errors = [f"  {label}: {error}" for label, error in zip(comparison.labels, comparison.errors) if error]
     if errors:

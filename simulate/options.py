@@ -93,7 +93,8 @@ class SimulateOptions:
     kv_offload: bool = _opt(False, "in a rollout step, every replica keeps a preempted request's KV in host memory "
                                    "and loads it back instead of recomputing it (vLLM's --kv-offloading-backend "
                                    "native; each load timed over the host link and overlapping the decoding, as "
-                                   "vLLM loads asynchronously)")
+                                   "vLLM loads asynchronously; with --turns also the conversations the prefix cache "
+                                   "evicts, loaded back by a later turn instead of prefilled)")
     turns: str | None = _opt(None, "in a rollout step, simulate agent loops instead: each completion cut at random "
                                    "into N turns, or LO-HI drawn per completion (e.g. 2-5), a tool call between two "
                                    "turns (--tool-seconds, --tool-tokens), each later turn a new request of the whole "

@@ -1079,6 +1079,26 @@ def test_rollout_multiturn_slime_quick(tmp_path):
     assert base == pytest.approx(slime.seconds) and ratios[1] == pytest.approx(planned.seconds / slime.seconds)
 
 
+def test_rollout_multiturn_offload_quick(tmp_path):
+    """rollout_multiturn_offload (quick): one row per MULTITURN_OFFLOAD_RUNS row against vLLM + verl without
+    offloading; offloading turns evicted conversations into hits (more later turns cached); a setting's ratio is
+    run_multiturn's."""
+    data = _quick_section(tmp_path, "rollout_multiturn_offload")
+    import bench_simulate as bench
+
+    from simulate import run_multiturn, split_turns
+
+    rows = data["rows"]
+    assert [row[0] for row in rows] == [label for label, *_ in bench.MULTITURN_OFFLOAD_RUNS]
+    assert rows[0][2:5] == [1.0, 1.0, 1.0] and rows[1][7] >= rows[0][7]
+    w, b, r, f, tool, base, bound, *ratios = data["settings"][0]
+    groups, _, _, _ = bench.rollout_groups(w, b, bench.ROLLOUT_SEED)
+    turns = split_turns(groups, tool_seconds=tool, tool_sigma=0.5, seed=bench.ROLLOUT_SEED)
+    kwargs = dict(replicas=r, budget_tokens=f * bench.MULTITURN_CONTEXT, max_new_tokens=4096)
+    offload = run_multiturn(groups, turns, "vllm", kv_offload=True, **kwargs)
+    assert ratios[0] == pytest.approx(offload.seconds / base)
+
+
 def test_multiturn_speed_quick(tmp_path):
     """multiturn_speed (quick): a wall time for every MULTITURN_RUNS run on each workload, the step's turns counted."""
     data = _quick_section(tmp_path, "multiturn_speed")

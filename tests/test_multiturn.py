@@ -73,8 +73,8 @@ def test_the_step_is_never_shorter_than_its_slowest_tool_chain():
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), budget=st.sampled_from([900, 1500, 6000]),
-       policy=st.sampled_from(MULTITURN_POLICIES), follow=st.booleans(), cache=st.booleans())
-def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, policy, follow, cache):
+       policy=st.sampled_from(MULTITURN_POLICIES), follow=st.booleans(), cache=st.booleans(), offload=st.booleans())
+def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, policy, follow, cache, offload):
     """The engines enforce each pool (prompts, live requests and cached conversations); every turn finishes; the
     bound is below the makespan; a stealing run that does not follow turns never moves a later one."""
     groups = _groups([5, 3, 4], seed=seed, high=200)
@@ -82,10 +82,11 @@ def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, polic
     rng = np.random.default_rng(seed)
     predicted = np.concatenate([np.full(len(g.lengths), int(rng.integers(20, 200))) for g in groups])
     out = run_multiturn(groups, turns, policy, replicas=2, budget_tokens=budget, max_new_tokens=400,
-                        predicted=predicted, follow_turns=follow, prefix_cache=cache)
+                        predicted=predicted, follow_turns=follow, prefix_cache=cache, kv_offload=offload)
     assert out.lower_bound_seconds <= out.seconds * (1 + 1e-9)
     assert out.later_turns == turns.count - len(turns.lengths)
-    assert out.cache_hits <= out.later_turns and (cache or out.cache_hits == 0)
+    assert out.cache_hits + out.host_hits <= out.later_turns and (cache or out.cache_hits + out.host_hits == 0)
+    assert offload or out.host_hits == 0
     if not policy.startswith("steal") or not follow:
         assert out.moved_turns == 0
 
@@ -174,6 +175,43 @@ def test_engine_caches_conversations_in_the_pool_and_evicts_the_oldest_first():
     eng.advance(1, False)
     assert eng.step_log().prefill_tokens.tolist() == [1]
     assert eng.evict_idle() == 0
+
+
+def test_with_offloading_an_evicted_conversation_is_loaded_back_instead_of_prefilled():
+    """Engine.offload_conversations (run_multiturn's kv_offload): a conversation evicted under pressure goes to host
+    memory; the later turn admitted there loads its whole blocks (charged to the admitting step) and prefills the
+    rest; a conversation dropped because its turn runs elsewhere leaves host memory too."""
+    eng = Engine([5, 5], tails=[40, 20], block_size=16, budget_tokens=10_000)
+    eng.offload_conversations = True
+    eng.cache_conversation(0, 40)
+    eng.cache_conversation(1, 20)
+    assert eng.evict_idle(1) == 48 and eng.conversation_kv_held == 32 and eng.host_hit(0) == 32
+    assert eng.host_hit(1) == 0 and eng.prefill_need(0) == 40 - 32  # job 1 still on the GPU; job 0 from the host
+    eng.admit(0)
+    assert (eng.host_hits, eng.host_hit_tokens, eng.cache_hits, eng.loaded_tokens) == (1, 32, 0, 32)
+    eng.advance(1, False)
+    log = eng.step_log()
+    assert log.prefill_tokens.tolist() == [8] and log.loaded_tokens.tolist() == [32]
+    eng.evict_idle()
+    eng.drop_cached(1)  # its turn runs elsewhere
+    assert eng.host_hit(1) == 0 and not eng._host_conv
+
+
+def test_kv_offloading_turns_evicted_conversations_into_host_hits():
+    """run_multiturn(kv_offload=True): in a tight pool, most later turns that lost their conversation to eviction
+    load it back; the run is never worse for the cache (hits counted together) and names a bad flag."""
+    groups = _groups([8, 8, 8], seed=7, high=400)
+    turns = split_turns(groups, turns=(2, 4), tool_tokens=(10, 60), tool_seconds=0.3, seed=7)
+    kwargs = dict(replicas=2, budget_tokens=1500, max_new_tokens=500)
+    plain = run_multiturn(groups, turns, "vllm", **kwargs)
+    offload = run_multiturn(groups, turns, "vllm", kv_offload=True, **kwargs)
+    assert plain.host_hits == 0 and offload.host_hits > 0
+    assert offload.cache_hits + offload.host_hits > plain.cache_hits
+    assert offload.prefill_tokens < plain.prefill_tokens
+    cold = run_multiturn(groups, turns, "vllm", kv_offload=True, prefix_cache=False, **kwargs)
+    assert cold.host_hits == cold.cache_hits == 0  # only preempted requests' KV goes to host memory then
+    with pytest.raises(InvalidArgument, match="kv_offload"):
+        run_multiturn(groups, turns, "vllm", kv_offload="yes", **kwargs)
 
 
 def test_steal_observed_submits_later_turns_to_its_coordinator_only_when_it_follows_them():

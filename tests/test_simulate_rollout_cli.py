@@ -942,6 +942,28 @@ def test_turns_compare_the_multi_turn_runs_and_name_the_fastest(capsys, tmp_path
     assert rows[5]["seconds"] == pytest.approx(steal.seconds) and rows[5]["moved_turns"] == steal.moved_turns
 
 
+def test_turns_with_kv_offload_keep_evicted_conversations_in_host_memory(capsys, tmp_path):
+    """--turns with --kv-offload: every run keeps what its replicas evict in host memory (run_multiturn(kv_offload=
+    True)), the setting says so, and the rows' host hits are run_multiturn's."""
+    from simulate import split_turns
+    from simulate.multiturn import MULTITURN_RUNS, run_multiturn_row
+    from simulate.options import SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    out_file = tmp_path / "offload.json"
+    assert main(TURNS + ["--kv-offload", "--output", str(out_file)]) == 0
+    assert "evicted KV kept in host memory (--kv-offload)" in capsys.readouterr().out
+    rows = json.loads(out_file.read_text())["rows"]
+    step = rollout_step(SimulateOptions(prompts=6, replicas=2, group_size=8, max_new_tokens=1024, model="qwen3-1.7b",
+                                        budget="4.2GiB"))
+    turns = split_turns(step.groups, turns=(2, 4), tool_tokens=(20, 200), tool_seconds=0.5, tool_sigma=0.5, seed=0)
+    _, policy, options, pred = MULTITURN_RUNS[0]
+    verl = run_multiturn_row(policy, options, step.groups, turns, None, replicas=2, budget_tokens=step.pool,
+                             max_new_tokens=1024, cost=step.cost, kv_offload=True)
+    assert rows[0]["seconds"] == pytest.approx(verl.seconds) and rows[0]["host_hits"] == verl.host_hits
+    assert rows[1]["host_hits"] == 0  # no prefix cache: nothing of a conversation to offload
+
+
 def test_turns_with_slime_compare_its_runs_on_sglang_and_name_the_fastest_there(capsys, tmp_path):
     """--framework slime: one row per MULTITURN_SLIME_RUNS run, each run_multiturn_row's step, against slime as it
     ships (SGLang's router on every turn); the verdict names the fastest on SGLang's engines and the fastest on

@@ -186,6 +186,12 @@ class Engine:
         self._conv_held = 0  # KV tokens (whole blocks) the cached conversations take
         self.cache_hits = 0  # admissions that found their conversation cached
         self.cache_hit_tokens = 0  # tokens those admissions did not prefill
+        # Conversations evicted to host memory (offload_conversations: vLLM's --kv-offloading-backend with prefix
+        # caching keeps evicted blocks in host memory, where a later prefix hit loads them): job -> tokens.
+        self.offload_conversations = False
+        self._host_conv: dict[int, int] = {}
+        self.host_hits = 0  # admissions that loaded their conversation from host memory
+        self.host_hit_tokens = 0  # tokens those admissions loaded instead of prefilling
 
     # ------------------------------------------------------------------ views
     def age(self, job: int) -> int:
@@ -254,6 +260,7 @@ class Engine:
             raise SimulationError(f"admitting job {job} exceeds slots={self.slots} at step {self.t}")
         need = self.prefill_need(job)
         hit = self.cached_hit(job) if self._conv else 0
+        host = self.host_hit(job) if self._host_conv else 0
         if not self._prefill_fits(need):
             raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step "
                                   f"{self.t + 1}, more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
@@ -267,7 +274,13 @@ class Engine:
             need -= load
         self._prefill_next += need + load
         # The recomputed tokens attend the cached prompt prefix (and the cached conversation) and, causally, each other.
-        self._prefill_ctx_next += need * (self.context[job] - self.tail[job] + hit) + need * (need + 1) // 2
+        self._prefill_ctx_next += need * (self.context[job] - self.tail[job] + hit + host) + need * (need + 1) // 2
+        if host:  # its conversation comes back from host memory (charged to this step, as stalled loads are)
+            del self._host_conv[job]
+            self._load_next += host
+            self.loaded_tokens += host
+            self.host_hits += 1
+            self.host_hit_tokens += host
         if job in self._conv:  # its conversation's blocks become its own
             self.drop_cached(job)
             if hit:
@@ -352,7 +365,8 @@ class Engine:
         preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`).
         A job in :attr:`transferred` brings its own KV (tail and generated tokens): only the shared
         prompt may need a prefill."""
-        own = 0 if job in self.transferred else self.own_kv(job) - (self.cached_hit(job) if self._conv else 0)
+        own = 0 if job in self.transferred else self.own_kv(job) - (self.cached_hit(job) if self._conv else 0) \
+            - (self.host_hit(job) if self._host_conv else 0)
         return own + self.load_need(job)
 
     # ------------------------------------------------------------------ conversations in the prefix cache
@@ -377,6 +391,13 @@ class Engine:
             return 0
         return min(self._conv.get(job, 0) // self.block * self.block, self.own_kv(job))
 
+    def host_hit(self, job: int) -> int:
+        """Tokens of ``job``'s own KV its admission here loads from host memory (its conversation, evicted there
+        with :attr:`offload_conversations`; whole blocks, none when its conversation is still cached on the GPU)."""
+        if job in self.transferred or self.done[job] or job in self._conv:
+            return 0
+        return min(self._host_conv.get(job, 0) // self.block * self.block, self.own_kv(job))
+
     def reused_blocks(self, job: int) -> int:
         """Blocks of the pool ``job``'s cached conversation holds, which become its own when it is admitted
         here (0 when none)."""
@@ -384,7 +405,10 @@ class Engine:
         return -(-tokens // self.block)
 
     def drop_cached(self, job: int) -> int:
-        """Forget ``job``'s cached conversation here (it runs elsewhere); returns the KV tokens freed."""
+        """Forget ``job``'s cached conversation here (it runs elsewhere), in host memory too; returns the KV tokens
+        freed on the GPU."""
+        if self._host_conv:
+            self._host_conv.pop(job, None)
         tokens = self._conv.pop(job, 0) if self._conv else 0
         held = -(-tokens // self.block) * self.block
         self._conv_held -= held
@@ -448,7 +472,10 @@ class Engine:
             for job in [j for j in self._conv if j != keep]:
                 if shortfall is not None and freed >= shortfall:
                     break
+                tokens = self._conv[job]
                 freed += self.drop_cached(job)
+                if self.offload_conversations:  # its blocks go to host memory, from where a later hit loads them
+                    self._host_conv[job] = tokens
         return freed
 
     def _unload(self, group: int) -> int:
