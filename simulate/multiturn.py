@@ -189,8 +189,9 @@ def split_turns(groups: Sequence[Any], *, turns: tuple[int, int] = (2, 5),
     """Turn every completion of ``groups`` (objects with ``lengths``) into a session: its length cut
     at random points into a number of turns drawn uniformly from ``turns`` (at most its length), a
     tool call between two turns whose answer adds a number of tokens drawn log-uniformly from
-    ``tool_tokens`` and which lasts a log-normal number of seconds (median ``tool_seconds``, log-sd
-    ``tool_sigma``; a search or a code run: a fraction of a second to many seconds)."""
+    ``tool_tokens`` (a fewest of 0 reads as 1: a log-uniform draw never gives 0; ``(0, 0)``: no answers) and which
+    lasts a log-normal number of seconds (median ``tool_seconds``, log-sd ``tool_sigma``; a search or a code run:
+    a fraction of a second to many seconds)."""
     lo, hi = (check_int("turns", t, minimum=1) for t in turns)
     if hi < lo:
         raise InvalidArgument("turns", turns, "(fewest, most) with fewest <= most")
