@@ -314,11 +314,9 @@ class SGLangLike(_Waiting):
             if used + need + reserved + hold > budget and eng.evict_idle(used + need + reserved + hold - budget,
                                                                          keep=job, conversations=False):
                 used, need = eng.kv_tokens(nxt), self._tokens_needed(eng, job)
-            # The radix cache's evictable tokens count as free (PrefillAdder's rem_total_tokens: available plus
-            # evictable): cached conversations, other than the one this request takes over, are evicted only when
-            # its tokens need their room.
-            cached = eng.conversation_kv_held - eng.reused_blocks(job) * eng.block
-            if used - cached + need + reserved + hold > budget or not eng.can_prefill(job):
+            # Cached conversations, other than the one this request takes over, are evicted only when its tokens need
+            # their room.
+            if used - self._cached_free(eng, job) + need + reserved + hold > budget or not eng.can_prefill(job):
                 return
             if used + need > budget:
                 eng.evict_idle(used + need - budget, keep=job)
@@ -334,6 +332,13 @@ class SGLangLike(_Waiting):
         conversation cached here (a later turn: ``Engine.cache_conversation``; SGLang's radix cache matches it
         token by token, and its tokens, counted in the pool already, become the request's own)."""
         return eng.tail[job] + eng.done[job] + 1 + eng.load_need(job) - eng.reused_blocks(job) * eng.block
+
+    @staticmethod
+    def _cached_free(eng: Engine, job: int) -> int:
+        """KV tokens of the cached conversations that count as free when ``job`` is admitted (the radix cache's
+        evictable tokens: ``PrefillAdder``'s ``rem_total_tokens`` is available plus evictable), less the one ``job``
+        takes over."""
+        return eng.conversation_kv_held - eng.reused_blocks(job) * eng.block
 
     def _max_new(self, eng: Engine, job: int) -> int:
         """``job``'s max_new_tokens as SGLang takes it: at most the pool less its prompt and 2 tokens
@@ -416,8 +421,8 @@ class SGLangLike(_Waiting):
             return overflow
         if not self._linear(eng):  # clipped reservations are not linear in the steps: decide every step
             return min(overflow, eng.t + 1)
-        head = self.waiting[-1]  # (cached conversations count as free, as in decide)
-        used = eng.kv_tokens(eng.t + 1) - eng.conversation_kv_held + eng.reused_blocks(head) * eng.block
+        head = self.waiting[-1]
+        used = eng.kv_tokens(eng.t + 1) - self._cached_free(eng, head)  # (as decide counts it)
         delay = self.admission_delay(used, self._remaining(eng), eng.live,
                                      self._tokens_needed(eng, head) - eng.load_need(head), horizon, self.ratio(eng.t),
                                      eng.load_need(head))

@@ -574,7 +574,7 @@ class StealSGLang(WorkStealing):
     _init_ratio, ratio, admission_delay = SGLangLike._init_ratio, SGLangLike.ratio, SGLangLike.admission_delay
     _max_new, _left, _linear = SGLangLike._max_new, SGLangLike._left, SGLangLike._linear
     _remaining = SGLangLike._remaining
-    _tokens_needed = staticmethod(SGLangLike._tokens_needed)
+    _tokens_needed, _cached_free = staticmethod(SGLangLike._tokens_needed), staticmethod(SGLangLike._cached_free)
     _retraction_key, _requeue = SGLangLike._retraction_key, SGLangLike._requeue
     idle_reset = SGLangLike.idle_reset  # a replica that ran dry starts its ratio again, before it steals
 

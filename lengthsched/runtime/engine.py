@@ -258,9 +258,8 @@ class Engine:
             raise SimulationError(f"job {job} admitted while live, loading, or after it finished")
         if self.slots is not None and len(self.origin) >= self.slots:
             raise SimulationError(f"admitting job {job} exceeds slots={self.slots} at step {self.t}")
-        need = self.prefill_need(job)
-        hit = self.cached_hit(job) if self._conv else 0
-        host = self.host_hit(job) if self._host_conv else 0
+        hit, host = self._hits(job)
+        need = self._prefill_need(job, hit, host)
         if not self._prefill_fits(need):
             raise SimulationError(f"admitting job {job} prefills {self._prefill_next + need} tokens in step "
                                   f"{self.t + 1}, more than prefill_chunk={self.prefill_chunk} (ask can_prefill first)")
@@ -365,8 +364,16 @@ class Engine:
         preempted (recomputed), and its shared prompt when that is not held here (:meth:`hold_prompts`).
         A job in :attr:`transferred` brings its own KV (tail and generated tokens): only the shared
         prompt may need a prefill."""
-        own = 0 if job in self.transferred else self.own_kv(job) - (self.cached_hit(job) if self._conv else 0) \
-            - (self.host_hit(job) if self._host_conv else 0)
+        return self._prefill_need(job, *self._hits(job))
+
+    def _hits(self, job: int) -> tuple[int, int]:
+        """Tokens of ``job``'s own KV found in this replica's prefix cache (:meth:`cached_hit`) and in its host memory
+        (:meth:`host_hit`)."""
+        return (self.cached_hit(job) if self._conv else 0), (self.host_hit(job) if self._host_conv else 0)
+
+    def _prefill_need(self, job: int, hit: int, host: int) -> int:
+        """:meth:`prefill_need` with the hits :meth:`_hits` found."""
+        own = 0 if job in self.transferred else self.own_kv(job) - hit - host
         return own + self.load_need(job)
 
     # ------------------------------------------------------------------ conversations in the prefix cache
