@@ -331,12 +331,13 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     cls = spec.cls
     block = cls.block_size
     steals = bool(getattr(cls, "STEALS", False))
-    if steals:
-        for name, value, default in (("router", router, "sticky"), ("placement", placement, None),
-                                     ("client_window", client_window, None)):
-            if value != default if default is not None else value is not None:
-                raise InvalidArgument(name, value if name != "placement" else "a placement", f"{default!r} with "
-                                      f"policy {policy!r} (it places the sessions itself)")
+    if steals:  # it places the sessions itself
+        for name, given, value, default in (("router", router != "sticky", router, "sticky"),
+                                            ("placement", placement is not None, "a placement", None),
+                                            ("client_window", client_window is not None, client_window, None)):
+            if given:
+                raise InvalidArgument(name, value, f"{default!r} with policy {policy!r} (it places the sessions "
+                                                   "itself)")
     if placement is not None:
         if router != "sticky":
             raise InvalidArgument("router", router, "'sticky' with a placement (every turn to its session's replica)")
@@ -410,7 +411,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         engines.append(eng)
         pols.append(pol)
     first = np.flatnonzero(level == 0)  # = session ids, in order
-    coord = None
+    coord = live = None  # live: the router that picks each turn's replica when it is sent (cache_aware)
     if steals:
         work, ways = steal_ways(groups, pred, budget, replicas, common["max_new"], cls)
         placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
@@ -429,8 +430,6 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         placed = np.array([live.select(int(g)) for g in job_owner[first].tolist()], dtype=np.int64)
     else:
         placed = route(groups, "least_loaded", replicas)  # verl: each session to the server with fewest sessions
-    if router != "cache_aware":
-        live = None
     where = np.full(n, -1, dtype=np.int64)  # the replica each turn is sent to
     arrived = 0  # requests that reached an engine so far
 
@@ -581,11 +580,9 @@ def run_slime_multiturn(groups: Sequence[Any], turns: Turns, predicted: Any, *, 
     :data:`~lengthsched.integrations.slime.WINDOW`; 0: every session sent at once; none on one replica) with
     ``steals``, each one's turns all on its engine. ``kwargs`` go to :func:`run_multiturn` (``cost``,
     ``prefix_cache``, ``max_num_seqs``, ``prefill_chunk``). The result's sessions are in the planner's order."""
-    from lengthsched.integrations.slime import WINDOW
+    from .rollout import _slime_order, _slime_planner, _slime_window
 
-    from .rollout import _slime_order, _slime_planner
-
-    window = WINDOW if window is None else check_nonnegative_float("window", window)
+    client_window = _slime_window(window, replicas)
     for name in ("router", "placement", "client_window", "client_steals", "predicted"):
         if name in kwargs:
             raise InvalidArgument(name, kwargs[name], "not given (run_slime_multiturn routes through the plan)")
@@ -597,5 +594,4 @@ def run_slime_multiturn(groups: Sequence[Any], turns: Turns, predicted: Any, *, 
     order, placed, pred_reordered = _slime_order(planner, samples, groups, sizes, starts, pred, replicas)
     sessions = np.concatenate([np.arange(starts[i], starts[i] + sizes[i]) for i in order]) if len(order) else []
     return run_multiturn([groups[i] for i in order], turns.take(sessions), "sglang", predicted=pred_reordered,
-                         placement=placed, client_window=(window or None) if replicas > 1 else None,
-                         client_steals=steals, **common)
+                         placement=placed, client_window=client_window, client_steals=steals, **common)

@@ -963,16 +963,13 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     ``lengthsched_filter_order``; :func:`simulate.run_oversampled_steps` feeds it). Unplanned steps keep the order
     given (``run_oversampled_steps`` orders the batches with the same history).
     ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
-    from lengthsched.integrations.slime import WINDOW
-
-    window = WINDOW if window is None else check_nonnegative_float("window", window)
+    client_window = _slime_window(window, replicas)
     groups, sizes, starts, pred, samples, planner = _slime_planner(groups, predicted, budget_tokens, max_new_tokens,
                                                                    placement, submit, filter_history)
     if not planner.planning:  # slime's router sends the step, as slime ships
         result = run_rollout(groups, "sglang", router="cache_aware", replicas=replicas, budget_tokens=budget_tokens,
                              max_new_tokens=max_new_tokens, in_flight=in_flight, refill=refill, **kwargs)
         return result, np.arange(len(groups), dtype=np.int64)
-    client_window = (window or None) if replicas > 1 else None
     if refill is not None:  # each chunk planned when slime takes it, from what the engines still have
         return _slime_refill(groups, samples, sizes, pred, planner, refill, replicas=replicas,
                              budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
@@ -982,6 +979,16 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
                          in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
     return result, order
+
+
+def _slime_window(window: float | None, replicas: int) -> float | None:
+    """The client window (KV pools per engine) lengthsched's slime integration sends with: ``window`` (None: its
+    :data:`~lengthsched.integrations.slime.WINDOW`; 0: every sample sent at once, no window), none on one replica
+    (as the integration)."""
+    from lengthsched.integrations.slime import WINDOW
+
+    window = WINDOW if window is None else check_nonnegative_float("window", window)
+    return (window or None) if replicas > 1 else None
 
 
 def _slime_planner(groups, predicted, budget_tokens, max_new_tokens, placement, submit, filter_history):
