@@ -271,10 +271,7 @@ class PlannedLoadBalancer:
             self._remember(request_id, sid)
         self._rerouted.discard(request_id)
         if tokens is not None:
-            self._tokens[request_id] = tokens
-            self._tokens.move_to_end(request_id)
-            while len(self._tokens) > self._max_cache_size:
-                self._tokens.popitem(last=False)
+            _keep_newest(self._tokens, request_id, tokens, self._max_cache_size)
         self._inflight[sid] += 1
         if decode_replica(priority, 1) is not None:  # a priority it holds while in flight
             self._release_priority(request_id)
@@ -309,12 +306,10 @@ class PlannedLoadBalancer:
         key = hash(tuple(prompt_ids) if isinstance(prompt_ids, (list, tuple))
                    else tuple(np.asarray(prompt_ids).ravel().tolist()))
         home = self._homes.get(key)
-        sid = home if home is not None and home in self._inflight and self._balanced() else self._fewest()
-        if home is None or home not in self._inflight:
-            self._homes[key] = sid
-        self._homes.move_to_end(key)
-        while len(self._homes) > self._max_cache_size:
-            self._homes.popitem(last=False)
+        if home not in self._inflight:  # none yet, or its server left: this request's server becomes it
+            home = None
+        sid = home if home is not None and self._balanced() else self._fewest()
+        _keep_newest(self._homes, key, sid if home is None else home, self._max_cache_size)
         return sid
 
     def expect(self, routes: Mapping[int, Sequence[int | None]]) -> int:
@@ -364,10 +359,7 @@ class PlannedLoadBalancer:
 
     def _remember(self, request_id: str, server_id: str) -> None:
         """``request_id`` goes to ``server_id`` from now on (the newest of at most max_cache_size)."""
-        self._sticky[request_id] = server_id
-        self._sticky.move_to_end(request_id)
-        while len(self._sticky) > self._max_cache_size:
-            self._sticky.popitem(last=False)
+        _keep_newest(self._sticky, request_id, server_id, self._max_cache_size)
 
     def release_server(self, server_id: str, request_id: str | None = None) -> None:
         """One request on ``server_id`` finished (``request_id``: which; its priority is free again)."""
@@ -420,6 +412,14 @@ class PlannedLoadBalancer:
                 "active_servers": len(self._inflight), "registered_handles": list(self._servers),
                 "planned": self.planned, "unplanned": self.unplanned, "collisions": self.collisions,
                 "routing": self.routing, "rebalanced": self.rebalanced}
+
+
+def _keep_newest(cache: OrderedDict, key: Any, value: Any, size: int) -> None:
+    """``cache[key] = value`` as its newest entry, the oldest dropped beyond ``size`` entries (an LRU)."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > size:
+        cache.popitem(last=False)
 
 
 # ----------------------------------------------------------------------------- the planner
