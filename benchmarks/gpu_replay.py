@@ -364,10 +364,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     start = time.monotonic()
     if args.turns is not None:
-        lo, sep, hi = args.turns.partition("-")
-        if not (lo.isdigit() and (not sep or hi.isdigit())) or int(lo) < 1 or int(hi or lo) < int(lo):
-            ap.error(f"--turns {args.turns!r}: expected N or LO-HI with 1 <= LO <= HI")
-        args.turns = (int(lo), int(hi or lo))
+        from simulate.multiturn_report import parse_range
+
+        try:
+            args.turns = parse_range("turns", args.turns, 1)
+        except InvalidArgument as exc:
+            ap.error(f"--turns {args.turns!r}: {exc}")
         if args.tool_seconds <= 0:
             ap.error(f"--tool-seconds {args.tool_seconds}: expected seconds > 0")
         if args.policies == DEFAULT_POLICIES:
