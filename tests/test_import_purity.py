@@ -13,7 +13,7 @@ import pytest
 
 CORE_BLOCKED = ("torch", "transformers", "ortools", "scipy", "datasets", "matplotlib", "tqdm")
 SIBLINGS = ("simulate", "predictor_training", "sampler")
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", "areal")
 
 
 def imports_cleanly(package: str, blocked: tuple[str, ...]) -> subprocess.CompletedProcess:

@@ -6,8 +6,8 @@ arguments and call methods on objects the caller created. A group of G completio
 becomes G requests (n=1 each; the engine's prefix cache shares the prompt KV) whose priorities
 follow the plan's admission order, so the engine starts them in the order the plan does; the
 memory helpers turn a KV budget (bytes) and the plan's slot count into engine arguments. Every
-claim about an engine is modelled on its code (vLLM 0.33.0, SGLang 0.5.23, TRL 1.16.0, verl 0.9.1;
-each module's docstring names the files).
+claim about an engine is modelled on its code (vLLM 0.33.0, SGLang 0.5.23, TRL 1.16.0, verl 0.9.1,
+AReaL 1.0.4; each module's docstring names the files).
 
 - vLLM: :func:`vllm_priorities`, :func:`vllm_requests`, :func:`generate_group_vllm`,
   :func:`agenerate_group_vllm`, :func:`vllm_setup` (``kv_cache_memory_bytes``,
@@ -45,15 +45,19 @@ each module's docstring names the files).
 - slime: :mod:`lengthsched.integrations.slime` (its ``--rollout-function-path`` and
   ``--custom-generate-function-path`` hooks: every batch planned, each sample sent to its planned
   SGLang engine; modelled on slime at commit 624b824, tested against a fake slime).
+- AReaL: :mod:`lengthsched.integrations.areal` (``install`` on a rank's ``RemoteSGLangEngine`` /
+  ``RemotevLLMEngine``: each group placed on the servers by predicted work when its first request comes,
+  :class:`~lengthsched.integrations.areal.GroupRouter`; modelled on AReaL 1.0.4, tested against its real
+  ``RemoteInfEngine`` in CI).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
   :func:`trl_vllm_engine_args` (:mod:`lengthsched.integrations.trl_vllm`).
 - Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM blocks /
   SGLang pages), :func:`plan_kv_bytes`, :func:`plan_concurrency`, :func:`default_overhead_bytes`,
   :class:`EngineSetup`, :class:`GroupRequests`.
 
-These paths were tested with the engines faked at their API boundary and, for verl, against
-verl's real classes with the engine calls faked below them; none was run on a GPU here (see
-docs/howto-vllm.md, howto-sglang.md, howto-verl.md, howto-trl.md, howto-slime.md).
+These paths were tested with the engines faked at their API boundary and, for verl and AReaL, against
+their real classes with the engine calls faked below them; none was run on a GPU here (see
+docs/howto-vllm.md, howto-sglang.md, howto-verl.md, howto-trl.md, howto-slime.md, howto-areal.md).
 """
 
 from .base import (

@@ -1,0 +1,326 @@
+"""lengthsched inside AReaL: each group placed on AReaL's inference servers by predicted work.
+
+AReaL 1.0.4 (inclusionAI/AReaL, read at 4aef98d; the wheel on PyPI is the same code): in its SPMD mode every
+trainer rank holds a ``RemoteSGLangEngine`` or ``RemotevLLMEngine``, a thin shell over a ``RemoteInfEngine``
+(``areal/infra/remote_inf_engine.py``) whose ``agenerate`` sends each request of a rollout to one server: a
+request whose ``rid`` it has routed before goes where that rid went ("A single rid shares the same server to
+allow KV cache reuse": a multi-turn workflow's later turns; the last ``RID_CACHE_SIZE`` = 128 rids are kept),
+any other to ``choose_server()``, the next server in a round robin (``routing_strategy="round_robin"``, the only
+one implemented). ``GroupedRolloutWorkflow`` runs a prompt's ``group_size`` episodes at once
+(``asyncio.gather``), and each episode of ``RLVRWorkflow`` asks with a fresh rid (``uuid4``), so a group's
+samples go to the servers in turn: every server prefills and holds the prompt, and no server's share of the
+work is balanced by anything but the count.
+
+The simulator put lengthsched's placement inside AReaL's loop (``simulate.run_async_rollout(...,
+router="stream")``, the :class:`~lengthsched.integrations.verl_async.StreamPlacer` this module runs) and found
+more tokens per second than AReaL's round robin at the same staleness bound, most where the KV pools are tight
+and the learner is short (docs/benchmarks.md, "lengthsched.integrations.areal inside AReaL's loop"). This module
+builds it, without stealing (AReaL has no abort of one request to resubmit it elsewhere: its weight updates
+pause every server and resume each request where it was):
+
+- :class:`GroupRouter` (numpy only): places each group when its first request comes, by its predicted length
+  (a :class:`~lengthsched.integrations.verl.RolloutPlanner`'s predictor, by default the online predictor
+  learning from every group that comes back), with a :class:`StreamPlacer` over the predicted tokens each
+  server has in flight from this rank; the group's other requests take the rest of its places; when the
+  whole group is back its lengths go to the predictor (rollout step: groups back // ``batch``, one step per
+  weight version as the simulator counts it);
+- :func:`install` puts a router into a rank's engine: its ``agenerate`` asks the router for a request with a
+  new rid and records the answer where AReaL looks first (``rid_to_address``, in AReaL's own bounded order),
+  then runs AReaL's ``agenerate`` unchanged (retries, pauses for weight updates, resumption on the same server).
+
+A group is recognised by its prompt: the requests of one prompt take the places of the group placed for it, in
+the order they come. Single-turn workflows (``RLVRWorkflow``, ``VisionRLVRWorkflow``) are what it is built for; in
+a multi-turn workflow the first turns are placed and the later ones go where AReaL sends them (their rid's
+server), and the router stops feeding the predictor (a turn's length is not the session's), saying so once.
+Each rank routes its own requests from its own counts (AReaL's round robin is per rank too). Not for the
+single-controller mode (the engines live in remote workers) and not run on a cluster; tested with a fake built
+from AReaL's code and, where ``areal`` imports, against its real ``RemoteInfEngine``.
+
+Importing this module imports neither AReaL nor torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, check_int
+from .rollout import PREFILL_SHARE
+from .verl import RolloutPlanner
+from .verl_async import StreamPlacer
+
+__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "install", "prompt_text"]
+
+#: The AReaL version this integration is written against (``pip install areal==1.0.4``).
+AREAL_VERSION = "1.0.4"
+#: AReaL's ``RID_CACHE_SIZE``: the rids whose server its engine remembers (the oldest forgotten first).
+RID_CACHE_SIZE = 128
+#: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
+KEY_CACHE = 4096
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Group:
+    """A placed group: its prompt key, predicted tokens per place, the places not yet taken (replica per place,
+    in order), and per rid taken its place; lengths of the requests back."""
+
+    key: Hashable
+    predicted: np.ndarray
+    free: deque = field(default_factory=deque)
+    taken: dict = field(default_factory=dict)  # rid -> (place, replica)
+    lengths: dict = field(default_factory=dict)  # rid -> tokens generated
+    spoiled: bool = False  # a request failed: its lengths are not fed to the predictor
+
+
+class GroupRouter:
+    """Routes one AReaL rank's requests: each group placed by predicted work when its first request comes
+    (numpy only; AReaL-independent).
+
+    ``pool_tokens``: each server's KV pool in tokens (prompts included), which the placer's spread reads.
+    ``group_size``: completions per prompt (AReaL's ``gconfig.n_samples``, the ``group_size`` its trainer
+    submits with). ``planner``: a :class:`~lengthsched.integrations.verl.RolloutPlanner` (its predictor and what
+    it learns; ``state_path`` to keep it across restarts); None: one with the online predictor,
+    ``max_new_tokens`` its cap (AReaL's ``gconfig.max_new_tokens``). ``concurrency``: groups in flight on this
+    rank (AReaL's ``max_concurrent_rollouts`` over the data-parallel ranks), which the placer's spread estimate
+    reads; ``ways``: a fixed spread instead (1: whole groups); ``prefill_share``: the placer's cap on the spread
+    (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: none). ``batch``: groups per learner step on
+    this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's rollout steps.
+
+    :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
+    :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
+    predicted tokens of the requests routed to each server and not back.
+    """
+
+    #: Routed rids remembered to tell a later turn from a new request (AReaL remembers 128).
+    SEEN_RIDS = 65536
+
+    def __init__(self, pool_tokens: int, *, group_size: int, planner: RolloutPlanner | None = None,
+                 max_new_tokens: int | None = None, concurrency: int | None = None, ways: int | None = None,
+                 prefill_share: float | None = PREFILL_SHARE, batch: int | None = None):
+        self.group_size = check_int("group_size", group_size, minimum=1)
+        if planner is None:
+            planner = RolloutPlanner(max_new_tokens=max_new_tokens)
+        elif not isinstance(planner, RolloutPlanner):
+            raise InvalidArgument("planner", type(planner).__name__,
+                                  "a lengthsched.integrations.verl.RolloutPlanner (its predictor), or None")
+        self.planner = planner
+        self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
+        self.batch = None if batch is None else check_int("batch", batch, minimum=1)
+        self.loads: list[float] = []
+        self._open: dict[Hashable, deque[_Group]] = {}  # per prompt key, its groups with places left, oldest first
+        self._of: dict[str, tuple[_Group, int, int]] = {}  # rid routed and not back -> (group, place, replica)
+        self.groups = 0  # groups placed
+        self.groups_back = 0  # groups whose every request came back
+        self.routed = 0  # requests routed
+        self.later_turns = 0  # requests that continued a routed rid (left to AReaL)
+        self.multi_turn = False
+        self._seen: OrderedDict[str, None] = OrderedDict()  # the latest SEEN_RIDS rids routed
+
+    def route(self, rid: str, key: Hashable, prompt_tokens: int, servers: int) -> int:
+        """The server (an index below ``servers``) of a new request ``rid`` whose prompt is ``key`` (the same
+        for a group's requests: :func:`prompt_text`) of ``prompt_tokens`` tokens: the next place of the oldest
+        group of that prompt with places left, else of a group placed now (predicted, then placed by the
+        :class:`StreamPlacer` over :attr:`loads`). The request's predicted tokens count on that server until it
+        is back."""
+        servers = check_int("servers", servers, minimum=1)
+        prompt_tokens = check_int("prompt_tokens", prompt_tokens, minimum=0)
+        if rid in self._of:
+            raise InvalidArgument("rid", rid, "a request id not routed already (one not back yet has its server)")
+        if len(self.loads) != servers:  # the first request, or the servers changed: the counts start again
+            self.loads = [0.0] * servers
+            self._open.clear()
+        waiting = self._open.get(key)
+        if not waiting:
+            waiting = self._open.setdefault(key, deque())
+            waiting.append(self._place(key, prompt_tokens, servers))
+        group = waiting[0]
+        place, replica = group.free.popleft()
+        if not group.free:
+            waiting.popleft()
+            if not waiting:
+                del self._open[key]
+        group.taken[rid] = (place, replica)
+        self._of[rid] = (group, place, replica)
+        self._seen[rid] = None
+        if len(self._seen) > self.SEEN_RIDS:
+            self._seen.popitem(last=False)
+        self.loads[replica] += float(group.predicted[place])
+        self.routed += 1
+        return replica
+
+    def _place(self, key: Hashable, prompt_tokens: int, servers: int) -> _Group:
+        _, _, work = self.planner.predict({"uid": [0], "raw_prompt": [key]})
+        predicted = np.full(self.group_size, float(max(1, work[0])))
+        replica, _ = self.placer.place(predicted, prompt_tokens, servers, loads=self.loads)
+        self.groups += 1
+        return _Group(key, predicted, deque(enumerate(int(r) for r in replica)))
+
+    def seen(self, rid: str) -> bool:
+        """Whether ``rid`` was routed here (among the latest :attr:`SEEN_RIDS`): a request with it continues
+        that one (AReaL forgets all but its latest 128 rids, and then routes a later turn round robin)."""
+        return rid in self._seen
+
+    def finished(self, rid: str, tokens: int) -> None:
+        """Request ``rid`` is back with ``tokens`` generated; when its whole group is, the predictor learns the
+        group's lengths (unless a request of it failed or the workflow is multi-turn)."""
+        tokens = check_int("tokens", tokens, minimum=0)
+        group = self._back(rid)
+        if group is not None:
+            group.lengths[rid] = tokens
+            self._close(group)
+
+    def failed(self, rid: str) -> None:
+        """Request ``rid`` raised instead of coming back: its server's count lets it go, and its group's lengths
+        are not learned."""
+        group = self._back(rid)
+        if group is not None:
+            group.spoiled = True
+            group.lengths[rid] = 0
+            self._close(group)
+
+    def later_turn(self, rid: str) -> None:
+        """A request continued rid ``rid`` (AReaL sends it where the rid went): the workflow is multi-turn, so
+        from now on nothing is fed to the predictor."""
+        self.later_turns += 1
+        if not self.multi_turn:
+            self.multi_turn = True
+            log.warning("lengthsched: a request continued rid %s: a multi-turn workflow; its later turns go where "
+                        "AReaL sends them and the predictor is no longer fed (a turn is not a session)", rid)
+
+    def _back(self, rid: str) -> _Group | None:
+        entry = self._of.pop(rid, None)
+        if entry is None:  # not routed here (a later turn, or routed before the servers changed)
+            return None
+        group, place, replica = entry
+        if replica < len(self.loads):
+            self.loads[replica] = max(0.0, self.loads[replica] - float(group.predicted[place]))
+        return group
+
+    def _close(self, group: _Group) -> None:
+        if len(group.lengths) < self.group_size:
+            return
+        self.groups_back += 1
+        if group.spoiled or self.multi_turn:
+            return
+        step = self.groups_back // self.batch if self.batch else None
+        self.planner.observe([group.key] * len(group.lengths), list(group.lengths.values()), step=step)
+
+    def status(self) -> dict[str, Any]:
+        """What the router did so far: groups placed and back, requests routed, later turns left to AReaL, the last
+        spread, the predicted tokens in flight per server, and whether the workflow turned out multi-turn."""
+        return {"groups": self.groups, "groups_back": self.groups_back, "routed": self.routed,
+                "later_turns": self.later_turns, "ways": self.placer.last_ways, "loads": list(self.loads),
+                "multi_turn": self.multi_turn, "in_flight": len(self._of)}
+
+
+def prompt_text(request: Any) -> str:
+    """A prompt key of an AReaL ``ModelRequest``: its ``input_ids`` decoded by its ``tokenizer`` where it has one
+    (the text a trained predictor reads; the same prompt in a later epoch gets the same key), else the ids
+    themselves, comma-separated."""
+    ids = list(getattr(request, "input_ids", None) or [])
+    tokenizer = getattr(request, "tokenizer", None)
+    if tokenizer is not None and hasattr(tokenizer, "decode"):
+        return str(tokenizer.decode(ids))
+    return ",".join(str(int(i)) for i in ids)
+
+
+def _inner(engine: Any) -> Any:
+    """The ``RemoteInfEngine`` of ``engine`` (itself, or the one a ``RemoteSGLangEngine`` / ``RemotevLLMEngine``
+    delegates to)."""
+    inner = getattr(engine, "_engine", engine)
+    for name in ("rid_to_address", "rid_queue", "addresses", "agenerate"):
+        if not hasattr(inner, name):
+            raise InvalidArgument("engine", type(engine).__name__,
+                                  "an initialized AReaL RemoteInfEngine, RemoteSGLangEngine or RemotevLLMEngine (SPMD "
+                                  f"mode; {type(inner).__name__} has no {name!r})")
+    return inner
+
+
+def _config_int(engine: Any, *names: str) -> int | None:
+    """The first positive integer among the engine config's ``names`` (None: none is set)."""
+    config = getattr(engine, "config", None)
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
+            return int(value)
+    return None
+
+
+def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutPlanner | None = None,
+            max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
+            ways: int | None = None, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
+            key: Callable[[Any], Hashable] = prompt_text) -> GroupRouter:
+    """Route ``engine``'s requests (a rank's initialized ``RemoteSGLangEngine``, ``RemotevLLMEngine`` or
+    ``RemoteInfEngine``, AReaL 1.0.4's SPMD mode) by a :class:`GroupRouter`, returned: its ``agenerate`` gives
+    every request with a new rid the router's server (recorded in ``rid_to_address`` and ``rid_queue`` as AReaL
+    records its own choice, so AReaL's ``agenerate``, which runs unchanged, sends it there and sends the rid's
+    later requests there too) and tells the router when it is back (or failed). ``pool_tokens``,
+    ``group_size``, ``planner``, ``max_new_tokens``, ``ways``, ``prefill_share``: :class:`GroupRouter`'s.
+    ``concurrency`` and ``batch`` default to the engine config's ``max_concurrent_rollouts`` (else
+    ``consumer_batch_size``) and ``consumer_batch_size``, each over ``data_parallel_size`` (the trainer's
+    data-parallel ranks, as AReaL divides them). ``key``: a request's prompt key (default :func:`prompt_text`),
+    asked once per prompt while its ids are among the latest :data:`KEY_CACHE`. Installing twice replaces the first
+    router."""
+    inner = _inner(engine)
+    ranks = check_int("data_parallel_size", data_parallel_size, minimum=1)
+    if concurrency is None:
+        total = _config_int(inner, "max_concurrent_rollouts", "consumer_batch_size")
+        concurrency = None if total is None else max(1, total // ranks)
+    if batch is None:
+        total = _config_int(inner, "consumer_batch_size")
+        batch = None if total is None else max(1, total // ranks)
+    if not callable(key):
+        raise InvalidArgument("key", type(key).__name__, "a function of an AReaL ModelRequest giving its prompt key")
+    router = GroupRouter(pool_tokens, group_size=group_size, planner=planner, max_new_tokens=max_new_tokens,
+                         concurrency=concurrency, ways=ways, prefill_share=prefill_share, batch=batch)
+    original = inner.__dict__.get("_lengthsched_agenerate") or inner.agenerate
+
+    async def agenerate(req: Any) -> Any:
+        rid = req.rid
+        if rid in inner.rid_to_address or router.seen(rid):  # AReaL sends it where the rid went (if it still knows)
+            router.later_turn(rid)
+            return await original(req)
+        servers: Sequence[str] = inner.addresses
+        replica = router.route(rid, key_of(req), len(req.input_ids), len(servers))
+        _remember(inner, rid, servers[replica])
+        try:
+            response = await original(req)
+        except BaseException:
+            router.failed(rid)
+            raise
+        router.finished(rid, len(response.output_tokens))
+        return response
+
+    keys: OrderedDict[tuple, Hashable] = OrderedDict()  # prompt ids -> key, the latest KEY_CACHE (one per group)
+
+    def key_of(req: Any) -> Hashable:
+        ids = tuple(req.input_ids)
+        if ids in keys:
+            keys.move_to_end(ids)
+            return keys[ids]
+        keys[ids] = found = key(req)
+        if len(keys) > KEY_CACHE:
+            keys.popitem(last=False)
+        return found
+
+    inner._lengthsched_agenerate = original
+    inner.agenerate = agenerate
+    inner.lengthsched_router = router
+    return router
+
+
+def _remember(inner: Any, rid: str, address: str) -> None:
+    """Record ``rid``'s server as AReaL's ``agenerate`` records its own choice: the oldest rid forgotten when
+    ``RID_CACHE_SIZE`` are kept."""
+    if len(inner.rid_queue) >= RID_CACHE_SIZE:
+        oldest = inner.rid_queue.pop(0)
+        inner.rid_to_address.pop(oldest, None)
+    inner.rid_to_address[rid] = address
+    inner.rid_queue.append(rid)

@@ -1,0 +1,373 @@
+"""lengthsched.integrations.areal: AReaL's requests routed by a GroupRouter (each group placed by predicted work).
+
+The fake follows AReaL 1.0.4's ``RemoteInfEngine.agenerate`` (``areal/infra/remote_inf_engine.py``): a request
+whose rid is in ``rid_to_address`` goes there, any other to ``choose_server()`` (a round robin), remembered in
+``rid_to_address`` / ``rid_queue`` (the oldest of ``RID_CACHE_SIZE`` forgotten), and the request is sent to that
+server (here a coroutine that answers after a while with the prompt's scripted length); and
+``GroupedRolloutWorkflow.arun_episode``, which gathers a prompt's ``group_size`` episodes, each with a fresh rid.
+Where ``areal`` imports (CI's verl environment), the router also runs inside AReaL's real ``RemoteInfEngine`` and
+``GroupedRolloutWorkflow``, the HTTP call replaced by a fake SGLang server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import InvalidArgument, OnlineLengthPredictor
+from lengthsched.integrations import areal as la
+from lengthsched.integrations.verl import RolloutPlanner
+
+try:  # AReaL's real classes, where they import (not on the main test environment: areal pins torch < 2.11)
+    import areal.infra.remote_inf_engine as real_rie
+except Exception:  # noqa: BLE001 - any import failure means "not here"
+    real_rie = None
+requires_areal = pytest.mark.skipif(real_rie is None, reason="areal is not importable here (CI's verl environment)")
+
+
+class FakeRemoteInfEngine:
+    """AReaL 1.0.4's RemoteInfEngine as far as routing goes (its agenerate's choice of server, verbatim in
+    logic), its servers answering each request with ``lengths[prompt]`` tokens after that many milliseconds / 10."""
+
+    def __init__(self, servers: int, lengths: dict, *, consumer_batch_size: int = 8,
+                 max_concurrent_rollouts: int | None = None):
+        self.addresses = [f"10.0.0.{i}:3000" for i in range(servers)]
+        self.server_idx = 0
+        self.rid_to_address: dict[str, str] = {}
+        self.rid_queue: list[str] = []
+        self.lengths = lengths
+        self.sent: list[tuple[str, str, tuple]] = []  # (rid, address, prompt)
+        self.config = SimpleNamespace(consumer_batch_size=consumer_batch_size,
+                                      max_concurrent_rollouts=max_concurrent_rollouts)
+        self.fail: set = set()  # prompts whose requests raise
+
+    def choose_server(self) -> str:
+        server = self.addresses[self.server_idx]
+        self.server_idx = (self.server_idx + 1) % len(self.addresses)
+        return server
+
+    async def agenerate(self, req):
+        if req.rid in self.rid_to_address:
+            server_addr = self.rid_to_address[req.rid]
+        else:
+            server_addr = self.choose_server()
+            if len(self.rid_queue) >= la.RID_CACHE_SIZE:
+                oldest_rid = self.rid_queue.pop(0)
+                self.rid_to_address.pop(oldest_rid, None)
+            self.rid_to_address[req.rid] = server_addr
+            self.rid_queue.append(req.rid)
+        prompt = tuple(req.input_ids)
+        self.sent.append((req.rid, server_addr, prompt))
+        n = self.lengths[prompt]
+        await asyncio.sleep(n / 10000)
+        if prompt in self.fail:
+            raise RuntimeError("server error")
+        return SimpleNamespace(output_tokens=[7] * n, input_tokens=list(prompt))
+
+
+class FakeSGLangEngine:
+    """AReaL's RemoteSGLangEngine: a shell delegating to its RemoteInfEngine (``_engine``)."""
+
+    def __init__(self, inner):
+        self._engine = inner
+
+    async def agenerate(self, req):
+        return await self._engine.agenerate(req)
+
+
+def request(prompt, rid=None):
+    return SimpleNamespace(rid=rid or uuid.uuid4().hex, input_ids=list(prompt), tokenizer=None)
+
+
+async def group_episode(engine, prompt, size):
+    """GroupedRolloutWorkflow.arun_episode: ``size`` episodes of one prompt at once, each a fresh rid."""
+    return await asyncio.gather(*[engine.agenerate(request(prompt)) for _ in range(size)])
+
+
+def servers_of(engine, prompt):
+    return [addr for _, addr, p in engine.sent if p == prompt]
+
+
+PROMPTS = [tuple(range(i, i + 5)) for i in range(0, 60, 5)]  # 12 prompts of 5 tokens
+
+
+def lengths_for(long_every=4):
+    return {p: (400 if i % long_every == 0 else 40) for i, p in enumerate(PROMPTS)}
+
+
+# ----------------------------------------------------------------------------- routing groups
+def test_whole_groups_go_to_the_server_with_least_predicted_work_and_loads_return_to_zero():
+    fake = FakeRemoteInfEngine(3, lengths_for())
+    router = la.install(fake, pool_tokens=10_000, group_size=4, ways=1)
+
+    async def go():
+        await asyncio.gather(*[group_episode(fake, p, 4) for p in PROMPTS[:6]])
+
+    asyncio.run(go())
+    for p in PROMPTS[:6]:
+        assert len(set(servers_of(fake, p))) == 1  # a whole group on one server (AReaL: 3 servers in turn)
+    # nothing known yet: every group predicted alike, so the groups go round the servers by count
+    assert sorted(servers_of(fake, p)[0] for p in PROMPTS[:6]) == sorted(fake.addresses * 2)
+    assert router.loads == [0.0, 0.0, 0.0] and router.status()["in_flight"] == 0
+    assert router.groups == router.groups_back == 6 and router.routed == 24
+
+
+def test_aReaL_round_robin_spreads_every_group_without_lengthsched():
+    fake = FakeRemoteInfEngine(4, lengths_for())
+    asyncio.run(group_episode(fake, PROMPTS[0], 8))
+    assert sorted(servers_of(fake, PROMPTS[0])) == sorted(fake.addresses * 2)  # the baseline the router replaces
+
+
+def test_the_predictor_learns_each_group_and_the_next_epoch_balances_predicted_work():
+    fake = FakeRemoteInfEngine(3, lengths_for(long_every=4))
+    planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
+    router = la.install(fake, pool_tokens=10_000, group_size=4, ways=1, planner=planner, batch=6)
+
+    async def epoch():
+        await asyncio.gather(*[group_episode(fake, p, 4) for p in PROMPTS[:6]])
+
+    asyncio.run(epoch())
+    assert planner.observed == 24 and planner.steps == 1  # 6 groups back = one learner batch
+    predicted = planner.predictor.predict([la.prompt_text(request(p)) for p in PROMPTS[:6]]).lengths
+    assert predicted[0] > 5 * predicted[1]  # the long prompts (0 and 4) are known long now
+    fake.sent.clear()
+    placed = []
+    for p in PROMPTS[:6]:  # submitted one after another, nothing back in between: the loads decide
+        placed.append(router.route(uuid.uuid4().hex, la.prompt_text(request(p)), 5, 3))
+        for _ in range(3):
+            router.route(uuid.uuid4().hex, la.prompt_text(request(p)), 5, 3)
+    assert placed[0] != placed[4]  # the two long groups on different servers
+    loads = np.array(router.loads)
+    assert loads.max() - loads.min() <= 4 * float(predicted.max()) + 1e-9  # greedy: within the largest group
+    assert loads.sum() == pytest.approx(4 * float(predicted.sum()))
+
+
+def test_the_spread_is_the_placers_and_each_request_takes_one_place():
+    fake = FakeRemoteInfEngine(4, lengths_for())
+    router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4)  # roomy pool: groups spread
+
+    asyncio.run(group_episode(fake, PROMPTS[0], 8))
+    ways = router.status()["ways"]
+    assert ways == 4 and len(set(servers_of(fake, PROMPTS[0]))) == 4
+    assert sorted(servers_of(fake, PROMPTS[0])) == sorted(fake.addresses * 2)
+
+
+def test_the_sglang_shell_is_unwrapped_and_installing_twice_keeps_one_wrapper():
+    inner = FakeRemoteInfEngine(2, lengths_for())
+    shell = FakeSGLangEngine(inner)
+    la.install(shell, pool_tokens=10_000, group_size=2, ways=1)
+    second = la.install(shell, pool_tokens=10_000, group_size=2, ways=1)
+    asyncio.run(group_episode(shell, PROMPTS[0], 2))
+    assert inner.lengthsched_router is second and second.routed == 2  # the second router, called once per request
+    assert len(set(servers_of(inner, PROMPTS[0]))) == 1
+
+
+def test_the_rid_cache_is_kept_as_areal_keeps_it():
+    fake = FakeRemoteInfEngine(2, {PROMPTS[0]: 1})
+    la.install(fake, pool_tokens=10_000, group_size=1, ways=1)
+
+    async def go():
+        for _ in range(la.RID_CACHE_SIZE + 10):
+            await fake.agenerate(request(PROMPTS[0]))
+
+    asyncio.run(go())
+    assert len(fake.rid_queue) == la.RID_CACHE_SIZE == len(fake.rid_to_address)
+    assert set(fake.rid_queue) == set(fake.rid_to_address)
+
+
+def test_a_later_turn_goes_where_its_rid_went_and_stops_the_learning(caplog):
+    fake = FakeRemoteInfEngine(3, {**lengths_for(), (9, 9, 9): 30})
+    planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
+    router = la.install(fake, pool_tokens=10_000, group_size=2, ways=1, planner=planner)
+
+    async def session():
+        rid = uuid.uuid4().hex
+        first = fake.agenerate(request(PROMPTS[0], rid))
+        other = fake.agenerate(request(PROMPTS[0]))
+        await asyncio.gather(first, other)
+        await fake.agenerate(request((9, 9, 9), rid))  # turn 2: the conversation, the same rid
+
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
+        asyncio.run(session())
+        asyncio.run(group_episode(fake, PROMPTS[1], 2))
+    rid_turns = [addr for rid, addr, p in fake.sent if p in (PROMPTS[0], (9, 9, 9))]
+    assert rid_turns[0] == rid_turns[1] == rid_turns[2]  # the whole group and the later turn on one server
+    assert router.later_turns == 1 and router.multi_turn
+    assert planner.observed == 2  # the first group only (back before the later turn); nothing after
+    assert sum("multi-turn" in r.message for r in caplog.records) == 1
+
+
+def test_a_later_turn_is_recognised_after_areal_forgot_its_rid():
+    fake = FakeRemoteInfEngine(2, {PROMPTS[0]: 1, (9, 9): 1})
+    router = la.install(fake, pool_tokens=10_000, group_size=1, ways=1)
+    rid = uuid.uuid4().hex
+
+    async def go():
+        await fake.agenerate(request(PROMPTS[0], rid))
+        for _ in range(la.RID_CACHE_SIZE):
+            await fake.agenerate(request(PROMPTS[0]))
+        assert rid not in fake.rid_to_address
+        await fake.agenerate(request((9, 9), rid))
+
+    asyncio.run(go())
+    assert router.later_turns == 1 and router.groups == la.RID_CACHE_SIZE + 1  # no group placed for the turn
+
+
+def test_a_failed_request_releases_its_load_raises_and_its_group_is_not_learned():
+    fake = FakeRemoteInfEngine(2, lengths_for())
+    fake.fail.add(PROMPTS[0])
+    planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
+    router = la.install(fake, pool_tokens=10_000, group_size=2, ways=1, planner=planner)
+    with pytest.raises(RuntimeError, match="server error"):
+        asyncio.run(group_episode(fake, PROMPTS[0], 2))
+    asyncio.run(asyncio.sleep(0.01))  # the sibling finishes (gather does not cancel it)
+    assert router.loads == [0.0, 0.0] and router.status()["in_flight"] == 0
+    assert planner.observed == 0 and router.groups_back == 1
+
+
+def test_servers_that_change_start_the_counts_again():
+    router = la.GroupRouter(10_000, group_size=2, ways=1)
+    r = router.route("a", "p", 5, 3)
+    assert len(router.loads) == 3 and router.loads[r] > 0
+    router.route("b", "q", 5, 2)  # a server left: the counts start again
+    assert len(router.loads) == 2
+    router.finished("a", 10)  # routed before the change: let go without touching the new counts' servers wrongly
+    assert all(x >= 0 for x in router.loads)
+
+
+def test_concurrency_and_batch_come_from_the_engine_config_over_the_ranks():
+    fake = FakeRemoteInfEngine(2, lengths_for(), consumer_batch_size=64, max_concurrent_rollouts=128)
+    router = la.install(fake, pool_tokens=10_000, group_size=2, data_parallel_size=4)
+    assert router.placer.concurrency == 32 and router.batch == 16
+    fake = FakeRemoteInfEngine(2, lengths_for(), consumer_batch_size=64)
+    router = la.install(fake, pool_tokens=10_000, group_size=2)
+    assert router.placer.concurrency == 64 and router.batch == 64  # AReaL: max_concurrent_rollouts or the batch
+
+
+def test_the_prompt_key_is_made_once_per_prompt():
+    fake = FakeRemoteInfEngine(2, lengths_for())
+    asked = []
+
+    def key(req):
+        asked.append(tuple(req.input_ids))
+        return la.prompt_text(req)
+
+    la.install(fake, pool_tokens=10_000, group_size=4, ways=1, key=key)
+    asyncio.run(group_episode(fake, PROMPTS[0], 4))
+    asyncio.run(group_episode(fake, PROMPTS[0], 4))  # the next epoch of the same prompt
+    assert asked == [PROMPTS[0]]
+
+
+def test_prompt_text_decodes_with_the_requests_tokenizer_else_joins_the_ids():
+    tok = SimpleNamespace(decode=lambda ids: "text:" + "-".join(map(str, ids)))
+    assert la.prompt_text(SimpleNamespace(input_ids=[1, 2], tokenizer=tok)) == "text:1-2"
+    assert la.prompt_text(SimpleNamespace(input_ids=[1, 2], tokenizer=None)) == "1,2"
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"group_size": 0}, "group_size"), ({"pool_tokens": 0}, "pool_tokens"), ({"ways": 0}, "ways"),
+    ({"planner": object()}, "planner"), ({"data_parallel_size": 0}, "data_parallel_size"), ({"key": 3}, "key"),
+    ({"prefill_share": -1.0}, "prefill_share"), ({"batch": 0}, "batch"),
+])
+def test_bad_settings_name_the_argument(kwargs, name):
+    args = {"pool_tokens": 10_000, "group_size": 2, **kwargs}
+    with pytest.raises(InvalidArgument) as err:
+        la.install(FakeRemoteInfEngine(2, {}), **args)
+    assert err.value.name == name
+
+
+def test_an_engine_that_is_not_areals_is_refused():
+    with pytest.raises(InvalidArgument) as err:
+        la.install(SimpleNamespace(agenerate=None), pool_tokens=10_000, group_size=2)
+    assert err.value.name == "engine" and "rid_to_address" in str(err.value)
+
+
+def test_a_rid_routed_twice_before_it_is_back_is_refused():
+    router = la.GroupRouter(10_000, group_size=2, ways=1)
+    router.route("a", "p", 5, 2)
+    with pytest.raises(InvalidArgument) as err:
+        router.route("a", "p", 5, 2)
+    assert err.value.name == "rid"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=12),
+       st.integers(1, 4), st.integers(1, 5))
+def test_every_request_gets_one_server_and_the_loads_are_the_predictions_in_flight(groups, servers, size):
+    """Groups of ``size`` requests of prompts 0-5 come one after another; routing all, then finishing them in a
+    shuffled order: each request's server is a valid index, each group takes exactly its places, and at every
+    point the loads are the sum of the predictions of the requests routed and not back."""
+    router = la.GroupRouter(10_000, group_size=size)
+    rng = np.random.default_rng(len(groups) * 7 + servers)
+    routed = []
+    for g, (prompt, _) in enumerate(groups):
+        for k in range(size):
+            rid = f"{g}-{k}"
+            r = router.route(rid, f"p{prompt}", 10, servers)
+            assert 0 <= r < servers
+            routed.append(rid)
+    assert router.groups == len(groups)  # one group per prompt's turn: each group's requests take its places
+    expected = sum(router.loads)
+    for i in rng.permutation(len(routed)):
+        group, place, _ = router._of[routed[i]]
+        expected -= float(group.predicted[place])
+        router.finished(routed[i], int(groups[int(routed[i].split("-")[0])][1]))
+        assert sum(router.loads) == pytest.approx(expected, abs=1e-6)
+    assert router.loads == pytest.approx([0.0] * servers, abs=1e-6) and router.groups_back == len(groups)
+
+
+# ----------------------------------------------------------------------------- AReaL's real classes
+@requires_areal
+def test_inside_areals_real_engine_and_grouped_workflow(monkeypatch):
+    import torch
+    from areal.api import ModelRequest, RolloutWorkflow
+    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+    from areal.engine.sglang_remote import SGLangBackend
+
+    lengths = lengths_for()
+    calls = []
+
+    async def fake_http(session, addr, endpoint, payload, method, max_retries, timeout):  # an SGLang server
+        prompt = tuple(payload["input_ids"])
+        calls.append((addr, prompt))
+        n = lengths[prompt]
+        await asyncio.sleep(n / 10000)
+        return {"meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 7, None]] * n}}
+
+    async def no_session():
+        return None
+
+    monkeypatch.setattr(real_rie, "arequest_with_retry", fake_http)
+    monkeypatch.setattr(real_rie.workflow_context, "get_aiohttp_session", no_session)
+    config = InferenceEngineConfig(experiment_name="t", trial_name="t", consumer_batch_size=6)
+    engine = real_rie.RemoteInfEngine(config, SGLangBackend())
+    engine.addresses = [f"10.0.0.{i}:3000" for i in range(3)]
+    engine.workflow_executor = SimpleNamespace(is_paused=lambda: False)
+    planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
+    router = la.install(engine, pool_tokens=10_000, group_size=4, ways=1, planner=planner)
+
+    class OneSample(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            req = ModelRequest(rid=uuid.uuid4().hex, input_ids=list(data["ids"]),
+                               gconfig=GenerationHyperparameters(max_new_tokens=1000, n_samples=1))
+            resp = await engine.agenerate(req)
+            return {"input_ids": torch.ones(1, len(resp.output_tokens), dtype=torch.int32)}
+
+    grouped = real_rie.GroupedRolloutWorkflow(OneSample(), 4, logging.getLogger("t"))
+
+    async def go():
+        return await asyncio.gather(*[grouped.arun_episode(engine, {"ids": p}) for p in PROMPTS[:6]])
+
+    outs = asyncio.run(go())
+    assert [int(o["input_ids"].shape[0]) for o in outs] == [4] * 6  # AReaL's workflow got every sample back
+    for p in PROMPTS[:6]:
+        assert len({addr for addr, q in calls if q == p}) == 1  # whole groups, inside AReaL's own agenerate
+    assert router.groups_back == 6 and planner.observed == 24 and router.loads == [0.0, 0.0, 0.0]
+    assert len(engine.rid_queue) == 24 and set(engine.rid_to_address.values()) <= set(engine.addresses)
