@@ -27,7 +27,7 @@ from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 from lengthsched.runtime.timing import lower_bound_seconds
 from simulate import POLICIES, run_batch, run_group, run_rollout, run_slime_planned, run_slime_planned_in_order
-from simulate.async_report import INTEGRATION
+from simulate.async_report import AREAL_INTEGRATION, INTEGRATION
 from simulate.compiled import COMPILED_POLICIES, engine_many
 from simulate.fast import steps_and_peaks
 from simulate.multiturn import MULTITURN_RUNS
@@ -1964,17 +1964,72 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
     most = max(r[2] or 0 for r in runs)
     groups, known, kw, train = _async_setup(args, steps, (steps + most) * prompts, "sglang")
     out = {"train seconds": train}
-    for label, engine, eta, how, concurrent, pred in runs:
+    for label, engine, eta, how, concurrent, pred, *extra in runs:
         if eta is None:  # synchronous steps: each batch's rollout, then the learner and the update
             out[label] = _sync_row(groups, how, known[pred], train, kw)
             continue
         most_in_flight = None if concurrent is None else max(1, int(concurrent * prompts))
         router, _, steal = how.partition("+")  # "placed+steal": the router, and lengthsched's stealing on top
+        predicted = _default_planner(kw["max_new_tokens"]) if pred == "online" else known[pred]
         r = run_async_rollout(groups, max_staleness=eta, train_seconds=train, update_seconds=ASYNC_UPDATE_SECONDS,
-                              policy=engine, router=router, predicted=known[pred], max_concurrent=most_in_flight,
-                              steal=steal == "steal", **kw)
+                              policy=engine, router=router, predicted=predicted, max_concurrent=most_in_flight,
+                              steal=steal == "steal", **(extra[0] if extra else {}), **kw)
         out[label] = _async_row(r)
     return out
+
+
+# lengthsched.integrations.areal inside AReaL's loop: each group placed by the integration's StreamPlacer (router
+# "stream", its prefill cap PREFILL_SHARE) from the predicted tokens each server has in flight, no stealing (AReaL
+# cannot move one request), against AReaL's round robin at the same staleness bound; with the realistic
+# predictions and with the integration's default predictor (online, from max_new_tokens / 2, learning from the groups
+# back); on SGLang's engines and vLLM's; and, for what stealing would add, steal_sglang over steal's placement
+# (async_rl's row). _async_unit's runs, each with run_async_rollout's extra arguments.
+AREAL_EXTRA = {k: v for k, v in AREAL_INTEGRATION.items() if k != "router"}  # router "stream" in the run's how
+AREAL_RUNS = (
+    ("AReaL: sglang, max_staleness 1 (round robin)", "sglang", 1, "round_robin", None, None),
+    ("AReaL + lengthsched.integrations.areal, max_staleness 1", "sglang", 1, "stream", None, "realistic",
+     AREAL_EXTRA),
+    ("AReaL + lengthsched.integrations.areal, max_staleness 1, no trained predictor (online, from max_new_tokens / 2)",
+     "sglang", 1, "stream", None, "online", AREAL_EXTRA),
+    ("AReaL: sglang, max_staleness 2 (round robin)", "sglang", 2, "round_robin", None, None),
+    ("AReaL + lengthsched.integrations.areal, max_staleness 2", "sglang", 2, "stream", None, "realistic",
+     AREAL_EXTRA),
+    ("AReaL: vllm, max_staleness 1 (round robin)", "vllm", 1, "round_robin", None, None),
+    ("AReaL + lengthsched.integrations.areal, vllm, max_staleness 1", "vllm", 1, "stream", None, "realistic",
+     AREAL_EXTRA),
+    ("steal_sglang, max_staleness 1, groups placed as steal places them, stolen (not in the integration)", "sglang",
+     1, "placed+steal", None, "realistic"),
+)
+AREAL_PAIRS = (
+    (AREAL_RUNS[1][0], AREAL_RUNS[0][0]),
+    (AREAL_RUNS[2][0], AREAL_RUNS[0][0]),
+    (AREAL_RUNS[4][0], AREAL_RUNS[3][0]),
+    (AREAL_RUNS[6][0], AREAL_RUNS[5][0]),
+    (AREAL_RUNS[7][0], AREAL_RUNS[1][0]),
+)
+AREAL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x AReaL at max_staleness 1" for c in ASYNC_COLUMNS]
+
+
+def async_areal(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.areal inside AReaL's loop (each group placed by predicted work, no stealing)
+    against AReaL's round robin, on async_rl's settings."""
+    return _async_section(
+        quick, partial(_async_unit, runs=AREAL_RUNS), AREAL_RUNS, AREAL_PAIRS, AREAL_COLUMNS,
+        lambda steps: f"lengthsched.integrations.areal inside AReaL's loop ({_cost_label()}, seed {ROLLOUT_SEED}, "
+                      f"L_max 4096, G = 16, {steps} learner steps of B groups, the learner's seconds per step = "
+                      "share x the mean synchronous SGLang rollout, each update pauses every engine "
+                      f"{ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x AReaL's at max_staleness 1",
+        "lengthsched.integrations.areal, per setting against AReaL's loop")
+
+
+def _async_section(quick: bool, unit, runs: tuple, pairs: tuple, columns: list, title, paired_title: str):
+    """An asynchronous section: ``unit`` (:func:`_async_unit` or :func:`_verl_unit` with ``runs``) on every
+    setting (:func:`_async_settings`), its table (``title(steps)``, ``columns``) and its paired table (``pairs``)."""
+    settings, steps = _async_settings(unit, quick)
+    rows = async_rows(settings, runs)
+    text = table(title(steps), async_columns(columns, rows), rows)
+    text += "\n" + table(paired_title, PAIRED_COLUMNS, paired_rows(settings, pairs))
+    return text, {"rows": rows, "settings": settings, "steps": steps}
 
 
 def _async_setup(args, steps: int, groups_needed: int, engine: str):
@@ -2077,15 +2132,13 @@ def async_rl(quick: bool) -> tuple[str, list]:
     """Asynchronous RL (AReaL): generation goes on while the learner trains, within a staleness bound, against
     synchronous steps (AReaL with max_staleness 0, lengthsched's steal), the learner's time a share of the
     synchronous rollout's."""
-    settings, steps = _async_settings(_async_unit, quick)
-    rows = async_rows(settings)
-    text = table(f"Asynchronous RL ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps "
-                 "of B groups; the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
-                 f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the "
-                 "synchronous SGLang loop's", async_columns(ASYNC_COLUMNS, rows), rows)
-    text += "\n" + table("lengthsched inside AReaL's loop, per setting against AReaL's loop", PAIRED_COLUMNS,
-                         paired_rows(settings, ASYNC_PAIRS))
-    return text, {"rows": rows, "settings": settings, "steps": steps}
+    return _async_section(
+        quick, _async_unit, ASYNC_RUNS, ASYNC_PAIRS, ASYNC_COLUMNS,
+        lambda steps: f"Asynchronous RL ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner "
+                      "steps of B groups; the learner's seconds per step = share x the mean synchronous SGLang "
+                      f"rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per "
+                      "modelled second x the synchronous SGLang loop's",
+        "lengthsched inside AReaL's loop, per setting against AReaL's loop")
 
 
 # verl's fully asynchronous recipe (simulate.run_verl_async, verl 0.9.1 unless the row says b178a3c) against
@@ -2185,16 +2238,13 @@ def async_verl(quick: bool) -> tuple[str, list]:
     """verl's fully asynchronous recipe (streamed local updates, a bound on the groups started per version,
     partial rollout) against synchronous steps on vLLM's engines (vLLM + verl, lengthsched's steal) and
     AReaL's loop, the learner's time a share of the synchronous rollout's."""
-    settings, steps = _async_settings(_verl_unit, quick)
-    rows = async_rows(settings, VERL_RUNS)
-    text = table(f"verl's fully asynchronous recipe ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
-                 f"{steps} weight versions of B groups; the learner's seconds per version = share x the mean "
-                 f"synchronous vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): "
-                 "trained tokens per modelled second x the synchronous vLLM + verl loop's",
-                 async_columns(VERL_COLUMNS, rows), rows)
-    text += "\n" + table("lengthsched inside verl's recipe, per setting against the recipe", PAIRED_COLUMNS,
-                         paired_rows(settings, VERL_PAIRS))
-    return text, {"rows": rows, "settings": settings, "steps": steps}
+    return _async_section(
+        quick, _verl_unit, VERL_RUNS, VERL_PAIRS, VERL_COLUMNS,
+        lambda steps: f"verl's fully asynchronous recipe ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, "
+                      f"{steps} weight versions of B groups; the learner's seconds per version = share x the mean "
+                      f"synchronous vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): "
+                      "trained tokens per modelled second x the synchronous vLLM + verl loop's",
+        "lengthsched inside verl's recipe, per setting against the recipe")
 
 
 # lengthsched inside verl's recipe as lengthsched.integrations.verl_async runs it: its StealDriver decides from
@@ -2247,16 +2297,14 @@ def async_verl_driver(quick: bool) -> tuple[str, list]:
     """lengthsched inside verl's recipe as its integration (lengthsched.integrations.verl_async) runs it:
     stealing decided from snapshots polled every 0.25 s (and 1 s), against the same decided from the engines'
     exact state and against the recipe, on async_verl's settings."""
-    settings, steps = _async_settings(partial(_verl_unit, runs=DRIVER_RUNS), quick)
-    rows = async_rows(settings, DRIVER_RUNS)
-    text = table(f"lengthsched.integrations.verl_async inside verl's recipe ({_cost_label()}, seed {ROLLOUT_SEED}, "
-                 f"L_max 4096, G = 16, {steps} weight versions of B groups, the learner's seconds per version = share "
-                 "x the mean synchronous vLLM + verl rollout, each update pauses every engine "
-                 f"{ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's at threshold 0.1",
-                 async_columns(DRIVER_COLUMNS, rows), rows)
-    text += "\n" + table("lengthsched.integrations.verl_async, per setting against the recipe and against exact "
-                         "knowledge", PAIRED_COLUMNS, paired_rows(settings, DRIVER_PAIRS))
-    return text, {"rows": rows, "settings": settings, "steps": steps}
+    return _async_section(
+        quick, partial(_verl_unit, runs=DRIVER_RUNS), DRIVER_RUNS, DRIVER_PAIRS, DRIVER_COLUMNS,
+        lambda steps: f"lengthsched.integrations.verl_async inside verl's recipe ({_cost_label()}, seed "
+                      f"{ROLLOUT_SEED}, L_max 4096, G = 16, {steps} weight versions of B groups, the learner's seconds "
+                      "per version = share x the mean synchronous vLLM + verl rollout, each update pauses every engine "
+                      f"{ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's at threshold "
+                      "0.1",
+        "lengthsched.integrations.verl_async, per setting against the recipe and against exact knowledge")
 
 
 def _ratio_summary(units, ratios) -> list:
@@ -3172,7 +3220,7 @@ def main(argv=None) -> int:
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
-                "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn,
+                "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn, "async_areal": async_areal,
                 "rollout_multiturn_slime": rollout_multiturn_slime,
                 "rollout_multiturn_offload": rollout_multiturn_offload,
                 "multiturn_speed": multiturn_speed, "paper": paper,

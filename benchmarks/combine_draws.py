@@ -1,10 +1,10 @@
 """Pool the results of several draws (seeds) of a multi-step section into one table.
 
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
-``--sections async_verl``, ``--sections async_verl_driver``, ``--sections slime_difficulty``,
-``--sections slime_difficulty_drift`` and ``--sections slime_order_horizon`` each run one
-draw (``--seed``); this reads their JSON results and prints the section's table over all the draws' settings
-pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
+``--sections async_verl``, ``--sections async_verl_driver``, ``--sections async_areal``,
+``--sections slime_difficulty``, ``--sections slime_difficulty_drift`` and ``--sections slime_order_horizon``
+each run one draw (``--seed``); this reads their JSON results and prints the section's table over all the draws'
+settings pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
 means), the lowest and worst over all of them, and the slower ones counted over all of them.
 
     python benchmarks/combine_draws.py rollout_staleness benchmarks/results/simulate_rollout_staleness.json \
@@ -24,6 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_simulate import (  # noqa: E402
+    AREAL_COLUMNS,
+    AREAL_PAIRS,
+    AREAL_RUNS,
     ASYNC_COLUMNS,
     ASYNC_PAIRS,
     ASYNC_RUNS,
@@ -59,13 +62,15 @@ from common import table  # noqa: E402
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
             "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
             "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS,
-            "verl_dapo_skip": VERL_DAPO_RUNS}
+            "verl_dapo_skip": VERL_DAPO_RUNS, "async_areal": AREAL_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
-PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS}
+PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS,
+         "async_areal": AREAL_PAIRS}
 #: The columns of each asynchronous section's table.
-COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS}
+COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS,
+           "async_areal": AREAL_COLUMNS}
 #: The dynamic-sampling sections' rows (from their pooled settings) and columns: slime's, and verl's v1 trainer's.
 SLIME_TABLES = {"slime_difficulty": (difficulty_rows, DIFFICULTY_COLUMNS),
                 "slime_difficulty_drift": (drift_rows, DRIFT_COLUMNS),

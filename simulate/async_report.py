@@ -2,7 +2,8 @@
 
 Every row runs the same stream of groups for N learner steps of B groups on the same machines: AReaL's asynchronous
 loop (:func:`simulate.run_async_rollout`) at each staleness bound K on SGLang's and on vLLM's engine (K = 0 is
-synchronous RL), AReaL's loop with each request routed by least predicted work and with lengthsched's placement and
+synchronous RL), AReaL's loop with each request routed by least predicted work, with each group placed as
+:mod:`lengthsched.integrations.areal` places it (no stealing), and with lengthsched's placement and
 stealing inside it (``steal_sglang`` / ``steal`` on the engines), verl 0.9.1's fully asynchronous recipe
 (:func:`simulate.run_verl_async`) on vLLM's engine at each ``--staleness-threshold`` (0 and verl's default 0.1
 unless given), the same recipe with lengthsched's placement and stealing inside it as
@@ -37,8 +38,8 @@ from .asynchronous import (
 )
 from .report import aligned, legend
 
-__all__ = ["AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async", "ASYNC_LEGEND",
-           "MAX_STALENESS", "MAX_THRESHOLD", "VERL_THRESHOLDS"]
+__all__ = ["AREAL_INTEGRATION", "AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async",
+           "ASYNC_LEGEND", "MAX_STALENESS", "MAX_THRESHOLD", "VERL_THRESHOLDS"]
 
 #: The largest ``--max-staleness`` accepted (versions).
 MAX_STALENESS = 64
@@ -50,6 +51,9 @@ VERL_THRESHOLDS = (0.0, 0.1)
 #: arguments of run_verl_async for the recipe with lengthsched inside).
 INTEGRATION = {"router": "stream", "steal": True, "snapshot_seconds": StealOptions.poll_interval,
                "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS, "prefill_share": PREFILL_SHARE}
+#: How lengthsched.integrations.areal routes inside AReaL's loop: each group placed by its own placer (router
+#: ``stream``, the same cap on the spread), no stealing (the arguments of run_async_rollout for AReaL with it).
+AREAL_INTEGRATION = {"router": "stream", "prefill_share": PREFILL_SHARE}
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {
@@ -227,6 +231,8 @@ def compare_async(opts) -> AsyncComparison:
         if most > 0:
             runs.append((f"async: {engine}, K={most}, least predicted work (lengthsched)",
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
+            runs.append((f"async: {engine}, K={most}, groups placed (lengthsched.integrations.areal)",
+                         dict(policy=engine, max_staleness=most, predicted=pred, **AREAL_INTEGRATION)))
             runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
                          dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
     updates = f"{local} local update{'s' if local > 1 else ''}"

@@ -786,6 +786,30 @@ def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "--figure" in result.stderr
 
 
+def test_simulator_benchmark_async_areal_quick(tmp_path):
+    """async_areal (quick): lengthsched.integrations.areal inside AReaL's loop; the reference row (AReaL at
+    max_staleness 1) is 1, each row's means are its settings', every paired row compares the two runs it names, and
+    combine_draws.py pools it with its pairs."""
+    data = _quick_section(tmp_path, "async_areal")
+    from bench_simulate import AREAL_PAIRS, AREAL_RUNS
+    from combine_draws import combine
+
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in AREAL_RUNS} and all(r[2] == 2 for r in rows.values())
+    assert rows[AREAL_RUNS[0][0]][3] == rows[AREAL_RUNS[0][0]][4] == 1.0
+    outs = [s[5] for s in data["settings"]]
+    for label, *_ in AREAL_RUNS:
+        speed = [(o[label][1] / o[label][0]) / (o[AREAL_RUNS[0][0]][1] / o[AREAL_RUNS[0][0]][0]) for o in outs]
+        assert rows[label][3] == pytest.approx(np.mean(speed)) and 0 < rows[label][6] < 1  # stale tokens: K >= 1
+    path = tmp_path / "async_areal.json"
+    path.write_text(json.dumps({"async_areal": data}))
+    paired = combine("async_areal", [str(path)], paired=True)
+    assert [(r[1], r[2]) for r in paired] == list(AREAL_PAIRS)
+    for r in paired:
+        assert r[5] <= r[4] <= r[6] and r[4] == pytest.approx(
+            np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+
+
 def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
     """async_verl (quick): verl's recipe at each threshold against synchronous steps on vLLM's engines; the
     reference row is 1; rows at threshold 0 and the synchronous ones (streamed or not) train only fresh tokens,

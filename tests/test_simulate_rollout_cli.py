@@ -799,6 +799,8 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
                          "async: sglang, K=2, least predicted work (lengthsched)",
                          "sync: vllm, K=0, round robin (AReaL)", "async: vllm, K=2, round robin (AReaL)",
                          "async: vllm, K=2, least predicted work (lengthsched)",
+                         "async: sglang, K=2, groups placed (lengthsched.integrations.areal)",
+                         "async: vllm, K=2, groups placed (lengthsched.integrations.areal)",
                          "async: steal_sglang, K=2, groups placed, stolen (lengthsched)",
                          "async: steal, K=2, groups placed, stolen (lengthsched)",
                          "sync: steal_sglang (lengthsched: each batch placed and stolen, then the learner)",
@@ -832,6 +834,10 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["seconds"] == pytest.approx(verl.seconds) and row["stale_share"] == pytest.approx(verl.stale_share)
     assert row["uneven_share"] == pytest.approx(verl.uneven_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
+    placed = run_async_rollout(stream.groups, max_staleness=2, policy="sglang", router="stream", prefill_share=0.1,
+                               predicted=stream.predicted, **kw)  # lengthsched.integrations.areal: no stealing
+    row = rows["async: sglang, K=2, groups placed (lengthsched.integrations.areal)"]
+    assert row["seconds"] == pytest.approx(placed.seconds) and row["stale_share"] == pytest.approx(placed.stale_share)
     areal = run_async_rollout(stream.groups, max_staleness=2, policy="sglang", router="placed", steal=True,
                               predicted=stream.predicted, **kw)
     row = rows["async: steal_sglang, K=2, groups placed, stolen (lengthsched)"]
