@@ -1982,8 +1982,9 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
 # "stream", its prefill cap PREFILL_SHARE) from the predicted tokens each server has in flight, no stealing (AReaL
 # cannot move one request), against AReaL's round robin at the same staleness bound; with the realistic
 # predictions and with the integration's default predictor (online, from max_new_tokens / 2, learning from the groups
-# back); on SGLang's engines and vLLM's; and, for what stealing would add, steal_sglang over steal's placement
-# (async_rl's row). _async_unit's runs, each with run_async_rollout's extra arguments.
+# back); on SGLang's engines and vLLM's; for what stealing would add, steal_sglang over steal's placement
+# (async_rl's row); and with 4 trainer ranks, each routing its own share of the groups by itself (AReaL's SPMD
+# mode: one engine per rank). _async_unit's runs, each with run_async_rollout's extra arguments.
 AREAL_EXTRA = {k: v for k, v in AREAL_INTEGRATION.items() if k != "router"}  # router "stream" in the run's how
 AREAL_RUNS = (
     ("AReaL: sglang, max_staleness 1 (round robin)", "sglang", 1, "round_robin", None, None),
@@ -1999,6 +2000,10 @@ AREAL_RUNS = (
      AREAL_EXTRA),
     ("steal_sglang, max_staleness 1, groups placed as steal places them, stolen (not in the integration)", "sglang",
      1, "placed+steal", None, "realistic"),
+    ("AReaL: sglang, max_staleness 1, 4 trainer ranks each routing its own groups (round robin)", "sglang", 1,
+     "round_robin", None, None, {"ranks": 4}),
+    ("AReaL + lengthsched.integrations.areal, max_staleness 1, on each of 4 trainer ranks", "sglang", 1, "stream",
+     None, "realistic", {**AREAL_EXTRA, "ranks": 4}),
 )
 AREAL_PAIRS = (
     (AREAL_RUNS[1][0], AREAL_RUNS[0][0]),
@@ -2006,6 +2011,8 @@ AREAL_PAIRS = (
     (AREAL_RUNS[4][0], AREAL_RUNS[3][0]),
     (AREAL_RUNS[6][0], AREAL_RUNS[5][0]),
     (AREAL_RUNS[7][0], AREAL_RUNS[1][0]),
+    (AREAL_RUNS[9][0], AREAL_RUNS[8][0]),
+    (AREAL_RUNS[8][0], AREAL_RUNS[0][0]),
 )
 AREAL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x AReaL at max_staleness 1" for c in ASYNC_COLUMNS]
 

@@ -107,6 +107,9 @@ __all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "r
 ASYNC_ROUTERS = ("round_robin",) + LiveRouter.ROUTERS + ("least_work", "placed", "stream")
 #: The routers of :data:`ASYNC_ROUTERS` that need ``predicted``.
 PREDICTED_ROUTERS = ("least_work", "placed", "stream")
+#: The routers each trainer rank can run by itself (``run_async_rollout``'s ``ranks``): AReaL's, and lengthsched's
+#: that need only the rank's own requests.
+RANKED_ROUTERS = ("round_robin", "least_work", "stream")
 
 #: verl's fully asynchronous rollouter keeps at most this many groups in flight per server
 #: (``concurrent_samples_per_replica``, 16 by default in 0.9.1; fixed at 16 at b178a3c): the default
@@ -219,10 +222,10 @@ class AsyncRollout:
 
 
 class _RoundRobin:
-    """AReaL's ``choose_server``: each request to the next server in turn."""
+    """AReaL's ``choose_server``: each request to the next server in turn (from server ``start``)."""
 
-    def __init__(self, replicas: int):
-        self.replicas, self.next = replicas, 0
+    def __init__(self, replicas: int, start: int = 0):
+        self.replicas, self.next = replicas, start
 
     def select(self, job: int, group: int) -> int:
         r, self.next = self.next, (self.next + 1) % self.replicas
@@ -251,6 +254,32 @@ class _Live:
         """Request ``job`` in flight on ``src`` was sent to ``dst`` (stolen or moved): counted there now."""
         self.router.load[src] -= 1
         self.router.load[dst] += 1
+
+
+class _Ranks:
+    """The routers of the trainer's ranks (``routers[k]``: rank k's), each routing the groups its rank submits
+    (group g: rank g mod their number) from its own state; one router is the loop's."""
+
+    def __init__(self, routers: Sequence[Any], owner: np.ndarray):
+        self.routers, self.owner = list(routers), owner
+
+    @classmethod
+    def of(cls, routers: Sequence[Any], owner: np.ndarray) -> Any:
+        """The ranks' routers as one; a single rank's router itself."""
+        return routers[0] if len(routers) == 1 else cls(routers, owner)
+
+    def _of(self, job: int) -> Any:
+        return self.routers[int(self.owner[job]) % len(self.routers)]
+
+    def select(self, job: int, group: int) -> int:
+        return self.routers[group % len(self.routers)].select(job, group)
+
+    def finished(self, replica: int, jobs: Sequence[int]) -> None:
+        for job in jobs:
+            self._of(job).finished(replica, [job])
+
+    def moved(self, job: int, src: int, dst: int) -> None:
+        self._of(job).moved(job, src, dst)
 
 
 class _LeastWork:
@@ -315,7 +344,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       cost: Any = None,
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
                       steal: bool = False, resubmit_seconds: float = 0.0,
-                      snapshot_seconds: float | None = None, prefill_share: float | None = None) -> AsyncRollout:
+                      snapshot_seconds: float | None = None, prefill_share: float | None = None,
+                      ranks: int = 1) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -358,6 +388,13 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             (:func:`lengthsched.integrations.rollout.spread_ways`' cap, ``PREFILL_SHARE`` in
             ``lengthsched.integrations.verl_async``); with ``router="stream"``, the ``prefill_share`` of its
             ``StreamPlacer``; None: ``steal``'s spread alone.
+        ranks: the trainer's data-parallel ranks, each of which routes its own share of the groups (group g
+            submitted by rank g mod ``ranks``) from its own state, as each rank of AReaL's SPMD mode holds its own
+            engine: a round robin of its own (rank k's starting at server k x replicas // ranks; AReaL starts
+            each at random), its own count of predicted work (``least_work``) or its own ``StreamPlacer`` over the
+            work it sent (``stream``: lengthsched.integrations.areal on every rank, each placer's concurrency its
+            share of the groups first in flight). Not with ``steal`` or the routers that see every request
+            (``placed``, verl's). 1: one router for the whole loop.
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -370,7 +407,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ranks=ranks)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -498,9 +535,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
               update_seconds: float, train_seconds_per_token: float, policy: str, router: str, predicted: Any,
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
               max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
-              snapshot_seconds: float | None = None, prefill_share: float | None = None) -> AsyncRollout:
+              snapshot_seconds: float | None = None, prefill_share: float | None = None,
+              ranks: int = 1) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
-    engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it."""
+    engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it;
+    ``ranks``: :func:`run_async_rollout`'s."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
@@ -531,6 +570,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             raise InvalidArgument("prefill_share", prefill_share, f"None with router={router!r} (it caps how "
                                                                   "widely routers 'placed' and 'stream' spread a "
                                                                   "group)")
+    ranks = check_int("ranks", ranks, minimum=1)
+    if ranks > 1 and (steal or router not in RANKED_ROUTERS):
+        raise InvalidArgument("ranks", ranks, "1 with " + ("steal" if steal else f"router={router!r}")
+                              + " (each rank routes by itself with routers " + ", ".join(map(repr, RANKED_ROUTERS))
+                              + ", without stealing)")
     if (router in PREDICTED_ROUTERS or steal) != (predicted is not None):
         raise InvalidArgument("predicted", "None" if predicted is None else "predictions",
                               "predictions with routers " + ", ".join(map(repr, PREDICTED_ROUTERS))
@@ -575,13 +619,17 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
                              prefill_share=prefill_share)
         live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
-    elif router == "stream":  # the integration's own placer; its concurrency: the groups in flight
-        placer = StreamPlacer(common["budget"], concurrency=len(opening), prefill_share=prefill_share)
-        live = _Placed(replicas, common["pred"], first, sizes, placer=placer, prompt_lens=plens,
-                       loads=None if snapshot_seconds is None else lambda: coord.loads())
+    elif router == "stream":  # the integration's own placer per rank; its concurrency: its groups in flight
+        live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
+                                  placer=StreamPlacer(common["budget"], concurrency=max(1, len(opening) // ranks),
+                                                      prefill_share=prefill_share),
+                                  loads=None if snapshot_seconds is None else lambda: coord.loads())
+                          for _ in range(ranks)], owner)
+    elif router in RANKED_ROUTERS:
+        live = _Ranks.of([_RoundRobin(replicas, k * replicas // ranks) if router == "round_robin" else
+                          _LeastWork(replicas, common["pred"]) for k in range(ranks)], owner)
     else:
-        live = (_RoundRobin(replicas) if router == "round_robin" else
-                _LeastWork(replicas, common["pred"]) if router == "least_work" else _Live(router, replicas))
+        live = _Live(router, replicas)
     engines, pols = [], []
     kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
     problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],

@@ -665,3 +665,47 @@ def test_stealing_bad_arguments_name_themselves():
     with pytest.raises(InvalidArgument, match="snapshot_seconds"):
         run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.1, steal=True, policy="sglang",
                           snapshot_seconds=0.25, predicted=_predicted(stream), **COMMON)
+
+
+def test_each_rank_routes_its_own_groups_from_its_own_counts(monkeypatch):
+    """ranks=2 (AReaL's SPMD mode, one engine per trainer rank): group g goes through rank g mod 2's own placer
+    (lengthsched.integrations.areal on every rank), whose loads count only the predicted tokens that rank sent;
+    every request of a group goes where its rank's placer put it, and every trained group is trained once."""
+    calls, sent = _spy_stream(monkeypatch)
+    stream = _stream(24, size=6, seed=7, high=500)
+    predicted = _predicted(stream, 7)
+    kw = dict(batch=4, steps=3, max_staleness=1, train_seconds=0.3, update_seconds=0.05, replicas=3,
+              predicted=predicted, budget_tokens=1500, max_new_tokens=512, router="stream", prefill_share=0.1)
+    out = run_async_rollout(stream, ranks=2, **kw)
+    firsts = {g: placed for g, (_, _, _, placed, _) in enumerate(calls)}
+    for job, r in sent:
+        g, k = divmod(job, 6)
+        assert r == firsts[g][k]
+    # rank 0 placed groups 0, 2, 4, ...: its loads when it placed group 2 count group 0 only (or less, if back)
+    load_at_2 = sum(calls[2][2])
+    assert load_at_2 <= float(np.sum(predicted[0:6])) + 1e-9
+    assert calls[1][2] == [0.0, 0.0, 0.0]  # rank 1's first group: that rank has sent nothing yet (rank 0 has)
+    trained = [g for s in out.steps for g in s.groups]
+    assert len(trained) == len(set(trained)) == 12
+
+
+def test_each_rank_runs_its_own_round_robin():
+    """Round robin per rank: rank k's starts at server k x replicas // ranks, and group g is rank g mod ranks's."""
+    from simulate.asynchronous import _Ranks, _RoundRobin
+
+    owner = np.repeat(np.arange(4), 3)
+    ranks = _Ranks.of([_RoundRobin(3, k * 3 // 2) for k in range(2)], owner)
+    picked = [ranks.select(j, int(owner[j])) for j in range(12)]
+    assert picked == [0, 1, 2, 1, 2, 0, 0, 1, 2, 1, 2, 0]
+    single = _RoundRobin(3)
+    assert _Ranks.of([single], owner) is single  # one rank: the loop's own router
+
+
+@pytest.mark.parametrize("kwargs", [dict(steal=True, router="placed"), dict(router="least_loaded"),
+                                    dict(router="placed"), dict(router="stream", steal=True)])
+def test_ranks_need_a_router_each_rank_can_run_alone(kwargs):
+    stream = _stream(12, seed=2)
+    with pytest.raises(InvalidArgument) as err:
+        run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.3, replicas=2, ranks=2,
+                          predicted=_predicted(stream, 2), **kwargs, **COMMON)
+    assert err.value.name == "ranks"
