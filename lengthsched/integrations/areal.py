@@ -68,13 +68,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Group:
-    """A placed group: its prompt key, predicted tokens per place, the places not yet taken (replica per place,
-    in order), and per rid taken its place; lengths of the requests back."""
+    """A placed group: its prompt key, predicted tokens per place, the places not yet taken ((place, replica), in
+    order) and the lengths of its requests back."""
 
     key: Hashable
     predicted: np.ndarray
     free: deque = field(default_factory=deque)
-    taken: dict = field(default_factory=dict)  # rid -> (place, replica)
     lengths: dict = field(default_factory=dict)  # rid -> tokens generated
     spoiled: bool = False  # a request failed: its lengths are not fed to the predictor
 
@@ -146,7 +145,6 @@ class GroupRouter:
             waiting.popleft()
             if not waiting:
                 del self._open[key]
-        group.taken[rid] = (place, replica)
         self._of[rid] = (group, place, replica)
         self._seen[rid] = None
         if len(self._seen) > self.SEEN_RIDS:
