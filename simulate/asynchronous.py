@@ -392,9 +392,10 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             submitted by rank g mod ``ranks``) from its own state, as each rank of AReaL's SPMD mode holds its own
             engine: a round robin of its own (rank k's starting at server k x replicas // ranks; AReaL starts
             each at random), its own count of predicted work (``least_work``) or its own ``StreamPlacer`` over the
-            work it sent (``stream``: lengthsched.integrations.areal on every rank, each placer's concurrency its
-            share of the groups first in flight). Not with ``steal`` or the routers that see every request
-            (``placed``, verl's). 1: one router for the whole loop.
+            work it sent (``stream``: lengthsched.integrations.areal on every rank, each placer's spread estimated
+            from all the groups first in flight, whose prompts share the servers' pools whichever rank sent
+            them). Not with ``steal`` or the routers that see every request (``placed``, verl's). 1: one router
+            for the whole loop.
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -619,9 +620,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
                              prefill_share=prefill_share)
         live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
-    elif router == "stream":  # the integration's own placer per rank; its concurrency: its groups in flight
+    elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
-                                  placer=StreamPlacer(common["budget"], concurrency=max(1, len(opening) // ranks),
+                                  placer=StreamPlacer(common["budget"], concurrency=len(opening),
                                                       prefill_share=prefill_share),
                                   loads=None if snapshot_seconds is None else lambda: coord.loads())
                           for _ in range(ranks)], owner)

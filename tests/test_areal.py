@@ -242,10 +242,12 @@ def test_servers_that_change_start_the_counts_again():
     assert all(x >= 0 for x in router.loads)
 
 
-def test_concurrency_and_batch_come_from_the_engine_config_over_the_ranks():
+def test_concurrency_and_batch_come_from_the_engine_config():
+    """The spread is estimated from every rank's groups in flight (their prompts share the servers' pools: with
+    this rank's share alone the model's 4-rank rows gained half as much); the batch is this rank's share."""
     fake = FakeRemoteInfEngine(2, lengths_for(), consumer_batch_size=64, max_concurrent_rollouts=128)
     router = la.install(fake, pool_tokens=10_000, group_size=2, data_parallel_size=4)
-    assert router.placer.concurrency == 32 and router.batch == 16
+    assert router.placer.concurrency == 128 and router.batch == 16
     fake = FakeRemoteInfEngine(2, lengths_for(), consumer_batch_size=64)
     router = la.install(fake, pool_tokens=10_000, group_size=2)
     assert router.placer.concurrency == 64 and router.batch == 64  # AReaL: max_concurrent_rollouts or the batch

@@ -86,11 +86,12 @@ class GroupRouter:
     ``group_size``: completions per prompt (AReaL's ``gconfig.n_samples``, the ``group_size`` its trainer
     submits with). ``planner``: a :class:`~lengthsched.integrations.verl.RolloutPlanner` (its predictor and what
     it learns; ``state_path`` to keep it across restarts); None: one with the online predictor,
-    ``max_new_tokens`` its cap (AReaL's ``gconfig.max_new_tokens``). ``concurrency``: groups in flight on this
-    rank (AReaL's ``max_concurrent_rollouts`` over the data-parallel ranks), which the placer's spread estimate
-    reads; ``ways``: a fixed spread instead (1: whole groups); ``prefill_share``: the placer's cap on the spread
-    (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: none). ``batch``: groups per learner step on
-    this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's rollout steps.
+    ``max_new_tokens`` its cap (AReaL's ``gconfig.max_new_tokens``). ``concurrency``: groups in flight on all
+    ranks together (AReaL's ``max_concurrent_rollouts``: every rank's prompts share the servers' pools), which
+    the placer's spread estimate reads; ``ways``: a fixed spread instead (1: whole groups); ``prefill_share``: the
+    placer's cap on the spread (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: none). ``batch``:
+    groups per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the
+    predictor's rollout steps.
 
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
     :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
@@ -261,16 +262,15 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
     records its own choice, so AReaL's ``agenerate``, which runs unchanged, sends it there and sends the rid's
     later requests there too) and tells the router when it is back (or failed). ``pool_tokens``,
     ``group_size``, ``planner``, ``max_new_tokens``, ``ways``, ``prefill_share``: :class:`GroupRouter`'s.
-    ``concurrency`` and ``batch`` default to the engine config's ``max_concurrent_rollouts`` (else
-    ``consumer_batch_size``) and ``consumer_batch_size``, each over ``data_parallel_size`` (the trainer's
-    data-parallel ranks, as AReaL divides them). ``key``: a request's prompt key (default :func:`prompt_text`),
-    asked once per prompt while its ids are among the latest :data:`KEY_CACHE`. Installing twice replaces the first
-    router."""
+    ``concurrency`` defaults to the engine config's ``max_concurrent_rollouts`` (else ``consumer_batch_size``),
+    all ranks' groups in flight, and ``batch`` to its ``consumer_batch_size`` over ``data_parallel_size`` (the
+    trainer's data-parallel ranks: this rank's share of a learner step, as AReaL divides it). ``key``: a
+    request's prompt key (default :func:`prompt_text`), asked once per prompt while its ids are among the latest
+    :data:`KEY_CACHE`. Installing twice replaces the first router."""
     inner = _inner(engine)
     ranks = check_int("data_parallel_size", data_parallel_size, minimum=1)
-    if concurrency is None:
-        total = _config_int(inner, "max_concurrent_rollouts", "consumer_batch_size")
-        concurrency = None if total is None else max(1, total // ranks)
+    if concurrency is None:  # all ranks' groups: their prompts share the servers' pools
+        concurrency = _config_int(inner, "max_concurrent_rollouts", "consumer_batch_size")
     if batch is None:
         total = _config_int(inner, "consumer_batch_size")
         batch = None if total is None else max(1, total // ranks)
