@@ -12,6 +12,7 @@ Where ``areal`` imports (CI's verl environment), the router also runs inside ARe
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import uuid
 from types import SimpleNamespace
@@ -25,11 +26,21 @@ from lengthsched import InvalidArgument, OnlineLengthPredictor
 from lengthsched.integrations import areal as la
 from lengthsched.integrations.verl import RolloutPlanner
 
-try:  # AReaL's real classes, where they import (not on the main test environment: areal pins torch < 2.11)
-    import areal.infra.remote_inf_engine as real_rie
-except Exception:  # noqa: BLE001 - any import failure means "not here"
-    real_rie = None
-requires_areal = pytest.mark.skipif(real_rie is None, reason="areal is not importable here (CI's verl environment)")
+# AReaL's real classes, where areal is installed (CI's verl environment; not the main one: areal pins torch < 2.11).
+# Imported only inside the test that uses them: areal.api.cli_args calls uvloop.install() at import, which would
+# change the event loop of every later test in the process (the verl tests' stealing runs on asyncio's order).
+requires_areal = pytest.mark.skipif(importlib.util.find_spec("areal") is None,
+                                    reason="areal is not installed here (CI's verl environment has it)")
+
+
+def real_areal():
+    """AReaL's remote engine module, imported with asyncio's event-loop policy kept as it was."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        import areal.infra.remote_inf_engine as rie
+    finally:
+        asyncio.set_event_loop_policy(policy)
+    return rie
 
 
 class FakeRemoteInfEngine:
@@ -329,9 +340,16 @@ def test_every_request_gets_one_server_and_the_loads_are_the_predictions_in_flig
 @requires_areal
 def test_inside_areals_real_engine_and_grouped_workflow(monkeypatch):
     import torch
-    from areal.api import ModelRequest, RolloutWorkflow
-    from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
-    from areal.engine.sglang_remote import SGLangBackend
+
+    real_rie = real_areal()
+    policy = asyncio.get_event_loop_policy()
+    try:
+        from areal.api import ModelRequest, RolloutWorkflow
+        from areal.api.cli_args import GenerationHyperparameters, InferenceEngineConfig
+        from areal.engine.sglang_remote import SGLangBackend
+    finally:
+        asyncio.set_event_loop_policy(policy)
+    assert "uvloop" not in type(asyncio.get_event_loop_policy()).__module__  # the tests' own loop, as before
 
     lengths = lengths_for()
     calls = []
