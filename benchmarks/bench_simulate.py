@@ -1953,6 +1953,11 @@ ASYNC_COLUMNS = ["share", "run", "settings", "tokens/s x sync sglang", "worst", 
                  "stale share", "mean lag", "learner idle", "seconds per step x", "trained length x drawn"]
 
 
+def _against(reference: str) -> list[str]:
+    """ASYNC_COLUMNS with the tokens per second measured against ``reference`` instead of synchronous SGLang."""
+    return [c if c != "tokens/s x sync sglang" else f"tokens/s x {reference}" for c in ASYNC_COLUMNS]
+
+
 def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
     """One setting: every run of ``runs`` for ``steps`` learner steps whose seconds are ``share`` x the mean
     rollout of the synchronous SGLang steps, plus ASYNC_UPDATE_SECONDS per update. Per run: (seconds, trained
@@ -2014,7 +2019,7 @@ AREAL_PAIRS = (
     (AREAL_RUNS[9][0], AREAL_RUNS[8][0]),
     (AREAL_RUNS[8][0], AREAL_RUNS[0][0]),
 )
-AREAL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x AReaL at max_staleness 1" for c in ASYNC_COLUMNS]
+AREAL_COLUMNS = _against("AReaL at max_staleness 1")
 
 
 def async_areal(quick: bool) -> tuple[str, list]:
@@ -2189,7 +2194,7 @@ VERL_RUNS = (
      {"staleness_threshold": 0.0, "max_concurrent": 1.0}, None),
     ("async: vllm, max_staleness 1 (AReaL)", "areal", "vllm", {"max_staleness": 1}, None),
 )
-VERL_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x sync vllm + verl" for c in ASYNC_COLUMNS]
+VERL_COLUMNS = _against("sync vllm + verl")
 _INSIDE = "(groups placed as steal places them, stolen)"
 # lengthsched inside verl's recipe, each against the recipe at the same threshold (and at 0, the streamed steal)
 VERL_PAIRS = (
@@ -2296,8 +2301,7 @@ DRIVER_PAIRS = (
     (DRIVER_RUNS[8][0], DRIVER_RUNS[2][0]),
     (DRIVER_RUNS[5][0], DRIVER_RUNS[4][0]),
 )
-DRIVER_COLUMNS = [c if c != "tokens/s x sync sglang" else "tokens/s x the recipe at threshold 0.1"
-                  for c in ASYNC_COLUMNS]
+DRIVER_COLUMNS = _against("the recipe at threshold 0.1")
 
 
 def async_verl_driver(quick: bool) -> tuple[str, list]:

@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import InvalidArgument, check_int
 from .rollout import PREFILL_SHARE
-from .verl import RolloutPlanner
+from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
 __all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "install", "prompt_text"]
@@ -147,9 +147,7 @@ class GroupRouter:
             if not waiting:
                 del self._open[key]
         self._of[rid] = (group, place, replica)
-        self._seen[rid] = None
-        if len(self._seen) > self.SEEN_RIDS:
-            self._seen.popitem(last=False)
+        _keep_newest(self._seen, rid, None, self.SEEN_RIDS)
         self.loads[replica] += float(group.predicted[place])
         self.routed += 1
         return replica
@@ -242,16 +240,6 @@ def _inner(engine: Any) -> Any:
     return inner
 
 
-def _config_int(engine: Any, *names: str) -> int | None:
-    """The first positive integer among the engine config's ``names`` (None: none is set)."""
-    config = getattr(engine, "config", None)
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0:
-            return int(value)
-    return None
-
-
 def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutPlanner | None = None,
             max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
             ways: int | None = None, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
@@ -269,11 +257,13 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
     :data:`KEY_CACHE`. Installing twice replaces the first router."""
     inner = _inner(engine)
     ranks = check_int("data_parallel_size", data_parallel_size, minimum=1)
-    if concurrency is None:  # all ranks' groups: their prompts share the servers' pools
-        concurrency = _config_int(inner, "max_concurrent_rollouts", "consumer_batch_size")
+    config = getattr(inner, "config", None)
+    if concurrency is None:  # all ranks' groups (their prompts share the servers' pools), AReaL's own default
+        found = _number(config, "max_concurrent_rollouts") or _number(config, "consumer_batch_size")
+        concurrency = None if found is None else int(found)
     if batch is None:
-        total = _config_int(inner, "consumer_batch_size")
-        batch = None if total is None else max(1, total // ranks)
+        total = _number(config, "consumer_batch_size")
+        batch = None if total is None else max(1, int(total) // ranks)
     if not callable(key):
         raise InvalidArgument("key", type(key).__name__, "a function of an AReaL ModelRequest giving its prompt key")
     router = GroupRouter(pool_tokens, group_size=group_size, planner=planner, max_new_tokens=max_new_tokens,
@@ -300,12 +290,8 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
 
     def key_of(req: Any) -> Hashable:
         ids = tuple(req.input_ids)
-        if ids in keys:
-            keys.move_to_end(ids)
-            return keys[ids]
-        keys[ids] = found = key(req)
-        if len(keys) > KEY_CACHE:
-            keys.popitem(last=False)
+        found = keys[ids] if ids in keys else key(req)
+        _keep_newest(keys, ids, found, KEY_CACHE)
         return found
 
     inner._lengthsched_agenerate = original
