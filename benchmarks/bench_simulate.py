@@ -2034,6 +2034,111 @@ def async_areal(quick: bool) -> tuple[str, list]:
         "lengthsched.integrations.areal, per setting against AReaL's loop")
 
 
+# async_areal_epochs: what each AReaL rank knows. AReaL's sampler deals the prompts to its trainer ranks afresh every
+# epoch, so the integration's online predictor on a rank has seen about one prompt in D of the epoch's before. Each
+# setting: AREAL_EPOCHS epochs of the same AREAL_EPOCH_STEPS x B prompts (fresh completions, a fresh order each
+# epoch, group g on rank g mod D), the learner's seconds AREAL_EPOCH_SHARE x the mean synchronous SGLang rollout,
+# max_staleness 1, SGLang's engines. Runs: (label, ranks, router, predictions, the ranks pool what they learn):
+# predictions None (round robin), "realistic" (a trained prompt-level predictor, log-normal sigma 0.5, the same
+# error every epoch), "alone" (the integration's default online predictor on each rank, fed its own groups),
+# "one" (one online predictor fed every rank's groups: what a single process would know; not a deployment).
+AREAL_EPOCHS = 3
+AREAL_EPOCH_STEPS = 4
+AREAL_EPOCH_SHARE = 0.5
+AREAL_EPOCH_RUNS = tuple(run for ranks in (4, 8) for run in (
+    (f"AReaL on {ranks} ranks (round robin)", ranks, "round_robin", None, False),
+    (f"+ integration on each of {ranks} ranks, online predictor learning alone", ranks, "stream", "alone", False),
+    (f"+ integration on each of {ranks} ranks, online predictors pooled through share_dir", ranks, "stream", "alone",
+     True),
+    (f"+ integration on each of {ranks} ranks, one online predictor fed every rank's groups (not a deployment)",
+     ranks, "stream", "one", False),
+    (f"+ integration on each of {ranks} ranks, a trained prompt-level predictor (realistic)", ranks, "stream",
+     "realistic", False)))
+
+
+def epoch_stream(workload: str, prompts: int, epochs: int, seed: int) -> tuple[list, np.ndarray]:
+    """(groups, realistic predictions per completion) of ``epochs`` epochs of the same ``prompts`` prompts: each
+    epoch their completions drawn afresh (rollout_groups' ``epoch``) and dealt in a fresh order (a shuffled
+    sampler's); the realistic prediction of a prompt is its first epoch's (the trained predictor does not learn)."""
+    first, realistic, _, _ = rollout_groups(workload, prompts, seed)
+    known = {g.prompt_id: realistic[i * len(g.lengths)] for i, g in enumerate(first)}
+    rng = np.random.default_rng([seed, 2026])
+    stream = []
+    for epoch in range(epochs):
+        drawn = first if epoch == 0 else rollout_groups(workload, prompts, seed, epoch=epoch)[0]
+        stream += [drawn[i] for i in rng.permutation(len(drawn))]
+    return stream, np.concatenate([np.full(len(g.lengths), known[g.prompt_id]) for g in stream])
+
+
+def _areal_epochs_unit(args, epochs: int = AREAL_EPOCHS, per_epoch: int = AREAL_EPOCH_STEPS,
+                       runs=AREAL_EPOCH_RUNS):
+    """One setting of async_areal_epochs: per run, per epoch [modelled seconds, trained tokens] (an epoch: its
+    ``per_epoch`` learner steps, the last epoch one fewer: at max_staleness 1 the stream's last batch is in flight
+    when the run ends), and the learner's seconds per step."""
+    from simulate.asynchronous import run_async_rollout, run_sync_steps
+
+    workload, prompts, replicas, factor, seed, cost_text = args
+    lmax = 4096
+    stream, realistic = epoch_stream(workload, per_epoch * prompts, epochs, seed)
+    kw = dict(batch=prompts, replicas=replicas, budget_tokens=factor * lmax, max_new_tokens=lmax,
+              cost=_rollout_cost(cost_text), max_num_seqs=ROLLOUT_MAX_SEQS)
+    reference = run_sync_steps(stream, "sglang", router="least_loaded", train_seconds=0.0, steps=per_epoch, **kw)
+    train = AREAL_EPOCH_SHARE * float(np.mean([r.seconds for r in reference.rollouts]))
+    out = {"train seconds": train}
+    steps = epochs * per_epoch - 1
+    for label, ranks, router, pred, share in runs:
+        predicted = {None: None, "realistic": realistic, "one": _default_planner(lmax) if pred == "one" else None,
+                     "alone": [_default_planner(lmax) for _ in range(ranks)] if pred == "alone" else None}[pred]
+        r = run_async_rollout(stream, max_staleness=1, steps=steps, train_seconds=train, policy="sglang",
+                              update_seconds=ASYNC_UPDATE_SECONDS, router=router, predicted=predicted, ranks=ranks,
+                              share_learning=share, **(AREAL_EXTRA if router == "stream" else {}), **kw)
+        ends = [0.0] + [r.steps[min(steps, (e + 1) * per_epoch) - 1].update_end for e in range(epochs)]
+        out[label] = [[ends[e + 1] - ends[e], int(sum(x.tokens for x in r.steps[e * per_epoch:(e + 1) * per_epoch]))]
+                      for e in range(epochs)]
+    return out
+
+
+def areal_epoch_rows(settings: list, runs=AREAL_EPOCH_RUNS) -> list:
+    """Per run and epoch (and the whole run): the settings' mean and lowest trained tokens per modelled second over
+    AReaL's round robin on as many ranks, and the settings slower than it by more than 0.1%. ``settings``:
+    [workload, prompts, replicas, pool, {label: per epoch [seconds, tokens]}]."""
+    rows = []
+    for label, ranks, *_ in runs:
+        ref = next(r[0] for r in runs if r[1] == ranks)
+        row = [label, len(settings)]
+        epochs = len(settings[0][4][label])
+        for e in [*range(epochs), None]:
+            def speed(o, name, e=e):
+                parts = o[name] if e is None else [o[name][e]]
+                return sum(t for _, t in parts) / sum(sec for sec, _ in parts)
+
+            ratio = [speed(s[4], label) / speed(s[4], ref) for s in settings]
+            row += [float(np.mean(ratio)), float(np.min(ratio)), int(sum(x < 0.999 for x in ratio))]
+        rows.append(row)
+    return rows
+
+
+def async_areal_epochs(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.areal on several AReaL ranks over epochs of the same prompts: the online predictor
+    learning alone on each rank, pooled through share_dir, one fed everything, a trained one."""
+    grid, epochs, per_epoch = PARTIAL_GRID, AREAL_EPOCHS, AREAL_EPOCH_STEPS
+    if quick:
+        grid, epochs, per_epoch = [("castillo", 16, 2, 4), ("long tail", 16, 2, 4)], 2, 2
+    units = [(w, b, r, f, ROLLOUT_SEED, ROLLOUT_COST) for w, b, r, f in grid]
+    results = _pool_map(partial(_areal_epochs_unit, epochs=epochs, per_epoch=per_epoch), units)
+    settings = [[_workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", out] for u, out in zip(units, results)]
+    rows = areal_epoch_rows(settings)
+    columns = ["run", "settings"] + [c for e in [*(f"epoch {i + 1}" for i in range(epochs)), "all"]
+                                     for c in (f"{e}: tokens/s x AReaL", f"{e}: lowest", f"{e}: slower")]
+    text = table(f"lengthsched.integrations.areal on several AReaL trainer ranks over {epochs} epochs of the same "
+                 f"{per_epoch} x B prompts ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, max_staleness "
+                 f"1, SGLang's engines, the learner's seconds per step {AREAL_EPOCH_SHARE:g} x the mean synchronous "
+                 "SGLang rollout; each epoch the prompts dealt to the ranks afresh): trained tokens per modelled "
+                 "second x AReaL's round robin on as many ranks, per epoch ('slower': settings slower by more than "
+                 "0.1%)", columns, rows)
+    return text, {"rows": rows, "settings": settings, "epochs": epochs, "steps_per_epoch": per_epoch}
+
+
 def _async_section(quick: bool, unit, runs: tuple, pairs: tuple, columns: list, title, paired_title: str):
     """An asynchronous section: ``unit`` (:func:`_async_unit` or :func:`_verl_unit` with ``runs``) on every
     setting (:func:`_async_settings`), its table (``title(steps)``, ``columns``) and its paired table (``pairs``)."""
@@ -3232,6 +3337,7 @@ def main(argv=None) -> int:
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
                 "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn, "async_areal": async_areal,
+                "async_areal_epochs": async_areal_epochs,
                 "rollout_multiturn_slime": rollout_multiturn_slime,
                 "rollout_multiturn_offload": rollout_multiturn_offload,
                 "multiturn_speed": multiturn_speed, "paper": paper,

@@ -94,6 +94,30 @@ STATE_FORMAT = "lengthsched.online-state/1"
 _STATE_FIELDS = ("prior_mean", "step", "n", "total", "squares", "hist_weight", "hist_total", "hist_squares",
                  "hist_groups", "hist_ss", "hist_dof", "hist_steps", "hist_steps_y", "hist_steps_sq")
 
+
+def _parse_state(state: Mapping[str, Any]) -> tuple[int, list[float], dict[str, _Prompt]]:
+    """(step, [sum_log, count, drift_sum, drift_weight], per prompt its statistics) of a
+    :meth:`OnlineLengthPredictor.state_dict`; InvalidArgument naming the part that is wrong."""
+    if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        raise InvalidArgument("state", type(state).__name__ if not isinstance(state, Mapping) else
+                              state.get("format"), f"a mapping of format {STATE_FORMAT!r} (state_dict())")
+    try:
+        step = check_int("state step", state["step"], minimum=0)
+        sums = [float(state[k]) for k in ("sum_log", "count", "drift_sum", "drift_weight")]
+        prompts = {}
+        for key, values in dict(state["prompts"]).items():
+            if not isinstance(key, str) or len(values) != len(_STATE_FIELDS):
+                raise InvalidArgument("state prompts", key, f"a string key with {len(_STATE_FIELDS)} values")
+            prior = None if values[0] is None else float(values[0])
+            rest = [check_int("state prompt step", values[1], minimum=0), check_int("state n", values[2], minimum=0)]
+            prompts[key] = _Prompt(prior, *rest, *(float(v) for v in values[3:]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgument("state", type(exc).__name__, f"the parts state_dict() writes ({exc})") from None
+    if not all(math.isfinite(x) for x in sums):
+        raise InvalidArgument("state", sums, "finite sums")
+    return step, sums, prompts
+
+
 _GRID = np.linspace(0.0005, 0.9995, 1999)  # probabilities at which an empirical residual law is kept
 _TABLE_Z = np.linspace(-40.0, 40.0, 32001)  # standardised residuals at which log-survivals are tabulated
 _TABLE_STEP = (_TABLE_Z[-1] - _TABLE_Z[0]) / (len(_TABLE_Z) - 1)  # its uniform spacing (looked up by index)
@@ -451,27 +475,38 @@ class OnlineLengthPredictor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replace what it has learnt with ``state`` (from :meth:`state_dict`); InvalidArgument naming the part
         that is wrong, the predictor unchanged."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise InvalidArgument("state", type(state).__name__ if not isinstance(state, Mapping) else
-                                  state.get("format"), f"a mapping of format {STATE_FORMAT!r} (state_dict())")
-        try:
-            step = check_int("state step", state["step"], minimum=0)
-            sums = [float(state[k]) for k in ("sum_log", "count", "drift_sum", "drift_weight")]
-            prompts = {}
-            for key, values in dict(state["prompts"]).items():
-                if not isinstance(key, str) or len(values) != len(_STATE_FIELDS):
-                    raise InvalidArgument("state prompts", key, f"a string key with {len(_STATE_FIELDS)} values")
-                prior = None if values[0] is None else float(values[0])
-                rest = [check_int("state prompt step", values[1], minimum=0), check_int("state n", values[2],
-                                                                                        minimum=0)]
-                prompts[key] = _Prompt(prior, *rest, *(float(v) for v in values[3:]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InvalidArgument("state", type(exc).__name__, f"the parts state_dict() writes ({exc})") from None
-        if not all(math.isfinite(x) for x in sums):
-            raise InvalidArgument("state", sums, "finite sums")
+        step, sums, prompts = _parse_state(state)
         self.step = step
         self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
         self._prompts = prompts
+
+    def merge_state_dict(self, state: Mapping[str, Any]) -> int:
+        """Take in what another predictor learnt (its :meth:`state_dict`): another trainer rank's, say, whose
+        share of the prompts differs from this one's in every epoch. Each prompt the other saw more recently
+        takes the other's statistics: the step of its latest observation is later, or the same with more
+        evidence (finished siblings of that step plus the decayed weight of earlier ones); a prompt this one
+        saw more recently, or as recently with as much evidence (its own statistics come back from a predictor
+        that took them in), keeps its own, and the progress of its running completions in any case. A step
+        ahead of this predictor's is taken as this one's (ranks count their steps apart; a prompt is not
+        observed at a step ahead of its predictor). The empirical prior's sums and the drift estimate stay this
+        predictor's own, unless it has seen nothing yet. Both must be made alike (the same constructor
+        arguments; not checked). Returns how many prompts took the other's statistics; InvalidArgument naming
+        the part that is wrong, the predictor unchanged."""
+        _, sums, prompts = _parse_state(state)
+        taken = 0
+        for key, theirs in prompts.items():
+            mine = self._prompts.get(key)
+            if mine is not None and (theirs.step, theirs.n + theirs.hist_weight) <= (mine.step,
+                                                                                      mine.n + mine.hist_weight):
+                continue
+            theirs.step = min(theirs.step, self.step)
+            if mine is not None:
+                theirs.running = mine.running
+            self._prompts[key] = theirs
+            taken += 1
+        if self._count == 0 and sums[1] > 0:
+            self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
+        return taken
 
     def _state(self, prompt: Hashable) -> _Prompt:
         state = self._prompts.get(prompt)

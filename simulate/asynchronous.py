@@ -282,6 +282,44 @@ class _Ranks:
         self._of(job).moved(job, src, dst)
 
 
+class _RankLearning:
+    """One learning predictor per trainer rank (rank g mod their number asks for and learns group g), each counting
+    its own rollout steps (its groups back // its share of the batch); with ``share``, what
+    lengthsched.integrations.areal's ``share_dir`` does: as a rank's step starts its state becomes its file's, and
+    it merges the other ranks' files written since it last read them."""
+
+    def __init__(self, predictors: list, batch: int, share: bool):
+        if share and not all(callable(getattr(q, name, None)) for q in predictors
+                             for name in ("state_dict", "merge_state_dict")):
+            raise InvalidArgument("share_learning", share, "False unless every rank's predictor has state_dict and "
+                                                           "merge_state_dict (lengthsched.OnlineLengthPredictor)")
+        self.predictors, self.share = predictors, bool(share)
+        self.batch = max(1, batch // len(predictors))  # AReaL's consumer_batch_size over the ranks
+        self.back_of = [0] * len(predictors)
+        self.files: list[Any] = [None] * len(predictors)  # per rank: its file's state (None: not written)
+        self.written = [0] * len(predictors)  # per rank: how often its file was written
+        self.read = [[0] * len(predictors) for _ in predictors]  # per rank, per file: the writing it last read
+
+    def of(self, group: int) -> Any:
+        return self.predictors[group % len(self.predictors)]
+
+    def back(self, group: int, key: str, lengths: Sequence[int]) -> None:
+        k = group % len(self.predictors)
+        self.back_of[k] += 1
+        step = self.back_of[k] // self.batch
+        mine = self.predictors[k]
+        starts = step > getattr(mine, "step", step)
+        observe_lengths(mine, [key] * len(lengths), lengths, step=step)
+        if not (self.share and starts):
+            return
+        self.files[k] = mine.state_dict()
+        self.written[k] += 1
+        for j, saved in enumerate(self.files):
+            if j != k and saved is not None and self.read[k][j] != self.written[j]:
+                self.read[k][j] = self.written[j]
+                mine.merge_state_dict(saved)
+
+
 class _LeastWork:
     """Each request to the replica with the fewest predicted tokens to go among those sent there and not
     finished (a request's prediction counts until it finishes; ties to the lowest index)."""
@@ -345,7 +383,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
                       steal: bool = False, resubmit_seconds: float = 0.0,
                       snapshot_seconds: float | None = None, prefill_share: float | None = None,
-                      ranks: int = 1) -> AsyncRollout:
+                      ranks: int = 1, share_learning: bool = False) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -395,7 +433,14 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             work it sent (``stream``: lengthsched.integrations.areal on every rank, each placer's spread estimated
             from all the groups first in flight, whose prompts share the servers' pools whichever rank sent
             them). Not with ``steal`` or the routers that see every request (``placed``, verl's). 1: one router
-            for the whole loop.
+            for the whole loop. ``predicted`` may then be one learning predictor per rank (a sequence of
+            ``ranks``), each asked for and told of its own rank's groups only, its rollout step its own groups
+            back // (``batch`` // ``ranks``), as lengthsched.integrations.areal runs on every rank; one predictor
+            is one learning from every rank's groups.
+        share_learning: with a learning predictor per rank, the ranks pool what they learn as the integration's
+            ``share_dir`` does: as each rank's rollout step starts, its predictor's ``state_dict()`` is what its
+            file holds from then on, and it takes in (``merge_state_dict``) the other ranks' files written since it
+            last read them.
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -408,7 +453,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ranks=ranks)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ranks=ranks,
+                     share_learning=share_learning)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -537,10 +583,10 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
               max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
               snapshot_seconds: float | None = None, prefill_share: float | None = None,
-              ranks: int = 1) -> AsyncRollout:
+              ranks: int = 1, share_learning: bool = False) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
     engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it;
-    ``ranks``: :func:`run_async_rollout`'s."""
+    ``ranks``, ``share_learning``: :func:`run_async_rollout`'s."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
@@ -582,6 +628,14 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                               + " or with steal, and only with them")
     total = sum(len(g.lengths) for g in groups[:need])
     learning = None  # a predictor asked as each group is submitted and told its lengths when it is back
+    per_rank = None  # or one per rank (each its own rank's groups), with the files they pool (share_learning)
+    if isinstance(predicted, (list, tuple)) and predicted and all(hasattr(q, "predict") for q in predicted):
+        if len(predicted) != ranks or router not in RANKED_ROUTERS:
+            raise InvalidArgument("predicted", f"{len(predicted)} predictors", f"one per rank ({ranks}), each "
+                                  "routing by itself (routers " + ", ".join(map(repr, RANKED_ROUTERS)) + ")")
+        per_rank, learning, predicted = _RankLearning(list(predicted), rules.batch, share_learning), predicted[0], None
+    elif share_learning:
+        raise InvalidArgument("share_learning", share_learning, "False without a learning predictor per rank")
     if predicted is not None and hasattr(predicted, "predict"):
         learning, predicted = predicted, None
     elif predicted is not None:
@@ -609,7 +663,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         """Group g's predicted length from the learning predictor, asked once: the groups first in flight at the
         start (submitted before any group is back, so it is what their submission would get), the others as
         they are submitted."""
-        common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(learning, [keys[g]],
+        asked, key = (learning, keys[g]) if per_rank is None else (per_rank.of(g), str(keys[g]))
+        common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(asked, [key],
                                                                       max_new_tokens=common["max_new"])[0]
 
     if learning is not None:
@@ -850,7 +905,9 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                     state["accepted"] += 1
                     finished_at[g] = now
                     ready.append(g)
-                    if learning is not None:  # back: its lengths teach the predictor (a rollout step per version)
+                    if per_rank is not None:  # back: its rank's predictor learns it
+                        per_rank.back(g, str(keys[g]), flat[first[g]:first[g] + sizes[g]].tolist())
+                    elif learning is not None:  # back: its lengths teach the predictor (a rollout step per version)
                         state["back"] += 1
                         observe_lengths(learning, [keys[g]] * sizes[g], flat[first[g]:first[g] + sizes[g]].tolist(),
                                         step=state["back"] // batch)

@@ -160,6 +160,58 @@ def test_the_predictor_learns_each_group_and_the_next_epoch_balances_predicted_w
     assert loads.sum() == pytest.approx(4 * float(predicted.sum()))
 
 
+def test_ranks_sharing_a_directory_know_the_prompts_other_ranks_saw_in_earlier_epochs(tmp_path, monkeypatch):
+    # AReaL's sampler deals the prompts to the ranks afresh every epoch: here rank k gets PROMPTS[k::3] in the first
+    # epoch and rank (k + 1) mod 3's in the second
+    share = tmp_path / "share"
+
+    def ranks(shared):
+        fakes = [FakeRemoteInfEngine(3, lengths_for(long_every=2)) for _ in range(3)]
+        return fakes, [la.install(f, pool_tokens=10_000, group_size=4, ways=1, batch=2, rank=k,
+                                  share_dir=share if shared else None) for k, f in enumerate(fakes)]
+
+    def epoch(fakes, deal):
+        for k, fake in enumerate(fakes):  # one rank after another (each merges the files written before it)
+            async def go(k=k, fake=fake):
+                for p in PROMPTS[deal(k)::3]:
+                    await group_episode(fake, p, 4)
+            asyncio.run(go())
+
+    def predicted(router, k):  # rank k's predictions of its second-epoch prompts, in the order served
+        keys = [la.prompt_text(request(p)) for p in PROMPTS[(k + 1) % 3::3]]
+        return router.planner.predictor.predict(keys).lengths
+
+    for shared in (False, True):
+        fakes, routers = ranks(shared)
+        epoch(fakes, lambda k: k)
+        for router in routers:
+            router.merge()  # the files written since (as at the start of the rank's next step)
+        for k, router in enumerate(routers):
+            guess = predicted(router, k)
+            long_ones = np.array([lengths_for(long_every=2)[p] for p in PROMPTS[(k + 1) % 3::3]]) > 100
+            if shared:  # the long prompts the other rank saw are known long here
+                assert guess[long_ones].min() > 4 * guess[~long_ones].max()
+            else:  # alone, a rank knows nothing of them: every new prompt predicted alike
+                assert guess.min() == guess.max()
+    assert sorted(x.name for x in share.iterdir()) == ["rank0.json", "rank1.json", "rank2.json"]
+    assert [r.status()["taken_from_ranks"] for r in routers] == [8, 8, 8]  # each took the others' 8 prompts
+    assert all(r.merge() == 0 for r in routers)  # nothing rewritten since: no file is read again
+    resumed = la.GroupRouter(10_000, group_size=4, batch=2, rank=1, share_dir=share)  # a restarted rank
+    assert (resumed.planner.steps, resumed.planner.observed) == (routers[1].planner.steps,
+                                                                routers[1].planner.observed)
+    monkeypatch.setenv("RANK", "2")
+    assert la.install(FakeRemoteInfEngine(2, {}), pool_tokens=100, group_size=2, share_dir=share).rank == 2
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(InvalidArgument, match="RANK"):
+        la.install(FakeRemoteInfEngine(2, {}), pool_tokens=100, group_size=2, share_dir=share)
+    with pytest.raises(InvalidArgument) as err:
+        la.GroupRouter(100, group_size=2, share_dir=share / "rank0.json")  # a file, not a directory
+    assert err.value.name == "share_dir"
+    with pytest.raises(InvalidArgument) as err:
+        la.GroupRouter(100, group_size=2, share_dir=share, planner=RolloutPlanner(state_path=tmp_path / "x.json"))
+    assert err.value.name == "planner"
+
+
 def test_the_spread_is_the_placers_and_each_request_takes_one_place():
     fake = FakeRemoteInfEngine(4, lengths_for())
     router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4)  # roomy pool: groups spread
@@ -287,7 +339,8 @@ def test_prompt_text_decodes_with_the_requests_tokenizer_else_joins_the_ids():
 @pytest.mark.parametrize("kwargs, name", [
     ({"group_size": 0}, "group_size"), ({"pool_tokens": 0}, "pool_tokens"), ({"ways": 0}, "ways"),
     ({"planner": object()}, "planner"), ({"data_parallel_size": 0}, "data_parallel_size"), ({"key": 3}, "key"),
-    ({"prefill_share": -1.0}, "prefill_share"), ({"batch": 0}, "batch"),
+    ({"prefill_share": -1.0}, "prefill_share"), ({"batch": 0}, "batch"), ({"rank": -1}, "rank"),
+    ({"share_dir": ""}, "share_dir"),
 ])
 def test_bad_settings_name_the_argument(kwargs, name):
     args = {"pool_tokens": 10_000, "group_size": 2, **kwargs}

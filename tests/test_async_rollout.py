@@ -709,3 +709,104 @@ def test_ranks_need_a_router_each_rank_can_run_alone(kwargs):
         run_async_rollout(stream, batch=4, steps=2, max_staleness=1, train_seconds=0.3, replicas=2, ranks=2,
                           predicted=_predicted(stream, 2), **kwargs, **COMMON)
     assert err.value.name == "ranks"
+
+
+class _RankRecording:
+    """An OnlineLengthPredictor that records the prompts it was asked about and told of."""
+
+    def __init__(self, **kwargs):
+        from lengthsched import OnlineLengthPredictor
+
+        self.inner = OnlineLengthPredictor(default_length=100, **kwargs)
+        self.asked, self.told, self.merged = [], [], 0
+
+    def predict(self, prompts, **kwargs):
+        self.asked += list(prompts)
+        return self.inner.predict(prompts, **kwargs)
+
+    def observe(self, prompt, length, **kwargs):
+        self.told.append(prompt)
+        self.inner.observe(prompt, length, **kwargs)
+
+    @property
+    def step(self):
+        return self.inner.step
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def merge_state_dict(self, state):
+        self.merged += 1
+        return self.inner.merge_state_dict(state)
+
+
+def _epochs(prompts=8, epochs=3, size=4, seed=5):
+    """Epochs of the same prompts (fresh lengths around each prompt's own median, a fresh order each epoch)."""
+    rng = np.random.default_rng(seed)
+    medians = np.exp(rng.uniform(3.0, 6.0, size=prompts))
+    out = []
+    for _ in range(epochs):
+        for i in rng.permutation(prompts):
+            out.append(Group(f"p{i}", 20, np.maximum(1, (medians[i] * np.exp(0.1 * rng.standard_normal(size)))
+                                                     .astype(np.int64))))
+    return out
+
+
+def test_each_ranks_predictor_learns_its_own_groups_and_pooling_shares_them():
+    """A learning predictor per rank (lengthsched.integrations.areal on each rank): rank k's predictor is asked
+    for and told of groups k, k + ranks, ... only, its steps its own groups back over its share of the batch; with
+    share_learning each rank merges the others' latest states as its steps start, and by the last epoch it knows
+    prompts that only other ranks served before."""
+    stream = _epochs()
+    kw = dict(batch=4, steps=5, max_staleness=1, train_seconds=0.2, update_seconds=0.05, replicas=2, router="stream",
+              budget_tokens=1500, max_new_tokens=512, ranks=2)
+    for share in (False, True):
+        mine = [_RankRecording(), _RankRecording()]
+        run_async_rollout(stream, predicted=mine, share_learning=share, **kw)
+        for k, q in enumerate(mine):
+            ids = {g.prompt_id for g in stream[k::2][:12]}
+            assert set(q.asked) <= ids and set(q.told) <= ids and len(q.told) % 4 == 0
+            assert (q.merged > 0) == share
+        known = [set(q.inner.state_dict()["prompts"]) for q in mine]
+        if share:
+            assert known[0] == known[1]  # both took in what the other learnt
+        else:
+            assert known[0] == set(mine[0].told) and known[1] == set(mine[1].told)
+
+
+def test_one_rank_with_a_list_of_one_predictor_is_the_predictor_itself():
+    from lengthsched import OnlineLengthPredictor
+
+    stream = _epochs(epochs=2)
+    kw = dict(batch=4, steps=3, max_staleness=1, train_seconds=0.2, replicas=2, router="stream", budget_tokens=1500,
+              max_new_tokens=512)
+    alone = run_async_rollout(stream, predicted=OnlineLengthPredictor(default_length=100), **kw)
+    listed = run_async_rollout(stream, predicted=[OnlineLengthPredictor(default_length=100)], **kw)
+    assert alone.seconds == listed.seconds and alone.steps == listed.steps
+
+
+def test_per_rank_predictors_and_pooling_refuse_what_does_not_fit():
+    from lengthsched import OnlineLengthPredictor
+
+    stream = _epochs(epochs=2)
+    kw = dict(batch=4, steps=3, max_staleness=1, train_seconds=0.2, replicas=2, budget_tokens=1500,
+              max_new_tokens=512)
+    two = [OnlineLengthPredictor(), OnlineLengthPredictor()]
+    with pytest.raises(InvalidArgument) as err:
+        run_async_rollout(stream, predicted=two, router="stream", ranks=3, **kw)
+    assert err.value.name == "predicted"
+    with pytest.raises(InvalidArgument) as err:
+        run_async_rollout(stream, predicted=OnlineLengthPredictor(), router="stream", ranks=2, share_learning=True,
+                          **kw)
+    assert err.value.name == "share_learning"
+
+    class Plain:  # learns, but cannot save or merge what it learnt
+        def predict(self, prompts, **kwargs):
+            return OnlineLengthPredictor(default_length=100).predict(prompts, **kwargs)
+
+        def observe(self, *args, **kwargs):
+            pass
+
+    with pytest.raises(InvalidArgument) as err:
+        run_async_rollout(stream, predicted=[Plain(), Plain()], router="stream", ranks=2, share_learning=True, **kw)
+    assert err.value.name == "share_learning"

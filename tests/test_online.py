@@ -199,6 +199,75 @@ def test_a_saved_state_that_is_wrong_is_refused_and_changes_nothing():
         q.state_dict()
 
 
+@settings(max_examples=30, deadline=None)
+@given(ranks=st.integers(2, 4), epochs=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_ranks_that_merge_each_others_states_every_step_predict_as_one_predictor_that_saw_everything(ranks, epochs,
+                                                                                                    seed):
+    # AReaL's ranks: every epoch the prompts are dealt to the ranks afresh (a shuffled DistributedSampler), each
+    # rank learns its own groups, and after each step every rank takes in the others' states
+    rng = np.random.default_rng(seed)
+    prompts = [f"p{i}" for i in range(8)]
+
+    def made():
+        return OnlineLengthPredictor(300, default_length=256, max_new_tokens=4096)
+
+    whole, apart = made(), [made() for _ in range(ranks)]
+    step = 0
+    for _ in range(epochs):
+        order = rng.permutation(len(prompts))
+        for start in range(0, len(order), 4):  # steps of 4 groups, group g on rank g mod ranks
+            for g, i in enumerate(order[start:start + 4]):
+                lengths = rng.integers(1, 3000, size=int(rng.integers(1, 5)))
+                for n in lengths:
+                    whole.observe(prompts[i], int(n), step=step)
+                    apart[g % ranks].observe(prompts[i], int(n), step=step)
+            step += 1
+            for q in [whole, *apart]:
+                q.set_step(step)
+            saved = [json.loads(json.dumps(q.state_dict())) for q in apart]
+            for k, q in enumerate(apart):
+                for j, other in enumerate(saved):
+                    if j != k:
+                        q.merge_state_dict(other)
+    expected = whole.predict(prompts, quantiles=(0.1, 0.9))
+    for q in apart:
+        got = q.predict(prompts, quantiles=(0.1, 0.9))
+        assert np.allclose(got.lengths, expected.lengths, rtol=1e-12)
+        assert all(np.allclose(got.quantiles[k], expected.quantiles[k], rtol=1e-12) for k in expected.quantiles)
+
+
+def test_a_merge_keeps_the_more_recent_statistics_and_refuses_a_wrong_state():
+    a, b = OnlineLengthPredictor(300), OnlineLengthPredictor(300)
+    a.observe("x", 100, step=0)
+    a.observe("y", 200, step=0)
+    b.observe("x", 900, step=3)  # b saw x later: a takes b's x, keeps its own y
+    before_y = a.predict(["y"]).lengths[0]
+    assert a.merge_state_dict(b.state_dict()) == 1
+    assert a.step == 0 and a.predict(["x"]).lengths[0] == b.predict(["x"]).lengths[0] > 300
+    assert a.predict(["y"]).lengths[0] == before_y
+    a.observe("x", 800, step=0)  # b's later step was taken as a's own: a goes on observing at its step
+    assert a.merge_state_dict(a.state_dict()) == 0  # its own statistics coming back change nothing
+    b_x = b.predict(["x"]).lengths[0]
+    assert b.merge_state_dict(a.state_dict()) == 1  # b takes a's y; its own x stays (step 3 is later than a's 0)
+    a.set_step(3)  # at b's step, a's y is three steps old for both
+    assert b.predict(["x"]).lengths[0] == b_x and b.predict(["y"]).lengths[0] == a.predict(["y"]).lengths[0]
+    before = a.state_dict()
+    for bad in [{}, {**before, "format": "x"}, {**before, "prompts": {"x": [1]}}, [1]]:
+        with pytest.raises(InvalidArgument, match="state"):
+            a.merge_state_dict(bad)
+        assert a.state_dict() == before
+
+
+def test_a_predictor_that_has_seen_nothing_takes_the_empirical_prior_from_a_merge():
+    seen, fresh = OnlineLengthPredictor(default_length=256), OnlineLengthPredictor(default_length=256)
+    for n in (900, 1100, 1000):
+        seen.observe("x", n)
+    assert not fresh.informed
+    fresh.merge_state_dict(seen.state_dict())
+    assert fresh.informed
+    assert fresh.predict(["new"]).lengths[0] == seen.predict(["new"]).lengths[0] != 256
+
+
 def test_drift_is_estimated_from_prompts_seen_in_consecutive_steps():
     rng = np.random.default_rng(0)
     growth = math.log(1.05)

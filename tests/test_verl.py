@@ -727,6 +727,30 @@ def test_a_planner_resumed_from_its_state_file_plans_and_learns_as_the_one_that_
     assert json.loads((tmp_path / "other.json").read_text())["predictor"]["format"] == "lengthsched.online-state/1"
 
 
+def test_planners_take_in_what_the_others_learnt_from_their_state_files(tmp_path):
+    paths = [tmp_path / f"rank{k}.json" for k in range(3)]
+    planners = [lv.RolloutPlanner(max_new_tokens=4096, state_path=path) for path in paths]
+    planners[0].observe(["q0"] * 4, [900, 950, 1000, 1100], step=1)  # each rank learns its own prompts
+    planners[1].observe(["q1"] * 4, [40, 50, 45, 55], step=1)
+    assert not paths[2].exists()
+    taken = planners[2].merge_states(paths)  # its own file is not there yet: skipped, as any missing one
+    assert taken == 2 and set(planners[2].history) == {"q0", "q1"}
+    asked = {"uid": ["a", "b"], "raw_prompt": ["q0", "q1"]}
+    mine = planners[2].predict(asked)[2]
+    theirs = [planners[0].predict(asked)[2][0], planners[1].predict(asked)[2][1]]
+    # the empirical prior's centre is the first file's (rank 2 had seen nothing): the same as rank 0's, far from
+    # rank 1's, yet rank 1's four siblings carry its prompt
+    assert mine[0] == theirs[0] and mine[1] == pytest.approx(theirs[1], rel=0.15) and mine[0] > 10 * mine[1]
+    assert (planners[2].steps, planners[2].observed) == (0, 0)  # its own counts stay its own
+    assert planners[0].merge_states(paths[:1]) == 0  # its own statistics coming back change nothing
+    paths[2].write_text("{not json")
+    with pytest.raises(InvalidArgument, match="state_path"):
+        planners[0].merge_states(paths)
+    paths[2].write_text(json.dumps({**planners[1].state(), "predictor": {"format": "other"}}))
+    with pytest.raises(InvalidArgument, match="state_path"):
+        planners[0].merge_states(paths[2:])
+
+
 def test_planner_from_config_loads_a_predictor_factory(predictors):
     config = trainer_config(response_length=128, predictor="lengthsched.predictor:ConstantLengthPredictor")
     with pytest.raises(TypeError):  # the class needs its length: give a factory

@@ -42,6 +42,7 @@ Importing this module imports neither AReaL nor torch.
 from __future__ import annotations
 
 import logging
+import os
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -54,12 +55,14 @@ from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "install", "prompt_text"]
+__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
 #: AReaL's ``RID_CACHE_SIZE``: the rids whose server its engine remembers (the oldest forgotten first).
 RID_CACHE_SIZE = 128
+#: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``.
+SHARE_PREFIX = "rank"
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
 KEY_CACHE = 4096
 
@@ -93,9 +96,18 @@ class GroupRouter:
     groups per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the
     predictor's rollout steps.
 
+    ``share_dir``: a directory all ranks see (on AReaL's shared ``cluster.fileroot``, say) through which the ranks
+    pool what their predictors learn. AReaL's sampler deals the prompts to the ranks afresh every epoch, so a
+    rank alone knows the earlier epochs of about one prompt in ``ranks`` and predicts the rest from nothing.
+    The planner's state goes to ``share_dir/rank{rank}.json`` (``state_path``; a restarted rank resumes from
+    it) as each rollout step starts, and the other ranks' files rewritten since are merged then
+    (:meth:`merge`; :meth:`RolloutPlanner.merge_states`). ``rank``: this rank's number there (any number
+    unique to the submitting process). None: each rank learns alone.
+
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
     :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
-    predicted tokens of the requests routed to each server and not back.
+    predicted tokens of the requests routed to each server and not back; :attr:`taken`: prompts whose statistics
+    came from other ranks' files.
     """
 
     #: Routed rids remembered to tell a later turn from a new request (AReaL remembers 128).
@@ -103,14 +115,35 @@ class GroupRouter:
 
     def __init__(self, pool_tokens: int, *, group_size: int, planner: RolloutPlanner | None = None,
                  max_new_tokens: int | None = None, concurrency: int | None = None, ways: int | None = None,
-                 prefill_share: float | None = PREFILL_SHARE, batch: int | None = None):
+                 prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
+                 share_dir: str | os.PathLike | None = None, rank: int = 0):
         self.group_size = check_int("group_size", group_size, minimum=1)
-        if planner is None:
-            planner = RolloutPlanner(max_new_tokens=max_new_tokens)
-        elif not isinstance(planner, RolloutPlanner):
+        if planner is not None and not isinstance(planner, RolloutPlanner):
             raise InvalidArgument("planner", type(planner).__name__,
                                   "a lengthsched.integrations.verl.RolloutPlanner (its predictor), or None")
+        self.rank = check_int("rank", rank, minimum=0)
+        self.share_dir = None
+        if share_dir is not None:
+            if not isinstance(share_dir, (str, os.PathLike)) or not str(share_dir) or \
+                    (os.path.exists(share_dir) and not os.path.isdir(share_dir)):
+                raise InvalidArgument("share_dir", share_dir, "a directory every rank can read and write, or None")
+            if planner is not None and planner.state_path is not None:
+                raise InvalidArgument("planner", f"state_path={str(planner.state_path)!r}",
+                                      "a planner without state_path with share_dir (the router writes the rank's "
+                                      "file there)")
+            os.makedirs(share_dir, exist_ok=True)
+            self.share_dir = str(share_dir)
+        own = None if self.share_dir is None else os.path.join(self.share_dir, f"{SHARE_PREFIX}{self.rank}.json")
+        if planner is None:
+            planner = RolloutPlanner(max_new_tokens=max_new_tokens, state_path=own)
+        elif own is not None:
+            planner.state_path = own
+            if os.path.exists(own):  # a restarted rank resumes from its own file
+                planner.load_state(own)
         self.planner = planner
+        self.taken = 0  # prompts whose statistics came from other ranks' files
+        self._merged_at = planner.steps  # the planner's step when the others' files were last read
+        self._mtimes: dict[str, int] = {}  # other ranks' files read: path -> modification time (ns) then
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
         self.batch = None if batch is None else check_int("batch", batch, minimum=1)
         self.loads: list[float] = []
@@ -208,13 +241,40 @@ class GroupRouter:
             return
         step = self.groups_back // self.batch if self.batch else None
         self.planner.observe([group.key] * len(group.lengths), list(group.lengths.values()), step=step)
+        if self.share_dir is not None and self.planner.steps > self._merged_at:
+            self._merged_at = self.planner.steps
+            self.merge()
+
+    def merge(self) -> int:
+        """Take in what the other ranks learnt (the share_dir files they rewrote since last read; their prompts
+        change every epoch, as a shuffled sampler deals them anew): done as each rollout step of this rank starts,
+        after its own file is written. Returns the prompts whose statistics were taken."""
+        if self.share_dir is None:
+            return 0
+        own = f"{SHARE_PREFIX}{self.rank}.json"
+        fresh = []
+        for name in sorted(os.listdir(self.share_dir)):
+            if not (name.startswith(SHARE_PREFIX) and name.endswith(".json")) or name == own:
+                continue
+            path = os.path.join(self.share_dir, name)
+            try:
+                mtime = os.stat(path).st_mtime_ns
+            except FileNotFoundError:
+                continue
+            if self._mtimes.get(path) != mtime:
+                self._mtimes[path] = mtime
+                fresh.append(path)
+        taken = self.planner.merge_states(fresh)
+        self.taken += taken
+        return taken
 
     def status(self) -> dict[str, Any]:
         """What the router did so far: groups placed and back, requests routed, later turns left to AReaL, the last
-        spread, the predicted tokens in flight per server, and whether the workflow turned out multi-turn."""
+        spread, the predicted tokens in flight per server, whether the workflow turned out multi-turn, and the
+        prompts whose statistics came from other ranks (``share_dir``)."""
         return {"groups": self.groups, "groups_back": self.groups_back, "routed": self.routed,
                 "later_turns": self.later_turns, "ways": self.placer.last_ways, "loads": list(self.loads),
-                "multi_turn": self.multi_turn, "in_flight": len(self._of)}
+                "multi_turn": self.multi_turn, "in_flight": len(self._of), "taken_from_ranks": self.taken}
 
 
 def prompt_text(request: Any) -> str:
@@ -243,7 +303,8 @@ def _inner(engine: Any) -> Any:
 def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutPlanner | None = None,
             max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
             ways: int | None = None, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
-            key: Callable[[Any], Hashable] = prompt_text) -> GroupRouter:
+            key: Callable[[Any], Hashable] = prompt_text, share_dir: str | os.PathLike | None = None,
+            rank: int | None = None) -> GroupRouter:
     """Route ``engine``'s requests (a rank's initialized ``RemoteSGLangEngine``, ``RemotevLLMEngine`` or
     ``RemoteInfEngine``, AReaL 1.0.4's SPMD mode) by a :class:`GroupRouter`, returned: its ``agenerate`` gives
     every request with a new rid the router's server (recorded in ``rid_to_address`` and ``rid_queue`` as AReaL
@@ -254,7 +315,9 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
     all ranks' groups in flight, and ``batch`` to its ``consumer_batch_size`` over ``data_parallel_size`` (the
     trainer's data-parallel ranks: this rank's share of a learner step, as AReaL divides it). ``key``: a
     request's prompt key (default :func:`prompt_text`), asked once per prompt while its ids are among the latest
-    :data:`KEY_CACHE`. Installing twice replaces the first router."""
+    :data:`KEY_CACHE`. ``share_dir``: :class:`GroupRouter`'s (the ranks pool what they learn there), ``rank``
+    this process's number there (default: the ``RANK`` torchrun sets, else 0). Installing twice replaces the
+    first router."""
     inner = _inner(engine)
     ranks = check_int("data_parallel_size", data_parallel_size, minimum=1)
     config = getattr(inner, "config", None)
@@ -266,8 +329,12 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
         batch = None if total is None else max(1, int(total) // ranks)
     if not callable(key):
         raise InvalidArgument("key", type(key).__name__, "a function of an AReaL ModelRequest giving its prompt key")
+    if rank is None:
+        found = os.environ.get("RANK", "0")
+        rank = int(found) if found.isdigit() else check_int("rank (from the environment's RANK)", found, minimum=0)
     router = GroupRouter(pool_tokens, group_size=group_size, planner=planner, max_new_tokens=max_new_tokens,
-                         concurrency=concurrency, ways=ways, prefill_share=prefill_share, batch=batch)
+                         concurrency=concurrency, ways=ways, prefill_share=prefill_share, batch=batch,
+                         share_dir=share_dir, rank=rank)
     original = inner.__dict__.get("_lengthsched_agenerate") or inner.agenerate
 
     async def agenerate(req: Any) -> Any:

@@ -59,7 +59,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -441,6 +441,22 @@ def prompt_key(prompt: Any) -> str:
 _POOL_PLACEMENTS = ("ways", "classes", "auto")
 
 
+def _read_state(path: str | os.PathLike) -> tuple[int, int, dict[str, list[int]], Any]:
+    """(steps, rows observed, history, the predictor's state or None) of a planner state file
+    (:meth:`RolloutPlanner.save_state`); InvalidArgument naming ``state_path`` for anything else."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = json.load(handle)
+        if not isinstance(saved, dict) or saved.get("format") != PLANNER_STATE_FORMAT:
+            raise ValueError(f"not of format {PLANNER_STATE_FORMAT!r}")
+        steps = check_int("steps", saved["steps"], minimum=0)
+        observed = check_int("observed", saved["observed"], minimum=0)
+        history = {str(k): [check_int("history", n, minimum=1) for n in v] for k, v in saved["history"].items()}
+        return steps, observed, history, saved.get("predictor")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
+        raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
+
+
 class RolloutPlanner:
     """Plans verl rollout batches and learns from their lengths (numpy only; verl-independent).
 
@@ -556,21 +572,39 @@ class RolloutPlanner:
         """Resume from what :meth:`save_state` wrote at ``path`` (a run restarted from a checkpoint): steps, rows
         observed, history and the predictor's state (loaded where the predictor can take it). A file that is not
         such JSON is an :class:`InvalidArgument` naming ``state_path``; the planner is then unchanged."""
-        try:
-            with open(path, encoding="utf-8") as handle:
-                saved = json.load(handle)
-            if not isinstance(saved, dict) or saved.get("format") != PLANNER_STATE_FORMAT:
-                raise ValueError(f"not of format {PLANNER_STATE_FORMAT!r}")
-            steps = check_int("steps", saved["steps"], minimum=0)
-            observed = check_int("observed", saved["observed"], minimum=0)
-            history = {str(k): [check_int("history", n, minimum=1) for n in v] for k, v in saved["history"].items()}
-            learnt = saved.get("predictor")
-            loader = getattr(self.predictor, "load_state_dict", None)
-            if learnt is not None and callable(loader):
+        steps, observed, history, learnt = _read_state(path)
+        loader = getattr(self.predictor, "load_state_dict", None)
+        if learnt is not None and callable(loader):
+            try:
                 loader(learnt)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
-            raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
+            except InvalidArgument as exc:
+                raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
         self.steps, self.observed, self.history = steps, observed, history
+
+    def merge_states(self, paths: Iterable[str | os.PathLike]) -> int:
+        """Take in what other planners learnt from the state files they write (:meth:`save_state`): other
+        trainer ranks', each learning from its own share of the prompts, which changes every epoch. The
+        predictor merges each file's predictor state (``merge_state_dict``, where it has one: the default
+        :class:`~lengthsched.OnlineLengthPredictor` keeps, per prompt, whichever statistics are the more recent);
+        the sibling lengths ``auto`` reads are taken for prompts this planner has none of. Steps and rows
+        observed stay this planner's. A file not there yet is skipped (a rank that has not written); one that is
+        not a planner's state is an :class:`InvalidArgument` naming ``state_path`` (the files before it are
+        merged). Returns the prompts whose predictor statistics were taken."""
+        merge = getattr(self.predictor, "merge_state_dict", None)
+        taken = 0
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            _, _, history, learnt = _read_state(path)
+            if learnt is not None and callable(merge):
+                try:
+                    taken += int(merge(learnt))
+                except InvalidArgument as exc:
+                    raise InvalidArgument("state_path", str(path), f"a JSON file of a planner's state ({exc})") \
+                        from None
+            for key, lengths in history.items():
+                self.history.setdefault(key, lengths)
+        return taken
 
     def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int,
              loads: Any = None, base: int = 0) -> tuple[RolloutPlan, list[str]]:
