@@ -2041,7 +2041,8 @@ def async_areal(quick: bool) -> tuple[str, list]:
 # max_staleness 1, SGLang's engines. Runs: (label, ranks, router, predictions, the ranks pool what they learn):
 # predictions None (round robin), "realistic" (a trained prompt-level predictor, log-normal sigma 0.5, the same
 # error every epoch), "alone" (the integration's default online predictor on each rank, fed its own groups),
-# "one" (one online predictor fed every rank's groups: what a single process would know; not a deployment).
+# "one" (one online predictor fed every rank's groups: what a single process would know; not a deployment),
+# "oracle" (every completion's own length) and "constant" (CONSTANT_PREDICTION tokens for every completion).
 AREAL_EPOCHS = 3
 AREAL_EPOCH_STEPS = 4
 AREAL_EPOCH_SHARE = 0.5
@@ -2053,7 +2054,19 @@ AREAL_EPOCH_RUNS = tuple(run for ranks in (4, 8) for run in (
     (f"+ integration on each of {ranks} ranks, one online predictor fed every rank's groups (not a deployment)",
      ranks, "stream", "one", False),
     (f"+ integration on each of {ranks} ranks, a trained prompt-level predictor (realistic)", ranks, "stream",
-     "realistic", False)))
+     "realistic", False))) + (
+    ("+ integration on each of 4 ranks, every completion's own length (oracle)", 4, "stream", "oracle", False),
+    (f"+ integration on each of 4 ranks, {CONSTANT_PREDICTION} tokens for every completion (constant)", 4, "stream",
+     "constant", False))
+
+
+def epoch_columns(epochs: int) -> list[str]:
+    """The columns of async_areal_epochs' table with ``epochs`` epochs."""
+    return ["run", "settings"] + [c for e in [*(f"epoch {i + 1}" for i in range(epochs)), "all"]
+                                  for c in (f"{e}: tokens/s x AReaL", f"{e}: lowest", f"{e}: slower")]
+
+
+AREAL_EPOCH_COLUMNS = epoch_columns(AREAL_EPOCHS)
 
 
 def epoch_stream(workload: str, prompts: int, epochs: int, seed: int) -> tuple[list, np.ndarray]:
@@ -2088,7 +2101,9 @@ def _areal_epochs_unit(args, epochs: int = AREAL_EPOCHS, per_epoch: int = AREAL_
     steps = epochs * per_epoch - 1
     for label, ranks, router, pred, share in runs:
         predicted = {None: None, "realistic": realistic, "one": _default_planner(lmax) if pred == "one" else None,
-                     "alone": [_default_planner(lmax) for _ in range(ranks)] if pred == "alone" else None}[pred]
+                     "alone": [_default_planner(lmax) for _ in range(ranks)] if pred == "alone" else None,
+                     "oracle": np.concatenate([g.lengths for g in stream]),
+                     "constant": np.full(len(realistic), CONSTANT_PREDICTION)}[pred]
         r = run_async_rollout(stream, max_staleness=1, steps=steps, train_seconds=train, policy="sglang",
                               update_seconds=ASYNC_UPDATE_SECONDS, router=router, predicted=predicted, ranks=ranks,
                               share_learning=share, **(AREAL_EXTRA if router == "stream" else {}), **kw)
@@ -2128,14 +2143,12 @@ def async_areal_epochs(quick: bool) -> tuple[str, list]:
     results = _pool_map(partial(_areal_epochs_unit, epochs=epochs, per_epoch=per_epoch), units)
     settings = [[_workload_label(u[0]), u[1], u[2], f"{u[3]} x L_max", out] for u, out in zip(units, results)]
     rows = areal_epoch_rows(settings)
-    columns = ["run", "settings"] + [c for e in [*(f"epoch {i + 1}" for i in range(epochs)), "all"]
-                                     for c in (f"{e}: tokens/s x AReaL", f"{e}: lowest", f"{e}: slower")]
     text = table(f"lengthsched.integrations.areal on several AReaL trainer ranks over {epochs} epochs of the same "
                  f"{per_epoch} x B prompts ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, max_staleness "
                  f"1, SGLang's engines, the learner's seconds per step {AREAL_EPOCH_SHARE:g} x the mean synchronous "
                  "SGLang rollout; each epoch the prompts dealt to the ranks afresh): trained tokens per modelled "
                  "second x AReaL's round robin on as many ranks, per epoch ('slower': settings slower by more than "
-                 "0.1%)", columns, rows)
+                 "0.1%)", epoch_columns(epochs), rows)
     return text, {"rows": rows, "settings": settings, "epochs": epochs, "steps_per_epoch": per_epoch}
 
 

@@ -2,6 +2,7 @@
 
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
 ``--sections async_verl``, ``--sections async_verl_driver``, ``--sections async_areal``,
+``--sections async_areal_epochs``,
 ``--sections slime_difficulty``, ``--sections slime_difficulty_drift`` and ``--sections slime_order_horizon``
 each run one draw (``--seed``); this reads their JSON results and prints the section's table over all the draws'
 settings pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
@@ -25,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_simulate import (  # noqa: E402
     AREAL_COLUMNS,
+    AREAL_EPOCH_COLUMNS,
+    AREAL_EPOCH_RUNS,
     AREAL_PAIRS,
     AREAL_RUNS,
     ASYNC_COLUMNS,
@@ -48,6 +51,7 @@ from bench_simulate import (  # noqa: E402
     VERL_DAPO_RUNS,
     VERL_PAIRS,
     VERL_RUNS,
+    areal_epoch_rows,
     async_columns,
     async_rows,
     difficulty_rows,
@@ -62,7 +66,7 @@ from common import table  # noqa: E402
 SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS, "async_rl": ASYNC_RUNS,
             "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
             "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS,
-            "verl_dapo_skip": VERL_DAPO_RUNS, "async_areal": AREAL_RUNS}
+            "verl_dapo_skip": VERL_DAPO_RUNS, "async_areal": AREAL_RUNS, "async_areal_epochs": AREAL_EPOCH_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
@@ -71,11 +75,13 @@ PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver":
 #: The columns of each asynchronous section's table.
 COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS,
            "async_areal": AREAL_COLUMNS}
-#: The dynamic-sampling sections' rows (from their pooled settings) and columns: slime's, and verl's v1 trainer's.
+#: The sections with rows of their own (from their pooled settings) and columns: the dynamic-sampling sections
+#: (slime's, verl's v1 trainer's) and the AReaL integration's epochs on several ranks.
 SLIME_TABLES = {"slime_difficulty": (difficulty_rows, DIFFICULTY_COLUMNS),
                 "slime_difficulty_drift": (drift_rows, DRIFT_COLUMNS),
                 "slime_order_horizon": (horizon_rows, HORIZON_COLUMNS),
-                "verl_dapo_skip": (verl_dapo_rows, VERL_DAPO_COLUMNS)}
+                "verl_dapo_skip": (verl_dapo_rows, VERL_DAPO_COLUMNS),
+                "async_areal_epochs": (areal_epoch_rows, AREAL_EPOCH_COLUMNS)}
 
 
 def combine(section: str, paths: list[str], *, paired: bool = False) -> list:

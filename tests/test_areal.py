@@ -212,6 +212,31 @@ def test_ranks_sharing_a_directory_know_the_prompts_other_ranks_saw_in_earlier_e
     assert err.value.name == "planner"
 
 
+def test_sharing_never_fails_a_request(tmp_path, caplog):
+    # another rank's file that is not a planner's state is left out with a warning, the good ones are merged; a
+    # rank whose own file cannot be written goes on (it learnt; the file is tried again)
+    share = tmp_path / "share"
+    other = la.GroupRouter(10_000, group_size=2, batch=1, rank=1, share_dir=share)
+    other.route("a", "long prompt", 5, 2)
+    other.route("b", "long prompt", 5, 2)
+    other.finished("a", 900)
+    other.finished("b", 1000)  # its step 1 starts: rank1.json written
+    (share / "rank7.json").write_text("{not json")
+    fake = FakeRemoteInfEngine(2, {PROMPTS[0]: 40})
+    router = la.install(fake, pool_tokens=10_000, group_size=2, batch=1, rank=0, share_dir=share)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    router.planner.save_state = fail
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
+        answers = asyncio.run(group_episode(fake, PROMPTS[0], 2))
+    assert len(answers) == 2 and router.planner.observed == 2  # the requests came back and were learnt
+    assert "disk full" in caplog.text and caplog.text.count("left out another rank's file") == 1
+    assert router.taken == 1  # rank 1's prompt, despite rank 7's file
+    assert router.merge() == 0 and caplog.text.count("left out") == 1  # not read again until rewritten
+
+
 def test_the_spread_is_the_placers_and_each_request_takes_one_place():
     fake = FakeRemoteInfEngine(4, lengths_for())
     router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4)  # roomy pool: groups spread

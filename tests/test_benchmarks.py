@@ -810,6 +810,38 @@ def test_simulator_benchmark_async_areal_quick(tmp_path):
             np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
 
 
+def test_simulator_benchmark_async_areal_epochs_quick(tmp_path):
+    """async_areal_epochs (quick): the integration on several AReaL ranks over epochs of the same prompts; each
+    run's per-epoch and whole-run ratios are against AReaL's round robin on as many ranks (itself 1), each epoch
+    trains its steps' tokens, the stream deals the same prompts every epoch in a fresh order, and
+    combine_draws.py pools it."""
+    data = _quick_section(tmp_path, "async_areal_epochs")
+    from bench_simulate import AREAL_EPOCH_RUNS, epoch_columns, epoch_stream
+    from combine_draws import combine
+
+    epochs = data["epochs"]
+    assert len(data["rows"][0]) == len(epoch_columns(epochs)) and [r[0] for r in data["rows"]] == [
+        r[0] for r in AREAL_EPOCH_RUNS]
+    outs = [s[4] for s in data["settings"]]
+    for row, (label, ranks, *_) in zip(data["rows"], AREAL_EPOCH_RUNS):
+        ref = next(r[0] for r in AREAL_EPOCH_RUNS if r[1] == ranks)
+        for e in range(epochs):
+            ratio = [(o[label][e][1] / o[label][e][0]) / (o[ref][e][1] / o[ref][e][0]) for o in outs]
+            assert row[2 + 3 * e] == pytest.approx(np.mean(ratio)) and row[3 + 3 * e] == pytest.approx(min(ratio))
+        whole = [sum(t for _, t in o[label]) / sum(x for x, _ in o[label])
+                 / (sum(t for _, t in o[ref]) / sum(x for x, _ in o[ref])) for o in outs]
+        assert row[-3] == pytest.approx(np.mean(whole))
+        if label == ref:
+            assert row[2:] == [1.0, 1.0, 0] * (epochs + 1)
+    stream, realistic = epoch_stream("castillo", 6, 3, 11)
+    ids = [g.prompt_id for g in stream]
+    assert len(ids) == 18 and all(sorted(ids[6 * e:6 * e + 6]) == sorted(ids[:6]) for e in range(3))
+    assert ids[:6] != ids[6:12] and len(realistic) == sum(len(g.lengths) for g in stream)
+    path = tmp_path / "epochs.json"
+    path.write_text(json.dumps({"async_areal_epochs": data}))
+    assert combine("async_areal_epochs", [str(path)]) == data["rows"]
+
+
 def test_simulator_benchmark_async_verl_against_synchronous_steps(tmp_path):
     """async_verl (quick): verl's recipe at each threshold against synchronous steps on vLLM's engines; the
     reference row is 1; rows at threshold 0 and the synchronous ones (streamed or not) train only fresh tokens,

@@ -240,7 +240,11 @@ class GroupRouter:
         if group.spoiled or self.multi_turn:
             return
         step = self.groups_back // self.batch if self.batch else None
-        self.planner.observe([group.key] * len(group.lengths), list(group.lengths.values()), step=step)
+        try:
+            self.planner.observe([group.key] * len(group.lengths), list(group.lengths.values()), step=step)
+        except OSError as exc:  # learnt, but its state file not written: the request it came back with is fine
+            log.warning("lengthsched: could not write %s (%s); tried again at the next group", self.planner.state_path,
+                        exc)
         if self.share_dir is not None and self.planner.steps > self._merged_at:
             self._merged_at = self.planner.steps
             self.merge()
@@ -248,7 +252,9 @@ class GroupRouter:
     def merge(self) -> int:
         """Take in what the other ranks learnt (the share_dir files they rewrote since last read; their prompts
         change every epoch, as a shuffled sampler deals them anew): done as each rollout step of this rank starts,
-        after its own file is written. Returns the prompts whose statistics were taken."""
+        after its own file is written. A file that cannot be read or is not a planner's state is left out with a
+        warning (read again once rewritten): sharing never fails a request. Returns the prompts whose statistics
+        were taken."""
         if self.share_dir is None:
             return 0
         own = f"{SHARE_PREFIX}{self.rank}.json"
@@ -264,7 +270,12 @@ class GroupRouter:
             if self._mtimes.get(path) != mtime:
                 self._mtimes[path] = mtime
                 fresh.append(path)
-        taken = self.planner.merge_states(fresh)
+        taken = 0
+        for path in fresh:
+            try:
+                taken += self.planner.merge_states([path])
+            except InvalidArgument as exc:
+                log.warning("lengthsched: left out another rank's file: %s", exc)
         self.taken += taken
         return taken
 
