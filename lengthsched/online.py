@@ -38,6 +38,7 @@ prefix is the completion's progress: token ids or a count) and is vectorised ove
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -90,6 +91,17 @@ class _Prompt:
 
 #: The format name of :meth:`OnlineLengthPredictor.state_dict`.
 STATE_FORMAT = "lengthsched.online-state/1"
+#: String prompts longer than this many characters are kept, and saved, under a digest of their text
+#: (:func:`state_key`): a state file then holds about 40 bytes per prompt, not the prompt.
+KEY_CHARS = 64
+
+
+def state_key(prompt: Hashable) -> Hashable:
+    """The key a prompt's statistics are kept and saved under: a string of more than :data:`KEY_CHARS` characters
+    becomes ``"blake2b:"`` and the hex digest (128 bits) of its UTF-8 text; any other prompt is its own key."""
+    if isinstance(prompt, str) and len(prompt) > KEY_CHARS:
+        return "blake2b:" + hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return prompt
 # The per-prompt statistics saved, in order (all of _Prompt's but the running completions).
 _STATE_FIELDS = ("prior_mean", "step", "n", "total", "squares", "hist_weight", "hist_total", "hist_squares",
                  "hist_groups", "hist_ss", "hist_dof", "hist_steps", "hist_steps_y", "hist_steps_sq")
@@ -110,7 +122,7 @@ def _parse_state(state: Mapping[str, Any]) -> tuple[int, list[float], dict[str, 
                 raise InvalidArgument("state prompts", key, f"a string key with {len(_STATE_FIELDS)} values")
             prior = None if values[0] is None else float(values[0])
             rest = [check_int("state prompt step", values[1], minimum=0), check_int("state n", values[2], minimum=0)]
-            prompts[key] = _Prompt(prior, *rest, *(float(v) for v in values[3:]))
+            prompts[state_key(key)] = _Prompt(prior, *rest, *(float(v) for v in values[3:]))  # text saved before
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidArgument("state", type(exc).__name__, f"the parts state_dict() writes ({exc})") from None
     if not all(math.isfinite(x) for x in sums):
@@ -462,7 +474,8 @@ class OnlineLengthPredictor:
     def state_dict(self) -> dict[str, Any]:
         """What it has learnt, as JSON-ready data (``format`` ``lengthsched.online-state/1``): the current step, the
         running sums behind the empirical prior and the drift estimate, and per prompt its sufficient statistics
-        (prompts must be strings). Not its settings (the constructor's arguments: make the predictor the same
+        (prompts must be strings; one of more than :data:`KEY_CHARS` characters saved under its digest,
+        :func:`state_key`). Not its settings (the constructor's arguments: make the predictor the same
         way, then :meth:`load_state_dict`), nor the progress of completions still running. A predictor loaded
         from it predicts exactly as this one does."""
         bad = next((k for k in self._prompts if not isinstance(k, str)), None)
@@ -509,11 +522,12 @@ class OnlineLengthPredictor:
         return taken
 
     def _state(self, prompt: Hashable) -> _Prompt:
-        state = self._prompts.get(prompt)
+        key = state_key(prompt)
+        state = self._prompts.get(key)
         if state is None:
             mean = None if self.prior is None else float(self._prior_means([prompt])[0])
             state = _Prompt(prior_mean=mean, step=self.step)
-            self._prompts[prompt] = state
+            self._prompts[key] = state
         return state
 
     def _roll(self, state: _Prompt, step: int) -> None:
@@ -759,15 +773,19 @@ class OnlineLengthPredictor:
         done = _prefix_lengths(prompts, prefixes)
         if completions is not None and len(completions) != len(prompts):
             raise InvalidArgument("completions", f"{len(completions)} ids", f"{len(prompts)}, one per prompt")
-        unseen = [p for p in dict.fromkeys(prompts) if p not in self._prompts]
+        keys = [state_key(p) for p in prompts]
+        first: dict[Hashable, Hashable] = {}  # per key, a prompt with it (what the prior reads)
+        for k, p in zip(keys, prompts):
+            first.setdefault(k, p)
+        unseen = [k for k in first if k not in self._prompts]
         if unseen:  # one batched call to the prior for every new prompt
-            means = [None] * len(unseen) if self.prior is None else self._prior_means(unseen)
-            for p, m in zip(unseen, means):
-                self._prompts[p] = _Prompt(prior_mean=None if m is None else float(m), step=self.step)
+            means = [None] * len(unseen) if self.prior is None else self._prior_means([first[k] for k in unseen])
+            for k, m in zip(unseen, means):
+                self._prompts[k] = _Prompt(prior_mean=None if m is None else float(m), step=self.step)
         levels = sorted({0.5, *qs})
         rows_of: dict[Hashable, list[int]] = {}
-        for i, p in enumerate(prompts):
-            rows_of.setdefault(p, []).append(i)
+        for i, k in enumerate(keys):
+            rows_of.setdefault(k, []).append(i)
         log_total = {q: np.empty(len(prompts)) for q in levels}
         own = np.zeros(len(prompts), dtype=np.int64)  # each query's own observed progress (if running)
         offsets = None

@@ -258,6 +258,37 @@ def test_a_merge_keeps_the_more_recent_statistics_and_refuses_a_wrong_state():
         assert a.state_dict() == before
 
 
+def test_long_prompts_are_kept_and_saved_under_a_digest_and_the_prior_reads_their_text():
+    from lengthsched.online import KEY_CHARS, state_key
+
+    long_text = "Solve: " + "x" * 500
+    short = "p1"
+    assert state_key(short) == short and state_key(long_text).startswith("blake2b:")
+    assert len(state_key(long_text)) < KEY_CHARS < len(long_text) and state_key(long_text) == state_key(long_text)
+    seen = []
+
+    class Prior:  # a trained predictor reads the prompt's text
+        def predict(self, prompts, prefixes=None, **kwargs):
+            seen.extend(prompts)
+            return OnlineLengthPredictor(700).predict(prompts)
+
+    p = OnlineLengthPredictor(Prior(), default_length=256)
+    for n in (900, 1000, 1100):
+        p.observe(long_text, n)
+    asked = p.predict([long_text, long_text + "!", short])
+    assert seen == [long_text, long_text + "!", short]  # the text, each once
+    saved = json.loads(json.dumps(p.state_dict()))
+    assert long_text not in json.dumps(saved) and state_key(long_text) in saved["prompts"]
+    q = OnlineLengthPredictor(Prior(), default_length=256)
+    q.load_state_dict(saved)
+    assert np.array_equal(q.predict([long_text, short]).lengths, asked.lengths[[0, 2]])
+    legacy = {**saved, "prompts": {long_text: saved["prompts"][state_key(long_text)]}}  # saved before digests
+    r = OnlineLengthPredictor(Prior(), default_length=256)
+    r.load_state_dict(legacy)
+    assert r.predict([long_text]).lengths[0] == asked.lengths[0] and set(r.state_dict()["prompts"]) == {
+        state_key(long_text)}
+
+
 def test_a_predictor_that_has_seen_nothing_takes_the_empirical_prior_from_a_merge():
     seen, fresh = OnlineLengthPredictor(default_length=256), OnlineLengthPredictor(default_length=256)
     for n in (900, 1100, 1000):

@@ -751,6 +751,22 @@ def test_planners_take_in_what_the_others_learnt_from_their_state_files(tmp_path
         planners[0].merge_states(paths[2:])
 
 
+def test_a_planners_state_file_holds_a_digest_of_each_long_prompt_not_its_text(tmp_path):
+    path = tmp_path / "planner.json"
+    config = trainer_config(placement="auto", pool_tokens=4 * 4096, state_path=str(path))
+    first = lv.planner_from_config(config)
+    texts = [f"A long question number {i}: " + "words " * 100 for i in range(3)]
+    uids = np.repeat(np.array(["u0", "u1", "u2"], dtype=object), 4)
+    batch = {"uid": uids, "raw_prompt": np.array([texts[int(u[1])] for u in uids], dtype=object)}
+    _, keys = first.plan(batch, replicas=2)
+    first.observe(keys, [300, 310, 290, 305, 80, 85, 82, 90, 1200, 1150, 1300, 1250])
+    saved = path.read_text()
+    assert not any(t in saved for t in texts) and saved.count("blake2b:") == 6  # history and predictor
+    resumed = lv.planner_from_config(config)
+    a, b = first.plan(batch, replicas=2)[0], resumed.plan(batch, replicas=2)[0]
+    assert a == b and a.placement == "classes"  # auto found every long prompt's history again
+
+
 def test_planner_from_config_loads_a_predictor_factory(predictors):
     config = trainer_config(response_length=128, predictor="lengthsched.predictor:ConstantLengthPredictor")
     with pytest.raises(TypeError):  # the class needs its length: give a factory

@@ -69,6 +69,7 @@ import numpy as np
 from ..errors import InvalidArgument, as_lengths, check_int
 from ..io import atomic_write_text
 from ..memory import ModelMemory
+from ..online import state_key
 from ..placement import recommend_rollout_policy
 from ..plan import Plan
 from .base import EngineSetup, check_plan, engine_memory, plan_concurrency, plan_kv_bytes
@@ -451,7 +452,8 @@ def _read_state(path: str | os.PathLike) -> tuple[int, int, dict[str, list[int]]
             raise ValueError(f"not of format {PLANNER_STATE_FORMAT!r}")
         steps = check_int("steps", saved["steps"], minimum=0)
         observed = check_int("observed", saved["observed"], minimum=0)
-        history = {str(k): [check_int("history", n, minimum=1) for n in v] for k, v in saved["history"].items()}
+        history = {state_key(str(k)): [check_int("history", n, minimum=1) for n in v]
+                   for k, v in saved["history"].items()}
         return steps, observed, history, saved.get("predictor")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
         raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
@@ -527,8 +529,9 @@ class RolloutPlanner:
             raise InvalidArgument("cost", type(cost).__name__, "a lengthsched.cost.StepCost, the path of its JSON, "
                                                                "or None")
         self.cost = cost
-        #: Per prompt key, its completions' lengths (tokens, at least 1) in the latest training step that
-        #: had two or more of them: what ``auto`` reads.
+        #: Per prompt key (its :func:`~lengthsched.online.state_key`: a long prompt's digest), its completions'
+        #: lengths (tokens, at least 1) in the latest training step that had two or more of them: what ``auto``
+        #: reads.
         self.history: dict[Hashable, list[int]] = {}
         #: Rows whose lengths the predictor was told so far (:meth:`observe`).
         self.observed = 0
@@ -687,7 +690,7 @@ class RolloutPlanner:
             return self.uninformed_placement
         if self.placement != "auto":
             return self.placement
-        prompts = list(dict.fromkeys(keys))
+        prompts = list(dict.fromkeys(state_key(k) for k in keys))
         if not prompts or any(k not in self.history for k in prompts):
             return self.fallback
         return "classes" if recommend_rollout_policy([self.history[k] for k in prompts]) == "steal_classes" \
@@ -718,7 +721,7 @@ class RolloutPlanner:
             by_prompt.setdefault(key, []).append(length)
         for key, seen in by_prompt.items():
             if len(seen) >= 2:
-                self.history[key] = [max(1, int(n)) for n in seen]
+                self.history[state_key(key)] = [max(1, int(n)) for n in seen]
         now = time.monotonic()
         if self.state_path is not None and (self.steps != self._saved[0] or now - self._saved[1] >= SAVE_SECONDS):
             self.save_state()
