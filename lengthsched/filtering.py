@@ -32,6 +32,7 @@ import numpy as np
 
 from .errors import InvalidArgument, check_int
 from .io import atomic_write_text
+from .online import state_key
 
 __all__ = ["SIDES", "SKIP_DRAWS", "SOLVED_REWARD", "FilterHistory", "SelectiveRollout", "check_solved_reward",
            "dropped_side",
@@ -96,7 +97,7 @@ class FilterHistory:
             raise InvalidArgument("side", side, "None, or for a dropped group 'easy' (every completion rewarded) "
                                                 "or 'hard' (none)")
         try:
-            outcomes = self._outcomes.setdefault(key, deque(maxlen=self.memory))
+            outcomes = self._outcomes.setdefault(state_key(key), deque(maxlen=self.memory))
         except TypeError as exc:
             raise InvalidArgument("key", repr(key), "a hashable prompt key") from exc
         outcomes.append(True if kept else (side or False))
@@ -149,12 +150,14 @@ class FilterHistory:
         """The outcomes remembered for ``key`` (None: never observed); an unhashable one is an error naming
         ``keys``."""
         try:
-            return self._outcomes.get(key)
+            return self._outcomes.get(state_key(key))
         except TypeError as exc:
             raise InvalidArgument("keys", repr(key), "hashable prompt keys") from exc
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able copy (string keys: a key is written as ``str(key)``)."""
+        """A JSON-able copy (string keys: a key is written as ``str(key)``; a prompt of more than
+        :data:`~lengthsched.online.KEY_CHARS` characters is kept, and written, under its digest,
+        :func:`~lengthsched.online.state_key`)."""
         return {"prior_strength": self.prior_strength, "memory": self.memory, "groups": self.groups,
                 "kept": self.kept, "easy": self.easy, "hard": self.hard,
                 "outcomes": {str(k): list(v) for k, v in self._outcomes.items()}}

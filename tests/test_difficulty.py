@@ -182,6 +182,22 @@ def test_the_history_records_why_a_group_was_dropped_and_counts_streaks():
     assert back.pass_probability(keys).tolist() == pytest.approx(h.pass_probability(keys).tolist())
 
 
+def test_a_long_prompt_is_recorded_under_its_digest_not_its_text():
+    import json
+
+    from lengthsched.online import state_key
+
+    text = "Prove that " + "the sum of two even numbers is even; " * 10
+    h = FilterHistory()
+    h.observe_many([text, text, "short"], [False, True, False], ["hard", None, "easy"])
+    saved = h.to_dict()
+    assert text not in json.dumps(saved) and set(saved["outcomes"]) == {state_key(text), "short"}
+    back = FilterHistory.from_dict(json.loads(json.dumps(saved)))
+    assert back.pass_probability([text, "short"]).tolist() == h.pass_probability([text, "short"]).tolist()
+    legacy = {**saved, "outcomes": {text: saved["outcomes"][state_key(text)], "short": ["easy"]}}  # text keys
+    assert FilterHistory.from_dict(legacy).pass_probability([text]).tolist() == h.pass_probability([text]).tolist()
+
+
 def test_sides_are_checked():
     h = FilterHistory()
     with pytest.raises(InvalidArgument, match="side"):
