@@ -1990,7 +1990,11 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
 # back); on SGLang's engines and vLLM's; for what stealing would add, steal_sglang over steal's placement
 # (async_rl's row); and with 4 trainer ranks, each routing its own share of the groups by itself (AReaL's SPMD
 # mode: one engine per rank). _async_unit's runs, each with run_async_rollout's extra arguments.
-AREAL_EXTRA = {k: v for k, v in AREAL_INTEGRATION.items() if k != "router"}  # router "stream" in the run's how
+# The integration as it ships (router "stream" in the run's how): whole groups. AREAL_EXTRA, the placer's spread
+# estimate (ways None), was its default until 2026-11-30: async_areal's and async_areal_epochs' integration rows
+# were recorded with it and keep it.
+AREAL_WHOLE = {k: v for k, v in AREAL_INTEGRATION.items() if k != "router"}
+AREAL_EXTRA = {**AREAL_WHOLE, "ways": None}
 AREAL_RUNS = (
     ("AReaL: sglang, max_staleness 1 (round robin)", "sglang", 1, "round_robin", None, None),
     ("AReaL + lengthsched.integrations.areal, max_staleness 1", "sglang", 1, "stream", None, "realistic",
@@ -2020,6 +2024,38 @@ AREAL_PAIRS = (
     (AREAL_RUNS[8][0], AREAL_RUNS[0][0]),
 )
 AREAL_COLUMNS = _against("AReaL at max_staleness 1")
+
+
+# async_areal_ways: the integration with whole groups (install(..., ways=1), its default since 2026-11-30) instead
+# of its placer's spread estimate, on async_areal's settings; the estimate's rows are async_areal's own (the same
+# settings and draws).
+AREAL_WAYS_RUNS = (
+    AREAL_RUNS[0],
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 1", "sglang", 1, "stream", None,
+     "realistic", AREAL_WHOLE),
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 1, no trained predictor (online)",
+     "sglang", 1, "stream", None, "online", AREAL_WHOLE),
+    AREAL_RUNS[5],
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), vllm, max_staleness 1", "vllm", 1, "stream",
+     None, "realistic", AREAL_WHOLE),
+    AREAL_RUNS[8],
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 1, on each of 4 trainer ranks",
+     "sglang", 1, "stream", None, "realistic", {**AREAL_WHOLE, "ranks": 4}),
+)
+AREAL_WAYS_PAIRS = tuple((AREAL_WAYS_RUNS[i][0], AREAL_WAYS_RUNS[j][0]) for i, j in ((1, 0), (2, 0), (4, 3), (6, 5)))
+
+
+def async_areal_ways(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.areal with whole groups (ways=1) against AReaL's round robin, on async_areal's
+    settings."""
+    return _async_section(
+        quick, partial(_async_unit, runs=AREAL_WAYS_RUNS), AREAL_WAYS_RUNS, AREAL_WAYS_PAIRS, AREAL_COLUMNS,
+        lambda steps: "lengthsched.integrations.areal with whole groups (ways=1) inside AReaL's loop "
+                      f"({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps of B "
+                      "groups, the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
+                      f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x "
+                      "AReaL's at max_staleness 1",
+        "lengthsched.integrations.areal with whole groups, per setting against AReaL's loop")
 
 
 def async_areal(quick: bool) -> tuple[str, list]:
@@ -3350,7 +3386,7 @@ def main(argv=None) -> int:
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,
                 "verl_dapo_skip": verl_dapo_skip, "rollout_multiturn": rollout_multiturn, "async_areal": async_areal,
-                "async_areal_epochs": async_areal_epochs,
+                "async_areal_epochs": async_areal_epochs, "async_areal_ways": async_areal_ways,
                 "rollout_multiturn_slime": rollout_multiturn_slime,
                 "rollout_multiturn_offload": rollout_multiturn_offload,
                 "multiturn_speed": multiturn_speed, "paper": paper,

@@ -25,6 +25,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, LengthschedError
 from lengthsched.errors import check_int, check_nonnegative_float
+from lengthsched.integrations.areal import WAYS as AREAL_WAYS
 from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
 
@@ -52,8 +53,9 @@ VERL_THRESHOLDS = (0.0, 0.1)
 INTEGRATION = {"router": "stream", "steal": True, "snapshot_seconds": StealOptions.poll_interval,
                "resubmit_seconds": RESUBMIT_ESTIMATE_SECONDS, "prefill_share": PREFILL_SHARE}
 #: How lengthsched.integrations.areal routes inside AReaL's loop: each group placed by its own placer (router
-#: ``stream``, the same cap on the spread), no stealing (the arguments of run_async_rollout for AReaL with it).
-AREAL_INTEGRATION = {"router": "stream", "prefill_share": PREFILL_SHARE}
+#: ``stream``), whole (its default ``ways``, :data:`lengthsched.integrations.areal.WAYS`), no stealing (the
+#: arguments of run_async_rollout for AReaL with it).
+AREAL_INTEGRATION = {"router": "stream", "prefill_share": PREFILL_SHARE, "ways": AREAL_WAYS}
 
 #: The columns of the table, and what each means.
 ASYNC_LEGEND = {

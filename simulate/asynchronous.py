@@ -383,7 +383,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
                       steal: bool = False, resubmit_seconds: float = 0.0,
                       snapshot_seconds: float | None = None, prefill_share: float | None = None,
-                      ranks: int = 1, share_learning: bool = False) -> AsyncRollout:
+                      ranks: int = 1, share_learning: bool = False, ways: int | None = None) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -426,6 +426,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             (:func:`lengthsched.integrations.rollout.spread_ways`' cap, ``PREFILL_SHARE`` in
             ``lengthsched.integrations.verl_async``); with ``router="stream"``, the ``prefill_share`` of its
             ``StreamPlacer``; None: ``steal``'s spread alone.
+        ways: with ``router="stream"``, a fixed spread for its ``StreamPlacer`` (its ``ways``; 1: whole groups,
+            ``install(..., ways=1)`` of lengthsched.integrations.areal); None: the placer's estimate.
         ranks: the trainer's data-parallel ranks, each of which routes its own share of the groups (group g
             submitted by rank g mod ``ranks``) from its own state, as each rank of AReaL's SPMD mode holds its own
             engine: a round robin of its own (rank k's starting at server k x replicas // ranks; AReaL starts
@@ -454,7 +456,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
                      snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ranks=ranks,
-                     share_learning=share_learning)
+                     share_learning=share_learning, ways=ways)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -583,10 +585,10 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
               max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
               snapshot_seconds: float | None = None, prefill_share: float | None = None,
-              ranks: int = 1, share_learning: bool = False) -> AsyncRollout:
+              ranks: int = 1, share_learning: bool = False, ways: int | None = None) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
     engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it;
-    ``ranks``, ``share_learning``: :func:`run_async_rollout`'s."""
+    ``ranks``, ``share_learning``, ``ways``: :func:`run_async_rollout`'s."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
@@ -617,6 +619,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             raise InvalidArgument("prefill_share", prefill_share, f"None with router={router!r} (it caps how "
                                                                   "widely routers 'placed' and 'stream' spread a "
                                                                   "group)")
+    if ways is not None:
+        ways = check_int("ways", ways, minimum=1)
+        if router != "stream":
+            raise InvalidArgument("ways", ways, f"None with router={router!r} (it fixes the spread of router "
+                                                "'stream')")
     ranks = check_int("ranks", ranks, minimum=1)
     if ranks > 1 and (steal or router not in RANKED_ROUTERS):
         raise InvalidArgument("ranks", ranks, "1 with " + ("steal" if steal else f"router={router!r}")
@@ -677,7 +684,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
     elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
-                                  placer=StreamPlacer(common["budget"], concurrency=len(opening),
+                                  placer=StreamPlacer(common["budget"], concurrency=len(opening), ways=ways,
                                                       prefill_share=prefill_share),
                                   loads=None if snapshot_seconds is None else lambda: coord.loads())
                           for _ in range(ranks)], owner)

@@ -237,9 +237,23 @@ def test_sharing_never_fails_a_request(tmp_path, caplog):
     assert router.merge() == 0 and caplog.text.count("left out") == 1  # not read again until rewritten
 
 
+def test_by_default_each_group_goes_whole_to_one_server_even_in_a_roomy_pool():
+    fake = FakeRemoteInfEngine(4, lengths_for())
+    router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4)  # the estimate would spread them
+    assert la.WAYS == 1
+
+    async def go():
+        await asyncio.gather(*[group_episode(fake, p, 8) for p in PROMPTS[:4]])
+
+    asyncio.run(go())
+    assert router.status()["ways"] == 1
+    assert all(len(set(servers_of(fake, p))) == 1 for p in PROMPTS[:4])
+    assert len({servers_of(fake, p)[0] for p in PROMPTS[:4]}) == 4  # four groups, four servers
+
+
 def test_the_spread_is_the_placers_and_each_request_takes_one_place():
     fake = FakeRemoteInfEngine(4, lengths_for())
-    router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4)  # roomy pool: groups spread
+    router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=4, ways=None)  # roomy: groups spread
 
     asyncio.run(group_episode(fake, PROMPTS[0], 8))
     ways = router.status()["ways"]

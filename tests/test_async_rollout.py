@@ -810,3 +810,28 @@ def test_per_rank_predictors_and_pooling_refuse_what_does_not_fit():
     with pytest.raises(InvalidArgument) as err:
         run_async_rollout(stream, predicted=[Plain(), Plain()], router="stream", ranks=2, share_learning=True, **kw)
     assert err.value.name == "share_learning"
+
+
+def test_a_fixed_spread_keeps_each_group_on_as_many_replicas(monkeypatch):
+    """ways=1 with router 'stream' (install(..., ways=1)): every request of a group goes to one replica, the one
+    with the least predicted tokens in flight when its first request came; ways with another router is refused."""
+    calls, sent = _spy_stream(monkeypatch)
+    stream = _stream(16, size=6, seed=3, high=500)
+    kw = dict(batch=4, steps=3, max_staleness=1, train_seconds=0.3, replicas=3, predicted=_predicted(stream, 3),
+              budget_tokens=10**9, max_new_tokens=512)
+    run_async_rollout(stream, router="stream", ways=1, **kw)
+    by_group: dict = {}
+    for job, r in sent:
+        by_group.setdefault(job // 6, set()).add(r)
+    assert by_group and all(len(rs) == 1 for rs in by_group.values())
+    spread: dict = {}
+    calls.clear()
+    sent.clear()
+    run_async_rollout(stream, router="stream", **kw)  # a roomy pool: the placer's estimate spreads them
+    for job, r in sent:
+        spread.setdefault(job // 6, set()).add(r)
+    assert any(len(rs) > 1 for rs in spread.values())
+    for bad in (dict(router="stream", ways=0), dict(router="least_work", ways=1)):
+        with pytest.raises(InvalidArgument) as err:
+            run_async_rollout(stream, **{**kw, **bad})
+        assert err.value.name == "ways"

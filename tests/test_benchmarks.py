@@ -810,6 +810,26 @@ def test_simulator_benchmark_async_areal_quick(tmp_path):
             np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
 
 
+def test_simulator_benchmark_async_areal_ways_quick(tmp_path):
+    """async_areal_ways (quick): the integration with whole groups against AReaL's round robin; its reference and
+    AReaL's rows are async_areal's own runs, and combine_draws.py pools its pairs."""
+    data = _quick_section(tmp_path, "async_areal_ways")
+    from bench_simulate import AREAL_RUNS, AREAL_WAYS_PAIRS, AREAL_WAYS_RUNS
+    from combine_draws import combine
+
+    assert all(AREAL_RUNS[i] in AREAL_WAYS_RUNS for i in (0, 5, 8))
+    assert all(run[6]["ways"] == 1 for run in AREAL_WAYS_RUNS if run[3] == "stream")
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in AREAL_WAYS_RUNS} and rows[AREAL_RUNS[0][0]][3] == 1.0
+    path = tmp_path / "ways.json"
+    path.write_text(json.dumps({"async_areal_ways": data}))
+    outs = [s[5] for s in data["settings"]]
+    paired = combine("async_areal_ways", [str(path)], paired=True)
+    assert [(r[1], r[2]) for r in paired] == list(AREAL_WAYS_PAIRS)
+    for r in paired:
+        assert r[4] == pytest.approx(np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+
+
 def test_simulator_benchmark_async_areal_epochs_quick(tmp_path):
     """async_areal_epochs (quick): the integration on several AReaL ranks over epochs of the same prompts; each
     run's per-epoch and whole-run ratios are against AReaL's round robin on as many ranks (itself 1), each epoch

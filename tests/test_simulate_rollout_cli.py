@@ -835,7 +835,7 @@ def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(
     assert row["uneven_share"] == pytest.approx(verl.uneven_share)
     assert rows["stream: vllm, S=0, 4 local updates (verl 0.9.1 fully async)"]["stale_share"] == 0
     placed = run_async_rollout(stream.groups, max_staleness=2, policy="sglang", router="stream", prefill_share=0.1,
-                               predicted=stream.predicted, **kw)  # lengthsched.integrations.areal: no stealing
+                               ways=1, predicted=stream.predicted, **kw)  # integrations.areal: whole groups
     row = rows["async: sglang, K=2, groups placed (lengthsched.integrations.areal)"]
     assert row["seconds"] == pytest.approx(placed.seconds) and row["stale_share"] == pytest.approx(placed.stale_share)
     areal = run_async_rollout(stream.groups, max_staleness=2, policy="sglang", router="placed", steal=True,

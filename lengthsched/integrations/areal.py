@@ -21,7 +21,8 @@ pause every server and resume each request where it was):
 - :class:`GroupRouter` (numpy only): places each group when its first request comes, by its predicted length
   (a :class:`~lengthsched.integrations.verl.RolloutPlanner`'s predictor, by default the online predictor
   learning from every group that comes back), with a :class:`StreamPlacer` over the predicted tokens each
-  server has in flight from this rank; the group's other requests take the rest of its places; when the
+  server has in flight from this rank (by default each group whole on one server, :data:`WAYS`); the group's
+  other requests take the rest of its places; when the
   whole group is back its lengths go to the predictor (rollout step: groups back // ``batch``, one step per
   weight version as the simulator counts it);
 - :func:`install` puts a router into a rank's engine: its ``agenerate`` asks the router for a request with a
@@ -55,12 +56,17 @@ from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "install", "prompt_text"]
+__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
 #: AReaL's ``RID_CACHE_SIZE``: the rids whose server its engine remembers (the oldest forgotten first).
 RID_CACHE_SIZE = 128
+#: Servers a group spreads over by default (:class:`GroupRouter`'s ``ways``): 1, whole groups. The model of
+#: AReaL's loop trained 7.6%, 6.3% and 0.9% more tokens per second than AReaL's round robin this way (learner a
+#: quarter, half and a whole rollout), against 5.1%, 4.7% and 0.6% with the placer's spread estimate (None), the
+#: default before 2026-11-30 (docs/benchmarks.md, "Whole groups inside AReaL's loop").
+WAYS = 1
 #: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``.
 SHARE_PREFIX = "rank"
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
@@ -91,8 +97,12 @@ class GroupRouter:
     it learns; ``state_path`` to keep it across restarts); None: one with the online predictor,
     ``max_new_tokens`` its cap (AReaL's ``gconfig.max_new_tokens``). ``concurrency``: groups in flight on all
     ranks together (AReaL's ``max_concurrent_rollouts``: every rank's prompts share the servers' pools), which
-    the placer's spread estimate reads; ``ways``: a fixed spread instead (1: whole groups); ``prefill_share``: the
-    placer's cap on the spread (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: none). ``batch``:
+    the placer's spread estimate reads; ``ways``: how many servers a group spreads over, by default 1 (whole
+    groups, each onto the server with the least predicted tokens in flight from this rank: the most trained
+    tokens per second in the model of AReaL's loop, whose learner takes groups as they finish; with fewer groups
+    in flight than servers whole groups leave servers idle); None: the placer's estimate from ``concurrency`` and
+    the pool (spread where the pools are roomy), capped by ``prefill_share``
+    (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``:
     groups per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the
     predictor's rollout steps.
 
@@ -114,7 +124,7 @@ class GroupRouter:
     SEEN_RIDS = 65536
 
     def __init__(self, pool_tokens: int, *, group_size: int, planner: RolloutPlanner | None = None,
-                 max_new_tokens: int | None = None, concurrency: int | None = None, ways: int | None = None,
+                 max_new_tokens: int | None = None, concurrency: int | None = None, ways: int | None = WAYS,
                  prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
                  share_dir: str | os.PathLike | None = None, rank: int = 0):
         self.group_size = check_int("group_size", group_size, minimum=1)
@@ -313,7 +323,7 @@ def _inner(engine: Any) -> Any:
 
 def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutPlanner | None = None,
             max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
-            ways: int | None = None, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
+            ways: int | None = WAYS, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
             key: Callable[[Any], Hashable] = prompt_text, share_dir: str | os.PathLike | None = None,
             rank: int | None = None) -> GroupRouter:
     """Route ``engine``'s requests (a rank's initialized ``RemoteSGLangEngine``, ``RemotevLLMEngine`` or
