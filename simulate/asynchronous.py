@@ -74,6 +74,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
+from lengthsched.integrations.areal import spread_of
 from lengthsched.integrations.rollout import observe_lengths, place_ways, predict_lengths
 from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA, StreamPlacer
 from lengthsched.runtime import POLICIES, Problem
@@ -427,7 +428,9 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             ``lengthsched.integrations.verl_async``); with ``router="stream"``, the ``prefill_share`` of its
             ``StreamPlacer``; None: ``steal``'s spread alone.
         ways: with ``router="stream"``, a fixed spread for its ``StreamPlacer`` (its ``ways``; 1: whole groups,
-            ``install(..., ways=1)`` of lengthsched.integrations.areal); None: the placer's estimate.
+            ``install(..., ways=1)`` of lengthsched.integrations.areal; at least enough for the groups first in
+            flight to reach every replica, :func:`lengthsched.integrations.areal.spread_of`, as the integration
+            does); None: the placer's estimate.
         ranks: the trainer's data-parallel ranks, each of which routes its own share of the groups (group g
             submitted by rank g mod ``ranks``) from its own state, as each rank of AReaL's SPMD mode holds its own
             engine: a round robin of its own (rank k's starting at server k x replicas // ranks; AReaL starts
@@ -684,7 +687,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
     elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
-                                  placer=StreamPlacer(common["budget"], concurrency=len(opening), ways=ways,
+                                  placer=StreamPlacer(common["budget"], concurrency=len(opening),
+                                                      ways=spread_of(ways, replicas, len(opening)),
                                                       prefill_share=prefill_share),
                                   loads=None if snapshot_seconds is None else lambda: coord.loads())
                           for _ in range(ranks)], owner)

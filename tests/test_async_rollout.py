@@ -831,6 +831,12 @@ def test_a_fixed_spread_keeps_each_group_on_as_many_replicas(monkeypatch):
     for job, r in sent:
         spread.setdefault(job // 6, set()).add(r)
     assert any(len(rs) > 1 for rs in spread.values())
+    few: dict = {}  # 2 groups in flight on 3 replicas: each group on 2 (spread_of), none left idle
+    sent.clear()
+    run_async_rollout(stream, router="stream", ways=1, **{**kw, "max_concurrent": 2, "batch": 2})
+    for job, r in sent:
+        few.setdefault(job // 6, set()).add(r)
+    assert all(len(rs) == 2 for rs in few.values())
     for bad in (dict(router="stream", ways=0), dict(router="least_work", ways=1)):
         with pytest.raises(InvalidArgument) as err:
             run_async_rollout(stream, **{**kw, **bad})
