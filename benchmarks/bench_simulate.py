@@ -2135,11 +2135,12 @@ def _areal_epochs_unit(args, epochs: int = AREAL_EPOCHS, per_epoch: int = AREAL_
     train = AREAL_EPOCH_SHARE * float(np.mean([r.seconds for r in reference.rollouts]))
     out = {"train seconds": train}
     steps = epochs * per_epoch - 1
+    known = {None: None, "realistic": realistic, "oracle": np.concatenate([g.lengths for g in stream]),
+             "constant": np.full(len(realistic), CONSTANT_PREDICTION)}
     for label, ranks, router, pred, share in runs:
-        predicted = {None: None, "realistic": realistic, "one": _default_planner(lmax) if pred == "one" else None,
-                     "alone": [_default_planner(lmax) for _ in range(ranks)] if pred == "alone" else None,
-                     "oracle": np.concatenate([g.lengths for g in stream]),
-                     "constant": np.full(len(realistic), CONSTANT_PREDICTION)}[pred]
+        # the online predictors learn as the run goes: fresh ones per run
+        predicted = (_default_planner(lmax) if pred == "one" else
+                     [_default_planner(lmax) for _ in range(ranks)] if pred == "alone" else known[pred])
         r = run_async_rollout(stream, max_staleness=1, steps=steps, train_seconds=train, policy="sglang",
                               update_seconds=ASYNC_UPDATE_SECONDS, router=router, predicted=predicted, ranks=ranks,
                               share_learning=share, **(AREAL_EXTRA if router == "stream" else {}), **kw)

@@ -92,7 +92,7 @@ class _Prompt:
 #: The format name of :meth:`OnlineLengthPredictor.state_dict`.
 STATE_FORMAT = "lengthsched.online-state/1"
 #: String prompts longer than this many characters are kept, and saved, under a digest of their text
-#: (:func:`state_key`): a state file then holds about 40 bytes per prompt, not the prompt.
+#: (:func:`state_key`): a state file then holds a 40-character key per prompt, not the prompt.
 KEY_CHARS = 64
 
 

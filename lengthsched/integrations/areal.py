@@ -64,10 +64,16 @@ AREAL_VERSION = "1.0.4"
 #: AReaL's ``RID_CACHE_SIZE``: the rids whose server its engine remembers (the oldest forgotten first).
 RID_CACHE_SIZE = 128
 #: Servers a group spreads over by default (:class:`GroupRouter`'s ``ways``): 1, whole groups. The model of
-#: AReaL's loop trained 7.6%, 6.3% and 0.9% more tokens per second than AReaL's round robin this way (learner a
+#: AReaL's loop trained 7.5%, 6.6% and 0.9% more tokens per second than AReaL's round robin this way (learner a
 #: quarter, half and a whole rollout), against 5.1%, 4.7% and 0.6% with the placer's spread estimate (None), the
 #: default before 2026-11-30 (docs/benchmarks.md, "Whole groups inside AReaL's loop").
 WAYS = 1
+#: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``.
+SHARE_PREFIX = "rank"
+#: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
+KEY_CACHE = 4096
+
+
 def spread_of(ways: int | None, servers: int, concurrency: int | None) -> int | None:
     """The spread a :class:`GroupRouter` with ``ways`` uses on ``servers`` with ``concurrency`` groups in flight:
     ``ways``, but at least enough servers per group for the groups in flight to reach every server (whole groups,
@@ -76,12 +82,6 @@ def spread_of(ways: int | None, servers: int, concurrency: int | None) -> int | 
     if ways is None or concurrency is None:
         return ways
     return max(ways, -(-servers // concurrency))
-
-
-#: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``.
-SHARE_PREFIX = "rank"
-#: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
-KEY_CACHE = 4096
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,10 @@ class GroupRouter:
     groups, each onto the server with the least predicted tokens in flight from this rank: the most trained
     tokens per second in the model of AReaL's loop, whose learner takes groups as they finish; with fewer groups
     in flight than servers each group takes enough servers for all to get work, :func:`spread_of`); None: the
-    placer's estimate from ``concurrency`` and
-    the pool (spread where the pools are roomy), capped by ``prefill_share``
-    (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``:
-    groups per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the
-    predictor's rollout steps.
+    placer's estimate from ``concurrency`` and the pool (spread where the pools are roomy), capped by
+    ``prefill_share`` (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``: groups
+    per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's
+    rollout steps.
 
     ``share_dir``: a directory all ranks see (on AReaL's shared ``cluster.fileroot``, say) through which the ranks
     pool what their predictors learn. AReaL's sampler deals the prompts to the ranks afresh every epoch, so a
@@ -282,7 +281,7 @@ class GroupRouter:
         if self.share_dir is None:
             return 0
         own = f"{SHARE_PREFIX}{self.rank}.json"
-        fresh = []
+        taken = 0
         for name in sorted(os.listdir(self.share_dir)):
             if not (name.startswith(SHARE_PREFIX) and name.endswith(".json")) or name == own:
                 continue
@@ -291,11 +290,9 @@ class GroupRouter:
                 mtime = os.stat(path).st_mtime_ns
             except FileNotFoundError:
                 continue
-            if self._mtimes.get(path) != mtime:
-                self._mtimes[path] = mtime
-                fresh.append(path)
-        taken = 0
-        for path in fresh:
+            if self._mtimes.get(path) == mtime:
+                continue
+            self._mtimes[path] = mtime
             try:
                 taken += self.planner.merge_states([path])
             except InvalidArgument as exc:
