@@ -2473,6 +2473,41 @@ def async_verl_driver(quick: bool) -> tuple[str, list]:
         "lengthsched.integrations.verl_async, per setting against the recipe and against exact knowledge")
 
 
+# async_verl_ways: lengthsched.integrations.verl_async with whole groups (+lengthsched.ways=1, as
+# lengthsched.integrations.areal places them by default) instead of its placer's spread estimate (its default), on
+# async_verl's settings, with and without a trained predictor and at threshold 0; the estimate's rows are
+# async_verl_driver's (the same settings and draws).
+_WHOLE = "whole groups (+lengthsched.ways=1)"
+VERL_WAYS_RUNS = (
+    DRIVER_RUNS[0],
+    DRIVER_RUNS[2],
+    (f"verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, {_WHOLE}", "verl", "vllm",
+     {"staleness_threshold": 0.1, **INTEGRATION, "ways": 1}, "realistic"),
+    DRIVER_RUNS[8],
+    (f"verl fully async: threshold 0.1 + lengthsched.integrations.verl_async, {_WHOLE}, without a trained "
+     "predictor (online)", "verl", "vllm", {"staleness_threshold": 0.1, **INTEGRATION, "ways": 1}, "online"),
+    DRIVER_RUNS[4],
+    DRIVER_RUNS[5],
+    (f"verl fully async: threshold 0 + lengthsched.integrations.verl_async, {_WHOLE}", "verl", "vllm",
+     {"staleness_threshold": 0.0, **INTEGRATION, "ways": 1}, "realistic"),
+)
+VERL_WAYS_PAIRS = tuple((VERL_WAYS_RUNS[i][0], VERL_WAYS_RUNS[j][0])
+                        for i, j in ((2, 0), (2, 1), (4, 0), (4, 3), (7, 5), (7, 6)))
+
+
+def async_verl_ways(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.verl_async with whole groups (ways=1) against its spread estimate and the
+    recipe, on async_verl's settings."""
+    return _async_section(
+        quick, partial(_verl_unit, runs=VERL_WAYS_RUNS), VERL_WAYS_RUNS, VERL_WAYS_PAIRS, DRIVER_COLUMNS,
+        lambda steps: f"lengthsched.integrations.verl_async with whole groups inside verl's recipe ({_cost_label()}, "
+                      f"seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} weight versions of B groups, the learner's "
+                      "seconds per version = share x the mean synchronous vLLM + verl rollout, each update pauses "
+                      f"every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's "
+                      "at threshold 0.1",
+        "lengthsched.integrations.verl_async with whole groups, per setting against the recipe and the estimate")
+
+
 def _ratio_summary(units, ratios) -> list:
     """[settings, mean, mean over several replicas, worst, slower by > 0.1%] of ``ratios`` (one per
     setting of ``units``: (workload, prompts, replicas, factor, seed, cost) as run), then their mean
@@ -3382,7 +3417,7 @@ def main(argv=None) -> int:
                 "rollout_sglang_variants": rollout_sglang_variants, "rollout_hedged": rollout_hedged,
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
-                "async_verl": async_verl, "async_verl_driver": async_verl_driver,
+                "async_verl": async_verl, "async_verl_driver": async_verl_driver, "async_verl_ways": async_verl_ways,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,

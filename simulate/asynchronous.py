@@ -74,7 +74,6 @@ import numpy as np
 
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
-from lengthsched.integrations.areal import spread_of
 from lengthsched.integrations.rollout import observe_lengths, place_ways, predict_lengths
 from lengthsched.integrations.verl_async import CONCURRENT_PER_REPLICA, StreamPlacer
 from lengthsched.runtime import POLICIES, Problem
@@ -429,8 +428,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             ``StreamPlacer``; None: ``steal``'s spread alone.
         ways: with ``router="stream"``, a fixed spread for its ``StreamPlacer`` (its ``ways``; 1: whole groups,
             ``install(..., ways=1)`` of lengthsched.integrations.areal; at least enough for the groups first in
-            flight to reach every replica, :func:`lengthsched.integrations.areal.spread_of`, as the integration
-            does); None: the placer's estimate.
+            flight to reach every replica, as the placer widens it); None: the placer's estimate.
         ranks: the trainer's data-parallel ranks, each of which routes its own share of the groups (group g
             submitted by rank g mod ``ranks``) from its own state, as each rank of AReaL's SPMD mode holds its own
             engine: a round robin of its own (rank k's starting at server k x replicas // ranks; AReaL starts
@@ -470,7 +468,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                    cost: Any = None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                    max_num_seqs: int | None = None, version: str = "0.9.1", steal: bool = False,
                    resubmit_seconds: float = 0.0, snapshot_seconds: float | None = None,
-                   prefill_share: float | None = None) -> AsyncRollout:
+                   prefill_share: float | None = None, ways: int | None = None) -> AsyncRollout:
     """Simulate ``steps`` weight versions of verl's fully asynchronous recipe (see the module docstring).
 
     Args:
@@ -502,6 +500,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
             it resubmits an aborted request, ``lengthsched.integrations.verl_stealing``'s client about 0.05 s;
             ``snapshot_seconds``: the driver's poll interval, 0.25 s by default in
             ``lengthsched.integrations.verl_async``, whose placement caps the spread by ``prefill_share``).
+        ways: with ``router="stream"``, a fixed spread for its ``StreamPlacer`` (the integration's
+            ``+lengthsched.ways``; 1: whole groups); None: the placer's estimate (the integration's default).
         version: whose code: ``"0.9.1"`` (the released wheel) or ``"b178a3c"`` (January 2026), one of
             :data:`VERL_VERSIONS` (module docstring).
     """
@@ -531,7 +531,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ways=ways)
 
 
 def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
@@ -688,7 +688,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
                                   placer=StreamPlacer(common["budget"], concurrency=len(opening),
-                                                      ways=spread_of(ways, replicas, len(opening)),
+                                                      ways=ways,
                                                       prefill_share=prefill_share),
                                   loads=None if snapshot_seconds is None else lambda: coord.loads())
                           for _ in range(ranks)], owner)

@@ -252,8 +252,6 @@ def test_by_default_each_group_goes_whole_to_one_server_even_in_a_roomy_pool():
 
 
 def test_with_fewer_groups_in_flight_than_servers_each_group_takes_enough_servers_for_all():
-    assert [la.spread_of(1, 8, c) for c in (1, 3, 4, 8, 64, None)] == [8, 3, 2, 1, 1, 1]
-    assert la.spread_of(None, 8, 2) is None and la.spread_of(3, 8, 8) == 3
     fake = FakeRemoteInfEngine(4, lengths_for())
     router = la.install(fake, pool_tokens=10**9, group_size=8, concurrency=2)  # 2 groups in flight, 4 servers
     asyncio.run(group_episode(fake, PROMPTS[0], 8))

@@ -831,7 +831,7 @@ def test_a_fixed_spread_keeps_each_group_on_as_many_replicas(monkeypatch):
     for job, r in sent:
         spread.setdefault(job // 6, set()).add(r)
     assert any(len(rs) > 1 for rs in spread.values())
-    few: dict = {}  # 2 groups in flight on 3 replicas: each group on 2 (spread_of), none left idle
+    few: dict = {}  # 2 groups in flight on 3 replicas: each group on 2 (the placer widens it), none left idle
     sent.clear()
     run_async_rollout(stream, router="stream", ways=1, **{**kw, "max_concurrent": 2, "batch": 2})
     for job, r in sent:
@@ -841,3 +841,25 @@ def test_a_fixed_spread_keeps_each_group_on_as_many_replicas(monkeypatch):
         with pytest.raises(InvalidArgument) as err:
             run_async_rollout(stream, **{**kw, **bad})
         assert err.value.name == "ways"
+
+
+def test_verl_with_a_fixed_spread_sends_each_group_to_as_many_replicas(monkeypatch):
+    """run_verl_async(..., router="stream", ways=1) (the integration's +lengthsched.ways=1): every request of a
+    group is routed to one replica (stealing may move it after), in every weight version; ways with verl's own
+    router is refused."""
+    calls, sent = _spy_stream(monkeypatch)
+    stream = _stream(16, size=6, seed=3, high=500)
+    kw = dict(batch=4, steps=3, staleness_threshold=0.5, train_seconds=0.3, replicas=3, budget_tokens=10**9,
+              max_new_tokens=512, predicted=_predicted(stream, 3))
+    run_verl_async(stream, router="stream", ways=1, steal=True, **kw)
+    by_group: dict = {}
+    for job, r in sent:
+        by_group.setdefault(job // 6, set()).add(r)
+    assert len(by_group) >= 10 and all(len(rs) == 1 for rs in by_group.values())
+    assert {w for *_, w in calls} == {1}
+    sent.clear()
+    run_verl_async(stream, router="stream", steal=True, **kw)  # roomy pools: the estimate spreads them
+    assert any(len({r for job, r in sent if job // 6 == g}) > 1 for g in by_group)
+    with pytest.raises(InvalidArgument) as err:
+        run_verl_async(stream, ways=1, **kw)
+    assert err.value.name == "ways"

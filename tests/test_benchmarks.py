@@ -830,6 +830,28 @@ def test_simulator_benchmark_async_areal_ways_quick(tmp_path):
         assert r[4] == pytest.approx(np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
 
 
+def test_simulator_benchmark_async_verl_ways_quick(tmp_path):
+    """async_verl_ways (quick): verl's integration with whole groups against the recipe and its spread estimate;
+    the recipe's and the estimate's rows are async_verl_driver's own runs, every whole-groups run fixes ways=1, and
+    combine_draws.py pools its pairs."""
+    data = _quick_section(tmp_path, "async_verl_ways")
+    from bench_simulate import DRIVER_RUNS, VERL_WAYS_PAIRS, VERL_WAYS_RUNS
+    from combine_draws import combine
+
+    assert all(DRIVER_RUNS[i] in VERL_WAYS_RUNS for i in (0, 2, 4, 5, 8))
+    whole = [run for run in VERL_WAYS_RUNS if run not in DRIVER_RUNS]
+    assert len(whole) == 3 and all(run[3]["ways"] == 1 and run[3]["router"] == "stream" for run in whole)
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in VERL_WAYS_RUNS} and rows[DRIVER_RUNS[0][0]][3] == 1.0
+    path = tmp_path / "ways.json"
+    path.write_text(json.dumps({"async_verl_ways": data}))
+    outs = [s[5] for s in data["settings"]]
+    paired = combine("async_verl_ways", [str(path)], paired=True)
+    assert [(r[1], r[2]) for r in paired] == list(VERL_WAYS_PAIRS)
+    for r in paired:
+        assert r[4] == pytest.approx(np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+
+
 def test_simulator_benchmark_async_areal_epochs_quick(tmp_path):
     """async_areal_epochs (quick): the integration on several AReaL ranks over epochs of the same prompts; each
     run's per-epoch and whole-run ratios are against AReaL's round robin on as many ranks (itself 1), each epoch

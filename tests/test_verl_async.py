@@ -71,6 +71,17 @@ def test_the_spread_follows_the_groups_in_flight_and_their_prompts():
     assert va.StreamPlacer(100, ways=4).ways_for(2) == 2
 
 
+def test_a_fixed_spread_widens_until_the_groups_in_flight_reach_every_replica():
+    # whole groups with 4 in flight on 8 replicas would leave 4 idle: 2 replicas a group; None: 16 per replica
+    assert [va.StreamPlacer(10, ways=1, concurrency=c).ways_for(8) for c in (1, 3, 4, 8, 64, None)] == \
+        [8, 3, 2, 1, 1, 1]
+    assert va.StreamPlacer(10, ways=3, concurrency=8).ways_for(8) == 3
+    assert va.StreamPlacer(10, ways=3, concurrency=2).ways_for(8) == 4
+    placer = va.StreamPlacer(10, ways=1, concurrency=2)
+    replica, _ = placer.place([5.0] * 4, 1, 8, loads=[0.0] * 8)
+    assert placer.last_ways == 4 and len(set(replica.tolist())) == 4
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 5000), min_size=1, max_size=12), st.integers(0, 3000)),
                 min_size=1, max_size=12), st.integers(1, 6), st.integers(1, 200_000),

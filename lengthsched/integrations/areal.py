@@ -56,8 +56,7 @@ from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install", "prompt_text",
-           "spread_of"]
+__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
@@ -73,15 +72,6 @@ SHARE_PREFIX = "rank"
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
 KEY_CACHE = 4096
 
-
-def spread_of(ways: int | None, servers: int, concurrency: int | None) -> int | None:
-    """The spread a :class:`GroupRouter` with ``ways`` uses on ``servers`` with ``concurrency`` groups in flight:
-    ``ways``, but at least enough servers per group for the groups in flight to reach every server (whole groups,
-    4 in flight on 8 servers, left half of them idle: 6.9% fewer trained tokens per second than AReaL's round
-    robin in the model, CASTILLO 64 x 16, pools of 16 x L_max); None (the placer's estimate) stays None."""
-    if ways is None or concurrency is None:
-        return ways
-    return max(ways, -(-servers // concurrency))
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +101,7 @@ class GroupRouter:
     the placer's spread estimate reads; ``ways``: how many servers a group spreads over, by default 1 (whole
     groups, each onto the server with the least predicted tokens in flight from this rank: the most trained
     tokens per second in the model of AReaL's loop, whose learner takes groups as they finish; with fewer groups
-    in flight than servers each group takes enough servers for all to get work, :func:`spread_of`); None: the
+    in flight than servers each group takes enough servers for all to get work, :class:`StreamPlacer`); None: the
     placer's estimate from ``concurrency`` and the pool (spread where the pools are roomy), capped by
     ``prefill_share`` (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``: groups
     per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's
@@ -166,7 +156,7 @@ class GroupRouter:
         self._merged_at = planner.steps  # the planner's step when the others' files were last read
         self._mtimes: dict[str, int] = {}  # other ranks' files read: path -> modification time (ns) then
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
-        self.ways = self.placer.ways  # the spread asked for (spread_of gives the one used on so many servers)
+        self.ways = self.placer.ways  # the spread asked for (the placer widens it where few groups are in flight)
         self.batch = None if batch is None else check_int("batch", batch, minimum=1)
         self.loads: list[float] = []
         self._open: dict[Hashable, deque[_Group]] = {}  # per prompt key, its groups with places left, oldest first
@@ -208,7 +198,6 @@ class GroupRouter:
         return replica
 
     def _place(self, key: Hashable, prompt_tokens: int, servers: int) -> _Group:
-        self.placer.ways = spread_of(self.ways, servers, self.placer.concurrency)
         _, _, work = self.planner.predict({"uid": [0], "raw_prompt": [key]})
         predicted = np.full(self.group_size, float(max(1, work[0])))
         replica, _ = self.placer.place(predicted, prompt_tokens, servers, loads=self.loads)
