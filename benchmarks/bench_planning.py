@@ -5,6 +5,7 @@ Run from the repository root on an otherwise idle machine:
     python benchmarks/bench_planning.py                 # full run, about 2 minutes
     python benchmarks/bench_planning.py --quick         # smoke run (what the test suite does)
     python benchmarks/bench_planning.py --sections coordinator   # a StealDriver poll's cost (coordinator.json)
+    python benchmarks/bench_planning.py --sections share   # AReaL ranks sharing what they learn (share.json)
 
 It pins itself to one CPU core, reports medians over repetitions, and writes the tables as
 Markdown to stdout and as JSON to ``--out`` (default benchmarks/results/planning.json).
@@ -242,23 +243,105 @@ def bench_coordinator(rng, groups, reps: int, cases) -> tuple[str, list]:
                   "driver steady ms"], rows), rows
 
 
+def _sharing_ranks(root: Path, prompts: int, ranks: int, per_step: int, rng):
+    """``ranks`` GroupRouters sharing ``root`` in the steady state of a long run: every rank knows ``prompts``
+    prompts (4 completions each seen), has written its whole file and one step's change file, and each has just
+    observed ``per_step`` groups of the next step (not yet written)."""
+    from lengthsched.integrations import areal as la
+
+    seed = la.GroupRouter(10_000, group_size=4, batch=1, rank=ranks, share_dir=root / "seed")
+    keys = [f"prompt {i}: " + "x" * 80 for i in range(prompts)]  # long: kept under digests, as real prompts are
+    lengths = rng.integers(1, 4096, size=(prompts, 4))
+    for start in range(0, prompts, 1000):
+        chunk = keys[start:start + 1000]
+        seed.planner.observe([k for k in chunk for _ in range(4)], lengths[start:start + 1000].ravel().tolist(),
+                             step=1)
+    state = json.loads(json.dumps(seed.planner.state()))
+    routers = []
+    for k in range(ranks):
+        router = la.GroupRouter(10_000, group_size=4, batch=1, rank=k, share_dir=root / "share")
+        router.planner.predictor.load_state_dict(state["predictor"])
+        router.planner.steps = 1
+        router.planner.save_state()
+        routers.append(router)
+    for router in routers:
+        router.write_changes()
+    for router in routers:
+        router.merge()  # the first read: whole files; from now on change files
+    for router in routers:
+        chosen = rng.choice(prompts, size=per_step, replace=False)
+        router.planner.observe([keys[i] for i in chosen for _ in range(4)],
+                               rng.integers(1, 4096, size=4 * per_step).tolist(), step=2)
+        router._changed.update((keys[i], None) for i in chosen)
+    return routers
+
+
+def _share_case(root: Path, prompts: int, ranks: int, per_step: int, rng, reps: int) -> list:
+    """One row of :func:`bench_share`."""
+    routers = _sharing_ranks(root, prompts, ranks, per_step, rng)
+    me = routers[0]
+    whole_write = median_ms(me.planner.save_state, max(3, reps // 3))
+    mine = dict(me._changed)
+    for router in routers[1:]:  # the other ranks write the step's changes
+        router.write_changes()
+
+    def write_changes():
+        me._changed = dict(mine)
+        me.write_changes()
+
+    def by_changes():
+        me._read = {k: 1 for k in range(1, ranks)}  # read up to step 1: the step-2 files are new
+        return me.merge()
+
+    def by_whole():
+        return sum(me._merge_whole(f"rank{k}.json", always=True) for k in range(1, ranks))
+
+    change_write = median_ms(write_changes, reps)
+    changes_ms = median_ms(by_changes, reps)
+    whole_ms = median_ms(by_whole, max(3, reps // 3))
+    size = (root / "share" / "rank1.json").stat().st_size
+    change_size = max(p.stat().st_size for p in (root / "share").glob("rank1-*.json"))
+    return [prompts, ranks, per_step, size / 1e6, change_size / 1e3, whole_write, change_write, whole_ms, changes_ms,
+            whole_ms / changes_ms]
+
+
+def bench_share(rng, reps: int, cases) -> tuple[str, list]:
+    """What sharing what AReaL's ranks learn costs one rank at each rollout step
+    (lengthsched.integrations.areal.GroupRouter with ``share_dir``), median ms over ``reps``: writing its whole
+    file (its planner's state, for a restart) and its change file (the prompts it observed in the step), and
+    merging the other ranks' step from their change files (what it does) against from their whole files (what it
+    did before change files). ``cases``: (prompts known, ranks, groups per rank per step)."""
+    import tempfile
+
+    rows = []
+    for prompts, ranks, per_step in cases:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(_share_case(Path(tmp), prompts, ranks, per_step, rng, reps))
+    return table("Sharing what AReaL's ranks learn (lengthsched.integrations.areal, share_dir): one rank's cost at "
+                 "each rollout step, median ms, one core; whole file = every prompt it knows (100-char prompts, "
+                 "kept under digests); changes = the prompts each rank observed in the step",
+                 ["prompts known", "ranks", "groups per rank per step", "whole file MB", "change file KB",
+                  "write whole ms", "write changes ms", "merge others' whole files ms",
+                  "merge others' changes ms", "whole / changes"], rows), rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
     parser.add_argument("--out", default=None,
                         help="JSON results (default benchmarks/results/planning.json; with --sections coordinator "
-                             "alone, benchmarks/results/coordinator.json)")
+                             "or share alone, benchmarks/results/coordinator.json or share.json)")
     parser.add_argument("--sections", default="plan_group,fptas,quality",
-                        help="comma-separated, among plan_group, fptas, quality, coordinator "
+                        help="comma-separated, among plan_group, fptas, quality, coordinator, share "
                              "(default: the first three)")
     args = parser.parse_args(argv)
-    known = ("plan_group", "fptas", "quality", "coordinator")
+    known = ("plan_group", "fptas", "quality", "coordinator", "share")
     names = [n.strip() for n in args.sections.split(",") if n.strip()]
     bad = [n for n in names if n not in known]
     if bad or not names:
         parser.error(f"argument --sections: {args.sections!r} is not a list of sections among {', '.join(known)}")
     out = args.out or str(ROOT / "benchmarks" / "results" / (
-        "coordinator.json" if names == ["coordinator"] else "planning.json"))
+        f"{names[0]}.json" if names in (["coordinator"], ["share"]) else "planning.json"))
     pin_one_core()
     rng = np.random.default_rng(2026)
     groups = castillo_groups()
@@ -272,6 +355,8 @@ def main(argv=None) -> int:
         "coordinator": lambda: bench_coordinator(rng, groups, 3 if args.quick else 30,
                                                  [(4, 64)] if args.quick else [(8, 128), (8, 512), (32, 128),
                                                                                (32, 512), (64, 512)]),
+        "share": lambda: bench_share(rng, 3 if args.quick else 10,
+                                     [(500, 4, 8)] if args.quick else [(10_000, 8, 32), (100_000, 8, 32)]),
     }
     for name in names:
         text, rows = sections[name]()

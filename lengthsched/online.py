@@ -471,23 +471,35 @@ class OnlineLengthPredictor:
         self._count += weight
 
     # ------------------------------------------------------------------ saving what it learnt
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, prompts: Iterable[Hashable] | None = None) -> dict[str, Any]:
         """What it has learnt, as JSON-ready data (``format`` ``lengthsched.online-state/1``): the current step, the
         running sums behind the empirical prior and the drift estimate, and per prompt its sufficient statistics
         (prompts must be strings; one of more than :data:`KEY_CHARS` characters saved under its digest,
         :func:`state_key`). Not its settings (the constructor's arguments: make the predictor the same
         way, then :meth:`load_state_dict`), nor the progress of completions still running. A predictor loaded
-        from it predicts exactly as this one does."""
-        bad = next((k for k in self._prompts if not isinstance(k, str)), None)
+        from it predicts exactly as this one does.
+
+        ``prompts``: only these prompts' statistics (those it knows; ``partial`` is then True): what changed
+        since another predictor last took this one's state in, for :meth:`merge_state_dict` (a partial state
+        cannot be loaded)."""
+        if prompts is None:
+            chosen = self._prompts
+        else:
+            keys = dict.fromkeys(state_key(p) for p in prompts)
+            chosen = {k: self._prompts[k] for k in keys if k in self._prompts}
+        bad = next((k for k in chosen if not isinstance(k, str)), None)
         if bad is not None:
             raise InvalidArgument("prompt", bad, "string prompt keys (the state is saved as JSON)")
         return {"format": STATE_FORMAT, "step": self.step, "sum_log": self._sum_log, "count": self._count,
-                "drift_sum": self._drift_sum, "drift_weight": self._drift_weight,
-                "prompts": {k: [getattr(v, f) for f in _STATE_FIELDS] for k, v in self._prompts.items()}}
+                "drift_sum": self._drift_sum, "drift_weight": self._drift_weight, "partial": prompts is not None,
+                "prompts": {k: [getattr(v, f) for f in _STATE_FIELDS] for k, v in chosen.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Replace what it has learnt with ``state`` (from :meth:`state_dict`); InvalidArgument naming the part
-        that is wrong, the predictor unchanged."""
+        """Replace what it has learnt with ``state`` (from :meth:`state_dict`, of every prompt); InvalidArgument
+        naming the part that is wrong, the predictor unchanged."""
+        if isinstance(state, Mapping) and state.get("partial"):
+            raise InvalidArgument("state", "a partial state", "a state_dict() of every prompt (a partial one, "
+                                                              "state_dict(prompts=...), is for merge_state_dict)")
         step, sums, prompts = _parse_state(state)
         self.step = step
         self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
@@ -501,18 +513,24 @@ class OnlineLengthPredictor:
         saw more recently, or as recently with as much evidence (its own statistics come back from a predictor
         that took them in), keeps its own, and the progress of its running completions in any case. A step
         ahead of this predictor's is taken as this one's (ranks count their steps apart; a prompt is not
-        observed at a step ahead of its predictor). The empirical prior's sums and the drift estimate stay this
-        predictor's own, unless it has seen nothing yet. Both must be made alike (the same constructor
-        arguments; not checked). Returns how many prompts took the other's statistics; InvalidArgument naming
-        the part that is wrong, the predictor unchanged."""
+        observed at a step ahead of its predictor; the same statistics taken in again change nothing). A prompt
+        the other only predicted (no sibling finished there: no evidence, whatever its step) is never taken.
+        The empirical prior's sums and the drift estimate stay this predictor's own, unless it has seen nothing
+        yet. Both must be made alike (the same constructor arguments; not checked). ``state`` may be partial
+        (``state_dict(prompts=...)``). Returns how many prompts took the other's statistics; InvalidArgument
+        naming the part that is wrong, the predictor unchanged."""
         _, sums, prompts = _parse_state(state)
         taken = 0
         for key, theirs in prompts.items():
+            if theirs.n == 0 and theirs.hist_weight <= 0:  # asked for, never observed there: it knows nothing
+                continue
             mine = self._prompts.get(key)
             if mine is not None and (theirs.step, theirs.n + theirs.hist_weight) <= (mine.step,
                                                                                       mine.n + mine.hist_weight):
                 continue
             theirs.step = min(theirs.step, self.step)
+            if mine is not None and all(getattr(theirs, f) == getattr(mine, f) for f in _STATE_FIELDS):
+                continue  # what it took before, its step ahead again
             if mine is not None:
                 theirs.running = mine.running
             self._prompts[key] = theirs

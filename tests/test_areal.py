@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import re
 import uuid
 from types import SimpleNamespace
 
@@ -193,7 +194,9 @@ def test_ranks_sharing_a_directory_know_the_prompts_other_ranks_saw_in_earlier_e
                 assert guess[long_ones].min() > 4 * guess[~long_ones].max()
             else:  # alone, a rank knows nothing of them: every new prompt predicted alike
                 assert guess.min() == guess.max()
-    assert sorted(x.name for x in share.iterdir()) == ["rank0.json", "rank1.json", "rank2.json"]
+    # each rank's whole file, and what it observed in each of its two steps (its change files)
+    assert sorted(x.name for x in share.iterdir()) == sorted(f"rank{k}{part}.json" for k in range(3)
+                                                             for part in ("", "-new-1", "-1-2"))
     assert [r.status()["taken_from_ranks"] for r in routers] == [8, 8, 8]  # each took the others' 8 prompts
     assert all(r.merge() == 0 for r in routers)  # nothing rewritten since: no file is read again
     resumed = la.GroupRouter(10_000, group_size=4, batch=2, rank=1, share_dir=share)  # a restarted rank
@@ -210,6 +213,57 @@ def test_ranks_sharing_a_directory_know_the_prompts_other_ranks_saw_in_earlier_e
     with pytest.raises(InvalidArgument) as err:
         la.GroupRouter(100, group_size=2, share_dir=share, planner=RolloutPlanner(state_path=tmp_path / "x.json"))
     assert err.value.name == "planner"
+
+
+def _share_epochs(share, epochs=3):
+    """3 ranks sharing ``share`` over ``epochs`` epochs of PROMPTS (rank k gets PROMPTS[(k + e) % 3::3] in epoch
+    e), in step: a group of each rank in turn, one group a step; returns the routers and each rank's predictions
+    of every prompt at the end."""
+    fakes = [FakeRemoteInfEngine(3, lengths_for(long_every=2)) for _ in range(3)]
+    routers = [la.install(f, pool_tokens=10_000, group_size=4, batch=1, rank=k, share_dir=share)
+               for k, f in enumerate(fakes)]
+    for e in range(epochs):
+        for j in range(4):
+            for k, fake in enumerate(fakes):
+                asyncio.run(group_episode(fake, PROMPTS[(k + e) % 3::3][j], 4))
+    keys = [la.prompt_text(request(p)) for p in PROMPTS]
+    return routers, [r.planner.predictor.predict(keys).lengths for r in routers]
+
+
+def test_ranks_read_each_others_changes_not_their_whole_files_and_learn_the_same(tmp_path, monkeypatch, caplog):
+    routers, changed = _share_epochs(tmp_path / "changes")
+    for r in routers:  # each other rank's whole file once (the first read), then only what it observed in a step
+        assert r.status()["whole_reads"] == 2 and r.status()["change_reads"] >= 8
+    names = [x.name for x in (tmp_path / "changes").iterdir()]
+    assert all(sum(n.startswith(f"rank{k}-") for n in names) == 12 for k in range(3))  # a file per step
+    with monkeypatch.context() as m:  # the whole files alone, as before change files (an older lengthsched)
+        m.setattr(la, "_CHANGES", re.compile(r"(?!)"))
+        alone, whole = _share_epochs(tmp_path / "whole")
+    assert all(r.status()["change_reads"] == 0 and r.status()["whole_reads"] > 2 for r in alone)
+    # ranks in step learn the same either way, to the token (ranks far apart in steps may differ a little: a whole
+    # file also relays what its rank took from others, under that rank's step count)
+    for a, b in zip(changed, whole):
+        assert np.array_equal(a, b)
+        long_ones = np.array([lengths_for(long_every=2)[p] for p in PROMPTS]) > 100
+        assert a[long_ones].min() > a[~long_ones].max()
+    monkeypatch.setattr(la, "KEEP_CHANGES", 2)  # each rank keeps its latest 2: a rank 3 steps behind reads all
+    routers, _ = _share_epochs(tmp_path / "few", epochs=1)
+    names = [x.name for x in (tmp_path / "few").iterdir()]
+    assert all(sum(n.startswith(f"rank{k}-") for n in names) == 2 for k in range(3))
+    late = la.GroupRouter(10_000, group_size=4, batch=1, rank=5, share_dir=tmp_path / "few")
+    assert late.merge() == 12 and late.status()["whole_reads"] == 3  # every prompt, from the whole files
+    assert late.merge() == 0  # nothing new
+    fresh = la.GroupRouter(10_000, group_size=4, batch=1, rank=6, share_dir=tmp_path / "few")
+    fresh._read = {0: 0, 1: 0, 2: 0}  # as if it had read step 0 of each: steps 1 and 2 are gone
+    fresh.merge()
+    assert fresh.status()["whole_reads"] == 3
+    newest = max((x for x in (tmp_path / "few").iterdir() if x.name.startswith("rank0-")),
+                 key=lambda x: int(x.stem.rsplit("-", 1)[1]))
+    newest.write_text("{not json")  # a bad change file: left out with a warning, the whole file read instead
+    bad = la.GroupRouter(10_000, group_size=4, batch=1, rank=7, share_dir=tmp_path / "few")
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
+        assert bad.merge() == 12
+    assert "left out another rank's file" in caplog.text and bad.status()["whole_reads"] == 3
 
 
 def test_sharing_never_fails_a_request(tmp_path, caplog):

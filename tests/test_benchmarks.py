@@ -446,6 +446,18 @@ def test_planning_benchmark_times_a_steal_coordinators_poll(tmp_path):
     assert bad.returncode != 0 and "--sections" in bad.stderr and "coordinator" in bad.stderr
 
 
+def test_planning_benchmark_times_what_sharing_ranks_read_and_write(tmp_path):
+    """--sections share: one row per case; a change file is smaller than the whole file and merging the others'
+    changes is cheaper than merging their whole files."""
+    out = tmp_path / "share.json"
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
+                             "--sections", "share", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["share"]
+    assert row[:3] == [500, 4, 8] and row[4] / 1e3 < row[3] and all(x > 0 for x in row[5:])
+    assert row[8] < row[7] and row[9] == pytest.approx(row[7] / row[8])
+
+
 def test_predictor_benchmark_runs_quick(tmp_path):
     out = tmp_path / "predictor.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_predictor.py"), "--quick",

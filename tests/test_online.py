@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument
-from lengthsched.online import OnlineLengthPredictor, fit_forgetting, fit_spreads
+from lengthsched.online import OnlineLengthPredictor, fit_forgetting, fit_spreads, state_key
 from lengthsched.predictor import LengthPredictor
 from predictor_training.online_eval import (
     TARGETS,
@@ -200,11 +200,12 @@ def test_a_saved_state_that_is_wrong_is_refused_and_changes_nothing():
 
 
 @settings(max_examples=30, deadline=None)
-@given(ranks=st.integers(2, 4), epochs=st.integers(1, 4), seed=st.integers(0, 2**16))
+@given(ranks=st.integers(2, 4), epochs=st.integers(1, 4), seed=st.integers(0, 2**16), partial=st.booleans())
 def test_ranks_that_merge_each_others_states_every_step_predict_as_one_predictor_that_saw_everything(ranks, epochs,
-                                                                                                    seed):
+                                                                                                    seed, partial):
     # AReaL's ranks: every epoch the prompts are dealt to the ranks afresh (a shuffled DistributedSampler), each
-    # rank learns its own groups, and after each step every rank takes in the others' states
+    # rank predicts and then learns its own groups, and after each step every rank takes in the others' states:
+    # whole, or (partial) only the prompts each observed in that step, as GroupRouter's change files carry them
     rng = np.random.default_rng(seed)
     prompts = [f"p{i}" for i in range(8)]
 
@@ -216,15 +217,20 @@ def test_ranks_that_merge_each_others_states_every_step_predict_as_one_predictor
     for _ in range(epochs):
         order = rng.permutation(len(prompts))
         for start in range(0, len(order), 4):  # steps of 4 groups, group g on rank g mod ranks
+            seen: list[list[str]] = [[] for _ in apart]
             for g, i in enumerate(order[start:start + 4]):
                 lengths = rng.integers(1, 3000, size=int(rng.integers(1, 5)))
+                whole.predict([prompts[i]])
+                apart[g % ranks].predict([prompts[i]])
+                seen[g % ranks].append(prompts[i])
                 for n in lengths:
                     whole.observe(prompts[i], int(n), step=step)
                     apart[g % ranks].observe(prompts[i], int(n), step=step)
             step += 1
             for q in [whole, *apart]:
                 q.set_step(step)
-            saved = [json.loads(json.dumps(q.state_dict())) for q in apart]
+            saved = [json.loads(json.dumps(q.state_dict(prompts=mine if partial else None)))
+                     for q, mine in zip(apart, seen)]
             for k, q in enumerate(apart):
                 for j, other in enumerate(saved):
                     if j != k:
@@ -256,6 +262,41 @@ def test_a_merge_keeps_the_more_recent_statistics_and_refuses_a_wrong_state():
         with pytest.raises(InvalidArgument, match="state"):
             a.merge_state_dict(bad)
         assert a.state_dict() == before
+
+
+def test_a_prompt_only_predicted_elsewhere_never_replaces_what_was_observed_here():
+    # rank b asked for p (its group in flight, nothing back) at a later step than rank a observed p: a keeps what
+    # it knows of p (before, the empty statistics of b's later step won, and a predicted p as a new prompt)
+    a, b = OnlineLengthPredictor(default_length=100), OnlineLengthPredictor(default_length=100)
+    for x in (1000, 1100, 900, 1200):
+        a.observe("p", x, step=1)
+    for x in (10, 11, 9, 12):
+        a.observe("q", x, step=1)
+    a.set_step(3)
+    b.set_step(3)
+    b.predict(["p", "new"])
+    before = a.predict(["p", "q"]).lengths
+    assert before[0] > 500
+    a2 = OnlineLengthPredictor(default_length=100)
+    a2.load_state_dict(a.state_dict())
+    assert a2.merge_state_dict(b.state_dict()) == 0 and "new" not in a2.state_dict()["prompts"]
+    assert np.array_equal(a2.predict(["p", "q"]).lengths, before)
+    b.merge_state_dict(a.state_dict())  # b takes a's p (b knew nothing of it): then b knows it too
+    assert b.predict(["p"]).lengths[0] > 500
+
+
+def test_a_partial_state_holds_only_the_prompts_asked_for_and_cannot_be_loaded():
+    p = OnlineLengthPredictor(default_length=100)
+    long_text = "Solve: " + "y" * 200
+    for key, x in (("a", 50), ("b", 60), (long_text, 70)):
+        p.observe(key, x)
+    part = p.state_dict(prompts=["b", long_text, "never seen"])
+    assert part["partial"] is True and p.state_dict()["partial"] is False
+    assert sorted(part["prompts"]) == sorted(["b", state_key(long_text)])
+    with pytest.raises(InvalidArgument, match="partial"):
+        OnlineLengthPredictor(default_length=100).load_state_dict(part)
+    q = OnlineLengthPredictor(default_length=100)
+    assert q.merge_state_dict(part) == 2 and q.predict(["b"]).lengths[0] == p.predict(["b"]).lengths[0]
 
 
 def test_long_prompts_are_kept_and_saved_under_a_digest_and_the_prior_reads_their_text():

@@ -26,10 +26,11 @@ import numpy as np
 import pytest
 
 import lengthsched as ls
-from lengthsched import InvalidArgument
+from lengthsched import InvalidArgument, OnlineLengthPredictor
 from lengthsched.integrations import plan_rollout
 from lengthsched.integrations import verl as lv
 from lengthsched.integrations import verl_stealing as vs
+from lengthsched.online import state_key
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = ls.ModelMemory.from_preset("qwen3-1.7b")
@@ -749,6 +750,30 @@ def test_planners_take_in_what_the_others_learnt_from_their_state_files(tmp_path
     paths[2].write_text(json.dumps({**planners[1].state(), "predictor": {"format": "other"}}))
     with pytest.raises(InvalidArgument, match="state_path"):
         planners[0].merge_states(paths[2:])
+
+
+def test_a_planners_partial_state_carries_only_the_prompts_asked_for_and_cannot_be_resumed_from(tmp_path):
+    planner = lv.RolloutPlanner(max_new_tokens=4096)
+    long_text = "Question: " + "z" * 300
+    planner.observe(["q0"] * 2 + [long_text] * 2 + ["q2"] * 2, [900, 950, 40, 50, 300, 320], step=1)
+    part = planner.state(prompts=[long_text, "q2", "unknown"])
+    assert part["partial"] is True and planner.state()["partial"] is False
+    assert sorted(part["history"]) == sorted(part["predictor"]["prompts"]) == sorted([state_key(long_text), "q2"])
+    path = tmp_path / "part.json"
+    path.write_text(json.dumps(part))
+    with pytest.raises(InvalidArgument, match="partial"):
+        lv.RolloutPlanner(state_path=path)  # a rank resumes from its whole file only
+    other = lv.RolloutPlanner(max_new_tokens=4096)
+    assert other.merge_states([path]) == 2 and set(other.history) == {state_key(long_text), "q2"}
+
+    class Trained:  # a predictor whose state_dict takes no prompts: its whole state goes into the partial one
+        def predict(self, prompts, **kwargs):
+            return OnlineLengthPredictor(default_length=7).predict(prompts)
+
+        def state_dict(self):
+            return {"weights": 1}
+
+    assert lv.RolloutPlanner(Trained()).state(prompts=["x"])["predictor"] == {"weights": 1}
 
 
 def test_a_planners_state_file_holds_a_digest_of_each_long_prompt_not_its_text(tmp_path):

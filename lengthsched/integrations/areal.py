@@ -42,8 +42,11 @@ Importing this module imports neither AReaL nor torch.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +55,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
+from ..io import atomic_write_text
 from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "GroupRouter", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install", "prompt_text"]
+__all__ = ["AREAL_VERSION", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install",
+           "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
@@ -67,8 +72,13 @@ RID_CACHE_SIZE = 128
 #: quarter, half and a whole rollout), against 5.1%, 4.7% and 0.6% with the placer's spread estimate (None), the
 #: default before 2026-11-30 (docs/benchmarks.md, "Whole groups inside AReaL's loop").
 WAYS = 1
-#: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``.
+#: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``, its changes
+#: ``rank{rank}-{since}-{step}.json``.
 SHARE_PREFIX = "rank"
+#: The change files a rank keeps in a ``share_dir`` (its latest; a rank further behind reads the whole file).
+KEEP_CHANGES = 16
+_CHANGES = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)-(\d+|new)-(\d+)\.json")
+_WHOLE = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)\.json")
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
 KEY_CACHE = 4096
 
@@ -111,9 +121,14 @@ class GroupRouter:
     pool what their predictors learn. AReaL's sampler deals the prompts to the ranks afresh every epoch, so a
     rank alone knows the earlier epochs of about one prompt in ``ranks`` and predicts the rest from nothing.
     The planner's state goes to ``share_dir/rank{rank}.json`` (``state_path``; a restarted rank resumes from
-    it) as each rollout step starts, and the other ranks' files rewritten since are merged then
-    (:meth:`merge`; :meth:`RolloutPlanner.merge_states`). ``rank``: this rank's number there (any number
-    unique to the submitting process). None: each rank learns alone.
+    it) as each rollout step starts; so do the statistics of the prompts it observed since its last step, alone
+    (``rank{rank}-{since}-{step}.json``, a partial :meth:`RolloutPlanner.state`; its latest
+    :data:`KEEP_CHANGES` kept), and then it merges what the other ranks wrote since (:meth:`merge`;
+    :meth:`RolloutPlanner.merge_states`): their change files where it has read every one before, else their
+    whole files (the first time, after a restart, or after falling more than ``KEEP_CHANGES`` steps behind). A
+    step's merge then reads the prompts the ranks observed in a step, not every prompt seen so far (100,000
+    prompts: a 21 MB file, about 3 s to read on one core). ``rank``: this rank's number there (any number unique
+    to the submitting process). None: each rank learns alone.
 
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
     :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
@@ -154,7 +169,12 @@ class GroupRouter:
         self.planner = planner
         self.taken = 0  # prompts whose statistics came from other ranks' files
         self._merged_at = planner.steps  # the planner's step when the others' files were last read
-        self._mtimes: dict[str, int] = {}  # other ranks' files read: path -> modification time (ns) then
+        self._mtimes: dict[str, int] = {}  # other ranks' whole files read: path -> modification time (ns) then
+        self._read: dict[int, int] = {}  # per other rank, the step of its latest change file read
+        self._changed: dict[Hashable, None] = {}  # prompt keys observed since this rank's last change file
+        self._since: int | None = None  # the step of this rank's last change file (None: none since it started)
+        self.whole_reads = 0  # other ranks' whole files read
+        self.change_reads = 0  # and their change files
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
         self.ways = self.placer.ways  # the spread asked for (the placer widens it where few groups are in flight)
         self.batch = None if batch is None else check_int("batch", batch, minimum=1)
@@ -257,37 +277,108 @@ class GroupRouter:
         except OSError as exc:  # learnt, but its state file not written: the request it came back with is fine
             log.warning("lengthsched: could not write %s (%s); tried again at the next group", self.planner.state_path,
                         exc)
-        if self.share_dir is not None and self.planner.steps > self._merged_at:
+        if self.share_dir is None:
+            return
+        self._changed[group.key] = None
+        if self.planner.steps > self._merged_at:
             self._merged_at = self.planner.steps
+            self.write_changes()
             self.merge()
 
+    def write_changes(self) -> None:
+        """Write the statistics of the prompts this rank observed since its last change file to a new one,
+        ``rank{rank}-{since}-{step}.json`` (``since``: the step of the last, ``new`` for the first since the
+        router was made), and remove its change files older than the latest :data:`KEEP_CHANGES`. Done as each
+        rollout step starts; a file that cannot be written is logged, its prompts go into the next one."""
+        if self.share_dir is None:
+            return
+        step = self.planner.steps
+        since = "new" if self._since is None else str(self._since)
+        path = os.path.join(self.share_dir, f"{SHARE_PREFIX}{self.rank}-{since}-{step}.json")
+        try:
+            atomic_write_text(path, json.dumps(self.planner.state(prompts=list(self._changed))) + "\n")
+        except OSError as exc:
+            log.warning("lengthsched: could not write %s (%s); its prompts go into the next one", path, exc)
+            return
+        self._changed.clear()
+        self._since = step
+        mine = sorted((int(m[3]), m[0]) for m in map(_CHANGES.fullmatch, os.listdir(self.share_dir))
+                      if m and int(m[1]) == self.rank)
+        for _, name in mine[:-KEEP_CHANGES]:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.share_dir, name))
+
     def merge(self) -> int:
-        """Take in what the other ranks learnt (the share_dir files they rewrote since last read; their prompts
-        change every epoch, as a shuffled sampler deals them anew): done as each rollout step of this rank starts,
-        after its own file is written. A file that cannot be read or is not a planner's state is left out with a
-        warning (read again once rewritten): sharing never fails a request. Returns the prompts whose statistics
-        were taken."""
+        """Take in what the other ranks learnt since last read (their prompts change every epoch, as a shuffled
+        sampler deals them anew): done as each rollout step of this rank starts, after its own files are written.
+        From each other rank its change files written since (``rank{k}-{since}-{step}.json``), oldest first, where
+        they continue the last one read; else (the first read, a restarted rank, a rank more than
+        :data:`KEEP_CHANGES` steps ahead of the last read, a change file missing or bad) every change file it
+        has, then its whole file (the newest: statistics a rank took under its own step count are compared by it,
+        so an older file read after a newer one could win); a rank without change files (an older lengthsched),
+        its whole file when rewritten. A file that cannot be read
+        or is not a planner's state is left out with a warning (read again once rewritten): sharing never fails a
+        request. Returns the prompts whose statistics were taken."""
         if self.share_dir is None:
             return 0
-        own = f"{SHARE_PREFIX}{self.rank}.json"
+        whole: dict[int, str] = {}
+        changes: dict[int, list[tuple[int, str | None, str]]] = {}  # rank -> (step, since, name), by step
+        for name in os.listdir(self.share_dir):
+            m = _WHOLE.fullmatch(name)
+            if m and int(m[1]) != self.rank:
+                whole[int(m[1])] = name
+            m = _CHANGES.fullmatch(name)
+            if m and int(m[1]) != self.rank:
+                changes.setdefault(int(m[1]), []).append((int(m[3]), None if m[2] == "new" else m[2], name))
         taken = 0
-        for name in sorted(os.listdir(self.share_dir)):
-            if not (name.startswith(SHARE_PREFIX) and name.endswith(".json")) or name == own:
+        for rank in sorted(set(whole) | set(changes)):
+            files = sorted(changes.get(rank, []))
+            if not files:  # a rank that writes no change files: its whole file, when rewritten
+                taken += self._merge_whole(whole.get(rank))
                 continue
-            path = os.path.join(self.share_dir, name)
-            try:
-                mtime = os.stat(path).st_mtime_ns
-            except FileNotFoundError:
+            last = self._read.get(rank)
+            fresh = [f for f in files if last is None or f[0] > last]
+            if not fresh:
                 continue
-            if self._mtimes.get(path) == mtime:
-                continue
-            self._mtimes[path] = mtime
-            try:
-                taken += self.planner.merge_states([path])
-            except InvalidArgument as exc:
-                log.warning("lengthsched: left out another rank's file: %s", exc)
+            links = [str(last)] + [str(f[0]) for f in fresh[:-1]]
+            gap = last is None or any(f[1] != link for f, link in zip(fresh, links))
+            for step, _, name in files if gap else fresh:  # oldest first: each one newer than the one before
+                got = self._merge_file(name)
+                if got is None:  # unreadable: the whole file below, and again at the next step
+                    self._read.pop(rank, None)
+                    gap = True
+                    break
+                taken += got
+                self.change_reads += 1
+                self._read[rank] = step
+            if gap:  # what the change files kept lacks: the whole file, the newest of the rank's files
+                taken += self._merge_whole(whole.get(rank), always=True)
         self.taken += taken
         return taken
+
+    def _merge_whole(self, name: str | None, always: bool = False) -> int:
+        """Merge another rank's whole file ``name`` (unless unchanged since last read and not ``always``)."""
+        if name is None:
+            return 0
+        path = os.path.join(self.share_dir, name)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return 0
+        if not always and self._mtimes.get(path) == mtime:
+            return 0
+        self._mtimes[path] = mtime
+        got = self._merge_file(name)
+        self.whole_reads += got is not None
+        return got or 0
+
+    def _merge_file(self, name: str) -> int | None:
+        """The prompts taken from another rank's file ``name``; None (with a warning) where it cannot be read."""
+        try:
+            return self.planner.merge_states([os.path.join(self.share_dir, name)])
+        except InvalidArgument as exc:
+            log.warning("lengthsched: left out another rank's file: %s", exc)
+            return None
 
     def status(self) -> dict[str, Any]:
         """What the router did so far: groups placed and back, requests routed, later turns left to AReaL, the last
@@ -295,7 +386,8 @@ class GroupRouter:
         prompts whose statistics came from other ranks (``share_dir``)."""
         return {"groups": self.groups, "groups_back": self.groups_back, "routed": self.routed,
                 "later_turns": self.later_turns, "ways": self.placer.last_ways, "loads": list(self.loads),
-                "multi_turn": self.multi_turn, "in_flight": len(self._of), "taken_from_ranks": self.taken}
+                "multi_turn": self.multi_turn, "in_flight": len(self._of), "taken_from_ranks": self.taken,
+                "whole_reads": self.whole_reads, "change_reads": self.change_reads}
 
 
 def prompt_text(request: Any) -> str:

@@ -54,6 +54,7 @@ Importing this module imports neither verl, Ray nor torch.
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -442,19 +443,19 @@ def prompt_key(prompt: Any) -> str:
 _POOL_PLACEMENTS = ("ways", "classes", "auto")
 
 
-def _read_state(path: str | os.PathLike) -> tuple[int, int, dict[str, list[int]], Any]:
-    """(steps, rows observed, history, the predictor's state or None) of a planner state file
-    (:meth:`RolloutPlanner.save_state`); InvalidArgument naming ``state_path`` for anything else."""
+def _read_state(path: str | os.PathLike) -> tuple[int, int, dict[str, list[int]], Any, dict[str, Any]]:
+    """(steps, rows observed, history, the predictor's state or None, the file's other entries) of a planner
+    state file (:meth:`RolloutPlanner.save_state`); InvalidArgument naming ``state_path`` for anything else."""
     try:
         with open(path, encoding="utf-8") as handle:
             saved = json.load(handle)
         if not isinstance(saved, dict) or saved.get("format") != PLANNER_STATE_FORMAT:
             raise ValueError(f"not of format {PLANNER_STATE_FORMAT!r}")
-        steps = check_int("steps", saved["steps"], minimum=0)
-        observed = check_int("observed", saved["observed"], minimum=0)
+        steps = check_int("steps", saved.pop("steps"), minimum=0)
+        observed = check_int("observed", saved.pop("observed"), minimum=0)
         history = {state_key(str(k)): [check_int("history", n, minimum=1) for n in v]
-                   for k, v in saved["history"].items()}
-        return steps, observed, history, saved.get("predictor")
+                   for k, v in saved.pop("history").items()}
+        return steps, observed, history, saved.pop("predictor", None), saved
     except (OSError, ValueError, KeyError, TypeError, AttributeError, InvalidArgument) as exc:
         raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
 
@@ -555,14 +556,25 @@ class RolloutPlanner:
         if state_path is not None and os.path.exists(state_path):
             self.load_state(state_path)
 
-    def state(self) -> dict[str, Any]:
+    def state(self, prompts: Iterable[Hashable] | None = None) -> dict[str, Any]:
         """What the planner has learnt, JSON-ready (``format`` :data:`PLANNER_STATE_FORMAT`): rollout steps and rows
         observed, the sibling lengths ``auto`` reads, and the predictor's ``state_dict()`` where it has one (the
-        default :class:`~lengthsched.OnlineLengthPredictor` does; a trained predictor learns nothing here)."""
+        default :class:`~lengthsched.OnlineLengthPredictor` does; a trained predictor learns nothing here).
+        ``prompts``: only what it knows of these prompt keys (``partial`` then True: for other planners'
+        :meth:`merge_states`, never :meth:`load_state`), the predictor's ``state_dict(prompts=...)`` where it
+        takes them, else its whole state."""
         saver = getattr(self.predictor, "state_dict", None)
+        if prompts is None:
+            history, learnt = self.history, saver() if callable(saver) else None
+        else:
+            keys = list(dict.fromkeys(state_key(k) for k in prompts))
+            history = {k: self.history[k] for k in keys if k in self.history}
+            learnt = None
+            if callable(saver):
+                learnt = saver(prompts=keys) if "prompts" in inspect.signature(saver).parameters else saver()
         return {"format": PLANNER_STATE_FORMAT, "steps": self.steps, "observed": self.observed,
-                "history": {str(k): v for k, v in self.history.items()},
-                "predictor": saver() if callable(saver) else None}
+                "partial": prompts is not None, "history": {str(k): v for k, v in history.items()},
+                "predictor": learnt}
 
     def save_state(self, path: str | os.PathLike | None = None) -> None:
         """:meth:`state` written to ``path`` (default ``state_path``) as JSON, atomically."""
@@ -575,7 +587,10 @@ class RolloutPlanner:
         """Resume from what :meth:`save_state` wrote at ``path`` (a run restarted from a checkpoint): steps, rows
         observed, history and the predictor's state (loaded where the predictor can take it). A file that is not
         such JSON is an :class:`InvalidArgument` naming ``state_path``; the planner is then unchanged."""
-        steps, observed, history, learnt = _read_state(path)
+        steps, observed, history, learnt, rest = _read_state(path)
+        if rest.get("partial"):
+            raise InvalidArgument("state_path", str(path), "a whole planner state (this one is partial: written "
+                                                           "for other planners' merge_states)")
         loader = getattr(self.predictor, "load_state_dict", None)
         if learnt is not None and callable(loader):
             try:
@@ -590,7 +605,8 @@ class RolloutPlanner:
         predictor merges each file's predictor state (``merge_state_dict``, where it has one: the default
         :class:`~lengthsched.OnlineLengthPredictor` keeps, per prompt, whichever statistics are the more recent);
         the sibling lengths ``auto`` reads are taken for prompts this planner has none of. Steps and rows
-        observed stay this planner's. A file not there yet is skipped (a rank that has not written); one that is
+        observed stay this planner's. A file may be partial (:meth:`state` of some prompts: what another rank
+        learnt since it last wrote one). A file not there yet is skipped (a rank that has not written); one that is
         not a planner's state is an :class:`InvalidArgument` naming ``state_path`` (the files before it are
         merged). Returns the prompts whose predictor statistics were taken."""
         merge = getattr(self.predictor, "merge_state_dict", None)
@@ -598,7 +614,7 @@ class RolloutPlanner:
         for path in paths:
             if not os.path.exists(path):
                 continue
-            _, _, history, learnt = _read_state(path)
+            _, _, history, learnt, _ = _read_state(path)
             if learnt is not None and callable(merge):
                 try:
                     taken += int(merge(learnt))
