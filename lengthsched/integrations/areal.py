@@ -444,7 +444,9 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
         raise InvalidArgument("key", type(key).__name__, "a function of an AReaL ModelRequest giving its prompt key")
     if rank is None:
         found = os.environ.get("RANK", "0")
-        rank = int(found) if found.isdigit() else check_int("rank (from the environment's RANK)", found, minimum=0)
+        if not found.isdigit():
+            raise InvalidArgument("rank (from the environment's RANK)", found, "a whole number >= 0 (torchrun's rank)")
+        rank = int(found)
     router = GroupRouter(pool_tokens, group_size=group_size, planner=planner, max_new_tokens=max_new_tokens,
                          concurrency=concurrency, ways=ways, prefill_share=prefill_share, batch=batch,
                          share_dir=share_dir, rank=rank)
