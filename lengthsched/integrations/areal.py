@@ -316,9 +316,9 @@ class GroupRouter:
         :data:`KEEP_CHANGES` steps ahead of the last read, a change file missing or bad) every change file it
         has, then its whole file (the newest: statistics a rank took under its own step count are compared by it,
         so an older file read after a newer one could win); a rank without change files (an older lengthsched),
-        its whole file when rewritten. A file that cannot be read
-        or is not a planner's state is left out with a warning (read again once rewritten): sharing never fails a
-        request. Returns the prompts whose statistics were taken."""
+        its whole file when rewritten. A file that cannot be read or is not a planner's state is left out with a
+        warning (read again once rewritten): sharing never fails a request. Returns the prompts whose statistics
+        were taken."""
         if self.share_dir is None:
             return 0
         whole: dict[int, str] = {}
