@@ -2045,17 +2045,52 @@ AREAL_WAYS_RUNS = (
 AREAL_WAYS_PAIRS = tuple((AREAL_WAYS_RUNS[i][0], AREAL_WAYS_RUNS[j][0]) for i, j in ((1, 0), (2, 0), (4, 3), (6, 5)))
 
 
+def _areal_title(what: str, bound: int):
+    """The title (a function of the steps) of an AReaL section: ``what``, its settings, against AReaL at
+    ``bound``."""
+    return lambda steps: (f"{what} ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps "
+                          "of B groups, the learner's seconds per step = share x the mean synchronous SGLang rollout, "
+                          f"each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled "
+                          f"second x AReaL's at max_staleness {bound}")
+
+
 def async_areal_ways(quick: bool) -> tuple[str, list]:
     """lengthsched.integrations.areal with whole groups (ways=1) against AReaL's round robin, on async_areal's
     settings."""
     return _async_section(
         quick, partial(_async_unit, runs=AREAL_WAYS_RUNS), AREAL_WAYS_RUNS, AREAL_WAYS_PAIRS, AREAL_COLUMNS,
-        lambda steps: "lengthsched.integrations.areal with whole groups (ways=1) inside AReaL's loop "
-                      f"({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} learner steps of B "
-                      "groups, the learner's seconds per step = share x the mean synchronous SGLang rollout, each "
-                      f"update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x "
-                      "AReaL's at max_staleness 1",
+        _areal_title("lengthsched.integrations.areal with whole groups (ways=1) inside AReaL's loop", 1),
         "lengthsched.integrations.areal with whole groups, per setting against AReaL's loop")
+
+
+# async_areal_sync: the integration at AReaL's default max_head_offpolicyness 0 (each version's groups from its own
+# weights: nothing of the next batch starts before the update, its learner still takes groups as they finish),
+# whole groups (its default) against its spread estimate, with the realistic predictions and without a trained
+# predictor, on async_areal's settings (their draws; the runs differ in the bound).
+_K0 = "max_staleness 0 (AReaL's default max_head_offpolicyness)"
+AREAL_SYNC_RUNS = (
+    (f"AReaL: sglang, {_K0} (round robin)", "sglang", 0, "round_robin", None, None),
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 0", "sglang", 0, "stream", None,
+     "realistic", AREAL_WHOLE),
+    ("AReaL + lengthsched.integrations.areal, spread estimate (ways=None), max_staleness 0", "sglang", 0, "stream",
+     None, "realistic", AREAL_EXTRA),
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 0, no trained predictor (online)",
+     "sglang", 0, "stream", None, "online", AREAL_WHOLE),
+    ("AReaL + lengthsched.integrations.areal, spread estimate (ways=None), max_staleness 0, no trained predictor "
+     "(online)", "sglang", 0, "stream", None, "online", AREAL_EXTRA),
+)
+AREAL_SYNC_PAIRS = tuple((AREAL_SYNC_RUNS[i][0], AREAL_SYNC_RUNS[j][0])
+                         for i, j in ((1, 0), (2, 0), (1, 2), (3, 0), (4, 0), (3, 4)))
+AREAL_SYNC_COLUMNS = _against("AReaL at max_staleness 0")
+
+
+def async_areal_sync(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.areal at AReaL's default max_head_offpolicyness 0: whole groups and the spread
+    estimate against AReaL's round robin, on async_areal's settings."""
+    return _async_section(
+        quick, partial(_async_unit, runs=AREAL_SYNC_RUNS), AREAL_SYNC_RUNS, AREAL_SYNC_PAIRS, AREAL_SYNC_COLUMNS,
+        _areal_title("lengthsched.integrations.areal at AReaL's default max_head_offpolicyness 0", 0),
+        "lengthsched.integrations.areal at max_staleness 0, per setting against AReaL's loop and the estimate")
 
 
 def async_areal(quick: bool) -> tuple[str, list]:
@@ -3418,6 +3453,7 @@ def main(argv=None) -> int:
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver, "async_verl_ways": async_verl_ways,
+                "async_areal_sync": async_areal_sync,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,

@@ -798,13 +798,27 @@ def test_simulator_benchmark_async_rl_against_synchronous_steps(tmp_path):
     assert result.returncode != 0 and result.stderr.count("\n") == 1 and "--figure" in result.stderr
 
 
+def _check_paired(tmp_path, section: str, data: dict, pairs) -> None:
+    """combine_draws.py pools ``section``'s quick ``data`` into its ``pairs``, each the mean over the settings of
+    the first run's tokens per second over the second's, between its lowest and highest."""
+    from combine_draws import combine
+
+    path = tmp_path / f"{section}.json"
+    path.write_text(json.dumps({section: data}))
+    outs = [s[5] for s in data["settings"]]
+    paired = combine(section, [str(path)], paired=True)
+    assert [(r[1], r[2]) for r in paired] == list(pairs)
+    for r in paired:
+        assert r[5] <= r[4] <= r[6] and r[4] == pytest.approx(
+            np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+
+
 def test_simulator_benchmark_async_areal_quick(tmp_path):
     """async_areal (quick): lengthsched.integrations.areal inside AReaL's loop; the reference row (AReaL at
     max_staleness 1) is 1, each row's means are its settings', every paired row compares the two runs it names, and
     combine_draws.py pools it with its pairs."""
     data = _quick_section(tmp_path, "async_areal")
     from bench_simulate import AREAL_PAIRS, AREAL_RUNS
-    from combine_draws import combine
 
     rows = {r[1]: r for r in data["rows"]}
     assert set(rows) == {label for label, *_ in AREAL_RUNS} and all(r[2] == 2 for r in rows.values())
@@ -813,13 +827,7 @@ def test_simulator_benchmark_async_areal_quick(tmp_path):
     for label, *_ in AREAL_RUNS:
         speed = [(o[label][1] / o[label][0]) / (o[AREAL_RUNS[0][0]][1] / o[AREAL_RUNS[0][0]][0]) for o in outs]
         assert rows[label][3] == pytest.approx(np.mean(speed)) and 0 < rows[label][6] < 1  # stale tokens: K >= 1
-    path = tmp_path / "async_areal.json"
-    path.write_text(json.dumps({"async_areal": data}))
-    paired = combine("async_areal", [str(path)], paired=True)
-    assert [(r[1], r[2]) for r in paired] == list(AREAL_PAIRS)
-    for r in paired:
-        assert r[5] <= r[4] <= r[6] and r[4] == pytest.approx(
-            np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+    _check_paired(tmp_path, "async_areal", data, AREAL_PAIRS)
 
 
 def test_simulator_benchmark_async_areal_ways_quick(tmp_path):
@@ -827,19 +835,12 @@ def test_simulator_benchmark_async_areal_ways_quick(tmp_path):
     AReaL's rows are async_areal's own runs, and combine_draws.py pools its pairs."""
     data = _quick_section(tmp_path, "async_areal_ways")
     from bench_simulate import AREAL_RUNS, AREAL_WAYS_PAIRS, AREAL_WAYS_RUNS
-    from combine_draws import combine
 
     assert all(AREAL_RUNS[i] in AREAL_WAYS_RUNS for i in (0, 5, 8))
     assert all(run[6]["ways"] == 1 for run in AREAL_WAYS_RUNS if run[3] == "stream")
     rows = {r[1]: r for r in data["rows"]}
     assert set(rows) == {label for label, *_ in AREAL_WAYS_RUNS} and rows[AREAL_RUNS[0][0]][3] == 1.0
-    path = tmp_path / "ways.json"
-    path.write_text(json.dumps({"async_areal_ways": data}))
-    outs = [s[5] for s in data["settings"]]
-    paired = combine("async_areal_ways", [str(path)], paired=True)
-    assert [(r[1], r[2]) for r in paired] == list(AREAL_WAYS_PAIRS)
-    for r in paired:
-        assert r[4] == pytest.approx(np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+    _check_paired(tmp_path, "async_areal_ways", data, AREAL_WAYS_PAIRS)
 
 
 def test_simulator_benchmark_async_verl_ways_quick(tmp_path):
@@ -848,20 +849,27 @@ def test_simulator_benchmark_async_verl_ways_quick(tmp_path):
     combine_draws.py pools its pairs."""
     data = _quick_section(tmp_path, "async_verl_ways")
     from bench_simulate import DRIVER_RUNS, VERL_WAYS_PAIRS, VERL_WAYS_RUNS
-    from combine_draws import combine
 
     assert all(DRIVER_RUNS[i] in VERL_WAYS_RUNS for i in (0, 2, 4, 5, 8))
     whole = [run for run in VERL_WAYS_RUNS if run not in DRIVER_RUNS]
     assert len(whole) == 3 and all(run[3]["ways"] == 1 and run[3]["router"] == "stream" for run in whole)
     rows = {r[1]: r for r in data["rows"]}
     assert set(rows) == {label for label, *_ in VERL_WAYS_RUNS} and rows[DRIVER_RUNS[0][0]][3] == 1.0
-    path = tmp_path / "ways.json"
-    path.write_text(json.dumps({"async_verl_ways": data}))
-    outs = [s[5] for s in data["settings"]]
-    paired = combine("async_verl_ways", [str(path)], paired=True)
-    assert [(r[1], r[2]) for r in paired] == list(VERL_WAYS_PAIRS)
-    for r in paired:
-        assert r[4] == pytest.approx(np.mean([(o[r[1]][1] / o[r[1]][0]) / (o[r[2]][1] / o[r[2]][0]) for o in outs]))
+    _check_paired(tmp_path, "async_verl_ways", data, VERL_WAYS_PAIRS)
+
+
+def test_simulator_benchmark_async_areal_sync_quick(tmp_path):
+    """async_areal_sync (quick): the integration at max_staleness 0, whole groups and the estimate against AReaL's
+    round robin at 0 (itself 1, no stale token anywhere), and combine_draws.py pools its pairs."""
+    data = _quick_section(tmp_path, "async_areal_sync")
+    from bench_simulate import AREAL_SYNC_PAIRS, AREAL_SYNC_RUNS
+
+    assert all(run[2] == 0 for run in AREAL_SYNC_RUNS)
+    assert {run[6]["ways"] for run in AREAL_SYNC_RUNS[1:]} == {1, None}
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in AREAL_SYNC_RUNS} and rows[AREAL_SYNC_RUNS[0][0]][3] == 1.0
+    assert all(r[6] == 0 for r in rows.values())  # stale share: none at 0
+    _check_paired(tmp_path, "async_areal_sync", data, AREAL_SYNC_PAIRS)
 
 
 def test_simulator_benchmark_async_areal_epochs_quick(tmp_path):
