@@ -126,9 +126,9 @@ class GroupRouter:
     :data:`KEEP_CHANGES` kept), and then it merges what the other ranks wrote since (:meth:`merge`;
     :meth:`RolloutPlanner.merge_states`): their change files where it has read every one before, else their
     whole files (the first time, after a restart, or after falling more than ``KEEP_CHANGES`` steps behind). A
-    step's merge then reads the prompts the ranks observed in a step, not every prompt seen so far (100,000
-    prompts: a 21 MB file, about 3 s to read on one core). ``rank``: this rank's number there (any number unique
-    to the submitting process). None: each rank learns alone.
+    step's merge then reads the prompts the ranks observed in a step, not every prompt seen so far (8 ranks,
+    100,000 prompts: about 1 ms on one core instead of 4.2 s for the seven 14 MB whole files). ``rank``: this
+    rank's number there (any number unique to the submitting process). None: each rank learns alone.
 
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
     :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
