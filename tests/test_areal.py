@@ -49,7 +49,7 @@ class FakeRemoteInfEngine:
     logic), its servers answering each request with ``lengths[prompt]`` tokens after that many milliseconds / 10."""
 
     def __init__(self, servers: int, lengths: dict, *, consumer_batch_size: int = 8,
-                 max_concurrent_rollouts: int | None = None):
+                 max_concurrent_rollouts: int | None = None, max_head_offpolicyness: int | None = None):
         self.addresses = [f"10.0.0.{i}:3000" for i in range(servers)]
         self.server_idx = 0
         self.rid_to_address: dict[str, str] = {}
@@ -57,7 +57,8 @@ class FakeRemoteInfEngine:
         self.lengths = lengths
         self.sent: list[tuple[str, str, tuple]] = []  # (rid, address, prompt)
         self.config = SimpleNamespace(consumer_batch_size=consumer_batch_size,
-                                      max_concurrent_rollouts=max_concurrent_rollouts)
+                                      max_concurrent_rollouts=max_concurrent_rollouts,
+                                      max_head_offpolicyness=max_head_offpolicyness)
         self.fail: set = set()  # prompts whose requests raise
 
     def choose_server(self) -> str:
@@ -416,6 +417,34 @@ def test_concurrency_and_batch_come_from_the_engine_config():
     assert router.placer.concurrency == 64 and router.batch == 64  # AReaL: max_concurrent_rollouts or the batch
 
 
+def test_at_areals_default_bound_of_0_the_requests_go_to_the_servers_in_turn_as_areal_sends_them(caplog):
+    """ways AUTO: at max_head_offpolicyness 0 every group over every server in turn (AReaL's own order: placing
+    groups lost there in the model), whole groups at 1 or more and where the config does not say."""
+    def servers_used(bound, routed=True, **kw):
+        fake = FakeRemoteInfEngine(3, lengths_for(), max_head_offpolicyness=bound)
+        router = la.install(fake, pool_tokens=10**9, group_size=4, **kw) if routed else None
+
+        async def go():
+            for p in PROMPTS[:4]:
+                await group_episode(fake, p, 4)
+        asyncio.run(go())
+        return router, [addr for _, addr, _ in fake.sent]
+
+    with caplog.at_level(logging.INFO, logger="lengthsched.integrations.areal"):
+        router, sent = servers_used(0)
+    assert router.ways == la.EVERY_SERVER and "max_head_offpolicyness is 0" in caplog.text
+    _, areal = servers_used(0, routed=False)  # AReaL alone: its round robin
+    assert sent == areal
+    for bound in (2, None):
+        router, sent = servers_used(bound)
+        assert router.ways == la.WAYS == 1 and all(len(set(sent[i:i + 4])) == 1 for i in range(0, 16, 4))
+    router, _ = servers_used(0, ways=2)  # an explicit spread wins over the config
+    assert router.ways == 2
+    with pytest.raises(InvalidArgument) as err:
+        servers_used(0, ways="whole")
+    assert err.value.name == "ways"
+
+
 def test_the_prompt_key_is_made_once_per_prompt():
     fake = FakeRemoteInfEngine(2, lengths_for())
     asked = []
@@ -524,7 +553,9 @@ def test_inside_areals_real_engine_and_grouped_workflow(monkeypatch):
     engine.addresses = [f"10.0.0.{i}:3000" for i in range(3)]
     engine.workflow_executor = SimpleNamespace(is_paused=lambda: False)
     planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
-    router = la.install(engine, pool_tokens=10_000, group_size=4, ways=1, planner=planner)
+    auto = la.install(engine, pool_tokens=10_000, group_size=4)  # AReaL's default bound, 0: its own spread
+    assert config.max_head_offpolicyness == 0 and auto.ways == la.EVERY_SERVER
+    router = la.install(engine, pool_tokens=10_000, group_size=4, ways=1, planner=planner)  # replaces it
 
     class OneSample(RolloutWorkflow):
         async def arun_episode(self, engine, data):

@@ -60,8 +60,8 @@ from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE", "SHARE_PREFIX", "WAYS", "install",
-           "prompt_text"]
+__all__ = ["AREAL_VERSION", "AUTO", "EVERY_SERVER", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE", "SHARE_PREFIX",
+           "WAYS", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
@@ -72,6 +72,16 @@ RID_CACHE_SIZE = 128
 #: quarter, half and a whole rollout), against 5.1%, 4.7% and 0.6% with the placer's spread estimate (None), the
 #: default before 2026-11-30 (docs/benchmarks.md, "Whole groups inside AReaL's loop").
 WAYS = 1
+#: A spread over every server (:class:`GroupRouter`'s ``ways``): each group's requests go to the servers in turn,
+#: continuing where the last group stopped, as AReaL's own round robin sends them (the model's runs are identical
+#: to AReaL's). :func:`install` uses it where AReaL bounds the staleness at 0 (its default
+#: ``max_head_offpolicyness``): there whole groups trained 3.3%, 2.8% and 2.2% fewer tokens per second than
+#: AReaL's round robin (learner a quarter, half and a whole rollout; slower in 28 of 32 settings), the spread
+#: estimate 0.5%, 0.4% and 0.3% fewer (docs/benchmarks.md, "At AReaL's default staleness bound of 0").
+EVERY_SERVER = 2**31 - 1
+#: ``ways`` of :func:`install` that picks the spread from AReaL's ``max_head_offpolicyness``: :data:`WAYS` where it
+#: is 1 or more, :data:`EVERY_SERVER` at 0.
+AUTO = "auto"
 #: The name of each rank's file in a ``share_dir`` (:class:`GroupRouter`): ``rank{rank}.json``, its changes
 #: ``rank{rank}-{since}-{step}.json``.
 SHARE_PREFIX = "rank"
@@ -110,9 +120,11 @@ class GroupRouter:
     ranks together (AReaL's ``max_concurrent_rollouts``: every rank's prompts share the servers' pools), which
     the placer's spread estimate reads; ``ways``: how many servers a group spreads over, by default 1 (whole
     groups, each onto the server with the least predicted tokens in flight from this rank: the most trained
-    tokens per second in the model of AReaL's loop, whose learner takes groups as they finish; with fewer groups
-    in flight than servers each group takes enough servers for all to get work, :class:`StreamPlacer`); None: the
-    placer's estimate from ``concurrency`` and the pool (spread where the pools are roomy), capped by
+    tokens per second in the model of AReaL's loop at a staleness bound of 1 or more; with fewer groups
+    in flight than servers each group takes enough servers for all to get work, :class:`StreamPlacer`; its
+    :func:`install` picks it from AReaL's staleness bound, :data:`AUTO`), :data:`EVERY_SERVER` (every group over
+    every server in turn, AReaL's own order); None: the placer's estimate from ``concurrency`` and the pool
+    (spread where the pools are roomy), capped by
     ``prefill_share`` (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``: groups
     per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's
     rollout steps.
@@ -415,7 +427,7 @@ def _inner(engine: Any) -> Any:
 
 def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutPlanner | None = None,
             max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
-            ways: int | None = WAYS, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
+            ways: int | str | None = AUTO, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
             key: Callable[[Any], Hashable] = prompt_text, share_dir: str | os.PathLike | None = None,
             rank: int | None = None) -> GroupRouter:
     """Route ``engine``'s requests (a rank's initialized ``RemoteSGLangEngine``, ``RemotevLLMEngine`` or
@@ -423,7 +435,10 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
     every request with a new rid the router's server (recorded in ``rid_to_address`` and ``rid_queue`` as AReaL
     records its own choice, so AReaL's ``agenerate``, which runs unchanged, sends it there and sends the rid's
     later requests there too) and tells the router when it is back (or failed). ``pool_tokens``,
-    ``group_size``, ``planner``, ``max_new_tokens``, ``ways``, ``prefill_share``: :class:`GroupRouter`'s.
+    ``group_size``, ``planner``, ``max_new_tokens``, ``ways``, ``prefill_share``: :class:`GroupRouter`'s, but
+    ``ways`` :data:`AUTO` by default: whole groups (:data:`WAYS`) where the engine config's
+    ``max_head_offpolicyness`` is 1 or more (or not there), every server in turn (:data:`EVERY_SERVER`, AReaL's
+    own spread: the router then only learns) at 0, AReaL's default, where placing groups lost in the model.
     ``concurrency`` defaults to the engine config's ``max_concurrent_rollouts`` (else ``consumer_batch_size``),
     all ranks' groups in flight, and ``batch`` to its ``consumer_batch_size`` over ``data_parallel_size`` (the
     trainer's data-parallel ranks: this rank's share of a learner step, as AReaL divides it). ``key``: a
@@ -442,6 +457,15 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
         batch = None if total is None else max(1, int(total) // ranks)
     if not callable(key):
         raise InvalidArgument("key", type(key).__name__, "a function of an AReaL ModelRequest giving its prompt key")
+    if ways == AUTO:
+        bound = _number(config, "max_head_offpolicyness")
+        ways = EVERY_SERVER if bound is not None and bound < 1 else WAYS
+        if ways == EVERY_SERVER:
+            log.info("lengthsched: max_head_offpolicyness is 0: each group's requests go to the servers in turn, as "
+                     "AReaL sends them (placing groups lost at 0 in the model; it gains with 1 or more)")
+    elif isinstance(ways, str):
+        raise InvalidArgument("ways", ways, f"{AUTO!r}, a whole number >= 1 (servers a group spreads over) or None "
+                                            "(the placer's estimate)")
     if rank is None:
         found = os.environ.get("RANK", "0")
         if not found.isdigit():
