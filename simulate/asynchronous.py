@@ -643,7 +643,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         if len(predicted) != ranks or router not in RANKED_ROUTERS:
             raise InvalidArgument("predicted", f"{len(predicted)} predictors", f"one per rank ({ranks}), each "
                                   "routing by itself (routers " + ", ".join(map(repr, RANKED_ROUTERS)) + ")")
-        per_rank, learning, predicted = _RankLearning(list(predicted), rules.batch, share_learning), predicted[0], None
+        per_rank, predicted = _RankLearning(list(predicted), rules.batch, share_learning), None
     elif share_learning:
         raise InvalidArgument("share_learning", share_learning, "False without a learning predictor per rank")
     if predicted is not None and hasattr(predicted, "predict"):
@@ -658,7 +658,8 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, 0, prefill_chunk, False,
         max_num_seqs)
-    if learning is not None:  # filled as the groups are submitted (submit)
+    learns = learning is not None or per_rank is not None  # predictions asked as each group is submitted
+    if learns:  # filled as the groups are submitted (submit)
         common["pred"] = np.zeros(len(flat), dtype=np.float64)
     cost = common["cost"]
     plens = common["prompt_lens"]
@@ -677,18 +678,17 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
         common["pred"][first[g]:first[g] + sizes[g]] = predict_lengths(asked, [key],
                                                                       max_new_tokens=common["max_new"])[0]
 
-    if learning is not None:
+    if learns:
         for g in range(len(opening)):
             ask(g)
     if router == "placed":  # the spread steal would choose for the groups first in flight
         n_open = int(sum(sizes[:len(opening)]))
-        _, ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
-                             prefill_share=prefill_share)
-        live = _Placed(replicas, common["pred"], first, sizes, ways=ways)
+        _, placed_ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
+                                    prefill_share=prefill_share)
+        live = _Placed(replicas, common["pred"], first, sizes, ways=placed_ways)
     elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
-                                  placer=StreamPlacer(common["budget"], concurrency=len(opening),
-                                                      ways=ways,
+                                  placer=StreamPlacer(common["budget"], concurrency=len(opening), ways=ways,
                                                       prefill_share=prefill_share),
                                   loads=None if snapshot_seconds is None else lambda: coord.loads())
                           for _ in range(ranks)], owner)
@@ -782,7 +782,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
             state["running"] += 1
             state["counted"] += 1
             submitted[g] = now
-            if learning is not None:
+            if learns:
                 if g >= len(opening):
                     ask(g)
                 if steal:  # the replicas' shared predicted work

@@ -265,6 +265,8 @@ def test_ranks_read_each_others_changes_not_their_whole_files_and_learn_the_same
     with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
         assert bad.merge() == 12
     assert "left out another rank's file" in caplog.text and bad.status()["whole_reads"] == 3
+    bad.merge()  # rank 0's changes are still broken: its whole file again, without a second warning
+    assert caplog.text.count("left out another rank's file") == 1 and bad.status()["whole_reads"] == 4
 
 
 def test_sharing_never_fails_a_request(tmp_path, caplog):

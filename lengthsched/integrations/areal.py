@@ -185,6 +185,7 @@ class GroupRouter:
         self._read: dict[int, int] = {}  # per other rank, the step of its latest change file read
         self._changed: dict[Hashable, None] = {}  # prompt keys observed since this rank's last change file
         self._since: int | None = None  # the step of this rank's last change file (None: none since it started)
+        self._bad: dict[str, int | None] = {}  # other ranks' files that could not be read: path -> mtime (ns) then
         self.whole_reads = 0  # other ranks' whole files read
         self.change_reads = 0  # and their change files
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
@@ -385,10 +386,19 @@ class GroupRouter:
         return got or 0
 
     def _merge_file(self, name: str) -> int | None:
-        """The prompts taken from another rank's file ``name``; None (with a warning) where it cannot be read."""
+        """The prompts taken from another rank's file ``name``; None where it cannot be read (with a warning the
+        first time: a bad file is not read again until it is rewritten)."""
+        path = os.path.join(self.share_dir, name)
         try:
-            return self.planner.merge_states([os.path.join(self.share_dir, name)])
+            stamp = os.stat(path).st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp is not None and self._bad.get(path) == stamp:
+            return None
+        try:
+            return self.planner.merge_states([path])
         except InvalidArgument as exc:
+            self._bad[path] = stamp
             log.warning("lengthsched: left out another rank's file: %s", exc)
             return None
 
