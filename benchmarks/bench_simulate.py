@@ -1990,7 +1990,8 @@ def _async_unit(args, runs=ASYNC_RUNS, steps=ASYNC_STEPS):
 # back); on SGLang's engines and vLLM's; for what stealing would add, steal_sglang over steal's placement
 # (async_rl's row); and with 4 trainer ranks, each routing its own share of the groups by itself (AReaL's SPMD
 # mode: one engine per rank). _async_unit's runs, each with run_async_rollout's extra arguments.
-# The integration as it ships (router "stream" in the run's how): whole groups. AREAL_EXTRA, the placer's spread
+# The integration as it ships at a staleness bound of 1 or more (router "stream" in the run's how): whole groups
+# (at 0 its install keeps AReaL's order, the round robin's runs). AREAL_EXTRA, the placer's spread
 # estimate (ways None), was its default until 2026-11-30: async_areal's and async_areal_epochs' integration rows
 # were recorded with it and keep it.
 AREAL_WHOLE = {k: v for k, v in AREAL_INTEGRATION.items() if k != "router"}
