@@ -2094,6 +2094,30 @@ def async_areal_sync(quick: bool) -> tuple[str, list]:
         "lengthsched.integrations.areal at max_staleness 0, per setting against AReaL's loop and the estimate")
 
 
+# async_areal_bound2: whole groups at a staleness bound of 2 (what install's AUTO gives there), against AReaL's round
+# robin and the spread estimate at 2 (async_areal's runs, the same draws), with and without a trained predictor.
+AREAL_BOUND2_RUNS = (
+    AREAL_RUNS[3],
+    AREAL_RUNS[4],
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 2", "sglang", 2, "stream", None,
+     "realistic", AREAL_WHOLE),
+    ("AReaL + lengthsched.integrations.areal, whole groups (ways=1), max_staleness 2, no trained predictor (online)",
+     "sglang", 2, "stream", None, "online", AREAL_WHOLE),
+)
+AREAL_BOUND2_PAIRS = tuple((AREAL_BOUND2_RUNS[i][0], AREAL_BOUND2_RUNS[j][0])
+                           for i, j in ((1, 0), (2, 0), (2, 1), (3, 0)))
+AREAL_BOUND2_COLUMNS = _against("AReaL at max_staleness 2")
+
+
+def async_areal_bound2(quick: bool) -> tuple[str, list]:
+    """lengthsched.integrations.areal with whole groups at a staleness bound of 2 against AReaL's round robin and
+    the spread estimate there, on async_areal's settings."""
+    return _async_section(
+        quick, partial(_async_unit, runs=AREAL_BOUND2_RUNS), AREAL_BOUND2_RUNS, AREAL_BOUND2_PAIRS,
+        AREAL_BOUND2_COLUMNS, _areal_title("lengthsched.integrations.areal with whole groups at max_staleness 2", 2),
+        "lengthsched.integrations.areal at max_staleness 2, per setting against AReaL's loop and the estimate")
+
+
 def async_areal(quick: bool) -> tuple[str, list]:
     """lengthsched.integrations.areal inside AReaL's loop (each group placed by predicted work, no stealing)
     against AReaL's round robin, on async_rl's settings."""
@@ -3454,7 +3478,7 @@ def main(argv=None) -> int:
                 "rollout_oversampling": rollout_oversampling,
                 "rollout_partial": rollout_partial, "rollout_staleness": rollout_staleness, "async_rl": async_rl,
                 "async_verl": async_verl, "async_verl_driver": async_verl_driver, "async_verl_ways": async_verl_ways,
-                "async_areal_sync": async_areal_sync,
+                "async_areal_sync": async_areal_sync, "async_areal_bound2": async_areal_bound2,
                 "rollout_cold_start": rollout_cold_start, "slime_cold_start": slime_cold_start,
                 "slime_dynamic_sampling": slime_dynamic_sampling, "slime_difficulty": slime_difficulty,
                 "slime_difficulty_drift": slime_difficulty_drift, "slime_order_horizon": slime_order_horizon,

@@ -3,7 +3,7 @@
 ``bench_simulate.py --sections rollout_partial``, ``--sections rollout_staleness``, ``--sections async_rl``,
 ``--sections async_verl``, ``--sections async_verl_driver``, ``--sections async_areal``,
 ``--sections async_areal_epochs``, ``--sections async_areal_ways``, ``--sections async_verl_ways``,
-``--sections async_areal_sync``,
+``--sections async_areal_sync``, ``--sections async_areal_bound2``,
 ``--sections slime_difficulty``, ``--sections slime_difficulty_drift`` and ``--sections slime_order_horizon``
 each run one draw (``--seed``); this reads their JSON results and prints the section's table over all the draws'
 settings pooled: means over every setting of every draw (each draw has the same settings, so the mean of the draws'
@@ -26,6 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_simulate import (  # noqa: E402
+    AREAL_BOUND2_COLUMNS,
+    AREAL_BOUND2_PAIRS,
+    AREAL_BOUND2_RUNS,
     AREAL_COLUMNS,
     AREAL_EPOCH_COLUMNS,
     AREAL_EPOCH_RUNS,
@@ -75,17 +78,18 @@ SECTIONS = {"rollout_partial": PARTIAL_RUNS, "rollout_staleness": STALENESS_RUNS
             "async_verl": VERL_RUNS, "async_verl_driver": DRIVER_RUNS, "slime_difficulty": DIFFICULTY_RUNS,
             "slime_difficulty_drift": DRIFT_RUNS, "slime_order_horizon": HORIZON_RUNS,
             "verl_dapo_skip": VERL_DAPO_RUNS, "async_areal": AREAL_RUNS, "async_areal_epochs": AREAL_EPOCH_RUNS,
-            "async_areal_ways": AREAL_WAYS_RUNS, "async_verl_ways": VERL_WAYS_RUNS, "async_areal_sync": AREAL_SYNC_RUNS}
+            "async_areal_ways": AREAL_WAYS_RUNS, "async_verl_ways": VERL_WAYS_RUNS, "async_areal_sync": AREAL_SYNC_RUNS,
+            "async_areal_bound2": AREAL_BOUND2_RUNS}
 #: The sections whose runs are over-sampled steps (the others have other columns and no figure).
 STEPS_SECTIONS = ("rollout_partial", "rollout_staleness")
 #: The sections that also compare runs with their baselines setting by setting.
 PAIRS = {"async_rl": ASYNC_PAIRS, "async_verl": VERL_PAIRS, "async_verl_driver": DRIVER_PAIRS,
          "async_areal": AREAL_PAIRS, "async_areal_ways": AREAL_WAYS_PAIRS, "async_verl_ways": VERL_WAYS_PAIRS,
-         "async_areal_sync": AREAL_SYNC_PAIRS}
+         "async_areal_sync": AREAL_SYNC_PAIRS, "async_areal_bound2": AREAL_BOUND2_PAIRS}
 #: The columns of each asynchronous section's table.
 COLUMNS = {"async_rl": ASYNC_COLUMNS, "async_verl": VERL_COLUMNS, "async_verl_driver": DRIVER_COLUMNS,
            "async_areal": AREAL_COLUMNS, "async_areal_ways": AREAL_COLUMNS, "async_verl_ways": DRIVER_COLUMNS,
-           "async_areal_sync": AREAL_SYNC_COLUMNS}
+           "async_areal_sync": AREAL_SYNC_COLUMNS, "async_areal_bound2": AREAL_BOUND2_COLUMNS}
 #: The sections with rows of their own (from their pooled settings) and columns: the dynamic-sampling sections
 #: (slime's, verl's v1 trainer's) and the AReaL integration's epochs on several ranks.
 SLIME_TABLES = {"slime_difficulty": (difficulty_rows, DIFFICULTY_COLUMNS),

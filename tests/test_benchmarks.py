@@ -872,6 +872,19 @@ def test_simulator_benchmark_async_areal_sync_quick(tmp_path):
     _check_paired(tmp_path, "async_areal_sync", data, AREAL_SYNC_PAIRS)
 
 
+def test_simulator_benchmark_async_areal_bound2_quick(tmp_path):
+    """async_areal_bound2 (quick): whole groups at max_staleness 2 against AReaL's round robin and the estimate there
+    (async_areal's own runs), and combine_draws.py pools its pairs."""
+    data = _quick_section(tmp_path, "async_areal_bound2")
+    from bench_simulate import AREAL_BOUND2_PAIRS, AREAL_BOUND2_RUNS, AREAL_RUNS
+
+    assert AREAL_BOUND2_RUNS[:2] == AREAL_RUNS[3:5] and all(run[2] == 2 for run in AREAL_BOUND2_RUNS)
+    assert all(run[6]["ways"] == 1 for run in AREAL_BOUND2_RUNS[2:])
+    rows = {r[1]: r for r in data["rows"]}
+    assert set(rows) == {label for label, *_ in AREAL_BOUND2_RUNS} and rows[AREAL_BOUND2_RUNS[0][0]][3] == 1.0
+    _check_paired(tmp_path, "async_areal_bound2", data, AREAL_BOUND2_PAIRS)
+
+
 def test_simulator_benchmark_async_areal_epochs_quick(tmp_path):
     """async_areal_epochs (quick): the integration on several AReaL ranks over epochs of the same prompts; each
     run's per-epoch and whole-run ratios are against AReaL's round robin on as many ranks (itself 1), each epoch
