@@ -2519,17 +2519,22 @@ DRIVER_PAIRS = (
 DRIVER_COLUMNS = _against("the recipe at threshold 0.1")
 
 
+def _verl_title(what: str):
+    """The title (a function of the steps) of a section on lengthsched inside verl's recipe: ``what``, its
+    settings, against the recipe at threshold 0.1."""
+    return lambda steps: (f"{what} ({_cost_label()}, seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} weight "
+                          "versions of B groups, the learner's seconds per version = share x the mean synchronous "
+                          f"vLLM + verl rollout, each update pauses every engine {ASYNC_UPDATE_SECONDS:g} s): trained "
+                          "tokens per modelled second x the recipe's at threshold 0.1")
+
+
 def async_verl_driver(quick: bool) -> tuple[str, list]:
     """lengthsched inside verl's recipe as its integration (lengthsched.integrations.verl_async) runs it:
     stealing decided from snapshots polled every 0.25 s (and 1 s), against the same decided from the engines'
     exact state and against the recipe, on async_verl's settings."""
     return _async_section(
         quick, partial(_verl_unit, runs=DRIVER_RUNS), DRIVER_RUNS, DRIVER_PAIRS, DRIVER_COLUMNS,
-        lambda steps: f"lengthsched.integrations.verl_async inside verl's recipe ({_cost_label()}, seed "
-                      f"{ROLLOUT_SEED}, L_max 4096, G = 16, {steps} weight versions of B groups, the learner's seconds "
-                      "per version = share x the mean synchronous vLLM + verl rollout, each update pauses every engine "
-                      f"{ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's at threshold "
-                      "0.1",
+        _verl_title("lengthsched.integrations.verl_async inside verl's recipe"),
         "lengthsched.integrations.verl_async, per setting against the recipe and against exact knowledge")
 
 
@@ -2560,11 +2565,7 @@ def async_verl_ways(quick: bool) -> tuple[str, list]:
     recipe, on async_verl's settings."""
     return _async_section(
         quick, partial(_verl_unit, runs=VERL_WAYS_RUNS), VERL_WAYS_RUNS, VERL_WAYS_PAIRS, DRIVER_COLUMNS,
-        lambda steps: f"lengthsched.integrations.verl_async with whole groups inside verl's recipe ({_cost_label()}, "
-                      f"seed {ROLLOUT_SEED}, L_max 4096, G = 16, {steps} weight versions of B groups, the learner's "
-                      "seconds per version = share x the mean synchronous vLLM + verl rollout, each update pauses "
-                      f"every engine {ASYNC_UPDATE_SECONDS:g} s): trained tokens per modelled second x the recipe's "
-                      "at threshold 0.1",
+        _verl_title("lengthsched.integrations.verl_async with whole groups inside verl's recipe"),
         "lengthsched.integrations.verl_async with whole groups, per setting against the recipe and the estimate")
 
 

@@ -189,7 +189,6 @@ class GroupRouter:
         self.whole_reads = 0  # other ranks' whole files read
         self.change_reads = 0  # and their change files
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
-        self.ways = self.placer.ways  # the spread asked for (the placer widens it where few groups are in flight)
         self.batch = None if batch is None else check_int("batch", batch, minimum=1)
         self.loads: list[float] = []
         self._open: dict[Hashable, deque[_Group]] = {}  # per prompt key, its groups with places left, oldest first
@@ -200,6 +199,11 @@ class GroupRouter:
         self.later_turns = 0  # requests that continued a routed rid (left to AReaL)
         self.multi_turn = False
         self._seen: OrderedDict[str, None] = OrderedDict()  # the latest SEEN_RIDS rids routed
+
+    @property
+    def ways(self) -> int | None:
+        """The spread asked for (its placer's ``ways``; the placer widens it where few groups are in flight)."""
+        return self.placer.ways
 
     def route(self, rid: str, key: Hashable, prompt_tokens: int, servers: int) -> int:
         """The server (an index below ``servers``) of a new request ``rid`` whose prompt is ``key`` (the same
@@ -381,18 +385,20 @@ class GroupRouter:
         if not always and self._mtimes.get(path) == mtime:
             return 0
         self._mtimes[path] = mtime
-        got = self._merge_file(name)
+        got = self._merge_file(name, mtime)
         self.whole_reads += got is not None
         return got or 0
 
-    def _merge_file(self, name: str) -> int | None:
-        """The prompts taken from another rank's file ``name``; None where it cannot be read (with a warning the
-        first time: a bad file is not read again until it is rewritten)."""
+    def _merge_file(self, name: str, stamp: int | None = None) -> int | None:
+        """The prompts taken from another rank's file ``name`` (``stamp``: its modification time in ns where the
+        caller read it); None where it cannot be read (with a warning the first time: a bad file is not read again
+        until it is rewritten)."""
         path = os.path.join(self.share_dir, name)
-        try:
-            stamp = os.stat(path).st_mtime_ns
-        except OSError:
-            stamp = None
+        if stamp is None:
+            try:
+                stamp = os.stat(path).st_mtime_ns
+            except OSError:
+                pass
         if stamp is not None and self._bad.get(path) == stamp:
             return None
         try:
