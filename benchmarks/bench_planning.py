@@ -262,7 +262,7 @@ def _sharing_ranks(root: Path, prompts: int, ranks: int, per_step: int, rng):
         router = la.GroupRouter(10_000, group_size=4, batch=1, rank=k, share_dir=root / "share")
         router.planner.predictor.load_state_dict(state["predictor"])
         router.planner.steps = 1
-        router.planner.save_state()
+        router.planner.save_state(router.state_path)
         routers.append(router)
     for router in routers:
         router.write_changes()
@@ -278,15 +278,18 @@ def _sharing_ranks(root: Path, prompts: int, ranks: int, per_step: int, rng):
 
 def _share_case(root: Path, prompts: int, ranks: int, per_step: int, rng, reps: int) -> list:
     """One row of :func:`bench_share`."""
+    from lengthsched.integrations import areal as la
+
     routers = _sharing_ranks(root, prompts, ranks, per_step, rng)
     me = routers[0]
-    whole_write = median_ms(me.planner.save_state, max(3, reps // 3))
+    whole_write = median_ms(lambda: me.planner.save_state(me.state_path), max(3, reps // 3))
     mine = dict(me._changed)
     for router in routers[1:]:  # the other ranks write the step's changes
         router.write_changes()
 
-    def write_changes():
+    def write_changes():  # a step's change file alone (the whole file is not due)
         me._changed = dict(mine)
+        me._unsaved = 1
         me.write_changes()
 
     def by_changes():
@@ -294,23 +297,35 @@ def _share_case(root: Path, prompts: int, ranks: int, per_step: int, rng, reps: 
         return me.merge()
 
     def by_whole():
-        return sum(me._merge_whole(f"rank{k}.json", always=True) for k in range(1, ranks))
+        return sum(me._merge_whole(f"rank{k}.json", always=True)[0] for k in range(1, ranks))
 
     change_write = median_ms(write_changes, reps)
     changes_ms = median_ms(by_changes, reps)
     whole_ms = median_ms(by_whole, max(3, reps // 3))
+    # a restart: the whole file, then the WHOLE_EVERY - 1 change files written after it (the most there can be)
+    me.planner.save_state(me.state_path)
+    me._since = me.planner.steps
+    for _ in range(la.WHOLE_EVERY - 1):
+        me.planner.steps += 1
+        write_changes()
+
+    def restart():
+        resumed = la.GroupRouter(10_000, group_size=4, batch=1, rank=0, share_dir=root / "share")
+        assert resumed.status()["replayed"] == la.WHOLE_EVERY - 1
+    restart_ms = median_ms(restart, max(3, reps // 3))
     size = (root / "share" / "rank1.json").stat().st_size
     change_size = max(p.stat().st_size for p in (root / "share").glob("rank1-*.json"))
-    return [prompts, ranks, per_step, size / 1e6, change_size / 1e3, whole_write, change_write, whole_ms, changes_ms,
-            whole_ms / changes_ms]
+    return [prompts, ranks, per_step, size / 1e6, change_size / 1e3, whole_write, change_write,
+            change_write + whole_write / la.WHOLE_EVERY, restart_ms, whole_ms, changes_ms, whole_ms / changes_ms]
 
 
 def bench_share(rng, reps: int, cases) -> tuple[str, list]:
     """What sharing what AReaL's ranks learn costs one rank at each rollout step
     (lengthsched.integrations.areal.GroupRouter with ``share_dir``), median ms over ``reps``: writing its whole
-    file (its planner's state, for a restart) and its change file (the prompts it observed in the step), and
-    merging the other ranks' step from their change files (what it does) against from their whole files (what it
-    did before change files). ``cases``: (prompts known, ranks, groups per rank per step)."""
+    file (its planner's state, for a restart: once in ``WHOLE_EVERY`` steps) and its change file (the prompts it
+    observed in the step), a restart (the whole file and the change files after it), and merging the other ranks'
+    step from their change files (what it does) against from their whole files (what it did before change
+    files). ``cases``: (prompts known, ranks, groups per rank per step)."""
     import tempfile
 
     rows = []
@@ -321,7 +336,8 @@ def bench_share(rng, reps: int, cases) -> tuple[str, list]:
                  "each rollout step, median ms, one core; whole file = every prompt it knows (100-char prompts, "
                  "kept under digests); changes = the prompts each rank observed in the step",
                  ["prompts known", "ranks", "groups per rank per step", "whole file MB", "change file KB",
-                  "write whole ms", "write changes ms", "merge others' whole files ms",
+                  "write whole ms", "write changes ms", "own files per step ms (changes + whole / WHOLE_EVERY)",
+                  "restart ms (whole + WHOLE_EVERY - 1 changes)", "merge others' whole files ms",
                   "merge others' changes ms", "whole / changes"], rows), rows
 
 

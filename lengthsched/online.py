@@ -505,6 +505,28 @@ class OnlineLengthPredictor:
         self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
         self._prompts = prompts
 
+    def replay_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Bring it forward by a later state of its own (:meth:`state_dict` written after the state it was loaded
+        from; partial, ``state_dict(prompts=...)``, or whole): a restarted trainer rank replaying the changes it
+        wrote after its whole state. The state's step and running sums become this predictor's, and each of its
+        prompts' statistics replace this one's (the progress of running completions kept); a whole state is
+        :meth:`load_state_dict`. InvalidArgument naming the part that is wrong (a step behind this predictor's
+        among them), the predictor unchanged."""
+        if not (isinstance(state, Mapping) and state.get("partial")):
+            self.load_state_dict(state)
+            return
+        step, sums, prompts = _parse_state(state)
+        if step < self.step:
+            raise InvalidArgument("state step", step, f"at least this predictor's step {self.step} (a later state "
+                                                      "of its own)")
+        self.step = step
+        self._sum_log, self._count, self._drift_sum, self._drift_weight = sums
+        for key, theirs in prompts.items():
+            mine = self._prompts.get(key)
+            if mine is not None:
+                theirs.running = mine.running
+            self._prompts[key] = theirs
+
     def merge_state_dict(self, state: Mapping[str, Any]) -> int:
         """Take in what another predictor learnt (its :meth:`state_dict`): another trainer rank's, say, whose
         share of the prompts differs from this one's in every epoch. Each prompt the other saw more recently

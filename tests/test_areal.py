@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import re
 import uuid
@@ -239,6 +240,7 @@ def test_ranks_read_each_others_changes_not_their_whole_files_and_learn_the_same
     assert all(sum(n.startswith(f"rank{k}-") for n in names) == 12 for k in range(3))  # a file per step
     with monkeypatch.context() as m:  # the whole files alone, as before change files (an older lengthsched)
         m.setattr(la, "_CHANGES", re.compile(r"(?!)"))
+        m.setattr(la, "WHOLE_EVERY", 1)  # which rewrote its whole file every step
         alone, whole = _share_epochs(tmp_path / "whole")
     assert all(r.status()["change_reads"] == 0 and r.status()["whole_reads"] > 2 for r in alone)
     # ranks in step learn the same either way, to the token (ranks far apart in steps may differ a little: a whole
@@ -260,13 +262,50 @@ def test_ranks_read_each_others_changes_not_their_whole_files_and_learn_the_same
     assert fresh.status()["whole_reads"] == 3
     newest = max((x for x in (tmp_path / "few").iterdir() if x.name.startswith("rank0-")),
                  key=lambda x: int(x.stem.rsplit("-", 1)[1]))
-    newest.write_text("{not json")  # a bad change file: left out with a warning, the whole file read instead
+    # with 2 kept, each rank rewrites its whole file every 2 change files: rank 0's is of step 3, and its step 4 is
+    # only in its newest change file
+    assert [r.status()["whole_writes"] for r in routers] == [2, 2, 2]
+    newest.write_text("{not json")  # a bad change file: left out with a warning; its prompt is lost for now
     bad = la.GroupRouter(10_000, group_size=4, batch=1, rank=7, share_dir=tmp_path / "few")
     with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
-        assert bad.merge() == 12
+        assert bad.merge() == 11
     assert "left out another rank's file" in caplog.text and bad.status()["whole_reads"] == 3
-    bad.merge()  # rank 0's changes are still broken: its whole file again, without a second warning
-    assert caplog.text.count("left out another rank's file") == 1 and bad.status()["whole_reads"] == 4
+    assert bad.merge() == 0  # still broken: not read again, nor the whole file read before as it is
+    assert caplog.text.count("left out another rank's file") == 1 and bad.status()["whole_reads"] == 3
+    last = la.prompt_text(request(PROMPTS[0::3][3]))  # rank 0's group of step 4
+
+    def guess(router):
+        return router.planner.predictor.predict([last]).lengths[0]
+
+    before = guess(bad)
+    routers[0].planner.save_state(routers[0].state_path)  # rank 0 rewrites its whole file (its step 4 in it)
+    assert bad.merge() > 0 and bad.status()["whole_reads"] == 4
+    # known now: rank 0's statistics (the prior's sums are each rank's own, hence a token apart)
+    assert abs(guess(bad) - guess(routers[0])) <= 1 and abs(guess(bad) - before) > 5
+
+
+def test_a_restarted_rank_resumes_from_its_whole_file_and_replays_its_change_files_after_it(tmp_path, caplog):
+    share = tmp_path / "share"
+    fake = FakeRemoteInfEngine(3, lengths_for(long_every=3))
+    router = la.install(fake, pool_tokens=10_000, group_size=4, batch=1, share_dir=share)
+    for _ in range(2):  # 24 groups, a rollout step each
+        for p in PROMPTS:
+            asyncio.run(group_episode(fake, p, 4))
+    # a change file every step (the latest 16 kept), the whole file with the first and then every 8
+    assert router.planner.steps == 24 and router.status()["whole_writes"] == 3
+    assert json.loads((share / "rank0.json").read_text())["steps"] == 17
+    assert len(list(share.glob("rank0-*.json"))) == la.KEEP_CHANGES
+    restarted = la.GroupRouter(10_000, group_size=4, batch=1, share_dir=share)
+    assert restarted.status()["replayed"] == 7  # steps 18 to 24
+    assert restarted.planner.state() == router.planner.state()  # where it stood, to the last statistic
+    keys = [la.prompt_text(request(p)) for p in PROMPTS] + ["a prompt never seen"]
+    assert np.array_equal(restarted.planner.predictor.predict(keys).lengths,
+                          router.planner.predictor.predict(keys).lengths)
+    (share / "rank0-19-20.json").write_text("{not json")  # a bad change file ends the replay there
+    with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
+        again = la.GroupRouter(10_000, group_size=4, batch=1, share_dir=share)
+    assert again.status()["replayed"] == 2 and again.planner.steps == 19
+    assert "stopped replaying this rank's changes" in caplog.text
 
 
 def test_sharing_never_fails_a_request(tmp_path, caplog):

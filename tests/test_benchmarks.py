@@ -447,15 +447,17 @@ def test_planning_benchmark_times_a_steal_coordinators_poll(tmp_path):
 
 
 def test_planning_benchmark_times_what_sharing_ranks_read_and_write(tmp_path):
-    """--sections share: one row per case; a change file is smaller than the whole file and merging the others'
-    changes is cheaper than merging their whole files."""
+    """--sections share: one row per case; a change file is smaller than the whole file, a rank's own writing per
+    step is its change file and an eighth of its whole file, and merging the others' changes is cheaper than
+    merging their whole files."""
     out = tmp_path / "share.json"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_planning.py"), "--quick",
                              "--sections", "share", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(out.read_text())["share"]
     assert row[:3] == [500, 4, 8] and row[4] / 1e3 < row[3] and all(x > 0 for x in row[5:])
-    assert row[8] < row[7] and row[9] == pytest.approx(row[7] / row[8])
+    assert row[7] == pytest.approx(row[6] + row[5] / 8) and row[7] < row[5] + row[6]
+    assert row[10] < row[9] and row[11] == pytest.approx(row[9] / row[10])
 
 
 def test_predictor_benchmark_runs_quick(tmp_path):

@@ -183,6 +183,41 @@ def test_a_predictor_loaded_from_its_saved_state_predicts_and_learns_as_the_orig
     same()
 
 
+@settings(max_examples=30, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.integers(1, 3000), st.integers(0, 2)),
+                       min_size=1, max_size=40),
+       cuts=st.lists(st.integers(0, 39), max_size=5), drift=st.booleans(), prior=st.sampled_from([None, 300]))
+def test_a_whole_state_and_the_partial_states_written_after_it_replay_to_where_the_original_stands(events, cuts,
+                                                                                                   drift, prior):
+    # a restarted trainer rank: its whole state written at the first cut, and at every later cut the statistics of
+    # the prompts it observed since the cut before (a partial state); loading the first and replaying the others
+    # gives the state it had at the last cut
+    def made():
+        return OnlineLengthPredictor(prior, drift=drift, default_length=256, max_new_tokens=4096)
+
+    original, step, changed, files = made(), 0, set(), []
+    marks = sorted(set(cuts) | {len(events)})
+    for i, (prompt, length, gap) in enumerate(events):
+        step += gap
+        original.observe(prompt, length, step=step)
+        changed.add(prompt)
+        if i + 1 in marks:
+            state = original.state_dict() if not files else original.state_dict(prompts=sorted(changed))
+            files.append(json.loads(json.dumps(state)))
+            changed.clear()
+    resumed = made()
+    resumed.load_state_dict(files[0])
+    for state in files[1:]:
+        resumed.replay_state_dict(state)
+    assert resumed.state_dict() == original.state_dict()
+    asked = ["a", "b", "c", "d", "e", "f"]
+    assert np.array_equal(resumed.predict(asked).lengths, original.predict(asked).lengths)
+    if len(files) > 1 and files[0]["step"] < files[-1]["step"]:  # replaying an older state is refused
+        with pytest.raises(InvalidArgument, match="state step"):
+            resumed.replay_state_dict({**files[-1], "step": files[0]["step"]})
+        assert resumed.state_dict() == original.state_dict()
+
+
 def test_a_saved_state_that_is_wrong_is_refused_and_changes_nothing():
     p = OnlineLengthPredictor(default_length=256)
     p.observe("a", 100)

@@ -776,6 +776,25 @@ def test_a_planners_partial_state_carries_only_the_prompts_asked_for_and_cannot_
     assert lv.RolloutPlanner(Trained()).state(prompts=["x"])["predictor"] == {"weights": 1}
 
 
+def test_a_planner_resumed_from_a_whole_state_replays_the_partial_states_written_after_it(tmp_path):
+    planner = lv.RolloutPlanner(max_new_tokens=4096)
+    planner.observe(["q0"] * 2 + ["q1"] * 2, [900, 950, 40, 50], step=1)
+    planner.save_state(tmp_path / "whole.json")
+    paths = []
+    for step, (key, lengths) in enumerate([("q1", [60, 70]), ("q2", [300, 320]), ("q0", [10, 20])], start=2):
+        planner.observe([key] * 2, lengths, step=step)
+        paths.append(tmp_path / f"part{step}.json")
+        paths[-1].write_text(json.dumps(planner.state(prompts=[key])))
+    resumed = lv.RolloutPlanner(max_new_tokens=4096, state_path=tmp_path / "whole.json")
+    assert resumed.replay_states(paths) == 3
+    assert resumed.state() == planner.state()  # steps, rows, history and every prompt's statistics
+    with pytest.raises(InvalidArgument, match="state_path"):  # older than where it stands now
+        resumed.replay_states(paths[:1])
+    paths[0].write_text("{not json")
+    with pytest.raises(InvalidArgument, match="state_path"):
+        lv.RolloutPlanner(max_new_tokens=4096, state_path=tmp_path / "whole.json").replay_states(paths)
+
+
 def test_a_planners_state_file_holds_a_digest_of_each_long_prompt_not_its_text(tmp_path):
     path = tmp_path / "planner.json"
     config = trainer_config(placement="auto", pool_tokens=4 * 4096, state_path=str(path))

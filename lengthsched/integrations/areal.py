@@ -61,7 +61,7 @@ from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
 __all__ = ["AREAL_VERSION", "AUTO", "EVERY_SERVER", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE", "SHARE_PREFIX",
-           "WAYS", "install", "prompt_text"]
+           "WAYS", "WHOLE_EVERY", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
@@ -87,6 +87,11 @@ AUTO = "auto"
 SHARE_PREFIX = "rank"
 #: The change files a rank keeps in a ``share_dir`` (its latest; a rank further behind reads the whole file).
 KEEP_CHANGES = 16
+#: A rank rewrites its whole file in a ``share_dir`` with its first change file and then every ``WHOLE_EVERY``
+#: (at most :data:`KEEP_CHANGES`, so that every change file written since the whole file is kept): a restart
+#: resumes from the whole file and replays the change files after it, and a reader that lacks a rank's changes
+#: reads its whole file and then the change files after it.
+WHOLE_EVERY = 8
 _CHANGES = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)-(\d+|new)-(\d+)\.json")
 _WHOLE = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)\.json")
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
@@ -132,15 +137,17 @@ class GroupRouter:
     ``share_dir``: a directory all ranks see (on AReaL's shared ``cluster.fileroot``, say) through which the ranks
     pool what their predictors learn. AReaL's sampler deals the prompts to the ranks afresh every epoch, so a
     rank alone knows the earlier epochs of about one prompt in ``ranks`` and predicts the rest from nothing.
-    The planner's state goes to ``share_dir/rank{rank}.json`` (``state_path``; a restarted rank resumes from
-    it) as each rollout step starts; so do the statistics of the prompts it observed since its last step, alone
-    (``rank{rank}-{since}-{step}.json``, a partial :meth:`RolloutPlanner.state`; its latest
-    :data:`KEEP_CHANGES` kept), and then it merges what the other ranks wrote since (:meth:`merge`;
-    :meth:`RolloutPlanner.merge_states`): their change files where it has read every one before, else their
-    whole files (the first time, after a restart, or after falling more than ``KEEP_CHANGES`` steps behind). A
-    step's merge then reads the prompts the ranks observed in a step, not every prompt seen so far (8 ranks,
-    100,000 prompts: about 1 ms on one core instead of 4.2 s for the seven 14 MB whole files). ``rank``: this
-    rank's number there (any number unique to the submitting process). None: each rank learns alone.
+    As each rollout step starts the rank writes the statistics of the prompts it observed since its last step,
+    alone (``rank{rank}-{since}-{step}.json``, a partial :meth:`RolloutPlanner.state`; its latest
+    :data:`KEEP_CHANGES` kept), with its first one and then every :data:`WHOLE_EVERY` its planner's whole
+    state (``share_dir/rank{rank}.json``, :attr:`state_path`: a restarted rank resumes from it and replays its
+    change files written after it, :meth:`RolloutPlanner.replay_states`), and then it merges what the other ranks
+    wrote since (:meth:`merge`; :meth:`RolloutPlanner.merge_states`): their change files where it has read every
+    one before, else their whole files and the change files after them (the first time, after a restart, or
+    after falling more than ``KEEP_CHANGES`` steps behind). A step's merge then reads the prompts the ranks
+    observed in a step, not every prompt seen so far (8 ranks, 100,000 prompts: about 1 ms on one core instead
+    of 4.2 s for the seven 14 MB whole files), and a rank writes its 14 MB once in 8 steps. ``rank``: this rank's
+    number there (any number unique to the submitting process). None: each rank learns alone.
 
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
     :meth:`later_turn` that a request continued a routed one (a multi-turn workflow). :attr:`loads`: the
@@ -171,23 +178,28 @@ class GroupRouter:
                                       "file there)")
             os.makedirs(share_dir, exist_ok=True)
             self.share_dir = str(share_dir)
-        own = None if self.share_dir is None else os.path.join(self.share_dir, f"{SHARE_PREFIX}{self.rank}.json")
+        #: The rank's whole file in ``share_dir`` (None without one); the router writes it, not the planner.
+        self.state_path = None if self.share_dir is None else os.path.join(self.share_dir,
+                                                                            f"{SHARE_PREFIX}{self.rank}.json")
         if planner is None:
-            planner = RolloutPlanner(max_new_tokens=max_new_tokens, state_path=own)
-        elif own is not None:
-            planner.state_path = own
-            if os.path.exists(own):  # a restarted rank resumes from its own file
-                planner.load_state(own)
+            planner = RolloutPlanner(max_new_tokens=max_new_tokens)
         self.planner = planner
+        self._replayed = 0  # own change files replayed on a restart
+        if self.state_path is not None and os.path.exists(self.state_path):  # a restarted rank
+            planner.load_state(self.state_path)
+            self._replay_own()
         self.taken = 0  # prompts whose statistics came from other ranks' files
         self._merged_at = planner.steps  # the planner's step when the others' files were last read
         self._mtimes: dict[str, int] = {}  # other ranks' whole files read: path -> modification time (ns) then
         self._read: dict[int, int] = {}  # per other rank, the step of its latest change file read
         self._changed: dict[Hashable, None] = {}  # prompt keys observed since this rank's last change file
         self._since: int | None = None  # the step of this rank's last change file (None: none since it started)
+        self._unsaved = None  # change files written since the whole file (None: no whole file written yet)
+        self._whole_steps: dict[str, int] = {}  # other ranks' whole files read: path -> the steps they held then
         self._bad: dict[str, int | None] = {}  # other ranks' files that could not be read: path -> mtime (ns) then
         self.whole_reads = 0  # other ranks' whole files read
         self.change_reads = 0  # and their change files
+        self.whole_writes = 0  # this rank's whole file written
         self.placer = StreamPlacer(pool_tokens, concurrency=concurrency, ways=ways, prefill_share=prefill_share)
         self.batch = None if batch is None else check_int("batch", batch, minimum=1)
         self.loads: list[float] = []
@@ -319,23 +331,51 @@ class GroupRouter:
             return
         self._changed.clear()
         self._since = step
-        mine = sorted((int(m[3]), m[0]) for m in map(_CHANGES.fullmatch, os.listdir(self.share_dir))
-                      if m and int(m[1]) == self.rank)
-        for _, name in mine[:-KEEP_CHANGES]:
+        self._unsaved = None if self._unsaved is None else self._unsaved + 1
+        if self._unsaved is None or self._unsaved >= min(WHOLE_EVERY, KEEP_CHANGES):
+            try:
+                self.planner.save_state(self.state_path)
+                self._unsaved = 0
+                self.whole_writes += 1
+            except OSError as exc:  # the change files since the last one are still there: tried at the next step
+                log.warning("lengthsched: could not write %s (%s); tried again at the next step", self.state_path,
+                            exc)
+        for *_, name in self._own_changes()[:-KEEP_CHANGES]:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.share_dir, name))
+
+    def _own_changes(self) -> list[tuple[int, str | None, str]]:
+        """This rank's change files in ``share_dir``: (step, since or None for ``new``, name), by step."""
+        return sorted((int(m[3]), None if m[2] == "new" else m[2], m[0])
+                      for m in map(_CHANGES.fullmatch, os.listdir(self.share_dir)) if m and int(m[1]) == self.rank)
+
+    def _replay_own(self) -> None:
+        """A restarted rank, resumed from its whole file: replay its change files written after it, oldest first,
+        as long as each continues the one before (a bad one ends the replay with a warning)."""
+        chain, link = [], str(self.planner.steps)
+        for step, since, name in self._own_changes():
+            if step > self.planner.steps and since == link:
+                chain.append(os.path.join(self.share_dir, name))
+                link = str(step)
+        for path in chain:
+            try:
+                self._replayed += self.planner.replay_states([path])
+            except InvalidArgument as exc:
+                log.warning("lengthsched: stopped replaying this rank's changes: %s", exc)
+                break
 
     def merge(self) -> int:
         """Take in what the other ranks learnt since last read (their prompts change every epoch, as a shuffled
         sampler deals them anew): done as each rollout step of this rank starts, after its own files are written.
         From each other rank its change files written since (``rank{k}-{since}-{step}.json``), oldest first, where
         they continue the last one read; else (the first read, a restarted rank, a rank more than
-        :data:`KEEP_CHANGES` steps ahead of the last read, a change file missing or bad) every change file it
-        has, then its whole file (the newest: statistics a rank took under its own step count are compared by it,
-        so an older file read after a newer one could win); a rank without change files (an older lengthsched),
-        its whole file when rewritten. A file that cannot be read or is not a planner's state is left out with a
-        warning (read again once rewritten): sharing never fails a request. Returns the prompts whose statistics
-        were taken."""
+        :data:`KEEP_CHANGES` steps ahead of the last read, a change file missing or bad) its whole file (unless
+        read before as it is now) and then every change file written after it, oldest first (statistics a rank
+        took under its own step count are compared by it, so files are read in the order they were written); a
+        rank without change files (an older lengthsched), its whole file when rewritten. A file that cannot be
+        read or is not a planner's state is left out with a warning (not read again until rewritten; a bad change
+        file sends the next merge back to the whole file and the change files after it): sharing never fails a
+        request. Returns the prompts whose statistics were taken."""
         if self.share_dir is None:
             return 0
         whole: dict[int, str] = {}
@@ -351,59 +391,72 @@ class GroupRouter:
         for rank in sorted(set(whole) | set(changes)):
             files = sorted(changes.get(rank, []))
             if not files:  # a rank that writes no change files: its whole file, when rewritten
-                taken += self._merge_whole(whole.get(rank))
+                taken += self._merge_whole(whole.get(rank))[0]
                 continue
             last = self._read.get(rank)
             fresh = [f for f in files if last is None or f[0] > last]
             if not fresh:
                 continue
             links = [str(last)] + [str(f[0]) for f in fresh[:-1]]
-            gap = last is None or any(f[1] != link for f, link in zip(fresh, links))
-            for step, _, name in files if gap else fresh:  # oldest first: each one newer than the one before
-                got = self._merge_file(name)
-                if got is None:  # unreadable: the whole file below, and again at the next step
-                    self._read.pop(rank, None)
-                    gap = True
-                    break
+            if last is None or any(f[1] != link for f, link in zip(fresh, links)):  # a gap: the whole file first
+                got, base = self._merge_whole(whole.get(rank))
                 taken += got
+                fresh = [f for f in files if base is None or f[0] > base]
+                if base is not None:
+                    self._read[rank] = base
+            bad = False
+            for step, _, name in fresh:  # oldest first: each one newer than the one before
+                got = self._merge_file(name)
+                if got is None:  # unreadable: read around it, and from the whole file again at the next merge
+                    bad = True
+                    continue
+                taken += got[0]
                 self.change_reads += 1
                 self._read[rank] = step
-            if gap:  # what the change files kept lacks: the whole file, the newest of the rank's files
-                taken += self._merge_whole(whole.get(rank), always=True)
+            if bad:
+                self._read.pop(rank, None)
         self.taken += taken
         return taken
 
-    def _merge_whole(self, name: str | None, always: bool = False) -> int:
-        """Merge another rank's whole file ``name`` (unless unchanged since last read and not ``always``)."""
+    def _merge_whole(self, name: str | None, always: bool = False) -> tuple[int, int | None]:
+        """Merge another rank's whole file ``name`` unless read before as it is now (and not ``always``): (the
+        prompts taken, the steps its rank had observed when it wrote it, or None where there is no file or it
+        cannot be read)."""
         if name is None:
-            return 0
+            return 0, None
         path = os.path.join(self.share_dir, name)
         try:
             mtime = os.stat(path).st_mtime_ns
         except FileNotFoundError:
-            return 0
+            return 0, None
         if not always and self._mtimes.get(path) == mtime:
-            return 0
+            return 0, self._whole_steps.get(path)
         self._mtimes[path] = mtime
         got = self._merge_file(name, mtime)
-        self.whole_reads += got is not None
-        return got or 0
+        if got is None:
+            self._whole_steps.pop(path, None)
+            return 0, None
+        self.whole_reads += 1
+        self._whole_steps[path] = got[1]
+        return got
 
-    def _merge_file(self, name: str, stamp: int | None = None) -> int | None:
-        """The prompts taken from another rank's file ``name`` (``stamp``: its modification time in ns where the
-        caller read it); None where it cannot be read (with a warning the first time: a bad file is not read again
-        until it is rewritten)."""
+    def _merge_file(self, name: str, stamp: int | None = None) -> tuple[int, int] | None:
+        """(The prompts taken, the file's steps) from another rank's file ``name`` (``stamp``: its modification
+        time in ns where the caller read it); None where it cannot be read (with a warning the first time: a bad
+        file is not read again until it is rewritten) or is gone."""
         path = os.path.join(self.share_dir, name)
         if stamp is None:
             try:
                 stamp = os.stat(path).st_mtime_ns
             except OSError:
-                pass
-        if stamp is not None and self._bad.get(path) == stamp:
+                return None
+        if self._bad.get(path) == stamp:
             return None
         try:
-            return self.planner.merge_states([path])
+            return self.planner.merge_state_file(path)
         except InvalidArgument as exc:
+            if not os.path.exists(path):  # removed since listed (its rank keeps only its latest)
+                return None
             self._bad[path] = stamp
             log.warning("lengthsched: left out another rank's file: %s", exc)
             return None
@@ -415,7 +468,8 @@ class GroupRouter:
         return {"groups": self.groups, "groups_back": self.groups_back, "routed": self.routed,
                 "later_turns": self.later_turns, "ways": self.placer.last_ways, "loads": list(self.loads),
                 "multi_turn": self.multi_turn, "in_flight": len(self._of), "taken_from_ranks": self.taken,
-                "whole_reads": self.whole_reads, "change_reads": self.change_reads}
+                "whole_reads": self.whole_reads, "change_reads": self.change_reads, "whole_writes": self.whole_writes,
+                "replayed": self._replayed}
 
 
 def prompt_text(request: Any) -> str:

@@ -599,6 +599,33 @@ class RolloutPlanner:
                 raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") from None
         self.steps, self.observed, self.history = steps, observed, history
 
+    def replay_states(self, paths: Iterable[str | os.PathLike]) -> int:
+        """Bring the planner forward by later states of its own, oldest first: files of :meth:`state` (partial or
+        whole) written after the state it resumed from, as a restarted AReaL rank replays the change files it
+        wrote after its whole file (:class:`~lengthsched.integrations.areal.GroupRouter`). Each file's steps and
+        rows observed become the planner's, and its history and its prompts' predictor statistics replace these
+        (``replay_state_dict`` where the predictor has one; a predictor without it learns nothing to replay). A
+        file that is not a planner's state, or whose steps are behind the planner's, is an
+        :class:`InvalidArgument` naming ``state_path`` (the files before it replayed). Returns the files
+        replayed."""
+        replay = getattr(self.predictor, "replay_state_dict", None)
+        done = 0
+        for path in paths:
+            steps, observed, history, learnt, _ = _read_state(path)
+            if steps < self.steps:
+                raise InvalidArgument("state_path", str(path), f"a state of step {self.steps} or later (the "
+                                                               f"planner's; this one is of step {steps})")
+            if learnt is not None and callable(replay):
+                try:
+                    replay(learnt)
+                except InvalidArgument as exc:
+                    raise InvalidArgument("state_path", str(path), f"a JSON file of the planner's state ({exc})") \
+                        from None
+            self.steps, self.observed = steps, observed
+            self.history.update(history)
+            done += 1
+        return done
+
     def merge_states(self, paths: Iterable[str | os.PathLike]) -> int:
         """Take in what other planners learnt from the state files they write (:meth:`save_state`): other
         trainer ranks', each learning from its own share of the prompts, which changes every epoch. The
@@ -609,21 +636,22 @@ class RolloutPlanner:
         learnt since it last wrote one). A file not there yet is skipped (a rank that has not written); one that is
         not a planner's state is an :class:`InvalidArgument` naming ``state_path`` (the files before it are
         merged). Returns the prompts whose predictor statistics were taken."""
+        return sum(self.merge_state_file(path)[0] for path in paths if os.path.exists(path))
+
+    def merge_state_file(self, path: str | os.PathLike) -> tuple[int, int]:
+        """:meth:`merge_states` of one file that is there: (prompts whose predictor statistics were taken, the
+        steps the file's planner had observed when it wrote it)."""
+        steps, _, history, learnt, _ = _read_state(path)
         merge = getattr(self.predictor, "merge_state_dict", None)
         taken = 0
-        for path in paths:
-            if not os.path.exists(path):
-                continue
-            _, _, history, learnt, _ = _read_state(path)
-            if learnt is not None and callable(merge):
-                try:
-                    taken += int(merge(learnt))
-                except InvalidArgument as exc:
-                    raise InvalidArgument("state_path", str(path), f"a JSON file of a planner's state ({exc})") \
-                        from None
-            for key, lengths in history.items():
-                self.history.setdefault(key, lengths)
-        return taken
+        if learnt is not None and callable(merge):
+            try:
+                taken = int(merge(learnt))
+            except InvalidArgument as exc:
+                raise InvalidArgument("state_path", str(path), f"a JSON file of a planner's state ({exc})") from None
+        for key, lengths in history.items():
+            self.history.setdefault(key, lengths)
+        return taken, steps
 
     def plan(self, non_tensor_batch: Mapping[str, Any], replicas: int,
              loads: Any = None, base: int = 0) -> tuple[RolloutPlan, list[str]]:
