@@ -293,7 +293,8 @@ def test_a_restarted_rank_resumes_from_its_whole_file_and_replays_its_change_fil
             asyncio.run(group_episode(fake, p, 4))
     # a change file every step (the latest 16 kept), the whole file with the first and then every 8
     assert router.planner.steps == 24 and router.status()["whole_writes"] == 3
-    assert json.loads((share / "rank0.json").read_text())["steps"] == 17
+    whole = (share / "rank0.json").read_text()
+    assert json.loads(whole)["steps"] == 17
     assert len(list(share.glob("rank0-*.json"))) == la.KEEP_CHANGES
     restarted = la.GroupRouter(10_000, group_size=4, batch=1, share_dir=share)
     assert restarted.status()["replayed"] == 7  # steps 18 to 24
@@ -301,7 +302,14 @@ def test_a_restarted_rank_resumes_from_its_whole_file_and_replays_its_change_fil
     keys = [la.prompt_text(request(p)) for p in PROMPTS] + ["a prompt never seen"]
     assert np.array_equal(restarted.planner.predictor.predict(keys).lengths,
                           router.planner.predictor.predict(keys).lengths)
+    for k in range(4):  # its steps count on from 24: its next group is step 25, written and shared at once
+        restarted.route(f"after-{k}", keys[0], 5, 3)
+    for k in range(4):
+        restarted.finished(f"after-{k}", 100)
+    assert restarted.planner.steps == 25 and (share / "rank0-new-25.json").exists()
+    assert restarted.status()["whole_writes"] == 1 and json.loads((share / "rank0.json").read_text())["steps"] == 25
     (share / "rank0-19-20.json").write_text("{not json")  # a bad change file ends the replay there
+    (share / "rank0.json").write_text(whole)  # the whole file of step 17 back
     with caplog.at_level(logging.WARNING, logger="lengthsched.integrations.areal"):
         again = la.GroupRouter(10_000, group_size=4, batch=1, share_dir=share)
     assert again.status()["replayed"] == 2 and again.planner.steps == 19

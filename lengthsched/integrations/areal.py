@@ -132,7 +132,7 @@ class GroupRouter:
     (spread where the pools are roomy), capped by
     ``prefill_share`` (:data:`~lengthsched.integrations.rollout.PREFILL_SHARE`; None: no cap). ``batch``: groups
     per learner step on this rank (AReaL's ``consumer_batch_size`` over the ranks), which counts the predictor's
-    rollout steps.
+    rollout steps (on from the steps a resumed planner had: a restarted rank goes on sharing at its next step).
 
     ``share_dir``: a directory all ranks see (on AReaL's shared ``cluster.fileroot``, say) through which the ranks
     pool what their predictors learn. AReaL's sampler deals the prompts to the ranks afresh every epoch, so a
@@ -190,6 +190,7 @@ class GroupRouter:
             self._replay_own()
         self.taken = 0  # prompts whose statistics came from other ranks' files
         self._merged_at = planner.steps  # the planner's step when the others' files were last read
+        self._step_base = planner.steps  # a resumed planner's steps: this router's steps count on from them
         self._mtimes: dict[str, int] = {}  # other ranks' whole files read: path -> modification time (ns) then
         self._read: dict[int, int] = {}  # per other rank, the step of its latest change file read
         self._changed: dict[Hashable, None] = {}  # prompt keys observed since this rank's last change file
@@ -300,7 +301,7 @@ class GroupRouter:
         self.groups_back += 1
         if group.spoiled or self.multi_turn:
             return
-        step = self.groups_back // self.batch if self.batch else None
+        step = self._step_base + self.groups_back // self.batch if self.batch else None
         try:
             self.planner.observe([group.key] * len(group.lengths), list(group.lengths.values()), step=step)
         except OSError as exc:  # learnt, but its state file not written: the request it came back with is fine
