@@ -15,9 +15,13 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import re
+import tempfile
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -314,6 +318,63 @@ def test_a_restarted_rank_resumes_from_its_whole_file_and_replays_its_change_fil
         again = la.GroupRouter(10_000, group_size=4, batch=1, share_dir=share)
     assert again.status()["replayed"] == 2 and again.planner.steps == 19
     assert "stopped replaying this rank's changes" in caplog.text
+
+
+@settings(max_examples=40, deadline=None)
+@given(events=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 7), st.integers(1, 3000), st.booleans()),
+                       min_size=1, max_size=40),
+       keep=st.integers(1, 4), every=st.integers(1, 5))
+def test_ranks_sharing_a_directory_lose_nothing_through_gaps_pruning_and_restarts(events, keep, every):
+    # 3 ranks run groups of 8 prompts in any order, a rank sometimes restarting (from its whole file and its change
+    # files after it), each keeping few change files and rewriting its whole file every few: once each has merged
+    # what is there, every rank knows every prompt any rank observed, and a restarted rank knows what it did
+    keys = [f"prompt {i}" for i in range(8)]
+
+    def rank(k, share):
+        return la.GroupRouter(10_000, group_size=2, batch=1, rank=k, share_dir=share)
+
+    def evidence(router, key):
+        stats = router.planner.predictor.state_dict(prompts=[key])["prompts"].get(key)
+        return stats is not None and stats[2] + stats[5] > 0  # finished siblings, or their decayed history
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.multiple(la, KEEP_CHANGES=keep, WHOLE_EVERY=every):
+        routers = [rank(k, tmp) for k in range(3)]
+        seen = [set() for _ in range(3)]
+        for n, (k, p, length, restart) in enumerate(events):
+            if restart:
+                routers[k] = rank(k, tmp)
+                assert all(evidence(routers[k], keys[q]) for q in seen[k])  # nothing of its own lost
+            for j in range(2):
+                routers[k].route(f"{n}-{j}", keys[p], 5, 2)
+            for j in range(2):
+                routers[k].finished(f"{n}-{j}", length + j)
+            seen[k].add(p)
+            assert len(list(Path(tmp).glob(f"rank{k}-*.json"))) <= keep
+        for router in routers:
+            router.merge()
+        for router in routers:
+            assert all(evidence(router, keys[q]) for q in set().union(*seen)), (router.rank, router.status())
+
+
+def test_a_whole_file_rewritten_within_the_clocks_resolution_is_read_again_when_the_changes_do_not_continue(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(la, "KEEP_CHANGES", 1)  # each rank keeps its latest change file, and its whole file with it
+    writer = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    reader = la.GroupRouter(10_000, group_size=2, batch=1, rank=1, share_dir=tmp_path)
+
+    def group(n, key):
+        for j in range(2):
+            writer.route(f"{n}-{j}", key, 5, 2)
+        for j in range(2):
+            writer.finished(f"{n}-{j}", 100 + 50 * n)
+
+    group(0, "first")
+    assert reader.merge() == 1 and reader.status()["whole_reads"] == 1
+    stamp = (tmp_path / "rank0.json").stat().st_mtime_ns
+    for n, key in enumerate(["second", "third", "fourth"], start=1):
+        group(n, key)
+    os.utime(tmp_path / "rank0.json", ns=(stamp, stamp))  # as a clock too coarse to see the rewrites would leave it
+    assert reader.merge() == 3 and reader.status()["whole_reads"] == 2  # the three prompts it lacked
 
 
 def test_sharing_never_fails_a_request(tmp_path, caplog):

@@ -101,6 +101,13 @@ KEY_CACHE = 4096
 log = logging.getLogger(__name__)
 
 
+def _continues(files: list[tuple[int, str | None, str]], base: int) -> bool:
+    """Whether a rank's change files (step, since, name) written after its step ``base`` each continue the one
+    before, the first from ``base``."""
+    after = [f for f in files if f[0] > base]
+    return all(f[1] == link for f, link in zip(after, [str(base)] + [str(f[0]) for f in after[:-1]]))
+
+
 @dataclass
 class _Group:
     """A placed group: its prompt key, predicted tokens per place, the places not yet taken ((place, replica), in
@@ -400,7 +407,12 @@ class GroupRouter:
                 continue
             links = [str(last)] + [str(f[0]) for f in fresh[:-1]]
             if last is None or any(f[1] != link for f, link in zip(fresh, links)):  # a gap: the whole file first
+                reads = self.whole_reads
                 got, base = self._merge_whole(whole.get(rank))
+                if self.whole_reads == reads and base is not None and not _continues(files, base):
+                    # read before as it is now by its time stamp, yet the change files after it do not continue it
+                    # (a clock too coarse to tell a rewrite): read again
+                    got, base = self._merge_whole(whole.get(rank), always=True)
                 taken += got
                 fresh = [f for f in files if base is None or f[0] > base]
                 if base is not None:
