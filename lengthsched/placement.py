@@ -50,21 +50,26 @@ CLASSES_MAX_SPREAD = 0.15
 
 
 def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, prompt_lens: Any = (),
-                  prompt_area: Any = ()) -> tuple[np.ndarray, np.ndarray, dict, list, np.ndarray]:
+                  prompt_area: Any = (), held: Any = 0,
+                  prompt_pairs: Any = None) -> tuple[np.ndarray, np.ndarray, dict, list, np.ndarray]:
     """The items of the length-class greedy, longest first: (``order``: indices, completions first,
     then the prompts; their lengths in tokens; ``cost``'s per-step terms; per item its memory, compute
     and all-reduce seconds; its KV area over the pool, in steps). A completion of ``l`` tokens after a
     prompt of ``context`` tokens decodes ``l`` tokens reading ``l * context + l (l - 1) / 2`` KV tokens
-    and holds ``l (l + 1) / 2`` token-steps; a prompt (length 0) is prefilled once and holds
-    ``prompt_area`` token-steps."""
+    and holds ``l (l + 1) / 2`` token-steps, and ``l * held`` more where it holds ``held`` tokens of its
+    own beyond them (scalar or per completion: a multi-turn turn's conversation); a prompt (length 0) is
+    prefilled once (attention pairs ``prompt_pairs``, default ``p (p + 1) / 2``) and holds ``prompt_area``
+    token-steps."""
     fl = np.asarray(lengths, dtype=np.float64)
     ctx = np.asarray(context, dtype=np.float64)
     pl = np.asarray(prompt_lens, dtype=np.float64)
+    pairs = pl * (pl + 1) / 2 if prompt_pairs is None else np.asarray(prompt_pairs, dtype=np.float64)
     none, zero = np.zeros(len(pl)), np.zeros(len(fl))
     parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([fl * ctx + fl * (fl - 1) / 2, none]),
-                                   np.concatenate([zero, pl]), np.concatenate([zero, pl * (pl + 1) / 2]))
+                                   np.concatenate([zero, pl]), np.concatenate([zero, pairs]))
     every = np.concatenate([fl, none])
-    area = np.concatenate([fl * (fl + 1) / 2, np.asarray(prompt_area, dtype=np.float64)]) / budget_tokens
+    own = fl * (fl + 1) / 2 + fl * np.asarray(held, dtype=np.float64)
+    area = np.concatenate([own, np.asarray(prompt_area, dtype=np.float64)]) / budget_tokens
     order = np.argsort(-every, kind="stable")
     terms = [np.broadcast_to(parts[k], every.shape)[order] for k in ("memory_seconds", "compute_seconds",
                                                                       "comm_seconds")]

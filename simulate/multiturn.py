@@ -550,18 +550,44 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         cache_hit_tokens=sum(eng.cache_hit_tokens for eng in engines),
         host_hits=sum(eng.host_hits for eng in engines),
         later_turns=int(later.sum()), moved_turns=moved,
-        lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas),
+        lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas, conv=conv,
+                                             answers=_answers(turns, session, level, context),
+                                             chain=int(flat.max())),
                                 _session_bound(cost, turns, flat, prompt_lens[owner])),
         tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs),
         router="placed" if placement is not None else router)
 
 
+def _answers(turns: Turns, session: np.ndarray, level: np.ndarray, context: np.ndarray) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """(tokens, attention pairs) of each tool answer, prefilled before the turn after it (``session``, ``level``,
+    ``context``: per turn its session, its place there and the conversation before it, the prompt and the answer
+    included)."""
+    later = np.flatnonzero(level > 0)
+    tokens = np.array([int(turns.tool_tokens[s][k - 1]) for s, k in zip(session[later].tolist(),
+                                                                         level[later].tolist())], dtype=np.int64)
+    before = context[later] - tokens  # what the answer attends beside itself
+    return tokens, tokens * before + tokens * (tokens + 1) // 2
+
+
 def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray) -> float:
-    """The slowest session's path (seconds): its tokens decoded alone (one row a step, reading its prompt and
-    its own tokens, no tool answers) plus its tools' seconds."""
+    """The slowest session's path (seconds): its tokens decoded one a step (reading its prompt, its own tokens
+    and the tool answers before them), its tool answers prefilled, and its tools' seconds."""
     steps = flat.astype(np.int64)
-    kv = steps * context + steps * (steps - 1) // 2
-    decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv), dtype=float)
+    answered = np.zeros(len(steps), dtype=np.int64)  # token-reads of tool answers by later turns' decode rows
+    answer_tokens = np.zeros(len(steps), dtype=np.int64)
+    pairs = np.zeros(len(steps), dtype=np.int64)
+    for i, (gen, ans) in enumerate(zip(turns.lengths, turns.tool_tokens)):
+        if len(ans):
+            gen, ans = np.asarray(gen, dtype=np.int64), np.asarray(ans, dtype=np.int64)
+            before = np.cumsum(ans)  # answers before turns 2, 3, ...
+            answered[i] = int(np.sum(gen[1:] * before))
+            answer_tokens[i] = int(ans.sum())
+            seen = context[i] + np.cumsum(gen)[:-1] + before - ans  # what each answer attends beside itself
+            pairs[i] = int(np.sum(ans * seen + ans * (ans + 1) // 2))
+    kv = steps * context + steps * (steps - 1) // 2 + answered
+    decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv,
+                                                 prefill_tokens=answer_tokens, prefill_context=pairs), dtype=float)
     tools = np.array([float(np.sum(x)) for x in turns.tool_seconds])
     return float(np.max(decode + tools))
 

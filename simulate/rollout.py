@@ -1285,7 +1285,8 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
 
 
 def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndarray, budget: int,
-                 replicas: int) -> float:
+                 replicas: int, *, conv: np.ndarray | None = None, answers: tuple[np.ndarray, np.ndarray] | None = None,
+                 chain: int = 0) -> float:
     """A lower bound on the makespan (seconds) of any schedule of the step, the largest of:
 
     - the mean replica's share of all the work (each prompt prefilled once), over at least
@@ -1301,18 +1302,27 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
       over the pool) needs.
 
     It counts the steps' fixed costs (overhead, weight reads) once per replica that runs them.
+
+    A multi-turn step (:func:`simulate.run_multiturn`) gives each turn as a completion of ``flat``, with
+    ``conv``: per turn the conversation before it beyond the prompt (its session's earlier turns and tool
+    answers), which its every decode row reads and holds; ``answers``: (tokens, attention pairs) of each tool
+    answer, prefilled before the turn after it (at least: a conversation evicted meanwhile is prefilled again);
+    ``chain``: the most tokens one session decodes (its turns one after another, a token a step).
     """
-    context = prompt_lens[owner]
+    context = prompt_lens[owner] if conv is None else prompt_lens[owner] + conv
+    held = 0 if conv is None else conv
+    pf = (0, 0) if answers is None else (int(np.sum(answers[0])), int(np.sum(answers[1])))
     group_longest = np.zeros(len(prompt_lens), dtype=np.int64)
     np.maximum.at(group_longest, owner, flat)
     prompt_held = prompt_lens * group_longest  # token-steps: each prompt held while its longest completion runs
-    area = int((flat * (flat + 1) // 2).sum()) + int(prompt_held.sum())  # token-steps in all
-    steps_bound = max(int(flat.max()), math.ceil(area / budget))
+    area = int((flat * (flat + 1) // 2).sum()) + int(prompt_held.sum()) + int(np.sum(flat * held))  # token-steps
+    steps_bound = max(int(flat.max()), int(chain), math.ceil(area / budget))
     prompts = [int(x) for x in prompt_lens]
-    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts) / replicas
+    share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts,
+                                prefill=pf) / replicas
     longest = int(np.argmax(flat))
     alone = lower_bound_seconds(cost, flat[longest:longest + 1], context=int(context[longest]),
-                                steps=int(flat[longest]), prompt_lens=[int(context[longest])])
+                                steps=int(flat[longest]), prompt_lens=[int(prompt_lens[owner[longest]])])
     order = np.argsort(-flat, kind="stable")
     lengths, ctx = flat[order].astype(np.int64), np.asarray(context, dtype=np.int64)[order]
     tokens = np.cumsum(lengths)
@@ -1321,19 +1331,22 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
     pl = np.asarray(prompts, dtype=np.int64)
     n = len(lengths)
     everything = dict(decode_tokens=np.full(n, tokens[-1]), kv_tokens_read=np.full(n, kv[-1]),
-                      prefill_tokens=np.full(n, pl.sum()), prefill_context=np.full(n, (pl * (pl + 1) // 2).sum()))
+                      prefill_tokens=np.full(n, pl.sum() + pf[0]),
+                      prefill_context=np.full(n, (pl * (pl + 1) // 2).sum() + pf[1]))
     threshold = np.full(n, np.inf)
     for k in range(1, replicas + 1):
         steps = k * lengths
-        held = cost.lower_bound_seconds(steps=steps, decode_tokens=tokens, kv_tokens_read=kv) / k
+        held_k = cost.lower_bound_seconds(steps=steps, decode_tokens=tokens, kv_tokens_read=kv) / k
         total = cost.lower_bound_seconds(steps=np.maximum(steps, steps_bound), **everything) / replicas
-        threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held, total), np.inf))
-    packed = _packing_bound(cost, flat, context, prompt_lens, prompt_held, budget, replicas)
+        threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held_k, total), np.inf))
+    packed = _packing_bound(cost, flat, context, prompt_lens, prompt_held, budget, replicas, held=held,
+                            answers=answers)
     return max(share, alone, float(threshold.max()), packed)
 
 
 def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
-                   budget: int, replicas: int, mixes: int = 5) -> float:
+                   budget: int, replicas: int, mixes: int = 5, held: Any = 0,
+                   answers: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """A lower bound (seconds) on the makespan: the best split of the work between ``replicas``
     replicas, where a replica's seconds are at least those of its steps' fixed costs plus its
     tokens' work, and its steps at least its longest completion and its KV area over ``budget``.
@@ -1350,7 +1363,13 @@ def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.
     another replica's longest item). The bound is the largest over the ``mixes x mixes`` grid of
     (lam, mu) of the smallest ``T`` the greedy fits in ``replicas`` replicas (bisection; the value
     returned is one the greedy refuses)."""
-    _, lengths, parts, terms, area = packing_items(cost, flat, context, budget, prompt_lens, prompt_area)
+    pairs = None
+    if answers is not None:  # the tool answers: prefilled, holding nothing of their own (length 0, as prompts)
+        pairs = np.concatenate([prompt_lens * (prompt_lens + 1) / 2, np.asarray(answers[1], dtype=np.float64)])
+        prompt_lens = np.concatenate([prompt_lens, np.asarray(answers[0], dtype=prompt_lens.dtype)])
+        prompt_area = np.concatenate([prompt_area, np.zeros(len(answers[0]), dtype=prompt_area.dtype)])
+    _, lengths, parts, terms, area = packing_items(cost, flat, context, budget, prompt_lens, prompt_area, held=held,
+                                                   prompt_pairs=pairs)
     best = 0.0
     grid = np.linspace(0.0, 1.0, mixes)
     for mu in grid:

@@ -91,6 +91,60 @@ def test_every_turn_runs_within_the_pool_and_the_bound_holds(seed, budget, polic
         assert out.moved_turns == 0
 
 
+def test_the_bound_counts_each_turns_conversation_and_each_tool_answer():
+    """A session of two 150-token turns after a 100-token prompt, its tool answering 3,000 tokens: every decode row of
+    the second turn reads the answer, and the answer is prefilled before it; the bound's session path counts both
+    (it counted neither before), and it stays below the makespan."""
+    from simulate.run import _cost
+
+    groups = [Group("p", 100, np.array([300]))]
+    for answer in (1, 3000):
+        turns = Turns((np.array([150, 150]),), (np.array([answer]),), (np.array([0.01]),))
+        out = run_multiturn(groups, turns, "vllm", replicas=1, budget_tokens=8192, max_new_tokens=300)
+        kv = 300 * 100 + 300 * 299 // 2 + 150 * answer
+        path = _cost(None).lower_bound_seconds(steps=300, decode_tokens=300, kv_tokens_read=kv, prefill_tokens=answer,
+                                               prefill_context=answer * (100 + 150) + answer * (answer + 1) // 2)
+        assert path + 0.01 <= out.lower_bound_seconds * (1 + 1e-12) and out.lower_bound_seconds <= out.seconds
+    # on a tight multi-replica step the conversations are most of the KV area: the bound at least half the makespan
+    groups = _groups([8, 8, 8, 8], seed=5, prompt=200, low=50, high=400)
+    turns = split_turns(groups, turns=(2, 5), tool_tokens=(100, 600), tool_seconds=0.05, seed=5)
+    out = run_multiturn(groups, turns, "vllm", replicas=2, budget_tokens=4096, max_new_tokens=400)
+    assert 0.5 * out.seconds <= out.lower_bound_seconds <= out.seconds
+
+
+def test_making_room_for_a_turn_does_not_count_the_prompt_it_is_about_to_use():
+    """A pool full of cached conversations and the idle prompt of the waiting turn's own group: making room evicted
+    that prompt, counted it as room and kept the conversations, though the turn's admission needs the prompt again;
+    the turn waited for ever (the engine raised; found by a property check of the bound at tight pools). Now the
+    conversations make up the room without it."""
+    groups = [Group("p", 239, np.array([5, 12, 1, 15, 8, 8, 1]))]
+    none = np.zeros(0, dtype=np.int64)
+    turns = Turns((np.array([5]), np.array([1, 2, 1, 8]), np.array([1]), np.array([4, 6, 5]), np.array([1, 2, 5]),
+                   np.array([1, 2, 4, 1]), np.array([1])),
+                  (none, np.array([19, 46, 738]), none, np.array([92, 775]), np.array([7, 6]), np.array([826, 17, 5]),
+                   none),
+                  (np.zeros(0), np.array([1.421, 6.95, 4.019]), np.zeros(0), np.array([10.512, 6.415]),
+                   np.array([12.963, 0.309]), np.array([1.574, 5.78, 9.055]), np.zeros(0)))
+    for budget in (1745, 2000):
+        for replicas in (1, 2, 4):
+            out = run_multiturn(groups, turns, "vllm", replicas=replicas, budget_tokens=budget, max_new_tokens=2000)
+            assert out.lower_bound_seconds <= out.seconds and out.later_turns == 10
+    eng = Engine([3, 5, 4, 2], budget_tokens=100, context=[10, 10, 7, 7])
+    eng.hold_prompts([0, 0, 1, 1], [10, 7])
+    for job in range(4):
+        eng.claim(job)
+    eng.admit(0)
+    eng.admit(2)
+    eng.advance(3, False)
+    eng.advance(4, False)  # jobs 0 and 2 finished; their siblings 1 and 3 wait: both prompts held, idle
+    eng.cache_conversation(3, 48)  # and a cached conversation (job 3's later turn, say)
+    assert list(eng.held_groups()) == [0, 1] and eng.conversation_kv_held == 48
+    # making 10 tokens of room for job 1: both idle prompts go, but job 1's own (group 0's, 10 tokens) frees nothing
+    # for it, so the conversation goes as well
+    assert eng.evict_idle(10, keep=1) == 10 + 7 + 48 and not list(eng.held_groups())
+    assert eng.conversation_kv_held == 0 and eng.load_need(1) == 10
+
+
 def _piled_up():
     """Two prompts whose sessions alternate long and short second turns: each group spread over both replicas,
     every long second turn lands on replica 0 (sticky turns) and waits there for memory."""

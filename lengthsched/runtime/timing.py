@@ -99,15 +99,17 @@ def prompt_prefill_seconds(cost, prompt_lens, chunk: int | None) -> np.ndarray:
     return out
 
 
-def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), shared_read: int = 0) -> float:
+def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), shared_read: int = 0,
+                        prefill: tuple[int, int] = (0, 0)) -> float:
     """A lower bound on the modelled seconds of generating completions of ``lengths`` (tokens) by any
     schedule: see the module docstring. ``context``: prompt tokens each completion's decode row
     attends (scalar or per completion); ``steps``: a lower bound on decode steps; ``prompt_lens``:
-    the prompts prefilled once; ``shared_read``: KV tokens every step reads once."""
+    the prompts prefilled once; ``shared_read``: KV tokens every step reads once; ``prefill``: (tokens,
+    attention pairs) prefilled beyond the prompts (a multi-turn step's tool answers)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     ctx = np.broadcast_to(np.asarray(context, dtype=np.int64), lengths.shape)
     prompts = np.asarray(prompt_lens, dtype=np.int64)
     kv = int((lengths * ctx + lengths * (lengths - 1) // 2).sum()) + shared_read * int(steps)
     return float(cost.lower_bound_seconds(steps=int(steps), decode_tokens=int(lengths.sum()), kv_tokens_read=kv,
-                                          prefill_tokens=int(prompts.sum()),
-                                          prefill_context=int((prompts * (prompts + 1) // 2).sum())))
+                                          prefill_tokens=int(prompts.sum()) + int(prefill[0]),
+                                          prefill_context=int((prompts * (prompts + 1) // 2).sum()) + int(prefill[1])))
