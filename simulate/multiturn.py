@@ -558,14 +558,22 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         router="placed" if placement is not None else router)
 
 
+def _answer_tokens(turns: Turns) -> tuple[np.ndarray, np.ndarray]:
+    """Every tool answer's tokens, session after session (flattened), and where each session's answers start."""
+    counts = np.array([len(x) for x in turns.tool_tokens], dtype=np.int64)
+    flat = np.concatenate([np.asarray(x, dtype=np.int64) for x in turns.tool_tokens]) if counts.sum() else \
+        np.zeros(0, dtype=np.int64)
+    return flat, np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
 def _answers(turns: Turns, session: np.ndarray, level: np.ndarray, context: np.ndarray) -> tuple[np.ndarray,
                                                                                                   np.ndarray]:
     """(tokens, attention pairs) of each tool answer, prefilled before the turn after it (``session``, ``level``,
     ``context``: per turn its session, its place there and the conversation before it, the prompt and the answer
     included)."""
+    flat, start = _answer_tokens(turns)
     later = np.flatnonzero(level > 0)
-    tokens = np.array([int(turns.tool_tokens[s][k - 1]) for s, k in zip(session[later].tolist(),
-                                                                         level[later].tolist())], dtype=np.int64)
+    tokens = flat[start[session[later]] + level[later] - 1]
     before = context[later] - tokens  # what the answer attends beside itself
     return tokens, tokens * before + tokens * (tokens + 1) // 2
 
@@ -574,20 +582,27 @@ def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarra
     """The slowest session's path (seconds): its tokens decoded one a step (reading its prompt, its own tokens
     and the tool answers before them), its tool answers prefilled, and its tools' seconds."""
     steps = flat.astype(np.int64)
-    answered = np.zeros(len(steps), dtype=np.int64)  # token-reads of tool answers by later turns' decode rows
-    answer_tokens = np.zeros(len(steps), dtype=np.int64)
-    pairs = np.zeros(len(steps), dtype=np.int64)
-    for i, (gen, ans) in enumerate(zip(turns.lengths, turns.tool_tokens)):
-        if len(ans):
-            gen, ans = np.asarray(gen, dtype=np.int64), np.asarray(ans, dtype=np.int64)
-            before = np.cumsum(ans)  # answers before turns 2, 3, ...
-            answered[i] = int(np.sum(gen[1:] * before))
-            answer_tokens[i] = int(ans.sum())
-            seen = context[i] + np.cumsum(gen)[:-1] + before - ans  # what each answer attends beside itself
-            pairs[i] = int(np.sum(ans * seen + ans * (ans + 1) // 2))
-    kv = steps * context + steps * (steps - 1) // 2 + answered
+    n = len(steps)
+    counts = np.array([len(x) for x in turns.lengths], dtype=np.int64)
+    gen = np.concatenate([np.asarray(x, dtype=np.int64) for x in turns.lengths])
+    owner = np.repeat(np.arange(n), counts)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    level = np.arange(len(gen)) - first[owner]
+    answers, start = _answer_tokens(turns)
+    ans = np.zeros(len(gen), dtype=np.int64)  # the answer before each turn (0 for a first turn)
+    later = level > 0
+    ans[later] = answers[start[owner[later]] + level[later] - 1]
+    upto = np.cumsum(ans)
+    before = upto - (upto - ans)[first][owner]  # answers before each turn, its own included
+    done = np.cumsum(gen) - gen
+    done = done - done[first][owner]  # tokens its session generated before each turn
+    answered = np.bincount(owner, weights=gen * before, minlength=n)  # later turns' rows reading the answers
+    seen = context[owner] + done + before - ans  # what each answer attends beside itself
+    pairs = np.bincount(owner, weights=ans * seen + ans * (ans + 1) // 2, minlength=n)
+    kv = steps * context + steps * (steps - 1) // 2 + answered.astype(np.int64)
     decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv,
-                                                 prefill_tokens=answer_tokens, prefill_context=pairs), dtype=float)
+                                                 prefill_tokens=np.bincount(owner, weights=ans, minlength=n),
+                                                 prefill_context=pairs), dtype=float)
     tools = np.array([float(np.sum(x)) for x in turns.tool_seconds])
     return float(np.max(decode + tools))
 
