@@ -356,6 +356,32 @@ def test_ranks_sharing_a_directory_lose_nothing_through_gaps_pruning_and_restart
             assert all(evidence(router, keys[q]) for q in set().union(*seen)), (router.rank, router.status())
 
 
+def test_while_its_whole_file_cannot_be_written_a_rank_keeps_every_change_file_written_after_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(la, "KEEP_CHANGES", 2)  # the whole file every 2 change files, 2 kept
+    rank = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    real = rank.planner.save_state
+
+    def group(n):
+        for j in range(2):
+            rank.route(f"{n}-{j}", f"prompt {n}", 5, 2)
+        for j in range(2):
+            rank.finished(f"{n}-{j}", 100 + 10 * n)
+
+    group(0)  # step 1: its change file and whole file
+    rank.planner.save_state = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+    for n in range(1, 7):  # steps 2-7: change files only
+        group(n)
+    # those its whole file holds go but the latest 2; none written after it (steps 2-7)
+    assert sorted(int(x.stem.rsplit("-", 1)[1]) for x in tmp_path.glob("rank0-*.json")) == [2, 3, 4, 5, 6, 7]
+    late = la.GroupRouter(10_000, group_size=2, batch=1, rank=1, share_dir=tmp_path)
+    assert late.merge() == 7  # every prompt: the whole file of step 1, then the 6 change files after it
+    restarted = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    assert restarted.status()["replayed"] == 6 and restarted.planner.steps == 7
+    rank.planner.save_state = real
+    group(7)  # step 8: the whole file again, and the change files it holds go but the latest 2
+    assert sorted(int(x.stem.rsplit("-", 1)[1]) for x in tmp_path.glob("rank0-*.json")) == [7, 8]
+
+
 def test_a_whole_file_rewritten_within_the_clocks_resolution_is_read_again_when_the_changes_do_not_continue(
         tmp_path, monkeypatch):
     monkeypatch.setattr(la, "KEEP_CHANGES", 1)  # each rank keeps its latest change file, and its whole file with it

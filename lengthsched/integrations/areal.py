@@ -192,8 +192,11 @@ class GroupRouter:
             planner = RolloutPlanner(max_new_tokens=max_new_tokens)
         self.planner = planner
         self._replayed = 0  # own change files replayed on a restart
+        # the step of this rank's whole file in share_dir (None: none): its change files after it are never removed
+        self._whole_at: int | None = None
         if self.state_path is not None and os.path.exists(self.state_path):  # a restarted rank
             planner.load_state(self.state_path)
+            self._whole_at = planner.steps
             self._replay_own()
         self.taken = 0  # prompts whose statistics came from other ranks' files
         self._merged_at = planner.steps  # the planner's step when the others' files were last read
@@ -325,8 +328,10 @@ class GroupRouter:
     def write_changes(self) -> None:
         """Write the statistics of the prompts this rank observed since its last change file to a new one,
         ``rank{rank}-{since}-{step}.json`` (``since``: the step of the last, ``new`` for the first since the
-        router was made), and remove its change files older than the latest :data:`KEEP_CHANGES`. Done as each
-        rollout step starts; a file that cannot be written is logged, its prompts go into the next one."""
+        router was made), with its first one and then every :data:`WHOLE_EVERY` its whole file, and remove its
+        change files older than the latest :data:`KEEP_CHANGES` that its whole file holds (those written after it
+        stay, while the whole file cannot be written, for a restart and for readers to chain). Done as each rollout
+        step starts; a file that cannot be written is logged, its prompts go into the next one."""
         if self.share_dir is None:
             return
         step = self.planner.steps
@@ -343,14 +348,15 @@ class GroupRouter:
         if self._unsaved is None or self._unsaved >= min(WHOLE_EVERY, KEEP_CHANGES):
             try:
                 self.planner.save_state(self.state_path)
-                self._unsaved = 0
+                self._unsaved, self._whole_at = 0, step
                 self.whole_writes += 1
-            except OSError as exc:  # the change files since the last one are still there: tried at the next step
+            except OSError as exc:  # its change files since the last one are kept (below): tried at the next step
                 log.warning("lengthsched: could not write %s (%s); tried again at the next step", self.state_path,
                             exc)
-        for *_, name in self._own_changes()[:-KEEP_CHANGES]:
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(self.share_dir, name))
+        for old, _, name in self._own_changes()[:-KEEP_CHANGES]:
+            if self._whole_at is not None and old <= self._whole_at:  # what the whole file holds: never one after it
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self.share_dir, name))
 
     def _own_changes(self) -> list[tuple[int, str | None, str]]:
         """This rank's change files in ``share_dir``: (step, since or None for ``new``, name), by step."""
