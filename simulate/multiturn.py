@@ -222,7 +222,9 @@ class MultiTurnResult:
     the tokens they did not prefill; ``later_turns``: turns after the first; ``moved_turns``: later turns
     that ran elsewhere than their previous turn (stolen or moved); ``lower_bound_seconds``: no placement
     and schedule finishes sooner (the larger of the single-turn bound over every turn as a request of its
-    own and the slowest session's path: its tokens decoded alone plus its tools' seconds);
+    own, each turn's decode rows reading and holding its conversation and every tool answer prefilled, and the
+    slowest session's path: its tokens decoded one a step reading its conversation, its answers prefilled, plus
+    its tools' seconds);
     ``tokens``: tokens generated; ``step_logs``: each replica's :class:`~lengthsched.runtime.StepLog` (what
     ``benchmarks/gpu_replay.py`` replays); ``router``: how the sessions were routed (``"placed"``: a
     placement); ``host_hits``: later turns that loaded their conversation from host memory (``kv_offload``)."""

@@ -37,8 +37,9 @@ MULTITURN_LEGEND = {
     "seconds": "the step's makespan: the last turn's finish (modelled)",
     "x ref": "seconds / those of the first run (below 1: faster): vLLM FCFS with verl's sticky routing, or with "
              "--framework slime SGLang behind its router (slime as it ships)",
-    "x LB": "seconds / the lower bound (the larger of the single-turn bound over every turn and the slowest "
-            "session's tokens decoded alone plus its tools' seconds)",
+    "x LB": "seconds / the lower bound (the larger of the single-turn bound over every turn, each reading and "
+            "holding its conversation, every tool answer prefilled, and the slowest session's path: its tokens "
+            "decoded one a step, its answers prefilled, plus its tools' seconds)",
     "preempted": "preemptions (each recomputes what the request had generated)",
     "prefilled": "tokens prefilled: prompts, conversations of later turns, recomputation",
     "cached": "share of the later turns that found their conversation in their replica's prefix cache (with "
