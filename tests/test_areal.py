@@ -254,6 +254,7 @@ def test_ranks_read_each_others_changes_not_their_whole_files_and_learn_the_same
         long_ones = np.array([lengths_for(long_every=2)[p] for p in PROMPTS]) > 100
         assert a[long_ones].min() > a[~long_ones].max()
     monkeypatch.setattr(la, "KEEP_CHANGES", 2)  # each rank keeps its latest 2: a rank 3 steps behind reads all
+    monkeypatch.setattr(la, "WHOLE_EVERY", 2)  # and writes its whole file every 2 change files
     routers, _ = _share_epochs(tmp_path / "few", epochs=1)
     names = [x.name for x in (tmp_path / "few").iterdir()]
     assert all(sum(n.startswith(f"rank{k}-") for n in names) == 2 for k in range(3))
@@ -326,7 +327,8 @@ def test_a_restarted_rank_resumes_from_its_whole_file_and_replays_its_change_fil
        keep=st.integers(1, 4), every=st.integers(1, 5))
 def test_ranks_sharing_a_directory_lose_nothing_through_gaps_pruning_and_restarts(events, keep, every):
     # 3 ranks run groups of 8 prompts in any order, a rank sometimes restarting (from its whole file and its change
-    # files after it), each keeping few change files and rewriting its whole file every few: once each has merged
+    # files after it), each keeping few change files and rewriting its whole file every few (more or fewer than it
+    # keeps: the change files since the whole file stay): once each has merged
     # what is there, every rank knows every prompt any rank observed, and a restarted rank knows what it did
     keys = [f"prompt {i}" for i in range(8)]
 
@@ -349,7 +351,8 @@ def test_ranks_sharing_a_directory_lose_nothing_through_gaps_pruning_and_restart
             for j in range(2):
                 routers[k].finished(f"{n}-{j}", length + j)
             seen[k].add(p)
-            assert len(list(Path(tmp).glob(f"rank{k}-*.json"))) <= keep
+            # the latest `keep`, and those written since the rank's last whole file (fewer than `every`)
+            assert len(list(Path(tmp).glob(f"rank{k}-*.json"))) <= max(keep, every - 1)
         for router in routers:
             router.merge()
         for router in routers:
@@ -357,8 +360,8 @@ def test_ranks_sharing_a_directory_lose_nothing_through_gaps_pruning_and_restart
 
 
 def test_while_its_whole_file_cannot_be_written_a_rank_keeps_every_change_file_written_after_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(la, "KEEP_CHANGES", 2)  # the whole file every 2 change files, 2 kept
-    rank = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    monkeypatch.setattr(la, "KEEP_CHANGES", 2)  # 2 kept
+    rank = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path, whole_every=2)
     real = rank.planner.save_state
 
     def group(n):
@@ -375,7 +378,7 @@ def test_while_its_whole_file_cannot_be_written_a_rank_keeps_every_change_file_w
     assert sorted(int(x.stem.rsplit("-", 1)[1]) for x in tmp_path.glob("rank0-*.json")) == [2, 3, 4, 5, 6, 7]
     late = la.GroupRouter(10_000, group_size=2, batch=1, rank=1, share_dir=tmp_path)
     assert late.merge() == 7  # every prompt: the whole file of step 1, then the 6 change files after it
-    restarted = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    restarted = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path, whole_every=2)
     assert restarted.status()["replayed"] == 6 and restarted.planner.steps == 7
     rank.planner.save_state = real
     group(7)  # step 8: the whole file again, and the change files it holds go but the latest 2
@@ -385,7 +388,7 @@ def test_while_its_whole_file_cannot_be_written_a_rank_keeps_every_change_file_w
 def test_a_whole_file_rewritten_within_the_clocks_resolution_is_read_again_when_the_changes_do_not_continue(
         tmp_path, monkeypatch):
     monkeypatch.setattr(la, "KEEP_CHANGES", 1)  # each rank keeps its latest change file, and its whole file with it
-    writer = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path)
+    writer = la.GroupRouter(10_000, group_size=2, batch=1, rank=0, share_dir=tmp_path, whole_every=1)
     reader = la.GroupRouter(10_000, group_size=2, batch=1, rank=1, share_dir=tmp_path)
 
     def group(n, key):
@@ -605,7 +608,7 @@ def test_prompt_text_decodes_with_the_requests_tokenizer_else_joins_the_ids():
     ({"group_size": 0}, "group_size"), ({"pool_tokens": 0}, "pool_tokens"), ({"ways": 0}, "ways"),
     ({"planner": object()}, "planner"), ({"data_parallel_size": 0}, "data_parallel_size"), ({"key": 3}, "key"),
     ({"prefill_share": -1.0}, "prefill_share"), ({"batch": 0}, "batch"), ({"rank": -1}, "rank"),
-    ({"share_dir": ""}, "share_dir"),
+    ({"share_dir": ""}, "share_dir"), ({"whole_every": 0}, "whole_every"),
 ])
 def test_bad_settings_name_the_argument(kwargs, name):
     args = {"pool_tokens": 10_000, "group_size": 2, **kwargs}

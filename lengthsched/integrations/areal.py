@@ -88,9 +88,9 @@ SHARE_PREFIX = "rank"
 #: The change files a rank keeps in a ``share_dir`` (its latest; a rank further behind reads the whole file).
 KEEP_CHANGES = 16
 #: A rank rewrites its whole file in a ``share_dir`` with its first change file and then every ``WHOLE_EVERY``
-#: (at most :data:`KEEP_CHANGES`, so that every change file written since the whole file is kept): a restart
-#: resumes from the whole file and replays the change files after it, and a reader that lacks a rank's changes
-#: reads its whole file and then the change files after it.
+#: (:class:`GroupRouter`'s default ``whole_every``; the change files written since the whole file are always
+#: kept): a restart resumes from the whole file and replays the change files after it, and a reader that lacks a
+#: rank's changes reads its whole file and then the change files after it.
 WHOLE_EVERY = 8
 _CHANGES = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)-(\d+|new)-(\d+)\.json")
 _WHOLE = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)\.json")
@@ -146,14 +146,16 @@ class GroupRouter:
     rank alone knows the earlier epochs of about one prompt in ``ranks`` and predicts the rest from nothing.
     As each rollout step starts the rank writes the statistics of the prompts it observed since its last step,
     alone (``rank{rank}-{since}-{step}.json``, a partial :meth:`RolloutPlanner.state`; its latest
-    :data:`KEEP_CHANGES` kept), with its first one and then every :data:`WHOLE_EVERY` its planner's whole
+    :data:`KEEP_CHANGES` kept, and those since its whole file), with its first one and then every ``whole_every``
+    (default :data:`WHOLE_EVERY`) its planner's whole
     state (``share_dir/rank{rank}.json``, :attr:`state_path`: a restarted rank resumes from it and replays its
     change files written after it, :meth:`RolloutPlanner.replay_states`), and then it merges what the other ranks
     wrote since (:meth:`merge`; :meth:`RolloutPlanner.merge_states`): their change files where it has read every
     one before, else their whole files and the change files after them (the first time, after a restart, or
     after falling more than ``KEEP_CHANGES`` steps behind). A step's merge then reads the prompts the ranks
     observed in a step, not every prompt seen so far (8 ranks, 100,000 prompts: about 1 ms on one core instead
-    of 4.2 s for the seven 14 MB whole files), and a rank writes its 14 MB once in 8 steps. ``rank``: this rank's
+    of 4.2 s for the seven 14 MB whole files), and a rank writes its 14 MB once in 8 steps (``whole_every``: once
+    in that many; more makes a restart and a reader's first read replay more change files). ``rank``: this rank's
     number there (any number unique to the submitting process). None: each rank learns alone.
 
     :meth:`route` gives a new request its server; :meth:`finished` and :meth:`failed` say it is back;
@@ -168,8 +170,10 @@ class GroupRouter:
     def __init__(self, pool_tokens: int, *, group_size: int, planner: RolloutPlanner | None = None,
                  max_new_tokens: int | None = None, concurrency: int | None = None, ways: int | None = WAYS,
                  prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
-                 share_dir: str | os.PathLike | None = None, rank: int = 0):
+                 share_dir: str | os.PathLike | None = None, rank: int = 0, whole_every: int | None = None):
         self.group_size = check_int("group_size", group_size, minimum=1)
+        #: Change files between two writes of this rank's whole file (None: :data:`WHOLE_EVERY`, read then).
+        self.whole_every = None if whole_every is None else check_int("whole_every", whole_every, minimum=1)
         if planner is not None and not isinstance(planner, RolloutPlanner):
             raise InvalidArgument("planner", type(planner).__name__,
                                   "a lengthsched.integrations.verl.RolloutPlanner (its predictor), or None")
@@ -328,7 +332,7 @@ class GroupRouter:
     def write_changes(self) -> None:
         """Write the statistics of the prompts this rank observed since its last change file to a new one,
         ``rank{rank}-{since}-{step}.json`` (``since``: the step of the last, ``new`` for the first since the
-        router was made), with its first one and then every :data:`WHOLE_EVERY` its whole file, and remove its
+        router was made), with its first one and then every :attr:`whole_every` its whole file, and remove its
         change files older than the latest :data:`KEEP_CHANGES` that its whole file holds (those written after it
         stay, while the whole file cannot be written, for a restart and for readers to chain). Done as each rollout
         step starts; a file that cannot be written is logged, its prompts go into the next one."""
@@ -345,7 +349,7 @@ class GroupRouter:
         self._changed.clear()
         self._since = step
         self._unsaved = None if self._unsaved is None else self._unsaved + 1
-        if self._unsaved is None or self._unsaved >= min(WHOLE_EVERY, KEEP_CHANGES):
+        if self._unsaved is None or self._unsaved >= (WHOLE_EVERY if self.whole_every is None else self.whole_every):
             try:
                 self.planner.save_state(self.state_path)
                 self._unsaved, self._whole_at = 0, step
@@ -518,7 +522,7 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
             max_new_tokens: int | None = None, data_parallel_size: int = 1, concurrency: int | None = None,
             ways: int | str | None = AUTO, prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
             key: Callable[[Any], Hashable] = prompt_text, share_dir: str | os.PathLike | None = None,
-            rank: int | None = None) -> GroupRouter:
+            rank: int | None = None, whole_every: int | None = None) -> GroupRouter:
     """Route ``engine``'s requests (a rank's initialized ``RemoteSGLangEngine``, ``RemotevLLMEngine`` or
     ``RemoteInfEngine``, AReaL 1.0.4's SPMD mode) by a :class:`GroupRouter`, returned: its ``agenerate`` gives
     every request with a new rid the router's server (recorded in ``rid_to_address`` and ``rid_queue`` as AReaL
@@ -533,8 +537,8 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
     trainer's data-parallel ranks: this rank's share of a learner step, as AReaL divides it). ``key``: a
     request's prompt key (default :func:`prompt_text`), asked once per prompt while its ids are among the latest
     :data:`KEY_CACHE`. ``share_dir``: :class:`GroupRouter`'s (the ranks pool what they learn there), ``rank``
-    this process's number there (default: the ``RANK`` torchrun sets, else 0). Installing twice replaces the
-    first router."""
+    this process's number there (default: the ``RANK`` torchrun sets, else 0), ``whole_every`` its whole file's
+    rewrites. Installing twice replaces the first router."""
     inner = _inner(engine)
     ranks = check_int("data_parallel_size", data_parallel_size, minimum=1)
     config = getattr(inner, "config", None)
@@ -562,7 +566,7 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
         rank = int(found)
     router = GroupRouter(pool_tokens, group_size=group_size, planner=planner, max_new_tokens=max_new_tokens,
                          concurrency=concurrency, ways=ways, prefill_share=prefill_share, batch=batch,
-                         share_dir=share_dir, rank=rank)
+                         share_dir=share_dir, rank=rank, whole_every=whole_every)
     original = inner.__dict__.get("_lengthsched_agenerate") or inner.agenerate
 
     async def agenerate(req: Any) -> Any:
