@@ -172,8 +172,8 @@ class GroupRouter:
                  prefill_share: float | None = PREFILL_SHARE, batch: int | None = None,
                  share_dir: str | os.PathLike | None = None, rank: int = 0, whole_every: int | None = None):
         self.group_size = check_int("group_size", group_size, minimum=1)
-        #: Change files between two writes of this rank's whole file (None: :data:`WHOLE_EVERY`, read then).
-        self.whole_every = None if whole_every is None else check_int("whole_every", whole_every, minimum=1)
+        #: Change files between two writes of this rank's whole file (default :data:`WHOLE_EVERY`).
+        self.whole_every = WHOLE_EVERY if whole_every is None else check_int("whole_every", whole_every, minimum=1)
         if planner is not None and not isinstance(planner, RolloutPlanner):
             raise InvalidArgument("planner", type(planner).__name__,
                                   "a lengthsched.integrations.verl.RolloutPlanner (its predictor), or None")
@@ -349,7 +349,7 @@ class GroupRouter:
         self._changed.clear()
         self._since = step
         self._unsaved = None if self._unsaved is None else self._unsaved + 1
-        if self._unsaved is None or self._unsaved >= (WHOLE_EVERY if self.whole_every is None else self.whole_every):
+        if self._unsaved is None or self._unsaved >= self.whole_every:
             try:
                 self.planner.save_state(self.state_path)
                 self._unsaved, self._whole_at = 0, step
@@ -362,10 +362,25 @@ class GroupRouter:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(self.share_dir, name))
 
+    def _listing(self) -> tuple[dict[int, str], dict[int, list[tuple[int, str | None, str]]]]:
+        """The ranks' files in ``share_dir``: per rank its whole file's name, and its change files as (step, since
+        or None for ``new``, name), by step."""
+        whole: dict[int, str] = {}
+        changes: dict[int, list[tuple[int, str | None, str]]] = {}
+        for name in os.listdir(self.share_dir):
+            m = _WHOLE.fullmatch(name)
+            if m:
+                whole[int(m[1])] = name
+            m = _CHANGES.fullmatch(name)
+            if m:
+                changes.setdefault(int(m[1]), []).append((int(m[3]), None if m[2] == "new" else m[2], name))
+        for files in changes.values():
+            files.sort()
+        return whole, changes
+
     def _own_changes(self) -> list[tuple[int, str | None, str]]:
         """This rank's change files in ``share_dir``: (step, since or None for ``new``, name), by step."""
-        return sorted((int(m[3]), None if m[2] == "new" else m[2], m[0])
-                      for m in map(_CHANGES.fullmatch, os.listdir(self.share_dir)) if m and int(m[1]) == self.rank)
+        return self._listing()[1].get(self.rank, [])
 
     def _replay_own(self) -> None:
         """A restarted rank, resumed from its whole file: replay its change files written after it, oldest first,
@@ -396,18 +411,10 @@ class GroupRouter:
         request. Returns the prompts whose statistics were taken."""
         if self.share_dir is None:
             return 0
-        whole: dict[int, str] = {}
-        changes: dict[int, list[tuple[int, str | None, str]]] = {}  # rank -> (step, since, name), by step
-        for name in os.listdir(self.share_dir):
-            m = _WHOLE.fullmatch(name)
-            if m and int(m[1]) != self.rank:
-                whole[int(m[1])] = name
-            m = _CHANGES.fullmatch(name)
-            if m and int(m[1]) != self.rank:
-                changes.setdefault(int(m[1]), []).append((int(m[3]), None if m[2] == "new" else m[2], name))
+        whole, changes = self._listing()
         taken = 0
-        for rank in sorted(set(whole) | set(changes)):
-            files = sorted(changes.get(rank, []))
+        for rank in sorted((set(whole) | set(changes)) - {self.rank}):
+            files = changes.get(rank, [])
             if not files:  # a rank that writes no change files: its whole file, when rewritten
                 taken += self._merge_whole(whole.get(rank))[0]
                 continue
@@ -415,8 +422,7 @@ class GroupRouter:
             fresh = [f for f in files if last is None or f[0] > last]
             if not fresh:
                 continue
-            links = [str(last)] + [str(f[0]) for f in fresh[:-1]]
-            if last is None or any(f[1] != link for f, link in zip(fresh, links)):  # a gap: the whole file first
+            if last is None or not _continues(files, last):  # a gap: the whole file first
                 reads = self.whole_reads
                 got, base = self._merge_whole(whole.get(rank))
                 if self.whole_reads == reads and base is not None and not _continues(files, base):
