@@ -540,6 +540,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         raise InvalidArgument("policy", policy, "a policy that finishes every turn it is sent")
     later = level > 0
     moved = int(np.sum(later & (ran != ran[prev])))
+    answers = _answers(turns, session, level, context)
     logs = [eng.step_log() for eng in engines]
     replica_seconds = tuple(float(secs[-1]) for _, secs in clock.clocks())
     return MultiTurnResult(
@@ -553,19 +554,11 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         host_hits=sum(eng.host_hits for eng in engines),
         later_turns=int(later.sum()), moved_turns=moved,
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas, conv=conv,
-                                             answers=_answers(turns, session, level, context),
-                                             chain=int(flat.max())),
-                                _session_bound(cost, turns, flat, prompt_lens[owner])),
+                                             answers=answers, chain=int(flat.max())),
+                                _session_bound(cost, turns, flat, prompt_lens[owner], session, level, length,
+                                               conv - before, answers)),
         tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs),
         router="placed" if placement is not None else router)
-
-
-def _answer_tokens(turns: Turns) -> tuple[np.ndarray, np.ndarray]:
-    """Every tool answer's tokens, session after session (flattened), and where each session's answers start."""
-    counts = np.array([len(x) for x in turns.tool_tokens], dtype=np.int64)
-    flat = np.concatenate([np.asarray(x, dtype=np.int64) for x in turns.tool_tokens]) if counts.sum() else \
-        np.zeros(0, dtype=np.int64)
-    return flat, np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def _answers(turns: Turns, session: np.ndarray, level: np.ndarray, context: np.ndarray) -> tuple[np.ndarray,
@@ -573,38 +566,32 @@ def _answers(turns: Turns, session: np.ndarray, level: np.ndarray, context: np.n
     """(tokens, attention pairs) of each tool answer, prefilled before the turn after it (``session``, ``level``,
     ``context``: per turn its session, its place there and the conversation before it, the prompt and the answer
     included)."""
-    flat, start = _answer_tokens(turns)
+    counts = np.array([len(x) for x in turns.tool_tokens], dtype=np.int64)
+    flat = np.concatenate([np.asarray(x, dtype=np.int64) for x in turns.tool_tokens]) if counts.sum() else \
+        np.zeros(0, dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)  # where each session's answers start
     later = np.flatnonzero(level > 0)
     tokens = flat[start[session[later]] + level[later] - 1]
     before = context[later] - tokens  # what the answer attends beside itself
     return tokens, tokens * before + tokens * (tokens + 1) // 2
 
 
-def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray) -> float:
+def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray, session: np.ndarray,
+                   level: np.ndarray, length: np.ndarray, answered: np.ndarray,
+                   answers: tuple[np.ndarray, np.ndarray]) -> float:
     """The slowest session's path (seconds): its tokens decoded one a step (reading its prompt, its own tokens
-    and the tool answers before them), its tool answers prefilled, and its tools' seconds."""
+    and the tool answers before them), its tool answers prefilled, and its tools' seconds. Per turn (``session``,
+    ``level``, ``length``): ``answered``, the tool answers before it; ``answers``: :func:`_answers`' (tokens, pairs),
+    one per later turn."""
     steps = flat.astype(np.int64)
     n = len(steps)
-    counts = np.array([len(x) for x in turns.lengths], dtype=np.int64)
-    gen = np.concatenate([np.asarray(x, dtype=np.int64) for x in turns.lengths])
-    owner = np.repeat(np.arange(n), counts)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    level = np.arange(len(gen)) - first[owner]
-    answers, start = _answer_tokens(turns)
-    ans = np.zeros(len(gen), dtype=np.int64)  # the answer before each turn (0 for a first turn)
-    later = level > 0
-    ans[later] = answers[start[owner[later]] + level[later] - 1]
-    upto = np.cumsum(ans)
-    before = upto - (upto - ans)[first][owner]  # answers before each turn, its own included
-    done = np.cumsum(gen) - gen
-    done = done - done[first][owner]  # tokens its session generated before each turn
-    answered = np.bincount(owner, weights=gen * before, minlength=n)  # later turns' rows reading the answers
-    seen = context[owner] + done + before - ans  # what each answer attends beside itself
-    pairs = np.bincount(owner, weights=ans * seen + ans * (ans + 1) // 2, minlength=n)
-    kv = steps * context + steps * (steps - 1) // 2 + answered.astype(np.int64)
+    reads = np.bincount(session, weights=length * answered, minlength=n)  # later turns' rows reading the answers
+    later = session[level > 0]
+    kv = steps * context + steps * (steps - 1) // 2 + reads.astype(np.int64)
     decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv,
-                                                 prefill_tokens=np.bincount(owner, weights=ans, minlength=n),
-                                                 prefill_context=pairs), dtype=float)
+                                                 prefill_tokens=np.bincount(later, weights=answers[0], minlength=n),
+                                                 prefill_context=np.bincount(later, weights=answers[1], minlength=n)),
+                        dtype=float)
     tools = np.array([float(np.sum(x)) for x in turns.tool_seconds])
     return float(np.max(decode + tools))
 
