@@ -317,7 +317,8 @@ class InfiniteSampler:
         block = POLICIES[sim_name].cls.block_size  # the vLLM models round KV to blocks of 16
         memory = model_memory(self.model, block, self.share_prompt_kv, self.kv_compression)
         tail = P if not self.share_prompt_kv else P % block  # prompt tokens each sequence holds itself
-        budget_tokens = self._budget_tokens(memory, P, G, L + tail)
+        kv_cap = None if self.kv_compression is None else self.kv_compression.max_retained  # admit by the sparse KV
+        budget_tokens = self._budget_tokens(memory, P, G, (L if kv_cap is None else min(L, kv_cap)) + tail)
         point, reserve = self._predictions(prompt, G, predicted)
         truth = forced if forced is not None else np.full(G, L, dtype=np.int64)
 
@@ -330,7 +331,8 @@ class InfiniteSampler:
         problem = Problem(lengths=truth, max_new_tokens=L, prompt_len=P, slots=self.slots,
                           budget_tokens=budget_tokens, predicted=point, reserve=reserve, refill=self.refill,
                           eps=self.eps, stream=stream, predictor=self.predictor if online else None,
-                          prompt_ids=tuple(self._queries(prompt, G)) if online else None, quantile=self.quantile)
+                          prompt_ids=tuple(self._queries(prompt, G)) if online else None, quantile=self.quantile,
+                          kv_cap=kv_cap)
         policy = make_policy(sim_name, problem)  # raises on a missing slots / budget before any compute
         device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype
@@ -338,7 +340,7 @@ class InfiniteSampler:
                         share_prompt=self.share_prompt_kv, compression=self.kv_compression)
         eng = Engine(truth, tails=[tail] * G if tail else None, block_size=block,
                      slots=self.slots if policy.respects_slots else None, budget_tokens=budget_tokens,
-                     enforce_budget=policy.promises_budget and self.share_prompt_kv)
+                     enforce_budget=policy.promises_budget and self.share_prompt_kv, kv_cap=kv_cap)
         first_policy, then = policy, None
         if self.probe_tokens and predicted is None:
             first_policy, then = self._probe_phase(problem, eng, prompt, budget_tokens, sim_name)
@@ -379,14 +381,16 @@ class InfiniteSampler:
 
     def _budget_tokens(self, memory: ModelMemory, P: int, G: int, one_sequence: int) -> int | None:
         """The group's KV token budget (None without ``budget_bytes``); raises if it cannot hold one
-        whole sequence (``one_sequence`` tokens: max_new_tokens and the prompt tail it holds)."""
+        whole sequence (``one_sequence`` tokens: max_new_tokens, or what a compressed cache keeps of
+        it, and the prompt tail it holds)."""
         if self.budget_bytes is None:
             return None
         tokens = kv_budget_tokens(memory, self.budget_bytes, prompt_tokens=P, group_size=G, slots=self.slots)
         if tokens < one_sequence:
             raise InvalidArgument("budget_bytes", self.budget_bytes,
                                   f"room for one whole sequence: {one_sequence} KV tokens beyond the prompt "
-                                  f"(max_new_tokens and the prompt tail), the budget leaves {tokens}")
+                                  f"(max_new_tokens or the compressed cache's most, and the prompt tail), "
+                                  f"the budget leaves {tokens}")
         return tokens
 
     def _forward(self, store: KVStore, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -400,7 +404,7 @@ class InfiniteSampler:
         k, G, L = self.probe_tokens, problem.n, problem.max_new_tokens
         if k >= L:
             raise InvalidArgument("probe_tokens", k, f"fewer than max_new_tokens={L}")
-        cap = min(G, self.slots or G, (budget_tokens // k) if budget_tokens is not None else G)
+        cap = min(G, self.slots or G, (budget_tokens // int(problem.held(k))) if budget_tokens is not None else G)
         probe = _Probe(problem, k, max(1, cap))
 
         def then(tokens: dict[int, list[int]]):

@@ -212,6 +212,10 @@ class SimulateOptions:
                                  "the fitted efficiencies kept)", choices=["a100", "h100", "h200", "l40s", "b200"])
     cost: str | None = _opt(None, "a fitted step-cost JSON (lengthsched cost fit) instead of the --gpu preset")
     prefill_chunk: int = _opt(8192, "most tokens prefilled in one step (vLLM's max_num_batched_tokens)")
+    kv_compression: str | None = _opt(None, "a compressed KV cache (Sparse-RL's sparse rollouts), BUDGET:INTERVAL "
+                                            "in tokens (e.g. 512:32): every sequence holds at most BUDGET + "
+                                            "INTERVAL generated tokens and the policies admit by that (groups one "
+                                            "at a time); attention reads are still priced uncompressed")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

@@ -17,6 +17,7 @@ from lengthsched import (
     BudgetTooSmall,
     ConstantLengthPredictor,
     InvalidArgument,
+    KVCompression,
     ModelMemory,
     NoisyOracleLengthPredictor,
     parse_bytes,
@@ -36,6 +37,20 @@ __all__ = ["PolicySummary", "Comparison", "compare", "check_options", "format_ta
 
 #: G of the named workloads when ``--group-size`` is not given (a trace file keeps its own sizes).
 DEFAULT_GROUP_SIZE = 32
+
+
+def parse_compression(text: str | None) -> KVCompression | None:
+    """``"512:32"`` -> ``KVCompression(budget=512, interval=32)`` (``--kv-compression``); None -> None."""
+    if text is None:
+        return None
+    budget, sep, interval = str(text).partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return KVCompression(int(budget), int(interval))
+    except (ValueError, InvalidArgument):
+        raise InvalidArgument("kv_compression", text, "BUDGET:INTERVAL, two positive token counts (e.g. 512:32)") \
+            from None
 
 
 def load_memory(opts: SimulateOptions) -> ModelMemory:
@@ -254,7 +269,8 @@ def simulate_group(opts: SimulateOptions, memory: ModelMemory, budget_bytes: int
                      predicted=predictions_for(opts.predictor, group, index, opts.seed),
                      max_new_tokens=opts.max_new_tokens, prompt_len=group.prompt_len, seed=opts.seed + index,
                      quantile=opts.quantile, refill=opts.refill, record=record,
-                     cost=load_cost(opts, memory) if cost is None else cost, prefill_chunk=opts.prefill_chunk)
+                     cost=load_cost(opts, memory) if cost is None else cost, prefill_chunk=opts.prefill_chunk,
+                     compression=parse_compression(opts.kv_compression))
 
 
 def _one_group(args: tuple) -> list[tuple[str, dict]]:
@@ -409,8 +425,13 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.slots is not None:
         check_int("slots", opts.slots, minimum=1)
     check_positive_float("quantile", opts.quantile, maximum=0.999999)
-    parse_policies(opts.policies)
+    policies = parse_policies(opts.policies)
     parse_bytes(opts.budget, "budget")
+    if parse_compression(opts.kv_compression) is not None:
+        refuse = [p for p in policies if not POLICIES[p].compressed]
+        if refuse:
+            raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with "
+                                                             f"--kv-compression ({', '.join(refuse)} do not)")
 
 
 def workload_groups(opts: SimulateOptions, limit: int | None, epoch: int = 0) -> list[Group]:
@@ -445,8 +466,9 @@ def group_sizes(groups: Sequence[Group]) -> str:
 _RESERVE_L_MAX = {"micro", "fixed_slot", "dynamic_slot", "reserve_max"}
 
 
-def _needed_tokens(group: Group, policies: Sequence[str], max_new_tokens: int) -> int:
-    return max_new_tokens if _RESERVE_L_MAX.intersection(policies) else int(group.lengths.max())
+def _needed_tokens(group: Group, policies: Sequence[str], max_new_tokens: int, compression=None) -> int:
+    need = max_new_tokens if _RESERVE_L_MAX.intersection(policies) else int(group.lengths.max())
+    return need if compression is None else min(need, compression.max_retained)
 
 
 def _fits(memory: ModelMemory, budget_bytes: int, groups: Sequence[Group], policies, opts) -> Group | None:
@@ -456,7 +478,7 @@ def _fits(memory: ModelMemory, budget_bytes: int, groups: Sequence[Group], polic
             tokens = _group_budget(memory, budget_bytes, g, opts.slots)
         except BudgetTooSmall:
             return g
-        if tokens < _needed_tokens(g, policies, opts.max_new_tokens):
+        if tokens < _needed_tokens(g, policies, opts.max_new_tokens, parse_compression(opts.kv_compression)):
             return g
     return None
 
@@ -526,6 +548,10 @@ def _setting(opts: SimulateOptions, groups: Sequence[Group], memory: ModelMemory
               ("cost", "seconds modelled for {}", f"{cost.model} on {cost.gpu}"
                + (" (fitted)" if opts.cost else " (unfitted preset)")),
               ("prefill_chunk", "prefill chunk {} tokens", str(opts.prefill_chunk))]
+    if opts.kv_compression is not None:
+        comp = parse_compression(opts.kv_compression)
+        parts.append(("kv_compression", "KV compressed {}", f"to {comp.budget} generated tokens every {comp.interval} "
+                                                            f"(at most {comp.max_retained} a sequence)"))
     return tuple(parts)
 
 
@@ -548,7 +574,7 @@ def compare(opts: SimulateOptions, *, progress: bool = False) -> Comparison:
     check_budget(opts, memory, budget_bytes, groups, policies)
     clipped = _clipped_predictions(opts, groups)
     uniform = len({len(g.lengths) for g in groups}) == 1
-    fast = [p for p in policies if p in FAST_POLICIES and uniform]
+    fast = [p for p in policies if p in FAST_POLICIES and uniform and opts.kv_compression is None]
     slow = [p for p in policies if p not in fast]
     cost = load_cost(opts, memory)
     try:

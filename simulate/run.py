@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from lengthsched import InvalidArgument, partition
+from lengthsched import InvalidArgument, KVCompression, partition
 from lengthsched.errors import as_lengths, check_int, check_positive_float
-from lengthsched.runtime import Engine, Problem, StepLog, Timeline, make_policy
+from lengthsched.runtime import POLICIES, Engine, Problem, StepLog, Timeline, make_policy, policy_names
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, lower_bound_seconds, prompt_prefill_log
 
 __all__ = ["SimResult", "run_group", "run_batch", "lower_bound", "retained_kv_curve"]
@@ -82,13 +82,21 @@ class SimResult:
         return self.budget_tokens is None or self.peak_kv_tokens <= self.budget_tokens
 
 
-def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | None) -> int:
-    """docs/model.md section 5: max(max l, slot bound with k slots, sum l (l + 1) / (2 T))."""
+def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | None,
+                kv_cap: int | None = None) -> int:
+    """docs/model.md section 5: max(max l, slot bound with k slots, sum l (l + 1) / (2 T)) steps.
+
+    With a compressed cache (``kv_cap``: generated tokens a sequence holds at most) the area term
+    counts min(a, kv_cap) for the a-th token: the KV-steps a completion of length l must hold are
+    l (l + 1) / 2 up to the cap and kv_cap (kv_cap + 1) / 2 + (l - kv_cap) kv_cap beyond it."""
     bound = int(lengths.max())
     if slots is not None:
         bound = max(bound, partition.lower_bound(lengths, min(slots, len(lengths))))
     if budget_tokens is not None:
-        bound = max(bound, math.ceil(int((lengths * (lengths + 1)).sum()) / (2 * budget_tokens)))
+        area = lengths * (lengths + 1) // 2
+        if kv_cap is not None:
+            area = np.where(lengths > kv_cap, kv_cap * (kv_cap + 1) // 2 + (lengths - kv_cap) * kv_cap, area)
+        bound = max(bound, math.ceil(int(area.sum()) / budget_tokens))
     return bound
 
 
@@ -147,9 +155,13 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                                                   f"{int(lengths[bad])})")
     slots = None if slots is None else check_int("slots", slots, minimum=1)
     budget_tokens = None if budget_tokens is None else check_int("budget_tokens", budget_tokens, minimum=1)
-    if budget_tokens is not None and lengths.max() > budget_tokens:
+    if compression is not None and not isinstance(compression, KVCompression):
+        raise InvalidArgument("compression", compression, "a lengthsched.KVCompression(budget, interval) or None")
+    kv_cap = None if compression is None else compression.max_retained
+    longest = int(lengths.max()) if kv_cap is None else min(int(lengths.max()), kv_cap)
+    if budget_tokens is not None and longest > budget_tokens:
         raise InvalidArgument("budget_tokens", budget_tokens,
-                              f"at least the longest completion ({int(lengths.max())} tokens)")
+                              f"at least what the longest completion holds ({longest} tokens)")
     seed = check_int("seed", seed, minimum=0)
     quantile = check_positive_float("quantile", quantile, maximum=0.999999)
     prefill_chunk = None if prefill_chunk is None else check_int("prefill_chunk", prefill_chunk, minimum=1)
@@ -163,18 +175,19 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
 
     problem = Problem(lengths=lengths, max_new_tokens=max_new, prompt_len=int(prompt_lens[0]), slots=slots,
                       budget_tokens=budget_tokens, predicted=point, reserve=reserve, predictor=predictor,
-                      refill=refill, eps=eps, stream=stream, prompt_ids=keys, quantile=quantile)
+                      refill=refill, eps=eps, stream=stream, prompt_ids=keys, quantile=quantile, kv_cap=kv_cap)
     sim = make_policy(policy, problem)
     block = sim.block_size
-    if compression is not None and block > 1:
-        raise InvalidArgument("compression", compression, f"token-granular KV (policy {policy!r} rounds to blocks)")
+    if compression is not None and not POLICIES[policy].compressed:
+        raise InvalidArgument("compression", compression, "None for policy " + repr(policy) + " (the policies that run "
+                              "a compressed cache: " + ", ".join(policy_names(compressed=True)) + ")")
     record = record or compression is not None
     tails = prompt_lens % block if block > 1 else None
     eng = Engine(lengths, tails=tails, block_size=block, slots=slots if sim.respects_slots else None,
                  budget_tokens=budget_tokens, enforce_budget=sim.promises_budget, record=record, context=prompt_lens,
-                 prefill_chunk=prefill_chunk).run(sim)
+                 prefill_chunk=prefill_chunk, kv_cap=kv_cap).run(sim)
     collected = eng.lengths_array()[np.asarray(eng.collected, dtype=np.int64)]
-    steps_bound = lower_bound(lengths, slots=slots, budget_tokens=budget_tokens)
+    steps_bound = lower_bound(lengths, slots=slots, budget_tokens=budget_tokens, kv_cap=kv_cap)
     log = _concat(prompt_prefill_log(prompts, prefill_chunk), eng.step_log())
     return SimResult(
         policy=sim.name,
@@ -246,9 +259,15 @@ def run_group(
     ``predicted``: predicted lengths, or a ``LengthPredictor`` (asked with completion indices as
     prompts; its ``quantile`` is the reservation unless ``reserve`` is given). Without predictions,
     completions start in index order. ``seed`` seeds the dynamic-slot stream. ``record`` keeps a
-    :class:`Timeline` for figures. ``compression`` (a ``lengthsched.KVCompression``) also reports
-    ``peak_retained_kv_tokens``, the peak of the sparse (compressed) KV the same schedule holds
-    (:func:`retained_kv_curve`); the policy still decides by the uncompressed counts.
+    :class:`Timeline` for figures. ``compression`` (a ``lengthsched.KVCompression``, Sparse-RL's
+    sparse rollouts): every sequence holds at most ``compression.max_retained`` generated tokens, and
+    ``budget_tokens`` counts them so: the policies admit by that ceiling, more sequences at once (the
+    vLLM models in whole blocks; the SGLang models still reserve uncompressed lengths; the rollout
+    policies refuse it: ``POLICIES[name].compressed``). ``peak_kv_tokens`` is then the peak of the
+    ceiling, ``peak_retained_kv_tokens`` that of the sparse KV the schedule really holds
+    (:func:`retained_kv_curve`, compressed back to the budget every interval), and the lower bound
+    counts the capped KV. Attention reads are still priced uncompressed (a sparse kernel reads less:
+    seconds are an upper bound there).
     ``cost``: the ``lengthsched.cost.StepCost`` that prices the run in seconds (default: Qwen3-1.7B
     on the H100 preset); ``prefill_chunk``: most tokens prefilled in one step (vLLM's
     ``max_num_batched_tokens``, default 8192; None: no limit). Every decode row reads its prompt's
@@ -279,7 +298,8 @@ def run_batch(groups: Sequence[Any], policy: str, **kwargs: Any) -> SimResult:
     prompts = np.concatenate([np.full(len(g.lengths), check_int("prompt_len", g.prompt_len, minimum=0))
                               for g in groups])
     options = dict(slots=None, budget_tokens=None, predicted=None, seed=0, reserve=None, quantile=0.9,
-                   refill="sjf", eps=0.05, record=False, cost=None, prefill_chunk=DEFAULT_PREFILL_CHUNK)
+                   refill="sjf", eps=0.05, record=False, cost=None, prefill_chunk=DEFAULT_PREFILL_CHUNK,
+                   compression=None)
     unknown = set(kwargs) - set(options) - {"max_new_tokens"}
     if unknown:
         raise InvalidArgument("kwargs", sorted(unknown), "arguments of run_group")

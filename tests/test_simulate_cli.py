@@ -88,6 +88,10 @@ def test_plot_writes_figures(tmp_path, capsys):
         (["--policies", "micro,fixed_slot", "--predictor", "bogus"], "argument 'predictor'"),
         (["--workers", "-1"], "argument 'workers'"),
         (["--output", "/"], "is a directory"),
+        (["--kv-compression", "512"], "argument 'kv_compression'"),
+        (["--kv-compression", "0:8"], "argument 'kv_compression'"),
+        (["--kv-compression", "512:32", "--policies", "micro,steal"], "argument 'policies'"),
+        (["--kv-compression", "512:32", "--prompts", "4"], "argument 'kv_compression'"),
     ],
 )
 def test_errors_are_one_line(extra, fragment, capsys):
@@ -122,3 +126,20 @@ def test_every_registered_policy_and_the_extras_have_their_own_colour():
     assert len(set(colours)) == len(colours)
     extras = {PALETTE[-1 - k] for k in range(4)}
     assert not extras & set(colours) and policy_color("oracle placement") in extras
+
+
+def test_a_compressed_cache_admits_more(capsys):
+    """--kv-compression: every default row, the cache in the header, fewer steps where the
+    budget held few sequences."""
+    args = SMALL + ["--budget", "3.5GiB", "--json"]
+    code, out, err = run(args + ["--policies", "micro,length_aware"], capsys)
+    assert code == 0, err
+    dense = {r["policy"]: r for r in json.loads(out)["policies"]}
+    code, out, err = run(args + ["--kv-compression", "128:16"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    sparse = {r["policy"]: r for r in data["policies"]}
+    assert {"vllm", "micro", "length_aware", "sglang", "growth_aware"} <= set(sparse)
+    assert "KV compressed to 128 generated tokens every 16 (at most 144 a sequence)" in data["note"]
+    for policy in ("micro", "length_aware"):
+        assert sparse[policy]["steps"] < dense[policy]["steps"] and sparse[policy]["within_budget"] == 1.0

@@ -113,5 +113,30 @@ def test_the_simulator_knows_the_retained_kv_trajectory(model, policy, slots):
     c = model_memory(model).kv_bytes_per_token
     for r in res.records:
         assert r.kv_bytes == (len(PROMPT) + curve[r.step]) * c
-    assert sim.peak_retained_kv_tokens == max(curve) < sim.peak_kv_tokens
+    dense = run_group(LENGTHS, policy, max_new_tokens=60, prompt_len=len(PROMPT), slots=slots, predicted=LENGTHS)
+    # the engine counts each sequence's ceiling (min(generated, budget + interval)): at or above the sparse KV
+    assert sim.peak_retained_kv_tokens == max(curve) <= sim.peak_kv_tokens < dense.peak_kv_tokens
     assert res.peak_kv_bytes == (len(PROMPT) + sim.peak_retained_kv_tokens) * c
+
+
+@pytest.mark.parametrize("policy", ["micro", "fixed_slot", "length_aware", "growth_aware"])
+def test_the_sampler_admits_by_the_compressed_kv(model, policy):
+    """A budget of 30 KV tokens cannot hold one 60-token completion uncompressed; compressed to at most
+    10 generated tokens a sequence it runs three at once, as the simulator's schedule, within the bytes."""
+    from simulate import run_group
+
+    comp = KVCompression(budget=7, interval=3)
+    mem = model_memory(model)
+    budget_bytes = mem.weights_bytes + mem.prompt_kv_bytes(len(PROMPT)) + mem.activation_bytes(6) \
+        + 30 * mem.kv_bytes_per_token
+    with pytest.raises(InvalidArgument, match="budget_bytes"):
+        InfiniteSampler(model, policy=policy, budget_bytes=budget_bytes).sample_group(
+            PROMPT, 6, max_new_tokens=60, seed=0, force_lengths=LENGTHS, predicted_lengths=LENGTHS)
+    res = InfiniteSampler(model, policy=policy, budget_bytes=budget_bytes, kv_compression=comp).sample_group(
+        PROMPT, 6, max_new_tokens=60, seed=0, force_lengths=LENGTHS, predicted_lengths=LENGTHS, stop_token_ids=[256])
+    sim = run_group(LENGTHS, policy, max_new_tokens=60, prompt_len=len(PROMPT), budget_tokens=30, predicted=LENGTHS,
+                    compression=comp)
+    assert res.steps == sim.steps and res.lengths == LENGTHS
+    assert res.peak_kv_tokens == sim.peak_kv_tokens <= 30 and sim.max_live == 3
+    c = mem.kv_bytes_per_token
+    assert all(r.kv_bytes <= (len(PROMPT) + 30) * c for r in res.records)

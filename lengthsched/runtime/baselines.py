@@ -71,8 +71,9 @@ class VLLMLike(_Waiting):
         # (with prompts in the pool, Engine.hold_prompts, its prompt's whole blocks too)
         if not eng.n:
             return
-        longest = max(-(-(eng.tail[j] + eng.length[j]) // self.block_size) + eng.load_need(j) // self.block_size
-                      for j in range(eng.n))
+        held = self.problem.held  # a compressed cache (Problem.kv_cap) holds at most kv_cap generated tokens
+        longest = max(-(-(eng.tail[j] + int(held(eng.length[j]))) // self.block_size)
+                      + eng.load_need(j) // self.block_size for j in range(eng.n))
         if longest > self.blocks:
             raise InvalidArgument("budget_tokens", self.budget,
                                   f"at least {longest * self.block_size} for policy 'vllm' (the longest completion "
@@ -131,16 +132,19 @@ class VLLMLike(_Waiting):
         """Blocks admitting ``job`` takes at its first step: its tail, recomputed tokens and next token,
         and its prompt's whole blocks when they are not held (prompts in the pool), less the blocks of its
         conversation cached here (a later turn: ``Engine.cache_conversation``), which become its own."""
-        return -(-(eng.tail[job] + eng.done[job] + 1) // self.block_size) + eng.load_need(job) // self.block_size \
+        generated = int(self.problem.held(eng.done[job] + 1))  # capped with a compressed cache
+        return -(-(eng.tail[job] + generated) // self.block_size) + eng.load_need(job) // self.block_size \
             - eng.reused_blocks(job)
 
     def wakeup(self, eng: Engine) -> int | None:
         """The last step before the blocks run out (each sequence takes a new block every 16 steps)."""
-        if not eng.origin:
+        needs = eng.first_block_needs()
+        if not needs:  # nothing live, or every sequence at a compressed cache's cap: no block is ever needed
             return None
         free = self.blocks - eng.blocks()
-        rounds, extra = divmod(free, eng.live)
-        for step, count in eng.first_block_needs():  # the (free + 1)-th new block is needed here
+        # Every sequence that grows takes a block every 16 steps (without a cap: all of them, exactly).
+        rounds, extra = divmod(free, sum(count for _, count in needs))
+        for step, count in needs:  # the (free + 1)-th new block is needed here
             if extra < count:
                 return eng.t + max(1, rounds * self.block_size + step - 1)
             extra -= count
@@ -415,6 +419,8 @@ class SGLangLike(_Waiting):
         overflow = overflow_wakeup(eng, self.budget)
         if not self.waiting or not eng.running or eng.live >= self.cap:
             return overflow
+        if overflow is None:  # nothing grows (a compressed cache at its cap): nothing overflows before a finish
+            overflow = eng.next_finish()
         # As the ratio decays the head of the queue may fit before anything finishes: find when.
         horizon = min(overflow, eng.next_finish() or overflow) - eng.t
         if horizon < 1:

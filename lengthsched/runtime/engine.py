@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import LengthschedError
+from ..errors import LengthschedError, check_int
 
 if TYPE_CHECKING:
     from .policies import SimPolicy
@@ -101,11 +101,19 @@ class Engine:
     when the recomputation fits the step; policies ask :meth:`can_prefill` before admitting so
     that a step never prefills more than ``prefill_chunk`` tokens (what does not fit waits for the
     next step, as a waiting request does in vLLM when the step's token budget is spent).
+
+    ``kv_cap``: a compressed KV cache (Sparse-RL; ``lengthsched.KVCompression.max_retained``): a live
+    sequence holds at most this many of its generated tokens, so :meth:`kv_tokens` counts
+    ``min(generated, kv_cap)`` per sequence (with its prompt tail, in whole blocks with a block size), an
+    upper bound of what a cache compressed back to its budget every interval holds; block counts
+    are then O(live) instead of O(block size). The KV the rows read per step
+    (:meth:`read_tokens`, :class:`StepLog`) stays the uncompressed count: the attention over a sparse
+    cache reads less, and that saving is not credited.
     """
 
     def __init__(self, lengths, *, tails=None, block_size: int = 1, slots: int | None = None,
                  budget_tokens: int | None = None, enforce_budget: bool = False, record: bool = False,
-                 context=None, shared_read: int = 0, prefill_chunk: int | None = None):
+                 context=None, shared_read: int = 0, prefill_chunk: int | None = None, kv_cap: int | None = None):
         self.length: list[int] = [int(x) for x in lengths]
         self.n = len(self.length)
         self.tail: list[int] = [0] * self.n if tails is None else [int(x) for x in tails]
@@ -120,6 +128,7 @@ class Engine:
         self._log: list[tuple[int, ...]] = []  # (steps, rows, kv_first, prefill, context, loaded)
         self.block = block_size
         self._exact = block_size == 1 and not any(self.tail)
+        self.kv_cap = None if kv_cap is None else check_int("kv_cap", kv_cap, minimum=1)
         self.slots = slots
         self.budget = budget_tokens
         self.enforce_budget = enforce_budget and budget_tokens is not None
@@ -206,7 +215,7 @@ class Engine:
         """KV tokens held by live sequences at the end of step ``at`` (default now)."""
         at = self.t if at is None else at
         if self._exact:
-            return self.sum_ages(at) + self._prompt_held + self._loading_tokens + self._conv_held
+            return self.held_generated(at) + self._prompt_held + self._loading_tokens + self._conv_held
         return self.block * self.blocks(at)
 
     def blocks(self, at: int | None = None) -> int:
@@ -217,13 +226,33 @@ class Engine:
         """
         at = self.t if at is None else at
         b, res, n = self.block, self._residues, len(self.origin)
+        shared = self._prompt_held // b + self._loading_blocks + self._conv_held // b
+        if self.kv_cap is not None:  # a compressed cache: tail + min(generated, kv_cap) tokens each, O(live)
+            return int((-(-self._held_per_sequence(at) // b)).sum()) + shared
         k, m = divmod(at, b)
-        return (self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0)
-                + self._prompt_held // b + self._loading_blocks + self._conv_held // b)
+        return self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0) + shared
+
+    def _held_per_sequence(self, at: int) -> np.ndarray:
+        """Each live sequence's own KV tokens at the end of step ``at`` with ``kv_cap``: its prompt tail
+        and min(generated, kv_cap)."""
+        jobs = np.fromiter(self.origin, dtype=np.int64, count=len(self.origin))
+        ages = at - np.fromiter(self.origin.values(), dtype=np.int64, count=len(jobs))
+        tails = np.asarray(self.tail, dtype=np.int64)[jobs] if len(jobs) else np.zeros(0, dtype=np.int64)
+        return tails + np.minimum(ages, self.kv_cap)
 
     def first_block_needs(self) -> list[tuple[int, int]]:
-        """(steps from now until a sequence next needs a new block, how many sequences), by step."""
+        """(steps from now until a sequence next needs a new block, how many sequences), by step. With
+        ``kv_cap`` a sequence that reaches its cap first needs none (every one that grows is counted
+        once, at its next block)."""
         b, res, t = self.block, self._residues, self.t
+        if self.kv_cap is not None:
+            ages = t - np.fromiter(self.origin.values(), dtype=np.int64, count=len(self.origin))
+            held = self._held_per_sequence(t)
+            # A sequence needs a new block in step t + s when it still grows then and holds a multiple of b.
+            s = (-held) % b + 1
+            grows = ages + s - 1 < self.kv_cap
+            steps, counts = np.unique(s[grows], return_counts=True)
+            return [(int(x), int(c)) for x, c in zip(steps, counts)]
         out = []
         for s in range(1, b + 1):
             count = res[(-(t + s - 1)) % b]
@@ -234,6 +263,25 @@ class Engine:
     def sum_ages(self, at: int | None = None) -> int:
         """Sum over live sequences of the tokens generated by the end of step ``at``, in O(1)."""
         return len(self.origin) * (self.t if at is None else at) - self._sum_origin
+
+    def held_generated(self, at: int | None = None) -> int:
+        """KV tokens of their generated tokens the live sequences hold at the end of step ``at``:
+        :meth:`sum_ages`, each capped at ``kv_cap`` with a compressed cache (O(live) then)."""
+        if self.kv_cap is None:
+            return self.sum_ages(at)
+        if not self.origin:
+            return 0
+        at = self.t if at is None else at
+        ages = at - np.fromiter(self.origin.values(), dtype=np.int64, count=len(self.origin))
+        return int(np.minimum(ages, self.kv_cap).sum())
+
+    def growing(self) -> int:
+        """Live sequences whose KV grows by a token in the next step: all of them, or with ``kv_cap``
+        those that hold fewer than ``kv_cap`` generated tokens now."""
+        if self.kv_cap is None or not self.origin:
+            return len(self.origin)
+        ages = self.t - np.fromiter(self.origin.values(), dtype=np.int64, count=len(self.origin))
+        return int(np.count_nonzero(ages < self.kv_cap))
 
     def read_tokens(self) -> int:
         """KV tokens the live rows read in the next decode step (their contexts and generated tokens),

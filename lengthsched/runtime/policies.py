@@ -38,7 +38,10 @@ class Problem:
     pending completions are predicted again after a sibling finishes. ``prompt_ids``: the prompt
     key of each completion, what the predictor is asked about (None: completion indices).
     ``quantile``: the predicted quantile reserved. ``stream``: draws the length of extra
-    completions for the dynamic-slot policy, ``stream(index) -> length``.
+    completions for the dynamic-slot policy, ``stream(index) -> length``. ``kv_cap``: with a
+    compressed KV cache (Sparse-RL, ``lengthsched.KVCompression.max_retained``), the most generated
+    tokens a sequence holds (tokens); the policies that know it (every token-granular one but the
+    SGLang models) admit by the capped KV, so a budget holds more sequences at once.
     """
 
     lengths: np.ndarray
@@ -54,6 +57,7 @@ class Problem:
     stream: Callable[[int], int] | None = None
     prompt_ids: tuple | None = None
     quantile: float = 0.9
+    kv_cap: int | None = None
 
     @property
     def n(self) -> int:
@@ -67,6 +71,10 @@ class Problem:
     def online(self) -> bool:
         """Whether the predictor learns from what happens during the run (it has ``observe``)."""
         return self.predictor is not None and hasattr(self.predictor, "observe")
+
+    def held(self, tokens: Any) -> Any:
+        """KV tokens a sequence holds with ``tokens`` generated (scalar or array): capped at ``kv_cap``."""
+        return tokens if self.kv_cap is None else np.minimum(tokens, self.kv_cap)
 
     def point(self) -> np.ndarray:
         """Predicted lengths, or ``max_new_tokens`` for all when nothing is predicted."""
@@ -142,22 +150,28 @@ class SimPolicy:
 
 def overflow_wakeup(eng: Engine, budget: int) -> int | None:
     """The last step after which every live sequence can still grow by one token within
-    ``budget`` (token-granular KV): deciding then lets a policy preempt before it overflows."""
-    if not eng.origin:
+    ``budget`` (token-granular KV): deciding then lets a policy preempt before it overflows. With a
+    capped KV (``Engine.kv_cap``) the sequences growing now are counted, so it is a step or more early."""
+    growing = eng.growing()
+    if not growing:
         return None
-    return eng.t + max(1, (budget - eng.kv_tokens()) // eng.live)
+    return eng.t + max(1, (budget - eng.kv_tokens()) // growing)
 
 
-def slot_cap(name: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int) -> int:
-    """Slots of a policy that reserves ``max_new_tokens`` per sequence: min(slots, budget // L_max)."""
+def slot_cap(name: str, *, slots: int | None, budget_tokens: int | None, max_new_tokens: int,
+             kv_cap: int | None = None) -> int:
+    """Slots of a policy that reserves ``max_new_tokens`` per sequence: min(slots, budget // L_max);
+    with a compressed cache (``kv_cap``: generated tokens a sequence holds at most), budget //
+    min(L_max, kv_cap)."""
     caps = []
     if slots is not None:
         caps.append(slots)
     if budget_tokens is not None:
-        per_budget = budget_tokens // max_new_tokens
+        held = max_new_tokens if kv_cap is None else min(max_new_tokens, kv_cap)
+        per_budget = budget_tokens // held
         if per_budget < 1:
             raise InvalidArgument("budget_tokens", budget_tokens,
-                                  f"at least max_new_tokens={max_new_tokens} for policy '{name}'")
+                                  f"at least {held} tokens (what one sequence holds) for policy '{name}'")
         caps.append(per_budget)
     if not caps:
         raise InvalidArgument("slots", None, f"slots or budget_tokens for policy '{name}'")
@@ -166,7 +180,7 @@ def slot_cap(name: str, *, slots: int | None, budget_tokens: int | None, max_new
 
 def _slot_cap(problem: Problem, name: str) -> int:
     return slot_cap(name, slots=problem.slots, budget_tokens=problem.budget_tokens,
-                    max_new_tokens=problem.max_new_tokens)
+                    max_new_tokens=problem.max_new_tokens, kv_cap=problem.kv_cap)
 
 
 class FullGroup(SimPolicy):
@@ -288,7 +302,7 @@ class LengthAware(SimPolicy):
         predicted = p.point()
         reserve = predicted if p.reserve is None else p.reserve  # run_group clipped it to max_new_tokens
         if self.budget is not None:  # no reservation can exceed the budget: it then runs alone
-            reserve = np.minimum(reserve, self.budget)
+            reserve = p.held(np.minimum(reserve, self.budget))  # KV held (capped with a compressed cache)
         # Without predictions there is nothing to plan with: one queue in index order.
         order = {} if p.predicted is not None else {"grouping": "none", "refill": "fcfs"}
         options = {"refill": self.refill, "eps": p.eps, "max_new_tokens": p.max_new_tokens, **order}
@@ -302,8 +316,12 @@ class LengthAware(SimPolicy):
         self.sched = GroupScheduler.from_plan(self.plan)
         self.cap = self.plan.slots
 
+    def _need(self, job: int, tokens: int) -> int:
+        """KV ``job`` holds at most with ``tokens`` generated by the next step: its reservation or what it has."""
+        return max(self.reserve[job], self.problem.held(tokens))
+
     def _next_step_usage(self, eng: Engine) -> int:
-        return sum(max(self.reserve[j], eng.age(j) + 1) for j in eng.origin)
+        return sum(self._need(j, eng.age(j) + 1) for j in eng.origin)
 
     def _refresh(self, eng: Engine, changed: set) -> None:
         """After a sibling finished, predict its prompt's pending completions again (SJF order, reservations)."""
@@ -313,7 +331,7 @@ class LengthAware(SimPolicy):
         point, upper = self.predict_again(eng, jobs, [eng.done[j] for j in jobs])
         for j, total, high in zip(jobs, point.tolist(), upper.tolist()):
             self.point[j] = total
-            self.reserve[j] = high if self.budget is None else min(high, self.budget)
+            self.reserve[j] = high if self.budget is None else self.problem.held(min(high, self.budget))
             self.sched.update_prediction(j, max(1, total - eng.done[j]))
 
     def decide(self, eng: Engine) -> None:
@@ -327,16 +345,16 @@ class LengthAware(SimPolicy):
         # Overflow rule: keep the next step within the budget by preempting the newest.
         while eng.running and eng.kv_tokens(eng.t + 1) > self.budget:
             job = next(reversed(eng.running))
-            used -= max(self.reserve[job], eng.age(job) + 1)
+            used -= self._need(job, eng.age(job) + 1)
             eng.preempt(job)
             self.sched.requeue(job, max(1, self.point[job] - eng.done[job]))
         while eng.live < self.cap:
             job = self.sched.next_in_order()
-            if job is None or used + max(self.reserve[job], eng.done[job] + 1) > self.budget \
+            if job is None or used + self._need(job, eng.done[job] + 1) > self.budget \
                     or not eng.can_prefill(job):
                 return
             self.sched.take(job)
-            used += max(self.reserve[job], eng.done[job] + 1)
+            used += self._need(job, eng.done[job] + 1)
             eng.admit(job)
 
     def _decide_slots(self, eng: Engine) -> None:
@@ -380,10 +398,15 @@ class GrowthAware(SimPolicy):
     def start(self, eng: Engine) -> None:
         p = self.problem
         # Predicted total length of each completion; one predicted beyond the budget runs alone.
-        self.total = [min(int(x), self.budget) for x in p.point()]
+        self.total = [self._clip(int(x)) for x in p.point()]
         plan = plan_group(self.total, slots=p.n, max_new_tokens=p.max_new_tokens, grouping="none",
                           refill=self.refill if p.predicted is not None else "fcfs")
         self.sched = GroupScheduler.from_plan(plan)
+
+    def _clip(self, total: int) -> int:
+        """A predicted total length, clipped to the budget when the KV it would hold exceeds it (a
+        compressed cache whose cap fits the budget holds any length)."""
+        return total if self.problem.held(total) <= self.budget else self.budget
 
     def _repredict(self, eng: Engine) -> None:
         late = [j for j in eng.running if eng.age(j) >= self.total[j]]
@@ -392,11 +415,11 @@ class GrowthAware(SimPolicy):
         p = self.problem
         if p.predictor is None:
             for j in late:
-                self.total[j] = min(p.max_new_tokens, self.budget)
+                self.total[j] = self._clip(p.max_new_tokens)
             return
         point, _ = self.predict_again(eng, late, [eng.age(j) for j in late])
         for j, total in zip(late, point.tolist()):
-            self.total[j] = min(self.budget, total)
+            self.total[j] = self._clip(total)
 
     def _refresh(self, eng: Engine, changed: set) -> None:
         """After a sibling finished, predict its prompt's pending and running completions again."""
@@ -407,21 +430,25 @@ class GrowthAware(SimPolicy):
             return
         point, _ = self.predict_again(eng, jobs, [eng.done[j] for j in pending] + [eng.age(j) for j in running])
         for j, total in zip(jobs, point.tolist()):
-            self.total[j] = min(self.budget, total)
+            self.total[j] = self._clip(total)
         for j in pending:
             self.sched.update_prediction(j, max(1, self.total[j] - eng.done[j]))
 
     def delay(self, eng: Engine, job: int) -> int | None:
         """Fewest steps to wait before ``job`` can start with the predicted curve under the budget
-        at every future step (0: admit now); None if it cannot start before something ends."""
+        at every future step (0: admit now); None if it cannot start before something ends. With a
+        compressed cache (``Problem.kv_cap``) each curve is capped at the tokens a sequence holds."""
+        cap = self.problem.kv_cap
         ages = np.fromiter((eng.age(j) for j in eng.running), dtype=np.int64, count=len(eng.running))
         left_live = np.fromiter((self.total[j] for j in eng.running), dtype=np.int64, count=len(ages)) - ages
         start = eng.done[job]
         left = self.total[job] - start
-        if start + left > self.budget:
+        if (start + left if cap is None else min(start + left, cap)) > self.budget:
             return None
         if not len(ages):
             return 0
+        if cap is not None:
+            return self._capped_delay(ages, left_live, start, left, cap)
         # Starting now: the predicted total peaks where a live sequence is about to end, or where
         # the newcomer ends; check those points first (the common case is a yes).
         points = np.append(left_live[left_live <= left], min(left, int(left_live.max())))
@@ -446,6 +473,26 @@ class GrowthAware(SimPolicy):
         peak = np.where(inside, g[ends - 1], 0).max(axis=1)
         peak = np.where(d[:, 0] + 1 <= horizon, np.maximum(peak, g[right - 1]), 0)
         ok = np.nonzero(peak <= self.budget - start + d[:, 0])[0]
+        return int(ok[0]) if ok.size else None
+
+    def _capped_delay(self, ages: np.ndarray, left_live: np.ndarray, start: int, left: int, cap: int) -> int | None:
+        """:meth:`delay` with every sequence holding at most ``cap`` generated tokens: a live one holds
+        min(age + u, cap) at u steps from now while u <= its predicted steps left, the newcomer started
+        after d steps min(start + u - d, cap). Both only grow between the ends of live sequences, so a
+        window's peak is at its right end or at such an end, as without the cap."""
+        horizon = int(left_live.max())
+        u = np.arange(1, horizon + 1)
+        alive = left_live[None, :] >= u[:, None]
+        f = np.where(alive, np.minimum(ages[None, :] + u[:, None], cap), 0).sum(axis=1)  # F(u), u = 1..H
+        d = np.arange(0, horizon + 1)[:, None]
+        right = np.minimum(d[:, 0] + left, horizon)
+        ends = np.unique(left_live)[None, :]
+        inside = (ends >= d + 1) & (ends <= right[:, None])
+        at_ends = f[ends - 1] + np.minimum(start + ends - d, cap)
+        peak = np.where(inside, at_ends, 0).max(axis=1)
+        at_right = f[right - 1] + np.minimum(start + right - d[:, 0], cap)
+        peak = np.where(d[:, 0] + 1 <= horizon, np.maximum(peak, at_right), 0)
+        ok = np.nonzero(peak <= self.budget)[0]
         return int(ok[0]) if ok.size else None
 
     def decide(self, eng: Engine) -> None:
@@ -476,4 +523,5 @@ class GrowthAware(SimPolicy):
         wake = [eng.t + self.total[j] - eng.age(j) for j in eng.running]
         if self.wait:
             wake.append(eng.t + self.wait)
-        return min(min(wake), overflow_wakeup(eng, self.budget))
+        overflow = overflow_wakeup(eng, self.budget)  # None: nothing grows (every sequence at a compressed cap)
+        return min(wake) if overflow is None else min(min(wake), overflow)

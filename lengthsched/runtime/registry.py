@@ -41,7 +41,10 @@ class PolicySpec:
     ``rollout``: ``simulate.run_rollout`` runs it (it counts prompts in the KV pool);
     ``dispatch``: a rollout policy that moves work between replicas as they free up (a global queue,
     or stealing), so ``simulate.run_rollout`` runs its replicas on one clock; on one engine
-    (``run_group`` / ``run_batch``, the sampler) it runs alone over its own queue.
+    (``run_group`` / ``run_batch``, the sampler) it runs alone over its own queue;
+    ``compressed``: it runs with a compressed KV cache (``Problem.kv_cap``, ``run_group(compression=)``),
+    counting each sequence's KV up to the cache's most (the SGLang models still reserve uncompressed
+    lengths; the rollout policies do not take one).
     """
 
     name: str
@@ -59,6 +62,7 @@ class PolicySpec:
     places_groups: bool = False
     rollout: bool = False
     dispatch: bool = False
+    compressed: bool = False
 
     def __call__(self, problem: Problem) -> SimPolicy:
         return self.cls(problem, **dict(self.options))
@@ -89,25 +93,30 @@ def _specs(*specs: PolicySpec) -> dict[str, PolicySpec]:
 
 POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("full", FullGroup, "all G decode together as one padded batch", (("padded", True),),
-               budget=False, slots=False, fast=True, peaks="full"),
+               budget=False, slots=False, fast=True, peaks="full", compressed=True),
     PolicySpec("full_freed", FullGroup, "all G together, each freed when it finishes", (("padded", False),),
-               budget=False, slots=False, fast=True),
-    PolicySpec("micro", MicroGroups, "rounds of g as padded batches", fast=True, peaks="micro"),
-    PolicySpec("fixed_slot", FixedSlots, "g slots refilled in index order", fast=True, peaks="continuous"),
+               budget=False, slots=False, fast=True, compressed=True),
+    PolicySpec("micro", MicroGroups, "rounds of g as padded batches", fast=True, peaks="micro", compressed=True),
+    PolicySpec("fixed_slot", FixedSlots, "g slots refilled in index order", fast=True, peaks="continuous",
+               compressed=True),
     PolicySpec("dynamic_slot", DynamicSlots, "g slots from an endless stream, stop at G (biased control)",
-               unbiased=False),
-    PolicySpec("length_aware", LengthAware, "FPTAS plan on predicted lengths, SJF refill", peaks="length_aware"),
-    PolicySpec("length_aware_lpt", LengthAware, "FPTAS plan, longest-first refill", (("refill", "lpt"),)),
-    PolicySpec("length_aware_fcfs", LengthAware, "FPTAS plan, index-order refill", (("refill", "fcfs"),)),
-    PolicySpec("growth_aware", GrowthAware, "admit while the predicted KV curve fits, SJF", needs_budget=True),
+               unbiased=False, compressed=True),
+    PolicySpec("length_aware", LengthAware, "FPTAS plan on predicted lengths, SJF refill", peaks="length_aware",
+               compressed=True),
+    PolicySpec("length_aware_lpt", LengthAware, "FPTAS plan, longest-first refill", (("refill", "lpt"),),
+               compressed=True),
+    PolicySpec("length_aware_fcfs", LengthAware, "FPTAS plan, index-order refill", (("refill", "fcfs"),),
+               compressed=True),
+    PolicySpec("growth_aware", GrowthAware, "admit while the predicted KV curve fits, SJF", needs_budget=True,
+               compressed=True),
     PolicySpec("growth_aware_lpt", GrowthAware, "growth-aware admission, longest first", (("refill", "lpt"),),
-               needs_budget=True),
+               needs_budget=True, compressed=True),
     PolicySpec("growth_aware_fcfs", GrowthAware, "growth-aware admission, index order", (("refill", "fcfs"),),
-               needs_budget=True),
+               needs_budget=True, compressed=True),
     PolicySpec("vllm", VLLMLike, "vLLM-like: blocks of 16, FCFS, preempt the newest", needs_budget=True,
-               compiled=True, rollout=True),
+               compiled=True, rollout=True, compressed=True),
     PolicySpec("vllm_priority", VLLMPriority, "vLLM V1 priority scheduling, longest predicted first",
-               needs_budget=True, rollout=True),
+               needs_budget=True, rollout=True, compressed=True),
     PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
                "scheduling, longest predicted first", needs_budget=True, places_groups=True, rollout=True),
     PolicySpec("placed_classes", LengthClasses, "completions placed on replicas in length classes by predicted "
@@ -117,9 +126,9 @@ POLICIES: dict[str, PolicySpec] = _specs(
                "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True,
                rollout=True),
     PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
-               needs_budget=True, compiled=True, rollout=True),
+               needs_budget=True, compiled=True, rollout=True, compressed=True),
     PolicySpec("sglang_priority", SGLangPriority, "SGLang priority scheduling and retraction, longest predicted "
-               "first", needs_budget=True, rollout=True),
+               "first", needs_budget=True, rollout=True, compressed=True),
     PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
                "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("seer_divided", SeerDivided, "Seer-like with its divided rollout: requests go back to the global "
@@ -141,7 +150,7 @@ POLICIES: dict[str, PolicySpec] = _specs(
                "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
-               fast=True),
+               fast=True, compressed=True),
 )
 
 
@@ -151,7 +160,8 @@ def policy_names(**supports: bool) -> tuple[str, ...]:
     unknown = [k for k in supports if k not in fields or fields[k].type not in ("bool", bool)]
     if unknown:
         raise InvalidArgument("supports", unknown, "flags of PolicySpec: budget, needs_budget, slots, fast, "
-                                                   "compiled, sampler, unbiased, places_groups, rollout, dispatch")
+                                                   "compiled, sampler, unbiased, places_groups, rollout, dispatch, "
+                                                   "compressed")
     return tuple(n for n, s in POLICIES.items() if all(getattr(s, k) == v for k, v in supports.items()))
 
 

@@ -1,0 +1,159 @@
+"""Admission by a compressed KV cache (Sparse-RL): a sequence holds at most ``budget + interval``
+generated tokens, the engine counts that ceiling, and the token-granular policies admit by it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthsched import KVCompression
+from lengthsched.errors import InvalidArgument
+from lengthsched.runtime import Engine, Problem, make_policy
+from lengthsched.runtime.policies import slot_cap
+from simulate import run_batch, run_group
+from simulate.run import lower_bound, retained_kv_curve
+from simulate.workloads import Group
+
+# The policies that promise a budget and run a compressed cache (the SGLang models keep their own reservations).
+BUDGETED = ["micro", "fixed_slot", "reserve_max", "length_aware", "length_aware_lpt", "growth_aware",
+            "growth_aware_fcfs", "sglang", "sglang_priority", "vllm", "vllm_priority"]
+
+
+def test_the_engine_counts_each_sequence_up_to_its_cap():
+    eng = Engine([50, 50, 50], kv_cap=10)
+    eng.admit(0)
+    eng.advance(4, pads=False)
+    eng.admit(1)
+    eng.advance(12, pads=False)
+    eng.admit(2)
+    ages = {0: 12, 1: 8}
+    assert eng.held_generated() == sum(min(a, 10) for a in ages.values()) == eng.kv_tokens()
+    assert eng.growing() == 2  # job 0 holds its cap; job 1 and the newly admitted job 2 grow
+    for at in (13, 15, 30):  # job 2 starts at step 13
+        want = min(at, 10) + min(at - 4, 10) + min(at - 12, 10)
+        assert eng.kv_tokens(at) == want
+    uncapped = Engine([50, 50], kv_cap=None)
+    uncapped.admit(0)
+    uncapped.advance(20, pads=False)
+    assert uncapped.kv_tokens() == uncapped.sum_ages() == 20 and uncapped.growing() == 1
+
+
+def test_blocks_count_the_capped_tokens_and_the_tail():
+    eng = Engine([60, 60, 60], tails=[5, 5, 0], block_size=16, kv_cap=20)
+    eng.admit(0)
+    eng.advance(3, pads=False)
+    eng.admit(1)
+    eng.advance(30, pads=False)
+    eng.admit(2)
+    for at in (30, 31, 40, 50):
+        held = [5 + min(at, 20), 5 + min(at - 3, 20), min(at - 30, 20)]
+        assert eng.blocks(at) == sum(-(-h // 16) for h in held)
+        assert eng.kv_tokens(at) == 16 * eng.blocks(at)
+    # jobs 0 and 1 hold 25 tokens (2 blocks) for ever; job 2 (0 tokens) needs a block at once, then at 16
+    assert eng.first_block_needs() == [(1, 1)]
+    eng.advance(40, pads=False)
+    assert eng.first_block_needs() == [(7, 1)]  # it holds 10: its 17th token opens a block, and 17 < 20
+
+
+def test_a_cap_is_checked_and_the_rollout_policies_refuse_one():
+    with pytest.raises(InvalidArgument, match="kv_cap"):
+        Engine([10], kv_cap=0)
+    with pytest.raises(InvalidArgument, match="compression"):
+        run_group([10, 20], "steal", budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
+    with pytest.raises(InvalidArgument, match="compression"):
+        run_group([10, 20], "micro", budget_tokens=64, max_new_tokens=32, compression=(8, 4))
+
+
+def test_slots_and_budget_checks_count_what_a_sequence_holds():
+    assert slot_cap("micro", slots=None, budget_tokens=4096, max_new_tokens=1024) == 4
+    assert slot_cap("micro", slots=None, budget_tokens=4096, max_new_tokens=1024, kv_cap=288) == 14
+    assert slot_cap("micro", slots=6, budget_tokens=4096, max_new_tokens=1024, kv_cap=288) == 6
+    with pytest.raises(InvalidArgument, match="budget_tokens"):
+        run_group([900, 20], "micro", budget_tokens=500, max_new_tokens=1024)
+    one = run_group([900, 20], "micro", budget_tokens=500, max_new_tokens=1024, compression=KVCompression(256, 32))
+    assert one.steps == 920 and one.max_live == 1  # 500 // 288: one at a time
+    two = run_group([900, 20], "micro", budget_tokens=600, max_new_tokens=1024, compression=KVCompression(256, 32))
+    assert two.steps == 900 and two.max_live == 2 and two.peak_kv_tokens <= 600
+
+
+def test_the_lower_bound_counts_the_capped_area():
+    lengths = np.array([10, 30])
+    # KV-steps held: uncapped 55 + 465 = 520; capped at 8: (36 + 2 * 8) + (36 + 22 * 8) = 264
+    assert lower_bound(lengths, slots=None, budget_tokens=20) == 30  # the longest dominates
+    assert lower_bound(lengths, slots=None, budget_tokens=10) == 52
+    assert lower_bound(lengths, slots=None, budget_tokens=10, kv_cap=8) == 30
+    assert lower_bound(lengths, slots=None, budget_tokens=5, kv_cap=8) == 53  # ceil(264 / 5)
+    assert lower_bound(lengths, slots=None, budget_tokens=5, kv_cap=100) == 104  # a cap above every length
+
+
+def test_a_compressed_cache_admits_more_and_finishes_sooner():
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.lognormal(6.5, 0.8, 32).astype(np.int64) + 1, 2048)
+    for policy in ("micro", "fixed_slot", "length_aware", "growth_aware", "vllm", "vllm_priority"):
+        dense = run_group(lengths, policy, budget_tokens=4 * 2048, max_new_tokens=2048, predicted=lengths)
+        sparse = run_group(lengths, policy, budget_tokens=4 * 2048, max_new_tokens=2048, predicted=lengths,
+                           compression=KVCompression(256, 32))
+        assert sparse.steps < dense.steps and sparse.seconds < dense.seconds
+        # more at once, or (vLLM admits greedily either way) fewer preemptions
+        assert sparse.max_live > dense.max_live or sparse.preemptions < dense.preemptions
+        assert sparse.peak_retained_kv_tokens <= sparse.peak_kv_tokens <= 4 * 2048
+        assert sorted(sparse.collected_lengths.tolist()) == sorted(lengths.tolist())
+
+
+def test_run_batch_takes_a_compression():
+    groups = [Group("a", 30, np.array([300, 40, 200])), Group("b", 10, np.array([120, 500]))]
+    dense = run_batch(groups, "length_aware", budget_tokens=600, max_new_tokens=512)
+    sparse = run_batch(groups, "length_aware", budget_tokens=600, max_new_tokens=512, compression=KVCompression(64, 16))
+    assert sparse.steps < dense.steps and sparse.peak_kv_tokens <= 600
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=24), st.integers(1, 120), st.integers(1, 40),
+       st.integers(0, 3), st.sampled_from(BUDGETED), st.integers(0, 10**6))
+def test_compressed_runs_keep_the_budget_and_the_bound(lengths, cap_budget, interval, room, policy, seed):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    comp = KVCompression(cap_budget, interval)
+    held = min(int(lengths.max()), comp.max_retained)
+    L = int(lengths.max())
+    # The policies that reserve max_new_tokens need budget // min(L, cap) >= 1; the SGLang models L + 2 tokens
+    # more; vLLM's blocks of 16 the prompt's partial block (7 tokens) and the capped length, rounded up.
+    one = -(-(7 + held) // 16) * 16 if policy.startswith("vllm") else held
+    budget = one * (1 + room) + (L + 2 if policy.startswith("sglang") else 0)
+    predicted = np.maximum(1, (lengths * np.random.default_rng(seed).lognormal(0, 0.5, len(lengths))).astype(int))
+    res = run_group(lengths, policy, budget_tokens=budget, max_new_tokens=L, predicted=predicted, compression=comp,
+                    prompt_len=7)
+    assert res.peak_kv_tokens <= budget
+    curve = retained_kv_curve(res.timeline, comp, res.steps)
+    assert curve.max() == res.peak_retained_kv_tokens <= res.peak_kv_tokens
+    assert res.steps >= res.lower_bound and res.seconds >= res.lower_bound_seconds * (1 - 1e-12)
+    assert sorted(res.collected_lengths.tolist()) == sorted(lengths.tolist())
+    if comp.max_retained >= L:  # a cap above every length changes nothing
+        dense = run_group(lengths, policy, budget_tokens=budget, max_new_tokens=L, predicted=predicted, prompt_len=7)
+        assert (res.steps, res.seconds, res.preemptions) == (dense.steps, dense.seconds, dense.preemptions)
+
+
+def _brute_delay(ages, left_live, start, left, cap, budget):
+    """The fewest steps d to wait so that the live sequences' capped predicted curves plus the newcomer's
+    stay within ``budget`` at every step u = d + 1 .. d + left (the definition, step by step)."""
+    horizon = int(left_live.max())
+    for d in range(horizon + 1):
+        if all(sum(min(a + u, cap) for a, r in zip(ages, left_live) if r >= u) + min(start + u - d, cap) <= budget
+               for u in range(d + 1, min(d + left, horizon) + 1)):
+            return d
+    return None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40)), min_size=1, max_size=6),
+       st.integers(0, 20), st.integers(1, 40), st.integers(1, 60), st.integers(1, 200))
+def test_the_capped_delay_is_the_first_feasible_start(live, start, left, cap, budget):
+    ages = np.array([a for a, _ in live], dtype=np.int64)
+    left_live = np.array([r for _, r in live], dtype=np.int64)
+    if min(start + left, cap) > budget:
+        return
+    policy = make_policy("growth_aware", Problem(lengths=np.ones(1, dtype=np.int64), max_new_tokens=1,
+                                                 budget_tokens=budget, kv_cap=cap))
+    assert policy._capped_delay(ages, left_live, start, left, cap) == _brute_delay(ages, left_live, start, left, cap,
+                                                                                   budget)
