@@ -1,5 +1,6 @@
-"""Companion-method benchmarks: sGPO compute ratios, sparse (compressed-KV) rollouts against dense,
-and the Prefix Grouper learner forward against the naive one.
+"""Companion-method benchmarks: sGPO compute ratios, sparse (compressed-KV) rollouts against dense
+(measured on a model, and simulated: the policies admitting by the compressed KV), and the Prefix
+Grouper learner forward against the naive one.
 
     python benchmarks/bench_companions.py --data-dir ../shared/data    # full run (minutes on 2 cores)
     python benchmarks/bench_companions.py --quick                      # smoke run, what the tests execute
@@ -115,6 +116,60 @@ def sparse(args: argparse.Namespace) -> tuple[str, list]:
                   "speed / dense"], rows), raw
 
 
+# ------------------------------------------------------------- Sparse-RL: admission by the compressed KV
+def _admission_groups(workload: str, n: int, max_new: int):
+    from simulate.workloads import make_workload
+
+    extra = {} if workload == "castillo" else {"spread": 1.0, "prompt_tokens": "castillo"}
+    return make_workload(workload, 32, max_new_tokens=max_new, limit=n, seed=0, **extra)
+
+
+def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: every policy on groups of 32 whose KV pool (per group, beyond the prompt) is a few x
+    L_max, dense and with compressed caches of BUDGET + INTERVAL generated tokens, the policies admitting
+    by the compressed KV (``run_group(compression=)``). Prompt-level predictions with log-normal error
+    0.5; seconds from the default step-cost model, attention reads priced uncompressed."""
+    from simulate import run_group
+    from simulate.report import predictions_for
+
+    L = args.admission_max_new
+    caches = [None] + [KVCompression(*(int(x) for x in c.split(":"))) for c in args.admission_caches]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        groups = _admission_groups(workload, args.admission_groups, L)
+        for pool in args.admission_pools:
+            budget = pool * L + 64  # room for a prompt's partial block in vLLM's blocks of 16
+            for policy in args.admission_policies:
+                cells = []
+                for comp in caches:
+                    runs = [run_group(g.lengths, policy, budget_tokens=budget, max_new_tokens=L,
+                                      predicted=predictions_for("prompt:0.5", g, i, 0), prompt_len=g.prompt_len,
+                                      compression=comp) for i, g in enumerate(groups)]
+                    cell = {"workload": workload, "pool_x_lmax": pool, "policy": policy,
+                            "cache": None if comp is None else [comp.budget, comp.interval],
+                            "seconds": float(np.mean([r.seconds for r in runs])),
+                            "steps": float(np.mean([r.steps for r in runs])),
+                            "preemptions": float(np.mean([r.preemptions for r in runs])),
+                            "max_live": float(np.mean([r.max_live for r in runs])),
+                            "seconds_over_lb": float(np.mean([r.seconds_ratio for r in runs])),
+                            "retained_peak_over_pool": float(max((r.peak_retained_kv_tokens or r.peak_kv_tokens)
+                                                                 / budget for r in runs))}
+                    cells.append(cell)
+                    raw.append(cell)
+                dense = cells[0]["seconds"]
+                rows.append([workload, f"{pool} x", policy, f"{dense:.3f}"]
+                            + [f"{c['seconds']:.3f} ({c['seconds'] / dense:.2f})" for c in cells[1:]]
+                            + [f"{cells[0]['preemptions']:.1f} / {cells[-1]['preemptions']:.1f}",
+                               f"{cells[0]['max_live']:.1f} / {cells[-1]['max_live']:.1f}"])
+    heads = [f"{c.budget} + {c.interval}: s (x dense)" for c in caches[1:]]
+    last = f"{caches[-1].budget} + {caches[-1].interval}"
+    return table(f"Admission by the compressed KV (simulated; {args.admission_groups} groups of G = 32 per workload, "
+                 f"L_max {L}, prompt-level predictions with error 0.5, seconds per group from the default step cost "
+                 "with attention reads priced uncompressed)",
+                 ["workload", "pool (KV tokens per group)", "policy", "dense s", *heads,
+                  f"preemptions dense / {last}", f"most at once dense / {last}"], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -188,12 +243,21 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--sections", default="sgpo,sparse,learner")
+    ap.add_argument("--sections", default="sgpo,sparse,sparse_admission,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
                     help="KV budgets (generated tokens) of the sparse rollouts")
     ap.add_argument("--sparse-interval", type=int, default=32, help="compression interval (tokens)")
+    ap.add_argument("--admission-workloads", default="castillo,lmsys",
+                    help="workloads of the admission grid (lmsys: the long-tail one, log-sd 1.0 within a group)")
+    ap.add_argument("--admission-groups", type=int, default=200, help="groups per workload of the admission grid")
+    ap.add_argument("--admission-pools", default="1,2,4", help="KV pools of the admission grid, x L_max per group")
+    ap.add_argument("--admission-caches", default="1024:64,512:32,256:32",
+                    help="compressed caches of the admission grid, BUDGET:INTERVAL (tokens)")
+    ap.add_argument("--admission-policies", default="vllm,length_aware,growth_aware,micro,fixed_slot,sglang",
+                    help="policies of the admission grid")
+    ap.add_argument("--admission-max-new", type=int, default=4096, help="L_max of the admission grid")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
     ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
@@ -201,13 +265,20 @@ def main() -> int:
     args = ap.parse_args()
     args.sparse_budgets = [int(x) for x in args.sparse_budgets.split(",")]
     args.learner_groups = [int(x) for x in args.learner_groups.split(",")]
+    args.admission_workloads = args.admission_workloads.split(",")
+    args.admission_pools = [int(x) for x in args.admission_pools.split(",")]
+    args.admission_caches = args.admission_caches.split(",")
+    args.admission_policies = args.admission_policies.split(",")
     args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
+        args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], ["256:32"]
+        args.admission_policies = ["vllm", "fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "learner": learner},
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_admission": sparse_admission,
+                                         "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch
