@@ -128,7 +128,8 @@ def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: every policy on groups of 32 whose KV pool (per group, beyond the prompt) is a few x
     L_max, dense and with compressed caches of BUDGET + INTERVAL generated tokens, the policies admitting
     by the compressed KV (``run_group(compression=)``). Prompt-level predictions with log-normal error
-    0.5; seconds from the default step-cost model, attention reads priced uncompressed."""
+    0.5; seconds from the default step-cost model, the rows reading the compressed KV (the compression's
+    own work not priced)."""
     from simulate import run_group
     from simulate.report import predictions_for
 
@@ -164,8 +165,8 @@ def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
     heads = [f"{c.budget} + {c.interval}: s (x dense)" for c in caches[1:]]
     last = f"{caches[-1].budget} + {caches[-1].interval}"
     return table(f"Admission by the compressed KV (simulated; {args.admission_groups} groups of G = 32 per workload, "
-                 f"L_max {L}, prompt-level predictions with error 0.5, seconds per group from the default step cost "
-                 "with attention reads priced uncompressed)",
+                 f"L_max {L}, prompt-level predictions with error 0.5, seconds per group from the default step cost, "
+                 "the rows reading the compressed KV; the compression's own work not priced)",
                  ["workload", "pool (KV tokens per group)", "policy", "dense s", *heads,
                   f"preemptions dense / {last}", f"most at once dense / {last}"], rows), raw
 

@@ -404,11 +404,12 @@ class StepCost:
         return _out(secs, tokens.ndim == 0)
 
     def segment_seconds(self, steps: Any, rows: Any, kv_first: Any, prefill_tokens: Any = 0,
-                        prefill_context: Any = 0, loaded_tokens: Any = 0) -> Any:
+                        prefill_context: Any = 0, loaded_tokens: Any = 0, growth: Any = None) -> Any:
         """Sum of :meth:`seconds` over ``steps`` consecutive steps of ``rows`` decode rows (vectorised).
 
-        Step i (0-based) reads ``kv_first + i * rows`` KV tokens (every row grows by one token per
-        step); ``prefill_tokens`` / ``prefill_context`` happen in the first step only, and so does the
+        Step i (0-based) reads ``kv_first + i * growth`` KV tokens (``growth``: the rows whose KV read
+        grows by one token per step; None: every row, as without a compressed cache);
+        ``prefill_tokens`` / ``prefill_context`` happen in the first step only, and so does the
         load of ``loaded_tokens`` KV tokens from host memory (:meth:`load_seconds`). Closed form:
         both roofline terms are linear in i, so the max switches regime at most once; the steps on
         each side of the crossover are summed as arithmetic series (separate attention: the linear
@@ -420,8 +421,10 @@ class StepCost:
         rows_a, kv_a = _tokens("rows", rows), _tokens("kv_first", kv_first)
         pf_a, pc_a = _tokens("prefill_tokens", prefill_tokens), _tokens("prefill_context", prefill_context)
         ld_a = _tokens("loaded_tokens", loaded_tokens)
-        scalar = all(a.ndim == 0 for a in (steps_a, rows_a, kv_a, pf_a, pc_a, ld_a))
-        steps_a, rows_a, kv_a, pf_a, pc_a, ld_a = np.broadcast_arrays(steps_a, rows_a, kv_a, pf_a, pc_a, ld_a)
+        gr_a = rows_a if growth is None else _tokens("growth", growth)
+        scalar = all(a.ndim == 0 for a in (steps_a, rows_a, kv_a, pf_a, pc_a, ld_a, gr_a))
+        steps_a, rows_a, kv_a, pf_a, pc_a, ld_a, gr_a = np.broadcast_arrays(steps_a, rows_a, kv_a, pf_a, pc_a, ld_a,
+                                                                            gr_a)
         first = np.where(steps_a > 0, self.seconds(rows_a, kv_a, pf_a, pc_a) + self.load_seconds(ld_a), 0.0)
         # Following steps i = 1 .. n: memory m0 + mb i, compute f0 + fb i (seconds, after efficiencies).
         n = np.where(rows_a > 0, np.maximum(steps_a - 1, 0.0), 0.0)
@@ -432,14 +435,14 @@ class StepCost:
             linear = np.maximum((self.weights_bytes + (c + a) * rows_a) * mem_scale,
                                 2.0 * (self.active_parameters + self.lm_head_parameters) * rows_a * comp_scale)
             per_kv = max(c * mem_scale, float(self.attention_flops_per_kv_token) * comp_scale)
-            kv_sum = n * kv_a + rows_a * n * (n + 1) / 2  # sum of kv_first + i rows over i = 1 .. n
+            kv_sum = n * kv_a + gr_a * n * (n + 1) / 2  # sum of kv_first + i growth over i = 1 .. n
             rest = n * (self.overhead_seconds + self._comm(rows_a) + linear) + per_kv * kv_sum
             return _out(first + np.where(n > 0, rest, 0.0), scalar)
         m0 = (self.weights_bytes + c * (kv_a + rows_a) + a * rows_a) * mem_scale
-        mb = c * rows_a * mem_scale
+        mb = c * gr_a * mem_scale
         attn = float(self.attention_flops_per_kv_token)
         f0 = ((2.0 * self.active_parameters + 2.0 * self.lm_head_parameters) * rows_a + attn * kv_a) * comp_scale
-        fb = attn * rows_a * comp_scale
+        fb = attn * gr_a * comp_scale
         d0, dd = m0 - f0, mb - fb  # memory-bound where d0 + dd i >= 0
         with np.errstate(divide="ignore", invalid="ignore"):
             x = -d0 / dd
@@ -457,12 +460,13 @@ class StepCost:
         return _out(first + np.where(n > 0, rest, 0.0), scalar)
 
     def segment_seconds_float(self, steps: int, rows: int, kv_first: int, prefill_tokens: int = 0,
-                              prefill_context: int = 0, loaded_tokens: int = 0) -> float:
+                              prefill_context: int = 0, loaded_tokens: int = 0, growth: int | None = None) -> float:
         """:meth:`segment_seconds` of one run of steps, in plain float arithmetic (no checks, no numpy:
         ~50x faster per call, for simulators that price every event as it happens). Inputs are trusted
         token counts; ``tests/test_cost.py`` checks it equals :meth:`segment_seconds`."""
         if steps <= 0:
             return 0.0
+        growth = rows if growth is None else growth
         tp, bw, pk = self.tp, self.bandwidth, self.peak_flops
         c, a, attn = float(self.kv_bytes_per_token), float(self.activation_bytes_per_token), \
             float(self.attention_flops_per_kv_token)
@@ -491,7 +495,7 @@ class StepCost:
                 return first
             linear = max((self.weights_bytes + (c + a) * rows) * mem_scale, (dense + head) * rows * comp_scale)
             return (first + n * (self.overhead_seconds + comm(rows) + linear)
-                    + per_kv * (n * kv_first + rows * n * (n + 1) / 2))
+                    + per_kv * (n * kv_first + growth * n * (n + 1) / 2))
         if tokens > 0:
             memory = (self.weights_bytes + c * (kv_first + tokens) + a * tokens) / (tp * bw)
             compute = (dense * tokens + head * rows + attn * (kv_first + prefill_context)) / (tp * pk)
@@ -500,8 +504,8 @@ class StepCost:
         n = float(steps - 1) if rows > 0 else 0.0
         if n <= 0:
             return first
-        m0, mb = (self.weights_bytes + c * (kv_first + rows) + a * rows) * mem_scale, c * rows * mem_scale
-        f0, fb = ((dense + head) * rows + attn * kv_first) * comp_scale, attn * rows * comp_scale
+        m0, mb = (self.weights_bytes + c * (kv_first + rows) + a * rows) * mem_scale, c * growth * mem_scale
+        f0, fb = ((dense + head) * rows + attn * kv_first) * comp_scale, attn * growth * comp_scale
         d0, dd = m0 - f0, mb - fb
 
         def lin(alpha: float, beta: float, lo: float, hi: float) -> float:

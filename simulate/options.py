@@ -214,8 +214,9 @@ class SimulateOptions:
     prefill_chunk: int = _opt(8192, "most tokens prefilled in one step (vLLM's max_num_batched_tokens)")
     kv_compression: str | None = _opt(None, "a compressed KV cache (Sparse-RL's sparse rollouts), BUDGET:INTERVAL "
                                             "in tokens (e.g. 512:32): every sequence holds at most BUDGET + "
-                                            "INTERVAL generated tokens and the policies admit by that (groups one "
-                                            "at a time); attention reads are still priced uncompressed")
+                                            "INTERVAL generated tokens, the policies admit by that and the rows read "
+                                            "that much (groups one at a time; the compression's own work is not "
+                                            "priced)")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

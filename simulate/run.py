@@ -211,7 +211,7 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
         int(retained_kv_curve(eng.timeline, compression, eng.t).max(initial=0)),
         seconds=log.seconds(cost),
         lower_bound_seconds=lower_bound_seconds(cost, lengths, context=prompt_lens, steps=steps_bound,
-                                                prompt_lens=prompts),
+                                                prompt_lens=prompts, kv_cap=kv_cap),
         prefill_tokens=int(log.prefill_tokens.sum()),
         cost_name=f"{cost.model} on {cost.gpu}" + (f" x{cost.tp}" if cost.tp > 1 else ""),
         step_log=log,
@@ -266,8 +266,8 @@ def run_group(
     policies refuse it: ``POLICIES[name].compressed``). ``peak_kv_tokens`` is then the peak of the
     ceiling, ``peak_retained_kv_tokens`` that of the sparse KV the schedule really holds
     (:func:`retained_kv_curve`, compressed back to the budget every interval), and the lower bound
-    counts the capped KV. Attention reads are still priced uncompressed (a sparse kernel reads less:
-    seconds are an upper bound there).
+    counts the capped KV. The rows read the capped KV too, as the step cost prices them (the
+    compression's own work, scoring and gathering the kept tokens, is not priced).
     ``cost``: the ``lengthsched.cost.StepCost`` that prices the run in seconds (default: Qwen3-1.7B
     on the H100 preset); ``prefill_chunk``: most tokens prefilled in one step (vLLM's
     ``max_num_batched_tokens``, default 8192; None: no limit). Every decode row reads its prompt's

@@ -152,10 +152,11 @@ def test_prefill_is_compute_bound_and_tensor_parallel_adds_communication():
 
 
 # ------------------------------------------------------------------------------------------ segments
-def step_sum(c: StepCost, steps, rows, kv, pf, pc) -> float:
+def step_sum(c: StepCost, steps, rows, kv, pf, pc, growth=None) -> float:
     i = np.arange(int(steps))
     first = i == 0
-    return math.fsum(np.atleast_1d(c.seconds(rows, kv + i * rows, np.where(first, pf, 0), np.where(first, pc, 0))))
+    growth = rows if growth is None else growth
+    return math.fsum(np.atleast_1d(c.seconds(rows, kv + i * growth, np.where(first, pf, 0), np.where(first, pc, 0))))
 
 
 costs = st.builds(
@@ -175,6 +176,21 @@ def test_segment_equals_the_sum_of_its_steps(c, steps, rows, kv_first, pf, pc):
     expected = step_sum(c, steps, rows, kv_first, pf, pc)
     got = c.segment_seconds(steps, rows, kv_first, pf, pc)
     assert got == pytest.approx(expected, rel=1e-9, abs=1e-300)
+
+
+@given(costs, st.integers(0, 300), st.integers(0, 4096), st.integers(0, 4096), st.integers(0, 10**7),
+       st.integers(0, 10**5), st.integers(0, 10**9))
+def test_a_segment_whose_reads_grow_by_fewer_rows(c, steps, rows, growth, kv_first, pf, pc):
+    """``growth``: step i reads kv_first + i * growth (a compressed cache's rows at its cap read the same KV);
+    the float price agrees."""
+    growth = min(growth, rows)
+    expected = step_sum(c, steps, rows, kv_first, pf, pc, growth)
+    got = c.segment_seconds(steps, rows, kv_first, pf, pc, 0, growth)
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-300)
+    assert c.segment_seconds_float(steps, rows, kv_first, pf, pc, 0, growth) == pytest.approx(got, rel=1e-9,
+                                                                                              abs=1e-300)
+    assert c.segment_seconds(steps, rows, kv_first, pf, pc, 0, rows) == c.segment_seconds(steps, rows, kv_first, pf,
+                                                                                            pc)
 
 
 def test_segment_crossing_over_in_the_middle_both_ways():

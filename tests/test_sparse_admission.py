@@ -157,3 +157,25 @@ def test_the_capped_delay_is_the_first_feasible_start(live, start, left, cap, bu
                                                  budget_tokens=budget, kv_cap=cap))
     assert policy._capped_delay(ages, left_live, start, left, cap) == _brute_delay(ages, left_live, start, left, cap,
                                                                                    budget)
+
+
+def test_rows_read_the_capped_kv_step_by_step():
+    """The step log with a cap: split where a row reaches it, each run's reads growing by the rows still below
+    it; expanded step by step it is the brute-force read (context + min(generated before the step, cap))."""
+    eng = Engine([30, 30, 12], kv_cap=10, context=[5, 5, 7])
+    origins = {}
+    for job, at in ((0, 0), (1, 4), (2, 25)):
+        while eng.t < at:
+            eng.advance(min(at, eng.next_finish()), pads=False)
+        eng.admit(job)
+        origins[job] = at
+    while eng.origin:
+        eng.advance(eng.next_finish(), pads=False)
+    log = eng.step_log()
+    expanded = np.concatenate([kv + g * np.arange(n) for n, kv, g in zip(log.steps, log.kv_first, log.growth)])
+    lengths = {0: 30, 1: 30, 2: 12}
+    context = {0: 5, 1: 5, 2: 7}
+    brute = [sum(context[j] + min(t - 1 - origins[j], 10) for j in origins if origins[j] < t <= origins[j] + lengths[j])
+             for t in range(1, eng.t + 1)]
+    assert expanded.tolist() == brute
+    assert (log.growth < log.rows).any() and (log.growth == log.rows).any()  # some runs have rows at the cap

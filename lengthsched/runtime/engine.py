@@ -62,7 +62,9 @@ class StepLog:
     and each later one ``rows[i]`` more (every row grows one token a step); its first step
     also prefills ``prefill_tokens[i]`` tokens (prompt tails, recomputation after a preemption)
     attending ``prefill_context[i]`` token pairs in all, and loads ``loaded_tokens[i]`` KV tokens from
-    a global KV pool (requests that moved with their KV; zeros when not given)."""
+    a global KV pool (requests that moved with their KV; zeros when not given). ``growth[i]``: the rows
+    whose KV read grows by a token each step of run i (all of them, ``rows``, when not given; fewer
+    with a compressed cache, whose rows at its cap read the same KV every step)."""
 
     steps: np.ndarray
     rows: np.ndarray
@@ -70,12 +72,15 @@ class StepLog:
     prefill_tokens: np.ndarray
     prefill_context: np.ndarray
     loaded_tokens: np.ndarray | None = None
+    growth: np.ndarray | None = None
 
-    FIELDS = ("steps", "rows", "kv_first", "prefill_tokens", "prefill_context", "loaded_tokens")
+    FIELDS = ("steps", "rows", "kv_first", "prefill_tokens", "prefill_context", "loaded_tokens", "growth")
 
     def __post_init__(self) -> None:
         if self.loaded_tokens is None:
             object.__setattr__(self, "loaded_tokens", np.zeros(len(self.steps), dtype=np.int64))
+        if self.growth is None:
+            object.__setattr__(self, "growth", np.asarray(self.rows, dtype=np.int64).copy())
 
     def seconds(self, cost) -> float:
         """Modelled seconds of these steps under ``cost`` (a ``lengthsched.cost.StepCost``)."""
@@ -106,9 +111,9 @@ class Engine:
     sequence holds at most this many of its generated tokens, so :meth:`kv_tokens` counts
     ``min(generated, kv_cap)`` per sequence (with its prompt tail, in whole blocks with a block size), an
     upper bound of what a cache compressed back to its budget every interval holds; block counts
-    are then O(live) instead of O(block size). The KV the rows read per step
-    (:meth:`read_tokens`, :class:`StepLog`) stays the uncompressed count: the attention over a sparse
-    cache reads less, and that saving is not credited.
+    are then O(live) instead of O(block size). The rows read that capped KV too (:meth:`read_tokens`;
+    :class:`StepLog` splits a run where a row reaches the cap, its ``growth`` counting the rows whose
+    read still grows).
     """
 
     def __init__(self, lengths, *, tails=None, block_size: int = 1, slots: int | None = None,
@@ -284,9 +289,10 @@ class Engine:
         return int(np.count_nonzero(ages < self.kv_cap))
 
     def read_tokens(self) -> int:
-        """KV tokens the live rows read in the next decode step (their contexts and generated tokens),
-        what a step-cost model prices as the step's KV read (``StepLog.kv_first``)."""
-        return self.sum_ages() + self._context_sum + self.shared_read
+        """KV tokens the live rows read in the next decode step (their contexts and generated tokens,
+        each capped at ``kv_cap`` with a compressed cache), what a step-cost model prices as the step's
+        KV read (``StepLog.kv_first``)."""
+        return self.held_generated() + self._context_sum + self.shared_read
 
     @property
     def live(self) -> int:
@@ -653,8 +659,7 @@ class Engine:
         # A row producing its a-th token attends its context and its a - 1 earlier tokens (the one it feeds included).
         if not self.origin and self.loading:  # nothing decodes: these steps last as long as the loads they wait for
             self._load_next += sum(self.own_kv(j) for j, step in self.loading.items() if step <= t_next)
-        self._log.append((t_next - self.t, len(self.origin), self.read_tokens(), self._prefill_next,
-                          self._prefill_ctx_next, self._load_next))
+        self._log_run(t_next)
         self._prefill_next = self._prefill_ctx_next = self._load_next = 0
         self.t = t_next
         kv = self.kv_tokens()
@@ -685,6 +690,25 @@ class Engine:
             self._finish_loads()
         if self.timeline is not None:
             self._mark()
+
+    def _log_run(self, t_next: int) -> None:
+        """Log the steps from now to ``t_next`` (a run of :class:`StepLog`). With ``kv_cap`` a run is
+        split where a row reaches the cap (from there its read stops growing), so each piece's rows
+        grow alike."""
+        rows = len(self.origin)
+        head = (self._prefill_next, self._prefill_ctx_next, self._load_next)
+        if self.kv_cap is None or not rows:
+            self._log.append((t_next - self.t, rows, self.read_tokens(), *head, rows))
+            return
+        origins = np.fromiter(self.origin.values(), dtype=np.int64, count=rows)
+        reach = origins + self.kv_cap  # the step at whose end each row holds kv_cap generated tokens
+        cuts = np.unique(reach[(reach > self.t) & (reach < t_next)]).tolist()
+        other = self._context_sum + self.shared_read
+        for first, (start, end) in enumerate(zip([self.t, *cuts], [*cuts, t_next])):
+            ages = start - origins
+            read = int(np.minimum(ages, self.kv_cap).sum()) + other
+            self._log.append((end - start, rows, read, *(head if first == 0 else (0, 0, 0)),
+                              int(np.count_nonzero(ages < self.kv_cap))))
 
     def _mark(self) -> None:
         """Record the KV held now (after frees and preemptions) for the memory figure."""
@@ -757,7 +781,7 @@ class Engine:
 
     def log_entry(self, index: int = -1) -> tuple[int, ...]:
         """One run of steps of :meth:`step_log` as (steps, rows, kv_first, prefill_tokens,
-        prefill_context, loaded_tokens), the last by default (what the latest :meth:`advance` did)."""
+        prefill_context, loaded_tokens, growth), the last by default (what the latest :meth:`advance` did)."""
         return self._log[index]
 
     def step_log(self) -> StepLog:

@@ -100,16 +100,20 @@ def prompt_prefill_seconds(cost, prompt_lens, chunk: int | None) -> np.ndarray:
 
 
 def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), shared_read: int = 0,
-                        prefill: tuple[int, int] = (0, 0)) -> float:
+                        prefill: tuple[int, int] = (0, 0), kv_cap: int | None = None) -> float:
     """A lower bound on the modelled seconds of generating completions of ``lengths`` (tokens) by any
     schedule: see the module docstring. ``context``: prompt tokens each completion's decode row
     attends (scalar or per completion); ``steps``: a lower bound on decode steps; ``prompt_lens``:
     the prompts prefilled once; ``shared_read``: KV tokens every step reads once; ``prefill``: (tokens,
-    attention pairs) prefilled beyond the prompts (a multi-turn step's tool answers)."""
+    attention pairs) prefilled beyond the prompts (a multi-turn step's tool answers); ``kv_cap``: a
+    compressed cache's most generated tokens a row reads (``Engine.kv_cap``)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     ctx = np.broadcast_to(np.asarray(context, dtype=np.int64), lengths.shape)
     prompts = np.asarray(prompt_lens, dtype=np.int64)
-    kv = int((lengths * ctx + lengths * (lengths - 1) // 2).sum()) + shared_read * int(steps)
+    own = lengths * (lengths - 1) // 2  # the a-th token reads its a - 1 earlier ones ...
+    if kv_cap is not None:  # ... at most kv_cap of them
+        own = np.where(lengths - 1 > kv_cap, kv_cap * (kv_cap + 1) // 2 + (lengths - 1 - kv_cap) * kv_cap, own)
+    kv = int((lengths * ctx + own).sum()) + shared_read * int(steps)
     return float(cost.lower_bound_seconds(steps=int(steps), decode_tokens=int(lengths.sum()), kv_tokens_read=kv,
                                           prefill_tokens=int(prompts.sum()) + int(prefill[0]),
                                           prefill_context=int((prompts * (prompts + 1) // 2).sum()) + int(prefill[1])))
