@@ -40,8 +40,8 @@ class Problem:
     ``quantile``: the predicted quantile reserved. ``stream``: draws the length of extra
     completions for the dynamic-slot policy, ``stream(index) -> length``. ``kv_cap``: with a
     compressed KV cache (Sparse-RL, ``lengthsched.KVCompression.max_retained``), the most generated
-    tokens a sequence holds (tokens); the policies that know it (every token-granular one but the
-    SGLang models) admit by the capped KV, so a budget holds more sequences at once.
+    tokens a sequence holds (tokens); the policies admit by the capped KV, so a budget holds more
+    sequences at once (the SGLang models' reservations stay uncompressed).
     """
 
     lengths: np.ndarray
