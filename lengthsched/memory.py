@@ -84,6 +84,18 @@ class KVCompression:
         """Most generated tokens one sequence ever holds (tokens)."""
         return self.budget + self.interval
 
+    @classmethod
+    def parse(cls, text: str, name: str = "kv_compression") -> KVCompression:
+        """``"512:32"`` -> ``KVCompression(budget=512, interval=32)`` (the command lines' ``--kv-compression``);
+        a bad text raises :class:`InvalidArgument` naming ``name``."""
+        budget, sep, interval = str(text).partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            return cls(int(budget), int(interval))
+        except (ValueError, InvalidArgument):
+            raise InvalidArgument(name, text, "BUDGET:INTERVAL, two positive token counts (e.g. 512:32)") from None
+
     def retained(self, generated: Any) -> Any:
         """Generated tokens held after ``generated`` tokens were produced (scalar or array)."""
         n = np.asarray(generated, dtype=np.int64)

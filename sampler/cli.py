@@ -17,7 +17,7 @@ from typing import Any
 
 from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
-from lengthsched.memory import parse_bytes
+from lengthsched.memory import KVCompression, parse_bytes
 
 from .options import (
     CONFIG_MODELS,
@@ -169,6 +169,7 @@ class _ClipCounter:
 #: The sampler's argument names that differ from the flags of ``lengthsched sample``: (the flag's
 #: field, the option that holds the value the user typed).
 _FLAG_OF = {"budget_bytes": ("budget", "budget"), "force_lengths": ("lengths", "lengths"),
+            "kv_compression": ("kv_compression", "kv_compression"),
             "predicted_lengths": ("lengths", "lengths"), "prompt_ids": ("prompt", "prompt")}
 
 
@@ -201,6 +202,7 @@ def run_sample(opts: SampleOptions) -> int:
     _check_group_size(opts.group_size, opts.max_new_tokens)
     forced = _lengths(opts.lengths, opts.group_size)
     budget = None if opts.budget is None else parse_bytes(opts.budget)
+    compression = None if opts.kv_compression is None else KVCompression.parse(opts.kv_compression)
     check_device(opts.device)
     if opts.predictor and not (Path(opts.predictor) / "config.json").is_file():
         what = "no such directory" if not Path(opts.predictor).exists() else "no config.json in it"
@@ -248,7 +250,7 @@ def run_sample(opts: SampleOptions) -> int:
     try:
         sampler = InfiniteSampler(model, policy=opts.policy, slots=opts.slots, budget_bytes=budget,
                                   predictor=predictor, refill=opts.refill, share_prompt_kv=not opts.copy_prompt_kv,
-                                  tokenizer=tokenizer)
+                                  tokenizer=tokenizer, kv_compression=compression)
         prompt = _encode(tokenizer, opts.prompt)
         eos = getattr(tokenizer, "eos_token_id", None)
         res = sampler.sample_group(prompt, opts.group_size, max_new_tokens=opts.max_new_tokens,
@@ -268,6 +270,7 @@ def run_sample(opts: SampleOptions) -> int:
         "peak_model_kv_bytes": res.peak_model_kv_bytes, "cuda_peak_bytes": res.cuda_peak_bytes,
         "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens, "lengths": res.lengths,
         "step_seconds": res.step_seconds, "model_seconds": None if cost is None else res.model_seconds(cost),
+        "kv_compression": opts.kv_compression,
     }
     if opts.json:
         print(json.dumps(summary))
@@ -297,8 +300,9 @@ def _format_summary(opts: SampleOptions, summary: dict[str, Any], res: Any, cost
              f"{lengths[len(lengths) // 2]}, max {lengths[-1]}); {res.tokens_per_second:.1f} tokens/s "
              f"({res.wall_seconds:.2f} s)"]
     cuda = "" if res.cuda_peak_bytes is None else f"; CUDA peak allocated {res.cuda_peak_bytes / 2**20:.1f} MiB"
+    sparse = "" if opts.kv_compression is None else f"; KV compressed to BUDGET:INTERVAL {opts.kv_compression}"
     lines.append(f"peak KV held {res.peak_kv_bytes / 2**20:.3f} MiB (memory model "
-                 f"{res.peak_model_kv_bytes / 2**20:.3f} MiB); preemptions {res.preemptions}{cuda}")
+                 f"{res.peak_model_kv_bytes / 2**20:.3f} MiB); preemptions {res.preemptions}{cuda}{sparse}")
     modelled = "" if cost is None else (f"; modelled {summary['model_seconds']:.3f} s ({cost.model} on {cost.gpu}, "
                                         f"{summary['model_seconds'] / max(res.step_seconds, 1e-12) - 1:+.1%})")
     lines.append(f"decode steps measured {res.step_seconds:.3f} s{modelled}")

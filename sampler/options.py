@@ -55,6 +55,10 @@ class SampleOptions:
     predictor: str | None = _opt(None, "a predictor directory from `lengthsched train` for length-aware policies")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     copy_prompt_kv: bool = _opt(False, "hold a copy of the prompt KV per sequence (the baseline) instead of once")
+    kv_compression: str | None = _opt(None, "a compressed KV cache (Sparse-RL's sparse rollouts), BUDGET:INTERVAL "
+                                            "in tokens (e.g. 512:32): each sequence keeps its BUDGET most attended "
+                                            "generated tokens every INTERVAL, and --budget admits by that "
+                                            "(token-granular policies, a shared prompt KV)")
     temperature: float = _opt(1.0, "sampling temperature (0 = greedy)")
     top_p: float = _opt(1.0, "nucleus sampling mass (1 = off)")
     top_k: int = _opt(0, "top-k sampling (0 = off)")

@@ -41,16 +41,7 @@ DEFAULT_GROUP_SIZE = 32
 
 def parse_compression(text: str | None) -> KVCompression | None:
     """``"512:32"`` -> ``KVCompression(budget=512, interval=32)`` (``--kv-compression``); None -> None."""
-    if text is None:
-        return None
-    budget, sep, interval = str(text).partition(":")
-    try:
-        if not sep:
-            raise ValueError
-        return KVCompression(int(budget), int(interval))
-    except (ValueError, InvalidArgument):
-        raise InvalidArgument("kv_compression", text, "BUDGET:INTERVAL, two positive token counts (e.g. 512:32)") \
-            from None
+    return None if text is None else KVCompression.parse(text)
 
 
 def load_memory(opts: SimulateOptions) -> ModelMemory:

@@ -226,3 +226,12 @@ def test_every_preset_loads():
         cfg = json.loads((PRESET_DIR / f"{name}.json").read_text())
         assert cfg["_source"].startswith("https://huggingface.co/")
         assert ModelMemory.from_preset(name).kv_bytes_per_token > 0
+
+
+def test_compression_parses_from_the_command_lines_text():
+    assert KVCompression.parse("512:32") == KVCompression(512, 32)
+    for bad in ("512", "a:b", "0:8", "8:-1", ""):
+        with pytest.raises(InvalidArgument, match="kv_compression"):
+            KVCompression.parse(bad)
+    with pytest.raises(InvalidArgument, match="'cache'"):
+        KVCompression.parse("1:2:3", name="cache")

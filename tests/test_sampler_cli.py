@@ -41,3 +41,27 @@ def test_errors_are_one_line(argv, message, capsys, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_a_compressed_cache_runs_more_at_once(capsys):
+    """--kv-compression: a budget of 30 KV tokens runs one 24-token completion at a time dense, two
+    compressed to 8 + 4 tokens; both finish every completion; a bad value is one line."""
+    from sampler import model_memory
+    from sampler.cli import tiny_qwen3
+
+    mem = model_memory(tiny_qwen3())
+    base = ["sample", "-G", "4", "--max-new-tokens", "24", "--lengths", "24,24,24,24", "--policy", "micro",
+            "--slots", "4", "--json"]
+    assert main(base) == 0
+    prompt = json.loads(capsys.readouterr().out)["prompt_tokens"]
+    budget = mem.weights_bytes + mem.prompt_kv_bytes(prompt) + mem.activation_bytes(4) + 30 * mem.kv_bytes_per_token
+    assert main(base + ["--budget", str(budget)]) == 0
+    dense = json.loads(capsys.readouterr().out)
+    assert main(base + ["--budget", str(budget), "--kv-compression", "8:4"]) == 0
+    sparse = json.loads(capsys.readouterr().out)
+    assert (dense["steps"], sparse["steps"]) == (96, 48) and sparse["lengths"] == dense["lengths"] == [24] * 4
+    # twice the sequences in the same KV: each holds at most 12 generated tokens where one held 24
+    assert sparse["kv_compression"] == "8:4" and sparse["peak_kv_bytes"] == dense["peak_kv_bytes"]
+    assert main(base + ["--kv-compression", "8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument 'kv_compression'" in err
