@@ -171,6 +171,51 @@ def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
                   f"preemptions dense / {last}", f"most at once dense / {last}"], rows), raw
 
 
+def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: one RL rollout step (B prompts x 16 on R replicas, each replica's pool a few x L_max
+    tokens, prompts inside) under vLLM and SGLang engines behind verl's least-loaded router, dense and
+    with compressed caches (``run_rollout(compression=)``), against ``steal`` (the project's default
+    policy, dense: it takes no compression). Prompt-level predictions with log-normal error 0.5."""
+    from simulate import run_rollout
+    from simulate.report import predictions_for
+    from simulate.workloads import make_workload
+
+    L, R = args.admission_max_new, args.rollout_replicas
+    caches = [None] + [KVCompression(*(int(x) for x in c.split(":"))) for c in args.admission_caches]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        extra = {} if workload == "castillo" else {"spread": 1.0, "prompt_tokens": "castillo"}
+        for seed in args.rollout_seeds:
+            groups = make_workload(workload, 16, max_new_tokens=L, limit=args.rollout_prompts, seed=seed, **extra)
+            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            for pool in args.rollout_pools:
+                common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred)
+                base = run_rollout(groups, "vllm", **common).seconds
+                steal = run_rollout(groups, "steal", **common)
+                for policy in ("vllm", "sglang"):
+                    cells = []
+                    for comp in caches:
+                        res = run_rollout(groups, policy, router="least_loaded", compression=comp, **common)
+                        cell = {"workload": workload, "seed": seed, "pool_x_lmax": pool, "policy": policy,
+                                "cache": None if comp is None else [comp.budget, comp.interval],
+                                "seconds": res.seconds, "lower_bound_seconds": res.lower_bound_seconds,
+                                "preemptions": res.preemptions, "recomputed_tokens": res.recomputed_tokens,
+                                "x_vllm_dense": res.seconds / base, "steal_dense_x_vllm": steal.seconds / base}
+                        cells.append(cell)
+                        raw.append(cell)
+                    rows.append([workload, seed, f"{pool} x", f"{policy} + least_loaded", f"{cells[0]['seconds']:.2f}"]
+                                + [f"{c['x_vllm_dense']:.3f}" for c in cells]
+                                + [f"{steal.seconds / base:.3f}",
+                                   f"{cells[0]['preemptions']} / {cells[-1]['preemptions']}"])
+    last = f"{caches[-1].budget} + {caches[-1].interval}"
+    heads = ["dense"] + [f"{c.budget} + {c.interval}" for c in caches[1:]]
+    return table(f"A rollout step with a compressed cache (simulated; {args.rollout_prompts} prompts x 16 on {R} "
+                 f"replicas, L_max {L}, each replica's pool a few x L_max tokens with the prompts inside, "
+                 "prompt-level predictions with error 0.5; seconds x vLLM FCFS dense with verl's routing)",
+                 ["workload", "draw", "pool", "engine + router", "dense s", *[f"{h} x vllm dense" for h in heads],
+                  "steal dense x vllm dense", f"preemptions dense / {last}"], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -244,7 +289,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--sections", default="sgpo,sparse,sparse_admission,learner")
+    ap.add_argument("--sections", default="sgpo,sparse,sparse_admission,sparse_rollout,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
@@ -258,7 +303,11 @@ def main() -> int:
                     help="compressed caches of the admission grid, BUDGET:INTERVAL (tokens)")
     ap.add_argument("--admission-policies", default="vllm,length_aware,growth_aware,micro,fixed_slot,sglang",
                     help="policies of the admission grid")
-    ap.add_argument("--admission-max-new", type=int, default=4096, help="L_max of the admission grid")
+    ap.add_argument("--admission-max-new", type=int, default=4096, help="L_max of the admission and rollout grids")
+    ap.add_argument("--rollout-prompts", type=int, default=256, help="prompts of the compressed rollout step")
+    ap.add_argument("--rollout-replicas", type=int, default=8, help="replicas of the compressed rollout step")
+    ap.add_argument("--rollout-pools", default="2,4,8", help="each replica's pool, x L_max, of the rollout step")
+    ap.add_argument("--rollout-seeds", default="11,12", help="draws (workload seeds) of the rollout step")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
     ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
@@ -270,16 +319,19 @@ def main() -> int:
     args.admission_pools = [int(x) for x in args.admission_pools.split(",")]
     args.admission_caches = args.admission_caches.split(",")
     args.admission_policies = args.admission_policies.split(",")
+    args.rollout_pools = [int(x) for x in args.rollout_pools.split(",")]
+    args.rollout_seeds = [int(x) for x in args.rollout_seeds.split(",")]
     args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
         args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], ["256:32"]
         args.admission_policies = ["vllm", "fixed_slot"]
+        args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_admission": sparse_admission,
-                                         "learner": learner},
+                                         "sparse_rollout": sparse_rollout, "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

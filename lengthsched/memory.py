@@ -25,7 +25,7 @@ from .errors import BudgetTooSmall, InvalidArgument, LengthschedError, check_int
 from .hfconfig import PRESET_DIR, load_config, preset_names, read_shapes
 
 __all__ = ["ModelMemory", "KVCompression", "PromptKV", "FreeKV", "DTYPE_BYTES", "parse_bytes", "ROLLOUT_DECODE_ROWS",
-           "rollout_pool_tokens"]
+           "rollout_pool_tokens", "held_token_steps"]
 
 DTYPE_BYTES: dict[str, Fraction] = {
     "float64": Fraction(8), "fp64": Fraction(8),  # CPU reference runs (the sampler's equality tests)
@@ -102,6 +102,20 @@ class KVCompression:
         over = n > self.max_retained
         out = np.where(over, self.budget + (n - self.budget - 1) % self.interval + 1, n)
         return int(out) if out.ndim == 0 else out
+
+
+def held_token_steps(lengths: Any, kv_cap: int | None = None) -> Any:
+    """KV token-steps a completion of each of ``lengths`` holds of its own tokens over its steps: the
+    sum over a = 1..l of min(a, ``kv_cap``) (l (l + 1) / 2 without a cap; ``kv_cap``: a compressed
+    cache's most, ``KVCompression.max_retained``). The KV its rows read of their own tokens is
+    ``held_token_steps(l - 1, kv_cap)`` (the a-th token reads the a - 1 before it). Integer arrays give
+    integers, float arrays floats."""
+    n = np.asarray(lengths)
+    half = (lambda x: x // 2) if np.issubdtype(n.dtype, np.integer) else (lambda x: x / 2)
+    area = half(n * (n + 1))
+    if kv_cap is None:
+        return area
+    return np.where(n > kv_cap, half(kv_cap * (kv_cap + 1)) + (n - kv_cap) * kv_cap, area)
 
 
 @dataclass(frozen=True)

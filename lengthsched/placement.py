@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgument, check_int
+from .memory import held_token_steps
 
 __all__ = ["CLASSES_MAX_SPREAD", "CLASS_LAMS", "check_group", "estimate_seconds", "length_classes",
            "plan_length_classes", "recommend_rollout_policy", "sibling_spread"]
@@ -50,8 +51,8 @@ CLASSES_MAX_SPREAD = 0.15
 
 
 def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, prompt_lens: Any = (),
-                  prompt_area: Any = (), held: Any = 0,
-                  prompt_pairs: Any = None) -> tuple[np.ndarray, np.ndarray, dict, list, np.ndarray]:
+                  prompt_area: Any = (), held: Any = 0, prompt_pairs: Any = None,
+                  kv_cap: int | None = None) -> tuple[np.ndarray, np.ndarray, dict, list, np.ndarray]:
     """The items of the length-class greedy, longest first: (``order``: indices, completions first,
     then the prompts; their lengths in tokens; ``cost``'s per-step terms; per item its memory, compute
     and all-reduce seconds; its KV area over the pool, in steps). A completion of ``l`` tokens after a
@@ -59,16 +60,18 @@ def packing_items(cost: Any, lengths: Any, context: Any, budget_tokens: int, pro
     and holds ``l (l + 1) / 2`` token-steps, and ``l * held`` more where it holds ``held`` tokens of its
     own beyond them (scalar or per completion: a multi-turn turn's conversation); a prompt (length 0) is
     prefilled once (attention pairs ``prompt_pairs``, default ``p (p + 1) / 2``) and holds ``prompt_area``
-    token-steps."""
+    token-steps. ``kv_cap``: a compressed cache's most generated tokens a row holds and reads
+    (:func:`lengthsched.memory.held_token_steps`)."""
     fl = np.asarray(lengths, dtype=np.float64)
     ctx = np.asarray(context, dtype=np.float64)
     pl = np.asarray(prompt_lens, dtype=np.float64)
     pairs = pl * (pl + 1) / 2 if prompt_pairs is None else np.asarray(prompt_pairs, dtype=np.float64)
     none, zero = np.zeros(len(pl)), np.zeros(len(fl))
-    parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([fl * ctx + fl * (fl - 1) / 2, none]),
+    reads = fl * ctx + held_token_steps(fl - 1, kv_cap)
+    parts = cost.lower_bound_parts(np.concatenate([fl, none]), np.concatenate([reads, none]),
                                    np.concatenate([zero, pl]), np.concatenate([zero, pairs]))
     every = np.concatenate([fl, none])
-    own = fl * (fl + 1) / 2 + fl * np.asarray(held, dtype=np.float64)
+    own = held_token_steps(fl, kv_cap) + fl * np.asarray(held, dtype=np.float64)
     area = np.concatenate([own, np.asarray(prompt_area, dtype=np.float64)]) / budget_tokens
     order = np.argsort(-every, kind="stable")
     terms = [np.broadcast_to(parts[k], every.shape)[order] for k in ("memory_seconds", "compute_seconds",

@@ -66,6 +66,7 @@ from lengthsched.errors import as_lengths, check_int, check_nonnegative_float, c
 from lengthsched.filtering import need_refill
 from lengthsched.integrations.rollout import ClientQueues, place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
+from lengthsched.memory import KVCompression, held_token_steps
 from lengthsched.placement import (
     fractional_fits,
     length_classes,
@@ -506,7 +507,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 resubmit_seconds: float | None = None, kv_offload: bool | str = False,
                 snapshot_seconds: float | None = None, in_flight: int | None = None,
                 client_window: float | None = None, client_steals: bool = True,
-                refill: Refill | None = None) -> RolloutResult:
+                refill: Refill | None = None, compression: Any = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -559,12 +560,20 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     next chunk when the filter has dropped so many that those submitted and not dropped fall below its
     ``batch``, and the run ends when every request submitted has finished (the result's
     ``released_seconds`` says when each unit was submitted; the step's end is its ``batch``-th finished
-    unit that passes). Returns a :class:`RolloutResult`."""
+    unit that passes). ``compression``: a ``lengthsched.KVCompression`` (Sparse-RL's compressed cache):
+    every request holds and reads at most ``compression.max_retained`` generated tokens, and the engines
+    admit by that (``run_group``'s ``compression``); for the engine policies that run one
+    (``POLICIES[name].compressed``: vLLM's and SGLang's models) on routers that place every request at
+    once (no ``in_flight``, ``refill``, ``client_window`` or ``kv_offload``). Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
+    kv_cap = _compression_cap(compression, policy, in_flight=in_flight, refill=refill, client_window=client_window,
+                              kv_offload=kv_offload)
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
-        max_num_seqs)
+        max_num_seqs, kv_cap=kv_cap)
+    if kv_cap is not None:
+        common["kv_cap"] = kv_cap
     common["offload"] = None if kv_offload is False else "async" if kv_offload is True else kv_offload
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:
@@ -659,8 +668,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
         steps=max(eng.t for eng in engines), preemptions=sum(eng.preemptions for eng in engines),
         recomputed_tokens=sum(eng.recomputed_tokens for eng in engines),
         prefill_tokens=sum(int(log.prefill_tokens.sum()) for log in logs),
-        lower_bound_seconds=_lower_bound(cost, flat[ran], owner[ran], prompt_lens, common["budget"], replicas)
-        if ran.any() else 0.0,
+        lower_bound_seconds=_lower_bound(cost, flat[ran], owner[ran], prompt_lens, common["budget"], replicas,
+                                         kv_cap=kv_cap) if ran.any() else 0.0,
         tokens=int(flat[ran].sum()), budget_tokens=common["budget"], cost_name=f"{cost.model} on {cost.gpu}"
         + (f" x{cost.tp}" if cost.tp > 1 else ""),
         collected_lengths=tuple(lengths), placement=placement,
@@ -1239,8 +1248,28 @@ def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def _compression_cap(compression: Any, policy: str, **others: Any) -> int | None:
+    """The generated tokens a request holds at most with ``compression`` (None: no compression), checked
+    against the policy and the options that cannot run one (``others``: their values, None or False when
+    unused)."""
+    if compression is None:
+        return None
+    if not isinstance(compression, KVCompression):
+        raise InvalidArgument("compression", compression, "a lengthsched.KVCompression(budget, interval) or None")
+    spec = POLICIES.get(policy)
+    if spec is not None and not (spec.compressed and spec.rollout):
+        raise InvalidArgument("compression", compression, "None with policy " + repr(policy) + " (the rollout "
+                              "policies that run a compressed cache: "
+                              + ", ".join(n for n, s in POLICIES.items() if s.compressed and s.rollout) + ")")
+    for name, value in others.items():
+        if value is not None and value is not False:
+            raise InvalidArgument(name, value, "None (or False) with a compression: modelled for requests all "
+                                               "routed at once, each recomputed after a preemption")
+    return compression.max_retained
+
+
 def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
-             max_num_seqs=None):
+             max_num_seqs=None, kv_cap=None):
     """Check a rollout's arguments; (spec, groups, lengths per group, flat lengths, owner group per
     completion, prompt keys, the keyword arguments the replica runners share)."""
     if not groups:
@@ -1270,8 +1299,10 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     pred, _, _ = _predictions(predicted, flat, max_new, 0.9, None, job_keys)
     block = spec.cls.block_size
     tails, prompt_kv = prompt_blocks(prompt_lens, block)
-    # Every request must fit an empty pool: its prompt's blocks, its tail and its whole length.
-    need = prompt_kv[owner] + -(-(tails[owner] + flat) // block) * block
+    # Every request must fit an empty pool: its prompt's blocks, its tail and its whole length (or what a
+    # compressed cache keeps of it).
+    held = flat if kv_cap is None else np.minimum(flat, kv_cap)
+    need = prompt_kv[owner] + -(-(tails[owner] + held) // block) * block
     if need.max() > budget:
         bad = int(np.argmax(need))
         prompt = int(prompt_lens[owner[bad]])
@@ -1286,7 +1317,7 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
 
 def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndarray, budget: int,
                  replicas: int, *, conv: np.ndarray | None = None, answers: tuple[np.ndarray, np.ndarray] | None = None,
-                 chain: int = 0) -> float:
+                 chain: int = 0, kv_cap: int | None = None) -> float:
     """A lower bound on the makespan (seconds) of any schedule of the step, the largest of:
 
     - the mean replica's share of all the work (each prompt prefilled once), over at least
@@ -1308,6 +1339,8 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
     answers), which its every decode row reads and holds; ``answers``: (tokens, attention pairs) of each tool
     answer, prefilled before the turn after it (at least: a conversation evicted meanwhile is prefilled again);
     ``chain``: the most tokens one session decodes (its turns one after another, a token a step).
+    ``kv_cap``: a compressed cache (``run_rollout(compression=)``): each completion holds and reads at most
+    that many of its own tokens (:func:`lengthsched.memory.held_token_steps`).
     """
     context = prompt_lens[owner] if conv is None else prompt_lens[owner] + conv
     held = 0 if conv is None else conv
@@ -1315,18 +1348,18 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
     group_longest = np.zeros(len(prompt_lens), dtype=np.int64)
     np.maximum.at(group_longest, owner, flat)
     prompt_held = prompt_lens * group_longest  # token-steps: each prompt held while its longest completion runs
-    area = int((flat * (flat + 1) // 2).sum()) + int(prompt_held.sum()) + int(np.sum(flat * held))  # token-steps
+    area = int(held_token_steps(flat, kv_cap).sum()) + int(prompt_held.sum()) + int(np.sum(flat * held))  # token-steps
     steps_bound = max(int(flat.max()), int(chain), math.ceil(area / budget))
     prompts = [int(x) for x in prompt_lens]
     share = lower_bound_seconds(cost, flat, context=context, steps=steps_bound, prompt_lens=prompts,
-                                prefill=pf) / replicas
+                                prefill=pf, kv_cap=kv_cap) / replicas
     longest = int(np.argmax(flat))
     alone = lower_bound_seconds(cost, flat[longest:longest + 1], context=int(context[longest]),
-                                steps=int(flat[longest]), prompt_lens=[int(prompt_lens[owner[longest]])])
+                                steps=int(flat[longest]), prompt_lens=[int(prompt_lens[owner[longest]])], kv_cap=kv_cap)
     order = np.argsort(-flat, kind="stable")
     lengths, ctx = flat[order].astype(np.int64), np.asarray(context, dtype=np.int64)[order]
     tokens = np.cumsum(lengths)
-    kv = np.cumsum(lengths * ctx + lengths * (lengths - 1) // 2)
+    kv = np.cumsum(lengths * ctx + held_token_steps(lengths - 1, kv_cap))
     m = np.arange(1, len(lengths) + 1)
     pl = np.asarray(prompts, dtype=np.int64)
     n = len(lengths)
@@ -1340,13 +1373,13 @@ def _lower_bound(cost, flat: np.ndarray, owner: np.ndarray, prompt_lens: np.ndar
         total = cost.lower_bound_seconds(steps=np.maximum(steps, steps_bound), **everything) / replicas
         threshold = np.minimum(threshold, np.where(m >= k, np.maximum(held_k, total), np.inf))
     packed = _packing_bound(cost, flat, context, prompt_lens, prompt_held, budget, replicas, held=held,
-                            answers=answers)
+                            answers=answers, kv_cap=kv_cap)
     return max(share, alone, float(threshold.max()), packed)
 
 
 def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.ndarray, prompt_area: np.ndarray,
                    budget: int, replicas: int, mixes: int = 5, held: Any = 0,
-                   answers: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+                   answers: tuple[np.ndarray, np.ndarray] | None = None, kv_cap: int | None = None) -> float:
     """A lower bound (seconds) on the makespan: the best split of the work between ``replicas``
     replicas, where a replica's seconds are at least those of its steps' fixed costs plus its
     tokens' work, and its steps at least its longest completion and its KV area over ``budget``.
@@ -1369,7 +1402,7 @@ def _packing_bound(cost, flat: np.ndarray, context: np.ndarray, prompt_lens: np.
         prompt_lens = np.concatenate([prompt_lens, np.asarray(answers[0], dtype=prompt_lens.dtype)])
         prompt_area = np.concatenate([prompt_area, np.zeros(len(answers[0]), dtype=prompt_area.dtype)])
     _, lengths, parts, terms, area = packing_items(cost, flat, context, budget, prompt_lens, prompt_area, held=held,
-                                                   prompt_pairs=pairs)
+                                                   prompt_pairs=pairs, kv_cap=kv_cap)
     best = 0.0
     grid = np.linspace(0.0, 1.0, mixes)
     for mu in grid:

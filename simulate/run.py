@@ -11,6 +11,7 @@ import numpy as np
 
 from lengthsched import InvalidArgument, KVCompression, partition
 from lengthsched.errors import as_lengths, check_int, check_positive_float
+from lengthsched.memory import held_token_steps
 from lengthsched.runtime import POLICIES, Engine, Problem, StepLog, Timeline, make_policy, policy_names
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, default_cost, lower_bound_seconds, prompt_prefill_log
 
@@ -93,10 +94,7 @@ def lower_bound(lengths: np.ndarray, *, slots: int | None, budget_tokens: int | 
     if slots is not None:
         bound = max(bound, partition.lower_bound(lengths, min(slots, len(lengths))))
     if budget_tokens is not None:
-        area = lengths * (lengths + 1) // 2
-        if kv_cap is not None:
-            area = np.where(lengths > kv_cap, kv_cap * (kv_cap + 1) // 2 + (lengths - kv_cap) * kv_cap, area)
-        bound = max(bound, math.ceil(int(area.sum()) / budget_tokens))
+        bound = max(bound, math.ceil(int(held_token_steps(lengths, kv_cap).sum()) / budget_tokens))
     return bound
 
 

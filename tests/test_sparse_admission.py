@@ -179,3 +179,55 @@ def test_rows_read_the_capped_kv_step_by_step():
              for t in range(1, eng.t + 1)]
     assert expanded.tolist() == brute
     assert (log.growth < log.rows).any() and (log.growth == log.rows).any()  # some runs have rows at the cap
+
+
+def _rollout_groups(rng, prompts, size, longest):
+    return [Group(f"p{i}", int(rng.integers(0, 300)),
+                  np.minimum(np.maximum(1, rng.lognormal(np.log(longest / 4), 1.0, size).astype(np.int64)), longest))
+            for i in range(prompts)]
+
+
+def test_a_rollout_step_with_a_compressed_cache():
+    from simulate import run_rollout
+
+    groups = _rollout_groups(np.random.default_rng(5), 32, 8, 2048)
+    comp = KVCompression(256, 32)
+    for policy in ("vllm", "vllm_priority", "sglang"):
+        for router in ("least_loaded", "group_round_robin"):
+            dense = run_rollout(groups, policy, replicas=4, router=router, budget_tokens=3 * 2048, max_new_tokens=2048)
+            sparse = run_rollout(groups, policy, replicas=4, router=router, budget_tokens=3 * 2048,
+                                 max_new_tokens=2048, compression=comp)
+            assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds
+            assert sparse.lower_bound_seconds < dense.lower_bound_seconds  # capped reads and KV area
+            assert max(sparse.peak_kv_tokens) <= 3 * 2048
+            assert [sorted(x.tolist()) for x in sparse.collected_lengths] == [sorted(g.lengths.tolist())
+                                                                             for g in groups]
+    # a cap above every length changes nothing
+    same = run_rollout(groups, "vllm", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048,
+                       compression=KVCompression(4096, 8))
+    dense = run_rollout(groups, "vllm", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048)
+    assert (same.seconds, same.preemptions, same.lower_bound_seconds) == (dense.seconds, dense.preemptions,
+                                                                          dense.lower_bound_seconds)
+    # what takes no compression says so
+    for bad in ({"policy": "steal"}, {"policy": "vllm", "in_flight": 64}, {"policy": "vllm", "kv_offload": True}):
+        options = {"replicas": 4, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "compression": comp, **bad}
+        with pytest.raises(InvalidArgument, match="compression|in_flight|kv_offload"):
+            run_rollout(groups, options.pop("policy"), **options)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 6), st.integers(1, 64), st.integers(8, 400), st.integers(1, 4),
+       st.sampled_from(["vllm", "vllm_priority", "sglang", "sglang_priority"]),
+       st.sampled_from(["least_loaded", "group_round_robin", "contiguous_chunks"]))
+def test_compressed_rollouts_keep_their_bound(seed, replicas, interval, cap_budget, room, policy, router):
+    from simulate import run_rollout
+
+    rng = np.random.default_rng(seed)
+    groups = _rollout_groups(rng, int(rng.integers(1, 12)), int(rng.integers(1, 9)), 600)
+    comp = KVCompression(cap_budget, interval)
+    longest = max(int(g.lengths.max()) for g in groups)
+    budget = (316 + min(longest, comp.max_retained) + 16) * room + (600 + 2 if policy.startswith("sglang") else 0)
+    res = run_rollout(groups, policy, replicas=replicas, router=router, budget_tokens=budget, max_new_tokens=600,
+                      compression=comp, predicted=np.concatenate([g.lengths for g in groups]))
+    assert res.lower_bound_seconds <= res.seconds * (1 + 1e-12)
+    assert max(res.peak_kv_tokens) <= budget

@@ -20,6 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..memory import held_token_steps
 from .engine import StepLog
 
 __all__ = ["DEFAULT_COST", "DEFAULT_PREFILL_CHUNK", "default_cost", "prompt_prefill_log", "prompt_prefill_seconds",
@@ -110,9 +111,7 @@ def lower_bound_seconds(cost, lengths, *, context, steps: int, prompt_lens=(), s
     lengths = np.asarray(lengths, dtype=np.int64)
     ctx = np.broadcast_to(np.asarray(context, dtype=np.int64), lengths.shape)
     prompts = np.asarray(prompt_lens, dtype=np.int64)
-    own = lengths * (lengths - 1) // 2  # the a-th token reads its a - 1 earlier ones ...
-    if kv_cap is not None:  # ... at most kv_cap of them
-        own = np.where(lengths - 1 > kv_cap, kv_cap * (kv_cap + 1) // 2 + (lengths - 1 - kv_cap) * kv_cap, own)
+    own = held_token_steps(lengths - 1, kv_cap)  # the a-th token reads its a - 1 earlier ones (at most kv_cap)
     kv = int((lengths * ctx + own).sum()) + shared_read * int(steps)
     return float(cost.lower_bound_seconds(steps=int(steps), decode_tokens=int(lengths.sum()), kv_tokens_read=kv,
                                           prefill_tokens=int(prompts.sum()) + int(prefill[0]),
