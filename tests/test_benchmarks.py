@@ -514,9 +514,13 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
-    assert {"machine", "sgpo", "sparse", "learner"} <= set(data)
+    assert {"machine", "sgpo", "sparse", "sparse_admission", "sparse_rollout", "learner"} <= set(data)
     dense, *compressed = data["sparse"]
     assert all(c["peak_kv_bytes"] < dense["peak_kv_bytes"] for c in compressed)
+    # the simulated compressed cache: a policy reserving L_max runs more at once; the rollout keeps its bound
+    admission = {(c["policy"], c["cache"] is None): c for c in data["sparse_admission"]}
+    assert admission[("fixed_slot", False)]["max_live"] > admission[("fixed_slot", True)]["max_live"]
+    assert all(c["lower_bound_seconds"] <= c["seconds"] for c in data["sparse_rollout"])
 
 
 def test_cost_benchmark_cpu_section_runs_quick(tmp_path):
