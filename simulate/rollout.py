@@ -562,9 +562,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     ``released_seconds`` says when each unit was submitted; the step's end is its ``batch``-th finished
     unit that passes). ``compression``: a ``lengthsched.KVCompression`` (Sparse-RL's compressed cache):
     every request holds and reads at most ``compression.max_retained`` generated tokens, and the engines
-    admit by that (``run_group``'s ``compression``); for the engine policies that run one
-    (``POLICIES[name].compressed``: vLLM's and SGLang's models) on routers that place every request at
-    once (no ``in_flight``, ``refill``, ``client_window`` or ``kv_offload``). Returns a :class:`RolloutResult`."""
+    admit by that (``run_group``'s ``compression``); for the policies that run one
+    (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest`` and
+    ``steal_observed``) with every request placed at once (no ``in_flight``, ``refill``,
+    ``client_window`` or ``kv_offload``). Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     kv_cap = _compression_cap(compression, policy, in_flight=in_flight, refill=refill, client_window=client_window,
@@ -708,8 +709,9 @@ class _OneClock:
     def run(self, r: int, t_next: int, pads: bool, cost: Any, now: float) -> None:
         """Replica ``r`` advances to step ``t_next`` from ``now``; it decides again when those steps end."""
         eng = self.engines[r]
-        eng.advance(t_next, pads)
-        self.at(r, now + cost.segment_seconds_float(*eng.log_entry()))
+        first = eng.log_size
+        eng.advance(t_next, pads)  # one run of steps, or several where a compressed cache's rows reach its cap
+        self.at(r, now + sum(cost.segment_seconds_float(*eng.log_entry(i)) for i in range(first, eng.log_size)))
 
     def clocks(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return [(np.asarray(e, dtype=np.float64), np.asarray(s)) for e, s in zip(self.ends, self.secs)]
@@ -1489,7 +1491,7 @@ def observe_board(pols: list, budget: int, snapshot: float | None = None) -> Ste
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, given=None, refill=None,
                   flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record,
-                  cost, max_seqs=None, offload=None):
+                  cost, max_seqs=None, offload=None, kv_cap=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``; ``given``: the placement to steal over instead of the policy's).
     ``refill`` (a stealing policy): a :class:`Refill` whose ``plan`` places each batch of units it releases (verl's
@@ -1522,12 +1524,12 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
     else:  # Seer: nothing is known of a group before its probe finishes
         queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)
     problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred, slots=max_seqs,
-                      predictor=None if online is None else copy_predictor(online), prompt_ids=job_keys)
+                      predictor=None if online is None else copy_predictor(online), prompt_ids=job_keys, kv_cap=kv_cap)
     engines, pols = [], []
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost, transfers=POLICIES[policy].loads)
+                      offload, cost, transfers=POLICIES[policy].loads, kv_cap=kv_cap)
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

@@ -18,7 +18,7 @@ from simulate.workloads import Group
 
 # The policies that promise a budget and run a compressed cache (the SGLang models keep their own reservations).
 BUDGETED = ["micro", "fixed_slot", "reserve_max", "length_aware", "length_aware_lpt", "growth_aware",
-            "growth_aware_fcfs", "sglang", "sglang_priority", "vllm", "vllm_priority"]
+            "growth_aware_fcfs", "sglang", "sglang_priority", "vllm", "vllm_priority", "steal"]
 
 
 def test_the_engine_counts_each_sequence_up_to_its_cap():
@@ -57,11 +57,12 @@ def test_blocks_count_the_capped_tokens_and_the_tail():
     assert eng.first_block_needs() == [(7, 1)]  # it holds 10: its 17th token opens a block, and 17 < 20
 
 
-def test_a_cap_is_checked_and_the_rollout_policies_refuse_one():
+def test_a_cap_is_checked_and_the_other_rollout_policies_refuse_one():
     with pytest.raises(InvalidArgument, match="kv_cap"):
         Engine([10], kv_cap=0)
-    with pytest.raises(InvalidArgument, match="compression"):
-        run_group([10, 20], "steal", budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
+    for policy in ("seer", "seer_divided", "placed_classes", "steal_sglang"):
+        with pytest.raises(InvalidArgument, match="compression"):
+            run_group([10, 20], policy, budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
     with pytest.raises(InvalidArgument, match="compression"):
         run_group([10, 20], "micro", budget_tokens=64, max_new_tokens=32, compression=(8, 4))
 
@@ -119,7 +120,7 @@ def test_compressed_runs_keep_the_budget_and_the_bound(lengths, cap_budget, inte
     L = int(lengths.max())
     # The policies that reserve max_new_tokens need budget // min(L, cap) >= 1; the SGLang models L + 2 tokens
     # more; vLLM's blocks of 16 the prompt's partial block (7 tokens) and the capped length, rounded up.
-    one = -(-(7 + held) // 16) * 16 if policy.startswith("vllm") else held
+    one = -(-(7 + held) // 16) * 16 if policy.startswith(("vllm", "steal")) else held
     budget = one * (1 + room) + (L + 2 if policy.startswith("sglang") else 0)
     predicted = np.maximum(1, (lengths * np.random.default_rng(seed).lognormal(0, 0.5, len(lengths))).astype(int))
     res = run_group(lengths, policy, budget_tokens=budget, max_new_tokens=L, predicted=predicted, compression=comp,
@@ -192,7 +193,7 @@ def test_a_rollout_step_with_a_compressed_cache():
 
     groups = _rollout_groups(np.random.default_rng(5), 32, 8, 2048)
     comp = KVCompression(256, 32)
-    for policy in ("vllm", "vllm_priority", "sglang"):
+    for policy in ("vllm", "vllm_priority", "sglang", "steal"):
         for router in ("least_loaded", "group_round_robin"):
             dense = run_rollout(groups, policy, replicas=4, router=router, budget_tokens=3 * 2048, max_new_tokens=2048)
             sparse = run_rollout(groups, policy, replicas=4, router=router, budget_tokens=3 * 2048,
@@ -209,7 +210,7 @@ def test_a_rollout_step_with_a_compressed_cache():
     assert (same.seconds, same.preemptions, same.lower_bound_seconds) == (dense.seconds, dense.preemptions,
                                                                           dense.lower_bound_seconds)
     # what takes no compression says so
-    for bad in ({"policy": "steal"}, {"policy": "vllm", "in_flight": 64}, {"policy": "vllm", "kv_offload": True}):
+    for bad in ({"policy": "seer"}, {"policy": "vllm", "in_flight": 64}, {"policy": "vllm", "kv_offload": True}):
         options = {"replicas": 4, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "compression": comp, **bad}
         with pytest.raises(InvalidArgument, match="compression|in_flight|kv_offload"):
             run_rollout(groups, options.pop("policy"), **options)
@@ -217,7 +218,8 @@ def test_a_rollout_step_with_a_compressed_cache():
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10**6), st.integers(1, 6), st.integers(1, 64), st.integers(8, 400), st.integers(1, 4),
-       st.sampled_from(["vllm", "vllm_priority", "sglang", "sglang_priority"]),
+       st.sampled_from(["vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
+                        "steal_observed"]),
        st.sampled_from(["least_loaded", "group_round_robin", "contiguous_chunks"]))
 def test_compressed_rollouts_keep_their_bound(seed, replicas, interval, cap_budget, room, policy, router):
     from simulate import run_rollout

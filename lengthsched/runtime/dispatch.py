@@ -512,9 +512,9 @@ class WorkStealing(VLLMLike):
 
     def _predicted_peak(self, eng: Engine) -> float:
         """KV tokens the running requests hold once grown to their predicted lengths (at least their
-        age), prompts included."""
-        work = self.work
-        return sum(max(work[j], eng.age(j) + 1) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
+        age; at most a compressed cache's ``Problem.kv_cap``), prompts included."""
+        work, held = self.work, self.problem.held
+        return sum(held(max(work[j], eng.age(j) + 1)) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
 
     def _room(self, eng: Engine) -> bool:
         """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
@@ -528,7 +528,7 @@ class WorkStealing(VLLMLike):
         return self.WATERMARK * self.blocks * self.block_size - self._predicted_peak(eng)
 
     def _admission_need(self, eng: Engine, job: int) -> float:
-        return max(float(self.work[job]), eng.done[job] + 1) + eng.tail[job]
+        return float(self.problem.held(max(float(self.work[job]), eng.done[job] + 1))) + eng.tail[job]
 
     def _steal(self, eng: Engine) -> bool:
         """Move requests from the back of the fullest blocked queue to this one (the decision of

@@ -134,6 +134,7 @@ class Engine:
         self.block = block_size
         self._exact = block_size == 1 and not any(self.tail)
         self.kv_cap = None if kv_cap is None else check_int("kv_cap", kv_cap, minimum=1)
+        self._tails: np.ndarray | None = None  # self.tail as an array (kv_cap's block counts)
         self.slots = slots
         self.budget = budget_tokens
         self.enforce_budget = enforce_budget and budget_tokens is not None
@@ -242,8 +243,9 @@ class Engine:
         and min(generated, kv_cap)."""
         jobs = np.fromiter(self.origin, dtype=np.int64, count=len(self.origin))
         ages = at - np.fromiter(self.origin.values(), dtype=np.int64, count=len(jobs))
-        tails = np.asarray(self.tail, dtype=np.int64)[jobs] if len(jobs) else np.zeros(0, dtype=np.int64)
-        return tails + np.minimum(ages, self.kv_cap)
+        if self._tails is None or len(self._tails) != len(self.tail):  # (spawn appends completions)
+            self._tails = np.asarray(self.tail, dtype=np.int64)
+        return self._tails[jobs] + np.minimum(ages, self.kv_cap)
 
     def first_block_needs(self) -> list[tuple[int, int]]:
         """(steps from now until a sequence next needs a new block, how many sequences), by step. With
@@ -778,6 +780,12 @@ class Engine:
         while self.decide(policy):
             self.advance(self.next_event(), policy.pads)
         return self
+
+    @property
+    def log_size(self) -> int:
+        """Runs of steps logged so far (:meth:`log_entry` indexes them); an :meth:`advance` adds one, or
+        more with ``kv_cap`` (a run split where a row reaches the cap)."""
+        return len(self._log)
 
     def log_entry(self, index: int = -1) -> tuple[int, ...]:
         """One run of steps of :meth:`step_log` as (steps, rows, kv_first, prefill_tokens,

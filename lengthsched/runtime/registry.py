@@ -44,7 +44,8 @@ class PolicySpec:
     (``run_group`` / ``run_batch``, the sampler) it runs alone over its own queue;
     ``compressed``: it runs with a compressed KV cache (``Problem.kv_cap``, ``run_group(compression=)``),
     counting each sequence's KV up to the cache's most (the SGLang models still reserve uncompressed
-    lengths; the rollout policies do not take one).
+    lengths; of the rollout policies that place or dispatch requests, ``steal``, ``steal_longest`` and
+    ``steal_observed`` take one).
     """
 
     name: str
@@ -137,9 +138,10 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal", WorkStealing, "each group over as many replicas as the pools hold its prompts (whole groups "
                "in crowded steps), vLLM FCFS per replica, drained replicas steal waiting requests and take running "
-               "ones", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               "ones", needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("steal_longest", StealLongest, "steal with each replica's queue longest predicted first: faster on "
-               "average, worse worst cases", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               "average, worse worst cases", needs_budget=True, places_groups=True, rollout=True, dispatch=True,
+               compressed=True),
     PolicySpec("steal_classes", StealClasses, "steal over placed_classes's placement (length classes by predicted "
                "length): for predictions learnt from an earlier epoch where siblings agree",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
@@ -148,7 +150,7 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),
     PolicySpec("steal_observed", StealObserved, "steal decided from snapshots a framework can take "
                "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
-               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("reserve_max", FixedSlots, "reserve L_max per request, never preempt", (("name", "reserve_max"),),
                fast=True, compressed=True),
 )
