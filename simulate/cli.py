@@ -187,11 +187,6 @@ def run_simulate(opts: SimulateOptions) -> int:
         except ImportError:
             raise ImportError(f"lengthsched simulate needs {module}: pip install 'lengthsched[simulate]'") from None
     if rollout_mode(opts):
-        if opts.kv_compression is not None:
-            raise InvalidArgument("kv_compression", opts.kv_compression, "groups one at a time (no --prompts or "
-                                                                         "--replicas); a rollout step with a "
-                                                                         "compressed cache runs in Python: "
-                                                                         "simulate.run_rollout(compression=)")
         return _run_rollout_step(opts)
     check_options(opts)
     opts = resolve(opts)

@@ -20,6 +20,11 @@ DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot",
 ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "seer_divided", "placed_adaptive",
                     "steal", "steal_longest", "steal_observed", "steal_sglang")
 
+# The rollout table's default rows with --kv-compression: those of ROLLOUT_POLICIES that run a compressed cache
+# (lengthsched.runtime.POLICIES[name].compressed; slime's planned client leaves the routers).
+COMPRESSED_ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
+                               "steal_observed")
+
 # Defaults that depend on the mode: one group at a time, or one RL rollout step.
 GROUP_DEFAULTS = {"model": "qwen3-1.7b", "budget": "5GiB", "policies": ",".join(DEFAULT_POLICIES),
                   "predictor": "oracle"}
@@ -215,8 +220,9 @@ class SimulateOptions:
     kv_compression: str | None = _opt(None, "a compressed KV cache (Sparse-RL's sparse rollouts), BUDGET:INTERVAL "
                                             "in tokens (e.g. 512:32): every sequence holds at most BUDGET + "
                                             "INTERVAL generated tokens, the policies admit by that and the rows read "
-                                            "that much (groups one at a time; the compression's own work is not "
-                                            "priced)")
+                                            "that much (the compression's own work is not priced); in a rollout "
+                                            "step the default rows are those that run one: "
+                                            + ",".join(COMPRESSED_ROLLOUT_POLICIES))
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")
@@ -243,6 +249,9 @@ def resolve(opts: SimulateOptions) -> SimulateOptions:
     from .workloads import WORKLOADS
 
     defaults = ROLLOUT_DEFAULTS if rollout_mode(opts) else GROUP_DEFAULTS
+    if opts.kv_compression is not None and rollout_mode(opts):  # the rows that run a compressed cache
+        defaults = {**defaults, "policies": ",".join(COMPRESSED_ROLLOUT_POLICIES),
+                    "routers": ",".join(r for r in defaults["routers"].split(",") if r != "slime_plan")}
     trace = opts.workload is not None and opts.workload not in WORKLOADS
     return dataclasses.replace(opts, **{k: v for k, v in defaults.items()
                                         if getattr(opts, k) is None and not (trace and k == "group_size")})

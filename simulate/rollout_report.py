@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ from .report import (
     legend,
     load_cost,
     load_memory,
+    parse_compression,
     parse_policies,
     predictions_for,
     prompt_prediction,
@@ -180,6 +182,28 @@ def _runs_behind(policy: str, router: str) -> bool:
     return router != PLAN_ROUTER or policy == "sglang"
 
 
+def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str], routers: Sequence[str]) -> None:
+    """``--kv-compression`` in a rollout step: one step of requests all sent at once (``run_rollout``'s
+    ``compression``), the policies and routers that run a compressed cache."""
+    for name in ("turns", "max_staleness", "steps", "in_flight", "oversample", "headroom"):
+        value = getattr(opts, name)
+        if value is not None and value is not False and value != 0:
+            raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
+                                               "cache is modelled for one step, every request sent at once)")
+    for name in ("kv_offload", "verl_dynamic_sampling"):
+        if getattr(opts, name):
+            raise InvalidArgument(name, True, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
+                                              "cache is modelled with every preempted request recomputed)")
+    refuse = [p for p in policies if not POLICIES[p].compressed]
+    if refuse:
+        raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with --kv-compression: "
+                              + ", ".join(n for n, s in POLICIES.items() if s.compressed and s.rollout)
+                              + f" (not {', '.join(refuse)})")
+    if PLAN_ROUTER in routers:
+        raise InvalidArgument("routers", opts.routers, f"routers without {PLAN_ROUTER} with --kv-compression (slime's "
+                                                       "planned client keeps requests in flight)")
+
+
 def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     """The resolved options of a rollout step; flags that have no effect on one are errors."""
     opts = resolve(opts)
@@ -202,7 +226,9 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if bad:
         raise InvalidArgument("policies", opts.policies, "policies that run rollout steps: "
                               + ", ".join(n for n, s in POLICIES.items() if s.rollout) + f" (not {', '.join(bad)})")
-    _routers(opts)
+    routers = _routers(opts)
+    if parse_compression(opts.kv_compression) is not None:
+        _check_compressed_step(opts, policies, routers)
     if str(opts.predictor).startswith(("noisy", "online", "trace")):
         raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA, constant:TOKENS or history / "
                                                            "history:SIGMA for a rollout step (per-completion "
@@ -399,7 +425,7 @@ class RolloutStep:
                            resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
                            snapshot_seconds=o.poll_seconds if spec.polls else None,
                            in_flight=in_flight if in_flight is not None else o.in_flight * o.replicas if capped
-                           else None, refill=refill)
+                           else None, refill=refill, compression=parse_compression(o.kv_compression))
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -529,6 +555,10 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                                     f"routed as requests finish)")
                + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
                                                  "(not recomputed)")
+               + ("" if opts.kv_compression is None else f", KV compressed ({opts.kv_compression}): each request "
+                                                         f"holds and reads at most "
+                                                         f"{parse_compression(opts.kv_compression).max_retained} "
+                                                         "generated tokens")
                + ("" if opts.oversample is None else f", over-sampled: the step keeps the first {opts.prompts} "
                                                      f"groups to finish of the {len(groups)} submitted")
                + f", predictor {opts.predictor}" + ("" if step.history is None else

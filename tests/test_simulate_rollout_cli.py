@@ -1022,3 +1022,26 @@ def test_bad_multi_turn_settings_are_one_line(extra, name, capsys):
 def test_turns_without_a_rollout_step_are_an_error(capsys):
     assert main(["simulate", "--turns", "2-5"]) == 2
     assert "--prompts or --replicas with it" in capsys.readouterr().err
+
+
+def test_a_rollout_step_with_a_compressed_cache(capsys):
+    """--kv-compression in a rollout step: the rows that run one by default, the cache in the header, fewer
+    seconds than dense; what cannot run one is a one-line error naming its flag."""
+    args = SMALL + ["--budget", "3.6GiB", "--json", "--routers", "least_loaded"]
+    assert main(args + ["--policies", "vllm,steal"]) == 0
+    dense = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert main(args + ["--kv-compression", "64:16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    sparse = {r["policy"]: r for r in data["rows"]}
+    assert set(sparse) == {"vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
+                           "steal_observed"}
+    assert "KV compressed (64:16): each request holds and reads at most 80 generated tokens" in data["setting"]
+    for policy in ("vllm", "steal"):
+        assert sparse[policy]["seconds"] < dense[policy]["seconds"]
+    for extra, flag in ((["--policies", "vllm,seer"], "policies"), (["--in-flight", "64"], "in_flight"),
+                        (["--routers", "slime_plan"], "routers"), (["--kv-offload"], "kv_offload"),
+                        (["--kv-compression", "64"], "kv_compression")):
+        options = SMALL + (["--kv-compression", "64:16"] if extra[0] != "--kv-compression" else []) + extra
+        assert main(options) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"argument '{flag}'" in err, err
