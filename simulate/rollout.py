@@ -66,7 +66,7 @@ from lengthsched.errors import as_lengths, check_int, check_nonnegative_float, c
 from lengthsched.filtering import need_refill
 from lengthsched.integrations.rollout import ClientQueues, place_ways, spread_ways
 from lengthsched.integrations.stealing import StealCoordinator
-from lengthsched.memory import KVCompression, held_token_steps
+from lengthsched.memory import held_token_steps
 from lengthsched.placement import (
     fractional_fits,
     length_classes,
@@ -82,7 +82,7 @@ from lengthsched.runtime.replicas import replica_engine as _engine
 from lengthsched.runtime.replicas import run_replica as _run_replica
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
 
-from .run import _cost, _predictions
+from .run import _cost, _predictions, compression_cap
 from .workloads import Group
 
 __all__ = ["REFILL_RULES", "ROUTERS", "VERL_POLL_SECONDS", "LiveRouter", "Refill", "RolloutResult",
@@ -1254,20 +1254,12 @@ def _compression_cap(compression: Any, policy: str, **others: Any) -> int | None
     """The generated tokens a request holds at most with ``compression`` (None: no compression), checked
     against the policy and the options that cannot run one (``others``: their values, None or False when
     unused)."""
-    if compression is None:
-        return None
-    if not isinstance(compression, KVCompression):
-        raise InvalidArgument("compression", compression, "a lengthsched.KVCompression(budget, interval) or None")
-    spec = POLICIES.get(policy)
-    if spec is not None and not (spec.compressed and spec.rollout):
-        raise InvalidArgument("compression", compression, "None with policy " + repr(policy) + " (the rollout "
-                              "policies that run a compressed cache: "
-                              + ", ".join(n for n, s in POLICIES.items() if s.compressed and s.rollout) + ")")
+    cap = compression_cap(compression, policy, rollout=True)
     for name, value in others.items():
-        if value is not None and value is not False:
+        if cap is not None and value is not None and value is not False:
             raise InvalidArgument(name, value, "None (or False) with a compression: modelled for requests all "
                                                "routed at once, each recomputed after a preemption")
-    return compression.max_retained
+    return cap
 
 
 def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,

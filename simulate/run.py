@@ -117,6 +117,23 @@ def retained_kv_curve(timeline: Timeline, compression: Any, steps: int) -> np.nd
     return curve
 
 
+def compression_cap(compression: Any, policy: str, *, rollout: bool = False) -> int | None:
+    """The generated tokens a sequence holds at most with ``compression`` (a ``lengthsched.KVCompression``,
+    or None: no cap), checked against ``policy`` (one that runs a compressed cache,
+    ``POLICIES[name].compressed``; with ``rollout``, one that runs rollout steps too)."""
+    if compression is None:
+        return None
+    if not isinstance(compression, KVCompression):
+        raise InvalidArgument("compression", compression, "a lengthsched.KVCompression(budget, interval) or None")
+    spec = POLICIES.get(policy)
+    if spec is not None and not (spec.compressed and (spec.rollout or not rollout)):
+        runs = policy_names(compressed=True, rollout=True) if rollout else policy_names(compressed=True)
+        raise InvalidArgument("compression", compression, f"None with policy {policy!r} (the "
+                              f"{'rollout ' if rollout else ''}policies that run a compressed cache: "
+                              + ", ".join(runs) + ")")
+    return compression.max_retained
+
+
 def _predictions(predicted: Any, lengths: np.ndarray, max_new: int, quantile: float, reserve: Any,
                  prompt_ids: tuple | None = None):
     """(point predictions, reservations, predictor object) from what the caller passed. A predictor
@@ -153,9 +170,7 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                                                   f"{int(lengths[bad])})")
     slots = None if slots is None else check_int("slots", slots, minimum=1)
     budget_tokens = None if budget_tokens is None else check_int("budget_tokens", budget_tokens, minimum=1)
-    if compression is not None and not isinstance(compression, KVCompression):
-        raise InvalidArgument("compression", compression, "a lengthsched.KVCompression(budget, interval) or None")
-    kv_cap = None if compression is None else compression.max_retained
+    kv_cap = compression_cap(compression, policy)
     longest = int(lengths.max()) if kv_cap is None else min(int(lengths.max()), kv_cap)
     if budget_tokens is not None and longest > budget_tokens:
         raise InvalidArgument("budget_tokens", budget_tokens,
@@ -176,9 +191,6 @@ def _simulate(lengths, prompt_lens, policy: str, *, slots, budget_tokens, predic
                       refill=refill, eps=eps, stream=stream, prompt_ids=keys, quantile=quantile, kv_cap=kv_cap)
     sim = make_policy(policy, problem)
     block = sim.block_size
-    if compression is not None and not POLICIES[policy].compressed:
-        raise InvalidArgument("compression", compression, "None for policy " + repr(policy) + " (the policies that run "
-                              "a compressed cache: " + ", ".join(policy_names(compressed=True)) + ")")
     record = record or compression is not None
     tails = prompt_lens % block if block > 1 else None
     eng = Engine(lengths, tails=tails, block_size=block, slots=slots if sim.respects_slots else None,
