@@ -116,6 +116,54 @@ def sparse(args: argparse.Namespace) -> tuple[str, list]:
                   "speed / dense"], rows), raw
 
 
+def sparse_budget(args: argparse.Namespace) -> tuple[str, list]:
+    """Measured on a model: the reference sampler under a memory budget (``budget_bytes``: the weights,
+    the prompt, the activations and ``--budget-pool`` x L_max KV tokens), dense and with the compressed
+    caches, the policies admitting by the compressed KV; the same group's forced lengths (log-normal,
+    median L_max / 3) in every run, its schedule checked against the simulator's."""
+    from lengthsched.runtime import kv_budget_tokens
+    from sampler import InfiniteSampler, model_memory
+    from sampler.cli import load_model
+    from simulate import run_group
+
+    model, tok = load_model(args.model, args.dtype, args.device)
+    n, g = args.sparse_new, args.budget_group
+    rng = np.random.default_rng(0)
+    prompt = [int(x) for x in rng.integers(0, 200, size=64)]
+    lengths = [int(x) for x in np.clip(rng.lognormal(np.log(n / 3), 0.6, size=g), 1, n)]
+    mem = model_memory(model)
+    budget_bytes = (mem.weights_bytes + mem.prompt_kv_bytes(len(prompt)) + mem.activation_bytes(g)
+                    + args.budget_pool * n * mem.kv_bytes_per_token)
+    tokens = kv_budget_tokens(mem, budget_bytes, prompt_tokens=len(prompt), group_size=g)
+    InfiniteSampler(model, policy="fixed_slot", slots=2).sample_group(prompt, 2, max_new_tokens=4, seed=0)  # warm up
+    rows, raw = [], []
+    for policy in args.budget_policies:
+        dense = None
+        for budget in [None, *args.sparse_budgets]:
+            comp = None if budget is None else KVCompression(budget, args.sparse_interval)
+            res = InfiniteSampler(model, policy=policy, slots=None, budget_bytes=budget_bytes,
+                                  kv_compression=comp).sample_group(
+                prompt, g, max_new_tokens=n, seed=0, force_lengths=lengths, predicted_lengths=lengths,
+                stop_token_ids=[tok.eos_token_id])
+            sim = run_group(lengths, policy, max_new_tokens=n, prompt_len=len(prompt), budget_tokens=tokens,
+                            predicted=lengths, compression=comp)
+            dense = dense or res
+            most = max((r.decode_rows for r in res.records), default=0)
+            rows.append([policy, "dense" if comp is None else f"{budget} + {args.sparse_interval}", most, res.steps,
+                         "yes" if res.steps == sim.steps else f"no ({sim.steps})",
+                         round(res.peak_kv_bytes / 2**20, 3), round(res.tokens_per_second, 1),
+                         round(res.tokens_per_second / dense.tokens_per_second, 3)])
+            raw.append({"policy": policy, "budget": budget, "interval": args.sparse_interval, "most_at_once": most,
+                        "steps": res.steps, "sim_steps": sim.steps, "peak_kv_bytes": res.peak_kv_bytes,
+                        "budget_bytes": budget_bytes, "kv_budget_tokens": tokens,
+                        "tokens_per_second": res.tokens_per_second, "wall_seconds": res.wall_seconds})
+    return table(f"A memory budget with a compressed cache, measured ({device_name(model)}; G = {g} completions of "
+                 f"up to {n} tokens, median {int(np.median(lengths))}, a 64-token prompt; the budget holds "
+                 f"{tokens} KV tokens beyond the prompt: {args.budget_pool} x L_max)",
+                 ["policy", "KV budget + interval", "most at once", "steps", "= simulator", "peak KV MiB",
+                  "tokens / s", "speed / dense"], rows), raw
+
+
 # ------------------------------------------------------------- Sparse-RL: admission by the compressed KV
 def _admission_groups(workload: str, n: int, max_new: int):
     from simulate.workloads import make_workload
@@ -290,12 +338,16 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--sections", default="sgpo,sparse,sparse_admission,sparse_rollout,learner")
+    ap.add_argument("--sections", default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
                     help="KV budgets (generated tokens) of the sparse rollouts")
     ap.add_argument("--sparse-interval", type=int, default=32, help="compression interval (tokens)")
+    ap.add_argument("--budget-group", type=int, default=16, help="completions of the measured budget section")
+    ap.add_argument("--budget-pool", type=int, default=2, help="KV tokens of its budget, x L_max (--sparse-new)")
+    ap.add_argument("--budget-policies", default="fixed_slot,length_aware",
+                    help="policies of the measured budget section")
     ap.add_argument("--admission-workloads", default="castillo,lmsys",
                     help="workloads of the admission grid (lmsys: the long-tail one, log-sd 1.0 within a group)")
     ap.add_argument("--admission-groups", type=int, default=200, help="groups per workload of the admission grid")
@@ -316,6 +368,7 @@ def main() -> int:
     args = ap.parse_args()
     args.sparse_budgets = [int(x) for x in args.sparse_budgets.split(",")]
     args.learner_groups = [int(x) for x in args.learner_groups.split(",")]
+    args.budget_policies = args.budget_policies.split(",")
     args.admission_workloads = args.admission_workloads.split(",")
     args.admission_pools = [int(x) for x in args.admission_pools.split(",")]
     args.admission_caches = args.admission_caches.split(",")
@@ -329,10 +382,12 @@ def main() -> int:
         args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], ["256:32"]
         args.admission_policies = ["vllm", "fixed_slot"]
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
+        args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_admission": sparse_admission,
-                                         "sparse_rollout": sparse_rollout, "learner": learner},
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
+                                         "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
+                                         "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

@@ -67,11 +67,14 @@ run bench_sampler "$(min "$T_SAMPLER" $(($(left) - T_COMPANIONS)))" \
     --groups 1 --scale 16 --short-new 8 --reps 2 --sections policies,learner,prompt_kv,generate \
     --out "$OUT/sampler.json" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"}
 
-# (b) sparse rollouts (8 sequences x 80 tokens, dense then KV budgets 24 / 48 + 8) and one Prefix
-# Grouper point in separate processes (G = 8, P = 1024, l = 64). sGPO is CPU-only: not run here.
+# (b) sparse rollouts (8 sequences x 80 tokens, dense then KV budgets 24 / 48 + 8), the same caches under
+# a memory budget of 2 x 80 KV tokens (G = 8, fixed_slot and length_aware admitting by the compressed KV:
+# measured speed against dense, schedule against the simulator) and one Prefix Grouper point in
+# separate processes (G = 8, P = 1024, l = 64). sGPO and the simulated sections are CPU-only: not run here.
 run bench_companions "$(min 65 $(($(left) - 2)))" \
     "$PY" -u benchmarks/bench_companions.py --model "$MODEL" --dtype "$DTYPE" --device "$DEVICE" \
-    --sections sparse,learner --sparse-new 80 --sparse-group 8 --sparse-budgets 24,48 --sparse-interval 8 \
+    --sections sparse,sparse_budget,learner --sparse-new 80 --sparse-group 8 --sparse-budgets 24,48 --sparse-interval 8 \
+    --budget-group 8 \
     --learner-groups 8 --learner-prompts 1024 --learner-new 64 --reps 2 \
     --out "$OUT/companions.json" ${QUICK_ARG[@]+"${QUICK_ARG[@]}"}
 

@@ -514,7 +514,11 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
-    assert {"machine", "sgpo", "sparse", "sparse_admission", "sparse_rollout", "learner"} <= set(data)
+    assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "learner"} <= set(data)
+    # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
+    budget = data["sparse_budget"]
+    assert all(row["steps"] == row["sim_steps"] for row in budget)
+    assert budget[0]["budget"] is None and all(row["most_at_once"] > budget[0]["most_at_once"] for row in budget[1:])
     dense, *compressed = data["sparse"]
     assert all(c["peak_kv_bytes"] < dense["peak_kv_bytes"] for c in compressed)
     # the simulated compressed cache: a policy reserving L_max runs more at once; the rollout keeps its bound
