@@ -124,7 +124,8 @@ def _figures(opts: SimulateOptions, directory: Path, progress: bool) -> list[Pat
         gantt(r, path, title)
         written.append(path)
     path = directory / "memory.png"
-    memory_over_time(results, budget_tokens, path, f"KV held over time, {title}", budget_label=budget)
+    held = "KV held over time" + ("" if opts.kv_compression is None else f" (cache {opts.kv_compression})")
+    memory_over_time(results, budget_tokens, path, f"{held}, {title}", budget_label=budget)
     written.append(path)
     small = dataclasses.replace(opts, groups=min(opts.groups, 40))
     spare = budget_bytes - memory.weights_bytes

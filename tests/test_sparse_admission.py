@@ -233,3 +233,15 @@ def test_compressed_rollouts_keep_their_bound(seed, replicas, interval, cap_budg
                       compression=comp, predicted=np.concatenate([g.lengths for g in groups]))
     assert res.lower_bound_seconds <= res.seconds * (1 + 1e-12)
     assert max(res.peak_kv_tokens) <= budget
+
+
+def test_the_memory_curve_has_a_corner_where_a_sequence_reaches_the_cap():
+    """Timeline.kv with a cap: a point where each sequence stops growing, so the curve drawn straight between
+    points is the KV held (job 0 from step 0, job 1 from step 5, both capped at 10 generated tokens)."""
+    eng = Engine([50, 30], kv_cap=10, record=True)
+    eng.admit(0)
+    eng.advance(5, pads=False)
+    eng.admit(1)
+    while eng.origin:
+        eng.advance(eng.next_finish(), pads=False)
+    assert eng.timeline.kv == [(0, 0), (5, 5), (10, 15), (15, 20), (35, 20), (35, 10), (50, 10), (50, 0)]

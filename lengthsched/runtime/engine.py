@@ -49,7 +49,8 @@ class Timeline:
     """What happened, for figures: run segments and the KV held at every event."""
 
     segments: list[tuple[int, int, int, int, str]] = field(default_factory=list)  # (job, lane, first, last, kind)
-    # (step, KV tokens): at each event the value held after the step, then after frees if lower.
+    # (step, KV tokens): at each event the value held after the step, then after frees if lower; with a compressed
+    # cache (Engine.kv_cap) also where a sequence reaches the cap, so the curve is linear between points.
     kv: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
 
 
@@ -706,6 +707,8 @@ class Engine:
         now = self._ages(self.t)
         reach = self.t - now + self.kv_cap  # the step at whose end each row holds kv_cap generated tokens
         cuts = np.unique(reach[(reach > self.t) & (reach < t_next)]).tolist()
+        if self.timeline is not None:  # the KV stops growing there: a corner of the curve (Timeline.kv)
+            self.timeline.kv.extend((cut, self.kv_tokens(cut)) for cut in cuts)
         other = self._context_sum + self.shared_read
         for first, (start, end) in enumerate(zip([self.t, *cuts], [*cuts, t_next])):
             ages = now + (start - self.t)
