@@ -564,12 +564,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     every request holds and reads at most ``compression.max_retained`` generated tokens, and the engines
     admit by that (``run_group``'s ``compression``); for the policies that run one
     (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest`` and
-    ``steal_observed``) with every request placed at once (no ``in_flight``, ``refill``,
-    ``client_window`` or ``kv_offload``). Returns a :class:`RolloutResult`."""
+    ``steal_observed``) with every request placed at once (no ``in_flight``, ``refill`` or
+    ``client_window``); with ``kv_offload`` a preempted request loads back the compressed KV it held.
+    Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
-    kv_cap = _compression_cap(compression, policy, in_flight=in_flight, refill=refill, client_window=client_window,
-                              kv_offload=kv_offload)
+    kv_cap = _compression_cap(compression, policy, in_flight=in_flight, refill=refill, client_window=client_window)
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs, kv_cap=kv_cap)
@@ -1257,8 +1257,7 @@ def _compression_cap(compression: Any, policy: str, **others: Any) -> int | None
     cap = compression_cap(compression, policy, rollout=True)
     for name, value in others.items():
         if cap is not None and value is not None and value is not False:
-            raise InvalidArgument(name, value, "None (or False) with a compression: modelled for requests all "
-                                               "routed at once, each recomputed after a preemption")
+            raise InvalidArgument(name, value, "None with a compression: modelled for requests all routed at once")
     return cap
 
 

@@ -190,10 +190,9 @@ def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str], route
         if value is not None and value is not False and value != 0:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
                                                "cache is modelled for one step, every request sent at once)")
-    for name in ("kv_offload", "verl_dynamic_sampling"):
-        if getattr(opts, name):
-            raise InvalidArgument(name, True, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
-                                              "cache is modelled with every preempted request recomputed)")
+    if opts.verl_dynamic_sampling:
+        raise InvalidArgument("verl_dynamic_sampling", True, "no --verl-dynamic-sampling with --kv-compression (a "
+                                                             "compressed cache is modelled for one step)")
     refuse = [p for p in policies if not POLICIES[p].compressed]
     if refuse:
         raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with --kv-compression: "

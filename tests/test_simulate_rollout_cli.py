@@ -1039,7 +1039,8 @@ def test_a_rollout_step_with_a_compressed_cache(capsys):
     for policy in ("vllm", "steal"):
         assert sparse[policy]["seconds"] < dense[policy]["seconds"]
     for extra, flag in ((["--policies", "vllm,seer"], "policies"), (["--in-flight", "64"], "in_flight"),
-                        (["--routers", "slime_plan"], "routers"), (["--kv-offload"], "kv_offload"),
+                        (["--routers", "slime_plan"], "routers"),
+                        (["--verl-dynamic-sampling"], "verl_dynamic_sampling"),
                         (["--kv-compression", "64"], "kv_compression")):
         options = SMALL + (["--kv-compression", "64:16"] if extra[0] != "--kv-compression" else []) + extra
         assert main(options) == 2

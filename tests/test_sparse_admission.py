@@ -210,10 +210,30 @@ def test_a_rollout_step_with_a_compressed_cache():
     assert (same.seconds, same.preemptions, same.lower_bound_seconds) == (dense.seconds, dense.preemptions,
                                                                           dense.lower_bound_seconds)
     # what takes no compression says so
-    for bad in ({"policy": "seer"}, {"policy": "vllm", "in_flight": 64}, {"policy": "vllm", "kv_offload": True}):
+    for bad in ({"policy": "seer"}, {"policy": "vllm", "in_flight": 64}):
         options = {"replicas": 4, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "compression": comp, **bad}
-        with pytest.raises(InvalidArgument, match="compression|in_flight|kv_offload"):
+        with pytest.raises(InvalidArgument, match="compression|in_flight"):
             run_rollout(groups, options.pop("policy"), **options)
+
+
+def test_an_offloaded_request_loads_back_the_compressed_kv_it_held():
+    eng = Engine([100, 100], kv_cap=10)
+    eng.offload = True
+    eng.admit(0)
+    eng.advance(30, pads=False)
+    eng.preempt(0)  # 30 tokens generated, 10 held
+    eng.admit(0)
+    assert eng.loaded_tokens == 10 == eng.loaded_kv(0) < eng.own_kv(0) == 30 and eng.recomputed_tokens == 0
+    from simulate import run_rollout
+
+    groups = _rollout_groups(np.random.default_rng(5), 32, 8, 2048)
+    for mode in (True, "stall"):
+        for policy in ("vllm", "steal"):
+            kw = {"replicas": 4, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "kv_offload": mode}
+            dense = run_rollout(groups, policy, **kw)
+            sparse = run_rollout(groups, policy, compression=KVCompression(256, 32), **kw)
+            assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds
+            assert sparse.loaded_tokens < dense.loaded_tokens and max(sparse.peak_kv_tokens) <= 3 * 2048
 
 
 @settings(max_examples=40, deadline=None)

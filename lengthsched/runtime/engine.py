@@ -347,7 +347,7 @@ class Engine:
             self._live_of[self._group[job]] += 1
         if job in self.transferred:
             self.transferred.discard(job)
-            loaded = self.own_kv(job)
+            loaded = self.loaded_kv(job)
             self.loaded_tokens += loaded
             if self.load_steps is not None:  # it holds its KV and waits for the load; the others decode
                 self._start_load(job, loaded)
@@ -375,15 +375,23 @@ class Engine:
             if self.slots is not None and len(self.origin) >= self.slots:
                 return
             del self.loading[job]
-            loaded = self.own_kv(job)
+            loaded = self.loaded_kv(job)
             self._loading_tokens -= loaded
             self._loading_blocks -= -(-loaded // self.block)
             self._go_live(job, None)
 
     def own_kv(self, job: int) -> int:
         """KV tokens ``job`` holds of its own (its prompt's partial block and the tokens it generated): what a
-        resumption recomputes, or loads when its KV comes from host memory or another replica."""
+        resumption recomputes, or loads when its KV comes from host memory or another replica (with a
+        compressed cache it loads :meth:`loaded_kv`, recomputes all of these)."""
         return int(self.tail[job] + self.done[job])
+
+    def loaded_kv(self, job: int) -> int:
+        """KV tokens a resumption of ``job`` loads from host memory or another replica: :meth:`own_kv`, its
+        generated tokens capped at ``kv_cap`` with a compressed cache (what it held when it left)."""
+        if self.kv_cap is None:
+            return self.own_kv(job)
+        return int(self.tail[job] + min(self.done[job], self.kv_cap))
 
     def next_load(self) -> int | None:
         """The earliest step at whose end a loading job's load finishes (None: no load under way)."""
@@ -662,7 +670,7 @@ class Engine:
             raise SimulationError(f"advancing to step {t_next}, which is not after step {self.t}")
         # A row producing its a-th token attends its context and its a - 1 earlier tokens (the one it feeds included).
         if not self.origin and self.loading:  # nothing decodes: these steps last as long as the loads they wait for
-            self._load_next += sum(self.own_kv(j) for j, step in self.loading.items() if step <= t_next)
+            self._load_next += sum(self.loaded_kv(j) for j, step in self.loading.items() if step <= t_next)
         self._log_run(t_next)
         self._prefill_next = self._prefill_ctx_next = self._load_next = 0
         self.t = t_next
