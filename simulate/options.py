@@ -21,7 +21,7 @@ ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer"
                     "steal", "steal_longest", "steal_observed", "steal_sglang")
 
 # The rollout table's default rows with --kv-compression: those of ROLLOUT_POLICIES that run a compressed cache
-# (lengthsched.runtime.POLICIES[name].compressed; slime's planned client leaves the routers).
+# (lengthsched.runtime.POLICIES[name].compressed).
 COMPRESSED_ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
                                "steal_observed")
 
@@ -250,8 +250,7 @@ def resolve(opts: SimulateOptions) -> SimulateOptions:
 
     defaults = ROLLOUT_DEFAULTS if rollout_mode(opts) else GROUP_DEFAULTS
     if opts.kv_compression is not None and rollout_mode(opts):  # the rows that run a compressed cache
-        defaults = {**defaults, "policies": ",".join(COMPRESSED_ROLLOUT_POLICIES),
-                    "routers": ",".join(r for r in defaults["routers"].split(",") if r != "slime_plan")}
+        defaults = {**defaults, "policies": ",".join(COMPRESSED_ROLLOUT_POLICIES)}
     trace = opts.workload is not None and opts.workload not in WORKLOADS
     return dataclasses.replace(opts, **{k: v for k, v in defaults.items()
                                         if getattr(opts, k) is None and not (trace and k == "group_size")})

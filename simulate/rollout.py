@@ -564,12 +564,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     every request holds and reads at most ``compression.max_retained`` generated tokens, and the engines
     admit by that (``run_group``'s ``compression``); for the policies that run one
     (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest`` and
-    ``steal_observed``) with every request placed at once (no ``in_flight``, ``refill`` or
-    ``client_window``); with ``kv_offload`` a preempted request loads back the compressed KV it held.
-    Returns a :class:`RolloutResult`."""
+    ``steal_observed``), behind any router, with or without a framework's in-flight cap; with
+    ``kv_offload`` a preempted request loads back the compressed KV it held. A client window still
+    counts its requests' predicted tokens uncompressed. Returns a :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
-    kv_cap = _compression_cap(compression, policy, in_flight=in_flight, refill=refill, client_window=client_window)
+    kv_cap = compression_cap(compression, policy, rollout=True)
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs, kv_cap=kv_cap)
@@ -724,7 +724,7 @@ THROTTLED_POLICIES = ("vllm", "sglang")
 
 def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
                    job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None,
-                   window=None, refill=None):
+                   window=None, refill=None, kv_cap=None):
     """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
     flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
     replica), in submission order, by a :class:`LiveRouter`, or to its replica in ``fixed`` (a given
@@ -746,11 +746,11 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
                           predicted=pred, predictor=None if online is None else copy_predictor(online),
-                          prompt_ids=job_keys)
+                          prompt_ids=job_keys, kv_cap=kv_cap)
         pol = POLICIES[policy].cls(problem)
         pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost)
+                      offload, cost, kv_cap=kv_cap)
         eng.cache_prompts = True  # its prefix cache keeps a prompt for the siblings sent later
         eng.start(pol)
         engines.append(eng)
@@ -1248,17 +1248,6 @@ def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
         raise InvalidArgument("placement", placement if arr.size <= 8 else f"an array of shape {arr.shape}",
                               f"{n} integers in [0, {replicas - 1}] (a replica per completion, in group order)")
     return arr.astype(np.int64)
-
-
-def _compression_cap(compression: Any, policy: str, **others: Any) -> int | None:
-    """The generated tokens a request holds at most with ``compression`` (None: no compression), checked
-    against the policy and the options that cannot run one (``others``: their values, None or False when
-    unused)."""
-    cap = compression_cap(compression, policy, rollout=True)
-    for name, value in others.items():
-        if cap is not None and value is not None and value is not False:
-            raise InvalidArgument(name, value, "None with a compression: modelled for requests all routed at once")
-    return cap
 
 
 def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,

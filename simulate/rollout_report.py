@@ -182,14 +182,14 @@ def _runs_behind(policy: str, router: str) -> bool:
     return router != PLAN_ROUTER or policy == "sglang"
 
 
-def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str], routers: Sequence[str]) -> None:
-    """``--kv-compression`` in a rollout step: one step of requests all sent at once (``run_rollout``'s
-    ``compression``), the policies and routers that run a compressed cache."""
-    for name in ("turns", "max_staleness", "steps", "in_flight", "oversample", "headroom"):
+def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> None:
+    """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), the policies that
+    run a compressed cache."""
+    for name in ("turns", "max_staleness", "steps", "oversample", "headroom"):
         value = getattr(opts, name)
         if value is not None and value is not False and value != 0:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
-                                               "cache is modelled for one step, every request sent at once)")
+                                               "cache is modelled for one step)")
     if opts.verl_dynamic_sampling:
         raise InvalidArgument("verl_dynamic_sampling", True, "no --verl-dynamic-sampling with --kv-compression (a "
                                                              "compressed cache is modelled for one step)")
@@ -198,9 +198,6 @@ def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str], route
         raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with --kv-compression: "
                               + ", ".join(n for n, s in POLICIES.items() if s.compressed and s.rollout)
                               + f" (not {', '.join(refuse)})")
-    if PLAN_ROUTER in routers:
-        raise InvalidArgument("routers", opts.routers, f"routers without {PLAN_ROUTER} with --kv-compression (slime's "
-                                                       "planned client keeps requests in flight)")
 
 
 def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
@@ -225,9 +222,9 @@ def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:
     if bad:
         raise InvalidArgument("policies", opts.policies, "policies that run rollout steps: "
                               + ", ".join(n for n, s in POLICIES.items() if s.rollout) + f" (not {', '.join(bad)})")
-    routers = _routers(opts)
+    _routers(opts)
     if parse_compression(opts.kv_compression) is not None:
-        _check_compressed_step(opts, policies, routers)
+        _check_compressed_step(opts, policies)
     if str(opts.predictor).startswith(("noisy", "online", "trace")):
         raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA, constant:TOKENS or history / "
                                                            "history:SIGMA for a rollout step (per-completion "
@@ -416,7 +413,8 @@ class RolloutStep:
                                               in_flight=None if o.in_flight is None else o.in_flight * o.replicas,
                                               cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk,
                                               record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload,
-                                              refill=refill, filter_history=filter_history)
+                                              refill=refill, filter_history=filter_history,
+                                              compression=parse_compression(o.kv_compression))
         capped = self.capped(policy, router)
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,

@@ -1038,8 +1038,12 @@ def test_a_rollout_step_with_a_compressed_cache(capsys):
     assert "KV compressed (64:16): each request holds and reads at most 80 generated tokens" in data["setting"]
     for policy in ("vllm", "steal"):
         assert sparse[policy]["seconds"] < dense[policy]["seconds"]
-    for extra, flag in ((["--policies", "vllm,seer"], "policies"), (["--in-flight", "64"], "in_flight"),
-                        (["--routers", "slime_plan"], "routers"),
+    # slime's in-flight cap and its planned client run under the cache too
+    assert main(SMALL + ["--kv-compression", "64:16", "--in-flight", "16", "--policies", "sglang,vllm", "--routers",
+                         "cache_aware,slime_plan", "--json"]) == 0
+    rows = {(r["policy"], r["router"]) for r in json.loads(capsys.readouterr().out)["rows"] if r.get("seconds")}
+    assert {("sglang", "slime_plan"), ("vllm", "cache_aware"), ("sglang", "cache_aware")} <= rows
+    for extra, flag in ((["--policies", "vllm,seer"], "policies"), (["--steps", "2", "--oversample", "1.5"], "steps"),
                         (["--verl-dynamic-sampling"], "verl_dynamic_sampling"),
                         (["--kv-compression", "64"], "kv_compression")):
         options = SMALL + (["--kv-compression", "64:16"] if extra[0] != "--kv-compression" else []) + extra

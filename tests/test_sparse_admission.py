@@ -210,10 +210,18 @@ def test_a_rollout_step_with_a_compressed_cache():
     assert (same.seconds, same.preemptions, same.lower_bound_seconds) == (dense.seconds, dense.preemptions,
                                                                           dense.lower_bound_seconds)
     # what takes no compression says so
-    for bad in ({"policy": "seer"}, {"policy": "vllm", "in_flight": 64}):
-        options = {"replicas": 4, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "compression": comp, **bad}
-        with pytest.raises(InvalidArgument, match="compression|in_flight"):
-            run_rollout(groups, options.pop("policy"), **options)
+    with pytest.raises(InvalidArgument, match="compression"):
+        run_rollout(groups, "seer", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
+    # behind a framework's in-flight cap (slime's), routed one at a time, and from a client's queues
+    for policy, router in (("vllm", "least_loaded"), ("sglang", "cache_aware")):
+        kw = {"replicas": 4, "router": router, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "in_flight": 64}
+        dense, sparse = run_rollout(groups, policy, **kw), run_rollout(groups, policy, compression=comp, **kw)
+        assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds
+    placement = np.arange(sum(len(g.lengths) for g in groups)) % 4
+    windowed = run_rollout(groups, "sglang", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048,
+                           placement=placement, client_window=1.0, in_flight=64, compression=comp,
+                           predicted=np.concatenate([g.lengths for g in groups]))
+    assert windowed.lower_bound_seconds <= windowed.seconds and max(windowed.peak_kv_tokens) <= 3 * 2048
 
 
 def test_an_offloaded_request_loads_back_the_compressed_kv_it_held():
