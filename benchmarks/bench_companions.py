@@ -165,11 +165,13 @@ def sparse_budget(args: argparse.Namespace) -> tuple[str, list]:
 
 
 # ------------------------------------------------------------- Sparse-RL: admission by the compressed KV
-def _admission_groups(workload: str, n: int, max_new: int):
+def _admission_groups(workload: str, n: int, max_new: int, group_size: int = 32, seed: int = 0):
+    """``n`` groups of ``workload``: CASTILLO's, or the long-tail one (LMSYS lengths, within-group log-sd 1.0,
+    CASTILLO's prompt lengths)."""
     from simulate.workloads import make_workload
 
     extra = {} if workload == "castillo" else {"spread": 1.0, "prompt_tokens": "castillo"}
-    return make_workload(workload, 32, max_new_tokens=max_new, limit=n, seed=0, **extra)
+    return make_workload(workload, group_size, max_new_tokens=max_new, limit=n, seed=seed, **extra)
 
 
 def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
@@ -182,7 +184,7 @@ def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
     from simulate.report import predictions_for
 
     L = args.admission_max_new
-    caches = [None] + [KVCompression(*(int(x) for x in c.split(":"))) for c in args.admission_caches]
+    caches = [None, *args.admission_caches]
     rows, raw = [], []
     for workload in args.admission_workloads:
         groups = _admission_groups(workload, args.admission_groups, L)
@@ -226,15 +228,13 @@ def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
     (``run_rollout(compression=)``). Prompt-level predictions with log-normal error 0.5."""
     from simulate import run_rollout
     from simulate.report import predictions_for
-    from simulate.workloads import make_workload
 
     L, R = args.admission_max_new, args.rollout_replicas
-    caches = [None] + [KVCompression(*(int(x) for x in c.split(":"))) for c in args.admission_caches]
+    caches = [None, *args.admission_caches]
     rows, raw = [], []
     for workload in args.admission_workloads:
-        extra = {} if workload == "castillo" else {"spread": 1.0, "prompt_tokens": "castillo"}
         for seed in args.rollout_seeds:
-            groups = make_workload(workload, 16, max_new_tokens=L, limit=args.rollout_prompts, seed=seed, **extra)
+            groups = _admission_groups(workload, args.rollout_prompts, L, group_size=16, seed=seed)
             pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
             for pool in args.rollout_pools:
                 common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred)
@@ -371,7 +371,7 @@ def main() -> int:
     args.budget_policies = args.budget_policies.split(",")
     args.admission_workloads = args.admission_workloads.split(",")
     args.admission_pools = [int(x) for x in args.admission_pools.split(",")]
-    args.admission_caches = args.admission_caches.split(",")
+    args.admission_caches = [KVCompression.parse(c, "admission_caches") for c in args.admission_caches.split(",")]
     args.admission_policies = args.admission_policies.split(",")
     args.rollout_pools = [int(x) for x in args.rollout_pools.split(",")]
     args.rollout_seeds = [int(x) for x in args.rollout_seeds.split(",")]
@@ -379,7 +379,7 @@ def main() -> int:
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
-        args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], ["256:32"]
+        args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], [KVCompression(256, 32)]
         args.admission_policies = ["vllm", "fixed_slot"]
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]

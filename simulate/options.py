@@ -8,6 +8,7 @@ from typing import Any
 
 from lengthsched.memory import DTYPE_BYTES
 from lengthsched.refill import RefillRule
+from lengthsched.runtime.registry import POLICIES
 
 __all__ = ["SimulateOptions", "OPTION_DEFAULTS", "DEFAULT_POLICIES", "ROLLOUT_POLICIES", "resolve", "rollout_mode"]
 
@@ -20,10 +21,8 @@ DEFAULT_POLICIES = ("full", "full_freed", "micro", "fixed_slot", "dynamic_slot",
 ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "seer", "seer_divided", "placed_adaptive",
                     "steal", "steal_longest", "steal_observed", "steal_sglang")
 
-# The rollout table's default rows with --kv-compression: those of ROLLOUT_POLICIES that run a compressed cache
-# (lengthsched.runtime.POLICIES[name].compressed).
-COMPRESSED_ROLLOUT_POLICIES = ("vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
-                               "steal_observed")
+# The rollout table's default rows with --kv-compression: those of ROLLOUT_POLICIES that run a compressed cache.
+COMPRESSED_ROLLOUT_POLICIES = tuple(p for p in ROLLOUT_POLICIES if POLICIES[p].compressed)
 
 # Defaults that depend on the mode: one group at a time, or one RL rollout step.
 GROUP_DEFAULTS = {"model": "qwen3-1.7b", "budget": "5GiB", "policies": ",".join(DEFAULT_POLICIES),

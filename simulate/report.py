@@ -24,7 +24,7 @@ from lengthsched import (
 )
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
 from lengthsched.predictor import MAX_SIGMA
-from lengthsched.runtime import POLICIES, kv_budget_tokens
+from lengthsched.runtime import POLICIES, kv_budget_tokens, policy_names
 from lengthsched.runtime.timing import lower_bound_seconds
 
 from .fast import FAST_POLICIES, seconds_many, slot_count, steps_and_peaks
@@ -416,13 +416,20 @@ def check_options(opts: SimulateOptions) -> None:
     if opts.slots is not None:
         check_int("slots", opts.slots, minimum=1)
     check_positive_float("quantile", opts.quantile, maximum=0.999999)
-    policies = parse_policies(opts.policies)
     parse_bytes(opts.budget, "budget")
-    if parse_compression(opts.kv_compression) is not None:
-        refuse = [p for p in policies if not POLICIES[p].compressed]
-        if refuse:
-            raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with "
-                                                             f"--kv-compression ({', '.join(refuse)} do not)")
+    check_compressed_policies(opts, parse_policies(opts.policies))
+
+
+def check_compressed_policies(opts: SimulateOptions, policies: Sequence[str], *, rollout: bool = False) -> None:
+    """With ``--kv-compression``, every one of ``policies`` runs a compressed cache (``POLICIES[name].compressed``);
+    else one error naming --policies and those that do (of the rollout policies, with ``rollout``)."""
+    if parse_compression(opts.kv_compression) is None:
+        return
+    refuse = [p for p in policies if not POLICIES[p].compressed]
+    if refuse:
+        runs = policy_names(compressed=True, rollout=True) if rollout else policy_names(compressed=True)
+        raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with --kv-compression: "
+                              + ", ".join(runs) + f" (not {', '.join(refuse)})")
 
 
 def workload_groups(opts: SimulateOptions, limit: int | None, epoch: int = 0) -> list[Group]:

@@ -573,8 +573,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
         max_num_seqs, kv_cap=kv_cap)
-    if kv_cap is not None:
-        common["kv_cap"] = kv_cap
+    common["kv_cap"] = kv_cap
     common["offload"] = None if kv_offload is False else "async" if kv_offload is True else kv_offload
     router = "least_loaded" if router is None else router
     if router not in ROUTERS:

@@ -33,6 +33,7 @@ from .oversampling import CARRY_LIMITS, OversampledSteps, run_oversampled_steps,
 from .report import (
     MAX_SIGMA,
     aligned,
+    check_compressed_policies,
     check_step_seconds,
     group_sizes,
     legend,
@@ -184,7 +185,7 @@ def _runs_behind(policy: str, router: str) -> bool:
 
 def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> None:
     """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), the policies that
-    run a compressed cache."""
+    run a compressed cache (:func:`check_compressed_policies`)."""
     for name in ("turns", "max_staleness", "steps", "oversample", "headroom"):
         value = getattr(opts, name)
         if value is not None and value is not False and value != 0:
@@ -193,11 +194,7 @@ def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> No
     if opts.verl_dynamic_sampling:
         raise InvalidArgument("verl_dynamic_sampling", True, "no --verl-dynamic-sampling with --kv-compression (a "
                                                              "compressed cache is modelled for one step)")
-    refuse = [p for p in policies if not POLICIES[p].compressed]
-    if refuse:
-        raise InvalidArgument("policies", opts.policies, "policies that run a compressed cache with --kv-compression: "
-                              + ", ".join(n for n, s in POLICIES.items() if s.compressed and s.rollout)
-                              + f" (not {', '.join(refuse)})")
+    check_compressed_policies(opts, policies, rollout=True)
 
 
 def check_rollout_options(opts: SimulateOptions) -> SimulateOptions:

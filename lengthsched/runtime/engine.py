@@ -235,15 +235,14 @@ class Engine:
         b, res, n = self.block, self._residues, len(self.origin)
         shared = self._prompt_held // b + self._loading_blocks + self._conv_held // b
         if self.kv_cap is not None:  # a compressed cache: tail + min(generated, kv_cap) tokens each, O(live)
-            return int((-(-self._held_per_sequence(at) // b)).sum()) + shared
+            return int((-(-self._held_per_sequence(self._ages(at)) // b)).sum()) + shared
         k, m = divmod(at, b)
         return self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0) + shared
 
-    def _held_per_sequence(self, at: int) -> np.ndarray:
-        """Each live sequence's own KV tokens at the end of step ``at`` with ``kv_cap``: its prompt tail
-        and min(generated, kv_cap)."""
+    def _held_per_sequence(self, ages: np.ndarray) -> np.ndarray:
+        """Each live sequence's own KV tokens with ``kv_cap`` when it has generated ``ages`` tokens (in
+        ``origin``'s order, :meth:`_ages`): its prompt tail and min(generated, kv_cap)."""
         jobs = np.fromiter(self.origin, dtype=np.int64, count=len(self.origin))
-        ages = self._ages(at)
         if self._tails is None or len(self._tails) != len(self.tail):  # (spawn appends completions)
             self._tails = np.asarray(self.tail, dtype=np.int64)
         return self._tails[jobs] + np.minimum(ages, self.kv_cap)
@@ -255,7 +254,7 @@ class Engine:
         b, res, t = self.block, self._residues, self.t
         if self.kv_cap is not None:
             ages = self._ages(t)
-            held = self._held_per_sequence(t)
+            held = self._held_per_sequence(ages)
             # A sequence needs a new block in step t + s when it still grows then and holds a multiple of b.
             s = (-held) % b + 1
             grows = ages + s - 1 < self.kv_cap

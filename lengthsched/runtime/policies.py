@@ -443,7 +443,7 @@ class GrowthAware(SimPolicy):
         left_live = np.fromiter((self.total[j] for j in eng.running), dtype=np.int64, count=len(ages)) - ages
         start = eng.done[job]
         left = self.total[job] - start
-        if (start + left if cap is None else min(start + left, cap)) > self.budget:
+        if self.problem.held(start + left) > self.budget:
             return None
         if not len(ages):
             return 0
