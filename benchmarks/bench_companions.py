@@ -265,6 +265,64 @@ def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
                   f"{last}: s / LB", f"preemptions dense / {last}"], rows), raw
 
 
+#: The runs of the client-window section: (label, how it runs). Every one with the section's cache but the
+#: first, the baseline (vLLM + verl dense).
+WINDOW_RUNS = ("vllm + least_loaded (verl)", "slime as it ships (sglang + cache_aware, 512 x R in flight)",
+               "slime + lengthsched's plan (client window 2 pools)",
+               "vllm engines behind the client window (steal's placement; no framework ships it)")
+
+
+def _window_run(label: str, groups, pred, common: dict, comp) -> float:
+    """One run of :func:`sparse_window`: its modelled seconds."""
+    from simulate import run_rollout, run_slime_planned
+    from simulate.rollout import place_ways, steal_ways
+
+    R, budget, L = common["replicas"], common["budget_tokens"], common["max_new_tokens"]
+    if label == WINDOW_RUNS[0]:
+        return run_rollout(groups, "vllm", predicted=pred, compression=comp, **common).seconds
+    if label == WINDOW_RUNS[1]:
+        return run_rollout(groups, "sglang", router="cache_aware", in_flight=512 * R, compression=comp,
+                           **common).seconds
+    if label == WINDOW_RUNS[2]:
+        return run_slime_planned(groups, pred, in_flight=512 * R, compression=comp, **common)[0].seconds
+    work, ways = steal_ways(groups, pred, budget, R, L)
+    placed = place_ways(work, [len(g.lengths) for g in groups], R, ways)
+    return run_rollout(groups, "vllm", predicted=pred, placement=placed, client_window=2.0, compression=comp,
+                       **common).seconds
+
+
+def sparse_window(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: a compressed cache behind a client window (``run_rollout(client_window=, compression=)``):
+    slime with lengthsched's plan (SGLang engines), vLLM engines behind the same window, slime as it ships and
+    vLLM + verl, each with the cache, against vLLM + verl dense. Prompt-level predictions with error 0.5."""
+    from simulate.report import predictions_for
+
+    L, comp = args.admission_max_new, args.window_cache
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        for prompts in args.window_prompts:
+            groups = _admission_groups(workload, prompts, L, group_size=16, seed=args.rollout_seeds[0])
+            pred = np.concatenate([predictions_for("prompt:0.5", g, i, args.rollout_seeds[0])
+                                   for i, g in enumerate(groups)])
+            for R in args.window_replicas:
+                for pool in args.window_pools:
+                    common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L)
+                    base = _window_run(WINDOW_RUNS[0], groups, pred, common, None)
+                    cell = {"workload": workload, "prompts": prompts, "replicas": R, "pool_x_lmax": pool,
+                            "cache": [comp.budget, comp.interval], "dense_seconds": base,
+                            "x_vllm_dense": {label: _window_run(label, groups, pred, common, comp) / base
+                                             for label in WINDOW_RUNS}}
+                    raw.append(cell)
+                    rows.append([workload, prompts, R, f"{pool} x", f"{base:.2f}",
+                                 *[f"{cell['x_vllm_dense'][label]:.3f}" for label in WINDOW_RUNS]])
+    means = [f"**{np.mean([c['x_vllm_dense'][label] for c in raw]):.3f}**" for label in WINDOW_RUNS]
+    rows.append(["mean", "", "", "", "", *means])
+    return table(f"A compressed cache ({comp.budget} + {comp.interval}) behind a client window (simulated; "
+                 f"prompts x 16, L_max {L}, each replica's pool a few x L_max with the prompts inside, prompt-level "
+                 "predictions with error 0.5; seconds x vLLM FCFS dense with verl's routing)",
+                 ["workload", "prompts", "replicas", "pool", "vllm dense s", *WINDOW_RUNS], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -338,7 +396,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--sections", default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,learner")
+    ap.add_argument("--sections",
+                    default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
@@ -361,6 +420,11 @@ def main() -> int:
     ap.add_argument("--rollout-replicas", type=int, default=8, help="replicas of the compressed rollout step")
     ap.add_argument("--rollout-pools", default="2,4,8", help="each replica's pool, x L_max, of the rollout step")
     ap.add_argument("--rollout-seeds", default="11,12", help="draws (workload seeds) of the rollout step")
+    ap.add_argument("--window-prompts", default="64,256", help="prompts of the client-window section's steps")
+    ap.add_argument("--window-replicas", default="4,8", help="replicas of the client-window section")
+    ap.add_argument("--window-pools", default="2,8,16", help=
+                    "each replica's pool, x L_max, of the client-window section")
+    ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
     ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
@@ -376,18 +440,23 @@ def main() -> int:
     args.rollout_pools = [int(x) for x in args.rollout_pools.split(",")]
     args.rollout_seeds = [int(x) for x in args.rollout_seeds.split(",")]
     args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
+    args.window_prompts = [int(x) for x in args.window_prompts.split(",")]
+    args.window_replicas = [int(x) for x in args.window_replicas.split(",")]
+    args.window_pools = [int(x) for x in args.window_pools.split(",")]
+    args.window_cache = KVCompression.parse(args.window_cache, "window_cache")
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
         args.learner_groups, args.learner_prompts, args.learner_new, args.reps = [2], [16], 4, 1
         args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], [KVCompression(256, 32)]
         args.admission_policies = ["vllm", "fixed_slot"]
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
+        args.window_prompts, args.window_replicas, args.window_pools = [8], [2], [2]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
-                                         "learner": learner},
+                                         "sparse_window": sparse_window, "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

@@ -514,7 +514,8 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
-    assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "learner"} <= set(data)
+    assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "sparse_window",
+            "learner"} <= set(data)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
     budget = data["sparse_budget"]
     assert all(row["steps"] == row["sim_steps"] for row in budget)
@@ -525,6 +526,8 @@ def test_companions_benchmark_runs_quick(tmp_path):
     admission = {(c["policy"], c["cache"] is None): c for c in data["sparse_admission"]}
     assert admission[("fixed_slot", False)]["max_live"] > admission[("fixed_slot", True)]["max_live"]
     assert all(c["lower_bound_seconds"] <= c["seconds"] for c in data["sparse_rollout"])
+    window = data["sparse_window"]  # every run of the client-window section, each setting, a positive ratio
+    assert window and all(len(c["x_vllm_dense"]) == 4 and min(c["x_vllm_dense"].values()) > 0 for c in window)
 
 
 def test_cost_benchmark_cpu_section_runs_quick(tmp_path):
