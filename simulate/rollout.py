@@ -565,8 +565,10 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     admit by that (``run_group``'s ``compression``); for the policies that run one
     (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest`` and
     ``steal_observed``), behind any router, with or without a framework's in-flight cap; with
-    ``kv_offload`` a preempted request loads back the compressed KV it held. A client window still
-    counts its requests' predicted tokens uncompressed. Returns a :class:`RolloutResult`."""
+    ``kv_offload`` a preempted request loads back the compressed KV it held; a client window counts each
+    request's prompt plus at most ``compression.max_retained`` of its predicted completion (what
+    :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a
+    :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     kv_cap = compression_cap(compression, policy, rollout=True)
@@ -740,7 +742,7 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         if window is None and router in LiveRouter.ROUTERS:  # a request the plan leaves to the router (-1)
             live = LiveRouter(router, replicas)
     client = None if window is None else _ClientWindow(fixed, replicas, owner, prompt_lens, pred, max_new, budget,
-                                                       *window)
+                                                       *window, kv_cap=kv_cap)
     engines, pols = [], []
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
@@ -924,13 +926,14 @@ class _Releases:
 class _ClientWindow:
     """:class:`lengthsched.integrations.rollout.ClientQueues` over a step's requests (``run_rollout(...,
     client_window=)``): request j waits for its planned replica ``fixed[j]``, needs its prompt plus its
-    predicted completion (at most ``max_new``; ``max_new`` without predictions) within ``share`` x
-    ``budget`` of its replica's window."""
+    predicted completion (at most ``max_new``; ``max_new`` without predictions; at most ``kv_cap``, a
+    compressed cache's most generated tokens held) within ``share`` x ``budget`` of its replica's window."""
 
-    def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals):
+    def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals, kv_cap=None):
         self.fixed = np.asarray(fixed, dtype=np.int64)
         self.work = np.full(len(owner), float(max_new)) if pred is None else np.minimum(pred, max_new)
-        self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + self.work
+        held = self.work if kv_cap is None else np.minimum(self.work, kv_cap)
+        self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + held
         self.queues = ClientQueues(replicas, share * budget, steals=steals)
 
     def enter(self, job: int) -> None:

@@ -634,6 +634,41 @@ def test_shortest_first_hands_the_groups_over_shortest_predicted_first():
     assert [g[0].prompt for g in planner.plan(batch(list(lengths)), replicas=1)] == ["a", "c", "b"]
 
 
+def test_with_a_compressed_cache_a_samples_tokens_in_flight_count_what_its_engine_holds(monkeypatch):
+    """lengthsched_kv_compression (the engines' Sparse-RL cache): NEED_KEY, what the client window counts, is the
+    prompt plus at most budget + interval generated tokens (a resumed sample's partial response included); the
+    predicted work, and so the placement, stays whole."""
+    lengths = {"a": 600, "b": 100}
+    plain = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths))
+    sparse = SlimePlanner(placement="groups", submit="batch", predictor=OracleLengthPredictor(lengths),
+                          kv_compression="256:32")
+    assert sparse.kv_cap == 288 and plain.kv_cap is None
+    groups = {}
+    for name, planner in (("plain", plain), ("sparse", sparse)):
+        groups[name] = batch(["a", "b"], g=2)
+        for g in groups[name]:
+            for smp in g:
+                smp.tokens = list(range(30))  # tokenized prompts of 30 tokens
+        groups[name][0][1].tokens, groups[name][0][1].response_length = list(range(30 + 250)), 250  # resumed
+        planner.plan(groups[name], replicas=2)
+    need = {k: [smp.metadata[ls_slime.NEED_KEY] for g in v for smp in g] for k, v in groups.items()}
+    work = {k: [smp.metadata[ls_slime.WORK_KEY] for g in v for smp in g] for k, v in groups.items()}
+    assert need["plain"] == [630, 630, 130, 130] and need["sparse"] == [30 + 288, 30 + 288, 130, 130]
+    assert work["plain"] == work["sparse"] == [600, 350, 100, 100]
+    assert [smp.metadata[REPLICA_KEY] for g in groups["plain"] for smp in g] == \
+        [smp.metadata[REPLICA_KEY] for g in groups["sparse"] for smp in g]
+    # from slime's YAML; a bad text names the key
+    monkeypatch.setattr(ls_slime, "_PLANNER", None)
+    args = slime_args(lengthsched_placement="groups", lengthsched_kv_compression="512:32")
+    assert ls_slime.planner_for(args).kv_cap == 544
+    monkeypatch.setattr(ls_slime, "_PLANNER", None)
+    with pytest.raises(InvalidArgument, match="lengthsched_kv_compression"):
+        ls_slime.planner_for(slime_args(lengthsched_placement="groups", lengthsched_kv_compression="512"))
+    with pytest.raises(InvalidArgument, match="kv_compression"):
+        SlimePlanner(placement="groups", kv_compression=288)
+    monkeypatch.setattr(ls_slime, "_PLANNER", None)
+
+
 def test_the_window_is_configured_by_slimes_args(monkeypatch):
     planner = SlimePlanner(placement="ways", pool_tokens=1000)
     assert ls_slime._client_queues(slime_args(), planner, 3).limit == ls_slime.WINDOW * 1000

@@ -224,6 +224,24 @@ def test_a_rollout_step_with_a_compressed_cache():
     assert windowed.lower_bound_seconds <= windowed.seconds and max(windowed.peak_kv_tokens) <= 3 * 2048
 
 
+def test_a_client_window_counts_the_compressed_kv_a_request_holds():
+    """Behind a client window (run_rollout(client_window=)) a request counts its prompt plus at most the cache's
+    budget + interval predicted tokens: eight completions of 2,000 tokens (prompt 100) fit a window of one pool
+    of 4,096 tokens at once with a 256 + 32 cache (8 x 388 tokens), so the window holds nothing back: the run is
+    the same as without a window; counting the whole predictions (2,100 each) would send one at a time."""
+    from simulate import run_rollout
+
+    groups = [Group("p", 100, np.full(8, 2000))]
+    kw = dict(replicas=1, budget_tokens=4096, max_new_tokens=2048, placement=np.zeros(8, dtype=np.int64),
+              predicted=np.full(8, 2000), compression=KVCompression(256, 32), in_flight=8)
+    windowed, free = run_rollout(groups, "vllm", client_window=1.0, **kw), run_rollout(groups, "vllm", **kw)
+    assert (windowed.seconds, windowed.steps) == (free.seconds, free.steps) and windowed.preemptions == 0
+    assert windowed.steps == 2000  # all eight at once
+    dense = {k: v for k, v in kw.items() if k != "compression"}
+    one_by_one = run_rollout(groups, "vllm", client_window=1.0, **dense)
+    assert one_by_one.steps > 2 * 2000 and one_by_one.preemptions == 0  # a dense window sends one, then the next
+
+
 def test_an_offloaded_request_loads_back_the_compressed_kv_it_held():
     eng = Engine([100, 100], kv_cap=10)
     eng.offload = True

@@ -97,6 +97,10 @@ little, and too unsafe, to be the default.
   sample sent at once, nothing stolen); it needs the pool
   (``lengthsched_pool_tokens`` or the engine's answer), else every sample is sent at once.
   ``lengthsched_steal``: false keeps each sample on its planned engine (the window alone).
+- ``lengthsched_kv_compression``: ``"BUDGET:INTERVAL"`` where the engines run a compressed KV cache
+  (Sparse-RL's: each sequence keeps at most BUDGET + INTERVAL generated tokens): the client window then counts
+  each sample's prompt plus at most that many of its predicted tokens, what the engine holds
+  (docs/companions.md). Unset: a full cache.
 - ``lengthsched_dynamic_sampling_filter_path``: the filter :func:`dynamic_sampling_filter` runs (default
   :data:`DEFAULT_FILTER_PATH`, slime's ``check_reward_nonzero_std``). ``lengthsched_filter_order``: true hands
   every batch over likely-kept first once the history knows something; false only records. The default follows
@@ -171,6 +175,7 @@ from ..filtering import (
     read_filter_state,
     write_filter_state,
 )
+from ..memory import KVCompression
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -256,12 +261,18 @@ class SlimePlanner:
     (:meth:`order_by_filter`), the order ``submit`` gives breaking ties. ``selective``: a
     :class:`~lengthsched.filtering.SelectiveRollout` (GRESO's skip, by the same history) that
     :meth:`select_groups` applies to every batch slime takes, or None (nothing skipped).
+    ``kv_compression``: the engines' compressed KV cache (Sparse-RL's: a :class:`~lengthsched.KVCompression`
+    or its text ``"BUDGET:INTERVAL"``; None: a full cache): a sample's tokens in flight (``NEED_KEY``, what
+    the client window counts) are its prompt plus at most ``budget + interval`` generated tokens, what it
+    holds there. The placement still weighs the predicted completions whole (they are the decode work; in
+    the simulator, weighing the capped tokens in ``ways``' crowding rule was slower: docs/companions.md).
     """
 
     def __init__(self, *, placement: str = "ways", pool_tokens: int | None = None, submit: str = "auto",
                  max_new_tokens: int | None = None, predictor: Any = None, default_length: int | None = None,
                  uninformed: str | None = None, filter_order: bool = False, history: FilterHistory | None = None,
-                 selective: SelectiveRollout | None = None, state_path: str | None = None):
+                 selective: SelectiveRollout | None = None, state_path: str | None = None,
+                 kv_compression: KVCompression | str | None = None):
         if placement not in PLACEMENTS:
             raise InvalidArgument("placement", placement, "one of " + ", ".join(PLACEMENTS))
         if submit not in SUBMIT_ORDERS:
@@ -276,6 +287,13 @@ class SlimePlanner:
         if history is not None and not all(hasattr(history, a) for a in ("pass_probability", "informed", "observe")):
             raise InvalidArgument("history", type(history).__name__, "a lengthsched.filtering.FilterHistory or None")
         self.placement, self.submit, self.uninformed = placement, submit, uninformed
+        if isinstance(kv_compression, str):
+            kv_compression = KVCompression.parse(kv_compression, "kv_compression")
+        if kv_compression is not None and not isinstance(kv_compression, KVCompression):
+            raise InvalidArgument("kv_compression", kv_compression, "a lengthsched.KVCompression, 'BUDGET:INTERVAL' "
+                                                                    "or None (a full cache)")
+        # the most generated tokens a sample holds in its engine's cache (None: all of them)
+        self.kv_cap = None if kv_compression is None else kv_compression.max_retained
         if selective is not None and not isinstance(selective, SelectiveRollout):
             raise InvalidArgument("selective", type(selective).__name__, "a lengthsched.SelectiveRollout or None")
         self.filter_order = bool(filter_order)
@@ -353,8 +371,8 @@ class SlimePlanner:
         for g in live:
             for sample in g:
                 replica, work, prompt, done = next(rows)
-                sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work),
-                                        NEED_KEY: int(work + prompt + done)})
+                held = work + done if self.kv_cap is None else min(work + done, self.kv_cap)
+                sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work), NEED_KEY: int(prompt + held)})
         self.last_plan = plan
         return self.order_by_filter(live) + [g for g in groups if not g]
 
@@ -696,8 +714,15 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
                                                                                None),
                                 uninformed=getattr(args, "lengthsched_uninformed", None) or None,
                                 filter_order=filter_order, history=history, selective=selective,
-                                state_path=getattr(args, "lengthsched_state_path", None))
+                                state_path=getattr(args, "lengthsched_state_path", None),
+                                kv_compression=_kv_compression(args))
     return _PLANNER
+
+
+def _kv_compression(args: Any) -> KVCompression | None:
+    """``lengthsched_kv_compression`` (``"BUDGET:INTERVAL"``, the engines' compressed cache), or None."""
+    text = getattr(args, "lengthsched_kv_compression", None)
+    return None if text in (None, "") else KVCompression.parse(str(text), "lengthsched_kv_compression")
 
 
 def _history_path(args: Any) -> str | None:
