@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, device_name, machine, report, run_sections, table, write_json
+from common import ROOT, device_name, machine, patched, report, run_sections, table, write_json
 
 from lengthsched import KVCompression
 from lengthsched.sgpo import BudgetConfig, ProfileRecord, plan_budget
@@ -323,6 +323,55 @@ def sparse_window(args: argparse.Namespace) -> tuple[str, list]:
                  ["workload", "prompts", "replicas", "pool", "vllm dense s", *WINDOW_RUNS], rows), raw
 
 
+def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: ``steal``'s placement with a compressed cache, its crowding rule (whole groups once the
+    step's predicted tokens fill ``CROWDED_POOLS`` pools a replica) weighing each completion's predicted tokens
+    whole (the default) or at most the cache's budget + interval (``WorkStealing.CROWD_HELD``), on the
+    settings of a grid where the two rules choose different spreads; seconds x vLLM + verl with the same
+    cache. Prompt-level predictions with error 0.5."""
+    from lengthsched.runtime.dispatch import WorkStealing
+    from simulate import run_rollout
+    from simulate.report import predictions_for
+    from simulate.rollout import steal_ways
+
+    L, seed = args.admission_max_new, args.rollout_seeds[0]
+    rows, raw, scanned = [], [], 0
+    for workload in args.admission_workloads:
+        for prompts in args.window_prompts:
+            groups = _admission_groups(workload, prompts, L, group_size=16, seed=seed)
+            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            for R in args.window_replicas:
+                for pool in args.crowding_pools:
+                    for comp in args.admission_caches:
+                        scanned += 1
+                        ways = {}
+                        for held in (False, True):
+                            with patched(WorkStealing, CROWD_HELD=held):
+                                ways[held] = steal_ways(groups, pred, pool * L, R, L, kv_cap=comp.max_retained)[1]
+                        if ways[False] == ways[True]:
+                            continue
+                        common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred,
+                                      compression=comp)
+                        base = run_rollout(groups, "vllm", **common).seconds
+                        x = {}
+                        for held in (False, True):
+                            with patched(WorkStealing, CROWD_HELD=held):
+                                x[held] = run_rollout(groups, "steal", **common).seconds / base
+                        raw.append({"workload": workload, "prompts": prompts, "replicas": R, "pool_x_lmax": pool,
+                                    "cache": [comp.budget, comp.interval], "ways_whole": ways[False],
+                                    "ways_held": ways[True], "whole_x_vllm": x[False], "held_x_vllm": x[True]})
+                        rows.append([workload, prompts, R, f"{pool} x", f"{comp.budget} + {comp.interval}",
+                                     f"{ways[False]} / {ways[True]}", f"{x[False]:.3f}", f"{x[True]:.3f}"])
+    if raw:
+        means = [float(np.mean([c[key] for c in raw])) for key in ("whole_x_vllm", "held_x_vllm")]
+        rows.append(["mean", "", "", "", "", "", *[f"**{m:.3f}**" if m == min(means) else f"{m:.3f}" for m in means]])
+    return table(f"steal's crowding rule with a compressed cache (simulated; the {len(raw)} of {scanned} settings "
+                 f"where weighing the capped tokens changes the spread; prompts x 16, L_max {L}, prompt-level "
+                 "predictions with error 0.5; seconds x vLLM + verl with the same cache)",
+                 ["workload", "prompts", "replicas", "pool", "cache", "spread: whole / capped",
+                  "steal, whole tokens (default)", "steal, capped tokens"], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -397,7 +446,8 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
-                    default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,learner")
+                    default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
+                            "sparse_crowding,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
@@ -424,6 +474,8 @@ def main() -> int:
     ap.add_argument("--window-replicas", default="4,8", help="replicas of the client-window section")
     ap.add_argument("--window-pools", default="2,8,16", help=
                     "each replica's pool, x L_max, of the client-window section")
+    ap.add_argument("--crowding-pools", default="2,4,8,16,64",
+                    help="each replica's pool, x L_max, of the crowding section")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
@@ -443,6 +495,7 @@ def main() -> int:
     args.window_prompts = [int(x) for x in args.window_prompts.split(",")]
     args.window_replicas = [int(x) for x in args.window_replicas.split(",")]
     args.window_pools = [int(x) for x in args.window_pools.split(",")]
+    args.crowding_pools = [int(x) for x in args.crowding_pools.split(",")]
     args.window_cache = KVCompression.parse(args.window_cache, "window_cache")
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
@@ -450,13 +503,14 @@ def main() -> int:
         args.admission_groups, args.admission_pools, args.admission_caches = 3, [1], [KVCompression(256, 32)]
         args.admission_policies = ["vllm", "fixed_slot"]
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
-        args.window_prompts, args.window_replicas, args.window_pools = [8], [2], [2]
+        args.window_prompts, args.window_replicas, args.window_pools, args.crowding_pools = [8], [2], [2], [1, 2]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
-                                         "sparse_window": sparse_window, "learner": learner},
+                                         "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
+                                         "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

@@ -16,12 +16,11 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine, pin_one_core, report, table, unpin
+from common import ROOT, machine, patched, pin_one_core, report, table, unpin
 
 from lengthsched import InvalidArgument, ModelMemory, NoisyOracleLengthPredictor
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
@@ -461,20 +460,6 @@ def rollout_scale(quick: bool) -> tuple[str, list]:
 WATERMARKS = (None, 3.0, 2.0, 1.5, 1.2, 1.0)  # steal's admission watermark, x the pool (None: vLLM's eager rule)
 
 
-@contextmanager
-def _patched(obj, **attrs):
-    """``obj``'s attributes (a policy class's options, a module's function) set to ``attrs`` inside the
-    block, restored after it (in this process only)."""
-    saved = {name: getattr(obj, name) for name in attrs}
-    try:
-        for name, value in attrs.items():
-            setattr(obj, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(obj, name, value)
-
-
 def _rollout_watermark_unit(args):
     from lengthsched.runtime.dispatch import WorkStealing
 
@@ -483,7 +468,7 @@ def _rollout_watermark_unit(args):
     out = {"base": (base.seconds, base.recomputed_tokens)}
     for name, pred in (("realistic", realistic), ("oracle", oracle)):
         for w in WATERMARKS:
-            with _patched(WorkStealing, WATERMARK=w):
+            with patched(WorkStealing, WATERMARK=w):
                 r = run_rollout(groups, "steal", predicted=pred, **common)
             out[(name, w)] = (r.seconds, r.recomputed_tokens)
     return out
@@ -1021,9 +1006,9 @@ def _rollout_ways_unit(args):
     groups, realistic, _, _, common = _rollout_setting(workload, prompts, replicas, factor, seed, cost_text)
     out = {"vllm": run_rollout(groups, "vllm", router="least_loaded", **common).seconds}
     for k in range(1, replicas + 1):
-        with _patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
+        with patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
             out[str(k)] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-    with _patched(WorkStealing, PLACE="route", PROMPT_SHARE=0.25):  # the rule before
+    with patched(WorkStealing, PLACE="route", PROMPT_SHARE=0.25):  # the rule before
         out["either-or 0.25"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     out["held share"] = sum(int(g.prompt_len) for g in groups) / common["budget_tokens"]
     out["work share"] = float(np.sum(realistic)) / replicas / common["budget_tokens"]
@@ -1118,7 +1103,7 @@ def _rollout_hedged_unit(args):
             drawn = _scenario_groups(groups, realistic, rng, spread)
             row = [run_rollout(drawn, "vllm", router="least_loaded", **common).seconds]
             for k in range(1, replicas + 1):
-                with _patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
+                with patched(rollout_module, spread_ways=lambda *a, _k=k, **kw: _k):
                     row.append(run_rollout(drawn, "steal", predicted=realistic, **common).seconds)
             table.append(row)
         out["scenarios"][str(spread)] = table
@@ -1792,7 +1777,7 @@ def _verl_dapo_unit(args) -> dict:
                        "predicted": realistic}
         elif order is not None:
             planned = {"run": partial(run_verl_planned, order=order), "predicted": realistic}
-        with _patched(POLICIES[policy].cls, **patch):
+        with patched(POLICIES[policy].cls, **patch):
             r, runs = _after_epochs(groups, rates, valid, shared | {"refill_need": need} | planned, epochs=epochs,
                                     drift=drift, seed=seed, order=None, skip=skip, policy=policy)
         seconds, kept, filtered, surplus, decoded = _at_marks(r, "seconds", "kept_tokens", "filtered_tokens",
@@ -2604,7 +2589,7 @@ def _rollout_variants_unit(args, variants=VARIANTS):
     base = run_rollout(groups, "vllm", router="least_loaded", **common)
     out = {"base": (base.seconds, base.recomputed_tokens)}
     for label, policy, attrs in variants:
-        with _patched(POLICIES[policy].cls, **(attrs or {})):
+        with patched(POLICIES[policy].cls, **(attrs or {})):
             r = run_rollout(groups, policy, router=None if attrs is not None else "least_loaded", predicted=realistic,
                             **common)
         out[label] = (r.seconds, r.recomputed_tokens)
@@ -2658,7 +2643,7 @@ def _sglang_variants_unit(args):
         if policy == "plan":
             out[label] = run_slime_planned(groups, realistic, in_flight=cap, **common, **(attrs or {}))[0].seconds
             continue
-        with _patched(POLICIES[policy].cls, **attrs):
+        with patched(POLICIES[policy].cls, **attrs):
             out[label] = run_rollout(groups, policy, predicted=realistic, **common).seconds
     return out
 
@@ -3069,19 +3054,19 @@ def _rollout_seer_unit(args):
            "seer": run_rollout(groups, "seer", **common).seconds,
            "steal": run_rollout(groups, "steal", predicted=realistic, **common).seconds}
     for c in SEER_CHUNKS:
-        with _patched(SeerDivided, CHUNK=c, LOADS="stall"):
+        with patched(SeerDivided, CHUNK=c, LOADS="stall"):
             out[f"divided {c}"] = run_rollout(groups, "seer_divided", **common).seconds
-        with _patched(SeerDivided, CHUNK=c, LOADS="async"):
+        with patched(SeerDivided, CHUNK=c, LOADS="async"):
             out[f"divided {c}, async KV"] = run_rollout(groups, "seer_divided", **common).seconds
     # free loads as stalls of no seconds (an asynchronous load, even free, still waits for the next step)
-    with _patched(SeerDivided, CHUNK=FREE_CHUNK, LOADS="stall"):
+    with patched(SeerDivided, CHUNK=FREE_CHUNK, LOADS="stall"):
         out["divided, free KV"] = run_rollout(groups, "seer_divided", **free).seconds
-    with _patched(WorkStealing, MIGRATE_CHUNK=None):
+    with patched(WorkStealing, MIGRATE_CHUNK=None):
         out["steal, no moves"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
-    with _patched(WorkStealing, MIGRATE_KV=True):
+    with patched(WorkStealing, MIGRATE_KV=True):
         out["steal, KV loaded"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
         out["steal, free KV"] = run_rollout(groups, "steal", predicted=realistic, **free).seconds
-    with _patched(WorkStealing, MIGRATE_KV=True, LOADS="async"):
+    with patched(WorkStealing, MIGRATE_KV=True, LOADS="async"):
         out["steal, KV loaded async"] = run_rollout(groups, "steal", predicted=realistic, **common).seconds
     return out
 
@@ -3213,7 +3198,7 @@ def _rollout_luck_unit(args):
         if draw == 0:  # the published predictions give the published placement: the run above
             out["steal, placement fixed"].append(out["steal"][0])
         else:
-            with _patched(rollout_module, place_ways=fixed):
+            with patched(rollout_module, place_ways=fixed):
                 out["steal, placement fixed"].append(run_rollout(groups, "steal", predicted=pred, **common).seconds)
         out["vllm_priority"].append(run_rollout(groups, "vllm_priority", router="least_loaded", predicted=pred,
                                                 **common).seconds)
@@ -3281,7 +3266,7 @@ def _rollout_order_unit(args):
     base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
     out = {}
     for label, order in ORDER_RUNS:
-        with _patched(WorkStealing, ORDER=order):
+        with patched(WorkStealing, ORDER=order):
             out[label] = run_rollout(groups, "steal", predicted=realistic, **common).seconds / base
     return out
 

@@ -8,6 +8,7 @@ import platform
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,17 @@ def write_json(path: str | Path, results: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(results, indent=1) + "\n")
+
+
+@contextmanager
+def patched(obj, **attrs):
+    """``obj``'s attributes (a policy class's options, a module's function) set to ``attrs`` inside the
+    block, restored after it (in this process only)."""
+    saved = {name: getattr(obj, name) for name in attrs}
+    try:
+        for name, value in attrs.items():
+            setattr(obj, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(obj, name, value)

@@ -1428,16 +1428,21 @@ def _run_routed(policy, placement, online, replicas, **common):
 
 
 def steal_ways(groups: Sequence[Any], pred: Any, budget_tokens: int, replicas: int, max_new_tokens: int,
-               cls: Any = WorkStealing, prefill_share: float | None = None) -> tuple[np.ndarray, int]:
+               cls: Any = WorkStealing, prefill_share: float | None = None,
+               kv_cap: int | None = None) -> tuple[np.ndarray, int]:
     """What a stealing policy with ``PLACE = "ways"`` (``cls``, default ``steal``'s ``WorkStealing``) places
     by: each completion's predicted work in tokens (flattened in group order; without predictions, as
     the replicas assume, ``max_new_tokens`` each) and over how many replicas each group is spread
     (:func:`lengthsched.integrations.rollout.spread_ways` with the class's ``PROMPT_SHARE`` and
-    ``CROWDED_POOLS``, and ``prefill_share``; 1: whole groups)."""
+    ``CROWDED_POOLS``, and ``prefill_share``; 1: whole groups). ``kv_cap`` (a compressed cache's most
+    generated tokens held) with the class's ``CROWD_HELD``: the crowding rule weighs each completion's
+    predicted tokens at most ``kv_cap``, what it holds; without ``CROWD_HELD`` (the default) the cache
+    changes nothing here."""
     sizes = [len(g.lengths) for g in groups]
     work = np.full(sum(sizes), float(max_new_tokens)) if pred is None else np.asarray(pred, dtype=np.float64)
+    crowd = work if kv_cap is None or not getattr(cls, "CROWD_HELD", False) else np.minimum(work, kv_cap)
     ways = spread_ways([int(g.prompt_len) for g, n in zip(groups, sizes) if n > 0], budget_tokens, replicas,
-                       cls.PROMPT_SHARE, work_tokens=float(work.sum()), crowded=cls.CROWDED_POOLS,
+                       cls.PROMPT_SHARE, work_tokens=float(crowd.sum()), crowded=cls.CROWDED_POOLS,
                        prefill_share=prefill_share)
     return work, ways
 
@@ -1498,7 +1503,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
                                                                  budget=budget, cost=cost, prefill_chunk=prefill_chunk,
                                                                  max_seqs=max_seqs))
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
-            work, ways = steal_ways(groups, pred, budget, replicas, max_new, cls)
+            work, ways = steal_ways(groups, pred, budget, replicas, max_new, cls, kv_cap=kv_cap)
             placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
         else:
             placed = route(groups, "least_loaded", replicas, pred, True, cls.PROMPT_SHARE, budget)

@@ -515,7 +515,7 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
     assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "sparse_window",
-            "learner"} <= set(data)
+            "sparse_crowding", "learner"} <= set(data)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
     budget = data["sparse_budget"]
     assert all(row["steps"] == row["sim_steps"] for row in budget)
@@ -528,6 +528,9 @@ def test_companions_benchmark_runs_quick(tmp_path):
     assert all(c["lower_bound_seconds"] <= c["seconds"] for c in data["sparse_rollout"])
     window = data["sparse_window"]  # every run of the client-window section, each setting, a positive ratio
     assert window and all(len(c["x_vllm_dense"]) == 4 and min(c["x_vllm_dense"].values()) > 0 for c in window)
+    crowding = data["sparse_crowding"]  # only the settings where the two crowding rules spread differently
+    assert crowding and all(c["ways_whole"] != c["ways_held"] and c["whole_x_vllm"] > 0 < c["held_x_vllm"]
+                            for c in crowding)
 
 
 def test_cost_benchmark_cpu_section_runs_quick(tmp_path):
@@ -703,7 +706,8 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
 
     data = _quick_section(tmp_path, "rollout_order")
     rows = data["rows"]
-    from bench_simulate import ORDER_RUNS, _patched, _rollout_setting
+    from bench_simulate import ORDER_RUNS, _rollout_setting
+    from common import patched
 
     assert [(r[0], r[1], r[2]) for r in rows] == [("grid", label, 2) for label, _ in ORDER_RUNS]
     ratios = {}
@@ -711,7 +715,7 @@ def test_simulator_benchmark_rollout_order_compares_steals_orders(tmp_path):
         groups, realistic, _, _, common = _rollout_setting(*setting, 11, None)
         base = run_rollout(groups, "vllm", router="least_loaded", **common).seconds
         for order in ("placement", "longest", "longest_spread", "longest_crowded"):
-            with _patched(WorkStealing, ORDER=order):
+            with patched(WorkStealing, ORDER=order):
                 ratios[setting[0], order] = run_rollout(groups, "steal", predicted=realistic, **common).seconds / base
     assert WorkStealing.ORDER == "placement"
     assert ratios["castillo", "longest_spread"] == ratios["castillo", "placement"] != ratios["castillo", "longest"]

@@ -291,3 +291,24 @@ def test_the_memory_curve_has_a_corner_where_a_sequence_reaches_the_cap():
     while eng.origin:
         eng.advance(eng.next_finish(), pads=False)
     assert eng.timeline.kv == [(0, 0), (5, 5), (10, 15), (15, 20), (35, 20), (35, 10), (50, 10), (50, 0)]
+
+
+def test_steals_crowding_rule_weighs_whole_predictions_unless_told_to_weigh_what_the_cache_holds():
+    """steal_ways with a compressed cache: by default the crowding rule (whole groups once the step's predicted
+    tokens fill CROWDED_POOLS pools a replica) weighs whole predictions, so the cache changes no spread; with
+    WorkStealing.CROWD_HELD each prediction counts at most the cache's budget + interval."""
+    from lengthsched.runtime.dispatch import WorkStealing
+    from simulate.rollout import steal_ways
+
+    groups = [Group(f"p{i}", 200, np.full(16, 2000)) for i in range(32)]
+    pred = np.full(32 * 16, 2000.0)
+    # 32 x 16 x 2,000 tokens over 4 replicas = 62 pools of 2,048 each: crowded, whole groups
+    assert steal_ways(groups, pred, 2048, 4, 4096)[1] == 1 == steal_ways(groups, pred, 2048, 4, 4096, kv_cap=288)[1]
+    saved = WorkStealing.CROWD_HELD
+    try:
+        WorkStealing.CROWD_HELD = True  # 32 x 16 x 288 / 4 = 18 pools: crowded still; at 8,192 tokens a pool not
+        assert steal_ways(groups, pred, 2048, 4, 4096, kv_cap=288)[1] == 1
+        assert steal_ways(groups, pred, 8192, 4, 4096)[1] == 1  # without a cache: 15.6 pools, crowded
+        assert steal_ways(groups, pred, 8192, 4, 4096, kv_cap=288)[1] > 1
+    finally:
+        WorkStealing.CROWD_HELD = saved

@@ -364,6 +364,11 @@ class WorkStealing(VLLMLike):
     # Whole groups once the predicted tokens per replica reach CROWDED_POOLS pools (spread_ways): the
     # pools stay full, requests wait, and stealing balances what the predictions got wrong.
     CROWDED_POOLS = CROWDED_POOLS
+    # With a compressed cache (run_rollout(compression=)): whether the crowding rule weighs each completion's
+    # predicted tokens at most the cache's budget + interval, what it holds (True), or whole (False: the step's
+    # decode work; in the simulator the capped rule spread groups that whole groups ran faster,
+    # docs/benchmarks.md, "Placement and a client window with a compressed cache").
+    CROWD_HELD = False
     ROOM = 1.0  # steal while the live requests' predicted peak KV is below ROOM x the pool
     STEAL_SHARE = STEAL_SHARE  # take this share of the victim's waiting predicted work, from the back of its queue
     # Admission watermark (off: vLLM's eager admission): admit only while the running requests, grown to
