@@ -28,6 +28,7 @@ from lengthsched.errors import check_int, check_nonnegative_float
 from lengthsched.integrations.areal import WAYS as AREAL_WAYS
 from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
+from lengthsched.runtime import POLICIES
 
 from .asynchronous import (
     STEAL_POLICIES,
@@ -37,7 +38,7 @@ from .asynchronous import (
     run_sync_steps,
     run_verl_async,
 )
-from .report import aligned, legend
+from .report import aligned, legend, parse_compression
 
 __all__ = ["AREAL_INTEGRATION", "AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async",
            "ASYNC_LEGEND", "MAX_STALENESS", "MAX_THRESHOLD", "VERL_THRESHOLDS"]
@@ -213,8 +214,9 @@ def compare_async(opts) -> AsyncComparison:
         raise InvalidArgument("steps", steps, f"fewer with {o.workload}, --max-staleness up to {most} and "
                                               f"--staleness-threshold up to {max(thresholds):g}, which draw {need} "
                                               f"groups of the {len(groups)} it holds")
+    comp = parse_compression(opts.kv_compression)
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
-                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots, compression=comp)
     try:
         reference = run_sync_steps(groups, "sglang", router="least_loaded", batch=batch, steps=steps,
                                    train_seconds=0.0, **common).rollouts
@@ -235,8 +237,9 @@ def compare_async(opts) -> AsyncComparison:
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
             runs.append((f"async: {engine}, K={most}, groups placed (lengthsched.integrations.areal)",
                          dict(policy=engine, max_staleness=most, predicted=pred, **AREAL_INTEGRATION)))
-            runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
-                         dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
+            if comp is None or POLICIES[STEAL_POLICIES[engine]].compressed:
+                runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
+                             dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
     updates = f"{local} local update{'s' if local > 1 else ''}"
     for s_ in thresholds:
         kind = "async" if s_ else "stream"
@@ -255,7 +258,7 @@ def compare_async(opts) -> AsyncComparison:
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
     # the project's synchronous steps (SGLang's engines, vLLM's), then steal with verl's streamed local updates
-    syncs = [("steal_sglang", 1, "then the learner"), ("steal", 1, "then the learner")]
+    syncs = [(p, 1, "then the learner") for p in ("steal_sglang", "steal") if comp is None or POLICIES[p].compressed]
     if local > 1:
         syncs.append(("steal", local, f"{local} local updates as its groups finish"))
     for policy, updates, how in syncs:
@@ -279,7 +282,10 @@ def compare_async(opts) -> AsyncComparison:
                f"{opts.max_concurrent or batch} groups in flight"
                + ("" if opts.max_concurrent else f" (verl's: {VERL_GROUPS_PER_SERVER} per replica)")
                + f"; predictor {o.predictor}; seconds modelled for "
-               f"{step.cost.model} on {step.cost.gpu}")
+               f"{step.cost.model} on {step.cost.gpu}"
+               + ("" if comp is None else f"; KV compressed ({opts.kv_compression}): each request holds and reads at "
+                  f"most {comp.max_retained} generated tokens, every row (steal_sglang's left out: it runs no "
+                  "compressed cache)"))
     return AsyncComparison(dataclasses.asdict(opts), setting, train, (ref, *others))
 
 

@@ -93,6 +93,7 @@ from .rollout import (
     share_board,
     steal_ways,
 )
+from .run import compression_cap
 
 __all__ = ["ASYNC_ROUTERS", "AsyncStep", "AsyncRollout", "run_async_rollout", "run_verl_async", "SyncSteps",
            "run_sync_steps", "STEAL_POLICIES", "VERL_GROUPS_PER_SERVER", "VERL_VERSIONS"]
@@ -383,7 +384,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                       prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
                       steal: bool = False, resubmit_seconds: float = 0.0,
                       snapshot_seconds: float | None = None, prefill_share: float | None = None,
-                      ranks: int = 1, share_learning: bool = False, ways: int | None = None) -> AsyncRollout:
+                      ranks: int = 1, share_learning: bool = False, ways: int | None = None,
+                      compression: Any = None) -> AsyncRollout:
     """Simulate ``steps`` learner steps of AReaL's asynchronous RL loop (see the module docstring).
 
     Args:
@@ -444,6 +446,12 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             ``share_dir`` does: as each rank's rollout step starts, its predictor's ``state_dict()`` is what its
             file holds from then on, and it takes in (``merge_state_dict``) the other ranks' files written since it
             last read them.
+        compression: a ``lengthsched.KVCompression`` (Sparse-RL's compressed cache), as for
+            :func:`simulate.run_rollout`: every request holds and reads at most ``compression.max_retained``
+            generated tokens and the engines admit by that; a request an update aborts, or a preemption, is
+            recomputed from all its tokens and holds the capped KV again. For the engine policies that run one
+            (``POLICIES[name].compressed``: ``vllm`` and ``sglang``, and with ``steal`` on vLLM's engines
+            ``steal`` / ``steal_observed``; not ``steal_sglang``).
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)
@@ -457,7 +465,7 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
                      snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ranks=ranks,
-                     share_learning=share_learning, ways=ways)
+                     share_learning=share_learning, ways=ways, compression=compression)
 
 
 def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_threshold: float,
@@ -468,7 +476,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                    cost: Any = None, prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
                    max_num_seqs: int | None = None, version: str = "0.9.1", steal: bool = False,
                    resubmit_seconds: float = 0.0, snapshot_seconds: float | None = None,
-                   prefill_share: float | None = None, ways: int | None = None) -> AsyncRollout:
+                   prefill_share: float | None = None, ways: int | None = None,
+                   compression: Any = None) -> AsyncRollout:
     """Simulate ``steps`` weight versions of verl's fully asynchronous recipe (see the module docstring).
 
     Args:
@@ -495,7 +504,7 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
             flight; b178a3c: ``round_robin``, the fewest sent so far, and the requests an update aborted are
             routed again when they resume).
         predicted, replicas, budget_tokens, max_new_tokens, cost, prefill_chunk, max_num_seqs, steal,
-            resubmit_seconds, snapshot_seconds, prefill_share: as for :func:`run_async_rollout` (``steal``:
+            resubmit_seconds, snapshot_seconds, prefill_share, compression: as for :func:`run_async_rollout` (``steal``:
             what a lengthsched stealing driver inside the recipe would do; verl's own client waits 1 s before
             it resubmits an aborted request, ``lengthsched.integrations.verl_stealing``'s client about 0.05 s;
             ``snapshot_seconds``: the driver's poll interval, 0.25 s by default in
@@ -531,7 +540,8 @@ def run_verl_async(groups: Sequence[Any], *, batch: int, steps: int, staleness_t
                      router=router, predicted=predicted, replicas=replicas, budget_tokens=budget_tokens,
                      max_new_tokens=max_new_tokens, cost=cost, prefill_chunk=prefill_chunk,
                      max_num_seqs=max_num_seqs, steal=steal, resubmit_seconds=resubmit_seconds,
-                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ways=ways)
+                     snapshot_seconds=snapshot_seconds, prefill_share=prefill_share, ways=ways,
+                     compression=compression)
 
 
 def _uneven(naps: Sequence[tuple[float, float]], replicas: int) -> float:
@@ -588,10 +598,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
               replicas: int, budget_tokens: int, max_new_tokens: int, cost: Any, prefill_chunk: int | None,
               max_num_seqs: int | None, steal: bool = False, resubmit_seconds: float = 0.0,
               snapshot_seconds: float | None = None, prefill_share: float | None = None,
-              ranks: int = 1, share_learning: bool = False, ways: int | None = None) -> AsyncRollout:
+              ranks: int = 1, share_learning: bool = False, ways: int | None = None,
+              compression: Any = None) -> AsyncRollout:
     """The loop of :func:`run_async_rollout` and :func:`run_verl_async` under ``rules``; with ``steal``, each
     engine runs lengthsched's ``steal`` (``steal_sglang`` on SGLang) over the requests the router sent it;
-    ``ranks``, ``share_learning``, ``ways``: :func:`run_async_rollout`'s."""
+    ``ranks``, ``share_learning``, ``ways``, ``compression``: :func:`run_async_rollout`'s."""
     train_seconds = check_nonnegative_float("train_seconds", train_seconds)
     per_token = check_nonnegative_float("train_seconds_per_token", train_seconds_per_token)
     update_seconds = check_nonnegative_float("update_seconds", update_seconds)
@@ -655,9 +666,11 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
                                                                                  f"first {need} groups ({total})")
         predicted = predicted[:total]
     groups = groups[:need]
+    kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
+    kv_cap = compression_cap(compression, kind, rollout=True)
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, 0, prefill_chunk, False,
-        max_num_seqs)
+        max_num_seqs, kv_cap=kv_cap)
     learns = learning is not None or per_rank is not None  # predictions asked as each group is submitted
     if learns:  # filled as the groups are submitted (submit)
         common["pred"] = np.zeros(len(flat), dtype=np.float64)
@@ -684,7 +697,7 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     if router == "placed":  # the spread steal would choose for the groups first in flight
         n_open = int(sum(sizes[:len(opening)]))
         _, placed_ways = steal_ways(opening, common["pred"][:n_open], common["budget"], replicas, common["max_new"],
-                                    prefill_share=prefill_share)
+                                    prefill_share=prefill_share, kv_cap=kv_cap)
         live = _Placed(replicas, common["pred"], first, sizes, ways=placed_ways)
     elif router == "stream":  # the integration's own placer per rank; its concurrency: all the groups in flight
         live = _Ranks.of([_Placed(replicas, common["pred"], first, sizes, prompt_lens=plens,
@@ -698,16 +711,15 @@ def _simulate(groups: Sequence[Any], rules: _Rules, *, steps: int, need: int, ne
     else:
         live = _Live(router, replicas)
     engines, pols = [], []
-    kind = (STEAL_POLICIES[policy] if snapshot_seconds is None else "steal_observed") if steal else policy
     problem = Problem(lengths=flat, max_new_tokens=common["max_new"], budget_tokens=common["budget"],
                       slots=common["max_seqs"], prompt_ids=common["job_keys"],
-                      predicted=common["pred"] if steal else None)
+                      predicted=common["pred"] if steal else None, kv_cap=kv_cap)
     for r in range(replicas):
         pol = POLICIES[kind].cls(problem, GroupQueue(np.zeros(0, dtype=np.int64), []), r) if steal else \
             POLICIES[kind].cls(problem)
         pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
         eng = _engine(flat, owner, common["tails"], common["prompt_kv"], plens, common["budget"],
-                      common["prefill_chunk"], False, pol.block_size, None, cost)
+                      common["prefill_chunk"], False, pol.block_size, None, cost, kv_cap=kv_cap)
         eng.cache_prompts = True  # a prompt stays cached for siblings sent later (flushed at each update)
         eng.start(pol)
         engines.append(eng)

@@ -82,6 +82,9 @@ def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tup
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --turns (its rows are fixed: vLLM "
                                                "FCFS, vllm_priority and steal, each with and without steering later "
                                                "turns)")
+    if opts.kv_compression is not None:  # a compressed conversation is no prefix of its next turn's context
+        raise InvalidArgument("kv_compression", opts.kv_compression, "no --kv-compression with --turns (a compressed "
+                                                                     "cache is not modelled across a session's turns)")
     if str(opts.predictor).startswith("history"):
         raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA or constant:TOKENS with --turns "
                                                            "(each session's total length, predicted once)")

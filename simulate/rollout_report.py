@@ -184,9 +184,10 @@ def _runs_behind(policy: str, router: str) -> bool:
 
 
 def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> None:
-    """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), the policies that
-    run a compressed cache (:func:`check_compressed_policies`)."""
-    for name in ("turns", "max_staleness", "steps", "oversample", "headroom"):
+    """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``) or, with
+    ``--max-staleness``, asynchronous RL (its own checks), the policies that run a compressed cache
+    (:func:`check_compressed_policies`)."""
+    for name in ("turns", "steps", "oversample", "headroom"):
         value = getattr(opts, name)
         if value is not None and value is not False and value != 0:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "

@@ -778,6 +778,37 @@ ASYNC = ["--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-to
          "--budget", "3.6GiB", "--steps", "3"]
 
 
+def test_max_staleness_with_a_compressed_cache_runs_every_row_that_takes_one(capsys):
+    """--max-staleness with --kv-compression: every asynchronous and synchronous row runs the cache (it was
+    ignored before), steal_sglang's rows are left out (it runs none), the header says so; the numbers are those
+    of run_async_rollout(compression=) on the same stream. --turns with --kv-compression is a one-line error."""
+    from lengthsched import KVCompression
+    from simulate import run_async_rollout
+    from simulate.options import OPTION_DEFAULTS, SimulateOptions
+    from simulate.rollout_report import rollout_step
+
+    common = ["simulate", "--json", *ASYNC, "--max-staleness", "1", "--train-seconds", "0.5"]
+    assert main(common) == 0
+    dense = {r["run"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert main(common + ["--kv-compression", "64:16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sparse = {r["run"]: r for r in out["rows"]}
+    assert "KV compressed (64:16): each request holds and reads at most 80 generated tokens" in out["setting"]
+    assert set(sparse) == {run for run in dense if "steal_sglang" not in run} and len(sparse) < len(dense)
+    assert all(r["seconds"] for r in sparse.values())
+    assert sum(sparse[r]["seconds"] for r in sparse) < sum(dense[r]["seconds"] for r in sparse)
+    step = rollout_step(SimulateOptions(prompts=16, replicas=2, group_size=4, max_new_tokens=1024,
+                                        model="qwen3-1.7b", budget="3.6GiB"))  # (3 steps + K 1) x 4 prompts
+    run = run_async_rollout(step.groups, batch=4, steps=3, max_staleness=1, train_seconds=0.5,
+                            update_seconds=OPTION_DEFAULTS["update_seconds"],
+                            policy="vllm", replicas=2, budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost,
+                            compression=KVCompression(64, 16))
+    assert sparse["async: vllm, K=1, round robin (AReaL)"]["seconds"] == pytest.approx(run.seconds, rel=1e-12)
+    assert main(["simulate", "--prompts", "4", "--replicas", "2", "--turns", "2", "--kv-compression", "64:16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument 'kv_compression'" in err and "--turns" in err
+
+
 def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(capsys):
     """--steps 3 --max-staleness 0,2: AReaL's loop at each bound on SGLang's and vLLM's engines, routing by
     least predicted work, and the project's synchronous steps, against AReaL's synchronous loop on SGLang;

@@ -312,3 +312,50 @@ def test_steals_crowding_rule_weighs_whole_predictions_unless_told_to_weigh_what
         assert steal_ways(groups, pred, 8192, 4, 4096, kv_cap=288)[1] > 1
     finally:
         WorkStealing.CROWD_HELD = saved
+
+
+def test_asynchronous_loops_run_a_compressed_cache(monkeypatch):
+    """run_async_rollout and run_verl_async take compression= (as run_rollout): in a tight pool every engine that
+    runs one is faster with it and never holds more than its pool; a cap above every length changes nothing;
+    steal_sglang, which runs none, is refused naming compression; run_sync_steps passes it to run_rollout."""
+    import simulate.asynchronous as asy
+
+    built = []
+
+    def recording(*args, **kwargs):
+        eng = _engine(*args, **kwargs)
+        built.append(eng)
+        return eng
+
+    _engine = asy._engine
+    monkeypatch.setattr(asy, "_engine", recording)
+    rng = np.random.default_rng(3)
+    groups = [Group(f"p{i}", int(rng.integers(50, 300)), rng.integers(50, 2000, 8)) for i in range(40)]
+    pred = np.concatenate([np.full(8, int(np.median(g.lengths))) for g in groups])
+    comp = KVCompression(256, 32)
+    kw = dict(batch=8, steps=3, train_seconds=1.0, replicas=2, budget_tokens=2 * 2048, max_new_tokens=2048)
+    runs = [(asy.run_async_rollout, dict(policy="sglang", max_staleness=1)),
+            (asy.run_async_rollout, dict(policy="vllm", max_staleness=1)),
+            (asy.run_async_rollout, dict(policy="vllm", max_staleness=1, router="placed", steal=True, predicted=pred)),
+            (asy.run_async_rollout, dict(policy="vllm", max_staleness=1, router="placed", steal=True, predicted=pred,
+                                         snapshot_seconds=0.25)),
+            (asy.run_async_rollout, dict(policy="sglang", max_staleness=2, router="stream", predicted=pred)),
+            (asy.run_verl_async, dict(policy="vllm", staleness_threshold=0.5, local_steps=2)),
+            (asy.run_verl_async, dict(policy="vllm", staleness_threshold=0.5, local_steps=2, steal=True,
+                                      predicted=pred, router="placed"))]
+    for run, extra in runs:
+        dense = run(groups, **kw, **extra)
+        built.clear()
+        sparse = run(groups, **kw, **extra, compression=comp)
+        assert sparse.seconds < dense.seconds, extra
+        assert built and max(eng.peak_kv for eng in built) <= 2 * 2048
+        assert sparse.consumed_tokens > 0 and sparse.steps and len(sparse.steps) == len(dense.steps)
+        wide = run(groups, **kw, **extra, compression=KVCompression(4096, 8))  # holds every length whole
+        assert (wide.seconds, wide.recomputed_tokens, wide.preemptions) == (dense.seconds, dense.recomputed_tokens,
+                                                                            dense.preemptions)
+    with pytest.raises(InvalidArgument, match="compression.*steal_sglang"):
+        asy.run_async_rollout(groups, **kw, policy="sglang", max_staleness=1, router="placed", steal=True,
+                              predicted=pred, compression=comp)
+    sync = {c: asy.run_sync_steps(groups, "steal", batch=8, steps=3, train_seconds=1.0, predicted=pred, replicas=2,
+                                  budget_tokens=4096, max_new_tokens=2048, compression=c) for c in (None, comp)}
+    assert sync[comp].seconds < sync[None].seconds
