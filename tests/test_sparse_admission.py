@@ -359,3 +359,21 @@ def test_asynchronous_loops_run_a_compressed_cache(monkeypatch):
     sync = {c: asy.run_sync_steps(groups, "steal", batch=8, steps=3, train_seconds=1.0, predicted=pred, replicas=2,
                                   budget_tokens=4096, max_new_tokens=2048, compression=c) for c in (None, comp)}
     assert sync[comp].seconds < sync[None].seconds
+
+
+def test_sglang_admits_a_resumed_request_by_the_compressed_kv_it_will_hold():
+    """A request that comes back with more tokens than the pool (retracted, or aborted by a weight update in an
+    asynchronous loop) holds at most the cap once recomputed: SGLang's admission counts that, not all its tokens
+    (found by a random asynchronous run with a pool of 560 tokens and a cap of 159, which stalled: 'nothing live
+    and nothing admitted')."""
+    problem = Problem(lengths=np.array([400, 400]), max_new_tokens=400, budget_tokens=120, kv_cap=20)
+    pol = make_policy("sglang", problem)
+    eng = Engine([400, 400], kv_cap=20)
+    eng.start(pol)
+    pol.waiting = []  # the test admits by hand
+    eng.admit(0)
+    eng.advance(300, pads=False)
+    eng.preempt(0)  # 300 tokens generated: far more than the pool, 20 held
+    pol.waiting.append(0)
+    pol.decide(eng)
+    assert list(eng.running) == [0] and eng.kv_tokens(eng.t + 1) <= 120

@@ -334,8 +334,10 @@ class SGLangLike(_Waiting):
         """KV tokens admitting ``job`` adds at its first step: its prompt tail (a later turn's conversation),
         recomputed tokens and next token, and its prompt when not held (prompts in the pool), less its
         conversation cached here (a later turn: ``Engine.cache_conversation``; SGLang's radix cache matches it
-        token by token, and its tokens, counted in the pool already, become the request's own)."""
-        return eng.tail[job] + eng.done[job] + 1 + eng.load_need(job) - eng.reused_blocks(job) * eng.block
+        token by token, and its tokens, counted in the pool already, become the request's own). With a
+        compressed cache (``Engine.kv_cap``) the recomputed and next tokens count at most the cap, what it holds."""
+        own = eng.done[job] + 1 if eng.kv_cap is None else min(eng.done[job] + 1, eng.kv_cap)
+        return eng.tail[job] + own + eng.load_need(job) - eng.reused_blocks(job) * eng.block
 
     @staticmethod
     def _cached_free(eng: Engine, job: int) -> int:
