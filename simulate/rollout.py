@@ -563,11 +563,12 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     unit that passes). ``compression``: a ``lengthsched.KVCompression`` (Sparse-RL's compressed cache):
     every request holds and reads at most ``compression.max_retained`` generated tokens, and the engines
     admit by that (``run_group``'s ``compression``); for the policies that run one
-    (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest`` and
-    ``steal_observed``), behind any router, with or without a framework's in-flight cap; with
-    ``kv_offload`` a preempted request loads back the compressed KV it held; a client window counts each
-    request's prompt plus at most ``compression.max_retained`` of its predicted completion (what
-    :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a
+    (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest``,
+    ``steal_observed``, Seer's (``seer``, ``seer_divided``: a request's KV through the global pool is its
+    compressed KV), ``placed_lpt`` and ``placed_adaptive``), behind any router, with or without a
+    framework's in-flight cap; with ``kv_offload`` a preempted request loads back the compressed KV it held; a
+    client window counts each request's prompt plus at most ``compression.max_retained`` of its predicted
+    completion (what :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a
     :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))

@@ -1065,7 +1065,7 @@ def test_a_rollout_step_with_a_compressed_cache(capsys):
     data = json.loads(capsys.readouterr().out)
     sparse = {r["policy"]: r for r in data["rows"]}
     assert set(sparse) == {"vllm", "vllm_priority", "sglang", "sglang_priority", "steal", "steal_longest",
-                           "steal_observed"}
+                           "steal_observed", "seer", "seer_divided", "placed_adaptive"}
     assert "KV compressed (64:16): each request holds and reads at most 80 generated tokens" in data["setting"]
     for policy in ("vllm", "steal"):
         assert sparse[policy]["seconds"] < dense[policy]["seconds"]
@@ -1074,7 +1074,8 @@ def test_a_rollout_step_with_a_compressed_cache(capsys):
                          "cache_aware,slime_plan", "--json"]) == 0
     rows = {(r["policy"], r["router"]) for r in json.loads(capsys.readouterr().out)["rows"] if r.get("seconds")}
     assert {("sglang", "slime_plan"), ("vllm", "cache_aware"), ("sglang", "cache_aware")} <= rows
-    for extra, flag in ((["--policies", "vllm,seer"], "policies"), (["--steps", "2", "--oversample", "1.5"], "steps"),
+    for extra, flag in ((["--policies", "vllm,placed_classes"], "policies"),
+                        (["--steps", "2", "--oversample", "1.5"], "steps"),
                         (["--verl-dynamic-sampling"], "verl_dynamic_sampling"),
                         (["--kv-compression", "64"], "kv_compression")):
         options = SMALL + (["--kv-compression", "64:16"] if extra[0] != "--kv-compression" else []) + extra

@@ -211,7 +211,7 @@ def test_a_rollout_step_with_a_compressed_cache():
                                                                           dense.lower_bound_seconds)
     # what takes no compression says so
     with pytest.raises(InvalidArgument, match="compression"):
-        run_rollout(groups, "seer", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
+        run_rollout(groups, "placed_classes", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
     # behind a framework's in-flight cap (slime's), routed one at a time, and from a client's queues
     for policy, router in (("vllm", "least_loaded"), ("sglang", "cache_aware")):
         kw = {"replicas": 4, "router": router, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "in_flight": 64}
@@ -377,3 +377,25 @@ def test_sglang_admits_a_resumed_request_by_the_compressed_kv_it_will_hold():
     pol.waiting.append(0)
     pol.decide(eng)
     assert list(eng.running) == [0] and eng.kv_tokens(eng.t + 1) <= 120
+
+
+def test_seers_anchors_and_the_placing_policies_run_a_compressed_cache():
+    """seer, seer_divided (its global pool carries the compressed KV: fewer tokens loaded),
+    placed_lpt and placed_adaptive take compression=: faster than dense in a tight pool, within every pool, above
+    their bound; placed_classes and steal_classes (classes sized by uncompressed lengths) and steal_sglang do not."""
+    from simulate import run_rollout
+
+    groups = _rollout_groups(np.random.default_rng(9), 24, 8, 2048)
+    pred = np.concatenate([np.full(len(g.lengths), max(1, int(np.median(g.lengths)))) for g in groups])
+    comp = KVCompression(256, 32)
+    kw = dict(replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, predicted=pred)
+    for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive"):
+        dense, sparse = run_rollout(groups, policy, **kw), run_rollout(groups, policy, compression=comp, **kw)
+        assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds, policy
+        assert max(sparse.peak_kv_tokens) <= 3 * 2048
+        assert [sorted(x.tolist()) for x in sparse.collected_lengths] == [sorted(g.lengths.tolist()) for g in groups]
+        if policy == "seer_divided":  # every load is a request's compressed KV: its tail and at most 288 tokens
+            assert 0 < sparse.loaded_tokens < dense.loaded_tokens
+    for policy in ("placed_classes", "steal_classes", "steal_sglang"):
+        with pytest.raises(InvalidArgument, match="compression"):
+            run_rollout(groups, policy, compression=comp, **kw)

@@ -44,8 +44,10 @@ class PolicySpec:
     (``run_group`` / ``run_batch``, the sampler) it runs alone over its own queue;
     ``compressed``: it runs with a compressed KV cache (``Problem.kv_cap``, ``run_group(compression=)``),
     counting each sequence's KV up to the cache's most (the SGLang models still reserve uncompressed
-    lengths; of the rollout policies that place or dispatch requests, ``steal``, ``steal_longest`` and
-    ``steal_observed`` take one).
+    lengths; of the rollout policies that place or dispatch requests, ``steal``, ``steal_longest``,
+    ``steal_observed``, ``seer``, ``seer_divided``, ``placed_lpt`` and ``placed_adaptive`` take one; not
+    ``placed_classes`` and ``steal_classes``, whose class plan sizes each class by uncompressed lengths, nor
+    ``steal_sglang``, whose room to steal would count what SGLang's uncompressed reservations do not admit).
     """
 
     name: str
@@ -119,23 +121,24 @@ POLICIES: dict[str, PolicySpec] = _specs(
     PolicySpec("vllm_priority", VLLMPriority, "vLLM V1 priority scheduling, longest predicted first",
                needs_budget=True, rollout=True, compressed=True),
     PolicySpec("placed_lpt", PlacedLongestFirst, "groups placed on replicas by predicted work; vLLM priority "
-               "scheduling, longest predicted first", needs_budget=True, places_groups=True, rollout=True),
+               "scheduling, longest predicted first", needs_budget=True, places_groups=True, rollout=True,
+               compressed=True),
     PolicySpec("placed_classes", LengthClasses, "completions placed on replicas in length classes by predicted "
                "length (the longest together); vLLM priority scheduling, longest predicted first", needs_budget=True,
                places_groups=True, rollout=True),
     PolicySpec("placed_adaptive", AdaptivePlacement, "vLLM FCFS; groups spread over replicas unless their prompts "
                "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True,
-               rollout=True),
+               rollout=True, compressed=True),
     PolicySpec("sglang", SGLangLike, "SGLang-like: decaying reservation, retract the least advanced",
                needs_budget=True, compiled=True, rollout=True, compressed=True),
     PolicySpec("sglang_priority", SGLangPriority, "SGLang priority scheduling and retraction, longest predicted "
                "first", needs_budget=True, rollout=True, compressed=True),
     PolicySpec("seer", SeerLike, "Seer-like: global queue, one probe per group, then longest finished group "
-               "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               "first", needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("seer_divided", SeerDivided, "Seer-like with its divided rollout: requests go back to the global "
                f"queue every {SeerDivided.CHUNK} tokens and continue on any replica, their KV loaded through a global "
                "pool (priced over the host link, loads overlapping the decoding)",
-               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("steal", WorkStealing, "each group over as many replicas as the pools hold its prompts (whole groups "
                "in crowded steps), vLLM FCFS per replica, drained replicas steal waiting requests and take running "
                "ones", needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
