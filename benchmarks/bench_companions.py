@@ -223,8 +223,8 @@ def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
 
 def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: one RL rollout step (B prompts x 16 on R replicas, each replica's pool a few x L_max
-    tokens, prompts inside) under vLLM and SGLang engines behind verl's least-loaded router and under
-    ``steal`` (the project's default policy), dense and with compressed caches
+    tokens, prompts inside) under vLLM and SGLang engines behind verl's least-loaded router, under the Seer-like
+    anchor (``seer``) and under ``steal`` (the project's default policy), dense and with compressed caches
     (``run_rollout(compression=)``). Prompt-level predictions with log-normal error 0.5."""
     from simulate import run_rollout
     from simulate.report import predictions_for
@@ -239,7 +239,7 @@ def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
             for pool in args.rollout_pools:
                 common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred)
                 base = run_rollout(groups, "vllm", **common).seconds
-                for policy in ("vllm", "sglang", "steal"):
+                for policy in ("vllm", "sglang", "seer", "steal"):
                     cells = []
                     for comp in caches:
                         res = run_rollout(groups, policy, router="least_loaded", compression=comp, **common)
@@ -251,7 +251,7 @@ def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
                                 "seconds_over_lb": res.seconds / res.lower_bound_seconds}
                         cells.append(cell)
                         raw.append(cell)
-                    name = policy if policy == "steal" else f"{policy} + least_loaded"
+                    name = policy if policy in ("seer", "steal") else f"{policy} + least_loaded"
                     rows.append([workload, seed, f"{pool} x", name, f"{cells[0]['seconds']:.2f}"]
                                 + [f"{c['x_vllm_dense']:.3f}" for c in cells]
                                 + [f"{cells[-1]['seconds_over_lb']:.2f}",
