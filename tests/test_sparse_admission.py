@@ -60,9 +60,14 @@ def test_blocks_count_the_capped_tokens_and_the_tail():
 def test_a_cap_is_checked_and_the_other_rollout_policies_refuse_one():
     with pytest.raises(InvalidArgument, match="kv_cap"):
         Engine([10], kv_cap=0)
-    for policy in ("seer", "seer_divided", "placed_classes", "steal_sglang"):
+    for policy in ("placed_classes", "steal_classes", "steal_sglang"):
         with pytest.raises(InvalidArgument, match="compression"):
             run_group([10, 20], policy, budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
+    for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive"):  # on one engine: vLLM's, capped
+        kw = dict(budget_tokens=64, max_new_tokens=32)  # four blocks of 16: two of 30 tokens, or four capped at 12
+        dense = run_group([30, 30, 30, 30], policy, **kw)
+        run = run_group([30, 30, 30, 30], policy, compression=KVCompression(8, 4), **kw)
+        assert run.peak_kv_tokens <= 64 and run.preemptions == 0 < dense.preemptions, policy
     with pytest.raises(InvalidArgument, match="compression"):
         run_group([10, 20], "micro", budget_tokens=64, max_new_tokens=32, compression=(8, 4))
 
