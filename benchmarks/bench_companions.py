@@ -372,6 +372,75 @@ def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
                   "steal, whole tokens (default)", "steal, capped tokens"], rows), raw
 
 
+#: The runs of the asynchronous section: (label, run function name, its arguments).
+ASYNC_RUNS = (("AReaL, K=1, sglang, round robin", "areal", {"policy": "sglang", "max_staleness": 1}),
+              ("AReaL, K=1, vllm, round robin", "areal", {"policy": "vllm", "max_staleness": 1}),
+              ("AReaL, K=1, steal (groups placed, stolen)", "areal",
+               {"policy": "vllm", "max_staleness": 1, "router": "placed", "steal": True, "predicted": True}),
+              ("verl 0.9.1 fully async, S=0.1, vllm", "verl", {"policy": "vllm", "staleness_threshold": 0.1}),
+              ("verl 0.9.1 + lengthsched.integrations.verl_async, S=0.1", "verl",
+               {"policy": "vllm", "staleness_threshold": 0.1, "predicted": True, "integration": True}),
+              ("sync: steal, then the learner", "sync", {}))
+
+
+def sparse_async(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: asynchronous RL with a compressed cache (``run_async_rollout`` / ``run_verl_async`` /
+    ``run_sync_steps(compression=)``): AReaL's loop, verl's fully asynchronous recipe and lengthsched's
+    synchronous steps, each dense and with the section's cache, in tight pools. The learner takes half the
+    dense synchronous step's seconds; prompt-level predictions with error 0.5."""
+    from simulate.async_report import INTEGRATION
+    from simulate.asynchronous import run_async_rollout, run_sync_steps, run_verl_async
+    from simulate.report import predictions_for
+
+    L, comp, steps, batch, R = args.admission_max_new, args.window_cache, args.async_steps, args.async_prompts, \
+        args.async_replicas
+    seed = args.rollout_seeds[0]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        groups = _admission_groups(workload, (steps + 1) * batch, L, group_size=16, seed=seed)
+        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+        for pool in args.async_pools:
+            common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L)
+            ref = run_sync_steps(groups, "sglang", router="least_loaded", batch=batch, steps=steps, train_seconds=0.0,
+                                 **common)
+            train = 0.5 * ref.seconds / steps  # the learner: half the dense synchronous rollout's mean step
+            for label, kind, extra in ASYNC_RUNS:
+                cell = {"workload": workload, "pool_x_lmax": pool, "run": label, "train_seconds": train,
+                        "cache": [comp.budget, comp.interval]}
+                for name, c in (("dense", None), ("cache", comp)):
+                    kw = {k: v for k, v in extra.items() if k not in ("predicted", "integration")}
+                    if extra.get("predicted"):
+                        kw["predicted"] = pred
+                    if extra.get("integration"):
+                        kw.update(INTEGRATION)
+                    if kind == "areal":
+                        r = run_async_rollout(groups, batch=batch, steps=steps, train_seconds=train, compression=c,
+                                              **common, **kw)
+                    elif kind == "verl":
+                        r = run_verl_async(groups, batch=batch, steps=steps, train_seconds=train, compression=c,
+                                           **common, **kw)
+                    else:
+                        r = run_sync_steps(groups, "steal", batch=batch, steps=steps, train_seconds=train,
+                                           predicted=pred, compression=c, **common)
+                    cell[f"{name}_seconds"] = r.seconds
+                    cell[f"{name}_tokens_per_second"] = (r.consumed_tokens if kind != "sync" else r.tokens) / r.seconds
+                raw.append(cell)
+        for pool in args.async_pools:
+            cells = [c for c in raw if c["workload"] == workload and c["pool_x_lmax"] == pool]
+            best = max(c["cache_tokens_per_second"] for c in cells)
+            for c in cells:
+                tps = c["cache_tokens_per_second"]
+                rows.append([workload, f"{pool} x", c["run"], f"{c['dense_seconds'] / steps:.2f}",
+                             f"{c['cache_seconds'] / steps:.2f}", f"{c['dense_tokens_per_second']:,.0f}",
+                             f"**{tps:,.0f}**" if tps == best else f"{tps:,.0f}",
+                             f"{tps / c['dense_tokens_per_second']:.2f}"])
+    return table(f"Asynchronous RL with a compressed cache ({comp.budget} + {comp.interval}; simulated; {steps} "
+                 f"learner steps of {batch} prompts x 16 on {R} replicas, L_max {L}, the learner half the dense "
+                 "synchronous step; trained tokens per modelled second, the most with the cache in bold per setting)",
+                 ["workload", "pool", "run", "dense s/step", "cache s/step", "dense tok/s", "cache tok/s",
+                  "cache x dense tok/s"], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -447,7 +516,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
                     default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
-                            "sparse_crowding,learner")
+                            "sparse_crowding,sparse_async,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
@@ -476,6 +545,10 @@ def main() -> int:
                     "each replica's pool, x L_max, of the client-window section")
     ap.add_argument("--crowding-pools", default="2,4,8,16,64",
                     help="each replica's pool, x L_max, of the crowding section")
+    ap.add_argument("--async-prompts", type=int, default=64, help="prompts per learner step, asynchronous section")
+    ap.add_argument("--async-steps", type=int, default=4, help="learner steps of the asynchronous section")
+    ap.add_argument("--async-replicas", type=int, default=4, help="replicas of the asynchronous section")
+    ap.add_argument("--async-pools", default="2,8", help="each replica's pool, x L_max, of the asynchronous section")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
     ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
@@ -496,6 +569,7 @@ def main() -> int:
     args.window_replicas = [int(x) for x in args.window_replicas.split(",")]
     args.window_pools = [int(x) for x in args.window_pools.split(",")]
     args.crowding_pools = [int(x) for x in args.crowding_pools.split(",")]
+    args.async_pools = [int(x) for x in args.async_pools.split(",")]
     args.window_cache = KVCompression.parse(args.window_cache, "window_cache")
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
@@ -504,12 +578,14 @@ def main() -> int:
         args.admission_policies = ["vllm", "fixed_slot"]
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
         args.window_prompts, args.window_replicas, args.window_pools, args.crowding_pools = [8], [2], [2], [1, 2]
+        args.async_prompts, args.async_steps, args.async_replicas, args.async_pools = 4, 2, 2, [2]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
+                                         "sparse_async": sparse_async,
                                          "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
