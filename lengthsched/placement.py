@@ -105,7 +105,7 @@ def fractional_fits(cum: np.ndarray, lengths: np.ndarray, c: float, t: float, re
 
 
 def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: int, cost: Any,
-                   lam: float = 1.0) -> np.ndarray:
+                   lam: float = 1.0, kv_cap: int | None = None) -> np.ndarray:
     """The replica (0 to ``replicas - 1``) of every completion: contiguous classes of the completions
     sorted longest first (replica 0 the longest), sized by the greedy of the module docstring.
 
@@ -117,6 +117,8 @@ def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: 
         cost: a :class:`lengthsched.cost.StepCost` (seconds of a step).
         lam: 0 to 1, how a replica's steps are weighed: its longest completion (1) against its KV
             area over the pool (0).
+        kv_cap: a compressed cache's most generated tokens a completion holds and reads (Sparse-RL's
+            ``KVCompression.max_retained``; None: all of them).
     """
     lengths = np.asarray(lengths, dtype=np.float64)
     if lengths.ndim != 1 or not len(lengths) or not np.all(np.isfinite(lengths)) or lengths.min() < 0:
@@ -127,7 +129,7 @@ def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: 
     lam = float(lam)
     if not 0.0 <= lam <= 1.0:
         raise InvalidArgument("lam", lam, "a weight from 0 to 1")
-    order, ls, parts, terms, area = packing_items(cost, lengths, context, budget)
+    order, ls, parts, terms, area = packing_items(cost, lengths, context, budget, kv_cap=kv_cap)
     work, c = packing_mix(parts, terms, area, lam, 1.0)
 
     def classes(t: float) -> np.ndarray:
@@ -150,13 +152,14 @@ def length_classes(lengths: Any, context: Any, *, replicas: int, budget_tokens: 
 
 
 def estimate_seconds(placement: Any, lengths: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
-                     cost: Any) -> np.ndarray:
+                     cost: Any, kv_cap: int | None = None) -> np.ndarray:
     """Per replica, seconds no schedule of the completions ``placement`` gives it can beat: its steps
     are at least its longest completion and its KV area over ``budget_tokens`` (each completion's own
     token-steps, each prompt held while its longest completion there runs), each step pays the fixed
     cost, and its tokens (each prompt there prefilled once) their work
     (:meth:`lengthsched.cost.StepCost.lower_bound_seconds`). ``group``: per completion, the index of
-    its prompt in ``prompt_lens`` (tokens)."""
+    its prompt in ``prompt_lens`` (tokens). ``kv_cap``: a compressed cache's most generated tokens a
+    completion holds and reads (:func:`lengthsched.memory.held_token_steps`; None: all of them)."""
     placement = np.asarray(placement, dtype=np.int64)
     fl = np.asarray(lengths, dtype=np.float64)
     group = np.asarray(group, dtype=np.int64)
@@ -169,11 +172,12 @@ def estimate_seconds(placement: Any, lengths: Any, group: Any, prompt_lens: Any,
         here, local = np.unique(group[mine], return_inverse=True)
         longest = np.zeros(len(here))
         np.maximum.at(longest, local, fl[mine])
-        area = float((fl[mine] * (fl[mine] + 1) / 2).sum() + (pl[here] * longest).sum())
+        area = float(held_token_steps(fl[mine], kv_cap).sum() + (pl[here] * longest).sum())
         ctx = pl[group[mine]]
         out[r] = cost.lower_bound_seconds(steps=max(float(fl[mine].max()), area / budget_tokens),
                                           decode_tokens=float(fl[mine].sum()),
-                                          kv_tokens_read=float((fl[mine] * ctx + fl[mine] * (fl[mine] - 1) / 2).sum()),
+                                          kv_tokens_read=float((fl[mine] * ctx + held_token_steps(fl[mine] - 1,
+                                                                                                   kv_cap)).sum()),
                                           prefill_tokens=float(pl[here].sum()),
                                           prefill_context=float((pl[here] * (pl[here] + 1) / 2).sum()))
     return out
@@ -191,7 +195,8 @@ def check_group(group: Any, shape: tuple, prompts: int) -> np.ndarray:
 
 
 def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
-                        cost: Any, evaluate: Callable[[np.ndarray], float] | None = None) -> np.ndarray:
+                        cost: Any, evaluate: Callable[[np.ndarray], float] | None = None,
+                        kv_cap: int | None = None) -> np.ndarray:
     """:func:`length_classes` for each ``lam`` of :data:`CLASS_LAMS`, keeping the placement that
     ``evaluate`` (placement -> seconds of the step, on the predicted lengths) finds fastest (ties: the
     smaller ``lam``). By default ``evaluate`` is the slowest replica's :func:`estimate_seconds`, a
@@ -204,16 +209,18 @@ def plan_length_classes(lengths: Any, group: Any, prompt_lens: Any, *, replicas:
         prompt_lens: per prompt, its length in tokens.
         replicas, budget_tokens, cost: as for :func:`length_classes`.
         evaluate: seconds of a candidate placement (the replica of every completion).
+        kv_cap: a compressed cache's most generated tokens a completion holds and reads (None: all).
     """
     pl = np.asarray(prompt_lens)
     group = check_group(group, np.shape(lengths), len(pl))
     if evaluate is None:
         def evaluate(placed: np.ndarray) -> float:
             return float(estimate_seconds(placed, lengths, group, pl, replicas=replicas, budget_tokens=budget_tokens,
-                                          cost=cost).max())
+                                          cost=cost, kv_cap=kv_cap).max())
     best, best_secs = None, None
     for lam in CLASS_LAMS:
-        placed = length_classes(lengths, pl[group], replicas=replicas, budget_tokens=budget_tokens, cost=cost, lam=lam)
+        placed = length_classes(lengths, pl[group], replicas=replicas, budget_tokens=budget_tokens, cost=cost, lam=lam,
+                                kv_cap=kv_cap)
         secs = evaluate(placed)
         if best_secs is None or secs < best_secs * (1 - 1e-12):
             best, best_secs = placed, secs

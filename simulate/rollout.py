@@ -565,7 +565,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     admit by that (``run_group``'s ``compression``); for the policies that run one
     (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest``,
     ``steal_observed``, Seer's (``seer``, ``seer_divided``: a request's KV through the global pool is its
-    compressed KV), ``placed_lpt`` and ``placed_adaptive``), behind any router, with or without a
+    compressed KV) and the ``placed_*`` policies and ``steal_classes`` (length classes planned on the capped
+    KV); not ``steal_sglang``), behind any router, with or without a
     framework's in-flight cap; with ``kv_offload`` a preempted request loads back the compressed KV it held; a
     client window counts each request's prompt plus at most ``compression.max_retained`` of its predicted
     completion (what :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a
@@ -1241,7 +1242,8 @@ def _plan_classes(policy: str, replicas: int, owner: np.ndarray, common: dict) -
     pred = common["pred"] if common["pred"] is not None else np.full(len(owner), common["max_new"])
     return plan_classes(pred, owner, common["prompt_lens"], replicas=replicas, budget_tokens=common["budget"],
                         max_new_tokens=common["max_new"], cost=common["cost"], policy=POLICIES[policy].cls.ENGINE,
-                        prefill_chunk=common["prefill_chunk"], max_num_seqs=common["max_seqs"])
+                        prefill_chunk=common["prefill_chunk"], max_num_seqs=common["max_seqs"],
+                        kv_cap=common.get("kv_cap"))
 
 
 def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
@@ -1502,7 +1504,7 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
         elif cls.PLACE == "classes":  # steal_classes: placed_classes's placement
             placed = _plan_classes(policy, replicas, owner, dict(pred=pred, max_new=max_new, prompt_lens=prompt_lens,
                                                                  budget=budget, cost=cost, prefill_chunk=prefill_chunk,
-                                                                 max_seqs=max_seqs))
+                                                                 max_seqs=max_seqs, kv_cap=kv_cap))
         elif cls.PLACE == "ways":  # each group over as many replicas as the pools hold its prompts
             work, ways = steal_ways(groups, pred, budget, replicas, max_new, cls, kv_cap=kv_cap)
             placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)

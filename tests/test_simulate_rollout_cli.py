@@ -1074,7 +1074,7 @@ def test_a_rollout_step_with_a_compressed_cache(capsys):
                          "cache_aware,slime_plan", "--json"]) == 0
     rows = {(r["policy"], r["router"]) for r in json.loads(capsys.readouterr().out)["rows"] if r.get("seconds")}
     assert {("sglang", "slime_plan"), ("vllm", "cache_aware"), ("sglang", "cache_aware")} <= rows
-    for extra, flag in ((["--policies", "vllm,placed_classes"], "policies"),
+    for extra, flag in ((["--policies", "vllm,steal_sglang"], "policies"),
                         (["--steps", "2", "--oversample", "1.5"], "steps"),
                         (["--verl-dynamic-sampling"], "verl_dynamic_sampling"),
                         (["--kv-compression", "64"], "kv_compression")):

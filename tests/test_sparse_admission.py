@@ -60,7 +60,7 @@ def test_blocks_count_the_capped_tokens_and_the_tail():
 def test_a_cap_is_checked_and_the_other_rollout_policies_refuse_one():
     with pytest.raises(InvalidArgument, match="kv_cap"):
         Engine([10], kv_cap=0)
-    for policy in ("placed_classes", "steal_classes", "steal_sglang"):
+    for policy in ("steal_sglang",):
         with pytest.raises(InvalidArgument, match="compression"):
             run_group([10, 20], policy, budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
     for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive"):  # on one engine: vLLM's, capped
@@ -216,7 +216,7 @@ def test_a_rollout_step_with_a_compressed_cache():
                                                                           dense.lower_bound_seconds)
     # what takes no compression says so
     with pytest.raises(InvalidArgument, match="compression"):
-        run_rollout(groups, "placed_classes", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
+        run_rollout(groups, "steal_sglang", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
     # behind a framework's in-flight cap (slime's), routed one at a time, and from a client's queues
     for policy, router in (("vllm", "least_loaded"), ("sglang", "cache_aware")):
         kw = {"replicas": 4, "router": router, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "in_flight": 64}
@@ -387,20 +387,47 @@ def test_sglang_admits_a_resumed_request_by_the_compressed_kv_it_will_hold():
 def test_seers_anchors_and_the_placing_policies_run_a_compressed_cache():
     """seer, seer_divided (its global pool carries the compressed KV: fewer tokens loaded),
     placed_lpt and placed_adaptive take compression=: faster than dense in a tight pool, within every pool, above
-    their bound; placed_classes and steal_classes (classes sized by uncompressed lengths) and steal_sglang do not."""
+    their bound; so do placed_classes and steal_classes, their classes planned on the capped KV (without it the
+    class plan refused pools that only the cache makes room in); steal_sglang does not."""
     from simulate import run_rollout
 
     groups = _rollout_groups(np.random.default_rng(9), 24, 8, 2048)
     pred = np.concatenate([np.full(len(g.lengths), max(1, int(np.median(g.lengths)))) for g in groups])
     comp = KVCompression(256, 32)
     kw = dict(replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, predicted=pred)
-    for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive"):
+    for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive", "placed_classes", "steal_classes"):
         dense, sparse = run_rollout(groups, policy, **kw), run_rollout(groups, policy, compression=comp, **kw)
         assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds, policy
         assert max(sparse.peak_kv_tokens) <= 3 * 2048
         assert [sorted(x.tolist()) for x in sparse.collected_lengths] == [sorted(g.lengths.tolist()) for g in groups]
         if policy == "seer_divided":  # every load is a request's compressed KV: its tail and at most 288 tokens
             assert 0 < sparse.loaded_tokens < dense.loaded_tokens
-    for policy in ("placed_classes", "steal_classes", "steal_sglang"):
-        with pytest.raises(InvalidArgument, match="compression"):
-            run_rollout(groups, policy, compression=comp, **kw)
+    with pytest.raises(InvalidArgument, match="compression"):
+        run_rollout(groups, "steal_sglang", compression=comp, **kw)
+    # a pool of 400 tokens: no completion of up to 2,048 fits whole, every one with the cache (prompts < 300)
+    tight = dict(kw, budget_tokens=400 + 288)
+    for policy in ("placed_classes", "steal_classes"):
+        run = run_rollout(groups, policy, compression=comp, **tight)
+        assert max(run.peak_kv_tokens) <= 688 and run.lower_bound_seconds <= run.seconds
+
+
+def test_length_classes_and_their_estimates_count_a_compressed_cache():
+    """estimate_seconds, length_classes and plan_length_classes take kv_cap: a cap above every length changes
+    nothing; a tight one lowers each replica's bound (its KV area and reads)."""
+    from lengthsched.placement import estimate_seconds, length_classes, plan_length_classes
+    from lengthsched.runtime.timing import default_cost
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(50, 3000, 64).astype(np.float64)
+    group = np.repeat(np.arange(8), 8)
+    prompts = rng.integers(50, 300, 8)
+    cost = default_cost()
+    kw = dict(replicas=4, budget_tokens=4096, cost=cost)
+    placed = length_classes(lengths, prompts[group], **kw)
+    assert np.array_equal(placed, length_classes(lengths, prompts[group], kv_cap=10_000, **kw))
+    full = estimate_seconds(placed, lengths, group, prompts, **kw)
+    assert np.array_equal(full, estimate_seconds(placed, lengths, group, prompts, kv_cap=10_000, **kw))
+    capped = estimate_seconds(placed, lengths, group, prompts, kv_cap=288, **kw)
+    assert np.all(capped <= full) and np.any(capped < full)
+    assert np.array_equal(plan_length_classes(lengths, group, prompts, **kw),
+                          plan_length_classes(lengths, group, prompts, kv_cap=10_000, **kw))

@@ -45,9 +45,9 @@ class PolicySpec:
     ``compressed``: it runs with a compressed KV cache (``Problem.kv_cap``, ``run_group(compression=)``),
     counting each sequence's KV up to the cache's most (the SGLang models still reserve uncompressed
     lengths; of the rollout policies that place or dispatch requests, ``steal``, ``steal_longest``,
-    ``steal_observed``, ``seer``, ``seer_divided``, ``placed_lpt`` and ``placed_adaptive`` take one; not
-    ``placed_classes`` and ``steal_classes``, whose class plan sizes each class by uncompressed lengths, nor
-    ``steal_sglang``, whose room to steal would count what SGLang's uncompressed reservations do not admit).
+    ``steal_observed``, ``seer``, ``seer_divided``, the ``placed_*`` policies and ``steal_classes`` (their
+    classes planned on the capped KV) take one; not ``steal_sglang``, whose room to steal would count what
+    SGLang's uncompressed reservations do not admit).
     """
 
     name: str
@@ -125,7 +125,7 @@ POLICIES: dict[str, PolicySpec] = _specs(
                compressed=True),
     PolicySpec("placed_classes", LengthClasses, "completions placed on replicas in length classes by predicted "
                "length (the longest together); vLLM priority scheduling, longest predicted first", needs_budget=True,
-               places_groups=True, rollout=True),
+               places_groups=True, rollout=True, compressed=True),
     PolicySpec("placed_adaptive", AdaptivePlacement, "vLLM FCFS; groups spread over replicas unless their prompts "
                "would crowd the pool, then placed whole by predicted work", needs_budget=True, places_groups=True,
                rollout=True, compressed=True),
@@ -147,7 +147,7 @@ POLICIES: dict[str, PolicySpec] = _specs(
                compressed=True),
     PolicySpec("steal_classes", StealClasses, "steal over placed_classes's placement (length classes by predicted "
                "length): for predictions learnt from an earlier epoch where siblings agree",
-               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("steal_sglang", StealSGLang, "steal over SGLang engines (SGLang's reservation and retraction per "
                "replica): what the placement and stealing give a framework that keeps SGLang, as slime does",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True),

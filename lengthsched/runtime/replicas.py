@@ -108,7 +108,8 @@ def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_l
 
 def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int, budget_tokens: int,
                  max_new_tokens: int, cost: Any, policy: str = "vllm_priority",
-                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None) -> np.ndarray:
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK, max_num_seqs: int | None = None,
+                 kv_cap: int | None = None) -> np.ndarray:
     """The replica of every completion for a step planned in length classes: the candidates of
     :func:`lengthsched.placement.plan_length_classes` and verl's spread (completion i to replica
     i mod ``replicas``), each judged by simulating the step with ``policy`` on every replica on the
@@ -126,6 +127,9 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
         policy: the engine policy of every replica (a name of ``POLICIES`` that runs rollouts).
         prefill_chunk: tokens prefilled per step at most (None: no limit).
         max_num_seqs: requests a replica runs at once at most (None: the pool alone limits them).
+        kv_cap: a compressed cache's most generated tokens a completion holds and reads (Sparse-RL's
+            ``KVCompression.max_retained``): the classes, their estimates and the simulated engines count
+            that (None: all of them).
     """
     if policy not in POLICIES or not POLICIES[policy].rollout or POLICIES[policy].places_groups:
         raise InvalidArgument("policy", policy, "an engine policy that runs rollouts on a replica: " + ", ".join(
@@ -143,14 +147,16 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
     model = dict(flat=believed, owner=group, tails=tails, prompt_kv=prompt_kv, prompt_lens=pl,
                  pred=believed, job_keys=tuple(group.tolist()), max_new=max_new, budget=budget,
                  prefill_chunk=prefill_chunk, record=False, cost=cost,
-                 max_seqs=None if max_num_seqs is None else check_int("max_num_seqs", max_num_seqs, minimum=1))
+                 max_seqs=None if max_num_seqs is None else check_int("max_num_seqs", max_num_seqs, minimum=1),
+                 kv_cap=None if kv_cap is None else check_int("kv_cap", kv_cap, minimum=1))
     seen: dict[bytes, float] = {}
     best = [math.inf]
 
     def evaluate(placed: np.ndarray) -> float:
         key = placed.tobytes()
         if key not in seen:
-            est = estimate_seconds(placed, believed, group, pl, replicas=replicas, budget_tokens=budget, cost=cost)
+            est = estimate_seconds(placed, believed, group, pl, replicas=replicas, budget_tokens=budget, cost=cost,
+                                   kv_cap=model["kv_cap"])
             worst = 0.0
             for r in np.argsort(-est, kind="stable"):
                 _, (_, secs) = run_replica(policy, np.flatnonzero(placed == r), None, **model)
@@ -162,6 +168,6 @@ def plan_classes(predicted: Any, group: Any, prompt_lens: Any, *, replicas: int,
         return seen[key]
 
     classes = plan_length_classes(believed, group, pl, replicas=replicas, budget_tokens=budget, cost=cost,
-                                  evaluate=evaluate)
+                                  evaluate=evaluate, kv_cap=model["kv_cap"])
     spread = np.arange(len(believed), dtype=np.int64) % replicas
     return spread if evaluate(spread) < evaluate(classes) * (1 - 1e-12) else classes
