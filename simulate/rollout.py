@@ -1467,11 +1467,13 @@ def share_board(pols: list, engines: list, board: list, delay: float) -> None:
 
 def observe_board(pols: list, budget: int, snapshot: float | None = None) -> StealCoordinator:
     """``steal_observed`` replicas ``pols`` decide through one :class:`~lengthsched.integrations.StealCoordinator`
-    (their class's chunk, steal share and room; each replica's pool ``budget`` tokens), each looking at most every
+    (their class's chunk, steal share and room, their problem's compressed cache; each replica's pool ``budget``
+    tokens), each looking at most every
     ``snapshot`` modelled seconds (None: the class's ``SNAPSHOT_SECONDS``). The caller tells it what it submits
     where; returns it."""
     cls = type(pols[0])
-    coord = StealCoordinator(len(pols), budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM)
+    coord = StealCoordinator(len(pols), budget, chunk=cls.MIGRATE_CHUNK, share=cls.STEAL_SHARE, room=cls.ROOM,
+                             kv_cap=pols[0].problem.kv_cap)
     for pol in pols:
         pol.coord = coord
         if snapshot is not None:

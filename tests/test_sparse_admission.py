@@ -431,3 +431,21 @@ def test_length_classes_and_their_estimates_count_a_compressed_cache():
     assert np.all(capped <= full) and np.any(capped < full)
     assert np.array_equal(plan_length_classes(lengths, group, prompts, **kw),
                           plan_length_classes(lengths, group, prompts, kv_cap=10_000, **kw))
+
+
+def test_steal_observeds_coordinator_counts_the_compressed_cache():
+    """steal_observed decides through a StealCoordinator: with a cache its room counts the cap, as steal's does
+    (Problem.kv_cap reaches the coordinator), and a compressed step still collects every completion."""
+    from lengthsched.runtime.dispatch import StealObserved
+    from simulate import run_rollout
+    from simulate.rollout import observe_board
+
+    problem = Problem(lengths=np.array([10, 20]), max_new_tokens=32, budget_tokens=100, kv_cap=12)
+    pols = [StealObserved(problem), StealObserved(problem)]
+    coord = observe_board(pols, 100)
+    assert coord.kv_cap == 12 and all(pol.coord is coord for pol in pols)
+    groups = _rollout_groups(np.random.default_rng(12), 16, 8, 2048)
+    run = run_rollout(groups, "steal_observed", replicas=3, budget_tokens=2 * 2048, max_new_tokens=2048,
+                      compression=KVCompression(256, 32))
+    assert [sorted(x.tolist()) for x in run.collected_lengths] == [sorted(g.lengths.tolist()) for g in groups]
+    assert max(run.peak_kv_tokens) <= 2 * 2048

@@ -78,6 +78,22 @@ def test_a_replica_whose_running_requests_fill_its_pool_does_not_steal():
     assert c.decide() == [Move("w2", 1, 0, 0, "steal")]
 
 
+def test_with_a_compressed_cache_the_room_counts_what_each_request_holds():
+    """kv_cap (Sparse-RL's budget + interval): the same replica as above has room, its long request holding at
+    most 300 tokens (300 + 60 + 50 of 1,000), so it steals; kv_cap is checked."""
+    c = StealCoordinator(2, pool_tokens=1000, chunk=None, kv_cap=300)
+    c.submit("big", 0, predicted=900, prompt_tokens=50, group="g")
+    c.submit("big2", 0, predicted=60, prompt_tokens=50, group="g")
+    c.submit("w", 1, predicted=100)
+    c.submit("w2", 1, predicted=100)
+    c.observe(0, {"big": 5, "big2": 5})
+    c.observe(1, {"w": 0, "w2": 0})
+    c.observe(0, {"big": 10, "big2": 10})
+    assert c.decide() == [Move("w2", 1, 0, 0, "steal")]
+    with pytest.raises(InvalidArgument, match="kv_cap"):
+        StealCoordinator(2, pool_tokens=1000, kv_cap=0)
+
+
 def test_snapshots_ignore_unknown_and_moved_requests_and_drop_finished_ones():
     c = StealCoordinator(2, pool_tokens=1000, chunk=None)
     c.submit("a", 0, predicted=10)

@@ -653,6 +653,7 @@ def test_a_failed_poll_is_logged_and_polling_goes_on(caplog):
     ({"pool_tokens": 10, "share": 2}, "lengthsched.steal.share"),
     ({"pool_tokens": 10, "room": 0}, "lengthsched.steal.room"),
     ({"pool_tokens": 10, "pool": 3}, "lengthsched.steal"),
+    ({"pool_tokens": 10, "kv_compression": "256"}, "lengthsched.steal.kv_compression"),
 ])
 def test_steal_options_name_bad_settings(steal, name):
     config = trainer_config(**({} if steal is None else {"steal": steal}))
@@ -680,6 +681,10 @@ def test_steal_options_from_the_config():
     assert vs.steal_options(multi).turns is False
     with pytest.raises(InvalidArgument, match="lengthsched.steal.turns"):
         vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "turns": "yes"}))
+    # a compressed KV cache on the engines: the coordinator's room counts budget + interval a request at most
+    sparse = vs.steal_options(trainer_config(steal={"pool_tokens": 4096, "kv_compression": "256:32"}))
+    assert sparse.kv_compression == "256:32" and sparse.coordinator(2).kv_cap == 288
+    assert default.kv_compression is None and default.coordinator(2).kv_cap is None
 
 
 def test_with_turns_a_finished_turn_keeps_its_row_and_the_next_turn_is_followed_with_the_tokens_before():

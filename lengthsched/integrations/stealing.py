@@ -105,15 +105,19 @@ class StealCoordinator:
             (docs/benchmarks.md, "Resubmission delay"): pass None there.
         share: share of a victim's waiting predicted work a steal takes, in (0, 1].
         room: steal while the predicted peak KV of the running requests is below ``room`` x the pool.
+        kv_cap: where the engines run a compressed KV cache (Sparse-RL's, ``KVCompression.max_retained``:
+            budget + interval), the most generated tokens a request holds: the peak counts each request at
+            most that. None: a full cache.
     """
 
     def __init__(self, replicas: int, pool_tokens: int, *, chunk: int | None = MOVE_CHUNK,
-                 share: float = STEAL_SHARE, room: float = 1.0):
+                 share: float = STEAL_SHARE, room: float = 1.0, kv_cap: int | None = None):
         self.replicas = check_int("replicas", replicas, minimum=1)
         self.pool_tokens = check_int("pool_tokens", pool_tokens, minimum=1)
         self.chunk = None if chunk is None else check_int("chunk", chunk, minimum=1)
         self.share = check_positive_float("share", share, maximum=1.0)
         self.room = check_positive_float("room", room)
+        self.kv_cap = None if kv_cap is None else check_int("kv_cap", kv_cap, minimum=1)
         self._requests: dict[Hashable, _Request] = {}
         self._on: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # in flight, queue order
         self._waiting: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # waiting, not in transit
@@ -296,12 +300,13 @@ class StealCoordinator:
             del self._requests[request]
 
     def _has_room(self, replica: int) -> bool:
-        """Whether the requests on ``replica``, grown to their predicted lengths, and their prompts (once
-        per group) stay below ``room`` x the pool."""
-        peak, groups = 0.0, {}
+        """Whether the requests on ``replica``, grown to their predicted lengths (each at most ``kv_cap``
+        with a compressed cache), and their prompts (once per group) stay below ``room`` x the pool."""
+        peak, groups, cap = 0.0, {}, self.kv_cap
         for j in self._on[replica]:
             req = self._requests[j]
-            peak += max(req.predicted, req.generated + 1)
+            grown = max(req.predicted, req.generated + 1)
+            peak += grown if cap is None else min(grown, cap)
             groups[req.group] = max(groups.get(req.group, 0), req.prompt)
         return peak + sum(groups.values()) < self.room * self.pool_tokens
 

@@ -89,6 +89,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgument, check_int, check_positive_float
+from ..memory import KVCompression
 from .rollout import MOVE_CHUNK, STEAL_SHARE
 from .stealing import Move, StealCoordinator
 from .verl import STEAL_SETUP_HOOK, STEALING_MANAGER_CLASS, _setting, batch_prompt_tokens
@@ -798,7 +799,9 @@ class StealOptions:
     pool, required), ``poll_interval`` (seconds between the driver's polls, default 0.25), ``chunk``
     (tokens between moves of running requests, default :data:`~.rollout.MOVE_CHUNK`, 128; null: running
     requests never move), ``share`` and ``room`` (:class:`StealCoordinator`'s), ``turns`` (the rows are
-    multi-turn sessions, :class:`StealDriver`'s; default: ``actor_rollout_ref.rollout.multi_turn.enable``).
+    multi-turn sessions, :class:`StealDriver`'s; default: ``actor_rollout_ref.rollout.multi_turn.enable``),
+    ``kv_compression`` (``"BUDGET:INTERVAL"`` where the engines run a compressed KV cache: the room to steal
+    counts each request at most budget + interval generated tokens; default none).
 
     The defaults are what the simulator found fastest with this module's client, which resubmits a
     moved request at once (``steal_observed`` with a snapshot every 0.25 s and 0.05 s per resubmission:
@@ -816,10 +819,14 @@ class StealOptions:
     share: float = STEAL_SHARE
     room: float = 1.0
     turns: bool = False
+    kv_compression: str | None = None
 
     def coordinator(self, replicas: int) -> StealCoordinator:
         """A coordinator for ``replicas`` with these settings."""
-        return StealCoordinator(replicas, self.pool_tokens, chunk=self.chunk, share=self.share, room=self.room)
+        cap = None if self.kv_compression is None else KVCompression.parse(self.kv_compression,
+                                                                           "lengthsched.steal.kv_compression")
+        return StealCoordinator(replicas, self.pool_tokens, chunk=self.chunk, share=self.share, room=self.room,
+                                kv_cap=None if cap is None else cap.max_retained)
 
 
 def steal_options(config: Any) -> StealOptions:
@@ -829,7 +836,7 @@ def steal_options(config: Any) -> StealOptions:
     if not hasattr(steal, "get") or steal.get("pool_tokens", None) is None:
         raise InvalidArgument("lengthsched.steal", steal,
                               "a section with pool_tokens (KV tokens per replica): +lengthsched.steal.pool_tokens=N")
-    known = {"pool_tokens", "poll_interval", "chunk", "share", "room", "turns"}
+    known = {"pool_tokens", "poll_interval", "chunk", "share", "room", "turns", "kv_compression"}
     unknown = sorted(set(steal) - known)
     if unknown:
         raise InvalidArgument("lengthsched.steal", unknown, f"options among {sorted(known)}")
@@ -842,8 +849,17 @@ def steal_options(config: Any) -> StealOptions:
         share=check_positive_float("lengthsched.steal.share", steal.get("share", STEAL_SHARE), maximum=1.0),
         room=check_positive_float("lengthsched.steal.room", steal.get("room", 1.0)),
         turns=_turns(config, steal.get("turns", None)),
+        kv_compression=_kv_compression(steal.get("kv_compression", None)),
     )
     return options
+
+
+def _kv_compression(text: Any) -> str | None:
+    """``lengthsched.steal.kv_compression`` checked (``"BUDGET:INTERVAL"``), or None where it is not set."""
+    if text is None:
+        return None
+    KVCompression.parse(str(text), "lengthsched.steal.kv_compression")
+    return str(text)
 
 
 def _turns(config: Any, turns: Any) -> bool:
