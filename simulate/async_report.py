@@ -284,8 +284,9 @@ def compare_async(opts) -> AsyncComparison:
                + f"; predictor {o.predictor}; seconds modelled for "
                f"{step.cost.model} on {step.cost.gpu}"
                + ("" if comp is None else f"; KV compressed ({opts.kv_compression}): each request holds and reads at "
-                  f"most {comp.max_retained} generated tokens, every row (steal_sglang's left out: it runs no "
-                  "compressed cache)"))
+                  f"most {comp.max_retained} generated tokens, every row"
+                  + ("".join(f" ({p}'s left out: it runs no compressed cache)" for p in STEAL_POLICIES.values()
+                             if not POLICIES[p].compressed))))
     return AsyncComparison(dataclasses.asdict(opts), setting, train, (ref, *others))
 
 

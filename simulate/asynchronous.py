@@ -450,8 +450,8 @@ def run_async_rollout(groups: Sequence[Any], *, batch: int, steps: int, max_stal
             :func:`simulate.run_rollout`: every request holds and reads at most ``compression.max_retained``
             generated tokens and the engines admit by that; a request an update aborts, or a preemption, is
             recomputed from all its tokens and holds the capped KV again. For the engine policies that run one
-            (``POLICIES[name].compressed``: ``vllm`` and ``sglang``, and with ``steal`` on vLLM's engines
-            ``steal`` / ``steal_observed``; not ``steal_sglang``).
+            (``POLICIES[name].compressed``: ``vllm`` and ``sglang``, and with ``steal`` ``steal`` /
+            ``steal_observed`` on vLLM's engines, ``steal_sglang`` on SGLang's).
     """
     batch = check_int("batch", batch, minimum=1)
     steps = check_int("steps", steps, minimum=1)

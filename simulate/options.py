@@ -221,8 +221,8 @@ class SimulateOptions:
                                             "INTERVAL generated tokens, the policies admit by that and the rows read "
                                             "that much (the compression's own work is not priced); in a rollout "
                                             "step the default rows are those that run one: "
-                                            + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; with --max-staleness "
-                                            "every row but steal_sglang's; not with --turns or --oversample")
+                                            + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; also with --max-staleness; "
+                                            "not with --turns or --oversample")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

@@ -566,7 +566,8 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     (``POLICIES[name].compressed``: vLLM's and SGLang's models, ``steal``, ``steal_longest``,
     ``steal_observed``, Seer's (``seer``, ``seer_divided``: a request's KV through the global pool is its
     compressed KV) and the ``placed_*`` policies and ``steal_classes`` (length classes planned on the capped
-    KV); not ``steal_sglang``), behind any router, with or without a
+    KV) and ``steal_sglang`` (its room to steal counted uncompressed, as SGLang reserves whole lengths)),
+    behind any router, with or without a
     framework's in-flight cap; with ``kv_offload`` a preempted request loads back the compressed KV it held; a
     client window counts each request's prompt plus at most ``compression.max_retained`` of its predicted
     completion (what :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a

@@ -57,12 +57,23 @@ def test_blocks_count_the_capped_tokens_and_the_tail():
     assert eng.first_block_needs() == [(7, 1)]  # it holds 10: its 17th token opens a block, and 17 < 20
 
 
-def test_a_cap_is_checked_and_the_other_rollout_policies_refuse_one():
+def test_a_cap_is_checked_and_a_policy_that_cannot_count_one_refuses_it(monkeypatch):
+    """Every registered policy runs a compressed cache; one registered without ``compressed`` (the flag that keeps a
+    policy that cannot count a cache from running with one) is refused naming compression, in both modes."""
+    import dataclasses
+
+    from lengthsched.runtime.registry import POLICIES
+    from simulate import run_rollout
+
     with pytest.raises(InvalidArgument, match="kv_cap"):
         Engine([10], kv_cap=0)
-    for policy in ("steal_sglang",):
-        with pytest.raises(InvalidArgument, match="compression"):
-            run_group([10, 20], policy, budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
+    assert all(spec.compressed for spec in POLICIES.values())
+    monkeypatch.setitem(POLICIES, "steal_sglang", dataclasses.replace(POLICIES["steal_sglang"], compressed=False))
+    with pytest.raises(InvalidArgument, match="compression.*steal_sglang"):
+        run_group([10, 20], "steal_sglang", budget_tokens=64, max_new_tokens=32, compression=KVCompression(8, 4))
+    with pytest.raises(InvalidArgument, match="compression.*steal_sglang"):
+        run_rollout([Group("p", 0, np.array([10, 20]))], "steal_sglang", replicas=2, budget_tokens=64,
+                    max_new_tokens=32, compression=KVCompression(8, 4))
     for policy in ("seer", "seer_divided", "placed_lpt", "placed_adaptive"):  # on one engine: vLLM's, capped
         kw = dict(budget_tokens=64, max_new_tokens=32)  # four blocks of 16: two of 30 tokens, or four capped at 12
         dense = run_group([30, 30, 30, 30], policy, **kw)
@@ -214,9 +225,9 @@ def test_a_rollout_step_with_a_compressed_cache():
     dense = run_rollout(groups, "vllm", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048)
     assert (same.seconds, same.preemptions, same.lower_bound_seconds) == (dense.seconds, dense.preemptions,
                                                                           dense.lower_bound_seconds)
-    # what takes no compression says so
+    # a bad cache is named
     with pytest.raises(InvalidArgument, match="compression"):
-        run_rollout(groups, "steal_sglang", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=comp)
+        run_rollout(groups, "vllm", replicas=4, budget_tokens=3 * 2048, max_new_tokens=2048, compression=(256, 32))
     # behind a framework's in-flight cap (slime's), routed one at a time, and from a client's queues
     for policy, router in (("vllm", "least_loaded"), ("sglang", "cache_aware")):
         kw = {"replicas": 4, "router": router, "budget_tokens": 3 * 2048, "max_new_tokens": 2048, "in_flight": 64}
@@ -322,7 +333,7 @@ def test_steals_crowding_rule_weighs_whole_predictions_unless_told_to_weigh_what
 def test_asynchronous_loops_run_a_compressed_cache(monkeypatch):
     """run_async_rollout and run_verl_async take compression= (as run_rollout): in a tight pool every engine that
     runs one is faster with it and never holds more than its pool; a cap above every length changes nothing;
-    steal_sglang, which runs none, is refused naming compression; run_sync_steps passes it to run_rollout."""
+    steal on SGLang's engines (steal_sglang) runs one too; run_sync_steps passes it to run_rollout."""
     import simulate.asynchronous as asy
 
     built = []
@@ -358,9 +369,10 @@ def test_asynchronous_loops_run_a_compressed_cache(monkeypatch):
         wide = run(groups, **kw, **extra, compression=KVCompression(4096, 8))  # holds every length whole
         assert (wide.seconds, wide.recomputed_tokens, wide.preemptions) == (dense.seconds, dense.recomputed_tokens,
                                                                             dense.preemptions)
-    with pytest.raises(InvalidArgument, match="compression.*steal_sglang"):
-        asy.run_async_rollout(groups, **kw, policy="sglang", max_staleness=1, router="placed", steal=True,
-                              predicted=pred, compression=comp)
+    built.clear()
+    on_sglang = asy.run_async_rollout(groups, **kw, policy="sglang", max_staleness=1, router="placed", steal=True,
+                                      predicted=pred, compression=comp)
+    assert on_sglang.consumed_tokens > 0 and max(eng.peak_kv for eng in built) <= 2 * 2048
     sync = {c: asy.run_sync_steps(groups, "steal", batch=8, steps=3, train_seconds=1.0, predicted=pred, replicas=2,
                                   budget_tokens=4096, max_new_tokens=2048, compression=c) for c in (None, comp)}
     assert sync[comp].seconds < sync[None].seconds
@@ -388,7 +400,8 @@ def test_seers_anchors_and_the_placing_policies_run_a_compressed_cache():
     """seer, seer_divided (its global pool carries the compressed KV: fewer tokens loaded),
     placed_lpt and placed_adaptive take compression=: faster than dense in a tight pool, within every pool, above
     their bound; so do placed_classes and steal_classes, their classes planned on the capped KV (without it the
-    class plan refused pools that only the cache makes room in); steal_sglang does not."""
+    class plan refused pools that only the cache makes room in); and steal_sglang, its room to steal counted
+    uncompressed (SGLang reserves whole lengths)."""
     from simulate import run_rollout
 
     groups = _rollout_groups(np.random.default_rng(9), 24, 8, 2048)
@@ -402,8 +415,12 @@ def test_seers_anchors_and_the_placing_policies_run_a_compressed_cache():
         assert [sorted(x.tolist()) for x in sparse.collected_lengths] == [sorted(g.lengths.tolist()) for g in groups]
         if policy == "seer_divided":  # every load is a request's compressed KV: its tail and at most 288 tokens
             assert 0 < sparse.loaded_tokens < dense.loaded_tokens
-    with pytest.raises(InvalidArgument, match="compression"):
-        run_rollout(groups, "steal_sglang", compression=comp, **kw)
+    dense = run_rollout(groups, "steal_sglang", **kw)
+    sparse = run_rollout(groups, "steal_sglang", compression=comp, **kw)
+    assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds and max(sparse.peak_kv_tokens) <= 3 * 2048
+    from lengthsched.runtime.dispatch import StealSGLang, WorkStealing
+
+    assert WorkStealing.ROOM_CAPPED and not StealSGLang.ROOM_CAPPED
     # a pool of 400 tokens: no completion of up to 2,048 fits whole, every one with the cache (prompts < 300)
     tight = dict(kw, budget_tokens=400 + 288)
     for policy in ("placed_classes", "steal_classes"):

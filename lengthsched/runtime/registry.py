@@ -45,9 +45,9 @@ class PolicySpec:
     ``compressed``: it runs with a compressed KV cache (``Problem.kv_cap``, ``run_group(compression=)``),
     counting each sequence's KV up to the cache's most (the SGLang models still reserve uncompressed
     lengths; of the rollout policies that place or dispatch requests, ``steal``, ``steal_longest``,
-    ``steal_observed``, ``seer``, ``seer_divided``, the ``placed_*`` policies and ``steal_classes`` (their
-    classes planned on the capped KV) take one; not ``steal_sglang``, whose room to steal would count what
-    SGLang's uncompressed reservations do not admit).
+    ``steal_observed``, ``steal_sglang``, ``seer``, ``seer_divided``, the ``placed_*`` policies and
+    ``steal_classes`` (their classes planned on the capped KV): every policy registered here; the flag
+    keeps a policy that cannot count a cache from being run with one).
     """
 
     name: str
@@ -150,7 +150,7 @@ POLICIES: dict[str, PolicySpec] = _specs(
                needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("steal_sglang", StealSGLang, "steal over SGLang engines (SGLang's reservation and retraction per "
                "replica): what the placement and stealing give a framework that keeps SGLang, as slime does",
-               needs_budget=True, places_groups=True, rollout=True, dispatch=True),
+               needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
     PolicySpec("steal_observed", StealObserved, "steal decided from snapshots a framework can take "
                "(lengthsched.integrations.StealCoordinator): what a framework that aborts and resubmits gets",
                needs_budget=True, places_groups=True, rollout=True, dispatch=True, compressed=True),
