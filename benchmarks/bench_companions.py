@@ -372,6 +372,41 @@ def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
                   "steal, whole tokens (default)", "steal, capped tokens"], rows), raw
 
 
+def sparse_sglang_room(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: ``steal_sglang`` with a compressed cache, its room to steal counting the predicted peak
+    uncompressed (the default: SGLang's admission reserves whole lengths) or capped at budget + interval as
+    ``steal``'s does (``WorkStealing.ROOM_CAPPED``); seconds x SGLang + verl with the same cache."""
+    from lengthsched.runtime.dispatch import StealSGLang
+    from simulate import run_rollout
+    from simulate.report import predictions_for
+
+    L, comp, seed = args.admission_max_new, args.window_cache, args.rollout_seeds[0]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        for prompts in args.window_prompts:
+            groups = _admission_groups(workload, prompts, L, group_size=16, seed=seed)
+            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            for R in args.window_replicas:
+                for pool in args.async_pools:
+                    kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred, compression=comp)
+                    base = run_rollout(groups, "sglang", **kw).seconds
+                    x = {}
+                    for capped in (False, True):
+                        with patched(StealSGLang, ROOM_CAPPED=capped):
+                            x[capped] = run_rollout(groups, "steal_sglang", **kw).seconds / base
+                    raw.append({"workload": workload, "prompts": prompts, "replicas": R, "pool_x_lmax": pool,
+                                "cache": [comp.budget, comp.interval], "whole_x_sglang": x[False],
+                                "capped_x_sglang": x[True]})
+                    rows.append([workload, prompts, R, f"{pool} x", *[f"**{v:.3f}**" if v == min(x.values())
+                                                                      else f"{v:.3f}" for v in (x[False], x[True])]])
+    means = [float(np.mean([c[k] for c in raw])) for k in ("whole_x_sglang", "capped_x_sglang")]
+    rows.append(["mean", "", "", "", *[f"**{m:.3f}**" if m == min(means) else f"{m:.3f}" for m in means]])
+    return table(f"steal_sglang's room to steal with a compressed cache ({comp.budget} + {comp.interval}; simulated; "
+                 f"prompts x 16, L_max {L}, prompt-level predictions with error 0.5; seconds x SGLang + verl with the "
+                 "same cache)", ["workload", "prompts", "replicas", "pool", "room uncompressed (default)",
+                                 "room capped"], rows), raw
+
+
 #: The runs of the asynchronous section: (label, run function name, its arguments).
 ASYNC_RUNS = (("AReaL, K=1, sglang, round robin", "areal", {"policy": "sglang", "max_staleness": 1}),
               ("AReaL, K=1, vllm, round robin", "areal", {"policy": "vllm", "max_staleness": 1}),
@@ -516,7 +551,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
                     default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
-                            "sparse_crowding,sparse_async,learner")
+                            "sparse_crowding,sparse_sglang_room,sparse_async,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", default="256,512,1024",
@@ -585,7 +620,7 @@ def main() -> int:
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
-                                         "sparse_async": sparse_async,
+                                         "sparse_sglang_room": sparse_sglang_room, "sparse_async": sparse_async,
                                          "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)

@@ -515,7 +515,7 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
     assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "sparse_window",
-            "sparse_crowding", "sparse_async", "learner"} <= set(data)
+            "sparse_crowding", "sparse_sglang_room", "sparse_async", "learner"} <= set(data)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
     budget = data["sparse_budget"]
     assert all(row["steps"] == row["sim_steps"] for row in budget)
@@ -528,6 +528,8 @@ def test_companions_benchmark_runs_quick(tmp_path):
     assert all(c["lower_bound_seconds"] <= c["seconds"] for c in data["sparse_rollout"])
     window = data["sparse_window"]  # every run of the client-window section, each setting, a positive ratio
     assert window and all(len(c["x_vllm_dense"]) == 4 and min(c["x_vllm_dense"].values()) > 0 for c in window)
+    room = data["sparse_sglang_room"]  # steal_sglang's two rooms with a cache, x SGLang + verl with it
+    assert room and all(c["whole_x_sglang"] > 0 < c["capped_x_sglang"] for c in room)
     runs = data["sparse_async"]  # every asynchronous run dense and with the cache, trained tokens per second
     assert runs and all(c["dense_tokens_per_second"] > 0 < c["cache_tokens_per_second"] for c in runs)
     assert len({c["run"] for c in runs}) == 6 and "sync: steal, then the learner" in {c["run"] for c in runs}
