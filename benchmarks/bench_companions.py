@@ -323,6 +323,18 @@ def sparse_window(args: argparse.Namespace) -> tuple[str, list]:
                  ["workload", "prompts", "replicas", "pool", "vllm dense s", *WINDOW_RUNS], rows), raw
 
 
+def _toggled(groups, base: str, policy: str, cls, attr: str, kw: dict) -> dict[bool, float]:
+    """``policy``'s seconds over ``base``'s (``run_rollout`` with ``kw``) with ``cls.attr`` off and on."""
+    from simulate import run_rollout
+
+    seconds = run_rollout(groups, base, **kw).seconds
+    out = {}
+    for value in (False, True):
+        with patched(cls, **{attr: value}):
+            out[value] = run_rollout(groups, policy, **kw).seconds / seconds
+    return out
+
+
 def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: ``steal``'s placement with a compressed cache, its crowding rule (whole groups once the
     step's predicted tokens fill ``CROWDED_POOLS`` pools a replica) weighing each completion's predicted tokens
@@ -330,7 +342,6 @@ def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
     settings of a grid where the two rules choose different spreads; seconds x vLLM + verl with the same
     cache. Prompt-level predictions with error 0.5."""
     from lengthsched.runtime.dispatch import WorkStealing
-    from simulate import run_rollout
     from simulate.report import predictions_for
     from simulate.rollout import steal_ways
 
@@ -352,11 +363,7 @@ def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
                             continue
                         common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred,
                                       compression=comp)
-                        base = run_rollout(groups, "vllm", **common).seconds
-                        x = {}
-                        for held in (False, True):
-                            with patched(WorkStealing, CROWD_HELD=held):
-                                x[held] = run_rollout(groups, "steal", **common).seconds / base
+                        x = _toggled(groups, "vllm", "steal", WorkStealing, "CROWD_HELD", common)
                         raw.append({"workload": workload, "prompts": prompts, "replicas": R, "pool_x_lmax": pool,
                                     "cache": [comp.budget, comp.interval], "ways_whole": ways[False],
                                     "ways_held": ways[True], "whole_x_vllm": x[False], "held_x_vllm": x[True]})
@@ -377,7 +384,6 @@ def sparse_sglang_room(args: argparse.Namespace) -> tuple[str, list]:
     uncompressed (the default: SGLang's admission reserves whole lengths) or capped at budget + interval as
     ``steal``'s does (``WorkStealing.ROOM_CAPPED``); seconds x SGLang + verl with the same cache."""
     from lengthsched.runtime.dispatch import StealSGLang
-    from simulate import run_rollout
     from simulate.report import predictions_for
 
     L, comp, seed = args.admission_max_new, args.window_cache, args.rollout_seeds[0]
@@ -389,11 +395,7 @@ def sparse_sglang_room(args: argparse.Namespace) -> tuple[str, list]:
             for R in args.window_replicas:
                 for pool in args.async_pools:
                     kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred, compression=comp)
-                    base = run_rollout(groups, "sglang", **kw).seconds
-                    x = {}
-                    for capped in (False, True):
-                        with patched(StealSGLang, ROOM_CAPPED=capped):
-                            x[capped] = run_rollout(groups, "steal_sglang", **kw).seconds / base
+                    x = _toggled(groups, "sglang", "steal_sglang", StealSGLang, "ROOM_CAPPED", kw)
                     raw.append({"workload": workload, "prompts": prompts, "replicas": R, "pool_x_lmax": pool,
                                 "cache": [comp.budget, comp.interval], "whole_x_sglang": x[False],
                                 "capped_x_sglang": x[True]})
