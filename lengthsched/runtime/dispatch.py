@@ -571,7 +571,8 @@ class StealSGLang(WorkStealing):
     compare with SGLang behind its own router; on one replica it is SGLang's FCFS. With a compressed cache
     its engines hold and read the capped KV, but SGLang's admission reserves whole remaining lengths, so its
     room to steal counts the predicted peak uncompressed (``ROOM_CAPPED``; 0.912 of SGLang + verl with a
-    256 + 32 cache against 0.913 capped over 16 settings, worst 1.018 against 1.032)."""
+    256 + 32 cache against 0.913 capped over 16 settings, worst 1.018 against 1.032: docs/benchmarks.md,
+    "steal_sglang's room to steal with a compressed cache")."""
 
     name = "steal_sglang"
     ROOM_CAPPED = False
