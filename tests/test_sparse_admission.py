@@ -418,9 +418,6 @@ def test_seers_anchors_and_the_placing_policies_run_a_compressed_cache():
     dense = run_rollout(groups, "steal_sglang", **kw)
     sparse = run_rollout(groups, "steal_sglang", compression=comp, **kw)
     assert sparse.lower_bound_seconds <= sparse.seconds < dense.seconds and max(sparse.peak_kv_tokens) <= 3 * 2048
-    from lengthsched.runtime.dispatch import StealSGLang, WorkStealing
-
-    assert WorkStealing.ROOM_CAPPED and not StealSGLang.ROOM_CAPPED
     # a pool of 400 tokens: no completion of up to 2,048 fits whole, every one with the cache (prompts < 300)
     tight = dict(kw, budget_tokens=400 + 288)
     for policy in ("placed_classes", "steal_classes"):
@@ -466,3 +463,21 @@ def test_steal_observeds_coordinator_counts_the_compressed_cache():
                       compression=KVCompression(256, 32))
     assert [sorted(x.tolist()) for x in run.collected_lengths] == [sorted(g.lengths.tolist()) for g in groups]
     assert max(run.peak_kv_tokens) <= 2 * 2048
+
+
+def test_steals_room_counts_the_cap_and_steal_sglangs_counts_whole_lengths():
+    """The predicted peak a stealing replica compares with its pool: capped at the cache's most for steal (vLLM's
+    engine holds that), whole for steal_sglang (SGLang's admission reserves whole remaining lengths)."""
+    from lengthsched.runtime.dispatch import StealSGLang, WorkStealing
+
+    problem = Problem(lengths=np.array([500, 300]), max_new_tokens=512, budget_tokens=4096, kv_cap=100,
+                      predicted=np.array([500, 300]))
+    for cls, expected in ((WorkStealing, 100 + 100), (StealSGLang, 500 + 300)):
+        pol = cls(problem)
+        eng = Engine([500, 300], kv_cap=100)
+        eng.start(pol)
+        pol.waiting = []
+        eng.admit(0)
+        eng.admit(1)
+        eng.advance(10, pads=False)
+        assert pol._predicted_peak(eng) == expected, cls.__name__
