@@ -96,6 +96,16 @@ class KVCompression:
         except (ValueError, InvalidArgument):
             raise InvalidArgument(name, text, "BUDGET:INTERVAL, two positive token counts (e.g. 512:32)") from None
 
+    @classmethod
+    def of(cls, value: KVCompression | str | None, name: str = "kv_compression") -> KVCompression | None:
+        """A cache from what a caller or a config gave: None (a full cache) as None, a :class:`KVCompression`
+        as it is, a text by :meth:`parse`; anything else raises :class:`InvalidArgument` naming ``name``."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, str):
+            raise InvalidArgument(name, value, "a lengthsched.KVCompression, 'BUDGET:INTERVAL' or None (a full cache)")
+        return cls.parse(value, name)
+
     def retained(self, generated: Any) -> Any:
         """Generated tokens held after ``generated`` tokens were produced (scalar or array)."""
         n = np.asarray(generated, dtype=np.int64)

@@ -202,7 +202,7 @@ def run_sample(opts: SampleOptions) -> int:
     _check_group_size(opts.group_size, opts.max_new_tokens)
     forced = _lengths(opts.lengths, opts.group_size)
     budget = None if opts.budget is None else parse_bytes(opts.budget)
-    compression = None if opts.kv_compression is None else KVCompression.parse(opts.kv_compression)
+    compression = KVCompression.of(opts.kv_compression)
     check_device(opts.device)
     if opts.predictor and not (Path(opts.predictor) / "config.json").is_file():
         what = "no such directory" if not Path(opts.predictor).exists() else "no config.json in it"

@@ -41,7 +41,7 @@ DEFAULT_GROUP_SIZE = 32
 
 def parse_compression(text: str | None) -> KVCompression | None:
     """``"512:32"`` -> ``KVCompression(budget=512, interval=32)`` (``--kv-compression``); None -> None."""
-    return None if text is None else KVCompression.parse(text)
+    return KVCompression.of(text)
 
 
 def load_memory(opts: SimulateOptions) -> ModelMemory:

@@ -235,3 +235,12 @@ def test_compression_parses_from_the_command_lines_text():
             KVCompression.parse(bad)
     with pytest.raises(InvalidArgument, match="'cache'"):
         KVCompression.parse("1:2:3", name="cache")
+
+
+def test_kv_compression_of_takes_none_a_cache_or_its_text():
+    cache = KVCompression(512, 32)
+    assert KVCompression.of(None) is None and KVCompression.of(cache) is cache
+    assert KVCompression.of("512:32", "flag") == cache
+    for bad in (544, ("512", "32"), "512"):
+        with pytest.raises(InvalidArgument, match="argument 'flag'"):
+            KVCompression.of(bad, "flag")

@@ -287,11 +287,7 @@ class SlimePlanner:
         if history is not None and not all(hasattr(history, a) for a in ("pass_probability", "informed", "observe")):
             raise InvalidArgument("history", type(history).__name__, "a lengthsched.filtering.FilterHistory or None")
         self.placement, self.submit, self.uninformed = placement, submit, uninformed
-        if isinstance(kv_compression, str):
-            kv_compression = KVCompression.parse(kv_compression, "kv_compression")
-        if kv_compression is not None and not isinstance(kv_compression, KVCompression):
-            raise InvalidArgument("kv_compression", kv_compression, "a lengthsched.KVCompression, 'BUDGET:INTERVAL' "
-                                                                    "or None (a full cache)")
+        kv_compression = KVCompression.of(kv_compression, "kv_compression")
         # the most generated tokens a sample holds in its engine's cache (None: all of them)
         self.kv_cap = None if kv_compression is None else kv_compression.max_retained
         if selective is not None and not isinstance(selective, SelectiveRollout):
@@ -722,7 +718,7 @@ def planner_for(args: Any, engines: Sequence[str] = ()) -> SlimePlanner:
 def _kv_compression(args: Any) -> KVCompression | None:
     """``lengthsched_kv_compression`` (``"BUDGET:INTERVAL"``, the engines' compressed cache), or None."""
     text = getattr(args, "lengthsched_kv_compression", None)
-    return None if text in (None, "") else KVCompression.parse(str(text), "lengthsched_kv_compression")
+    return KVCompression.of(None if text in (None, "") else str(text), "lengthsched_kv_compression")
 
 
 def _history_path(args: Any) -> str | None:

@@ -823,8 +823,7 @@ class StealOptions:
 
     def coordinator(self, replicas: int) -> StealCoordinator:
         """A coordinator for ``replicas`` with these settings."""
-        cap = None if self.kv_compression is None else KVCompression.parse(self.kv_compression,
-                                                                           "lengthsched.steal.kv_compression")
+        cap = KVCompression.of(self.kv_compression, "lengthsched.steal.kv_compression")
         return StealCoordinator(replicas, self.pool_tokens, chunk=self.chunk, share=self.share, room=self.room,
                                 kv_cap=None if cap is None else cap.max_retained)
 
@@ -856,10 +855,9 @@ def steal_options(config: Any) -> StealOptions:
 
 def _kv_compression(text: Any) -> str | None:
     """``lengthsched.steal.kv_compression`` checked (``"BUDGET:INTERVAL"``), or None where it is not set."""
-    if text is None:
-        return None
-    KVCompression.parse(str(text), "lengthsched.steal.kv_compression")
-    return str(text)
+    text = None if text is None else str(text)
+    KVCompression.of(text, "lengthsched.steal.kv_compression")
+    return text
 
 
 def _turns(config: Any, turns: Any) -> bool:
