@@ -539,6 +539,11 @@ def learner(args: argparse.Namespace) -> tuple[str, list]:
                   "grouped s", "speed-up", "naive peak MiB", "grouped peak MiB"], rows), raw
 
 
+def int_list(text: str) -> list[int]:
+    """A flag's comma-separated integers (argparse ``type``: applied to the string defaults too)."""
+    return [int(x) for x in text.split(",")]
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _learner_child(sys.argv[2])
@@ -556,7 +561,7 @@ def main() -> int:
                             "sparse_crowding,sparse_sglang_room,sparse_async,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
-    ap.add_argument("--sparse-budgets", default="256,512,1024",
+    ap.add_argument("--sparse-budgets", type=int_list, default="256,512,1024",
                     help="KV budgets (generated tokens) of the sparse rollouts")
     ap.add_argument("--sparse-interval", type=int, default=32, help="compression interval (tokens)")
     ap.add_argument("--budget-group", type=int, default=16, help="completions of the measured budget section")
@@ -566,7 +571,8 @@ def main() -> int:
     ap.add_argument("--admission-workloads", default="castillo,lmsys",
                     help="workloads of the admission grid (lmsys: the long-tail one, log-sd 1.0 within a group)")
     ap.add_argument("--admission-groups", type=int, default=200, help="groups per workload of the admission grid")
-    ap.add_argument("--admission-pools", default="1,2,4", help="KV pools of the admission grid, x L_max per group")
+    ap.add_argument("--admission-pools", type=int_list, default="1,2,4",
+                    help="KV pools of the admission grid, x L_max per group")
     ap.add_argument("--admission-caches", default="1024:64,512:32,256:32",
                     help="compressed caches of the admission grid, BUDGET:INTERVAL (tokens)")
     ap.add_argument("--admission-policies", default="vllm,length_aware,growth_aware,micro,fixed_slot,sglang",
@@ -574,39 +580,33 @@ def main() -> int:
     ap.add_argument("--admission-max-new", type=int, default=4096, help="L_max of the admission and rollout grids")
     ap.add_argument("--rollout-prompts", type=int, default=256, help="prompts of the compressed rollout step")
     ap.add_argument("--rollout-replicas", type=int, default=8, help="replicas of the compressed rollout step")
-    ap.add_argument("--rollout-pools", default="2,4,8", help="each replica's pool, x L_max, of the rollout step")
-    ap.add_argument("--rollout-seeds", default="11,12", help="draws (workload seeds) of the rollout step")
-    ap.add_argument("--window-prompts", default="64,256", help="prompts of the client-window section's steps")
-    ap.add_argument("--window-replicas", default="4,8", help="replicas of the client-window section")
-    ap.add_argument("--window-pools", default="2,8,16", help=
-                    "each replica's pool, x L_max, of the client-window section")
-    ap.add_argument("--crowding-pools", default="2,4,8,16,64",
+    ap.add_argument("--rollout-pools", type=int_list, default="2,4,8",
+                    help="each replica's pool, x L_max, of the rollout step")
+    ap.add_argument("--rollout-seeds", type=int_list, default="11,12",
+                    help="draws (workload seeds) of the rollout step")
+    ap.add_argument("--window-prompts", type=int_list, default="64,256",
+                    help="prompts of the client-window section's steps")
+    ap.add_argument("--window-replicas", type=int_list, default="4,8", help="replicas of the client-window section")
+    ap.add_argument("--window-pools", type=int_list, default="2,8,16",
+                    help="each replica's pool, x L_max, of the client-window section")
+    ap.add_argument("--crowding-pools", type=int_list, default="2,4,8,16,64",
                     help="each replica's pool, x L_max, of the crowding section")
     ap.add_argument("--async-prompts", type=int, default=64, help="prompts per learner step, asynchronous section")
     ap.add_argument("--async-steps", type=int, default=4, help="learner steps of the asynchronous section")
     ap.add_argument("--async-replicas", type=int, default=4, help="replicas of the asynchronous section")
-    ap.add_argument("--async-pools", default="2,8", help="each replica's pool, x L_max, of the asynchronous section")
+    ap.add_argument("--async-pools", type=int_list, default="2,8",
+                    help="each replica's pool, x L_max, of the asynchronous section")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
-    ap.add_argument("--learner-groups", default="8,16,32", help="G values of the learner grid")
-    ap.add_argument("--learner-prompts", default="512,1024,2048,4096", help="prompt lengths of the learner grid")
+    ap.add_argument("--learner-groups", type=int_list, default="8,16,32", help="G values of the learner grid")
+    ap.add_argument("--learner-prompts", type=int_list, default="512,1024,2048,4096",
+                    help="prompt lengths of the learner grid")
     ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
     args = ap.parse_args()
-    args.sparse_budgets = [int(x) for x in args.sparse_budgets.split(",")]
-    args.learner_groups = [int(x) for x in args.learner_groups.split(",")]
     args.budget_policies = args.budget_policies.split(",")
     args.admission_workloads = args.admission_workloads.split(",")
-    args.admission_pools = [int(x) for x in args.admission_pools.split(",")]
     args.admission_caches = [KVCompression.parse(c, "admission_caches") for c in args.admission_caches.split(",")]
     args.admission_policies = args.admission_policies.split(",")
-    args.rollout_pools = [int(x) for x in args.rollout_pools.split(",")]
-    args.rollout_seeds = [int(x) for x in args.rollout_seeds.split(",")]
-    args.learner_prompts = [int(x) for x in args.learner_prompts.split(",")]
-    args.window_prompts = [int(x) for x in args.window_prompts.split(",")]
-    args.window_replicas = [int(x) for x in args.window_replicas.split(",")]
-    args.window_pools = [int(x) for x in args.window_pools.split(",")]
-    args.crowding_pools = [int(x) for x in args.crowding_pools.split(",")]
-    args.async_pools = [int(x) for x in args.async_pools.split(",")]
     args.window_cache = KVCompression.parse(args.window_cache, "window_cache")
     if args.quick:
         args.sparse_budgets, args.sparse_interval, args.sparse_new, args.sparse_group = [8, 16], 4, 40, 2
