@@ -191,10 +191,11 @@ def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> No
         value = getattr(opts, name)
         if value is not None and value is not False and value != 0:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
-                                               "cache is modelled for one step)")
+                                               "cache is modelled for one step or asynchronous RL, --max-staleness)")
     if opts.verl_dynamic_sampling:
         raise InvalidArgument("verl_dynamic_sampling", True, "no --verl-dynamic-sampling with --kv-compression (a "
-                                                             "compressed cache is modelled for one step)")
+                                                             "compressed cache is modelled for one step or "
+                                                             "asynchronous RL, --max-staleness)")
     check_compressed_policies(opts, policies, rollout=True)
 
 
