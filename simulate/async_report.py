@@ -28,7 +28,6 @@ from lengthsched.errors import check_int, check_nonnegative_float
 from lengthsched.integrations.areal import WAYS as AREAL_WAYS
 from lengthsched.integrations.rollout import PREFILL_SHARE
 from lengthsched.integrations.verl_stealing import RESUBMIT_ESTIMATE_SECONDS, StealOptions
-from lengthsched.runtime import POLICIES
 
 from .asynchronous import (
     STEAL_POLICIES,
@@ -237,9 +236,8 @@ def compare_async(opts) -> AsyncComparison:
                          dict(policy=engine, max_staleness=most, router="least_work", predicted=pred)))
             runs.append((f"async: {engine}, K={most}, groups placed (lengthsched.integrations.areal)",
                          dict(policy=engine, max_staleness=most, predicted=pred, **AREAL_INTEGRATION)))
-            if comp is None or POLICIES[STEAL_POLICIES[engine]].compressed:
-                runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
-                             dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
+            runs.append((f"async: {STEAL_POLICIES[engine]}, K={most}, groups placed, stolen (lengthsched)",
+                         dict(policy=engine, max_staleness=most, router="placed", steal=True, predicted=pred)))
     updates = f"{local} local update{'s' if local > 1 else ''}"
     for s_ in thresholds:
         kind = "async" if s_ else "stream"
@@ -258,7 +256,7 @@ def compare_async(opts) -> AsyncComparison:
         except LengthschedError as exc:
             rows.append(AsyncRow(label, None, error=str(exc)))
     # the project's synchronous steps (SGLang's engines, vLLM's), then steal with verl's streamed local updates
-    syncs = [(p, 1, "then the learner") for p in ("steal_sglang", "steal") if comp is None or POLICIES[p].compressed]
+    syncs = [("steal_sglang", 1, "then the learner"), ("steal", 1, "then the learner")]
     if local > 1:
         syncs.append(("steal", local, f"{local} local updates as its groups finish"))
     for policy, updates, how in syncs:
@@ -284,9 +282,7 @@ def compare_async(opts) -> AsyncComparison:
                + f"; predictor {o.predictor}; seconds modelled for "
                f"{step.cost.model} on {step.cost.gpu}"
                + ("" if comp is None else f"; KV compressed ({opts.kv_compression}): each request holds and reads at "
-                  f"most {comp.max_retained} generated tokens, every row"
-                  + ("".join(f" ({p}'s left out: it runs no compressed cache)" for p in STEAL_POLICIES.values()
-                             if not POLICIES[p].compressed))))
+                  f"most {comp.max_retained} generated tokens, every row"))
     return AsyncComparison(dataclasses.asdict(opts), setting, train, (ref, *others))
 
 
