@@ -420,6 +420,19 @@ ASYNC_RUNS = (("AReaL, K=1, sglang, round robin", "areal", {"policy": "sglang", 
               ("sync: steal, then the learner", "sync", {}))
 
 
+def _cache_rows(cells: list[dict], rate: str, steps: int) -> list[list[str]]:
+    """One setting's table rows, each run dense and with the cache: seconds per step, ``rate`` (tokens per second;
+    the most with the cache in bold) and the cache's over the dense one."""
+    best = max(c[f"cache_{rate}"] for c in cells)
+    rows = []
+    for c in cells:
+        tps = c[f"cache_{rate}"]
+        rows.append([c["workload"], f"{c['pool_x_lmax']} x", c["run"], f"{c['dense_seconds'] / steps:.2f}",
+                     f"{c['cache_seconds'] / steps:.2f}", f"{c[f'dense_{rate}']:,.0f}",
+                     f"**{tps:,.0f}**" if tps == best else f"{tps:,.0f}", f"{tps / c[f'dense_{rate}']:.2f}"])
+    return rows
+
+
 def sparse_async(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: asynchronous RL with a compressed cache (``run_async_rollout`` / ``run_verl_async`` /
     ``run_sync_steps(compression=)``): AReaL's loop, verl's fully asynchronous recipe and lengthsched's
@@ -464,18 +477,66 @@ def sparse_async(args: argparse.Namespace) -> tuple[str, list]:
                 raw.append(cell)
         for pool in args.async_pools:
             cells = [c for c in raw if c["workload"] == workload and c["pool_x_lmax"] == pool]
-            best = max(c["cache_tokens_per_second"] for c in cells)
-            for c in cells:
-                tps = c["cache_tokens_per_second"]
-                rows.append([workload, f"{pool} x", c["run"], f"{c['dense_seconds'] / steps:.2f}",
-                             f"{c['cache_seconds'] / steps:.2f}", f"{c['dense_tokens_per_second']:,.0f}",
-                             f"**{tps:,.0f}**" if tps == best else f"{tps:,.0f}",
-                             f"{tps / c['dense_tokens_per_second']:.2f}"])
+            rows += _cache_rows(cells, "tokens_per_second", steps)
     return table(f"Asynchronous RL with a compressed cache ({comp.budget} + {comp.interval}; simulated; {steps} "
                  f"learner steps of {batch} prompts x 16 on {R} replicas, L_max {L}, the learner half the dense "
                  "synchronous step; trained tokens per modelled second, the most with the cache in bold per setting)",
                  ["workload", "pool", "run", "dense s/step", "cache s/step", "dense tok/s", "cache tok/s",
                   "cache x dense tok/s"], rows), raw
+
+
+# Over-sampled steps' runs: (label, policy, router or "slime_plan", over-sampling factor)
+OVERSAMPLE_RUNS = (("vLLM + verl's router, no over-sampling", "vllm", "least_loaded", 1.0),
+                   ("vLLM + verl's router, over-sampled", "vllm", "least_loaded", None),
+                   ("steal, over-sampled", "steal", None, None),
+                   ("slime + lengthsched plan (SGLang), over-sampled", "sglang", "slime_plan", None))
+
+
+def sparse_oversample(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: slime's over-sampled steps with partial rollout (``run_oversampled_steps(partial=True,
+    compression=)``), dense and with the section's cache: a sample an aborted step carries resumes with its
+    partial response, prefilled again and, with the cache, held capped with what it generates. Prompt-level
+    predictions with error 0.5; slime's in-flight cap (512 per replica) for the planned rows."""
+    from simulate import run_oversampled_steps
+    from simulate.oversampling import submitted_per_step
+    from simulate.report import predictions_for
+    from simulate.rollout import run_slime_planned_in_order
+
+    L, comp, steps, batch, R = args.admission_max_new, args.window_cache, args.async_steps, args.async_prompts, \
+        args.async_replicas
+    seed = args.rollout_seeds[0]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        groups = _admission_groups(workload, steps * submitted_per_step(batch, args.oversample), L, group_size=16,
+                                   seed=seed)
+        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+        for pool in args.async_pools:
+            cells = []
+            for label, policy, router, factor in OVERSAMPLE_RUNS:
+                cell = {"workload": workload, "pool_x_lmax": pool, "run": label,
+                        "oversample": factor or args.oversample, "cache": [comp.budget, comp.interval]}
+                for name, c in (("dense", None), ("cache", comp)):
+                    kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, compression=c)
+                    if router == "slime_plan":
+                        kw.update(run=run_slime_planned_in_order, in_flight=512 * R)
+                    elif router is not None:
+                        kw["router"] = router
+                    r = run_oversampled_steps(groups, policy, batch=batch, oversample=cell["oversample"],
+                                              steps=steps, partial=True, predicted=pred, **kw)
+                    cell[f"{name}_seconds"] = r.seconds
+                    cell[f"{name}_kept_tokens_per_second"] = r.kept_tokens_per_second
+                    cell[f"{name}_stale_share"] = r.stale_share
+                    cell[f"{name}_recomputed_tokens"] = int(sum(x.recomputed_tokens for x in r.steps))
+                cells.append(cell)
+            raw += cells
+            rows += [row + [f"{c['cache_stale_share']:.2f}"]
+                     for row, c in zip(_cache_rows(cells, "kept_tokens_per_second", steps), cells)]
+    return table(f"slime's over-sampled steps with a compressed cache ({comp.budget} + {comp.interval}; simulated; "
+                 f"{steps} steps keeping {batch} prompts x 16 of {submitted_per_step(batch, args.oversample)} "
+                 f"submitted, partial rollout, on {R} replicas, L_max {L}; kept tokens per modelled second, the most "
+                 "with the cache in bold per setting)",
+                 ["workload", "pool", "run", "dense s/step", "cache s/step", "dense kept tok/s", "cache kept tok/s",
+                  "cache x dense", "stale (cache)"], rows), raw
 
 
 # ------------------------------------------------------------------------------- Prefix Grouper
@@ -558,7 +619,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
                     default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
-                            "sparse_crowding,sparse_sglang_room,sparse_async,learner")
+                            "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", type=int_list, default="256,512,1024",
@@ -596,6 +657,8 @@ def main() -> int:
     ap.add_argument("--async-replicas", type=int, default=4, help="replicas of the asynchronous section")
     ap.add_argument("--async-pools", type=int_list, default="2,8",
                     help="each replica's pool, x L_max, of the asynchronous section")
+    ap.add_argument("--oversample", type=float, default=1.5,
+                    help="groups submitted per group kept, over-sampled section (slime's over-sampling batch)")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
     ap.add_argument("--learner-groups", type=int_list, default="8,16,32", help="G values of the learner grid")
     ap.add_argument("--learner-prompts", type=int_list, default="512,1024,2048,4096",
@@ -623,7 +686,7 @@ def main() -> int:
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
                                          "sparse_sglang_room": sparse_sglang_room, "sparse_async": sparse_async,
-                                         "learner": learner},
+                                         "sparse_oversample": sparse_oversample, "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

@@ -221,8 +221,9 @@ class SimulateOptions:
                                             "INTERVAL generated tokens, the policies admit by that and the rows read "
                                             "that much (the compression's own work is not priced); in a rollout "
                                             "step the default rows are those that run one: "
-                                            + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; also with --max-staleness; "
-                                            "not with --turns or --oversample")
+                                            + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; also with --steps (a resumed "
+                                            "sample holds its partial response in the cache) and --max-staleness; "
+                                            "not with --turns or --headroom")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

@@ -16,6 +16,11 @@ the stream), ends at its ``batch``-th finished group, and carries or drops the r
 sample whose partial response differs from its siblings' cannot share their prompt's KV: each is
 its own request with its prompt and partial response as its context (a one-completion group in the
 model); the samples of a carried group that never started stay one group with the shared prompt.
+With a compressed KV cache (``compression`` in ``kwargs``, Sparse-RL's sparse rollouts) a resumed sample is
+instead a one-completion group with the shared prompt that resumes with its partial response
+(:func:`simulate.run_rollout`'s ``resumed``): prefilled again at its admission, then held with what it generates,
+at most the cache's ``max_retained`` tokens together (a compressed partial response is no part of a prompt's KV
+that the sample could keep whole). With a cache that never binds, the two models agree.
 The unit of comparison is the kept tokens per modelled second (what the learner receives for the
 rollout time), next to what the carried tokens cost: the share of the kept tokens generated in an
 earlier step, by an older policy (slime's ``--mask-offpolicy-in-partial-rollout`` masks them).
@@ -73,7 +78,8 @@ class StepRecord:
     tokens generated in an earlier step; ``dropped_tokens``: tokens generated and thrown away (the
     aborted groups' without partial rollout); ``carried_out``: groups left for the next step;
     ``recomputed_tokens``: tokens prefilled again in this step (preemptions and moves within the
-    step, and the partial responses of resumed samples); ``waited``: the most steps a kept group
+    step, and the partial responses of resumed samples: every one the step took, or with a compressed cache
+    those it admitted); ``waited``: the most steps a kept group
     waited since it was first submitted (0: submitted in this step); ``filtered_tokens``: the tokens of
     the groups a dynamic-sampling filter dropped when they finished (all of them, whenever generated);
     ``shortfall``: groups the step kept fewer than ``batch`` (the filter passed too few of those it
@@ -233,8 +239,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
     how one step runs (default :func:`simulate.run_rollout` with ``policy``; called as ``run(groups,
     policy, predicted=..., record=True, **kwargs)``, it must return the groups in the order given);
     ``kwargs`` go to it (``replicas``, ``budget_tokens``,
-    ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ...). ``oversample`` 1 is a step that
-    waits for every group it submitted (nothing carried). ``filter_history``: a
+    ``max_new_tokens``, ``router``, ``cost``, ``in_flight``, ``compression``, ...); with ``compression`` (a
+    ``lengthsched.KVCompression``) a resumed sample's partial response is held in the cache (``run`` is then
+    called with ``resumed=``, what each completion resumes with; see the module docstring). ``oversample`` 1 is a
+    step that waits for every group it submitted (nothing carried). ``filter_history``: a
     :class:`lengthsched.filtering.FilterHistory` (keyed by the groups' ``prompt_id``) that orders every batch a
     step takes likely-kept first (each ``ceil(batch x oversample)`` candidates in turn, carried ones included, by
     :func:`lengthsched.filtering.order_by_pass`; ties in the order given), as
@@ -293,6 +301,7 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
         raise InvalidArgument("refill_poll", refill_poll, "None unless refill_rule='verl'")
     if refill_need and not verl:
         raise InvalidArgument("refill_need", refill_need, "False unless refill_rule='verl'")
+    compressed = kwargs.get("compression") is not None  # a resumed sample holds its partial response capped
     run_kept = run_finished = 0  # verl: the groups the run's earlier steps finished, and of them passed
     submit = submitted_per_step(batch, oversample)
     run = run_rollout if run is None else run
@@ -327,9 +336,10 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             left = np.maximum(1, predicted[take] - old[take])
             if resume == "siblings":
                 left = _sibling_predictions(take, predicted, lengths, old, left, kept_groups, prior_sigma, kwargs)
-        parts, owners, samples, pred = _step_groups(stream, take, lengths, generated, left)
+        parts, owners, samples, pred, resumed_tokens = _step_groups(stream, take, lengths, generated, left,
+                                                                    resume=compressed)
         finish = np.full(len(take), 0.0)  # a group whose samples all finished earlier: at once
-        extra = {}
+        extra = {} if resumed_tokens is None or not resumed_tokens.any() else {"resumed": resumed_tokens}
         if refill:
             extra["refill"] = Refill(batch, submit, tuple(bool(passes[g]) for g in take), owners=tuple(owners),
                                      rule=refill_rule, cap=refill_cap,
@@ -357,7 +367,8 @@ def run_oversampled_steps(stream: Sequence[Any], policy: str, *, batch: int, ove
             found = result.group_finish_seconds()
             np.maximum.at(finish, owners, found[parts_ran] if refill else found)
         was, full = old[take], lengths[take]
-        resumed = int(was[(was > 0) & (was < full)].sum())  # partial responses prefilled again
+        # partial responses prefilled again (with a cache the run counts those it admitted)
+        resumed = 0 if compressed else int(was[(was > 0) & (was < full)].sum())
         order = np.argsort(finish, kind="stable")
         due = np.zeros(len(take), dtype=bool)  # groups the step must finish (carry_limit="wait")
         if max_carry is not None and carry_limit == "wait":
@@ -476,14 +487,17 @@ def _sibling_predictions(take, predicted, lengths, generated, left, kept_groups,
     return left
 
 
-def _step_groups(stream, take, lengths, generated, left):
+def _step_groups(stream, take, lengths, generated, left, resume=False):
     """The groups one step submits, as the model runs them: per taken group, its samples that never
     started as one group (the shared prompt), each sample with a partial response as its own
     one-completion group (prompt and partial response prefilled at its admission), nothing for its
     finished samples. ``left``: per taken group and sample, its predicted tokens to go (or None).
+    ``resume`` (a compressed cache): a partial response is not part of its group's prompt but what its
+    completion resumes with (``run_rollout``'s ``resumed``: held with what it generates, capped together).
     Returns (groups, owner of each (index into ``take``), the (stream group, sample) of each group's
-    completions, predictions flattened or None)."""
-    parts, owners, samples, pred = [], [], [], []
+    completions, predictions flattened or None, the tokens each completion resumes with, flattened (None
+    without ``resume``))."""
+    parts, owners, samples, pred, had = [], [], [], [], []
     for local, g in enumerate(take):
         source = stream[g]
         done, full = generated[g], lengths[g]
@@ -492,11 +506,13 @@ def _step_groups(stream, take, lengths, generated, left):
         units = ([(fresh, 0)] if len(fresh) else []) + [(np.array([i]), int(done[i])) for i in resumed]
         for idx, partial_tokens in units:
             parts.append(Group(prompt_id=source.prompt_id if partial_tokens == 0 else f"{source.prompt_id}#{idx[0]}",
-                               prompt_len=int(source.prompt_len) + partial_tokens,
+                               prompt_len=int(source.prompt_len) + (0 if resume else partial_tokens),
                                lengths=full[idx] - done[idx], source=source.source))
             owners.append(local)
             samples.append(np.stack([np.full(len(idx), g), idx], axis=1))
+            had.append(done[idx])
             if left is not None:
                 pred.append(left[local][idx])
     return (parts, np.array(owners, dtype=np.int64), samples,
-            None if left is None else np.concatenate(pred))
+            None if left is None else np.concatenate(pred),
+            np.concatenate(had).astype(np.int64) if resume and had else None)

@@ -77,7 +77,7 @@ from lengthsched.predictor import copy_predictor
 from lengthsched.runtime import POLICIES, Problem, StepLog, Timeline
 from lengthsched.runtime.baselines import ran_dry
 from lengthsched.runtime.dispatch import Dispatcher, GroupQueue, WorkStealing
-from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks
+from lengthsched.runtime.replicas import OFFLOAD_MODES, plan_classes, prompt_blocks, resumed_predictions
 from lengthsched.runtime.replicas import replica_engine as _engine
 from lengthsched.runtime.replicas import run_replica as _run_replica
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK, lower_bound_seconds
@@ -507,7 +507,7 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
                 resubmit_seconds: float | None = None, kv_offload: bool | str = False,
                 snapshot_seconds: float | None = None, in_flight: int | None = None,
                 client_window: float | None = None, client_steals: bool = True,
-                refill: Refill | None = None, compression: Any = None) -> RolloutResult:
+                refill: Refill | None = None, compression: Any = None, resumed: Any = None) -> RolloutResult:
     """Simulate one rollout step: ``groups`` (objects with ``lengths``, ``prompt_len`` and
     ``prompt_id``, e.g. :class:`simulate.Group`) on ``replicas`` engines under ``policy`` (a name of
     ``lengthsched.runtime.POLICIES`` with ``rollout`` support), placed by ``router`` (:data:`ROUTERS`,
@@ -570,14 +570,22 @@ def run_rollout(groups: Sequence[Any], policy: str, *, replicas: int = 1, router
     behind any router, with or without a
     framework's in-flight cap; with ``kv_offload`` a preempted request loads back the compressed KV it held; a
     client window counts each request's prompt plus at most ``compression.max_retained`` of its predicted
-    completion (what :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``). Returns a
+    completion (what :mod:`lengthsched.integrations.slime` does with ``lengthsched_kv_compression``).
+    ``resumed``: per completion, flattened in group order, the tokens it generated in an earlier step (slime's
+    partial rollout: an aborted sample resumes with its partial response), or None (none did). Its group's
+    ``lengths`` and ``predicted`` are then what it has left; it is admitted as a preempted request is, its
+    partial response prefilled again (counted in ``recomputed_tokens``) and held from then on with what it
+    generates (with ``compression``, at most ``compression.max_retained`` of them together); the policies see its
+    whole predicted length and what it had, the routers and planners what it has left. The result counts only
+    what it generates in this step (``tokens``, ``collected_lengths``, :meth:`RolloutResult.generated_at`), and
+    ``lower_bound_seconds`` that alone (still a bound). Not with an online predictor. Returns a
     :class:`RolloutResult`."""
     if kv_offload is not False and kv_offload is not True and kv_offload not in OFFLOAD_MODES:
         raise InvalidArgument("kv_offload", kv_offload, "True, False or one of " + ", ".join(map(repr, OFFLOAD_MODES)))
     kv_cap = compression_cap(compression, policy, rollout=True)
     spec, groups, lengths, flat, owner, keys, common = _prepare(
         groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
-        max_num_seqs, kv_cap=kv_cap)
+        max_num_seqs, kv_cap=kv_cap, resumed=resumed)
     common["kv_cap"] = kv_cap
     common["offload"] = None if kv_offload is False else "async" if kv_offload is True else kv_offload
     router = "least_loaded" if router is None else router
@@ -728,7 +736,7 @@ THROTTLED_POLICIES = ("vllm", "sglang")
 
 def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred,
                    job_keys, max_new, budget, prefill_chunk, record, cost, max_seqs=None, offload=None, fixed=None,
-                   window=None, refill=None, kv_cap=None):
+                   window=None, refill=None, kv_cap=None, resumed=None):
     """The replicas on one clock (modelled seconds) while a framework keeps at most ``cap`` requests in
     flight: the first ``cap`` are routed at once, each later one when a request finishes (on any
     replica), in submission order, by a :class:`LiveRouter`, or to its replica in ``fixed`` (a given
@@ -745,16 +753,17 @@ def _run_throttled(policy, router, replicas, cap, online, *, flat, owner, tails,
         if window is None and router in LiveRouter.ROUTERS:  # a request the plan leaves to the router (-1)
             live = LiveRouter(router, replicas)
     client = None if window is None else _ClientWindow(fixed, replicas, owner, prompt_lens, pred, max_new, budget,
-                                                       *window, kv_cap=kv_cap)
+                                                       *window, kv_cap=kv_cap, resumed=resumed)
     engines, pols = [], []
     for _ in range(replicas):
         problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
-                          predicted=pred, predictor=None if online is None else copy_predictor(online),
+                          predicted=resumed_predictions(pred, resumed),
+                          predictor=None if online is None else copy_predictor(online),
                           prompt_ids=job_keys, kv_cap=kv_cap)
         pol = POLICIES[policy].cls(problem)
         pol.waiting = []  # a stack (the front is the end): filled as requests are routed here
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost, kv_cap=kv_cap)
+                      offload, cost, kv_cap=kv_cap, resumed=resumed)
         eng.cache_prompts = True  # its prefix cache keeps a prompt for the siblings sent later
         eng.start(pol)
         engines.append(eng)
@@ -929,13 +938,16 @@ class _Releases:
 class _ClientWindow:
     """:class:`lengthsched.integrations.rollout.ClientQueues` over a step's requests (``run_rollout(...,
     client_window=)``): request j waits for its planned replica ``fixed[j]``, needs its prompt plus its
-    predicted completion (at most ``max_new``; ``max_new`` without predictions; at most ``kv_cap``, a
-    compressed cache's most generated tokens held) within ``share`` x ``budget`` of its replica's window."""
+    predicted completion (at most ``max_new``; ``max_new`` without predictions) and the tokens it resumes with
+    (``resumed``), those at most ``kv_cap`` (a compressed cache's most generated tokens held), within ``share`` x
+    ``budget`` of its replica's window."""
 
-    def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals, kv_cap=None):
+    def __init__(self, fixed, replicas, owner, prompt_lens, pred, max_new, budget, share, steals, kv_cap=None,
+                 resumed=None):
         self.fixed = np.asarray(fixed, dtype=np.int64)
         self.work = np.full(len(owner), float(max_new)) if pred is None else np.minimum(pred, max_new)
-        held = self.work if kv_cap is None else np.minimum(self.work, kv_cap)
+        held = self.work if resumed is None else self.work + resumed  # a resumed request holds what it had too
+        held = held if kv_cap is None else np.minimum(held, kv_cap)
         self.need = np.asarray(prompt_lens, dtype=np.float64)[owner] + held
         self.queues = ClientQueues(replicas, share * budget, steals=steals)
 
@@ -978,7 +990,8 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
     every batch likely-kept first by it, its ``submit`` order breaking ties (the integration's
     ``lengthsched_filter_order``; :func:`simulate.run_oversampled_steps` feeds it). Unplanned steps keep the order
     given (``run_oversampled_steps`` orders the batches with the same history).
-    ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ...)."""
+    ``kwargs`` go to :func:`run_rollout` (``cost``, ``max_num_seqs``, ``resumed``, ...; the planner places a
+    resumed completion by what it has left, ``predicted``, as the integration plans a sample that resumes)."""
     client_window = _slime_window(window, replicas)
     groups, sizes, starts, pred, samples, planner = _slime_planner(groups, predicted, budget_tokens, max_new_tokens,
                                                                    placement, submit, filter_history)
@@ -991,6 +1004,10 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                              budget_tokens=budget_tokens, max_new_tokens=max_new_tokens, in_flight=in_flight,
                              client_window=client_window, client_steals=steals, **kwargs)
     order, placed, pred_reordered = _slime_order(planner, samples, groups, sizes, starts, pred, replicas)
+    if kwargs.get("resumed") is not None:  # what each completion resumes with, in the plan's order
+        resumed = np.asarray(kwargs["resumed"], dtype=np.int64)
+        kwargs["resumed"] = np.concatenate([resumed[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) \
+            else resumed
     result = run_rollout([groups[i] for i in order], "sglang", replicas=replicas, budget_tokens=budget_tokens,
                          max_new_tokens=max_new_tokens, predicted=pred_reordered, placement=placed,
                          in_flight=in_flight, client_window=client_window, client_steals=steals, **kwargs)
@@ -1257,9 +1274,12 @@ def _check_placement(placement: Any, n: int, replicas: int) -> np.ndarray:
 
 
 def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted, cost, seed, prefill_chunk, record,
-             max_num_seqs=None, kv_cap=None):
+             max_num_seqs=None, kv_cap=None, resumed=None):
     """Check a rollout's arguments; (spec, groups, lengths per group, flat lengths, owner group per
-    completion, prompt keys, the keyword arguments the replica runners share)."""
+    completion, prompt keys, the keyword arguments the replica runners share). ``resumed`` (``run_rollout``'s):
+    the runners' ``flat`` is then each completion's whole length (what it had plus what it has left, the
+    engines' lengths), their ``pred`` still what is left (what the planners place) and ``resumed`` what it had;
+    the flat lengths returned are what is left."""
     if not groups:
         raise InvalidArgument("groups", groups, "at least one group")
     if policy not in POLICIES:
@@ -1276,8 +1296,17 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     max_seqs = None if max_num_seqs is None else check_int("max_num_seqs", max_num_seqs, minimum=1)
     lengths = [as_lengths("lengths", g.lengths, minimum=1) for g in groups]
     flat = np.concatenate(lengths)
-    if flat.max() > max_new:
-        raise InvalidArgument("lengths", int(flat.max()), f"lengths <= max_new_tokens={max_new}")
+    if resumed is not None:
+        resumed = as_lengths("resumed", resumed, minimum=0)
+        if resumed.shape != flat.shape:
+            raise InvalidArgument("resumed", f"{resumed.size} values", f"{flat.size} values, one per completion")
+        if hasattr(predicted, "predict"):
+            raise InvalidArgument("predicted", type(predicted).__name__, "predicted lengths (what each completion has "
+                                                                        "left) or None with resumed")
+    whole = flat if resumed is None else flat + resumed  # what the engines run: a resumed completion's whole length
+    if whole.max() > max_new:
+        raise InvalidArgument("lengths", int(whole.max()), f"lengths <= max_new_tokens={max_new}"
+                              + ("" if resumed is None else " (with the tokens resumed)"))
     sizes = [len(x) for x in lengths]
     owner = np.repeat(np.arange(len(groups)), sizes)
     prompt_lens = np.array([check_int("prompt_len", g.prompt_len, minimum=0) for g in groups], dtype=np.int64)
@@ -1289,17 +1318,17 @@ def _prepare(groups, policy, replicas, budget_tokens, max_new_tokens, predicted,
     tails, prompt_kv = prompt_blocks(prompt_lens, block)
     # Every request must fit an empty pool: its prompt's blocks, its tail and its whole length (or what a
     # compressed cache keeps of it).
-    held = flat if kv_cap is None else np.minimum(flat, kv_cap)
+    held = whole if kv_cap is None else np.minimum(whole, kv_cap)
     need = prompt_kv[owner] + -(-(tails[owner] + held) // block) * block
     if need.max() > budget:
         bad = int(np.argmax(need))
         prompt = int(prompt_lens[owner[bad]])
         raise InvalidArgument("budget_tokens", budget, f"at least {int(need[bad])} tokens: completion {bad} "
-                                                       f"({int(flat[bad])} tokens) with its prompt ({prompt} tokens) "
+                                                       f"({int(whole[bad])} tokens) with its prompt ({prompt} tokens) "
                                                        f"in blocks of {block}")
-    common = dict(flat=flat, owner=owner, tails=tails, prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred,
+    common = dict(flat=whole, owner=owner, tails=tails, prompt_kv=prompt_kv, prompt_lens=prompt_lens, pred=pred,
                   job_keys=job_keys, max_new=max_new, budget=budget, prefill_chunk=prefill_chunk, record=record,
-                  cost=cost, max_seqs=max_seqs)
+                  cost=cost, max_seqs=max_seqs, resumed=resumed)
     return spec, groups, lengths, flat, owner, keys, common
 
 
@@ -1484,7 +1513,7 @@ def observe_board(pols: list, budget: int, snapshot: float | None = None) -> Ste
 
 def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snapshot=None, given=None, refill=None,
                   flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget, prefill_chunk, record,
-                  cost, max_seqs=None, offload=None, kv_cap=None):
+                  cost, max_seqs=None, offload=None, kv_cap=None, resumed=None):
     """The replicas on one clock (modelled seconds): they pull from one global queue (Seer), or steal
     from each other's queues (``steal``; ``given``: the placement to steal over instead of the policy's).
     ``refill`` (a stealing policy): a :class:`Refill` whose ``plan`` places each batch of units it releases (verl's
@@ -1516,13 +1545,14 @@ def _run_dispatch(policy, replicas, online, keys, groups, *, resubmit=None, snap
         queue = GroupQueue(np.zeros(0, dtype=np.int64), [])
     else:  # Seer: nothing is known of a group before its probe finishes
         queue = GroupQueue(owner, np.full(len(keys), float(max_new)), probes=cls.PROBES)
-    problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget, predicted=pred, slots=max_seqs,
+    problem = Problem(lengths=flat, max_new_tokens=max_new, budget_tokens=budget,
+                      predicted=resumed_predictions(pred, resumed), slots=max_seqs,
                       predictor=None if online is None else copy_predictor(online), prompt_ids=job_keys, kv_cap=kv_cap)
     engines, pols = [], []
     for r in range(replicas):
         pol = cls(problem, queue, r, keys)
         eng = _engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, pol.block_size,
-                      offload, cost, transfers=POLICIES[policy].loads, kv_cap=kv_cap)
+                      offload, cost, transfers=POLICIES[policy].loads, kv_cap=kv_cap, resumed=resumed)
         eng.start(pol)
         engines.append(eng)
         pols.append(pol)

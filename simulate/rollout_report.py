@@ -184,18 +184,17 @@ def _runs_behind(policy: str, router: str) -> bool:
 
 
 def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> None:
-    """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``) or, with
-    ``--max-staleness``, asynchronous RL (its own checks), the policies that run a compressed cache
-    (:func:`check_compressed_policies`)."""
-    for name in ("turns", "steps", "oversample", "headroom"):
+    """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), over-sampled steps
+    (``--steps``: a resumed sample holds its partial response in the cache) or, with ``--max-staleness``,
+    asynchronous RL (its own checks), the policies that run a compressed cache (:func:`check_compressed_policies`);
+    not multi-turn steps (a compressed conversation is no prefix of its next turn) or the headroom's oracles."""
+    for name in ("turns", "headroom"):
         value = getattr(opts, name)
         if value is not None and value is not False and value != 0:
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
-                                               "cache is modelled for one step or asynchronous RL, --max-staleness)")
-    if opts.verl_dynamic_sampling:
-        raise InvalidArgument("verl_dynamic_sampling", True, "no --verl-dynamic-sampling with --kv-compression (a "
-                                                             "compressed cache is modelled for one step or "
-                                                             "asynchronous RL, --max-staleness)")
+                                               "cache is modelled for rollout steps, one or several (--steps), "
+                                               "and asynchronous RL, not for multi-turn steps or the headroom's "
+                                               "oracles)")
     check_compressed_policies(opts, policies, rollout=True)
 
 
@@ -395,13 +394,14 @@ class RolloutStep:
         return router == PLAN_ROUTER or (policy in THROTTLED_POLICIES and router in LiveRouter.ROUTERS)
 
     def run(self, policy: str, router: str | None, *, record: bool = False, refill: Any = None,
-            filter_history: Any = None, in_flight: int | None = None) -> RolloutResult:
+            filter_history: Any = None, in_flight: int | None = None, resumed: Any = None) -> RolloutResult:
         """The step under ``policy`` (placed by ``router`` unless it places requests itself; ``router``
         :data:`PLAN_ROUTER`: slime with :mod:`lengthsched.integrations.slime`, ``policy`` ``sglang``); ``refill``:
         slime's dynamic sampling inside the step (:class:`simulate.rollout.Refill`, a run through the cap);
         ``filter_history``: the integration's planner orders each batch by it (:data:`PLAN_ROUTER` only; the other
         rows get their batches ordered by ``run_oversampled_steps``). ``in_flight``: the requests in flight at most
-        over all replicas, in place of ``--in-flight``'s cap (verl's loop: every request sent at once)."""
+        over all replicas, in place of ``--in-flight``'s cap (verl's loop: every request sent at once).
+        ``resumed``: what each completion resumes with (``run_rollout``'s; over-sampled steps with a cache)."""
         o, spec = self.opts, POLICIES[policy]  # the delay and the polls apply to the policies they describe
         if router == PLAN_ROUTER:
             if policy != "sglang":
@@ -413,7 +413,7 @@ class RolloutStep:
                                               cost=self.cost, seed=o.seed, prefill_chunk=o.prefill_chunk,
                                               record=record, max_num_seqs=o.slots, kv_offload=o.kv_offload,
                                               refill=refill, filter_history=filter_history,
-                                              compression=parse_compression(o.kv_compression))
+                                              compression=parse_compression(o.kv_compression), resumed=resumed)
         capped = self.capped(policy, router)
         return run_rollout(self.groups, policy, replicas=o.replicas, router=router, budget_tokens=self.pool,
                            max_new_tokens=o.max_new_tokens, predicted=self.predicted, cost=self.cost, seed=o.seed,
@@ -421,7 +421,8 @@ class RolloutStep:
                            resubmit_seconds=o.resubmit_seconds if spec.resubmits else None, kv_offload=o.kv_offload,
                            snapshot_seconds=o.poll_seconds if spec.polls else None,
                            in_flight=in_flight if in_flight is not None else o.in_flight * o.replicas if capped
-                           else None, refill=refill, compression=parse_compression(o.kv_compression))
+                           else None, refill=refill, compression=parse_compression(o.kv_compression),
+                           resumed=resumed)
 
 
 def rollout_step(opts: SimulateOptions) -> RolloutStep:
@@ -551,10 +552,7 @@ def compare_rollout(opts: SimulateOptions, *, record: bool = False) -> RolloutCo
                                                     f"routed as requests finish)")
                + ("" if not opts.kv_offload else ", preempted requests' KV offloaded to host memory and loaded back "
                                                  "(not recomputed)")
-               + ("" if opts.kv_compression is None else f", KV compressed ({opts.kv_compression}): each request "
-                                                         f"holds and reads at most "
-                                                         f"{parse_compression(opts.kv_compression).max_retained} "
-                                                         "generated tokens")
+               + _cache_phrase(opts)
                + ("" if opts.oversample is None else f", over-sampled: the step keeps the first {opts.prompts} "
                                                      f"groups to finish of the {len(groups)} submitted")
                + f", predictor {opts.predictor}" + ("" if step.history is None else
@@ -589,10 +587,10 @@ def _step_run(step: RolloutStep, router: str | None, *, filter_history: Any = No
     their predictions, under ``router`` (``filter_history``: as there; ``at_once``: every request of the step sent at
     once, as verl's loop sends them, in place of ``--in-flight``'s cap)."""
 
-    def run(parts, name, *, predicted, record, refill=None, **_):
+    def run(parts, name, *, predicted, record, refill=None, resumed=None, **_):
         return dataclasses.replace(step, groups=parts, predicted=predicted).run(
             name, router, record=record, refill=refill, filter_history=filter_history,
-            in_flight=len(predicted) if at_once else None)
+            in_flight=len(predicted) if at_once else None, resumed=resumed)
 
     return run
 
@@ -609,7 +607,8 @@ def _stealing_run(step: RolloutStep):
                                  budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost, seed=o.seed,
                                  prefill_chunk=o.prefill_chunk, record=record, max_num_seqs=o.slots,
                                  kv_offload=o.kv_offload, snapshot_seconds=_stealing_poll(o),
-                                 resubmit_seconds=_stealing_resubmit(o))
+                                 resubmit_seconds=_stealing_resubmit(o),
+                                 compression=parse_compression(o.kv_compression))
 
     return run
 
@@ -674,11 +673,11 @@ def _compare_verl_dynamic(step: RolloutStep) -> RolloutComparison:
                   f"one epoch earlier, each skipped with probability one half; "
                   f"{int((~skip & np.asarray(valid)).sum())} of them would have passed)")
                + f"; from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of {step.memory.name} "
-               f"({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens, vLLM "
-               f"behind verl's router, predictor {o.predictor}; the stealing manager's rows plan each batch verl hands "
-               f"over with steal's placement beside the work still running and steal from snapshots every "
-               f"{_stealing_poll(o):g} s, {_stealing_resubmit(o):g} s to resubmit; seconds modelled for "
-               f"{step.cost.model} on {step.cost.gpu}")
+               f"({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of {step.pool:,} KV tokens"
+               + _cache_phrase(o) + f", vLLM behind verl's router, predictor {o.predictor}; the stealing manager's "
+               f"rows plan each batch verl hands over with steal's placement beside the work still running and steal "
+               f"from snapshots every {_stealing_poll(o):g} s, {_stealing_resubmit(o):g} s to resubmit; seconds "
+               f"modelled for {step.cost.model} on {step.cost.gpu}")
     return RolloutComparison(dataclasses.asdict(o), setting, step.pool, (reference, *rows), step)
 
 
@@ -710,7 +709,8 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                                      valid=flags, filter_history=history, filter_seed=o.seed,
                                      max_new_tokens=o.max_new_tokens,
                                      max_carry=o.max_carry, carry_limit=o.carry_limit or "drop",
-                                     refill=bool(o.slime_refill) and not reference and step.capped(policy, router))
+                                     refill=bool(o.slime_refill) and not reference and step.capped(policy, router),
+                                     compression=parse_compression(o.kv_compression))
 
     rows = []
     for i, (policy, router, oversample) in enumerate([(*BASELINE, 1.0)] + [(p, r, o.oversample) for p, r in runs]):
@@ -752,9 +752,19 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
                   "could still pass (slime's dynamic sampling)" if o.slime_refill else "")
                + f") from {o.workload}, L_max={o.max_new_tokens}, on {o.replicas} replicas of "
                f"{step.memory.name} ({o.dtype}) with {step.budget_bytes / 2**30:.2f} GiB each = a pool of "
-               f"{step.pool:,} KV tokens, predictor {o.predictor}, seconds modelled for {step.cost.model} on "
-               f"{step.cost.gpu}")
+               f"{step.pool:,} KV tokens" + _cache_phrase(o)
+               + ("" if o.kv_compression is None or not o.partial_rollout else
+                  " (a resumed sample's partial response among them, prefilled again)")
+               + f", predictor {o.predictor}, seconds modelled for {step.cost.model} on {step.cost.gpu}")
     return RolloutComparison(dataclasses.asdict(o), setting, step.pool, (reference, *rows), step)
+
+
+def _cache_phrase(opts: SimulateOptions) -> str:
+    """``--kv-compression`` in a setting's text: what each request holds and reads ("" without a cache)."""
+    if opts.kv_compression is None:
+        return ""
+    return (f", KV compressed ({opts.kv_compression}): each request holds and reads at most "
+            f"{parse_compression(opts.kv_compression).max_retained} generated tokens")
 
 
 def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:

@@ -90,7 +90,7 @@ def test_plot_writes_figures(tmp_path, capsys):
         (["--output", "/"], "is a directory"),
         (["--kv-compression", "512"], "argument 'kv_compression'"),
         (["--kv-compression", "0:8"], "argument 'kv_compression'"),
-        (["--kv-compression", "512:32", "--prompts", "4", "--steps", "2", "--oversample", "1.5"], "argument 'steps'"),
+        (["--kv-compression", "512:32", "--prompts", "4", "--headroom"], "argument 'headroom'"),
     ],
 )
 def test_errors_are_one_line(extra, fragment, capsys):

@@ -1055,6 +1055,35 @@ def test_turns_without_a_rollout_step_are_an_error(capsys):
     assert "--prompts or --replicas with it" in capsys.readouterr().err
 
 
+def test_over_sampled_steps_with_a_compressed_cache(capsys):
+    """--steps --oversample --partial-rollout with --kv-compression: every row runs the cache (the reference
+    too), the header says a resumed sample's partial response is held in it, and the cache buys kept tokens per
+    second over the dense steps."""
+    args = SMALL + ["--budget", "3.6GiB", "--json", "--steps", "3", "--oversample", "1.5", "--partial-rollout",
+                    "--policies", "vllm,steal,sglang", "--routers", "least_loaded,slime_plan", "--in-flight", "8"]
+    assert main(args) == 0
+    dense = {(r["policy"], r["router"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert main(args + ["--kv-compression", "64:16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    sparse = {(r["policy"], r["router"]): r for r in data["rows"]}
+    assert "KV compressed (64:16)" in data["setting"] and "a resumed sample's partial response" in data["setting"]
+    assert set(sparse) == set(dense) and ("sglang", "slime_plan") in sparse
+    for key, row in sparse.items():
+        assert "error" not in row or not row["error"], (key, row)
+        assert row["kept_tokens_per_second"] > dense[key]["kept_tokens_per_second"], key
+    # one over-sampled step
+    assert main(SMALL + ["--json", "--oversample", "1.5", "--policies", "vllm,steal", "--kv-compression", "64:16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "KV compressed (64:16)" in data["setting"] and "over-sampled" in data["setting"]
+    assert all(r.get("seconds") for r in data["rows"])
+    # verl's dynamic sampling (no partial rollout), its stealing manager's rows included
+    assert main(SMALL + ["--json", "--steps", "2", "--verl-dynamic-sampling", "--valid-share", "0.6",
+                         "--kv-compression", "64:16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "KV compressed (64:16)" in data["setting"] and len(data["rows"]) == 4
+    assert all(r.get("kept_tokens_per_second") and not r.get("error") for r in data["rows"])
+
+
 def test_a_rollout_step_with_a_compressed_cache(capsys, monkeypatch):
     """--kv-compression in a rollout step: the rows that run one by default, the cache in the header, fewer
     seconds than dense; what cannot run one is a one-line error naming its flag."""
@@ -1077,8 +1106,7 @@ def test_a_rollout_step_with_a_compressed_cache(capsys, monkeypatch):
                          "cache_aware,slime_plan", "--json"]) == 0
     rows = {(r["policy"], r["router"]) for r in json.loads(capsys.readouterr().out)["rows"] if r.get("seconds")}
     assert {("sglang", "slime_plan"), ("vllm", "cache_aware"), ("sglang", "cache_aware")} <= rows
-    for extra, flag in ((["--steps", "2", "--oversample", "1.5"], "steps"),
-                        (["--verl-dynamic-sampling"], "verl_dynamic_sampling"),
+    for extra, flag in ((["--headroom"], "headroom"),
                         (["--kv-compression", "64"], "kv_compression")):
         options = SMALL + (["--kv-compression", "64:16"] if extra[0] != "--kv-compression" else []) + extra
         assert main(options) == 2

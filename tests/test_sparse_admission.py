@@ -481,3 +481,112 @@ def test_steals_room_counts_the_cap_and_steal_sglangs_counts_whole_lengths():
         eng.admit(1)
         eng.advance(10, pads=False)
         assert pol._predicted_peak(eng) == expected, cls.__name__
+
+
+def _resumed_step(seed=0, prompts=12, size=4):
+    """A step whose completions partly resume (what they had, what they have left, predictions of what is left)."""
+    rng = np.random.default_rng(seed)
+    groups = [Group(f"p{i}", int(rng.integers(20, 200)), rng.integers(30, 700, size)) for i in range(prompts)]
+    left = np.concatenate([g.lengths for g in groups])
+    had = np.where(rng.random(len(left)) < 0.4, rng.integers(1, 600, len(left)), 0)
+    return groups, left, had, np.maximum(1, np.round(left * 1.2)).astype(np.int64)
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_every_rollout_policy_resumes_partial_responses_under_a_cache(replicas):
+    """run_rollout(resumed=): every policy collects what each completion had left, counts only that, and
+    recomputes every partial response it resumed; with a cache no pool is overrun."""
+    from lengthsched.runtime.registry import POLICIES
+    from simulate import run_rollout
+
+    groups, left, had, pred = _resumed_step()
+    comp = KVCompression(128, 16)
+    for policy in (p for p, s in POLICIES.items() if s.rollout):
+        kw = dict(replicas=replicas, budget_tokens=2500, max_new_tokens=2048, predicted=pred, record=True)
+        resumed = run_rollout(groups, policy, compression=comp, resumed=had, **kw)
+        fresh = run_rollout(groups, policy, compression=comp, **kw)
+        assert (resumed.generated_at(resumed.seconds) == left).all(), policy
+        assert resumed.tokens == fresh.tokens == int(left.sum()), policy
+        assert resumed.recomputed_tokens >= int(had.sum()), policy
+        assert max(resumed.peak_kv_tokens) <= 2500, policy
+        assert resumed.lower_bound_seconds <= resumed.seconds, policy
+        assert resumed.lower_bound_seconds == fresh.lower_bound_seconds, policy  # what is generated here
+
+
+def test_a_resumed_request_holds_its_partial_response_capped_and_prefills_it():
+    """One request resuming with 1,000 tokens and 50 to go: dense it holds prompt + 1,050 tokens; with a 144-token
+    cache prompt + 144; both prefill the partial response again (recomputed) and take longer than without it."""
+    from simulate import run_rollout
+
+    group = [Group("p", 100, np.array([50]))]
+    kw = dict(replicas=1, budget_tokens=4096, max_new_tokens=2048, predicted=[50])
+    plain = run_rollout(group, "vllm", **kw)
+    dense = run_rollout(group, "vllm", resumed=[1000], **kw)
+    capped = run_rollout(group, "vllm", resumed=[1000], compression=KVCompression(128, 16), **kw)
+    block = 16  # vLLM's
+    assert plain.peak_kv_tokens[0] == -(-(100 + 50) // block) * block
+    assert dense.peak_kv_tokens[0] == -(-(100 + 1050) // block) * block
+    assert capped.peak_kv_tokens[0] == -(-(100 + 144) // block) * block
+    assert dense.recomputed_tokens == capped.recomputed_tokens == 1000
+    assert dense.prefill_tokens == capped.prefill_tokens == plain.prefill_tokens + 1000
+    assert plain.seconds < capped.seconds < dense.seconds  # the cap reads less KV at every step
+    assert dense.tokens == capped.tokens == 50 and dense.steps == plain.steps
+
+
+def test_resumed_tokens_are_checked():
+    from lengthsched import OnlineLengthPredictor
+    from simulate import run_rollout
+
+    groups, left, had, pred = _resumed_step(prompts=2)
+    kw = dict(replicas=1, budget_tokens=4096, max_new_tokens=2048, predicted=pred)
+    for bad in (had[:-1], np.where(had > 0, -1, 0)):
+        with pytest.raises(InvalidArgument, match="resumed"):
+            run_rollout(groups, "vllm", resumed=bad, **kw)
+    with pytest.raises(InvalidArgument, match="lengths"):  # what it had and has left beyond max_new_tokens
+        run_rollout(groups, "vllm", resumed=np.full(len(left), 1900), **kw)
+    with pytest.raises(InvalidArgument, match="predicted"):
+        run_rollout(groups, "vllm", resumed=had, **{**kw, "predicted": OnlineLengthPredictor()})
+
+
+def test_over_sampled_steps_resume_under_a_cache():
+    """slime's partial rollout with a compressed cache: a cache that never binds, in a pool where nothing is
+    preempted, gives the dense steps (to the last bit of a float; a resumed sample's partial response is then
+    held as the dense model holds it, as part of its context); a binding one is faster; in a tight pool the two
+    models part (a preempted resumed sample frees its partial response with the cache)."""
+    from simulate import run_oversampled_steps
+
+    rng = np.random.default_rng(3)
+    stream = [Group(str(i), int(rng.integers(20, 300)), rng.integers(20, 1500, 8)) for i in range(80)]
+    flat = np.concatenate([g.lengths for g in stream])
+    pred = np.round(flat * np.exp(rng.normal(0, 0.3, len(flat)))).clip(1, 2048).astype(np.int64)
+    for policy in ("vllm", "sglang", "steal"):
+        kw = dict(batch=8, oversample=1.5, steps=4, partial=True, predicted=pred, replicas=2,
+                  budget_tokens=10**6, max_new_tokens=2048)
+        dense = run_oversampled_steps(stream, policy, **kw)
+        loose = run_oversampled_steps(stream, policy, compression=KVCompression(2048, 16), **kw)
+        tight = run_oversampled_steps(stream, policy, compression=KVCompression(128, 16), **kw)
+        assert [s.seconds for s in loose.steps] == pytest.approx([s.seconds for s in dense.steps], rel=1e-12), policy
+        assert [s.recomputed_tokens for s in loose.steps] == [s.recomputed_tokens for s in dense.steps], policy
+        assert [s.kept for s in loose.steps] == [s.kept for s in dense.steps], policy
+        assert dense.stale_share > 0  # samples did resume
+        assert tight.seconds < dense.seconds, policy
+    kw["budget_tokens"] = 12000
+    dense = run_oversampled_steps(stream, "vllm", **kw)
+    capped = run_oversampled_steps(stream, "vllm", compression=KVCompression(128, 16), **kw)
+    assert capped.seconds < dense.seconds
+    assert sum(s.recomputed_tokens for s in capped.steps) < sum(s.recomputed_tokens for s in dense.steps)
+
+
+def test_slimes_planned_client_resumes_partial_responses_in_its_order():
+    """run_slime_planned reorders a step's groups: what each completion resumes with follows it."""
+    from simulate.rollout import run_slime_planned_in_order
+
+    groups, left, had, pred = _resumed_step(seed=1)
+    kw = dict(predicted=pred, replicas=3, budget_tokens=3000, max_new_tokens=2048, in_flight=30, record=True,
+              compression=KVCompression(256, 32))
+    result = run_slime_planned_in_order(groups, resumed=had, **kw)
+    assert (result.generated_at(result.seconds) == left).all()
+    assert result.recomputed_tokens >= int(had.sum()) and max(result.peak_kv_tokens) <= 3000
+    # a completion that resumes with more than max_new_tokens allows is refused whatever the order
+    with pytest.raises(InvalidArgument, match="lengths"):
+        run_slime_planned_in_order(groups, resumed=np.where(left > 0, 2040, 0), **kw)

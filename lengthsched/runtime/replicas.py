@@ -57,17 +57,21 @@ def async_load_steps(cost: Any):
 
 def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_chunk, record, block,
                    offload: str | None = None, cost: Any = None, transfers: str = "stall",
-                   kv_cap: int | None = None) -> Engine:
+                   kv_cap: int | None = None, resumed: Any = None) -> Engine:
     """An engine for the completions ``flat`` (tokens) of the prompts ``owner`` indexes, with their
     prompts held in its pool; ``offload``: preempted requests' KV kept in host memory and loaded back
     (``Engine.offload``), each load asynchronous (``"async"``, vLLM's: timed by ``cost``,
     :func:`async_load_steps`) or charged to the step that admits it (``"stall"``); None: recomputed.
     ``transfers``: how KV loaded from a global pool (``Engine.transferred``: a policy's moves with their
     KV) is timed, one of the same two. An engine times all its loads one way: asynchronously if either
-    asks for it. ``kv_cap``: a compressed cache (``Engine.kv_cap``)."""
+    asks for it. ``kv_cap``: a compressed cache (``Engine.kv_cap``). ``resumed``: per completion, the tokens it
+    generated before this run (``flat`` counts them): it starts as a preempted sequence does (``Engine.done``),
+    its KV recomputed when first admitted (None: none)."""
     eng = Engine(flat, tails=tails[owner] if block > 1 else None, block_size=block, budget_tokens=budget,
                  enforce_budget=True, record=record, context=prompt_lens[owner], prefill_chunk=prefill_chunk,
                  kv_cap=kv_cap)
+    if resumed is not None:
+        eng.done = [int(x) for x in resumed]
     eng.hold_prompts(owner, prompt_kv)
     if offload is not None and offload not in OFFLOAD_MODES:
         raise InvalidArgument("offload", offload, "None or one of " + ", ".join(OFFLOAD_MODES))
@@ -81,22 +85,30 @@ def replica_engine(flat, owner, tails, prompt_kv, prompt_lens, budget, prefill_c
     return eng
 
 
+def resumed_predictions(pred: Any, resumed: Any) -> Any:
+    """What a policy is told of completions that resume (:func:`replica_engine`'s ``resumed``): ``pred`` (tokens
+    each has left, predicted) plus what each had, as it is told a preempted sequence's whole predicted length."""
+    return pred if resumed is None or pred is None else np.asarray(pred) + resumed
+
+
 def run_replica(policy, mine, online, *, flat, owner, tails, prompt_kv, prompt_lens, pred, job_keys, max_new, budget,
-                prefill_chunk, record, cost, max_seqs=None, offload=None, kv_cap=None):
+                prefill_chunk, record, cost, max_seqs=None, offload=None, kv_cap=None, resumed=None):
     """One replica running the requests ``mine`` (indices into ``flat``) under ``policy``: (engine,
     clock). ``online``: a predictor that learns from the finishes (a copy is used), or None;
     ``max_seqs``: requests it runs at once at most (None: the pool alone limits them); ``offload``,
-    ``kv_cap``: as :func:`replica_engine`'s."""
+    ``kv_cap``, ``resumed``: as :func:`replica_engine`'s (``flat`` counts ``resumed``, ``pred`` does not:
+    the policy is told :func:`resumed_predictions`)."""
     if not len(mine):  # a replica that got nothing
         return Engine([], budget_tokens=budget, record=record), (np.zeros(1), np.zeros(1))
     hosted, local = np.unique(owner[mine], return_inverse=True)
     problem = Problem(lengths=flat[mine], max_new_tokens=max_new, budget_tokens=budget, slots=max_seqs,
-                      predicted=None if pred is None else pred[mine],
+                      predicted=None if pred is None else resumed_predictions(pred, resumed)[mine],
                       predictor=None if online is None else copy_predictor(online),
                       prompt_ids=tuple(job_keys[j] for j in mine.tolist()), kv_cap=kv_cap)
     sim = make_policy(policy, problem)
     eng = replica_engine(flat[mine], local, tails[hosted], prompt_kv[hosted], prompt_lens[hosted], budget,
-                         prefill_chunk, record, sim.block_size, offload, cost, kv_cap=kv_cap)
+                         prefill_chunk, record, sim.block_size, offload, cost, kv_cap=kv_cap,
+                         resumed=None if resumed is None else resumed[mine])
     for job in range(len(mine)):
         eng.claim(job)
     eng.run(sim)
