@@ -639,8 +639,9 @@ def _rollout_figure(rows: list, path) -> None:
     save_figure(fig, path)
 
 
-def rollout_speed(quick: bool) -> tuple[str, list]:
-    """Wall time of one simulated rollout step of 256 prompts x 16 on 8 replicas, per policy, one core."""
+def rollout_speed(quick: bool, compression=None) -> tuple[str, list]:
+    """Wall time of one simulated rollout step of 256 prompts x 16 on 8 replicas, per policy, one core
+    (``compression``: every run with that compressed cache, a ``lengthsched.KVCompression``)."""
     pin_one_core()
     rows = []
     for workload in ("castillo", "long tail"):
@@ -654,14 +655,22 @@ def rollout_speed(quick: bool) -> tuple[str, list]:
                 for _ in range(1 if quick else 3):
                     start = time.perf_counter()
                     run_rollout(groups, policy, replicas=8, router=router, budget_tokens=factor * 4096,
-                                max_new_tokens=4096, predicted=p)
+                                max_new_tokens=4096, predicted=p, compression=compression)
                     times.append(time.perf_counter() - start)
                 rows.append([workload, f"{factor} x L_max", label, statistics.median(times)])
     unpin()
     worst = max(r[3] for r in rows)
-    return table(f"Simulating one rollout step of {64 if quick else 256} prompts x 16 on 8 replicas: wall seconds "
-                 f"per policy on one core (median of 3); the slowest takes {worst:.2f} s",
+    cache = "" if compression is None else f" with a compressed cache ({compression.budget} + {compression.interval})"
+    return table(f"Simulating one rollout step of {64 if quick else 256} prompts x 16 on 8 replicas{cache}: wall "
+                 f"seconds per policy on one core (median of 3); the slowest takes {worst:.2f} s",
                  ["workload", "budget", "policy", "wall seconds"], rows), rows
+
+
+def rollout_speed_compressed(quick: bool) -> tuple[str, list]:
+    """:func:`rollout_speed` with Sparse-RL's compressed cache (256 + 32 tokens): every policy runs one."""
+    from lengthsched import KVCompression
+
+    return rollout_speed(quick, KVCompression(256, 32))
 
 
 def _rollout_summary(rows: list, runs=ROLLOUT_RUNS) -> tuple[str, list]:
@@ -3452,7 +3461,8 @@ def main(argv=None) -> int:
                "cost": args.cost}
     texts = []
     sections = {"target": target, "seconds": seconds, "seconds_batches": seconds_batches, "rollout": rollout,
-                "rollout_online": rollout_online, "rollout_speed": rollout_speed, "rollout_headroom": rollout_headroom,
+                "rollout_online": rollout_online, "rollout_speed": rollout_speed,
+                "rollout_speed_compressed": rollout_speed_compressed, "rollout_headroom": rollout_headroom,
                 "rollout_prompt_headroom": rollout_prompt_headroom,
                 "rollout_classes": rollout_classes, "rollout_heldout": rollout_heldout,
                 "rollout_watermark": rollout_watermark, "rollout_offload": rollout_offload,

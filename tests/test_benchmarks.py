@@ -55,6 +55,12 @@ def test_simulator_benchmark_rollout_speed_times_every_rollout_policy():
     assert timed == {name for name, spec in POLICIES.items() if spec.rollout}
 
 
+def test_simulator_benchmark_times_every_policy_with_a_compressed_cache(tmp_path):
+    data = _quick_section(tmp_path, "rollout_speed_compressed")
+    assert {row[2] for row in data["rows"]} >= {"steal", "placed_classes", "steal_classes", "seer", "steal_sglang"}
+    assert all(row[3] > 0 for row in data["rows"])
+
+
 def _quick_section(tmp_path, section: str) -> dict:
     """Run one bench_simulate section in quick mode; its JSON. bench_simulate becomes importable."""
     out = tmp_path / f"{section}.json"

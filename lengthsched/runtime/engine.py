@@ -25,7 +25,9 @@ sampler (which executes one real decode step at a time and reveals finishes as i
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -111,8 +113,10 @@ class Engine:
     ``kv_cap``: a compressed KV cache (Sparse-RL; ``lengthsched.KVCompression.max_retained``): a live
     sequence holds at most this many of its generated tokens, so :meth:`kv_tokens` counts
     ``min(generated, kv_cap)`` per sequence (with its prompt tail, in whole blocks with a block size), an
-    upper bound of what a cache compressed back to its budget every interval holds; block counts
-    are then O(live) instead of O(block size). The rows read that capped KV too (:meth:`read_tokens`;
+    upper bound of what a cache compressed back to its budget every interval holds; the engine keeps the
+    rows still growing apart from those at the cap (whose KV is constant) and the step each growing row
+    reaches it, so its counts stay O(block size) plus the rows that reach the cap by the step asked
+    about. The rows read that capped KV too (:meth:`read_tokens`;
     :class:`StepLog` splits a run where a row reaches the cap, its ``growth`` counting the rows whose
     read still grows).
     """
@@ -135,8 +139,13 @@ class Engine:
         self.block = block_size
         self._exact = block_size == 1 and not any(self.tail)
         self.kv_cap = None if kv_cap is None else check_int("kv_cap", kv_cap, minimum=1)
-        self._tails: np.ndarray | None = None  # self.tail as an array (kv_cap's block counts)
-        self._live_arrays: tuple[np.ndarray, np.ndarray] | None = None  # _live(): origins and tails of live jobs
+        # With kv_cap the live rows split in two: those still growing (their KV below the cap at step t), counted by
+        # the block residues below and listed by the step they reach the cap in _crossing, sorted ((step, job)); and
+        # those at the cap, whose KV no longer changes (_capped: job -> its blocks; _capped_blocks, their sum).
+        self._crossing: list[tuple[int, int]] = []
+        self._capped: dict[int, int] = {}
+        self._capped_blocks = 0
+        self._grow_origin = 0  # sum of the growing rows' origins
         self.slots = slots
         self.budget = budget_tokens
         self.enforce_budget = enforce_budget and budget_tokens is not None
@@ -227,78 +236,68 @@ class Engine:
         return self.block * self.blocks(at)
 
     def blocks(self, at: int | None = None) -> int:
-        """KV blocks held by live sequences at the end of step ``at``, in O(block size).
+        """KV blocks held by live sequences at the end of step ``at`` (now or later), in O(block size).
 
         A sequence holds ceil((y + at) / b) blocks with y = tail - origin = b q + r; summed over
         live sequences that is sum(q) + n k + #{r + m >= 1} + #{r + m > b} for at = b k + m.
+        With ``kv_cap`` the sum runs over the sequences still growing now, less, for those that reach the
+        cap by ``at`` (the first of ``_crossing``), what they hold beyond it, plus the constant blocks of
+        those at the cap: O(block size + the sequences that reach the cap by ``at``).
         """
         at = self.t if at is None else at
-        b, res, n = self.block, self._residues, len(self.origin)
+        b, res = self.block, self._residues
         shared = self._prompt_held // b + self._loading_blocks + self._conv_held // b
-        if self.kv_cap is not None:  # a compressed cache: tail + min(generated, kv_cap) tokens each, O(live)
-            return int((-(-self._held_per_sequence(self._ages(at)) // b)).sum()) + shared
         k, m = divmod(at, b)
-        return self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0) + shared
-
-    def _held_per_sequence(self, ages: np.ndarray) -> np.ndarray:
-        """Each live sequence's own KV tokens with ``kv_cap`` when it has generated ``ages`` tokens (in
-        ``origin``'s order, :meth:`_ages`): its prompt tail and min(generated, kv_cap)."""
-        return self._live()[1] + np.minimum(ages, self.kv_cap)
-
-    def _live(self) -> tuple[np.ndarray, np.ndarray]:
-        """The live sequences' origins and prompt tails as arrays, in ``origin``'s order (kept until a
-        sequence goes live or leaves: a compressed cache's O(live) sums read them at every event)."""
-        if self._live_arrays is None:
-            jobs = np.fromiter(self.origin, dtype=np.int64, count=len(self.origin))
-            if self._tails is None or len(self._tails) != len(self.tail):  # (spawn appends completions)
-                self._tails = np.asarray(self.tail, dtype=np.int64)
-            self._live_arrays = (np.fromiter(self.origin.values(), dtype=np.int64, count=len(self.origin)),
-                                 self._tails[jobs])
-        return self._live_arrays
+        if self.kv_cap is None:
+            n = len(self.origin)
+            return self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0) + shared
+        n = len(self._crossing)
+        total = self._sum_q + n * k + (n if m else n - res[0]) + (sum(res[b - m + 1:]) if m else 0) if n else 0
+        tail, origin, cap = self.tail, self.origin, self.kv_cap
+        for cross, job in self._crossing:  # those that reach the cap by `at` hold tail + cap tokens then
+            if cross > at:
+                break
+            total += -(-(tail[job] + cap) // b) - -(-(tail[job] + at - origin[job]) // b)
+        return total + self._capped_blocks + shared
 
     def first_block_needs(self) -> list[tuple[int, int]]:
         """(steps from now until a sequence next needs a new block, how many sequences), by step. With
         ``kv_cap`` a sequence that reaches its cap first needs none (every one that grows is counted
         once, at its next block)."""
         b, res, t = self.block, self._residues, self.t
-        if self.kv_cap is not None:
-            ages = self._ages(t)
-            held = self._held_per_sequence(ages)
-            # A sequence needs a new block in step t + s when it still grows then and holds a multiple of b.
-            s = (-held) % b + 1
-            grows = ages + s - 1 < self.kv_cap
-            steps, counts = np.unique(s[grows], return_counts=True)
-            return [(int(x), int(c)) for x, c in zip(steps, counts)]
-        out = []
-        for s in range(1, b + 1):
-            count = res[(-(t + s - 1)) % b]
-            if count:
-                out.append((s, count))
-        return out
+        counts = [0] + [res[(-(t + s - 1)) % b] for s in range(1, b + 1)]
+        if self.kv_cap is not None:  # the residues count the growing sequences: drop those capped first
+            tail, origin = self.tail, self.origin
+            for cross, job in self._crossing:  # a sequence needs a new block in step t + s when it holds a
+                if cross >= t + b:  # multiple of b by then and has not reached the cap at the end of t + s - 1
+                    break
+                s = (-(tail[job] + t - origin[job])) % b + 1
+                if cross <= t + s - 1:
+                    counts[s] -= 1
+        return [(s, c) for s, c in enumerate(counts) if s and c]
 
     def sum_ages(self, at: int | None = None) -> int:
         """Sum over live sequences of the tokens generated by the end of step ``at``, in O(1)."""
         return len(self.origin) * (self.t if at is None else at) - self._sum_origin
 
     def held_generated(self, at: int | None = None) -> int:
-        """KV tokens of their generated tokens the live sequences hold at the end of step ``at``:
-        :meth:`sum_ages`, each capped at ``kv_cap`` with a compressed cache (O(live) then)."""
+        """KV tokens of their generated tokens the live sequences hold at the end of step ``at`` (now or
+        later): :meth:`sum_ages`, each capped at ``kv_cap`` with a compressed cache (in O(the sequences that
+        reach the cap by ``at``) then)."""
         if self.kv_cap is None:
             return self.sum_ages(at)
-        if not self.origin:
-            return 0
-        return int(np.minimum(self._ages(self.t if at is None else at), self.kv_cap).sum())
-
-    def _ages(self, at: int) -> np.ndarray:
-        """Tokens each live sequence has generated by the end of step ``at``, in ``origin``'s order."""
-        return at - self._live()[0]
+        at = self.t if at is None else at
+        held = len(self._crossing) * at - self._grow_origin + len(self._capped) * self.kv_cap
+        for cross, _ in self._crossing:
+            if cross > at:
+                break
+            held -= at - cross
+        return held
 
     def growing(self) -> int:
         """Live sequences whose KV grows by a token in the next step: all of them, or with ``kv_cap``
         those that hold fewer than ``kv_cap`` generated tokens now."""
-        if self.kv_cap is None or not self.origin:
-            return len(self.origin)
-        return int(np.count_nonzero(self._ages(self.t) < self.kv_cap))
+        return len(self.origin) if self.kv_cap is None else len(self._crossing)
 
     def read_tokens(self) -> int:
         """KV tokens the live rows read in the next decode step (their contexts and generated tokens,
@@ -410,13 +409,15 @@ class Engine:
         origin = self.t - self.done[job]
         self._context_sum += self.context[job]
         self.origin[job] = origin
-        self._live_arrays = None
         self.running[job] = None
         self._sum_origin += origin
-        if not self._exact:
-            q, r = divmod(self.tail[job] - origin, self.block)
-            self._sum_q += q
-            self._residues[r] += 1
+        if self.kv_cap is not None and origin + self.kv_cap <= self.t:  # it holds the cap already
+            self._capped[job] = blocks = -(-(self.tail[job] + self.kv_cap) // self.block)
+            self._capped_blocks += blocks
+        else:
+            self._grow(job, origin, 1)
+            if self.kv_cap is not None:
+                bisect.insort(self._crossing, (origin + self.kv_cap, job))
         heapq.heappush(self._heap, (origin + self.length[job], job, self._epoch[job]))
         if lane is None:
             lane = heapq.heappop(self._free_lanes) if self._free_lanes else self._new_lane()
@@ -609,16 +610,39 @@ class Engine:
         self._next_lane += 1
         return self._next_lane - 1
 
+    def _grow(self, job: int, origin: int, sign: int) -> None:
+        """Count (``sign`` 1) or stop counting (-1) live ``job`` among the sequences whose KV grows: the block
+        residues (see :meth:`blocks`) and, with ``kv_cap``, the sum of their origins."""
+        if not self._exact:
+            q, r = divmod(self.tail[job] - origin, self.block)
+            self._sum_q += sign * q
+            self._residues[r] += sign
+        self._grow_origin += sign * origin
+
+    def _settle(self) -> None:
+        """With ``kv_cap``: the growing sequences that hold the cap by now (step t) count as capped."""
+        crossing, t, tail, cap, block = self._crossing, self.t, self.tail, self.kv_cap, self.block
+        k = 0
+        while k < len(crossing) and crossing[k][0] <= t:
+            job = crossing[k][1]
+            self._grow(job, self.origin[job], -1)
+            self._capped[job] = blocks = -(-(tail[job] + cap) // block)
+            self._capped_blocks += blocks
+            k += 1
+        if k:
+            del crossing[:k]
+
     def _remove(self, job: int, kind: str) -> None:
         origin = self.origin.pop(job)
-        self._live_arrays = None
         self.running.pop(job, None)
         self._sum_origin -= origin
         self._context_sum -= self.context[job]
-        if not self._exact:
-            q, r = divmod(self.tail[job] - origin, self.block)
-            self._sum_q -= q
-            self._residues[r] -= 1
+        if job in self._capped:
+            self._capped_blocks -= self._capped.pop(job)
+        else:
+            self._grow(job, origin, -1)
+            if self.kv_cap is not None:
+                self._crossing.pop(bisect.bisect_left(self._crossing, (origin + self.kv_cap, job)))
         if self._group is not None:
             self._live_of[self._group[job]] -= 1
         lane = self.lane.pop(job)
@@ -684,6 +708,8 @@ class Engine:
         self._log_run(t_next)
         self._prefill_next = self._prefill_ctx_next = self._load_next = 0
         self.t = t_next
+        if self._crossing:
+            self._settle()
         kv = self.kv_tokens()
         if kv > self.peak_kv:
             self.peak_kv = kv
@@ -722,17 +748,15 @@ class Engine:
         if self.kv_cap is None or not rows:
             self._log.append((t_next - self.t, rows, self.read_tokens(), *head, rows))
             return
-        now = self._ages(self.t)
-        reach = self.t - now + self.kv_cap  # the step at whose end each row holds kv_cap generated tokens
-        cuts = np.unique(reach[(reach > self.t) & (reach < t_next)]).tolist()
+        # the steps at whose end growing rows hold kv_cap generated tokens (_crossing: all after t, sorted)
+        cuts = sorted({cross for cross, _ in itertools.takewhile(lambda c: c[0] < t_next, self._crossing)})
         if self.timeline is not None:  # the KV stops growing there: a corner of the curve (Timeline.kv)
             self.timeline.kv.extend((cut, self.kv_tokens(cut)) for cut in cuts)
         other = self._context_sum + self.shared_read
         for first, (start, end) in enumerate(zip([self.t, *cuts], [*cuts, t_next])):
-            ages = now + (start - self.t)
-            read = int(np.minimum(ages, self.kv_cap).sum()) + other
-            self._log.append((end - start, rows, read, *(head if first == 0 else (0, 0, 0)),
-                              int(np.count_nonzero(ages < self.kv_cap))))
+            growing = len(self._crossing) - bisect.bisect_right(self._crossing, (start, len(self.length)))
+            self._log.append((end - start, rows, self.held_generated(start) + other,
+                              *(head if first == 0 else (0, 0, 0)), growing))
 
     def _mark(self) -> None:
         """Record the KV held now (after frees and preemptions) for the memory figure."""
