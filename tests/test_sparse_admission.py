@@ -533,6 +533,8 @@ def test_steals_room_counts_the_cap_and_steal_sglangs_counts_whole_lengths():
         eng.admit(1)
         eng.advance(10, pads=False)
         assert pol._predicted_peak(eng) == expected, cls.__name__
+        # a watermark's admission counts a request as the room does (capped for steal, whole for steal_sglang)
+        assert pol._admission_need(eng, 1) == expected - (100 if cls is WorkStealing else 500), cls.__name__
 
 
 def _resumed_step(seed=0, prompts=12, size=4):

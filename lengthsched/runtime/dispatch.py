@@ -526,8 +526,13 @@ class WorkStealing(VLLMLike):
     def _predicted_peak(self, eng: Engine) -> float:
         """KV tokens the running requests hold once grown to their predicted lengths (at least their
         age; at most a compressed cache's ``Problem.kv_cap``), prompts included."""
-        work, held = self.work, self.problem.held if self.ROOM_CAPPED else _whole
+        work, held = self.work, self._held
         return sum(held(max(work[j], eng.age(j) + 1)) + eng.tail[j] for j in eng.running) + eng.prompt_kv_held
+
+    def _held(self, tokens: float) -> float:
+        """What a request of ``tokens`` holds in the room's count: at most a compressed cache's
+        ``Problem.kv_cap`` (``ROOM_CAPPED``), or all of them."""
+        return self.problem.held(tokens) if self.ROOM_CAPPED else _whole(tokens)
 
     def _room(self, eng: Engine) -> bool:
         """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
@@ -541,7 +546,8 @@ class WorkStealing(VLLMLike):
         return self.WATERMARK * self.blocks * self.block_size - self._predicted_peak(eng)
 
     def _admission_need(self, eng: Engine, job: int) -> float:
-        return float(self.problem.held(max(float(self.work[job]), eng.done[job] + 1))) + eng.tail[job]
+        """What admitting ``job`` adds to the watermark's count, as :meth:`_predicted_peak` counts it."""
+        return float(self._held(max(float(self.work[job]), eng.done[job] + 1))) + eng.tail[job]
 
     def _steal(self, eng: Engine) -> bool:
         """Move requests from the back of the fullest blocked queue to this one (the decision of
