@@ -539,6 +539,52 @@ def sparse_oversample(args: argparse.Namespace) -> tuple[str, list]:
                   "cache x dense", "stale (cache)"], rows), raw
 
 
+# Multi-turn runs: (label, policy, run_multiturn's options)
+MULTITURN_CACHE_RUNS = (("vLLM + verl's sticky sessions", "vllm", {}),
+                        ("steal, every turn", "steal", {}),
+                        ("SGLang + its router on every turn (slime)", "sglang", {"router": "cache_aware"}))
+
+
+def sparse_multiturn(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: multi-turn steps (``run_multiturn(compression=)``), dense with the engines' prefix cache (a
+    conversation kept for its next turn), dense without it, and with the section's cache (each turn's own tokens
+    capped, its conversation whole and prefilled again: a compressed turn is no prefix of the next). Sessions of
+    2-5 turns, tools of median 0.5 s; prompt-level predictions with error 0.5."""
+    from simulate.multiturn import run_multiturn, split_turns
+    from simulate.report import predictions_for
+
+    L, comp, batch, R = args.admission_max_new, args.window_cache, args.multiturn_prompts, args.async_replicas
+    seed = args.rollout_seeds[0]
+    rows, raw = [], []
+    for workload in args.admission_workloads:
+        groups = _admission_groups(workload, batch, L, group_size=16, seed=seed)
+        turns = split_turns(groups, seed=seed)
+        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+        for pool in args.async_pools:
+            for label, policy, options in MULTITURN_CACHE_RUNS:
+                kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred, **options)
+                dense = run_multiturn(groups, turns, policy, **kw)
+                bare = run_multiturn(groups, turns, policy, prefix_cache=False, **kw)
+                cache = run_multiturn(groups, turns, policy, compression=comp, **kw)
+                raw.append({"workload": workload, "pool_x_lmax": pool, "run": label, "cache": [comp.budget,
+                                                                                              comp.interval],
+                            "dense_seconds": dense.seconds, "no_prefix_cache_seconds": bare.seconds,
+                            "cache_seconds": cache.seconds, "dense_cache_hits": dense.cache_hits,
+                            "later_turns": dense.later_turns, "dense_prefill_tokens": dense.prefill_tokens,
+                            "cache_prefill_tokens": cache.prefill_tokens,
+                            "cache_lower_bound_seconds": cache.lower_bound_seconds})
+                rows.append([workload, f"{pool} x", label, f"{dense.seconds:.2f}",
+                             f"{dense.cache_hits / max(1, dense.later_turns):.2f}", f"{bare.seconds:.2f}",
+                             f"{cache.seconds:.2f}", f"{cache.seconds / dense.seconds:.3f}",
+                             f"{cache.prefill_tokens / max(1, dense.prefill_tokens):.2f}",
+                             f"{cache.seconds / cache.lower_bound_seconds:.3f}"])
+    return table(f"Multi-turn steps with a compressed cache ({comp.budget} + {comp.interval}; simulated; {batch} "
+                 f"prompts x 16 as sessions of 2-5 turns, tools of median 0.5 s, on {R} replicas, L_max {L}; "
+                 "modelled seconds)",
+                 ["workload", "pool", "run", "dense s", "dense turns hitting the cache", "dense, no prefix cache s",
+                  "cache s", "cache x dense", "cache x dense prefilled", "cache s / LB"], rows), raw
+
+
 # ------------------------------------------------------------------------------- Prefix Grouper
 def _learner_child(spec: str) -> None:
     """Run one learner forward + backward in this process and print its measurements (JSON)."""
@@ -619,7 +665,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
                     default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
-                            "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,learner")
+                            "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,sparse_multiturn,"
+                            "learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
     ap.add_argument("--sparse-group", type=int, default=8, help="sequences of the sparse rollouts")
     ap.add_argument("--sparse-budgets", type=int_list, default="256,512,1024",
@@ -657,6 +704,7 @@ def main() -> int:
     ap.add_argument("--async-replicas", type=int, default=4, help="replicas of the asynchronous section")
     ap.add_argument("--async-pools", type=int_list, default="2,8",
                     help="each replica's pool, x L_max, of the asynchronous section")
+    ap.add_argument("--multiturn-prompts", type=int, default=32, help="prompts of the multi-turn section's step")
     ap.add_argument("--oversample", type=float, default=1.5,
                     help="groups submitted per group kept, over-sampled section (slime's over-sampling batch)")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
@@ -679,6 +727,7 @@ def main() -> int:
         args.rollout_prompts, args.rollout_replicas, args.rollout_pools, args.rollout_seeds = 8, 2, [2], [11]
         args.window_prompts, args.window_replicas, args.window_pools, args.crowding_pools = [8], [2], [2], [1, 2]
         args.async_prompts, args.async_steps, args.async_replicas, args.async_pools = 4, 2, 2, [2]
+        args.multiturn_prompts = 4
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
@@ -686,7 +735,8 @@ def main() -> int:
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
                                          "sparse_sglang_room": sparse_sglang_room, "sparse_async": sparse_async,
-                                         "sparse_oversample": sparse_oversample, "learner": learner},
+                                         "sparse_oversample": sparse_oversample, "sparse_multiturn": sparse_multiturn,
+                                         "learner": learner},
                               checkpoint=lambda partial: write_json(args.out, {**results, **partial}))
     results.update(raw, complete=True)
     import torch

@@ -70,6 +70,7 @@ import numpy as np
 from lengthsched import InvalidArgument
 from lengthsched.errors import check_int, check_nonnegative_float, check_positive_float
 from lengthsched.integrations.rollout import place_ways
+from lengthsched.memory import held_token_steps
 from lengthsched.runtime import Engine, Problem
 from lengthsched.runtime.baselines import VLLMPriority, ran_dry
 from lengthsched.runtime.dispatch import GroupQueue
@@ -88,6 +89,7 @@ from .rollout import (
     share_board,
     steal_ways,
 )
+from .run import compression_cap
 
 __all__ = ["CACHE_THRESHOLD", "MULTITURN_POLICIES", "MULTITURN_ROUTERS", "MULTITURN_RUNS", "MULTITURN_SLIME_RUNS",
            "MultiTurnResult", "Turns", "run_multiturn", "run_multiturn_row", "run_slime_multiturn", "split_turns"]
@@ -266,7 +268,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                   prefix_cache: bool = True, snapshot_seconds: float | None = None,
                   max_num_seqs: int | None = None, router: str = "sticky", placement: Any = None,
                   client_window: float | None = None, client_steals: bool = True,
-                  kv_offload: bool = False) -> MultiTurnResult:
+                  kv_offload: bool = False, compression: Any = None) -> MultiTurnResult:
     """Simulate one multi-turn rollout step (see the module docstring): ``groups`` (objects with
     ``lengths``, each completion's total generated tokens, ``prompt_len`` and ``prompt_id``, e.g.
     :class:`simulate.Group`) as sessions cut into ``turns`` (:func:`split_turns`) on ``replicas``
@@ -303,7 +305,12 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     native`` with prefix caching): a preempted request's KV, loaded back asynchronously when it runs there again
     (``run_rollout``'s), and a cached conversation evicted under pressure, which a later turn admitted there loads
     back instead of prefilling (its load charged to the step that admits it, a pessimistic bound; without
-    ``prefix_cache`` only the preempted requests); host memory is taken to hold everything."""
+    ``prefix_cache`` only the preempted requests); host memory is taken to hold everything.
+    ``compression``: a ``lengthsched.KVCompression`` (Sparse-RL's compressed cache): each turn holds and reads at
+    most ``compression.max_retained`` of the tokens it generates, its conversation (the prompt, the earlier turns
+    and the tools' answers, what the request is given) whole; a compressed turn's KV is no prefix of the next
+    turn's conversation, so no replica keeps a conversation cached for the next turn (``prefix_cache`` keeps
+    prompts only) and every later turn prefills its whole conversation again."""
     if policy not in MULTITURN_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(MULTITURN_POLICIES))
     if router not in MULTITURN_ROUTERS:
@@ -320,6 +327,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     if hasattr(predicted, "observe") or hasattr(predicted, "predict"):
         raise InvalidArgument("predicted", type(predicted).__name__, "predicted lengths per session (a predictor "
                                                                      "object is not modelled in multi-turn steps)")
+    kv_cap = compression_cap(compression, policy, rollout=True)
     spec, groups, _, flat, owner, _, common = _prepare(groups, policy, replicas, budget_tokens, max_new_tokens,
                                                         predicted, cost, 0, prefill_chunk, False, max_num_seqs)
     if len(turns.lengths) != len(flat):
@@ -380,7 +388,8 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     tails_p, prompt_kv = prompt_blocks(prompt_lens, block)
     tails = tails_p[job_owner] + conv
     context = prompt_lens[job_owner] + conv
-    need = prompt_kv[job_owner] + -(-(tails + length) // block) * block
+    need = prompt_kv[job_owner] + -(-(tails + (length if kv_cap is None else np.minimum(length, kv_cap))) // block) \
+        * block
     if need.max() > budget:
         bad = int(np.argmax(need))
         raise InvalidArgument("budget_tokens", budget, f"at least {int(need[bad])} tokens: turn {int(level[bad]) + 1} "
@@ -398,24 +407,25 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         job_pred = np.maximum(pred[session] - before, 1).astype(np.int64)
 
     problem = Problem(lengths=length, max_new_tokens=common["max_new"], budget_tokens=budget, predicted=job_pred,
-                      slots=common["max_seqs"])
+                      slots=common["max_seqs"], kv_cap=kv_cap)
     engines, pols = [], []
     for r in range(replicas):
         pol = cls(problem, GroupQueue(np.zeros(0, dtype=np.int64), []), r, []) if steals else cls(problem)
         pol.waiting.clear()
         eng = Engine(length, tails=tails if block > 1 or conv.any() else None, block_size=block,
-                     budget_tokens=budget, enforce_budget=True, context=context, prefill_chunk=common["prefill_chunk"])
+                     budget_tokens=budget, enforce_budget=True, context=context, prefill_chunk=common["prefill_chunk"],
+                     kv_cap=kv_cap)
         eng.hold_prompts(job_owner, prompt_kv)
         eng.cache_prompts = prefix_cache
         if kv_offload:
-            eng.offload, eng.offload_conversations = True, prefix_cache
+            eng.offload, eng.offload_conversations = True, prefix_cache and kv_cap is None
             eng.load_steps = async_load_steps(cost)
         engines.append(eng)
         pols.append(pol)
     first = np.flatnonzero(level == 0)  # = session ids, in order
     coord = live = None  # live: the router that picks each turn's replica when it is sent (cache_aware)
     if steals:
-        work, ways = steal_ways(groups, pred, budget, replicas, common["max_new"], cls)
+        work, ways = steal_ways(groups, pred, budget, replicas, common["max_new"], cls, kv_cap=kv_cap)
         placed = place_ways(work, [len(g.lengths) for g in groups], replicas, ways)
         share_board(pols, engines, [pol.waiting for pol in pols], cls.RESUBMIT_SECONDS)
         pinned = set() if follow_turns else set(np.flatnonzero(level > 0).tolist())
@@ -450,7 +460,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
     window = None
     if client_window is not None:  # a client's queues: each session waits for its planned replica's window
         window = _ClientWindow(placed, replicas, owner, prompt_lens, pred, common["max_new"], budget, client_window,
-                               client_steals)
+                               client_steals, kv_cap=kv_cap)
         for j in first.tolist():
             window.enter(j)
         initial = window.send()
@@ -501,7 +511,7 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
                     ended.append(int(session[job]))
                     continue
                 at = now + float(gap[job])
-                if prefix_cache:
+                if prefix_cache and kv_cap is None:  # (a compressed turn's KV is no prefix of the next's)
                     eng.cache_conversation(later, int(tails[job] + length[job]))
                 heapq.heappush(arrivals, (at, later))
                 if live is None:
@@ -554,9 +564,9 @@ def run_multiturn(groups: Sequence[Any], turns: Turns, policy: str = "vllm", *, 
         host_hits=sum(eng.host_hits for eng in engines),
         later_turns=int(later.sum()), moved_turns=moved,
         lower_bound_seconds=max(_lower_bound(cost, length, job_owner, prompt_lens, budget, replicas, conv=conv,
-                                             answers=answers, chain=int(flat.max())),
+                                             answers=answers, chain=int(flat.max()), kv_cap=kv_cap),
                                 _session_bound(cost, turns, flat, prompt_lens[owner], session, level, length,
-                                               conv - before, answers)),
+                                               conv - before, answers, kv_cap=kv_cap, before=before)),
         tokens=int(flat.sum()), budget_tokens=budget, step_logs=tuple(logs),
         router="placed" if placement is not None else router)
 
@@ -578,16 +588,23 @@ def _answers(turns: Turns, session: np.ndarray, level: np.ndarray, context: np.n
 
 def _session_bound(cost: Any, turns: Turns, flat: np.ndarray, context: np.ndarray, session: np.ndarray,
                    level: np.ndarray, length: np.ndarray, answered: np.ndarray,
-                   answers: tuple[np.ndarray, np.ndarray]) -> float:
+                   answers: tuple[np.ndarray, np.ndarray], kv_cap: int | None = None,
+                   before: np.ndarray | None = None) -> float:
     """The slowest session's path (seconds): its tokens decoded one a step (reading its prompt, its own tokens
     and the tool answers before them), its tool answers prefilled, and its tools' seconds. Per turn (``session``,
     ``level``, ``length``): ``answered``, the tool answers before it; ``answers``: :func:`_answers`' (tokens, pairs),
-    one per later turn."""
+    one per later turn. ``kv_cap`` (a compressed cache): a turn's rows read its earlier turns whole (``before``,
+    per turn the tokens its session generated before it) and at most ``kv_cap`` of its own."""
     steps = flat.astype(np.int64)
     n = len(steps)
     reads = np.bincount(session, weights=length * answered, minlength=n)  # later turns' rows reading the answers
     later = session[level > 0]
-    kv = steps * context + steps * (steps - 1) // 2 + reads.astype(np.int64)
+    if kv_cap is None:
+        own = steps * (steps - 1) // 2  # each token reads the session's earlier ones
+    else:
+        own = np.bincount(session, weights=length * before + held_token_steps(length - 1, kv_cap),
+                          minlength=n).astype(np.int64)
+    kv = steps * context + own + reads.astype(np.int64)
     decode = np.asarray(cost.lower_bound_seconds(steps=steps, decode_tokens=steps, kv_tokens_read=kv,
                                                  prefill_tokens=np.bincount(later, weights=answers[0], minlength=n),
                                                  prefill_context=np.bincount(later, weights=answers[1], minlength=n)),

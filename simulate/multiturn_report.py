@@ -25,7 +25,7 @@ from lengthsched.errors import check_nonnegative_float, check_positive_float
 
 from .multiturn import MULTITURN_RUNS, MULTITURN_SLIME_RUNS, MultiTurnResult, run_multiturn_row, split_turns
 from .options import OPTION_DEFAULTS, SimulateOptions, resolve
-from .report import aligned, legend
+from .report import aligned, legend, parse_compression
 
 __all__ = ["MULTITURN_LEGEND", "MultiTurnComparison", "check_multiturn_options", "compare_multiturn",
            "format_multiturn", "parse_range"]
@@ -82,9 +82,6 @@ def check_multiturn_options(opts: SimulateOptions) -> tuple[tuple[int, int], tup
             raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --turns (its rows are fixed: vLLM "
                                                "FCFS, vllm_priority and steal, each with and without steering later "
                                                "turns)")
-    if opts.kv_compression is not None:  # a compressed conversation is no prefix of its next turn's context
-        raise InvalidArgument("kv_compression", opts.kv_compression, "no --kv-compression with --turns (a compressed "
-                                                                     "cache is not modelled across a session's turns)")
     if str(opts.predictor).startswith("history"):
         raise InvalidArgument("predictor", opts.predictor, "oracle, prompt:SIGMA or constant:TOKENS with --turns "
                                                            "(each session's total length, predicted once)")
@@ -135,7 +132,8 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
     known = {None: None, "given": step.predicted, "oracle": oracle}
     labels, results, errors, oracles = [], [], [], []
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
-                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots, kv_offload=bool(opts.kv_offload))
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots, kv_offload=bool(opts.kv_offload),
+                  compression=parse_compression(opts.kv_compression))
     for label, policy, options, pred in MULTITURN_SLIME_RUNS if opts.framework == "slime" else MULTITURN_RUNS:
         labels.append(label)
         oracles.append(pred == "oracle")
@@ -162,6 +160,11 @@ def compare_multiturn(opts: SimulateOptions) -> MultiTurnComparison:
                f"{step.pool:,} KV tokens; "
                + ("verl's sticky session routing" if opts.framework == "verl" else "slime's rollout on SGLang")
                + ("; evicted KV kept in host memory (--kv-offload)" if opts.kv_offload else "")
+               + ("" if opts.kv_compression is None else
+                  f"; KV compressed ({opts.kv_compression}): each turn holds and reads at most "
+                  f"{parse_compression(opts.kv_compression).max_retained} of the tokens it generates, its conversation "
+                  "whole, and prefills its whole conversation again (a compressed turn is no prefix of the next: no "
+                  "conversation stays cached)")
                + f"; predictor {o.predictor}; seconds modelled "
                f"for {step.cost.model} on {step.cost.gpu}")
     return MultiTurnComparison(dataclasses.asdict(opts), setting, tuple(labels), tuple(results), tuple(errors),

@@ -222,8 +222,9 @@ class SimulateOptions:
                                             "that much (the compression's own work is not priced); in a rollout "
                                             "step the default rows are those that run one: "
                                             + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; also with --steps (a resumed "
-                                            "sample holds its partial response in the cache) and --max-staleness; "
-                                            "not with --turns or --headroom")
+                                            "sample holds its partial response in the cache), --max-staleness and "
+                                            "--turns (each turn's own tokens compressed, its conversation "
+                                            "prefilled again); not with --headroom")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

@@ -185,16 +185,12 @@ def _runs_behind(policy: str, router: str) -> bool:
 
 def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> None:
     """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), over-sampled steps
-    (``--steps``: a resumed sample holds its partial response in the cache) or, with ``--max-staleness``,
-    asynchronous RL (its own checks), the policies that run a compressed cache (:func:`check_compressed_policies`);
-    not multi-turn steps (a compressed conversation is no prefix of its next turn) or the headroom's oracles."""
-    for name in ("turns", "headroom"):
-        value = getattr(opts, name)
-        if value is not None and value is not False and value != 0:
-            raise InvalidArgument(name, value, f"no --{name.replace('_', '-')} with --kv-compression (a compressed "
-                                               "cache is modelled for rollout steps, one or several (--steps), "
-                                               "and asynchronous RL, not for multi-turn steps or the headroom's "
-                                               "oracles)")
+    (``--steps``: a resumed sample holds its partial response in the cache), multi-turn steps (``--turns``) or, with
+    ``--max-staleness``, asynchronous RL (its own checks), the policies that run a compressed cache
+    (:func:`check_compressed_policies`); not the headroom's oracles."""
+    if opts.headroom:
+        raise InvalidArgument("headroom", opts.headroom, "no --headroom with --kv-compression (the headroom's oracle "
+                                                         "placements are searched for a full cache)")
     check_compressed_policies(opts, policies, rollout=True)
 
 

@@ -521,7 +521,8 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
     assert {"machine", "sgpo", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout", "sparse_window",
-            "sparse_crowding", "sparse_sglang_room", "sparse_async", "sparse_oversample", "learner"} <= set(data)
+            "sparse_crowding", "sparse_sglang_room", "sparse_async", "sparse_oversample", "sparse_multiturn",
+            "learner"} <= set(data)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
     budget = data["sparse_budget"]
     assert all(row["steps"] == row["sim_steps"] for row in budget)
@@ -543,6 +544,9 @@ def test_companions_benchmark_runs_quick(tmp_path):
     assert len({c["run"] for c in steps}) == 4 and all(
         c["dense_kept_tokens_per_second"] > 0 < c["cache_kept_tokens_per_second"] for c in steps)
     assert any(c["cache_stale_share"] > 0 for c in steps)  # partial responses resumed under the cache
+    turns = data["sparse_multiturn"]  # multi-turn steps dense, without a prefix cache and with the cache
+    assert len({c["run"] for c in turns}) == 3 and all(
+        c["cache_lower_bound_seconds"] <= c["cache_seconds"] and c["dense_seconds"] > 0 for c in turns)
     crowding = data["sparse_crowding"]  # only the settings where the two crowding rules spread differently
     assert crowding and all(c["ways_whole"] != c["ways_held"] and c["whole_x_vllm"] > 0 < c["held_x_vllm"]
                             for c in crowding)

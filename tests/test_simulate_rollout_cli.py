@@ -781,7 +781,7 @@ ASYNC = ["--prompts", "4", "--replicas", "2", "--group-size", "4", "--max-new-to
 def test_max_staleness_with_a_compressed_cache_runs_every_row_that_takes_one(capsys):
     """--max-staleness with --kv-compression: every asynchronous and synchronous row runs the cache (it was
     ignored before), steal_sglang's included; the numbers are those of run_async_rollout(compression=) on the
-    same stream. --turns with --kv-compression is a one-line error."""
+    same stream. --turns with --kv-compression runs every multi-turn row with the cache."""
     from lengthsched import KVCompression
     from simulate import run_async_rollout
     from simulate.options import OPTION_DEFAULTS, SimulateOptions
@@ -804,9 +804,11 @@ def test_max_staleness_with_a_compressed_cache_runs_every_row_that_takes_one(cap
                             policy="vllm", replicas=2, budget_tokens=step.pool, max_new_tokens=1024, cost=step.cost,
                             compression=KVCompression(64, 16))
     assert sparse["async: vllm, K=1, round robin (AReaL)"]["seconds"] == pytest.approx(run.seconds, rel=1e-12)
-    assert main(["simulate", "--prompts", "4", "--replicas", "2", "--turns", "2", "--kv-compression", "64:16"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "argument 'kv_compression'" in err and "--turns" in err
+    assert main(["simulate", "--prompts", "4", "--replicas", "2", "--turns", "2", "--kv-compression", "64:16",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "KV compressed (64:16): each turn holds and reads at most 80 of the tokens it generates" in out["setting"]
+    assert all(r.get("seconds") and r["cache_hits"] == 0 for r in out["rows"])  # no conversation stays cached
 
 
 def test_max_staleness_compares_areal_asynchronous_loops_with_synchronous_steps(capsys):

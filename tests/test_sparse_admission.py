@@ -644,3 +644,30 @@ def test_slimes_planned_client_resumes_partial_responses_in_its_order():
     # a completion that resumes with more than max_new_tokens allows is refused whatever the order
     with pytest.raises(InvalidArgument, match="lengths"):
         run_slime_planned_in_order(groups, resumed=np.where(left > 0, 2040, 0), **kw)
+
+
+def test_multi_turn_steps_run_a_compressed_cache():
+    """run_multiturn(compression=): a turn's own tokens capped, its conversation whole and prefilled again (no
+    conversation cached). A cap that never binds, with no prefix cache, gives the dense step without one, for every
+    policy; a binding cap keeps the pools and the bound (a lower one: capped reads) and caches no conversation."""
+    from simulate.multiturn import MULTITURN_POLICIES, run_multiturn, split_turns
+    from simulate.workloads import make_workload
+
+    L = 2048
+    groups = make_workload("castillo", 8, max_new_tokens=L, limit=24, seed=11)
+    turns = split_turns(groups, seed=1, tool_seconds=0.05)
+    pred = np.concatenate([g.lengths for g in groups])
+    for policy in MULTITURN_POLICIES:
+        kw = dict(replicas=2, budget_tokens=2 * L, max_new_tokens=L, predicted=pred)
+        dense = run_multiturn(groups, turns, policy, prefix_cache=False, **kw)
+        loose = run_multiturn(groups, turns, policy, prefix_cache=False, compression=KVCompression(L, 16), **kw)
+        assert loose.seconds == pytest.approx(dense.seconds, rel=1e-12), policy
+        assert (loose.prefill_tokens, loose.preemptions) == (dense.prefill_tokens, dense.preemptions), policy
+        kw["budget_tokens"] = 8 * L  # room for the dense engines' prefix cache to keep conversations
+        capped = run_multiturn(groups, turns, policy, compression=KVCompression(64, 16), **kw)
+        cached = run_multiturn(groups, turns, policy, **kw)
+        assert capped.cache_hits == 0 < cached.cache_hits, policy
+        assert capped.lower_bound_seconds <= capped.seconds, policy
+        assert capped.lower_bound_seconds < cached.lower_bound_seconds, policy  # the capped reads and KV area
+    with pytest.raises(InvalidArgument, match="compression"):
+        run_multiturn(groups, turns, "vllm", compression=(64, 16), **kw)
