@@ -704,7 +704,7 @@ def main() -> int:
     ap.add_argument("--async-replicas", type=int, default=4, help="replicas of the asynchronous section")
     ap.add_argument("--async-pools", type=int_list, default="2,8",
                     help="each replica's pool, x L_max, of the asynchronous section")
-    ap.add_argument("--multiturn-prompts", type=int, default=32, help="prompts of the multi-turn section's step")
+    ap.add_argument("--multiturn-prompts", type=int, default=128, help="prompts of the multi-turn section's step")
     ap.add_argument("--oversample", type=float, default=1.5,
                     help="groups submitted per group kept, over-sampled section (slime's over-sampling batch)")
     ap.add_argument("--window-cache", default="256:32", help="the client-window section's cache, BUDGET:INTERVAL")
