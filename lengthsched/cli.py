@@ -153,6 +153,10 @@ def _cmd_budget(opts: BudgetOptions) -> int:
             if getattr(opts, name) is not None:
                 raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --simulate POLICIES "
                                                                   "(it sets the simulated epoch)")
+    if (opts.verl_data is None) != (opts.verl_output is None):  # the data set to read and where to write it
+        name = "verl_data" if opts.verl_data is None else "verl_output"
+        raise InvalidArgument(name, None, f"{flag_name(name)} too: --verl-data names the data set read and "
+                                          "--verl-output where the planned one is written")
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
     if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
         raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")
@@ -180,8 +184,24 @@ def _cmd_budget(opts: BudgetOptions) -> int:
         result["epochs"] = [{"policy": r["policy"], "steps_ratio": r["steps_ratio"],
                              "adaptive": dataclasses.asdict(r["adaptive"]) if r["adaptive"] else None,
                              "fixed": dataclasses.asdict(r["fixed"])} for r in epochs]
+    verl = None
+    if opts.verl_data is not None:  # before printing: a data set the plan cannot be written into is an error
+        from .integrations.verl_v1 import write_adaptive_rollout_data
+
+        try:
+            verl = write_adaptive_rollout_data(opts.verl_data, opts.verl_output, plan, id_key=opts.verl_id,
+                                               default_n=cfg.baseline_group_size, order=opts.verl_order)
+        except InvalidArgument as exc:  # the library's names for the flags' values
+            flag = {"source": "verl_data", "id_key": "verl_id", "ids": "verl_id"}.get(exc.name, exc.name)
+            raise InvalidArgument(flag, exc.value, exc.expected) from None
+        result["verl_data"] = {"source": opts.verl_data, "output": opts.verl_output, **verl}
     text = json.dumps(result, indent=1)
-    print(text if opts.json else _format_budget(plan, cfg, epochs))
+    table = _format_budget(plan, cfg, epochs)
+    if verl is not None:
+        table += (f"\nverl data: {verl['kept']:,} of {verl['rows']:,} rows written to {opts.verl_output} with "
+                  f"__rollout_n__ ({verl['dropped']:,} dropped by the plan, {verl['unprofiled']:,} unprofiled at "
+                  f"G={cfg.baseline_group_size}; {verl['profiled_missing']:,} profiled prompts in no row)")
+    print(text if opts.json else table)
     if opts.output is not None:  # after printing: a failed write does not lose the plan
         atomic_write_text(opts.output, text + "\n")
     return 0

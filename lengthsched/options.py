@@ -97,6 +97,16 @@ class BudgetOptions:
     max_new_tokens: int = _opt(4096, "L_max of the simulated epoch, tokens")
     json: bool = _opt(False, "print the plan as JSON")
     output: str | None = _opt(None, "also write the JSON plan to this file (atomically)", output="file")
+    verl_data: str | None = _opt(None, "a verl data set (parquet, verl's data.train_files) to write the plan into, "
+                                       "with --verl-output: the rows the plan keeps, each with its group size as "
+                                       "__rollout_n__ (what verl's v1 trainer runs per prompt), unprofiled rows at "
+                                       "--baseline-group-size")
+    verl_output: str | None = _opt(None, "where to write that data set (parquet, atomically)", output="file")
+    verl_id: str = _opt("extra_info.index", "the column of --verl-data holding each row's prompt id (matched with "
+                                            "the profile's ids as text); a dotted path into struct columns")
+    verl_order: str = _opt("data", "the rows' order in --verl-output: data (as read) or curriculum (the plan's "
+                                   "phases, easiest first; keep it with verl's data.shuffle=False)",
+                           choices=["data", "curriculum"])
 
 
 @dataclass(frozen=True)

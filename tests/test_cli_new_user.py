@@ -118,7 +118,7 @@ def test_every_command_marks_its_output_paths():
     for name, entry in COMMANDS.items():
         for sub, (cls, _) in _table(entry).items():
             seen[" ".join(filter(None, (name, sub)))] = output_fields(cls)
-    assert seen["plan"] == {"output": "file"} and seen["budget"] == {"output": "file"}
+    assert seen["plan"] == {"output": "file"} and seen["budget"] == {"output": "file", "verl_output": "file"}
     assert seen["simulate"] == {"plot": "dir", "output": "file"}
     assert seen["cost fit"] == {"out": "file"}
     assert seen["sample"] == {"steps_out": "file", "output": "file"}

@@ -130,3 +130,85 @@ def test_budget_command_simulates_the_epoch(tmp_path, capsys):
     assert [e["policy"] for e in res["epochs"]] == ["fixed_slot", "length_aware"]
     assert all(e["adaptive"]["steps"] < e["fixed"]["steps"] for e in res["epochs"])
     assert main(["budget", str(path), "--simulate", "magic", "--slots", "4"]) == 2
+
+
+def _verl_data(path, n=8):
+    """A verl data set as its preprocessing scripts write one (gsm8k's): prompt messages, the reward's ground truth,
+    and ``extra_info.index``, the row's prompt id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": f"question {i}"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"split": "train", "index": i}}
+            for i in range(n)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return rows
+
+
+SGPO_PROFILE = [{"id": "0", "outcomes": [1] * 8}, {"id": "1", "outcomes": [1] + [0] * 7},
+                {"id": "2", "outcomes": [1, 1, 0, 0]}, {"id": "3", "outcomes": [0] * 8},
+                {"id": "4", "outcomes": [1, 1, 1, 0]}, {"id": "99", "outcomes": [1, 0]}]
+
+
+def test_the_plan_goes_into_verls_data_as_rollout_n(tmp_path, capsys):
+    """lengthsched budget --verl-data/--verl-output: the rows the plan keeps, each with its group size as
+    __rollout_n__ (verl 0.9.1's v1 worker runs that many sessions for the prompt), read back as verl reads its data
+    (datasets' parquet loader); every other column intact; unprofiled rows at --baseline-group-size; curriculum
+    order on request."""
+    import datasets
+
+    rows = _verl_data(tmp_path / "train.parquet")
+    (tmp_path / "profile.jsonl").write_text("\n".join(json.dumps(p) for p in SGPO_PROFILE) + "\n")
+    plan = plan_budget(read_profile([json.dumps(p) for p in SGPO_PROFILE]), BudgetConfig(seed=0))
+    sizes = {p.id: p.group_size for p in plan.prompts if p.kept}
+    assert "0" not in sizes and "3" in sizes  # trivial dropped; unsolved sampled at this seed
+    args = ["budget", str(tmp_path / "profile.jsonl"), "--verl-data", str(tmp_path / "train.parquet"),
+            "--verl-output", str(tmp_path / "out.parquet"), "--baseline-group-size", "12"]
+    assert main(args + ["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["verl_data"]
+    assert {k: report[k] for k in ("rows", "kept", "dropped", "unprofiled", "profiled_missing")} == \
+        {"rows": 8, "kept": 7, "dropped": 1, "unprofiled": 3, "profiled_missing": 1}
+    out = datasets.load_dataset("parquet", data_files=str(tmp_path / "out.parquet"))["train"]
+    got = [(r["extra_info"]["index"], r["__rollout_n__"]) for r in out]
+    assert got == [(i, sizes.get(str(i), 12)) for i in range(1, 8)]  # the data's order, row 0 dropped
+    assert [r["prompt"] for r in out] == [rows[i]["prompt"] for i in range(1, 8)]
+    assert [r["reward_model"] for r in out] == [rows[i]["reward_model"] for i in range(1, 8)]
+    assert main(args + ["--verl-order", "curriculum"]) == 0
+    assert "verl data: 7 of 8 rows written" in capsys.readouterr().out
+    order = [r["extra_info"]["index"] for r in datasets.load_dataset(
+        "parquet", data_files=str(tmp_path / "out.parquet"))["train"]]
+    curriculum = [int(p.id) for i in range(plan.config.phases) for p in plan.phase(i) if p.id != "99"]
+    assert order == curriculum + [5, 6, 7]  # easiest phase first, the unprofiled rows last
+
+
+def test_verl_data_errors_name_the_flag(tmp_path, capsys):
+    _verl_data(tmp_path / "train.parquet")
+    (tmp_path / "profile.jsonl").write_text("\n".join(json.dumps(p) for p in SGPO_PROFILE) + "\n")
+    base = ["budget", str(tmp_path / "profile.jsonl")]
+    for extra, flag in ((["--verl-data", str(tmp_path / "train.parquet")], "verl_output"),
+                        (["--verl-output", str(tmp_path / "o.parquet")], "verl_data"),
+                        (["--verl-data", str(tmp_path / "none.parquet"), "--verl-output", str(tmp_path / "o.parquet")],
+                         "verl_data"),
+                        (["--verl-data", str(tmp_path / "profile.jsonl"), "--verl-output",
+                          str(tmp_path / "o.parquet")], "verl_data"),
+                        (["--verl-data", str(tmp_path / "train.parquet"), "--verl-output", str(tmp_path / "o.parquet"),
+                          "--verl-id", "extra_info.missing"], "verl_id"),
+                        (["--verl-data", str(tmp_path / "train.parquet"), "--verl-output", str(tmp_path / "o.parquet"),
+                          "--verl-id", "data_source"], "verl_id")):  # a column whose values name no profiled prompt
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"argument '{flag}'" in err, err
+    assert not (tmp_path / "o.parquet").exists()  # nothing written on a failure
+
+
+def test_adaptive_rollout_rows_checks_its_arguments():
+    from lengthsched.integrations.verl_v1 import adaptive_rollout_rows
+
+    plan = plan_budget(read_profile([json.dumps(p) for p in SGPO_PROFILE]))
+    rows, sizes = adaptive_rollout_rows([4, "4", 0, 77], plan, default_n=5)  # ids matched as text
+    assert rows == [0, 1, 3] and sizes[2] == 5 and sizes[0] == sizes[1] == plan.prompts[4].group_size
+    for kwargs, name in ((dict(default_n=0), "default_n"), (dict(default_n=4, order="random"), "order")):
+        with pytest.raises(InvalidArgument, match=name):
+            adaptive_rollout_rows([1], plan, **kwargs)
+    with pytest.raises(InvalidArgument, match="plan"):
+        adaptive_rollout_rows([1], {"prompts": []}, default_n=4)

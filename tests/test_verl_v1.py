@@ -346,6 +346,37 @@ def test_per_prompt_group_sizes_validation_and_failed_sessions():
         manager.generate_sequences(prompt_batch(3, ["q0"], counts=[-1]))
 
 
+@requires_v1
+def test_sgpos_group_sizes_reach_verls_batches_through_its_own_data_loading(tmp_path):
+    """lengthsched budget's plan written into a verl data set (``write_adaptive_rollout_data``) comes back through
+    verl's own loading (``datasets.load_dataset("parquet")`` as ``RLHFDataset`` reads ``data.train_files``, and its
+    real ``collate_fn``) as each row's ``__rollout_n__``, and the manager runs that many sessions per prompt."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from lengthsched.sgpo import plan_budget, read_profile
+
+    rows = [{"prompt": [{"role": "user", "content": q}], "extra_info": {"index": q}} for q in TRUE]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    profile = ['{"id": "q0", "outcomes": [1, 0, 0, 0]}', '{"id": "q1", "outcomes": [1, 1, 1, 1]}',
+               '{"id": "q2", "outcomes": [1, 1, 0, 0]}', '{"id": "q3", "outcomes": [1, 0, 0, 0, 0, 0, 0, 0]}']
+    plan = plan_budget(read_profile(profile))
+    counts = vv1.write_adaptive_rollout_data(tmp_path / "train.parquet", tmp_path / "out.parquet", plan, default_n=G)
+    assert counts["kept"] == len(TRUE) - 1  # q1 (solved every time) dropped
+    loaded = datasets.load_dataset("parquet", data_files=str(tmp_path / "out.parquet"))["train"]
+    batch = collate_fn([dict(r) for r in loaded])
+    names = [info["index"] for info in batch["extra_info"]]
+    sizes = [int(n) for n in batch["__rollout_n__"]]
+    assert sizes == [4, 2, 8, G, G] and names == ["q0", "q2", "q3", "q4", "q5"]
+    manager, _, servers, workers = pipeline()
+    manager.generate_sequences(prompt_batch(1, names, counts=sizes))
+    finish(workers)
+    assert {p: len(s) for p, s in sent_by_prompt(servers).items()} == {
+        list(TRUE).index(q) + 1: n for q, n in zip(names, sizes)}
+
+
 class VerlRouter:
     """verl's default router: no ``expect``; each request to the server with the fewest in flight."""
 

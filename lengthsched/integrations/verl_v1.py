@@ -59,13 +59,15 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Hashable
+import os
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
+from ..io import atomic_write_bytes
 from .verl import (
     MANAGER_TQ_CLASS,
     SESSION_PRIORITY,
@@ -80,9 +82,10 @@ from .verl import (
 )
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
-__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "RUNNING_STEPS", "SESSION_PRIORITY", "STEALING_MANAGER_TQ_CLASS",
-           "SessionPriorityClient", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
-           "make_tq_stealing_manager_class", "make_tq_worker_class"]
+__all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "ROLLOUT_N", "ROLLOUT_N_ORDERS", "RUNNING_STEPS", "SESSION_PRIORITY",
+           "STEALING_MANAGER_TQ_CLASS", "SessionPriorityClient", "adaptive_rollout_rows", "filter_groups",
+           "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class",
+           "make_tq_worker_class", "write_adaptive_rollout_data"]
 # (SESSION_PRIORITY, SessionPriorityClient: verl's, named here too)
 
 log = logging.getLogger(__name__)
@@ -488,6 +491,88 @@ def make_tq_stealing_manager_class(base: type, client_class: type) -> type:
 
 
 _MADE: dict[str, type] = {}
+
+
+#: verl 0.9.1's per-prompt group size: ``AgentLoopWorkerTQ._run_prompt`` pops it from each prompt's row (else
+#: ``rollout.n``) and runs that many sessions ("user can dynamically adjust n for each sample here, e.g. according to
+#: task difficulty"); GRPO's advantages group by the prompt's ``uid`` (``compute_grpo_outcome_advantage``), and the
+#: trainer pads a batch to its mini-batch multiple (``upsample_batch_to_divisible_size``), so groups of any size train.
+ROLLOUT_N = "__rollout_n__"
+#: :func:`adaptive_rollout_rows`' orders: the data set's, or the plan's curriculum (easiest phase first).
+ROLLOUT_N_ORDERS = ("data", "curriculum")
+
+
+def adaptive_rollout_rows(ids: Sequence[Any], plan: Any, *, default_n: int,
+                          order: str = "data") -> tuple[list[int], list[int]]:
+    """sGPO's adaptive group sizes for verl's v1 trainer: which rows of a verl data set to keep, in what order, and
+    each kept row's :data:`ROLLOUT_N`. ``ids``: each row's prompt id (matched as text with the profile's ids);
+    ``plan``: a :class:`lengthsched.sgpo.BudgetPlan` (``lengthsched budget``). A profiled row the plan keeps gets its
+    group size; one it drops (trivial, or unsolved and not sampled) is left out; a row the profile does not name
+    keeps ``default_n`` (verl's ``rollout.n``). ``order``: ``"data"`` (the rows' own order) or ``"curriculum"`` (the
+    plan's phases, easiest first, each in the plan's order, then the rows it does not name; verl keeps it with
+    ``data.shuffle=False``). Returns (row indices, group sizes)."""
+    from ..sgpo import BudgetPlan
+
+    if not isinstance(plan, BudgetPlan):
+        raise InvalidArgument("plan", type(plan).__name__, "a lengthsched.sgpo.BudgetPlan")
+    default_n = check_int("default_n", default_n, minimum=1)
+    if order not in ROLLOUT_N_ORDERS:
+        raise InvalidArgument("order", order, " or ".join(map(repr, ROLLOUT_N_ORDERS)))
+    decided = {p.id: p for p in plan.prompts}
+    keys = [str(i) for i in ids]
+    if decided and keys and not any(k in decided for k in keys):
+        raise InvalidArgument("ids", f"{len(keys)} rows ({keys[0]!r}, ...)",
+                              f"ids that name the profile's prompts ({next(iter(decided))!r}, ...)")
+    rows = [i for i, k in enumerate(keys) if k not in decided or decided[k].kept]
+    if order == "curriculum":
+        rank = {p.id: (p.phase, j) for j, p in enumerate(q for i in range(plan.config.phases) for q in plan.phase(i))}
+        rows.sort(key=lambda i: rank.get(keys[i], (plan.config.phases, i)))
+    return rows, [decided[keys[i]].group_size if keys[i] in decided else default_n for i in rows]
+
+
+def write_adaptive_rollout_data(source: str | os.PathLike, output: str | os.PathLike, plan: Any, *,
+                                id_key: str = "extra_info.index", default_n: int, order: str = "data") -> dict:
+    """:func:`adaptive_rollout_rows` on a verl data set: read the parquet file ``source`` (verl's ``data.train_files``),
+    keep and order its rows by ``plan``, give each its :data:`ROLLOUT_N` and write them to ``output`` (atomically;
+    every other column as it was). ``id_key``: the column holding each row's prompt id, a dotted path into struct
+    columns (verl's preprocessing scripts put it in ``extra_info.index``). Needs pyarrow (``datasets``, which verl
+    reads its files with, brings it). Returns counts: ``rows`` read, ``kept``, ``dropped`` (by the plan),
+    ``unprofiled`` (kept at ``default_n``) and ``profiled_missing`` (profiled prompts no row names)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow comes with datasets (the train extra) and verl
+        raise InvalidArgument("source", str(source), "pyarrow installed to read and write parquet (pip install "
+                                                     "'lengthsched[train]' or verl)") from None
+    try:
+        table = pq.read_table(source)
+    except (OSError, pa.ArrowException) as exc:
+        raise InvalidArgument("source", str(source), f"a readable parquet file ({exc.__class__.__name__})") from None
+    head, *path = id_key.split(".")
+    if head not in table.column_names:
+        raise InvalidArgument("id_key", id_key, f"a column of {source} ({', '.join(table.column_names)})")
+    ids = []
+    for value in table.column(head).to_pylist():
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        ids.append(value)
+    if any(v is None for v in ids):
+        bad = next(i for i, v in enumerate(ids) if v is None)
+        raise InvalidArgument("id_key", id_key, f"a value in every row (row {bad} of {source} has none)")
+    rows, sizes = adaptive_rollout_rows(ids, plan, default_n=default_n, order=order)
+    table = table.take(pa.array(rows, type=pa.int64()))
+    if ROLLOUT_N in table.column_names:
+        table = table.drop_columns([ROLLOUT_N])
+    table = table.append_column(ROLLOUT_N, pa.array(sizes, type=pa.int64()))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    atomic_write_bytes(output, sink.getvalue().to_pybytes())
+    decided = {p.id: p for p in plan.prompts}
+    named = {str(i) for i in ids}
+    return {"rows": len(ids), "kept": len(rows), "dropped": sum(1 for i in ids if str(i) in decided
+                                                                  and not decided[str(i)].kept),
+            "unprofiled": sum(1 for i in ids if str(i) not in decided),
+            "profiled_missing": sum(1 for k in decided if k not in named)}
 
 
 def __getattr__(name: str) -> Any:
