@@ -157,6 +157,11 @@ def _cmd_budget(opts: BudgetOptions) -> int:
         name = "verl_data" if opts.verl_data is None else "verl_output"
         raise InvalidArgument(name, None, f"{flag_name(name)} too: --verl-data names the data set read and "
                                           "--verl-output where the planned one is written")
+    if opts.verl_data is None:  # these shape the verl data set only
+        for name, default in (("verl_id", "extra_info.index"), ("verl_order", "data")):
+            if getattr(opts, name) != default:
+                raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --verl-data (it "
+                                                                  "shapes the data set written)")
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
     if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
         raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")

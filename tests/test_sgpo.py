@@ -187,6 +187,8 @@ def test_verl_data_errors_name_the_flag(tmp_path, capsys):
     base = ["budget", str(tmp_path / "profile.jsonl")]
     for extra, flag in ((["--verl-data", str(tmp_path / "train.parquet")], "verl_output"),
                         (["--verl-output", str(tmp_path / "o.parquet")], "verl_data"),
+                        (["--verl-order", "curriculum"], "verl_order"),  # no effect without --verl-data
+                        (["--verl-id", "uid"], "verl_id"),
                         (["--verl-data", str(tmp_path / "none.parquet"), "--verl-output", str(tmp_path / "o.parquet")],
                          "verl_data"),
                         (["--verl-data", str(tmp_path / "profile.jsonl"), "--verl-output",
