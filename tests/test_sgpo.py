@@ -214,3 +214,31 @@ def test_adaptive_rollout_rows_checks_its_arguments():
             adaptive_rollout_rows([1], plan, **kwargs)
     with pytest.raises(InvalidArgument, match="plan"):
         adaptive_rollout_rows([1], {"prompts": []}, default_n=4)
+
+
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=30), st.sampled_from(["data", "curriculum"]),
+       st.integers(0, 5))
+def test_adaptive_rollout_rows_keep_every_row_the_plan_does_not_drop(ids, order, seed):
+    """Each row is kept unless its prompt is profiled and dropped; a kept profiled row gets its planned size, an
+    unprofiled one the default; "data" keeps the rows' order, "curriculum" puts no later phase before an earlier
+    one and the unprofiled rows last; every kept row once."""
+    from lengthsched.integrations.verl_v1 import adaptive_rollout_rows
+
+    rng = np.random.default_rng(seed)
+    profile = [json.dumps({"id": str(k), "solved": int(s), "samples": 8})
+               for k, s in zip(range(0, 12, 2), rng.integers(0, 9, 6))]
+    plan = plan_budget(read_profile(profile), BudgetConfig(seed=seed))
+    decided = {p.id: p for p in plan.prompts}
+    if not any(str(i) in decided for i in ids):
+        with pytest.raises(InvalidArgument, match="ids"):
+            adaptive_rollout_rows(ids, plan, default_n=7, order=order)
+        return
+    rows, sizes = adaptive_rollout_rows(ids, plan, default_n=7, order=order)
+    want = [i for i, k in enumerate(ids) if str(k) not in decided or decided[str(k)].kept]
+    assert sorted(rows) == want and len(set(rows)) == len(rows)
+    assert sizes == [decided[str(ids[i])].group_size if str(ids[i]) in decided else 7 for i in rows]
+    if order == "data":
+        assert rows == want
+    else:
+        phases = [decided[str(ids[i])].phase if str(ids[i]) in decided else plan.config.phases for i in rows]
+        assert phases == sorted(phases)
