@@ -316,8 +316,8 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             step = None if step is None else check_int("global_steps", step, minimum=0)
             rollout = self.config.actor_rollout_ref.rollout
             default_n = rollout.val_kwargs.n if validate else rollout.n
-            counts = _rows(prompts, "__rollout_n__") or [default_n] * len(uids)
-            counts = [check_int("__rollout_n__", n, minimum=0) for n in counts]
+            counts = _rows(prompts, ROLLOUT_N) or [default_n] * len(uids)
+            counts = [check_int(ROLLOUT_N, n, minimum=0) for n in counts]
             if not sum(counts):
                 return None
             raw = _rows(prompts, "raw_prompt")
