@@ -31,6 +31,7 @@ from lengthsched.errors import check_int
 from lengthsched.runtime.timing import DEFAULT_PREFILL_CHUNK
 
 from .rollout import _prepare, _run_replica, place_by_length_class, place_by_time, route
+from .run import compression_cap
 
 __all__ = ["PlacementSearch", "search_placement"]
 
@@ -58,21 +59,25 @@ class PlacementSearch:
 def search_placement(groups: Sequence[Any], *, replicas: int, budget_tokens: int, max_new_tokens: int,
                      policy: str = "vllm", cost: Any = None, evaluations: int = 200, seed: int = 0,
                      prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
-                     max_num_seqs: int | None = None) -> PlacementSearch:
+                     max_num_seqs: int | None = None, compression: Any = None) -> PlacementSearch:
     """Search placements of ``groups`` (as for :func:`simulate.run_rollout`) on ``replicas`` engines
     running ``policy`` (``vllm`` or ``vllm_priority``; the latter is given the true lengths as
     predictions) for the smallest modelled makespan, with the true lengths known (an oracle).
     ``evaluations``: the most replica simulations after the starting placements (each try costs
-    two); ``seed``: the search's random choices; ``max_num_seqs``: as for ``run_rollout``. Returns a
+    two); ``seed``: the search's random choices; ``max_num_seqs``, ``compression`` (a compressed cache: every
+    replica simulated with it; the starting placements still weigh whole lengths): as for ``run_rollout``. Returns a
     :class:`PlacementSearch`; its ``placement`` passed to ``run_rollout(..., placement=)`` (with the
-    same ``max_num_seqs``) reproduces ``seconds``."""
+    same ``max_num_seqs`` and ``compression``) reproduces ``seconds``."""
     if policy not in SEARCH_POLICIES:
         raise InvalidArgument("policy", policy, "one of " + ", ".join(SEARCH_POLICIES))
     evaluations = check_int("evaluations", evaluations, minimum=0)
     check_int("seed", seed, minimum=0)
     oracle = None if not groups else np.concatenate([np.asarray(g.lengths) for g in groups])
+    kv_cap = compression_cap(compression, policy, rollout=True)
     spec, groups, _, flat, owner, _, common = _prepare(
-        groups, policy, replicas, budget_tokens, max_new_tokens, oracle, cost, seed, prefill_chunk, False, max_num_seqs)
+        groups, policy, replicas, budget_tokens, max_new_tokens, oracle, cost, seed, prefill_chunk, False, max_num_seqs,
+        kv_cap=kv_cap)
+    common["kv_cap"] = kv_cap
     rng = np.random.default_rng(seed)
 
     def run(mine: np.ndarray) -> float:

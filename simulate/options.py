@@ -224,7 +224,8 @@ class SimulateOptions:
                                             + ",".join(COMPRESSED_ROLLOUT_POLICIES) + "; also with --steps (a resumed "
                                             "sample holds its partial response in the cache), --max-staleness and "
                                             "--turns (each turn's own tokens compressed, its conversation "
-                                            "prefilled again); not with --headroom")
+                                            "prefilled again) and --headroom (the oracle placement searched with "
+                                            "the cache)")
     refill: str = _opt("sjf", "refill rule of length_aware", choices=[r.value for r in RefillRule])
     seed: int = _opt(0, "seed of the workload sampling, the noisy predictor and the dynamic-slot stream (>= 0)")
     workers: int = _opt(0, "processes to use (0: all cores)")

@@ -187,10 +187,7 @@ def _check_compressed_step(opts: SimulateOptions, policies: Sequence[str]) -> No
     """``--kv-compression`` in a rollout step: one step (``run_rollout``'s ``compression``), over-sampled steps
     (``--steps``: a resumed sample holds its partial response in the cache), multi-turn steps (``--turns``) or, with
     ``--max-staleness``, asynchronous RL (its own checks), the policies that run a compressed cache
-    (:func:`check_compressed_policies`); not the headroom's oracles."""
-    if opts.headroom:
-        raise InvalidArgument("headroom", opts.headroom, "no --headroom with --kv-compression (the headroom's oracle "
-                                                         "placements are searched for a full cache)")
+    (:func:`check_compressed_policies`), the headroom's oracle placement too (searched with the cache)."""
     check_compressed_policies(opts, policies, rollout=True)
 
 
@@ -805,7 +802,7 @@ def _oracle_row(step: RolloutStep) -> RolloutRow:
 
     o = step.opts
     common = dict(replicas=o.replicas, budget_tokens=step.pool, max_new_tokens=o.max_new_tokens, cost=step.cost,
-                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots)
+                  prefill_chunk=o.prefill_chunk, max_num_seqs=o.slots, compression=parse_compression(o.kv_compression))
     try:
         found = search_placement(step.groups, policy="vllm", evaluations=HEADROOM_EVALUATIONS, seed=o.seed, **common)
         result = run_rollout(step.groups, "vllm", placement=found.placement, seed=o.seed, **common)

@@ -379,6 +379,22 @@ def test_the_oracle_placement_search_reproduces_and_never_loses_to_its_starts(si
     assert again.seconds >= again.lower_bound_seconds * (1 - 1e-9)
 
 
+def test_the_oracle_placement_search_runs_a_compressed_cache():
+    """search_placement(compression=): every replica simulated with the cache, so its placement run again with the
+    same cache gives its seconds, no worse than verl's spread with it."""
+    from lengthsched import KVCompression
+    from simulate.headroom import search_placement
+
+    groups = _groups([5, 6, 4, 6], seed=3)
+    common = dict(replicas=3, budget_tokens=400, max_new_tokens=200)
+    comp = KVCompression(32, 8)
+    found = search_placement(groups, policy="vllm", evaluations=30, seed=3, compression=comp, **common)
+    again = run_rollout(groups, "vllm", placement=found.placement, compression=comp, **common)
+    assert again.seconds == pytest.approx(found.seconds, rel=1e-12)
+    assert found.seconds <= run_rollout(groups, "vllm", compression=comp, **common).seconds * (1 + 1e-12)
+    assert found.seconds < search_placement(groups, policy="vllm", evaluations=30, seed=3, **common).seconds
+
+
 def test_the_placement_search_checks_its_arguments():
     from simulate.headroom import search_placement
 

@@ -90,7 +90,7 @@ def test_plot_writes_figures(tmp_path, capsys):
         (["--output", "/"], "is a directory"),
         (["--kv-compression", "512"], "argument 'kv_compression'"),
         (["--kv-compression", "0:8"], "argument 'kv_compression'"),
-        (["--kv-compression", "512:32", "--prompts", "4", "--headroom"], "argument 'headroom'"),
+        (["--kv-compression", "512:32", "--groups", "4", "--headroom"], "argument 'headroom'"),  # (not a step)
     ],
 )
 def test_errors_are_one_line(extra, fragment, capsys):
