@@ -174,6 +174,15 @@ def _admission_groups(workload: str, n: int, max_new: int, group_size: int = 32,
     return make_workload(workload, group_size, max_new_tokens=max_new, limit=n, seed=seed, **extra)
 
 
+def _predicted_groups(workload: str, n: int, max_new: int, seed: int) -> tuple[list, np.ndarray]:
+    """``n`` groups of 16 of ``workload`` (:func:`_admission_groups`) and their prompt-level predictions (log-normal
+    error 0.5, the same for siblings), flattened: what every rollout-step section runs on."""
+    from simulate.report import predictions_for
+
+    groups = _admission_groups(workload, n, max_new, group_size=16, seed=seed)
+    return groups, np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+
+
 def sparse_admission(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: every policy on groups of 32 whose KV pool (per group, beyond the prompt) is a few x
     L_max, dense and with compressed caches of BUDGET + INTERVAL generated tokens, the policies admitting
@@ -227,15 +236,13 @@ def sparse_rollout(args: argparse.Namespace) -> tuple[str, list]:
     anchor (``seer``) and under ``steal`` (the project's default policy), dense and with compressed caches
     (``run_rollout(compression=)``). Prompt-level predictions with log-normal error 0.5."""
     from simulate import run_rollout
-    from simulate.report import predictions_for
 
     L, R = args.admission_max_new, args.rollout_replicas
     caches = [None, *args.admission_caches]
     rows, raw = [], []
     for workload in args.admission_workloads:
         for seed in args.rollout_seeds:
-            groups = _admission_groups(workload, args.rollout_prompts, L, group_size=16, seed=seed)
-            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            groups, pred = _predicted_groups(workload, args.rollout_prompts, L, seed)
             for pool in args.rollout_pools:
                 common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred)
                 base = run_rollout(groups, "vllm", **common).seconds
@@ -295,15 +302,12 @@ def sparse_window(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated: a compressed cache behind a client window (``run_rollout(client_window=, compression=)``):
     slime with lengthsched's plan (SGLang engines), vLLM engines behind the same window, slime as it ships and
     vLLM + verl, each with the cache, against vLLM + verl dense. Prompt-level predictions with error 0.5."""
-    from simulate.report import predictions_for
 
     L, comp = args.admission_max_new, args.window_cache
     rows, raw = [], []
     for workload in args.admission_workloads:
         for prompts in args.window_prompts:
-            groups = _admission_groups(workload, prompts, L, group_size=16, seed=args.rollout_seeds[0])
-            pred = np.concatenate([predictions_for("prompt:0.5", g, i, args.rollout_seeds[0])
-                                   for i, g in enumerate(groups)])
+            groups, pred = _predicted_groups(workload, prompts, L, args.rollout_seeds[0])
             for R in args.window_replicas:
                 for pool in args.window_pools:
                     common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L)
@@ -342,15 +346,13 @@ def sparse_crowding(args: argparse.Namespace) -> tuple[str, list]:
     settings of a grid where the two rules choose different spreads; seconds x vLLM + verl with the same
     cache. Prompt-level predictions with error 0.5."""
     from lengthsched.runtime.dispatch import WorkStealing
-    from simulate.report import predictions_for
     from simulate.rollout import steal_ways
 
     L, seed = args.admission_max_new, args.rollout_seeds[0]
     rows, raw, scanned = [], [], 0
     for workload in args.admission_workloads:
         for prompts in args.window_prompts:
-            groups = _admission_groups(workload, prompts, L, group_size=16, seed=seed)
-            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            groups, pred = _predicted_groups(workload, prompts, L, seed)
             for R in args.window_replicas:
                 for pool in args.crowding_pools:
                     for comp in args.admission_caches:
@@ -384,14 +386,12 @@ def sparse_sglang_room(args: argparse.Namespace) -> tuple[str, list]:
     uncompressed (the default: SGLang's admission reserves whole lengths) or capped at budget + interval as
     ``steal``'s does (``WorkStealing.ROOM_CAPPED``); seconds x SGLang + verl with the same cache."""
     from lengthsched.runtime.dispatch import StealSGLang
-    from simulate.report import predictions_for
 
     L, comp, seed = args.admission_max_new, args.window_cache, args.rollout_seeds[0]
     rows, raw = [], []
     for workload in args.admission_workloads:
         for prompts in args.window_prompts:
-            groups = _admission_groups(workload, prompts, L, group_size=16, seed=seed)
-            pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+            groups, pred = _predicted_groups(workload, prompts, L, seed)
             for R in args.window_replicas:
                 for pool in args.async_pools:
                     kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred, compression=comp)
@@ -440,15 +440,13 @@ def sparse_async(args: argparse.Namespace) -> tuple[str, list]:
     dense synchronous step's seconds; prompt-level predictions with error 0.5."""
     from simulate.async_report import INTEGRATION
     from simulate.asynchronous import run_async_rollout, run_sync_steps, run_verl_async
-    from simulate.report import predictions_for
 
     L, comp, steps, batch, R = args.admission_max_new, args.window_cache, args.async_steps, args.async_prompts, \
         args.async_replicas
     seed = args.rollout_seeds[0]
     rows, raw = [], []
     for workload in args.admission_workloads:
-        groups = _admission_groups(workload, (steps + 1) * batch, L, group_size=16, seed=seed)
-        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+        groups, pred = _predicted_groups(workload, (steps + 1) * batch, L, seed)
         for pool in args.async_pools:
             common = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L)
             ref = run_sync_steps(groups, "sglang", router="least_loaded", batch=batch, steps=steps, train_seconds=0.0,
@@ -499,7 +497,6 @@ def sparse_oversample(args: argparse.Namespace) -> tuple[str, list]:
     predictions with error 0.5; slime's in-flight cap (512 per replica) for the planned rows."""
     from simulate import run_oversampled_steps
     from simulate.oversampling import submitted_per_step
-    from simulate.report import predictions_for
     from simulate.rollout import run_slime_planned_in_order
 
     L, comp, steps, batch, R = args.admission_max_new, args.window_cache, args.async_steps, args.async_prompts, \
@@ -507,9 +504,7 @@ def sparse_oversample(args: argparse.Namespace) -> tuple[str, list]:
     seed = args.rollout_seeds[0]
     rows, raw = [], []
     for workload in args.admission_workloads:
-        groups = _admission_groups(workload, steps * submitted_per_step(batch, args.oversample), L, group_size=16,
-                                   seed=seed)
-        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
+        groups, pred = _predicted_groups(workload, steps * submitted_per_step(batch, args.oversample), L, seed)
         for pool in args.async_pools:
             cells = []
             for label, policy, router, factor in OVERSAMPLE_RUNS:
@@ -551,15 +546,13 @@ def sparse_multiturn(args: argparse.Namespace) -> tuple[str, list]:
     capped, its conversation whole and prefilled again: a compressed turn is no prefix of the next). Sessions of
     2-5 turns, tools of median 0.5 s; prompt-level predictions with error 0.5."""
     from simulate.multiturn import run_multiturn, split_turns
-    from simulate.report import predictions_for
 
     L, comp, batch, R = args.admission_max_new, args.window_cache, args.multiturn_prompts, args.async_replicas
     seed = args.rollout_seeds[0]
     rows, raw = [], []
     for workload in args.admission_workloads:
-        groups = _admission_groups(workload, batch, L, group_size=16, seed=seed)
+        groups, pred = _predicted_groups(workload, batch, L, seed)
         turns = split_turns(groups, seed=seed)
-        pred = np.concatenate([predictions_for("prompt:0.5", g, i, seed) for i, g in enumerate(groups)])
         for pool in args.async_pools:
             for label, policy, options in MULTITURN_CACHE_RUNS:
                 kw = dict(replicas=R, budget_tokens=pool * L, max_new_tokens=L, predicted=pred, **options)
