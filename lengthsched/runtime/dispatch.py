@@ -343,11 +343,6 @@ class SeerDivided(SeerLike):
         return wake if self.dispatcher is None else next_chunk_end(eng, self.CHUNK, wake)
 
 
-def _whole(tokens: Any) -> Any:
-    """Tokens as they are (``WorkStealing.ROOM_CAPPED`` off: a peak counted uncompressed)."""
-    return tokens
-
-
 class WorkStealing(VLLMLike):
     """The project's rollout policy (see the module docstring): each group spread over as many replicas
     as the pools hold its prompts (verl's spread where they hold every prompt; whole groups in steps
@@ -532,7 +527,7 @@ class WorkStealing(VLLMLike):
     def _held(self, tokens: float) -> float:
         """What a request of ``tokens`` holds in the room's count: at most a compressed cache's
         ``Problem.kv_cap`` (``ROOM_CAPPED``), or all of them."""
-        return self.problem.held(tokens) if self.ROOM_CAPPED else _whole(tokens)
+        return self.problem.held(tokens) if self.ROOM_CAPPED else tokens
 
     def _room(self, eng: Engine) -> bool:
         """Whether the live requests, grown to their predicted lengths, leave room in the pool."""
