@@ -37,7 +37,7 @@ from .asynchronous import (
     run_sync_steps,
     run_verl_async,
 )
-from .report import aligned, legend, parse_compression
+from .report import aligned, compression_phrase, legend, parse_compression
 
 __all__ = ["AREAL_INTEGRATION", "AsyncRow", "AsyncComparison", "check_async_options", "compare_async", "format_async",
            "ASYNC_LEGEND", "MAX_STALENESS", "MAX_THRESHOLD", "VERL_THRESHOLDS"]
@@ -281,8 +281,7 @@ def compare_async(opts) -> AsyncComparison:
                + ("" if opts.max_concurrent else f" (verl's: {VERL_GROUPS_PER_SERVER} per replica)")
                + f"; predictor {o.predictor}; seconds modelled for "
                f"{step.cost.model} on {step.cost.gpu}"
-               + ("" if comp is None else f"; KV compressed ({opts.kv_compression}): each request holds and reads at "
-                  f"most {comp.max_retained} generated tokens, every row"))
+               + ("" if comp is None else f"; {compression_phrase(opts.kv_compression)}, every row"))
     return AsyncComparison(dataclasses.asdict(opts), setting, train, (ref, *others))
 
 

@@ -39,6 +39,14 @@ __all__ = ["PolicySummary", "Comparison", "compare", "check_options", "format_ta
 DEFAULT_GROUP_SIZE = 32
 
 
+def compression_phrase(text: str | None) -> str:
+    """``--kv-compression``'s text in a rollout setting: "KV compressed (B:I): each request holds and reads at most
+    B + I generated tokens" ("" without a cache)."""
+    comp = parse_compression(text)
+    return "" if comp is None else (f"KV compressed ({text}): each request holds and reads at most {comp.max_retained} "
+                                    "generated tokens")
+
+
 def parse_compression(text: str | None) -> KVCompression | None:
     """``"512:32"`` -> ``KVCompression(budget=512, interval=32)`` (``--kv-compression``); None -> None."""
     return KVCompression.of(text)

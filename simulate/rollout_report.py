@@ -35,6 +35,7 @@ from .report import (
     aligned,
     check_compressed_policies,
     check_step_seconds,
+    compression_phrase,
     group_sizes,
     legend,
     load_cost,
@@ -754,10 +755,7 @@ def _compare_steps(step: RolloutStep, runs: list) -> RolloutComparison:
 
 def _cache_phrase(opts: SimulateOptions) -> str:
     """``--kv-compression`` in a setting's text: what each request holds and reads ("" without a cache)."""
-    if opts.kv_compression is None:
-        return ""
-    return (f", KV compressed ({opts.kv_compression}): each request holds and reads at most "
-            f"{parse_compression(opts.kv_compression).max_retained} generated tokens")
+    return "" if opts.kv_compression is None else ", " + compression_phrase(opts.kv_compression)
 
 
 def _with_draws(step: RolloutStep, rows: list[RolloutRow]) -> list[RolloutRow]:
