@@ -1005,7 +1005,7 @@ def run_slime_planned(groups: Sequence[Any], predicted: Any, *, replicas: int, b
                              client_window=client_window, client_steals=steals, **kwargs)
     order, placed, pred_reordered = _slime_order(planner, samples, groups, sizes, starts, pred, replicas)
     if kwargs.get("resumed") is not None:  # what each completion resumes with, in the plan's order
-        resumed = np.asarray(kwargs["resumed"], dtype=np.int64)
+        resumed = as_lengths("resumed", kwargs["resumed"], minimum=0)
         kwargs["resumed"] = np.concatenate([resumed[starts[i]:starts[i] + sizes[i]] for i in order]) if len(order) \
             else resumed
     result = run_rollout([groups[i] for i in order], "sglang", replicas=replicas, budget_tokens=budget_tokens,
