@@ -644,6 +644,8 @@ def test_slimes_planned_client_resumes_partial_responses_in_its_order():
     # a completion that resumes with more than max_new_tokens allows is refused whatever the order
     with pytest.raises(InvalidArgument, match="lengths"):
         run_slime_planned_in_order(groups, resumed=np.where(left > 0, 2040, 0), **kw)
+    with pytest.raises(InvalidArgument, match="resumed"):  # checked before the plan reorders it
+        run_slime_planned_in_order(groups, resumed=["a"] * len(left), **kw)
 
 
 def test_multi_turn_steps_run_a_compressed_cache():
