@@ -197,7 +197,8 @@ def _cmd_budget(opts: BudgetOptions) -> int:
             verl = write_adaptive_rollout_data(opts.verl_data, opts.verl_output, plan, id_key=opts.verl_id,
                                                default_n=cfg.baseline_group_size, order=opts.verl_order)
         except InvalidArgument as exc:  # the library's names for the flags' values
-            flag = {"source": "verl_data", "id_key": "verl_id", "ids": "verl_id"}.get(exc.name, exc.name)
+            flag = {"source": "verl_data", "id_key": "verl_id", "ids": "verl_id",
+                    "default_n": "baseline_group_size"}.get(exc.name, exc.name)
             raise InvalidArgument(flag, exc.value, exc.expected) from None
         result["verl_data"] = {"source": opts.verl_data, "output": opts.verl_output, **verl}
     text = json.dumps(result, indent=1)

@@ -16,6 +16,13 @@ optionally, its length in tokens). From the estimated success rate p of each pro
   size times its expected completion length, plus its prompt per completion) against a baseline that
   trains every prompt with a fixed group size and profiles nothing. Expected lengths come from the
   profile (mean of the sampled lengths), else ``default_length``.
+
+:class:`OnlineBudget` makes the same decisions without a profiling pass: from each prompt's own latest
+groups in training (its rewards, as the trainer computes them), so a prompt's group size follows the
+policy as it learns (a prompt it learnt to solve shrinks to ``g_min``, one it started to solve grows
+to about 1/p). A prompt not seen yet gets the trainer's own group size; one :func:`plan_budget` would
+drop (trivial, or unsolved and not sampled) gets ``g_min`` instead, since a trainer cannot drop a
+prompt it has already drawn, and a small group keeps watching it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,9 +38,12 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgument, check_int
+from .filtering import SOLVED_REWARD, check_solved_reward
+from .io import atomic_write_text
+from .online import state_key
 
-__all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "plan_budget", "group_size_for",
-           "read_profile", "RULES"]
+__all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "OnlineBudget", "plan_budget",
+           "group_size_for", "read_online_budget", "read_profile", "write_online_budget", "RULES", "ONLINE_REASONS"]
 
 RULES = ("pow2", "ceil")
 
@@ -154,6 +165,17 @@ def _hash_unit(seed: int, key: str) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
+def _decide(p: float, key: str, cfg: BudgetConfig) -> tuple[bool, str, int]:
+    """(kept, reason, group size) of a prompt with success rate ``p``: dropped above ``drop_above``; at p = 0
+    kept for a seeded ``unsolved_fraction`` (``key`` hashed with the seed) at ``g_max``; else ~1/p."""
+    if p > cfg.drop_above:
+        return False, "trivial", 0
+    if p == 0.0:
+        kept = _hash_unit(cfg.seed, key) < cfg.unsolved_fraction
+        return kept, ("unsolved, sampled" if kept else "unsolved"), (cfg.g_max if kept else 0)
+    return True, "informative", group_size_for(p, cfg)
+
+
 def plan_budget(profile: Sequence[ProfileRecord], config: BudgetConfig | None = None) -> BudgetPlan:
     """Keep, size, order and account the prompts of ``profile`` (see the module docstring)."""
     cfg = config or BudgetConfig()
@@ -170,14 +192,7 @@ def plan_budget(profile: Sequence[ProfileRecord], config: BudgetConfig | None = 
         length = float(np.mean(r.lengths)) if r.lengths else float(cfg.default_length)
         profiling += len(r.outcomes) * (length + r.prompt_tokens)
         baseline += cfg.baseline_group_size * (length + r.prompt_tokens)
-        if p > cfg.drop_above:
-            kept, reason = False, "trivial"
-        elif p == 0.0:
-            kept = _hash_unit(cfg.seed, r.id) < cfg.unsolved_fraction
-            reason = "unsolved, sampled" if kept else "unsolved"
-        else:
-            kept, reason = True, "informative"
-        g = group_size_for(p, cfg) if kept else 0
+        kept, reason, g = _decide(p, r.id, cfg)
         training += g * (length + r.prompt_tokens)
         decisions.append(dict(id=r.id, success_rate=p, kept=kept, reason=reason, group_size=g, phase=-1,
                               expected_length=length, prompt_tokens=r.prompt_tokens))
@@ -185,6 +200,168 @@ def plan_budget(profile: Sequence[ProfileRecord], config: BudgetConfig | None = 
     for i, d in enumerate(order):
         d["phase"] = min(cfg.phases - 1, i * cfg.phases // max(1, len(order)))
     return BudgetPlan([PromptBudget(**d) for d in decisions], profiling, training, baseline, cfg)
+
+
+#: Why :class:`OnlineBudget` gave a prompt its group size: :func:`plan_budget`'s reasons, and ``"unseen"`` (no
+#: group of it observed yet: the trainer's own size).
+ONLINE_REASONS = ("unseen", "informative", "trivial", "unsolved", "unsolved, sampled")
+
+
+class OnlineBudget:
+    """sGPO's group sizes from the trainer's own rewards instead of a profiling pass (the module docstring).
+
+    Per prompt key (matched as text, like a profile's ids), the outcomes (1 solved, 0 not) of its latest
+    ``memory`` groups (None: every group), and how many groups of it were observed in all. :meth:`group_sizes`
+    decides each prompt's next group as :func:`plan_budget` decides on a profile, on the success rate of the
+    outcomes remembered: about 1/p in [``g_min``, ``g_max``]; a prompt it would drop gets ``g_min``; of the never
+    solved, a seeded ``unsolved_fraction`` gets ``g_max``, drawn again at every visit (the key and the number of
+    groups seen hashed with the seed), so each epoch looks hard at a different tenth; a prompt never observed
+    gets the default its caller passes (the trainer's own group size). ``config.baseline_group_size``,
+    ``default_length`` and ``phases`` are not used here.
+
+    :attr:`reasons` counts the last :meth:`group_sizes` call's decisions by reason (:data:`ONLINE_REASONS`).
+    """
+
+    def __init__(self, config: BudgetConfig | None = None, *, memory: int | None = 2):
+        if config is not None and not isinstance(config, BudgetConfig):
+            raise InvalidArgument("config", type(config).__name__, "a lengthsched.sgpo.BudgetConfig or None")
+        self.config = config or BudgetConfig()
+        self.memory = None if memory is None else check_int("memory", memory, minimum=1)
+        self._groups: dict[Any, list[tuple[int, int]]] = {}  # key -> remembered (solved, samples), oldest first
+        self._visits: dict[Any, int] = {}  # key -> groups observed in all
+        self.groups = 0  # groups observed, every prompt
+        self.samples = 0  # completions observed
+        self.solved = 0  # of them, solved
+        self.reasons: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        """Prompts observed."""
+        return len(self._groups)
+
+    @staticmethod
+    def _key(key: Any) -> Any:
+        return state_key(str(key))
+
+    def observe(self, key: Any, outcomes: Sequence[Any]) -> None:
+        """Record one group of prompt ``key``: ``outcomes``, 1 (or True) for each completion that solved it, 0 for
+        each that did not. An empty group records nothing."""
+        if isinstance(outcomes, (str, bytes)) or not isinstance(outcomes, Sequence | np.ndarray):
+            raise InvalidArgument("outcomes", repr(outcomes), "a sequence of 0/1, one per completion")
+        values = list(outcomes)
+        if any(not (isinstance(o, (bool, int, float, np.integer, np.floating, np.bool_)) and o in (0, 1))
+               for o in values):
+            raise InvalidArgument("outcomes", values, "0 (not solved) or 1 (solved) for every completion")
+        if not values:
+            return
+        k = self._key(key)
+        remembered = self._groups.setdefault(k, [])
+        remembered.append((int(sum(values)), len(values)))
+        if self.memory is not None and len(remembered) > self.memory:
+            del remembered[: len(remembered) - self.memory]
+        self._visits[k] = self._visits.get(k, 0) + 1
+        self.groups += 1
+        self.samples += len(values)
+        self.solved += int(sum(values))
+
+    def observe_rewards(self, key: Any, rewards: Sequence[Any], solved_reward: float = SOLVED_REWARD) -> None:
+        """:meth:`observe` a group by its rewards: a completion solved the prompt when its reward is at least
+        ``solved_reward`` (math rewards are 1 and 0, or 1 and -1)."""
+        solved_reward = check_solved_reward("solved_reward", solved_reward)
+        if isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence | np.ndarray):
+            raise InvalidArgument("rewards", repr(rewards), "a sequence of numbers, one per completion")
+        values = []
+        for r in rewards:
+            if isinstance(r, (bool, np.bool_)) or not isinstance(r, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(r):
+                raise InvalidArgument("rewards", r, "a finite number for every completion")
+            values.append(int(r >= solved_reward))
+        self.observe(key, values)
+
+    def success_rate(self, key: Any) -> float | None:
+        """The share of the remembered completions of ``key`` that solved it; None for a prompt never observed."""
+        remembered = self._groups.get(self._key(key))
+        if not remembered:
+            return None
+        return sum(s for s, _ in remembered) / sum(n for _, n in remembered)
+
+    def decide(self, key: Any, default_n: int) -> tuple[int, str]:
+        """(group size, reason) of prompt ``key``'s next group (the class docstring)."""
+        default_n = check_int("default_n", default_n, minimum=1)
+        p = self.success_rate(key)
+        if p is None:
+            return default_n, "unseen"
+        k = self._key(key)
+        kept, reason, g = _decide(p, f"{k}:{self._visits[k]}", self.config)
+        return (g if kept else self.config.g_min), reason
+
+    def group_sizes(self, keys: Sequence[Any], default_n: int | Sequence[int]) -> list[int]:
+        """:meth:`decide` for every key: the size of each prompt's next group. ``default_n``: the size of a prompt
+        never observed, one for all or one per key."""
+        defaults = [default_n] * len(keys) if isinstance(default_n, (int, np.integer)) else list(default_n)
+        if len(defaults) != len(keys):
+            raise InvalidArgument("default_n", f"{len(defaults)} values", f"{len(keys)}, one per key, or one int")
+        self.reasons = {}
+        sizes = []
+        for key, n in zip(keys, defaults):
+            g, reason = self.decide(key, n)
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+            sizes.append(g)
+        return sizes
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able copy (keys as text; a long one under its digest, :func:`~lengthsched.online.state_key`)."""
+        return {"format": "lengthsched.online_budget/1", "config": asdict(self.config), "memory": self.memory,
+                "groups": self.groups, "samples": self.samples, "solved": self.solved,
+                "prompts": {str(k): {"visits": self._visits[k], "groups": [list(g) for g in v]}
+                            for k, v in self._groups.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> OnlineBudget:
+        """The budget :meth:`to_dict` wrote."""
+        if not isinstance(data, dict) or data.get("format") != "lengthsched.online_budget/1" \
+                or not isinstance(data.get("prompts"), dict):
+            raise InvalidArgument("data", type(data).__name__, "a dict written by OnlineBudget.to_dict")
+        try:
+            budget = cls(BudgetConfig(**data.get("config", {})), memory=data.get("memory", 2))
+        except TypeError as exc:
+            raise InvalidArgument("data", "config", f"BudgetConfig's fields ({exc})") from None
+        for key, saved in data["prompts"].items():
+            groups = saved.get("groups") if isinstance(saved, dict) else None
+            if not isinstance(groups, list) or not groups or any(
+                    not isinstance(g, list) or len(g) != 2 or not all(isinstance(x, int) for x in g)
+                    or not 0 <= g[0] <= g[1] or g[1] < 1 for g in groups):
+                raise InvalidArgument("data", f"prompt {key!r}", "groups as [solved, samples] pairs, "
+                                                                 "0 <= solved <= samples >= 1")
+            budget._groups[key] = [(int(s), int(n)) for s, n in groups]
+            budget._visits[key] = check_int("visits", saved.get("visits", len(groups)), minimum=len(groups))
+        for name in ("groups", "samples", "solved"):
+            setattr(budget, name, check_int(name, data.get(name, 0), minimum=0))
+        return budget
+
+
+def read_online_budget(path: str | os.PathLike | None, argument: str, config: BudgetConfig | None = None, *,
+                       memory: int | None = 2) -> OnlineBudget:
+    """The :class:`OnlineBudget` saved at ``path`` (a run resumed from a checkpoint keeps each prompt's history),
+    its rules replaced by ``config`` and ``memory`` (those of the run resuming); a fresh one where ``path`` is None
+    or not there yet. A file that is not such JSON is an error naming ``argument`` (the setting that gave it)."""
+    fresh = OnlineBudget(config, memory=memory)
+    if path is None or not os.path.exists(path):
+        return fresh
+    try:
+        with open(path, encoding="utf-8") as handle:
+            saved = OnlineBudget.from_dict(json.load(handle))
+    except (OSError, ValueError) as exc:
+        raise InvalidArgument(argument, str(path), f"a JSON file of lengthsched's online sGPO budget ({exc})") from None
+    saved.config, saved.memory = fresh.config, fresh.memory
+    if saved.memory is not None:
+        for remembered in saved._groups.values():
+            del remembered[: max(0, len(remembered) - saved.memory)]
+    return saved
+
+
+def write_online_budget(path: str | os.PathLike, budget: OnlineBudget) -> None:
+    """``budget`` written to ``path`` as JSON, atomically."""
+    atomic_write_text(path, json.dumps(budget.to_dict()) + "\n")
 
 
 def _field_int(name: str, value: Any, minimum: int, where: str) -> int:

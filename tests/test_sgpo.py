@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from lengthsched.cli import main
 from lengthsched.errors import InvalidArgument
-from lengthsched.sgpo import BudgetConfig, ProfileRecord, group_size_for, plan_budget, read_profile
+from lengthsched.sgpo import (
+    BudgetConfig,
+    OnlineBudget,
+    ProfileRecord,
+    group_size_for,
+    plan_budget,
+    read_online_budget,
+    read_profile,
+    write_online_budget,
+)
 from simulate.epoch import compare_epochs, epoch_groups, run_epoch
 
 
@@ -214,6 +223,13 @@ def test_adaptive_rollout_rows_checks_its_arguments():
             adaptive_rollout_rows([1], plan, **kwargs)
     with pytest.raises(InvalidArgument, match="plan"):
         adaptive_rollout_rows([1], {"prompts": []}, default_n=4)
+    # verl's GRPO gives a group of one its raw score as advantage: a plan (or a default) that makes one is refused.
+    ones = plan_budget(read_profile([json.dumps(p) for p in SGPO_PROFILE]), BudgetConfig(g_min=1))
+    assert min(p.group_size for p in ones.kept) == 1
+    with pytest.raises(InvalidArgument, match="'g_min'.*group of one"):
+        adaptive_rollout_rows([p.id for p in ones.kept], ones, default_n=4)
+    with pytest.raises(InvalidArgument, match="'default_n'.*group of one"):
+        adaptive_rollout_rows([0, 77], plan, default_n=1)
 
 
 @given(st.lists(st.integers(0, 12), min_size=1, max_size=30), st.sampled_from(["data", "curriculum"]),
@@ -242,3 +258,102 @@ def test_adaptive_rollout_rows_keep_every_row_the_plan_does_not_drop(ids, order,
     else:
         phases = [decided[str(ids[i])].phase if str(ids[i]) in decided else plan.config.phases for i in rows]
         assert phases == sorted(phases)
+
+
+# ----------------------------------------------------------------------------- online: the trainer's own rewards
+def test_online_budget_decides_as_the_profile_would_from_the_groups_it_saw():
+    """A prompt's next group from its latest groups' outcomes, by plan_budget's rules: about 1/p, g_min where the
+    plan would drop it, the trainer's own size before its first group."""
+    cfg = BudgetConfig(g_min=2, g_max=32, unsolved_fraction=0.0)
+    online = OnlineBudget(cfg, memory=2)
+    prof = profile(80, k=16, seed=3)
+    plan = plan_budget(prof, cfg)
+    assert online.group_sizes([r.id for r in prof], 16) == [16] * len(prof)
+    assert online.reasons == {"unseen": len(prof)}
+    for r in prof:
+        online.observe(r.id, r.outcomes)
+    sizes = online.group_sizes([r.id for r in prof], 16)
+    for decided, g in zip(plan.prompts, sizes):
+        assert g == (decided.group_size if decided.kept else cfg.g_min), decided
+    assert sum(online.reasons.values()) == len(prof) and "unseen" not in online.reasons
+    assert online.groups == len(prof) and online.samples == 16 * len(prof) and len(online) == len(prof)
+    # The memory forgets: a prompt never solved, then always solved, is trivial once its old group is gone.
+    online.observe("drift", [0] * 16)
+    online.observe("drift", [1] * 2)
+    assert online.success_rate("drift") == pytest.approx(2 / 18) and online.decide("drift", 16) == (8, "informative")
+    online.observe("drift", [1] * 2)
+    assert online.success_rate("drift") == 1.0 and online.decide("drift", 16) == (2, "trivial")
+    # Keys match as text (verl's index column comes as numbers; a saved budget's keys are text).
+    online.observe(7, [1, 0, 0, 0])
+    assert online.success_rate("7") == 0.25 and online.decide(7, 16) == (4, "informative")
+
+
+def test_online_budget_looks_hard_at_a_seeded_share_of_unsolved_prompts_a_different_one_each_visit():
+    cfg = BudgetConfig(g_min=2, g_max=32, unsolved_fraction=0.25, seed=1)
+    online = OnlineBudget(cfg, memory=None)
+    keys = [f"hard{i}" for i in range(400)]
+    for key in keys:
+        online.observe(key, [0] * 4)
+    first = online.group_sizes(keys, 16)
+    assert set(first) == {2, 32} and online.reasons.keys() == {"unsolved", "unsolved, sampled"}
+    assert 0.18 < first.count(32) / len(keys) < 0.32
+    assert first == online.group_sizes(keys, 16)  # the same decision until the prompt is seen again
+    for key in keys:
+        online.observe(key, [0, 0])
+    second = online.group_sizes(keys, 16)
+    assert 0.18 < second.count(32) / len(keys) < 0.32 and second != first
+
+
+def test_online_budget_keeps_its_state_across_a_restart_and_checks_its_inputs(tmp_path):
+    cfg = BudgetConfig(g_min=2, g_max=16)
+    online = OnlineBudget(cfg, memory=3)
+    online.observe_rewards("a", [1.0, -1.0, -1.0, -1.0])  # 1 and -1 rewards: solved at >= 0.5
+    online.observe_rewards("a", [0.0, 0.0], solved_reward=0.0)  # a threshold of 0: both solved
+    online.observe("b" * 300, [0, 0, 1])  # a long prompt text is kept under its digest
+    path = tmp_path / "sgpo.json"
+    write_online_budget(path, online)
+    back = read_online_budget(path, "state", cfg, memory=3)
+    assert back.to_dict() == online.to_dict()
+    assert back.group_sizes(["a", "b" * 300, "c"], 8) == online.group_sizes(["a", "b" * 300, "c"], 8)
+    shorter = read_online_budget(path, "state", BudgetConfig(g_min=4, g_max=16), memory=1)  # the run's rules win
+    assert shorter.success_rate("a") == 1.0 and shorter.config.g_min == 4 and shorter.groups == 3
+    assert read_online_budget(tmp_path / "none.json", "state").groups == 0
+    bad = {"format": "lengthsched.online_budget/1", "prompts": {"a": {"groups": [[3, 2]]}}}  # 3 solved of 2
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo.state_path'.*online sGPO"):
+        read_online_budget(tmp_path / "bad.json", "lengthsched.sgpo.state_path")
+    (tmp_path / "other.json").write_text("[1, 2]")
+    with pytest.raises(InvalidArgument, match="'state'"):
+        read_online_budget(tmp_path / "other.json", "state")
+    for bad, match in ((lambda: online.observe("a", [2]), "outcomes"), (lambda: online.observe("a", "01"), "outcomes"),
+                       (lambda: online.observe_rewards("a", [float("nan")]), "rewards"),
+                       (lambda: online.observe_rewards("a", [True]), "rewards"),
+                       (lambda: online.observe_rewards("a", [1.0], solved_reward=float("inf")), "solved_reward"),
+                       (lambda: online.group_sizes(["a", "b"], [4]), "default_n"),
+                       (lambda: online.decide("a", 0), "default_n"), (lambda: OnlineBudget(memory=0), "memory"),
+                       (lambda: OnlineBudget({"g_min": 2}), "config")):
+        with pytest.raises(InvalidArgument, match=match):
+            bad()
+    online.observe("a", [])  # an empty group records nothing
+    assert online.groups == 3
+
+
+@given(groups=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.lists(st.integers(0, 1), min_size=1,
+                                                                            max_size=40)), max_size=12),
+       g_min=st.integers(2, 8), extra=st.integers(0, 40), memory=st.one_of(st.none(), st.integers(1, 4)),
+       default=st.integers(1, 64))
+def test_online_group_sizes_stay_in_bounds_and_remember_only_the_latest_groups(groups, g_min, extra, memory, default):
+    cfg = BudgetConfig(g_min=g_min, g_max=g_min + extra)
+    online = OnlineBudget(cfg, memory=memory)
+    for key, outcomes in groups:
+        online.observe(key, outcomes)
+    sizes = online.group_sizes(["a", "b", "c"], default)
+    for key, g in zip("abc", sizes):
+        mine = [o for k, o in groups if k == key]
+        if not mine:
+            assert g == default
+            continue
+        assert cfg.g_min <= g <= cfg.g_max
+        kept = mine if memory is None else mine[-memory:]
+        assert online.success_rate(key) == pytest.approx(sum(map(sum, kept)) / sum(map(len, kept)))
+    assert online.groups == len(groups) and online.samples == sum(len(o) for _, o in groups)

@@ -12,6 +12,7 @@ the agent loop itself and the servers faked.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections import defaultdict
@@ -77,13 +78,15 @@ class FakeBatch(dict):
 
 
 def prompt_batch(step: int, prompts: list[str] | None = None, validate: bool = False,
-                 counts: list[int] | None = None) -> FakeBatch:
+                 counts: list[int] | None = None, index: list[int] | None = None) -> FakeBatch:
     names = prompts if prompts is not None else list(TRUE)
     batch = FakeBatch(uid=[f"s{step}-{q}-{uuid.uuid4().hex[:6]}" for q in names],
                       raw_prompt=[[{"role": "user", "content": q}] for q in names],
                       prompt_ids=[[list(TRUE).index(q) + 1] for q in names], global_steps=step, validate=validate)
     if counts is not None:
         batch["__rollout_n__"] = list(counts)
+    if index is not None:  # verl's RLHFDataset: the row's extra_info.index
+        batch["index"] = list(index)
     return batch
 
 
@@ -115,6 +118,9 @@ class FakeWorkerTQ:
 
     agent_name = "single_turn_agent"
     TURNS = 2
+    #: The reward of (prompt name, session id), as verl's ``_compute_score`` sets it on the output in
+    #: ``_agent_loop_postprocess`` (None: no reward, as with a colocated reward model); unset: no reward at all.
+    score: Any = None
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         self.config, self.llm_client = config, llm_client
@@ -160,6 +166,8 @@ class FakeWorkerTQ:
         return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
 
     async def _agent_loop_postprocess(self, output, validate, **kwargs) -> None:
+        if self.score is not None:  # verl's _compute_score: the reward goes on the (last) output
+            output.reward_score = self.score(kwargs["raw_prompt"][0]["content"], kwargs["session_id"])
         self.stored.append((kwargs["uid"], kwargs["session_id"]))
 
     def finish(self) -> None:
@@ -346,6 +354,116 @@ def test_per_prompt_group_sizes_validation_and_failed_sessions():
         manager.generate_sequences(prompt_batch(3, ["q0"], counts=[-1]))
 
 
+# Online sGPO: each prompt's share of solved completions (session i of prompt q solves it when i < SOLVED[q] x n).
+SOLVED = {"q0": 0.25, "q1": 1.0, "q2": 0.0, "q3": 0.5, "q4": 0.25, "q5": None}  # q5: no reward reaches the loop
+
+
+def solved_by_share(name: str, session: int, n: int = G) -> float | None:
+    share = SOLVED[name]
+    return None if share is None else float(session < share * n)
+
+
+def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(tmp_path, caplog):
+    """lengthsched.sgpo: the manager writes each training prompt's __rollout_n__ from its earlier groups' rewards
+    (which its workers hand over with the lengths); unseen prompts run rollout.n, validation is untouched, a prompt
+    whose sessions bring no reward learns nothing (one warning), and the budget survives a restart."""
+    state = tmp_path / "sgpo.json"
+    sgpo = {"g_max": 16, "unsolved_fraction": 0.0, "state_path": str(state)}
+    manager, router, servers, workers = pipeline(sgpo=sgpo)
+    for w in workers:
+        w.score = solved_by_share
+    first = prompt_batch(1, index=list(range(6)))
+    manager.generate_sequences(first)
+    assert list(first["__rollout_n__"]) == [G] * 6  # nothing seen yet: rollout.n
+    finish(workers)
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        manager.lengthsched_collect()
+        manager.lengthsched_collect()
+    assert sum("without a reward_score" in r.getMessage() for r in caplog.records) == 1
+    assert json.loads(state.read_text())["groups"] == 5  # q5 learnt nothing
+    for server in servers.values():
+        server.requests.clear()
+    second = prompt_batch(2, index=list(range(6)))
+    manager.generate_sequences(second)
+    expected = [4, 2, 2, 2, 4, G]  # 1/4 solved: 4; trivial, unsolved, 1/2: g_min 2; q5 unseen: rollout.n
+    assert list(second["__rollout_n__"]) == expected
+    assert manager.lengthsched_sgpo_status()["last_batch"] == {"informative": 3, "trivial": 1, "unsolved": 1,
+                                                               "unseen": 1}
+    assert len(manager.lengthsched_planner().last_plan) == sum(expected)
+    finish(workers)
+    assert {p: len(s) for p, s in sent_by_prompt(servers).items()} == dict(zip(range(1, 7), expected))
+    # Validation batches run val_kwargs.n and teach the budget nothing.
+    manager.lengthsched_collect()
+    groups = manager.lengthsched_sgpo.budget.groups
+    val = prompt_batch(2, ["q0"], validate=True, index=[0])
+    manager.generate_sequences(val)
+    assert "__rollout_n__" not in val
+    finish(workers)
+    manager.lengthsched_collect()
+    assert manager.lengthsched_sgpo.budget.groups == groups == 10
+    # A restarted trainer reads the budget back and decides alike.
+    again, _, _, _ = pipeline(sgpo=sgpo)
+    third = prompt_batch(3, index=list(range(6)))
+    again.generate_sequences(third)
+    assert list(third["__rollout_n__"]) == [4, 2, 2, 2, 4, G]
+    assert again.lengthsched_sgpo_status()["groups"] == 10
+    # The data's own sizes (an offline plan's) hold for prompts not seen yet; a row with 0 runs none.
+    fresh, _, _, _ = pipeline(sgpo={"unsolved_fraction": 0.0})
+    own = prompt_batch(1, ["q0", "q1"], counts=[8, 0], index=[0, 1])
+    fresh.generate_sequences(own)
+    assert list(own["__rollout_n__"]) == [8, 0]
+    assert pipeline()[0].lengthsched_sgpo_status() is None  # no section: no online sGPO
+    assert pipeline(sgpo={"enable": False})[0].lengthsched_sgpo is None
+
+
+def test_online_sgpo_knows_prompts_by_their_index_else_by_their_text(caplog):
+    manager, _, _, workers = pipeline(sgpo={"unsolved_fraction": 0.0})
+    for w in workers:
+        w.score = solved_by_share
+    manager.generate_sequences(prompt_batch(1, ["q1", "q2"], index=[10, 11]))
+    finish(workers)
+    manager.lengthsched_collect()
+    assert manager.lengthsched_sgpo.budget.success_rate("10") == 1.0  # q1, by its index
+    moved = prompt_batch(2, ["q1", "q2"], index=[11, 10])  # the same texts under each other's index
+    manager.generate_sequences(moved)
+    assert list(moved["__rollout_n__"]) == [2, 2] and manager.lengthsched_sgpo.budget.reasons == {
+        "trivial": 1, "unsolved": 1}
+    finish(workers)
+    manager.lengthsched_collect()
+    # verl's RLHFDataset gives index 0 to every row without extra_info.index: repeated, so the text is the key.
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        same = prompt_batch(3, ["q0", "q3"], index=[0, 0])
+        manager.generate_sequences(same)
+        manager.generate_sequences(prompt_batch(3, ["q4"]))  # no index column at all
+    assert sum("repeated 'index' values" in r.getMessage() for r in caplog.records) == 1
+    assert list(same["__rollout_n__"]) == [G, G]  # never seen under their text
+    finish(workers)
+    manager.lengthsched_collect()
+    assert manager.lengthsched_sgpo.budget.success_rate(lv.prompt_key([{"role": "user", "content": "q3"}])) == 0.5
+    by_text, _, _, _ = pipeline(sgpo={"key": "prompt"})
+    batch = prompt_batch(1, ["q0"], index=[5])
+    by_text.generate_sequences(batch)
+    assert by_text.lengthsched_running[batch["uid"][0]].sgpo_key == lv.prompt_key(batch["raw_prompt"][0])
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"g_min": 1}, "lengthsched.sgpo.g_min.*group of one"), ({"g_max": 1}, "lengthsched.sgpo.g_max"),
+    ({"rule": "log"}, "lengthsched.sgpo.rule"), ({"memory": 0}, "lengthsched.sgpo.memory"),
+    ({"key": "uid"}, "lengthsched.sgpo.key"), ({"solved_reward": "high"}, "lengthsched.sgpo.solved_reward"),
+    ({"group": 4}, "'lengthsched.sgpo'.*options among"), ({"enable": "yes"}, "lengthsched.sgpo.enable"),
+    ({"state_path": ""}, "lengthsched.sgpo.state_path")])
+def test_online_sgpo_options_are_checked_when_the_manager_is_made(options, match):
+    with pytest.raises(InvalidArgument, match=match):
+        pipeline(sgpo=options)
+
+
+def test_online_sgpo_refuses_a_state_file_that_is_not_its_own(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_text("{}")
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo.state_path'"):
+        pipeline(sgpo={"state_path": str(path)})
+
+
 @requires_v1
 def test_sgpos_group_sizes_reach_verls_batches_through_its_own_data_loading(tmp_path):
     """lengthsched budget's plan written into a verl data set (``write_adaptive_rollout_data``) comes back through
@@ -465,20 +583,24 @@ class AsyncTQ:
         self.tags[partition_id][key] = dict(tag or {})
 
 
-@requires_v1
-def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
+class RealV1(SimpleNamespace):
+    """verl's real v1 manager and worker classes under ours (:func:`real_tq`): ``manager``, ``workers``, ``servers``,
+    ``router``, ``stored`` (uid, session) put into the queue, ``tq``, ``batch(step, names)`` (a real TensorDict, each
+    row's ``index`` its prompt's), ``settle()`` (every session to its end) and ``loop``."""
+
+
+def real_tq(monkeypatch, cfg, score=None) -> RealV1:
+    """verl's real ``AgentLoopManagerTQ.generate_sequences`` and ``AgentLoopWorkerTQ.generate_sequences`` /
+    ``_run_prompt`` run under our classes; the agent loop makes SingleTurnAgentLoop's request, and the postprocess
+    records the session and, with ``score(prompt name, session)``, sets the output's ``reward_score`` as verl's
+    ``_compute_score`` does."""
     import ray
     import torch
     from verl.trainer.ppo.v1 import agent_loop_tq
     from verl.utils import tensordict_utils as tu
-    from verl.utils.import_utils import load_class_from_fqn
     from verl.workers.rollout.llm_server import LLMServerClient
 
     base_worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
-    manager_cls, worker_cls = vv1.LengthschedAgentLoopManagerTQ, vv1.LengthschedAgentLoopWorkerTQ
-    # TaskRunnerV1.init_agent_loop_manager loads the class rollout.agent.agent_loop_manager_class names so.
-    assert load_class_from_fqn(vv1.MANAGER_TQ_CLASS, "AgentLoopManager") is manager_cls
-    assert issubclass(manager_cls, agent_loop_tq.AgentLoopManagerTQ) and issubclass(worker_cls, base_worker)
     loop = asyncio.new_event_loop()
     tq = AsyncTQ()
     monkeypatch.setattr(agent_loop_tq, "tq", tq)
@@ -495,12 +617,14 @@ def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
         # SingleTurnAgentLoop.run's request, then verl's postprocess with the loop's output.
         out = await self.llm_client.generate(uuid.uuid4().hex, prompt_ids=[int(kwargs["index"]) + 1],
                                              sampling_params=sampling_params, priority=int(kwargs["priority"]))
-        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids))
+        output = SimpleNamespace(response_ids=out.token_ids, response_mask=[1] * len(out.token_ids), reward_score=None)
         return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
 
     stored: list[tuple[str, int]] = []
 
     async def postprocess(self, output, validate, **kwargs):
+        if score is not None:
+            output.reward_score = score(list(TRUE)[int(kwargs["index"])], kwargs["session_id"])
         stored.append((kwargs["uid"], kwargs["session_id"]))
 
     monkeypatch.setattr(base_worker, "__init__", light_init)
@@ -509,11 +633,9 @@ def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
 
     servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(3)}
     router = lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
-    cfg = config(placement="groups")
     client = LLMServerClient(config=cfg, load_balancer_handle=Remote(router))
-    manager = manager_cls(cfg, client)
-    assert manager.agent_loop_workers_class.__ray_actor_class__ is worker_cls
-    workers = [worker_cls(cfg, client) for _ in range(2)]
+    manager = vv1.LengthschedAgentLoopManagerTQ(cfg, client)
+    workers = [vv1.LengthschedAgentLoopWorkerTQ(cfg, client) for _ in range(2)]
     manager.agent_loop_workers = [Remote(w) for w in workers]
 
     def batch(step: int, names: list[str]):
@@ -529,17 +651,34 @@ def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
         for w in workers:
             loop.run_until_complete(wait(list(w.background_tasks)))
 
+    return RealV1(manager=manager, workers=workers, servers=servers, router=router, stored=stored, tq=tq,
+                  batch=batch, settle=settle, loop=loop)
+
+
+@requires_v1
+def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.utils.import_utils import load_class_from_fqn
+
+    base_worker = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    manager_cls, worker_cls = vv1.LengthschedAgentLoopManagerTQ, vv1.LengthschedAgentLoopWorkerTQ
+    # TaskRunnerV1.init_agent_loop_manager loads the class rollout.agent.agent_loop_manager_class names so.
+    assert load_class_from_fqn(vv1.MANAGER_TQ_CLASS, "AgentLoopManager") is manager_cls
+    assert issubclass(manager_cls, agent_loop_tq.AgentLoopManagerTQ) and issubclass(worker_cls, base_worker)
+    real = real_tq(monkeypatch, config(placement="groups"))
+    manager, servers, router, stored = real.manager, real.servers, real.router, real.stored
+    assert manager.agent_loop_workers_class.__ray_actor_class__ is worker_cls
     try:
-        first = batch(1, list(TRUE))
+        first = real.batch(1, list(TRUE))
         assert manager.generate_sequences(first) is None
-        settle()
+        real.settle()
         assert len(stored) == len(TRUE) * G and router.planned == len(TRUE) * G and router.collisions == 0
-        assert all(tag["status"] == "finished" for tag in tq.tags["train"].values())
+        assert all(tag["status"] == "finished" for tag in real.tq.tags["train"].values())
         assert [int(p) for p in first["priority"]] == sorted(int(p) for p in first["priority"])
         for server in servers.values():
             server.requests.clear()
-        manager.generate_sequences(batch(2, list(TRUE)))
-        settle()
+        manager.generate_sequences(real.batch(2, list(TRUE)))
+        real.settle()
         planner = manager.lengthsched_planner()
         assert planner.observed == len(TRUE) * G and planner.last_plan.placement == "groups"
         where = defaultdict(set)
@@ -549,7 +688,31 @@ def test_verls_real_manager_and_worker_run_under_ours(monkeypatch):
         assert all(len(s) == 1 for s in where.values()) and len(where) == len(TRUE)
         assert router.collisions == 0 and router.unplanned == 0
     finally:
-        loop.close()
+        real.loop.close()
+
+
+@requires_v1
+def test_online_sgpo_sizes_reach_verls_real_worker(monkeypatch):
+    """The rewards verl's postprocess sets reach the manager through our worker; the next batch's ``__rollout_n__``
+    (a real TensorDict column) is popped by verl's real ``_run_prompt``, which runs that many sessions, and the
+    budget is keyed by the batch's ``index`` column."""
+    real = real_tq(monkeypatch, config(sgpo={"unsolved_fraction": 0.0}), score=solved_by_share)
+    try:
+        real.manager.generate_sequences(real.batch(1, list(TRUE)))
+        real.settle()
+        real.stored.clear()
+        second = real.batch(2, list(TRUE))
+        real.manager.generate_sequences(second)
+        real.settle()
+        expected = [4, 2, 2, 2, 4, G]
+        assert [int(n) for n in vv1._rows(second, vv1.ROLLOUT_N)] == expected
+        sessions = defaultdict(int)
+        for uid, _ in real.stored:
+            sessions[uid] += 1
+        assert [sessions[u] for u in vv1._rows(second, "uid")] == expected
+        assert real.manager.lengthsched_sgpo.budget.success_rate("0") == 0.25
+    finally:
+        real.loop.close()
 
 
 # ----------------------------------------------------------------------------- stealing in the v1 trainer
@@ -675,7 +838,7 @@ def stored_lengths(live: Live) -> dict[int, list[int]]:
     """Per prompt, the tokens each of its stored sessions generated (what the workers handed the manager)."""
     out: dict[int, list[int]] = defaultdict(list)
     for w in live.workers:
-        for uid, lengths in w._lengthsched_done:
+        for uid, lengths, _ in w._lengthsched_done:
             out[int(uid.split("-")[1][1:])].extend(lengths)
     return out
 
@@ -1026,7 +1189,7 @@ def test_verls_own_agent_loop_runner_gives_every_turn_of_a_tool_loop_its_session
         assert len(keys) >= 2 * len(plan.priority)  # both turns of every session, each named by its row
         driver = live.manager.lengthsched_driver
         assert driver.stats.turns > 0 and driver.stats.errors == 0 and live.router.collisions == 0
-        done = {uid: n for w in live.workers for uid, n in w._lengthsched_done}
+        done = {uid: n for w in live.workers for uid, n, _ in w._lengthsched_done}
         assert sorted(sum(v) for v in done.values()) == sorted(sum(lengths[k]) * G for k in lengths)
     finally:
         live.close()

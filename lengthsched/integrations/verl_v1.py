@@ -60,14 +60,16 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidArgument, check_int
+from ..filtering import SOLVED_REWARD, check_solved_reward
 from ..io import atomic_write_bytes
+from ..sgpo import BudgetConfig, OnlineBudget, read_online_budget, write_online_budget
 from .verl import (
     MANAGER_TQ_CLASS,
     SESSION_PRIORITY,
@@ -79,13 +81,14 @@ from .verl import (
     _options,
     _setting,
     batch_prompt_tokens,
+    prompt_key,
 )
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
 __all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "ROLLOUT_N", "ROLLOUT_N_ORDERS", "RUNNING_STEPS", "SESSION_PRIORITY",
-           "STEALING_MANAGER_TQ_CLASS", "SessionPriorityClient", "adaptive_rollout_rows", "filter_groups",
-           "generated_tokens", "make_tq_agent_loop_manager_class", "make_tq_stealing_manager_class",
-           "make_tq_worker_class", "write_adaptive_rollout_data"]
+           "SGPO_KEYS", "SGPO_OPTIONS", "STEALING_MANAGER_TQ_CLASS", "OnlineSGPO", "SessionPriorityClient",
+           "adaptive_rollout_rows", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
+           "make_tq_stealing_manager_class", "make_tq_worker_class", "online_sgpo", "write_adaptive_rollout_data"]
 # (SESSION_PRIORITY, SessionPriorityClient: verl's, named here too)
 
 log = logging.getLogger(__name__)
@@ -106,10 +109,11 @@ def generated_tokens(output: Any) -> int:
 def make_tq_worker_class(base: type) -> type:
     """``LengthschedAgentLoopWorkerTQ``: ``base`` (the class under verl's ``AgentLoopWorkerTQ`` actor,
     ``AgentLoopWorkerTQ.__ray_actor_class__``) that also remembers, per prompt, the tokens each of its
-    sessions generated (:func:`generated_tokens` of the session's last output), and hands the finished
-    prompts' lengths over once when the manager asks (``lengthsched_take``). A prompt counts as finished
-    when all its sessions settled, failed ones included (their lengths are missing). A prompt with a
-    :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
+    sessions generated (:func:`generated_tokens` of the session's last output) and the reward verl's agent loop gave
+    it (the last output's ``reward_score``, None where verl scores later: a colocated reward model), and hands the
+    finished prompts' lengths and rewards over once when the manager asks (``lengthsched_take``). A prompt counts as
+    finished when all its sessions settled, failed ones included (their lengths and rewards are missing). A prompt
+    with a :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
     of the prompt's ``priority`` (verl passes a prompt's columns to all its sessions alike); the column itself
     goes no further. Every request of a session carries the session's priority, the turns of a multi-turn loop
     included (:class:`~lengthsched.integrations.verl.SessionPriorities`)."""
@@ -119,24 +123,31 @@ def make_tq_worker_class(base: type) -> type:
 
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            self._lengthsched_running: dict[Hashable, list[int]] = {}
-            self._lengthsched_done: list[tuple[Hashable, list[int]]] = []
+            self._lengthsched_running: dict[Hashable, tuple[list[int], list[float | None]]] = {}
+            self._lengthsched_done: list[tuple[Hashable, list[int], list[float | None]]] = []
 
         async def _run_prompt(self, prompt: dict, sampling_params: dict, trajectory: dict,
                               trace: bool = False) -> None:
             uid = prompt.get("uid")
-            self._lengthsched_running.setdefault(uid, [])
+            self._lengthsched_running.setdefault(uid, ([], []))
             try:
                 await super()._run_prompt(prompt, sampling_params, trajectory=trajectory, trace=trace)
             finally:
-                self._lengthsched_done.append((uid, self._lengthsched_running.pop(uid, [])))
+                self._lengthsched_done.append((uid, *self._lengthsched_running.pop(uid, ([], []))))
 
         async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:
             outputs = output if isinstance(output, list) else [output]
-            lengths = self._lengthsched_running.get(kwargs.get("uid"))
-            if outputs and lengths is not None:
-                lengths.append(generated_tokens(outputs[-1]))
-            return await super()._agent_loop_postprocess(output, validate, **kwargs)
+            running = self._lengthsched_running.get(kwargs.get("uid"))
+            if outputs and running is not None:
+                running[0].append(generated_tokens(outputs[-1]))
+            out = await super()._agent_loop_postprocess(output, validate, **kwargs)
+            if outputs and running is not None:  # verl's _compute_score set it on the last output (or left None)
+                score = getattr(outputs[-1], "reward_score", None)
+                try:
+                    running[1].append(None if score is None else float(score))
+                except (TypeError, ValueError):  # not one number: the manager learns nothing from it
+                    running[1].append(None)
+            return out
 
         async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, **kwargs: Any) -> Any:
             priorities = kwargs.pop(PRIORITIES, None)  # the stealing manager's: one per session
@@ -145,8 +156,8 @@ def make_tq_worker_class(base: type) -> type:
                 kwargs["priority"] = int(priorities[session])
             return await super()._run_agent_loop(sampling_params, trajectory, **kwargs)  # SessionPriorities next
 
-        def lengthsched_take(self) -> list[tuple[Hashable, list[int]]]:
-            """The prompts finished since the last call: ``(uid, tokens per session)``."""
+        def lengthsched_take(self) -> list[tuple[Hashable, list[int], list[float | None]]]:
+            """The prompts finished since the last call: ``(uid, tokens per session, reward per session)``."""
             done, self._lengthsched_done = self._lengthsched_done, []
             return done
 
@@ -162,14 +173,15 @@ RUNNING_STEPS = 8
 @dataclass
 class _Dispatched:
     """A prompt the manager dispatched and has not heard finish: its prompt key, the step it was dispatched
-    in (None: unknown), whether it is a validation prompt, its predicted tokens on each replica, and its rows'
-    priorities in the plan."""
+    in (None: unknown), whether it is a validation prompt, its predicted tokens on each replica, its rows'
+    priorities in the plan, and its key in the online sGPO budget (None: not kept there)."""
 
     key: str
     step: int | None
     validate: bool
     work: np.ndarray
     priorities: tuple[int, ...] = ()  # its rows' priorities, lowest first
+    sgpo_key: str | None = None
 
 
 def _lowest(plan: Any, prompt_rows: list[list[int]], base: int) -> list[int]:
@@ -181,6 +193,74 @@ def _lowest(plan: Any, prompt_rows: list[list[int]], base: int) -> list[int]:
 def filter_groups(config: Any) -> bool:
     """Whether a verl trainer config turns DAPO's group filter on (``algorithm.filter_groups.enable``)."""
     return bool(_setting(config, "algorithm.filter_groups.enable"))
+
+
+#: The options of the planning manager's online sGPO (``lengthsched.sgpo``): :class:`~lengthsched.sgpo.BudgetConfig`'s
+#: rules (``g_min``, ``g_max``, ``rule``, ``drop_above``, ``unsolved_fraction``, ``seed``), ``memory`` (groups
+#: remembered per prompt), ``solved_reward``, ``state_path``, ``key`` (:data:`SGPO_KEYS`) and ``enable``.
+SGPO_OPTIONS = ("enable", "g_min", "g_max", "rule", "drop_above", "unsolved_fraction", "seed", "memory",
+                "solved_reward", "state_path", "key")
+#: What a prompt is known by across epochs: the data set's ``index`` column (verl's ``RLHFDataset`` copies
+#: ``extra_info.index`` there), or the prompt's text (:func:`~lengthsched.integrations.verl.prompt_key`).
+SGPO_KEYS = ("index", "prompt")
+
+
+@dataclass
+class OnlineSGPO:
+    """The planning manager's online sGPO (:func:`online_sgpo`): the budget and how rewards and prompts reach it."""
+
+    budget: OnlineBudget
+    solved_reward: float = SOLVED_REWARD
+    state_path: str | None = None
+    key: str = "index"
+
+    def status(self) -> dict[str, Any]:
+        """What it knows: prompts and groups observed, the share of completions solved, and the last training
+        batch's decisions by reason."""
+        budget = self.budget
+        return {"prompts": len(budget), "groups": budget.groups, "samples": budget.samples,
+                "solved_share": budget.solved / budget.samples if budget.samples else None,
+                "last_batch": dict(budget.reasons)}
+
+
+def online_sgpo(config: Any) -> OnlineSGPO | None:
+    """The online sGPO of a verl trainer config's ``lengthsched.sgpo`` section (None without one, or with
+    ``enable: false``): each training prompt's ``__rollout_n__`` from its own latest groups' rewards
+    (:class:`~lengthsched.sgpo.OnlineBudget`; the planning manager's docstring says how). Errors name the setting."""
+    section = _options(config).get("sgpo")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise InvalidArgument("lengthsched.sgpo", type(section).__name__, "a mapping of online sGPO options")
+    options = {name: section[name] for name in section}
+    unknown = sorted(set(options) - set(SGPO_OPTIONS))
+    if unknown:
+        raise InvalidArgument("lengthsched.sgpo", unknown, "options among " + ", ".join(SGPO_OPTIONS))
+    if not isinstance(options.get("enable", True), bool):
+        raise InvalidArgument("lengthsched.sgpo.enable", options["enable"], "true or false")
+    if not options.get("enable", True):
+        return None
+    rules = {name: options[name] for name in ("g_min", "g_max", "rule", "drop_above", "unsolved_fraction", "seed")
+             if name in options}
+    try:
+        budget_config = BudgetConfig(**rules)
+        memory = options.get("memory", 2)
+        memory = None if memory is None else check_int("memory", memory, minimum=1)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"lengthsched.sgpo.{exc.name}", exc.value, exc.expected) from None
+    if budget_config.g_min < 2:
+        raise InvalidArgument("lengthsched.sgpo.g_min", budget_config.g_min,
+                              ">= 2: verl's GRPO gives a group of one its raw score as advantage "
+                              "(compute_grpo_outcome_advantage: mean 0, std 1)")
+    key = options.get("key", "index")
+    if key not in SGPO_KEYS:
+        raise InvalidArgument("lengthsched.sgpo.key", key, " or ".join(map(repr, SGPO_KEYS)))
+    solved = check_solved_reward("lengthsched.sgpo.solved_reward", options.get("solved_reward", SOLVED_REWARD))
+    path = options.get("state_path")
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path)):
+        raise InvalidArgument("lengthsched.sgpo.state_path", path, "a file path (JSON) or null")
+    budget = read_online_budget(path, "lengthsched.sgpo.state_path", budget_config, memory=memory)
+    return OnlineSGPO(budget, solved, None if path is None else str(path), key)
 
 
 def _rows(batch: Any, name: str) -> list[Any] | None:
@@ -229,6 +309,9 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             self.lengthsched_running: dict[Hashable, _Dispatched] = {}
             self._lengthsched_base = 0  # the next batch's lowest priority
             self._lengthsched_warned: set[str] = set()
+            #: sGPO's group sizes from the trainer's rewards (``lengthsched.sgpo``), None without.
+            self.lengthsched_sgpo = online_sgpo(self.config)
+            self._lengthsched_saved = 0 if self.lengthsched_sgpo is None else self.lengthsched_sgpo.budget.groups
 
         def _lengthsched_warn(self, what: str, message: str, *args: Any) -> None:
             if what not in self._lengthsched_warned:
@@ -256,10 +339,12 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 finished.extend(resolve(worker.lengthsched_take.remote()))
             by_step: dict[int | None, tuple[list[str], list[int]]] = {}
             gone: list[_Dispatched] = []
-            for uid, lengths in finished:
+            for uid, lengths, scores in finished:
                 prompt = self.lengthsched_running.pop(uid, None)
                 if prompt is not None:
                     gone.append(prompt)
+                if prompt is not None and prompt.sgpo_key is not None:
+                    self.lengthsched_sgpo_observe(prompt.sgpo_key, scores)
                 if prompt is None or prompt.validate or not lengths:
                     continue
                 keys, seen = by_step.setdefault(prompt.step, ([], []))
@@ -269,7 +354,54 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             for step in sorted(by_step, key=lambda s: -1 if s is None else s):
                 planner.observe(*by_step[step], step=step)
             self.lengthsched_forget(gone)
+            sgpo = self.lengthsched_sgpo
+            if sgpo is not None and sgpo.state_path is not None and sgpo.budget.groups != self._lengthsched_saved:
+                write_online_budget(sgpo.state_path, sgpo.budget)
+                self._lengthsched_saved = sgpo.budget.groups
             return len(finished)
+
+        def lengthsched_sgpo_observe(self, key: str, scores: list[float | None]) -> None:
+            """Record a training prompt's group in the online sGPO budget: the rewards verl's agent loop gave its
+            sessions (a failed session's is missing; with none at all, as where a colocated reward model scores
+            after the rollout, nothing is learnt and a warning says so once)."""
+            known = [s for s in scores if s is not None]
+            if len(known) < len(scores) or not scores:
+                self._lengthsched_warn("sgpo scores", "lengthsched.sgpo: sessions came back without a reward_score "
+                                                      "(verl scores after the rollout with a colocated reward model: "
+                                                      "reward.reward_model.enable without enable_resource_pool); "
+                                                      "their prompts' group sizes learn nothing from them")
+            if known:
+                self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward)
+
+        def lengthsched_sgpo_sizes(self, prompts: Any, uids: list, counts: list[int]) -> list[str | None]:
+            """Give each training prompt its online sGPO group size in the ``__rollout_n__`` column (``counts``: what
+            it would run otherwise: a prompt never seen runs that many; one with 0 runs none and is not kept) and
+            return each prompt's key in the budget (None for one that runs none)."""
+            sgpo = self.lengthsched_sgpo
+            index = _rows(prompts, "index") if sgpo.key == "index" else None
+            if index is not None and len(set(map(str, index))) == len(index):
+                keys = [str(i) for i in index]
+            else:
+                if sgpo.key == "index":
+                    self._lengthsched_warn("sgpo key", "lengthsched.sgpo: the batch has %s; prompts are known by "
+                                                       "their text instead (lengthsched.sgpo.key: prompt)",
+                                           "no 'index' column" if index is None else
+                                           "repeated 'index' values (verl's RLHFDataset gives 0 to rows without "
+                                           "extra_info.index)")
+                raw = _rows(prompts, "raw_prompt")
+                keys = [prompt_key(p) for p in raw] if raw is not None else [str(u) for u in uids]
+            run = [k for k, n in enumerate(counts) if n]
+            sizes = list(counts)
+            for k, g in zip(run, sgpo.budget.group_sizes([keys[k] for k in run], [counts[k] for k in run])):
+                sizes[k] = g
+            self.lengthsched_column(prompts, ROLLOUT_N, sizes)
+            log.info("lengthsched.sgpo: %d prompts, %d completions (%s)", len(run), sum(sizes),
+                     ", ".join(f"{n} {reason}" for reason, n in sorted(sgpo.budget.reasons.items())))
+            return [keys[k] if n else None for k, n in enumerate(counts)]
+
+        def lengthsched_sgpo_status(self) -> dict[str, Any] | None:
+            """What the online sGPO knows (:meth:`OnlineSGPO.status`); None without one."""
+            return None if self.lengthsched_sgpo is None else self.lengthsched_sgpo.status()
 
         def lengthsched_expire(self, step: int | None) -> int:
             """Forget the prompts dispatched more than ``lengthsched.running_steps`` (default
@@ -318,6 +450,10 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             default_n = rollout.val_kwargs.n if validate else rollout.n
             counts = _rows(prompts, ROLLOUT_N) or [default_n] * len(uids)
             counts = [check_int(ROLLOUT_N, n, minimum=0) for n in counts]
+            sgpo_keys: list[str | None] = [None] * len(uids)
+            if self.lengthsched_sgpo is not None and not validate:
+                sgpo_keys = self.lengthsched_sgpo_sizes(prompts, uids, counts)
+                counts = [check_int(ROLLOUT_N, n, minimum=0) for n in _rows(prompts, ROLLOUT_N)]
             if not sum(counts):
                 return None
             raw = _rows(prompts, "raw_prompt")
@@ -338,14 +474,14 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 group_rows.setdefault(group, []).append(row)
             group_of = {key: g for g, key in enumerate(plan.group_keys)}
             prompt_rows: list[list[int]] = []  # each prompt's rows in the plan, lowest priority first
-            for uid, n in zip(uids, counts):
+            for uid, n, sgpo_key in zip(uids, counts, sgpo_keys):
                 rows = sorted(group_rows[group_of[uid]], key=lambda i: plan.priority[i]) if n else []
                 prompt_rows.append(rows)
                 if rows:
                     work = np.zeros(replicas, dtype=np.int64)  # (spread: as the plan spread it; the router balances)
                     np.add.at(work, [plan.replica[i] for i in rows], [plan.predicted[i] for i in rows])
                     self.lengthsched_running[uid] = _Dispatched(keys[rows[0]], step, validate, work,
-                                                                tuple(int(plan.priority[i]) for i in rows))
+                                                                tuple(int(plan.priority[i]) for i in rows), sgpo_key)
             self.lengthsched_publish(prompts, plan, prompt_rows, base)
             return plan
 
@@ -508,7 +644,8 @@ def adaptive_rollout_rows(ids: Sequence[Any], plan: Any, *, default_n: int,
     each kept row's :data:`ROLLOUT_N`. ``ids``: each row's prompt id (matched as text with the profile's ids);
     ``plan``: a :class:`lengthsched.sgpo.BudgetPlan` (``lengthsched budget``). A profiled row the plan keeps gets its
     group size; one it drops (trivial, or unsolved and not sampled) is left out; a row the profile does not name
-    keeps ``default_n`` (verl's ``rollout.n``). ``order``: ``"data"`` (the rows' own order) or ``"curriculum"`` (the
+    keeps ``default_n`` (verl's ``rollout.n``). A group of one is refused (a plan with ``g_min`` 1, or ``default_n``
+    1): verl's GRPO would train on its raw score. ``order``: ``"data"`` (the rows' own order) or ``"curriculum"`` (the
     plan's phases, easiest first, each in the plan's order, then the rows it does not name; verl keeps it with
     ``data.shuffle=False``). Returns (row indices, group sizes)."""
     from ..sgpo import BudgetPlan
@@ -527,7 +664,13 @@ def adaptive_rollout_rows(ids: Sequence[Any], plan: Any, *, default_n: int,
     if order == "curriculum":
         rank = {p.id: (p.phase, j) for j, p in enumerate(q for i in range(plan.config.phases) for q in plan.phase(i))}
         rows.sort(key=lambda i: rank.get(keys[i], (plan.config.phases, i)))
-    return rows, [decided[keys[i]].group_size if keys[i] in decided else default_n for i in rows]
+    sizes = [decided[keys[i]].group_size if keys[i] in decided else default_n for i in rows]
+    if sizes and min(sizes) < 2:
+        one = next(keys[i] for i, n in zip(rows, sizes) if n < 2)
+        raise InvalidArgument("g_min" if keys and one in decided else "default_n", 1,
+                              f"group sizes >= 2 (prompt {one!r} gets 1): verl's GRPO gives a group of one its raw "
+                              f"score as advantage (compute_grpo_outcome_advantage: mean 0, std 1)")
+    return rows, sizes
 
 
 def write_adaptive_rollout_data(source: str | os.PathLike, output: str | os.PathLike, plan: Any, *,
