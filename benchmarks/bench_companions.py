@@ -87,6 +87,45 @@ def sgpo(args: argparse.Namespace) -> tuple[str, list]:
                   "less compute", "steps fixed_slot", "steps length_aware"], rows), raw
 
 
+def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated training runs: groups of a fixed G, sGPO from a profiling pass, sGPO from the trainer's own rewards
+    (online) and from the true success rates (oracle), over epochs in which the policy's success on each prompt
+    drifts (``simulate.sgpo_training``); every step through ``run_rollout`` (steal, prompt-level predictions)."""
+    from simulate.sgpo_training import SGPO_SIZINGS, drifting_prompts, run_sgpo_training
+
+    L, R, pool = args.admission_max_new, args.async_replicas, args.sgpo_pool
+    rows, raw = [], []
+    for learn in args.sgpo_learn:
+        prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=learn, seed=args.rollout_seeds[0])
+        for label, batch in ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
+                             (f"{args.sgpo_batch * 16} completions",
+                              dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16))):
+            runs = {s: run_sgpo_training(prompts, s, epochs=args.sgpo_epochs, group_size=16, replicas=R,
+                                         budget_tokens=pool * L, max_new_tokens=L, seed=args.rollout_seeds[0], **batch)
+                    for s in SGPO_SIZINGS}
+            fixed = runs["fixed"]
+            for sizing, r in runs.items():
+                rows.append([learn, label, sizing + (" (oracle p)" if sizing == "oracle" else ""),
+                             round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
+                             f"{r.informative_per_hour / fixed.informative_per_hour:.2f}",
+                             round(r.informative_completions_per_hour),
+                             f"{r.informative_completions_per_hour / fixed.informative_completions_per_hour:.2f}"])
+                raw.append({"learn": learn, "step": label, "sizing": sizing, "seconds": r.seconds,
+                            "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
+                            "informative_completions": r.informative_completions,
+                            "informative_per_hour": r.informative_per_hour,
+                            "informative_completions_per_hour": r.informative_completions_per_hour,
+                            "profiling_seconds": r.profiling.seconds if r.profiling else 0.0,
+                            "epoch_seconds": [e.seconds for e in r.epochs],
+                            "epoch_informative": [e.informative for e in r.epochs]})
+    return table(f"sGPO over {args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts (simulated; CASTILLO lengths, "
+                 f"success rates Beta(0.4, 0.6) at epoch 0, log-odds + learn x U(0, 1) per epoch; G = 16, sGPO "
+                 f"g in [2, 32], profiling 8 per prompt; steal on {R} replicas of {pool} x L_max KV, L_max {L}; "
+                 "rollout seconds with profiling; informative: a group whose rewards differ)",
+                 ["learn", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",
+                  "x fixed", "their completions per hour", "x fixed"], rows), raw
+
+
 # ------------------------------------------------------------------------------------ Sparse-RL
 def sparse(args: argparse.Namespace) -> tuple[str, list]:
     from sampler import InfiniteSampler
@@ -644,6 +683,11 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def float_list(text: str) -> list[float]:
+    """A flag's comma-separated numbers."""
+    return [float(x) for x in text.split(",")]
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _learner_child(sys.argv[2])
@@ -657,7 +701,7 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
-                    default="sgpo,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
+                    default="sgpo,sgpo_online,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
                             "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,sparse_multiturn,"
                             "learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
@@ -705,6 +749,12 @@ def main() -> int:
     ap.add_argument("--learner-prompts", type=int_list, default="512,1024,2048,4096",
                     help="prompt lengths of the learner grid")
     ap.add_argument("--learner-new", type=int, default=64, help="tokens per completion of the learner grid")
+    ap.add_argument("--sgpo-prompts", type=int, default=512, help="prompts of the online sGPO section's data set")
+    ap.add_argument("--sgpo-epochs", type=int, default=4, help="epochs of the online sGPO section")
+    ap.add_argument("--sgpo-batch", type=int, default=64, help="prompts per step (x 16 completions) of that section")
+    ap.add_argument("--sgpo-pool", type=int, default=16, help="each replica's pool, x L_max, of that section")
+    ap.add_argument("--sgpo-learn", type=float_list, default="0,1",
+                    help="log-odds gained per epoch (x U(0, 1) per prompt) of that section")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
     args = ap.parse_args()
     args.budget_policies = args.budget_policies.split(",")
@@ -721,10 +771,12 @@ def main() -> int:
         args.window_prompts, args.window_replicas, args.window_pools, args.crowding_pools = [8], [2], [2], [1, 2]
         args.async_prompts, args.async_steps, args.async_replicas, args.async_pools = 4, 2, 2, [2]
         args.multiturn_prompts = 4
+        args.sgpo_prompts, args.sgpo_epochs, args.sgpo_batch, args.sgpo_learn = 24, 2, 8, [1.0]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sparse": sparse, "sparse_budget": sparse_budget,
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sparse": sparse,
+                                         "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
                                          "sparse_sglang_room": sparse_sglang_room, "sparse_async": sparse_async,

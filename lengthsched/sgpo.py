@@ -43,7 +43,8 @@ from .io import atomic_write_text
 from .online import state_key
 
 __all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "OnlineBudget", "plan_budget",
-           "group_size_for", "read_online_budget", "read_profile", "write_online_budget", "RULES", "ONLINE_REASONS"]
+           "group_size_for", "prompt_decision", "read_online_budget", "read_profile", "write_online_budget", "RULES",
+           "ONLINE_REASONS"]
 
 RULES = ("pow2", "ceil")
 
@@ -165,9 +166,11 @@ def _hash_unit(seed: int, key: str) -> float:
     return int.from_bytes(digest, "little") / 2.0**64
 
 
-def _decide(p: float, key: str, cfg: BudgetConfig) -> tuple[bool, str, int]:
-    """(kept, reason, group size) of a prompt with success rate ``p``: dropped above ``drop_above``; at p = 0
-    kept for a seeded ``unsolved_fraction`` (``key`` hashed with the seed) at ``g_max``; else ~1/p."""
+def prompt_decision(p: float, key: str, cfg: BudgetConfig) -> tuple[bool, str, int]:
+    """sGPO's decision on one prompt with success rate ``p``: (kept, reason, group size). Dropped above
+    ``drop_above`` ("trivial"); at p = 0 kept at ``g_max`` for a seeded ``unsolved_fraction`` (``key`` hashed with
+    the seed: "unsolved, sampled"), else dropped ("unsolved"); otherwise kept at :func:`group_size_for` (p)
+    ("informative"). A dropped prompt's size is 0."""
     if p > cfg.drop_above:
         return False, "trivial", 0
     if p == 0.0:
@@ -192,7 +195,7 @@ def plan_budget(profile: Sequence[ProfileRecord], config: BudgetConfig | None = 
         length = float(np.mean(r.lengths)) if r.lengths else float(cfg.default_length)
         profiling += len(r.outcomes) * (length + r.prompt_tokens)
         baseline += cfg.baseline_group_size * (length + r.prompt_tokens)
-        kept, reason, g = _decide(p, r.id, cfg)
+        kept, reason, g = prompt_decision(p, r.id, cfg)
         training += g * (length + r.prompt_tokens)
         decisions.append(dict(id=r.id, success_rate=p, kept=kept, reason=reason, group_size=g, phase=-1,
                               expected_length=length, prompt_tokens=r.prompt_tokens))
@@ -291,7 +294,7 @@ class OnlineBudget:
         if p is None:
             return default_n, "unseen"
         k = self._key(key)
-        kept, reason, g = _decide(p, f"{k}:{self._visits[k]}", self.config)
+        kept, reason, g = prompt_decision(p, f"{k}:{self._visits[k]}", self.config)
         return (g if kept else self.config.g_min), reason
 
     def group_sizes(self, keys: Sequence[Any], default_n: int | Sequence[int]) -> list[int]:

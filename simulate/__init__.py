@@ -9,7 +9,8 @@ between them, sticky routing and the engines' prefix cache (:mod:`simulate.multi
 within a staleness bound); ``run_verl_async`` verl's fully asynchronous recipe (streamed local updates,
 a bound on the groups started per weight version);
 ``search_placement`` the best placement of a rollout's requests a search finds with the true
-lengths (an oracle: what placement could buy);
+lengths (an oracle: what placement could buy); :mod:`simulate.sgpo_training` sGPO's ways of sizing
+groups (fixed, profiled, online, oracle) over a training run whose success rates drift;
 :data:`POLICIES` names every policy. Workloads (real CASTILLO groups, single-length traces with a
 group model, JSON-lines trace files) are in :mod:`simulate.workloads`; the comparison report behind
 ``lengthsched simulate`` in :mod:`simulate.report`.
