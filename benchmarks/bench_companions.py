@@ -90,39 +90,46 @@ def sgpo(args: argparse.Namespace) -> tuple[str, list]:
 def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated training runs: groups of a fixed G, sGPO from a profiling pass, sGPO from the trainer's own rewards
     (online) and from the true success rates (oracle), over epochs in which the policy's success on each prompt
-    drifts (``simulate.sgpo_training``); every step through ``run_rollout`` (steal, prompt-level predictions)."""
+    drifts (``simulate.sgpo_training``); every step through ``run_rollout`` (steal, prompt-level predictions), for
+    each draw of ``--rollout-seeds``."""
     from simulate.sgpo_training import SGPO_SIZINGS, drifting_prompts, run_sgpo_training
 
     L, R, pool = args.admission_max_new, args.async_replicas, args.sgpo_pool
+    steps = ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
+             (f"{args.sgpo_batch * 16} completions", dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16)))
     rows, raw = [], []
     for learn in args.sgpo_learn:
-        prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=learn, seed=args.rollout_seeds[0])
-        for label, batch in ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
-                             (f"{args.sgpo_batch * 16} completions",
-                              dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16))):
-            runs = {s: run_sgpo_training(prompts, s, epochs=args.sgpo_epochs, group_size=16, replicas=R,
-                                         budget_tokens=pool * L, max_new_tokens=L, seed=args.rollout_seeds[0], **batch)
-                    for s in SGPO_SIZINGS}
-            fixed = runs["fixed"]
-            for sizing, r in runs.items():
-                rows.append([learn, label, sizing + (" (oracle p)" if sizing == "oracle" else ""),
-                             round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
-                             f"{r.informative_per_hour / fixed.informative_per_hour:.2f}",
-                             round(r.informative_completions_per_hour),
-                             f"{r.informative_completions_per_hour / fixed.informative_completions_per_hour:.2f}"])
-                raw.append({"learn": learn, "step": label, "sizing": sizing, "seconds": r.seconds,
-                            "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
-                            "informative_completions": r.informative_completions,
-                            "informative_per_hour": r.informative_per_hour,
-                            "informative_completions_per_hour": r.informative_completions_per_hour,
-                            "profiling_seconds": r.profiling.seconds if r.profiling else 0.0,
-                            "epoch_seconds": [e.seconds for e in r.epochs],
-                            "epoch_informative": [e.informative for e in r.epochs]})
+        for seed in args.rollout_seeds:
+            prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=learn, seed=seed)
+            for label, batch in steps:
+                runs = {s: run_sgpo_training(prompts, s, epochs=args.sgpo_epochs, group_size=16, replicas=R,
+                                             budget_tokens=pool * L, max_new_tokens=L, seed=seed, **batch)
+                        for s in SGPO_SIZINGS}
+                fixed = runs["fixed"]
+                for sizing, r in runs.items():
+                    groups = r.informative_per_hour / fixed.informative_per_hour
+                    samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
+                    rows.append([f"{learn:g}", seed, label, sizing + (" (oracle)" if sizing == "oracle" else ""),
+                                 round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
+                                 f"**{groups:.2f}**" if groups == max(
+                                     x.informative_per_hour for x in runs.values()) / fixed.informative_per_hour
+                                 else f"{groups:.2f}", round(r.informative_completions_per_hour), f"{samples:.2f}"])
+                    raw.append({"learn": learn, "seed": seed, "step": label, "sizing": sizing, "seconds": r.seconds,
+                                "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
+                                "informative_completions": r.informative_completions,
+                                "informative_per_hour": r.informative_per_hour,
+                                "informative_completions_per_hour": r.informative_completions_per_hour,
+                                "x_fixed_groups": groups, "x_fixed_completions": samples,
+                                "profiling_seconds": r.profiling.seconds if r.profiling else 0.0,
+                                "epoch_seconds": [e.seconds for e in r.epochs],
+                                "epoch_completions": [e.completions for e in r.epochs],
+                                "epoch_informative": [e.informative for e in r.epochs]})
     return table(f"sGPO over {args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts (simulated; CASTILLO lengths, "
                  f"success rates Beta(0.4, 0.6) at epoch 0, log-odds + learn x U(0, 1) per epoch; G = 16, sGPO "
                  f"g in [2, 32], profiling 8 per prompt; steal on {R} replicas of {pool} x L_max KV, L_max {L}; "
-                 "rollout seconds with profiling; informative: a group whose rewards differ)",
-                 ["learn", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",
+                 "rollout seconds with profiling; informative: a group whose rewards differ; the most informative "
+                 "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates)",
+                 ["learn", "seed", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",
                   "x fixed", "their completions per hour", "x fixed"], rows), raw
 
 
