@@ -109,7 +109,7 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                 for sizing, r in runs.items():
                     groups = r.informative_per_hour / fixed.informative_per_hour
                     samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
-                    rows.append([f"{learn:g}", seed, label, sizing + (" (oracle)" if sizing == "oracle" else ""),
+                    rows.append([f"{learn:g}", seed, label, "true p (oracle)" if sizing == "oracle" else sizing,
                                  round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
                                  f"**{groups:.2f}**" if groups == max(
                                      x.informative_per_hour for x in runs.values()) / fixed.informative_per_hour
