@@ -102,14 +102,20 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
         for seed in args.rollout_seeds:
             prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=learn, seed=seed)
             for label, batch in steps:
-                runs = {s: run_sgpo_training(prompts, s, epochs=args.sgpo_epochs, group_size=16, replicas=R,
-                                             budget_tokens=pool * L, max_new_tokens=L, seed=seed, **batch)
-                        for s in SGPO_SIZINGS}
+                kw = dict(epochs=args.sgpo_epochs, group_size=16, replicas=R, budget_tokens=pool * L,
+                          max_new_tokens=L, seed=seed, **batch)
+                runs = {s: run_sgpo_training(prompts, s, **kw) for s in SGPO_SIZINGS}
+                # lengthsched.sgpo's default in verl: groups informative with probability 0.9
+                runs["online_informative"] = run_sgpo_training(
+                    prompts, "online", config=BudgetConfig(rule="informative", target=0.9, baseline_group_size=16),
+                    **kw)
                 fixed = runs["fixed"]
                 for sizing, r in runs.items():
                     groups = r.informative_per_hour / fixed.informative_per_hour
                     samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
-                    rows.append([f"{learn:g}", seed, label, "true p (oracle)" if sizing == "oracle" else sizing,
+                    name = {"oracle": "true p (oracle)", "online_informative": "online, informative 0.9"}.get(
+                        sizing, sizing)
+                    rows.append([f"{learn:g}", seed, label, name,
                                  round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
                                  f"**{groups:.2f}**" if groups == max(
                                      x.informative_per_hour for x in runs.values()) / fixed.informative_per_hour
@@ -126,7 +132,8 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                                 "epoch_informative": [e.informative for e in r.epochs]})
     return table(f"sGPO over {args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts (simulated; CASTILLO lengths, "
                  f"success rates Beta(0.4, 0.6) at epoch 0, log-odds + learn x U(0, 1) per epoch; G = 16, sGPO "
-                 f"g in [2, 32], profiling 8 per prompt; steal on {R} replicas of {pool} x L_max KV, L_max {L}; "
+                 f"g in [2, 32] by pow2 (about 1/p) unless named, profiling 8 per prompt; steal on {R} replicas "
+                 f"of {pool} x L_max KV, L_max {L}; "
                  "rollout seconds with profiling; informative: a group whose rewards differ; the most informative "
                  "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates)",
                  ["learn", "seed", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",

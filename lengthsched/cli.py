@@ -163,6 +163,8 @@ def _cmd_budget(opts: BudgetOptions) -> int:
                 raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --verl-data (it "
                                                                   "shapes the data set written)")
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
+    if opts.rule != "informative" and opts.target != BudgetConfig.target:
+        raise InvalidArgument("target", opts.target, "--target only with --rule informative (it sizes groups there)")
     if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
         raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")
     if opts.profile in (None, "-"):

@@ -81,8 +81,10 @@ class BudgetOptions:
                                positional=True, stdin="-")  # nothing on a terminal is an error, not a wait
     g_min: int = _opt(2, "smallest group size")
     g_max: int = _opt(32, "largest group size (also for kept unsolved prompts)")
-    rule: str = _opt("pow2", "group size from the success rate p: pow2 (power of two <= 1/p) or ceil (ceil 1/p)",
-                     choices=["pow2", "ceil"])
+    rule: str = _opt("pow2", "group size from the success rate p: pow2 (power of two <= 1/p), ceil (ceil 1/p) or "
+                             "informative (the smallest group whose rewards differ with probability --target)",
+                     choices=["pow2", "ceil", "informative"])
+    target: float = _opt(0.9, "with --rule informative: the probability that a group's rewards differ")
     drop_above: float = _opt(0.9, "drop prompts solved more often than this (trivial)")
     unsolved_fraction: float = _opt(0.1, "share of never-solved prompts kept (seeded)")
     phases: int = _opt(3, "curriculum phases, easy to hard")

@@ -9,7 +9,10 @@ optionally, its length in tokens). From the estimated success rate p of each pro
   stable); the rest are kept;
 - **group size** near 1/p (a group of ~1/p completions expects about one success, enough for a
   non-zero advantage), clamped to [g_min, g_max]: rule ``pow2`` takes the power of two at or below
-  1/p (the inverse-power-of-two floor), rule ``ceil`` takes ceil(1/p); a kept unsolved prompt gets g_max;
+  1/p (the inverse-power-of-two floor), rule ``ceil`` takes ceil(1/p); rule ``informative`` takes the
+  smallest group whose rewards differ with probability at least ``target`` (1 - p^g - (1 - p)^g >=
+  target; a group of about 1/p is informative only about 0.6 of the time); a kept unsolved prompt gets
+  g_max;
 - **curriculum**: kept prompts from easy to hard (p descending, ties by id) in ``phases`` phases of
   near-equal size;
 - **compute** in tokens: profiling (k samples per prompt) plus training (each kept prompt's group
@@ -46,7 +49,7 @@ __all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "Onlin
            "group_size_for", "prompt_decision", "read_online_budget", "read_profile", "write_online_budget", "RULES",
            "ONLINE_REASONS"]
 
-RULES = ("pow2", "ceil")
+RULES = ("pow2", "ceil", "informative")
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,16 @@ class BudgetConfig:
     baseline_group_size: int = 16
     default_length: int = 512
     seed: int = 0
+    target: float = 0.9
 
     def __post_init__(self) -> None:
         check_int("g_min", self.g_min, minimum=1)
         check_int("g_max", self.g_max, minimum=self.g_min)
         if self.rule not in RULES:
             raise InvalidArgument("rule", self.rule, "one of " + ", ".join(RULES))
+        if isinstance(self.target, bool) or not isinstance(self.target, (int, float)) or not 0.0 < self.target < 1.0:
+            raise InvalidArgument("target", self.target, "a probability in (0, 1) that a group's rewards differ "
+                                                         "(rule 'informative')")
         if not 0.0 <= self.drop_above <= 1.0:
             raise InvalidArgument("drop_above", self.drop_above, "a success rate in [0, 1]")
         if not 0.0 <= self.unsolved_fraction <= 1.0:
@@ -151,12 +158,20 @@ class BudgetPlan:
 
 
 def group_size_for(p: float, cfg: BudgetConfig) -> int:
-    """Group size near 1/p, clamped to [g_min, g_max]; g_max for p = 0."""
+    """Group size by ``cfg.rule`` (near 1/p, or the smallest informative with probability ``cfg.target``),
+    clamped to [g_min, g_max]; g_max for p = 0."""
     if not 0.0 <= p <= 1.0:
         raise InvalidArgument("p", p, "a success rate in [0, 1]")
     if p == 0.0:
         return cfg.g_max
+    if cfg.rule == "informative":
+        for g in range(cfg.g_min, cfg.g_max + 1):  # P(rewards differ) grows with g (for 0 < p < 1)
+            if 1.0 - p ** g - (1.0 - p) ** g >= cfg.target - 1e-12:
+                return g
+        return cfg.g_max
     inv = 1.0 / p
+    if inv > 2.0 ** 62:  # a tiny p (1/p may be inf): every rule's group is past any g_max
+        return cfg.g_max
     g = 2 ** math.floor(math.log2(inv) + 1e-12) if cfg.rule == "pow2" else math.ceil(inv - 1e-12)
     return int(min(cfg.g_max, max(cfg.g_min, g)))
 

@@ -523,8 +523,8 @@ def test_companions_benchmark_runs_quick(tmp_path):
     assert {"machine", "sgpo", "sgpo_online", "sparse", "sparse_budget", "sparse_admission", "sparse_rollout",
             "sparse_window", "sparse_crowding", "sparse_sglang_room", "sparse_async", "sparse_oversample",
             "sparse_multiturn", "learner"} <= set(data)
-    online = {(c["step"], c["sizing"]): c for c in data["sgpo_online"]}  # two step shapes x four sizings, one seed
-    assert len(online) == 8 and all(c["seconds"] > 0 and c["informative"] <= c["completions"] for c in online.values())
+    online = {(c["step"], c["sizing"]): c for c in data["sgpo_online"]}  # two step shapes x five sizings, one seed
+    assert len(online) == 10 and all(c["seconds"] > 0 and c["informative"] <= c["completions"] for c in online.values())
     for step in {s for s, _ in online}:  # the first epoch online is the fixed one; only offline profiles
         assert online[step, "online"]["epoch_seconds"][0] == online[step, "fixed"]["epoch_seconds"][0]
         assert online[step, "offline"]["profiling_seconds"] > 0 == online[step, "online"]["profiling_seconds"]

@@ -36,18 +36,37 @@ def profile(n=60, k=8, seed=0):
     return out
 
 
-@given(p=st.floats(0.0, 1.0), g_min=st.integers(1, 8), extra=st.integers(0, 64), rule=st.sampled_from(["pow2", "ceil"]))
-def test_group_size_rules(p, g_min, extra, rule):
-    cfg = BudgetConfig(g_min=g_min, g_max=g_min + extra, rule=rule)
+def informative_probability(p: float, g: int) -> float:
+    """The probability that a group of g completions, each solving with probability p, has rewards that differ."""
+    return 1 - p ** g - (1 - p) ** g
+
+
+@given(p=st.floats(0.0, 1.0), g_min=st.integers(1, 8), extra=st.integers(0, 64),
+       rule=st.sampled_from(["pow2", "ceil", "informative"]), target=st.floats(0.05, 0.99))
+def test_group_size_rules(p, g_min, extra, rule, target):
+    cfg = BudgetConfig(g_min=g_min, g_max=g_min + extra, rule=rule, target=target)
     g = group_size_for(p, cfg)
     assert cfg.g_min <= g <= cfg.g_max
     if p == 0:
         assert g == cfg.g_max
+    elif rule == "informative":  # the smallest group informative with probability target, g_max if none is
+        if g < cfg.g_max:
+            assert informative_probability(p, g) >= target - 1e-9
+        if g > cfg.g_min:
+            assert informative_probability(p, g - 1) < target
     elif cfg.g_min < g < cfg.g_max:
         if rule == "pow2":
             assert g & (g - 1) == 0 and g <= 1 / p + 1e-9 < 2 * g
         else:
             assert g - 1 < 1 / p <= g + 1e-9
+
+
+def test_the_informative_rule_sizes_middling_prompts_up_and_extremes_to_their_bounds():
+    cfg = BudgetConfig(g_min=2, g_max=32, rule="informative", target=0.9)
+    assert [group_size_for(p, cfg) for p in (0.5, 0.3, 0.1, 0.01, 0.97)] == [5, 7, 22, 32, 32]
+    assert group_size_for(0.5, BudgetConfig(rule="pow2")) == 2  # about 1/p: informative half the time
+    with pytest.raises(InvalidArgument, match="target"):
+        BudgetConfig(rule="informative", target=1.0)
 
 
 def test_keep_size_order_and_account():
@@ -111,6 +130,16 @@ def test_budget_command(tmp_path, capsys):
     assert saved["format"] == "lengthsched.budget/1" and len(saved["prompts"]) == 60
     assert main(["budget", str(tmp_path / "missing.jsonl")]) == 2
     assert "profile" in capsys.readouterr().err
+    # rule informative: the smallest group whose rewards differ with probability --target
+    assert main(["budget", str(path), "--rule", "informative", "--target", "0.8", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    cfg = BudgetConfig(rule="informative", target=0.8)
+    assert plan["config"]["target"] == 0.8 and all(
+        p["group_size"] == group_size_for(p["success_rate"], cfg) for p in plan["prompts"] if p["reason"] ==
+        "informative")
+    assert main(["budget", str(path), "--target", "0.8"]) == 2  # --target sizes nothing under pow2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "argument 'target'" in err and "--rule informative" in err
 
 
 def test_a_simulated_epoch_with_adaptive_sizes():

@@ -385,7 +385,9 @@ def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(
         server.requests.clear()
     second = prompt_batch(2, index=list(range(6)))
     manager.generate_sequences(second)
-    expected = [4, 2, 2, 2, 4, G]  # 1/4 solved: 4; trivial, unsolved, 1/2: g_min 2; q5 unseen: rollout.n
+    # The default rule ("informative", target 0.9): 1/4 solved: 9 (1 - 0.25^9 - 0.75^9 >= 0.9); 1/2 solved: 5;
+    # trivial and unsolved: g_min 2; q5 unseen: rollout.n
+    expected = [9, 2, 2, 5, 9, G]
     assert list(second["__rollout_n__"]) == expected
     assert manager.lengthsched_sgpo_status()["last_batch"] == {"informative": 3, "trivial": 1, "unsolved": 1,
                                                                "unseen": 1}
@@ -405,7 +407,9 @@ def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(
     again, _, _, _ = pipeline(sgpo=sgpo)
     third = prompt_batch(3, index=list(range(6)))
     again.generate_sequences(third)
-    assert list(third["__rollout_n__"]) == [4, 2, 2, 2, 4, G]
+    # q0 has solved 2 of 13 now (its 1 of 4, then 1 of 9): 14; q3 4 of 9: 5
+    assert list(third["__rollout_n__"]) == manager.lengthsched_sgpo.budget.group_sizes(
+        [str(i) for i in range(6)], G) == [14, 2, 2, 5, 14, G]
     assert again.lengthsched_sgpo_status()["groups"] == 10
     # The data's own sizes (an offline plan's) hold for prompts not seen yet; a row with 0 runs none.
     fresh, _, _, _ = pipeline(sgpo={"unsolved_fraction": 0.0})
@@ -449,6 +453,7 @@ def test_online_sgpo_knows_prompts_by_their_index_else_by_their_text(caplog):
 @pytest.mark.parametrize("options, match", [
     ({"g_min": 1}, "lengthsched.sgpo.g_min.*group of one"), ({"g_max": 1}, "lengthsched.sgpo.g_max"),
     ({"rule": "log"}, "lengthsched.sgpo.rule"), ({"memory": 0}, "lengthsched.sgpo.memory"),
+    ({"target": 1.0}, "lengthsched.sgpo.target"),
     ({"key": "uid"}, "lengthsched.sgpo.key"), ({"solved_reward": "high"}, "lengthsched.sgpo.solved_reward"),
     ({"group": 4}, "'lengthsched.sgpo'.*options among"), ({"enable": "yes"}, "lengthsched.sgpo.enable"),
     ({"state_path": ""}, "lengthsched.sgpo.state_path")])
@@ -696,7 +701,7 @@ def test_online_sgpo_sizes_reach_verls_real_worker(monkeypatch):
     """The rewards verl's postprocess sets reach the manager through our worker; the next batch's ``__rollout_n__``
     (a real TensorDict column) is popped by verl's real ``_run_prompt``, which runs that many sessions, and the
     budget is keyed by the batch's ``index`` column."""
-    real = real_tq(monkeypatch, config(sgpo={"unsolved_fraction": 0.0}), score=solved_by_share)
+    real = real_tq(monkeypatch, config(sgpo={"unsolved_fraction": 0.0, "rule": "pow2"}), score=solved_by_share)
     try:
         real.manager.generate_sequences(real.batch(1, list(TRUE)))
         real.settle()
@@ -704,7 +709,7 @@ def test_online_sgpo_sizes_reach_verls_real_worker(monkeypatch):
         second = real.batch(2, list(TRUE))
         real.manager.generate_sequences(second)
         real.settle()
-        expected = [4, 2, 2, 2, 4, G]
+        expected = [4, 2, 2, 2, 4, G]  # sGPO's pow2: about 1/p; trivial, unsolved and 1/2 solved: g_min 2
         assert [int(n) for n in vv1._rows(second, vv1.ROLLOUT_N)] == expected
         sessions = defaultdict(int)
         for uid, _ in real.stored:

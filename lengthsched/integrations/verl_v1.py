@@ -86,7 +86,7 @@ from .verl import (
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
 __all__ = ["MANAGER_TQ_CLASS", "PRIORITIES", "ROLLOUT_N", "ROLLOUT_N_ORDERS", "RUNNING_STEPS", "SESSION_PRIORITY",
-           "SGPO_KEYS", "SGPO_OPTIONS", "STEALING_MANAGER_TQ_CLASS", "OnlineSGPO", "SessionPriorityClient",
+           "SGPO_KEYS", "SGPO_OPTIONS", "SGPO_RULE", "STEALING_MANAGER_TQ_CLASS", "OnlineSGPO", "SessionPriorityClient",
            "adaptive_rollout_rows", "filter_groups", "generated_tokens", "make_tq_agent_loop_manager_class",
            "make_tq_stealing_manager_class", "make_tq_worker_class", "online_sgpo", "write_adaptive_rollout_data"]
 # (SESSION_PRIORITY, SessionPriorityClient: verl's, named here too)
@@ -196,10 +196,15 @@ def filter_groups(config: Any) -> bool:
 
 
 #: The options of the planning manager's online sGPO (``lengthsched.sgpo``): :class:`~lengthsched.sgpo.BudgetConfig`'s
-#: rules (``g_min``, ``g_max``, ``rule``, ``drop_above``, ``unsolved_fraction``, ``seed``), ``memory`` (groups
-#: remembered per prompt), ``solved_reward``, ``state_path``, ``key`` (:data:`SGPO_KEYS`) and ``enable``.
-SGPO_OPTIONS = ("enable", "g_min", "g_max", "rule", "drop_above", "unsolved_fraction", "seed", "memory",
+#: rules (``g_min``, ``g_max``, ``rule``, ``target``, ``drop_above``, ``unsolved_fraction``, ``seed``), ``memory``
+#: (groups remembered per prompt), ``solved_reward``, ``state_path``, ``key`` (:data:`SGPO_KEYS`) and ``enable``.
+SGPO_OPTIONS = ("enable", "g_min", "g_max", "rule", "target", "drop_above", "unsolved_fraction", "seed", "memory",
                 "solved_reward", "state_path", "key")
+#: The online sGPO's rule unless ``lengthsched.sgpo.rule`` names another: the smallest group whose rewards differ
+#: with probability ``target`` (0.9). sGPO's ``pow2`` (about 1/p) found fewer informative groups per rollout hour
+#: than a fixed G = 16 where a step keeps its prompt count (0.95-1.05x), ``informative`` 1.06-1.13x
+#: (``simulate.sgpo_training``; docs/benchmarks.md, "sGPO over a training run").
+SGPO_RULE = "informative"
 #: What a prompt is known by across epochs: the data set's ``index`` column (verl's ``RLHFDataset`` copies
 #: ``extra_info.index`` there), or the prompt's text (:func:`~lengthsched.integrations.verl.prompt_key`).
 SGPO_KEYS = ("index", "prompt")
@@ -240,8 +245,9 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
         raise InvalidArgument("lengthsched.sgpo.enable", options["enable"], "true or false")
     if not options.get("enable", True):
         return None
-    rules = {name: options[name] for name in ("g_min", "g_max", "rule", "drop_above", "unsolved_fraction", "seed")
-             if name in options}
+    rules = {"rule": SGPO_RULE, **{name: options[name] for name in ("g_min", "g_max", "rule", "target",
+                                                                      "drop_above", "unsolved_fraction", "seed")
+                                   if name in options}}
     try:
         budget_config = BudgetConfig(**rules)
         memory = options.get("memory", 2)
