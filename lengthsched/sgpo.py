@@ -23,7 +23,7 @@ optionally, its length in tokens). From the estimated success rate p of each pro
 :class:`OnlineBudget` makes the same decisions without a profiling pass: from each prompt's own latest
 groups in training (its rewards, as the trainer computes them), so a prompt's group size follows the
 policy as it learns (a prompt it learnt to solve shrinks to ``g_min``, one it started to solve grows
-to about 1/p). A prompt not seen yet gets the trainer's own group size; one :func:`plan_budget` would
+by the rule). A prompt not seen yet gets the trainer's own group size; one :func:`plan_budget` would
 drop (trivial, or unsolved and not sampled) gets ``g_min`` instead, since a trainer cannot drop a
 prompt it has already drawn, and a small group keeps watching it.
 """
@@ -231,10 +231,10 @@ class OnlineBudget:
     Per prompt key (matched as text, like a profile's ids), the outcomes (1 solved, 0 not) of its latest
     ``memory`` groups (None: every group), and how many groups of it were observed in all. :meth:`group_sizes`
     decides each prompt's next group as :func:`plan_budget` decides on a profile, on the success rate of the
-    outcomes remembered: about 1/p in [``g_min``, ``g_max``]; a prompt it would drop gets ``g_min``; of the never
-    solved, a seeded ``unsolved_fraction`` gets ``g_max``, drawn again at every visit (the key and the number of
-    groups seen hashed with the seed), so each epoch looks hard at a different tenth; a prompt never observed
-    gets the default its caller passes (the trainer's own group size). ``config.baseline_group_size``,
+    outcomes remembered: by ``config.rule`` in [``g_min``, ``g_max``]; a prompt it would drop gets ``g_min``; of
+    the never solved, a seeded ``unsolved_fraction`` gets ``g_max``, drawn again at every visit (the key and the
+    number of groups seen hashed with the seed), so each epoch looks hard at a different tenth; a prompt never
+    observed gets the default its caller passes (the trainer's own group size). ``config.baseline_group_size``,
     ``default_length`` and ``phases`` are not used here.
 
     :attr:`reasons` counts the last :meth:`group_sizes` call's decisions by reason (:data:`ONLINE_REASONS`).

@@ -420,6 +420,20 @@ def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(
     assert pipeline(sgpo={"enable": False})[0].lengthsched_sgpo is None
 
 
+def test_online_sgpo_learns_from_the_sessions_that_did_not_fail(caplog):
+    manager, _, _, workers = pipeline(sgpo={"rule": "pow2"})
+    for w in workers:
+        w.score = solved_by_share
+        w.fail.add("q3")  # its first session fails: the other three are learnt, and no reward is said missing
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        manager.generate_sequences(prompt_batch(1, ["q3"], index=[3]))
+        finish(workers)
+        manager.lengthsched_collect()
+    assert not caplog.records
+    assert manager.lengthsched_sgpo.budget.success_rate("3") == pytest.approx(1 / 3)  # sessions 1, 2, 3: one solved
+    assert manager.lengthsched_sgpo.budget.samples == G - 1
+
+
 def test_online_sgpo_knows_prompts_by_their_index_else_by_their_text(caplog):
     manager, _, _, workers = pipeline(sgpo={"unsolved_fraction": 0.0})
     for w in workers:

@@ -368,10 +368,10 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
 
         def lengthsched_sgpo_observe(self, key: str, scores: list[float | None]) -> None:
             """Record a training prompt's group in the online sGPO budget: the rewards verl's agent loop gave its
-            sessions (a failed session's is missing; with none at all, as where a colocated reward model scores
-            after the rollout, nothing is learnt and a warning says so once)."""
+            sessions (a failed session has none; a session scored None, as where a colocated reward model scores
+            after the rollout, teaches nothing, and a warning says so once)."""
             known = [s for s in scores if s is not None]
-            if len(known) < len(scores) or not scores:
+            if len(known) < len(scores):
                 self._lengthsched_warn("sgpo scores", "lengthsched.sgpo: sessions came back without a reward_score "
                                                       "(verl scores after the rollout with a colocated reward model: "
                                                       "reward.reward_model.enable without enable_resource_pool); "
@@ -379,10 +379,11 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             if known:
                 self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward)
 
-        def lengthsched_sgpo_sizes(self, prompts: Any, uids: list, counts: list[int]) -> list[str | None]:
+        def lengthsched_sgpo_sizes(self, prompts: Any, uids: list,
+                                   counts: list[int]) -> tuple[list[int], list[str | None]]:
             """Give each training prompt its online sGPO group size in the ``__rollout_n__`` column (``counts``: what
-            it would run otherwise: a prompt never seen runs that many; one with 0 runs none and is not kept) and
-            return each prompt's key in the budget (None for one that runs none)."""
+            it would run otherwise: a prompt never seen runs that many; one with 0 runs none and is not kept);
+            returns the sizes and each prompt's key in the budget (None for one that runs none)."""
             sgpo = self.lengthsched_sgpo
             index = _rows(prompts, "index") if sgpo.key == "index" else None
             if index is not None and len(set(map(str, index))) == len(index):
@@ -403,7 +404,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             self.lengthsched_column(prompts, ROLLOUT_N, sizes)
             log.info("lengthsched.sgpo: %d prompts, %d completions (%s)", len(run), sum(sizes),
                      ", ".join(f"{n} {reason}" for reason, n in sorted(sgpo.budget.reasons.items())))
-            return [keys[k] if n else None for k, n in enumerate(counts)]
+            return sizes, [keys[k] if n else None for k, n in enumerate(counts)]
 
         def lengthsched_sgpo_status(self) -> dict[str, Any] | None:
             """What the online sGPO knows (:meth:`OnlineSGPO.status`); None without one."""
@@ -458,8 +459,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             counts = [check_int(ROLLOUT_N, n, minimum=0) for n in counts]
             sgpo_keys: list[str | None] = [None] * len(uids)
             if self.lengthsched_sgpo is not None and not validate:
-                sgpo_keys = self.lengthsched_sgpo_sizes(prompts, uids, counts)
-                counts = [check_int(ROLLOUT_N, n, minimum=0) for n in _rows(prompts, ROLLOUT_N)]
+                counts, sgpo_keys = self.lengthsched_sgpo_sizes(prompts, uids, counts)
             if not sum(counts):
                 return None
             raw = _rows(prompts, "raw_prompt")
