@@ -144,27 +144,32 @@ def _longest(lengths: Any) -> int:
         raise InvalidArgument("lengths", lengths, "a non-empty list of token counts") from None
 
 
+def _only_with(opts: Any, names: tuple[str, ...], what: str) -> None:
+    """An error naming the first of ``names`` whose option differs from its default: it is set only with ``what``."""
+    defaults = {f.name: f.default for f in dataclasses.fields(opts)}
+    for name in names:
+        if getattr(opts, name) != defaults[name]:
+            raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with {what}")
+
+
 def _cmd_budget(opts: BudgetOptions) -> int:
     from .errors import check_int
     from .sgpo import BudgetConfig, plan_budget, read_profile
 
     if not opts.simulate:  # these set the simulated epoch only
-        for name in ("slots", "kv_budget"):
-            if getattr(opts, name) is not None:
-                raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --simulate POLICIES "
-                                                                  "(it sets the simulated epoch)")
+        _only_with(opts, ("slots", "kv_budget"), "--simulate POLICIES (it sets the simulated epoch)")
     if (opts.verl_data is None) != (opts.verl_output is None):  # the data set to read and where to write it
         name = "verl_data" if opts.verl_data is None else "verl_output"
         raise InvalidArgument(name, None, f"{flag_name(name)} too: --verl-data names the data set read and "
                                           "--verl-output where the planned one is written")
     if opts.verl_data is None:  # these shape the verl data set only
-        for name, default in (("verl_id", "extra_info.index"), ("verl_order", "data")):
-            if getattr(opts, name) != default:
-                raise InvalidArgument(name, getattr(opts, name), f"{flag_name(name)} only with --verl-data (it "
-                                                                  "shapes the data set written)")
+        _only_with(opts, ("verl_id", "verl_order"), "--verl-data (it shapes the data set written)")
     check_int("max_new_tokens", opts.max_new_tokens, minimum=1)
-    if opts.rule != "informative" and opts.target != BudgetConfig.target:
-        raise InvalidArgument("target", opts.target, "--target only with --rule informative (it sizes groups there)")
+    if opts.train_epochs is None:  # these set the simulated training run only
+        _only_with(opts, ("learn", "replicas", "replica_pool", "step_prompts", "step_completions"),
+                   "--train-epochs N (it sets the simulated training run)")
+    if opts.rule != "informative":
+        _only_with(opts, ("target",), "--rule informative (it sizes groups there)")
     if opts.profile is None and sys.stdin is not None and sys.stdin.isatty():
         raise InvalidArgument("profile", None, "a profile JSON-lines file (or '-' to type it on stdin)")
     if opts.profile in (None, "-"):
@@ -191,6 +196,9 @@ def _cmd_budget(opts: BudgetOptions) -> int:
         result["epochs"] = [{"policy": r["policy"], "steps_ratio": r["steps_ratio"],
                              "adaptive": dataclasses.asdict(r["adaptive"]) if r["adaptive"] else None,
                              "fixed": dataclasses.asdict(r["fixed"])} for r in epochs]
+    training = _budget_training(opts, profile, plan, cfg) if opts.train_epochs is not None else []
+    if training:
+        result["training"] = training
     verl = None
     if opts.verl_data is not None:  # before printing: a data set the plan cannot be written into is an error
         from .integrations.verl_v1 import write_adaptive_rollout_data
@@ -204,7 +212,7 @@ def _cmd_budget(opts: BudgetOptions) -> int:
             raise InvalidArgument(flag, exc.value, exc.expected) from None
         result["verl_data"] = {"source": opts.verl_data, "output": opts.verl_output, **verl}
     text = json.dumps(result, indent=1)
-    table = _format_budget(plan, cfg, epochs)
+    table = _format_budget(plan, cfg, epochs, training)
     if verl is not None:
         table += (f"\nverl data: {verl['kept']:,} of {verl['rows']:,} rows written to {opts.verl_output} with "
                   f"__rollout_n__ ({verl['dropped']:,} dropped by the plan, {verl['unprofiled']:,} unprofiled at "
@@ -215,7 +223,43 @@ def _cmd_budget(opts: BudgetOptions) -> int:
     return 0
 
 
-def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]]) -> str:
+def _budget_training(opts: Any, profile: list, plan: Any, cfg: Any) -> list[dict[str, Any]]:
+    """``lengthsched budget --train-epochs``: each sizing over a simulated training run (``simulate.sgpo_training``)
+    on the profile's prompts, its rates taken as the truth; one dict per sizing, fixed G first."""
+    from .errors import check_int
+
+    epochs = check_int("train_epochs", opts.train_epochs, minimum=1)
+    replicas = check_int("replicas", opts.replicas, minimum=1)
+    pool = check_int("replica_pool", opts.replica_pool, minimum=1)
+    check_int("step_prompts", opts.step_prompts, minimum=1)
+    if opts.step_completions is not None:
+        check_int("step_completions", opts.step_completions, minimum=1)
+    from simulate import DEFAULT_POLICY
+    from simulate.sgpo_training import SGPO_SIZINGS, prompts_from_profile, run_sgpo_training
+
+    prompts = prompts_from_profile(profile, max_new_tokens=opts.max_new_tokens, learn=opts.learn,
+                                   default_length=cfg.default_length, seed=opts.seed)
+    step = dict(batch_prompts=None, batch_completions=opts.step_completions) if opts.step_completions else \
+        dict(batch_prompts=opts.step_prompts)
+    runs = {s: run_sgpo_training(prompts, s, epochs=epochs, group_size=cfg.baseline_group_size, config=cfg,
+                                 profile_samples=[len(r.outcomes) for r in profile], plan=plan,
+                                 policy=DEFAULT_POLICY, replicas=replicas, budget_tokens=pool * opts.max_new_tokens,
+                                 max_new_tokens=opts.max_new_tokens, seed=opts.seed, **step)
+            for s in SGPO_SIZINGS}
+    fixed = runs["fixed"]
+    return [{"sizing": s, "epochs": epochs, "policy": DEFAULT_POLICY, "replicas": replicas,
+             "seconds": r.seconds, "profiling_seconds": r.profiling.seconds if r.profiling else 0.0,
+             "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
+             "informative_completions": r.informative_completions, "informative_per_hour": r.informative_per_hour,
+             "informative_completions_per_hour": r.informative_completions_per_hour,
+             "x_fixed_groups": r.informative_per_hour / fixed.informative_per_hour
+             if fixed.informative_per_hour else None,
+             "x_fixed_completions": r.informative_completions_per_hour / fixed.informative_completions_per_hour
+             if fixed.informative_completions_per_hour else None}
+            for s, r in runs.items()]
+
+
+def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]], training: list[dict[str, Any]] = ()) -> str:
     """The table of ``lengthsched budget``."""
     kept = plan.kept
     reasons: dict[str, int] = {}
@@ -239,6 +283,21 @@ def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]]) -> str:
         lines.append(f"epoch under {r['policy']}: {a.steps if a else 0:,} decode steps ({a.completions if a else 0} "
                      f"completions) vs {f.steps:,} ({f.completions}) with G={cfg.baseline_group_size}: "
                      f"{r['steps_ratio']:.3f}")
+    if training:
+        t = training[0]
+        lines.append(f"training run, {t['epochs']} epochs on {t['replicas']} replicas under {t['policy']} (modelled "
+                     "rollout seconds, the profile's success rates as the truth; informative: rewards not all alike):")
+        names = {"fixed": f"fixed G={cfg.baseline_group_size}", "offline": "this plan (profiling counted)",
+                 "online": "online (the run's own rewards)", "oracle": "true rates (oracle)"}
+
+        def ratio(x: float | None) -> str:
+            return "-" if x is None else f"x{x:.2f}"
+
+        for r in training:
+            lines.append(f"  {names[r['sizing']]}: {r['seconds']:,.1f} s, {r['completions']:,} completions, "
+                         f"{r['informative']:,} informative groups ({r['informative_per_hour']:,.0f}/h, "
+                         f"{ratio(r['x_fixed_groups'])}), their completions {r['informative_completions']:,} "
+                         f"({r['informative_completions_per_hour']:,.0f}/h, {ratio(r['x_fixed_completions'])})")
     return "\n".join(lines)
 
 

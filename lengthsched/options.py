@@ -96,7 +96,17 @@ class BudgetOptions:
     slots: int | None = _opt(None, "slots of the simulated epoch (with --simulate)")
     kv_budget: int | None = _opt(None, "KV token budget of the simulated epoch, tokens beyond the prompt "
                                        "(with --simulate)")
-    max_new_tokens: int = _opt(4096, "L_max of the simulated epoch, tokens")
+    max_new_tokens: int = _opt(4096, "L_max of the simulated epoch and training run, tokens")
+    train_epochs: int | None = _opt(None, "also simulate a training run of this many epochs in modelled rollout "
+                                          "seconds: a fixed G (--baseline-group-size), this plan (its profiling "
+                                          "pass counted), sGPO online from the run's own rewards, and sGPO on the "
+                                          "true rates (oracle); the profile's success rates are the truth")
+    learn: float = _opt(0.0, "with --train-epochs: log-odds each prompt's success gains per epoch (x U(0, 1))")
+    replicas: int = _opt(4, "with --train-epochs: engine replicas of each rollout step")
+    replica_pool: int = _opt(16, "with --train-epochs: each replica's KV pool, x --max-new-tokens tokens")
+    step_prompts: int = _opt(64, "with --train-epochs: prompts per rollout step (verl's data.train_batch_size)")
+    step_completions: int | None = _opt(None, "with --train-epochs: fill each step to this many completions "
+                                              "instead of --step-prompts prompts")
     json: bool = _opt(False, "print the plan as JSON")
     output: str | None = _opt(None, "also write the JSON plan to this file (atomically)", output="file")
     verl_data: str | None = _opt(None, "a verl data set (parquet, verl's data.train_files) to write the plan into, "

@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lengthsched.errors import InvalidArgument, check_int
-from lengthsched.sgpo import BudgetConfig, OnlineBudget, ProfileRecord, plan_budget, prompt_decision
+from lengthsched.sgpo import BudgetConfig, BudgetPlan, OnlineBudget, ProfileRecord, plan_budget, prompt_decision
 
 from .rollout import run_rollout
 from .workloads import Group, castillo_groups
 
-__all__ = ["SGPO_SIZINGS", "SgpoEpoch", "SgpoTraining", "TrainingPrompt", "drifting_prompts", "run_sgpo_training"]
+__all__ = ["SGPO_SIZINGS", "SgpoEpoch", "SgpoTraining", "TrainingPrompt", "drifting_prompts", "prompts_from_profile",
+           "run_sgpo_training"]
 
 #: The ways of sizing groups :func:`run_sgpo_training` compares (the module docstring).
 SGPO_SIZINGS = ("fixed", "offline", "online", "oracle")
@@ -188,25 +189,65 @@ def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequ
     return SgpoEpoch(len(ran), int(sum(sizes[i] for i in ran)), tokens, seconds, steps, informative, useful), outcomes
 
 
+def prompts_from_profile(profile: Sequence[ProfileRecord], *, max_new_tokens: int, learn: float = 0.0,
+                         default_length: int = 512, seed: int = 0) -> list[TrainingPrompt]:
+    """Training prompts from a profile (``lengthsched budget``'s): each prompt's success rate at epoch 0 is its
+    profiled one, shrunk towards one half so that no prompt is certain ((solved + 0.5) / (samples + 1): a prompt
+    solved 0 of 8 times gets 1/18); its completions are drawn from its profiled lengths (clipped to
+    ``max_new_tokens``), or where it has none from a log-normal around ``default_length`` with CASTILLO's spread
+    within a prompt; its log-odds grow by ``learn`` x U(0, 1) per epoch (seeded)."""
+    from .workloads import castillo_spread
+
+    if not profile:
+        raise InvalidArgument("profile", [], "at least one profiled prompt")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    default_length = check_int("default_length", default_length, minimum=1)
+    if not (isinstance(learn, (int, float)) and math.isfinite(learn) and learn >= 0):
+        raise InvalidArgument("learn", learn, "a finite log-odds per epoch >= 0")
+    rng = np.random.default_rng(seed)
+    spread = castillo_spread()
+    out = []
+    for r in profile:
+        p = (sum(r.outcomes) + 0.5) / (len(r.outcomes) + 1)
+        if r.lengths:
+            lengths = np.asarray(r.lengths, dtype=np.int64)
+        else:
+            lengths = np.rint(default_length * np.exp(spread * rng.standard_normal(32))).astype(np.int64)
+        out.append(TrainingPrompt(r.id, r.prompt_tokens, np.clip(lengths, 1, max_new_tokens),
+                                  float(np.log(p / (1 - p))), float(learn * rng.random())))
+    return out
+
+
 def run_sgpo_training(prompts: Sequence[TrainingPrompt], sizing: str, *, epochs: int = 4, group_size: int = 16,
-                      config: BudgetConfig | None = None, profile_samples: int = 8, memory: int | None = 2,
+                      config: BudgetConfig | None = None, profile_samples: int | Sequence[int] = 8,
+                      plan: BudgetPlan | None = None, memory: int | None = 2,
                       batch_prompts: int | None = 64, batch_completions: int | None = None, policy: str = "steal",
                       replicas: int = 4, budget_tokens: int, max_new_tokens: int, seed: int = 0) -> SgpoTraining:
     """Run ``epochs`` epochs of ``prompts`` with groups sized by ``sizing`` (:data:`SGPO_SIZINGS`; the module
     docstring). ``group_size``: G (fixed; unseen prompts online); ``config``: sGPO's rules (g_min, g_max, rule,
-    drop_above, unsolved_fraction, seed); ``profile_samples``: completions per prompt of the offline profiling pass;
-    ``memory``: groups the online budget remembers per prompt. Each step: ``batch_prompts`` prompts (verl's
-    ``data.train_batch_size``), or with ``batch_completions`` instead, prompts until that many completions (a trainer
-    that raises its batch as sGPO shrinks the groups, to keep the engines as busy), through
-    :func:`simulate.run_rollout` with ``policy`` on ``replicas`` engines of ``budget_tokens`` KV each, completions
-    up to ``max_new_tokens`` (the prompts' lengths should be clipped alike: :func:`drifting_prompts`)."""
+    drop_above, unsolved_fraction, seed); ``profile_samples``: completions per prompt of the offline profiling pass
+    (one number, or one per prompt); ``plan``: the offline sizes instead of a plan from the simulated profiling pass
+    (a user's own, :func:`lengthsched.sgpo.plan_budget`; a prompt it does not name runs ``group_size``), the pass
+    still run for its seconds; ``memory``: groups the online budget remembers per prompt. Each step:
+    ``batch_prompts`` prompts (verl's ``data.train_batch_size``), or with ``batch_completions`` instead, prompts
+    until that many completions (a trainer that raises its batch as sGPO shrinks the groups, to keep the engines as
+    busy), through :func:`simulate.run_rollout` with ``policy`` on ``replicas`` engines of ``budget_tokens`` KV each,
+    completions up to ``max_new_tokens`` (the prompts' lengths should be clipped alike: :func:`drifting_prompts`,
+    :func:`prompts_from_profile`)."""
     if sizing not in SGPO_SIZINGS:
         raise InvalidArgument("sizing", sizing, "one of " + ", ".join(SGPO_SIZINGS))
     if not prompts:
         raise InvalidArgument("prompts", [], "at least one prompt")
     epochs = check_int("epochs", epochs, minimum=1)
     group_size = check_int("group_size", group_size, minimum=1)
-    profile_samples = check_int("profile_samples", profile_samples, minimum=1)
+    samples = [profile_samples] * len(prompts) if isinstance(profile_samples, (int, np.integer)) \
+        else list(profile_samples)
+    if len(samples) != len(prompts):
+        raise InvalidArgument("profile_samples", f"{len(samples)} values", f"one number, or {len(prompts)}: one per "
+                                                                           "prompt")
+    samples = [check_int("profile_samples", k, minimum=1) for k in samples]
+    if plan is not None and not isinstance(plan, BudgetPlan):
+        raise InvalidArgument("plan", type(plan).__name__, "a lengthsched.sgpo.BudgetPlan or None")
     if (batch_prompts is None) == (batch_completions is None):
         raise InvalidArgument("batch_completions", batch_completions, "None with batch_prompts, or a number of "
                                                                       "completions with batch_prompts=None")
@@ -223,11 +264,14 @@ def run_sgpo_training(prompts: Sequence[TrainingPrompt], sizing: str, *, epochs:
     fixed_sizes: list[int] | None = None
     if sizing == "offline":
         order = _unit(seed, 9).permutation(n)
-        profiling, seen = _run_steps(prompts, order, [profile_samples] * n, 0, seed=seed, stream=1, **steps)
+        profiling, seen = _run_steps(prompts, order, samples, 0, seed=seed, stream=1, **steps)
         profiling = SgpoEpoch(profiling.groups, profiling.completions, profiling.tokens, profiling.seconds,
                               profiling.steps, 0, 0)  # it trains nothing
-        plan = plan_budget([ProfileRecord(p.id, tuple(int(o) for o in seen[i])) for i, p in enumerate(prompts)], cfg)
-        fixed_sizes = [d.group_size for d in plan.prompts]
+        if plan is None:
+            plan = plan_budget([ProfileRecord(p.id, tuple(int(o) for o in seen[i])) for i, p in enumerate(prompts)],
+                               cfg)
+        decided = {d.id: d.group_size for d in plan.prompts}
+        fixed_sizes = [decided.get(p.id, group_size) for p in prompts]
     done, sizes_by_epoch = [], []
     for epoch in range(epochs):
         if sizing == "fixed":

@@ -386,3 +386,31 @@ def test_online_group_sizes_stay_in_bounds_and_remember_only_the_latest_groups(g
         kept = mine if memory is None else mine[-memory:]
         assert online.success_rate(key) == pytest.approx(sum(map(sum, kept)) / sum(map(len, kept)))
     assert online.groups == len(groups) and online.samples == sum(len(o) for _, o in groups)
+
+
+def test_budget_command_simulates_a_training_run_in_rollout_seconds(tmp_path, capsys):
+    """--train-epochs: a fixed G, the plan (its profiling pass counted), online and oracle sizing over a simulated
+    training run on the profile's prompts; the step flags only with it."""
+    path = tmp_path / "profile.jsonl"
+    path.write_text("".join(json.dumps({"id": r.id, "outcomes": list(r.outcomes), "lengths": list(r.lengths),
+                                        "prompt_tokens": r.prompt_tokens}) + "\n" for r in profile(24)))
+    args = ["budget", str(path), "--train-epochs", "2", "--replicas", "2", "--replica-pool", "2",
+            "--max-new-tokens", "512", "--step-prompts", "8"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "training run, 2 epochs on 2 replicas under steal" in out and "fixed G=16:" in out and "oracle" in out
+    assert main([*args, "--json", "--step-completions", "64"]) == 0
+    training = {t["sizing"]: t for t in json.loads(capsys.readouterr().out)["training"]}
+    assert list(training) == ["fixed", "offline", "online", "oracle"]
+    assert training["fixed"]["completions"] == 2 * 24 * 16 and training["fixed"]["x_fixed_groups"] == 1.0
+    plan = plan_budget(profile(24))
+    # the plan's sizes every epoch, and its profiling pass of 8 per prompt in its seconds
+    assert training["offline"]["completions"] == 2 * sum(p.group_size for p in plan.prompts) + 8 * 24
+    assert training["offline"]["profiling_seconds"] > 0 == training["online"]["profiling_seconds"]
+    assert all(t["informative"] <= t["completions"] for t in training.values())
+    for flag, value in (("--learn", "1"), ("--replicas", "8"), ("--step-completions", "64")):
+        assert main(["budget", str(path), flag, value]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--train-epochs" in err, err
+    assert main(["budget", str(path), "--train-epochs", "0"]) == 2
+    assert "argument 'train_epochs'" in capsys.readouterr().err

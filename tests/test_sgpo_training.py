@@ -85,3 +85,18 @@ def test_bad_arguments_are_named(prompts, kwargs, name):
         drifting_prompts(4, learn=-1.0)
     with pytest.raises(InvalidArgument, match="'prompts'"):
         run_sgpo_training([], "fixed", **RUN)
+
+
+def test_prompts_from_a_profile_keep_its_rates_and_lengths():
+    from lengthsched.sgpo import ProfileRecord
+    from simulate.sgpo_training import prompts_from_profile
+
+    profile = [ProfileRecord("a", (1, 0, 0, 0), (100, 5000, 300, 200), 40), ProfileRecord("b", (0,) * 8)]
+    a, b = prompts_from_profile(profile, max_new_tokens=1000, learn=0.0, default_length=300)
+    assert a.success(0) == pytest.approx(1.5 / 5) and b.success(0) == pytest.approx(0.5 / 9)  # shrunk to one half
+    assert a.lengths.tolist() == [100, 1000, 300, 200] and a.prompt_len == 40  # clipped to max_new_tokens
+    assert len(b.lengths) == 32 and 100 < np.median(b.lengths) < 900 and b.success(3) == b.success(0)
+    with pytest.raises(InvalidArgument, match="'profile'"):
+        prompts_from_profile([], max_new_tokens=10)
+    with pytest.raises(InvalidArgument, match="'profile_samples'"):
+        run_sgpo_training([a, b], "offline", **{**RUN, "profile_samples": [8]})
