@@ -140,6 +140,46 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                   "x fixed", "their completions per hour", "x fixed"], rows), raw
 
 
+#: The policies of the sgpo_policies section: (label, policy); run_rollout routes vLLM by verl's least-loaded router.
+SGPO_POLICIES = (("vLLM + verl", "vllm"), ("steal", "steal"), ("Seer-like", "seer"))
+
+
+def sgpo_policies(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: whether the scheduler's gain survives sGPO's mixed group sizes: the training runs of
+    ``sgpo_online`` (learn 1, every draw of ``--rollout-seeds``) under vLLM + verl's router, ``steal`` and the
+    Seer-like policy, in tight and roomy pools; each sizing's rollout seconds against vLLM + verl with that sizing."""
+    from simulate.sgpo_training import drifting_prompts, run_sgpo_training
+
+    L, R = args.admission_max_new, args.async_replicas
+    sizings = (("fixed G = 16", "fixed", None), ("online, pow2", "online", None),
+               ("online, informative 0.9", "online", BudgetConfig(rule="informative", target=0.9,
+                                                                  baseline_group_size=16)))
+    steps = ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
+             (f"{args.sgpo_batch * 16} completions", dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16)))
+    rows, raw = [], []
+    for seed in args.rollout_seeds:
+        prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=1.0, seed=seed)
+        for label, batch in steps:
+            for pool in args.sgpo_policy_pools:
+                for name, sizing, cfg in sizings:
+                    seconds = {policy: run_sgpo_training(prompts, sizing, config=cfg, epochs=args.sgpo_epochs,
+                                                         group_size=16, replicas=R, budget_tokens=pool * L,
+                                                         max_new_tokens=L, seed=seed, policy=policy, **batch).seconds
+                               for _, policy in SGPO_POLICIES}
+                    base = seconds["vllm"]
+                    best = min(seconds, key=seconds.get)
+                    rows.append([seed, label, f"{pool} x", name, round(base, 1)]
+                                + [f"**{seconds[p] / base:.3f}**" if p == best else f"{seconds[p] / base:.3f}"
+                                   for _, p in SGPO_POLICIES[1:]])
+                    raw.append({"seed": seed, "step": label, "pool_x_lmax": pool, "sizing": name,
+                                "seconds": seconds})
+    return table(f"The scheduler under sGPO's group sizes (simulated; the sgpo_online runs with learn 1: "
+                 f"{args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts on {R} replicas, L_max {L}; rollout "
+                 "seconds x vLLM + verl's router with the same sizing, the fastest in bold)",
+                 ["seed", "step", "pool", "sizing", "vLLM + verl s"] + [f"{n} x" for n, _ in SGPO_POLICIES[1:]],
+                 rows), raw
+
+
 # ------------------------------------------------------------------------------------ Sparse-RL
 def sparse(args: argparse.Namespace) -> tuple[str, list]:
     from sampler import InfiniteSampler
@@ -715,7 +755,7 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
-                    default="sgpo,sgpo_online,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
+                    default="sgpo,sgpo_online,sgpo_policies,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
                             "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,sparse_multiturn,"
                             "learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
@@ -769,6 +809,8 @@ def main() -> int:
     ap.add_argument("--sgpo-pool", type=int, default=16, help="each replica's pool, x L_max, of that section")
     ap.add_argument("--sgpo-learn", type=float_list, default="0,1",
                     help="log-odds gained per epoch (x U(0, 1) per prompt) of that section")
+    ap.add_argument("--sgpo-policy-pools", type=int_list, default="4,16",
+                    help="each replica's pool, x L_max, of the sgpo_policies section")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
     args = ap.parse_args()
     args.budget_policies = args.budget_policies.split(",")
@@ -786,10 +828,12 @@ def main() -> int:
         args.async_prompts, args.async_steps, args.async_replicas, args.async_pools = 4, 2, 2, [2]
         args.multiturn_prompts = 4
         args.sgpo_prompts, args.sgpo_epochs, args.sgpo_batch, args.sgpo_learn = 24, 2, 8, [1.0]
+        args.sgpo_policy_pools = [4]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sparse": sparse,
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sgpo_policies": sgpo_policies,
+                                         "sparse": sparse,
                                          "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,
