@@ -10,7 +10,8 @@ Each replica runs --groups-per-replica groups of G completions at once, each gro
 at their peak (kv_cache_memory_bytes, per GPU), or --kv-budget. --steal names the trainer's
 stealing manager (with its pool, and for the v1 trainer Ray's setup hook that registers the vLLM
 server class with snapshots); --selective the v1 trainer's replay buffer from
-lengthsched.integrations.verl_selective (its refill by need under algorithm.filter_groups, which you turn on).
+lengthsched.integrations.verl_selective (its refill by need under algorithm.filter_groups, which you turn on);
+--sgpo the v1 manager's online sGPO (each training prompt's group size from its latest groups' rewards).
 
     python examples/verl_config.py --preset qwen3-1.7b --group-size 16 --slots 8 --groups-per-replica 8
 """
@@ -45,10 +46,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--selective", action="store_true",
                         help="the v1 trainer's replay buffer from lengthsched.integrations.verl_selective: under "
                              "algorithm.filter_groups it refills only what the batch still needs")
+    parser.add_argument("--sgpo", action="store_true",
+                        help="the v1 manager's online sGPO: each training prompt's group size (__rollout_n__) from "
+                             "the rewards of its latest groups")
+    parser.add_argument("--sgpo-state", default=None,
+                        help="with --sgpo: where the budget is kept across restarts (JSON; "
+                             "lengthsched.sgpo.state_path)")
     parser.add_argument("--routing", choices=("sticky", "cache_aware"), default="sticky",
                         help="the router's rule for what no plan places: sticky (verl's) or cache_aware (SGLang's "
                              "router's rule: for multi-turn agent loops, later turns rebalanced by load)")
     args = parser.parse_args(argv)
+    if args.sgpo_state is not None and not args.sgpo:
+        parser.error("--sgpo-state only with --sgpo (it is where the online sGPO keeps its budget)")
 
     memory = ls.ModelMemory.from_preset(args.preset)
     plan = ls.plan_group([args.max_new_tokens] * args.group_size, slots=args.slots,
@@ -59,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
                                      tensor_parallel_size=args.tensor_parallel_size,
                                      router_config_path=args.router_yaml,
                                      max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
-                                     steal=args.steal, selective=args.selective, routing=args.routing)
+                                     steal=args.steal, selective=args.selective, routing=args.routing,
+                                     sgpo={"state_path": args.sgpo_state} if args.sgpo and args.sgpo_state
+                                     else args.sgpo)
     except ls.InvalidArgument as exc:  # one readable line and exit status 2, as the lengthsched CLI does
         parser.error(str(exc))
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")

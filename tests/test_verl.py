@@ -878,6 +878,15 @@ def test_verl_rollout_config_by_hand():
     from lengthsched.integrations import verl_selective
 
     assert callable(getattr(verl_selective, lv.SELECTIVE_SAMPLER["name"]))
+    # the v1 manager's online sGPO: its section, checked here (a state file is not read)
+    sgpo = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8,
+                                  sgpo={"g_max": 16, "state_path": "/no/such/dir/sgpo.json"})
+    assert sgpo.overrides()[-3:] == ["+lengthsched.sgpo.enable=true", "+lengthsched.sgpo.g_max=16",
+                                     "+lengthsched.sgpo.state_path=/no/such/dir/sgpo.json"]
+    assert lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", sgpo=True).extra["lengthsched"] == {
+        "sgpo": {"enable": True}}
+    with pytest.raises(InvalidArgument, match="lengthsched.sgpo.g_min"):
+        lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", sgpo={"g_min": 1})
     legacy = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", groups_per_replica=8, trainer="legacy")
     assert legacy.rollout["agent"] == {"agent_loop_manager_class": lv.MANAGER_CLASS}
     assert legacy.overrides()[-1] == "trainer.use_v1=false"
@@ -902,6 +911,8 @@ def test_verl_rollout_config_by_hand():
     ({"steal": 1}, "steal"),
     ({"selective": True, "trainer": "legacy"}, "selective"),
     ({"selective": "yes"}, "selective"),
+    ({"sgpo": True, "trainer": "legacy"}, "sgpo"),
+    ({"sgpo": "yes"}, "sgpo"),
 ])
 def test_verl_rollout_config_names_bad_arguments(kwargs, name):
     plan = ls.plan_group([2048] * 4, slots=2, max_new_tokens=2048, prompt_tokens=512)
@@ -1001,6 +1012,14 @@ def test_rollout_config_composes_with_verls_hydra_config(predictors):
         hook = cfg.ray_kwargs.ray_init.runtime_env.get("worker_process_setup_hook")
         assert hook == (vs.SETUP_HOOK if trainer == "v1" else None)
         assert cfg.ray_kwargs.ray_init.runtime_env.py_executable is None  # verl's own key kept
+    # The v1 manager's online sGPO: its section reaches the composed config and reads as the manager reads it.
+    from lengthsched.integrations import verl_v1
+
+    sgpo = lv.verl_rollout_config(plan, QWEN, gpu_memory_bytes="80GiB", sgpo={"g_max": 16, "rule": "pow2"})
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=sgpo.overrides())
+    online = verl_v1.online_sgpo(cfg)
+    assert online.budget.config.g_max == 16 and online.budget.config.rule == "pow2" and online.state_path is None
 
 
 @requires_verl

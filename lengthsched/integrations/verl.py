@@ -1141,6 +1141,7 @@ def verl_rollout_config(
     steal: bool = False,
     selective: bool = False,
     routing: str = "sticky",
+    sgpo: bool | Mapping[str, Any] = False,
 ) -> VerlRolloutConfig:
     """verl 0.9.1 rollout settings that run ``plan`` (one group's plan) ``groups_per_replica``
     times at once on every replica, in a memory budget.
@@ -1165,7 +1166,9 @@ def verl_rollout_config(
     :mod:`~lengthsched.integrations.verl_selective` (:data:`SELECTIVE_SAMPLER`; its refill by need under DAPO's
     ``algorithm.filter_groups``, which the caller turns on; with ``steal`` the combination the simulator ranks
     first there). ``routing``: :class:`PlannedLoadBalancer`'s (:data:`ROUTINGS`), written into ``router_yaml``:
-    ``cache_aware`` for agent loops (the class says why).
+    ``cache_aware`` for agent loops (the class says why). ``sgpo``: the v1 manager's online sGPO
+    (:func:`lengthsched.integrations.verl_v1.online_sgpo`: each training prompt's group size from its latest groups'
+    rewards), True for its defaults or a mapping of its ``lengthsched.sgpo`` options (checked here).
     """
     check_plan(plan)
     if trainer not in TRAINERS:
@@ -1220,6 +1223,15 @@ def verl_rollout_config(
         options["steal"] = {"pool_tokens": int(setup.kv_tokens - reserved // mem.kv_bytes_per_token)}
         if trainer == "v1":
             extra["ray_kwargs"] = {"ray_init": {"runtime_env": {"worker_process_setup_hook": STEAL_SETUP_HOOK}}}
+    if sgpo is not False:
+        if not (sgpo is True or isinstance(sgpo, Mapping)) or trainer != "v1":
+            raise InvalidArgument("sgpo", sgpo, "True or a mapping of lengthsched.sgpo options, with trainer 'v1' "
+                                                "(its worker hands the rewards over)")
+        from .verl_v1 import online_sgpo
+
+        section = {"enable": True, **(dict(sgpo) if isinstance(sgpo, Mapping) else {})}
+        online_sgpo({"lengthsched": {"sgpo": {k: v for k, v in section.items() if k != "state_path"}}})  # checked
+        options["sgpo"] = section
     if options:
         extra["lengthsched"] = options
     if routing not in ROUTINGS:
