@@ -22,6 +22,7 @@ TRAINER=${TRAINER:-v1}                # verl's trainer: v1 (its default) or lega
 STEAL=${STEAL:-0}                     # 1: the stealing manager (replicas that drain take waiting requests)
 SELECTIVE=${SELECTIVE:-0}             # 1 (v1): verl_selective's replay buffer, for DAPO's filter (pass
                                       # algorithm.filter_groups.enable=true yourself): refills only what is needed
+SGPO=${SGPO:-0}                       # 1 (v1): online sGPO, each prompt's group size from its latest groups' rewards
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
 VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 
@@ -32,10 +33,11 @@ GROUPS_PER_REPLICA=$(((PROMPTS + REPLICAS - 1) / REPLICAS))
 # engine_kwargs.vllm.kv_cache_memory_bytes from the plan; the manager and the router by name, for verl's
 # default v1 trainer (trainer.use_v1=true; TRAINER=legacy: the legacy trainer and its manager; STEAL=1: the
 # trainer's stealing manager, its pool, and for v1 Ray's worker_process_setup_hook; SELECTIVE=1: the custom replay
-# buffer of lengthsched.integrations.verl_selective).
+# buffer of lengthsched.integrations.verl_selective; SGPO=1: the manager's online sGPO, its budget in SGPO_STATE).
 FLAGS=()
 if [ "$STEAL" = 1 ]; then FLAGS=(--steal); fi
 if [ "$SELECTIVE" = 1 ]; then FLAGS+=(--selective); fi
+if [ "$SGPO" = 1 ]; then FLAGS+=(--sgpo --sgpo-state "${SGPO_STATE:-sgpo_budget.json}"); fi
 mapfile -t LENGTHSCHED < <(python examples/verl_config.py --preset "$PRESET" --group-size "$N" --slots "$N" \
     --groups-per-replica "$GROUPS_PER_REPLICA" --prompt-tokens "$PROMPT_LEN" --max-new-tokens "$RESPONSE_LEN" \
     --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml --trainer "$TRAINER" "${FLAGS[@]}")

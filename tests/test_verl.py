@@ -946,6 +946,13 @@ def test_example_verl_config_prints_the_overrides(tmp_path):
     legacy = subprocess.run([sys.executable, str(script), "--selective", "--trainer", "legacy", "--router-yaml",
                              str(router)], capture_output=True, text=True, check=False, cwd=ROOT)
     assert legacy.returncode == 2 and "'selective'" in legacy.stderr and "Traceback" not in legacy.stderr
+    assert "FLAGS+=(--sgpo" in launch
+    sgpo = subprocess.run([sys.executable, str(script), "--sgpo", "--sgpo-state", "budget.json", "--router-yaml",
+                           str(router)], capture_output=True, text=True, check=False, cwd=ROOT)
+    assert sgpo.returncode == 0 and "+lengthsched.sgpo.state_path=budget.json" in sgpo.stdout, sgpo.stderr
+    alone = subprocess.run([sys.executable, str(script), "--sgpo-state", "budget.json", "--router-yaml", str(router)],
+                           capture_output=True, text=True, check=False, cwd=ROOT)
+    assert alone.returncode == 2 and "--sgpo-state only with --sgpo" in alone.stderr
     assert subprocess.run(["bash", "-n", str(ROOT / "examples" / "verl_grpo_lengthsched.sh")]).returncode == 0
 
 
