@@ -87,6 +87,13 @@ def sgpo(args: argparse.Namespace) -> tuple[str, list]:
                   "less compute", "steps fixed_slot", "steps length_aware"], rows), raw
 
 
+def _sgpo_steps(args: argparse.Namespace) -> tuple[tuple[str, dict], ...]:
+    """The two step shapes of the sGPO training sections: ``--sgpo-batch`` prompts (verl's train_batch_size), or
+    prompts until as many completions as that many groups of 16 (a batch raised as the groups shrink)."""
+    return ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
+            (f"{args.sgpo_batch * 16} completions", dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16)))
+
+
 def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
     """Simulated training runs: groups of a fixed G, sGPO from a profiling pass, sGPO from the trainer's own rewards
     (online) and from the true success rates (oracle), over epochs in which the policy's success on each prompt
@@ -95,8 +102,7 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
     from simulate.sgpo_training import SGPO_SIZINGS, drifting_prompts, run_sgpo_training
 
     L, R, pool = args.admission_max_new, args.async_replicas, args.sgpo_pool
-    steps = ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
-             (f"{args.sgpo_batch * 16} completions", dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16)))
+    steps = _sgpo_steps(args)
     rows, raw = [], []
     for learn in args.sgpo_learn:
         for seed in args.rollout_seeds:
@@ -140,6 +146,41 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                   "x fixed", "their completions per hour", "x fixed"], rows), raw
 
 
+def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: the informative rule's target against sGPO's pow2 and a fixed G, online, over the sgpo_online
+    runs with learn 1 (each draw of ``--rollout-seeds``, both step shapes): the frontier between informative groups
+    and their completions per rollout hour."""
+    from simulate.sgpo_training import drifting_prompts, run_sgpo_training
+
+    L, R, pool = args.admission_max_new, args.async_replicas, args.sgpo_pool
+    rules = [("pow2 (about 1/p)", BudgetConfig(baseline_group_size=16))] + [
+        (f"informative {t:g}", BudgetConfig(rule="informative", target=t, baseline_group_size=16))
+        for t in args.sgpo_targets]
+    steps = _sgpo_steps(args)
+    rows, raw = [], []
+    for seed in args.rollout_seeds:
+        prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=1.0, seed=seed)
+        for label, batch in steps:
+            kw = dict(epochs=args.sgpo_epochs, group_size=16, replicas=R, budget_tokens=pool * L, max_new_tokens=L,
+                      seed=seed, **batch)
+            fixed = run_sgpo_training(prompts, "fixed", **kw)
+            for name, cfg in rules:
+                r = run_sgpo_training(prompts, "online", config=cfg, **kw)
+                groups = r.informative_per_hour / fixed.informative_per_hour
+                samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
+                rows.append([seed, label, name, round(r.seconds, 1), r.completions, r.informative, f"{groups:.2f}",
+                             f"{samples:.2f}", "both" if groups >= 1 and samples >= 1 else ""])
+                raw.append({"seed": seed, "step": label, "rule": name, "seconds": r.seconds,
+                            "completions": r.completions, "informative": r.informative,
+                            "informative_completions": r.informative_completions, "x_fixed_groups": groups,
+                            "x_fixed_completions": samples, "fixed_seconds": fixed.seconds})
+    return table(f"Online sGPO's rule against a fixed G = 16 (simulated; the sgpo_online runs with learn 1: "
+                 f"{args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts, steal on {R} replicas of {pool} x L_max "
+                 f"KV, L_max {L}; per rollout hour x fixed G; 'both': at least the fixed G's on both counts)",
+                 ["seed", "step", "rule", "rollout s", "completions", "informative groups", "groups / h x fixed",
+                  "their completions / h x fixed", "ahead"], rows), raw
+
+
 #: The policies of the sgpo_policies section: (label, policy); run_rollout routes vLLM by verl's least-loaded router.
 SGPO_POLICIES = (("vLLM + verl", "vllm"), ("steal", "steal"), ("Seer-like", "seer"))
 
@@ -154,8 +195,7 @@ def sgpo_policies(args: argparse.Namespace) -> tuple[str, list]:
     sizings = (("fixed G = 16", "fixed", None), ("online, pow2", "online", None),
                ("online, informative 0.9", "online", BudgetConfig(rule="informative", target=0.9,
                                                                   baseline_group_size=16)))
-    steps = ((f"{args.sgpo_batch} prompts", dict(batch_prompts=args.sgpo_batch)),
-             (f"{args.sgpo_batch * 16} completions", dict(batch_prompts=None, batch_completions=args.sgpo_batch * 16)))
+    steps = _sgpo_steps(args)
     rows, raw = [], []
     for seed in args.rollout_seeds:
         prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=1.0, seed=seed)
@@ -755,7 +795,7 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
-                    default="sgpo,sgpo_online,sgpo_policies,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
+                    default="sgpo,sgpo_online,sgpo_targets,sgpo_policies,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
                             "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,sparse_multiturn,"
                             "learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
@@ -809,6 +849,8 @@ def main() -> int:
     ap.add_argument("--sgpo-pool", type=int, default=16, help="each replica's pool, x L_max, of that section")
     ap.add_argument("--sgpo-learn", type=float_list, default="0,1",
                     help="log-odds gained per epoch (x U(0, 1) per prompt) of that section")
+    ap.add_argument("--sgpo-targets", type=float_list, default="0.5,0.7,0.8,0.9,0.95",
+                    help="the informative rule's targets of the sgpo_targets section")
     ap.add_argument("--sgpo-policy-pools", type=int_list, default="4,16",
                     help="each replica's pool, x L_max, of the sgpo_policies section")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "companions.json"))
@@ -828,12 +870,12 @@ def main() -> int:
         args.async_prompts, args.async_steps, args.async_replicas, args.async_pools = 4, 2, 2, [2]
         args.multiturn_prompts = 4
         args.sgpo_prompts, args.sgpo_epochs, args.sgpo_batch, args.sgpo_learn = 24, 2, 8, [1.0]
-        args.sgpo_policy_pools = [4]
+        args.sgpo_policy_pools, args.sgpo_targets = [4], [0.9]
         args.budget_group, args.budget_policies = 4, ["fixed_slot"]
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
-    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sgpo_policies": sgpo_policies,
-                                         "sparse": sparse,
+    texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sgpo_targets": sgpo_targets,
+                                         "sgpo_policies": sgpo_policies, "sparse": sparse,
                                          "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,

@@ -520,14 +520,16 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
-    assert {"machine", "sgpo", "sgpo_online", "sgpo_policies", "sparse", "sparse_budget", "sparse_admission",
-            "sparse_rollout", "sparse_window", "sparse_crowding", "sparse_sglang_room", "sparse_async",
-            "sparse_oversample", "sparse_multiturn", "learner"} <= set(data)
+    assert {"machine", "sgpo", "sgpo_online", "sgpo_targets", "sgpo_policies", "sparse", "sparse_budget",
+            "sparse_admission", "sparse_rollout", "sparse_window", "sparse_crowding", "sparse_sglang_room",
+            "sparse_async", "sparse_oversample", "sparse_multiturn", "learner"} <= set(data)
     online = {(c["step"], c["sizing"]): c for c in data["sgpo_online"]}  # two step shapes x five sizings, one seed
     assert len(online) == 10 and all(c["seconds"] > 0 and c["informative"] <= c["completions"] for c in online.values())
     for step in {s for s, _ in online}:  # the first epoch online is the fixed one; only offline profiles
         assert online[step, "online"]["epoch_seconds"][0] == online[step, "fixed"]["epoch_seconds"][0]
         assert online[step, "offline"]["profiling_seconds"] > 0 == online[step, "online"]["profiling_seconds"]
+    targets = data["sgpo_targets"]  # pow2 and one informative target, two step shapes, against the fixed G
+    assert len(targets) == 4 and all(c["x_fixed_groups"] > 0 < c["x_fixed_completions"] for c in targets)
     policies = data["sgpo_policies"]  # three sizings x two step shapes, each under every policy
     assert len(policies) == 6 and all(set(c["seconds"]) == {"vllm", "steal", "seer"} for c in policies)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)
