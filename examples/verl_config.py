@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the router's rule for what no plan places: sticky (verl's) or cache_aware (SGLang's "
                              "router's rule: for multi-turn agent loops, later turns rebalanced by load)")
     args = parser.parse_args(argv)
-    if args.sgpo_state is not None and not args.sgpo:
-        parser.error("--sgpo-state only with --sgpo (it is where the online sGPO keeps its budget)")
+    if args.sgpo_state is not None and (not args.sgpo or not args.sgpo_state):
+        parser.error("--sgpo-state PATH only with --sgpo (it is where the online sGPO keeps its budget)")
 
     memory = ls.ModelMemory.from_preset(args.preset)
     plan = ls.plan_group([args.max_new_tokens] * args.group_size, slots=args.slots,
@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                                      router_config_path=args.router_yaml,
                                      max_model_len=args.prompt_tokens + args.max_new_tokens, trainer=args.trainer,
                                      steal=args.steal, selective=args.selective, routing=args.routing,
-                                     sgpo={"state_path": args.sgpo_state} if args.sgpo and args.sgpo_state
-                                     else args.sgpo)
+                                     sgpo={"state_path": args.sgpo_state} if args.sgpo_state else args.sgpo)
     except ls.InvalidArgument as exc:  # one readable line and exit status 2, as the lengthsched CLI does
         parser.error(str(exc))
     Path(args.router_yaml).write_text(config.router_yaml, encoding="utf-8")

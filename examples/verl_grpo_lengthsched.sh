@@ -23,6 +23,8 @@ STEAL=${STEAL:-0}                     # 1: the stealing manager (replicas that d
 SELECTIVE=${SELECTIVE:-0}             # 1 (v1): verl_selective's replay buffer, for DAPO's filter (pass
                                       # algorithm.filter_groups.enable=true yourself): refills only what is needed
 SGPO=${SGPO:-0}                       # 1 (v1): online sGPO, each prompt's group size from its latest groups' rewards
+SGPO_STATE=${SGPO_STATE:-}            # with SGPO=1: where its budget is kept (an absolute path in this run's
+                                      # checkpoint directory); empty: in memory only
 TRAIN=${TRAIN:-$HOME/data/gsm8k/train.parquet}
 VAL=${VAL:-$HOME/data/gsm8k/test.parquet}
 
@@ -37,7 +39,8 @@ GROUPS_PER_REPLICA=$(((PROMPTS + REPLICAS - 1) / REPLICAS))
 FLAGS=()
 if [ "$STEAL" = 1 ]; then FLAGS=(--steal); fi
 if [ "$SELECTIVE" = 1 ]; then FLAGS+=(--selective); fi
-if [ "$SGPO" = 1 ]; then FLAGS+=(--sgpo --sgpo-state "${SGPO_STATE:-sgpo_budget.json}"); fi
+if [ "$SGPO" = 1 ]; then FLAGS+=(--sgpo); fi
+if [ "$SGPO" = 1 ] && [ -n "$SGPO_STATE" ]; then FLAGS+=(--sgpo-state "$SGPO_STATE"); fi
 mapfile -t LENGTHSCHED < <(python examples/verl_config.py --preset "$PRESET" --group-size "$N" --slots "$N" \
     --groups-per-replica "$GROUPS_PER_REPLICA" --prompt-tokens "$PROMPT_LEN" --max-new-tokens "$RESPONSE_LEN" \
     --tensor-parallel-size "$TP" --router-yaml lengthsched_router.yaml --trainer "$TRAINER" "${FLAGS[@]}")

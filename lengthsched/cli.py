@@ -234,6 +234,8 @@ def _budget_training(opts: Any, profile: list, plan: Any, cfg: Any) -> list[dict
     check_int("step_prompts", opts.step_prompts, minimum=1)
     if opts.step_completions is not None:
         check_int("step_completions", opts.step_completions, minimum=1)
+        _only_with(opts, ("step_prompts",), "steps of a prompt count, not with --step-completions (a step filled to "
+                                            "a number of completions)")
     from simulate import DEFAULT_POLICY
     from simulate.sgpo_training import SGPO_SIZINGS, prompts_from_profile, run_sgpo_training
 
@@ -288,7 +290,7 @@ def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]], training: 
         lines.append(f"training run, {t['epochs']} epochs on {t['replicas']} replicas under {t['policy']} (modelled "
                      "rollout seconds, the profile's success rates as the truth; informative: rewards not all alike):")
         names = {"fixed": f"fixed G={cfg.baseline_group_size}", "offline": "this plan (profiling counted)",
-                 "online": "online (the run's own rewards)", "oracle": "true rates (oracle)"}
+                 "online": f"online (the run's own rewards, rule {cfg.rule})", "oracle": "true rates (oracle)"}
 
         def ratio(x: float | None) -> str:
             return "-" if x is None else f"x{x:.2f}"

@@ -159,12 +159,14 @@ class BudgetPlan:
 
 def group_size_for(p: float, cfg: BudgetConfig) -> int:
     """Group size by ``cfg.rule`` (near 1/p, or the smallest informative with probability ``cfg.target``),
-    clamped to [g_min, g_max]; g_max for p = 0."""
+    clamped to [g_min, g_max]; g_max for p = 0, g_min for p = 1."""
     if not 0.0 <= p <= 1.0:
         raise InvalidArgument("p", p, "a success rate in [0, 1]")
     if p == 0.0:
         return cfg.g_max
     if cfg.rule == "informative":
+        if p == 1.0:  # no group is informative: the smallest (kept only with drop_above 1)
+            return cfg.g_min
         for g in range(cfg.g_min, cfg.g_max + 1):  # P(rewards differ) grows with g (for 0 < p < 1)
             if 1.0 - p ** g - (1.0 - p) ** g >= cfg.target - 1e-12:
                 return g
@@ -346,7 +348,7 @@ class OnlineBudget:
         for key, saved in data["prompts"].items():
             groups = saved.get("groups") if isinstance(saved, dict) else None
             if not isinstance(groups, list) or not groups or any(
-                    not isinstance(g, list) or len(g) != 2 or not all(isinstance(x, int) for x in g)
+                    not isinstance(g, list) or len(g) != 2 or not all(type(x) is int for x in g)
                     or not 0 <= g[0] <= g[1] or g[1] < 1 for g in groups):
                 raise InvalidArgument("data", f"prompt {key!r}", "groups as [solved, samples] pairs, "
                                                                  "0 <= solved <= samples >= 1")

@@ -148,10 +148,12 @@ def _draw(prompt: TrainingPrompt, index: int, size: int, epoch: int, seed: int, 
                                                                                                      np.ndarray]:
     """(lengths, solved) of ``size`` completions of prompt ``index`` in ``epoch``: the k-th completion is the same draw
     under every sizing that runs at least k + 1 (``stream`` 0: training, 1: profiling)."""
-    rng, most = _unit(seed, stream, epoch, index), max(size, 64)
-    u = rng.random(most)[:size]
-    picks = rng.integers(0, len(prompt.lengths), size=most)[:size]
-    return prompt.lengths[picks].astype(np.int64), (u < prompt.success(epoch)).astype(np.int64)
+    rng, us, picks = _unit(seed, stream, epoch, index), [], []
+    for _ in range(-(-max(size, 1) // 64)):  # blocks of 64 draws of each: any size's draws prefix a larger one's
+        us.append(rng.random(64))
+        picks.append(rng.integers(0, len(prompt.lengths), size=64))
+    u, pick = np.concatenate(us)[:size], np.concatenate(picks)[:size]
+    return prompt.lengths[pick].astype(np.int64), (u < prompt.success(epoch)).astype(np.int64)
 
 
 def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequence[int], epoch: int, *, seed: int,

@@ -18,6 +18,7 @@ from lengthsched.sgpo import (
     ProfileRecord,
     group_size_for,
     plan_budget,
+    prompt_decision,
     read_online_budget,
     read_profile,
     write_online_budget,
@@ -49,6 +50,8 @@ def test_group_size_rules(p, g_min, extra, rule, target):
     assert cfg.g_min <= g <= cfg.g_max
     if p == 0:
         assert g == cfg.g_max
+    elif p == 1 and rule == "informative":  # no group is informative: the smallest
+        assert g == cfg.g_min
     elif rule == "informative":  # the smallest group informative with probability target, g_max if none is
         if g < cfg.g_max:
             assert informative_probability(p, g) >= target - 1e-9
@@ -65,6 +68,8 @@ def test_the_informative_rule_sizes_middling_prompts_up_and_extremes_to_their_bo
     cfg = BudgetConfig(g_min=2, g_max=32, rule="informative", target=0.9)
     assert [group_size_for(p, cfg) for p in (0.5, 0.3, 0.1, 0.01, 0.97)] == [5, 7, 22, 32, 32]
     assert group_size_for(0.5, BudgetConfig(rule="pow2")) == 2  # about 1/p: informative half the time
+    # drop_above 1 keeps an always-solved prompt: no group of it is informative, so the smallest
+    assert prompt_decision(1.0, "a", BudgetConfig(rule="informative", drop_above=1.0)) == (True, "informative", 2)
     with pytest.raises(InvalidArgument, match="target"):
         BudgetConfig(rule="informative", target=1.0)
 
@@ -399,7 +404,8 @@ def test_budget_command_simulates_a_training_run_in_rollout_seconds(tmp_path, ca
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "training run, 2 epochs on 2 replicas under steal" in out and "fixed G=16:" in out and "oracle" in out
-    assert main([*args, "--json", "--step-completions", "64"]) == 0
+    assert "online (the run's own rewards, rule pow2)" in out
+    assert main([*args[:-2], "--json", "--step-completions", "64"]) == 0
     training = {t["sizing"]: t for t in json.loads(capsys.readouterr().out)["training"]}
     assert list(training) == ["fixed", "offline", "online", "oracle"]
     assert training["fixed"]["completions"] == 2 * 24 * 16 and training["fixed"]["x_fixed_groups"] == 1.0
@@ -414,3 +420,5 @@ def test_budget_command_simulates_a_training_run_in_rollout_seconds(tmp_path, ca
         assert len(err.splitlines()) == 1 and "--train-epochs" in err, err
     assert main(["budget", str(path), "--train-epochs", "0"]) == 2
     assert "argument 'train_epochs'" in capsys.readouterr().err
+    assert main([*args, "--step-completions", "64"]) == 2  # --step-prompts 8 as well: one shape of step or the other
+    assert "argument 'step_prompts'" in capsys.readouterr().err

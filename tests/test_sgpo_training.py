@@ -32,8 +32,10 @@ def test_prompts_draw_castillo_lengths_and_drifting_success(prompts):
 
 
 def test_a_prompts_kth_completion_is_the_same_draw_under_every_sizing(prompts):
-    small, big = _draw(prompts[0], 0, 4, 1, 0, 0), _draw(prompts[0], 0, 32, 1, 0, 0)
+    small, big, huge = _draw(prompts[0], 0, 4, 1, 0, 0), _draw(prompts[0], 0, 32, 1, 0, 0), _draw(prompts[0], 0, 130,
+                                                                                                  1, 0, 0)
     assert np.array_equal(small[0], big[0][:4]) and np.array_equal(small[1], big[1][:4])
+    assert np.array_equal(big[0], huge[0][:32]) and np.array_equal(big[1], huge[1][:32]) and len(huge[0]) == 130
     assert not np.array_equal(_draw(prompts[0], 0, 32, 2, 0, 0)[0], big[0])  # another epoch: other draws
 
 

@@ -952,7 +952,10 @@ def test_example_verl_config_prints_the_overrides(tmp_path):
     assert sgpo.returncode == 0 and "+lengthsched.sgpo.state_path=budget.json" in sgpo.stdout, sgpo.stderr
     alone = subprocess.run([sys.executable, str(script), "--sgpo-state", "budget.json", "--router-yaml", str(router)],
                            capture_output=True, text=True, check=False, cwd=ROOT)
-    assert alone.returncode == 2 and "--sgpo-state only with --sgpo" in alone.stderr
+    assert alone.returncode == 2 and "--sgpo-state PATH only with --sgpo" in alone.stderr
+    empty = subprocess.run([sys.executable, str(script), "--sgpo", "--sgpo-state", "", "--router-yaml", str(router)],
+                           capture_output=True, text=True, check=False, cwd=ROOT)
+    assert empty.returncode == 2 and "--sgpo-state PATH" in empty.stderr
     assert subprocess.run(["bash", "-n", str(ROOT / "examples" / "verl_grpo_lengthsched.sh")]).returncode == 0
 
 

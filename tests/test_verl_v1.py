@@ -358,6 +358,11 @@ def test_per_prompt_group_sizes_validation_and_failed_sessions():
 SOLVED = {"q0": 0.25, "q1": 1.0, "q2": 0.0, "q3": 0.5, "q4": 0.25, "q5": None}  # q5: no reward reaches the loop
 
 
+def text_key(name: str) -> str:
+    """A fake prompt's key in the online sGPO budget: its text (verl's raw_prompt as lengthsched keys it)."""
+    return lv.prompt_key([{"role": "user", "content": name}])
+
+
 def solved_by_share(name: str, session: int, n: int = G) -> float | None:
     share = SOLVED[name]
     return None if share is None else float(session < share * n)
@@ -379,7 +384,7 @@ def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(
     with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
         manager.lengthsched_collect()
         manager.lengthsched_collect()
-    assert sum("without a reward_score" in r.getMessage() for r in caplog.records) == 1
+    assert sum("without a finite reward_score" in r.getMessage() for r in caplog.records) == 1
     assert json.loads(state.read_text())["groups"] == 5  # q5 learnt nothing
     for server in servers.values():
         server.requests.clear()
@@ -409,7 +414,7 @@ def test_online_sgpo_sizes_each_prompts_next_group_from_the_rewards_of_its_last(
     again.generate_sequences(third)
     # q0 has solved 2 of 13 now (its 1 of 4, then 1 of 9): 14; q3 4 of 9: 5
     assert list(third["__rollout_n__"]) == manager.lengthsched_sgpo.budget.group_sizes(
-        [str(i) for i in range(6)], G) == [14, 2, 2, 5, 14, G]
+        [text_key(q) for q in TRUE], G) == [14, 2, 2, 5, 14, G]
     assert again.lengthsched_sgpo_status()["groups"] == 10
     # The data's own sizes (an offline plan's) hold for prompts not seen yet; a row with 0 runs none.
     fresh, _, _, _ = pipeline(sgpo={"unsolved_fraction": 0.0})
@@ -430,38 +435,45 @@ def test_online_sgpo_learns_from_the_sessions_that_did_not_fail(caplog):
         finish(workers)
         manager.lengthsched_collect()
     assert not caplog.records
-    assert manager.lengthsched_sgpo.budget.success_rate("3") == pytest.approx(1 / 3)  # sessions 1, 2, 3: one solved
+    assert manager.lengthsched_sgpo.budget.success_rate(text_key("q3")) == pytest.approx(1 / 3)  # sessions 1-3: one
     assert manager.lengthsched_sgpo.budget.samples == G - 1
 
 
-def test_online_sgpo_knows_prompts_by_their_index_else_by_their_text(caplog):
+def test_online_sgpo_knows_prompts_by_their_text_or_by_their_index_where_asked(caplog):
     manager, _, _, workers = pipeline(sgpo={"unsolved_fraction": 0.0})
     for w in workers:
         w.score = solved_by_share
-    manager.generate_sequences(prompt_batch(1, ["q1", "q2"], index=[10, 11]))
+    manager.generate_sequences(prompt_batch(1, ["q1", "q2"], index=[0, 0]))  # verl's index 0 for rows without one
     finish(workers)
     manager.lengthsched_collect()
-    assert manager.lengthsched_sgpo.budget.success_rate("10") == 1.0  # q1, by its index
+    assert manager.lengthsched_sgpo.budget.success_rate(text_key("q1")) == 1.0  # by its text, by default
+    assert manager.lengthsched_sgpo.budget.success_rate("0") is None
+    # key: index (prompt texts that change between epochs): a unique index is the key, rows without one or sharing
+    # one are known by their text, row by row (one warning); an integral float index is its integer.
+    by_index, _, _, workers = pipeline(sgpo={"unsolved_fraction": 0.0, "key": "index"})
+    for w in workers:
+        w.score = solved_by_share
+    by_index.generate_sequences(prompt_batch(1, ["q1", "q2"], index=[10.0, 11]))
+    finish(workers)
+    by_index.lengthsched_collect()
+    budget = by_index.lengthsched_sgpo.budget
+    assert budget.success_rate("10") == 1.0 and budget.success_rate("11") == 0.0  # q1 and q2, by their index
     moved = prompt_batch(2, ["q1", "q2"], index=[11, 10])  # the same texts under each other's index
-    manager.generate_sequences(moved)
-    assert list(moved["__rollout_n__"]) == [2, 2] and manager.lengthsched_sgpo.budget.reasons == {
-        "trivial": 1, "unsolved": 1}
+    by_index.generate_sequences(moved)
+    assert list(moved["__rollout_n__"]) == [2, 2] and budget.reasons == {"trivial": 1, "unsolved": 1}
     finish(workers)
-    manager.lengthsched_collect()
-    # verl's RLHFDataset gives index 0 to every row without extra_info.index: repeated, so the text is the key.
+    by_index.lengthsched_collect()
     with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
-        same = prompt_batch(3, ["q0", "q3"], index=[0, 0])
-        manager.generate_sequences(same)
-        manager.generate_sequences(prompt_batch(3, ["q4"]))  # no index column at all
-    assert sum("repeated 'index' values" in r.getMessage() for r in caplog.records) == 1
-    assert list(same["__rollout_n__"]) == [G, G]  # never seen under their text
+        same = prompt_batch(3, ["q0", "q3", "q5"], index=[0, 0, 10])
+        by_index.generate_sequences(same)
+        by_index.generate_sequences(prompt_batch(3, ["q4"]))  # no index column at all
+    assert sum("share one" in r.getMessage() for r in caplog.records) == 1
+    keys = [by_index.lengthsched_running[u].sgpo_key for u in same["uid"]]
+    # index 10 holds q1's 4 of 4 (step 1) and q2's 0 of 2 (step 2): 4 of 6, 6 completions by the default rule
+    assert keys == [text_key("q0"), text_key("q3"), "10"] and list(same["__rollout_n__"]) == [G, G, 6]
     finish(workers)
-    manager.lengthsched_collect()
-    assert manager.lengthsched_sgpo.budget.success_rate(lv.prompt_key([{"role": "user", "content": "q3"}])) == 0.5
-    by_text, _, _, _ = pipeline(sgpo={"key": "prompt"})
-    batch = prompt_batch(1, ["q0"], index=[5])
-    by_text.generate_sequences(batch)
-    assert by_text.lengthsched_running[batch["uid"][0]].sgpo_key == lv.prompt_key(batch["raw_prompt"][0])
+    by_index.lengthsched_collect()
+    assert budget.success_rate(text_key("q3")) == 0.5
 
 
 @pytest.mark.parametrize("options, match", [
@@ -476,11 +488,27 @@ def test_online_sgpo_options_are_checked_when_the_manager_is_made(options, match
         pipeline(sgpo=options)
 
 
-def test_online_sgpo_refuses_a_state_file_that_is_not_its_own(tmp_path):
+def test_online_sgpo_refuses_a_state_file_that_is_not_its_own_or_cannot_be_written(tmp_path):
     path = tmp_path / "state.json"
     path.write_text("{}")
     with pytest.raises(InvalidArgument, match="'lengthsched.sgpo.state_path'"):
         pipeline(sgpo={"state_path": str(path)})
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo.state_path'.*a directory that exists"):
+        pipeline(sgpo={"state_path": str(tmp_path / "no" / "state.json")})  # refused when made, not at step 2
+
+
+def test_a_reward_that_is_not_one_finite_number_teaches_nothing(caplog):
+    assert [vv1._finite(x) for x in (1, 0.5, None, float("nan"), float("inf"), "x", [1, 2], np.float32(2))] == [
+        1.0, 0.5, None, None, None, None, None, 2.0]
+    manager, _, _, workers = pipeline(sgpo={"rule": "pow2"})
+    for w in workers:
+        w.score = lambda name, session: float("nan") if session == 0 else solved_by_share(name, session)
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        manager.generate_sequences(prompt_batch(1, ["q3"]))
+        finish(workers)
+        manager.lengthsched_collect()  # no error: the NaN session is left out, with one warning
+    assert sum("finite reward_score" in r.getMessage() for r in caplog.records) == 1
+    assert manager.lengthsched_sgpo.budget.samples == G - 1 and not manager.lengthsched_running
 
 
 @requires_v1
@@ -729,7 +757,7 @@ def test_online_sgpo_sizes_reach_verls_real_worker(monkeypatch):
         for uid, _ in real.stored:
             sessions[uid] += 1
         assert [sessions[u] for u in vv1._rows(second, "uid")] == expected
-        assert real.manager.lengthsched_sgpo.budget.success_rate("0") == 0.25
+        assert real.manager.lengthsched_sgpo.budget.success_rate(text_key("q0")) == 0.25
     finally:
         real.loop.close()
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,11 +107,22 @@ def generated_tokens(output: Any) -> int:
     return len(getattr(output, "response_ids", ()) or ())
 
 
+def _finite(score: Any) -> float | None:
+    """A session's ``reward_score`` as one finite number, else None (missing, NaN, infinite, or not a number: the
+    online sGPO learns nothing from it)."""
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def make_tq_worker_class(base: type) -> type:
     """``LengthschedAgentLoopWorkerTQ``: ``base`` (the class under verl's ``AgentLoopWorkerTQ`` actor,
     ``AgentLoopWorkerTQ.__ray_actor_class__``) that also remembers, per prompt, the tokens each of its
     sessions generated (:func:`generated_tokens` of the session's last output) and the reward verl's agent loop gave
-    it (the last output's ``reward_score``, None where verl scores later: a colocated reward model), and hands the
+    it (the last output's ``reward_score``; None where verl scores later, with a colocated reward model, or where it
+    is not one finite number), and hands the
     finished prompts' lengths and rewards over once when the manager asks (``lengthsched_take``). A prompt counts as
     finished when all its sessions settled, failed ones included (their lengths and rewards are missing). A prompt
     with a :data:`PRIORITIES` column (the stealing manager's) runs session ``i`` with priority ``PRIORITIES[i]`` instead
@@ -142,11 +154,7 @@ def make_tq_worker_class(base: type) -> type:
                 running[0].append(generated_tokens(outputs[-1]))
             out = await super()._agent_loop_postprocess(output, validate, **kwargs)
             if outputs and running is not None:  # verl's _compute_score set it on the last output (or left None)
-                score = getattr(outputs[-1], "reward_score", None)
-                try:
-                    running[1].append(None if score is None else float(score))
-                except (TypeError, ValueError):  # not one number: the manager learns nothing from it
-                    running[1].append(None)
+                running[1].append(_finite(getattr(outputs[-1], "reward_score", None)))
             return out
 
         async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, **kwargs: Any) -> Any:
@@ -205,9 +213,10 @@ SGPO_OPTIONS = ("enable", "g_min", "g_max", "rule", "target", "drop_above", "uns
 #: than a fixed G = 16 where a step keeps its prompt count (0.95-1.05x), ``informative`` 1.06-1.13x
 #: (``simulate.sgpo_training``; docs/benchmarks.md, "sGPO over a training run").
 SGPO_RULE = "informative"
-#: What a prompt is known by across epochs: the data set's ``index`` column (verl's ``RLHFDataset`` copies
-#: ``extra_info.index`` there), or the prompt's text (:func:`~lengthsched.integrations.verl.prompt_key`).
-SGPO_KEYS = ("index", "prompt")
+#: What a prompt is known by across epochs: its text (:func:`~lengthsched.integrations.verl.prompt_key`; the default),
+#: or the data set's ``index`` column (verl's ``RLHFDataset`` copies ``extra_info.index`` there, and 0 where a row has
+#: none): for data whose prompt text changes between epochs (a random template), with unique indices.
+SGPO_KEYS = ("prompt", "index")
 
 
 @dataclass
@@ -217,7 +226,7 @@ class OnlineSGPO:
     budget: OnlineBudget
     solved_reward: float = SOLVED_REWARD
     state_path: str | None = None
-    key: str = "index"
+    key: str = "prompt"
 
     def status(self) -> dict[str, Any]:
         """What it knows: prompts and groups observed, the share of completions solved, and the last training
@@ -258,15 +267,27 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
         raise InvalidArgument("lengthsched.sgpo.g_min", budget_config.g_min,
                               ">= 2: verl's GRPO gives a group of one its raw score as advantage "
                               "(compute_grpo_outcome_advantage: mean 0, std 1)")
-    key = options.get("key", "index")
+    key = options.get("key", "prompt")
     if key not in SGPO_KEYS:
         raise InvalidArgument("lengthsched.sgpo.key", key, " or ".join(map(repr, SGPO_KEYS)))
     solved = check_solved_reward("lengthsched.sgpo.solved_reward", options.get("solved_reward", SOLVED_REWARD))
     path = options.get("state_path")
     if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path)):
         raise InvalidArgument("lengthsched.sgpo.state_path", path, "a file path (JSON) or null")
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise InvalidArgument("lengthsched.sgpo.state_path", str(path), "a file in a directory that exists (the "
+                                                                        "budget is written there after every step)")
     budget = read_online_budget(path, "lengthsched.sgpo.state_path", budget_config, memory=memory)
     return OnlineSGPO(budget, solved, None if path is None else str(path), key)
+
+
+def _index_key(value: Any) -> str | None:
+    """A row's ``index`` as a key: an integral float as its integer (3.0 is "3"), None for a missing one."""
+    if value is None:
+        return None
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        value = int(value)
+    return str(value)
 
 
 def _rows(batch: Any, name: str) -> list[Any] | None:
@@ -335,7 +356,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             """Hear which prompts finished since the last call (from every worker), feed the training prompts'
             lengths to the planner under the step each was dispatched in, and stop counting their work on
             the replicas. Returns the prompts heard finish."""
-            finished: list[tuple[Hashable, list[int]]] = []
+            finished: list[tuple[Hashable, list[int], list[float | None]]] = []
             for worker in getattr(self, "agent_loop_workers", None) or []:
                 if not hasattr(worker, "lengthsched_take"):
                     self._lengthsched_warn("worker", "the agent-loop workers do not report lengths (%s): the planner "
@@ -372,10 +393,11 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             after the rollout, teaches nothing, and a warning says so once)."""
             known = [s for s in scores if s is not None]
             if len(known) < len(scores):
-                self._lengthsched_warn("sgpo scores", "lengthsched.sgpo: sessions came back without a reward_score "
-                                                      "(verl scores after the rollout with a colocated reward model: "
-                                                      "reward.reward_model.enable without enable_resource_pool); "
-                                                      "their prompts' group sizes learn nothing from them")
+                self._lengthsched_warn("sgpo scores", "lengthsched.sgpo: sessions came back without a finite "
+                                                      "reward_score (verl scores after the rollout with a colocated "
+                                                      "reward model: reward.reward_model.enable without "
+                                                      "enable_resource_pool; or the score was not one finite "
+                                                      "number); their prompts' group sizes learn nothing from them")
             if known:
                 self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward)
 
@@ -385,18 +407,24 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             it would run otherwise: a prompt never seen runs that many; one with 0 runs none and is not kept);
             returns the sizes and each prompt's key in the budget (None for one that runs none)."""
             sgpo = self.lengthsched_sgpo
-            index = _rows(prompts, "index") if sgpo.key == "index" else None
-            if index is not None and len(set(map(str, index))) == len(index):
-                keys = [str(i) for i in index]
-            else:
-                if sgpo.key == "index":
-                    self._lengthsched_warn("sgpo key", "lengthsched.sgpo: the batch has %s; prompts are known by "
-                                                       "their text instead (lengthsched.sgpo.key: prompt)",
-                                           "no 'index' column" if index is None else
-                                           "repeated 'index' values (verl's RLHFDataset gives 0 to rows without "
-                                           "extra_info.index)")
-                raw = _rows(prompts, "raw_prompt")
-                keys = [prompt_key(p) for p in raw] if raw is not None else [str(u) for u in uids]
+            raw = _rows(prompts, "raw_prompt")
+            if raw is None:
+                self._lengthsched_warn("sgpo text", "lengthsched.sgpo: the batch has no 'raw_prompt' column: prompts "
+                                                    "are known by their uid, new every step, so nothing is learnt")
+            keys = [prompt_key(p) for p in raw] if raw is not None else [str(u) for u in uids]
+            if sgpo.key == "index":
+                index = _rows(prompts, "index")
+                index = [None] * len(uids) if index is None else [_index_key(i) for i in index]
+                seen: dict[str, int] = {}
+                for i in index:
+                    seen[i] = seen.get(i, 0) + 1
+                shared = [i is None or seen[i] > 1 for i in index]
+                if any(shared):  # those rows by their text (verl gives index 0 to rows without extra_info.index)
+                    self._lengthsched_warn("sgpo key", "lengthsched.sgpo.key=index: %d rows of a batch have no "
+                                                       "'index' or share one (verl's RLHFDataset gives 0 to rows "
+                                                       "without extra_info.index); they are known by their text",
+                                           sum(shared))
+                keys = [k if s_ else i for k, i, s_ in zip(keys, index, shared)]
             run = [k for k, n in enumerate(counts) if n]
             sizes = list(counts)
             for k, g in zip(run, sgpo.budget.group_sizes([keys[k] for k in run], [counts[k] for k in run])):
