@@ -890,6 +890,37 @@ def stored_lengths(live: Live) -> dict[int, list[int]]:
     return out
 
 
+def test_the_v1_stealing_manager_runs_online_sgpos_group_sizes_row_by_row():
+    """With lengthsched.sgpo the stealing manager plans each prompt's own number of rows: one priority per session
+    (the PRIORITIES column as long as its __rollout_n__), every session run and reported, the driver left empty."""
+    lengths = {0: 12, 1: 4, 2: 4, 3: 6}
+    solved = {"p0": 0.25, "p1": 1.0, "p2": 0.0, "p3": 0.5}
+    live = Live(lengths, placement="groups", steal={"pool_tokens": 100_000, "poll_interval": 0.001},
+                sgpo={"rule": "pow2", "unsolved_fraction": 0.0})
+    try:
+        for w in live.workers:
+            w.score = lambda name, session: float(session < solved[name] * G)
+        manager = live.manager
+        manager.generate_sequences(live.batch(1, list(lengths)))
+        live.settle()
+        second = live.batch(2, list(lengths))
+        manager.generate_sequences(second)
+        sizes = list(second[vv1.ROLLOUT_N])
+        assert sizes == [4, 2, 2, 2]  # 1/4 solved: 4; trivial, unsolved and 1/2 solved: g_min
+        assert [len(p) for p in second[vv1.PRIORITIES]] == sizes
+        live.settle()
+        done = defaultdict(int)  # what the workers will hand over: each session's length
+        for w in live.workers:
+            for uid, ran, _ in w._lengthsched_done:
+                done[uid] += len(ran)
+        assert [done[u] for u in second["uid"]] == sizes
+        manager.lengthsched_collect()
+        assert not manager.lengthsched_driver._rows and not manager.lengthsched_running
+        assert manager.lengthsched_sgpo_status()["groups"] == 8
+    finally:
+        live.close()
+
+
 def test_the_v1_stealing_manager_gives_each_completion_its_row_and_steals_across_dispatches():
     lengths = {0: 40, 1: 4, 2: 4, 3: 4, 4: 4, 5: 4}  # prompt 0's four completions are long
     steal = {"pool_tokens": 100_000, "poll_interval": 0.001}
