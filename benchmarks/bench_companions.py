@@ -119,19 +119,22 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                 for sizing, r in runs.items():
                     groups = r.informative_per_hour / fixed.informative_per_hour
                     samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
+                    mass = r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
                     name = {"oracle": "true p (oracle)", "online_informative": "online, informative 0.9"}.get(
                         sizing, sizing)
                     rows.append([f"{learn:g}", seed, label, name,
                                  round(r.seconds, 1), r.completions, r.informative, round(r.informative_per_hour),
                                  f"**{groups:.2f}**" if groups == max(
                                      x.informative_per_hour for x in runs.values()) / fixed.informative_per_hour
-                                 else f"{groups:.2f}", round(r.informative_completions_per_hour), f"{samples:.2f}"])
+                                 else f"{groups:.2f}", round(r.informative_completions_per_hour), f"{samples:.2f}",
+                                 f"{mass:.2f}"])
                     raw.append({"learn": learn, "seed": seed, "step": label, "sizing": sizing, "seconds": r.seconds,
                                 "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
                                 "informative_completions": r.informative_completions,
                                 "informative_per_hour": r.informative_per_hour,
                                 "informative_completions_per_hour": r.informative_completions_per_hour,
                                 "x_fixed_groups": groups, "x_fixed_completions": samples,
+                                "advantage_mass": r.advantage_mass, "x_fixed_advantage_mass": mass,
                                 "profiling_seconds": r.profiling.seconds if r.profiling else 0.0,
                                 "epoch_seconds": [e.seconds for e in r.epochs],
                                 "epoch_completions": [e.completions for e in r.epochs],
@@ -141,9 +144,10 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                  f"g in [2, 32] by pow2 (about 1/p) unless named, profiling 8 per prompt; steal on {R} replicas "
                  f"of {pool} x L_max KV, L_max {L}; "
                  "rollout seconds with profiling; informative: a group whose rewards differ; the most informative "
-                 "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates)",
+                 "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates; |A| mass: the "
+                 "sum of GRPO's std-normalised absolute advantages per hour)",
                  ["learn", "seed", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",
-                  "x fixed", "their completions per hour", "x fixed"], rows), raw
+                  "x fixed", "their completions per hour", "x fixed", "|A| mass / h x fixed"], rows), raw
 
 
 def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
@@ -168,17 +172,20 @@ def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
                 r = run_sgpo_training(prompts, "online", config=cfg, **kw)
                 groups = r.informative_per_hour / fixed.informative_per_hour
                 samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
+                mass = r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
                 rows.append([seed, label, name, round(r.seconds, 1), r.completions, r.informative, f"{groups:.2f}",
-                             f"{samples:.2f}", "both" if groups >= 1 and samples >= 1 else ""])
+                             f"{samples:.2f}", f"{mass:.2f}", "both" if groups >= 1 and samples >= 1 else ""])
                 raw.append({"seed": seed, "step": label, "rule": name, "seconds": r.seconds,
                             "completions": r.completions, "informative": r.informative,
                             "informative_completions": r.informative_completions, "x_fixed_groups": groups,
-                            "x_fixed_completions": samples, "fixed_seconds": fixed.seconds})
+                            "x_fixed_completions": samples, "x_fixed_advantage_mass": mass,
+                            "fixed_seconds": fixed.seconds})
     return table(f"Online sGPO's rule against a fixed G = 16 (simulated; the sgpo_online runs with learn 1: "
                  f"{args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts, steal on {R} replicas of {pool} x L_max "
-                 f"KV, L_max {L}; per rollout hour x fixed G; 'both': at least the fixed G's on both counts)",
+                 f"KV, L_max {L}; per rollout hour x fixed G; |A| mass: the sum of GRPO's std-normalised absolute "
+                 "advantages; 'both': at least the fixed G's on groups and their completions)",
                  ["seed", "step", "rule", "rollout s", "completions", "informative groups", "groups / h x fixed",
-                  "their completions / h x fixed", "ahead"], rows), raw
+                  "their completions / h x fixed", "|A| mass / h x fixed", "ahead"], rows), raw
 
 
 #: The policies of the sgpo_policies section: (label, policy); run_rollout routes vLLM by verl's least-loaded router.

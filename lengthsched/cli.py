@@ -254,8 +254,11 @@ def _budget_training(opts: Any, profile: list, plan: Any, cfg: Any) -> list[dict
              "completions": r.completions, "tokens": r.tokens, "informative": r.informative,
              "informative_completions": r.informative_completions, "informative_per_hour": r.informative_per_hour,
              "informative_completions_per_hour": r.informative_completions_per_hour,
+             "advantage_mass_per_hour": r.advantage_mass_per_hour,
              "x_fixed_groups": r.informative_per_hour / fixed.informative_per_hour
              if fixed.informative_per_hour else None,
+             "x_fixed_advantage_mass": r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
+             if fixed.advantage_mass_per_hour else None,
              "x_fixed_completions": r.informative_completions_per_hour / fixed.informative_completions_per_hour
              if fixed.informative_completions_per_hour else None}
             for s, r in runs.items()]
@@ -288,7 +291,8 @@ def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]], training: 
     if training:
         t = training[0]
         lines.append(f"training run, {t['epochs']} epochs on {t['replicas']} replicas under {t['policy']} (modelled "
-                     "rollout seconds, the profile's success rates as the truth; informative: rewards not all alike):")
+                     "rollout seconds, the profile's success rates as the truth; informative: rewards not all alike; "
+                     "|advantage|: the sum of GRPO's std-normalised absolute advantages):")
         names = {"fixed": f"fixed G={cfg.baseline_group_size}", "offline": "this plan (profiling counted)",
                  "online": f"online (the run's own rewards, rule {cfg.rule})", "oracle": "true rates (oracle)"}
 
@@ -299,7 +303,8 @@ def _format_budget(plan: Any, cfg: Any, epochs: list[dict[str, Any]], training: 
             lines.append(f"  {names[r['sizing']]}: {r['seconds']:,.1f} s, {r['completions']:,} completions, "
                          f"{r['informative']:,} informative groups ({r['informative_per_hour']:,.0f}/h, "
                          f"{ratio(r['x_fixed_groups'])}), their completions {r['informative_completions']:,} "
-                         f"({r['informative_completions_per_hour']:,.0f}/h, {ratio(r['x_fixed_completions'])})")
+                         f"({r['informative_completions_per_hour']:,.0f}/h, {ratio(r['x_fixed_completions'])}), "
+                         f"|advantage| {r['advantage_mass_per_hour']:,.0f}/h ({ratio(r['x_fixed_advantage_mass'])})")
     return "\n".join(lines)
 
 

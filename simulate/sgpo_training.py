@@ -82,8 +82,10 @@ def drifting_prompts(n: int, *, max_new_tokens: int = 4096, learn: float = 1.0, 
 @dataclass(frozen=True)
 class SgpoEpoch:
     """One epoch (or the profiling pass) of a sizing: ``groups`` run, ``completions``, generated ``tokens``, rollout
-    ``seconds`` (modelled, its steps summed), ``steps``, ``informative`` groups (rewards not all alike) and
-    ``informative_completions`` (theirs: the completions with a non-zero advantage)."""
+    ``seconds`` (modelled, its steps summed), ``steps``, ``informative`` groups (rewards not all alike),
+    ``informative_completions`` (theirs: the completions with a non-zero advantage) and ``advantage_mass``: the sum
+    of the absolute advantages GRPO gives its completions when it divides by the group's standard deviation (a
+    group with k of g solved: 2 sqrt(k (g - k)), about the size of the policy gradient it gives)."""
 
     groups: int
     completions: int
@@ -92,6 +94,7 @@ class SgpoEpoch:
     steps: int
     informative: int
     informative_completions: int
+    advantage_mass: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,16 @@ class SgpoTraining:
     def informative_completions(self) -> int:
         """Completions of informative groups over the training epochs."""
         return sum(e.informative_completions for e in self.epochs)
+
+    @property
+    def advantage_mass(self) -> float:
+        """The sum of absolute GRPO advantages over the training epochs (:class:`SgpoEpoch`)."""
+        return sum(e.advantage_mass for e in self.epochs)
+
+    @property
+    def advantage_mass_per_hour(self) -> float:
+        """:attr:`advantage_mass` per rollout hour, profiling included."""
+        return 3600.0 * self.advantage_mass / self.seconds if self.seconds else 0.0
 
     @property
     def informative_per_hour(self) -> float:
@@ -172,7 +185,7 @@ def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequ
             batches.append([])
         batches[-1].append(i)
     outcomes: dict[int, np.ndarray] = {}
-    seconds, tokens, steps, informative, useful = 0.0, 0, 0, 0, 0
+    seconds, tokens, steps, informative, useful, mass = 0.0, 0, 0, 0, 0, 0.0
     for batch in batches if ran else []:
         groups, predicted = [], []
         for i in batch:
@@ -181,14 +194,17 @@ def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequ
             groups.append(group)
             predicted.append(predictions_for("prompt:0.5", group, i, seed))
             outcomes[i] = solved
-            if 0 < solved.sum() < len(solved):
+            k = int(solved.sum())
+            if 0 < k < len(solved):
                 informative += 1
                 useful += len(solved)
+                mass += 2.0 * math.sqrt(k * (len(solved) - k))
         result = run_rollout(groups, predicted=np.concatenate(predicted), seed=seed, **rollout)
         seconds += result.seconds
         tokens += int(sum(int(g.lengths.sum()) for g in groups))
         steps += 1
-    return SgpoEpoch(len(ran), int(sum(sizes[i] for i in ran)), tokens, seconds, steps, informative, useful), outcomes
+    return SgpoEpoch(len(ran), int(sum(sizes[i] for i in ran)), tokens, seconds, steps, informative, useful,
+                     mass), outcomes
 
 
 def prompts_from_profile(profile: Sequence[ProfileRecord], *, max_new_tokens: int, learn: float = 0.0,

@@ -414,6 +414,7 @@ def test_budget_command_simulates_a_training_run_in_rollout_seconds(tmp_path, ca
     assert training["offline"]["completions"] == 2 * sum(p.group_size for p in plan.prompts) + 8 * 24
     assert training["offline"]["profiling_seconds"] > 0 == training["online"]["profiling_seconds"]
     assert all(t["informative"] <= t["completions"] for t in training.values())
+    assert training["fixed"]["x_fixed_advantage_mass"] == 1.0 and training["online"]["advantage_mass_per_hour"] > 0
     for flag, value in (("--learn", "1"), ("--replicas", "8"), ("--step-completions", "64")):
         assert main(["budget", str(path), flag, value]) == 2
         err = capsys.readouterr().err.strip()

@@ -63,6 +63,8 @@ def test_each_sizing_runs_the_groups_it_says(prompts, runs):
             assert (g == 0) if s > 0.9 else (g >= 2)
     for r in runs.values():
         assert all(e.informative <= e.groups and e.informative_completions <= e.completions for e in r.epochs)
+        # a group with k of g solved adds 2 sqrt(k (g - k)) <= g: at most its completions, at least 2 if informative
+        assert all(2 * e.informative <= e.advantage_mass <= e.informative_completions + 1e-9 for e in r.epochs)
         assert r.informative_per_hour == pytest.approx(3600 * r.informative / r.seconds)
 
 
