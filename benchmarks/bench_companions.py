@@ -144,8 +144,8 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                  f"g in [2, 32] by pow2 (about 1/p) unless named, profiling 8 per prompt; steal on {R} replicas "
                  f"of {pool} x L_max KV, L_max {L}; "
                  "rollout seconds with profiling; informative: a group whose rewards differ; the most informative "
-                 "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates; advantage mass: the "
-                 "sum of GRPO's std-normalised absolute advantages per hour)",
+                 "groups per hour in bold per setting; oracle: sGPO's rule on the true success rates; advantage mass: "
+                 "the sum of GRPO's std-normalised absolute advantages per hour)",
                  ["learn", "seed", "step", "sizing", "rollout s", "completions", "informative groups", "per hour",
                   "x fixed", "their completions per hour", "x fixed", "advantage mass / h x fixed"], rows), raw
 
@@ -182,8 +182,8 @@ def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
                             "fixed_seconds": fixed.seconds})
     return table(f"Online sGPO's rule against a fixed G = 16 (simulated; the sgpo_online runs with learn 1: "
                  f"{args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts, steal on {R} replicas of {pool} x L_max "
-                 f"KV, L_max {L}; per rollout hour x fixed G; advantage mass: the sum of GRPO's std-normalised absolute "
-                 "advantages; 'both': at least the fixed G's on groups and their completions)",
+                 f"KV, L_max {L}; per rollout hour x fixed G; advantage mass: the sum of GRPO's std-normalised "
+                 "absolute advantages; 'both': at least the fixed G's on groups and their completions)",
                  ["seed", "step", "rule", "rollout s", "completions", "informative groups", "groups / h x fixed",
                   "their completions / h x fixed", "advantage mass / h x fixed", "ahead"], rows), raw
 
