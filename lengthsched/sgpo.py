@@ -247,7 +247,8 @@ class OnlineBudget:
             raise InvalidArgument("config", type(config).__name__, "a lengthsched.sgpo.BudgetConfig or None")
         self.config = config or BudgetConfig()
         self.memory = None if memory is None else check_int("memory", memory, minimum=1)
-        self._groups: dict[Any, list[tuple[int, int]]] = {}  # key -> remembered (solved, samples), oldest first
+        self._groups: dict[Any, list[tuple[int, int, int | None]]] = {}  # key -> remembered (solved, samples,
+        # the training step it was observed in, or None), oldest first
         self._visits: dict[Any, int] = {}  # key -> groups observed in all
         self.groups = 0  # groups observed, every prompt
         self.samples = 0  # completions observed
@@ -262,9 +263,11 @@ class OnlineBudget:
     def _key(key: Any) -> Any:
         return state_key(str(key))
 
-    def observe(self, key: Any, outcomes: Sequence[Any]) -> None:
+    def observe(self, key: Any, outcomes: Sequence[Any], step: int | None = None) -> None:
         """Record one group of prompt ``key``: ``outcomes``, 1 (or True) for each completion that solved it, 0 for
-        each that did not. An empty group records nothing."""
+        each that did not; ``step``: the training step it was generated for, if known (:meth:`forget_after`). An
+        empty group records nothing."""
+        step = None if step is None else check_int("step", step, minimum=0)
         if isinstance(outcomes, (str, bytes)) or not isinstance(outcomes, Sequence | np.ndarray):
             raise InvalidArgument("outcomes", repr(outcomes), "a sequence of 0/1, one per completion")
         values = list(outcomes)
@@ -275,7 +278,7 @@ class OnlineBudget:
             return
         k = self._key(key)
         remembered = self._groups.setdefault(k, [])
-        remembered.append((int(sum(values)), len(values)))
+        remembered.append((int(sum(values)), len(values), step))
         if self.memory is not None and len(remembered) > self.memory:
             del remembered[: len(remembered) - self.memory]
         self._visits[k] = self._visits.get(k, 0) + 1
@@ -283,7 +286,8 @@ class OnlineBudget:
         self.samples += len(values)
         self.solved += int(sum(values))
 
-    def observe_rewards(self, key: Any, rewards: Sequence[Any], solved_reward: float = SOLVED_REWARD) -> None:
+    def observe_rewards(self, key: Any, rewards: Sequence[Any], solved_reward: float = SOLVED_REWARD,
+                        step: int | None = None) -> None:
         """:meth:`observe` a group by its rewards: a completion solved the prompt when its reward is at least
         ``solved_reward`` (math rewards are 1 and 0, or 1 and -1)."""
         solved_reward = check_solved_reward("solved_reward", solved_reward)
@@ -295,14 +299,39 @@ class OnlineBudget:
                     or not math.isfinite(r):
                 raise InvalidArgument("rewards", r, "a finite number for every completion")
             values.append(int(r >= solved_reward))
-        self.observe(key, values)
+        self.observe(key, values, step)
 
     def success_rate(self, key: Any) -> float | None:
         """The share of the remembered completions of ``key`` that solved it; None for a prompt never observed."""
         remembered = self._groups.get(self._key(key))
         if not remembered:
             return None
-        return sum(s for s, _ in remembered) / sum(n for _, n in remembered)
+        return sum(g[0] for g in remembered) / sum(g[1] for g in remembered)
+
+    def forget_after(self, step: int) -> int:
+        """Forget the remembered groups observed for a training step after ``step`` (a run resumed from its
+        checkpoint at ``step`` generates them again; a fresh run, from step 0, forgets every group another run
+        recorded with its steps). Groups recorded without a step stay; an older group a forgotten one pushed out of
+        the memory does not come back, and the totals (:attr:`groups`, ...) keep the groups the memory let go.
+        Returns how many groups were forgotten."""
+        step = check_int("step", step, minimum=0)
+        gone = 0
+        for k in list(self._groups):
+            remembered = self._groups[k]
+            late = [g for g in remembered if g[2] is not None and g[2] > step]
+            if not late:
+                continue
+            self._groups[k] = [g for g in remembered if g[2] is None or g[2] <= step]
+            self._visits[k] -= len(late)
+            self.groups -= len(late)
+            self.samples -= sum(g[1] for g in late)
+            self.solved -= sum(g[0] for g in late)
+            gone += len(late)
+            if not self._groups[k]:
+                del self._groups[k], self._visits[k]
+        if not self._groups:  # nothing left: the totals start again (they count groups the memory let go too)
+            self.groups = self.samples = self.solved = 0
+        return gone
 
     def decide(self, key: Any, default_n: int) -> tuple[int, str]:
         """(group size, reason) of prompt ``key``'s next group (the class docstring)."""
@@ -348,11 +377,12 @@ class OnlineBudget:
         for key, saved in data["prompts"].items():
             groups = saved.get("groups") if isinstance(saved, dict) else None
             if not isinstance(groups, list) or not groups or any(
-                    not isinstance(g, list) or len(g) != 2 or not all(type(x) is int for x in g)
-                    or not 0 <= g[0] <= g[1] or g[1] < 1 for g in groups):
-                raise InvalidArgument("data", f"prompt {key!r}", "groups as [solved, samples] pairs, "
-                                                                 "0 <= solved <= samples >= 1")
-            budget._groups[key] = [(int(s), int(n)) for s, n in groups]
+                    not isinstance(g, list) or len(g) not in (2, 3) or not all(type(x) is int for x in g[:2])
+                    or not 0 <= g[0] <= g[1] or g[1] < 1
+                    or len(g) == 3 and g[2] is not None and (type(g[2]) is not int or g[2] < 0) for g in groups):
+                raise InvalidArgument("data", f"prompt {key!r}", "groups as [solved, samples, step] (step: null or "
+                                                                 "an integer >= 0), 0 <= solved <= samples >= 1")
+            budget._groups[key] = [(int(g[0]), int(g[1]), g[2] if len(g) == 3 else None) for g in groups]
             budget._visits[key] = check_int("visits", saved.get("visits", len(groups)), minimum=len(groups))
         for name in ("groups", "samples", "solved"):
             setattr(budget, name, check_int(name, data.get(name, 0), minimum=0))

@@ -423,3 +423,22 @@ def test_budget_command_simulates_a_training_run_in_rollout_seconds(tmp_path, ca
     assert "argument 'train_epochs'" in capsys.readouterr().err
     assert main([*args, "--step-completions", "64"]) == 2  # --step-prompts 8 as well: one shape of step or the other
     assert "argument 'step_prompts'" in capsys.readouterr().err
+
+
+def test_online_budget_forgets_what_later_steps_recorded(tmp_path):
+    """A run resumed from its checkpoint at step k generates steps k + 1 ... again: forget_after(k) drops the groups
+    recorded for them (their counts too); groups recorded without a step stay."""
+    online = OnlineBudget(BudgetConfig(), memory=3)
+    online.observe("a", [1, 0], step=1)
+    online.observe("a", [0, 0, 0, 0], step=2)
+    online.observe("a", [1, 1], step=3)
+    online.observe("b", [1, 1, 1, 1], step=3)
+    online.observe("c", [0, 1])  # no step: kept whatever happens
+    back = OnlineBudget.from_dict(json.loads(json.dumps(online.to_dict())))
+    assert back.to_dict() == online.to_dict() and back._groups[back._key("a")][0] == (1, 2, 1)
+    assert online.forget_after(1) == 3
+    assert online.success_rate("a") == 0.5 and online.success_rate("b") is None and online.success_rate("c") == 0.5
+    assert (online.groups, online.samples, online.solved, len(online)) == (2, 4, 2, 2)
+    assert online._visits[online._key("a")] == 1 and online.forget_after(0) == 1 and online.forget_after(5) == 0
+    with pytest.raises(InvalidArgument, match="'step'"):
+        online.observe("a", [1], step=-1)

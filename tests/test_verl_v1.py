@@ -488,6 +488,30 @@ def test_online_sgpo_options_are_checked_when_the_manager_is_made(options, match
         pipeline(sgpo=options)
 
 
+def test_online_sgpo_resumed_at_a_checkpoint_forgets_the_steps_it_generates_again(tmp_path):
+    """The budget is saved at every collection, not with verl's checkpoints: a run resumed at step k would count the
+    groups of steps k + 1 ... twice. The first training batch (for step k + 1) forgets them; a fresh run (its first
+    batch for step 1) forgets every group another run recorded."""
+    state = tmp_path / "sgpo.json"
+    manager, _, _, workers = pipeline(sgpo={"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)})
+    for w in workers:
+        w.score = solved_by_share
+    for step in (1, 2, 3):
+        manager.generate_sequences(prompt_batch(step, ["q0", "q1"]))
+        finish(workers)
+    manager.lengthsched_collect()
+    assert json.loads(state.read_text())["groups"] == 6
+    resumed, _, _, _ = pipeline(sgpo={"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)})
+    resumed.generate_sequences(prompt_batch(3, ["q0"]))  # resumed from the checkpoint of step 2
+    budget = resumed.lengthsched_sgpo.budget  # (memory 2: step 1's groups had gone already, step 3's go now)
+    assert budget._visits[budget._key(text_key("q0"))] == 2 and budget.groups == 4
+    assert [g[2] for g in budget._groups[budget._key(text_key("q0"))]] == [2]
+    fresh, _, _, _ = pipeline(sgpo={"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)})
+    batch = prompt_batch(1, ["q0", "q1"])
+    fresh.generate_sequences(batch)
+    assert fresh.lengthsched_sgpo.budget.groups == 0 and list(batch["__rollout_n__"]) == [G, G]
+
+
 def test_online_sgpo_refuses_a_state_file_that_is_not_its_own_or_cannot_be_written(tmp_path):
     path = tmp_path / "state.json"
     path.write_text("{}")

@@ -339,6 +339,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             #: sGPO's group sizes from the trainer's rewards (``lengthsched.sgpo``), None without.
             self.lengthsched_sgpo = online_sgpo(self.config)
             self._lengthsched_saved = 0 if self.lengthsched_sgpo is None else self.lengthsched_sgpo.budget.groups
+            self._lengthsched_sgpo_started = False  # the first training batch forgets what later steps recorded
 
         def _lengthsched_warn(self, what: str, message: str, *args: Any) -> None:
             if what not in self._lengthsched_warned:
@@ -371,7 +372,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 if prompt is not None:
                     gone.append(prompt)
                 if prompt is not None and prompt.sgpo_key is not None:
-                    self.lengthsched_sgpo_observe(prompt.sgpo_key, scores)
+                    self.lengthsched_sgpo_observe(prompt.sgpo_key, scores, prompt.step)
                 if prompt is None or prompt.validate or not lengths:
                     continue
                 keys, seen = by_step.setdefault(prompt.step, ([], []))
@@ -387,7 +388,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 self._lengthsched_saved = sgpo.budget.groups
             return len(finished)
 
-        def lengthsched_sgpo_observe(self, key: str, scores: list[float | None]) -> None:
+        def lengthsched_sgpo_observe(self, key: str, scores: list[float | None], step: int | None = None) -> None:
             """Record a training prompt's group in the online sGPO budget: the rewards verl's agent loop gave its
             sessions (a failed session has none; a session scored None, as where a colocated reward model scores
             after the rollout, teaches nothing, and a warning says so once)."""
@@ -399,7 +400,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                                                       "enable_resource_pool; or the score was not one finite "
                                                       "number); their prompts' group sizes learn nothing from them")
             if known:
-                self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward)
+                self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward, step)
 
         def lengthsched_sgpo_sizes(self, prompts: Any, uids: list,
                                    counts: list[int]) -> tuple[list[int], list[str | None]]:
@@ -487,6 +488,12 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             counts = [check_int(ROLLOUT_N, n, minimum=0) for n in counts]
             sgpo_keys: list[str | None] = [None] * len(uids)
             if self.lengthsched_sgpo is not None and not validate:
+                if not self._lengthsched_sgpo_started and step is not None:
+                    self._lengthsched_sgpo_started = True
+                    gone = self.lengthsched_sgpo.budget.forget_after(max(0, step - 1))
+                    if gone:  # a run resumed from its checkpoint at step - 1 (or a fresh run at step 1)
+                        log.info("lengthsched.sgpo: the first batch is for step %d; %d groups recorded for later "
+                                 "steps were forgotten (%s)", step, gone, self.lengthsched_sgpo.state_path)
                 counts, sgpo_keys = self.lengthsched_sgpo_sizes(prompts, uids, counts)
             if not sum(counts):
                 return None
