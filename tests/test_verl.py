@@ -827,6 +827,10 @@ def test_the_legacy_manager_refuses_the_v1_trainers_batches_and_names_the_manage
     manager = lv.make_agent_loop_manager_class(FakeAgentLoopManager)(trainer_config(), client)
     with pytest.raises(TypeError, match="trainer.use_v1=False.*verl_v1.LengthschedAgentLoopManagerTQ"):
         asyncio.run(manager.generate_sequences({"uid": ["u0"], "raw_prompt": ["q"]}))  # a TensorDict's columns
+    # online sGPO needs the v1 trainer (the legacy one repeats every prompt rollout.n times): refused, not ignored
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo'.*legacy trainer.*trainer.use_v1=true"):
+        lv.make_agent_loop_manager_class(FakeAgentLoopManager)(trainer_config(sgpo={"g_max": 16}), client)
+    lv.make_agent_loop_manager_class(FakeAgentLoopManager)(trainer_config(sgpo={"enable": False}), client)
 
 
 def test_the_manager_needs_verl_only_when_asked_for():

@@ -407,6 +407,8 @@ def test_the_manager_names_bad_settings():
         manager_cls(trainer_config(steal={"pool_tokens": 10}, ways=0), plain)
     with pytest.raises(InvalidArgument, match="lengthsched.prefill_share"):
         manager_cls(trainer_config(steal={"pool_tokens": 10}, prefill_share=-0.5), plain)
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo'.*repeats every prompt"):  # v1 trainer only
+        manager_cls(trainer_config(steal={"pool_tokens": 10}, sgpo={}), plain)
     assert manager_cls(trainer_config(steal={"pool_tokens": 10}, prefill_share=None), plain) \
         ._lengthsched_prefill_share is None  # null: no cap
     made = manager_cls(trainer_config(steal={"pool_tokens": 10}), plain)

@@ -866,6 +866,16 @@ def _options(config: Any) -> dict[str, Any]:
     return {key: section[key] for key in section}
 
 
+def refuse_sgpo(config: Any, why: str) -> None:
+    """An error naming ``lengthsched.sgpo`` where a manager that cannot vary a prompt's group size is given the online
+    sGPO section (``why``: what stops it), rather than a section silently ignored; ``enable: false`` passes."""
+    section = _options(config).get("sgpo")
+    if section is not None and not (isinstance(section, Mapping) and section.get("enable", True) is False):
+        raise InvalidArgument("lengthsched.sgpo", "set", f"no such section with this manager ({why}); online sGPO "
+                                                         "runs in verl's v1 trainer (trainer.use_v1=true, "
+                                                         "lengthsched.integrations.verl_v1)")
+
+
 def planner_from_config(config: Any, default_placement: str = "spread",
                         default_order: str | None = None) -> RolloutPlanner:
     """A :class:`RolloutPlanner` from a verl trainer config: ``lengthsched.predictor``
@@ -1021,6 +1031,7 @@ def make_agent_loop_manager_class(base: type, auto_await: Any = None, worker_cla
         def __init__(self, *args: Any, **kwargs: Any):
             _use_workers(self, worker_class)
             super().__init__(*args, **kwargs)
+            refuse_sgpo(self.config, "the legacy trainer repeats every prompt rollout.n times")
 
         async def lengthsched_replicas(self) -> int:
             """Replicas to plan for: ``lengthsched.replicas`` or the router's server count."""

@@ -76,6 +76,7 @@ from .verl import (
     _use_workers,
     batch_prompt_tokens,
     planner_from_config,
+    refuse_sgpo,
     response_lengths,
 )
 from .verl_stealing import RunDriver, StealDriver, on_import, steal_options, stealing_client
@@ -227,6 +228,7 @@ def make_fully_async_manager_class(base: type, client_class: type, worker_class:
         """verl's fully-async agent-loop manager with lengthsched's placement and stealing."""
 
         def __init__(self, config, llm_client, *args: Any, **kwargs: Any):
+            refuse_sgpo(config, "the fully asynchronous recipe repeats every prompt rollout.n times")
             self.lengthsched_steal = steal_options(config)
             engine = _setting(config, "actor_rollout_ref.rollout.name")
             if engine not in (None, "vllm"):
