@@ -506,6 +506,16 @@ def test_online_sgpo_resumed_at_a_checkpoint_forgets_the_steps_it_generates_agai
     budget = resumed.lengthsched_sgpo.budget  # (memory 2: step 1's groups had gone already, step 3's go now)
     assert budget._visits[budget._key(text_key("q0"))] == 2 and budget.groups == 4
     assert [g[2] for g in budget._groups[budget._key(text_key("q0"))]] == [2]
+    # The file follows what the resumed run learns, even where it ends with as many groups as the file had.
+    again = pipeline(sgpo={"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)})
+    again_manager, again_workers = again[0], again[3]
+    for w in again_workers:
+        w.score = lambda name, session: 1.0  # this time q0 and q1 are always solved
+    again_manager.generate_sequences(prompt_batch(3, ["q0", "q1"]))  # forgets step 3's two groups, runs two
+    finish(again_workers)
+    again_manager.lengthsched_collect()
+    saved = json.loads(state.read_text())
+    assert saved["groups"] == 6 and saved["prompts"][text_key("q0")]["groups"][-1] == [G, G, 3]
     fresh, _, _, _ = pipeline(sgpo={"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)})
     batch = prompt_batch(1, ["q0", "q1"])
     fresh.generate_sequences(batch)

@@ -338,7 +338,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             self._lengthsched_warned: set[str] = set()
             #: sGPO's group sizes from the trainer's rewards (``lengthsched.sgpo``), None without.
             self.lengthsched_sgpo = online_sgpo(self.config)
-            self._lengthsched_saved = 0 if self.lengthsched_sgpo is None else self.lengthsched_sgpo.budget.groups
+            self._lengthsched_sgpo_unsaved = False  # the budget changed since it was read or last written
             self._lengthsched_sgpo_started = False  # the first training batch forgets what later steps recorded
 
         def _lengthsched_warn(self, what: str, message: str, *args: Any) -> None:
@@ -383,9 +383,9 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 planner.observe(*by_step[step], step=step)
             self.lengthsched_forget(gone)
             sgpo = self.lengthsched_sgpo
-            if sgpo is not None and sgpo.state_path is not None and sgpo.budget.groups != self._lengthsched_saved:
+            if sgpo is not None and sgpo.state_path is not None and self._lengthsched_sgpo_unsaved:
                 write_online_budget(sgpo.state_path, sgpo.budget)
-                self._lengthsched_saved = sgpo.budget.groups
+                self._lengthsched_sgpo_unsaved = False
             return len(finished)
 
         def lengthsched_sgpo_observe(self, key: str, scores: list[float | None], step: int | None = None) -> None:
@@ -401,6 +401,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                                                       "number); their prompts' group sizes learn nothing from them")
             if known:
                 self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward, step)
+                self._lengthsched_sgpo_unsaved = True
 
         def lengthsched_sgpo_sizes(self, prompts: Any, uids: list,
                                    counts: list[int]) -> tuple[list[int], list[str | None]]:
@@ -491,6 +492,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 if not self._lengthsched_sgpo_started and step is not None:
                     self._lengthsched_sgpo_started = True
                     gone = self.lengthsched_sgpo.budget.forget_after(max(0, step - 1))
+                    self._lengthsched_sgpo_unsaved |= gone > 0
                     if gone:  # a run resumed from its checkpoint at step - 1 (or a fresh run at step 1)
                         log.info("lengthsched.sgpo: the first batch is for step %d; %d groups recorded for later "
                                  "steps were forgotten (%s)", step, gone, self.lengthsched_sgpo.state_path)
