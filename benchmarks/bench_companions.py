@@ -117,9 +117,8 @@ def sgpo_online(args: argparse.Namespace) -> tuple[str, list]:
                     **kw)
                 fixed = runs["fixed"]
                 for sizing, r in runs.items():
-                    groups = r.informative_per_hour / fixed.informative_per_hour
-                    samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
-                    mass = r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
+                    x = r.against(fixed)
+                    groups, samples, mass = x["groups"], x["completions"], x["advantage_mass"]
                     name = {"oracle": "true p (oracle)", "online_informative": "online, informative 0.9"}.get(
                         sizing, sizing)
                     rows.append([f"{learn:g}", seed, label, name,
@@ -170,9 +169,8 @@ def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
             fixed = run_sgpo_training(prompts, "fixed", **kw)
             for name, cfg in rules:
                 r = run_sgpo_training(prompts, "online", config=cfg, **kw)
-                groups = r.informative_per_hour / fixed.informative_per_hour
-                samples = r.informative_completions_per_hour / fixed.informative_completions_per_hour
-                mass = r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
+                x = r.against(fixed)
+                groups, samples, mass = x["groups"], x["completions"], x["advantage_mass"]
                 rows.append([seed, label, name, round(r.seconds, 1), r.completions, r.informative, f"{groups:.2f}",
                              f"{samples:.2f}", f"{mass:.2f}", "both" if groups >= 1 and samples >= 1 else ""])
                 raw.append({"seed": seed, "step": label, "rule": name, "seconds": r.seconds,

@@ -255,12 +255,7 @@ def _budget_training(opts: Any, profile: list, plan: Any, cfg: Any) -> list[dict
              "informative_completions": r.informative_completions, "informative_per_hour": r.informative_per_hour,
              "informative_completions_per_hour": r.informative_completions_per_hour,
              "advantage_mass_per_hour": r.advantage_mass_per_hour,
-             "x_fixed_groups": r.informative_per_hour / fixed.informative_per_hour
-             if fixed.informative_per_hour else None,
-             "x_fixed_advantage_mass": r.advantage_mass_per_hour / fixed.advantage_mass_per_hour
-             if fixed.advantage_mass_per_hour else None,
-             "x_fixed_completions": r.informative_completions_per_hour / fixed.informative_completions_per_hour
-             if fixed.informative_completions_per_hour else None}
+             **{f"x_fixed_{name}": x for name, x in r.against(fixed).items()}}
             for s, r in runs.items()]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -62,14 +63,19 @@ class TrainingPrompt:
         return 1.0 / (1.0 + math.exp(-(self.logit + self.rate * epoch)))
 
 
+def _check_learn(learn: Any) -> None:
+    """``learn`` (log-odds a prompt's success gains per epoch, times U(0, 1)) checked: a finite number >= 0."""
+    if not (isinstance(learn, (int, float)) and math.isfinite(learn) and learn >= 0):
+        raise InvalidArgument("learn", learn, "a finite log-odds per epoch >= 0")
+
+
 def drifting_prompts(n: int, *, max_new_tokens: int = 4096, learn: float = 1.0, seed: int = 0) -> list[TrainingPrompt]:
     """``n`` prompts with CASTILLO's completion lengths (each prompt's siblings, clipped to ``max_new_tokens``) and
     success rates at epoch 0 drawn from Beta(0.4, 0.6) (mass near 0 and 1: the mix of a math set under a policy
     that solves some prompts always and some never; clipped to [0.001, 0.999]); each prompt's log-odds grows by
     ``learn`` x U(0, 1) per epoch (0: a policy that does not change)."""
     n = check_int("n", n, minimum=1)
-    if not (isinstance(learn, (int, float)) and math.isfinite(learn) and learn >= 0):
-        raise InvalidArgument("learn", learn, "a finite log-odds per epoch >= 0")
+    _check_learn(learn)
     rng = np.random.default_rng(seed)
     pool = castillo_groups(32, max_new_tokens=max_new_tokens, seed=seed)
     picks = rng.choice(len(pool), size=n, replace=n > len(pool))
@@ -137,20 +143,32 @@ class SgpoTraining:
         """The sum of absolute GRPO advantages over the training epochs (:class:`SgpoEpoch`)."""
         return sum(e.advantage_mass for e in self.epochs)
 
+    def _per_hour(self, value: float) -> float:
+        """``value`` per rollout hour of the whole run, profiling included (0 for a run of no seconds)."""
+        return 3600.0 * value / self.seconds if self.seconds else 0.0
+
     @property
     def advantage_mass_per_hour(self) -> float:
         """:attr:`advantage_mass` per rollout hour, profiling included."""
-        return 3600.0 * self.advantage_mass / self.seconds if self.seconds else 0.0
+        return self._per_hour(self.advantage_mass)
 
     @property
     def informative_per_hour(self) -> float:
         """Informative groups per rollout hour, profiling included."""
-        return 3600.0 * self.informative / self.seconds if self.seconds else 0.0
+        return self._per_hour(self.informative)
 
     @property
     def informative_completions_per_hour(self) -> float:
         """Completions of informative groups per rollout hour, profiling included."""
-        return 3600.0 * self.informative_completions / self.seconds if self.seconds else 0.0
+        return self._per_hour(self.informative_completions)
+
+    def against(self, baseline: SgpoTraining) -> dict[str, float | None]:
+        """This run's ``groups`` (informative groups), ``completions`` (theirs) and ``advantage_mass`` per rollout
+        hour as multiples of ``baseline``'s (a fixed G's, say); None where the baseline has none."""
+        pairs = {"groups": (self.informative_per_hour, baseline.informative_per_hour),
+                 "completions": (self.informative_completions_per_hour, baseline.informative_completions_per_hour),
+                 "advantage_mass": (self.advantage_mass_per_hour, baseline.advantage_mass_per_hour)}
+        return {name: mine / theirs if theirs else None for name, (mine, theirs) in pairs.items()}
 
 
 def _unit(seed: int, *key: int) -> np.random.Generator:
@@ -178,15 +196,18 @@ def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequ
     from .report import predictions_for
 
     ran = [i for i in order if sizes[i] > 0]
-    batches: list[list[int]] = [[]]
+    batches: list[list[int]] = []
+    held = 0  # completions of the step being filled
     for i in ran:  # a step: batch_prompts prompts, or prompts until batch_completions completions
-        if batches[-1] and (len(batches[-1]) >= batch_prompts if batch_prompts is not None
-                            else sum(sizes[j] for j in batches[-1]) >= batch_completions):
+        if not batches or (len(batches[-1]) >= batch_prompts if batch_prompts is not None
+                           else held >= batch_completions):
             batches.append([])
+            held = 0
         batches[-1].append(i)
+        held += sizes[i]
     outcomes: dict[int, np.ndarray] = {}
     seconds, tokens, steps, informative, useful, mass = 0.0, 0, 0, 0, 0, 0.0
-    for batch in batches if ran else []:
+    for batch in batches:
         groups, predicted = [], []
         for i in batch:
             lengths, solved = _draw(prompts[i], i, sizes[i], epoch, seed, stream)
@@ -220,8 +241,7 @@ def prompts_from_profile(profile: Sequence[ProfileRecord], *, max_new_tokens: in
         raise InvalidArgument("profile", [], "at least one profiled prompt")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
     default_length = check_int("default_length", default_length, minimum=1)
-    if not (isinstance(learn, (int, float)) and math.isfinite(learn) and learn >= 0):
-        raise InvalidArgument("learn", learn, "a finite log-odds per epoch >= 0")
+    _check_learn(learn)
     rng = np.random.default_rng(seed)
     spread = castillo_spread()
     out = []
