@@ -61,6 +61,7 @@ import importlib
 import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -417,9 +418,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             if sgpo.key == "index":
                 index = _rows(prompts, "index")
                 index = [None] * len(uids) if index is None else [_index_key(i) for i in index]
-                seen: dict[str, int] = {}
-                for i in index:
-                    seen[i] = seen.get(i, 0) + 1
+                seen = Counter(index)
                 shared = [i is None or seen[i] > 1 for i in index]
                 if any(shared):  # those rows by their text (verl gives index 0 to rows without extra_info.index)
                     self._lengthsched_warn("sgpo key", "lengthsched.sgpo.key=index: %d rows of a batch have no "
