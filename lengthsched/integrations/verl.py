@@ -866,11 +866,28 @@ def _options(config: Any) -> dict[str, Any]:
     return {key: section[key] for key in section}
 
 
+def sgpo_options(config: Any, known: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """The ``lengthsched.sgpo`` section of a verl trainer config as a dict, None where it is missing or says
+    ``enable: false``; with ``known``, an option not among them is an error
+    (:func:`lengthsched.integrations.verl_v1.online_sgpo` checks the options' values)."""
+    section = _options(config).get("sgpo")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise InvalidArgument("lengthsched.sgpo", type(section).__name__, "a mapping of online sGPO options")
+    options = {name: section[name] for name in section}
+    unknown = sorted(set(options) - set(known)) if known is not None else []
+    if unknown:
+        raise InvalidArgument("lengthsched.sgpo", unknown, "options among " + ", ".join(known))
+    if not isinstance(options.get("enable", True), bool):
+        raise InvalidArgument("lengthsched.sgpo.enable", options["enable"], "true or false")
+    return options if options.get("enable", True) else None
+
+
 def refuse_sgpo(config: Any, why: str) -> None:
     """An error naming ``lengthsched.sgpo`` where a manager that cannot vary a prompt's group size is given the online
     sGPO section (``why``: what stops it), rather than a section silently ignored; ``enable: false`` passes."""
-    section = _options(config).get("sgpo")
-    if section is not None and not (isinstance(section, Mapping) and section.get("enable", True) is False):
+    if sgpo_options(config) is not None:
         raise InvalidArgument("lengthsched.sgpo", "set", f"no such section with this manager ({why}); online sGPO "
                                                          "runs in verl's v1 trainer (trainer.use_v1=true, "
                                                          "lengthsched.integrations.verl_v1)")

@@ -62,7 +62,7 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,7 @@ from .verl import (
     _setting,
     batch_prompt_tokens,
     prompt_key,
+    sgpo_options,
 )
 from .verl_stealing import LoopThread, RunDriver, steal_options, stealing_client
 
@@ -242,18 +243,8 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
     """The online sGPO of a verl trainer config's ``lengthsched.sgpo`` section (None without one, or with
     ``enable: false``): each training prompt's ``__rollout_n__`` from its own latest groups' rewards
     (:class:`~lengthsched.sgpo.OnlineBudget`; the planning manager's docstring says how). Errors name the setting."""
-    section = _options(config).get("sgpo")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise InvalidArgument("lengthsched.sgpo", type(section).__name__, "a mapping of online sGPO options")
-    options = {name: section[name] for name in section}
-    unknown = sorted(set(options) - set(SGPO_OPTIONS))
-    if unknown:
-        raise InvalidArgument("lengthsched.sgpo", unknown, "options among " + ", ".join(SGPO_OPTIONS))
-    if not isinstance(options.get("enable", True), bool):
-        raise InvalidArgument("lengthsched.sgpo.enable", options["enable"], "true or false")
-    if not options.get("enable", True):
+    options = sgpo_options(config, SGPO_OPTIONS)
+    if options is None:
         return None
     rules = {"rule": SGPO_RULE, **{name: options[name] for name in ("g_min", "g_max", "rule", "target",
                                                                       "drop_above", "unsolved_fraction", "seed")
