@@ -240,15 +240,23 @@ class OnlineBudget:
     ``default_length`` and ``phases`` are not used here.
 
     :attr:`reasons` counts the last :meth:`group_sizes` call's decisions by reason (:data:`ONLINE_REASONS`).
+
+    ``keep_steps``: a resume's reach, in training steps. Beside each prompt's latest ``memory`` groups, the groups
+    recorded for the latest ``keep_steps`` steps (counted back from the newest step observed, :attr:`newest_step`)
+    are kept too, so :meth:`forget_after` a step that far back restores exactly the memory the budget had then (a
+    group of a forgotten step no longer pushes an older one out). 0 (the default) keeps none beyond the memory.
     """
 
-    def __init__(self, config: BudgetConfig | None = None, *, memory: int | None = 2):
+    def __init__(self, config: BudgetConfig | None = None, *, memory: int | None = 2, keep_steps: int = 0):
         if config is not None and not isinstance(config, BudgetConfig):
             raise InvalidArgument("config", type(config).__name__, "a lengthsched.sgpo.BudgetConfig or None")
         self.config = config or BudgetConfig()
         self.memory = None if memory is None else check_int("memory", memory, minimum=1)
-        self._groups: dict[Any, list[tuple[int, int, int | None]]] = {}  # key -> remembered (solved, samples,
-        # the training step it was observed in, or None), oldest first
+        self.keep_steps = check_int("keep_steps", keep_steps, minimum=0)
+        self.newest_step: int | None = None  # the latest training step a group was recorded for (forget_after
+        # sets it back)
+        self._groups: dict[Any, list[tuple[int, int, int | None]]] = {}  # key -> kept (solved, samples, the
+        # training step it was observed in, or None), oldest first; the latest ``memory`` of them decide
         self._visits: dict[Any, int] = {}  # key -> groups observed in all
         self.groups = 0  # groups observed, every prompt
         self.samples = 0  # completions observed
@@ -279,12 +287,30 @@ class OnlineBudget:
         k = self._key(key)
         remembered = self._groups.setdefault(k, [])
         remembered.append((int(sum(values)), len(values), step))
-        if self.memory is not None and len(remembered) > self.memory:
-            del remembered[: len(remembered) - self.memory]
+        if step is not None and (self.newest_step is None or step > self.newest_step):
+            self.newest_step = step
+        self._prune(remembered)
         self._visits[k] = self._visits.get(k, 0) + 1
         self.groups += 1
         self.samples += len(values)
         self.solved += int(sum(values))
+
+    def _prune(self, kept: list[tuple[int, int, int | None]]) -> None:
+        """Let go, in place, of what neither the memory nor :attr:`keep_steps` needs: of the groups recorded for a
+        step at least ``keep_steps`` before :attr:`newest_step` (or for none), all but the latest ``memory``; later
+        groups all stay (what the memory was at each of those steps)."""
+        if self.memory is None or len(kept) <= self.memory:
+            return
+        horizon = None if self.newest_step is None else self.newest_step - self.keep_steps
+        older = [i for i, g in enumerate(kept) if horizon is None or g[2] is None or g[2] <= horizon]
+        if len(older) > self.memory:
+            gone = set(older[: len(older) - self.memory])
+            kept[:] = [g for i, g in enumerate(kept) if i not in gone]
+
+    def _remembered(self, key: Any) -> list[tuple[int, int, int | None]]:
+        """The groups that decide: the latest ``memory`` kept."""
+        kept = self._groups.get(key, [])
+        return kept if self.memory is None else kept[-self.memory:]
 
     def observe_rewards(self, key: Any, rewards: Sequence[Any], solved_reward: float = SOLVED_REWARD,
                         step: int | None = None) -> None:
@@ -303,7 +329,7 @@ class OnlineBudget:
 
     def success_rate(self, key: Any) -> float | None:
         """The share of the remembered completions of ``key`` that solved it; None for a prompt never observed."""
-        remembered = self._groups.get(self._key(key))
+        remembered = self._remembered(self._key(key))
         if not remembered:
             return None
         return sum(g[0] for g in remembered) / sum(g[1] for g in remembered)
@@ -311,9 +337,10 @@ class OnlineBudget:
     def forget_after(self, step: int) -> int:
         """Forget the remembered groups observed for a training step after ``step`` (a run resumed from its
         checkpoint at ``step`` generates them again; a fresh run, from step 0, forgets every group another run
-        recorded with its steps). Groups recorded without a step stay; an older group a forgotten one pushed out of
-        the memory does not come back, and the totals (:attr:`groups`, ...) keep the groups the memory let go.
-        Returns how many groups were forgotten."""
+        recorded with its steps). Groups recorded without a step stay. Within :attr:`keep_steps` of
+        :attr:`newest_step` this is exact: each prompt's latest ``memory`` groups up to ``step`` decide again; further
+        back, an older group a forgotten one pushed out of the memory does not come back. The totals
+        (:attr:`groups`, ...) keep the groups the memory let go. Returns how many groups were forgotten."""
         step = check_int("step", step, minimum=0)
         gone = 0
         for k in list(self._groups):
@@ -331,6 +358,8 @@ class OnlineBudget:
                 del self._groups[k], self._visits[k]
         if not self._groups:  # nothing left: the totals start again (they count groups the memory let go too)
             self.groups = self.samples = self.solved = 0
+        if self.newest_step is not None:
+            self.newest_step = min(self.newest_step, step)
         return gone
 
     def decide(self, key: Any, default_n: int) -> tuple[int, str]:
@@ -360,6 +389,7 @@ class OnlineBudget:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able copy (keys as text; a long one under its digest, :func:`~lengthsched.online.state_key`)."""
         return {"format": "lengthsched.online_budget/1", "config": asdict(self.config), "memory": self.memory,
+                "keep_steps": self.keep_steps, "newest_step": self.newest_step,
                 "groups": self.groups, "samples": self.samples, "solved": self.solved,
                 "prompts": {str(k): {"visits": self._visits[k], "groups": [list(g) for g in v]}
                             for k, v in self._groups.items()}}
@@ -371,7 +401,8 @@ class OnlineBudget:
                 or not isinstance(data.get("prompts"), dict):
             raise InvalidArgument("data", type(data).__name__, "a dict written by OnlineBudget.to_dict")
         try:
-            budget = cls(BudgetConfig(**data.get("config", {})), memory=data.get("memory", 2))
+            budget = cls(BudgetConfig(**data.get("config", {})), memory=data.get("memory", 2),
+                         keep_steps=data.get("keep_steps", 0))
         except TypeError as exc:
             raise InvalidArgument("data", "config", f"BudgetConfig's fields ({exc})") from None
         for key, saved in data["prompts"].items():
@@ -386,15 +417,19 @@ class OnlineBudget:
             budget._visits[key] = check_int("visits", saved.get("visits", len(groups)), minimum=len(groups))
         for name in ("groups", "samples", "solved"):
             setattr(budget, name, check_int(name, data.get(name, 0), minimum=0))
+        newest = data.get("newest_step", max((g[2] for kept in budget._groups.values() for g in kept
+                                              if g[2] is not None), default=None))
+        budget.newest_step = None if newest is None else check_int("newest_step", newest, minimum=0)
         return budget
 
 
 def read_online_budget(path: str | os.PathLike | None, argument: str, config: BudgetConfig | None = None, *,
-                       memory: int | None = 2) -> OnlineBudget:
+                       memory: int | None = 2, keep_steps: int = 0) -> OnlineBudget:
     """The :class:`OnlineBudget` saved at ``path`` (a run resumed from a checkpoint keeps each prompt's history),
-    its rules replaced by ``config`` and ``memory`` (those of the run resuming); a fresh one where ``path`` is None
-    or not there yet. A file that is not such JSON is an error naming ``argument`` (the setting that gave it)."""
-    fresh = OnlineBudget(config, memory=memory)
+    its rules replaced by ``config``, ``memory`` and ``keep_steps`` (those of the run resuming); a fresh one where
+    ``path`` is None or not there yet. A file that is not such JSON is an error naming ``argument`` (the setting that
+    gave it)."""
+    fresh = OnlineBudget(config, memory=memory, keep_steps=keep_steps)
     if path is None or not os.path.exists(path):
         return fresh
     try:
@@ -402,10 +437,9 @@ def read_online_budget(path: str | os.PathLike | None, argument: str, config: Bu
             saved = OnlineBudget.from_dict(json.load(handle))
     except (OSError, ValueError) as exc:
         raise InvalidArgument(argument, str(path), f"a JSON file of lengthsched's online sGPO budget ({exc})") from None
-    saved.config, saved.memory = fresh.config, fresh.memory
-    if saved.memory is not None:
-        for remembered in saved._groups.values():
-            del remembered[: max(0, len(remembered) - saved.memory)]
+    saved.config, saved.memory, saved.keep_steps = fresh.config, fresh.memory, fresh.keep_steps
+    for kept in saved._groups.values():
+        saved._prune(kept)
     return saved
 
 

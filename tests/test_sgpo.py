@@ -442,3 +442,59 @@ def test_online_budget_forgets_what_later_steps_recorded(tmp_path):
     assert online._visits[online._key("a")] == 1 and online.forget_after(0) == 1 and online.forget_after(5) == 0
     with pytest.raises(InvalidArgument, match="'step'"):
         online.observe("a", [1], step=-1)
+
+
+@given(groups=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.lists(st.integers(0, 1), min_size=1,
+                                                                            max_size=6), st.integers(0, 3)),
+                       max_size=30),
+       memory=st.integers(1, 3), keep=st.integers(0, 6), back=st.integers(0, 6), unstepped=st.booleans())
+def test_keep_steps_makes_a_resume_within_reach_exact(groups, memory, keep, back, unstepped):
+    """A budget that keeps ``keep_steps`` steps, forgetting what came after a step within that reach of the newest,
+    decides as a budget that never saw those later groups: the same success rates, visits (the seeded draws) and
+    totals; it holds at most the memory plus the groups of the latest ``keep_steps`` steps per prompt, and the rules
+    of the run resuming apply to a saved one."""
+    seen, step = [], 0
+    for key, outcomes, gap in groups:  # steps in the order a run records them, prompts revisited
+        step += gap
+        seen.append((key, outcomes, None if unstepped and gap == 3 else step))
+    kept = OnlineBudget(BudgetConfig(unsolved_fraction=0.5), memory=memory, keep_steps=keep)
+    reach = {}  # prompt -> the newest step when it was last observed (it is pruned then)
+    for key, outcomes, s in seen:
+        kept.observe(key, outcomes, step=s)
+        reach[kept._key(key)] = kept.newest_step
+    newest = max((s for *_, s in seen if s is not None), default=None)
+    for k, remembered in kept._groups.items():
+        late = [g for g in remembered if reach[k] is not None and g[2] is not None and g[2] > reach[k] - keep]
+        assert len(remembered) <= memory + len(late)
+    resumed = OnlineBudget.from_dict(json.loads(json.dumps(kept.to_dict())))
+    assert resumed.to_dict() == kept.to_dict() and resumed.newest_step == kept.newest_step == newest
+    to = max(0, (newest or 0) - min(back, keep))
+    resumed.forget_after(to)
+    fresh = OnlineBudget(BudgetConfig(unsolved_fraction=0.5), memory=memory)
+    for key, outcomes, s in seen:
+        if s is None or s <= to:
+            fresh.observe(key, outcomes, step=s)
+    for key in "abcd":
+        assert resumed.success_rate(key) == fresh.success_rate(key)
+        assert resumed.decide(key, 16) == fresh.decide(key, 16)
+    assert (resumed.groups, resumed.samples, resumed.solved, len(resumed)) == \
+           (fresh.groups, fresh.samples, fresh.solved, len(fresh))
+
+
+def test_keep_steps_through_the_state_file(tmp_path):
+    """keep_steps is saved with the budget and replaced by the resuming run's, which lets go of what it does not
+    keep; it is checked like the memory."""
+    online = OnlineBudget(BudgetConfig(), memory=1, keep_steps=3)
+    for step in range(1, 6):
+        online.observe("a", [step % 2, 0], step=step)
+    assert [g[2] for g in online._groups[online._key("a")]] == [2, 3, 4, 5]  # step 2: the memory as at step 2
+    path = tmp_path / "budget.json"
+    write_online_budget(path, online)
+    assert json.loads(path.read_text())["keep_steps"] == 3
+    again = read_online_budget(path, "state", memory=1, keep_steps=3)
+    assert again.forget_after(2) == 3 and again.success_rate("a") == 0.0  # step 2's group decides again
+    shorter = read_online_budget(path, "state", memory=1, keep_steps=1)
+    assert [g[2] for g in shorter._groups[shorter._key("a")]] == [4, 5]
+    assert shorter.forget_after(2) == 2 and shorter.success_rate("a") is None  # beyond its reach: nothing left
+    with pytest.raises(InvalidArgument, match="'keep_steps'"):
+        OnlineBudget(keep_steps=-1)

@@ -39,12 +39,15 @@ def true_length(prompt_ids) -> int:
     return list(TRUE.values())[prompt_ids[0] - 1]
 
 
-def config(**lengthsched: Any) -> Any:
-    """The trainer config the manager and verl's v1 worker read (test_verl.trainer_config's, with ``rollout.n``)."""
+def config(trainer: dict | None = None, **lengthsched: Any) -> Any:
+    """The trainer config the manager and verl's v1 worker read (test_verl.trainer_config's, with ``rollout.n``;
+    ``trainer``: its ``trainer`` section)."""
     rollout = {"name": "vllm", "response_length": 512, "full_determinism": False, "n": G, "val_kwargs": {"n": 2},
                "temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False,
                "agent": {"default_agent_loop": "single_turn_agent"}}
-    data = {"actor_rollout_ref": {"model": {}, "rollout": rollout}}
+    data: dict[str, Any] = {"actor_rollout_ref": {"model": {}, "rollout": rollout}}
+    if trainer is not None:
+        data["trainer"] = trainer
     if lengthsched:
         data["lengthsched"] = lengthsched
     if VERL:
@@ -184,11 +187,12 @@ Worker = vv1.make_tq_worker_class(FakeWorkerTQ)
 Manager = vv1.make_tq_agent_loop_manager_class(FakeAgentLoopManagerTQ, "our workers", get=resolve)
 
 
-def pipeline(replicas: int = 3, workers: int = 2, router: Any = None, **lengthsched: Any):
+def pipeline(replicas: int = 3, workers: int = 2, router: Any = None, trainer: dict | None = None,
+             **lengthsched: Any):
     """Our manager over the fake base with ``replicas`` fake vLLM servers behind ``router`` (default ours)."""
     servers = {f"10.0.0.{r}:8000": FakeVLLMServer(f"s{r}", true_length) for r in range(replicas)}
     router = router if router is not None else lv.PlannedLoadBalancer({sid: Remote(s) for sid, s in servers.items()})
-    cfg = config(**lengthsched)
+    cfg = config(trainer, **lengthsched)
     client = FakeLLMServerClient(cfg, load_balancer_handle=Remote(router))
     manager = Manager(cfg, client)
     local = [Worker(cfg, client) for _ in range(workers)]
@@ -520,6 +524,41 @@ def test_online_sgpo_resumed_at_a_checkpoint_forgets_the_steps_it_generates_agai
     batch = prompt_batch(1, ["q0", "q1"])
     fresh.generate_sequences(batch)
     assert fresh.lengthsched_sgpo.budget.groups == 0 and list(batch["__rollout_n__"]) == [G, G]
+
+
+def test_online_sgpo_resumed_within_verls_save_interval_decides_as_it_did_at_the_checkpoint(tmp_path):
+    """With trainer.save_freq set, the budget keeps the groups of its latest save_freq + 1 steps beyond its memory:
+    a run resumed from its latest checkpoint sizes each prompt from the groups it had then, not from what the lost
+    steps pushed out (memory 1 here: the lost steps' groups replaced the checkpoint's)."""
+    state = tmp_path / "sgpo.json"
+    options = {"rule": "pow2", "unsolved_fraction": 0.0, "memory": 1, "state_path": str(state)}
+    solved = {1: 1.0, 2: 0.25, 3: 1.0, 4: 1.0}  # the share of q0's sessions that solve it, by step
+
+    def run(trainer):
+        manager, _, _, workers = pipeline(trainer=trainer, sgpo=options)
+        for step in (1, 2, 3, 4):  # checkpoints at steps 2 and 4 (save_freq 2); the run dies before step 4's
+            for w in workers:
+                w.score = lambda name, session, p=solved[step]: float(session < p * G)
+            manager.generate_sequences(prompt_batch(step, ["q0"]))
+            finish(workers)
+        manager.lengthsched_collect()  # (the collection of step 4: by step 5's dispatch or a validation)
+        resumed, _, _, _ = pipeline(trainer=trainer, sgpo=options)
+        batch = prompt_batch(3, ["q0"])
+        resumed.generate_sequences(batch)  # resumed from the checkpoint of step 2: step 2's group decides
+        return resumed.lengthsched_sgpo.budget, int(batch["__rollout_n__"][0])
+
+    budget, size = run({"save_freq": 2})
+    # step 2's group: 2 sessions (q0 always solved at step 1: g_min), one solved; pow2 sizes p = 1/2 at g_min again
+    assert budget.keep_steps == 3 and budget.success_rate(text_key("q0")) == 0.5 and size == 2
+    assert json.loads(state.read_text())["keep_steps"] == 3
+    state.unlink()
+    budget, size = run(None)  # no checkpoints: no reach; the lost steps pushed step 2's group out
+    assert budget.keep_steps == 0 and budget.success_rate(text_key("q0")) is None and size == G
+    assert vv1.sgpo_keep_steps(config({"save_freq": -1}, sgpo={})) == 0  # verl saves none
+    assert vv1.sgpo_keep_steps(config({"save_freq": 5}, sgpo={"keep_steps": 1})) == 1  # set: as set
+    assert vv1.sgpo_keep_steps(config({"save_freq": 5}, sgpo={})) == 6
+    with pytest.raises(InvalidArgument, match="'lengthsched.sgpo.keep_steps'"):
+        pipeline(sgpo={"keep_steps": -1})
 
 
 def test_online_sgpo_refuses_a_state_file_that_is_not_its_own_or_cannot_be_written(tmp_path):

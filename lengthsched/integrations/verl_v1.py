@@ -207,9 +207,10 @@ def filter_groups(config: Any) -> bool:
 
 #: The options of the planning manager's online sGPO (``lengthsched.sgpo``): :class:`~lengthsched.sgpo.BudgetConfig`'s
 #: rules (``g_min``, ``g_max``, ``rule``, ``target``, ``drop_above``, ``unsolved_fraction``, ``seed``), ``memory``
-#: (groups remembered per prompt), ``solved_reward``, ``state_path``, ``key`` (:data:`SGPO_KEYS`) and ``enable``.
+#: (groups remembered per prompt), ``keep_steps`` (a resume's reach in steps; default :func:`sgpo_keep_steps`),
+#: ``solved_reward``, ``state_path``, ``key`` (:data:`SGPO_KEYS`) and ``enable``.
 SGPO_OPTIONS = ("enable", "g_min", "g_max", "rule", "target", "drop_above", "unsolved_fraction", "seed", "memory",
-                "solved_reward", "state_path", "key")
+                "keep_steps", "solved_reward", "state_path", "key")
 #: The online sGPO's rule unless ``lengthsched.sgpo.rule`` names another: the smallest group whose rewards differ
 #: with probability ``target`` (0.9). sGPO's ``pow2`` (about 1/p) found fewer informative groups per rollout hour
 #: than a fixed G = 16 where a step keeps its prompt count (0.95-1.05x), ``informative`` 1.06-1.13x
@@ -237,6 +238,21 @@ class OnlineSGPO:
         return {"prompts": len(budget), "groups": budget.groups, "samples": budget.samples,
                 "solved_share": budget.solved / budget.samples if budget.samples else None,
                 "last_batch": dict(budget.reasons)}
+
+
+def sgpo_keep_steps(config: Any) -> int:
+    """How many of its latest steps the online sGPO budget keeps beyond its memory, so that a run resumed from its
+    latest checkpoint decides as it did then (:class:`~lengthsched.sgpo.OnlineBudget`, ``keep_steps``):
+    ``lengthsched.sgpo.keep_steps`` where set, else ``trainer.save_freq`` + 1 (verl resumes, by default, from the
+    latest ``global_step_*`` checkpoint, saved every ``save_freq`` steps; the budget file lags its steps by one
+    collection), 0 where verl saves no checkpoints (``save_freq`` <= 0 or unset)."""
+    options = sgpo_options(config) or {}
+    if options.get("keep_steps") is not None:
+        return check_int("lengthsched.sgpo.keep_steps", options["keep_steps"], minimum=0)
+    every = _setting(config, "trainer.save_freq")
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)):
+        return 0
+    return int(every) + 1 if every > 0 else 0
 
 
 def online_sgpo(config: Any) -> OnlineSGPO | None:
@@ -269,7 +285,8 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise InvalidArgument("lengthsched.sgpo.state_path", str(path), "a file in a directory that exists (the "
                                                                         "budget is written there after every step)")
-    budget = read_online_budget(path, "lengthsched.sgpo.state_path", budget_config, memory=memory)
+    budget = read_online_budget(path, "lengthsched.sgpo.state_path", budget_config, memory=memory,
+                                keep_steps=sgpo_keep_steps(config))
     return OnlineSGPO(budget, solved, None if path is None else str(path), key)
 
 
