@@ -34,7 +34,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from .online import state_key
 
 __all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "OnlineBudget", "plan_budget",
            "group_size_for", "prompt_decision", "read_online_budget", "read_profile", "write_online_budget", "RULES",
-           "ONLINE_REASONS"]
+           "ONLINE_REASONS", "ONLINE_RULE_OPTIONS", "online_budget_rules"]
 
 RULES = ("pow2", "ceil", "informative")
 
@@ -441,6 +441,28 @@ def read_online_budget(path: str | os.PathLike | None, argument: str, config: Bu
     for kept in saved._groups.values():
         saved._prune(kept)
     return saved
+
+
+#: The rules an online budget's options may set (:func:`online_budget_rules`).
+ONLINE_RULE_OPTIONS = ("g_min", "g_max", "rule", "target", "drop_above", "unsolved_fraction", "seed")
+
+
+def online_budget_rules(options: Mapping[str, Any], name: Callable[[str], str], *, rule: str,
+                        why_two: str) -> tuple[BudgetConfig, int | None]:
+    """The :class:`BudgetConfig` and ``memory`` (default 2; None: every group) of an online budget from a trainer's
+    options (``options``: those set, by :data:`ONLINE_RULE_OPTIONS` and ``memory``; ``rule``: the default rule),
+    ``g_min`` at least 2 (``why_two``: why the trainer needs it). Errors name each option as ``name(option)``
+    (e.g. ``lengthsched.sgpo.g_min``)."""
+    rules = {"rule": rule, **{key: options[key] for key in ONLINE_RULE_OPTIONS if key in options}}
+    try:
+        config = BudgetConfig(**rules)
+        memory = options.get("memory", 2)
+        memory = None if memory is None else check_int("memory", memory, minimum=1)
+    except InvalidArgument as exc:
+        raise InvalidArgument(name(exc.name), exc.value, exc.expected) from None
+    if config.g_min < 2:
+        raise InvalidArgument(name("g_min"), config.g_min, f">= 2: {why_two}")
+    return config, memory
 
 
 def write_online_budget(path: str | os.PathLike, budget: OnlineBudget) -> None:

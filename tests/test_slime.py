@@ -268,6 +268,9 @@ class FakeSlime:
         self.running: dict[str, int] = {}  # per engine URL, samples in its generate now
         self.held: dict[str, int] = {}  # per engine URL, their predicted tokens (prompt + completion)
         self.peak: dict[str, int] = {}  # per engine URL, the most predicted tokens held by two or more at once
+        self.params: list[tuple[str, int]] = []  # (prompt, max_new_tokens) of every POST
+        self.reward = None  # (prompt, sample index) -> reward: what slime's reward model gives a generated sample
+        self.filtering = False  # True: generate_rollout runs args.dynamic_sampling_filter_path on every group
 
     def install(self, monkeypatch):
         fake = self
@@ -296,8 +299,17 @@ class FakeSlime:
             await asyncio.sleep(fake.lengths[smp.prompt] * fake.seconds_per_token)
             fake.running[url] -= 1
             fake.held[url] -= need
-            smp.response_length, smp.status = fake.lengths[smp.prompt], Status.COMPLETED
+            cap = sampling_params.get("max_new_tokens", args.rollout_max_response_len)
+            fake.params.append((smp.prompt, cap))
+            smp.response_length = min(fake.lengths[smp.prompt], cap)
+            smp.status = Status.COMPLETED
             return smp
+
+        async def generate_and_rm(args, smp, custom):  # slime's: the generate hook, then the reward model
+            params = {"max_new_tokens": args.rollout_max_response_len}
+            await custom.generate(args, smp, params)
+            if fake.reward is not None and getattr(smp, "reward", None) is None:
+                smp.reward = fake.reward(smp.prompt, smp.index)
 
         def generate_rollout(args, rollout_id, data_source, evaluation=False):
             if evaluation:
@@ -309,9 +321,9 @@ class FakeSlime:
                 if not fake.seconds_per_token:
                     for g in groups:
                         for smp in g:
-                            await custom.generate(args, smp, {"max_new_tokens": 64})
+                            await generate_and_rm(args, smp, custom)
                     return
-                tasks = [asyncio.create_task(custom.generate(args, smp, {"max_new_tokens": 64}))
+                tasks = [asyncio.create_task(generate_and_rm(args, smp, custom))
                          for g in groups for smp in g]  # one task per sample, created in submission order
                 if fake.abort_after is not None:
                     await asyncio.sleep(fake.abort_after)
@@ -319,7 +331,12 @@ class FakeSlime:
                 await asyncio.gather(*tasks)
 
             asyncio.run(all_groups())
-            return SimpleNamespace(samples=sorted(groups, key=lambda g: g[0].index))
+            kept = groups
+            if fake.filtering:  # slime drops the groups its filter (--dynamic-sampling-filter-path) drops
+                module, name = args.dynamic_sampling_filter_path.rsplit(".", 1)
+                check = getattr(importlib.import_module(module), name)
+                kept = [g for g in groups if ls_slime._filter_kept(check(args, g))]
+            return SimpleNamespace(samples=sorted(kept, key=lambda g: g[0].index))
 
         modules["slime.utils.http_utils"].get = get
         modules["slime.utils.async_utils"].run = run
@@ -1040,3 +1057,149 @@ def test_a_batch_whose_every_prompt_is_skipped_is_handed_over_short_not_drawn_fo
     planner.history.observe("p0", False, "hard")
     source = ls_slime._SelectiveSource(Cycle(["p0"]), planner)
     assert source.get_samples(2) == [] and planner.skipped == 2 * ls_slime.SKIP_DRAWS
+
+
+# ------------------------------------------------------------------------------------------ online sGPO
+REWARDS = {"easy": lambda i: 1.0, "hard": lambda i: 0.0, "mixed": lambda i: float(i % 2)}
+
+
+def sgpo_args(**extra):
+    """slime's args with online sGPO on and the hooks it needs (4 samples per prompt, GRPO normalised by mean and
+    standard deviation)."""
+    return slime_args(**{**dict(lengthsched_sgpo=True, n_samples_per_prompt=4, lengthsched_placement="groups",
+                                lengthsched_default_length=300, custom_generate_function_path=ls_slime.GENERATE_PATH,
+                                custom_reward_post_process_path=ls_slime.REWARD_POST_PROCESS_PATH,
+                                advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                                lengthsched_sgpo_unsolved_fraction=0.0), **extra})
+
+
+def sgpo_fake(monkeypatch):
+    fake = FakeSlime(ENGINES, {"easy": 300, "hard": 1500, "mixed": 800})
+    fake.install(monkeypatch)
+    fake.reward = lambda prompt, index: REWARDS[prompt](index)
+    return fake
+
+
+def test_online_sgpo_in_slime_generates_what_each_group_needs_and_masks_the_rest(monkeypatch, tmp_path):
+    """lengthsched_sgpo: slime draws n_samples_per_prompt samples of a prompt; the integration sizes each group from
+    the prompt's earlier rewards and sends the samples beyond its size for one token, with a reward of 0 and
+    remove_sample (slime masks their loss); the planner neither plans nor learns them; the reward post-process
+    normalises each group over the samples generated."""
+    fake = sgpo_fake(monkeypatch)
+    state = tmp_path / "sgpo.json"
+    args = sgpo_args(lengthsched_sgpo_state_path=str(state))
+    source = Source(["easy", "hard", "mixed"])
+    first = ls_slime.generate_rollout(args, 0, source)
+    assert not any(ls_slime._stub(x) for g in first.samples for x in g)  # nothing known: slime's 4 each
+    sgpo = ls_slime.sgpo_for(args)
+    assert sgpo.budget.groups == 3 and json.loads(state.read_text())["newest_step"] == 1
+    fake.params.clear()
+    out = ls_slime.generate_rollout(args, 1, source).samples
+    by_prompt = {g[0].prompt: g for g in out}
+    # easy (always solved) and hard (never): g_min = 2; mixed: informative wants 5, capped at slime's 4
+    assert [sum(not ls_slime._stub(x) for x in by_prompt[p]) for p in ("easy", "hard", "mixed")] == [2, 2, 4]
+    assert sorted(fake.params) == sorted([(p, 4096) for p, n in (("easy", 2), ("hard", 2), ("mixed", 4))
+                                          for _ in range(n)] + [("easy", 1)] * 2 + [("hard", 1)] * 2)
+    for g in out:
+        live = [x for x in g if not ls_slime._stub(x)]
+        for x in g[len(live):]:
+            assert x.remove_sample and x.reward == 0.0 and x.response_length == 1  # not the reward model's 1.0
+            assert x.metadata[REPLICA_KEY] == live[0].metadata[REPLICA_KEY]  # beside its prompt's cache
+            assert x.metadata[ls_slime.WORK_KEY] == 1
+    plan = ls_slime.planner_for(args).last_plan
+    assert len(plan.replica) == 8  # the planner planned the 8 samples generated in full
+    assert ls_slime.planner_for(args).observe(out) == 8  # and learns from them only
+    flat = [x for g in out for x in g]
+    raw, rewards = ls_slime.reward_post_process(args, flat)
+    assert raw == [x.reward for x in flat]
+    mixed = np.array([0.0, 1.0, 0.0, 1.0])
+    expected = {"easy": [0.0] * 4, "hard": [0.0] * 4, "mixed": ((mixed - mixed.mean()) / (mixed.std(ddof=1) + 1e-6))}
+    assert rewards == pytest.approx([v for g in out for v in expected[g[0].prompt]], abs=1e-12)
+    saved = json.loads(state.read_text())
+    assert saved["groups"] == 6 and saved["prompts"]["easy"]["groups"][-1] == [2, 2, 2]  # solved 2 of 2, step 2
+
+
+def test_online_sgpo_in_slime_learns_from_the_groups_the_filter_drops_and_the_filter_sees_the_group_it_made(
+        monkeypatch):
+    calls = []
+    fake = sgpo_fake(monkeypatch)
+    fake.filtering = True
+    _install_filters(monkeypatch, calls)
+    args = sgpo_args(dynamic_sampling_filter_path=ls_slime.FILTER_PATH)
+    source = Source(["easy", "hard", "mixed"])
+    out = ls_slime.generate_rollout(args, 0, source).samples
+    assert [g[0].prompt for g in out] == ["mixed"]  # DAPO's filter dropped the all-right and the all-wrong
+    budget = ls_slime.sgpo_for(args).budget
+    assert budget.success_rate("easy") == 1.0 and budget.success_rate("hard") == 0.0  # learnt all the same
+    calls.clear()
+    ls_slime.generate_rollout(args, 1, source)
+    assert sorted(len(prompts) for _, prompts, _ in calls) == [2, 2, 4]  # the stubs are not shown to the filter
+
+
+def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_runs_again(monkeypatch, tmp_path):
+    sgpo_fake(monkeypatch)
+    state = tmp_path / "sgpo.json"
+    args = sgpo_args(lengthsched_sgpo_state_path=str(state), save_interval=2)
+    source = Source(["easy", "hard", "mixed"])
+    for rollout in range(3):
+        ls_slime.generate_rollout(args, rollout, source)
+    assert ls_slime.sgpo_for(args).budget.keep_steps == 3  # --save-interval + 1
+    assert json.loads(state.read_text())["groups"] == 9
+    ls_slime.reset()  # a new process, resumed after rollout 0 (its checkpoint)
+    ls_slime.generate_rollout(args, 1, source)
+    budget = ls_slime.sgpo_for(args).budget
+    assert budget.groups == 6 and budget.newest_step == 2  # rollouts 1 and 2 forgotten, rollout 1 run again
+    assert [g[2] for g in budget._groups["easy"]] == [1, 2]
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"custom_generate_function_path": None}, "--custom-generate-function-path"),
+    ({"custom_reward_post_process_path": "my.post"}, "--custom-reward-post-process-path"),
+    ({"custom_convert_samples_to_train_data_path": "my.convert"}, "--custom-convert-samples-to-train-data-path"),
+    ({"dynamic_sampling_filter_path": "my.filter"}, "--dynamic-sampling-filter-path"),
+    ({"n_samples_per_prompt": 1}, "n_samples_per_prompt"),
+    ({"lengthsched_sgpo_g_max": 8}, "lengthsched_sgpo_g_max.*at most n_samples_per_prompt"),
+    ({"lengthsched_sgpo_g_min": 1}, "lengthsched_sgpo_g_min"),
+    ({"lengthsched_sgpo_rule": "half"}, "lengthsched_sgpo_rule"),
+    ({"lengthsched_sgpo_keep_steps": -1}, "lengthsched_sgpo_keep_steps"),
+    ({"lengthsched_sgpo_state_path": "/no/such/dir/sgpo.json"}, "lengthsched_sgpo_state_path"),
+    ({"lengthsched_sgpo": "yes"}, "lengthsched_sgpo"),
+])
+def test_online_sgpo_in_slime_checks_its_settings_and_the_hooks_it_needs(extra, match):
+    ls_slime.reset()
+    with pytest.raises(InvalidArgument, match=match):
+        ls_slime.sgpo_for(sgpo_args(**extra))
+    ls_slime.reset()
+
+
+def test_the_reward_post_process_is_slimes_per_group_and_leaves_the_rest_alone():
+    """Without stubs and with equal groups it gives slime's own normalisation (reshape by n_samples_per_prompt,
+    mean, std with n - 1, + 1e-6); groups are taken by group_index where the samples have one; estimators slime does
+    not normalise get the raw rewards."""
+    rng = np.random.default_rng(0)
+    groups = batch(["a", "b", "c"], g=4)
+    values = rng.random(12)
+    flat = [x for g in groups for x in g]
+    for x, v in zip(flat, values):
+        x.reward = float(v)
+    args = SimpleNamespace(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                           n_samples_per_prompt=4)
+    raw, rewards = ls_slime.reward_post_process(args, flat)
+    blocks = values.reshape(-1, 4)
+    centred = blocks - blocks.mean(axis=1, keepdims=True)
+    assert rewards == pytest.approx((centred / (blocks.std(axis=1, ddof=1, keepdims=True) + 1e-6)).ravel().tolist())
+    args.grpo_std_normalization = False
+    assert ls_slime.reward_post_process(args, flat)[1] == pytest.approx(centred.ravel().tolist())
+    for k, x in enumerate(flat):  # by group_index: the groups interleaved
+        x.group_index = k % 3
+    by_index = ls_slime.reward_post_process(args, flat)[1]
+    for k in range(3):
+        members = values[k::3]
+        assert by_index[k::3] == pytest.approx((members - members.mean()).tolist())
+    args.advantage_estimator = "ppo"
+    assert ls_slime.reward_post_process(args, flat) == (raw, raw)
+    args.advantage_estimator, args.n_samples_per_prompt = "grpo", 5
+    for x in flat:
+        x.group_index = None
+    with pytest.raises(InvalidArgument, match="'samples'"):
+        ls_slime.reward_post_process(args, flat)

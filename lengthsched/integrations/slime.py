@@ -57,6 +57,12 @@ This module supplies, for those two hooks:
   epoch, with no history yet, is slime's own.
   With ``lengthsched_selective_rollout: true`` it also skips the prompts the history says will be dropped
   again (GRESO's pre-rollout filter).
+- online sGPO (``lengthsched_sgpo: true``; docs/howto-slime.md): each fresh group sized from its prompt's latest
+  rewards (:class:`SlimeSGPO`, an :class:`~lengthsched.sgpo.OnlineBudget`); the samples a group does not need
+  (:data:`STUB_KEY`) are generated for one token with a reward of 0 and ``remove_sample`` (slime masks their
+  loss), and :func:`reward_post_process` (``--custom-reward-post-process-path
+  lengthsched.integrations.slime.reward_post_process``: slime's group normalisation per ``group_index``) leaves
+  them out of their group's mean and spread. Keys ``lengthsched_sgpo_*`` (:data:`SGPO_OPTIONS`).
 - :class:`SlimePlanner`: the planning, numpy only (``import lengthsched.integrations.slime`` imports
   neither slime, torch nor an HTTP client; slime is imported when a hook runs).
 
@@ -157,6 +163,7 @@ import asyncio
 import copy
 import inspect
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -176,6 +183,7 @@ from ..filtering import (
     write_filter_state,
 )
 from ..memory import KVCompression
+from ..sgpo import OnlineBudget, online_budget_rules, read_online_budget, write_online_budget
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -201,6 +209,10 @@ __all__ = [
     "oversampled",
     "planner_for",
     "reset",
+    "reward_post_process",
+    "sgpo_for",
+    "SlimeSGPO",
+    "STUB_KEY",
 ]
 
 SLIME_COMMIT = "624b824"  # the slime commit this module was modelled on
@@ -343,32 +355,42 @@ class SlimePlanner:
                      len(index))
             return self.order_by_filter(groups)
         prompts = [prompt_key(groups[i][0].prompt) for i in index]
-        left = self._resumed_left([groups[i] for i in index], prompts)
+        # the samples planned: a group's stubs (online sGPO's, one token each) follow its first planned sample
+        runs = {i: [x for x in groups[i] if not _stub(x)] or list(groups[i]) for i in index}
+        left = self._resumed_left([runs[i] for i in index], prompts)
         if self.submit in ("longest", "shortest") or (self.submit == "auto" and replicas > 1):
             first = predict_lengths(self.planner.predictor, prompts, max_new_tokens=self.planner.max_new_tokens)
             first = np.array([x.max() if x.any() else f for x, f in zip(left, first)])  # resumed: what is left
             order = np.argsort(first if self.submit == "shortest" else -first, kind="stable")
             index, prompts, left = [index[i] for i in order], [prompts[i] for i in order], [left[i] for i in order]
         live = [groups[i] for i in index]
-        batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(live) for _ in g]),
-                                 "raw_prompt": np.array([p for p, g in zip(prompts, live) for _ in g], dtype=object)}
+        planned = [runs[i] for i in index]
+        batch: dict[str, Any] = {"uid": np.array([i for i, g in enumerate(planned) for _ in g]),
+                                 "raw_prompt": np.array([p for p, g in zip(prompts, planned) for _ in g],
+                                                        dtype=object)}
         if prompt_lens is not None:
-            ids = [prompt_lens[i] for i in index for _ in groups[i]]
+            ids = [prompt_lens[i] for i in index for _ in runs[i]]
         else:
-            ids = [_sample_prompt_tokens(s) for g in live for s in g]
+            ids = [_sample_prompt_tokens(s) for g in planned for s in g]
         if all(n is not None for n in ids):  # exact prompt lengths: batch_prompt_tokens reads only len()
             batch["raw_prompt_ids"] = [range(n) for n in ids]
-        generated = [_sample_generated(s) for g in live for s in g]
+        generated = [_sample_generated(s) for g in planned for s in g]
         if any(generated):  # resumed partial samples: planned by what they have left to generate
             batch["generated"] = np.array(generated, dtype=np.int64)
             batch["left"] = np.concatenate(left)
         plan, _ = self.planner.plan(batch, replicas, loads=loads)
         rows = iter(zip(plan.replica, plan.predicted, batch_prompt_tokens(batch, len(plan.replica)), generated))
-        for g in live:
-            for sample in g:
+        for g, run in zip(live, planned):
+            first = None
+            for sample in run:
                 replica, work, prompt, done = next(rows)
                 held = work + done if self.kv_cap is None else min(work + done, self.kv_cap)
                 sample.metadata.update({REPLICA_KEY: int(replica), WORK_KEY: int(work), NEED_KEY: int(prompt + held)})
+                first = (replica, prompt) if first is None else first
+            ran = {id(x) for x in run}
+            for sample in g:
+                if id(sample) not in ran:  # a stub: beside its group's first sample (its prompt's cache), one token
+                    sample.metadata.update({REPLICA_KEY: int(first[0]), WORK_KEY: 1, NEED_KEY: int(first[1] + 1)})
         self.last_plan = plan
         return self.order_by_filter(live) + [g for g in groups if not g]
 
@@ -431,7 +453,7 @@ class SlimePlanner:
         keys, lengths = [], []
         for group in groups:
             for sample in _flat(group):
-                if _finished(sample):
+                if _finished(sample) and not _stub(sample):  # a stub's one token says nothing of the prompt
                     keys.append(prompt_key(sample.prompt))
                     lengths.append(int(sample.response_length))
         return self.planner.observe(keys, lengths) if keys else 0
@@ -522,9 +544,14 @@ def dynamic_sampling_filter(args: Any, samples: list, **kwargs: Any) -> Any:
                               "the filter to run (e.g. slime's check_reward_nonzero_std), not this recorder itself")
     if path not in _FILTERS:
         _FILTERS[path] = _load_function(path, "lengthsched_dynamic_sampling_filter_path")
+    if any(_stub(x) for x in _flat(samples)):  # online sGPO's unneeded samples: the filter sees the group it made
+        samples = [x for x in _flat(samples) if not _stub(x)]
     output = _FILTERS[path](args, samples, **kwargs)
     kept = _filter_kept(output)
     planner_for(args).observe_filter(samples, kept, None if kept else _dropped_side(args, samples))
+    sgpo = _SGPO[0] if _SGPO else None
+    if sgpo is not None and not kept:
+        sgpo.dropped.append(list(samples))
     return output
 
 
@@ -533,8 +560,7 @@ def _dropped_side(args: Any, samples: Any) -> str | None:
     or above ``lengthsched_solved_reward``, default :data:`~lengthsched.filtering.SOLVED_REWARD`, solved)."""
     solved = getattr(args, "lengthsched_solved_reward", None)
     solved = SOLVED_REWARD if solved is None else check_solved_reward("lengthsched_solved_reward", solved)
-    return dropped_side((sample.get_reward_value(args) if hasattr(sample, "get_reward_value")
-                         else getattr(sample, "reward", None) for sample in _flat(samples)), solved)
+    return dropped_side((_reward_value(args, sample) for sample in _flat(samples)), solved)
 
 
 class _SelectiveSource:
@@ -610,6 +636,7 @@ def reset() -> None:
     _WAITING.clear()
     _USER_FUNCTIONS.clear()
     _FILTERS.clear()
+    _SGPO.clear()
 
 
 def _positive_int(value: Any) -> int | None:
@@ -759,6 +786,228 @@ def _after_rollout(args: Any, planner: SlimePlanner) -> None:
         write_filter_state(path, planner.history, planner.selective)
 
 
+# ----------------------------------------------------------------------------- online sGPO
+#: sample.metadata key: True for a sample online sGPO does not need (its group's size is smaller than slime's
+#: ``n_samples_per_prompt``): generated for one token, its loss masked (``remove_sample``), left out of its group's
+#: reward normalisation (:func:`reward_post_process`), of the filter's view and of what the planner learns.
+STUB_KEY = "lengthsched_sgpo_stub"
+#: sample.metadata key: the size online sGPO gave the sample's group (set once; a group partial rollout carries keeps
+#: it).
+SIZE_KEY = "lengthsched_sgpo_size"
+GENERATE_PATH = f"{__name__}.generate"
+REWARD_POST_PROCESS_PATH = f"{__name__}.reward_post_process"
+FILTER_PATH = f"{__name__}.dynamic_sampling_filter"
+#: The online sGPO's rule unless ``lengthsched_sgpo_rule`` names another (as verl's ``lengthsched.sgpo``:
+#: :data:`lengthsched.integrations.verl_v1.SGPO_RULE`).
+SGPO_RULE = "informative"
+#: The ``--custom-config-path`` keys of slime's online sGPO, each ``lengthsched_sgpo_<option>``.
+SGPO_OPTIONS = ("g_min", "g_max", "rule", "target", "drop_above", "unsolved_fraction", "seed", "memory",
+                "keep_steps", "state_path")
+#: slime's estimators whose rewards it normalises per group (``_post_process_rewards``), and those it also divides
+#: by the group's standard deviation (with ``--grpo-std-normalization``).
+GROUP_NORMALISED = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+STD_NORMALISED = ("grpo", "gspo", "cispo")
+
+
+def _stub(sample: Any) -> bool:
+    """Whether online sGPO marked ``sample`` as one its group does not need (:data:`STUB_KEY`)."""
+    return bool((getattr(sample, "metadata", None) or {}).get(STUB_KEY))
+
+
+class SlimeSGPO:
+    """Online sGPO inside slime (:func:`sgpo_for`): an :class:`~lengthsched.sgpo.OnlineBudget` that sizes each fresh
+    group slime's data source hands out (:meth:`size`) and learns from the rewards of the groups that finished
+    (:meth:`learn`); groups are recorded under step ``rollout_id + 1``."""
+
+    def __init__(self, budget: OnlineBudget, n: int, solved_reward: float = SOLVED_REWARD,
+                 state_path: str | None = None):
+        self.budget, self.n = budget, check_int("n_samples_per_prompt", n, minimum=2)
+        self.solved_reward, self.state_path = solved_reward, state_path
+        self.started = False
+        self.dropped: list[list[Any]] = []  # groups the dynamic-sampling filter dropped in the rollout in progress
+        self.stubs = 0  # samples marked as stubs, every rollout
+
+    def start(self, rollout_id: int) -> None:
+        """Before a training rollout: the first one of this process forgets the groups recorded for its rollout and
+        later ones (a run resumed from a checkpoint generates them again; a fresh run, from rollout 0, forgets another
+        run's)."""
+        rollout_id = check_int("rollout_id", rollout_id, minimum=0)
+        if not self.started:
+            self.started = True
+            gone = self.budget.forget_after(rollout_id)
+            if gone:
+                log.info("lengthsched sGPO: the first rollout is %d; %d groups recorded for it and later rollouts "
+                         "were forgotten (%s)", rollout_id, gone, self.state_path)
+        self.dropped.clear()
+
+    def size(self, groups: Sequence[Sequence[Any]]) -> None:
+        """Give each fresh group (none of its samples sized or generated yet) its size: the samples beyond it are
+        marked :data:`STUB_KEY` and ``remove_sample``."""
+        fresh = [list(_flat(g)) for g in groups]
+        fresh = [g for g in fresh if g and not any(SIZE_KEY in (x.metadata or {}) or _sample_generated(x) for x in g)]
+        if not fresh:
+            return
+        sizes = self.budget.group_sizes([prompt_key(g[0].prompt) for g in fresh], [len(g) for g in fresh])
+        for g, size in zip(fresh, sizes):
+            for k, sample in enumerate(g):
+                sample.metadata[SIZE_KEY] = int(size)
+                if k >= size:
+                    sample.metadata[STUB_KEY] = True
+                    sample.remove_sample = True
+                    self.stubs += 1
+        log.info("lengthsched sGPO: %d groups, %d of %d samples generated (%s)", len(fresh),
+                 sum(min(s, len(g)) for s, g in zip(sizes, fresh)), sum(len(g) for g in fresh),
+                 ", ".join(f"{n} {reason}" for reason, n in sorted(self.budget.reasons.items())))
+
+    def learn(self, args: Any, groups: Sequence[Sequence[Any]], rollout_id: int) -> int:
+        """Record each finished group's rewards (its samples that were generated and finished, each with a finite
+        reward; a reward at or above :attr:`solved_reward` solved the prompt) under step ``rollout_id + 1``; save the
+        budget where :attr:`state_path` is set. Returns the groups recorded."""
+        recorded = 0
+        for group in groups:
+            samples = [x for x in _flat(group) if _finished(x) and not _stub(x)]
+            rewards = [_reward(args, x) for x in samples]
+            rewards = [r for r in rewards if r is not None]
+            if rewards:
+                self.budget.observe_rewards(prompt_key(samples[0].prompt), rewards, self.solved_reward,
+                                            step=rollout_id + 1)
+                recorded += 1
+        if self.state_path is not None:
+            write_online_budget(self.state_path, self.budget)
+        return recorded
+
+
+def _reward_value(args: Any, sample: Any) -> Any:
+    """A sample's reward as slime reads it: ``sample.get_reward_value(args)`` (its ``reward``, or the
+    ``--reward-key`` entry of it), else ``sample.reward``."""
+    return sample.get_reward_value(args) if hasattr(sample, "get_reward_value") else getattr(sample, "reward", None)
+
+
+def _reward(args: Any, sample: Any) -> float | None:
+    """:func:`_reward_value` as a float, None where it is not one finite number."""
+    value = _reward_value(args, sample)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    return float(value) if np.isfinite(value) else None
+
+
+_SGPO: list[SlimeSGPO | None] = []  # [the run's online sGPO, or None where it is off], once made
+
+
+def sgpo_for(args: Any) -> SlimeSGPO | None:
+    """The run's online sGPO, made on first use from ``args`` (``lengthsched_sgpo: true`` and the
+    ``lengthsched_sgpo_*`` keys of the ``--custom-config-path`` YAML; the module docstring), None where it is off.
+    It needs slime's hooks to be this module's (``--custom-generate-function-path``,
+    ``--custom-reward-post-process-path``, and ``--dynamic-sampling-filter-path`` where a filter runs): errors name
+    the flag otherwise."""
+    if _SGPO:
+        return _SGPO[0]
+    if not _flag(args, "lengthsched_sgpo", False):
+        _SGPO.append(None)
+        return None
+    n = getattr(args, "n_samples_per_prompt", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise InvalidArgument("n_samples_per_prompt", n, "an integer >= 2 (the largest group online sGPO may give; "
+                                                         "lengthsched_sgpo masks the samples a group does not need)")
+    hooks = (("--custom-generate-function-path", "custom_generate_function_path", GENERATE_PATH,
+              "it sends the samples sGPO does not need for one token"),
+             ("--custom-reward-post-process-path", "custom_reward_post_process_path", REWARD_POST_PROCESS_PATH,
+              "it leaves them out of their group's reward normalisation"))
+    for flag, name, path, why in hooks:
+        if getattr(args, name, None) != path:
+            raise InvalidArgument(flag, getattr(args, name, None), f"{path} with lengthsched_sgpo ({why})")
+    convert = getattr(args, "custom_convert_samples_to_train_data_path", None)
+    if convert:
+        raise InvalidArgument("--custom-convert-samples-to-train-data-path", convert,
+                              "unset with lengthsched_sgpo (slime then skips the reward post-processing and the "
+                              "loss masks that leave the unneeded samples out)")
+    filter_path = getattr(args, "dynamic_sampling_filter_path", None)
+    if filter_path not in (None, FILTER_PATH):
+        raise InvalidArgument("--dynamic-sampling-filter-path", filter_path,
+                              f"{FILTER_PATH} with lengthsched_sgpo, your filter as lengthsched_dynamic_sampling_"
+                              "filter_path (sGPO learns from the groups the filter drops, the all-right and all-wrong "
+                              "ones it sizes down)")
+    options = {key: getattr(args, f"lengthsched_sgpo_{key}") for key in SGPO_OPTIONS
+               if getattr(args, f"lengthsched_sgpo_{key}", None) is not None}
+    options.setdefault("g_max", n)
+    config, memory = online_budget_rules(options, lambda key: f"lengthsched_sgpo_{key}", rule=SGPO_RULE,
+                                         why_two="a group of one has no spread to normalise its reward by")
+    if config.g_max > n:
+        raise InvalidArgument("lengthsched_sgpo_g_max", config.g_max, f"at most n_samples_per_prompt ({n}): slime "
+                                                                      "draws that many samples of every prompt")
+    keep = options.get("keep_steps")
+    if keep is None:
+        every = getattr(args, "save_interval", None)
+        keep = every + 1 if isinstance(every, int) and not isinstance(every, bool) and every > 0 else 0
+    keep = check_int("lengthsched_sgpo_keep_steps", keep, minimum=0)
+    path = options.get("state_path")
+    if path is not None and (not isinstance(path, str) or not path
+                             or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
+        raise InvalidArgument("lengthsched_sgpo_state_path", path, "a JSON file in a directory that exists (the "
+                                                                   "budget is written there after every rollout)")
+    solved = getattr(args, "lengthsched_solved_reward", None)
+    solved = SOLVED_REWARD if solved is None else check_solved_reward("lengthsched_solved_reward", solved)
+    budget = read_online_budget(path, "lengthsched_sgpo_state_path", config, memory=memory, keep_steps=keep)
+    _SGPO.append(SlimeSGPO(budget, n, solved, path))
+    return _SGPO[0]
+
+
+class _SizedSource:
+    """slime's data source with each fresh group sized by online sGPO (:meth:`SlimeSGPO.size`)."""
+
+    def __init__(self, source: Any, sgpo: SlimeSGPO):
+        self.source, self.sgpo = source, sgpo
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        groups = list(self.source.get_samples(num_samples))
+        self.sgpo.size(groups)
+        return groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.source, name)
+
+
+def reward_post_process(args: Any, samples: list) -> tuple[list, list]:
+    """slime's ``--custom-reward-post-process-path`` (``lengthsched.integrations.slime.reward_post_process``):
+    slime's own reward post-processing (``RolloutManager._post_process_rewards`` at 624b824) done per group of
+    ``group_index`` rather than by reshaping the batch: with ``--advantage-estimator`` grpo, gspo, cispo or
+    reinforce_plus_plus_baseline and ``--rewards-normalization``, each reward less its group's mean, divided by the
+    group's standard deviation (n - 1 in the denominator, as ``torch.std``) plus 1e-6 for grpo, gspo and cispo with
+    ``--grpo-std-normalization``; where slime would not normalise, the raw rewards. The samples online sGPO did not
+    need (:data:`STUB_KEY`) are left out of their group's mean and spread and get 0 (their loss is masked
+    anyway), so a group of g generated samples is normalised as a group of g; a group of one generated sample gets
+    0. Samples without a ``group_index`` are grouped by ``n_samples_per_prompt`` in order. Returns (raw rewards,
+    rewards), one per sample, as slime's."""
+    samples = _flat(samples)
+    raw = [_reward_value(args, x) for x in samples]
+    estimator = getattr(args, "advantage_estimator", None)
+    if not (estimator in GROUP_NORMALISED and getattr(args, "rewards_normalization", False)):
+        return raw, list(raw)
+    std = estimator in STD_NORMALISED and bool(getattr(args, "grpo_std_normalization", False))
+    groups: dict[Any, list[int]] = {}
+    if all(getattr(x, "group_index", None) is not None for x in samples):
+        for i, x in enumerate(samples):
+            groups.setdefault(x.group_index, []).append(i)
+    else:
+        n = check_int("n_samples_per_prompt", getattr(args, "n_samples_per_prompt", None), minimum=1)
+        if len(samples) % n:
+            raise InvalidArgument("samples", len(samples), f"a multiple of n_samples_per_prompt ({n}) where the "
+                                                           "samples have no group_index")
+        groups = {k: list(range(k, k + n)) for k in range(0, len(samples), n)}
+    rewards = [0.0] * len(samples)
+    for members in groups.values():
+        live = [i for i in members if not _stub(samples[i])]
+        values = np.asarray([raw[i] for i in live], dtype=np.float64)
+        if len(values) < 2:
+            continue  # nothing to compare with: 0 (slime's torch.std of one value is NaN)
+        centred = values - values.mean()
+        if std:
+            centred = centred / (values.std(ddof=1) + 1e-6)
+        for i, r in zip(live, centred.tolist()):
+            rewards[i] = r
+    return raw, rewards
+
+
 def _flag(args: Any, name: str, default: bool) -> bool:
     """A boolean key of the ``--custom-config-path`` YAML (true / false), checked."""
     value = getattr(args, name, None)
@@ -804,14 +1053,17 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     if not engines:
         raise InvalidArgument("workers", engines, "at least one engine registered with slime's router")
     planner = planner_for(args, engines)
+    sgpo = sgpo_for(args)
     if planner.selective is not None:
         data_source = _SelectiveSource(data_source, planner)
+    if sgpo is not None:
+        sgpo.start(rollout_id)
+        data_source = _SizedSource(data_source, sgpo)
     if (_oversampled_mode(args) == "router" and oversampled(args)) or multi_turn(args):
         # slime's own rollout (its router places every request); the predictor learns
         source = _OrderedSource(data_source, planner) if planner.filter_order else data_source
         output = sglang_rollout.generate_rollout(args, rollout_id, source, evaluation=False)
-        planner.observe(getattr(output, "samples", output))
-        _after_rollout(args, planner)
+        _learn(args, planner, sgpo, output, rollout_id)
         return output
     _ENGINES[:] = engines
     global _QUEUES
@@ -823,10 +1075,19 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         _ENGINES.clear()
         _QUEUES = None
         _WAITING.clear()
+    _learn(args, planner, sgpo, output, rollout_id)
+    return output
+
+
+def _learn(args: Any, planner: SlimePlanner, sgpo: SlimeSGPO | None, output: Any, rollout_id: int) -> None:
+    """After a training rollout: the planner learns its lengths (and the filter's history is saved), online sGPO
+    the rewards of its groups, those slime kept and those the filter dropped."""
     samples = getattr(output, "samples", output)
     planner.observe(samples)
     _after_rollout(args, planner)
-    return output
+    if sgpo is not None:
+        sgpo.learn(args, [*samples, *sgpo.dropped], rollout_id)
+        sgpo.dropped.clear()
 
 
 def _client_queues(args: Any, planner: SlimePlanner, engines: int) -> ClientQueues | None:
@@ -924,6 +1185,11 @@ async def generate(args: Any, sample: Any, sampling_params: dict, evaluation: bo
     ``lengthsched_generate_function_path``) for ``sample``, sent to the engine its plan named
     (``sample.metadata[REPLICA_KEY]``) instead of the router; a sample without a plan (evaluation, or a
     rollout function other than :func:`generate_rollout`) goes through the router."""
+    if _stub(sample) and not evaluation:  # online sGPO does not need it: one token, a reward of 0, its loss masked
+        sampling_params = {**sampling_params, "max_new_tokens": 1}
+        if getattr(sample, "reward", None) is None:
+            key = getattr(args, "reward_key", None)
+            sample.reward = {key: 0.0} if key else 0.0
     replica = (getattr(sample, "metadata", None) or {}).get(REPLICA_KEY)
     if evaluation or replica is None or not _ENGINES:
         return await _generate(args, sample, sampling_params, evaluation)

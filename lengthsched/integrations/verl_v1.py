@@ -71,7 +71,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int
 from ..filtering import SOLVED_REWARD, check_solved_reward
 from ..io import atomic_write_bytes
-from ..sgpo import BudgetConfig, OnlineBudget, read_online_budget, write_online_budget
+from ..sgpo import OnlineBudget, online_budget_rules, read_online_budget, write_online_budget
 from .verl import (
     MANAGER_TQ_CLASS,
     SESSION_PRIORITY,
@@ -262,19 +262,9 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
     options = sgpo_options(config, SGPO_OPTIONS)
     if options is None:
         return None
-    rules = {"rule": SGPO_RULE, **{name: options[name] for name in ("g_min", "g_max", "rule", "target",
-                                                                      "drop_above", "unsolved_fraction", "seed")
-                                   if name in options}}
-    try:
-        budget_config = BudgetConfig(**rules)
-        memory = options.get("memory", 2)
-        memory = None if memory is None else check_int("memory", memory, minimum=1)
-    except InvalidArgument as exc:
-        raise InvalidArgument(f"lengthsched.sgpo.{exc.name}", exc.value, exc.expected) from None
-    if budget_config.g_min < 2:
-        raise InvalidArgument("lengthsched.sgpo.g_min", budget_config.g_min,
-                              ">= 2: verl's GRPO gives a group of one its raw score as advantage "
-                              "(compute_grpo_outcome_advantage: mean 0, std 1)")
+    budget_config, memory = online_budget_rules(options, lambda name: f"lengthsched.sgpo.{name}", rule=SGPO_RULE,
+                                                why_two="verl's GRPO gives a group of one its raw score as advantage "
+                                                        "(compute_grpo_outcome_advantage: mean 0, std 1)")
     key = options.get("key", "prompt")
     if key not in SGPO_KEYS:
         raise InvalidArgument("lengthsched.sgpo.key", key, " or ".join(map(repr, SGPO_KEYS)))
