@@ -105,6 +105,9 @@ def _cmd_plan(opts: PlanOptions) -> int:
     lengths = data["lengths"]
     max_new = pick("max_new_tokens")
     model = pick("model") or (DEFAULT_MODEL if budget is not None else None)
+    if model is None:  # slots mode without a model: no memory model for these to shape
+        _only_with(opts, ("dtype", "kv_dtype", "block_size", "prompt_kv", "free_kv"),
+                   "--budget or --model (they describe the model's memory; --slots alone plans no memory)")
     try:
         memory = None if model is None else load_memory(dataclasses.replace(opts, model=model))
         budget_bytes = None if budget is None else parse_bytes(budget)
@@ -140,7 +143,7 @@ def _cmd_plan(opts: PlanOptions) -> int:
 def _longest(lengths: Any) -> int:
     try:
         return int(max(lengths))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite length
         raise InvalidArgument("lengths", lengths, "a non-empty list of token counts") from None
 
 
@@ -366,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
             add_arguments(sub.add_parser(name, help=_summary(table[""][0]), description=table[""][0].__doc__),
                           table[""][0])
             continue
-        about = "; ".join(f"{subname}: {_summary(cls)}" for subname, (cls, _) in table.items())
+        about = "; ".join(f"{subname}: {_summary(cls).rstrip('.')}" for subname, (cls, _) in table.items())
         inner = sub.add_parser(name, help=about, description=about).add_subparsers(
             dest="subcommand", required=True, parser_class=_Parser)
         for subname, (cls, _) in table.items():

@@ -175,7 +175,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
         kind = _base_type(f.type)
-        help_text = meta.get("help", "")
+        meta["help"] = meta.get("help", "").replace("%", "%%")  # argparse formats help with % ("95%" would break it)
+        help_text = meta["help"]
         required = bool(meta.get("required"))
         if meta.get("choices"):
             help_text += ": " + ", ".join(meta["choices"])

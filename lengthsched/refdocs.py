@@ -51,7 +51,7 @@ def _row(action: argparse.Action) -> list[str] | None:
         value = "" if action.nargs == 0 else f"`{action.metavar or action.dest.upper()}`"
     else:
         flags, value = f"`{action.dest}` (positional, optional)" if action.nargs == "?" else f"`{action.dest}`", ""
-    return [flags, value, _cell(action.help or "")]
+    return [flags, value, _cell((action.help or "").replace("%%", "%"))]
 
 
 def cli_reference() -> str:

@@ -22,7 +22,8 @@ class TrainOptions:
     """Train a length predictor (BERT-family encoder + length head) and evaluate it on held-out prompts."""
 
     data: str | None = _opt(None, "training data, comma-separated: FILE, DIR, GLOB or FORMAT:PATH (formats: "
-                                  "castillo, lmsys, gsm8k, sharegpt, dolly, plain), or lmsys/lmsys-chat-1m")
+                                  "castillo, lmsys, gsm8k, sharegpt, dolly, plain), or lmsys/lmsys-chat-1m",
+                            required=True)
     eval_data: str | None = _opt(None, "evaluation data, same syntax (default: a hashed --test-fraction of --data); "
                                        "prompts in both are split half and half by hash")
     out: str = _opt("predictor", "output directory: the predictor, checkpoints/, training_summary.json and "
@@ -83,7 +84,7 @@ class PredictOptions:
     input: str | None = _opt(None, "prompts: a text file (one prompt per line) or JSON lines with 'prompt' and "
                                    "optional 'prefix' (text or the policy's token ids) and 'prompt_tokens'; "
                                    "'-' or nothing reads stdin", positional=True)
-    model: str | None = _opt(None, "a directory written by `lengthsched train`")
+    model: str | None = _opt(None, "a directory written by `lengthsched train`", required=True)
     quantiles: str = _opt("0.9", "comma-separated quantile levels to report besides the median")
     batch_size: int = _opt(64, "prompts per forward pass")
     device: str | None = _opt(None, "cpu, cuda, cuda:1, ... (default: cuda when available)")

@@ -18,6 +18,7 @@ from typing import Any
 from lengthsched.errors import InvalidArgument
 from lengthsched.io import atomic_write_text
 from lengthsched.memory import KVCompression, parse_bytes
+from lengthsched.runtime import POLICIES
 
 from .options import (
     CONFIG_MODELS,
@@ -202,6 +203,8 @@ def run_sample(opts: SampleOptions) -> int:
     _check_group_size(opts.group_size, opts.max_new_tokens)
     forced = _lengths(opts.lengths, opts.group_size)
     budget = None if opts.budget is None else parse_bytes(opts.budget)
+    if budget is None and POLICIES[opts.policy].needs_budget:
+        raise InvalidArgument("budget", None, f"a KV budget (--budget, e.g. 4GiB) for policy '{opts.policy}'")
     compression = KVCompression.of(opts.kv_compression)
     check_device(opts.device)
     if opts.predictor and not (Path(opts.predictor) / "config.json").is_file():

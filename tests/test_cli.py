@@ -51,6 +51,15 @@ def test_plan_reads_stdin_and_writes_output_atomically(tmp_path, capsys, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+@pytest.mark.parametrize("text", ["[652, 1e400]", "652 799 inf", "652 799 nan"])
+def test_plan_refuses_a_length_that_is_not_a_number_in_one_line(text, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    code, out, err = run(["plan", "-", "--slots", "2"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "argument 'lengths'" in err, err
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [

@@ -163,6 +163,17 @@ def test_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"lengthsched {__version__}"
 
 
+def test_every_commands_help_prints(capsys):
+    """--help of every command and subcommand prints (a '%' in a flag's help once made argparse raise)."""
+    for name in COMMANDS:
+        subs = [name] if "" in _table(COMMANDS[name]) else [f"{name} {sub}" for sub in _table(COMMANDS[name])]
+        for command in subs:
+            with pytest.raises(SystemExit) as exc:
+                main([*command.split(), "--help"])
+            assert exc.value.code == 0, command
+            assert "usage: lengthsched" in capsys.readouterr().out, command
+
+
 def test_top_level_help_has_runnable_examples(capsys):
     text = build_parser().format_help()
     assert "examples:" in text and "lengthsched plan" in text and "--help" in text
