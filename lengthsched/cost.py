@@ -681,6 +681,11 @@ class StepCost:
         """
         cols = _columns(samples)
         n = cols["seconds"].size
+        idle = np.flatnonzero(cols["decode_rows"] + cols["prefill_tokens"] <= 0)
+        if idle.size:  # named here, in the order given (fit sees the split's order)
+            raise InvalidArgument("samples", f"step {int(idle[0])} (0-based, in the order given)",
+                                  "steps with decode_rows + prefill_tokens > 0 (one that ran no forward has no "
+                                  "modelled work)")
         frac = check_positive_float("train_fraction", train_fraction, maximum=1.0)
         check_int("seed", seed, minimum=0)
         n_train = int(round(frac * n))

@@ -127,9 +127,12 @@ class SampleResult:
         return float(np.sum(cost.seconds(cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])))
 
     def step_samples(self) -> list[dict]:
-        """The measured steps as calibration samples (``lengthsched cost fit`` reads them as JSON lines)."""
+        """The measured steps as calibration samples (``lengthsched cost fit`` reads them as JSON lines). A step
+        that ran no forward (neither decode rows nor prefilled tokens: the first, whose tokens come from the
+        prompt's logits) is left out: it has no modelled work, only the bookkeeping's seconds."""
         return [{"decode_rows": r.decode_rows, "kv_tokens_read": r.kv_tokens_read, "prefill_tokens": r.prefill_tokens,
-                 "prefill_context": r.prefill_context, "seconds": r.seconds} for r in self.records]
+                 "prefill_context": r.prefill_context, "seconds": r.seconds} for r in self.records
+                if r.decode_rows + r.prefill_tokens > 0]
 
 
 class _Probe(SimPolicy):

@@ -341,6 +341,11 @@ def test_fit_rejects_bad_samples():
         prior.fit([{"decode_rows": 1, "seconds": 1e-3}])
     with pytest.raises(InvalidArgument, match="'train_fraction'"):
         prior.fit_and_validate(synthetic(prior), train_fraction=0.01)
+    idle = {"decode_rows": [2, 2, 0, 2], "kv_tokens_read": [5, 6, 0, 7], "prefill_tokens": [0, 0, 0, 0],
+            "seconds": [1e-3] * 4}
+    for seed in range(4):  # named by its place in the input, whatever the split's order
+        with pytest.raises(InvalidArgument, match=r"step 2 \(0-based, in the order given\)"):
+            prior.fit_and_validate(idle, train_fraction=1.0, seed=seed)
 
 
 # ------------------------------------------------------------------------------------------ JSON and files
