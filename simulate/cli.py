@@ -21,6 +21,7 @@ from .report import (
     parse_policies,
     render_setting,
     simulate_group,
+    unbiased,
     workload_groups,
 )
 from .workloads import WORKLOADS
@@ -61,7 +62,12 @@ def run_sweep(opts: SimulateOptions, key: str, values: list, *, progress: bool) 
                               f"no --predictor (it is {opts.predictor}): the sigma sweep sets the noisy predictor")
     comparisons = []
     for value in values:
-        comparisons.append(compare(_with(opts, key, value), progress=progress).to_dict())
+        try:
+            comparisons.append(compare(_with(opts, key, value), progress=progress).to_dict())
+        except InvalidArgument as exc:
+            if exc.name != key:
+                raise
+            raise InvalidArgument("sweep", f"{key}={value}", exc.expected) from None  # the value came from --sweep
     return {"sweep": key, "values": values, "comparisons": comparisons}
 
 
@@ -94,7 +100,7 @@ def format_sweep(sweep: dict) -> str:
     lines = [_merged_setting(sweep["comparisons"]), ""] + aligned(table)
     verdicts = []
     for value, rows in zip(values, by_policy):
-        ok = [r for r in rows.values() if r["within_budget"] >= 1.0]
+        ok = [r for r in rows.values() if r["within_budget"] >= 1.0 and unbiased(r["policy"])]
         over = [r["policy"] for r in rows.values() if r["within_budget"] < 1.0]
         best = f"{min(ok, key=lambda r: r['seconds'])['policy']} fastest within budget" if ok else \
             "no policy within budget"

@@ -610,12 +610,17 @@ def predicted_by(policies: Sequence[str]) -> list[str]:
 
 
 def headline(comparison: Comparison) -> str:
-    """The verdict line: the fastest policy within budget, its gain over vllm, which policies break the
-    budget, and whether predictions were the true lengths."""
-    ok = [r for r in comparison.rows if r.within_budget >= 1.0]
+    """The verdict line: the fastest policy within budget that collects an unbiased sample (a biased control
+    such as ``dynamic_slot`` is never recommended), its gain over vllm, which policies break the budget, and
+    whether predictions were the true lengths."""
+    within = [r for r in comparison.rows if r.within_budget >= 1.0]
+    ok = [r for r in within if unbiased(r.policy)]
     over = [r.policy for r in comparison.rows if r.within_budget < 1.0]
     breaks = (f"{len(over)} of {len(comparison.rows)} policies break the budget in some group (marked *): "
               + ", ".join(over)) if over else "every policy kept every group within the budget"
+    controls = [r.policy for r in within if not unbiased(r.policy)]
+    if controls:
+        breaks += f"; not recommended: {', '.join(controls)} (a biased control: it collects short completions first)"
     if not ok:
         return f"verdict: no policy kept every group within the budget ({breaks}); raise --budget or lower --group-size"
     best = min(ok, key=lambda r: r.seconds)
@@ -631,6 +636,14 @@ def headline(comparison: Comparison) -> str:
     if str(predictor).startswith("oracle") and best.policy not in _BLIND:
         line += "; predictions are the true lengths (oracle): a best case, not what a trained predictor gets"
     return line
+
+
+def unbiased(policy: str) -> bool:
+    """Whether ``policy`` collects exactly the completions it launched (not a biased control such as
+    ``dynamic_slot``, which stops at the first G of an endless stream); a name outside the registry counts as
+    unbiased."""
+    spec = POLICIES.get(policy)
+    return spec is None or spec.unbiased
 
 
 # Policies that use no predicted lengths (the oracle note does not apply to them).

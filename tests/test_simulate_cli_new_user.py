@@ -205,6 +205,19 @@ def test_sweep_header_shows_the_swept_values_not_the_default(capsys):
     assert "3.60 GiB, 6.00 GiB (swept)" in out.splitlines()[0] and "5.00 GiB" not in out.splitlines()[0]
 
 
+def test_the_verdict_never_recommends_a_biased_control(capsys):
+    """dynamic_slot stops at the first G completions of an endless stream (short ones first): it can look fastest,
+    even below the lower bound, but the verdict names the fastest unbiased policy and says why it left it out."""
+    code, out, err = run(SMALL + ["--policies", "dynamic_slot,fixed_slot,vllm", "--budget", "20GiB"], capsys)
+    assert code == 0, err
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert "fastest within budget: dynamic_slot" not in verdict and "not recommended: dynamic_slot" in verdict
+    code, out, err = run(SMALL + ["--policies", "dynamic_slot,vllm", "--sweep", "budget=8GiB,20GiB"], capsys)
+    assert code == 0, err
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert "dynamic_slot fastest" not in verdict and "budget=20GiB: vllm fastest within budget" in verdict
+
+
 def test_sweep_marks_over_budget_policies_and_has_a_verdict(capsys):
     code, out, err = run(SMALL + ["--policies", "full,vllm", "--sweep", "budget=3.6GiB,8GiB"], capsys)
     assert code == 0, err
