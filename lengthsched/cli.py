@@ -194,8 +194,16 @@ def _cmd_budget(opts: BudgetOptions) -> int:
         from simulate.epoch import compare_epochs
 
         policies = [p.strip() for p in opts.simulate.split(",") if p.strip()]
-        epochs = compare_epochs(profile, plan, policies, max_new_tokens=opts.max_new_tokens, slots=opts.slots,
-                                budget_tokens=opts.kv_budget, seed=opts.seed)
+        try:
+            epochs = compare_epochs(profile, plan, policies, max_new_tokens=opts.max_new_tokens, slots=opts.slots,
+                                    budget_tokens=opts.kv_budget, seed=opts.seed)
+        except InvalidArgument as exc:  # the simulator's names for the flags' values
+            if exc.name == "policy":
+                raise InvalidArgument("simulate", exc.value, exc.expected) from None
+            if exc.name in ("slots", "budget_tokens") and opts.slots is None and opts.kv_budget is None:
+                raise InvalidArgument("slots", None, f"--slots or --kv-budget with --simulate {opts.simulate} "
+                                                     f"({exc.expected})") from None
+            raise
         result["epochs"] = [{"policy": r["policy"], "steps_ratio": r["steps_ratio"],
                              "adaptive": dataclasses.asdict(r["adaptive"]) if r["adaptive"] else None,
                              "fixed": dataclasses.asdict(r["fixed"])} for r in epochs]

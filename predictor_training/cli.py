@@ -38,7 +38,7 @@ def _need_train_extra(quiet: bool = False) -> None:
 def _check_sources(text: str | None, flag: str, hint: str = "") -> None:
     """Every local source of ``text`` (comma-separated, as ``--data`` takes) exists: checked without
     importing torch or datasets (hub names are checked when they are loaded)."""
-    from .data import DataError, DataSpec, _expand, _looks_like_hub_name
+    from .data import FORMATS, DataError, DataSpec, _expand, _looks_like_hub_name
 
     if text is None:
         return
@@ -52,6 +52,11 @@ def _check_sources(text: str | None, flag: str, hint: str = "") -> None:
         try:
             _expand(spec.path)
         except DataError as exc:
+            fmt, sep, rest = part.partition(":")
+            # FORMAT:PATH with an unknown format (a drive letter, C:, is one character; a URL has //)
+            if sep and spec.fmt is None and len(fmt) > 1 and fmt.isidentifier() and not rest.startswith("//"):
+                raise InvalidArgument(flag, part, f"FORMAT:PATH with a known format (unknown {fmt!r}; formats: "
+                                                  f"{', '.join(FORMATS)}), or a file, directory or glob") from None
             reason = str(exc).split(": ", 1)[-1]
             raise InvalidArgument(flag, spec.path, f"an existing data file, directory or glob: {reason}{hint}") \
                 from None

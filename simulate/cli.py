@@ -24,7 +24,7 @@ from .report import (
     unbiased,
     workload_groups,
 )
-from .workloads import WORKLOADS
+from .workloads import WORKLOADS, TraceError
 
 __all__ = ["run_simulate", "parse_sweep", "run_sweep", "format_sweep"]
 
@@ -188,6 +188,13 @@ def _notices(result: dict, quantile: float) -> list[str]:
 
 def run_simulate(opts: SimulateOptions) -> int:
     """The ``lengthsched simulate`` command."""
+    try:
+        return _simulate(opts)
+    except TraceError as exc:  # the trace file's line and field, named as the flag that gave it
+        raise TraceError(f"--workload: {exc}") from None
+
+
+def _simulate(opts: SimulateOptions) -> int:
     for module in ("scipy", "tqdm", "matplotlib"):
         try:
             __import__(module)

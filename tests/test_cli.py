@@ -89,6 +89,27 @@ def test_bad_lengths_file(tmp_path, capsys):
     assert code == 2 and "valid JSON" in err
 
 
+def test_errors_name_the_flag_the_user_gave(tmp_path, capsys):
+    """Errors raised deep inside a command name the flag the value came from, in one line."""
+    profile = tmp_path / "profile.jsonl"
+    profile.write_text('{"id": "a", "outcomes": [1, 0]}\n')
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_id": "a", "prompt_tokens": 10, "lengths": [1, 2]}\n{"prompt_id": "b", "lengths": "x"}\n')
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n")
+    trace.with_name("lengths.txt").write_text("10 20 30")
+    for args, fragment in (
+            (["budget", str(profile), "--simulate", "fixed_slot,bogus", "--slots", "4"], "argument 'simulate'"),
+            (["budget", str(profile), "--simulate", "fixed_slot"], "--slots or --kv-budget with --simulate"),
+            (["simulate", "--workload", str(trace)], "--workload: " + str(trace) + " line 2: field 'lengths'"),
+            (["train", "--data", f"bogusfmt:{data}"], "unknown 'bogusfmt'"),
+            (["plan", str(trace.with_name("lengths.txt")), "--slots", "2", "--dtype", "float32"],
+             "--dtype only with --budget or --model"),
+            (["sample", "-G", "4", "--policy", "vllm"], "argument 'budget' (--budget)")):
+        code, _, err = run(args, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, (args, err)
+
+
 def test_argparse_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--refill", "random"])
