@@ -133,6 +133,10 @@ def _cmd_plan(opts: PlanOptions) -> int:
         raise
     if note:
         _note("plan", note)
+    clipped = sum(1 for x in lengths if x > plan.max_new_tokens) if max_new is not None else 0
+    if clipped:  # plan_group caps every length at L_max; say so, as simulate does
+        _note("plan", f"{clipped} of {len(lengths)} lengths above max_new_tokens {plan.max_new_tokens} are planned "
+                      f"as {plan.max_new_tokens}")
     text = plan.to_json(indent=2)
     print(text if opts.json else format_plan(plan, data.get("source")))
     if opts.output is not None:  # after printing: a failed write does not lose the plan

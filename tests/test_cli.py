@@ -51,6 +51,17 @@ def test_plan_reads_stdin_and_writes_output_atomically(tmp_path, capsys, monkeyp
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+def test_plan_says_when_it_clips_lengths_to_max_new_tokens(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("10 200 300"))
+    code, out, err = run(["plan", "-", "--slots", "2", "--max-new-tokens", "100"], capsys)
+    assert code == 0 and "2 of 3 lengths above max_new_tokens 100 are planned as 100" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("10 20"))
+    code, out, err = run(["plan", "-", "--slots", "2", "--max-new-tokens", "100"], capsys)
+    assert code == 0 and "note" not in err
+
+
 @pytest.mark.parametrize("text", ["[652, 1e400]", "652 799 inf", "652 799 nan"])
 def test_plan_refuses_a_length_that_is_not_a_number_in_one_line(text, capsys, monkeypatch):
     import io

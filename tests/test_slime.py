@@ -469,6 +469,12 @@ def test_your_own_generate_function_runs_every_turn_on_the_planned_engine(monkey
     plain_args = slime_args(lengthsched_generate_function_path="my_agent.plain")
     asyncio.run(ls_slime.generate(plain_args, sample("p1"), {}, evaluation=True))
     assert calls[-1] == ("p1", "plain")  # no evaluation parameter: not passed
+    stub = sample("p2")
+    stub.metadata[ls_slime.STUB_KEY] = True  # online sGPO's one-token sample: slime's own generate, not the agent
+    fake.posts.clear()
+    before = len(calls)
+    asyncio.run(ls_slime.generate(plain_args, stub, {"max_new_tokens": 4096}))
+    assert len(calls) == before and len(fake.posts) == 1 and stub.response_length == 1 and stub.reward == 0.0
     for bad in ("my_agent.missing", "no_such_module_xyz.generate", "my_agent.constant", "generate"):
         ls_slime.reset()
         with pytest.raises(InvalidArgument, match="lengthsched_generate_function_path"):

@@ -1168,8 +1168,9 @@ def _load_function(path: str, argument: str) -> Any:
 
 async def _generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool) -> Any:
     """The user's generate function (``lengthsched_generate_function_path``, with ``evaluation=`` where its
-    signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate``."""
-    user = _user_generate(args)
+    signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate`` (always for online sGPO's
+    one-token samples: an agent's loop would run its turns and tools for them)."""
+    user = None if _stub(sample) else _user_generate(args)  # a stub's one token: slime's own generate
     if user is None:
         from slime.rollout import sglang_rollout
 
