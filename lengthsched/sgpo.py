@@ -245,6 +245,8 @@ class OnlineBudget:
     recorded for the latest ``keep_steps`` steps (counted back from the newest step observed, :attr:`newest_step`)
     are kept too, so :meth:`forget_after` a step that far back restores exactly the memory the budget had then (a
     group of a forgotten step no longer pushes an older one out). 0 (the default) keeps none beyond the memory.
+    :attr:`pruned_through` is how far back that holds (:meth:`reaches`), whatever happened before (an earlier
+    forget, a file written with a shorter reach).
     """
 
     def __init__(self, config: BudgetConfig | None = None, *, memory: int | None = 2, keep_steps: int = 0):
@@ -255,6 +257,7 @@ class OnlineBudget:
         self.keep_steps = check_int("keep_steps", keep_steps, minimum=0)
         self.newest_step: int | None = None  # the latest training step a group was recorded for (forget_after
         # sets it back)
+        self.pruned_through: int | None = None  # the latest step up to which groups beyond the memory were let go
         self._groups: dict[Any, list[tuple[int, int, int | None]]] = {}  # key -> kept (solved, samples, the
         # training step it was observed in, or None), oldest first; the latest ``memory`` of them decide
         self._visits: dict[Any, int] = {}  # key -> groups observed in all
@@ -306,6 +309,13 @@ class OnlineBudget:
         if len(older) > self.memory:
             gone = set(older[: len(older) - self.memory])
             kept[:] = [g for i, g in enumerate(kept) if i not in gone]
+            if horizon is not None:  # forgetting back before it may miss what was let go
+                self.pruned_through = horizon if self.pruned_through is None else max(self.pruned_through, horizon)
+
+    def reaches(self, step: int) -> bool:
+        """Whether :meth:`forget_after` ``step`` is exact: every prompt's latest ``memory`` groups up to ``step``
+        are still kept (``step`` at or after :attr:`pruned_through`, or nothing with a step was let go)."""
+        return self.pruned_through is None or check_int("step", step, minimum=0) >= self.pruned_through
 
     def _remembered(self, key: Any) -> list[tuple[int, int, int | None]]:
         """The groups that decide: the latest ``memory`` kept."""
@@ -337,9 +347,10 @@ class OnlineBudget:
     def forget_after(self, step: int) -> int:
         """Forget the remembered groups observed for a training step after ``step`` (a run resumed from its
         checkpoint at ``step`` generates them again; a fresh run, from step 0, forgets every group another run
-        recorded with its steps). Groups recorded without a step stay. Within :attr:`keep_steps` of
-        :attr:`newest_step` this is exact: each prompt's latest ``memory`` groups up to ``step`` decide again; further
-        back, an older group a forgotten one pushed out of the memory does not come back. The totals
+        recorded with its steps). Groups recorded without a step stay. Where :meth:`reaches` ``step`` (within
+        :attr:`keep_steps` of :attr:`newest_step`, unless an earlier forget or a file with a shorter reach cut
+        deeper) this is exact: each prompt's latest ``memory`` groups up to ``step`` decide again; further back, an
+        older group a forgotten one pushed out of the memory does not come back. The totals
         (:attr:`groups`, ...) keep the groups the memory let go. Returns how many groups were forgotten."""
         step = check_int("step", step, minimum=0)
         gone = 0
@@ -389,7 +400,7 @@ class OnlineBudget:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able copy (keys as text; a long one under its digest, :func:`~lengthsched.online.state_key`)."""
         return {"format": "lengthsched.online_budget/1", "config": asdict(self.config), "memory": self.memory,
-                "keep_steps": self.keep_steps, "newest_step": self.newest_step,
+                "keep_steps": self.keep_steps, "newest_step": self.newest_step, "pruned_through": self.pruned_through,
                 "groups": self.groups, "samples": self.samples, "solved": self.solved,
                 "prompts": {str(k): {"visits": self._visits[k], "groups": [list(g) for g in v]}
                             for k, v in self._groups.items()}}
@@ -420,6 +431,9 @@ class OnlineBudget:
         newest = data.get("newest_step", max((g[2] for kept in budget._groups.values() for g in kept
                                               if g[2] is not None), default=None))
         budget.newest_step = None if newest is None else check_int("newest_step", newest, minimum=0)
+        # a file written before the reach was saved: pruned to its newest step (keep_steps 0)
+        cut = data["pruned_through"] if "pruned_through" in data else budget.newest_step
+        budget.pruned_through = None if cut is None else check_int("pruned_through", cut, minimum=0)
         return budget
 
 

@@ -102,8 +102,9 @@ def format_sweep(sweep: dict) -> str:
     for value, rows in zip(values, by_policy):
         ok = [r for r in rows.values() if r["within_budget"] >= 1.0 and unbiased(r["policy"])]
         over = [r["policy"] for r in rows.values() if r["within_budget"] < 1.0]
+        controls = [r for r in rows.values() if r["within_budget"] >= 1.0 and not unbiased(r["policy"])]
         best = f"{min(ok, key=lambda r: r['seconds'])['policy']} fastest within budget" if ok else \
-            "no policy within budget"
+            "no unbiased policy within budget" if controls else "no policy within budget"
         verdicts.append(f"{sweep['sweep']}={value}: {best}" + (f", {len(over)} over budget" if over else ""))
     lines += ["", "verdict: " + "; ".join(verdicts), "",
               "cells: mean modelled seconds per group (in brackets: / vllm's seconds); * = over budget: some group's "

@@ -621,6 +621,10 @@ def headline(comparison: Comparison) -> str:
     controls = [r.policy for r in within if not unbiased(r.policy)]
     if controls:
         breaks += f"; not recommended: {', '.join(controls)} (a biased control: it collects short completions first)"
+    if not ok and controls:
+        return (f"verdict: no unbiased policy to recommend: only {', '.join(controls)} kept every group within the "
+                f"budget, a biased control (it collects short completions first); run others with --policies"
+                + (f" ({breaks.split('; not recommended')[0]})" if over else ""))
     if not ok:
         return f"verdict: no policy kept every group within the budget ({breaks}); raise --budget or lower --group-size"
     best = min(ok, key=lambda r: r.seconds)

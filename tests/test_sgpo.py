@@ -469,6 +469,7 @@ def test_keep_steps_makes_a_resume_within_reach_exact(groups, memory, keep, back
     resumed = OnlineBudget.from_dict(json.loads(json.dumps(kept.to_dict())))
     assert resumed.to_dict() == kept.to_dict() and resumed.newest_step == kept.newest_step == newest
     to = max(0, (newest or 0) - min(back, keep))
+    assert resumed.reaches(to)
     resumed.forget_after(to)
     fresh = OnlineBudget(BudgetConfig(unsolved_fraction=0.5), memory=memory)
     for key, outcomes, s in seen:
@@ -498,3 +499,21 @@ def test_keep_steps_through_the_state_file(tmp_path):
     assert shorter.forget_after(2) == 2 and shorter.success_rate("a") is None  # beyond its reach: nothing left
     with pytest.raises(InvalidArgument, match="'keep_steps'"):
         OnlineBudget(keep_steps=-1)
+
+
+def test_the_budget_says_how_far_back_a_forget_is_exact():
+    """pruned_through: the latest step up to which groups beyond the memory were let go. A forget back to a step
+    within keep_steps of the newest may still go past it (after an earlier forget, or with a file written with a
+    shorter reach): reaches() says so, and the saved file keeps it."""
+    online = OnlineBudget(BudgetConfig(), memory=1, keep_steps=2)
+    for key, outcomes, step in (("k", [1, 0], 5), ("k", [1, 1], 8), ("o", [1, 0], 10), ("k", [0, 0], 10)):
+        online.observe(key, outcomes, step=step)
+    assert online.pruned_through == 8 and online.reaches(8) and not online.reaches(7)  # k's step-5 group let go
+    online.forget_after(9)
+    assert online.newest_step == 9 and not online.reaches(7)  # within keep_steps of 9, but step 5 is gone
+    back = OnlineBudget.from_dict(json.loads(json.dumps(online.to_dict())))
+    assert back.pruned_through == 8
+    old = online.to_dict()
+    del old["pruned_through"], old["keep_steps"]  # a file from before the reach was saved: cut at its newest step
+    assert OnlineBudget.from_dict(old).pruned_through == 9
+    assert OnlineBudget(memory=None).reaches(0)  # nothing let go: every forget is exact

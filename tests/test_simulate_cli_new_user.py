@@ -216,6 +216,10 @@ def test_the_verdict_never_recommends_a_biased_control(capsys):
     assert code == 0, err
     verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
     assert "dynamic_slot fastest" not in verdict and "budget=20GiB: vllm fastest within budget" in verdict
+    code, out, err = run(SMALL + ["--policies", "dynamic_slot"], capsys)  # nothing else to recommend
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict: "))
+    assert code == 0 and "no unbiased policy to recommend: only dynamic_slot" in verdict
+    assert "raise --budget" not in verdict and "every policy kept" not in verdict
 
 
 def test_sweep_marks_over_budget_policies_and_has_a_verdict(capsys):

@@ -469,12 +469,6 @@ def test_your_own_generate_function_runs_every_turn_on_the_planned_engine(monkey
     plain_args = slime_args(lengthsched_generate_function_path="my_agent.plain")
     asyncio.run(ls_slime.generate(plain_args, sample("p1"), {}, evaluation=True))
     assert calls[-1] == ("p1", "plain")  # no evaluation parameter: not passed
-    stub = sample("p2")
-    stub.metadata[ls_slime.STUB_KEY] = True  # online sGPO's one-token sample: slime's own generate, not the agent
-    fake.posts.clear()
-    before = len(calls)
-    asyncio.run(ls_slime.generate(plain_args, stub, {"max_new_tokens": 4096}))
-    assert len(calls) == before and len(fake.posts) == 1 and stub.response_length == 1 and stub.reward == 0.0
     for bad in ("my_agent.missing", "no_such_module_xyz.generate", "my_agent.constant", "generate"):
         ls_slime.reset()
         with pytest.raises(InvalidArgument, match="lengthsched_generate_function_path"):
@@ -1142,7 +1136,8 @@ def test_online_sgpo_in_slime_learns_from_the_groups_the_filter_drops_and_the_fi
     assert sorted(len(prompts) for _, prompts, _ in calls) == [2, 2, 4]  # the stubs are not shown to the filter
 
 
-def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_runs_again(monkeypatch, tmp_path):
+def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_runs_again(monkeypatch, tmp_path,
+                                                                                             caplog):
     sgpo_fake(monkeypatch)
     state = tmp_path / "sgpo.json"
     args = sgpo_args(lengthsched_sgpo_state_path=str(state), save_interval=2)
@@ -1156,6 +1151,15 @@ def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_
     budget = ls_slime.sgpo_for(args).budget
     assert budget.groups == 6 and budget.newest_step == 2  # rollouts 1 and 2 forgotten, rollout 1 run again
     assert [g[2] for g in budget._groups["easy"]] == [1, 2]
+    ls_slime.reset()  # the same resume where the budget keeps no reach (memory 1, no --save-interval)
+    state.unlink()
+    short = sgpo_args(lengthsched_sgpo_state_path=str(state), lengthsched_sgpo_memory=1)
+    for rollout in range(3):
+        ls_slime.generate_rollout(short, rollout, source)
+    ls_slime.reset()
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.slime"):
+        ls_slime.generate_rollout(short, 1, source)
+    assert any("further back than the budget keeps" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -1170,6 +1174,8 @@ def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_
     ({"lengthsched_sgpo_keep_steps": -1}, "lengthsched_sgpo_keep_steps"),
     ({"lengthsched_sgpo_state_path": "/no/such/dir/sgpo.json"}, "lengthsched_sgpo_state_path"),
     ({"lengthsched_sgpo": "yes"}, "lengthsched_sgpo"),
+    ({"lengthsched_generate_function_path": "my_agent.agent"}, "lengthsched_generate_function_path"),
+    ({"group_rm": True}, "'group_rm'"),
 ])
 def test_online_sgpo_in_slime_checks_its_settings_and_the_hooks_it_needs(extra, match):
     ls_slime.reset()
@@ -1209,3 +1215,19 @@ def test_the_reward_post_process_is_slimes_per_group_and_leaves_the_rest_alone()
         x.group_index = None
     with pytest.raises(InvalidArgument, match="'samples'"):
         ls_slime.reward_post_process(args, flat)
+
+
+def test_a_group_the_filter_dropped_and_slime_kept_anyway_is_learnt_once(monkeypatch):
+    """slime's check_reward_nonzero_std_with_fallback answers keep=False with keep_when_insufficient, and slime keeps
+    the group when it is short of groups: it is then both in the rollout's output and among the groups the filter
+    hook saw dropped; online sGPO records it once."""
+    sgpo_fake(monkeypatch)
+    args = sgpo_args()
+    sgpo = ls_slime.sgpo_for(args)
+    sgpo.start(0)
+    group = _rewarded("easy", [1.0, 1.0, 1.0, 1.0])
+    for x in group:
+        x.status = Status.COMPLETED
+    sgpo.dropped.append(list(group))  # what dynamic_sampling_filter appends (a new list, the same samples)
+    ls_slime._learn(args, ls_slime.planner_for(args), sgpo, SimpleNamespace(samples=[group]), 0)
+    assert sgpo.budget.groups == 1 and sgpo.budget._visits["easy"] == 1 and not sgpo.dropped

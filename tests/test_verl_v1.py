@@ -526,7 +526,7 @@ def test_online_sgpo_resumed_at_a_checkpoint_forgets_the_steps_it_generates_agai
     assert fresh.lengthsched_sgpo.budget.groups == 0 and list(batch["__rollout_n__"]) == [G, G]
 
 
-def test_online_sgpo_resumed_within_verls_save_interval_decides_as_it_did_at_the_checkpoint(tmp_path):
+def test_online_sgpo_resumed_within_verls_save_interval_decides_as_it_did_at_the_checkpoint(tmp_path, caplog):
     """With trainer.save_freq set, the budget keeps the groups of its latest save_freq + 1 steps beyond its memory:
     a run resumed from its latest checkpoint sizes each prompt from the groups it had then, not from what the lost
     steps pushed out (memory 1 here: the lost steps' groups replaced the checkpoint's)."""
@@ -552,8 +552,10 @@ def test_online_sgpo_resumed_within_verls_save_interval_decides_as_it_did_at_the
     assert budget.keep_steps == 3 and budget.success_rate(text_key("q0")) == 0.5 and size == 2
     assert json.loads(state.read_text())["keep_steps"] == 3
     state.unlink()
-    budget, size = run(None)  # no checkpoints: no reach; the lost steps pushed step 2's group out
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.verl_v1"):
+        budget, size = run(None)  # no checkpoints: no reach; the lost steps pushed step 2's group out
     assert budget.keep_steps == 0 and budget.success_rate(text_key("q0")) is None and size == G
+    assert any("further back than the budget keeps" in r.getMessage() for r in caplog.records)
     assert vv1.sgpo_keep_steps(config({"save_freq": -1}, sgpo={})) == 0  # verl saves none
     assert vv1.sgpo_keep_steps(config({"save_freq": 5}, sgpo={"keep_steps": 1})) == 1  # set: as set
     assert vv1.sgpo_keep_steps(config({"save_freq": 5}, sgpo={})) == 6

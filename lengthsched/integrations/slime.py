@@ -834,6 +834,11 @@ class SlimeSGPO:
         rollout_id = check_int("rollout_id", rollout_id, minimum=0)
         if not self.started:
             self.started = True
+            if self.budget.newest_step is not None and self.budget.newest_step > rollout_id \
+                    and not self.budget.reaches(rollout_id):
+                log.warning("lengthsched sGPO: resumed at rollout %d, further back than the budget keeps (groups up "
+                            "to rollout %d were let go; lengthsched_sgpo_keep_steps sets the reach): some prompts are "
+                            "sized from fewer of their groups", rollout_id, self.budget.pruned_through - 1)
             gone = self.budget.forget_after(rollout_id)
             if gone:
                 log.info("lengthsched sGPO: the first rollout is %d; %d groups recorded for it and later rollouts "
@@ -916,6 +921,12 @@ def sgpo_for(args: Any) -> SlimeSGPO | None:
     for flag, name, path, why in hooks:
         if getattr(args, name, None) != path:
             raise InvalidArgument(flag, getattr(args, name, None), f"{path} with lengthsched_sgpo ({why})")
+    for name, why in (("lengthsched_generate_function_path", "an agent's generate may return several samples per "
+                                                             "sample, a shape the one-token stubs would not match"),
+                      ("group_rm", "a group reward model would score the generated samples against the one-token "
+                                   "stubs")):
+        if getattr(args, name, None):
+            raise InvalidArgument(name, getattr(args, name), f"unset with lengthsched_sgpo ({why})")
     convert = getattr(args, "custom_convert_samples_to_train_data_path", None)
     if convert:
         raise InvalidArgument("--custom-convert-samples-to-train-data-path", convert,
@@ -1086,7 +1097,9 @@ def _learn(args: Any, planner: SlimePlanner, sgpo: SlimeSGPO | None, output: Any
     planner.observe(samples)
     _after_rollout(args, planner)
     if sgpo is not None:
-        sgpo.learn(args, [*samples, *sgpo.dropped], rollout_id)
+        kept = {id(x) for g in samples for x in _flat(g)}  # a group the filter dropped and slime kept (its
+        # keep_when_insufficient) is learnt once
+        sgpo.learn(args, [*samples, *(g for g in sgpo.dropped if not any(id(x) in kept for x in g))], rollout_id)
         sgpo.dropped.clear()
 
 
@@ -1168,9 +1181,8 @@ def _load_function(path: str, argument: str) -> Any:
 
 async def _generate(args: Any, sample: Any, sampling_params: dict, evaluation: bool) -> Any:
     """The user's generate function (``lengthsched_generate_function_path``, with ``evaluation=`` where its
-    signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate`` (always for online sGPO's
-    one-token samples: an agent's loop would run its turns and tools for them)."""
-    user = None if _stub(sample) else _user_generate(args)  # a stub's one token: slime's own generate
+    signature takes it, as slime's ``generate_and_rm`` calls one) or slime's ``generate``."""
+    user = _user_generate(args)
     if user is None:
         from slime.rollout import sglang_rollout
 

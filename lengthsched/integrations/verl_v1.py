@@ -488,7 +488,13 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
             if self.lengthsched_sgpo is not None and not validate:
                 if not self._lengthsched_sgpo_started and step is not None:
                     self._lengthsched_sgpo_started = True
-                    gone = self.lengthsched_sgpo.budget.forget_after(max(0, step - 1))
+                    budget = self.lengthsched_sgpo.budget
+                    if budget.newest_step is not None and budget.newest_step > step - 1 \
+                            and not budget.reaches(max(0, step - 1)):
+                        log.warning("lengthsched.sgpo: resumed at step %d, further back than the budget keeps (groups "
+                                    "up to step %d were let go; lengthsched.sgpo.keep_steps sets the reach): some "
+                                    "prompts are sized from fewer of their groups", step, budget.pruned_through)
+                    gone = budget.forget_after(max(0, step - 1))
                     self._lengthsched_sgpo_unsaved |= gone > 0
                     if gone:  # a run resumed from its checkpoint at step - 1 (or a fresh run at step 1)
                         log.info("lengthsched.sgpo: the first batch is for step %d; %d groups recorded for later "
