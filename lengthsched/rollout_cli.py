@@ -200,6 +200,12 @@ def run_plan_rollout(opts: PlanRolloutOptions) -> int:
     if opts.max_new_tokens is not None and opts.max_new_tokens < 1:
         raise InvalidArgument("max_new_tokens", opts.max_new_tokens, "at least 1 token")
     pool = _pool(opts)
+    largest = max((g.prompt_tokens for g in groups), default=0)
+    if pool is not None and pool <= largest:  # no replica could hold even that prompt with one generated token
+        name = "pool_tokens" if opts.pool_tokens is not None else "budget"
+        raise InvalidArgument(name, opts.pool_tokens if opts.pool_tokens is not None else opts.budget,
+                              f"a KV pool of more than the largest prompt ({largest:,} tokens; the pool would hold "
+                              f"{pool:,})")
     plan = plan_step(groups, opts.replicas, placement=opts.placement, pool_tokens=pool,
                      max_new_tokens=opts.max_new_tokens, order=opts.order, loads=_loads(opts.loads))
     data = rollout_plan_dict(plan, groups, pool)

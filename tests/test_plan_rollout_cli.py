@@ -105,7 +105,9 @@ def test_bad_options_are_one_line_naming_the_flag(tmp_path, capsys):
                        (["--replicas", "2"], "--pool-tokens"),
                        (["--replicas", "2", "--pool-tokens", "0"], "--pool-tokens"),
                        (["--replicas", "2", "--pool-tokens", "10", "--budget", "4GiB"], "--budget"),
-                       (["--replicas", "2", "--budget", "1GiB", "--model", "qwen3-8b"], "--budget")):
+                       (["--replicas", "2", "--budget", "1GiB", "--model", "qwen3-8b"], "--budget"),
+                       (["--replicas", "2", "--pool-tokens", "5", "--placement", "spread"], "more than the largest "
+                                                                                              "prompt")):
         assert main(["plan-rollout", step] + args) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and flag in err, err
