@@ -186,6 +186,43 @@ def sgpo_targets(args: argparse.Namespace) -> tuple[str, list]:
                   "their completions / h x fixed", "advantage mass / h x fixed", "ahead"], rows), raw
 
 
+def sgpo_masked(args: argparse.Namespace) -> tuple[str, list]:
+    """Simulated: online sGPO the slime way (``lengthsched_sgpo``): every prompt drawn ``--n-samples-per-prompt``
+    times, the samples beyond its group's size run for one token and masked (``run_sgpo_training(masked_to=)``),
+    against slime's fixed groups of 16, over the sgpo_online runs with learn 1 and slime's prompt-count steps; beside
+    it the same rule without the masked samples (verl's ``__rollout_n__``) at the same g_max."""
+    from simulate.sgpo_training import drifting_prompts, run_sgpo_training
+
+    L, R, pool = args.admission_max_new, args.async_replicas, args.sgpo_pool
+    rule = dict(rule="informative", target=0.9)
+    sizings = (("masked, n = 16 (g_max 16)", 16, 16), ("not masked, g_max 16 (verl's way)", 16, None),
+               ("masked, n = 32 (g_max 32; unseen prompts 32)", 32, 32),
+               ("not masked, g_max 32, unseen prompts 16 (verl's default)", None, None))
+    rows, raw = [], []
+    for seed in args.rollout_seeds:
+        prompts = drifting_prompts(args.sgpo_prompts, max_new_tokens=L, learn=1.0, seed=seed)
+        kw = dict(epochs=args.sgpo_epochs, replicas=R, budget_tokens=pool * L, max_new_tokens=L, seed=seed,
+                  batch_prompts=args.sgpo_batch)
+        fixed = run_sgpo_training(prompts, "fixed", group_size=16, **kw)
+        for name, n, masked in sizings:
+            g_max, unseen = (n, n) if n is not None else (32, 16)
+            r = run_sgpo_training(prompts, "online", group_size=unseen, masked_to=masked,
+                                  config=BudgetConfig(g_max=g_max, baseline_group_size=unseen, **rule), **kw)
+            x = r.against(fixed)
+            rows.append([seed, name, round(r.seconds, 1), f"{r.seconds / fixed.seconds:.3f}", r.completions,
+                         r.informative, f"{x['groups']:.2f}", f"{x['completions']:.2f}"])
+            raw.append({"seed": seed, "sizing": name, "n_samples_per_prompt": n, "masked_to": masked,
+                        "seconds": r.seconds, "fixed_seconds": fixed.seconds, "completions": r.completions,
+                        "informative": r.informative, "x_fixed_groups": x["groups"],
+                        "x_fixed_completions": x["completions"]})
+    return table(f"Online sGPO the slime way, masked samples, against slime's fixed 16 (simulated; the sgpo_online "
+                 f"runs with learn 1: {args.sgpo_epochs} epochs of {args.sgpo_prompts} prompts, steps of "
+                 f"{args.sgpo_batch} prompts, steal on {R} replicas of {pool} x L_max KV, L_max {L}; rule "
+                 "informative 0.9; per rollout hour x the fixed 16)",
+                 ["seed", "sizing", "rollout s", "x fixed s", "completions", "informative groups",
+                  "groups / h x fixed", "their completions / h x fixed"], rows), raw
+
+
 #: The policies of the sgpo_policies section: (label, policy); run_rollout routes vLLM by verl's least-loaded router.
 SGPO_POLICIES = (("vLLM + verl", "vllm"), ("steal", "steal"), ("Seer-like", "seer"))
 
@@ -800,7 +837,7 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--sections",
-                    default="sgpo,sgpo_online,sgpo_targets,sgpo_policies,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
+                    default="sgpo,sgpo_online,sgpo_targets,sgpo_masked,sgpo_policies,sparse,sparse_budget,sparse_admission,sparse_rollout,sparse_window,"
                             "sparse_crowding,sparse_sglang_room,sparse_async,sparse_oversample,sparse_multiturn,"
                             "learner")
     ap.add_argument("--sparse-new", type=int, default=2048, help="tokens per sparse-rollout sequence")
@@ -880,7 +917,7 @@ def main() -> int:
     results = {"machine": machine(), "command": " ".join(["python", *sys.argv]), "model": args.model,
                "dtype": args.dtype, "device": device_name(args.device), "complete": False}
     texts, raw = run_sections(ap, args, {"sgpo": sgpo, "sgpo_online": sgpo_online, "sgpo_targets": sgpo_targets,
-                                         "sgpo_policies": sgpo_policies, "sparse": sparse,
+                                         "sgpo_masked": sgpo_masked, "sgpo_policies": sgpo_policies, "sparse": sparse,
                                          "sparse_budget": sparse_budget,
                                          "sparse_admission": sparse_admission, "sparse_rollout": sparse_rollout,
                                          "sparse_window": sparse_window, "sparse_crowding": sparse_crowding,

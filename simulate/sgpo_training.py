@@ -189,10 +189,11 @@ def _draw(prompt: TrainingPrompt, index: int, size: int, epoch: int, seed: int, 
 
 def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequence[int], epoch: int, *, seed: int,
                stream: int, batch_prompts: int | None, batch_completions: int | None,
-               rollout: dict) -> tuple[SgpoEpoch, dict[int, np.ndarray]]:
+               rollout: dict, masked_to: int | None = None) -> tuple[SgpoEpoch, dict[int, np.ndarray]]:
     """The epoch's groups (each prompt in ``order`` with its size; 0: left out) in steps of ``batch_prompts`` prompts
     (or of prompts until ``batch_completions`` completions) through :func:`run_rollout`; returns its totals and each
-    prompt's outcomes."""
+    prompt's outcomes. ``masked_to``: each group also runs one-token completions up to that many (slime's masked
+    samples), predicted 1 token; they count in the seconds and tokens, not as completions."""
     from .report import predictions_for
 
     ran = [i for i in order if sizes[i] > 0]
@@ -212,8 +213,13 @@ def _run_steps(prompts: Sequence[TrainingPrompt], order: np.ndarray, sizes: Sequ
         for i in batch:
             lengths, solved = _draw(prompts[i], i, sizes[i], epoch, seed, stream)
             group = Group(prompts[i].id, prompts[i].prompt_len, lengths)
+            guess = predictions_for("prompt:0.5", group, i, seed)
+            if masked_to is not None and masked_to > sizes[i]:
+                stubs = masked_to - sizes[i]
+                group = Group(prompts[i].id, prompts[i].prompt_len, np.concatenate([lengths, np.ones(stubs, int)]))
+                guess = np.concatenate([guess, np.ones(stubs)])
             groups.append(group)
-            predicted.append(predictions_for("prompt:0.5", group, i, seed))
+            predicted.append(guess)
             outcomes[i] = solved
             k = int(solved.sum())
             if 0 < k < len(solved):
@@ -260,7 +266,8 @@ def run_sgpo_training(prompts: Sequence[TrainingPrompt], sizing: str, *, epochs:
                       config: BudgetConfig | None = None, profile_samples: int | Sequence[int] = 8,
                       plan: BudgetPlan | None = None, memory: int | None = 2,
                       batch_prompts: int | None = 64, batch_completions: int | None = None, policy: str = "steal",
-                      replicas: int = 4, budget_tokens: int, max_new_tokens: int, seed: int = 0) -> SgpoTraining:
+                      replicas: int = 4, budget_tokens: int, max_new_tokens: int, seed: int = 0,
+                      masked_to: int | None = None) -> SgpoTraining:
     """Run ``epochs`` epochs of ``prompts`` with groups sized by ``sizing`` (:data:`SGPO_SIZINGS`; the module
     docstring). ``group_size``: G (fixed; unseen prompts online); ``config``: sGPO's rules (g_min, g_max, rule,
     drop_above, unsolved_fraction, seed); ``profile_samples``: completions per prompt of the offline profiling pass
@@ -271,7 +278,9 @@ def run_sgpo_training(prompts: Sequence[TrainingPrompt], sizing: str, *, epochs:
     until that many completions (a trainer that raises its batch as sGPO shrinks the groups, to keep the engines as
     busy), through :func:`simulate.run_rollout` with ``policy`` on ``replicas`` engines of ``budget_tokens`` KV each,
     completions up to ``max_new_tokens`` (the prompts' lengths should be clipped alike: :func:`drifting_prompts`,
-    :func:`prompts_from_profile`)."""
+    :func:`prompts_from_profile`). ``masked_to``: slime's way (``lengthsched.integrations.slime``,
+    ``lengthsched_sgpo``): every prompt is drawn ``masked_to`` times (``--n-samples-per-prompt``) and the samples
+    beyond its group's size run for one token; sizes, ``group_size`` and ``config.g_max`` must not exceed it."""
     if sizing not in SGPO_SIZINGS:
         raise InvalidArgument("sizing", sizing, "one of " + ", ".join(SGPO_SIZINGS))
     if not prompts:
@@ -294,15 +303,22 @@ def run_sgpo_training(prompts: Sequence[TrainingPrompt], sizing: str, *, epochs:
     else:
         batch_completions = check_int("batch_completions", batch_completions, minimum=1)
     cfg = config or BudgetConfig(baseline_group_size=group_size)
+    if masked_to is not None:
+        masked_to = check_int("masked_to", masked_to, minimum=1)
+        if max(group_size, cfg.g_max) > masked_to:
+            raise InvalidArgument("masked_to", masked_to, f"at least group_size ({group_size}) and config.g_max "
+                                                          f"({cfg.g_max}): every group is drawn masked_to times")
     rollout = dict(policy=policy, replicas=replicas, budget_tokens=budget_tokens, max_new_tokens=max_new_tokens)
-    steps = dict(batch_prompts=batch_prompts, batch_completions=batch_completions, rollout=rollout)
+    steps = dict(batch_prompts=batch_prompts, batch_completions=batch_completions, rollout=rollout,
+                 masked_to=masked_to)
     n = len(prompts)
     profiling = None
     online = OnlineBudget(cfg, memory=memory) if sizing == "online" else None
     fixed_sizes: list[int] | None = None
     if sizing == "offline":
         order = _unit(seed, 9).permutation(n)
-        profiling, seen = _run_steps(prompts, order, samples, 0, seed=seed, stream=1, **steps)
+        profiling, seen = _run_steps(prompts, order, samples, 0, seed=seed, stream=1,
+                                     **{**steps, "masked_to": None})  # a pass of its own, nothing masked
         profiling = SgpoEpoch(profiling.groups, profiling.completions, profiling.tokens, profiling.seconds,
                               profiling.steps, 0, 0)  # it trains nothing
         if plan is None:

@@ -520,7 +520,7 @@ def test_sampler_benchmark_runs_quick(tmp_path):
 
 def test_companions_benchmark_runs_quick(tmp_path):
     data = run_quick("bench_companions.py", tmp_path / "companions.json")
-    assert {"machine", "sgpo", "sgpo_online", "sgpo_targets", "sgpo_policies", "sparse", "sparse_budget",
+    assert {"machine", "sgpo", "sgpo_online", "sgpo_targets", "sgpo_masked", "sgpo_policies", "sparse", "sparse_budget",
             "sparse_admission", "sparse_rollout", "sparse_window", "sparse_crowding", "sparse_sglang_room",
             "sparse_async", "sparse_oversample", "sparse_multiturn", "learner"} <= set(data)
     online = {(c["step"], c["sizing"]): c for c in data["sgpo_online"]}  # two step shapes x five sizings, one seed
@@ -530,6 +530,10 @@ def test_companions_benchmark_runs_quick(tmp_path):
         assert online[step, "offline"]["profiling_seconds"] > 0 == online[step, "online"]["profiling_seconds"]
     targets = data["sgpo_targets"]  # pow2 and one informative target, two step shapes, against the fixed G
     assert len(targets) == 4 and all(c["x_fixed_groups"] > 0 < c["x_fixed_completions"] for c in targets)
+    masked = {c["sizing"]: c for c in data["sgpo_masked"]}  # slime's way against verl's, one seed
+    assert len(masked) == 4 and all(c["seconds"] > 0 and c["informative"] <= c["completions"] for c in masked.values())
+    same = [c for c in masked.values() if c["n_samples_per_prompt"] == 16]  # the masked samples cost seconds only
+    assert same[0]["completions"] == same[1]["completions"] and same[0]["seconds"] >= same[1]["seconds"] * 0.99
     policies = data["sgpo_policies"]  # three sizings x two step shapes, each under every policy
     assert len(policies) == 6 and all(set(c["seconds"]) == {"vllm", "steal", "seer"} for c in policies)
     # measured: the sampler runs the simulator's schedule, more at once with a cache (a budget of 2 x L_max)

@@ -77,6 +77,21 @@ def test_steps_by_completions_fill_each_step_instead_of_counting_prompts(prompts
     assert later.steps < by_prompts.epochs[1].steps and later.steps >= -(-later.completions // (128 + 32))
 
 
+def test_slimes_masked_samples_cost_seconds_and_change_no_decision(prompts):
+    """masked_to: every group also runs one-token completions up to that many (slime's lengthsched_sgpo): the same
+    sizes, completions and informative groups as without them, the same or more seconds; a size above it is
+    refused."""
+    cfg = BudgetConfig(g_max=16, baseline_group_size=16)
+    plain = run_sgpo_training(prompts, "online", config=cfg, **RUN)
+    masked = run_sgpo_training(prompts, "online", config=cfg, masked_to=16, **RUN)
+    assert masked.sizes == plain.sizes and masked.completions == plain.completions
+    assert masked.informative == plain.informative and masked.seconds >= plain.seconds * 0.99
+    assert sum(e.tokens for e in masked.epochs) == sum(e.tokens for e in plain.epochs) + sum(
+        16 - g for sizes in masked.sizes for g in sizes)  # one token each
+    with pytest.raises(InvalidArgument, match="'masked_to'"):
+        run_sgpo_training(prompts, "online", masked_to=8, **RUN)  # g_max 32 by default
+
+
 @pytest.mark.parametrize("kwargs, name", [
     (dict(sizing="adaptive"), "sizing"), (dict(batch_prompts=None), "batch_completions"),
     (dict(batch_completions=64), "batch_completions"), (dict(epochs=0), "epochs"), (dict(batch_prompts=0),
