@@ -1176,11 +1176,22 @@ def test_online_sgpo_in_slime_resumed_from_a_checkpoint_forgets_the_rollouts_it_
     ({"lengthsched_sgpo": "yes"}, "lengthsched_sgpo"),
     ({"lengthsched_generate_function_path": "my_agent.agent"}, "lengthsched_generate_function_path"),
     ({"group_rm": True}, "'group_rm'"),
+    ({"lengthsched_sgpo_enable": False}, "lengthsched_sgpo_enable.*on/off: lengthsched_sgpo"),
+    ({"lengthsched_sgpo_solved_reward": 0.9}, "lengthsched_sgpo_solved_reward.*lengthsched_solved_reward"),
 ])
 def test_online_sgpo_in_slime_checks_its_settings_and_the_hooks_it_needs(extra, match):
     ls_slime.reset()
     with pytest.raises(InvalidArgument, match=match):
         ls_slime.sgpo_for(sgpo_args(**extra))
+    ls_slime.reset()
+
+
+def test_online_sgpo_in_slime_takes_null_memory_as_every_group_and_null_elsewhere_as_the_default():
+    ls_slime.reset()
+    sgpo = ls_slime.sgpo_for(sgpo_args(lengthsched_sgpo_memory=None, lengthsched_sgpo_target=None))
+    assert sgpo.budget.memory is None and sgpo.budget.config.target == 0.9
+    ls_slime.reset()
+    assert ls_slime.sgpo_for(sgpo_args()).budget.memory == 2
     ls_slime.reset()
 
 

@@ -938,8 +938,15 @@ def sgpo_for(args: Any) -> SlimeSGPO | None:
                               f"{FILTER_PATH} with lengthsched_sgpo, your filter as lengthsched_dynamic_sampling_"
                               "filter_path (sGPO learns from the groups the filter drops, the all-right and all-wrong "
                               "ones it sizes down)")
-    options = {key: getattr(args, f"lengthsched_sgpo_{key}") for key in SGPO_OPTIONS
-               if getattr(args, f"lengthsched_sgpo_{key}", None) is not None}
+    given = {name[len("lengthsched_sgpo_"):] for name in vars(args) if name.startswith("lengthsched_sgpo_")}
+    unknown = sorted(given - set(SGPO_OPTIONS))
+    if unknown:
+        raise InvalidArgument(f"lengthsched_sgpo_{unknown[0]}", getattr(args, f"lengthsched_sgpo_{unknown[0]}"),
+                              "a key among " + ", ".join(f"lengthsched_sgpo_{k}" for k in SGPO_OPTIONS)
+                              + " (on/off: lengthsched_sgpo; the solved threshold: lengthsched_solved_reward)")
+    # a key given as null is its default, but for memory, where null keeps every group (as in verl)
+    options = {key: getattr(args, f"lengthsched_sgpo_{key}") for key in given
+               if key == "memory" or getattr(args, f"lengthsched_sgpo_{key}") is not None}
     options.setdefault("g_max", n)
     config, memory = online_budget_rules(options, lambda key: f"lengthsched_sgpo_{key}", rule=SGPO_RULE,
                                          why_two="a group of one has no spread to normalise its reward by")
@@ -1115,8 +1122,7 @@ def _client_queues(args: Any, planner: SlimePlanner, engines: int) -> ClientQueu
     pool = planner.planner.pool_tokens
     if share == 0 or pool is None or engines < 2:
         return None
-    steal = getattr(args, "lengthsched_steal", None)
-    return ClientQueues(engines, share * pool, steals=True if steal is None else bool(steal))
+    return ClientQueues(engines, share * pool, steals=_flag(args, "lengthsched_steal", True))
 
 
 def _pump() -> None:
