@@ -320,7 +320,8 @@ class OnlineLengthPredictor:
     the prompt's earlier rollout steps (see the module docstring). Tokens everywhere; beliefs in log
     tokens.
 
-    ``prior``: a ``LengthPredictor``, a number of tokens, a mapping prompt -> tokens, or None.
+    ``prior``: a ``LengthPredictor``, a number of tokens, a mapping prompt -> tokens (a prompt it does not name
+    starts from the running mean, as without a prior), or None.
     ``prior_sigma``: spread of the prior's error in log space; ``prior_bias``: its mean (added to
     the prior's log). ``prior_offsets`` / ``prior_scales`` / ``prior_weights``: a mixture of normals
     for that error instead of N(0, prior_sigma^2) (from :func:`fit_spreads` with ``laws=True``).
@@ -565,8 +566,8 @@ class OnlineLengthPredictor:
         key = state_key(prompt)
         state = self._prompts.get(key)
         if state is None:
-            mean = None if self.prior is None else float(self._prior_means([prompt])[0])
-            state = _Prompt(prior_mean=mean, step=self.step)
+            mean = None if self.prior is None else float(self._prior_means([prompt], partial=True)[0])
+            state = _Prompt(prior_mean=None if mean is None or math.isnan(mean) else mean, step=self.step)
             self._prompts[key] = state
         return state
 
@@ -594,22 +595,26 @@ class OnlineLengthPredictor:
         state.n, state.total, state.squares, state.step = 0, 0.0, 0.0, step
         state.running.clear()
 
-    def _prior_means(self, prompts: Sequence[Hashable]) -> np.ndarray:
-        """Prior mean log length of each prompt (the prior's prediction, bias-corrected)."""
+    def _prior_means(self, prompts: Sequence[Hashable], partial: bool = False) -> np.ndarray:
+        """Prior mean log length of each prompt (the prior's prediction, bias-corrected). A mapping prior that
+        does not know a prompt: NaN with ``partial`` (the prompt then starts from the running mean, as without a
+        prior), else an error naming ``prior``."""
         prior = self.prior
         if prior is None:
             return np.full(len(prompts), self._empirical_mean())
+        known = np.ones(len(prompts), dtype=bool)
         if isinstance(prior, Mapping):
-            missing = [p for p in prompts if p not in prior]
-            if missing:
-                raise InvalidArgument("prompts", missing[:3], "prompts the prior mapping knows")
-            values = np.array([float(prior[p]) for p in prompts])
+            known = np.array([p in prior for p in prompts], dtype=bool)
+            if not partial and not known.all():
+                raise InvalidArgument("prior", [p for p, k in zip(prompts, known) if not k][:3],
+                                      "a mapping that knows every prompt given here")
+            values = np.array([float(prior[p]) if k else np.nan for p, k in zip(prompts, known)])
         elif hasattr(prior, "predict"):
             values = np.asarray(prior.predict(list(prompts)).lengths, dtype=np.float64)
         else:
             values = np.full(len(prompts), float(prior))
-        if np.any(~np.isfinite(values)) or np.any(values <= 0):
-            raise InvalidArgument("prior", values[:3].tolist(), "positive, finite predictions (tokens)")
+        if np.any(~np.isfinite(values[known])) or np.any(values[known] <= 0):
+            raise InvalidArgument("prior", values[known][:3].tolist(), "positive, finite predictions (tokens)")
         return np.log(values) + self.prior_bias
 
     def _empirical_mean(self) -> float:
@@ -819,9 +824,11 @@ class OnlineLengthPredictor:
             first.setdefault(k, p)
         unseen = [k for k in first if k not in self._prompts]
         if unseen:  # one batched call to the prior for every new prompt
-            means = [None] * len(unseen) if self.prior is None else self._prior_means([first[k] for k in unseen])
-            for k, m in zip(unseen, means):
-                self._prompts[k] = _Prompt(prior_mean=None if m is None else float(m), step=self.step)
+            means = [None] * len(unseen) if self.prior is None else \
+                self._prior_means([first[k] for k in unseen], partial=True)
+            for k, m in zip(unseen, means):  # NaN: a mapping prior without the prompt, the running mean instead
+                self._prompts[k] = _Prompt(prior_mean=None if m is None or math.isnan(m) else float(m),
+                                           step=self.step)
         levels = sorted({0.5, *qs})
         rows_of: dict[Hashable, list[int]] = {}
         for i, k in enumerate(keys):

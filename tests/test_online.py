@@ -409,7 +409,6 @@ def test_drift_is_estimated_from_prompts_seen_in_consecutive_steps():
     (lambda: OnlineLengthPredictor().observe("x", 10, finished=False), "completion"),
     (lambda: OnlineLengthPredictor().predict(["x"], quantiles=[1.0]), "quantiles"),
     (lambda: OnlineLengthPredictor().predict(["x"], [1, 2]), "prefixes"),
-    (lambda: OnlineLengthPredictor({"a": 10}).predict(["b"]), "prompts"),
     (lambda: OnlineLengthPredictor.fit({}), "groups"),
     (lambda: fit_spreads([[5]]), "groups"),
     (lambda: fit_spreads([[5, 6]], [1.0, 2.0]), "prior_lengths"),
@@ -938,3 +937,17 @@ def test_informed_says_whether_the_predictions_rest_on_anything():
     bare.observe("a", 120)
     assert bare.informed
     assert OnlineLengthPredictor(prior=300).informed and OnlineLengthPredictor(prior={"a": 10}).informed
+
+
+def test_a_mapping_prior_that_does_not_name_a_prompt_starts_it_from_the_running_mean():
+    """A mapping prior is a partial table in RL (new prompts each epoch): a prompt it does not name is predicted as
+    without a prior (the default length, then the running mean of what was observed); fit() on groups the mapping
+    does not cover is an error naming the prior."""
+    from lengthsched import OnlineLengthPredictor
+
+    p = OnlineLengthPredictor(prior={"a": 300}, max_new_tokens=4096, default_length=512)
+    assert p.predict(["a", "b"]).lengths.tolist() == [300, 512]
+    p.observe("c", 1000, completion=0)
+    assert p.predict(["b"]).lengths.tolist() == [1000]
+    with pytest.raises(InvalidArgument, match="'prior'"):
+        OnlineLengthPredictor.fit({"a": [100, 200], "b": [50, 60]}, prior={"a": 100})

@@ -488,7 +488,10 @@ def plan_rollout(group_keys: Sequence[Hashable], predicted: Any, *, replicas: in
                  max_new_tokens: int | None = None, cost: Any = None, order: str | None = None,
                  loads: Any = None) -> RolloutPlan:
     """Plan a rollout step: place the rows on ``replicas`` and rank each replica's rows (longest
-    predicted first, or in batch order for ``ways``: ``order``).
+    predicted first, or in batch order for ``ways``: ``order``). A row is one completion: a group of G
+    completions is G rows with the same key (``group_keys``, ``predicted`` and ``prompt_lens`` are per row);
+    ``budget_tokens`` is each replica's KV pool. The command ``lengthsched plan-rollout`` is this with
+    ``placement="ways"`` (its default; the pool from ``--pool-tokens`` or ``--budget``).
 
     Args:
         group_keys: per row (one completion), the key of its group (verl's ``uid``, a prompt);
@@ -608,6 +611,9 @@ def _ways(pred: np.ndarray, group: list[int], groups: int, replicas: int, prompt
     and over how many replicas each group is spread."""
     per_group = _group_prompts(group, groups, prompt_lens, {"budget_tokens": budget_tokens}, "ways")
     budget = check_int("budget_tokens", budget_tokens, minimum=1)
+    if len(per_group) and budget <= int(np.max(per_group)):  # not even one prompt and a token fit a replica
+        raise InvalidArgument("budget_tokens", budget, f"each replica's KV pool in tokens, more than the largest "
+                                                       f"prompt ({int(np.max(per_group)):,} tokens)")
     order = np.argsort(np.asarray(group, dtype=np.int64), kind="stable")  # rows grouped, batch order within
     sizes = np.bincount(np.asarray(group, dtype=np.int64), minlength=groups)
     queued = 0.0 if loads is None else float(loads.sum())  # what the replicas already have counts as crowding

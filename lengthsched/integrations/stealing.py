@@ -90,7 +90,10 @@ class _View:
 
 class StealCoordinator:
     """The simulator's ``steal`` decisions for a framework that can abort a request on one engine
-    and resubmit it, with its generated tokens, on another (see the module docstring).
+    and resubmit it, with its generated tokens, on another: ``submit`` each request, then every poll ``observe``
+    each replica's snapshot and carry out ``decide``'s moves (abort, resubmit, or ``cancel``), ``finish`` what
+    comes back (the module docstring; a runnable loop in docs/planning.md, "A rollout step inside your own
+    engine").
 
     Each call costs time in the requests of the replicas it touches (a snapshot: that replica's; a
     decision: the waiting requests and the thieves' and sources' requests), not in all requests.
