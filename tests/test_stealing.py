@@ -28,6 +28,25 @@ def test_a_drained_replica_steals_the_back_of_the_fullest_waiting_queue():
     assert c.steals == 2 and c.moves == 0
 
 
+def test_a_snapshot_of_ids_never_submitted_says_so_once(caplog):
+    """An engine that reports its own request ids (not those given to submit) would silently end every request
+    the coordinator knows there: a warning says so, once."""
+    c = StealCoordinator(2, pool_tokens=10_000)
+    c.submit("r0", 0, predicted=100)
+    c.submit("r1", 0, predicted=100)
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.stealing"):
+        c.observe(0, {"engine-id-7": 3})
+        c.observe(1, {"engine-id-8": 3})
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "none of the 1 requests in the snapshot was submitted there" in warned[0]
+    assert c.in_flight(0) == []  # taken as finished, as the warning says
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lengthsched.integrations.stealing"):
+        c.submit("r2", 1, predicted=100)
+        c.observe(1, {"r2": 4})  # known ids: no warning
+    assert not caplog.records
+
+
 def test_a_preempted_request_moves_with_its_tokens_and_counts_what_it_has_left():
     c = StealCoordinator(2, pool_tokens=10_000, chunk=None)
     c.submit("p", 1, predicted=400)

@@ -44,6 +44,7 @@ lands (it carries tokens, not KV).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -51,6 +52,8 @@ from ..errors import InvalidArgument, check_int, check_positive_float
 from .rollout import MOVE_CHUNK, STEAL_SHARE, move_requests, steal_requests
 
 __all__ = ["Move", "StealCoordinator"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class StealCoordinator:
         self._transit = [0] * self.replicas  # requests moved there and not yet seen running
         self._ended: list[dict[Hashable, None]] = [{} for _ in range(self.replicas)]  # crossed a chunk boundary
         self._order = 0
+        self._warned_ids = False  # said once that a snapshot's ids were none of those submitted
         self.steals = 0  # requests moved by steals so far
         self.moves = 0  # running requests moved to idle replicas so far
 
@@ -180,6 +184,12 @@ class StealCoordinator:
             elif not req.transit and req.running:  # it stopped: preempted
                 req.running = False
                 waiting[request] = None
+        if generated and not matched and self._on[replica] and not self._warned_ids:
+            self._warned_ids = True  # a snapshot of requests it never heard of, while it counts others there
+            log.warning("StealCoordinator.observe(replica %d): none of the %d requests in the snapshot was submitted "
+                        "there (the ids differ from those given to submit? e.g. %r); its %d requests are taken as "
+                        "finished, and nothing can be stolen from them", replica, len(generated),
+                        next(iter(generated)), len(self._on[replica]))
         if matched < len(self._on[replica]):
             for request in [j for j in self._on[replica] if j not in generated and not requests[j].transit]:
                 self._drop(request)  # finished
