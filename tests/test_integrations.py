@@ -758,6 +758,7 @@ def test_plan_rollout_ways_is_steals_placement(sizes, replicas, pool, data):
     common = dict(replicas=replicas, placement="ways", budget_tokens=pool)
     plan = plan_rollout([f"uid-{g}" for g in grouped], flat, prompt_lens=[prompts[g] for g in grouped], **common)
     assert plan.placement == "ways" and list(plan.replica) == list(expected)  # the batch grouped, as verl sends it
+    assert plan.group_spread() == tuple(min(n, ways, replicas) for n in sizes)  # over how many replicas each group
     # rows in any order: the groups taken in order of first appearance, each group's rows in batch order
     order = data.draw(st.permutations(range(len(flat))))
     plan = plan_rollout([f"uid-{grouped[i]}" for i in order], [flat[i] for i in order],

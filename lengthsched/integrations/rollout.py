@@ -421,7 +421,8 @@ def decode_replica(priority: Any, replicas: int) -> int | None:
 @dataclass(frozen=True)
 class RolloutPlan:
     """The plan of one rollout step: per row (completion, in the batch's order) its ``group``
-    (index into ``group_keys``), ``replica`` and engine ``priority``; per group its key and
+    (index into the plan's ``group_keys``: the distinct keys, by first appearance), ``replica`` and engine
+    ``priority``; per group its key and
     replica (-1 when its rows are spread over several); per replica its predicted work (tokens,
     the sum of its rows' predictions); the ``placement`` and ``order`` it was made with.
 
@@ -453,6 +454,14 @@ class RolloutPlan:
             raise InvalidArgument("replica", replica, f"an index below replicas={self.replicas}")
         rows = [i for i, r in enumerate(self.replica) if r == replica]
         return tuple(sorted(rows, key=lambda i: self.priority[i]))
+
+    def group_spread(self) -> tuple[int, ...]:
+        """Per group (as ``group_keys``), over how many replicas its rows are placed (1: whole; ``ways``
+        spreads a group as far as the pools hold its prompt, or keeps it whole in crowded steps)."""
+        seen: list[set[int]] = [set() for _ in self.group_keys]
+        for g, r in zip(self.group, self.replica):
+            seen[g].add(r)
+        return tuple(len(s) for s in seen)
 
     def submission_order(self) -> tuple[int, ...]:
         """Every row, ascending priority (rank-major, then replica): the order to submit requests
