@@ -258,6 +258,8 @@ class OnlineBudget:
         self.newest_step: int | None = None  # the latest training step a group was recorded for (forget_after
         # sets it back)
         self.pruned_through: int | None = None  # the latest step up to which groups beyond the memory were let go
+        self._tags: dict[str, tuple[Any, int, int, int]] = {}  # tag -> (key, solved, samples, step) of its group
+        self._tags_cap = 1024
         self._groups: dict[Any, list[tuple[int, int, int | None]]] = {}  # key -> kept (solved, samples, the
         # training step it was observed in, or None), oldest first; the latest ``memory`` of them decide
         self._visits: dict[Any, int] = {}  # key -> groups observed in all
@@ -274,11 +276,15 @@ class OnlineBudget:
     def _key(key: Any) -> Any:
         return state_key(str(key))
 
-    def observe(self, key: Any, outcomes: Sequence[Any], step: int | None = None) -> None:
+    def observe(self, key: Any, outcomes: Sequence[Any], step: int | None = None, tag: str | None = None) -> None:
         """Record one group of prompt ``key``: ``outcomes``, 1 (or True) for each completion that solved it, 0 for
-        each that did not; ``step``: the training step it was generated for, if known (:meth:`forget_after`). An
-        empty group records nothing."""
+        each that did not; ``step``: the training step it was generated for, if known (:meth:`forget_after`);
+        ``tag``: a name for this group (a trainer's id of the dispatch, e.g. verl's uid), kept while the group is
+        within :attr:`keep_steps` of the newest step, by which :meth:`forget_tags` forgets it. An empty group records
+        nothing."""
         step = None if step is None else check_int("step", step, minimum=0)
+        if tag is not None and not isinstance(tag, str):
+            raise InvalidArgument("tag", tag, "a string naming the group, or None")
         if isinstance(outcomes, (str, bytes)) or not isinstance(outcomes, Sequence | np.ndarray):
             raise InvalidArgument("outcomes", repr(outcomes), "a sequence of 0/1, one per completion")
         values = list(outcomes)
@@ -292,6 +298,10 @@ class OnlineBudget:
         remembered.append((int(sum(values)), len(values), step))
         if step is not None and (self.newest_step is None or step > self.newest_step):
             self.newest_step = step
+        if tag is not None and step is not None:
+            self._tags[tag] = (k, int(sum(values)), len(values), step)
+            if len(self._tags) > self._tags_cap:  # now and then, let go of the tags out of reach
+                self._trim_tags()
         self._prune(remembered)
         self._visits[k] = self._visits.get(k, 0) + 1
         self.groups += 1
@@ -323,7 +333,7 @@ class OnlineBudget:
         return kept if self.memory is None else kept[-self.memory:]
 
     def observe_rewards(self, key: Any, rewards: Sequence[Any], solved_reward: float = SOLVED_REWARD,
-                        step: int | None = None) -> None:
+                        step: int | None = None, tag: str | None = None) -> None:
         """:meth:`observe` a group by its rewards: a completion solved the prompt when its reward is at least
         ``solved_reward`` (math rewards are 1 and 0, or 1 and -1)."""
         solved_reward = check_solved_reward("solved_reward", solved_reward)
@@ -335,7 +345,7 @@ class OnlineBudget:
                     or not math.isfinite(r):
                 raise InvalidArgument("rewards", r, "a finite number for every completion")
             values.append(int(r >= solved_reward))
-        self.observe(key, values, step)
+        self.observe(key, values, step, tag)
 
     def success_rate(self, key: Any) -> float | None:
         """The share of the remembered completions of ``key`` that solved it; None for a prompt never observed."""
@@ -343,6 +353,45 @@ class OnlineBudget:
         if not remembered:
             return None
         return sum(g[0] for g in remembered) / sum(g[1] for g in remembered)
+
+    def _trim_tags(self) -> None:
+        """Keep the tags of groups within :attr:`keep_steps` of the newest step (those a resume may forget)."""
+        horizon = None if self.newest_step is None else self.newest_step - self.keep_steps
+        self._tags = {t: v for t, v in self._tags.items() if horizon is None or v[3] >= horizon}
+        self._tags_cap = max(1024, 2 * len(self._tags))
+
+    def _remove(self, key: Any, gone: list[tuple[int, int, int | None]]) -> None:
+        """Forget the groups ``gone`` of prompt ``key`` (their counts too)."""
+        if not gone:
+            return
+        self._visits[key] -= len(gone)
+        self.groups -= len(gone)
+        self.samples -= sum(g[1] for g in gone)
+        self.solved -= sum(g[0] for g in gone)
+        if not self._groups[key]:
+            del self._groups[key], self._visits[key]
+        if not self._groups:  # nothing left: the totals start again (they count groups the memory let go too)
+            self.groups = self.samples = self.solved = 0
+
+    def forget_tags(self, tags: Iterable[Any]) -> int:
+        """Forget the groups recorded with these tags (:meth:`observe`): a trainer that dispatches again, after a
+        resume, prompts whose groups finished after its checkpoint (verl re-issues its in-flight prompts with their
+        uids). A tag the budget does not hold (never given, or out of reach) is passed over. Returns how many groups
+        were forgotten."""
+        gone = 0
+        for tag in tags:
+            entry = self._tags.pop(str(tag), None)
+            if entry is None:
+                continue
+            k, solved, samples, step = entry
+            kept = self._groups.get(k, [])
+            for i in range(len(kept) - 1, -1, -1):
+                if kept[i] == (solved, samples, step):
+                    del kept[i]
+                    self._remove(k, [(solved, samples, step)])
+                    gone += 1
+                    break
+        return gone
 
     def forget_after(self, step: int) -> int:
         """Forget the remembered groups observed for a training step after ``step`` (a run resumed from its
@@ -360,15 +409,11 @@ class OnlineBudget:
             if not late:
                 continue
             self._groups[k] = [g for g in remembered if g[2] is None or g[2] <= step]
-            self._visits[k] -= len(late)
-            self.groups -= len(late)
-            self.samples -= sum(g[1] for g in late)
-            self.solved -= sum(g[0] for g in late)
+            self._remove(k, late)
             gone += len(late)
-            if not self._groups[k]:
-                del self._groups[k], self._visits[k]
-        if not self._groups:  # nothing left: the totals start again (they count groups the memory let go too)
+        if not self._groups:
             self.groups = self.samples = self.solved = 0
+        self._tags = {t: v for t, v in self._tags.items() if v[3] <= step}
         if self.newest_step is not None:
             self.newest_step = min(self.newest_step, step)
         return gone
@@ -403,7 +448,9 @@ class OnlineBudget:
                 "keep_steps": self.keep_steps, "newest_step": self.newest_step, "pruned_through": self.pruned_through,
                 "groups": self.groups, "samples": self.samples, "solved": self.solved,
                 "prompts": {str(k): {"visits": self._visits[k], "groups": [list(g) for g in v]}
-                            for k, v in self._groups.items()}}
+                            for k, v in self._groups.items()},
+                "tags": {t: [str(v[0]), *v[1:]] for t, v in self._tags.items()
+                         if self.newest_step is None or v[3] >= self.newest_step - self.keep_steps}}
 
     @classmethod
     def from_dict(cls, data: Any) -> OnlineBudget:
@@ -434,6 +481,12 @@ class OnlineBudget:
         # a file written before the reach was saved: pruned to its newest step (keep_steps 0)
         cut = data["pruned_through"] if "pruned_through" in data else budget.newest_step
         budget.pruned_through = None if cut is None else check_int("pruned_through", cut, minimum=0)
+        tags = data.get("tags", {})
+        if not isinstance(tags, dict) or any(
+                not isinstance(v, list) or len(v) != 4 or not isinstance(v[0], str)
+                or not all(type(x) is int and x >= 0 for x in v[1:]) for v in tags.values()):
+            raise InvalidArgument("data", "tags", "tag -> [prompt key, solved, samples, step]")
+        budget._tags = {str(t): (v[0], v[1], v[2], v[3]) for t, v in tags.items()}
         return budget
 
 

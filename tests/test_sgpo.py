@@ -517,3 +517,28 @@ def test_the_budget_says_how_far_back_a_forget_is_exact():
     del old["pruned_through"], old["keep_steps"]  # a file from before the reach was saved: cut at its newest step
     assert OnlineBudget.from_dict(old).pruned_through == 9
     assert OnlineBudget(memory=None).reaches(0)  # nothing let go: every forget is exact
+
+
+def test_groups_recorded_with_a_tag_are_forgotten_by_it():
+    """forget_tags: the groups a trainer dispatches again after a resume (verl re-issues its in-flight prompts
+    under their uids) are forgotten as if never recorded, counts included; tags out of keep_steps' reach are let go,
+    unknown ones passed over; tags survive the state file."""
+    online = OnlineBudget(BudgetConfig(), memory=2, keep_steps=2)
+    online.observe("a", [1, 0], step=1, tag="u1")
+    online.observe("a", [0, 0], step=2, tag="u2")
+    online.observe("b", [1, 1], step=2, tag="u3")
+    never = OnlineBudget(BudgetConfig(), memory=2, keep_steps=2)
+    never.observe("a", [1, 0], step=1)
+    never.observe("b", [1, 1], step=2)
+    back = OnlineBudget.from_dict(json.loads(json.dumps(online.to_dict())))
+    assert back.forget_tags(["u2", "nope"]) == 1 and back.forget_tags(["u2"]) == 0
+    for key in "ab":
+        assert back.success_rate(key) == never.success_rate(key) and back.decide(key, 16) == never.decide(key, 16)
+    assert (back.groups, back.samples, back.solved) == (never.groups, never.samples, never.solved)
+    for step in range(3, 8):  # later steps: u1's group (step 1) leaves the reach
+        online.observe("c", [1, 0], step=step, tag=f"c{step}")
+    assert "u1" not in online.to_dict()["tags"] and "c7" in online.to_dict()["tags"]
+    online.forget_after(5)
+    assert "c6" not in online.to_dict()["tags"]  # forgotten groups take their tags with them
+    with pytest.raises(InvalidArgument, match="'tag'"):
+        online.observe("a", [1], step=8, tag=7)

@@ -563,6 +563,31 @@ def test_online_sgpo_resumed_within_verls_save_interval_decides_as_it_did_at_the
         pipeline(sgpo={"keep_steps": -1})
 
 
+def test_online_sgpo_forgets_a_prompt_verl_reissues_after_a_resume(tmp_path):
+    """verl's asynchronous v1 trainers save the prompts in flight at a checkpoint and re-issue them on resume under
+    their uids (trainer_base._reissue_inflight_prompts). A group of one of them that finished after the checkpoint
+    was recorded under its dispatch step, which forget_after keeps: the budget forgets it by its uid."""
+    state = tmp_path / "sgpo.json"
+    options = {"rule": "pow2", "unsolved_fraction": 0.0, "state_path": str(state)}
+    manager, _, _, workers = pipeline(sgpo=options)
+    for w in workers:
+        w.score = solved_by_share
+    manager.generate_sequences(prompt_batch(1, ["q0", "q1"]))
+    finish(workers)
+    in_flight = prompt_batch(2, ["q0"])  # still running at the checkpoint of step 2 ...
+    manager.generate_sequences(in_flight)
+    finish(workers)
+    manager.generate_sequences(prompt_batch(3, ["q1"]))  # ... heard finish at step 3's dispatch, then the stop
+    assert json.loads(state.read_text())["groups"] == 3
+    resumed, _, _, _ = pipeline(sgpo=options)
+    again = prompt_batch(3, ["q0"])
+    again["uid"] = list(in_flight["uid"])  # verl re-issues it under its uid, for step 3
+    resumed.generate_sequences(again)
+    budget = resumed.lengthsched_sgpo.budget
+    assert [g[2] for g in budget._groups[budget._key(text_key("q0"))]] == [1]  # its step-2 group is gone
+    assert budget._visits[budget._key(text_key("q0"))] == 1 and budget.groups == 2
+
+
 def test_online_sgpo_refuses_a_state_file_that_is_not_its_own_or_cannot_be_written(tmp_path):
     path = tmp_path / "state.json"
     path.write_text("{}")

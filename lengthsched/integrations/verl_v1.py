@@ -371,7 +371,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 if prompt is not None:
                     gone.append(prompt)
                 if prompt is not None and prompt.sgpo_key is not None:
-                    self.lengthsched_sgpo_observe(prompt.sgpo_key, scores, prompt.step)
+                    self.lengthsched_sgpo_observe(prompt.sgpo_key, scores, prompt.step, str(uid))
                 if prompt is None or prompt.validate or not lengths:
                     continue
                 keys, seen = by_step.setdefault(prompt.step, ([], []))
@@ -387,10 +387,13 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 self._lengthsched_sgpo_unsaved = False
             return len(finished)
 
-        def lengthsched_sgpo_observe(self, key: str, scores: list[float | None], step: int | None = None) -> None:
+        def lengthsched_sgpo_observe(self, key: str, scores: list[float | None], step: int | None = None,
+                                     uid: str | None = None) -> None:
             """Record a training prompt's group in the online sGPO budget: the rewards verl's agent loop gave its
             sessions (a failed session has none; a session scored None, as where a colocated reward model scores
-            after the rollout, teaches nothing, and a warning says so once)."""
+            after the rollout, teaches nothing, and a warning says so once), tagged with its ``uid`` (verl
+            re-issues a prompt in flight at a checkpoint under its uid: the first batch after a resume forgets
+            it)."""
             known = [s for s in scores if s is not None]
             if len(known) < len(scores):
                 self._lengthsched_warn("sgpo scores", "lengthsched.sgpo: sessions came back without a finite "
@@ -399,7 +402,8 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                                                       "enable_resource_pool; or the score was not one finite "
                                                       "number); their prompts' group sizes learn nothing from them")
             if known:
-                self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward, step)
+                self.lengthsched_sgpo.budget.observe_rewards(key, known, self.lengthsched_sgpo.solved_reward, step,
+                                                             tag=uid)
                 self._lengthsched_sgpo_unsaved = True
 
         def lengthsched_sgpo_sizes(self, prompts: Any, uids: list,
@@ -495,6 +499,9 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                                     "up to step %d were let go; lengthsched.sgpo.keep_steps sets the reach): some "
                                     "prompts are sized from fewer of their groups", step, budget.pruned_through)
                     gone = budget.forget_after(max(0, step - 1))
+                    # verl's async trainers re-issue the prompts in flight at the checkpoint under their uids:
+                    # a group of one of them that finished after the checkpoint is forgotten too
+                    gone += budget.forget_tags(str(u) for u in uids)
                     self._lengthsched_sgpo_unsaved |= gone > 0
                     if gone:  # a run resumed from its checkpoint at step - 1 (or a fresh run at step 1)
                         log.info("lengthsched.sgpo: the first batch is for step %d; %d groups recorded for later "
