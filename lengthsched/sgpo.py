@@ -47,7 +47,7 @@ from .online import state_key
 
 __all__ = ["ProfileRecord", "BudgetConfig", "PromptBudget", "BudgetPlan", "OnlineBudget", "plan_budget",
            "group_size_for", "prompt_decision", "read_online_budget", "read_profile", "write_online_budget", "RULES",
-           "ONLINE_REASONS", "ONLINE_RULE_OPTIONS", "online_budget_rules"]
+           "ONLINE_REASONS", "ONLINE_RULE_OPTIONS", "online_budget_from_options", "reach_steps"]
 
 RULES = ("pow2", "ceil", "informative")
 
@@ -293,20 +293,21 @@ class OnlineBudget:
             raise InvalidArgument("outcomes", values, "0 (not solved) or 1 (solved) for every completion")
         if not values:
             return
-        k = self._key(key)
+        k, solved = self._key(key), int(sum(values))
         remembered = self._groups.setdefault(k, [])
-        remembered.append((int(sum(values)), len(values), step))
+        remembered.append((solved, len(values), step))
         if step is not None and (self.newest_step is None or step > self.newest_step):
             self.newest_step = step
         if tag is not None and step is not None:
-            self._tags[tag] = (k, int(sum(values)), len(values), step)
+            self._tags[tag] = (k, solved, len(values), step)
             if len(self._tags) > self._tags_cap:  # now and then, let go of the tags out of reach
-                self._trim_tags()
+                self._tags = self._tags_in_reach()
+                self._tags_cap = max(1024, 2 * len(self._tags))
         self._prune(remembered)
         self._visits[k] = self._visits.get(k, 0) + 1
         self.groups += 1
         self.samples += len(values)
-        self.solved += int(sum(values))
+        self.solved += solved
 
     def _prune(self, kept: list[tuple[int, int, int | None]]) -> None:
         """Let go, in place, of what neither the memory nor :attr:`keep_steps` needs: of the groups recorded for a
@@ -314,7 +315,7 @@ class OnlineBudget:
         groups all stay (what the memory was at each of those steps)."""
         if self.memory is None or len(kept) <= self.memory:
             return
-        horizon = None if self.newest_step is None else self.newest_step - self.keep_steps
+        horizon = self._horizon()
         older = [i for i, g in enumerate(kept) if horizon is None or g[2] is None or g[2] <= horizon]
         if len(older) > self.memory:
             gone = set(older[: len(older) - self.memory])
@@ -322,10 +323,17 @@ class OnlineBudget:
             if horizon is not None:  # forgetting back before it may miss what was let go
                 self.pruned_through = horizon if self.pruned_through is None else max(self.pruned_through, horizon)
 
+    def _horizon(self) -> int | None:
+        """The latest step whose groups beyond the memory may be let go (None: no step recorded yet)."""
+        return None if self.newest_step is None else self.newest_step - self.keep_steps
+
     def reaches(self, step: int) -> bool:
-        """Whether :meth:`forget_after` ``step`` is exact: every prompt's latest ``memory`` groups up to ``step``
-        are still kept (``step`` at or after :attr:`pruned_through`, or nothing with a step was let go)."""
-        return self.pruned_through is None or check_int("step", step, minimum=0) >= self.pruned_through
+        """Whether :meth:`forget_after` ``step`` is exact: it forgets nothing (no group recorded for a later step),
+        or every prompt's latest ``memory`` groups up to ``step`` are still kept (``step`` at or after
+        :attr:`pruned_through`, or nothing with a step was let go)."""
+        step = check_int("step", step, minimum=0)
+        return self.pruned_through is None or step >= self.pruned_through or \
+            self.newest_step is None or step >= self.newest_step
 
     def _remembered(self, key: Any) -> list[tuple[int, int, int | None]]:
         """The groups that decide: the latest ``memory`` kept."""
@@ -354,11 +362,10 @@ class OnlineBudget:
             return None
         return sum(g[0] for g in remembered) / sum(g[1] for g in remembered)
 
-    def _trim_tags(self) -> None:
-        """Keep the tags of groups within :attr:`keep_steps` of the newest step (those a resume may forget)."""
-        horizon = None if self.newest_step is None else self.newest_step - self.keep_steps
-        self._tags = {t: v for t, v in self._tags.items() if horizon is None or v[3] >= horizon}
-        self._tags_cap = max(1024, 2 * len(self._tags))
+    def _tags_in_reach(self) -> dict[str, tuple[Any, int, int, int]]:
+        """The tags of groups within :attr:`keep_steps` of the newest step (those a resume may forget)."""
+        horizon = self._horizon()
+        return {t: v for t, v in self._tags.items() if horizon is None or v[3] >= horizon}
 
     def _remove(self, key: Any, gone: list[tuple[int, int, int | None]]) -> None:
         """Forget the groups ``gone`` of prompt ``key`` (their counts too)."""
@@ -449,8 +456,7 @@ class OnlineBudget:
                 "groups": self.groups, "samples": self.samples, "solved": self.solved,
                 "prompts": {str(k): {"visits": self._visits[k], "groups": [list(g) for g in v]}
                             for k, v in self._groups.items()},
-                "tags": {t: [str(v[0]), *v[1:]] for t, v in self._tags.items()
-                         if self.newest_step is None or v[3] >= self.newest_step - self.keep_steps}}
+                "tags": {t: [str(v[0]), *v[1:]] for t, v in self._tags_in_reach().items()}}
 
     @classmethod
     def from_dict(cls, data: Any) -> OnlineBudget:
@@ -510,16 +516,29 @@ def read_online_budget(path: str | os.PathLike | None, argument: str, config: Bu
     return saved
 
 
-#: The rules an online budget's options may set (:func:`online_budget_rules`).
+#: The rules an online budget's options may set (:func:`online_budget_from_options`).
 ONLINE_RULE_OPTIONS = ("g_min", "g_max", "rule", "target", "drop_above", "unsolved_fraction", "seed")
 
 
-def online_budget_rules(options: Mapping[str, Any], name: Callable[[str], str], *, rule: str,
-                        why_two: str) -> tuple[BudgetConfig, int | None]:
-    """The :class:`BudgetConfig` and ``memory`` (default 2; None: every group) of an online budget from a trainer's
-    options (``options``: those set, by :data:`ONLINE_RULE_OPTIONS` and ``memory``; ``rule``: the default rule),
-    ``g_min`` at least 2 (``why_two``: why the trainer needs it). Errors name each option as ``name(option)``
-    (e.g. ``lengthsched.sgpo.g_min``)."""
+def reach_steps(keep_steps: Any, save_every: Any, name: str) -> int:
+    """An online budget's ``keep_steps``: as set (``name``: the option that set it, for errors), else ``save_every``
+    + 1 where the trainer saves a checkpoint every ``save_every`` steps (it resumes from the latest; the budget file
+    lags its steps by one collection), else 0 (no checkpoints: no reach)."""
+    if keep_steps is not None:
+        return check_int(name, keep_steps, minimum=0)
+    if isinstance(save_every, bool) or not isinstance(save_every, (int, np.integer)) or save_every <= 0:
+        return 0
+    return int(save_every) + 1
+
+
+def online_budget_from_options(options: Mapping[str, Any], name: Callable[[str], str], *, rule: str, why_two: str,
+                               save_every: Any = None) -> tuple[OnlineBudget, str | None]:
+    """A trainer's online budget from its options (``options``: those set): the rules (:data:`ONLINE_RULE_OPTIONS`;
+    ``rule``: the default rule; ``g_min`` at least 2, ``why_two`` saying why the trainer needs it), ``memory``
+    (default 2; None: every group), ``keep_steps`` (:func:`reach_steps` with the trainer's ``save_every``) and
+    ``state_path`` (a JSON file in a directory that exists, or None), read from there as
+    :func:`read_online_budget` reads it. Returns the budget and the path. Errors name each option as
+    ``name(option)`` (e.g. ``lengthsched.sgpo.g_min``)."""
     rules = {"rule": rule, **{key: options[key] for key in ONLINE_RULE_OPTIONS if key in options}}
     try:
         config = BudgetConfig(**rules)
@@ -529,7 +548,15 @@ def online_budget_rules(options: Mapping[str, Any], name: Callable[[str], str], 
         raise InvalidArgument(name(exc.name), exc.value, exc.expected) from None
     if config.g_min < 2:
         raise InvalidArgument(name("g_min"), config.g_min, f">= 2: {why_two}")
-    return config, memory
+    keep = reach_steps(options.get("keep_steps"), save_every, name("keep_steps"))
+    path = options.get("state_path")
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path)):
+        raise InvalidArgument(name("state_path"), path, "a file path (JSON) or null")
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise InvalidArgument(name("state_path"), str(path), "a file in a directory that exists (the budget is "
+                                                             "written there as the run learns)")
+    budget = read_online_budget(path, name("state_path"), config, memory=memory, keep_steps=keep)
+    return budget, None if path is None else str(path)
 
 
 def write_online_budget(path: str | os.PathLike, budget: OnlineBudget) -> None:

@@ -163,7 +163,6 @@ import asyncio
 import copy
 import inspect
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -183,7 +182,7 @@ from ..filtering import (
     write_filter_state,
 )
 from ..memory import KVCompression
-from ..sgpo import OnlineBudget, online_budget_rules, read_online_budget, write_online_budget
+from ..sgpo import OnlineBudget, online_budget_from_options, write_online_budget
 from .rollout import ClientQueues, RolloutPlan, predict_lengths, remaining_after
 from .verl import RolloutPlanner, batch_prompt_tokens, load_object, prompt_key
 
@@ -819,13 +818,10 @@ class SlimeSGPO:
     group slime's data source hands out (:meth:`size`) and learns from the rewards of the groups that finished
     (:meth:`learn`); groups are recorded under step ``rollout_id + 1``."""
 
-    def __init__(self, budget: OnlineBudget, n: int, solved_reward: float = SOLVED_REWARD,
-                 state_path: str | None = None):
-        self.budget, self.n = budget, check_int("n_samples_per_prompt", n, minimum=2)
-        self.solved_reward, self.state_path = solved_reward, state_path
+    def __init__(self, budget: OnlineBudget, solved_reward: float = SOLVED_REWARD, state_path: str | None = None):
+        self.budget, self.solved_reward, self.state_path = budget, solved_reward, state_path
         self.started = False
         self.dropped: list[list[Any]] = []  # groups the dynamic-sampling filter dropped in the rollout in progress
-        self.stubs = 0  # samples marked as stubs, every rollout
 
     def start(self, rollout_id: int) -> None:
         """Before a training rollout: the first one of this process forgets the groups recorded for its rollout and
@@ -834,8 +830,7 @@ class SlimeSGPO:
         rollout_id = check_int("rollout_id", rollout_id, minimum=0)
         if not self.started:
             self.started = True
-            if self.budget.newest_step is not None and self.budget.newest_step > rollout_id \
-                    and not self.budget.reaches(rollout_id):
+            if not self.budget.reaches(rollout_id):
                 log.warning("lengthsched sGPO: resumed at rollout %d, further back than the budget keeps (groups up "
                             "to rollout %d were let go; lengthsched_sgpo_keep_steps sets the reach): some prompts are "
                             "sized from fewer of their groups", rollout_id, self.budget.pruned_through - 1)
@@ -859,7 +854,6 @@ class SlimeSGPO:
                 if k >= size:
                     sample.metadata[STUB_KEY] = True
                     sample.remove_sample = True
-                    self.stubs += 1
         log.info("lengthsched sGPO: %d groups, %d of %d samples generated (%s)", len(fresh),
                  sum(min(s, len(g)) for s, g in zip(sizes, fresh)), sum(len(g) for g in fresh),
                  ", ".join(f"{n} {reason}" for reason, n in sorted(self.budget.reasons.items())))
@@ -948,25 +942,16 @@ def sgpo_for(args: Any) -> SlimeSGPO | None:
     options = {key: getattr(args, f"lengthsched_sgpo_{key}") for key in given
                if key == "memory" or getattr(args, f"lengthsched_sgpo_{key}") is not None}
     options.setdefault("g_max", n)
-    config, memory = online_budget_rules(options, lambda key: f"lengthsched_sgpo_{key}", rule=SGPO_RULE,
-                                         why_two="a group of one has no spread to normalise its reward by")
-    if config.g_max > n:
-        raise InvalidArgument("lengthsched_sgpo_g_max", config.g_max, f"at most n_samples_per_prompt ({n}): slime "
-                                                                      "draws that many samples of every prompt")
-    keep = options.get("keep_steps")
-    if keep is None:
-        every = getattr(args, "save_interval", None)
-        keep = every + 1 if isinstance(every, int) and not isinstance(every, bool) and every > 0 else 0
-    keep = check_int("lengthsched_sgpo_keep_steps", keep, minimum=0)
-    path = options.get("state_path")
-    if path is not None and (not isinstance(path, str) or not path
-                             or not os.path.isdir(os.path.dirname(os.path.abspath(path)))):
-        raise InvalidArgument("lengthsched_sgpo_state_path", path, "a JSON file in a directory that exists (the "
-                                                                   "budget is written there after every rollout)")
     solved = getattr(args, "lengthsched_solved_reward", None)
     solved = SOLVED_REWARD if solved is None else check_solved_reward("lengthsched_solved_reward", solved)
-    budget = read_online_budget(path, "lengthsched_sgpo_state_path", config, memory=memory, keep_steps=keep)
-    _SGPO.append(SlimeSGPO(budget, n, solved, path))
+    budget, path = online_budget_from_options(options, lambda key: f"lengthsched_sgpo_{key}", rule=SGPO_RULE,
+                                              why_two="a group of one has no spread to normalise its reward by",
+                                              save_every=getattr(args, "save_interval", None))
+    if budget.config.g_max > n:
+        raise InvalidArgument("lengthsched_sgpo_g_max", budget.config.g_max, f"at most n_samples_per_prompt ({n}): "
+                                                                             "slime draws that many samples of every "
+                                                                             "prompt")
+    _SGPO.append(SlimeSGPO(budget, solved, path))
     return _SGPO[0]
 
 

@@ -71,7 +71,7 @@ import numpy as np
 from ..errors import InvalidArgument, check_int
 from ..filtering import SOLVED_REWARD, check_solved_reward
 from ..io import atomic_write_bytes
-from ..sgpo import OnlineBudget, online_budget_rules, read_online_budget, write_online_budget
+from ..sgpo import OnlineBudget, online_budget_from_options, reach_steps, write_online_budget
 from .verl import (
     MANAGER_TQ_CLASS,
     SESSION_PRIORITY,
@@ -246,13 +246,8 @@ def sgpo_keep_steps(config: Any) -> int:
     ``lengthsched.sgpo.keep_steps`` where set, else ``trainer.save_freq`` + 1 (verl resumes, by default, from the
     latest ``global_step_*`` checkpoint, saved every ``save_freq`` steps; the budget file lags its steps by one
     collection), 0 where verl saves no checkpoints (``save_freq`` <= 0 or unset)."""
-    options = sgpo_options(config) or {}
-    if options.get("keep_steps") is not None:
-        return check_int("lengthsched.sgpo.keep_steps", options["keep_steps"], minimum=0)
-    every = _setting(config, "trainer.save_freq")
-    if isinstance(every, bool) or not isinstance(every, (int, np.integer)):
-        return 0
-    return int(every) + 1 if every > 0 else 0
+    return reach_steps((sgpo_options(config) or {}).get("keep_steps"), _setting(config, "trainer.save_freq"),
+                       "lengthsched.sgpo.keep_steps")
 
 
 def online_sgpo(config: Any) -> OnlineSGPO | None:
@@ -262,22 +257,15 @@ def online_sgpo(config: Any) -> OnlineSGPO | None:
     options = sgpo_options(config, SGPO_OPTIONS)
     if options is None:
         return None
-    budget_config, memory = online_budget_rules(options, lambda name: f"lengthsched.sgpo.{name}", rule=SGPO_RULE,
-                                                why_two="verl's GRPO gives a group of one its raw score as advantage "
-                                                        "(compute_grpo_outcome_advantage: mean 0, std 1)")
     key = options.get("key", "prompt")
     if key not in SGPO_KEYS:
         raise InvalidArgument("lengthsched.sgpo.key", key, " or ".join(map(repr, SGPO_KEYS)))
     solved = check_solved_reward("lengthsched.sgpo.solved_reward", options.get("solved_reward", SOLVED_REWARD))
-    path = options.get("state_path")
-    if path is not None and (not isinstance(path, (str, os.PathLike)) or not str(path)):
-        raise InvalidArgument("lengthsched.sgpo.state_path", path, "a file path (JSON) or null")
-    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise InvalidArgument("lengthsched.sgpo.state_path", str(path), "a file in a directory that exists (the "
-                                                                        "budget is written there after every step)")
-    budget = read_online_budget(path, "lengthsched.sgpo.state_path", budget_config, memory=memory,
-                                keep_steps=sgpo_keep_steps(config))
-    return OnlineSGPO(budget, solved, None if path is None else str(path), key)
+    budget, path = online_budget_from_options(options, lambda name: f"lengthsched.sgpo.{name}", rule=SGPO_RULE,
+                                              why_two="verl's GRPO gives a group of one its raw score as advantage "
+                                                      "(compute_grpo_outcome_advantage: mean 0, std 1)",
+                                              save_every=_setting(config, "trainer.save_freq"))
+    return OnlineSGPO(budget, solved, path, key)
 
 
 def _index_key(value: Any) -> str | None:
@@ -493,8 +481,7 @@ def make_tq_agent_loop_manager_class(base: type, worker_class: Any = None, *,
                 if not self._lengthsched_sgpo_started and step is not None:
                     self._lengthsched_sgpo_started = True
                     budget = self.lengthsched_sgpo.budget
-                    if budget.newest_step is not None and budget.newest_step > step - 1 \
-                            and not budget.reaches(max(0, step - 1)):
+                    if not budget.reaches(max(0, step - 1)):
                         log.warning("lengthsched.sgpo: resumed at step %d, further back than the budget keeps (groups "
                                     "up to step %d were let go; lengthsched.sgpo.keep_steps sets the reach): some "
                                     "prompts are sized from fewer of their groups", step, budget.pruned_through)
