@@ -619,12 +619,12 @@ def headline(comparison: Comparison) -> str:
     breaks = (f"{len(over)} of {len(comparison.rows)} policies break the budget in some group (marked *): "
               + ", ".join(over)) if over else "every policy kept every group within the budget"
     controls = [r.policy for r in within if not unbiased(r.policy)]
-    if controls:
-        breaks += f"; not recommended: {', '.join(controls)} (a biased control: it collects short completions first)"
     if not ok and controls:
         return (f"verdict: no unbiased policy to recommend: only {', '.join(controls)} kept every group within the "
                 f"budget, a biased control (it collects short completions first); run others with --policies"
-                + (f" ({breaks.split('; not recommended')[0]})" if over else ""))
+                + (f" ({breaks})" if over else ""))
+    if controls:
+        breaks += f"; not recommended: {', '.join(controls)} (a biased control: it collects short completions first)"
     if not ok:
         return f"verdict: no policy kept every group within the budget ({breaks}); raise --budget or lower --group-size"
     best = min(ok, key=lambda r: r.seconds)
