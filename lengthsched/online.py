@@ -566,8 +566,7 @@ class OnlineLengthPredictor:
         key = state_key(prompt)
         state = self._prompts.get(key)
         if state is None:
-            mean = None if self.prior is None else float(self._prior_means([prompt], partial=True)[0])
-            state = _Prompt(prior_mean=None if mean is None or math.isnan(mean) else mean, step=self.step)
+            state = _Prompt(prior_mean=self._start_means([prompt])[0], step=self.step)
             self._prompts[key] = state
         return state
 
@@ -616,6 +615,13 @@ class OnlineLengthPredictor:
         if np.any(~np.isfinite(values[known])) or np.any(values[known] <= 0):
             raise InvalidArgument("prior", values[known][:3].tolist(), "positive, finite predictions (tokens)")
         return np.log(values) + self.prior_bias
+
+    def _start_means(self, prompts: Sequence[Hashable]) -> list[float | None]:
+        """Each new prompt's prior mean log length, or None where it starts from the running mean (no prior, or a
+        mapping prior that does not name it): asked once per prompt, batched."""
+        if self.prior is None:
+            return [None] * len(prompts)
+        return [None if math.isnan(m) else float(m) for m in self._prior_means(prompts, partial=True)]
 
     def _empirical_mean(self) -> float:
         return self._sum_log / self._count if self._count > 0 else math.log(self.default_length)
@@ -824,11 +830,8 @@ class OnlineLengthPredictor:
             first.setdefault(k, p)
         unseen = [k for k in first if k not in self._prompts]
         if unseen:  # one batched call to the prior for every new prompt
-            means = [None] * len(unseen) if self.prior is None else \
-                self._prior_means([first[k] for k in unseen], partial=True)
-            for k, m in zip(unseen, means):  # NaN: a mapping prior without the prompt, the running mean instead
-                self._prompts[k] = _Prompt(prior_mean=None if m is None or math.isnan(m) else float(m),
-                                           step=self.step)
+            for k, m in zip(unseen, self._start_means([first[k] for k in unseen])):
+                self._prompts[k] = _Prompt(prior_mean=m, step=self.step)
         levels = sorted({0.5, *qs})
         rows_of: dict[Hashable, list[int]] = {}
         for i, k in enumerate(keys):
