@@ -658,6 +658,29 @@ def test_every_request_gets_one_server_and_the_loads_are_the_predictions_in_flig
 
 
 # ----------------------------------------------------------------------------- AReaL's real classes
+def real_engine(real_rie, monkeypatch, config, backend, lengths, calls=None):
+    """AReaL's real RemoteInfEngine on 3 servers, its HTTP call to them a fake SGLang server answering each prompt
+    with ``lengths[prompt]`` tokens (``calls`` gets (server, prompt) per request), never paused."""
+
+    async def fake_http(session, addr, endpoint, payload, method, max_retries, timeout):  # an SGLang server
+        prompt = tuple(payload["input_ids"])
+        if calls is not None:
+            calls.append((addr, prompt))
+        n = lengths[prompt]
+        await asyncio.sleep(n / 10000)
+        return {"meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 7, None]] * n}}
+
+    async def no_session():
+        return None
+
+    monkeypatch.setattr(real_rie, "arequest_with_retry", fake_http)
+    monkeypatch.setattr(real_rie.workflow_context, "get_aiohttp_session", no_session)
+    engine = real_rie.RemoteInfEngine(config, backend)
+    engine.addresses = [f"10.0.0.{i}:3000" for i in range(3)]
+    engine.workflow_executor = SimpleNamespace(is_paused=lambda: False)
+    return engine
+
+
 @requires_areal
 def test_inside_areals_real_engine_and_grouped_workflow(monkeypatch):
     import torch
@@ -672,25 +695,9 @@ def test_inside_areals_real_engine_and_grouped_workflow(monkeypatch):
         asyncio.set_event_loop_policy(policy)
     assert "uvloop" not in type(asyncio.get_event_loop_policy()).__module__  # the tests' own loop, as before
 
-    lengths = lengths_for()
     calls = []
-
-    async def fake_http(session, addr, endpoint, payload, method, max_retries, timeout):  # an SGLang server
-        prompt = tuple(payload["input_ids"])
-        calls.append((addr, prompt))
-        n = lengths[prompt]
-        await asyncio.sleep(n / 10000)
-        return {"meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 7, None]] * n}}
-
-    async def no_session():
-        return None
-
-    monkeypatch.setattr(real_rie, "arequest_with_retry", fake_http)
-    monkeypatch.setattr(real_rie.workflow_context, "get_aiohttp_session", no_session)
     config = InferenceEngineConfig(experiment_name="t", trial_name="t", consumer_batch_size=6)
-    engine = real_rie.RemoteInfEngine(config, SGLangBackend())
-    engine.addresses = [f"10.0.0.{i}:3000" for i in range(3)]
-    engine.workflow_executor = SimpleNamespace(is_paused=lambda: False)
+    engine = real_engine(real_rie, monkeypatch, config, SGLangBackend(), lengths_for(), calls)
     planner = RolloutPlanner(OnlineLengthPredictor(default_length=100))
     auto = la.install(engine, pool_tokens=10_000, group_size=4)  # AReaL's default bound, 0: its own spread
     assert config.max_head_offpolicyness == 0 and auto.ways == la.EVERY_SERVER

@@ -48,7 +48,9 @@ AReaL 1.0.4; each module's docstring names the files).
 - AReaL: :mod:`lengthsched.integrations.areal` (``install`` on a rank's ``RemoteSGLangEngine`` /
   ``RemotevLLMEngine``: each group placed on the servers by predicted work when its first request comes,
   :class:`~lengthsched.integrations.areal.GroupRouter`; modelled on AReaL 1.0.4, tested against its real
-  ``RemoteInfEngine`` in CI).
+  ``RemoteInfEngine`` in CI); online sGPO there: :mod:`lengthsched.integrations.areal_sgpo` (``SGPOWorkflow``:
+  each prompt's group of the size its rewards call for; ``normalize_per_trajectory``: AReaL's group
+  normalisation over each group's own rows).
 - TRL with vLLM: :func:`make_vllm_rollout_func`, :func:`trl_vllm_config`,
   :func:`trl_vllm_engine_args` (:mod:`lengthsched.integrations.trl_vllm`).
 - Shared: :func:`request_order`, :func:`request_ranks`, :func:`engine_memory` (vLLM blocks /

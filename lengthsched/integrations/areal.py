@@ -43,6 +43,7 @@ Importing this module imports neither AReaL nor torch.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -60,8 +61,8 @@ from .rollout import PREFILL_SHARE
 from .verl import RolloutPlanner, _keep_newest, _number
 from .verl_async import StreamPlacer
 
-__all__ = ["AREAL_VERSION", "AUTO", "EVERY_SERVER", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE", "SHARE_PREFIX",
-           "WAYS", "WHOLE_EVERY", "install", "prompt_text"]
+__all__ = ["AREAL_VERSION", "AUTO", "EVERY_SERVER", "GROUP", "GroupRouter", "KEEP_CHANGES", "RID_CACHE_SIZE",
+           "SHARE_PREFIX", "WAYS", "WHOLE_EVERY", "install", "prompt_text"]
 
 #: The AReaL version this integration is written against (``pip install areal==1.0.4``).
 AREAL_VERSION = "1.0.4"
@@ -94,11 +95,19 @@ KEEP_CHANGES = 16
 WHOLE_EVERY = 8
 _CHANGES = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)-(\d+|new)-(\d+)\.json")
 _WHOLE = re.compile(re.escape(SHARE_PREFIX) + r"(\d+)\.json")
+#: The group a request belongs to, where a workflow says so: (a token naming the group, its size in completions), set
+#: around the group's episodes (asyncio copies it into every task they start). :func:`install`'s wrapper reads it: the
+#: group's requests take the places of one group of that size
+#: (:class:`~lengthsched.integrations.areal_sgpo.SGPOWorkflow`, whose groups vary in size). None (the default): a
+#: request is matched to its group by its prompt, and a group has the router's ``group_size``.
+GROUP: contextvars.ContextVar[tuple[Hashable, int] | None] = contextvars.ContextVar("lengthsched_areal_group",
+                                                                                  default=None)
 #: Prompts whose key :func:`install`'s wrapper keeps (a group's requests share one; the key is made once per group).
 KEY_CACHE = 4096
 
 
 log = logging.getLogger(__name__)
+_NAMED = object()  # marks a group named by its workflow (GROUP) among the open groups, beside prompt keys
 
 
 def _continues(files: list[tuple[int, str | None, str]], base: int) -> bool:
@@ -232,38 +241,42 @@ class GroupRouter:
         """The spread asked for (its placer's ``ways``; the placer widens it where few groups are in flight)."""
         return self.placer.ways
 
-    def route(self, rid: str, key: Hashable, prompt_tokens: int, servers: int) -> int:
+    def route(self, rid: str, key: Hashable, prompt_tokens: int, servers: int, *, group: Hashable | None = None,
+              size: int | None = None) -> int:
         """The server (an index below ``servers``) of a new request ``rid`` whose prompt is ``key`` (the same
         for a group's requests: :func:`prompt_text`) of ``prompt_tokens`` tokens: the next place of the oldest
         group of that prompt with places left, else of a group placed now (predicted, then placed by the
         :class:`StreamPlacer` over :attr:`loads`). The request's predicted tokens count on that server until it
-        is back."""
+        is back. ``group``: a token naming the request's group where its workflow says (:data:`GROUP`): the
+        requests with that token share one group, of ``size`` completions (None: :attr:`group_size`)."""
         servers = check_int("servers", servers, minimum=1)
         prompt_tokens = check_int("prompt_tokens", prompt_tokens, minimum=0)
+        size = self.group_size if size is None else check_int("size", size, minimum=1)
         if rid in self._of:
             raise InvalidArgument("rid", rid, "a request id not routed already (one not back yet has its server)")
         if len(self.loads) != servers:  # the first request, or the servers changed: the counts start again
             self.loads = [0.0] * servers
             self._open.clear()
-        waiting = self._open.get(key)
+        slot = key if group is None else (_NAMED, group)
+        waiting = self._open.get(slot)
         if not waiting:
-            waiting = self._open.setdefault(key, deque())
-            waiting.append(self._place(key, prompt_tokens, servers))
-        group = waiting[0]
-        place, replica = group.free.popleft()
-        if not group.free:
+            waiting = self._open.setdefault(slot, deque())
+            waiting.append(self._place(key, prompt_tokens, servers, size))
+        group_ = waiting[0]
+        place, replica = group_.free.popleft()
+        if not group_.free:
             waiting.popleft()
             if not waiting:
-                del self._open[key]
-        self._of[rid] = (group, place, replica)
+                del self._open[slot]
+        self._of[rid] = (group_, place, replica)
         _keep_newest(self._seen, rid, None, self.SEEN_RIDS)
-        self.loads[replica] += float(group.predicted[place])
+        self.loads[replica] += float(group_.predicted[place])
         self.routed += 1
         return replica
 
-    def _place(self, key: Hashable, prompt_tokens: int, servers: int) -> _Group:
+    def _place(self, key: Hashable, prompt_tokens: int, servers: int, size: int) -> _Group:
         _, _, work = self.planner.predict({"uid": [0], "raw_prompt": [key]})
-        predicted = np.full(self.group_size, float(max(1, work[0])))
+        predicted = np.full(size, float(max(1, work[0])))
         replica, _ = self.placer.place(predicted, prompt_tokens, servers, loads=self.loads)
         self.groups += 1
         return _Group(key, predicted, deque(enumerate(int(r) for r in replica)))
@@ -310,7 +323,7 @@ class GroupRouter:
         return group
 
     def _close(self, group: _Group) -> None:
-        if len(group.lengths) < self.group_size:
+        if len(group.lengths) < len(group.predicted):
             return
         self.groups_back += 1
         if group.spoiled or self.multi_turn:
@@ -581,7 +594,9 @@ def install(engine: Any, *, pool_tokens: int, group_size: int, planner: RolloutP
             router.later_turn(rid)
             return await original(req)
         servers: Sequence[str] = inner.addresses
-        replica = router.route(rid, key_of(req), len(req.input_ids), len(servers))
+        named = GROUP.get()
+        replica = router.route(rid, key_of(req), len(req.input_ids), len(servers),
+                               group=None if named is None else named[0], size=None if named is None else named[1])
         _remember(inner, rid, servers[replica])
         try:
             response = await original(req)
