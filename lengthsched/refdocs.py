@@ -89,7 +89,8 @@ needs the `simulate` extra to report; `predictor_training` and `sampler` need Py
 API_MODULES = (
     "lengthsched", "lengthsched.partition", "lengthsched.packing", "lengthsched.placement", "lengthsched.refill",
     "lengthsched.learner", "lengthsched.filtering",
-    "lengthsched.sgpo", "lengthsched.integrations", "lengthsched.runtime", "lengthsched.cost",
+    "lengthsched.sgpo", "lengthsched.integrations", "lengthsched.integrations.verl", "lengthsched.integrations.areal",
+    "lengthsched.integrations.areal_sgpo", "lengthsched.runtime", "lengthsched.cost",
     "simulate", "simulate.workloads", "simulate.fast", "simulate.compiled", "simulate.epoch",
     "simulate.difficulty",
     "predictor_training", "predictor_training.evaluate", "predictor_training.online_eval",
@@ -103,8 +104,8 @@ def _first_paragraph(obj: Any) -> str:
 
 
 def _signature(obj: Any) -> str:
-    try:
-        return str(inspect.signature(obj))
+    try:  # a default that is a function shows its address, which changes from run to run
+        return re.sub(r" at 0x[0-9a-fA-F]+>", ">", str(inspect.signature(obj)))
     except (TypeError, ValueError):
         return ""
 

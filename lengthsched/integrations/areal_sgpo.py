@@ -33,8 +33,9 @@ head learns alone and nothing is kept across restarts.
 
 Costs: a head's journal grows by about 100 bytes a group (a run of 10,000 steps of 64 prompts: 64 MB over the heads),
 and a resumed head reads all of it once. Not run on a cluster: tested with fakes of AReaL's engine and workflows and,
-where ``areal`` imports (CI's verl environment), with its real ``GroupedRolloutWorkflow``, ``Normalization`` and
-``PPOActor._compute_advantages``.
+where ``areal`` imports (CI's verl environment), inside its real ``RemoteInfEngine`` and ``GroupedRolloutWorkflow``,
+the normalisation against its real ``Normalization`` (its ``PPOActor`` module does not import there: it needs AReaL's
+logging stack; the wrapper is tested on a fake of its ``compute_advantages``).
 
 Importing this module imports neither AReaL nor torch.
 """
