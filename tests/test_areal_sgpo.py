@@ -121,6 +121,21 @@ def test_the_router_places_each_sgpo_group_as_one_group_of_its_size():
         assert len(set(sent[:4])) == 1 and len(set(sent[4:])) == 1
 
 
+def test_each_group_records_its_size_and_why_as_arealss_workflows_record_their_statistics():
+    recorded = []
+    wf = sg.make_sgpo_workflow_class(object, FakeGrouped, recorded.append)(OneCompletion(), n=4)
+    engine = Versioned(1, {p: 40 for p in PROMPTS})
+    run_epoch(wf, engine, rows(3))
+    engine.version = 1
+    run_epoch(wf, engine, rows(3))
+    assert [r["sgpo_group_size"] for r in recorded] == [4, 4, 4, 2, 2, 5]
+    assert [r["sgpo_unseen"] for r in recorded] == [1, 1, 1, 0, 0, 0]
+    assert [r["sgpo_trivial"] + r["sgpo_unsolved"] + r["sgpo_informative"] for r in recorded[3:]] == [1, 1, 1]
+    assert set(sg.group_stats(8, "unsolved, sampled")) == {
+        "sgpo_group_size", "sgpo_unseen", "sgpo_informative", "sgpo_trivial", "sgpo_unsolved", "sgpo_unsolved_sampled"}
+    assert sg.group_stats(8, "unsolved, sampled")["sgpo_unsolved_sampled"] == 1.0
+
+
 def test_without_the_workflows_group_the_router_keeps_its_own_size():
     engine = Versioned(2, {p: 40 for p in PROMPTS})
     router = la.install(engine, pool_tokens=100_000, group_size=3, ways=1)
@@ -199,7 +214,7 @@ def head(share, rank, n=8):
 
 
 def learn(groups, i, version, solved, samples):
-    key, g, step = groups.decide(rows(i + 1)[i], version)
+    key, g, step, _ = groups.decide(rows(i + 1)[i], version)
     groups.observe(key, {"rewards": np.array([1.0] * solved + [0.0] * (samples - solved))}, step)
     return g
 
@@ -464,6 +479,10 @@ def test_inside_areals_real_grouped_workflow_engine_and_normalisation(monkeypatc
     sizes = [int(t["rewards"].shape[0]) for t in trajectories]
     assert sizes == [{"trivial": 2, "unsolved": 2, "half": 5}[kind(i)] for i in range(6)]
     assert router.groups_back == 12 and router.loads == [0.0, 0.0, 0.0]
+    from areal.utils import stats_tracker  # each group's size went where AReaL's workflows put their statistics
+
+    sizes_recorded = [v for k, v in stats_tracker.get("rollout").stats.items() if k.endswith("sgpo_group_size")]
+    assert sizes_recorded == [[4.0] * 6 + [float(g) for g in sizes]]
     # AReaL's own normalisation of each group alone, and ours over the concatenated batch
     rewards = torch.cat([t["rewards"] for t in trajectories]).double()
     cfg = NormConfig(mean_level="group", std_level="group", group_size=4)

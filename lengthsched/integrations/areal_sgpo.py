@@ -55,10 +55,10 @@ from ..errors import InvalidArgument, check_int
 from ..filtering import SOLVED_REWARD, check_solved_reward
 from ..io import atomic_write_text
 from ..online import state_key
-from ..sgpo import BudgetConfig, OnlineBudget
+from ..sgpo import ONLINE_REASONS, BudgetConfig, OnlineBudget
 from .areal import AREAL_VERSION, GROUP
 
-__all__ = ["JOURNAL_PREFIX", "BudgetJournal", "SGPOGroups", "TrajectoryGroupNorm", "data_key",
+__all__ = ["JOURNAL_PREFIX", "BudgetJournal", "SGPOGroups", "TrajectoryGroupNorm", "data_key", "group_stats",
            "make_sgpo_workflow_class", "normalize_per_trajectory"]
 
 #: A head's journal in ``share_dir``: ``sgpo-rank{rank}.jsonl``.
@@ -263,10 +263,10 @@ class SGPOGroups:
         self.reasons: dict[str, int] = {}  # decisions by reason, all groups so far
         self._unlearnt = False
 
-    def decide(self, data: Any, version: int) -> tuple[str, int, int]:
-        """(prompt key, group size, budget step) of a dataset row's group dispatched under weight ``version``
-        (the step is ``version + 1``). The first call starts the journal (:meth:`BudgetJournal.start`); a newer
-        version reads the other heads' groups."""
+    def decide(self, data: Any, version: int) -> tuple[str, int, int, str]:
+        """(prompt key, group size, budget step, reason: :data:`~lengthsched.sgpo.ONLINE_REASONS`) of a dataset
+        row's group dispatched under weight ``version`` (the step is ``version + 1``). The first call starts the
+        journal (:meth:`BudgetJournal.start`); a newer version reads the other heads' groups."""
         version = check_int("version", version, minimum=0)
         if self.version is None:
             if self.journal is not None:
@@ -286,7 +286,7 @@ class SGPOGroups:
         self.groups += 1
         self.completions += g
         self.reasons[reason] = self.reasons.get(reason, 0) + 1
-        return key, g, version + 1
+        return key, g, version + 1, reason
 
     def observe(self, key: str, result: Any, step: int) -> None:
         """Learn from a group's trajectory (AReaL's concatenated dict: its ``rewards``, one per completion back);
@@ -334,9 +334,34 @@ def _flat(values: Any) -> list[float]:
     return out
 
 
-def make_sgpo_workflow_class(base: type, grouped: type) -> type:
+def group_stats(size: int, reason: str) -> dict[str, float]:
+    """A group's statistics as ``SGPOWorkflow`` records them (AReaL averages each over a step's groups): its size
+    (``sgpo_group_size``, completions) and, for each of :data:`~lengthsched.sgpo.ONLINE_REASONS`, 1 where it was
+    the reason for the size, else 0 (``sgpo_unseen``, ``sgpo_informative``, ``sgpo_trivial``, ``sgpo_unsolved``,
+    ``sgpo_unsolved_sampled``: the share of the step's groups)."""
+    stats = {"sgpo_group_size": float(size)}
+    for name in ONLINE_REASONS:
+        stats["sgpo_" + re.sub(r"\W+", "_", name)] = float(name == reason)
+    return stats
+
+
+def _areal_stats(stats: dict[str, float]) -> None:
+    """Record ``stats`` as AReaL's workflows record theirs: into ``stats_tracker`` under the workflow's scope
+    (``rollout``, or ``eval-rollout``); nothing outside a workflow context (a test calling the workflow itself)."""
+    tracker = importlib.import_module("areal.utils.stats_tracker")
+    context = importlib.import_module("areal.infra.workflow_context")
+    try:
+        scope = context.stat_scope()
+    except LookupError:
+        return
+    tracker.get(scope).scalar(**stats)
+
+
+def make_sgpo_workflow_class(base: type, grouped: type,
+                             record: Callable[[dict[str, float]], None] | None = None) -> type:
     """``SGPOWorkflow``, made from AReaL's ``RolloutWorkflow`` (``base``) and ``GroupedRolloutWorkflow``
-    (``grouped``; tests pass fakes). The module attribute ``SGPOWorkflow`` is this with AReaL's classes."""
+    (``grouped``; tests pass fakes); ``record``: called with each group's statistics (:func:`group_stats`). The
+    module attribute ``SGPOWorkflow`` is this with AReaL's classes, recording into AReaL's ``stats_tracker``."""
 
     class SGPOWorkflow(base):  # type: ignore[misc, valid-type]
         """AReaL's rollout workflow for online sGPO: each prompt's group of the size its budget decides
@@ -364,7 +389,9 @@ def make_sgpo_workflow_class(base: type, grouped: type) -> type:
                                                                        "weight version counts the budget's steps)")
             self._running.add(id(data))
             try:
-                key, g, step = self.groups.decide(data, int(version()))
+                key, g, step, reason = self.groups.decide(data, int(version()))
+                if record is not None:
+                    record(group_stats(g, reason))
                 token = GROUP.set((object(), g))  # the router places the group's requests as one group of g
                 try:
                     result = await grouped(self.workflow, g, log).arun_episode(engine, data)
@@ -498,5 +525,5 @@ def __getattr__(name: str) -> Any:
             engine = importlib.import_module("areal.infra.remote_inf_engine")
         except ImportError as exc:
             raise ImportError(f"AReaL is not installed: pip install areal=={AREAL_VERSION} ({exc})") from None
-        _MADE[name] = make_sgpo_workflow_class(api.RolloutWorkflow, engine.GroupedRolloutWorkflow)
+        _MADE[name] = make_sgpo_workflow_class(api.RolloutWorkflow, engine.GroupedRolloutWorkflow, _areal_stats)
     return _MADE[name]
