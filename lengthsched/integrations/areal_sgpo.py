@@ -399,7 +399,10 @@ def make_sgpo_workflow_class(base: type, grouped: type,
                     GROUP.reset(token)
             finally:
                 self._running.discard(id(data))
-            self.groups.observe(key, result, step)
+            try:  # learning never costs AReaL the group (a NaN reward, a journal that cannot be written)
+                self.groups.observe(key, result, step)
+            except (InvalidArgument, OSError, ValueError, TypeError) as exc:
+                log.warning("lengthsched: sGPO did not learn from a group: %s", exc)
             return result
 
     return SGPOWorkflow
