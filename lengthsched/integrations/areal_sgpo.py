@@ -86,6 +86,12 @@ def data_key(data: Any) -> str:
                                                        "give SGPOWorkflow a key function of the row)")
 
 
+def _take(budget: OnlineBudget, record: dict[str, Any]) -> None:
+    """A journal's group record observed by ``budget``, under the step it was recorded for."""
+    budget.observe(record["key"], [1] * record["solved"] + [0] * (record["samples"] - record["solved"]),
+                   record.get("step"))
+
+
 class BudgetJournal:
     """The groups the data-parallel heads observed, pooled through ``share_dir`` (the module docstring): this head's
     journal ``share_dir/sgpo-rank{rank}.jsonl``, one JSON line a group (``seq``, ``key``, ``solved``, ``samples``,
@@ -168,7 +174,7 @@ class BudgetJournal:
                 self._seen[rank] = max((r["seq"] for r in got), default=0)
         records.sort(key=lambda t: t[:4])
         for *_, r in records:
-            budget.observe(r["key"], [1] * r["solved"] + [0] * (r["samples"] - r["solved"]), r.get("step"))
+            _take(budget, r)
         self._rewrite([r for r in own if r.get("step") is None or r["step"] <= version])
         self.reading = True
         return len(records)
@@ -201,10 +207,10 @@ class BudgetJournal:
             if rank == self.rank:
                 continue
             try:
-                inode = os.stat(path).st_ino
-                size = os.stat(path).st_size
+                stat = os.stat(path)
             except OSError:
                 continue
+            inode, size = stat.st_ino, stat.st_size
             seen_inode, offset = self._at.get(rank, (inode, 0))
             if inode != seen_inode or size < offset:  # rewritten (a resume or a fresh start): from its start
                 offset = 0
@@ -214,7 +220,7 @@ class BudgetJournal:
             for r in got:
                 if r["seq"] <= last:
                     continue
-                budget.observe(r["key"], [1] * r["solved"] + [0] * (r["samples"] - r["solved"]), r.get("step"))
+                _take(budget, r)
                 last = r["seq"]
                 taken += 1
             self._seen[rank] = last
